@@ -1,0 +1,504 @@
+//! Block values and the operations on whole blocks. Floats of every precision are held as `f32`
+//! and rounded to their dtype after each operation, which gives exactly the IEEE result of `f16`
+//! and `bf16` arithmetic for the basic operations (f32 has more than twice their precision).
+
+use std::borrow::Cow;
+
+use half::{bf16, f16};
+use tessel_plugin_api::ir::{BinaryOp, CmpOp, DType, Literal, ReduceOp, UnaryOp};
+
+/// Elements of a block value.
+#[derive(Clone, Debug)]
+pub(crate) enum Data {
+    F(Vec<f32>),
+    I(Vec<i32>),
+    U(Vec<u32>),
+    B(Vec<bool>),
+}
+
+/// A block value (shape `[]` for a scalar).
+#[derive(Clone, Debug)]
+pub(crate) struct Val {
+    pub dtype: DType,
+    pub shape: Vec<usize>,
+    pub data: Data,
+}
+
+fn round(dtype: DType, x: f32) -> f32 {
+    match dtype {
+        DType::F16 => f16::from_f32(x).to_f32(),
+        DType::BF16 => bf16::from_f32(x).to_f32(),
+        _ => x,
+    }
+}
+
+fn round_all(dtype: DType, mut v: Vec<f32>) -> Vec<f32> {
+    if matches!(dtype, DType::F16 | DType::BF16) {
+        v.iter_mut().for_each(|x| *x = round(dtype, *x));
+    }
+    v
+}
+
+fn nan_max(a: f32, b: f32) -> f32 {
+    if a.is_nan() || b.is_nan() { f32::NAN } else { a.max(b) }
+}
+
+fn nan_min(a: f32, b: f32) -> f32 {
+    if a.is_nan() || b.is_nan() { f32::NAN } else { a.min(b) }
+}
+
+/// Row-major strides of `shape`.
+pub(crate) fn strides(shape: &[usize]) -> Vec<usize> {
+    let mut s = vec![1; shape.len()];
+    for d in (0..shape.len().saturating_sub(1)).rev() {
+        s[d] = s[d + 1] * shape[d + 1];
+    }
+    s
+}
+
+/// numpy broadcasting of two shapes (the verifier has checked they agree).
+pub(crate) fn broadcast_shape(a: &[usize], b: &[usize]) -> Vec<usize> {
+    let n = a.len().max(b.len());
+    (0..n)
+        .map(|i| {
+            let da = if i + a.len() >= n { a[i + a.len() - n] } else { 1 };
+            let db = if i + b.len() >= n { b[i + b.len() - n] } else { 1 };
+            da.max(db)
+        })
+        .collect()
+}
+
+/// `data` of `shape` stretched to `out` (numpy broadcasting); borrowed when nothing stretches.
+pub(crate) fn expand<'a, T: Copy>(data: &'a [T], shape: &[usize], out: &[usize]) -> Cow<'a, [T]> {
+    if shape == out {
+        return Cow::Borrowed(data);
+    }
+    let n: usize = out.iter().product();
+    if data.len() == 1 {
+        return Cow::Owned(vec![data[0]; n]);
+    }
+    let lead = out.len() - shape.len();
+    let src = strides(shape);
+    // Stride in `data` of each output dimension (0 where it stretches).
+    let st: Vec<usize> = (0..out.len())
+        .map(|d| if d < lead || shape[d - lead] == 1 { 0 } else { src[d - lead] })
+        .collect();
+    let mut res = Vec::with_capacity(n);
+    let mut idx = vec![0usize; out.len()];
+    let mut off = 0usize;
+    for _ in 0..n {
+        res.push(data[off]);
+        for d in (0..out.len()).rev() {
+            idx[d] += 1;
+            off += st[d];
+            if idx[d] < out[d] {
+                break;
+            }
+            off -= st[d] * idx[d];
+            idx[d] = 0;
+        }
+    }
+    Cow::Owned(res)
+}
+
+impl Val {
+    pub fn scalar_literal(dtype: DType, lit: Literal) -> Val {
+        Val::splat(dtype, &[], lit)
+    }
+
+    /// A block of `shape` with every element `lit`.
+    pub fn splat(dtype: DType, shape: &[usize], lit: Literal) -> Val {
+        let n = shape.iter().product();
+        let data = match dtype {
+            DType::I32 => Data::I(vec![lit.as_i64() as i32; n]),
+            DType::U32 => Data::U(vec![lit.as_i64() as u32; n]),
+            DType::Bool => Data::B(vec![lit.as_f64() != 0.0; n]),
+            _ => Data::F(vec![round(dtype, lit.as_f64() as f32); n]),
+        };
+        Val { dtype, shape: shape.to_vec(), data }
+    }
+
+    pub fn iota(dtype: DType, shape: &[usize], dim: usize) -> Val {
+        let st = strides(shape);
+        let n: usize = shape.iter().product();
+        let idx = (0..n).map(|f| (f / st[dim]) % shape[dim]);
+        let data = match dtype {
+            DType::U32 => Data::U(idx.map(|i| i as u32).collect()),
+            _ => Data::I(idx.map(|i| i as i32).collect()),
+        };
+        Val { dtype, shape: shape.to_vec(), data }
+    }
+
+    pub fn i32_scalar(v: i64) -> Val {
+        Val { dtype: DType::I32, shape: Vec::new(), data: Data::I(vec![v as i32]) }
+    }
+
+    /// A scalar as `i64` (integer scalars: indices and loop bounds).
+    pub fn as_i64(&self) -> i64 {
+        match &self.data {
+            Data::I(v) => i64::from(v[0]),
+            Data::U(v) => i64::from(v[0]),
+            Data::F(v) => v[0] as i64,
+            Data::B(v) => i64::from(v[0]),
+        }
+    }
+
+    pub fn as_bool(&self) -> bool {
+        match &self.data {
+            Data::B(v) => v[0],
+            _ => self.as_i64() != 0,
+        }
+    }
+
+    /// Bit patterns of every element, for stores (16-bit floats as their 16 bits).
+    pub fn to_bits(&self) -> Vec<u32> {
+        match &self.data {
+            Data::F(v) => match self.dtype {
+                DType::F16 => v.iter().map(|&x| u32::from(f16::from_f32(x).to_bits())).collect(),
+                DType::BF16 => v.iter().map(|&x| u32::from(bf16::from_f32(x).to_bits())).collect(),
+                _ => v.iter().map(|x| x.to_bits()).collect(),
+            },
+            Data::I(v) => v.iter().map(|&x| x as u32).collect(),
+            Data::U(v) => v.clone(),
+            Data::B(v) => v.iter().map(|&x| u32::from(x)).collect(),
+        }
+    }
+
+    /// The inverse of [`Val::to_bits`].
+    pub fn from_bits(dtype: DType, shape: Vec<usize>, bits: Vec<u32>) -> Val {
+        let data = match dtype {
+            DType::F32 => Data::F(bits.into_iter().map(f32::from_bits).collect()),
+            DType::F16 => Data::F(bits.into_iter().map(|b| f16::from_bits(b as u16).to_f32()).collect()),
+            DType::BF16 => Data::F(bits.into_iter().map(|b| bf16::from_bits(b as u16).to_f32()).collect()),
+            DType::I32 => Data::I(bits.into_iter().map(|b| b as i32).collect()),
+            DType::U32 => Data::U(bits),
+            DType::Bool => Data::B(bits.into_iter().map(|b| b != 0).collect()),
+        };
+        Val { dtype, shape, data }
+    }
+
+    fn with(&self, shape: Vec<usize>, data: Data) -> Val {
+        Val { dtype: self.dtype, shape, data }
+    }
+}
+
+fn f64_op(f: fn(f64) -> f64) -> impl Fn(f32) -> f32 {
+    move |x| f(f64::from(x)) as f32
+}
+
+pub(crate) fn unary(op: UnaryOp, a: &Val) -> Val {
+    let data = match &a.data {
+        Data::F(v) => {
+            let f: Box<dyn Fn(f32) -> f32> = match op {
+                UnaryOp::Neg => Box::new(|x: f32| -x),
+                UnaryOp::Abs => Box::new(f32::abs),
+                UnaryOp::Exp => Box::new(f64_op(f64::exp)),
+                UnaryOp::Exp2 => Box::new(f64_op(f64::exp2)),
+                UnaryOp::Log => Box::new(f64_op(f64::ln)),
+                UnaryOp::Log2 => Box::new(f64_op(f64::log2)),
+                UnaryOp::Sqrt => Box::new(f32::sqrt),
+                UnaryOp::Rsqrt => Box::new(f64_op(|x| 1.0 / x.sqrt())),
+                UnaryOp::Sin => Box::new(f64_op(f64::sin)),
+                UnaryOp::Cos => Box::new(f64_op(f64::cos)),
+                UnaryOp::Tanh => Box::new(f64_op(f64::tanh)),
+                UnaryOp::Logistic => Box::new(f64_op(|x| 1.0 / (1.0 + (-x).exp()))),
+                UnaryOp::Floor => Box::new(f32::floor),
+                UnaryOp::Ceil => Box::new(f32::ceil),
+                UnaryOp::Not => unreachable!("verifier: not on floats"),
+            };
+            Data::F(round_all(a.dtype, v.iter().map(|&x| f(x)).collect()))
+        }
+        Data::I(v) => Data::I(match op {
+            UnaryOp::Neg => v.iter().map(|x| x.wrapping_neg()).collect(),
+            UnaryOp::Abs => v.iter().map(|x| x.wrapping_abs()).collect(),
+            _ => v.iter().map(|x| !x).collect(),
+        }),
+        Data::U(v) => Data::U(match op {
+            UnaryOp::Neg => v.iter().map(|x| x.wrapping_neg()).collect(),
+            UnaryOp::Abs => v.clone(),
+            _ => v.iter().map(|x| !x).collect(),
+        }),
+        Data::B(v) => Data::B(v.iter().map(|x| !x).collect()),
+    };
+    a.with(a.shape.clone(), data)
+}
+
+fn zip<T: Copy, R>(a: &[T], b: &[T], f: impl Fn(T, T) -> R) -> Vec<R> {
+    a.iter().zip(b).map(|(&x, &y)| f(x, y)).collect()
+}
+
+pub(crate) fn binary(op: BinaryOp, a: &Val, b: &Val) -> Val {
+    let shape = broadcast_shape(&a.shape, &b.shape);
+    let data = match (&a.data, &b.data) {
+        (Data::F(x), Data::F(y)) => {
+            let (x, y) = (expand(x, &a.shape, &shape), expand(y, &b.shape, &shape));
+            let f: fn(f32, f32) -> f32 = match op {
+                BinaryOp::Add => |x, y| x + y,
+                BinaryOp::Sub => |x, y| x - y,
+                BinaryOp::Mul => |x, y| x * y,
+                BinaryOp::Div => |x, y| x / y,
+                BinaryOp::Rem => |x, y| x % y,
+                BinaryOp::Pow => |x, y| f64::from(x).powf(f64::from(y)) as f32,
+                BinaryOp::Max => nan_max,
+                BinaryOp::Min => nan_min,
+                _ => unreachable!("verifier: bit op on floats"),
+            };
+            Data::F(round_all(a.dtype, zip(&x, &y, f)))
+        }
+        (Data::I(x), Data::I(y)) => {
+            let (x, y) = (expand(x, &a.shape, &shape), expand(y, &b.shape, &shape));
+            let f: fn(i32, i32) -> i32 = match op {
+                BinaryOp::Add => i32::wrapping_add,
+                BinaryOp::Sub => i32::wrapping_sub,
+                BinaryOp::Mul => i32::wrapping_mul,
+                BinaryOp::Div => |x, y| if y == 0 { 0 } else { x.wrapping_div(y) },
+                BinaryOp::Rem => |x, y| if y == 0 { 0 } else { x.wrapping_rem(y) },
+                BinaryOp::Max => |x, y| x.max(y),
+                BinaryOp::Min => |x, y| x.min(y),
+                BinaryOp::And => |x, y| x & y,
+                BinaryOp::Or => |x, y| x | y,
+                BinaryOp::Xor => |x, y| x ^ y,
+                BinaryOp::Shl => |x, y| x.wrapping_shl(y as u32),
+                BinaryOp::Shr => |x, y| x.wrapping_shr(y as u32),
+                BinaryOp::Pow => unreachable!("verifier: pow on integers"),
+            };
+            Data::I(zip(&x, &y, f))
+        }
+        (Data::U(x), Data::U(y)) => {
+            let (x, y) = (expand(x, &a.shape, &shape), expand(y, &b.shape, &shape));
+            let f: fn(u32, u32) -> u32 = match op {
+                BinaryOp::Add => u32::wrapping_add,
+                BinaryOp::Sub => u32::wrapping_sub,
+                BinaryOp::Mul => u32::wrapping_mul,
+                BinaryOp::Div => |x, y| x.checked_div(y).unwrap_or(0),
+                BinaryOp::Rem => |x, y| x.checked_rem(y).unwrap_or(0),
+                BinaryOp::Max => |x, y| x.max(y),
+                BinaryOp::Min => |x, y| x.min(y),
+                BinaryOp::And => |x, y| x & y,
+                BinaryOp::Or => |x, y| x | y,
+                BinaryOp::Xor => |x, y| x ^ y,
+                BinaryOp::Shl => u32::wrapping_shl,
+                BinaryOp::Shr => u32::wrapping_shr,
+                BinaryOp::Pow => unreachable!("verifier: pow on integers"),
+            };
+            Data::U(zip(&x, &y, f))
+        }
+        (Data::B(x), Data::B(y)) => {
+            let (x, y) = (expand(x, &a.shape, &shape), expand(y, &b.shape, &shape));
+            let f: fn(bool, bool) -> bool = match op {
+                BinaryOp::And => |x, y| x & y,
+                BinaryOp::Or => |x, y| x | y,
+                BinaryOp::Xor => |x, y| x ^ y,
+                _ => unreachable!("verifier: arithmetic on bool"),
+            };
+            Data::B(zip(&x, &y, f))
+        }
+        _ => unreachable!("verifier: operands of one dtype"),
+    };
+    a.with(shape, data)
+}
+
+fn cmp<T: PartialOrd + Copy>(op: CmpOp, x: &[T], y: &[T]) -> Vec<bool> {
+    let f: fn(&T, &T) -> bool = match op {
+        CmpOp::Eq => |x, y| x == y,
+        CmpOp::Ne => |x, y| x != y,
+        CmpOp::Lt => |x, y| x < y,
+        CmpOp::Le => |x, y| x <= y,
+        CmpOp::Gt => |x, y| x > y,
+        CmpOp::Ge => |x, y| x >= y,
+    };
+    x.iter().zip(y).map(|(a, b)| f(a, b)).collect()
+}
+
+pub(crate) fn compare(op: CmpOp, a: &Val, b: &Val) -> Val {
+    let shape = broadcast_shape(&a.shape, &b.shape);
+    let out = match (&a.data, &b.data) {
+        (Data::F(x), Data::F(y)) => cmp(op, &expand(x, &a.shape, &shape), &expand(y, &b.shape, &shape)),
+        (Data::I(x), Data::I(y)) => cmp(op, &expand(x, &a.shape, &shape), &expand(y, &b.shape, &shape)),
+        (Data::U(x), Data::U(y)) => cmp(op, &expand(x, &a.shape, &shape), &expand(y, &b.shape, &shape)),
+        (Data::B(x), Data::B(y)) => cmp(op, &expand(x, &a.shape, &shape), &expand(y, &b.shape, &shape)),
+        _ => unreachable!("verifier: operands of one dtype"),
+    };
+    Val { dtype: DType::Bool, shape, data: Data::B(out) }
+}
+
+fn pick<T: Copy>(c: &[bool], x: &[T], y: &[T]) -> Vec<T> {
+    c.iter().zip(x.iter().zip(y)).map(|(&c, (&x, &y))| if c { x } else { y }).collect()
+}
+
+pub(crate) fn select(c: &Val, a: &Val, b: &Val) -> Val {
+    let shape = broadcast_shape(&broadcast_shape(&c.shape, &a.shape), &b.shape);
+    let Data::B(cv) = &c.data else { unreachable!("verifier: bool condition") };
+    let cv = expand(cv, &c.shape, &shape);
+    let data = match (&a.data, &b.data) {
+        (Data::F(x), Data::F(y)) => Data::F(pick(&cv, &expand(x, &a.shape, &shape), &expand(y, &b.shape, &shape))),
+        (Data::I(x), Data::I(y)) => Data::I(pick(&cv, &expand(x, &a.shape, &shape), &expand(y, &b.shape, &shape))),
+        (Data::U(x), Data::U(y)) => Data::U(pick(&cv, &expand(x, &a.shape, &shape), &expand(y, &b.shape, &shape))),
+        (Data::B(x), Data::B(y)) => Data::B(pick(&cv, &expand(x, &a.shape, &shape), &expand(y, &b.shape, &shape))),
+        _ => unreachable!("verifier: operands of one dtype"),
+    };
+    a.with(shape, data)
+}
+
+pub(crate) fn cast(a: &Val, to: DType) -> Val {
+    let data = match (&a.data, to) {
+        (Data::F(v), DType::I32) => Data::I(v.iter().map(|&x| x as i32).collect()),
+        (Data::F(v), DType::U32) => Data::U(v.iter().map(|&x| x as u32).collect()),
+        (Data::F(v), DType::Bool) => Data::B(v.iter().map(|&x| x != 0.0).collect()),
+        (Data::F(v), d) => Data::F(round_all(d, v.clone())),
+        (Data::I(v), DType::I32) => Data::I(v.clone()),
+        (Data::I(v), DType::U32) => Data::U(v.iter().map(|&x| x as u32).collect()),
+        (Data::I(v), DType::Bool) => Data::B(v.iter().map(|&x| x != 0).collect()),
+        (Data::I(v), d) => Data::F(round_all(d, v.iter().map(|&x| x as f32).collect())),
+        (Data::U(v), DType::I32) => Data::I(v.iter().map(|&x| x as i32).collect()),
+        (Data::U(v), DType::U32) => Data::U(v.clone()),
+        (Data::U(v), DType::Bool) => Data::B(v.iter().map(|&x| x != 0).collect()),
+        (Data::U(v), d) => Data::F(round_all(d, v.iter().map(|&x| x as f32).collect())),
+        (Data::B(v), DType::I32) => Data::I(v.iter().map(|&x| i32::from(x)).collect()),
+        (Data::B(v), DType::U32) => Data::U(v.iter().map(|&x| u32::from(x)).collect()),
+        (Data::B(v), DType::Bool) => Data::B(v.clone()),
+        (Data::B(v), _) => Data::F(v.iter().map(|&x| f32::from(u8::from(x))).collect()),
+    };
+    Val { dtype: to, shape: a.shape.clone(), data }
+}
+
+pub(crate) fn bitcast(a: &Val, to: DType) -> Val {
+    Val::from_bits(to, a.shape.clone(), a.to_bits())
+}
+
+pub(crate) fn broadcast_to(a: &Val, shape: &[usize]) -> Val {
+    let data = match &a.data {
+        Data::F(v) => Data::F(expand(v, &a.shape, shape).into_owned()),
+        Data::I(v) => Data::I(expand(v, &a.shape, shape).into_owned()),
+        Data::U(v) => Data::U(expand(v, &a.shape, shape).into_owned()),
+        Data::B(v) => Data::B(expand(v, &a.shape, shape).into_owned()),
+    };
+    a.with(shape.to_vec(), data)
+}
+
+pub(crate) fn reshape(a: &Val, shape: &[usize]) -> Val {
+    a.with(shape.to_vec(), a.data.clone())
+}
+
+fn permute<T: Copy>(v: &[T], shape: &[usize], perm: &[usize]) -> Vec<T> {
+    let st = strides(shape);
+    let out_shape: Vec<usize> = perm.iter().map(|&p| shape[p]).collect();
+    let out_st: Vec<usize> = perm.iter().map(|&p| st[p]).collect();
+    let n = v.len();
+    let mut res = Vec::with_capacity(n);
+    let mut idx = vec![0usize; shape.len()];
+    let mut off = 0;
+    for _ in 0..n {
+        res.push(v[off]);
+        for d in (0..out_shape.len()).rev() {
+            idx[d] += 1;
+            off += out_st[d];
+            if idx[d] < out_shape[d] {
+                break;
+            }
+            off -= out_st[d] * idx[d];
+            idx[d] = 0;
+        }
+    }
+    res
+}
+
+pub(crate) fn transpose(a: &Val, perm: &[usize]) -> Val {
+    let shape: Vec<usize> = perm.iter().map(|&p| a.shape[p]).collect();
+    let data = match &a.data {
+        Data::F(v) => Data::F(permute(v, &a.shape, perm)),
+        Data::I(v) => Data::I(permute(v, &a.shape, perm)),
+        Data::U(v) => Data::U(permute(v, &a.shape, perm)),
+        Data::B(v) => Data::B(permute(v, &a.shape, perm)),
+    };
+    a.with(shape, data)
+}
+
+/// Folds `[outer, n, inner]` along the middle dimension, in order.
+fn fold_axis<T: Copy>(v: &[T], outer: usize, n: usize, inner: usize, f: impl Fn(T, T) -> T) -> Vec<T> {
+    let mut out = Vec::with_capacity(outer * inner);
+    for o in 0..outer {
+        let base = o * n * inner;
+        out.extend_from_slice(&v[base..base + inner]);
+        let row = &mut out[o * inner..];
+        for r in 1..n {
+            let src = &v[base + r * inner..base + (r + 1) * inner];
+            for (acc, &x) in row.iter_mut().zip(src) {
+                *acc = f(*acc, x);
+            }
+        }
+    }
+    out
+}
+
+pub(crate) fn reduce(op: ReduceOp, a: &Val, axis: usize, keepdims: bool) -> Val {
+    let outer: usize = a.shape[..axis].iter().product();
+    let n = a.shape[axis];
+    let inner: usize = a.shape[axis + 1..].iter().product();
+    let mut shape = a.shape.clone();
+    if keepdims {
+        shape[axis] = 1;
+    } else {
+        shape.remove(axis);
+    }
+    let data = match &a.data {
+        Data::F(v) => {
+            let f: fn(f32, f32) -> f32 = match op {
+                ReduceOp::Sum => |x, y| x + y,
+                ReduceOp::Prod => |x, y| x * y,
+                ReduceOp::Max => nan_max,
+                ReduceOp::Min => nan_min,
+            };
+            Data::F(round_all(a.dtype, fold_axis(v, outer, n, inner, f)))
+        }
+        Data::I(v) => {
+            let f: fn(i32, i32) -> i32 = match op {
+                ReduceOp::Sum => i32::wrapping_add,
+                ReduceOp::Prod => i32::wrapping_mul,
+                ReduceOp::Max => |x, y| x.max(y),
+                ReduceOp::Min => |x, y| x.min(y),
+            };
+            Data::I(fold_axis(v, outer, n, inner, f))
+        }
+        Data::U(v) => {
+            let f: fn(u32, u32) -> u32 = match op {
+                ReduceOp::Sum => u32::wrapping_add,
+                ReduceOp::Prod => u32::wrapping_mul,
+                ReduceOp::Max => |x, y| x.max(y),
+                ReduceOp::Min => |x, y| x.min(y),
+            };
+            Data::U(fold_axis(v, outer, n, inner, f))
+        }
+        Data::B(_) => unreachable!("verifier: reduce on bool"),
+    };
+    a.with(shape, data)
+}
+
+/// `c[m, n] = sum_k a[m, k] * b[k, n]`, `k` ascending, accumulating in `T`.
+fn matmul<T: Copy + Default>(a: &[T], b: &[T], m: usize, k: usize, n: usize, mul_add: impl Fn(T, T, T) -> T) -> Vec<T> {
+    let mut c = vec![T::default(); m * n];
+    for i in 0..m {
+        let row = &mut c[i * n..(i + 1) * n];
+        for p in 0..k {
+            let x = a[i * k + p];
+            let brow = &b[p * n..(p + 1) * n];
+            for (acc, &y) in row.iter_mut().zip(brow) {
+                *acc = mul_add(*acc, x, y);
+            }
+        }
+    }
+    c
+}
+
+pub(crate) fn dot(a: &Val, b: &Val, trans_a: bool, trans_b: bool) -> Val {
+    let a = if trans_a { Cow::Owned(transpose(a, &[1, 0])) } else { Cow::Borrowed(a) };
+    let b = if trans_b { Cow::Owned(transpose(b, &[1, 0])) } else { Cow::Borrowed(b) };
+    let (m, k, n) = (a.shape[0], a.shape[1], b.shape[1]);
+    let (dtype, data) = match (&a.data, &b.data) {
+        (Data::F(x), Data::F(y)) => (DType::F32, Data::F(matmul(x, y, m, k, n, |c, x, y| c + x * y))),
+        (Data::I(x), Data::I(y)) => (DType::I32, Data::I(matmul(x, y, m, k, n, |c, x, y| c.wrapping_add(x.wrapping_mul(y))))),
+        (Data::U(x), Data::U(y)) => (DType::U32, Data::U(matmul(x, y, m, k, n, |c, x, y| c.wrapping_add(x.wrapping_mul(y))))),
+        _ => unreachable!("verifier: dot on two numeric matrices of one dtype"),
+    };
+    Val { dtype, shape: vec![m, n], data }
+}

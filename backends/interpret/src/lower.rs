@@ -1,0 +1,223 @@
+//! Verified IR to the interpreter's program form: value names become slot numbers, argument
+//! names become array numbers, literals and constant blocks (`iota`, `full`, `zeros`) are built
+//! once. Execution then never looks anything up by name.
+
+use std::collections::HashMap;
+
+use tessel_plugin_api::ir::*;
+
+use crate::eval::Val;
+
+/// Where an operand comes from.
+#[derive(Clone, Debug)]
+pub(crate) enum Src {
+    Slot(usize),
+    Const(Val),
+}
+
+/// A memory reference: an argument (by position in `Kernel::params`) or a scratch buffer.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct MemRef(pub usize);
+
+#[derive(Clone, Debug)]
+pub(crate) enum Ix {
+    Full,
+    Slice(Src, usize),
+    At(Src),
+}
+
+#[derive(Clone, Debug)]
+pub(crate) enum Instr {
+    Load { dst: usize, mem: MemRef, index: Option<Vec<Ix>>, mask: Option<usize>, other: Literal, dtype: DType },
+    Store { mem: MemRef, index: Option<Vec<Ix>>, value: Src, mask: Option<usize> },
+    ProgramId { dst: usize, axis: usize },
+    NumPrograms { dst: usize, axis: usize },
+    Const { dst: usize, val: Val },
+    Unary { dst: usize, op: UnaryOp, a: Src },
+    Binary { dst: usize, op: BinaryOp, a: Src, b: Src },
+    Compare { dst: usize, op: CmpOp, a: Src, b: Src },
+    Select { dst: usize, c: Src, a: Src, b: Src },
+    Cast { dst: usize, a: Src, to: DType },
+    Bitcast { dst: usize, a: Src, to: DType },
+    Broadcast { dst: usize, a: Src, shape: Vec<usize> },
+    Reshape { dst: usize, a: Src, shape: Vec<usize> },
+    Transpose { dst: usize, a: Src, perm: Vec<usize> },
+    Reduce { dst: usize, op: ReduceOp, a: Src, axis: usize, keepdims: bool },
+    Dot { dst: usize, a: Src, b: Src, trans_a: bool, trans_b: bool },
+    When { cond: Src, body: Vec<Instr> },
+    For { var: usize, lo: Src, hi: Src, step: Src, iters: Vec<(usize, Src)>, results: Vec<usize>, body: Vec<Instr>, yields: Vec<Src> },
+}
+
+/// A kernel ready to run.
+#[derive(Clone, Debug)]
+pub(crate) struct Program {
+    pub body: Vec<Instr>,
+    pub slots: usize,
+}
+
+struct Lowerer<'a> {
+    v: &'a Verified,
+    slots: HashMap<String, usize>,
+}
+
+/// Lowers a verified kernel. Infallible: the verifier has checked everything.
+pub(crate) fn lower(v: &Verified) -> Program {
+    let mut l = Lowerer { v, slots: HashMap::new() };
+    let body = l.body(&v.kernel().body);
+    Program { body, slots: l.slots.len() }
+}
+
+impl Lowerer<'_> {
+    fn slot(&mut self, name: &str) -> usize {
+        let n = self.slots.len();
+        *self.slots.entry(name.to_string()).or_insert(n)
+    }
+
+    /// An operand; a literal takes the dtype `dtype` (that of the op's other operands).
+    fn src(&mut self, o: &Operand, dtype: DType) -> Src {
+        match o {
+            Operand::Value(n) => Src::Slot(self.slot(n)),
+            Operand::Lit(l) => Src::Const(Val::scalar_literal(dtype, *l)),
+        }
+    }
+
+    fn dtype_of(&self, o: &Operand) -> Option<DType> {
+        match o {
+            Operand::Value(n) => Some(self.v.value_type(n).dtype),
+            Operand::Lit(_) => None,
+        }
+    }
+
+    /// The common dtype of operands where at least one is a value.
+    fn common(&self, ops: &[&Operand]) -> DType {
+        ops.iter().find_map(|o| self.dtype_of(o)).expect("verifier: one operand is a value")
+    }
+
+    fn mem(&self, name: &str) -> MemRef {
+        MemRef(self.v.kernel().params.iter().position(|p| p.name == name).expect("verifier: known argument"))
+    }
+
+    fn index(&mut self, index: &Option<Vec<Index>>) -> Option<Vec<Ix>> {
+        index.as_ref().map(|ix| {
+            ix.iter()
+                .map(|i| match i {
+                    Index::Full => Ix::Full,
+                    Index::Slice { start, size } => Ix::Slice(self.src(start, DType::I32), *size),
+                    Index::At(v) => Ix::At(self.src(v, DType::I32)),
+                })
+                .collect()
+        })
+    }
+
+    fn axis(&self, a: &AxisRef) -> usize {
+        match a {
+            AxisRef::Pos(p) => *p,
+            AxisRef::Name(n) => self.v.grid().iter().position(|g| &g.name == n).expect("verifier: known axis"),
+        }
+    }
+
+    fn body(&mut self, body: &[Stmt]) -> Vec<Instr> {
+        body.iter().filter(|s| !matches!(s.op, Op::Yield(_))).map(|s| self.stmt(s)).collect()
+    }
+
+    fn stmt(&mut self, s: &Stmt) -> Instr {
+        let ty = s.ty.clone();
+        let dst = s.results.first().map(|r| self.slot(r)).unwrap_or(usize::MAX);
+        let result_ty = || ty.clone().expect("verifier: result type filled");
+        match &s.op {
+            Op::Load { src, index, mask, other } => {
+                let mem = self.mem(src);
+                let index = self.index(index);
+                let mask = mask.as_ref().map(|m| self.slot(m));
+                Instr::Load { dst, mem, index, mask, other: other.unwrap_or(Literal::Int(0)), dtype: result_ty().dtype }
+            }
+            Op::Store { dst: d, index, value, mask } => {
+                let mem = self.mem(d);
+                let dtype = self.v.kernel().params[mem.0].ty.dtype;
+                let index = self.index(index);
+                let value = self.src(value, dtype);
+                let mask = mask.as_ref().map(|m| self.slot(m));
+                Instr::Store { mem, index, value, mask }
+            }
+            Op::ProgramId(a) => Instr::ProgramId { dst, axis: self.axis(a) },
+            Op::NumPrograms(a) => Instr::NumPrograms { dst, axis: self.axis(a) },
+            Op::Iota { dim } => {
+                let t = result_ty();
+                Instr::Const { dst, val: Val::iota(t.dtype, &t.shape, *dim) }
+            }
+            Op::Full(l) => {
+                let t = result_ty();
+                Instr::Const { dst, val: Val::splat(t.dtype, &t.shape, *l) }
+            }
+            Op::Zeros => {
+                let t = result_ty();
+                Instr::Const { dst, val: Val::splat(t.dtype, &t.shape, Literal::Int(0)) }
+            }
+            Op::Unary(op, a) => {
+                let d = self.common(&[a]);
+                Instr::Unary { dst, op: *op, a: self.src(a, d) }
+            }
+            Op::Binary(op, a, b) => {
+                let d = self.common(&[a, b]);
+                Instr::Binary { dst, op: *op, a: self.src(a, d), b: self.src(b, d) }
+            }
+            Op::Compare(op, a, b) => {
+                let d = self.common(&[a, b]);
+                Instr::Compare { dst, op: *op, a: self.src(a, d), b: self.src(b, d) }
+            }
+            Op::Select(c, a, b) => {
+                let d = self.common(&[a, b]);
+                Instr::Select { dst, c: self.src(c, DType::Bool), a: self.src(a, d), b: self.src(b, d) }
+            }
+            Op::Cast(a) => Instr::Cast { dst, a: self.src(a, DType::F32), to: result_ty().dtype },
+            Op::Bitcast(a) => Instr::Bitcast { dst, a: self.src(a, DType::F32), to: result_ty().dtype },
+            Op::Broadcast(a) => Instr::Broadcast { dst, a: self.src(a, DType::F32), shape: result_ty().shape },
+            Op::Reshape(a) => Instr::Reshape { dst, a: self.src(a, DType::F32), shape: result_ty().shape },
+            Op::Transpose { arg, perm } => Instr::Transpose { dst, a: self.src(arg, DType::F32), perm: perm.clone() },
+            Op::Reduce { op, arg, axis, keepdims } => {
+                Instr::Reduce { dst, op: *op, a: self.src(arg, DType::F32), axis: *axis, keepdims: *keepdims }
+            }
+            Op::Dot { a, b, trans_a, trans_b } => Instr::Dot {
+                dst,
+                a: self.src(a, DType::F32),
+                b: self.src(b, DType::F32),
+                trans_a: *trans_a,
+                trans_b: *trans_b,
+            },
+            Op::When { cond, body } => Instr::When { cond: self.src(cond, DType::Bool), body: self.body(body) },
+            Op::For { var, lo, hi, step, iters, body } => {
+                let var = self.slot(var);
+                let lo = self.src(lo, DType::I32);
+                let hi = self.src(hi, DType::I32);
+                let step = step.as_ref().map_or(Src::Const(Val::i32_scalar(1)), |s| self.src(s, DType::I32));
+                let iters: Vec<(usize, Src)> = iters
+                    .iter()
+                    .map(|(n, init)| {
+                        let d = self.common(&[init]);
+                        (self.slot(n), self.src(init, d))
+                    })
+                    .collect();
+                let yields = match body.last().map(|s| &s.op) {
+                    Some(Op::Yield(vals)) => vals
+                        .iter()
+                        .zip(&iters)
+                        .map(|(v, (slot, _))| {
+                            let d = self.slot_dtype(*slot);
+                            self.src(v, d)
+                        })
+                        .collect(),
+                    _ => Vec::new(),
+                };
+                let body = self.body(body);
+                let results = s.results.iter().map(|r| self.slot(r)).collect();
+                Instr::For { var, lo, hi, step, iters, results, body, yields }
+            }
+            Op::Yield(_) => unreachable!("yield is taken by its for"),
+        }
+    }
+
+    fn slot_dtype(&self, slot: usize) -> DType {
+        let name = self.slots.iter().find(|(_, s)| **s == slot).map(|(n, _)| n.clone()).expect("slot has a name");
+        self.v.value_type(&name).dtype
+    }
+}

@@ -1,0 +1,134 @@
+//! tessel: write a block-level kernel once, launch it on whatever backend the machine has.
+//!
+//! This crate is the host: it reads `.tk` files, checks them, binds inputs and launches kernels
+//! on a backend, and is the `tessel` command (`cli`). The kernel language and IR live in
+//! `tessel-plugin-api`; the reference interpreter in `tessel-interpret`.
+#![deny(missing_docs)]
+
+pub mod cli;
+pub mod inputs;
+pub mod npy;
+
+use std::path::{Path, PathBuf};
+
+use tessel_plugin_api::ir::{self, Verified};
+use tessel_plugin_api::launch::LaunchError;
+
+pub use tessel_plugin_api::array::{HostArray, Tolerance};
+pub use tessel_plugin_api::launch::LaunchArgs;
+
+/// A user error: each message names the thing and says what would work. The CLI prints it and
+/// exits with 1.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A file that cannot be read.
+    #[error("cannot read `{}`: {source}\n  expected a readable file", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// Syntax or verification errors, rendered with `line:col` against the source.
+    #[error("{0}")]
+    Kernel(String),
+    /// `--kernel NAME` that the file does not define.
+    #[error("`{}` has no kernel `{name}`\n  its kernels are: {available}", file.display())]
+    UnknownKernel {
+        /// The file.
+        file: PathBuf,
+        /// The name given.
+        name: String,
+        /// The kernels it has.
+        available: String,
+    },
+    /// A file with several kernels and no `--kernel`.
+    #[error("`{}` defines several kernels: {available}\n  choose one with `--kernel NAME`", file.display())]
+    AmbiguousKernel {
+        /// The file.
+        file: PathBuf,
+        /// The kernels it has.
+        available: String,
+    },
+    /// Several kernels in one launch, on a backend that runs one at a time.
+    #[error("backend `{backend}` runs one kernel per launch, but {count} were given with `--kernel`\n  give `--kernel` once; launches of several (mesh, kernel) pairs need a backend that supports them")]
+    SeveralKernels {
+        /// The backend.
+        backend: String,
+        /// How many were given.
+        count: usize,
+    },
+    /// A backend name that is not registered.
+    #[error("unknown backend `{name}`\n  available backends: {available}")]
+    UnknownBackend {
+        /// The name given.
+        name: String,
+        /// Those that exist.
+        available: String,
+    },
+    /// An input file that is not a usable `.npy`.
+    #[error("input `{name}` from `{}`: {source}", path.display())]
+    Npy {
+        /// The argument.
+        name: String,
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: npy::NpyError,
+    },
+    /// A malformed flag value.
+    #[error("bad `{flag} {value}`: {why}\n  expected {expected}")]
+    BadFlag {
+        /// The flag.
+        flag: &'static str,
+        /// Its value.
+        value: String,
+        /// What is wrong.
+        why: String,
+        /// What would work.
+        expected: &'static str,
+    },
+    /// Inputs or grid sizes that do not fit the kernel.
+    #[error(transparent)]
+    Launch(#[from] LaunchError),
+    /// An output that cannot be written.
+    #[error("cannot write `{}`: {source}\n  expected a writable folder for --out-dir", path.display())]
+    Write {
+        /// The file or folder.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// `--check` found outputs beyond their dtype's tolerance.
+    #[error("--check failed: {0}")]
+    CheckFailed(String),
+}
+
+/// `type Result<T> = Result<T, Error>`.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Reads, parses and verifies every kernel of a `.tk` file; errors are rendered with the file's
+/// name and `line:col`.
+pub fn load_file(path: &Path) -> Result<Vec<Verified>> {
+    let source = std::fs::read_to_string(path).map_err(|source| Error::Read { path: path.to_path_buf(), source })?;
+    load_source(&path.display().to_string(), &source)
+}
+
+/// Parses and verifies `.tk` text named `name` in messages.
+pub fn load_source(name: &str, source: &str) -> Result<Vec<Verified>> {
+    let module = ir::parse(source).map_err(|d| Error::Kernel(d.render(name, source)))?;
+    ir::verify::verify_module(&module).map_err(|d| Error::Kernel(d.render(name, source)))
+}
+
+/// The backends this build can run. (Plugins and the GPU backends arrive with later work.)
+pub const BACKENDS: &[&str] = &[tessel_interpret::NAME];
+
+/// Runs one verified kernel on a backend by name (`auto` picks the best available).
+pub fn run_kernel(backend: &str, kernel: &Verified, args: &LaunchArgs) -> Result<Vec<(String, HostArray)>> {
+    match backend {
+        "interpret" | "auto" => tessel_interpret::run(kernel, args).map_err(|e| match e {
+            tessel_interpret::Error::Launch(l) => Error::Launch(l),
+        }),
+        other => Err(Error::UnknownBackend { name: other.to_string(), available: BACKENDS.join(", ") }),
+    }
+}

@@ -1,0 +1,10 @@
+//! The `tessel` command. Exit codes: 0 success, 1 user error, 2 bad command line.
+
+fn main() -> std::process::ExitCode {
+    // A panic is a bug in tessel, never the user's fault: say so in one line, without a backtrace.
+    std::panic::set_hook(Box::new(|info| {
+        eprintln!("error: internal error in tessel ({info}); please report it with the command that caused it");
+    }));
+    let code = tessel::cli::main(std::env::args_os(), &mut std::io::stdout(), &mut std::io::stderr());
+    std::process::ExitCode::from(code)
+}

@@ -1,0 +1,140 @@
+//! What a launch names besides the kernel: inputs and dynamic grid sizes, checked the same way for
+//! every backend before anything runs.
+
+use std::collections::BTreeMap;
+
+use thiserror::Error;
+
+use crate::array::HostArray;
+use crate::ir::{AxisSize, ParamKind, Verified};
+
+/// The largest size of one grid axis: `program_id` is an `i32`.
+pub const MAX_AXIS_SIZE: u64 = i32::MAX as u64;
+
+/// Inputs and dynamic grid sizes of one launch.
+#[derive(Clone, Debug, Default)]
+pub struct LaunchArgs {
+    /// One array (or 0-d scalar) per `in` argument, by name.
+    pub inputs: BTreeMap<String, HostArray>,
+    /// The size of each `dyn` grid axis, by name.
+    pub grid: BTreeMap<String, u64>,
+}
+
+/// A launch that does not fit its kernel. Each message names the thing and what was expected.
+#[derive(Debug, Error, Clone, PartialEq)]
+pub enum LaunchError {
+    /// An `in` argument has no array.
+    #[error("kernel `{kernel}` needs input `{name}`: {ty}\n  give it with `--input {name}=FILE.npy`, or leave out every `--input` to use seeded random inputs")]
+    MissingInput {
+        /// Kernel name.
+        kernel: String,
+        /// Argument name.
+        name: String,
+        /// Its declared type.
+        ty: String,
+    },
+    /// An array was given for a name that is not an `in` argument.
+    #[error("kernel `{kernel}` has no input `{name}`\n  its inputs are: {expected}")]
+    UnknownInput {
+        /// Kernel name.
+        kernel: String,
+        /// The name given.
+        name: String,
+        /// The kernel's inputs.
+        expected: String,
+    },
+    /// An input has the wrong dtype or shape.
+    #[error("input `{name}` of kernel `{kernel}` is {got}, but the kernel declares {expected}\n  give an array of exactly {expected}")]
+    WrongType {
+        /// Kernel name.
+        kernel: String,
+        /// Argument name.
+        name: String,
+        /// Declared type.
+        expected: String,
+        /// Given type.
+        got: String,
+    },
+    /// A `dyn` axis has no size.
+    #[error("grid axis `{axis}` of kernel `{kernel}` is `dyn` and needs a size at launch\n  give it with `--grid {axis}=N`")]
+    MissingGridSize {
+        /// Kernel name.
+        kernel: String,
+        /// Axis name.
+        axis: String,
+    },
+    /// A size was given for an axis that is not a `dyn` axis of the kernel.
+    #[error("kernel `{kernel}` has no `dyn` grid axis `{axis}`\n  {expected}")]
+    NotDynAxis {
+        /// Kernel name.
+        kernel: String,
+        /// The name given.
+        axis: String,
+        /// What would work.
+        expected: String,
+    },
+    /// A grid size of 0 or beyond [`MAX_AXIS_SIZE`].
+    #[error("grid axis `{axis}` of kernel `{kernel}` cannot have size {size}\n  expected a size from 1 to {MAX_AXIS_SIZE}")]
+    BadGridSize {
+        /// Kernel name.
+        kernel: String,
+        /// Axis name.
+        axis: String,
+        /// The size given.
+        size: u64,
+    },
+}
+
+/// One grid axis with its launch size.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LaunchAxis {
+    /// Axis name.
+    pub name: String,
+    /// Number of points.
+    pub size: u64,
+    /// Whether it runs in order inside a program.
+    pub seq: bool,
+}
+
+/// Checks a launch against a kernel and returns the grid with every size known.
+pub fn bind(kernel: &Verified, args: &LaunchArgs) -> Result<Vec<LaunchAxis>, LaunchError> {
+    let k = kernel.kernel();
+    let kname = || k.name.clone();
+    for (name, arr) in &args.inputs {
+        let Some(p) = k.param(name).filter(|p| p.kind == ParamKind::In) else {
+            let expected: Vec<String> = k.params_of(ParamKind::In).map(|p| format!("{}: {}", p.name, p.ty)).collect();
+            let expected = if expected.is_empty() { "none".to_string() } else { expected.join(", ") };
+            return Err(LaunchError::UnknownInput { kernel: kname(), name: name.clone(), expected });
+        };
+        if arr.ty() != p.ty {
+            return Err(LaunchError::WrongType { kernel: kname(), name: name.clone(), expected: p.ty.to_string(), got: arr.ty().to_string() });
+        }
+    }
+    if let Some(p) = k.params_of(ParamKind::In).find(|p| !args.inputs.contains_key(&p.name)) {
+        return Err(LaunchError::MissingInput { kernel: kname(), name: p.name.clone(), ty: p.ty.to_string() });
+    }
+    let grid = kernel.grid();
+    for axis in args.grid.keys() {
+        if !grid.iter().any(|a| &a.name == axis && a.size == AxisSize::Dyn) {
+            let dyns: Vec<&str> = grid.iter().filter(|a| a.size == AxisSize::Dyn).map(|a| a.name.as_str()).collect();
+            let expected = if dyns.is_empty() {
+                "its grid has no `dyn` axis, so `--grid` is not needed".to_string()
+            } else {
+                format!("its `dyn` axes are: {}", dyns.join(", "))
+            };
+            return Err(LaunchError::NotDynAxis { kernel: kname(), axis: axis.clone(), expected });
+        }
+    }
+    grid.iter()
+        .map(|a| {
+            let size = match a.size {
+                AxisSize::Fixed(n) => n,
+                AxisSize::Dyn => *args.grid.get(&a.name).ok_or_else(|| LaunchError::MissingGridSize { kernel: kname(), axis: a.name.clone() })?,
+            };
+            if size == 0 || size > MAX_AXIS_SIZE {
+                return Err(LaunchError::BadGridSize { kernel: kname(), axis: a.name.clone(), size });
+            }
+            Ok(LaunchAxis { name: a.name.clone(), size, seq: a.seq })
+        })
+        .collect()
+}
