@@ -1,0 +1,74 @@
+//! Helpers shared by the workspace tests: the CLI in-process, `.npy` files, seeded data, closeness.
+#![allow(dead_code, reason = "each test binary uses a different subset")]
+
+use std::path::{Path, PathBuf};
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use tessel::{HostArray, Tolerance};
+use tessel_plugin_api::array::ArrayData;
+use tessel_plugin_api::ir::DType;
+
+/// The repository root.
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Output of one in-process `tessel` command.
+pub struct Outcome {
+    pub code: u8,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// Runs `tessel ARGS...` in-process.
+pub fn tessel(args: &[&str]) -> Outcome {
+    let mut out = Vec::new();
+    let mut err = Vec::new();
+    let argv = std::iter::once("tessel").chain(args.iter().copied());
+    let code = tessel::cli::main(argv, &mut out, &mut err);
+    Outcome { code, stdout: String::from_utf8(out).expect("utf-8"), stderr: String::from_utf8(err).expect("utf-8") }
+}
+
+/// A seeded stream of test data, independent of tessel's own input generator.
+pub fn rng(seed: u64) -> ChaCha8Rng {
+    ChaCha8Rng::seed_from_u64(seed ^ 0x7e55_e1)
+}
+
+/// `n` floats uniform in [-1, 1).
+pub fn floats(rng: &mut ChaCha8Rng, n: usize) -> Vec<f32> {
+    (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect()
+}
+
+pub fn f32_array(shape: &[usize], data: Vec<f32>) -> HostArray {
+    assert_eq!(shape.iter().product::<usize>(), data.len());
+    HostArray { shape: shape.to_vec(), data: ArrayData::F32(data) }
+}
+
+/// Writes `array` as `dir/name.npy` and returns the `--input name=path` argument.
+pub fn input_arg(dir: &Path, name: &str, array: &HostArray) -> String {
+    let path = dir.join(format!("in_{name}.npy"));
+    tessel::npy::write(&path, array).expect("write input");
+    format!("{name}={}", path.display())
+}
+
+pub fn read_output(dir: &Path, name: &str) -> HostArray {
+    tessel::npy::read(&dir.join(format!("{name}.npy"))).expect("output written")
+}
+
+/// Asserts `got` is within the f32 tolerance of `want` everywhere.
+pub fn assert_close(what: &str, got: &HostArray, want: &[f64], dtype: DType) {
+    assert_eq!(got.dtype(), dtype, "{what}: dtype");
+    let got = got.to_f64();
+    assert_eq!(got.len(), want.len(), "{what}: element count");
+    let tol = Tolerance::for_dtype(dtype);
+    let bad: Vec<String> = got
+        .iter()
+        .zip(want)
+        .enumerate()
+        .filter(|(_, (g, w))| !tol.close(**g, **w))
+        .take(5)
+        .map(|(i, (g, w))| format!("[{i}] got {g} want {w}"))
+        .collect();
+    assert!(bad.is_empty(), "{what}: {} beyond tolerance, first: {}", bad.len(), bad.join("; "));
+}
