@@ -8,13 +8,20 @@ use super::*;
 pub fn parse(source: &str) -> Result<Module, Diagnostics> {
     let (toks, bad) = lex(source);
     let mut p = Parser { toks, pos: 0, diags: Vec::new(), eof: Span::new(source.len(), source.len()) };
+    let map = SourceMap::new(source);
+    // After a character that starts no token, the rest of its line would only give cascades.
+    let bad_at: Vec<(usize, usize)> = bad.iter().map(|b| map.line_col(b.span.start as usize)).collect();
+    let module = p.module();
+    p.diags.retain(|d| {
+        let (line, col) = map.line_col(d.span.start as usize);
+        !bad_at.iter().any(|&(bl, bc)| bl == line && bc <= col)
+    });
     for b in bad {
         p.diags.push(
             Diagnostic::new(b.span, format!("unexpected character `{}`", b.text))
                 .expected("expected names, `%values`, numbers or one of ( ) [ ] { } , : = * + -"),
         );
     }
-    let module = p.module();
     if p.diags.is_empty() {
         Ok(module)
     } else {
@@ -248,7 +255,9 @@ impl Parser {
         }
         kernel.body = self.block();
         if !self.eat(&Tok::RBrace) {
-            let d = self.unexpected(&format!("`}}` to close the body of kernel `{}`", kernel.name));
+            let found = self.peek().map_or("the end of the file".to_string(), Tok::describe);
+            let d = Diagnostic::new(kernel.span, format!("the body of kernel `{}` is not closed", kernel.name))
+                .expected(format!("expected `}}` on a line of its own before {found}"));
             self.diags.push(d);
             return None;
         }
@@ -422,7 +431,9 @@ impl Parser {
         self.expect_line_end()?;
         let inner = self.block();
         if !self.eat(&Tok::RBrace) {
-            return Err(self.unexpected(&format!("`}}` to close the `{}` body", op.mnemonic())));
+            let found = self.peek().map_or("the end of the file".to_string(), Tok::describe);
+            return Err(Diagnostic::new(span, format!("the `{}` body opened here is not closed", op.mnemonic()))
+                .expected(format!("expected `}}` on a line of its own before {found}")));
         }
         match &mut op {
             Op::When { body, .. } | Op::For { body, .. } => *body = inner,

@@ -127,6 +127,13 @@ fn broadcast(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
     Some(out)
 }
 
+/// "an f32", "a u32", "a bool": the dtype with its article, for messages.
+fn with_article(t: impl std::fmt::Display) -> String {
+    let text = t.to_string();
+    let article = if text.starts_with(['f', 'i']) { "an" } else { "a" };
+    format!("{article} {text}")
+}
+
 fn shape_text(s: &[usize]) -> String {
     format!("[{}]", s.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "))
 }
@@ -139,7 +146,7 @@ fn literal_fits(lit: Literal, dtype: DType) -> Result<(), String> {
         (Literal::Int(v), DType::U32) if u32::try_from(v).is_ok() => Ok(()),
         (Literal::Int(v), DType::I32 | DType::U32) => Err(format!("integer literal `{v}` does not fit in {dtype}")),
         (Literal::Int(_) | Literal::Float(_), d) if d.is_float() => Ok(()),
-        (l, d) => Err(format!("literal `{}` cannot stand for a {d} element", print::literal_text(l))),
+        (l, d) => Err(format!("literal `{}` cannot stand for {} element", print::literal_text(l), with_article(d))),
     }
 }
 
@@ -487,7 +494,7 @@ impl<'k> Checker<'k> {
             Op::Full(l) => {
                 let t = ann?.clone();
                 if let Err(m) = literal_fits(*l, t.dtype) {
-                    self.err(span, m, format!("expected a {} literal", t.dtype));
+                    self.err(span, m, format!("expected {} literal", with_article(t.dtype)));
                     return None;
                 }
                 Some(t)
@@ -524,7 +531,7 @@ impl<'k> Checker<'k> {
             Op::Broadcast(a) => {
                 let (t, target) = (self.val(a, span, "the operand of `broadcast`")?, ann?.clone());
                 if t.dtype != target.dtype || broadcast(&t.shape, &target.shape).as_deref() != Some(&target.shape[..]) {
-                    self.err(span, format!("cannot broadcast {t} to {target}"), format!("expected a {} type whose shape {} stretches to (numpy broadcasting)", t.dtype, shape_text(&t.shape)));
+                    self.err(span, format!("cannot broadcast {t} to {target}"), format!("expected {} type whose shape {} stretches to (numpy broadcasting)", with_article(t.dtype), shape_text(&t.shape)));
                     return None;
                 }
                 Some(target)
@@ -532,7 +539,7 @@ impl<'k> Checker<'k> {
             Op::Reshape(a) => {
                 let (t, target) = (self.val(a, span, "the operand of `reshape`")?, ann?.clone());
                 if t.dtype != target.dtype || t.numel() != target.numel() {
-                    self.err(span, format!("cannot reshape {t} ({} elements) to {target} ({} elements)", t.numel(), target.numel()), format!("expected a {} type with {} elements", t.dtype, t.numel()));
+                    self.err(span, format!("cannot reshape {t} ({} elements) to {target} ({} elements)", t.numel(), target.numel()), format!("expected {} type with {} elements", with_article(t.dtype), t.numel()));
                     return None;
                 }
                 Some(target)
@@ -670,7 +677,7 @@ impl<'k> Checker<'k> {
         let block = p.block_shape().to_vec();
         let Some(index) = index else { return Some(block) };
         if index.len() != block.len() {
-            self.err(span, format!("`{}` is indexed with {} indices, but its block {} has rank {}", p.name, index.len(), shape_text(&block), block.len()), format!("expected {} indices, one per dimension (`:` for a whole one)", block.len()));
+            self.err(span, format!("`{}` is indexed with {} ind{}, but its block {} has rank {}", p.name, index.len(), if index.len() == 1 { "ex" } else { "ices" }, shape_text(&block), block.len()), format!("expected {} indices, one per dimension (`:` for a whole one)", block.len()));
             return None;
         }
         let mut shape = Vec::new();
@@ -711,7 +718,7 @@ impl<'k> Checker<'k> {
         if let Some(l) = other
             && let Err(m) = literal_fits(l, p.ty.dtype)
         {
-            self.err(span, format!("`other`: {m}"), format!("expected a {} literal", p.ty.dtype));
+            self.err(span, format!("`other`: {m}"), format!("expected {} literal", with_article(p.ty.dtype)));
         }
         Some(Type::array(p.ty.dtype, shape))
     }
@@ -728,12 +735,12 @@ impl<'k> Checker<'k> {
             None => {}
             Some(Arg::Lit(l)) => {
                 if let Err(m) = literal_fits(l, p.ty.dtype) {
-                    self.err(span, m, format!("expected a {} literal", p.ty.dtype));
+                    self.err(span, m, format!("expected {} literal", with_article(p.ty.dtype)));
                 }
             }
             Some(Arg::Val(t)) => {
                 if t.dtype != p.ty.dtype || broadcast(&t.shape, &shape).as_deref() != Some(&shape[..]) {
-                    self.err(span, format!("cannot store {t} into `{dst}`, whose selected block is {}", Type::array(p.ty.dtype, shape.clone())), format!("expected a {} value whose shape broadcasts to {}", p.ty.dtype, shape_text(&shape)));
+                    self.err(span, format!("cannot store {t} into `{dst}`, whose selected block is {}", Type::array(p.ty.dtype, shape.clone())), format!("expected {} value whose shape broadcasts to {}", with_article(p.ty.dtype), shape_text(&shape)));
                 }
             }
         }
@@ -773,7 +780,7 @@ impl<'k> Checker<'k> {
                     if let Some(got) = got
                         && &got != want
                     {
-                        self.err(ys, format!("`yield` gives {got} for `%{n}`, which is {want}"), format!("expected a {want} value"));
+                        self.err(ys, format!("`yield` gives {got} for `%{n}`, which is {want}"), format!("expected {} value", with_article(&want)));
                     }
                 }
             }

@@ -1,0 +1,214 @@
+//! Every user error of `tessel check` and `tessel run`: exit code 1 (2 for a malformed command
+//! line), a message naming the thing and what would work, and no output left behind.
+
+mod common;
+
+use common::*;
+use tessel_plugin_api::array::ArrayData;
+
+fn example(name: &str) -> String {
+    root().join("examples").join(format!("{name}.tk")).display().to_string()
+}
+
+/// Asserts a user error: exit 1, every `needle` in stderr, nothing on stdout, no panic text.
+fn assert_user_error(r: &Outcome, needles: &[&str]) {
+    assert_eq!(r.code, 1, "exit code\nstdout: {}\nstderr: {}", r.stdout, r.stderr);
+    for n in needles {
+        assert!(r.stderr.contains(n), "stderr lacks {n:?}:\n{}", r.stderr);
+    }
+    assert!(!r.stderr.contains("panicked"), "{}", r.stderr);
+}
+
+#[test]
+fn check_prints_canonical_text_and_exits_0() {
+    let r = tessel(&["check", &example("add")]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(r.stdout.starts_with("kernel add\n  grid (i: 8)\n"), "{}", r.stdout);
+    assert!(r.stdout.contains("  %c = add %a, %b : f32[128]\n"), "{}", r.stdout);
+}
+
+#[test]
+fn check_reports_every_error_with_line_and_column() {
+    let file = root().join("tests/in/errors/unknown_op.tk").display().to_string();
+    let r = tessel(&["check", &file]);
+    assert_user_error(&r, &["unknown_op.tk:7:8: error: unknown operation `frobnicate`", "unknown_op.tk:8:15: error: unexpected `2.0`", "2 errors in"]);
+}
+
+#[test]
+fn missing_file() {
+    let r = tessel(&["check", "no/such/kernel.tk"]);
+    assert_user_error(&r, &["cannot read `no/such/kernel.tk`", "No such file"]);
+    let r = tessel(&["run", "no/such/kernel.tk"]);
+    assert_user_error(&r, &["cannot read `no/such/kernel.tk`"]);
+}
+
+#[test]
+fn file_that_is_not_text() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("binary.tk");
+    std::fs::write(&path, [0xff, 0xfe, 0x00, 0x01]).unwrap();
+    let r = tessel(&["check", path.to_str().unwrap()]);
+    assert_user_error(&r, &["cannot read", "binary.tk", "valid UTF-8"]);
+}
+
+#[test]
+fn empty_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("empty.tk");
+    std::fs::write(&path, "# nothing here\n").unwrap();
+    let r = tessel(&["check", path.to_str().unwrap()]);
+    assert_user_error(&r, &["the file defines no kernel", "kernel NAME"]);
+}
+
+#[test]
+fn unknown_kernel() {
+    let r = tessel(&["run", &example("add"), "--kernel", "sub"]);
+    assert_user_error(&r, &["has no kernel `sub`", "its kernels are: add"]);
+}
+
+#[test]
+fn unknown_backend() {
+    let r = tessel(&["run", &example("add"), "--backend", "tpu"]);
+    assert_user_error(&r, &["unknown backend `tpu`", "available backends: interpret"]);
+}
+
+#[test]
+fn several_kernels_on_one_backend() {
+    let file = root().join("tests/in/two_kernels.tk").display().to_string();
+    let r = tessel(&["run", &file, "--kernel", "scale", "--kernel", "shift"]);
+    assert_user_error(&r, &["runs one kernel per launch, but 2 were given"]);
+}
+
+#[test]
+fn missing_input_when_others_are_given() {
+    let dir = tempfile::tempdir().unwrap();
+    let x = input_arg(dir.path(), "x", &f32_array(&[1024], vec![0.0; 1024]));
+    let r = tessel(&["run", &example("add"), "--input", &x, "--out-dir", dir.path().to_str().unwrap()]);
+    assert_user_error(&r, &["kernel `add` needs input `y`: f32[1024]", "--input y=FILE.npy"]);
+    assert!(!dir.path().join("o.npy").exists(), "no output after an error");
+}
+
+#[test]
+fn input_of_the_wrong_shape_or_dtype() {
+    let dir = tempfile::tempdir().unwrap();
+    let x = input_arg(dir.path(), "x", &f32_array(&[1000], vec![0.0; 1000]));
+    let y = input_arg(dir.path(), "y", &f32_array(&[1024], vec![0.0; 1024]));
+    let r = tessel(&["run", &example("add"), "--input", &x, "--input", &y]);
+    assert_user_error(&r, &["input `x` of kernel `add` is f32[1000], but the kernel declares f32[1024]"]);
+    let ints = tessel::HostArray { shape: vec![1024], data: ArrayData::I32(vec![0; 1024]) };
+    let x = input_arg(dir.path(), "x", &ints);
+    let r = tessel(&["run", &example("add"), "--input", &x, "--input", &y]);
+    assert_user_error(&r, &["input `x` of kernel `add` is i32[1024], but the kernel declares f32[1024]"]);
+}
+
+#[test]
+fn input_for_a_name_the_kernel_lacks() {
+    let dir = tempfile::tempdir().unwrap();
+    let z = input_arg(dir.path(), "z", &f32_array(&[4], vec![0.0; 4]));
+    let r = tessel(&["run", &example("add"), "--input", &z]);
+    assert_user_error(&r, &["kernel `add` has no input `z`", "its inputs are: x: f32[1024], y: f32[1024]"]);
+}
+
+#[test]
+fn npy_that_is_not_npy_or_of_an_unsupported_dtype() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.npy");
+    std::fs::write(&bad, b"this is not numpy").unwrap();
+    let arg = format!("x={}", bad.display());
+    let r = tessel(&["run", &example("ragged"), "--input", &arg]);
+    assert_user_error(&r, &["input `x` from", "bad.npy", "cannot read it"]);
+    // A float64 array, written by hand: header then 8-byte elements.
+    let f64_path = dir.path().join("f64.npy");
+    let header = "{'descr': '<f8', 'fortran_order': False, 'shape': (2,), }";
+    let mut bytes = b"\x93NUMPY\x01\x00".to_vec();
+    let pad = 64 - (10 + header.len() + 1) % 64;
+    let hlen = (header.len() + pad + 1) as u16;
+    bytes.extend(hlen.to_le_bytes());
+    bytes.extend(header.as_bytes());
+    bytes.extend(std::iter::repeat_n(b' ', pad));
+    bytes.push(b'\n');
+    bytes.extend(1.0f64.to_le_bytes());
+    bytes.extend(2.0f64.to_le_bytes());
+    std::fs::write(&f64_path, bytes).unwrap();
+    let arg = format!("x={}", f64_path.display());
+    let r = tessel(&["run", &example("ragged"), "--input", &arg]);
+    assert_user_error(&r, &["its dtype is `<f8`", "astype(np.float32)"]);
+}
+
+#[test]
+fn missing_npy_file() {
+    let r = tessel(&["run", &example("ragged"), "--input", "x=nowhere.npy"]);
+    assert_user_error(&r, &["input `x` from `nowhere.npy`", "No such file"]);
+}
+
+#[test]
+fn malformed_flags_name_the_flag() {
+    let r = tessel(&["run", &example("ragged"), "--input", "x.npy"]);
+    assert_user_error(&r, &["bad `--input x.npy`", "NAME=FILE.npy"]);
+    let r = tessel(&["run", &example("ragged"), "--grid", "i=lots"]);
+    assert_user_error(&r, &["bad `--grid i=lots`", "`lots` is not a non-negative integer"]);
+}
+
+const DYN: &str = "tests/in/dyn_grid.tk";
+
+#[test]
+fn dyn_grid_errors() {
+    let file = root().join(DYN).display().to_string();
+    let r = tessel(&["run", &file]);
+    assert_user_error(&r, &["grid axis `i` of kernel `scale_rows` is `dyn` and needs a size at launch", "--grid i=N"]);
+    let r = tessel(&["run", &file, "--grid", "i=0"]);
+    assert_user_error(&r, &["grid axis `i` of kernel `scale_rows` cannot have size 0", "from 1 to 2147483647"]);
+    let r = tessel(&["run", &file, "--grid", "i=99999999999"]);
+    assert_user_error(&r, &["cannot have size 99999999999"]);
+    let r = tessel(&["run", &file, "--grid", "j=2"]);
+    assert_user_error(&r, &["has no `dyn` grid axis `j`", "its `dyn` axes are: i"]);
+    let dir = tempfile::tempdir().unwrap();
+    let r = tessel(&["run", &file, "--grid", "i=4", "--out-dir", dir.path().to_str().unwrap()]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+}
+
+#[test]
+fn unwritable_out_dir() {
+    let dir = tempfile::tempdir().unwrap();
+    let file_in_the_way = dir.path().join("taken");
+    std::fs::write(&file_in_the_way, "").unwrap();
+    let r = tessel(&["run", &example("add"), "--out-dir", file_in_the_way.to_str().unwrap()]);
+    assert_user_error(&r, &["cannot write", "taken", "--out-dir"]);
+}
+
+#[test]
+fn bad_command_line_exits_2() {
+    let r = tessel(&["run"]);
+    assert_eq!(r.code, 2);
+    assert!(r.stderr.contains("Usage"), "{}", r.stderr);
+    let r = tessel(&["frobnicate"]);
+    assert_eq!(r.code, 2);
+    let r = tessel(&["--help"]);
+    assert_eq!(r.code, 0);
+    assert!(r.stdout.contains("check") && r.stdout.contains("run"));
+}
+
+#[test]
+fn run_writes_every_output_and_says_where() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = tessel(&["run", &example("row_reduce"), "--seed", "3", "--out-dir", dir.path().to_str().unwrap(), "--check"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(r.stdout.contains("s: f32[64] ->") && r.stdout.contains("m: f32[64] ->"), "{}", r.stdout);
+    assert!(r.stdout.contains("check s: max abs error 0e0 against interpret"), "{}", r.stdout);
+    let names: Vec<String> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    let mut names = names;
+    names.sort();
+    assert_eq!(names, ["m.npy", "s.npy"], "only the outputs, no temporary files");
+}
+
+#[test]
+fn seeded_random_inputs_are_reproducible() {
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    for (d, seed) in [(&a, "7"), (&b, "7")] {
+        assert_eq!(tessel(&["run", &example("fused"), "--seed", seed, "--out-dir", d.path().to_str().unwrap()]).code, 0);
+    }
+    assert_eq!(read_output(a.path(), "o"), read_output(b.path(), "o"));
+    let c = tempfile::tempdir().unwrap();
+    assert_eq!(tessel(&["run", &example("fused"), "--seed", "8", "--out-dir", c.path().to_str().unwrap()]).code, 0);
+    assert_ne!(read_output(a.path(), "o"), read_output(c.path(), "o"));
+}

@@ -1,0 +1,68 @@
+//! Snapshots of canonical text (`snapshots/ir/`) for every kernel file in `examples/` and
+//! `tests/in/`, and of the errors (`snapshots/errors/`) for every file in `tests/in/errors/`.
+//! Review changes with `cargo insta review`; never accept them blindly.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::root;
+
+fn tk_files(dir: &str) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(root().join(dir))
+        .unwrap_or_else(|e| panic!("{dir}: {e}"))
+        .filter_map(|e| Some(e.ok()?.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "tk"))
+        .collect();
+    files.sort();
+    files
+}
+
+/// The file as named in messages: relative to the repository root, so snapshots do not depend on
+/// where the checkout lives.
+fn display_name(path: &Path) -> String {
+    path.strip_prefix(root()).unwrap_or(path).display().to_string()
+}
+
+fn snapshot(kind: &str, path: &Path, text: &str) {
+    let stem = path.file_stem().and_then(|s| s.to_str()).expect("utf-8 file name");
+    let mut settings = insta::Settings::clone_current();
+    settings.set_snapshot_path(root().join("snapshots").join(kind));
+    settings.set_prepend_module_to_snapshot(false);
+    settings.set_input_file(path);
+    settings.set_omit_expression(true);
+    settings.bind(|| insta::assert_snapshot!(stem, text));
+}
+
+#[test]
+fn canonical_text_of_every_kernel_file() {
+    let files: Vec<PathBuf> = tk_files("examples").into_iter().chain(tk_files("tests/in")).collect();
+    assert!(files.len() >= 9, "the examples are missing");
+    for path in files {
+        let source = std::fs::read_to_string(&path).expect("readable");
+        let kernels = tessel::load_source(&display_name(&path), &source).unwrap_or_else(|e| panic!("{e}"));
+        let text: Vec<String> = kernels.iter().map(|k| tessel_plugin_api::ir::print_kernel(k.kernel())).collect();
+        let text = text.join("\n");
+        // The canonical text is a fixed point: checking it again gives it back.
+        let again = tessel::load_source("canonical.tk", &text).unwrap_or_else(|e| panic!("{e}"));
+        let again: Vec<String> = again.iter().map(|k| tessel_plugin_api::ir::print_kernel(k.kernel())).collect();
+        assert_eq!(again.join("\n"), text, "{}: canonical text is not stable", path.display());
+        snapshot("ir", &path, &text);
+    }
+}
+
+#[test]
+fn errors_of_every_malformed_kernel() {
+    let files = tk_files("tests/in/errors");
+    assert!(files.len() >= 15, "at least 15 malformed kernels, found {}", files.len());
+    for path in files {
+        let source = std::fs::read_to_string(&path).expect("readable");
+        let name = display_name(&path);
+        let err = match tessel::load_source(&name, &source) {
+            Ok(_) => panic!("{name} should not verify"),
+            Err(e) => e.to_string(),
+        };
+        assert!(err.contains(&format!("{name}:")), "{name}: errors carry file:line:col\n{err}");
+        snapshot("errors", &path, &err);
+    }
+}
