@@ -39,12 +39,14 @@ fn round_all(dtype: DType, mut v: Vec<f32>) -> Vec<f32> {
     v
 }
 
+/// Maximum that propagates NaN (`a > b` is false when either is NaN; `a + b` is then NaN).
 fn nan_max(a: f32, b: f32) -> f32 {
-    if a.is_nan() || b.is_nan() { f32::NAN } else { a.max(b) }
+    if a > b { a } else if b >= a { b } else { a + b }
 }
 
+/// Minimum that propagates NaN.
 fn nan_min(a: f32, b: f32) -> f32 {
-    if a.is_nan() || b.is_nan() { f32::NAN } else { a.min(b) }
+    if a < b { a } else if b <= a { b } else { a + b }
 }
 
 /// Row-major strides of `shape`.
@@ -83,12 +85,19 @@ pub(crate) fn expand<'a, T: Copy>(data: &'a [T], shape: &[usize], out: &[usize])
     let st: Vec<usize> = (0..out.len())
         .map(|d| if d < lead || shape[d - lead] == 1 { 0 } else { src[d - lead] })
         .collect();
+    // Whole rows at a time: the innermost dimension is either copied or filled.
+    let last = out.len() - 1;
+    let row = out[last];
     let mut res = Vec::with_capacity(n);
-    let mut idx = vec![0usize; out.len()];
+    let mut idx = vec![0usize; last];
     let mut off = 0usize;
-    for _ in 0..n {
-        res.push(data[off]);
-        for d in (0..out.len()).rev() {
+    for _ in 0..n / row {
+        if st[last] == 0 {
+            res.resize(res.len() + row, data[off]);
+        } else {
+            res.extend_from_slice(&data[off..off + row]);
+        }
+        for d in (0..last).rev() {
             idx[d] += 1;
             off += st[d];
             if idx[d] < out[d] {

@@ -4,50 +4,30 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use rayon::prelude::*;
-use tessel_plugin_api::array::HostArray;
+use tessel_plugin_api::array::{ArrayData, HostArray};
 use tessel_plugin_api::ir::{DType, Literal, ParamKind, Verified};
 use tessel_plugin_api::launch::LaunchAxis;
 
-use crate::eval::{self, Val, expand};
+use crate::eval::{self, Data, Val, expand};
 use crate::lower::{Instr, Ix, MemRef, Program, Src};
 
-/// Element storage of one array, as bit patterns. Inputs are read-only; outputs and scratch are
-/// relaxed atomics, because programs run concurrently and may (by the author's choice) overlap.
-enum Storage {
-    ReadOnly(Vec<u32>),
+/// Element storage of one array. Inputs are borrowed, typed and read-only; outputs and scratch
+/// are bit patterns in relaxed atomics, because programs run concurrently and may (by the
+/// author's choice) overlap.
+enum Storage<'i> {
+    Input(&'i ArrayData),
     Shared(Vec<AtomicU32>),
 }
 
-impl Storage {
-    fn zeros(n: usize) -> Storage {
+impl Storage<'_> {
+    fn zeros(n: usize) -> Storage<'static> {
         Storage::Shared((0..n).map(|_| AtomicU32::new(0)).collect())
-    }
-
-    fn get(&self, i: usize) -> u32 {
-        match self {
-            Storage::ReadOnly(v) => v[i],
-            Storage::Shared(v) => v[i].load(Ordering::Relaxed),
-        }
-    }
-
-    fn set(&self, i: usize, bits: u32) {
-        match self {
-            Storage::Shared(v) => v[i].store(bits, Ordering::Relaxed),
-            Storage::ReadOnly(_) => unreachable!("verifier: no store to an input"),
-        }
-    }
-
-    fn into_bits(self) -> Vec<u32> {
-        match self {
-            Storage::ReadOnly(v) => v,
-            Storage::Shared(v) => v.into_iter().map(AtomicU32::into_inner).collect(),
-        }
     }
 }
 
 /// One argument's memory and how programs see it.
-struct Array {
-    storage: Storage,
+struct Array<'i> {
+    storage: Storage<'i>,
     shape: Vec<usize>,
     dtype: DType,
 }
@@ -58,20 +38,17 @@ pub(crate) struct Machine<'a> {
     program: &'a Program,
     grid: &'a [LaunchAxis],
     /// One entry per `Kernel::params`; `None` for scratch (allocated per program).
-    arrays: Vec<Option<Array>>,
+    arrays: Vec<Option<Array<'a>>>,
 }
 
 impl<'a> Machine<'a> {
-    pub fn new(kernel: &'a Verified, program: &'a Program, grid: &'a [LaunchAxis], inputs: &std::collections::BTreeMap<String, HostArray>) -> Machine<'a> {
+    pub fn new(kernel: &'a Verified, program: &'a Program, grid: &'a [LaunchAxis], inputs: &'a std::collections::BTreeMap<String, HostArray>) -> Machine<'a> {
         let arrays = kernel
             .kernel()
             .params
             .iter()
             .map(|p| match p.kind {
-                ParamKind::In => {
-                    let bits = inputs[&p.name].to_bits();
-                    Some(Array { storage: Storage::ReadOnly(bits), shape: p.ty.shape.clone(), dtype: p.ty.dtype })
-                }
+                ParamKind::In => Some(Array { storage: Storage::Input(&inputs[&p.name].data), shape: p.ty.shape.clone(), dtype: p.ty.dtype }),
                 ParamKind::Out => Some(Array { storage: Storage::zeros(p.ty.numel()), shape: p.ty.shape.clone(), dtype: p.ty.dtype }),
                 ParamKind::Scratch => None,
             })
@@ -102,7 +79,9 @@ impl<'a> Machine<'a> {
             .filter(|(p, _)| p.kind == ParamKind::Out)
             .map(|(p, a)| {
                 let a = a.expect("outputs have memory");
-                (p.name.clone(), HostArray::from_bits(a.dtype, &a.shape, a.storage.into_bits()))
+                let Storage::Shared(cells) = a.storage else { unreachable!("outputs are shared memory") };
+                let bits = cells.into_iter().map(AtomicU32::into_inner).collect();
+                (p.name.clone(), HostArray::from_bits(a.dtype, &a.shape, bits))
             })
             .collect()
     }
@@ -120,7 +99,7 @@ fn decode(mut n: u64, axes: &[usize], grid: &[LaunchAxis], point: &mut [i64]) {
 /// The state of one program: its scratch and its values.
 struct ProgramState<'m, 'a> {
     m: &'m Machine<'a>,
-    scratch: Vec<Option<Array>>,
+    scratch: Vec<Option<Array<'static>>>,
     slots: Vec<Option<Val>>,
     /// Element origin of each argument's block at the current grid point.
     origins: Vec<Vec<i64>>,
@@ -158,7 +137,7 @@ impl<'m, 'a> ProgramState<'m, 'a> {
         self.exec(body);
     }
 
-    fn array(&self, mem: MemRef) -> &Array {
+    fn array(&self, mem: MemRef) -> &Array<'_> {
         self.m.arrays[mem.0].as_ref().or(self.scratch[mem.0].as_ref()).expect("every argument has memory")
     }
 
@@ -265,55 +244,113 @@ impl<'m, 'a> ProgramState<'m, 'a> {
 
     fn load(&self, mem: MemRef, index: Option<&[Ix]>, mask: Option<usize>, other: Literal, dtype: DType) -> Val {
         let arr = self.array(mem);
-        if arr.shape.is_empty() {
-            return Val::from_bits(dtype, Vec::new(), vec![arr.storage.get(0)]);
-        }
         let (starts, lens, shape) = self.region(mem, index);
-        let lanes = self.mask_lanes(mask, &shape);
-        let other_bits = Val::scalar_literal(dtype, other).to_bits()[0];
-        let mut bits = Vec::with_capacity(lens.iter().product());
-        for_each_lane(&arr.shape, &starts, &lens, |lane, flat| {
-            let on = lanes.as_ref().is_none_or(|l| l[lane]);
-            bits.push(match flat {
-                Some(f) if on => arr.storage.get(f),
-                _ => other_bits,
-            });
-        });
-        Val::from_bits(dtype, shape, bits)
+        let other = Val::scalar_literal(dtype, other);
+        let o = &other.data;
+        let g = |other, copy| gather(&arr.shape, &starts, &lens, other, copy);
+        let mut data = match (&arr.storage, o) {
+            (Storage::Input(ArrayData::F32(v)), Data::F(o)) => Data::F(g(o[0], &mut |f, n, out: &mut Vec<f32>| out.extend_from_slice(&v[f..f + n]))),
+            (Storage::Input(ArrayData::F16(v)), Data::F(o)) => Data::F(g(o[0], &mut |f, n, out: &mut Vec<f32>| out.extend(v[f..f + n].iter().map(|x| x.to_f32())))),
+            (Storage::Input(ArrayData::BF16(v)), Data::F(o)) => Data::F(g(o[0], &mut |f, n, out: &mut Vec<f32>| out.extend(v[f..f + n].iter().map(|x| x.to_f32())))),
+            (Storage::Input(ArrayData::I32(v)), Data::I(o)) => Data::I(gather(&arr.shape, &starts, &lens, o[0], &mut |f, n, out| out.extend_from_slice(&v[f..f + n]))),
+            (Storage::Input(ArrayData::U32(v)), Data::U(o)) => Data::U(gather(&arr.shape, &starts, &lens, o[0], &mut |f, n, out| out.extend_from_slice(&v[f..f + n]))),
+            (Storage::Input(ArrayData::Bool(v)), Data::B(o)) => Data::B(gather(&arr.shape, &starts, &lens, o[0], &mut |f, n, out| out.extend_from_slice(&v[f..f + n]))),
+            (Storage::Shared(cells), _) => {
+                let other_bits = other.to_bits()[0];
+                let bits = gather(&arr.shape, &starts, &lens, other_bits, &mut |f, n, out| out.extend(cells[f..f + n].iter().map(|c| c.load(Ordering::Relaxed))));
+                Val::from_bits(dtype, shape.clone(), bits).data
+            }
+            _ => unreachable!("launch::bind: inputs have their declared dtype"),
+        };
+        if let Some(lanes) = self.mask_lanes(mask, &shape) {
+            apply_mask(&mut data, &lanes, o);
+        }
+        Val { dtype, shape, data }
     }
 
     fn store(&self, mem: MemRef, index: Option<&[Ix]>, value: &Src, mask: Option<usize>) {
         let arr = self.array(mem);
+        let Storage::Shared(cells) = &arr.storage else { unreachable!("verifier: no store to an input") };
         let (starts, lens, shape) = self.region(mem, index);
         let v = self.get(value);
         let bits = v.to_bits();
         let bits = expand(&bits, &v.shape, &shape);
         let lanes = self.mask_lanes(mask, &shape);
-        for_each_lane(&arr.shape, &starts, &lens, |lane, flat| {
-            if let Some(f) = flat
-                && lanes.as_ref().is_none_or(|l| l[lane])
-            {
-                arr.storage.set(f, bits[lane]);
+        let mut lane = 0;
+        for_each_row(&arr.shape, &starts, &lens, |len, span| {
+            if let Some(r) = span {
+                let first = lane + r.before;
+                for (t, cell) in cells[r.flat..r.flat + r.count].iter().enumerate() {
+                    if lanes.as_ref().is_none_or(|l| l[first + t]) {
+                        cell.store(bits[first + t], Ordering::Relaxed);
+                    }
+                }
             }
+            lane += len;
         });
     }
 }
 
-/// Visits the lanes of a region of an array in row-major order: `f(lane, Some(flat index))` for
-/// lanes inside the array, `f(lane, None)` for lanes outside it.
-fn for_each_lane(shape: &[usize], starts: &[i64], lens: &[usize], mut f: impl FnMut(usize, Option<usize>)) {
+/// Sets the lanes where `lanes` is false to `other` (a one-element value of the same kind).
+fn apply_mask(data: &mut Data, lanes: &[bool], other: &Data) {
+    fn fill<T: Copy>(v: &mut [T], lanes: &[bool], o: T) {
+        v.iter_mut().zip(lanes).filter(|(_, on)| !**on).for_each(|(x, _)| *x = o);
+    }
+    match (data, other) {
+        (Data::F(v), Data::F(o)) => fill(v, lanes, o[0]),
+        (Data::I(v), Data::I(o)) => fill(v, lanes, o[0]),
+        (Data::U(v), Data::U(o)) => fill(v, lanes, o[0]),
+        (Data::B(v), Data::B(o)) => fill(v, lanes, o[0]),
+        _ => unreachable!("other has the loaded dtype"),
+    }
+}
+
+/// The part of one innermost row of a region that lies inside the array.
+struct RowSpan {
+    /// Lanes before the first inside lane.
+    before: usize,
+    /// Flat array index of the first inside lane.
+    flat: usize,
+    /// Inside lanes.
+    count: usize,
+}
+
+/// Gathers a region in row-major order: `copy(flat, n, out)` appends `n` elements from flat
+/// index `flat`; lanes outside the array get `other`.
+fn gather<T: Copy>(shape: &[usize], starts: &[i64], lens: &[usize], other: T, copy: &mut dyn FnMut(usize, usize, &mut Vec<T>)) -> Vec<T> {
+    let mut out = Vec::with_capacity(lens.iter().product::<usize>().max(1));
+    for_each_row(shape, starts, lens, |len, span| {
+        let start = out.len();
+        if let Some(r) = span {
+            out.resize(start + r.before, other);
+            copy(r.flat, r.count, &mut out);
+        }
+        out.resize(start + len, other);
+    });
+    out
+}
+
+/// Visits the innermost rows of a region in row-major order: `f(row length, inside part)`.
+/// A scalar (rank 0) array is one row of one lane.
+fn for_each_row(shape: &[usize], starts: &[i64], lens: &[usize], mut f: impl FnMut(usize, Option<RowSpan>)) {
     let rank = shape.len();
+    if rank == 0 {
+        f(1, Some(RowSpan { before: 0, flat: 0, count: 1 }));
+        return;
+    }
     let st = eval::strides(shape);
     let n: usize = lens.iter().product();
+    let last = rank - 1;
+    let row = lens[last];
     if n == 0 {
         return;
     }
-    let last = rank - 1;
-    let rows = n / lens[last];
-    let mut idx = vec![0usize; rank];
-    let mut lane = 0;
-    for _ in 0..rows {
-        // Flat offset of the row start over the outer dimensions, or None if any is outside.
+    // The inside part of the innermost dimension is the same for every row.
+    let lo = starts[last].clamp(0, shape[last] as i64);
+    let hi = (starts[last] + row as i64).clamp(0, shape[last] as i64);
+    let (before, count) = ((lo - starts[last]) as usize, (hi - lo).max(0) as usize);
+    let mut idx = vec![0usize; last];
+    for _ in 0..n / row {
         let mut base = Some(0usize);
         for d in 0..last {
             let g = starts[d] + idx[d] as i64;
@@ -322,12 +359,8 @@ fn for_each_lane(shape: &[usize], starts: &[i64], lens: &[usize], mut f: impl Fn
                 _ => None,
             };
         }
-        for t in 0..lens[last] {
-            let g = starts[last] + t as i64;
-            let inside = g >= 0 && (g as usize) < shape[last];
-            f(lane, base.filter(|_| inside).map(|b| b + g as usize));
-            lane += 1;
-        }
+        let span = base.filter(|_| count > 0).map(|b| RowSpan { before, flat: b + lo as usize, count });
+        f(row, span);
         for d in (0..last).rev() {
             idx[d] += 1;
             if idx[d] < lens[d] {
