@@ -191,43 +191,49 @@ impl Val {
     }
 }
 
-fn f64_op(f: fn(f64) -> f64) -> impl Fn(f32) -> f32 {
-    move |x| f(f64::from(x)) as f32
+/// Maps every element with a closure; each call site is its own monomorphic, vectorisable loop.
+fn map<T: Copy, R>(v: &[T], f: impl Fn(T) -> R) -> Vec<R> {
+    v.iter().map(|&x| f(x)).collect()
+}
+
+/// A transcendental computed in f64 and rounded, as docs/language.md specifies.
+fn via_f64(v: &[f32], f: impl Fn(f64) -> f64) -> Vec<f32> {
+    map(v, |x| f(f64::from(x)) as f32)
 }
 
 pub(crate) fn unary(op: UnaryOp, a: &Val) -> Val {
     let data = match &a.data {
-        Data::F(v) => {
-            let f: Box<dyn Fn(f32) -> f32> = match op {
-                UnaryOp::Neg => Box::new(|x: f32| -x),
-                UnaryOp::Abs => Box::new(f32::abs),
-                UnaryOp::Exp => Box::new(f64_op(f64::exp)),
-                UnaryOp::Exp2 => Box::new(f64_op(f64::exp2)),
-                UnaryOp::Log => Box::new(f64_op(f64::ln)),
-                UnaryOp::Log2 => Box::new(f64_op(f64::log2)),
-                UnaryOp::Sqrt => Box::new(f32::sqrt),
-                UnaryOp::Rsqrt => Box::new(f64_op(|x| 1.0 / x.sqrt())),
-                UnaryOp::Sin => Box::new(f64_op(f64::sin)),
-                UnaryOp::Cos => Box::new(f64_op(f64::cos)),
-                UnaryOp::Tanh => Box::new(f64_op(f64::tanh)),
-                UnaryOp::Logistic => Box::new(f64_op(|x| 1.0 / (1.0 + (-x).exp()))),
-                UnaryOp::Floor => Box::new(f32::floor),
-                UnaryOp::Ceil => Box::new(f32::ceil),
+        Data::F(v) => Data::F(round_all(
+            a.dtype,
+            match op {
+                UnaryOp::Neg => map(v, |x| -x),
+                UnaryOp::Abs => map(v, f32::abs),
+                UnaryOp::Exp => via_f64(v, f64::exp),
+                UnaryOp::Exp2 => via_f64(v, f64::exp2),
+                UnaryOp::Log => via_f64(v, f64::ln),
+                UnaryOp::Log2 => via_f64(v, f64::log2),
+                UnaryOp::Sqrt => map(v, f32::sqrt),
+                UnaryOp::Rsqrt => via_f64(v, |x| 1.0 / x.sqrt()),
+                UnaryOp::Sin => via_f64(v, f64::sin),
+                UnaryOp::Cos => via_f64(v, f64::cos),
+                UnaryOp::Tanh => via_f64(v, f64::tanh),
+                UnaryOp::Logistic => via_f64(v, |x| 1.0 / (1.0 + (-x).exp())),
+                UnaryOp::Floor => map(v, f32::floor),
+                UnaryOp::Ceil => map(v, f32::ceil),
                 UnaryOp::Not => unreachable!("verifier: not on floats"),
-            };
-            Data::F(round_all(a.dtype, v.iter().map(|&x| f(x)).collect()))
-        }
+            },
+        )),
         Data::I(v) => Data::I(match op {
-            UnaryOp::Neg => v.iter().map(|x| x.wrapping_neg()).collect(),
-            UnaryOp::Abs => v.iter().map(|x| x.wrapping_abs()).collect(),
-            _ => v.iter().map(|x| !x).collect(),
+            UnaryOp::Neg => map(v, i32::wrapping_neg),
+            UnaryOp::Abs => map(v, i32::wrapping_abs),
+            _ => map(v, |x| !x),
         }),
         Data::U(v) => Data::U(match op {
-            UnaryOp::Neg => v.iter().map(|x| x.wrapping_neg()).collect(),
+            UnaryOp::Neg => map(v, u32::wrapping_neg),
             UnaryOp::Abs => v.clone(),
-            _ => v.iter().map(|x| !x).collect(),
+            _ => map(v, |x| !x),
         }),
-        Data::B(v) => Data::B(v.iter().map(|x| !x).collect()),
+        Data::B(v) => Data::B(map(v, |x| !x)),
     };
     a.with(a.shape.clone(), data)
 }
@@ -237,70 +243,70 @@ fn zip<T: Copy, R>(a: &[T], b: &[T], f: impl Fn(T, T) -> R) -> Vec<R> {
 }
 
 pub(crate) fn binary(op: BinaryOp, a: &Val, b: &Val) -> Val {
+    use BinaryOp as B;
     let shape = broadcast_shape(&a.shape, &b.shape);
     let data = match (&a.data, &b.data) {
         (Data::F(x), Data::F(y)) => {
             let (x, y) = (expand(x, &a.shape, &shape), expand(y, &b.shape, &shape));
-            let f: fn(f32, f32) -> f32 = match op {
-                BinaryOp::Add => |x, y| x + y,
-                BinaryOp::Sub => |x, y| x - y,
-                BinaryOp::Mul => |x, y| x * y,
-                BinaryOp::Div => |x, y| x / y,
-                BinaryOp::Rem => |x, y| x % y,
-                BinaryOp::Pow => |x, y| f64::from(x).powf(f64::from(y)) as f32,
-                BinaryOp::Max => nan_max,
-                BinaryOp::Min => nan_min,
-                _ => unreachable!("verifier: bit op on floats"),
-            };
-            Data::F(round_all(a.dtype, zip(&x, &y, f)))
+            Data::F(round_all(
+                a.dtype,
+                match op {
+                    B::Add => zip(&x, &y, |x, y| x + y),
+                    B::Sub => zip(&x, &y, |x, y| x - y),
+                    B::Mul => zip(&x, &y, |x, y| x * y),
+                    B::Div => zip(&x, &y, |x, y| x / y),
+                    B::Rem => zip(&x, &y, |x, y| x % y),
+                    B::Pow => zip(&x, &y, |x, y| f64::from(x).powf(f64::from(y)) as f32),
+                    B::Max => zip(&x, &y, nan_max),
+                    B::Min => zip(&x, &y, nan_min),
+                    _ => unreachable!("verifier: bit op on floats"),
+                },
+            ))
         }
         (Data::I(x), Data::I(y)) => {
             let (x, y) = (expand(x, &a.shape, &shape), expand(y, &b.shape, &shape));
-            let f: fn(i32, i32) -> i32 = match op {
-                BinaryOp::Add => i32::wrapping_add,
-                BinaryOp::Sub => i32::wrapping_sub,
-                BinaryOp::Mul => i32::wrapping_mul,
-                BinaryOp::Div => |x, y| if y == 0 { 0 } else { x.wrapping_div(y) },
-                BinaryOp::Rem => |x, y| if y == 0 { 0 } else { x.wrapping_rem(y) },
-                BinaryOp::Max => |x, y| x.max(y),
-                BinaryOp::Min => |x, y| x.min(y),
-                BinaryOp::And => |x, y| x & y,
-                BinaryOp::Or => |x, y| x | y,
-                BinaryOp::Xor => |x, y| x ^ y,
-                BinaryOp::Shl => |x, y| x.wrapping_shl(y as u32),
-                BinaryOp::Shr => |x, y| x.wrapping_shr(y as u32),
-                BinaryOp::Pow => unreachable!("verifier: pow on integers"),
-            };
-            Data::I(zip(&x, &y, f))
+            Data::I(match op {
+                B::Add => zip(&x, &y, i32::wrapping_add),
+                B::Sub => zip(&x, &y, i32::wrapping_sub),
+                B::Mul => zip(&x, &y, i32::wrapping_mul),
+                B::Div => zip(&x, &y, |x, y| if y == 0 { 0 } else { x.wrapping_div(y) }),
+                B::Rem => zip(&x, &y, |x, y| if y == 0 { 0 } else { x.wrapping_rem(y) }),
+                B::Max => zip(&x, &y, i32::max),
+                B::Min => zip(&x, &y, i32::min),
+                B::And => zip(&x, &y, |x, y| x & y),
+                B::Or => zip(&x, &y, |x, y| x | y),
+                B::Xor => zip(&x, &y, |x, y| x ^ y),
+                B::Shl => zip(&x, &y, |x, y| x.wrapping_shl(y as u32)),
+                B::Shr => zip(&x, &y, |x, y| x.wrapping_shr(y as u32)),
+                B::Pow => unreachable!("verifier: pow on integers"),
+            })
         }
         (Data::U(x), Data::U(y)) => {
             let (x, y) = (expand(x, &a.shape, &shape), expand(y, &b.shape, &shape));
-            let f: fn(u32, u32) -> u32 = match op {
-                BinaryOp::Add => u32::wrapping_add,
-                BinaryOp::Sub => u32::wrapping_sub,
-                BinaryOp::Mul => u32::wrapping_mul,
-                BinaryOp::Div => |x, y| x.checked_div(y).unwrap_or(0),
-                BinaryOp::Rem => |x, y| x.checked_rem(y).unwrap_or(0),
-                BinaryOp::Max => |x, y| x.max(y),
-                BinaryOp::Min => |x, y| x.min(y),
-                BinaryOp::And => |x, y| x & y,
-                BinaryOp::Or => |x, y| x | y,
-                BinaryOp::Xor => |x, y| x ^ y,
-                BinaryOp::Shl => u32::wrapping_shl,
-                BinaryOp::Shr => u32::wrapping_shr,
-                BinaryOp::Pow => unreachable!("verifier: pow on integers"),
-            };
-            Data::U(zip(&x, &y, f))
+            Data::U(match op {
+                B::Add => zip(&x, &y, u32::wrapping_add),
+                B::Sub => zip(&x, &y, u32::wrapping_sub),
+                B::Mul => zip(&x, &y, u32::wrapping_mul),
+                B::Div => zip(&x, &y, |x, y| x.checked_div(y).unwrap_or(0)),
+                B::Rem => zip(&x, &y, |x, y| x.checked_rem(y).unwrap_or(0)),
+                B::Max => zip(&x, &y, u32::max),
+                B::Min => zip(&x, &y, u32::min),
+                B::And => zip(&x, &y, |x, y| x & y),
+                B::Or => zip(&x, &y, |x, y| x | y),
+                B::Xor => zip(&x, &y, |x, y| x ^ y),
+                B::Shl => zip(&x, &y, u32::wrapping_shl),
+                B::Shr => zip(&x, &y, u32::wrapping_shr),
+                B::Pow => unreachable!("verifier: pow on integers"),
+            })
         }
         (Data::B(x), Data::B(y)) => {
             let (x, y) = (expand(x, &a.shape, &shape), expand(y, &b.shape, &shape));
-            let f: fn(bool, bool) -> bool = match op {
-                BinaryOp::And => |x, y| x & y,
-                BinaryOp::Or => |x, y| x | y,
-                BinaryOp::Xor => |x, y| x ^ y,
+            Data::B(match op {
+                B::And => zip(&x, &y, |x, y| x & y),
+                B::Or => zip(&x, &y, |x, y| x | y),
+                B::Xor => zip(&x, &y, |x, y| x ^ y),
                 _ => unreachable!("verifier: arithmetic on bool"),
-            };
-            Data::B(zip(&x, &y, f))
+            })
         }
         _ => unreachable!("verifier: operands of one dtype"),
     };
@@ -308,15 +314,14 @@ pub(crate) fn binary(op: BinaryOp, a: &Val, b: &Val) -> Val {
 }
 
 fn cmp<T: PartialOrd + Copy>(op: CmpOp, x: &[T], y: &[T]) -> Vec<bool> {
-    let f: fn(&T, &T) -> bool = match op {
-        CmpOp::Eq => |x, y| x == y,
-        CmpOp::Ne => |x, y| x != y,
-        CmpOp::Lt => |x, y| x < y,
-        CmpOp::Le => |x, y| x <= y,
-        CmpOp::Gt => |x, y| x > y,
-        CmpOp::Ge => |x, y| x >= y,
-    };
-    x.iter().zip(y).map(|(a, b)| f(a, b)).collect()
+    match op {
+        CmpOp::Eq => zip(x, y, |x, y| x == y),
+        CmpOp::Ne => zip(x, y, |x, y| x != y),
+        CmpOp::Lt => zip(x, y, |x, y| x < y),
+        CmpOp::Le => zip(x, y, |x, y| x <= y),
+        CmpOp::Gt => zip(x, y, |x, y| x > y),
+        CmpOp::Ge => zip(x, y, |x, y| x >= y),
+    }
 }
 
 pub(crate) fn compare(op: CmpOp, a: &Val, b: &Val) -> Val {
@@ -425,6 +430,10 @@ pub(crate) fn transpose(a: &Val, perm: &[usize]) -> Val {
 
 /// Folds `[outer, n, inner]` along the middle dimension, in order.
 fn fold_axis<T: Copy>(v: &[T], outer: usize, n: usize, inner: usize, f: impl Fn(T, T) -> T) -> Vec<T> {
+    if inner == 1 {
+        // Along the innermost axis: each output folds one contiguous row.
+        return v.chunks_exact(n).map(|row| row[1..].iter().fold(row[0], |acc, &x| f(acc, x))).collect();
+    }
     let mut out = Vec::with_capacity(outer * inner);
     for o in 0..outer {
         let base = o * n * inner;
@@ -451,33 +460,27 @@ pub(crate) fn reduce(op: ReduceOp, a: &Val, axis: usize, keepdims: bool) -> Val 
         shape.remove(axis);
     }
     let data = match &a.data {
-        Data::F(v) => {
-            let f: fn(f32, f32) -> f32 = match op {
-                ReduceOp::Sum => |x, y| x + y,
-                ReduceOp::Prod => |x, y| x * y,
-                ReduceOp::Max => nan_max,
-                ReduceOp::Min => nan_min,
-            };
-            Data::F(round_all(a.dtype, fold_axis(v, outer, n, inner, f)))
-        }
-        Data::I(v) => {
-            let f: fn(i32, i32) -> i32 = match op {
-                ReduceOp::Sum => i32::wrapping_add,
-                ReduceOp::Prod => i32::wrapping_mul,
-                ReduceOp::Max => |x, y| x.max(y),
-                ReduceOp::Min => |x, y| x.min(y),
-            };
-            Data::I(fold_axis(v, outer, n, inner, f))
-        }
-        Data::U(v) => {
-            let f: fn(u32, u32) -> u32 = match op {
-                ReduceOp::Sum => u32::wrapping_add,
-                ReduceOp::Prod => u32::wrapping_mul,
-                ReduceOp::Max => |x, y| x.max(y),
-                ReduceOp::Min => |x, y| x.min(y),
-            };
-            Data::U(fold_axis(v, outer, n, inner, f))
-        }
+        Data::F(v) => Data::F(round_all(
+            a.dtype,
+            match op {
+                ReduceOp::Sum => fold_axis(v, outer, n, inner, |x, y| x + y),
+                ReduceOp::Prod => fold_axis(v, outer, n, inner, |x, y| x * y),
+                ReduceOp::Max => fold_axis(v, outer, n, inner, nan_max),
+                ReduceOp::Min => fold_axis(v, outer, n, inner, nan_min),
+            },
+        )),
+        Data::I(v) => Data::I(match op {
+            ReduceOp::Sum => fold_axis(v, outer, n, inner, i32::wrapping_add),
+            ReduceOp::Prod => fold_axis(v, outer, n, inner, i32::wrapping_mul),
+            ReduceOp::Max => fold_axis(v, outer, n, inner, i32::max),
+            ReduceOp::Min => fold_axis(v, outer, n, inner, i32::min),
+        }),
+        Data::U(v) => Data::U(match op {
+            ReduceOp::Sum => fold_axis(v, outer, n, inner, u32::wrapping_add),
+            ReduceOp::Prod => fold_axis(v, outer, n, inner, u32::wrapping_mul),
+            ReduceOp::Max => fold_axis(v, outer, n, inner, u32::max),
+            ReduceOp::Min => fold_axis(v, outer, n, inner, u32::min),
+        }),
         Data::B(_) => unreachable!("verifier: reduce on bool"),
     };
     a.with(shape, data)
