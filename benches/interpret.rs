@@ -1,1 +1,108 @@
-fn main() {}
+//! The reference interpreter on the three kernels of issue 2, each beside a baseline measured in
+//! the same run: the same computation as a plain Rust loop (single-threaded, no blocks).
+//! Run with `scripts/bench` or `cargo bench --bench interpret`.
+
+use std::hint::black_box;
+use std::path::Path;
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use tessel::LaunchArgs;
+use tessel_plugin_api::ir::Verified;
+
+fn load(name: &str) -> Verified {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/kernels").join(format!("{name}.tk"));
+    tessel::load_file(&path).expect("bench kernel verifies").remove(0)
+}
+
+fn args(kernel: &Verified) -> LaunchArgs {
+    LaunchArgs { inputs: tessel::inputs::random_inputs(kernel.kernel(), 1), grid: Default::default() }
+}
+
+fn f32s(args: &LaunchArgs, name: &str) -> Vec<f32> {
+    match &args.inputs[name].data {
+        tessel_plugin_api::array::ArrayData::F32(v) => v.clone(),
+        _ => unreachable!("f32 bench inputs"),
+    }
+}
+
+fn matmul(c: &mut Criterion) {
+    let k = load("matmul_512");
+    let a = args(&k);
+    let compiled = tessel_interpret::compile(&k);
+    let (x, y) = (f32s(&a, "a"), f32s(&a, "b"));
+    let mut g = c.benchmark_group("matmul_512");
+    g.throughput(Throughput::Elements(2 * 512 * 512 * 512));
+    g.sample_size(20);
+    g.bench_function("interpret", |b| b.iter(|| compiled.run(black_box(&a)).expect("runs")));
+    g.bench_function("baseline_rust_loop", |b| {
+        b.iter(|| {
+            let n = 512;
+            let mut out = vec![0.0f32; n * n];
+            for i in 0..n {
+                for p in 0..n {
+                    let s = x[i * n + p];
+                    for j in 0..n {
+                        out[i * n + j] += s * y[p * n + j];
+                    }
+                }
+            }
+            black_box(out)
+        })
+    });
+    g.finish();
+}
+
+fn softmax(c: &mut Criterion) {
+    let k = load("softmax_4096");
+    let a = args(&k);
+    let compiled = tessel_interpret::compile(&k);
+    let x = f32s(&a, "x");
+    let mut g = c.benchmark_group("softmax_4096x256");
+    g.throughput(Throughput::Elements(4096 * 256));
+    g.sample_size(20);
+    g.bench_function("interpret", |b| b.iter(|| compiled.run(black_box(&a)).expect("runs")));
+    g.bench_function("baseline_rust_loop", |b| {
+        b.iter(|| {
+            let mut out = Vec::with_capacity(x.len());
+            for row in x.chunks(256) {
+                let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let e: Vec<f32> = row.iter().map(|&v| (f64::from(v - m)).exp() as f32).collect();
+                let s: f32 = e.iter().sum();
+                out.extend(e.iter().map(|v| v / s));
+            }
+            black_box(out)
+        })
+    });
+    g.finish();
+}
+
+fn add(c: &mut Criterion) {
+    let k = load("add_4m");
+    let a = args(&k);
+    let compiled = tessel_interpret::compile(&k);
+    let (x, y) = (f32s(&a, "x"), f32s(&a, "y"));
+    let mut g = c.benchmark_group("add_4m");
+    g.throughput(Throughput::Elements(4 << 20));
+    g.sample_size(20);
+    g.bench_function("interpret", |b| b.iter(|| compiled.run(black_box(&a)).expect("runs")));
+    g.bench_function("baseline_rust_loop", |b| b.iter(|| black_box(x.iter().zip(&y).map(|(p, q)| p + q).collect::<Vec<f32>>())));
+    g.finish();
+}
+
+fn front_end(c: &mut Criterion) {
+    let mut g = c.benchmark_group("parse_verify_lower");
+    for name in ["matmul", "softmax", "flash_attention"] {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples").join(format!("{name}.tk"));
+        let text = std::fs::read_to_string(&path).expect("example");
+        g.bench_function(name, |b| {
+            b.iter(|| {
+                let k = tessel::load_source("bench.tk", black_box(&text)).expect("verifies");
+                black_box(tessel_interpret::compile(&k[0]))
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, matmul, softmax, add, front_end);
+criterion_main!(benches);

@@ -31,7 +31,14 @@ fn check_prints_canonical_text_and_exits_0() {
 fn check_reports_every_error_with_line_and_column() {
     let file = root().join("tests/in/errors/unknown_op.tk").display().to_string();
     let r = tessel(&["check", &file]);
-    assert_user_error(&r, &["unknown_op.tk:7:8: error: unknown operation `frobnicate`", "unknown_op.tk:8:15: error: unexpected `2.0`", "2 errors in"]);
+    assert_user_error(
+        &r,
+        &[
+            "unknown_op.tk:7:8: error: unknown operation `frobnicate`",
+            "unknown_op.tk:8:15: error: unexpected `2.0`",
+            "2 errors in",
+        ],
+    );
 }
 
 #[test]
@@ -195,7 +202,8 @@ fn run_writes_every_output_and_says_where() {
     assert_eq!(r.code, 0, "{}", r.stderr);
     assert!(r.stdout.contains("s: f32[64] ->") && r.stdout.contains("m: f32[64] ->"), "{}", r.stdout);
     assert!(r.stdout.contains("check s: max abs error 0e0 against interpret"), "{}", r.stdout);
-    let names: Vec<String> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    let names: Vec<String> =
+        std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
     let mut names = names;
     names.sort();
     assert_eq!(names, ["m.npy", "s.npy"], "only the outputs, no temporary files");

@@ -115,10 +115,11 @@ fn pick_kernel<'k>(file: &Path, kernels: &'k [Verified], names: &[String], backe
     match names {
         [] if kernels.len() == 1 => Ok(&kernels[0]),
         [] => Err(Error::AmbiguousKernel { file: file.to_path_buf(), available: available() }),
-        [name] => kernels
-            .iter()
-            .find(|k| k.name() == name)
-            .ok_or_else(|| Error::UnknownKernel { file: file.to_path_buf(), name: name.clone(), available: available() }),
+        [name] => kernels.iter().find(|k| k.name() == name).ok_or_else(|| Error::UnknownKernel {
+            file: file.to_path_buf(),
+            name: name.clone(),
+            available: available(),
+        }),
         several => {
             if let Some(missing) = several.iter().find(|n| !kernels.iter().any(|k| k.name() == n.as_str())) {
                 return Err(Error::UnknownKernel { file: file.to_path_buf(), name: missing.clone(), available: available() });
@@ -147,7 +148,8 @@ fn launch_args(kernel: &Verified, args: &RunArgs) -> Result<LaunchArgs> {
         for i in &args.inputs {
             let (name, path) = split_flag("--input", i, "NAME=FILE.npy, as in `--input x=x.npy`")?;
             let path = PathBuf::from(path);
-            let array = crate::npy::read(&path).map_err(|source| Error::Npy { name: name.to_string(), path: path.clone(), source })?;
+            let array =
+                crate::npy::read(&path).map_err(|source| Error::Npy { name: name.to_string(), path: path.clone(), source })?;
             inputs.insert(name.to_string(), array);
         }
         inputs
@@ -158,7 +160,10 @@ fn launch_args(kernel: &Verified, args: &RunArgs) -> Result<LaunchArgs> {
 fn run(args: &RunArgs, out: &mut dyn Write) -> Result<()> {
     let kernels = crate::load_file(&args.file)?;
     if !crate::BACKENDS.contains(&args.backend.as_str()) && args.backend != "auto" {
-        return Err(Error::UnknownBackend { name: args.backend.clone(), available: format!("{}, auto", crate::BACKENDS.join(", ")) });
+        return Err(Error::UnknownBackend {
+            name: args.backend.clone(),
+            available: format!("{}, auto", crate::BACKENDS.join(", ")),
+        });
     }
     let kernel = pick_kernel(&args.file, &kernels, &args.kernels, &args.backend)?;
     let launch = launch_args(kernel, args)?;
@@ -188,7 +193,11 @@ fn run(args: &RunArgs, out: &mut dyn Write) -> Result<()> {
 
 /// Runs the interpreter on the same inputs; returns a report line per output and the outputs
 /// beyond their dtype's tolerance.
-fn compare_with_reference(kernel: &Verified, launch: &LaunchArgs, outputs: &[(String, HostArray)]) -> Result<(Vec<String>, Vec<String>)> {
+fn compare_with_reference(
+    kernel: &Verified,
+    launch: &LaunchArgs,
+    outputs: &[(String, HostArray)],
+) -> Result<(Vec<String>, Vec<String>)> {
     let reference = crate::run_kernel(tessel_interpret::NAME, kernel, launch)?;
     let mut lines = Vec::new();
     let mut failed = Vec::new();

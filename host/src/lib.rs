@@ -51,7 +51,9 @@ pub enum Error {
         available: String,
     },
     /// Several kernels in one launch, on a backend that runs one at a time.
-    #[error("backend `{backend}` runs one kernel per launch, but {count} were given with `--kernel`\n  give `--kernel` once; launches of several (mesh, kernel) pairs need a backend that supports them")]
+    #[error(
+        "backend `{backend}` runs one kernel per launch, but {count} were given with `--kernel`\n  give `--kernel` once; launches of several (mesh, kernel) pairs need a backend that supports them"
+    )]
     SeveralKernels {
         /// The backend.
         backend: String,

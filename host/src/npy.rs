@@ -18,7 +18,9 @@ pub enum NpyError {
     #[error("cannot read it: {0}")]
     Io(#[from] std::io::Error),
     /// A dtype tessel does not take.
-    #[error("its dtype is `{0}`, which tessel does not take\n  expected f32 (<f4), f16 (<f2), bf16 (|V2), i32 (<i4), u32 (<u4) or bool (|b1); convert with e.g. `x.astype(np.float32)`")]
+    #[error(
+        "its dtype is `{0}`, which tessel does not take\n  expected f32 (<f4), f16 (<f2), bf16 (|V2), i32 (<i4), u32 (<u4) or bool (|b1); convert with e.g. `x.astype(np.float32)`"
+    )]
     Dtype(String),
     /// Fortran order.
     #[error("it is in Fortran order\n  expected C order; save `np.ascontiguousarray(x)`")]
@@ -46,9 +48,9 @@ pub fn read(path: &Path) -> Result<HostArray, NpyError> {
         (TypeChar::Int, 4) => ArrayData::I32(read_vec(file)?),
         (TypeChar::Uint, 4) => ArrayData::U32(read_vec(file)?),
         (TypeChar::Bool, 1) => ArrayData::Bool(read_vec(file)?),
-        (TypeChar::RawData, 2) => ArrayData::BF16(
-            read_vec::<FixedSizeBytes<2>>(file)?.into_iter().map(|b| bf16::from_le_bytes(b.0)).collect(),
-        ),
+        (TypeChar::RawData, 2) => {
+            ArrayData::BF16(read_vec::<FixedSizeBytes<2>>(file)?.into_iter().map(|b| bf16::from_le_bytes(b.0)).collect())
+        }
         _ => return Err(NpyError::Dtype(ts.to_string())),
     };
     let array = HostArray { shape, data };

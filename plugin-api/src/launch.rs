@@ -24,7 +24,9 @@ pub struct LaunchArgs {
 #[derive(Debug, Error, Clone, PartialEq)]
 pub enum LaunchError {
     /// An `in` argument has no array.
-    #[error("kernel `{kernel}` needs input `{name}`: {ty}\n  give it with `--input {name}=FILE.npy`, or leave out every `--input` to use seeded random inputs")]
+    #[error(
+        "kernel `{kernel}` needs input `{name}`: {ty}\n  give it with `--input {name}=FILE.npy`, or leave out every `--input` to use seeded random inputs"
+    )]
     MissingInput {
         /// Kernel name.
         kernel: String,
@@ -44,7 +46,9 @@ pub enum LaunchError {
         expected: String,
     },
     /// An input has the wrong dtype or shape.
-    #[error("input `{name}` of kernel `{kernel}` is {got}, but the kernel declares {expected}\n  give an array of exactly {expected}")]
+    #[error(
+        "input `{name}` of kernel `{kernel}` is {got}, but the kernel declares {expected}\n  give an array of exactly {expected}"
+    )]
     WrongType {
         /// Kernel name.
         kernel: String,
@@ -107,7 +111,12 @@ pub fn bind(kernel: &Verified, args: &LaunchArgs) -> Result<Vec<LaunchAxis>, Lau
             return Err(LaunchError::UnknownInput { kernel: kname(), name: name.clone(), expected });
         };
         if arr.ty() != p.ty {
-            return Err(LaunchError::WrongType { kernel: kname(), name: name.clone(), expected: p.ty.to_string(), got: arr.ty().to_string() });
+            return Err(LaunchError::WrongType {
+                kernel: kname(),
+                name: name.clone(),
+                expected: p.ty.to_string(),
+                got: arr.ty().to_string(),
+            });
         }
     }
     if let Some(p) = k.params_of(ParamKind::In).find(|p| !args.inputs.contains_key(&p.name)) {
@@ -129,7 +138,10 @@ pub fn bind(kernel: &Verified, args: &LaunchArgs) -> Result<Vec<LaunchAxis>, Lau
         .map(|a| {
             let size = match a.size {
                 AxisSize::Fixed(n) => n,
-                AxisSize::Dyn => *args.grid.get(&a.name).ok_or_else(|| LaunchError::MissingGridSize { kernel: kname(), axis: a.name.clone() })?,
+                AxisSize::Dyn => *args
+                    .grid
+                    .get(&a.name)
+                    .ok_or_else(|| LaunchError::MissingGridSize { kernel: kname(), axis: a.name.clone() })?,
             };
             if size == 0 || size > MAX_AXIS_SIZE {
                 return Err(LaunchError::BadGridSize { kernel: kname(), axis: a.name.clone(), size });

@@ -79,8 +79,8 @@ fn emit(b: &mut BodyBuilder, pools: &mut Pools, s: &StepSpec, depth: usize) {
             pools.f.push(v);
         }
         4 => {
-            let v = b.reduce(ReduceOp::ALL[s.b % 4], pick(&pools.f, s.a), 1, s.b % 2 == 0);
-            if s.b % 2 == 0 {
+            let v = b.reduce(ReduceOp::ALL[s.b % 4], pick(&pools.f, s.a), 1, s.b.is_multiple_of(2));
+            if s.b.is_multiple_of(2) {
                 let w = b.add(pick(&pools.f, s.a), &v);
                 pools.f.push(w);
             } else {
@@ -128,12 +128,23 @@ fn emit(b: &mut BodyBuilder, pools: &mut Pools, s: &StepSpec, depth: usize) {
         }
         12 if depth < 2 => {
             let init = pick(&pools.f, s.a).clone();
-            let r = b.for_loop(0i64, 4i64, (s.b % 2 == 0).then_some(Operand::Lit(Literal::Int(2))), &[(&init).into()], |body, i, carried| {
-                let start = body.mul(i, 1i64);
-                let _ = body.load_with("x", Some(vec![Index::Slice { start: (&start).into(), size: R }, Index::Full]), None, None);
-                let next = body.add(&carried[0], Operand::Lit(float_lit(s.lit)));
-                vec![(&next).into()]
-            });
+            let r = b.for_loop(
+                0i64,
+                4i64,
+                s.b.is_multiple_of(2).then_some(Operand::Lit(Literal::Int(2))),
+                &[(&init).into()],
+                |body, i, carried| {
+                    let start = body.mul(i, 1i64);
+                    let _ = body.load_with(
+                        "x",
+                        Some(vec![Index::Slice { start: (&start).into(), size: R }, Index::Full]),
+                        None,
+                        None,
+                    );
+                    let next = body.add(&carried[0], Operand::Lit(float_lit(s.lit)));
+                    vec![(&next).into()]
+                },
+            );
             pools.f.extend(r);
         }
         13 => {
@@ -217,10 +228,8 @@ fn builder_makes_what_the_parser_makes() {
 
 #[test]
 fn builder_errors_quote_canonical_text() {
-    let built = KernelBuilder::new("bad")
-        .input("x", Type::array(DType::F32, [8]))
-        .output("o", Type::array(DType::I32, [8]))
-        .body(|b| {
+    let built =
+        KernelBuilder::new("bad").input("x", Type::array(DType::F32, [8])).output("o", Type::array(DType::I32, [8])).body(|b| {
             let x = b.load("x");
             b.store("o", &x);
         });
@@ -235,4 +244,11 @@ fn affine_prints_canonically() {
     let m = parse(src).expect("valid");
     let text = print_kernel(&m.kernels[0]);
     assert!(text.contains("at (2*i + j, 2*i)"), "{text}");
+}
+
+#[test]
+fn body_may_open_on_the_last_header_line() {
+    let a = parse("kernel k\n  out o: f32[4] {\n  %z = zeros : f32[4]\n  store o, %z\n}\n").expect("`{` ends the header line");
+    let b = parse("kernel k\n  out o: f32[4]\n{\n  %z = zeros : f32[4]\n  store o, %z\n}\n").expect("`{` on its own line");
+    assert_eq!(print_kernel(&a.kernels[0]), print_kernel(&b.kernels[0]));
 }

@@ -41,12 +41,24 @@ fn round_all(dtype: DType, mut v: Vec<f32>) -> Vec<f32> {
 
 /// Maximum that propagates NaN (`a > b` is false when either is NaN; `a + b` is then NaN).
 fn nan_max(a: f32, b: f32) -> f32 {
-    if a > b { a } else if b >= a { b } else { a + b }
+    if a > b {
+        a
+    } else if b >= a {
+        b
+    } else {
+        a + b
+    }
 }
 
 /// Minimum that propagates NaN.
 fn nan_min(a: f32, b: f32) -> f32 {
-    if a < b { a } else if b <= a { b } else { a + b }
+    if a < b {
+        a
+    } else if b <= a {
+        b
+    } else {
+        a + b
+    }
 }
 
 /// Row-major strides of `shape`.
@@ -82,9 +94,7 @@ pub(crate) fn expand<'a, T: Copy>(data: &'a [T], shape: &[usize], out: &[usize])
     let lead = out.len() - shape.len();
     let src = strides(shape);
     // Stride in `data` of each output dimension (0 where it stretches).
-    let st: Vec<usize> = (0..out.len())
-        .map(|d| if d < lead || shape[d - lead] == 1 { 0 } else { src[d - lead] })
-        .collect();
+    let st: Vec<usize> = (0..out.len()).map(|d| if d < lead || shape[d - lead] == 1 { 0 } else { src[d - lead] }).collect();
     // Whole rows at a time: the innermost dimension is either copied or filled.
     let last = out.len() - 1;
     let row = out[last];

@@ -28,24 +28,108 @@ pub(crate) enum Ix {
 
 #[derive(Clone, Debug)]
 pub(crate) enum Instr {
-    Load { dst: usize, mem: MemRef, index: Option<Vec<Ix>>, mask: Option<usize>, other: Literal, dtype: DType },
-    Store { mem: MemRef, index: Option<Vec<Ix>>, value: Src, mask: Option<usize> },
-    ProgramId { dst: usize, axis: usize },
-    NumPrograms { dst: usize, axis: usize },
-    Const { dst: usize, val: Val },
-    Unary { dst: usize, op: UnaryOp, a: Src },
-    Binary { dst: usize, op: BinaryOp, a: Src, b: Src },
-    Compare { dst: usize, op: CmpOp, a: Src, b: Src },
-    Select { dst: usize, c: Src, a: Src, b: Src },
-    Cast { dst: usize, a: Src, to: DType },
-    Bitcast { dst: usize, a: Src, to: DType },
-    Broadcast { dst: usize, a: Src, shape: Vec<usize> },
-    Reshape { dst: usize, a: Src, shape: Vec<usize> },
-    Transpose { dst: usize, a: Src, perm: Vec<usize> },
-    Reduce { dst: usize, op: ReduceOp, a: Src, axis: usize, keepdims: bool },
-    Dot { dst: usize, a: Src, b: Src, trans_a: bool, trans_b: bool },
-    When { cond: Src, body: Vec<Instr> },
-    For { var: usize, lo: Src, hi: Src, step: Src, iters: Vec<(usize, Src)>, results: Vec<usize>, body: Vec<Instr>, yields: Vec<Src> },
+    Load {
+        dst: usize,
+        mem: MemRef,
+        index: Option<Vec<Ix>>,
+        mask: Option<usize>,
+        other: Literal,
+        dtype: DType,
+    },
+    Store {
+        mem: MemRef,
+        index: Option<Vec<Ix>>,
+        value: Src,
+        mask: Option<usize>,
+    },
+    ProgramId {
+        dst: usize,
+        axis: usize,
+    },
+    NumPrograms {
+        dst: usize,
+        axis: usize,
+    },
+    Const {
+        dst: usize,
+        val: Val,
+    },
+    Unary {
+        dst: usize,
+        op: UnaryOp,
+        a: Src,
+    },
+    Binary {
+        dst: usize,
+        op: BinaryOp,
+        a: Src,
+        b: Src,
+    },
+    Compare {
+        dst: usize,
+        op: CmpOp,
+        a: Src,
+        b: Src,
+    },
+    Select {
+        dst: usize,
+        c: Src,
+        a: Src,
+        b: Src,
+    },
+    Cast {
+        dst: usize,
+        a: Src,
+        to: DType,
+    },
+    Bitcast {
+        dst: usize,
+        a: Src,
+        to: DType,
+    },
+    Broadcast {
+        dst: usize,
+        a: Src,
+        shape: Vec<usize>,
+    },
+    Reshape {
+        dst: usize,
+        a: Src,
+        shape: Vec<usize>,
+    },
+    Transpose {
+        dst: usize,
+        a: Src,
+        perm: Vec<usize>,
+    },
+    Reduce {
+        dst: usize,
+        op: ReduceOp,
+        a: Src,
+        axis: usize,
+        keepdims: bool,
+    },
+    Dot {
+        dst: usize,
+        a: Src,
+        b: Src,
+        trans_a: bool,
+        trans_b: bool,
+    },
+    When {
+        cond: Src,
+        body: Vec<Instr>,
+    },
+    For {
+        var: usize,
+        lo: Src,
+        hi: Src,
+        step: Src,
+        iters: Vec<(usize, Src)>,
+        results: Vec<usize>,
+        body: Vec<Instr>,
+        yields: Vec<Src>,
+    },
 }
 
 /// A kernel ready to run.
@@ -177,13 +261,9 @@ impl Lowerer<'_> {
             Op::Reduce { op, arg, axis, keepdims } => {
                 Instr::Reduce { dst, op: *op, a: self.src(arg, DType::F32), axis: *axis, keepdims: *keepdims }
             }
-            Op::Dot { a, b, trans_a, trans_b } => Instr::Dot {
-                dst,
-                a: self.src(a, DType::F32),
-                b: self.src(b, DType::F32),
-                trans_a: *trans_a,
-                trans_b: *trans_b,
-            },
+            Op::Dot { a, b, trans_a, trans_b } => {
+                Instr::Dot { dst, a: self.src(a, DType::F32), b: self.src(b, DType::F32), trans_a: *trans_a, trans_b: *trans_b }
+            }
             Op::When { cond, body } => Instr::When { cond: self.src(cond, DType::Bool), body: self.body(body) },
             Op::For { var, lo, hi, step, iters, body } => {
                 let var = self.slot(var);

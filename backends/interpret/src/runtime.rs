@@ -42,14 +42,23 @@ pub(crate) struct Machine<'a> {
 }
 
 impl<'a> Machine<'a> {
-    pub fn new(kernel: &'a Verified, program: &'a Program, grid: &'a [LaunchAxis], inputs: &'a std::collections::BTreeMap<String, HostArray>) -> Machine<'a> {
+    pub fn new(
+        kernel: &'a Verified,
+        program: &'a Program,
+        grid: &'a [LaunchAxis],
+        inputs: &'a std::collections::BTreeMap<String, HostArray>,
+    ) -> Machine<'a> {
         let arrays = kernel
             .kernel()
             .params
             .iter()
             .map(|p| match p.kind {
-                ParamKind::In => Some(Array { storage: Storage::Input(&inputs[&p.name].data), shape: p.ty.shape.clone(), dtype: p.ty.dtype }),
-                ParamKind::Out => Some(Array { storage: Storage::zeros(p.ty.numel()), shape: p.ty.shape.clone(), dtype: p.ty.dtype }),
+                ParamKind::In => {
+                    Some(Array { storage: Storage::Input(&inputs[&p.name].data), shape: p.ty.shape.clone(), dtype: p.ty.dtype })
+                }
+                ParamKind::Out => {
+                    Some(Array { storage: Storage::zeros(p.ty.numel()), shape: p.ty.shape.clone(), dtype: p.ty.dtype })
+                }
                 ParamKind::Scratch => None,
             })
             .collect();
@@ -111,9 +120,21 @@ impl<'m, 'a> ProgramState<'m, 'a> {
         let params = &m.kernel.kernel().params;
         let scratch = params
             .iter()
-            .map(|p| (p.kind == ParamKind::Scratch).then(|| Array { storage: Storage::zeros(p.ty.numel()), shape: p.ty.shape.clone(), dtype: p.ty.dtype }))
+            .map(|p| {
+                (p.kind == ParamKind::Scratch).then(|| Array {
+                    storage: Storage::zeros(p.ty.numel()),
+                    shape: p.ty.shape.clone(),
+                    dtype: p.ty.dtype,
+                })
+            })
             .collect();
-        ProgramState { m, scratch, slots: vec![None; m.program.slots], origins: vec![Vec::new(); params.len()], point: Vec::new() }
+        ProgramState {
+            m,
+            scratch,
+            slots: vec![None; m.program.slots],
+            origins: vec![Vec::new(); params.len()],
+            point: Vec::new(),
+        }
     }
 
     fn run_point(&mut self, point: &[i64]) {
@@ -156,7 +177,9 @@ impl<'m, 'a> ProgramState<'m, 'a> {
 
     fn step(&mut self, instr: &Instr) {
         let (dst, val) = match instr {
-            Instr::Load { dst, mem, index, mask, other, dtype } => (*dst, self.load(*mem, index.as_deref(), *mask, *other, *dtype)),
+            Instr::Load { dst, mem, index, mask, other, dtype } => {
+                (*dst, self.load(*mem, index.as_deref(), *mask, *other, *dtype))
+            }
             Instr::Store { mem, index, value, mask } => {
                 self.store(*mem, index.as_deref(), value, *mask);
                 return;
@@ -189,7 +212,15 @@ impl<'m, 'a> ProgramState<'m, 'a> {
         self.slots[dst] = Some(val);
     }
 
-    fn run_for(&mut self, var: usize, (lo, hi, step): (&Src, &Src, &Src), iters: &[(usize, Src)], results: &[usize], body: &[Instr], yields: &[Src]) {
+    fn run_for(
+        &mut self,
+        var: usize,
+        (lo, hi, step): (&Src, &Src, &Src),
+        iters: &[(usize, Src)],
+        results: &[usize],
+        body: &[Instr],
+        yields: &[Src],
+    ) {
         let (lo, hi, step) = (self.get(lo).as_i64(), self.get(hi).as_i64(), self.get(step).as_i64());
         for (slot, init) in iters {
             let v = self.get(init).clone();
@@ -249,15 +280,29 @@ impl<'m, 'a> ProgramState<'m, 'a> {
         let o = &other.data;
         let g = |other, copy| gather(&arr.shape, &starts, &lens, other, copy);
         let mut data = match (&arr.storage, o) {
-            (Storage::Input(ArrayData::F32(v)), Data::F(o)) => Data::F(g(o[0], &mut |f, n, out: &mut Vec<f32>| out.extend_from_slice(&v[f..f + n]))),
-            (Storage::Input(ArrayData::F16(v)), Data::F(o)) => Data::F(g(o[0], &mut |f, n, out: &mut Vec<f32>| out.extend(v[f..f + n].iter().map(|x| x.to_f32())))),
-            (Storage::Input(ArrayData::BF16(v)), Data::F(o)) => Data::F(g(o[0], &mut |f, n, out: &mut Vec<f32>| out.extend(v[f..f + n].iter().map(|x| x.to_f32())))),
-            (Storage::Input(ArrayData::I32(v)), Data::I(o)) => Data::I(gather(&arr.shape, &starts, &lens, o[0], &mut |f, n, out| out.extend_from_slice(&v[f..f + n]))),
-            (Storage::Input(ArrayData::U32(v)), Data::U(o)) => Data::U(gather(&arr.shape, &starts, &lens, o[0], &mut |f, n, out| out.extend_from_slice(&v[f..f + n]))),
-            (Storage::Input(ArrayData::Bool(v)), Data::B(o)) => Data::B(gather(&arr.shape, &starts, &lens, o[0], &mut |f, n, out| out.extend_from_slice(&v[f..f + n]))),
+            (Storage::Input(ArrayData::F32(v)), Data::F(o)) => {
+                Data::F(g(o[0], &mut |f, n, out: &mut Vec<f32>| out.extend_from_slice(&v[f..f + n])))
+            }
+            (Storage::Input(ArrayData::F16(v)), Data::F(o)) => {
+                Data::F(g(o[0], &mut |f, n, out: &mut Vec<f32>| out.extend(v[f..f + n].iter().map(|x| x.to_f32()))))
+            }
+            (Storage::Input(ArrayData::BF16(v)), Data::F(o)) => {
+                Data::F(g(o[0], &mut |f, n, out: &mut Vec<f32>| out.extend(v[f..f + n].iter().map(|x| x.to_f32()))))
+            }
+            (Storage::Input(ArrayData::I32(v)), Data::I(o)) => {
+                Data::I(gather(&arr.shape, &starts, &lens, o[0], &mut |f, n, out| out.extend_from_slice(&v[f..f + n])))
+            }
+            (Storage::Input(ArrayData::U32(v)), Data::U(o)) => {
+                Data::U(gather(&arr.shape, &starts, &lens, o[0], &mut |f, n, out| out.extend_from_slice(&v[f..f + n])))
+            }
+            (Storage::Input(ArrayData::Bool(v)), Data::B(o)) => {
+                Data::B(gather(&arr.shape, &starts, &lens, o[0], &mut |f, n, out| out.extend_from_slice(&v[f..f + n])))
+            }
             (Storage::Shared(cells), _) => {
                 let other_bits = other.to_bits()[0];
-                let bits = gather(&arr.shape, &starts, &lens, other_bits, &mut |f, n, out| out.extend(cells[f..f + n].iter().map(|c| c.load(Ordering::Relaxed))));
+                let bits = gather(&arr.shape, &starts, &lens, other_bits, &mut |f, n, out| {
+                    out.extend(cells[f..f + n].iter().map(|c| c.load(Ordering::Relaxed)))
+                });
                 Val::from_bits(dtype, shape.clone(), bits).data
             }
             _ => unreachable!("launch::bind: inputs have their declared dtype"),
@@ -317,7 +362,13 @@ struct RowSpan {
 
 /// Gathers a region in row-major order: `copy(flat, n, out)` appends `n` elements from flat
 /// index `flat`; lanes outside the array get `other`.
-fn gather<T: Copy>(shape: &[usize], starts: &[i64], lens: &[usize], other: T, copy: &mut dyn FnMut(usize, usize, &mut Vec<T>)) -> Vec<T> {
+fn gather<T: Copy>(
+    shape: &[usize],
+    starts: &[i64],
+    lens: &[usize],
+    other: T,
+    copy: &mut dyn FnMut(usize, usize, &mut Vec<T>),
+) -> Vec<T> {
     let mut out = Vec::with_capacity(lens.iter().product::<usize>().max(1));
     for_each_row(shape, starts, lens, |len, span| {
         let start = out.len();

@@ -75,7 +75,9 @@ pub struct KernelBuilder {
 impl KernelBuilder {
     /// A kernel called `name` with no grid (one program) and no arguments yet.
     pub fn new(name: &str) -> KernelBuilder {
-        KernelBuilder { kernel: Kernel { name: name.to_string(), grid: None, params: Vec::new(), body: Vec::new(), span: Span::NONE } }
+        KernelBuilder {
+            kernel: Kernel { name: name.to_string(), grid: None, params: Vec::new(), body: Vec::new(), span: Span::NONE },
+        }
     }
 
     fn push_axis(mut self, name: &str, size: AxisSize, seq: bool) -> KernelBuilder {

@@ -140,6 +140,14 @@ impl Parser {
         }
     }
 
+    /// The end of a header line: a newline, or the `{` that opens the body on the same line.
+    fn expect_header_end(&mut self) -> PResult<()> {
+        if self.at(&Tok::LBrace) {
+            return Ok(());
+        }
+        self.expect_line_end()
+    }
+
     fn skip_newlines(&mut self) {
         while self.eat(&Tok::Newline) {}
     }
@@ -200,9 +208,10 @@ impl Parser {
             }
         }
         if kernels.is_empty() && self.diags.is_empty() {
-            self.diags.push(Diagnostic::new(self.eof, "the file defines no kernel").expected(
-                "expected at least one `kernel NAME` with a header and a `{ ... }` body (see docs/language.md)",
-            ));
+            self.diags.push(
+                Diagnostic::new(self.eof, "the file defines no kernel")
+                    .expected("expected at least one `kernel NAME` with a header and a `{ ... }` body (see docs/language.md)"),
+            );
         }
         Module { kernels }
     }
@@ -228,9 +237,7 @@ impl Parser {
             let res = match self.peek() {
                 Some(Tok::LBrace) => break,
                 Some(Tok::Ident(w)) if w == "grid" => self.grid(&mut kernel),
-                Some(Tok::Ident(w)) if w == "in" || w == "out" || w == "scratch" => {
-                    self.param().map(|p| kernel.params.push(p))
-                }
+                Some(Tok::Ident(w)) if w == "in" || w == "out" || w == "scratch" => self.param().map(|p| kernel.params.push(p)),
                 Some(Tok::Ident(w)) if w == "kernel" => {
                     let d = self.unexpected("`{` to open the body of kernel before the next kernel");
                     self.diags.push(d);
@@ -276,11 +283,8 @@ impl Parser {
         loop {
             let (name, name_span) = self.ident("an axis name, as in `i: 8`")?;
             self.expect(Tok::Colon, "`:` and the axis size, as in `i: 8`")?;
-            let size = if self.eat_ident("dyn") {
-                AxisSize::Dyn
-            } else {
-                AxisSize::Fixed(self.int("a positive axis size or `dyn`")?)
-            };
+            let size =
+                if self.eat_ident("dyn") { AxisSize::Dyn } else { AxisSize::Fixed(self.int("a positive axis size or `dyn`")?) };
             let seq = self.eat_ident("seq");
             axes.push(GridAxis { name, size, seq, span: name_span.to(self.prev_span()) });
             if self.eat(&Tok::RParen) {
@@ -293,7 +297,7 @@ impl Parser {
                 .expected("expected one `grid (...)` line per kernel, listing every axis"));
         }
         kernel.grid = Some(axes);
-        self.expect_line_end()
+        self.expect_header_end()
     }
 
     fn param(&mut self) -> PResult<Param> {
@@ -322,7 +326,7 @@ impl Parser {
             block = Some(BlockSpec { shape, index });
         }
         let span = start.to(self.prev_span());
-        self.expect_line_end()?;
+        self.expect_header_end()?;
         Ok(Param { kind, name, ty, block, span })
     }
 
@@ -526,7 +530,8 @@ impl Parser {
         if binary.is_none() && compare.is_none() {
             return Err(self.unexpected(&format!("`axis N` after `{name} %value`")));
         }
-        let expect = if reduce.is_some() { "`,` and a second operand, or `axis N` for a reduction" } else { "`,` and a second operand" };
+        let expect =
+            if reduce.is_some() { "`,` and a second operand, or `axis N` for a reduction" } else { "`,` and a second operand" };
         self.expect(Tok::Comma, expect)?;
         let rhs = self.operand()?;
         Ok(match (binary, compare) {
@@ -626,7 +631,8 @@ impl Parser {
             Some(Tok::Float(s)) => {
                 self.pos += 1;
                 let v: f64 = s.parse().map_err(|_| {
-                    Diagnostic::new(self.prev_span(), format!("malformed float `{s}`")).expected("expected a float such as 0.5 or 1e-5")
+                    Diagnostic::new(self.prev_span(), format!("malformed float `{s}`"))
+                        .expected("expected a float such as 0.5 or 1e-5")
                 })?;
                 Literal::Float(sign * v)
             }

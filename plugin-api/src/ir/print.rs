@@ -97,10 +97,8 @@ impl Writer {
     fn write_kernel(&mut self, k: &Kernel) -> fmt::Result {
         writeln!(self.out, "kernel {}", k.name)?;
         if let Some(grid) = &k.grid {
-            let axes: Vec<String> = grid
-                .iter()
-                .map(|a| format!("{}: {}{}", a.name, a.size, if a.seq { " seq" } else { "" }))
-                .collect();
+            let axes: Vec<String> =
+                grid.iter().map(|a| format!("{}: {}{}", a.name, a.size, if a.seq { " seq" } else { "" })).collect();
             writeln!(self.out, "  grid ({})", axes.join(", "))?;
         }
         for kind in [ParamKind::In, ParamKind::Out, ParamKind::Scratch] {
@@ -198,12 +196,9 @@ impl Writer {
             Op::Reduce { arg, axis, keepdims, .. } => {
                 write!(o, "{m} {arg} axis {axis}{}", if *keepdims { " keepdims" } else { "" })
             }
-            Op::Dot { a, b, trans_a, trans_b } => write!(
-                o,
-                "dot {a}, {b}{}{}",
-                if *trans_a { " trans_a" } else { "" },
-                if *trans_b { " trans_b" } else { "" }
-            ),
+            Op::Dot { a, b, trans_a, trans_b } => {
+                write!(o, "dot {a}, {b}{}{}", if *trans_a { " trans_a" } else { "" }, if *trans_b { " trans_b" } else { "" })
+            }
             Op::When { cond, .. } => write!(o, "when {cond}"),
             Op::For { var, lo, hi, step, iters, .. } => {
                 write!(o, "for %{var} = {lo} to {hi}")?;

@@ -219,7 +219,13 @@ impl<'k> Checker<'k> {
         if b.shape.len() != rank {
             self.err(
                 p.span,
-                format!("block {} of `{}` has rank {}, but the array {} has rank {rank}", shape_text(&b.shape), p.name, b.shape.len(), p.ty),
+                format!(
+                    "block {} of `{}` has rank {}, but the array {} has rank {rank}",
+                    shape_text(&b.shape),
+                    p.name,
+                    b.shape.len(),
+                    p.ty
+                ),
                 format!("expected {rank} block dimension{}", if rank == 1 { "" } else { "s" }),
             );
         }
@@ -229,7 +235,12 @@ impl<'k> Checker<'k> {
         if b.index.len() != b.shape.len() {
             self.err(
                 p.span,
-                format!("`at (...)` of `{}` has {} index expressions for a block of rank {}", p.name, b.index.len(), b.shape.len()),
+                format!(
+                    "`at (...)` of `{}` has {} index expressions for a block of rank {}",
+                    p.name,
+                    b.index.len(),
+                    b.shape.len()
+                ),
                 "expected one block index per dimension",
             );
         }
@@ -288,7 +299,7 @@ impl<'k> Checker<'k> {
         let hint = if self.defined.contains(name) {
             format!("`%{name}` is defined in a nested body and is not visible here; carry it out with `for ... iter` / `yield`")
         } else if visible.is_empty() {
-            format!("expected a value defined above this line; none is defined yet")
+            "expected a value defined above this line; none is defined yet".to_string()
         } else {
             let shown: Vec<String> = visible.iter().take(8).map(|v| format!("%{v}")).collect();
             format!("expected a value defined above this line: {}", shown.join(", "))
@@ -331,7 +342,8 @@ impl<'k> Checker<'k> {
 
     /// A scalar integer: an index, a slice start or a loop bound.
     fn scalar_int(&mut self, o: &Operand, span: Span, what: &str, i32_only: bool) {
-        let expected = if i32_only { "an `i32` scalar or an integer literal" } else { "an `i32` or `u32` scalar or an integer literal" };
+        let expected =
+            if i32_only { "an `i32` scalar or an integer literal" } else { "an `i32` or `u32` scalar or an integer literal" };
         match self.arg(o, span) {
             None => {}
             Some(Arg::Lit(Literal::Int(v))) if i32::try_from(v).is_ok() => {}
@@ -377,7 +389,11 @@ impl<'k> Checker<'k> {
                 Some((t.dtype, t.shape))
             }
             (Arg::Lit(_), Arg::Lit(_)) => {
-                self.err(span, format!("both operands of `{op}` are literals"), "expected at least one `%value` to give the type");
+                self.err(
+                    span,
+                    format!("both operands of `{op}` are literals"),
+                    "expected at least one `%value` to give the type",
+                );
                 None
             }
         }
@@ -392,7 +408,11 @@ impl<'k> Checker<'k> {
             if let Op::Yield(_) = &s.op
                 && !(last && matches!(kind, BodyKind::For { .. }))
             {
-                self.err(s.span, "`yield` is only allowed as the last statement of a `for` body", "expected `yield` to end a `for` loop body");
+                self.err(
+                    s.span,
+                    "`yield` is only allowed as the last statement of a `for` body",
+                    "expected `yield` to end a `for` loop body",
+                );
                 continue;
             }
             self.stmt(s);
@@ -404,7 +424,10 @@ impl<'k> Checker<'k> {
             let span = body.last().map_or(Span::NONE, |s| s.span);
             self.err(
                 span,
-                format!("the `for` body does not end with `yield` for its {iters} `iter` value{}", if iters == 1 { "" } else { "s" }),
+                format!(
+                    "the `for` body does not end with `yield` for its {iters} `iter` value{}",
+                    if iters == 1 { "" } else { "s" }
+                ),
                 "expected `yield` with the next value of each `iter` argument as the last statement",
             );
         }
@@ -422,22 +445,45 @@ impl<'k> Checker<'k> {
         if s.results.len() != want {
             let m = s.op.mnemonic();
             let msg = match want {
-                0 => format!("`{m}` defines no value, but {} result name{} given", s.results.len(), if s.results.len() == 1 { " is" } else { "s are" }),
+                0 => format!(
+                    "`{m}` defines no value, but {} result name{} given",
+                    s.results.len(),
+                    if s.results.len() == 1 { " is" } else { "s are" }
+                ),
                 1 => format!("`{m}` defines one value, but {} result names are given", s.results.len()),
-                n => format!("this `for` carries {n} `iter` values, so it defines {n} results, but {} are given", s.results.len()),
+                n => {
+                    format!("this `for` carries {n} `iter` values, so it defines {n} results, but {} are given", s.results.len())
+                }
             };
-            self.err(span, msg, if want == 0 { "expected no `%name =` before it".to_string() } else { format!("expected {want} result name{}", if want == 1 { "" } else { "s" }) });
+            self.err(
+                span,
+                msg,
+                if want == 0 {
+                    "expected no `%name =` before it".to_string()
+                } else {
+                    format!("expected {want} result name{}", if want == 1 { "" } else { "s" })
+                },
+            );
         }
         if s.op.needs_annotation() && s.ty.is_none() {
             let m = s.op.mnemonic();
-            self.err(span, format!("`{m}` needs a result type"), format!("expected `: TYPE` saying what to make, as in `{m} ... : f32[16, 16]`"));
+            self.err(
+                span,
+                format!("`{m}` needs a result type"),
+                format!("expected `: TYPE` saying what to make, as in `{m} ... : f32[16, 16]`"),
+            );
         }
         let ann = s.ty.clone();
         let ty = self.op(&mut s.op, ann.as_ref(), span);
-        if let (Some(t), Some(a), false) = (&ty, &ann, s.op.needs_annotation()) {
-            if t != a && s.op.has_single_result() {
-                self.err(span, format!("the result type is written as `{a}`, but `{}` gives `{t}`", s.op.mnemonic()), format!("expected `: {t}` or no annotation"));
-            }
+        if let (Some(t), Some(a), false) = (&ty, &ann, s.op.needs_annotation())
+            && t != a
+            && s.op.has_single_result()
+        {
+            self.err(
+                span,
+                format!("the result type is written as `{a}`, but `{}` gives `{t}`", s.op.mnemonic()),
+                format!("expected `: {t}` or no annotation"),
+            );
         }
         if s.op.has_single_result() {
             if let Some(t) = &ty {
@@ -482,11 +528,19 @@ impl<'k> Checker<'k> {
             Op::Iota { dim } => {
                 let t = ann?.clone();
                 if !t.dtype.is_int() || t.is_scalar() {
-                    self.err(span, format!("`iota` cannot make `{t}`"), "expected an `i32` or `u32` block type such as `i32[128]`");
+                    self.err(
+                        span,
+                        format!("`iota` cannot make `{t}`"),
+                        "expected an `i32` or `u32` block type such as `i32[128]`",
+                    );
                     return None;
                 }
                 if *dim >= t.shape.len() {
-                    self.err(span, format!("`iota {dim}` counts along dimension {dim} of a rank-{} block", t.shape.len()), format!("expected a dimension below {}", t.shape.len()));
+                    self.err(
+                        span,
+                        format!("`iota {dim}` counts along dimension {dim} of a rank-{} block", t.shape.len()),
+                        format!("expected a dimension below {}", t.shape.len()),
+                    );
                     return None;
                 }
                 Some(t)
@@ -505,7 +559,11 @@ impl<'k> Checker<'k> {
             Op::Compare(c, x, y) => {
                 let (d, shape) = self.pair(x, y, span, c.name())?;
                 if d == DType::Bool && !matches!(c, CmpOp::Eq | CmpOp::Ne) {
-                    self.err(span, format!("`{}` orders its operands, which are bool", c.name()), "expected numbers; bool compares only with `eq` and `ne`");
+                    self.err(
+                        span,
+                        format!("`{}` orders its operands, which are bool", c.name()),
+                        "expected numbers; bool compares only with `eq` and `ne`",
+                    );
                     return None;
                 }
                 Some(Type::array(DType::Bool, shape))
@@ -515,13 +573,21 @@ impl<'k> Checker<'k> {
                 let ab = self.pair(a, b, span, "select");
                 let (ct, (d, shape)) = (ct?, ab?);
                 if ct.dtype != DType::Bool {
-                    self.err(span, format!("the condition `{c}` of `select` is {ct}"), "expected a `bool` condition; make one with a comparison such as `lt`");
+                    self.err(
+                        span,
+                        format!("the condition `{c}` of `select` is {ct}"),
+                        "expected a `bool` condition; make one with a comparison such as `lt`",
+                    );
                     return None;
                 }
                 match broadcast(&ct.shape, &shape) {
                     Some(s) => Some(Type::array(d, s)),
                     None => {
-                        self.err(span, format!("the condition {ct} of `select` does not broadcast with {}", Type::array(d, shape)), "expected shapes that agree from the right (numpy broadcasting)");
+                        self.err(
+                            span,
+                            format!("the condition {ct} of `select` does not broadcast with {}", Type::array(d, shape)),
+                            "expected shapes that agree from the right (numpy broadcasting)",
+                        );
                         None
                     }
                 }
@@ -531,7 +597,15 @@ impl<'k> Checker<'k> {
             Op::Broadcast(a) => {
                 let (t, target) = (self.val(a, span, "the operand of `broadcast`")?, ann?.clone());
                 if t.dtype != target.dtype || broadcast(&t.shape, &target.shape).as_deref() != Some(&target.shape[..]) {
-                    self.err(span, format!("cannot broadcast {t} to {target}"), format!("expected {} type whose shape {} stretches to (numpy broadcasting)", with_article(t.dtype), shape_text(&t.shape)));
+                    self.err(
+                        span,
+                        format!("cannot broadcast {t} to {target}"),
+                        format!(
+                            "expected {} type whose shape {} stretches to (numpy broadcasting)",
+                            with_article(t.dtype),
+                            shape_text(&t.shape)
+                        ),
+                    );
                     return None;
                 }
                 Some(target)
@@ -539,7 +613,11 @@ impl<'k> Checker<'k> {
             Op::Reshape(a) => {
                 let (t, target) = (self.val(a, span, "the operand of `reshape`")?, ann?.clone());
                 if t.dtype != target.dtype || t.numel() != target.numel() {
-                    self.err(span, format!("cannot reshape {t} ({} elements) to {target} ({} elements)", t.numel(), target.numel()), format!("expected {} type with {} elements", with_article(t.dtype), t.numel()));
+                    self.err(
+                        span,
+                        format!("cannot reshape {t} ({} elements) to {target} ({} elements)", t.numel(), target.numel()),
+                        format!("expected {} type with {} elements", with_article(t.dtype), t.numel()),
+                    );
                     return None;
                 }
                 Some(target)
@@ -549,7 +627,15 @@ impl<'k> Checker<'k> {
                 let mut sorted = perm.clone();
                 sorted.sort_unstable();
                 if sorted != (0..t.shape.len()).collect::<Vec<_>>() {
-                    self.err(span, format!("`perm ({})` is not a permutation of the {} dimensions of {t}", perm.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "), t.shape.len()), format!("expected each of 0..{} exactly once", t.shape.len()));
+                    self.err(
+                        span,
+                        format!(
+                            "`perm ({})` is not a permutation of the {} dimensions of {t}",
+                            perm.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "),
+                            t.shape.len()
+                        ),
+                        format!("expected each of 0..{} exactly once", t.shape.len()),
+                    );
                     return None;
                 }
                 Some(Type::array(t.dtype, perm.iter().map(|&p| t.shape[p]).collect::<Vec<_>>()))
@@ -578,7 +664,11 @@ impl<'k> Checker<'k> {
                 if let Some(t) = self.val(cond, span, "the condition of `when`")
                     && (t.dtype != DType::Bool || !t.is_scalar())
                 {
-                    self.err(span, format!("the condition `{cond}` of `when` is {t}"), "expected a scalar `bool`, such as `%first = eq %k, 0`");
+                    self.err(
+                        span,
+                        format!("the condition `{cond}` of `when` is {t}"),
+                        "expected a scalar `bool`, such as `%first = eq %k, 0`",
+                    );
                 }
                 self.scopes.push(HashMap::new());
                 self.body(body, BodyKind::When);
@@ -632,11 +722,19 @@ impl<'k> Checker<'k> {
         let t = self.val(a, span, &format!("the operand of `{name}`"))?;
         let ann = ann?;
         if !ann.is_scalar() && ann.shape != t.shape {
-            self.err(span, format!("`{name}` changes the shape from {} to {}", shape_text(&t.shape), shape_text(&ann.shape)), format!("expected `: {}` (the element type alone is enough)", Type::array(ann.dtype, t.shape.clone())));
+            self.err(
+                span,
+                format!("`{name}` changes the shape from {} to {}", shape_text(&t.shape), shape_text(&ann.shape)),
+                format!("expected `: {}` (the element type alone is enough)", Type::array(ann.dtype, t.shape.clone())),
+            );
             return None;
         }
         if bit && (t.dtype.bits() != ann.dtype.bits() || t.dtype == DType::Bool || ann.dtype == DType::Bool) {
-            self.err(span, format!("cannot bitcast {} ({} bits) to {} ({} bits)", t.dtype, t.dtype.bits(), ann.dtype, ann.dtype.bits()), "expected element types of the same width, not bool; use `cast` to convert values");
+            self.err(
+                span,
+                format!("cannot bitcast {} ({} bits) to {} ({} bits)", t.dtype, t.dtype.bits(), ann.dtype, ann.dtype.bits()),
+                "expected element types of the same width, not bool; use `cast` to convert values",
+            );
             return None;
         }
         Some(Type::array(ann.dtype, t.shape))
@@ -647,13 +745,25 @@ impl<'k> Checker<'k> {
         let y = self.val(b, span, "the right operand of `dot`");
         let (x, y) = (x?, y?);
         if x.shape.len() != 2 || y.shape.len() != 2 || x.dtype != y.dtype || x.dtype == DType::Bool {
-            self.err(span, format!("`dot` takes two 2-D matrices of one numeric dtype, got {x} and {y}"), "expected operands such as f32[M, K] and f32[K, N]");
+            self.err(
+                span,
+                format!("`dot` takes two 2-D matrices of one numeric dtype, got {x} and {y}"),
+                "expected operands such as f32[M, K] and f32[K, N]",
+            );
             return None;
         }
         let (m, k1) = if ta { (x.shape[1], x.shape[0]) } else { (x.shape[0], x.shape[1]) };
         let (k2, n) = if tb { (y.shape[1], y.shape[0]) } else { (y.shape[0], y.shape[1]) };
         if k1 != k2 {
-            self.err(span, format!("`dot` contracts {k1} against {k2}: {x}{} times {y}{}", if ta { " (transposed)" } else { "" }, if tb { " (transposed)" } else { "" }), "expected the inner dimensions to agree: [M, K] times [K, N]");
+            self.err(
+                span,
+                format!(
+                    "`dot` contracts {k1} against {k2}: {x}{} times {y}{}",
+                    if ta { " (transposed)" } else { "" },
+                    if tb { " (transposed)" } else { "" }
+                ),
+                "expected the inner dimensions to agree: [M, K] times [K, N]",
+            );
             return None;
         }
         let d = if x.dtype.is_float() { DType::F32 } else { x.dtype };
@@ -666,7 +776,11 @@ impl<'k> Checker<'k> {
             Some(p) => Some(p),
             None => {
                 let names: Vec<&str> = k.params.iter().map(|p| p.name.as_str()).collect();
-                self.err(span, format!("unknown argument `{name}`"), format!("expected an argument or scratch of this kernel: {}", names.join(", ")));
+                self.err(
+                    span,
+                    format!("unknown argument `{name}`"),
+                    format!("expected an argument or scratch of this kernel: {}", names.join(", ")),
+                );
                 None
             }
         }
@@ -677,7 +791,18 @@ impl<'k> Checker<'k> {
         let block = p.block_shape().to_vec();
         let Some(index) = index else { return Some(block) };
         if index.len() != block.len() {
-            self.err(span, format!("`{}` is indexed with {} ind{}, but its block {} has rank {}", p.name, index.len(), if index.len() == 1 { "ex" } else { "ices" }, shape_text(&block), block.len()), format!("expected {} indices, one per dimension (`:` for a whole one)", block.len()));
+            self.err(
+                span,
+                format!(
+                    "`{}` is indexed with {} ind{}, but its block {} has rank {}",
+                    p.name,
+                    index.len(),
+                    if index.len() == 1 { "ex" } else { "ices" },
+                    shape_text(&block),
+                    block.len()
+                ),
+                format!("expected {} indices, one per dimension (`:` for a whole one)", block.len()),
+            );
             return None;
         }
         let mut shape = Vec::new();
@@ -701,15 +826,30 @@ impl<'k> Checker<'k> {
         let Some(m) = mask else { return };
         let Some(t) = self.lookup(m, span) else { return };
         if t.dtype != DType::Bool || broadcast(&t.shape, shape).as_deref() != Some(shape) {
-            self.err(span, format!("the mask `%{m}` is {t}"), format!("expected a bool mask that broadcasts to {}", shape_text(shape)));
+            self.err(
+                span,
+                format!("the mask `%{m}` is {t}"),
+                format!("expected a bool mask that broadcasts to {}", shape_text(shape)),
+            );
         }
     }
 
-    fn load(&mut self, src: &str, index: Option<&[Index]>, mask: Option<&str>, other: Option<Literal>, span: Span) -> Checked<Type> {
+    fn load(
+        &mut self,
+        src: &str,
+        index: Option<&[Index]>,
+        mask: Option<&str>,
+        other: Option<Literal>,
+        span: Span,
+    ) -> Checked<Type> {
         let p = self.ref_param(src, span)?.clone();
         if p.ty.is_scalar() {
             if index.is_some() || mask.is_some() || other.is_some() {
-                self.err(span, format!("`{src}` is a scalar argument"), format!("expected `load {src}` with no index, mask or other"));
+                self.err(
+                    span,
+                    format!("`{src}` is a scalar argument"),
+                    format!("expected `load {src}` with no index, mask or other"),
+                );
             }
             return Some(p.ty.clone());
         }
@@ -732,17 +872,19 @@ impl<'k> Checker<'k> {
         let Some(shape) = self.indexed_shape(&p, index, span) else { return };
         self.mask(mask, &shape, span);
         match self.arg(value, span) {
-            None => {}
             Some(Arg::Lit(l)) => {
                 if let Err(m) = literal_fits(l, p.ty.dtype) {
                     self.err(span, m, format!("expected {} literal", with_article(p.ty.dtype)));
                 }
             }
-            Some(Arg::Val(t)) => {
-                if t.dtype != p.ty.dtype || broadcast(&t.shape, &shape).as_deref() != Some(&shape[..]) {
-                    self.err(span, format!("cannot store {t} into `{dst}`, whose selected block is {}", Type::array(p.ty.dtype, shape.clone())), format!("expected {} value whose shape broadcasts to {}", with_article(p.ty.dtype), shape_text(&shape)));
-                }
+            Some(Arg::Val(t)) if t.dtype != p.ty.dtype || broadcast(&t.shape, &shape).as_deref() != Some(&shape[..]) => {
+                self.err(
+                    span,
+                    format!("cannot store {t} into `{dst}`, whose selected block is {}", Type::array(p.ty.dtype, shape.clone())),
+                    format!("expected {} value whose shape broadcasts to {}", with_article(p.ty.dtype), shape_text(&shape)),
+                );
             }
+            None | Some(Arg::Val(_)) => {}
         }
     }
 
@@ -758,10 +900,13 @@ impl<'k> Checker<'k> {
                 self.err(span, format!("the loop step is {v}"), "expected a positive step");
             }
         }
-        let inits: Vec<Checked<Type>> = iters.iter().map(|(n, v)| {
-            let what = format!("the initial value of `%{n}`");
-            self.val(v, span, &what)
-        }).collect();
+        let inits: Vec<Checked<Type>> = iters
+            .iter()
+            .map(|(n, v)| {
+                let what = format!("the initial value of `%{n}`");
+                self.val(v, span, &what)
+            })
+            .collect();
         self.scopes.push(HashMap::new());
         self.define(var, Some(Type::scalar(DType::I32)), span);
         for ((n, _), t) in iters.iter().zip(&inits) {
@@ -772,7 +917,19 @@ impl<'k> Checker<'k> {
         if let Some(Stmt { op: Op::Yield(vals), span: ys, .. }) = body.last() {
             let ys = *ys;
             if vals.len() != iters.len() {
-                self.err(ys, format!("`yield` gives {} value{}, but the loop carries {}", vals.len(), if vals.len() == 1 { "" } else { "s" }, iters.len()), format!("expected one value per `iter` argument ({})", iters.iter().map(|(n, _)| format!("%{n}")).collect::<Vec<_>>().join(", ")));
+                self.err(
+                    ys,
+                    format!(
+                        "`yield` gives {} value{}, but the loop carries {}",
+                        vals.len(),
+                        if vals.len() == 1 { "" } else { "s" },
+                        iters.len()
+                    ),
+                    format!(
+                        "expected one value per `iter` argument ({})",
+                        iters.iter().map(|(n, _)| format!("%{n}")).collect::<Vec<_>>().join(", ")
+                    ),
+                );
             } else {
                 for ((v, (n, _)), init) in vals.iter().zip(iters.iter()).zip(&inits) {
                     let Some(want) = init else { continue };
@@ -780,7 +937,11 @@ impl<'k> Checker<'k> {
                     if let Some(got) = got
                         && &got != want
                     {
-                        self.err(ys, format!("`yield` gives {got} for `%{n}`, which is {want}"), format!("expected {} value", with_article(&want)));
+                        self.err(
+                            ys,
+                            format!("`yield` gives {got} for `%{n}`, which is {want}"),
+                            format!("expected {} value", with_article(want)),
+                        );
                     }
                 }
             }
