@@ -80,10 +80,20 @@ fn unknown_backend() {
 }
 
 #[test]
-fn several_kernels_on_one_backend() {
+fn several_kernels_in_one_launch_run_in_order() {
     let file = root().join("tests/in/two_kernels.tk").display().to_string();
-    let r = tessel(&["run", &file, "--kernel", "scale", "--kernel", "shift"]);
-    assert_user_error(&r, &["runs one kernel per launch, but 2 were given"]);
+    let dir = tempfile::tempdir().unwrap();
+    let x: Vec<f32> = (0..16).map(|v| v as f32).collect();
+    let input = input_arg(dir.path(), "x", &f32_array(&[16], x.clone()));
+    let out = dir.path().display().to_string();
+    let r = tessel(&["run", &file, "--kernel", "scale", "--kernel", "shift", "--input", &input, "--out-dir", &out]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(r.stdout.contains("ran `scale`, `shift` on interpret"), "{}", r.stdout);
+    // Both write `o`; `shift` runs second, so its result stands.
+    let want: Vec<f64> = x.iter().map(|&v| f64::from(v) + 1.0).collect();
+    assert_close("o", &read_output(dir.path(), "o"), &want, tessel_plugin_api::ir::DType::F32);
+    let r = tessel(&["run", &file, "--kernel", "scale", "--kernel", "nope"]);
+    assert_user_error(&r, &["has no kernel `nope`", "its kernels are: scale, shift"]);
 }
 
 #[test]

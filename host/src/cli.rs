@@ -7,55 +7,83 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use clap::{Parser, Subcommand};
+use serde::Serialize;
+use tessel_plugin_api::abi::MeshBox;
 use tessel_plugin_api::array::max_abs_error;
 use tessel_plugin_api::ir::{Verified, print_kernel};
 
-use crate::{Error, HostArray, LaunchArgs, Result, Tolerance};
+use crate::{Error, HostArray, KernelLaunch, LaunchArgs, Result, Runtime, Tolerance};
 
 /// tessel: block-level kernels, written once, launched on any backend.
 #[derive(Debug, Parser)]
 #[command(name = "tessel", version, about, long_about = None)]
 struct Cli {
+    /// Load a backend plugin (a shared library); may be given several times. Added to the
+    /// plugins of TESSEL_PLUGIN_PATH; one named like a built-in replaces it.
+    #[arg(long = "plugin", value_name = "PATH", global = true)]
+    plugins: Vec<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// List the backends: source, version, availability and reason, capabilities.
+    Backends {
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
     /// Parse and verify a .tk file; print its canonical text, or every error with line:col.
     Check {
         /// The kernel file.
         file: PathBuf,
     },
+    /// Print what a backend lowers a launch to (PTX, WGSL, ...); needs no device.
+    Lower {
+        #[command(flatten)]
+        launch: LaunchFlags,
+    },
     /// Run a kernel and write each output as DIR/NAME.npy.
-    Run(RunArgs),
+    Run {
+        #[command(flatten)]
+        launch: LaunchFlags,
+        /// An input array: NAME=FILE.npy. Without any, seeded random inputs are made.
+        #[arg(long = "input", value_name = "NAME=FILE.npy")]
+        inputs: Vec<String>,
+        /// Seed of the random inputs.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Where to write the outputs [default: tessel-out/KERNEL].
+        #[arg(long, value_name = "DIR")]
+        out_dir: Option<PathBuf>,
+        /// Also run the reference interpreter on the same inputs and compare every output.
+        #[arg(long)]
+        check: bool,
+    },
 }
 
+/// What a launch names, shared by `lower` and `run`.
 #[derive(Debug, clap::Args)]
-struct RunArgs {
+struct LaunchFlags {
     /// The kernel file.
     file: PathBuf,
-    /// The backend to run on: a name, or `auto` for the best available.
+    /// The backend: a name, or `auto` for the first available.
     #[arg(long, default_value = "interpret")]
     backend: String,
-    /// The kernel of the file to run (needed when it defines several).
+    /// The kernel of the file (needed when it defines several); twice or more for one launch of
+    /// several kernels.
     #[arg(long = "kernel", value_name = "NAME")]
     kernels: Vec<String>,
-    /// An input array: NAME=FILE.npy. Without any, seeded random inputs are made.
-    #[arg(long = "input", value_name = "NAME=FILE.npy")]
-    inputs: Vec<String>,
+    /// The kernel mesh, as `grid(i: 4)` for every kernel or `KERNEL=mosaic_gpu(...)` for one.
+    #[arg(long = "mesh", value_name = "MESH")]
+    meshes: Vec<String>,
+    /// An external mesh (devices around the launch).
+    #[arg(long = "external-mesh", value_name = "MESH")]
+    external_meshes: Vec<String>,
     /// The size of a `dyn` grid axis: AXIS=N.
     #[arg(long = "grid", value_name = "AXIS=N")]
     grid: Vec<String>,
-    /// Seed of the random inputs.
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
-    /// Where to write the outputs [default: tessel-out/KERNEL].
-    #[arg(long, value_name = "DIR")]
-    out_dir: Option<PathBuf>,
-    /// Also run the reference interpreter on the same inputs and compare every output.
-    #[arg(long)]
-    check: bool,
 }
 
 /// Runs the command line `args` (the first is the program name), printing to `out` and `err`.
@@ -80,17 +108,18 @@ where
     };
     let result = match cli.command {
         Command::Check { file } => check(&file, out),
-        Command::Run(args) => run(&args, out),
+        Command::Backends { json } => Runtime::new(&cli.plugins).and_then(|rt| backends(&rt, json, out)),
+        Command::Lower { launch } => Runtime::new(&cli.plugins).and_then(|rt| lower(&rt, &launch, out)),
+        Command::Run { launch, inputs, seed, out_dir, check } => {
+            let opts = RunOptions { inputs, seed, out_dir, check };
+            Runtime::new(&cli.plugins).and_then(|rt| run(&rt, &launch, &opts, out))
+        }
     };
     match result {
         Ok(()) => 0,
         Err(e) => {
             let text = e.to_string();
-            let _ = if text.starts_with(|c: char| c.is_ascii_alphanumeric() || c == '`') && !text.contains(": error:") {
-                writeln!(err, "error: {text}")
-            } else {
-                write!(err, "{text}")
-            };
+            let _ = if text.contains(": error:") { write!(err, "{text}") } else { writeln!(err, "error: {text}") };
             1
         }
     }
@@ -103,6 +132,125 @@ fn check(file: &Path, out: &mut dyn Write) -> Result<()> {
     Ok(())
 }
 
+/// One backend as `tessel backends --json` prints it.
+#[derive(Serialize)]
+struct BackendReport {
+    name: String,
+    source: String,
+    version: String,
+    platform: String,
+    available: bool,
+    reason: String,
+    note: Option<String>,
+    capabilities: CapabilityReport,
+}
+
+#[derive(Serialize)]
+struct CapabilityReport {
+    mesh_kinds: Vec<String>,
+    dtypes: Vec<String>,
+    dynamic_grid: bool,
+    multiple_kernels: bool,
+    external_meshes: bool,
+    targets: Vec<String>,
+    max_block_elements: u64,
+}
+
+#[derive(Serialize)]
+struct FailedReport {
+    path: String,
+    error: String,
+}
+
+#[derive(Serialize)]
+struct BackendsReport {
+    backends: Vec<BackendReport>,
+    failed_plugins: Vec<FailedReport>,
+}
+
+fn strings(v: &abi_stable::std_types::RVec<abi_stable::std_types::RString>) -> Vec<String> {
+    v.iter().map(|s| s.to_string()).collect()
+}
+
+fn backends(rt: &Runtime, json: bool, out: &mut dyn Write) -> Result<()> {
+    let reg = rt.registry();
+    let report = BackendsReport {
+        backends: reg
+            .backends
+            .iter()
+            .map(|b| {
+                let a = b.backend.availability();
+                let c = b.backend.capabilities();
+                BackendReport {
+                    name: b.name.clone(),
+                    source: b.source.to_string(),
+                    version: b.backend.version().into_string(),
+                    platform: b.backend.platform().into_string(),
+                    available: a.available,
+                    reason: a.reason.into_string(),
+                    note: b.note.clone(),
+                    capabilities: CapabilityReport {
+                        mesh_kinds: strings(&c.mesh_kinds),
+                        dtypes: strings(&c.dtypes),
+                        dynamic_grid: c.dynamic_grid,
+                        multiple_kernels: c.multiple_kernels,
+                        external_meshes: c.external_meshes,
+                        targets: strings(&c.targets),
+                        max_block_elements: c.max_block_elements,
+                    },
+                }
+            })
+            .collect(),
+        failed_plugins: reg.failed.iter().map(|f| FailedReport { path: f.path.display().to_string(), error: f.error.to_string() }).collect(),
+    };
+    if json {
+        let _ = writeln!(out, "{}", serde_json::to_string_pretty(&report).expect("the report serialises"));
+        return Ok(());
+    }
+    for b in &report.backends {
+        let state = if b.available { "available" } else { "unavailable" };
+        let _ = writeln!(out, "{} {} ({})", b.name, b.version, b.source);
+        let _ = writeln!(out, "  {state}: {}", b.reason);
+        if let Some(n) = &b.note {
+            let _ = writeln!(out, "  note: {n}");
+        }
+        let c = &b.capabilities;
+        let _ = writeln!(out, "  platform: {}", b.platform);
+        let _ = writeln!(out, "  meshes: {}; dtypes: {}; targets: {}", c.mesh_kinds.join(" "), c.dtypes.join(" "), c.targets.join(" "));
+        let yes = |v: bool| if v { "yes" } else { "no" };
+        let _ = writeln!(
+            out,
+            "  dynamic grid: {}; several kernels per launch: {}; external meshes: {}",
+            yes(c.dynamic_grid),
+            yes(c.multiple_kernels),
+            yes(c.external_meshes)
+        );
+    }
+    for f in &report.failed_plugins {
+        let _ = writeln!(out, "failed plugin {}\n  {}", f.path, f.error.replace('\n', "\n  "));
+    }
+    Ok(())
+}
+
+/// A launch resolved from the flags: the kernels and meshes, ready for the runtime.
+struct Prepared {
+    backend: String,
+    kernels: Vec<Verified>,
+    meshes: Vec<Option<MeshBox>>,
+    externals: Vec<MeshBox>,
+    grid: BTreeMap<String, u64>,
+}
+
+impl Prepared {
+    fn launches(&self) -> Vec<KernelLaunch<'_>> {
+        self.kernels.iter().zip(&self.meshes).map(|(kernel, mesh)| KernelLaunch { kernel, mesh: mesh.as_ref() }).collect()
+    }
+
+    fn externals(&self) -> Vec<&MeshBox> {
+        self.externals.iter().collect()
+    }
+}
+
 fn split_flag<'a>(flag: &'static str, value: &'a str, expected: &'static str) -> Result<(&'a str, &'a str)> {
     match value.split_once('=') {
         Some((k, v)) if !k.is_empty() && !v.is_empty() => Ok((k, v)),
@@ -110,28 +258,54 @@ fn split_flag<'a>(flag: &'static str, value: &'a str, expected: &'static str) ->
     }
 }
 
-fn pick_kernel<'k>(file: &Path, kernels: &'k [Verified], names: &[String], backend: &str) -> Result<&'k Verified> {
-    let available = || kernels.iter().map(|k| k.name().to_string()).collect::<Vec<_>>().join(", ");
-    match names {
-        [] if kernels.len() == 1 => Ok(&kernels[0]),
-        [] => Err(Error::AmbiguousKernel { file: file.to_path_buf(), available: available() }),
-        [name] => kernels.iter().find(|k| k.name() == name).ok_or_else(|| Error::UnknownKernel {
-            file: file.to_path_buf(),
-            name: name.clone(),
-            available: available(),
-        }),
-        several => {
-            if let Some(missing) = several.iter().find(|n| !kernels.iter().any(|k| k.name() == n.as_str())) {
-                return Err(Error::UnknownKernel { file: file.to_path_buf(), name: missing.clone(), available: available() });
-            }
-            Err(Error::SeveralKernels { backend: backend.to_string(), count: several.len() })
-        }
+fn pick_kernels(file: &Path, all: &[Verified], names: &[String]) -> Result<Vec<Verified>> {
+    let available = || all.iter().map(|k| k.name().to_string()).collect::<Vec<_>>().join(", ");
+    if names.is_empty() {
+        return match all {
+            [one] => Ok(vec![one.clone()]),
+            _ => Err(Error::AmbiguousKernel { file: file.to_path_buf(), available: available() }),
+        };
     }
+    names
+        .iter()
+        .map(|name| {
+            all.iter()
+                .find(|k| k.name() == name)
+                .cloned()
+                .ok_or_else(|| Error::UnknownKernel { file: file.to_path_buf(), name: name.clone(), available: available() })
+        })
+        .collect()
 }
 
-fn launch_args(kernel: &Verified, args: &RunArgs) -> Result<LaunchArgs> {
+fn prepare(rt: &Runtime, flags: &LaunchFlags) -> Result<Prepared> {
+    let all = crate::load_file(&flags.file)?;
+    let backend = rt.resolve(&flags.backend)?;
+    rt.backend(&backend)?;
+    let kernels = pick_kernels(&flags.file, &all, &flags.kernels)?;
+    let mut meshes: Vec<Option<MeshBox>> = kernels.iter().map(|_| None).collect();
+    for m in &flags.meshes {
+        // `KERNEL=MESH` names the kernel before the mesh's `(`; a plain mesh is for every kernel.
+        let target = m.split_once('=').filter(|(k, _)| !k.contains('('));
+        match target {
+            Some((name, text)) => {
+                let i = kernels.iter().position(|k| k.name() == name).ok_or_else(|| Error::BadFlag {
+                    flag: "--mesh",
+                    value: m.clone(),
+                    why: format!("`{name}` is not a kernel of this launch"),
+                    expected: "MESH for every kernel, or KERNEL=MESH for a kernel given with --kernel",
+                })?;
+                meshes[i] = Some(rt.mesh(&backend, text)?);
+            }
+            None => {
+                for slot in meshes.iter_mut() {
+                    *slot = Some(rt.mesh(&backend, m)?);
+                }
+            }
+        }
+    }
+    let externals = flags.external_meshes.iter().map(|m| rt.mesh(&backend, m)).collect::<Result<Vec<_>>>()?;
     let mut grid = BTreeMap::new();
-    for g in &args.grid {
+    for g in &flags.grid {
         let (axis, n) = split_flag("--grid", g, "AXIS=N with N a positive integer, as in `--grid i=8`")?;
         let n: u64 = n.parse().map_err(|_| Error::BadFlag {
             flag: "--grid",
@@ -141,39 +315,59 @@ fn launch_args(kernel: &Verified, args: &RunArgs) -> Result<LaunchArgs> {
         })?;
         grid.insert(axis.to_string(), n);
     }
-    let inputs = if args.inputs.is_empty() {
-        crate::inputs::random_inputs(kernel.kernel(), args.seed)
-    } else {
-        let mut inputs = BTreeMap::new();
-        for i in &args.inputs {
-            let (name, path) = split_flag("--input", i, "NAME=FILE.npy, as in `--input x=x.npy`")?;
-            let path = PathBuf::from(path);
-            let array =
-                crate::npy::read(&path).map_err(|source| Error::Npy { name: name.to_string(), path: path.clone(), source })?;
-            inputs.insert(name.to_string(), array);
-        }
-        inputs
-    };
-    Ok(LaunchArgs { inputs, grid })
+    Ok(Prepared { backend, kernels, meshes, externals, grid })
 }
 
-fn run(args: &RunArgs, out: &mut dyn Write) -> Result<()> {
-    let kernels = crate::load_file(&args.file)?;
-    if !crate::BACKENDS.contains(&args.backend.as_str()) && args.backend != "auto" {
-        return Err(Error::UnknownBackend {
-            name: args.backend.clone(),
-            available: format!("{}, auto", crate::BACKENDS.join(", ")),
-        });
+fn lower(rt: &Runtime, flags: &LaunchFlags, out: &mut dyn Write) -> Result<()> {
+    let p = prepare(rt, flags)?;
+    for (name, text) in rt.lower(&p.backend, &p.launches(), &p.externals(), &p.grid)? {
+        let _ = writeln!(out, "// ---- {name} ({}) ----\n{text}", p.backend);
     }
-    let kernel = pick_kernel(&args.file, &kernels, &args.kernels, &args.backend)?;
-    let launch = launch_args(kernel, args)?;
+    Ok(())
+}
+
+struct RunOptions {
+    inputs: Vec<String>,
+    seed: u64,
+    out_dir: Option<PathBuf>,
+    check: bool,
+}
+
+fn read_inputs(p: &Prepared, opts: &RunOptions) -> Result<BTreeMap<String, HostArray>> {
+    if opts.inputs.is_empty() {
+        let mut inputs = BTreeMap::new();
+        for k in &p.kernels {
+            for (name, array) in crate::inputs::random_inputs(k.kernel(), opts.seed) {
+                inputs.entry(name).or_insert(array);
+            }
+        }
+        return Ok(inputs);
+    }
+    let mut inputs = BTreeMap::new();
+    for i in &opts.inputs {
+        let (name, path) = split_flag("--input", i, "NAME=FILE.npy, as in `--input x=x.npy`")?;
+        let path = PathBuf::from(path);
+        let array = crate::npy::read(&path).map_err(|source| Error::Npy { name: name.to_string(), path: path.clone(), source })?;
+        inputs.insert(name.to_string(), array);
+    }
+    Ok(inputs)
+}
+
+fn run(rt: &Runtime, flags: &LaunchFlags, opts: &RunOptions, out: &mut dyn Write) -> Result<()> {
+    let p = prepare(rt, flags)?;
+    let launch = LaunchArgs { inputs: read_inputs(&p, opts)?, grid: p.grid.clone() };
     let start = Instant::now();
-    let outputs = crate::run_kernel(&args.backend, kernel, &launch)?;
+    let outputs = rt.launch(&p.backend, &p.launches(), &p.externals(), &launch)?;
     let elapsed = start.elapsed();
-    let backend = if args.backend == "auto" { tessel_interpret::NAME } else { args.backend.as_str() };
-    let _ = writeln!(out, "ran `{}` on {backend} in {:.2} ms", kernel.name(), elapsed.as_secs_f64() * 1e3);
-    let report = if args.check { Some(compare_with_reference(kernel, &launch, &outputs)?) } else { None };
-    let dir = args.out_dir.clone().unwrap_or_else(|| PathBuf::from("tessel-out").join(kernel.name()));
+    let names: Vec<&str> = p.kernels.iter().map(Verified::name).collect();
+    let _ = writeln!(out, "ran `{}` on {} in {:.2} ms", names.join("`, `"), p.backend, elapsed.as_secs_f64() * 1e3);
+    let report = if opts.check {
+        let reference = rt.launch(tessel_interpret::NAME, &p.launches(), &p.externals(), &launch)?;
+        Some(compare(&outputs, &reference))
+    } else {
+        None
+    };
+    let dir = opts.out_dir.clone().unwrap_or_else(|| PathBuf::from("tessel-out").join(names.join("+")));
     std::fs::create_dir_all(&dir).map_err(|source| Error::Write { path: dir.clone(), source })?;
     for (name, array) in &outputs {
         let path = dir.join(format!("{name}.npy"));
@@ -191,17 +385,11 @@ fn run(args: &RunArgs, out: &mut dyn Write) -> Result<()> {
     Ok(())
 }
 
-/// Runs the interpreter on the same inputs; returns a report line per output and the outputs
-/// beyond their dtype's tolerance.
-fn compare_with_reference(
-    kernel: &Verified,
-    launch: &LaunchArgs,
-    outputs: &[(String, HostArray)],
-) -> Result<(Vec<String>, Vec<String>)> {
-    let reference = crate::run_kernel(tessel_interpret::NAME, kernel, launch)?;
+/// A report line per output and the outputs beyond their dtype's tolerance.
+fn compare(outputs: &[(String, HostArray)], reference: &[(String, HostArray)]) -> (Vec<String>, Vec<String>) {
     let mut lines = Vec::new();
     let mut failed = Vec::new();
-    for ((name, got), (_, want)) in outputs.iter().zip(&reference) {
+    for ((name, got), (_, want)) in outputs.iter().zip(reference) {
         let tol = Tolerance::for_dtype(want.dtype());
         let ok = got.to_f64().iter().zip(want.to_f64()).all(|(&g, w)| tol.close(g, w));
         let err = max_abs_error(got, want);
@@ -215,5 +403,5 @@ fn compare_with_reference(
             failed.push(name.clone());
         }
     }
-    Ok((lines, failed))
+    (lines, failed)
 }

@@ -8,12 +8,15 @@
 pub mod cli;
 pub mod inputs;
 pub mod npy;
+pub mod registry;
+pub mod runtime;
 
 use std::path::{Path, PathBuf};
 
 use tessel_plugin_api::ir::{self, Verified};
 use tessel_plugin_api::launch::LaunchError;
 
+pub use runtime::{KernelLaunch, Runtime};
 pub use tessel_plugin_api::array::{HostArray, Tolerance};
 pub use tessel_plugin_api::launch::LaunchArgs;
 
@@ -49,16 +52,6 @@ pub enum Error {
         file: PathBuf,
         /// The kernels it has.
         available: String,
-    },
-    /// Several kernels in one launch, on a backend that runs one at a time.
-    #[error(
-        "backend `{backend}` runs one kernel per launch, but {count} were given with `--kernel`\n  give `--kernel` once; launches of several (mesh, kernel) pairs need a backend that supports them"
-    )]
-    SeveralKernels {
-        /// The backend.
-        backend: String,
-        /// How many were given.
-        count: usize,
     },
     /// A backend name that is not registered.
     #[error("unknown backend `{name}`\n  available backends: {available}")]
@@ -101,6 +94,28 @@ pub enum Error {
         /// Why.
         source: std::io::Error,
     },
+    /// A plugin that did not load.
+    #[error(transparent)]
+    Plugin(#[from] registry::PluginError),
+    /// A backend's refusal or failure; the message's first line is the backend's sentence.
+    #[error("{message}")]
+    Backend {
+        /// The backend.
+        backend: String,
+        /// Its message.
+        message: String,
+    },
+    /// A mesh text that does not parse.
+    #[error(transparent)]
+    Mesh(#[from] tessel_plugin_api::mesh::MeshParseError),
+    /// No backend makes meshes of this kind.
+    #[error("no backend makes `{kind}(...)` meshes ({refusals})\n  use grid(...), or load the backend that owns `{kind}` meshes")]
+    NoMeshMaker {
+        /// The mesh kind.
+        kind: String,
+        /// What each backend said.
+        refusals: String,
+    },
     /// `--check` found outputs beyond their dtype's tolerance.
     #[error("--check failed: {0}")]
     CheckFailed(String),
@@ -122,15 +137,10 @@ pub fn load_source(name: &str, source: &str) -> Result<Vec<Verified>> {
     ir::verify::verify_module(&module).map_err(|d| Error::Kernel(d.render(name, source)))
 }
 
-/// The backends this build can run. (Plugins and the GPU backends arrive with later work.)
-pub const BACKENDS: &[&str] = &[tessel_interpret::NAME];
-
-/// Runs one verified kernel on a backend by name (`auto` picks the best available).
+/// Runs one verified kernel on a backend by name (`auto` picks the first available) through a
+/// fresh [`Runtime`] with the built-ins and `TESSEL_PLUGIN_PATH`.
 pub fn run_kernel(backend: &str, kernel: &Verified, args: &LaunchArgs) -> Result<Vec<(String, HostArray)>> {
-    match backend {
-        "interpret" | "auto" => tessel_interpret::run(kernel, args).map_err(|e| match e {
-            tessel_interpret::Error::Launch(l) => Error::Launch(l),
-        }),
-        other => Err(Error::UnknownBackend { name: other.to_string(), available: BACKENDS.join(", ") }),
-    }
+    let rt = Runtime::new(&[])?;
+    let backend = rt.resolve(backend)?;
+    rt.launch(&backend, &[KernelLaunch { kernel, mesh: None }], &[], args)
 }

@@ -5,6 +5,8 @@ fn main() -> std::process::ExitCode {
     std::panic::set_hook(Box::new(|info| {
         eprintln!("error: internal error in tessel ({info}); please report it with the command that caused it");
     }));
+    // TESSEL_LOG=debug shows, among others, abi_stable's full layout report for a plugin refused.
+    env_logger::Builder::from_env(env_logger::Env::new().filter("TESSEL_LOG")).format_timestamp(None).init();
     let code = tessel::cli::main(std::env::args_os(), &mut std::io::stdout(), &mut std::io::stderr());
     std::process::ExitCode::from(code)
 }

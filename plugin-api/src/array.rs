@@ -102,6 +102,43 @@ impl HostArray {
     }
 }
 
+impl HostArray {
+    /// The array as it crosses the plugin boundary: dtype name, shape, little-endian bytes.
+    pub fn to_rarray(&self) -> crate::abi::RArray {
+        let width = (self.dtype().bits() / 8) as usize;
+        let mut bytes = Vec::with_capacity(self.len() * width);
+        for b in self.to_bits() {
+            bytes.extend_from_slice(&b.to_le_bytes()[..width]);
+        }
+        crate::abi::RArray {
+            dtype: self.dtype().name().into(),
+            shape: self.shape.iter().map(|&d| d as u64).collect(),
+            bytes: bytes.into(),
+        }
+    }
+
+    /// The inverse of [`HostArray::to_rarray`]; an error names what does not fit.
+    pub fn from_rarray(r: &crate::abi::RArray) -> Result<HostArray, String> {
+        let dtype = DType::from_name(r.dtype.as_str()).ok_or_else(|| format!("unknown dtype `{}`", r.dtype))?;
+        let shape: Vec<usize> = r.shape.iter().map(|&d| d as usize).collect();
+        let width = (dtype.bits() / 8) as usize;
+        let n: usize = shape.iter().product();
+        if r.bytes.len() != n * width {
+            return Err(format!("{} bytes for {n} elements of {dtype}, expected {}", r.bytes.len(), n * width));
+        }
+        let bits = r
+            .bytes
+            .chunks_exact(width)
+            .map(|c| {
+                let mut b = [0u8; 4];
+                b[..width].copy_from_slice(c);
+                u32::from_le_bytes(b)
+            })
+            .collect();
+        Ok(HostArray::from_bits(dtype, &shape, bits))
+    }
+}
+
 /// How far apart two results of one dtype may be: `|a - b| <= atol + rtol * |b|`.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Tolerance {

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use thiserror::Error;
 
 use crate::array::HostArray;
-use crate::ir::{AxisSize, ParamKind, Verified};
+use crate::ir::{AxisSize, Kernel, ParamKind, Verified};
 
 /// The largest size of one grid axis: `program_id` is an `i32`.
 pub const MAX_AXIS_SIZE: u64 = i32::MAX as u64;
@@ -102,10 +102,19 @@ pub struct LaunchAxis {
 
 /// Checks a launch against a kernel and returns the grid with every size known.
 pub fn bind(kernel: &Verified, args: &LaunchArgs) -> Result<Vec<LaunchAxis>, LaunchError> {
-    let k = kernel.kernel();
+    check_inputs(kernel.kernel(), &args.inputs, true)?;
+    resolve_grid(kernel, &args.grid)
+}
+
+/// Checks that every `in` argument has an array of its declared type, and (with `exact`) that
+/// no array is given for a name that is not an `in` argument.
+pub fn check_inputs(k: &Kernel, inputs: &BTreeMap<String, HostArray>, exact: bool) -> Result<(), LaunchError> {
     let kname = || k.name.clone();
-    for (name, arr) in &args.inputs {
+    for (name, arr) in inputs {
         let Some(p) = k.param(name).filter(|p| p.kind == ParamKind::In) else {
+            if !exact {
+                continue;
+            }
             let expected: Vec<String> = k.params_of(ParamKind::In).map(|p| format!("{}: {}", p.name, p.ty)).collect();
             let expected = if expected.is_empty() { "none".to_string() } else { expected.join(", ") };
             return Err(LaunchError::UnknownInput { kernel: kname(), name: name.clone(), expected });
@@ -119,11 +128,18 @@ pub fn bind(kernel: &Verified, args: &LaunchArgs) -> Result<Vec<LaunchAxis>, Lau
             });
         }
     }
-    if let Some(p) = k.params_of(ParamKind::In).find(|p| !args.inputs.contains_key(&p.name)) {
+    if let Some(p) = k.params_of(ParamKind::In).find(|p| !inputs.contains_key(&p.name)) {
         return Err(LaunchError::MissingInput { kernel: kname(), name: p.name.clone(), ty: p.ty.to_string() });
     }
+    Ok(())
+}
+
+/// The grid of a verified kernel with every `dyn` size taken from `sizes`.
+pub fn resolve_grid(kernel: &Verified, sizes: &BTreeMap<String, u64>) -> Result<Vec<LaunchAxis>, LaunchError> {
+    let k = kernel.kernel();
+    let kname = || k.name.clone();
     let grid = kernel.grid();
-    for axis in args.grid.keys() {
+    for axis in sizes.keys() {
         if !grid.iter().any(|a| &a.name == axis && a.size == AxisSize::Dyn) {
             let dyns: Vec<&str> = grid.iter().filter(|a| a.size == AxisSize::Dyn).map(|a| a.name.as_str()).collect();
             let expected = if dyns.is_empty() {
@@ -138,8 +154,7 @@ pub fn bind(kernel: &Verified, args: &LaunchArgs) -> Result<Vec<LaunchAxis>, Lau
         .map(|a| {
             let size = match a.size {
                 AxisSize::Fixed(n) => n,
-                AxisSize::Dyn => *args
-                    .grid
+                AxisSize::Dyn => *sizes
                     .get(&a.name)
                     .ok_or_else(|| LaunchError::MissingGridSize { kernel: kname(), axis: a.name.clone() })?,
             };

@@ -1,7 +1,10 @@
-//! tessel's plugin API: the kernel IR every side shares, and (in `abi`) the boundary a backend
-//! plugin implements.
+//! tessel's plugin API: the kernel IR every side shares ([`ir`]), the ABI-stable boundary a backend
+//! plugin implements ([`abi`]), and the plain-Rust side of it for backend authors ([`backend`]).
 #![deny(missing_docs)]
 
+pub mod abi;
 pub mod array;
+pub mod backend;
 pub mod ir;
 pub mod launch;
+pub mod mesh;

@@ -7,11 +7,17 @@
 
 mod eval;
 mod lower;
+pub mod mesh;
 mod runtime;
 
+use std::collections::BTreeMap;
+
+use tessel_plugin_api::abi::{BackendError, BuiltinBackend, Capabilities, ErrorKind, MeshBox};
 use tessel_plugin_api::array::HostArray;
-use tessel_plugin_api::ir::Verified;
+use tessel_plugin_api::backend::{BackendImpl, Launch, export, mesh_spec, verify_with_mesh};
+use tessel_plugin_api::ir::{DType, ParamKind, Type, Verified, print_kernel};
 use tessel_plugin_api::launch::{self, LaunchArgs, LaunchError};
+use tessel_plugin_api::mesh::MeshSpec;
 
 /// The backend's name.
 pub const NAME: &str = "interpret";
@@ -48,3 +54,126 @@ impl Compiled {
 pub fn run(kernel: &Verified, args: &LaunchArgs) -> Result<Vec<(String, HostArray)>, Error> {
     compile(kernel).run(args)
 }
+
+/// The interpreter as a backend: built in through `inventory`, or a plugin with `--features plugin`.
+#[derive(Debug, Default)]
+pub struct Interpreter;
+
+impl Interpreter {
+    /// The backend object.
+    pub fn new() -> Interpreter {
+        Interpreter
+    }
+
+    /// Applies each call's mesh and verifies the kernel, refusing `device(...)` meshes.
+    fn verified(&self, launch: &Launch<'_>) -> Result<Vec<Verified>, BackendError> {
+        launch
+            .calls
+            .iter()
+            .map(|c| {
+                let spec = c.mesh.map(mesh_spec);
+                if let Some(s) = spec.as_ref().filter(|s| s.kind == "device") {
+                    return Err(mesh::refuse_device(s));
+                }
+                verify_with_mesh(&c.kernel, spec.as_ref())
+            })
+            .collect()
+    }
+}
+
+fn launch_error(e: LaunchError) -> BackendError {
+    BackendError::new(ErrorKind::InvalidInput, e.to_string())
+}
+
+impl BackendImpl for Interpreter {
+    type Buffer = HostArray;
+
+    fn name(&self) -> &str {
+        NAME
+    }
+
+    fn version(&self) -> &str {
+        env!("CARGO_PKG_VERSION")
+    }
+
+    fn platform(&self) -> String {
+        format!("CPU, {} threads", rayon::current_num_threads())
+    }
+
+    fn availability(&self) -> Result<String, String> {
+        Ok("always: runs on the CPU".to_string())
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            mesh_kinds: ["grid", "mosaic_gpu", "wgpu"].into_iter().map(Into::into).collect(),
+            dtypes: DType::ALL.iter().map(|d| d.name().into()).collect(),
+            dynamic_grid: true,
+            multiple_kernels: true,
+            external_meshes: true,
+            targets: vec!["cpu".into()].into(),
+            max_block_elements: u64::MAX,
+        }
+    }
+
+    fn make_mesh(&self, spec: &MeshSpec) -> Result<MeshBox, BackendError> {
+        mesh::make(spec)
+    }
+
+    fn supports(&self, launch: &Launch<'_>) -> Result<(), BackendError> {
+        self.verified(launch).map(drop)
+    }
+
+    fn lower(&self, launch: &Launch<'_>) -> Result<Vec<(String, String)>, BackendError> {
+        let mut stages = Vec::new();
+        for v in self.verified(launch)? {
+            stages.push((format!("{}.tk", v.name()), print_kernel(v.kernel())));
+            stages.push((format!("{}.program", v.name()), format!("{:#?}", lower::lower(&v))));
+        }
+        Ok(stages)
+    }
+
+    fn alloc(&self, ty: &Type) -> Result<HostArray, BackendError> {
+        Ok(HostArray::zeros(ty.dtype, &ty.shape))
+    }
+
+    fn upload(&self, buffer: &mut HostArray, data: HostArray) -> Result<(), BackendError> {
+        if data.ty() != buffer.ty() {
+            return Err(BackendError::new(ErrorKind::InvalidInput, format!("cannot upload {} into a buffer of {}", data.ty(), buffer.ty())));
+        }
+        *buffer = data;
+        Ok(())
+    }
+
+    fn download(&self, buffer: &HostArray) -> Result<HostArray, BackendError> {
+        Ok(buffer.clone())
+    }
+
+    /// Runs the kernels in order; each sees the outputs of the ones before it.
+    fn launch(&self, launch: &Launch<'_>, buffers: &mut BTreeMap<String, HostArray>) -> Result<(), BackendError> {
+        for kernel in self.verified(launch)? {
+            let k = kernel.kernel();
+            let mut inputs = BTreeMap::new();
+            for p in k.params_of(ParamKind::In) {
+                if let Some(a) = buffers.remove(&p.name) {
+                    inputs.insert(p.name.clone(), a);
+                }
+            }
+            let args = LaunchArgs { inputs, grid: launch.grid.clone() };
+            let result = compile(&kernel).run(&args);
+            buffers.extend(args.inputs);
+            let outputs = result.map_err(|Error::Launch(e)| launch_error(e))?;
+            for (name, array) in outputs {
+                buffers.insert(name, array);
+            }
+        }
+        Ok(())
+    }
+}
+
+inventory::submit! {
+    BuiltinBackend { make: || export(Interpreter::new()) }
+}
+
+#[cfg(feature = "plugin")]
+tessel_plugin_api::export_plugin!(Interpreter::new());

@@ -1,0 +1,183 @@
+//! The runtime: the registry of backends and launches through the plugin boundary. Every backend,
+//! the built-in interpreter included, is reached only through its ABI-stable object.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use abi_stable::std_types::{ROption, RSlice, RStr, RString};
+use tessel_plugin_api::abi::{BackendError, BufferArg, GridSize, IR_FORMAT_VERSION, KernelCall, LaunchRequest, Mesh, MeshBox, RMeshView};
+use tessel_plugin_api::backend::{make_mesh_object, mesh_view};
+use tessel_plugin_api::ir::{ParamKind, Verified, print_kernel};
+use tessel_plugin_api::launch::check_inputs;
+use tessel_plugin_api::mesh::MeshSpec;
+
+use crate::registry::{Loaded, Registry};
+use crate::{Error, HostArray, LaunchArgs, Result};
+
+/// A `grid(...)` or `device(...)` mesh made by the host: foreign to every plugin, which reads its
+/// portable view (or refuses it, as Mosaic GPU does).
+#[derive(Debug)]
+pub struct HostMesh(pub MeshSpec);
+
+impl Mesh for HostMesh {
+    fn view(&self) -> RMeshView {
+        mesh_view(&self.0)
+    }
+
+    fn display(&self) -> RString {
+        self.0.to_string().into()
+    }
+}
+
+/// One kernel of a launch with its mesh.
+pub struct KernelLaunch<'a> {
+    /// The verified kernel.
+    pub kernel: &'a Verified,
+    /// Its mesh, if any.
+    pub mesh: Option<&'a MeshBox>,
+}
+
+/// Backends and launches.
+pub struct Runtime {
+    registry: Registry,
+}
+
+impl Runtime {
+    /// Built-ins, `TESSEL_PLUGIN_PATH`, then the `explicit` plugins (whose failure is an error).
+    pub fn new(explicit: &[PathBuf]) -> Result<Runtime> {
+        Ok(Runtime { registry: Registry::discover(explicit)? })
+    }
+
+    /// The registry.
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// The backend called `name`, or an error listing those that exist.
+    pub fn backend(&self, name: &str) -> Result<&Loaded> {
+        self.registry.get(name).ok_or_else(|| Error::UnknownBackend { name: name.to_string(), available: self.registry.names() })
+    }
+
+    /// Resolves `auto` to the first available backend (`TESSEL_BACKEND` overrides); any other
+    /// name is returned as it is.
+    pub fn resolve(&self, name: &str) -> Result<String> {
+        if name != "auto" {
+            return Ok(name.to_string());
+        }
+        if let Ok(forced) = std::env::var("TESSEL_BACKEND") {
+            return Ok(forced);
+        }
+        self.registry
+            .backends
+            .iter()
+            .find(|b| b.backend.availability().available)
+            .map(|b| b.name.clone())
+            .ok_or_else(|| Error::UnknownBackend { name: "auto".into(), available: "none is available".into() })
+    }
+
+    /// A mesh from its text form: `grid(...)` and `device(...)` are host meshes; any other kind is
+    /// made by `backend` if it makes that kind, else by the first backend that does.
+    pub fn mesh(&self, backend: &str, text: &str) -> Result<MeshBox> {
+        let spec = MeshSpec::parse(text).map_err(Error::Mesh)?;
+        if spec.kind == "grid" || spec.kind == "device" {
+            return Ok(make_mesh_object(HostMesh(spec)));
+        }
+        let preferred = self.registry.get(backend).into_iter();
+        let others = self.registry.backends.iter().filter(|b| b.name != backend);
+        let mut refusals = Vec::new();
+        for b in preferred.chain(others) {
+            match b.backend.make_mesh(RStr::from_str(text)).into_result() {
+                Ok(m) => return Ok(m),
+                Err(e) => refusals.push(format!("{}: {}", b.name, e.message.lines().next().unwrap_or(""))),
+            }
+        }
+        Err(Error::NoMeshMaker { kind: spec.kind.clone(), refusals: refusals.join("; ") })
+    }
+
+    /// Asks `backend` whether it takes this launch, without a device.
+    pub fn supports(&self, backend: &str, kernels: &[KernelLaunch<'_>], externals: &[&MeshBox], grid: &BTreeMap<String, u64>) -> Result<()> {
+        let b = self.backend(backend)?;
+        with_request(kernels, externals, grid, |req| b.backend.supports(req).into_result()).map_err(|e| backend_error(b, e))
+    }
+
+    /// The lowered stages (`ptx`, `wgsl`, ...) of a launch, without a device.
+    pub fn lower(&self, backend: &str, kernels: &[KernelLaunch<'_>], externals: &[&MeshBox], grid: &BTreeMap<String, u64>) -> Result<Vec<(String, String)>> {
+        let b = self.backend(backend)?;
+        let stages = with_request(kernels, externals, grid, |req| b.backend.lower(req).into_result()).map_err(|e| backend_error(b, e))?;
+        Ok(stages.into_iter().map(|s| (s.name.into_string(), s.text.into_string())).collect())
+    }
+
+    /// Runs a launch: allocates a device buffer per argument, uploads the inputs, launches, and
+    /// downloads every output of every kernel (in launch order, each name once).
+    pub fn launch(&self, backend: &str, kernels: &[KernelLaunch<'_>], externals: &[&MeshBox], args: &LaunchArgs) -> Result<Vec<(String, HostArray)>> {
+        let b = self.backend(backend)?;
+        let fail = |e: BackendError| backend_error(b, e);
+        // Every kernel's inputs must be given; names are shared across the kernels of a launch.
+        for k in kernels {
+            check_inputs(k.kernel.kernel(), &args.inputs, kernels.len() == 1)?;
+        }
+        with_request(kernels, externals, &args.grid, |req| b.backend.supports(req).into_result()).map_err(fail)?;
+        let mut bound: Vec<(String, u64)> = Vec::new();
+        let mut outputs: Vec<String> = Vec::new();
+        let result = (|| {
+            for k in kernels {
+                for p in &k.kernel.kernel().params {
+                    if p.kind == ParamKind::Scratch || bound.iter().any(|(n, _)| *n == p.name) {
+                        continue;
+                    }
+                    let shape: Vec<u64> = p.ty.shape.iter().map(|&d| d as u64).collect();
+                    let id = b.backend.alloc(RStr::from_str(p.ty.dtype.name()), RSlice::from_slice(&shape)).into_result().map_err(fail)?;
+                    bound.push((p.name.clone(), id));
+                    match p.kind {
+                        ParamKind::In => b.backend.upload(id, &args.inputs[&p.name].to_rarray()).into_result().map_err(fail)?,
+                        _ => outputs.push(p.name.clone()),
+                    }
+                }
+            }
+            let buffer_args: Vec<BufferArg<'_>> = bound.iter().map(|(n, id)| BufferArg { name: RStr::from_str(n), buffer: *id }).collect();
+            with_request(kernels, externals, &args.grid, |req| b.backend.launch(req, RSlice::from_slice(&buffer_args)).into_result()).map_err(fail)?;
+            outputs
+                .iter()
+                .map(|name| {
+                    let id = bound.iter().find(|(n, _)| n == name).map(|(_, id)| *id).expect("outputs are bound");
+                    let r = b.backend.download(id).into_result().map_err(fail)?;
+                    let array = HostArray::from_rarray(&r).map_err(|m| Error::Backend { backend: b.name.clone(), message: format!("backend returned a malformed array for `{name}`: {m}") })?;
+                    Ok((name.clone(), array))
+                })
+                .collect::<Result<Vec<_>>>()
+        })();
+        for (_, id) in &bound {
+            // A buffer that cannot be freed is the backend's problem; the launch result stands.
+            let _ = b.backend.free(*id);
+        }
+        result
+    }
+}
+
+fn backend_error(b: &Loaded, e: BackendError) -> Error {
+    Error::Backend { backend: b.name.clone(), message: e.message.into_string() }
+}
+
+/// Builds the boundary's view of a launch (borrowing everything) and hands it to `f`.
+fn with_request<T>(
+    kernels: &[KernelLaunch<'_>],
+    externals: &[&MeshBox],
+    grid: &BTreeMap<String, u64>,
+    f: impl FnOnce(&LaunchRequest<'_>) -> std::result::Result<T, BackendError>,
+) -> std::result::Result<T, BackendError> {
+    let source: Vec<String> = kernels.iter().map(|k| print_kernel(k.kernel.kernel())).collect();
+    let source = source.join("\n");
+    let calls: Vec<KernelCall<'_>> = kernels
+        .iter()
+        .map(|k| KernelCall { kernel: RStr::from_str(k.kernel.name()), mesh: k.mesh.map_or(ROption::RNone, ROption::RSome) })
+        .collect();
+    let sizes: Vec<GridSize<'_>> = grid.iter().map(|(axis, &size)| GridSize { axis: RStr::from_str(axis), size }).collect();
+    let req = LaunchRequest {
+        ir_format: IR_FORMAT_VERSION,
+        source: RStr::from_str(&source),
+        calls: RSlice::from_slice(&calls),
+        external_meshes: RSlice::from_slice(externals),
+        grid: RSlice::from_slice(&sizes),
+    };
+    f(&req)
+}

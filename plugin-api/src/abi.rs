@@ -1,0 +1,291 @@
+//! The ABI-stable boundary between the host and a backend plugin (abi_stable 0.11).
+//!
+//! - [`TesselPlugin`] is the root module a plugin exports: a prefix type whose fields are only
+//!   ever appended (the last field of the first version carries `#[sabi(last_prefix_field)]`).
+//! - [`Backend`] and [`Mesh`] are `#[sabi_trait]` objects. A backend makes its own meshes with
+//!   `TD_CanDowncast`, and accepts its own mesh by downcasting, which only succeeds for objects
+//!   made by the same library: every other mesh is foreign.
+//! - Kernels cross as canonical `.tk` text with [`IR_FORMAT_VERSION`]; each side parses it into plain
+//!   Rust types. Arrays cross as little-endian bytes ([`RArray`]).
+//! - Errors cross as [`BackendError`]: a kind and a message whose first line is the user-facing
+//!   sentence.
+//!
+//! Backend authors do not implement [`Backend`] by hand: they implement the plain Rust trait
+//! [`crate::backend::BackendImpl`] and call [`crate::backend::export`], which runs every method under
+//! `catch_unwind`, so that a panic becomes an error instead of crossing the boundary.
+
+use abi_stable::library::RootModule;
+use abi_stable::sabi_types::VersionStrings;
+use abi_stable::std_types::{RBox, ROption, RResult, RSlice, RStr, RString, RVec};
+use abi_stable::{StableAbi, declare_root_module_statics, package_version_strings};
+
+pub use self::traits::{Backend, Backend_TO, Mesh, Mesh_TO};
+
+/// Version of the kernel text format that crosses the boundary (the canonical `.tk` text).
+pub const IR_FORMAT_VERSION: u32 = 1;
+
+/// The version of this crate, which a plugin records when it is built.
+pub const PLUGIN_API_VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// What kind of failure a [`BackendError`] is.
+#[repr(u8)]
+#[derive(StableAbi, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ErrorKind {
+    /// The backend refuses this kernel, mesh or launch (a refusal, before anything runs).
+    Unsupported,
+    /// The backend cannot run on this machine (no driver, no device).
+    Unavailable,
+    /// The request itself is malformed (bad text, wrong inputs, unknown buffer).
+    InvalidInput,
+    /// The device failed while running.
+    Device,
+    /// The plugin panicked; the panic was caught at the boundary.
+    Panic,
+    /// A broken invariant inside the plugin.
+    Internal,
+}
+
+/// An error crossing the boundary. The first line of `message` is the user-facing sentence; the
+/// following lines say what would work.
+#[repr(C)]
+#[derive(StableAbi, Clone, Debug, PartialEq, Eq)]
+pub struct BackendError {
+    /// The kind of failure.
+    pub kind: ErrorKind,
+    /// The message.
+    pub message: RString,
+}
+
+impl BackendError {
+    /// An error of `kind` with `message`.
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> BackendError {
+        BackendError { kind, message: RString::from(message.into()) }
+    }
+}
+
+impl std::fmt::Display for BackendError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for BackendError {}
+
+/// Whether a backend can run here, and if not, why.
+#[repr(C)]
+#[derive(StableAbi, Clone, Debug, PartialEq, Eq)]
+pub struct Availability {
+    /// It can run.
+    pub available: bool,
+    /// Why not (or what it runs on, when it can).
+    pub reason: RString,
+}
+
+/// What a backend takes, readable without a device.
+#[repr(C)]
+#[derive(StableAbi, Clone, Debug, PartialEq, Eq)]
+pub struct Capabilities {
+    /// Mesh kinds accepted as kernel meshes (`grid`, `mosaic_gpu`, ...).
+    pub mesh_kinds: RVec<RString>,
+    /// Element types it runs.
+    pub dtypes: RVec<RString>,
+    /// Whether `dyn` grid axes are accepted.
+    pub dynamic_grid: bool,
+    /// Whether one launch may hold several (mesh, kernel) pairs.
+    pub multiple_kernels: bool,
+    /// Whether external meshes are accepted.
+    pub external_meshes: bool,
+    /// What it lowers to (`sm_90a`, `wgsl`, `cpu`).
+    pub targets: RVec<RString>,
+    /// The largest block value it runs, in elements.
+    pub max_block_elements: u64,
+}
+
+/// The role of a mesh axis, across the boundary.
+#[repr(u8)]
+#[derive(StableAbi, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RAxisRole {
+    /// Grid axis.
+    Grid,
+    /// Cluster axis.
+    Cluster,
+    /// Thread axis.
+    Thread,
+}
+
+/// One axis of a mesh's portable view.
+#[repr(C)]
+#[derive(StableAbi, Clone, Debug, PartialEq, Eq)]
+pub struct RMeshAxis {
+    /// Axis name.
+    pub name: RString,
+    /// Number of points.
+    pub size: u64,
+    /// Its role.
+    pub role: RAxisRole,
+}
+
+/// The portable view every mesh exposes: a kind and its axes.
+#[repr(C)]
+#[derive(StableAbi, Clone, Debug, PartialEq, Eq)]
+pub struct RMeshView {
+    /// The mesh kind.
+    pub kind: RString,
+    /// Its axes.
+    pub axes: RVec<RMeshAxis>,
+}
+
+/// One named stage of lowered text (`ptx`, `wgsl`, `program`).
+#[repr(C)]
+#[derive(StableAbi, Clone, Debug, PartialEq, Eq)]
+pub struct Stage {
+    /// Stage name.
+    pub name: RString,
+    /// Its text.
+    pub text: RString,
+}
+
+/// An array crossing the boundary: dtype name, shape, little-endian bytes.
+#[repr(C)]
+#[derive(StableAbi, Clone, Debug, PartialEq, Eq)]
+pub struct RArray {
+    /// `f32`, `i32`, ... (the `.tk` name).
+    pub dtype: RString,
+    /// Dimensions.
+    pub shape: RVec<u64>,
+    /// Elements, little-endian, row-major.
+    pub bytes: RVec<u8>,
+}
+
+/// One kernel of a launch and the mesh it is given, if any.
+#[repr(C)]
+#[derive(StableAbi)]
+pub struct KernelCall<'a> {
+    /// Kernel name in the request's source.
+    pub kernel: RStr<'a>,
+    /// Its mesh.
+    pub mesh: ROption<&'a MeshBox>,
+}
+
+/// The size of a `dyn` grid axis.
+#[repr(C)]
+#[derive(StableAbi, Clone, Copy)]
+pub struct GridSize<'a> {
+    /// Axis name.
+    pub axis: RStr<'a>,
+    /// Its size.
+    pub size: u64,
+}
+
+/// A launch as a backend sees it: what to run, on which meshes, with which dynamic sizes.
+#[repr(C)]
+#[derive(StableAbi)]
+pub struct LaunchRequest<'a> {
+    /// Must equal [`IR_FORMAT_VERSION`].
+    pub ir_format: u32,
+    /// Canonical `.tk` text holding every kernel named in `calls`.
+    pub source: RStr<'a>,
+    /// The (kernel, mesh) pairs, in launch order.
+    pub calls: RSlice<'a, KernelCall<'a>>,
+    /// External meshes.
+    pub external_meshes: RSlice<'a, &'a MeshBox>,
+    /// Sizes of `dyn` grid axes.
+    pub grid: RSlice<'a, GridSize<'a>>,
+}
+
+/// A kernel argument bound to a device buffer.
+#[repr(C)]
+#[derive(StableAbi, Clone, Copy)]
+pub struct BufferArg<'a> {
+    /// Argument name (`in` or `out`).
+    pub name: RStr<'a>,
+    /// Buffer id from `alloc`.
+    pub buffer: u64,
+}
+
+/// A mesh owned by whoever made it.
+pub type MeshBox = Mesh_TO<RBox<()>>;
+
+/// A backend object.
+pub type BackendBox = Backend_TO<RBox<()>>;
+
+#[allow(non_local_definitions, unsafe_code, reason = "the code #[sabi_trait] generates (abi_stable 0.11)")]
+mod traits {
+    use super::*;
+    use abi_stable::sabi_trait;
+
+    /// A mesh: a portable view and a `Display` text. Made with `TD_CanDowncast` by the code that
+    /// owns its type, so that only that code can downcast it back.
+    #[sabi_trait]
+    pub trait Mesh: Send + Sync + 'static {
+        /// Kind and axes.
+        fn view(&self) -> RMeshView;
+        /// How the mesh prints in messages (`Mesh(grid=(4, 2), ...)` for Mosaic GPU).
+        #[sabi(last_prefix_field)]
+        fn display(&self) -> RString;
+    }
+
+    /// A backend, as the host sees it. Implement [`crate::backend::BackendImpl`] instead.
+    #[sabi_trait]
+    pub trait Backend: Send + Sync + 'static {
+        /// Registry name (`interpret`, `mosaic-gpu`, `wgpu`).
+        fn name(&self) -> RString;
+        /// Version of the backend.
+        fn version(&self) -> RString;
+        /// What it runs on, in words.
+        fn platform(&self) -> RString;
+        /// Whether it can run here; touches no device until asked, never panics.
+        fn availability(&self) -> Availability;
+        /// What it takes.
+        fn capabilities(&self) -> Capabilities;
+        /// Builds this backend's mesh from the portable text form.
+        fn make_mesh(&self, spec: RStr<'_>) -> RResult<MeshBox, BackendError>;
+        /// Ok, or the refusal, without a device.
+        fn supports(&self, req: &LaunchRequest<'_>) -> RResult<(), BackendError>;
+        /// Named stages of lowered text, without a device.
+        fn lower(&self, req: &LaunchRequest<'_>) -> RResult<RVec<Stage>, BackendError>;
+        /// A device buffer of `dtype[shape]`, zeroed.
+        fn alloc(&self, dtype: RStr<'_>, shape: RSlice<'_, u64>) -> RResult<u64, BackendError>;
+        /// Copies host data into a buffer of the same type.
+        fn upload(&self, buffer: u64, data: &RArray) -> RResult<(), BackendError>;
+        /// Copies a buffer back.
+        fn download(&self, buffer: u64) -> RResult<RArray, BackendError>;
+        /// Frees a buffer.
+        fn free(&self, buffer: u64) -> RResult<(), BackendError>;
+        /// Runs the launch on buffers bound by argument name.
+        #[sabi(last_prefix_field)]
+        fn launch(&self, req: &LaunchRequest<'_>, args: RSlice<'_, BufferArg<'_>>) -> RResult<(), BackendError>;
+    }
+}
+
+/// The root module every plugin exports with `#[export_root_module]`.
+#[allow(unsafe_code, reason = "the code #[derive(StableAbi)] generates for prefix types")]
+#[repr(C)]
+#[derive(StableAbi)]
+#[sabi(kind(Prefix(prefix_ref = TesselPluginRef)))]
+#[sabi(missing_field(option))]
+pub struct TesselPlugin {
+    /// The `tessel-plugin-api` version the plugin was built against.
+    pub plugin_api_version: RStr<'static>,
+    /// The kernel text format it reads.
+    pub ir_format: u32,
+    /// Makes the backend. Runs under `catch_unwind` in the plugin.
+    #[sabi(last_prefix_field)]
+    pub new_backend: extern "C" fn() -> RResult<BackendBox, BackendError>,
+}
+
+#[allow(unsafe_code, reason = "the statics declare_root_module_statics! generates")]
+impl RootModule for TesselPluginRef {
+    declare_root_module_statics! {TesselPluginRef}
+    const BASE_NAME: &'static str = "tessel_plugin";
+    const NAME: &'static str = "tessel plugin";
+    const VERSION_STRINGS: VersionStrings = package_version_strings!();
+}
+
+/// Everything a built-in backend submits to the host's registry with `inventory::submit!`.
+pub struct BuiltinBackend {
+    /// Makes the backend object (the same one its plugin would export).
+    pub make: fn() -> BackendBox,
+}
+
+inventory::collect!(BuiltinBackend);

@@ -1,0 +1,400 @@
+//! Writing a backend: implement [`BackendImpl`] with plain Rust types and call [`export`]. The
+//! exported object runs every method under `catch_unwind` (a panic becomes an
+//! [`ErrorKind::Panic`] error and the panic message is kept out of the terminal), decodes launch
+//! requests, and keeps the table of device buffers. See `docs/writing-a-backend.md`.
+
+use std::cell::{Cell, RefCell};
+use std::collections::{BTreeMap, HashMap};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, Once};
+
+use abi_stable::sabi_trait::TD_Opaque;
+use abi_stable::std_types::{RResult, RSlice, RStr, RString, RVec};
+
+use crate::abi::*;
+use crate::array::HostArray;
+use crate::ir::{self, AxisSize, DType, GridAxis, Kernel, Span, Type, Verified};
+use crate::mesh::{AxisRole, MeshAxis, MeshSpec};
+
+/// One (kernel, mesh) pair of a decoded launch.
+pub struct Call<'a> {
+    /// The kernel as parsed from the request (not yet verified: its grid may come from the mesh).
+    pub kernel: Kernel,
+    /// Its mesh, if the launch gave one.
+    pub mesh: Option<&'a MeshBox>,
+}
+
+/// A launch request decoded into Rust types.
+pub struct Launch<'a> {
+    /// The (kernel, mesh) pairs in order.
+    pub calls: Vec<Call<'a>>,
+    /// External meshes.
+    pub external_meshes: Vec<&'a MeshBox>,
+    /// Sizes of `dyn` grid axes.
+    pub grid: BTreeMap<String, u64>,
+}
+
+/// A backend in plain Rust. [`export`] turns it into the ABI-stable object the host loads.
+pub trait BackendImpl: Send + Sync + 'static {
+    /// A device buffer.
+    type Buffer: Send + 'static;
+    /// Registry name.
+    fn name(&self) -> &str;
+    /// Backend version.
+    fn version(&self) -> &str;
+    /// What it runs on, in words.
+    fn platform(&self) -> String;
+    /// `Ok(what it runs on)` or `Err(why it cannot run here)`. Must not touch a device it has not
+    /// been asked to use, and must be cheap.
+    fn availability(&self) -> Result<String, String>;
+    /// What it takes, readable without a device.
+    fn capabilities(&self) -> Capabilities;
+    /// Builds this backend's own mesh from a portable spec.
+    fn make_mesh(&self, spec: &MeshSpec) -> Result<MeshBox, BackendError>;
+    /// Ok, or the refusal. No device.
+    fn supports(&self, launch: &Launch<'_>) -> Result<(), BackendError>;
+    /// Named stages of lowered text. No device.
+    fn lower(&self, launch: &Launch<'_>) -> Result<Vec<(String, String)>, BackendError>;
+    /// A zeroed buffer of `ty`.
+    fn alloc(&self, ty: &Type) -> Result<Self::Buffer, BackendError>;
+    /// Copies host data in (same type as allocated).
+    fn upload(&self, buffer: &mut Self::Buffer, data: HostArray) -> Result<(), BackendError>;
+    /// Copies a buffer out.
+    fn download(&self, buffer: &Self::Buffer) -> Result<HostArray, BackendError>;
+    /// Runs a launch; `buffers` holds the bound arguments by name.
+    fn launch(&self, launch: &Launch<'_>, buffers: &mut BTreeMap<String, Self::Buffer>) -> Result<(), BackendError>;
+}
+
+/// Wraps a backend into the object a plugin's root module returns and a built-in submits.
+pub fn export<B: BackendImpl>(backend: B) -> BackendBox {
+    install_quiet_panic_hook();
+    Backend_TO::from_value(Exported { backend, buffers: Mutex::new(HashMap::new()), next: AtomicU64::new(1) }, TD_Opaque)
+}
+
+/// Runs `f` as an exported function body: a panic becomes an [`ErrorKind::Panic`] error.
+pub fn guard<T>(what: &str, f: impl FnOnce() -> Result<T, BackendError>) -> RResult<T, BackendError> {
+    install_quiet_panic_hook();
+    GUARDED.with(|g| g.set(g.get() + 1));
+    let result = catch_unwind(AssertUnwindSafe(f));
+    GUARDED.with(|g| g.set(g.get() - 1));
+    match result {
+        Ok(r) => r.into(),
+        Err(payload) => {
+            let msg = LAST_PANIC.with(|p| p.borrow_mut().take()).unwrap_or_else(|| panic_text(&*payload));
+            RResult::RErr(BackendError::new(ErrorKind::Panic, format!("the backend panicked in `{what}`: {msg}\n  this is a bug in the backend; the host caught it and goes on")))
+        }
+    }
+}
+
+thread_local! {
+    static GUARDED: Cell<u32> = const { Cell::new(0) };
+    static LAST_PANIC: RefCell<Option<String>> = const { RefCell::new(None) };
+}
+
+fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a non-text panic payload".to_string())
+}
+
+/// Inside [`guard`], panics are recorded instead of printed; elsewhere the previous hook runs.
+fn install_quiet_panic_hook() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if GUARDED.with(Cell::get) > 0 {
+                let where_ = info.location().map(|l| format!(" at {}:{}", l.file(), l.line())).unwrap_or_default();
+                let text = format!("{}{where_}", panic_text(info.payload()));
+                LAST_PANIC.with(|p| *p.borrow_mut() = Some(text));
+            } else {
+                previous(info);
+            }
+        }));
+    });
+}
+
+struct Exported<B: BackendImpl> {
+    backend: B,
+    buffers: Mutex<HashMap<u64, B::Buffer>>,
+    next: AtomicU64,
+}
+
+fn invalid(msg: impl Into<String>) -> BackendError {
+    BackendError::new(ErrorKind::InvalidInput, msg)
+}
+
+/// Decodes a request: format version, kernel text, kernels by name.
+pub fn decode<'a>(req: &LaunchRequest<'a>) -> Result<Launch<'a>, BackendError> {
+    if req.ir_format != IR_FORMAT_VERSION {
+        return Err(invalid(format!(
+            "the host sent kernel text format {}, this backend reads format {IR_FORMAT_VERSION}\n  rebuild the plugin against the host's tessel-plugin-api",
+            req.ir_format
+        )));
+    }
+    let module = ir::parse(req.source.as_str()).map_err(|d| invalid(format!("the kernel text does not parse:\n{d}")))?;
+    let calls = req
+        .calls
+        .iter()
+        .map(|c| {
+            let kernel = module.kernels.iter().find(|k| k.name == c.kernel.as_str()).cloned().ok_or_else(|| {
+                invalid(format!("the request names kernel `{}`, which its source does not define", c.kernel))
+            })?;
+            Ok(Call { kernel, mesh: c.mesh.into_option() })
+        })
+        .collect::<Result<Vec<_>, BackendError>>()?;
+    let grid = req.grid.iter().map(|g| (g.axis.to_string(), g.size)).collect();
+    Ok(Launch { calls, external_meshes: req.external_meshes.iter().copied().collect(), grid })
+}
+
+/// The portable view of a mesh object as a [`MeshSpec`].
+pub fn mesh_spec(mesh: &MeshBox) -> MeshSpec {
+    let v = mesh.view();
+    MeshSpec {
+        kind: v.kind.to_string(),
+        axes: v
+            .axes
+            .iter()
+            .map(|a| MeshAxis {
+                name: a.name.to_string(),
+                size: a.size,
+                role: match a.role {
+                    RAxisRole::Grid => AxisRole::Grid,
+                    RAxisRole::Cluster => AxisRole::Cluster,
+                    RAxisRole::Thread => AxisRole::Thread,
+                },
+            })
+            .collect(),
+    }
+}
+
+/// The portable view of a [`MeshSpec`], for `Mesh::view`.
+pub fn mesh_view(spec: &MeshSpec) -> RMeshView {
+    RMeshView {
+        kind: spec.kind.as_str().into(),
+        axes: spec
+            .axes
+            .iter()
+            .map(|a| RMeshAxis {
+                name: a.name.as_str().into(),
+                size: a.size,
+                role: match a.role {
+                    AxisRole::Grid => RAxisRole::Grid,
+                    AxisRole::Cluster => RAxisRole::Cluster,
+                    AxisRole::Thread => RAxisRole::Thread,
+                },
+            })
+            .collect(),
+    }
+}
+
+/// Gives a kernel the grid of its mesh (docs/language.md §4): a kernel without `grid` takes the
+/// mesh's axes as parallel grid axes; a kernel with one must match the mesh axis for axis, else
+/// `AXIS mixes mesh and grid axes`. Then verifies it.
+pub fn verify_with_mesh(kernel: &Kernel, mesh: Option<&MeshSpec>) -> Result<Verified, BackendError> {
+    let mut kernel = kernel.clone();
+    if let Some(m) = mesh {
+        match &kernel.grid {
+            None => {
+                let axes = m.axes.iter().map(|a| GridAxis { name: a.name.clone(), size: AxisSize::Fixed(a.size), seq: false, span: Span::NONE });
+                kernel.grid = Some(axes.collect());
+            }
+            Some(grid) => {
+                for a in grid {
+                    let matches = m.axes.iter().any(|x| x.name == a.name && (a.size == AxisSize::Fixed(x.size) || a.size == AxisSize::Dyn));
+                    if !matches {
+                        return Err(BackendError::new(
+                            ErrorKind::Unsupported,
+                            format!(
+                                "{} mixes mesh and grid axes\n  kernel `{}` declares `{}: {}` but the mesh is {m}; give every grid axis the mesh's name and size, or leave out `grid` to take the mesh's",
+                                a.name, kernel.name, a.name, a.size
+                            ),
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    ir::verify(&kernel).map_err(|d| invalid(format!("kernel `{}` does not verify:\n{d}", kernel.name)))
+}
+
+impl<B: BackendImpl> Exported<B> {
+    fn take_buffers(&self, args: RSlice<'_, BufferArg<'_>>) -> Result<BTreeMap<String, (u64, B::Buffer)>, BackendError> {
+        let mut table = self.buffers.lock().map_err(|_| BackendError::new(ErrorKind::Internal, "the buffer table is poisoned"))?;
+        let mut out = BTreeMap::new();
+        for a in args.iter() {
+            match table.remove(&a.buffer) {
+                Some(b) => {
+                    out.insert(a.name.to_string(), (a.buffer, b));
+                }
+                None => {
+                    for (_, (id, b)) in out {
+                        table.insert(id, b);
+                    }
+                    return Err(invalid(format!("argument `{}` is bound to buffer {}, which does not exist", a.name, a.buffer)));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn put_back(&self, ids: BTreeMap<String, u64>, mut buffers: BTreeMap<String, B::Buffer>) {
+        if let Ok(mut table) = self.buffers.lock() {
+            for (name, id) in ids {
+                if let Some(b) = buffers.remove(&name) {
+                    table.insert(id, b);
+                }
+            }
+        }
+    }
+}
+
+impl<B: BackendImpl> Backend for Exported<B> {
+    fn name(&self) -> RString {
+        self.backend.name().into()
+    }
+
+    fn version(&self) -> RString {
+        self.backend.version().into()
+    }
+
+    fn platform(&self) -> RString {
+        match guard("platform", || Ok(self.backend.platform())) {
+            RResult::ROk(p) => p.into(),
+            RResult::RErr(e) => e.message,
+        }
+    }
+
+    fn availability(&self) -> Availability {
+        match guard("availability", || Ok(self.backend.availability())) {
+            RResult::ROk(Ok(what)) => Availability { available: true, reason: what.into() },
+            RResult::ROk(Err(why)) => Availability { available: false, reason: why.into() },
+            RResult::RErr(e) => Availability { available: false, reason: e.message },
+        }
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        match guard("capabilities", || Ok(self.backend.capabilities())) {
+            RResult::ROk(c) => c,
+            RResult::RErr(_) => Capabilities {
+                mesh_kinds: RVec::new(),
+                dtypes: RVec::new(),
+                dynamic_grid: false,
+                multiple_kernels: false,
+                external_meshes: false,
+                targets: RVec::new(),
+                max_block_elements: 0,
+            },
+        }
+    }
+
+    fn make_mesh(&self, spec: RStr<'_>) -> RResult<MeshBox, BackendError> {
+        guard("make_mesh", || {
+            let spec = MeshSpec::parse(spec.as_str()).map_err(|e| invalid(e.to_string()))?;
+            self.backend.make_mesh(&spec)
+        })
+    }
+
+    fn supports(&self, req: &LaunchRequest<'_>) -> RResult<(), BackendError> {
+        guard("supports", || self.backend.supports(&decode(req)?))
+    }
+
+    fn lower(&self, req: &LaunchRequest<'_>) -> RResult<RVec<Stage>, BackendError> {
+        guard("lower", || {
+            let stages = self.backend.lower(&decode(req)?)?;
+            Ok(stages.into_iter().map(|(name, text)| Stage { name: name.into(), text: text.into() }).collect())
+        })
+    }
+
+    fn alloc(&self, dtype: RStr<'_>, shape: RSlice<'_, u64>) -> RResult<u64, BackendError> {
+        guard("alloc", || {
+            let dtype = DType::from_name(dtype.as_str()).ok_or_else(|| invalid(format!("unknown dtype `{dtype}`")))?;
+            let ty = Type::array(dtype, shape.iter().map(|&d| d as usize).collect::<Vec<_>>());
+            let buffer = self.backend.alloc(&ty)?;
+            let id = self.next.fetch_add(1, Ordering::Relaxed);
+            self.buffers.lock().map_err(|_| BackendError::new(ErrorKind::Internal, "the buffer table is poisoned"))?.insert(id, buffer);
+            Ok(id)
+        })
+    }
+
+    fn upload(&self, buffer: u64, data: &RArray) -> RResult<(), BackendError> {
+        guard("upload", || {
+            let array = HostArray::from_rarray(data).map_err(invalid)?;
+            let mut table = self.buffers.lock().map_err(|_| BackendError::new(ErrorKind::Internal, "the buffer table is poisoned"))?;
+            let b = table.get_mut(&buffer).ok_or_else(|| invalid(format!("buffer {buffer} does not exist")))?;
+            self.backend.upload(b, array)
+        })
+    }
+
+    fn download(&self, buffer: u64) -> RResult<RArray, BackendError> {
+        guard("download", || {
+            let table = self.buffers.lock().map_err(|_| BackendError::new(ErrorKind::Internal, "the buffer table is poisoned"))?;
+            let b = table.get(&buffer).ok_or_else(|| invalid(format!("buffer {buffer} does not exist")))?;
+            Ok(self.backend.download(b)?.to_rarray())
+        })
+    }
+
+    fn free(&self, buffer: u64) -> RResult<(), BackendError> {
+        guard("free", || {
+            let mut table = self.buffers.lock().map_err(|_| BackendError::new(ErrorKind::Internal, "the buffer table is poisoned"))?;
+            table.remove(&buffer).map(drop).ok_or_else(|| invalid(format!("buffer {buffer} does not exist")))
+        })
+    }
+
+    fn launch(&self, req: &LaunchRequest<'_>, args: RSlice<'_, BufferArg<'_>>) -> RResult<(), BackendError> {
+        guard("launch", || {
+            let launch = decode(req)?;
+            let taken = self.take_buffers(args)?;
+            let ids: BTreeMap<String, u64> = taken.iter().map(|(n, (id, _))| (n.clone(), *id)).collect();
+            let mut buffers: BTreeMap<String, B::Buffer> = taken.into_iter().map(|(n, (_, b))| (n, b)).collect();
+            let result = catch_unwind(AssertUnwindSafe(|| self.backend.launch(&launch, &mut buffers)));
+            self.put_back(ids, buffers);
+            match result {
+                Ok(r) => r,
+                Err(p) => std::panic::resume_unwind(p),
+            }
+        })
+    }
+}
+
+/// Makes a mesh object from a value owned by the caller's library (`TD_CanDowncast`), so that
+/// only that library can downcast it back.
+pub fn make_mesh_object<M: Mesh + 'static>(mesh: M) -> MeshBox {
+    Mesh_TO::from_value(mesh, abi_stable::sabi_trait::TD_CanDowncast)
+}
+
+/// Wraps the result of a root-module constructor, catching a panic.
+pub fn new_backend_guarded(make: impl FnOnce() -> BackendBox) -> RResult<BackendBox, BackendError> {
+    guard("new_backend", || Ok(make()))
+}
+
+/// Exports a backend as a plugin: defines the root module of a `cdylib`. Put it behind a cargo
+/// feature (`plugin`), so that two backends linked into one host do not both define the root
+/// module symbol:
+///
+/// ```ignore
+/// #[cfg(feature = "plugin")]
+/// tessel_plugin_api::export_plugin!(MyBackend::new());
+/// ```
+#[macro_export]
+macro_rules! export_plugin {
+    ($make:expr) => {
+        #[allow(unsafe_code, reason = "the loader static #[export_root_module] generates")]
+        #[::abi_stable::export_root_module]
+        pub fn tessel_plugin_root() -> $crate::abi::TesselPluginRef {
+            use ::abi_stable::prefix_type::PrefixTypeTrait;
+            extern "C" fn new_backend() -> ::abi_stable::std_types::RResult<$crate::abi::BackendBox, $crate::abi::BackendError> {
+                $crate::backend::new_backend_guarded(|| $crate::backend::export($make))
+            }
+            $crate::abi::TesselPlugin {
+                plugin_api_version: ::abi_stable::std_types::RStr::from_str($crate::abi::PLUGIN_API_VERSION),
+                ir_format: $crate::abi::IR_FORMAT_VERSION,
+                new_backend,
+            }
+            .leak_into_prefix()
+        }
+    };
+}
