@@ -201,7 +201,11 @@ fn backends(rt: &Runtime, json: bool, out: &mut dyn Write) -> Result<()> {
                 }
             })
             .collect(),
-        failed_plugins: reg.failed.iter().map(|f| FailedReport { path: f.path.display().to_string(), error: f.error.to_string() }).collect(),
+        failed_plugins: reg
+            .failed
+            .iter()
+            .map(|f| FailedReport { path: f.path.display().to_string(), error: f.error.to_string() })
+            .collect(),
     };
     if json {
         let _ = writeln!(out, "{}", serde_json::to_string_pretty(&report).expect("the report serialises"));
@@ -216,7 +220,13 @@ fn backends(rt: &Runtime, json: bool, out: &mut dyn Write) -> Result<()> {
         }
         let c = &b.capabilities;
         let _ = writeln!(out, "  platform: {}", b.platform);
-        let _ = writeln!(out, "  meshes: {}; dtypes: {}; targets: {}", c.mesh_kinds.join(" "), c.dtypes.join(" "), c.targets.join(" "));
+        let _ = writeln!(
+            out,
+            "  meshes: {}; dtypes: {}; targets: {}",
+            c.mesh_kinds.join(" "),
+            c.dtypes.join(" "),
+            c.targets.join(" ")
+        );
         let yes = |v: bool| if v { "yes" } else { "no" };
         let _ = writeln!(
             out,
@@ -269,10 +279,11 @@ fn pick_kernels(file: &Path, all: &[Verified], names: &[String]) -> Result<Vec<V
     names
         .iter()
         .map(|name| {
-            all.iter()
-                .find(|k| k.name() == name)
-                .cloned()
-                .ok_or_else(|| Error::UnknownKernel { file: file.to_path_buf(), name: name.clone(), available: available() })
+            all.iter().find(|k| k.name() == name).cloned().ok_or_else(|| Error::UnknownKernel {
+                file: file.to_path_buf(),
+                name: name.clone(),
+                available: available(),
+            })
         })
         .collect()
 }
@@ -347,7 +358,8 @@ fn read_inputs(p: &Prepared, opts: &RunOptions) -> Result<BTreeMap<String, HostA
     for i in &opts.inputs {
         let (name, path) = split_flag("--input", i, "NAME=FILE.npy, as in `--input x=x.npy`")?;
         let path = PathBuf::from(path);
-        let array = crate::npy::read(&path).map_err(|source| Error::Npy { name: name.to_string(), path: path.clone(), source })?;
+        let array =
+            crate::npy::read(&path).map_err(|source| Error::Npy { name: name.to_string(), path: path.clone(), source })?;
         inputs.insert(name.to_string(), array);
     }
     Ok(inputs)

@@ -89,6 +89,18 @@ pub enum PluginError {
         /// The layout difference, if that was the problem.
         why: String,
     },
+    /// Built against a plugin-api whose root module has another layout.
+    #[error("plugin `{}` was built against a tessel-plugin-api whose root module layout differs from this host's ({why}); the plugin records version {plugin}, this host has {host}\n  rebuild the plugin against tessel-plugin-api {host} (TESSEL_LOG=debug shows abi_stable's full report)", path.display())]
+    Layout {
+        /// The path.
+        path: PathBuf,
+        /// The plugin's recorded plugin-api version.
+        plugin: String,
+        /// The host's.
+        host: String,
+        /// The first difference.
+        why: String,
+    },
     /// The plugin's constructor failed or panicked.
     #[error("plugin `{}` failed to start its backend: {message}", path.display())]
     Constructor {
@@ -169,7 +181,11 @@ impl Registry {
     pub fn load(&mut self, path: &Path) -> Result<&Loaded, PluginError> {
         let canonical = path.canonicalize().map_err(|_| PluginError::NotFound { path: path.to_path_buf() })?;
         if self.loaded_paths.contains(&canonical) {
-            let i = self.backends.iter().position(|b| b.source == Source::Plugin(canonical.clone())).expect("loaded path has a backend");
+            let i = self
+                .backends
+                .iter()
+                .position(|b| b.source == Source::Plugin(canonical.clone()))
+                .expect("loaded path has a backend");
             return Ok(&self.backends[i]);
         }
         let backend = open(path, &canonical)?;
@@ -215,7 +231,36 @@ fn open(path: &Path, canonical: &Path) -> Result<BackendBox, PluginError> {
             why: format!(" (it reads kernel text format {}, this host writes format {IR_FORMAT_VERSION})", root.ir_format()),
         });
     }
-    root.new_backend()().into_result().map_err(|e| PluginError::Constructor { path: path.to_path_buf(), message: e.message.to_string() })
+    root.new_backend()()
+        .into_result()
+        .map_err(|e| PluginError::Constructor { path: path.to_path_buf(), message: e.message.to_string() })
+}
+
+/// The first mismatch of abi_stable's layout report in one line: each `Error:` line with the
+/// `Expected:` and `Found:` values under it.
+fn layout_summary(report: &str) -> String {
+    let lines: Vec<&str> = report.lines().map(str::trim).collect();
+    let mut out = Vec::new();
+    for (i, l) in lines.iter().enumerate() {
+        let Some(err) = l.strip_prefix("Error:") else { continue };
+        let after = |tag: &str| {
+            let at = lines[i..].iter().position(|x| *x == tag)?;
+            lines.get(i + at + 1).filter(|v| !v.is_empty()).copied()
+        };
+        let mut s = err.trim().to_string();
+        if let (Some(e), Some(f)) = (after("Expected:"), after("Found:")) {
+            s.push_str(&format!(": expected {e}, found {f}"));
+        }
+        if !out.contains(&s) {
+            out.push(s);
+        }
+        if out.len() == 3 {
+            break;
+        }
+    }
+    let mut s = if out.is_empty() { "the layouts differ".to_string() } else { out.join("; ") };
+    s.truncate(800);
+    s
 }
 
 /// Turns abi_stable's error into a short paragraph; its long report goes to the debug log.
@@ -237,23 +282,21 @@ fn classify(path: &Path, e: LibraryError, plugin_version: Option<&str>) -> Plugi
         LibraryError::AbiInstability(report) => {
             let report = report.to_string();
             log::debug!("abi_stable layout report for {}:\n{report}", path.display());
-            let mut lines: Vec<&str> = report.lines().map(str::trim).filter(|l| l.starts_with("Error:")).take(3).collect();
-            lines.dedup();
-            let mut why: String = lines.join("; ");
-            why.truncate(600);
+            PluginError::Layout {
+                path,
+                plugin: plugin_version.unwrap_or("an unknown version").to_string(),
+                host: PLUGIN_API_VERSION.to_string(),
+                why: layout_summary(&report),
+            }
+        }
+        LibraryError::InvalidAbiHeader(_) | LibraryError::InvalidCAbi { .. } | LibraryError::ParseVersionError(_) => {
             PluginError::Incompatible {
                 path,
                 plugin: plugin_version.unwrap_or("an unknown version").to_string(),
                 host: PLUGIN_API_VERSION.to_string(),
-                why: format!(", and the layout of its root module differs from this host's ({why}; the full report is logged with TESSEL_LOG=debug)"),
+                why: " (it was built with an incompatible abi_stable or Rust ABI)".to_string(),
             }
         }
-        LibraryError::InvalidAbiHeader(_) | LibraryError::InvalidCAbi { .. } | LibraryError::ParseVersionError(_) => PluginError::Incompatible {
-            path,
-            plugin: plugin_version.unwrap_or("an unknown version").to_string(),
-            host: PLUGIN_API_VERSION.to_string(),
-            why: " (it was built with an incompatible abi_stable or Rust ABI)".to_string(),
-        },
         LibraryError::RootModule { err, .. } => PluginError::Constructor { path, message: err.to_string() },
         LibraryError::Many(errors) => match errors.into_iter().next() {
             Some(first) => classify(&path, first, plugin_version),

@@ -5,7 +5,9 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use abi_stable::std_types::{ROption, RSlice, RStr, RString};
-use tessel_plugin_api::abi::{BackendError, BufferArg, GridSize, IR_FORMAT_VERSION, KernelCall, LaunchRequest, Mesh, MeshBox, RMeshView};
+use tessel_plugin_api::abi::{
+    BackendError, BufferArg, GridSize, IR_FORMAT_VERSION, KernelCall, LaunchRequest, Mesh, MeshBox, RMeshView,
+};
 use tessel_plugin_api::backend::{make_mesh_object, mesh_view};
 use tessel_plugin_api::ir::{ParamKind, Verified, print_kernel};
 use tessel_plugin_api::launch::check_inputs;
@@ -95,21 +97,40 @@ impl Runtime {
     }
 
     /// Asks `backend` whether it takes this launch, without a device.
-    pub fn supports(&self, backend: &str, kernels: &[KernelLaunch<'_>], externals: &[&MeshBox], grid: &BTreeMap<String, u64>) -> Result<()> {
+    pub fn supports(
+        &self,
+        backend: &str,
+        kernels: &[KernelLaunch<'_>],
+        externals: &[&MeshBox],
+        grid: &BTreeMap<String, u64>,
+    ) -> Result<()> {
         let b = self.backend(backend)?;
         with_request(kernels, externals, grid, |req| b.backend.supports(req).into_result()).map_err(|e| backend_error(b, e))
     }
 
     /// The lowered stages (`ptx`, `wgsl`, ...) of a launch, without a device.
-    pub fn lower(&self, backend: &str, kernels: &[KernelLaunch<'_>], externals: &[&MeshBox], grid: &BTreeMap<String, u64>) -> Result<Vec<(String, String)>> {
+    pub fn lower(
+        &self,
+        backend: &str,
+        kernels: &[KernelLaunch<'_>],
+        externals: &[&MeshBox],
+        grid: &BTreeMap<String, u64>,
+    ) -> Result<Vec<(String, String)>> {
         let b = self.backend(backend)?;
-        let stages = with_request(kernels, externals, grid, |req| b.backend.lower(req).into_result()).map_err(|e| backend_error(b, e))?;
+        let stages =
+            with_request(kernels, externals, grid, |req| b.backend.lower(req).into_result()).map_err(|e| backend_error(b, e))?;
         Ok(stages.into_iter().map(|s| (s.name.into_string(), s.text.into_string())).collect())
     }
 
     /// Runs a launch: allocates a device buffer per argument, uploads the inputs, launches, and
     /// downloads every output of every kernel (in launch order, each name once).
-    pub fn launch(&self, backend: &str, kernels: &[KernelLaunch<'_>], externals: &[&MeshBox], args: &LaunchArgs) -> Result<Vec<(String, HostArray)>> {
+    pub fn launch(
+        &self,
+        backend: &str,
+        kernels: &[KernelLaunch<'_>],
+        externals: &[&MeshBox],
+        args: &LaunchArgs,
+    ) -> Result<Vec<(String, HostArray)>> {
         let b = self.backend(backend)?;
         let fail = |e: BackendError| backend_error(b, e);
         // Every kernel's inputs must be given; names are shared across the kernels of a launch.
@@ -126,7 +147,11 @@ impl Runtime {
                         continue;
                     }
                     let shape: Vec<u64> = p.ty.shape.iter().map(|&d| d as u64).collect();
-                    let id = b.backend.alloc(RStr::from_str(p.ty.dtype.name()), RSlice::from_slice(&shape)).into_result().map_err(fail)?;
+                    let id = b
+                        .backend
+                        .alloc(RStr::from_str(p.ty.dtype.name()), RSlice::from_slice(&shape))
+                        .into_result()
+                        .map_err(fail)?;
                     bound.push((p.name.clone(), id));
                     match p.kind {
                         ParamKind::In => b.backend.upload(id, &args.inputs[&p.name].to_rarray()).into_result().map_err(fail)?,
@@ -134,14 +159,21 @@ impl Runtime {
                     }
                 }
             }
-            let buffer_args: Vec<BufferArg<'_>> = bound.iter().map(|(n, id)| BufferArg { name: RStr::from_str(n), buffer: *id }).collect();
-            with_request(kernels, externals, &args.grid, |req| b.backend.launch(req, RSlice::from_slice(&buffer_args)).into_result()).map_err(fail)?;
+            let buffer_args: Vec<BufferArg<'_>> =
+                bound.iter().map(|(n, id)| BufferArg { name: RStr::from_str(n), buffer: *id }).collect();
+            with_request(kernels, externals, &args.grid, |req| {
+                b.backend.launch(req, RSlice::from_slice(&buffer_args)).into_result()
+            })
+            .map_err(fail)?;
             outputs
                 .iter()
                 .map(|name| {
                     let id = bound.iter().find(|(n, _)| n == name).map(|(_, id)| *id).expect("outputs are bound");
                     let r = b.backend.download(id).into_result().map_err(fail)?;
-                    let array = HostArray::from_rarray(&r).map_err(|m| Error::Backend { backend: b.name.clone(), message: format!("backend returned a malformed array for `{name}`: {m}") })?;
+                    let array = HostArray::from_rarray(&r).map_err(|m| Error::Backend {
+                        backend: b.name.clone(),
+                        message: format!("backend returned a malformed array for `{name}`: {m}"),
+                    })?;
                     Ok((name.clone(), array))
                 })
                 .collect::<Result<Vec<_>>>()

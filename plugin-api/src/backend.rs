@@ -82,7 +82,12 @@ pub fn guard<T>(what: &str, f: impl FnOnce() -> Result<T, BackendError>) -> RRes
         Ok(r) => r.into(),
         Err(payload) => {
             let msg = LAST_PANIC.with(|p| p.borrow_mut().take()).unwrap_or_else(|| panic_text(&*payload));
-            RResult::RErr(BackendError::new(ErrorKind::Panic, format!("the backend panicked in `{what}`: {msg}\n  this is a bug in the backend; the host caught it and goes on")))
+            RResult::RErr(BackendError::new(
+                ErrorKind::Panic,
+                format!(
+                    "the backend panicked in `{what}`: {msg}\n  this is a bug in the backend; the host caught it and goes on"
+                ),
+            ))
         }
     }
 }
@@ -136,16 +141,16 @@ pub fn decode<'a>(req: &LaunchRequest<'a>) -> Result<Launch<'a>, BackendError> {
         )));
     }
     let module = ir::parse(req.source.as_str()).map_err(|d| invalid(format!("the kernel text does not parse:\n{d}")))?;
-    let calls = req
-        .calls
-        .iter()
-        .map(|c| {
-            let kernel = module.kernels.iter().find(|k| k.name == c.kernel.as_str()).cloned().ok_or_else(|| {
-                invalid(format!("the request names kernel `{}`, which its source does not define", c.kernel))
-            })?;
-            Ok(Call { kernel, mesh: c.mesh.into_option() })
-        })
-        .collect::<Result<Vec<_>, BackendError>>()?;
+    let calls =
+        req.calls
+            .iter()
+            .map(|c| {
+                let kernel = module.kernels.iter().find(|k| k.name == c.kernel.as_str()).cloned().ok_or_else(|| {
+                    invalid(format!("the request names kernel `{}`, which its source does not define", c.kernel))
+                })?;
+                Ok(Call { kernel, mesh: c.mesh.into_option() })
+            })
+            .collect::<Result<Vec<_>, BackendError>>()?;
     let grid = req.grid.iter().map(|g| (g.axis.to_string(), g.size)).collect();
     Ok(Launch { calls, external_meshes: req.external_meshes.iter().copied().collect(), grid })
 }
@@ -199,12 +204,18 @@ pub fn verify_with_mesh(kernel: &Kernel, mesh: Option<&MeshSpec>) -> Result<Veri
     if let Some(m) = mesh {
         match &kernel.grid {
             None => {
-                let axes = m.axes.iter().map(|a| GridAxis { name: a.name.clone(), size: AxisSize::Fixed(a.size), seq: false, span: Span::NONE });
+                let axes = m.axes.iter().map(|a| GridAxis {
+                    name: a.name.clone(),
+                    size: AxisSize::Fixed(a.size),
+                    seq: false,
+                    span: Span::NONE,
+                });
                 kernel.grid = Some(axes.collect());
             }
             Some(grid) => {
                 for a in grid {
-                    let matches = m.axes.iter().any(|x| x.name == a.name && (a.size == AxisSize::Fixed(x.size) || a.size == AxisSize::Dyn));
+                    let matches =
+                        m.axes.iter().any(|x| x.name == a.name && (a.size == AxisSize::Fixed(x.size) || a.size == AxisSize::Dyn));
                     if !matches {
                         return Err(BackendError::new(
                             ErrorKind::Unsupported,
@@ -223,7 +234,8 @@ pub fn verify_with_mesh(kernel: &Kernel, mesh: Option<&MeshSpec>) -> Result<Veri
 
 impl<B: BackendImpl> Exported<B> {
     fn take_buffers(&self, args: RSlice<'_, BufferArg<'_>>) -> Result<BTreeMap<String, (u64, B::Buffer)>, BackendError> {
-        let mut table = self.buffers.lock().map_err(|_| BackendError::new(ErrorKind::Internal, "the buffer table is poisoned"))?;
+        let mut table =
+            self.buffers.lock().map_err(|_| BackendError::new(ErrorKind::Internal, "the buffer table is poisoned"))?;
         let mut out = BTreeMap::new();
         for a in args.iter() {
             match table.remove(&a.buffer) {
@@ -315,7 +327,10 @@ impl<B: BackendImpl> Backend for Exported<B> {
             let ty = Type::array(dtype, shape.iter().map(|&d| d as usize).collect::<Vec<_>>());
             let buffer = self.backend.alloc(&ty)?;
             let id = self.next.fetch_add(1, Ordering::Relaxed);
-            self.buffers.lock().map_err(|_| BackendError::new(ErrorKind::Internal, "the buffer table is poisoned"))?.insert(id, buffer);
+            self.buffers
+                .lock()
+                .map_err(|_| BackendError::new(ErrorKind::Internal, "the buffer table is poisoned"))?
+                .insert(id, buffer);
             Ok(id)
         })
     }
@@ -323,7 +338,8 @@ impl<B: BackendImpl> Backend for Exported<B> {
     fn upload(&self, buffer: u64, data: &RArray) -> RResult<(), BackendError> {
         guard("upload", || {
             let array = HostArray::from_rarray(data).map_err(invalid)?;
-            let mut table = self.buffers.lock().map_err(|_| BackendError::new(ErrorKind::Internal, "the buffer table is poisoned"))?;
+            let mut table =
+                self.buffers.lock().map_err(|_| BackendError::new(ErrorKind::Internal, "the buffer table is poisoned"))?;
             let b = table.get_mut(&buffer).ok_or_else(|| invalid(format!("buffer {buffer} does not exist")))?;
             self.backend.upload(b, array)
         })
@@ -331,7 +347,8 @@ impl<B: BackendImpl> Backend for Exported<B> {
 
     fn download(&self, buffer: u64) -> RResult<RArray, BackendError> {
         guard("download", || {
-            let table = self.buffers.lock().map_err(|_| BackendError::new(ErrorKind::Internal, "the buffer table is poisoned"))?;
+            let table =
+                self.buffers.lock().map_err(|_| BackendError::new(ErrorKind::Internal, "the buffer table is poisoned"))?;
             let b = table.get(&buffer).ok_or_else(|| invalid(format!("buffer {buffer} does not exist")))?;
             Ok(self.backend.download(b)?.to_rarray())
         })
@@ -339,7 +356,8 @@ impl<B: BackendImpl> Backend for Exported<B> {
 
     fn free(&self, buffer: u64) -> RResult<(), BackendError> {
         guard("free", || {
-            let mut table = self.buffers.lock().map_err(|_| BackendError::new(ErrorKind::Internal, "the buffer table is poisoned"))?;
+            let mut table =
+                self.buffers.lock().map_err(|_| BackendError::new(ErrorKind::Internal, "the buffer table is poisoned"))?;
             table.remove(&buffer).map(drop).ok_or_else(|| invalid(format!("buffer {buffer} does not exist")))
         })
     }

@@ -154,9 +154,9 @@ pub fn resolve_grid(kernel: &Verified, sizes: &BTreeMap<String, u64>) -> Result<
         .map(|a| {
             let size = match a.size {
                 AxisSize::Fixed(n) => n,
-                AxisSize::Dyn => *sizes
-                    .get(&a.name)
-                    .ok_or_else(|| LaunchError::MissingGridSize { kernel: kname(), axis: a.name.clone() })?,
+                AxisSize::Dyn => {
+                    *sizes.get(&a.name).ok_or_else(|| LaunchError::MissingGridSize { kernel: kname(), axis: a.name.clone() })?
+                }
             };
             if size == 0 || size > MAX_AXIS_SIZE {
                 return Err(LaunchError::BadGridSize { kernel: kname(), axis: a.name.clone(), size });

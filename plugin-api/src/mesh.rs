@@ -47,7 +47,9 @@ pub struct MeshSpec {
 
 /// A mesh text that does not parse.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("bad mesh `{text}`: {why}\n  expected KIND(NAME: SIZE [cluster|thread], ...), such as `grid(i: 4, j: 2)` or `mosaic_gpu(i: 4, c: 2 cluster, wg: 2 thread)`")]
+#[error(
+    "bad mesh `{text}`: {why}\n  expected KIND(NAME: SIZE [cluster|thread], ...), such as `grid(i: 4, j: 2)` or `mosaic_gpu(i: 4, c: 2 cluster, wg: 2 thread)`"
+)]
 pub struct MeshParseError {
     /// The text given.
     pub text: String,
@@ -80,7 +82,8 @@ impl MeshSpec {
             }
             let mut words = rest.split_whitespace();
             let size_text = words.next().ok_or_else(|| err(format!("axis `{name}` has no size")))?;
-            let size: u64 = size_text.parse().map_err(|_| err(format!("the size of `{name}`, `{size_text}`, is not a positive integer")))?;
+            let size: u64 =
+                size_text.parse().map_err(|_| err(format!("the size of `{name}`, `{size_text}`, is not a positive integer")))?;
             if size == 0 {
                 return Err(err(format!("axis `{name}` has size 0")));
             }

@@ -28,7 +28,10 @@ pub fn make(spec: &MeshSpec) -> Result<MeshBox, BackendError> {
         "device" => Err(refuse_device(spec)),
         other => Err(BackendError::new(
             ErrorKind::Unsupported,
-            format!("the interpret backend makes `grid(...)` meshes, not `{other}(...)`\n  write {}; a `{other}` mesh made by its own backend is also accepted at launch", MeshSpec { kind: "grid".into(), axes: spec.axes.clone() }),
+            format!(
+                "the interpret backend makes `grid(...)` meshes, not `{other}(...)`\n  write {}; a `{other}` mesh made by its own backend is also accepted at launch",
+                MeshSpec { kind: "grid".into(), axes: spec.axes.clone() }
+            ),
         )),
     }
 }
@@ -37,6 +40,8 @@ pub fn make(spec: &MeshSpec) -> Result<MeshBox, BackendError> {
 pub fn refuse_device(spec: &MeshSpec) -> BackendError {
     BackendError::new(
         ErrorKind::Unsupported,
-        format!("{spec} describes devices for sharding, not a kernel's grid: the interpret backend runs one kernel on one CPU\n  pass a kernel mesh such as grid(...) or none"),
+        format!(
+            "{spec} describes devices for sharding, not a kernel's grid: the interpret backend runs one kernel on one CPU\n  pass a kernel mesh such as grid(...) or none"
+        ),
     )
 }
