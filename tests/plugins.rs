@@ -7,27 +7,23 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 
-use common::root;
-
-/// `target/debug` (or wherever this test binary's profile lives).
-fn target_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("test binary path");
-    exe.parent().and_then(Path::parent).expect("target/<profile>/deps/<test>").to_path_buf()
-}
+use common::{cargo_build, root, target_dir};
 
 /// Builds the `tessel` binary, the interpreter as a plugin, and the fixture plugins, once.
 fn built() -> &'static Path {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     BUILT.get_or_init(|| {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let status = Command::new(cargo)
-            .current_dir(root())
-            .args(["build", "-p", "tessel", "-p", "tessel-interpret", "--features", "tessel-interpret/plugin"])
-            .args(["-p", "tessel-fixture-panics", "-p", "tessel-fixture-old-api", "-p", "tessel-fixture-bad-layout"])
-            .args(["-p", "tessel-fixture-not-a-plugin"])
-            .status()
-            .expect("cargo runs");
-        assert!(status.success(), "building the plugins failed");
+        cargo_build(&["-p", "tessel", "-p", "tessel-interpret", "--features", "tessel-interpret/plugin"]);
+        cargo_build(&[
+            "-p",
+            "tessel-fixture-panics",
+            "-p",
+            "tessel-fixture-old-api",
+            "-p",
+            "tessel-fixture-bad-layout",
+            "-p",
+            "tessel-fixture-not-a-plugin",
+        ]);
         target_dir()
     })
 }

@@ -14,6 +14,19 @@ pub fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// `target/debug` (or wherever this test binary's profile lives).
+pub fn target_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    exe.parent().and_then(Path::parent).expect("target/<profile>/deps/<test>").to_path_buf()
+}
+
+/// Runs `cargo build ARGS` in the repository (a no-op when everything is up to date).
+pub fn cargo_build(args: &[&str]) {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = std::process::Command::new(cargo).current_dir(root()).arg("build").args(args).status().expect("cargo runs");
+    assert!(status.success(), "cargo build {args:?} failed");
+}
+
 /// Output of one in-process `tessel` command.
 pub struct Outcome {
     pub code: u8,
