@@ -148,6 +148,7 @@ struct BackendReport {
 #[derive(Serialize)]
 struct CapabilityReport {
     mesh_kinds: Vec<String>,
+    portable_meshes: bool,
     dtypes: Vec<String>,
     dynamic_grid: bool,
     multiple_kernels: bool,
@@ -191,6 +192,7 @@ fn backends(rt: &Runtime, json: bool, out: &mut dyn Write) -> Result<()> {
                     note: b.note.clone(),
                     capabilities: CapabilityReport {
                         mesh_kinds: strings(&c.mesh_kinds),
+                        portable_meshes: c.portable_meshes,
                         dtypes: strings(&c.dtypes),
                         dynamic_grid: c.dynamic_grid,
                         multiple_kernels: c.multiple_kernels,

@@ -109,12 +109,14 @@ pub enum Error {
     #[error(transparent)]
     Mesh(#[from] tessel_plugin_api::mesh::MeshParseError),
     /// No backend makes meshes of this kind.
-    #[error("no backend makes `{kind}(...)` meshes ({refusals})\n  use grid(...), or load the backend that owns `{kind}` meshes")]
+    #[error(
+        "no backend makes `{kind}(...)` meshes (the backends here are {available})\n  use grid(...), or load the plugin that owns `{kind}` meshes with --plugin"
+    )]
     NoMeshMaker {
         /// The mesh kind.
         kind: String,
-        /// What each backend said.
-        refusals: String,
+        /// The backends there are.
+        available: String,
     },
     /// `--check` found outputs beyond their dtype's tolerance.
     #[error("--check failed: {0}")]

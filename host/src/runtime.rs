@@ -78,22 +78,18 @@ impl Runtime {
     }
 
     /// A mesh from its text form: `grid(...)` and `device(...)` are host meshes; any other kind is
-    /// made by `backend` if it makes that kind, else by the first backend that does.
+    /// made by the backend that lists it in its capabilities, `backend` first.
     pub fn mesh(&self, backend: &str, text: &str) -> Result<MeshBox> {
         let spec = MeshSpec::parse(text).map_err(Error::Mesh)?;
         if spec.kind == "grid" || spec.kind == "device" {
             return Ok(make_mesh_object(HostMesh(spec)));
         }
-        let preferred = self.registry.get(backend).into_iter();
-        let others = self.registry.backends.iter().filter(|b| b.name != backend);
-        let mut refusals = Vec::new();
-        for b in preferred.chain(others) {
-            match b.backend.make_mesh(RStr::from_str(text)).into_result() {
-                Ok(m) => return Ok(m),
-                Err(e) => refusals.push(format!("{}: {}", b.name, e.message.lines().next().unwrap_or(""))),
-            }
+        let makes = |b: &&Loaded| b.backend.capabilities().mesh_kinds.iter().any(|k| k.as_str() == spec.kind);
+        let maker = self.registry.get(backend).filter(makes).or_else(|| self.registry.backends.iter().find(makes));
+        match maker {
+            Some(b) => b.backend.make_mesh(RStr::from_str(text)).into_result().map_err(|e| backend_error(b, e)),
+            None => Err(Error::NoMeshMaker { kind: spec.kind.clone(), available: self.registry.names() }),
         }
-        Err(Error::NoMeshMaker { kind: spec.kind.clone(), refusals: refusals.join("; ") })
     }
 
     /// Asks `backend` whether it takes this launch, without a device.

@@ -85,8 +85,10 @@ pub struct Availability {
 #[repr(C)]
 #[derive(StableAbi, Clone, Debug, PartialEq, Eq)]
 pub struct Capabilities {
-    /// Mesh kinds accepted as kernel meshes (`grid`, `mosaic_gpu`, ...).
+    /// Mesh kinds this backend makes with `make_mesh` and accepts as its own (`mosaic_gpu`).
     pub mesh_kinds: RVec<RString>,
+    /// Whether it also takes the portable view of any other kernel mesh.
+    pub portable_meshes: bool,
     /// Element types it runs.
     pub dtypes: RVec<RString>,
     /// Whether `dyn` grid axes are accepted.

@@ -293,6 +293,7 @@ impl<B: BackendImpl> Backend for Exported<B> {
             RResult::ROk(c) => c,
             RResult::RErr(_) => Capabilities {
                 mesh_kinds: RVec::new(),
+                portable_meshes: false,
                 dtypes: RVec::new(),
                 dynamic_grid: false,
                 multiple_kernels: false,

@@ -106,7 +106,8 @@ impl BackendImpl for Interpreter {
 
     fn capabilities(&self) -> Capabilities {
         Capabilities {
-            mesh_kinds: ["grid", "mosaic_gpu", "wgpu"].into_iter().map(Into::into).collect(),
+            mesh_kinds: vec!["grid".into()].into(),
+            portable_meshes: true,
             dtypes: DType::ALL.iter().map(|d| d.name().into()).collect(),
             dynamic_grid: true,
             multiple_kernels: true,

@@ -1,1 +1,204 @@
-pub fn placeholder() {}
+//! The Mosaic GPU backend: JAX Pallas's Mosaic GPU lowering as a tessel backend. It accepts only its
+//! own mesh (`MosaicGpuMesh`, made by `make_mesh`, recognised by downcasting) and refuses what
+//! Pallas's Mosaic GPU backend refuses, in Pallas's words; it lowers kernels to PTX for `sm_90a`
+//! (`lower.rs` plans, `emit.rs` writes) without a device, and runs them through cudarc
+//! (`runtime.rs`) where a Hopper GPU and its driver exist.
+
+pub mod emit;
+pub mod lower;
+pub mod mesh;
+pub mod runtime;
+
+use std::collections::{BTreeMap, HashMap};
+
+use tessel_plugin_api::abi::{BackendError, BuiltinBackend, Capabilities, ErrorKind, MeshBox};
+use tessel_plugin_api::array::HostArray;
+use tessel_plugin_api::backend::{BackendImpl, Launch, export, make_mesh_object, verify_with_mesh};
+use tessel_plugin_api::ir::{AxisSize, ParamKind, Type};
+use tessel_plugin_api::launch::resolve_grid;
+use tessel_plugin_api::mesh::{AxisRole, MeshSpec};
+
+pub use mesh::MosaicGpuMesh;
+
+/// The backend's name.
+pub const NAME: &str = "mosaic-gpu";
+
+fn refuse(first_line: &str, hint: &str) -> BackendError {
+    BackendError::new(ErrorKind::Unsupported, format!("{first_line}\n  {hint}"))
+}
+
+/// The Mosaic GPU backend.
+#[derive(Debug, Default)]
+pub struct MosaicGpu;
+
+impl MosaicGpu {
+    /// The backend object.
+    pub fn new() -> MosaicGpu {
+        MosaicGpu
+    }
+
+    /// Every refusal, in Pallas's order, then the plan of each kernel.
+    pub fn plan(&self, launch: &Launch<'_>) -> Result<Vec<lower::Plan>, BackendError> {
+        if launch.calls.len() > 1 {
+            if launch.calls.iter().any(|c| c.kernel.params_of(ParamKind::Scratch).next().is_some()) {
+                return Err(refuse(
+                    "Scratch operands are not supported by the Mosaic GPU mpmd_map lowering",
+                    "launch each kernel on its own, or move its scratch into an output; wgpu and interpret run several kernels with scratch",
+                ));
+            }
+            return Err(refuse(
+                "Lowering multiple mesh/function pairs is not supported by the Mosaic GPU backend",
+                "launch one kernel at a time, or run on wgpu or interpret, which take several (mesh, kernel) pairs",
+            ));
+        }
+        if !launch.external_meshes.is_empty() {
+            return Err(refuse(
+                "External meshes are not supported by the Mosaic GPU backend",
+                "leave out --external-mesh, or run on wgpu, which takes external meshes whose portable view fits",
+            ));
+        }
+        launch
+            .calls
+            .iter()
+            .map(|call| {
+                let own = match call.mesh {
+                    None => None,
+                    Some(m) => match m.obj.downcast_as::<MosaicGpuMesh>() {
+                        Ok(own) => Some(own.clone()),
+                        Err(_) => {
+                            return Err(refuse(
+                                &format!("Mesh {} is not supported by the Mosaic GPU backend", m.display()),
+                                "build the mesh with mosaic_gpu(...) (Runtime::mesh(\"mosaic-gpu\", spec) makes one from any portable spec), or pass none",
+                            ));
+                        }
+                    },
+                };
+                if call.kernel.grid.iter().flatten().any(|a| a.size == AxisSize::Dyn) {
+                    return Err(refuse(
+                        "dynamic grid bounds not supported in the Mosaic GPU backend",
+                        "give every grid axis a fixed size, or run on wgpu or interpret, which take `--grid AXIS=N`",
+                    ));
+                }
+                let spec = own.as_ref().map(MosaicGpuMesh::spec);
+                if let (Some(m), true) = (&own, call.kernel.params_of(ParamKind::Scratch).next().is_some())
+                    && let Some(t) = &m.thread_name
+                {
+                    return Err(refuse(
+                        &format!("scratch shared across the thread axis `{t}` is not lowered by this Mosaic GPU backend yet"),
+                        "leave out the `thread` axis (each program is one CTA of 128 threads), or run on wgpu or interpret",
+                    ));
+                }
+                let verified = verify_with_mesh(&call.kernel, spec.as_ref())?;
+                lower::plan(&verified)
+            })
+            .collect()
+    }
+}
+
+impl BackendImpl for MosaicGpu {
+    type Buffer = runtime::DeviceBuffer;
+
+    fn name(&self) -> &str {
+        NAME
+    }
+
+    fn version(&self) -> &str {
+        env!("CARGO_PKG_VERSION")
+    }
+
+    fn platform(&self) -> String {
+        "NVIDIA Hopper (sm_90a) through the CUDA driver API (cudarc)".into()
+    }
+
+    fn availability(&self) -> Result<String, String> {
+        runtime::gpu().map(|g| g.description.clone())
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            mesh_kinds: vec!["mosaic_gpu".into()].into(),
+            portable_meshes: false,
+            dtypes: lower::DTYPES.iter().map(|d| d.name().into()).collect(),
+            dynamic_grid: false,
+            multiple_kernels: false,
+            external_meshes: false,
+            targets: vec!["sm_90a".into()].into(),
+            max_block_elements: lower::MAX_BLOCK_ELEMENTS as u64,
+        }
+    }
+
+    fn make_mesh(&self, spec: &MeshSpec) -> Result<MeshBox, BackendError> {
+        match spec.kind.as_str() {
+            // A portable grid spec becomes a Mosaic mesh with the same grid axes.
+            "mosaic_gpu" | "grid" => Ok(make_mesh_object(MosaicGpuMesh::from_spec(spec)?)),
+            "device" => Err(refuse(
+                &format!("Mesh {spec} is not supported by the Mosaic GPU backend"),
+                "a device(...) mesh describes GPUs for sharding, not a kernel's grid; build the kernel mesh with mosaic_gpu(...)",
+            )),
+            other => Err(refuse(
+                &format!("the Mosaic GPU backend makes mosaic_gpu(...) meshes, not {other}(...)"),
+                &format!(
+                    "write mosaic_gpu({})",
+                    spec.axes
+                        .iter()
+                        .map(|a| format!("{}: {}{}", a.name, a.size, if a.role == AxisRole::Grid { "" } else { " ?" }))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            )),
+        }
+    }
+
+    fn supports(&self, launch: &Launch<'_>) -> Result<(), BackendError> {
+        self.plan(launch).map(drop)
+    }
+
+    fn lower(&self, launch: &Launch<'_>) -> Result<Vec<(String, String)>, BackendError> {
+        Ok(self.plan(launch)?.iter().map(|p| (format!("{}.ptx", p.kernel.name()), emit::emit(p))).collect())
+    }
+
+    fn alloc(&self, ty: &Type) -> Result<Self::Buffer, BackendError> {
+        runtime::require()?.alloc(ty)
+    }
+
+    fn upload(&self, buffer: &mut Self::Buffer, data: HostArray) -> Result<(), BackendError> {
+        if data.ty() != buffer.ty {
+            return Err(BackendError::new(
+                ErrorKind::InvalidInput,
+                format!("cannot upload {} into a buffer of {}", data.ty(), buffer.ty),
+            ));
+        }
+        runtime::require()?.upload(buffer, &data)
+    }
+
+    fn download(&self, buffer: &Self::Buffer) -> Result<HostArray, BackendError> {
+        runtime::require()?.download(buffer)
+    }
+
+    fn launch(&self, launch: &Launch<'_>, buffers: &mut BTreeMap<String, Self::Buffer>) -> Result<(), BackendError> {
+        let plans = self.plan(launch)?;
+        let gpu = runtime::require()?;
+        for plan in &plans {
+            resolve_grid(&plan.kernel, &launch.grid).map_err(|e| BackendError::new(ErrorKind::InvalidInput, e.to_string()))?;
+            let k = plan.kernel.kernel();
+            let ptx = emit::emit(plan);
+            let bound: HashMap<String, runtime::DeviceBuffer> = k
+                .params
+                .iter()
+                .filter(|p| p.kind != ParamKind::Scratch)
+                .filter_map(|p| buffers.remove(&p.name).map(|b| (p.name.clone(), b)))
+                .collect();
+            let result = gpu.launch(plan, &ptx, &bound);
+            buffers.extend(bound);
+            result?;
+        }
+        Ok(())
+    }
+}
+
+inventory::submit! {
+    BuiltinBackend { make: || export(MosaicGpu::new()) }
+}
+
+#[cfg(feature = "plugin")]
+tessel_plugin_api::export_plugin!(MosaicGpu::new());

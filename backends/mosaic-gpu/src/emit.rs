@@ -1,0 +1,867 @@
+//! A [`Plan`] to PTX text (`.version 8.0`, `.target sm_90a`). See `lower.rs` for the model.
+//!
+//! Registers are PTX virtual registers (`%r` 32-bit, `%rd` 64-bit, `%p` predicates) numbered in
+//! emission order, as nvcc numbers its own; every 32-bit value uses a `.b32` register, which PTX
+//! accepts for `.f32`, `.s32` and `.u32` instructions alike.
+
+use std::fmt::Write as _;
+
+use tessel_plugin_api::ir::*;
+
+use crate::lower::{Plan, THREADS};
+
+/// The PTX module of one planned kernel.
+pub fn emit(plan: &Plan) -> String {
+    let mut w = Writer::new(plan);
+    w.write_kernel();
+    w.finish()
+}
+
+/// `0f3F800000`: a float immediate.
+fn f32_imm(v: f32) -> String {
+    format!("0f{:08X}", v.to_bits())
+}
+
+/// The bits of a literal as an element of `dtype`.
+fn lit_bits(lit: Literal, dtype: DType) -> u32 {
+    match dtype {
+        DType::I32 => lit.as_i64() as i32 as u32,
+        DType::U32 => lit.as_i64() as u32,
+        DType::Bool => u32::from(lit.as_f64() != 0.0),
+        _ => (lit.as_f64() as f32).to_bits(),
+    }
+}
+
+fn strides(shape: &[usize]) -> Vec<usize> {
+    let mut s = vec![1; shape.len()];
+    for d in (0..shape.len().saturating_sub(1)).rev() {
+        s[d] = s[d + 1] * shape[d + 1];
+    }
+    s
+}
+
+/// The width-suffix for comparisons and integer ops of a dtype.
+fn int_ty(d: DType) -> &'static str {
+    if d == DType::I32 { "s32" } else { "u32" }
+}
+
+struct Writer<'p> {
+    plan: &'p Plan,
+    out: String,
+    regs: u32,
+    regs64: u32,
+    preds: u32,
+    labels: u32,
+    tid: String,
+    workspace: String,
+    /// Pointer register of each `in`/`out` argument.
+    args: Vec<(String, String)>,
+    /// Coordinate register of each grid axis.
+    coords: Vec<String>,
+    /// Element origin registers of each argument's block.
+    origins: Vec<(String, Vec<String>)>,
+}
+
+impl<'p> Writer<'p> {
+    fn new(plan: &'p Plan) -> Writer<'p> {
+        Writer {
+            plan,
+            out: String::new(),
+            regs: 0,
+            regs64: 0,
+            preds: 0,
+            labels: 0,
+            tid: String::new(),
+            workspace: String::new(),
+            args: Vec::new(),
+            coords: Vec::new(),
+            origins: Vec::new(),
+        }
+    }
+
+    fn r(&mut self) -> String {
+        self.regs += 1;
+        format!("%r{}", self.regs)
+    }
+
+    fn rd(&mut self) -> String {
+        self.regs64 += 1;
+        format!("%rd{}", self.regs64)
+    }
+
+    fn p(&mut self) -> String {
+        self.preds += 1;
+        format!("%p{}", self.preds)
+    }
+
+    fn label(&mut self, what: &str) -> String {
+        self.labels += 1;
+        format!("$L_{what}_{}", self.labels)
+    }
+
+    fn ins(&mut self, s: impl AsRef<str>) {
+        let _ = writeln!(self.out, "\t{};", s.as_ref());
+    }
+
+    fn place_label(&mut self, l: &str) {
+        let _ = writeln!(self.out, "{l}:");
+    }
+
+    fn comment(&mut self, s: &str) {
+        let _ = writeln!(self.out, "\t// {s}");
+    }
+
+    /// A 32-bit register holding `imm`.
+    fn imm(&mut self, imm: u32) -> String {
+        let r = self.r();
+        self.ins(format!("mov.b32 {r}, {imm}"));
+        r
+    }
+
+    fn finish(self) -> String {
+        let k = self.plan.kernel.kernel();
+        let mut head = String::new();
+        let _ = writeln!(head, "// tessel: kernel `{}` for the Mosaic GPU backend", k.name);
+        let _ = writeln!(
+            head,
+            "// {} CTAs of {THREADS} threads, {} bytes of workspace per CTA",
+            self.plan.ctas, self.plan.workspace_per_cta
+        );
+        let _ = writeln!(head, ".version 8.0\n.target sm_90a\n.address_size 64\n");
+        let mut params = vec![format!("\t.param .u64 {}_workspace", self.plan.entry)];
+        for p in k.params.iter().filter(|p| p.kind != ParamKind::Scratch) {
+            params.push(format!("\t.param .u64 {}_{}", self.plan.entry, p.name));
+        }
+        let _ = writeln!(head, ".visible .entry {}(\n{}\n)\n.maxntid {THREADS}, 1, 1\n{{", self.plan.entry, params.join(",\n"));
+        let _ = writeln!(head, "\t.reg .pred %p<{}>;", self.preds + 1);
+        let _ = writeln!(head, "\t.reg .b32 %r<{}>;", self.regs + 1);
+        let _ = writeln!(head, "\t.reg .b64 %rd<{}>;\n", self.regs64 + 1);
+        head + &self.out + "\tret;\n}\n"
+    }
+
+    // ---- kernel structure ----
+
+    fn write_kernel(&mut self) {
+        let plan = self.plan;
+        let k = plan.kernel.kernel();
+        let entry = plan.entry.clone();
+        self.comment("the CTA's workspace region: workspace + ctaid.x * bytes per CTA");
+        let ws = self.rd();
+        self.ins(format!("ld.param.u64 {ws}, [{entry}_workspace]"));
+        self.ins(format!("cvta.to.global.u64 {ws}, {ws}"));
+        self.tid = self.r();
+        let tid = self.tid.clone();
+        self.ins(format!("mov.u32 {tid}, %tid.x"));
+        let cta = self.r();
+        self.ins(format!("mov.u32 {cta}, %ctaid.x"));
+        let off = self.rd();
+        self.ins(format!("mul.wide.u32 {off}, {cta}, {}", plan.workspace_per_cta));
+        self.workspace = self.rd();
+        self.ins(format!("add.u64 {}, {ws}, {off}", self.workspace));
+        for p in k.params.iter().filter(|p| p.kind != ParamKind::Scratch) {
+            let r = self.rd();
+            self.ins(format!("ld.param.u64 {r}, [{entry}_{}]", p.name));
+            self.ins(format!("cvta.to.global.u64 {r}, {r}"));
+            self.args.push((p.name.clone(), r));
+        }
+        // Program coordinates of the parallel axes: row-major in ctaid.x, the last axis fastest.
+        let grid = plan.kernel.grid().to_vec();
+        self.coords = grid.iter().map(|_| String::new()).collect();
+        let size = |a: &GridAxis| match a.size {
+            AxisSize::Fixed(n) => n,
+            AxisSize::Dyn => unreachable!("plan refuses dyn axes"),
+        };
+        let decode = |w: &mut Writer<'_>, counter: &str, axes: &[usize]| {
+            let mut stride: u64 = 1;
+            for &a in axes.iter().rev() {
+                let c = w.r();
+                w.ins(format!("div.u32 {c}, {counter}, {stride}"));
+                w.ins(format!("rem.u32 {c}, {c}, {}", size(&grid[a])));
+                w.coords[a] = c;
+                stride *= size(&grid[a]);
+            }
+        };
+        let par: Vec<usize> = (0..grid.len()).filter(|&a| !grid[a].seq).collect();
+        let seq: Vec<usize> = (0..grid.len()).filter(|&a| grid[a].seq).collect();
+        decode(self, &cta, &par);
+        let steps: u64 = seq.iter().map(|&a| size(&grid[a])).product();
+        let step = self.r();
+        self.ins(format!("mov.u32 {step}, 0"));
+        let top = self.label("seq");
+        self.place_label(&top);
+        decode(self, &step, &seq);
+        self.write_origins();
+        let body = k.body.clone();
+        self.write_body(&body);
+        self.ins(format!("add.u32 {step}, {step}, 1"));
+        let more = self.p();
+        self.ins(format!("setp.lt.u32 {more}, {step}, {steps}"));
+        self.ins(format!("@{more} bra.uni {top}"));
+    }
+
+    /// Element origin of every argument's block at this grid point: `E_d * B_d`.
+    fn write_origins(&mut self) {
+        let k = self.plan.kernel.kernel();
+        let grid = self.plan.kernel.grid().to_vec();
+        self.origins.clear();
+        for p in &k.params {
+            let mut regs = Vec::new();
+            if let Some(b) = &p.block {
+                for (e, &bs) in b.index.iter().zip(&b.shape) {
+                    let o = self.r();
+                    self.ins(format!("mov.b32 {o}, {}", e.constant as i32));
+                    for (c, name) in &e.terms {
+                        let a = grid.iter().position(|g| &g.name == name).expect("verified axis");
+                        let coord = self.coords[a].clone();
+                        self.ins(format!("mad.lo.s32 {o}, {coord}, {}, {o}", *c as i32));
+                    }
+                    self.ins(format!("mul.lo.s32 {o}, {o}, {bs}"));
+                    regs.push(o);
+                }
+            } else {
+                for _ in &p.ty.shape {
+                    let z = self.imm(0);
+                    regs.push(z);
+                }
+            }
+            self.origins.push((p.name.clone(), regs));
+        }
+    }
+
+    /// A loop of the CTA's threads over `n` elements, then a barrier. `f` writes one element `e`.
+    fn each(&mut self, n: usize, f: impl FnOnce(&mut Self, &str)) {
+        let e = self.r();
+        let tid = self.tid.clone();
+        self.ins(format!("mov.u32 {e}, {tid}"));
+        let (top, end) = (self.label("each"), self.label("done"));
+        self.place_label(&top);
+        let done = self.p();
+        self.ins(format!("setp.ge.u32 {done}, {e}, {n}"));
+        self.ins(format!("@{done} bra {end}"));
+        f(self, &e);
+        self.ins(format!("add.u32 {e}, {e}, {THREADS}"));
+        self.ins(format!("bra {top}"));
+        self.place_label(&end);
+        self.ins("bar.sync 0");
+    }
+
+    // ---- memory ----
+
+    fn slot_addr(&mut self, name: &str, index: &str) -> String {
+        let slot = self
+            .plan
+            .values
+            .get(name)
+            .or_else(|| self.plan.scratch.get(name))
+            .unwrap_or_else(|| panic!("planned slot for {name}"));
+        let offset = slot.offset;
+        let (base, wide) = (self.rd(), self.rd());
+        let ws = self.workspace.clone();
+        self.ins(format!("add.u64 {base}, {ws}, {offset}"));
+        self.ins(format!("mul.wide.u32 {wide}, {index}, 4"));
+        self.ins(format!("add.u64 {base}, {base}, {wide}"));
+        base
+    }
+
+    fn load_slot(&mut self, name: &str, index: &str) -> String {
+        let addr = self.slot_addr(name, index);
+        let v = self.r();
+        self.ins(format!("ld.global.b32 {v}, [{addr}]"));
+        v
+    }
+
+    fn store_slot(&mut self, name: &str, index: &str, v: &str) {
+        let addr = self.slot_addr(name, index);
+        self.ins(format!("st.global.b32 [{addr}], {v}"));
+    }
+
+    /// The flat index into a value of shape `from` that numpy broadcasting reads for element `e`
+    /// of a result of shape `to`.
+    fn broadcast_index(&mut self, e: &str, to: &[usize], from: &[usize]) -> String {
+        if from == to {
+            return e.to_string();
+        }
+        let lead = to.len() - from.len();
+        let (ts, fs) = (strides(to), strides(from));
+        let acc = self.imm(0);
+        for d in lead..to.len() {
+            if from[d - lead] == 1 {
+                continue;
+            }
+            let t = self.r();
+            self.ins(format!("div.u32 {t}, {e}, {}", ts[d]));
+            self.ins(format!("rem.u32 {t}, {t}, {}", to[d]));
+            self.ins(format!("mad.lo.u32 {acc}, {t}, {}, {acc}", fs[d - lead]));
+        }
+        acc
+    }
+
+    fn shape_of(&self, name: &str) -> Vec<usize> {
+        self.plan.values.get(name).map(|s| s.shape.clone()).unwrap_or_else(|| self.plan.kernel.value_type(name).shape.clone())
+    }
+
+    /// An operand's element for result element `e` of shape `to` (literals as `dtype`).
+    fn operand(&mut self, o: &Operand, dtype: DType, e: &str, to: &[usize]) -> String {
+        match o {
+            Operand::Lit(l) => self.imm(lit_bits(*l, dtype)),
+            Operand::Value(v) => {
+                let from = self.shape_of(v);
+                let i = self.broadcast_index(e, to, &from);
+                self.load_slot(v, &i)
+            }
+        }
+    }
+
+    /// A scalar operand read by every thread (indices, bounds, conditions).
+    fn scalar(&mut self, o: &Operand) -> String {
+        match o {
+            Operand::Lit(l) => self.imm(lit_bits(*l, DType::I32)),
+            Operand::Value(v) => {
+                let zero = self.imm(0);
+                self.load_slot(v, &zero)
+            }
+        }
+    }
+
+    fn dtype_of(&self, ops: &[&Operand]) -> DType {
+        ops.iter()
+            .find_map(|o| match o {
+                Operand::Value(v) => Some(self.plan.kernel.value_type(v).dtype),
+                Operand::Lit(_) => None,
+            })
+            .expect("verifier: one operand is a value")
+    }
+
+    // ---- body ----
+
+    fn write_body(&mut self, body: &[Stmt]) {
+        for s in body {
+            let head = tessel_plugin_api::ir::print::print_stmt_head(s);
+            self.comment(&head);
+            self.write_stmt(s);
+        }
+    }
+
+    fn write_stmt(&mut self, s: &Stmt) {
+        let dst = s.results.first().cloned().unwrap_or_default();
+        let ty = s.ty.clone();
+        let out_shape = ty.as_ref().map(|t| t.shape.clone()).unwrap_or_default();
+        let n = out_shape.iter().product::<usize>();
+        match &s.op {
+            Op::Load { src, index, mask, other } => {
+                self.write_access(src, index.as_deref(), mask.as_deref(), Access::Load { dst: &dst, other: *other })
+            }
+            Op::Store { dst: d, index, value, mask } => {
+                self.write_access(d, index.as_deref(), mask.as_deref(), Access::Store { value })
+            }
+            Op::ProgramId(a) | Op::NumPrograms(a) => {
+                let grid = self.plan.kernel.grid().to_vec();
+                let axis = match a {
+                    AxisRef::Pos(p) => *p,
+                    AxisRef::Name(nm) => grid.iter().position(|g| &g.name == nm).expect("verified axis"),
+                };
+                let is_id = matches!(s.op, Op::ProgramId(_));
+                self.each(1, |w, e| {
+                    let v = if is_id {
+                        w.coords[axis].clone()
+                    } else {
+                        let AxisSize::Fixed(n) = grid[axis].size else { unreachable!("plan refuses dyn axes") };
+                        w.imm(n as u32)
+                    };
+                    w.store_slot(&dst, e, &v);
+                });
+            }
+            Op::Iota { dim } => {
+                let st = strides(&out_shape)[*dim];
+                let size = out_shape[*dim];
+                self.each(n, |w, e| {
+                    let v = w.r();
+                    w.ins(format!("div.u32 {v}, {e}, {st}"));
+                    w.ins(format!("rem.u32 {v}, {v}, {size}"));
+                    w.store_slot(&dst, e, &v);
+                });
+            }
+            Op::Full(l) => {
+                let bits = lit_bits(*l, ty.as_ref().expect("typed").dtype);
+                self.each(n, |w, e| {
+                    let v = w.imm(bits);
+                    w.store_slot(&dst, e, &v);
+                });
+            }
+            Op::Zeros => self.each(n, |w, e| {
+                let v = w.imm(0);
+                w.store_slot(&dst, e, &v);
+            }),
+            Op::Unary(op, a) => {
+                let d = self.dtype_of(&[a]);
+                self.each(n, |w, e| {
+                    let x = w.operand(a, d, e, &out_shape);
+                    let v = w.unary(*op, d, &x);
+                    w.store_slot(&dst, e, &v);
+                });
+            }
+            Op::Binary(op, a, b) => {
+                let d = self.dtype_of(&[a, b]);
+                self.each(n, |w, e| {
+                    let (x, y) = (w.operand(a, d, e, &out_shape), w.operand(b, d, e, &out_shape));
+                    let v = w.binary(*op, d, &x, &y);
+                    w.store_slot(&dst, e, &v);
+                });
+            }
+            Op::Compare(op, a, b) => {
+                let d = self.dtype_of(&[a, b]);
+                self.each(n, |w, e| {
+                    let (x, y) = (w.operand(a, d, e, &out_shape), w.operand(b, d, e, &out_shape));
+                    let v = w.compare(*op, d, &x, &y);
+                    w.store_slot(&dst, e, &v);
+                });
+            }
+            Op::Select(c, a, b) => {
+                let d = self.dtype_of(&[a, b]);
+                self.each(n, |w, e| {
+                    let cv = w.operand(c, DType::Bool, e, &out_shape);
+                    let (x, y) = (w.operand(a, d, e, &out_shape), w.operand(b, d, e, &out_shape));
+                    let (p, v) = (w.p(), w.r());
+                    w.ins(format!("setp.ne.u32 {p}, {cv}, 0"));
+                    w.ins(format!("selp.b32 {v}, {x}, {y}, {p}"));
+                    w.store_slot(&dst, e, &v);
+                });
+            }
+            Op::Cast(a) => {
+                let from = self.dtype_of(&[a]);
+                let to = ty.as_ref().expect("typed").dtype;
+                self.each(n, |w, e| {
+                    let x = w.operand(a, from, e, &out_shape);
+                    let v = w.cast(from, to, &x);
+                    w.store_slot(&dst, e, &v);
+                });
+            }
+            Op::Bitcast(a) | Op::Broadcast(a) => self.each(n, |w, e| {
+                let x = w.operand(a, DType::U32, e, &out_shape);
+                w.store_slot(&dst, e, &x);
+            }),
+            Op::Reshape(a) => {
+                let Operand::Value(src) = a else { unreachable!("verifier: reshape of a value") };
+                self.each(n, |w, e| {
+                    let x = w.load_slot(src, e);
+                    w.store_slot(&dst, e, &x);
+                });
+            }
+            Op::Transpose { arg, perm } => {
+                let Operand::Value(src) = arg else { unreachable!("verifier: transpose of a value") };
+                let in_st = strides(&self.shape_of(src));
+                let out_st = strides(&out_shape);
+                self.each(n, |w, e| {
+                    let acc = w.imm(0);
+                    for (d, &p) in perm.iter().enumerate() {
+                        let t = w.r();
+                        w.ins(format!("div.u32 {t}, {e}, {}", out_st[d]));
+                        w.ins(format!("rem.u32 {t}, {t}, {}", out_shape[d]));
+                        w.ins(format!("mad.lo.u32 {acc}, {t}, {}, {acc}", in_st[p]));
+                    }
+                    let x = w.load_slot(src, &acc);
+                    w.store_slot(&dst, e, &x);
+                });
+            }
+            Op::Reduce { op, arg, axis, .. } => self.write_reduce(*op, arg, *axis, &dst, n),
+            Op::Dot { a, b, trans_a, trans_b } => self.write_dot(a, b, *trans_a, *trans_b, &dst, &out_shape),
+            Op::When { cond, body } => {
+                let c = self.scalar(cond);
+                let (p, end) = (self.p(), self.label("when"));
+                self.ins(format!("setp.eq.u32 {p}, {c}, 0"));
+                self.ins(format!("@{p} bra.uni {end}"));
+                self.write_body(body);
+                self.place_label(&end);
+            }
+            Op::For { var, lo, hi, step, iters, body } => self.write_for(var, lo, hi, step.as_ref(), iters, body, &s.results),
+            Op::Yield(_) => {}
+        }
+    }
+
+    fn copy_value(&mut self, from: &str, to: &str) {
+        let n: usize = self.shape_of(from).iter().product();
+        let (from, to) = (from.to_string(), to.to_string());
+        self.each(n, |w, e| {
+            let v = w.load_slot(&from, e);
+            w.store_slot(&to, e, &v);
+        });
+    }
+
+    #[allow(clippy::too_many_arguments, reason = "the parts of one `for` statement")]
+    fn write_for(
+        &mut self,
+        var: &str,
+        lo: &Operand,
+        hi: &Operand,
+        step: Option<&Operand>,
+        iters: &[(String, Operand)],
+        body: &[Stmt],
+        results: &[String],
+    ) {
+        for (name, init) in iters {
+            match init {
+                Operand::Value(v) => self.copy_value(v, name),
+                Operand::Lit(_) => unreachable!("verifier: iter initial values are values"),
+            }
+        }
+        let (lo, hi) = (self.scalar(lo), self.scalar(hi));
+        let step = match step {
+            Some(s) => self.scalar(s),
+            None => self.imm(1),
+        };
+        let i = self.r();
+        self.ins(format!("mov.b32 {i}, {lo}"));
+        let (top, end) = (self.label("for"), self.label("endfor"));
+        let never = self.p();
+        self.ins(format!("setp.le.s32 {never}, {step}, 0"));
+        self.ins(format!("@{never} bra.uni {end}"));
+        self.place_label(&top);
+        let done = self.p();
+        self.ins(format!("setp.ge.s32 {done}, {i}, {hi}"));
+        self.ins(format!("@{done} bra.uni {end}"));
+        let var = var.to_string();
+        let iv = i.clone();
+        self.each(1, |w, e| w.store_slot(&var, e, &iv));
+        self.write_body(body);
+        if let Some(Stmt { op: Op::Yield(vals), .. }) = body.last() {
+            for (v, (name, _)) in vals.iter().zip(iters) {
+                let Operand::Value(v) = v else { unreachable!("verifier: yields are values") };
+                self.copy_value(v, &format!("{name}.next"));
+            }
+            for (name, _) in iters {
+                self.copy_value(&format!("{name}.next"), name);
+            }
+        }
+        self.ins(format!("add.s32 {i}, {i}, {step}"));
+        self.ins(format!("bra.uni {top}"));
+        self.place_label(&end);
+        for ((name, _), r) in iters.iter().zip(results) {
+            self.copy_value(name, r);
+        }
+    }
+
+    fn write_reduce(&mut self, op: ReduceOp, arg: &Operand, axis: usize, dst: &str, n: usize) {
+        let Operand::Value(src) = arg else { unreachable!("verifier: reduce of a value") };
+        let shape = self.shape_of(src);
+        let d = self.plan.kernel.value_type(src).dtype;
+        let len = shape[axis];
+        let inner: usize = shape[axis + 1..].iter().product();
+        let (src, dst) = (src.to_string(), dst.to_string());
+        self.each(n, |w, e| {
+            // Output element e = (outer, in): inputs at outer*len*inner + r*inner + in, r ascending.
+            let (outer, inn, base) = (w.r(), w.r(), w.r());
+            w.ins(format!("div.u32 {outer}, {e}, {inner}"));
+            w.ins(format!("rem.u32 {inn}, {e}, {inner}"));
+            w.ins(format!("mad.lo.u32 {base}, {outer}, {}, {inn}", len * inner));
+            let acc = w.load_slot(&src, &base);
+            let r = w.imm(1);
+            let (top, end) = (w.label("red"), w.label("endred"));
+            w.place_label(&top);
+            let done = w.p();
+            w.ins(format!("setp.ge.u32 {done}, {r}, {len}"));
+            w.ins(format!("@{done} bra {end}"));
+            let idx = w.r();
+            w.ins(format!("mad.lo.u32 {idx}, {r}, {inner}, {base}"));
+            let x = w.load_slot(&src, &idx);
+            let bop = match op {
+                ReduceOp::Sum => BinaryOp::Add,
+                ReduceOp::Prod => BinaryOp::Mul,
+                ReduceOp::Max => BinaryOp::Max,
+                ReduceOp::Min => BinaryOp::Min,
+            };
+            let v = w.binary(bop, d, &acc, &x);
+            w.ins(format!("mov.b32 {acc}, {v}"));
+            w.ins(format!("add.u32 {r}, {r}, 1"));
+            w.ins(format!("bra {top}"));
+            w.place_label(&end);
+            w.store_slot(&dst, e, &acc);
+        });
+    }
+
+    fn write_dot(&mut self, a: &Operand, b: &Operand, ta: bool, tb: bool, dst: &str, out: &[usize]) {
+        let (Operand::Value(a), Operand::Value(b)) = (a, b) else { unreachable!("verifier: dot of values") };
+        let d = self.plan.kernel.value_type(a).dtype;
+        let sa = self.shape_of(a);
+        let (m, n) = (out[0], out[1]);
+        let k = if ta { sa[0] } else { sa[1] };
+        let (a, b, dst) = (a.to_string(), b.to_string(), dst.to_string());
+        self.each(m * n, |w, e| {
+            let (row, col) = (w.r(), w.r());
+            w.ins(format!("div.u32 {row}, {e}, {n}"));
+            w.ins(format!("rem.u32 {col}, {e}, {n}"));
+            let acc = w.imm(0);
+            let p = w.imm(0);
+            let (top, end) = (w.label("dot"), w.label("enddot"));
+            w.place_label(&top);
+            let done = w.p();
+            w.ins(format!("setp.ge.u32 {done}, {p}, {k}"));
+            w.ins(format!("@{done} bra {end}"));
+            let (ia, ib) = (w.r(), w.r());
+            // a[row, p] (a[p, row] when transposed), b[p, col] (b[col, p] when transposed).
+            if ta {
+                w.ins(format!("mad.lo.u32 {ia}, {p}, {m}, {row}"))
+            } else {
+                w.ins(format!("mad.lo.u32 {ia}, {row}, {k}, {p}"))
+            }
+            if tb {
+                w.ins(format!("mad.lo.u32 {ib}, {col}, {k}, {p}"))
+            } else {
+                w.ins(format!("mad.lo.u32 {ib}, {p}, {n}, {col}"))
+            }
+            let (x, y) = (w.load_slot(&a, &ia), w.load_slot(&b, &ib));
+            let prod = w.binary(BinaryOp::Mul, d, &x, &y);
+            let sum = w.binary(BinaryOp::Add, d, &acc, &prod);
+            w.ins(format!("mov.b32 {acc}, {sum}"));
+            w.ins(format!("add.u32 {p}, {p}, 1"));
+            w.ins(format!("bra {top}"));
+            w.place_label(&end);
+            w.store_slot(&dst, e, &acc);
+        });
+    }
+
+    fn write_access(&mut self, name: &str, index: Option<&[Index]>, mask: Option<&str>, access: Access<'_>) {
+        let k = self.plan.kernel.kernel();
+        let p = k.param(name).expect("verified argument").clone();
+        let block = p.block_shape().to_vec();
+        let dims = p.ty.shape.clone();
+        let origin = self.origins.iter().find(|(n, _)| n == name).map(|(_, o)| o.clone()).expect("origins computed");
+        // Region: a start register and a length per array dimension; which dimensions stay.
+        let mut starts = Vec::new();
+        let mut lens = Vec::new();
+        let mut shape = Vec::new();
+        for d in 0..block.len() {
+            let (s, len, keep) = match index.map(|ix| &ix[d]) {
+                None | Some(Index::Full) => (None, block[d], true),
+                Some(Index::Slice { start, size }) => (Some(self.scalar(start)), *size, true),
+                Some(Index::At(at)) => (Some(self.scalar(at)), 1, false),
+            };
+            let st = match s {
+                Some(s) => {
+                    let r = self.r();
+                    self.ins(format!("add.s32 {r}, {}, {s}", origin[d]));
+                    r
+                }
+                None => origin[d].clone(),
+            };
+            starts.push(st);
+            lens.push(len);
+            if keep {
+                shape.push(len);
+            }
+        }
+        let n: usize = lens.iter().product();
+        let base = match self.args.iter().find(|(a, _)| a == name) {
+            Some((_, r)) => r.clone(),
+            None => {
+                let slot = self.plan.scratch[name].offset;
+                let r = self.rd();
+                let ws = self.workspace.clone();
+                self.ins(format!("add.u64 {r}, {ws}, {slot}"));
+                r
+            }
+        };
+        let dtype = p.ty.dtype;
+        let mask_shape = mask.map(|m| self.shape_of(m));
+        self.each(n, |w, e| {
+            let ok = w.p();
+            w.ins(format!("setp.eq.u32 {ok}, {e}, {e}"));
+            let flat = w.imm(0);
+            let (ls, as_) = (strides(&lens), strides(&dims));
+            for d in 0..lens.len() {
+                let g = w.r();
+                w.ins(format!("div.u32 {g}, {e}, {}", ls[d]));
+                w.ins(format!("rem.u32 {g}, {g}, {}", lens[d]));
+                w.ins(format!("add.s32 {g}, {g}, {}", starts[d]));
+                let inside = w.p();
+                w.ins(format!("setp.lt.u32 {inside}, {g}, {}", dims[d]));
+                w.ins(format!("and.pred {ok}, {ok}, {inside}"));
+                w.ins(format!("mad.lo.u32 {flat}, {g}, {}, {flat}", as_[d]));
+            }
+            if let (Some(m), Some(ms)) = (mask, &mask_shape) {
+                let i = w.broadcast_index(e, &shape, ms);
+                let mv = w.load_slot(m, &i);
+                let on = w.p();
+                w.ins(format!("setp.ne.u32 {on}, {mv}, 0"));
+                w.ins(format!("and.pred {ok}, {ok}, {on}"));
+            }
+            let (wide, addr) = (w.rd(), w.rd());
+            w.ins(format!("mul.wide.u32 {wide}, {flat}, 4"));
+            w.ins(format!("add.u64 {addr}, {base}, {wide}"));
+            match access {
+                Access::Load { dst, other } => {
+                    let v = w.imm(lit_bits(other.unwrap_or(Literal::Int(0)), dtype));
+                    w.ins(format!("@{ok} ld.global.b32 {v}, [{addr}]"));
+                    w.store_slot(dst, e, &v);
+                }
+                Access::Store { value } => {
+                    let v = w.operand(value, dtype, e, &shape);
+                    w.ins(format!("@{ok} st.global.b32 [{addr}], {v}"));
+                }
+            }
+        });
+    }
+
+    // ---- element operations ----
+
+    fn unary(&mut self, op: UnaryOp, d: DType, x: &str) -> String {
+        let v = self.r();
+        let log2e = f32_imm(std::f32::consts::LOG2_E);
+        match (op, d) {
+            (UnaryOp::Neg, DType::F32) => self.ins(format!("neg.f32 {v}, {x}")),
+            (UnaryOp::Neg, _) => self.ins(format!("neg.s32 {v}, {x}")),
+            (UnaryOp::Abs, DType::F32) => self.ins(format!("abs.f32 {v}, {x}")),
+            (UnaryOp::Abs, DType::I32) => self.ins(format!("abs.s32 {v}, {x}")),
+            (UnaryOp::Abs, _) => self.ins(format!("mov.b32 {v}, {x}")),
+            (UnaryOp::Not, DType::Bool) => self.ins(format!("xor.b32 {v}, {x}, 1")),
+            (UnaryOp::Not, _) => self.ins(format!("not.b32 {v}, {x}")),
+            (UnaryOp::Exp, _) => {
+                self.ins(format!("mul.rn.f32 {v}, {x}, {log2e}"));
+                self.ins(format!("ex2.approx.f32 {v}, {v}"));
+            }
+            (UnaryOp::Exp2, _) => self.ins(format!("ex2.approx.f32 {v}, {x}")),
+            (UnaryOp::Log, _) => {
+                self.ins(format!("lg2.approx.f32 {v}, {x}"));
+                self.ins(format!("mul.rn.f32 {v}, {v}, {}", f32_imm(std::f32::consts::LN_2)));
+            }
+            (UnaryOp::Log2, _) => self.ins(format!("lg2.approx.f32 {v}, {x}")),
+            (UnaryOp::Sqrt, _) => self.ins(format!("sqrt.rn.f32 {v}, {x}")),
+            (UnaryOp::Rsqrt, _) => {
+                self.ins(format!("sqrt.rn.f32 {v}, {x}"));
+                self.ins(format!("rcp.rn.f32 {v}, {v}"));
+            }
+            (UnaryOp::Sin, _) => self.ins(format!("sin.approx.f32 {v}, {x}")),
+            (UnaryOp::Cos, _) => self.ins(format!("cos.approx.f32 {v}, {x}")),
+            (UnaryOp::Tanh, _) => {
+                // sign(x) * (1 - 2 / (exp(2|x|) + 1)): no overflow for large |x|.
+                let (a, t) = (self.r(), self.r());
+                self.ins(format!("abs.f32 {a}, {x}"));
+                self.ins(format!("mul.rn.f32 {t}, {a}, {}", f32_imm(2.0 * std::f32::consts::LOG2_E)));
+                self.ins(format!("ex2.approx.f32 {t}, {t}"));
+                self.ins(format!("add.rn.f32 {t}, {t}, {}", f32_imm(1.0)));
+                self.ins(format!("div.rn.f32 {t}, {}, {t}", f32_imm(2.0)));
+                self.ins(format!("sub.rn.f32 {t}, {}, {t}", f32_imm(1.0)));
+                self.ins(format!("copysign.f32 {v}, {x}, {t}"));
+            }
+            (UnaryOp::Logistic, _) => {
+                self.ins(format!("mul.rn.f32 {v}, {x}, {}", f32_imm(-std::f32::consts::LOG2_E)));
+                self.ins(format!("ex2.approx.f32 {v}, {v}"));
+                self.ins(format!("add.rn.f32 {v}, {v}, {}", f32_imm(1.0)));
+                self.ins(format!("rcp.rn.f32 {v}, {v}"));
+            }
+            (UnaryOp::Floor, _) => self.ins(format!("cvt.rmi.f32.f32 {v}, {x}")),
+            (UnaryOp::Ceil, _) => self.ins(format!("cvt.rpi.f32.f32 {v}, {x}")),
+        }
+        v
+    }
+
+    fn binary(&mut self, op: BinaryOp, d: DType, x: &str, y: &str) -> String {
+        let v = self.r();
+        let it = int_ty(d);
+        let float = d == DType::F32;
+        match op {
+            BinaryOp::Add if float => self.ins(format!("add.rn.f32 {v}, {x}, {y}")),
+            BinaryOp::Sub if float => self.ins(format!("sub.rn.f32 {v}, {x}, {y}")),
+            BinaryOp::Mul if float => self.ins(format!("mul.rn.f32 {v}, {x}, {y}")),
+            BinaryOp::Div if float => self.ins(format!("div.rn.f32 {v}, {x}, {y}")),
+            BinaryOp::Rem if float => {
+                // x - trunc(x / y) * y
+                let t = self.r();
+                self.ins(format!("div.rn.f32 {t}, {x}, {y}"));
+                self.ins(format!("cvt.rzi.f32.f32 {t}, {t}"));
+                self.ins(format!("mul.rn.f32 {t}, {t}, {y}"));
+                self.ins(format!("sub.rn.f32 {v}, {x}, {t}"));
+            }
+            BinaryOp::Max if float => self.ins(format!("max.NaN.f32 {v}, {x}, {y}")),
+            BinaryOp::Min if float => self.ins(format!("min.NaN.f32 {v}, {x}, {y}")),
+            BinaryOp::Add => self.ins(format!("add.u32 {v}, {x}, {y}")),
+            BinaryOp::Sub => self.ins(format!("sub.u32 {v}, {x}, {y}")),
+            BinaryOp::Mul => self.ins(format!("mul.lo.u32 {v}, {x}, {y}")),
+            BinaryOp::Div | BinaryOp::Rem => {
+                // Zero divisors give 0; for i32, x / -1 is -x (wrapping) and x rem -1 is 0.
+                let name = if op == BinaryOp::Div { "div" } else { "rem" };
+                let (zero, z) = (self.p(), self.imm(0));
+                self.ins(format!("{name}.{it} {v}, {x}, {y}"));
+                if d == DType::I32 {
+                    let minus = self.p();
+                    self.ins(format!("setp.eq.s32 {minus}, {y}, -1"));
+                    let alt = self.r();
+                    if op == BinaryOp::Div {
+                        self.ins(format!("neg.s32 {alt}, {x}"))
+                    } else {
+                        self.ins(format!("mov.b32 {alt}, 0"))
+                    }
+                    self.ins(format!("selp.b32 {v}, {alt}, {v}, {minus}"));
+                }
+                self.ins(format!("setp.eq.u32 {zero}, {y}, 0"));
+                self.ins(format!("selp.b32 {v}, {z}, {v}, {zero}"));
+            }
+            BinaryOp::Max => self.ins(format!("max.{it} {v}, {x}, {y}")),
+            BinaryOp::Min => self.ins(format!("min.{it} {v}, {x}, {y}")),
+            BinaryOp::And => self.ins(format!("and.b32 {v}, {x}, {y}")),
+            BinaryOp::Or => self.ins(format!("or.b32 {v}, {x}, {y}")),
+            BinaryOp::Xor => self.ins(format!("xor.b32 {v}, {x}, {y}")),
+            BinaryOp::Shl | BinaryOp::Shr => {
+                let s = self.r();
+                self.ins(format!("and.b32 {s}, {y}, 31"));
+                if op == BinaryOp::Shl {
+                    self.ins(format!("shl.b32 {v}, {x}, {s}"))
+                } else {
+                    self.ins(format!("shr.{it} {v}, {x}, {s}"))
+                }
+            }
+            BinaryOp::Pow => unreachable!("plan refuses pow"),
+        }
+        v
+    }
+
+    fn compare(&mut self, op: CmpOp, d: DType, x: &str, y: &str) -> String {
+        let (p, v) = (self.p(), self.r());
+        let ty = match d {
+            DType::F32 => "f32",
+            DType::I32 => "s32",
+            _ => "u32",
+        };
+        // Float `ne` is unordered (true for NaN), the others ordered, as in IEEE and Rust.
+        let cmp = match (op, d) {
+            (CmpOp::Ne, DType::F32) => "neu",
+            (CmpOp::Eq, _) => "eq",
+            (CmpOp::Ne, _) => "ne",
+            (CmpOp::Lt, _) => "lt",
+            (CmpOp::Le, _) => "le",
+            (CmpOp::Gt, _) => "gt",
+            (CmpOp::Ge, _) => "ge",
+        };
+        self.ins(format!("setp.{cmp}.{ty} {p}, {x}, {y}"));
+        self.ins(format!("selp.u32 {v}, 1, 0, {p}"));
+        v
+    }
+
+    fn cast(&mut self, from: DType, to: DType, x: &str) -> String {
+        let v = self.r();
+        match (from, to) {
+            (a, b) if a == b => self.ins(format!("mov.b32 {v}, {x}")),
+            (DType::F32, DType::I32) => self.ins(format!("cvt.rzi.s32.f32 {v}, {x}")),
+            (DType::F32, DType::U32) => self.ins(format!("cvt.rzi.u32.f32 {v}, {x}")),
+            (DType::F32, DType::Bool) => {
+                let p = self.p();
+                self.ins(format!("setp.neu.f32 {p}, {x}, {}", f32_imm(0.0)));
+                self.ins(format!("selp.u32 {v}, 1, 0, {p}"));
+            }
+            (DType::I32, DType::F32) => self.ins(format!("cvt.rn.f32.s32 {v}, {x}")),
+            (DType::U32 | DType::Bool, DType::F32) => self.ins(format!("cvt.rn.f32.u32 {v}, {x}")),
+            (_, DType::Bool) => {
+                let p = self.p();
+                self.ins(format!("setp.ne.u32 {p}, {x}, 0"));
+                self.ins(format!("selp.u32 {v}, 1, 0, {p}"));
+            }
+            _ => self.ins(format!("mov.b32 {v}, {x}")),
+        }
+        v
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Access<'a> {
+    Load { dst: &'a str, other: Option<Literal> },
+    Store { value: &'a Operand },
+}

@@ -1,0 +1,163 @@
+//! Verified IR to a PTX plan: what the kernel needs (supported ops and dtypes, the CTA grid) and
+//! where every value lives. Pure: no device.
+//!
+//! The model, correct first: one program is one CTA of 128 threads; the parallel grid axes
+//! (cluster axes included) are folded into `ctaid.x`; the `seq` axes are a loop inside the CTA.
+//! Every block value lives in the CTA's region of a global workspace, 4 bytes an element, and each
+//! operation is a loop of the CTA's threads over the elements of its result, followed by
+//! `bar.sync`. Reductions and `dot` give each output element to one thread, which accumulates in
+//! the interpreter's order, so results agree bit for bit where the maths is exact. Loads and
+//! stores check the array bounds and masks lane by lane (docs/language.md §5).
+
+use std::collections::HashMap;
+
+use tessel_plugin_api::abi::{BackendError, ErrorKind};
+use tessel_plugin_api::ir::*;
+
+/// CUDA threads per program.
+pub const THREADS: u32 = 128;
+/// The largest block value lowered, in elements (docs/language.md §5).
+pub const MAX_BLOCK_ELEMENTS: usize = 16_384;
+/// The most CTAs one launch may have (`gridDim.x`).
+pub const MAX_CTAS: u64 = i32::MAX as u64;
+
+/// Where a value or a scratch buffer lives in a CTA's workspace region.
+#[derive(Clone, Debug)]
+pub struct Slot {
+    /// Byte offset in the region.
+    pub offset: u64,
+    /// Shape.
+    pub shape: Vec<usize>,
+    /// Element type.
+    pub dtype: DType,
+}
+
+/// Everything emission and the runtime need to know about one kernel.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    /// The verified kernel (its grid includes the mesh's axes).
+    pub kernel: Verified,
+    /// The PTX entry name.
+    pub entry: String,
+    /// Workspace slot of every value, by name.
+    pub values: HashMap<String, Slot>,
+    /// Workspace slot of every scratch buffer, by name.
+    pub scratch: HashMap<String, Slot>,
+    /// Bytes of one CTA's workspace region.
+    pub workspace_per_cta: u64,
+    /// Number of CTAs (the product of the parallel axes).
+    pub ctas: u64,
+}
+
+fn unsupported(msg: String) -> BackendError {
+    BackendError::new(ErrorKind::Unsupported, msg)
+}
+
+/// The dtypes this backend lowers.
+pub const DTYPES: [DType; 4] = [DType::F32, DType::I32, DType::U32, DType::Bool];
+
+fn check_dtype(d: DType) -> Result<(), BackendError> {
+    if DTYPES.contains(&d) {
+        Ok(())
+    } else {
+        Err(unsupported(format!(
+            "Unsupported dtype: {d}\n  the Mosaic GPU backend lowers f32, i32, u32 and bool; `cast` to f32, or run on wgpu or interpret"
+        )))
+    }
+}
+
+fn unimplemented(op: &str, why: &str) -> BackendError {
+    unsupported(format!("Unimplemented primitive in Mosaic GPU lowering: {op}\n  {why}"))
+}
+
+struct Planner {
+    values: HashMap<String, Slot>,
+    next: u64,
+}
+
+impl Planner {
+    fn place(&mut self, name: &str, ty: &Type) -> Result<Slot, BackendError> {
+        check_dtype(ty.dtype)?;
+        if ty.numel() > MAX_BLOCK_ELEMENTS {
+            return Err(unsupported(format!(
+                "block value %{name} has {} elements ({ty}), more than the {MAX_BLOCK_ELEMENTS} the Mosaic GPU backend lowers\n  use smaller blocks",
+                ty.numel()
+            )));
+        }
+        let slot = Slot { offset: self.next, shape: ty.shape.clone(), dtype: ty.dtype };
+        self.next += (ty.numel().max(1) as u64 * 4).div_ceil(16) * 16;
+        Ok(slot)
+    }
+
+    fn body(&mut self, v: &Verified, body: &[Stmt]) -> Result<(), BackendError> {
+        for s in body {
+            match &s.op {
+                Op::Binary(BinaryOp::Pow, ..) => {
+                    return Err(unimplemented("pow", "write it with exp and log: exp(y * log(x)) for x > 0"));
+                }
+                Op::When { body, .. } => self.body(v, body)?,
+                Op::For { var, body, iters, .. } => {
+                    let slot = self.place(var, &Type::scalar(DType::I32))?;
+                    self.values.insert(var.clone(), slot);
+                    for (n, _) in iters {
+                        let slot = self.place(n, v.value_type(n))?;
+                        self.values.insert(n.clone(), slot);
+                        // A second slot per carried value: `yield` goes through it, so that
+                        // yielding carried values in another order cannot clobber them.
+                        let tmp = self.place(&format!("{n}.next"), v.value_type(n))?;
+                        self.values.insert(format!("{n}.next"), tmp);
+                    }
+                    self.body(v, body)?;
+                }
+                _ => {}
+            }
+            for r in &s.results {
+                let slot = self.place(r, v.value_type(r))?;
+                self.values.insert(r.clone(), slot);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Plans one verified kernel, or refuses it (dtypes, ops, sizes).
+pub fn plan(kernel: &Verified) -> Result<Plan, BackendError> {
+    let k = kernel.kernel();
+    for p in &k.params {
+        check_dtype(p.ty.dtype)?;
+    }
+    let mut planner = Planner { values: HashMap::new(), next: 0 };
+    let mut scratch = HashMap::new();
+    for p in k.params_of(ParamKind::Scratch) {
+        let slot = planner.place(&p.name, &p.ty)?;
+        scratch.insert(p.name.clone(), slot);
+    }
+    planner.body(kernel, &k.body)?;
+    let mut ctas: u64 = 1;
+    for a in kernel.grid().iter().filter(|a| !a.seq) {
+        let AxisSize::Fixed(n) = a.size else {
+            return Err(unsupported("dynamic grid bounds not supported in the Mosaic GPU backend\n  give the axis a fixed size, or run on wgpu or interpret, which take `--grid AXIS=N`".into()));
+        };
+        ctas = ctas.saturating_mul(n);
+    }
+    if ctas > MAX_CTAS {
+        return Err(unsupported(format!(
+            "the parallel grid has {ctas} programs, more than the {MAX_CTAS} CTAs of one Mosaic GPU launch\n  use larger blocks or make an axis `seq`"
+        )));
+    }
+    let workspace_per_cta = planner.next.max(16);
+    if workspace_per_cta >= u64::from(u32::MAX) {
+        return Err(unsupported(format!(
+            "kernel `{}` needs {workspace_per_cta} bytes of workspace per program\n  use smaller blocks",
+            k.name
+        )));
+    }
+    Ok(Plan {
+        kernel: kernel.clone(),
+        entry: format!("tessel_{}", k.name),
+        values: planner.values,
+        scratch,
+        workspace_per_cta,
+        ctas,
+    })
+}

@@ -1,0 +1,155 @@
+//! The device, through cudarc's driver API (loaded at run time). Nothing here runs unless the
+//! CUDA driver library exists: cudarc panics when it is missing, so the check comes first and
+//! every first contact with the driver runs under `catch_unwind`.
+
+use std::collections::HashMap;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use cudarc::driver::sys::CUdevice_attribute;
+use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
+use tessel_plugin_api::abi::{BackendError, ErrorKind};
+use tessel_plugin_api::array::HostArray;
+use tessel_plugin_api::ir::{ParamKind, Type};
+
+use crate::lower::{Plan, THREADS};
+
+/// A device buffer: 4 bytes an element (`bool` as 0 or 1).
+pub struct DeviceBuffer {
+    /// Its type.
+    pub ty: Type,
+    data: CudaSlice<u32>,
+}
+
+/// One GPU: context, stream, and the functions loaded so far (by PTX text).
+pub struct Gpu {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    functions: Mutex<HashMap<String, CudaFunction>>,
+    /// "NVIDIA H200, compute capability 9.0".
+    pub description: String,
+}
+
+fn device_error(what: &str, e: impl std::fmt::Display) -> BackendError {
+    BackendError::new(ErrorKind::Device, format!("CUDA {what} failed: {e}"))
+}
+
+/// Whether the platform loader can open the CUDA driver library.
+fn driver_library_present() -> bool {
+    ["libcuda.so.1", "libcuda.so", "nvcuda.dll"].iter().any(|name| {
+        // SAFETY: loading the CUDA driver library runs its initialisers, which is what any CUDA
+        // program does; the handle is dropped at once (cudarc loads it again for its own use).
+        #[allow(unsafe_code, reason = "probing for a shared library")]
+        unsafe {
+            libloading::Library::new(*name).is_ok()
+        }
+    })
+}
+
+fn open() -> Result<Gpu, String> {
+    if !driver_library_present() {
+        return Err("no CUDA driver library (libcuda.so.1) on this machine".into());
+    }
+    let ctx = match catch_unwind(AssertUnwindSafe(|| CudaContext::new(0))) {
+        Ok(Ok(ctx)) => ctx,
+        Ok(Err(e)) => return Err(format!("no device: {e}")),
+        Err(_) => return Err("the CUDA driver failed to start".into()),
+    };
+    let attr = |a| ctx.attribute(a).map_err(|e| format!("cannot query the device: {e}"));
+    let major = attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
+    let minor = attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
+    let name = ctx.name().unwrap_or_else(|_| "an NVIDIA GPU".into());
+    if major < 9 {
+        return Err(format!("{name} has compute capability {major}.{minor}, which is below 9.0 (sm_90a PTX needs Hopper)"));
+    }
+    let stream = ctx.default_stream();
+    Ok(Gpu {
+        ctx,
+        stream,
+        functions: Mutex::new(HashMap::new()),
+        description: format!("{name}, compute capability {major}.{minor}"),
+    })
+}
+
+/// The GPU, opened once per process.
+pub fn gpu() -> Result<&'static Gpu, String> {
+    static GPU: OnceLock<Result<Gpu, String>> = OnceLock::new();
+    GPU.get_or_init(open).as_ref().map_err(Clone::clone)
+}
+
+fn unavailable(why: String) -> BackendError {
+    BackendError::new(
+        ErrorKind::Unavailable,
+        format!("the Mosaic GPU backend is unavailable: {why}\n  run on wgpu or interpret instead (--backend auto picks one)"),
+    )
+}
+
+impl Gpu {
+    /// A zeroed buffer.
+    pub fn alloc(&self, ty: &Type) -> Result<DeviceBuffer, BackendError> {
+        let data = self.stream.alloc_zeros::<u32>(ty.numel().max(1)).map_err(|e| device_error("alloc", e))?;
+        Ok(DeviceBuffer { ty: ty.clone(), data })
+    }
+
+    /// Host to device.
+    pub fn upload(&self, b: &mut DeviceBuffer, a: &HostArray) -> Result<(), BackendError> {
+        let bits = a.to_bits();
+        self.stream.memcpy_htod(&bits, &mut b.data).map_err(|e| device_error("upload", e))
+    }
+
+    /// Device to host.
+    pub fn download(&self, b: &DeviceBuffer) -> Result<HostArray, BackendError> {
+        let mut bits = self.stream.clone_dtoh(&b.data).map_err(|e| device_error("download", e))?;
+        bits.truncate(b.ty.numel());
+        Ok(HostArray::from_bits(b.ty.dtype, &b.ty.shape, bits))
+    }
+
+    fn function(&self, plan: &Plan, ptx: &str) -> Result<CudaFunction, BackendError> {
+        let mut cache =
+            self.functions.lock().map_err(|_| BackendError::new(ErrorKind::Internal, "the function cache is poisoned"))?;
+        if let Some(f) = cache.get(ptx) {
+            return Ok(f.clone());
+        }
+        let module =
+            self.ctx.load_module(cudarc::nvrtc::Ptx::from_src(ptx)).map_err(|e| device_error("module load (PTX JIT)", e))?;
+        let f = module.load_function(&plan.entry).map_err(|e| device_error("function lookup", e))?;
+        cache.insert(ptx.to_string(), f.clone());
+        Ok(f)
+    }
+
+    /// Runs one planned kernel on bound buffers and waits for it.
+    pub fn launch(&self, plan: &Plan, ptx: &str, buffers: &HashMap<String, DeviceBuffer>) -> Result<(), BackendError> {
+        let f = self.function(plan, ptx)?;
+        let workspace = self
+            .stream
+            .alloc_zeros::<u8>((plan.ctas * plan.workspace_per_cta) as usize)
+            .map_err(|e| device_error("workspace alloc", e))?;
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&workspace);
+        let k = plan.kernel.kernel();
+        for p in k.params.iter().filter(|p| p.kind != ParamKind::Scratch) {
+            let buf = buffers.get(&p.name).ok_or_else(|| {
+                BackendError::new(ErrorKind::InvalidInput, format!("argument `{}` is not bound to a buffer", p.name))
+            })?;
+            if buf.ty != p.ty {
+                return Err(BackendError::new(
+                    ErrorKind::InvalidInput,
+                    format!("argument `{}` is {}, but its buffer holds {}", p.name, p.ty, buf.ty),
+                ));
+            }
+            b.arg(&buf.data);
+        }
+        let cfg = LaunchConfig { grid_dim: (plan.ctas as u32, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: the arguments are the workspace and one buffer per `in`/`out` argument, in the
+        // order and of the types of the entry's parameters (emit.rs); every access the kernel
+        // makes is bounds-checked against the array shapes the buffers were allocated with.
+        #[allow(unsafe_code, reason = "launching a kernel")]
+        unsafe { b.launch(cfg) }.map_err(|e| device_error("launch", e))?;
+        self.stream.synchronize().map_err(|e| device_error("kernel run", e))
+    }
+}
+
+/// The GPU or the reason there is none, as a launch error.
+pub fn require() -> Result<&'static Gpu, BackendError> {
+    gpu().map_err(unavailable)
+}
