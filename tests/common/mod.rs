@@ -85,3 +85,32 @@ pub fn assert_close(what: &str, got: &HostArray, want: &[f64], dtype: DType) {
         .collect();
     assert!(bad.is_empty(), "{what}: {} beyond tolerance, first: {}", bad.len(), bad.join("; "));
 }
+
+/// Records a test that could not run here: loud on stderr, counted by `scripts/test` from
+/// `target/tessel-skips.txt`. With `require` set (CI), a skip is a failure instead.
+pub fn skip(test: &str, reason: &str, require: &str) {
+    if std::env::var(require).is_ok_and(|v| v == "1") {
+        panic!("{test}: {reason}, and {require}=1 makes that a failure");
+    }
+    eprintln!("SKIPPED {test}: {reason} (set {require}=1 to make this a failure)");
+    let log = root().join("target").join("tessel-skips.txt");
+    if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(log) {
+        use std::io::Write as _;
+        let _ = writeln!(f, "{test}: {reason}");
+    }
+}
+
+/// NVIDIA's `ptxas`: `TESSEL_PTXAS`, the venv `scripts/test` installs under `target/`, or `PATH`.
+pub fn ptxas() -> Option<PathBuf> {
+    if let Ok(p) = std::env::var("TESSEL_PTXAS") {
+        return Some(PathBuf::from(p));
+    }
+    let venv = root().join("target/venv/lib");
+    let found = std::fs::read_dir(&venv).ok().into_iter().flatten().filter_map(|e| e.ok()).find_map(|py| {
+        let nvidia = py.path().join("site-packages/nvidia");
+        std::fs::read_dir(nvidia).ok()?.filter_map(|e| e.ok()).map(|cu| cu.path().join("bin/ptxas")).find(|p| p.exists())
+    });
+    found.or_else(|| {
+        std::env::var_os("PATH").and_then(|paths| std::env::split_paths(&paths).map(|d| d.join("ptxas")).find(|p| p.exists()))
+    })
+}

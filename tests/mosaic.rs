@@ -1,0 +1,210 @@
+//! The Mosaic GPU backend without a device: its PTX for every kernel file, assembled by NVIDIA's
+//! `ptxas` for sm_90a (snapshotted, with ptxas's register counts beside it), and every refusal of
+//! DESIGN.md, reached from the command line, first line byte for byte.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::*;
+
+/// Kernel files and the `--kernel` to lower from each (files with several kernels: the first).
+fn kernel_files() -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = ["examples", "tests/in"]
+        .iter()
+        .flat_map(|d| std::fs::read_dir(root().join(d)).expect("dir").filter_map(|e| Some(e.ok()?.path())))
+        .filter(|p| p.extension().is_some_and(|x| x == "tk"))
+        .collect();
+    files.sort();
+    files
+}
+
+/// Kernel files the Mosaic GPU backend refuses by design, with the refusal's first line.
+const REFUSED: &[(&str, &str)] = &[
+    ("dyn_grid", "dynamic grid bounds not supported in the Mosaic GPU backend"),
+    ("half", "Unsupported dtype: f16"),
+    ("pow", "Unimplemented primitive in Mosaic GPU lowering: pow"),
+];
+
+fn lower(path: &Path, kernel: &str) -> Result<String, String> {
+    let file = path.display().to_string();
+    let r = tessel(&["lower", &file, "--backend", "mosaic-gpu", "--kernel", kernel]);
+    if r.code == 0 { Ok(r.stdout) } else { Err(r.stderr) }
+}
+
+fn snapshot(name: &str, text: &str) {
+    let mut settings = insta::Settings::clone_current();
+    settings.set_snapshot_path(root().join("snapshots/ptx"));
+    settings.set_prepend_module_to_snapshot(false);
+    settings.set_omit_expression(true);
+    settings.bind(|| insta::assert_snapshot!(name, text));
+}
+
+/// `ptxas -arch=sm_90a -v`: Ok(the register and spill lines) or Err(its errors).
+fn assemble(ptxas: &Path, name: &str, ptx: &str) -> Result<String, String> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let src = dir.path().join(format!("{name}.ptx"));
+    std::fs::write(&src, ptx).expect("write ptx");
+    let out = Command::new(ptxas)
+        .arg("-arch=sm_90a")
+        .arg("-v")
+        .arg(&src)
+        .arg("-o")
+        .arg(dir.path().join("out.cubin"))
+        .output()
+        .expect("ptxas runs");
+    let log = String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        return Err(log);
+    }
+    Ok(log
+        .lines()
+        .filter(|l| l.contains("Used") || l.contains("spill"))
+        .map(|l| l.trim().replace(&dir.path().display().to_string(), ""))
+        .collect::<Vec<_>>()
+        .join("\n"))
+}
+
+#[test]
+fn every_kernel_lowers_to_ptx_that_ptxas_assembles() {
+    let ptxas = ptxas();
+    let mut lowered = 0;
+    for path in kernel_files() {
+        let name = path.file_stem().unwrap().to_str().unwrap().to_string();
+        let kernels = tessel::load_file(&path).unwrap_or_else(|e| panic!("{e}"));
+        let kernel = kernels[0].name().to_string();
+        let ptx = match (lower(&path, &kernel), REFUSED.iter().find(|(n, _)| *n == name)) {
+            (Ok(ptx), None) => ptx,
+            (Err(e), Some((_, first))) => {
+                assert!(e.starts_with(&format!("error: {first}\n")), "{name}: refusal {e}");
+                continue;
+            }
+            (Ok(_), Some(_)) => panic!("{name} was expected to be refused"),
+            (Err(e), None) => panic!("{name} does not lower:\n{e}"),
+        };
+        assert!(ptx.contains(".version 8.0\n.target sm_90a\n.address_size 64\n"), "{name}: header");
+        snapshot(&name, &ptx);
+        lowered += 1;
+        match &ptxas {
+            Some(p) => {
+                let info = assemble(p, &name, &ptx).unwrap_or_else(|e| panic!("ptxas rejects the PTX of {name}:\n{e}"));
+                assert!(info.contains("registers"), "{name}: {info}");
+                snapshot(&format!("{name}.ptxas"), &info);
+            }
+            None => {
+                skip(&format!("ptxas for {name}"), "ptxas not found (scripts/test installs it from pip)", "TESSEL_REQUIRE_PTXAS")
+            }
+        }
+    }
+    assert!(lowered >= 10, "only {lowered} kernel files lowered");
+}
+
+/// Runs `tessel ARGS` and returns (first line of stderr without `error: `, the rest).
+fn refusal(args: &[&str]) -> (String, String) {
+    let r = tessel(args);
+    assert_eq!(r.code, 1, "{args:?} should be refused: {}{}", r.stdout, r.stderr);
+    let text = r.stderr.strip_prefix("error: ").unwrap_or(&r.stderr).to_string();
+    let (first, rest) = text.split_once('\n').unwrap_or((&text, ""));
+    assert!(!rest.trim().is_empty(), "{args:?}: a second line says what would work");
+    (first.to_string(), text)
+}
+
+fn file(rel: &str) -> String {
+    root().join(rel).display().to_string()
+}
+
+#[test]
+fn every_refusal_of_design_md_first_line_byte_for_byte() {
+    let add = file("examples/add.tk");
+    let pair = file("tests/in/scratch_pair.tk");
+    let two = file("tests/in/two_kernels.tk");
+    let cases: Vec<(&str, Vec<&str>, String)> = vec![
+        ("mesh_grid", vec!["lower", &add, "--backend", "mosaic-gpu", "--mesh", "grid(i: 8)"], "Mesh grid(i: 8) is not supported by the Mosaic GPU backend".into()),
+        ("mesh_device", vec!["lower", &add, "--backend", "mosaic-gpu", "--mesh", "device(x: 2, y: 4)"], "Mesh device(x: 2, y: 4) is not supported by the Mosaic GPU backend".into()),
+        ("external_mesh", vec!["lower", &add, "--backend", "mosaic-gpu", "--external-mesh", "device(x: 2)"], "External meshes are not supported by the Mosaic GPU backend".into()),
+        ("multiple_pairs", vec!["lower", &two, "--backend", "mosaic-gpu", "--kernel", "scale", "--kernel", "shift"], "Lowering multiple mesh/function pairs is not supported by the Mosaic GPU backend".into()),
+        ("dynamic_grid", vec!["lower", "tests/in/dyn_grid.tk", "--backend", "mosaic-gpu", "--grid", "i=4"], "dynamic grid bounds not supported in the Mosaic GPU backend".into()),
+        ("scratch_mpmd", vec!["lower", &pair, "--backend", "mosaic-gpu", "--kernel", "copy_rows", "--kernel", "running_sum"], "Scratch operands are not supported by the Mosaic GPU mpmd_map lowering".into()),
+        (
+            "cluster_4d",
+            vec!["lower", &add, "--backend", "mosaic-gpu", "--mesh", "mosaic_gpu(i: 8, a: 1 cluster, b: 1 cluster, c: 1 cluster, d: 1 cluster)"],
+            "cluster= must be at most 3D, got Mesh(grid=(8,), grid_names=('i',), cluster=(1, 1, 1, 1), cluster_names=('a', 'b', 'c', 'd'), num_threads=None, thread_name=None).".into(),
+        ),
+        (
+            "too_many_threads",
+            vec!["lower", &add, "--backend", "mosaic-gpu", "--mesh", "mosaic_gpu(i: 8, wg: 17 thread)"],
+            "Requested too many CUDA threads per block. Each Mosaic thread corresponds to 128 CUDA threads. At most 16 are supported, got Mesh(grid=(8,), grid_names=('i',), cluster=(), cluster_names=(), num_threads=17, thread_name='wg')".into(),
+        ),
+        (
+            "two_thread_axes",
+            vec!["lower", &add, "--backend", "mosaic-gpu", "--mesh", "mosaic_gpu(i: 8, a: 2 thread, b: 2 thread)"],
+            "num_threads and thread_name must be either both set or both None, got mosaic_gpu(i: 8, a: 2 thread, b: 2 thread)".into(),
+        ),
+        ("unsupported_dtype", vec!["lower", "tests/in/half.tk", "--backend", "mosaic-gpu"], "Unsupported dtype: f16".into()),
+        ("unimplemented_primitive", vec!["lower", "tests/in/pow.tk", "--backend", "mosaic-gpu"], "Unimplemented primitive in Mosaic GPU lowering: pow".into()),
+        ("mixes_mesh_and_grid", vec!["lower", &add, "--backend", "mosaic-gpu", "--mesh", "mosaic_gpu(j: 8)"], "i mixes mesh and grid axes".into()),
+    ];
+    for (name, args, want) in cases {
+        let args: Vec<&str> =
+            args.iter().map(|a| if a.starts_with("tests/") { Box::leak(file(a).into_boxed_str()) as &str } else { a }).collect();
+        let (first, text) = refusal(&args);
+        assert_eq!(first, want, "{name}");
+        let mut settings = insta::Settings::clone_current();
+        settings.set_snapshot_path(root().join("snapshots/errors"));
+        settings.set_prepend_module_to_snapshot(false);
+        settings.set_omit_expression(true);
+        settings.set_description(args.join(" ").replace(&root().display().to_string(), "."));
+        settings.bind(|| insta::assert_snapshot!(format!("mosaic_{name}"), text.replace(&root().display().to_string(), ".")));
+    }
+}
+
+#[test]
+fn a_mesh_made_by_another_backend_is_refused() {
+    use tessel::{KernelLaunch, Runtime};
+    let rt = Runtime::new(&[]).expect("runtime");
+    let kernels = tessel::load_file(&root().join("examples/add.tk")).expect("add");
+    let interpret_mesh = rt
+        .registry()
+        .get("interpret")
+        .unwrap()
+        .backend
+        .make_mesh("grid(i: 8)".into())
+        .into_result()
+        .expect("interpret makes grid meshes");
+    let call = [KernelLaunch { kernel: &kernels[0], mesh: Some(&interpret_mesh) }];
+    let err = rt.lower("mosaic-gpu", &call, &[], &Default::default()).expect_err("foreign mesh").to_string();
+    assert!(err.starts_with("Mesh grid(i: 8) is not supported by the Mosaic GPU backend\n"), "{err}");
+    // The interpreter takes the Mosaic mesh's portable view.
+    let mosaic_mesh = rt.mesh("mosaic-gpu", "mosaic_gpu(i: 8)").expect("mosaic mesh");
+    let call = [KernelLaunch { kernel: &kernels[0], mesh: Some(&mosaic_mesh) }];
+    rt.supports("interpret", &call, &[], &Default::default()).expect("interpret reads the portable view");
+    rt.lower("mosaic-gpu", &call, &[], &Default::default()).expect("mosaic takes its own mesh");
+    // A portable grid spec becomes a Mosaic mesh when mosaic-gpu makes it.
+    let made = rt.registry().get("mosaic-gpu").unwrap().backend.make_mesh("grid(i: 8)".into()).into_result().expect("made");
+    assert_eq!(
+        made.display().as_str(),
+        "Mesh(grid=(8,), grid_names=('i',), cluster=(), cluster_names=(), num_threads=None, thread_name=None)"
+    );
+}
+
+#[test]
+fn without_a_gpu_mosaic_is_unavailable_with_a_reason() {
+    let r = tessel(&["backends", "--json"]);
+    assert_eq!(r.code, 0);
+    let json: serde_json::Value = serde_json::from_str(&r.stdout).expect("JSON");
+    let m = json["backends"].as_array().unwrap().iter().find(|b| b["name"] == "mosaic-gpu").expect("mosaic-gpu is built in");
+    if m["available"] == true {
+        eprintln!("mosaic-gpu is available here: {}", m["reason"]);
+        return;
+    }
+    let reason = m["reason"].as_str().unwrap();
+    assert!(
+        reason.starts_with("no CUDA driver library") || reason.starts_with("no device") || reason.contains("compute capability"),
+        "{reason}"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let r = tessel(&["run", &file("examples/add.tk"), "--backend", "mosaic-gpu", "--out-dir", dir.path().to_str().unwrap()]);
+    assert_eq!(r.code, 1);
+    assert!(r.stderr.contains("the Mosaic GPU backend is unavailable: ") && !r.stderr.contains("panicked"), "{}", r.stderr);
+}
