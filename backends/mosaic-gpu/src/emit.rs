@@ -22,14 +22,22 @@ fn f32_imm(v: f32) -> String {
     format!("0f{:08X}", v.to_bits())
 }
 
-/// The bits of a literal as an element of `dtype`.
+/// The bits of a literal as an element of `dtype` in the workspace (16-bit floats are held as
+/// the `f32` of their value, as the interpreter holds them).
 fn lit_bits(lit: Literal, dtype: DType) -> u32 {
     match dtype {
         DType::I32 => lit.as_i64() as i32 as u32,
         DType::U32 => lit.as_i64() as u32,
         DType::Bool => u32::from(lit.as_f64() != 0.0),
-        _ => (lit.as_f64() as f32).to_bits(),
+        DType::F16 => half::f16::from_f32(lit.as_f64() as f32).to_f32().to_bits(),
+        DType::BF16 => half::bf16::from_f32(lit.as_f64() as f32).to_f32().to_bits(),
+        DType::F32 => (lit.as_f64() as f32).to_bits(),
     }
+}
+
+/// The PTX type name of a 16-bit float.
+fn half_ty(d: DType) -> &'static str {
+    if d == DType::BF16 { "bf16" } else { "f16" }
 }
 
 fn strides(shape: &[usize]) -> Vec<usize> {
@@ -50,6 +58,7 @@ struct Writer<'p> {
     out: String,
     regs: u32,
     regs64: u32,
+    regs16: u32,
     preds: u32,
     labels: u32,
     tid: String,
@@ -69,6 +78,7 @@ impl<'p> Writer<'p> {
             out: String::new(),
             regs: 0,
             regs64: 0,
+            regs16: 0,
             preds: 0,
             labels: 0,
             tid: String::new(),
@@ -87,6 +97,38 @@ impl<'p> Writer<'p> {
     fn rd(&mut self) -> String {
         self.regs64 += 1;
         format!("%rd{}", self.regs64)
+    }
+
+    fn h(&mut self) -> String {
+        self.regs16 += 1;
+        format!("%h{}", self.regs16)
+    }
+
+    /// Rounds an `f32` held in `v` to the 16-bit float `d` (in place); no-op for other dtypes.
+    fn round16(&mut self, d: DType, v: &str) {
+        if matches!(d, DType::F16 | DType::BF16) {
+            let (h, t) = (self.h(), half_ty(d));
+            self.ins(format!("cvt.rn.{t}.f32 {h}, {v}"));
+            self.ins(format!("cvt.f32.{t} {v}, {h}"));
+        }
+    }
+
+    /// Array bits (a 16-bit float in the low half) to the workspace's `f32`, in place.
+    fn widen16(&mut self, d: DType, v: &str) {
+        if matches!(d, DType::F16 | DType::BF16) {
+            let h = self.h();
+            self.ins(format!("cvt.u16.u32 {h}, {v}"));
+            self.ins(format!("cvt.f32.{} {v}, {h}", half_ty(d)));
+        }
+    }
+
+    /// The workspace's `f32` to array bits of a 16-bit float, in place.
+    fn narrow16(&mut self, d: DType, v: &str) {
+        if matches!(d, DType::F16 | DType::BF16) {
+            let h = self.h();
+            self.ins(format!("cvt.rn.{}.f32 {h}, {v}", half_ty(d)));
+            self.ins(format!("cvt.u32.u16 {v}, {h}"));
+        }
     }
 
     fn p(&mut self) -> String {
@@ -134,6 +176,7 @@ impl<'p> Writer<'p> {
         }
         let _ = writeln!(head, ".visible .entry {}(\n{}\n)\n.maxntid {THREADS}, 1, 1\n{{", self.plan.entry, params.join(",\n"));
         let _ = writeln!(head, "\t.reg .pred %p<{}>;", self.preds + 1);
+        let _ = writeln!(head, "\t.reg .b16 %h<{}>;", self.regs16 + 1);
         let _ = writeln!(head, "\t.reg .b32 %r<{}>;", self.regs + 1);
         let _ = writeln!(head, "\t.reg .b64 %rd<{}>;\n", self.regs64 + 1);
         head + &self.out + "\tret;\n}\n"
@@ -436,7 +479,16 @@ impl<'p> Writer<'p> {
                     w.store_slot(&dst, e, &v);
                 });
             }
-            Op::Bitcast(a) | Op::Broadcast(a) => self.each(n, |w, e| {
+            Op::Bitcast(a) => {
+                let from = self.dtype_of(&[a]);
+                let to = ty.as_ref().expect("typed").dtype;
+                self.each(n, |w, e| {
+                    let x = w.operand(a, from, e, &out_shape);
+                    let v = if from.bits() == 16 && from != to { w.bitcast16(from, to, &x) } else { x };
+                    w.store_slot(&dst, e, &v);
+                });
+            }
+            Op::Broadcast(a) => self.each(n, |w, e| {
                 let x = w.operand(a, DType::U32, e, &out_shape);
                 w.store_slot(&dst, e, &x);
             }),
@@ -569,11 +621,13 @@ impl<'p> Writer<'p> {
                 ReduceOp::Max => BinaryOp::Max,
                 ReduceOp::Min => BinaryOp::Min,
             };
-            let v = w.binary(bop, d, &acc, &x);
+            // 16-bit floats accumulate in f32 and round once, as the interpreter does.
+            let v = w.binary32(bop, d, &acc, &x);
             w.ins(format!("mov.b32 {acc}, {v}"));
             w.ins(format!("add.u32 {r}, {r}, 1"));
             w.ins(format!("bra {top}"));
             w.place_label(&end);
+            w.round16(d, &acc);
             w.store_slot(&dst, e, &acc);
         });
     }
@@ -609,8 +663,8 @@ impl<'p> Writer<'p> {
                 w.ins(format!("mad.lo.u32 {ib}, {p}, {n}, {col}"))
             }
             let (x, y) = (w.load_slot(&a, &ia), w.load_slot(&b, &ib));
-            let prod = w.binary(BinaryOp::Mul, d, &x, &y);
-            let sum = w.binary(BinaryOp::Add, d, &acc, &prod);
+            let prod = w.binary32(BinaryOp::Mul, d, &x, &y);
+            let sum = w.binary32(BinaryOp::Add, d, &acc, &prod);
             w.ins(format!("mov.b32 {acc}, {sum}"));
             w.ins(format!("add.u32 {p}, {p}, 1"));
             w.ins(format!("bra {top}"));
@@ -689,13 +743,18 @@ impl<'p> Writer<'p> {
             w.ins(format!("add.u64 {addr}, {base}, {wide}"));
             match access {
                 Access::Load { dst, other } => {
-                    let v = w.imm(lit_bits(other.unwrap_or(Literal::Int(0)), dtype));
-                    w.ins(format!("@{ok} ld.global.b32 {v}, [{addr}]"));
+                    let (raw, v) = (w.imm(0), w.imm(lit_bits(other.unwrap_or(Literal::Int(0)), dtype)));
+                    w.ins(format!("@{ok} ld.global.b32 {raw}, [{addr}]"));
+                    w.widen16(dtype, &raw);
+                    w.ins(format!("selp.b32 {v}, {raw}, {v}, {ok}"));
                     w.store_slot(dst, e, &v);
                 }
                 Access::Store { value } => {
                     let v = w.operand(value, dtype, e, &shape);
-                    w.ins(format!("@{ok} st.global.b32 [{addr}], {v}"));
+                    let bits = w.r();
+                    w.ins(format!("mov.b32 {bits}, {v}"));
+                    w.narrow16(dtype, &bits);
+                    w.ins(format!("@{ok} st.global.b32 [{addr}], {bits}"));
                 }
             }
         });
@@ -704,6 +763,13 @@ impl<'p> Writer<'p> {
     // ---- element operations ----
 
     fn unary(&mut self, op: UnaryOp, d: DType, x: &str) -> String {
+        let v = self.unary32(op, d, x);
+        self.round16(d, &v);
+        v
+    }
+
+    fn unary32(&mut self, op: UnaryOp, d: DType, x: &str) -> String {
+        let d = if d.is_float() { DType::F32 } else { d };
         let v = self.r();
         let log2e = f32_imm(std::f32::consts::LOG2_E);
         match (op, d) {
@@ -755,9 +821,45 @@ impl<'p> Writer<'p> {
     }
 
     fn binary(&mut self, op: BinaryOp, d: DType, x: &str, y: &str) -> String {
+        let v = self.binary32(op, d, x, y);
+        self.round16(d, &v);
+        v
+    }
+
+    /// `pow` as 2^(y log2 |x|), with the signs and special cases of C's `pow`.
+    fn pow(&mut self, v: &str, x: &str, y: &str) {
+        let (a, t, half, ti) = (self.r(), self.r(), self.r(), self.r());
+        let (neg, int, odd, y0, x1, nan) = (self.p(), self.p(), self.p(), self.p(), self.p(), self.r());
+        self.ins(format!("abs.f32 {a}, {x}"));
+        self.ins(format!("lg2.approx.f32 {t}, {a}"));
+        self.ins(format!("mul.rn.f32 {t}, {t}, {y}"));
+        self.ins(format!("ex2.approx.f32 {v}, {t}"));
+        // A negative base: an odd integer exponent negates, a non-integer one gives NaN.
+        self.ins(format!("setp.lt.f32 {neg}, {x}, {}", f32_imm(0.0)));
+        self.ins(format!("cvt.rzi.f32.f32 {ti}, {y}"));
+        self.ins(format!("setp.eq.f32 {int}, {ti}, {y}"));
+        self.ins(format!("mul.rn.f32 {half}, {y}, {}", f32_imm(0.5)));
+        self.ins(format!("cvt.rzi.f32.f32 {ti}, {half}"));
+        self.ins(format!("setp.neu.f32 {odd}, {ti}, {half}"));
+        self.ins(format!("and.pred {odd}, {odd}, {int}"));
+        self.ins(format!("and.pred {odd}, {odd}, {neg}"));
+        self.ins(format!("neg.f32 {t}, {v}"));
+        self.ins(format!("selp.b32 {v}, {t}, {v}, {odd}"));
+        self.ins(format!("not.pred {int}, {int}"));
+        self.ins(format!("and.pred {neg}, {neg}, {int}"));
+        self.ins(format!("mov.b32 {nan}, {}", f32_imm(f32::NAN)));
+        self.ins(format!("selp.b32 {v}, {nan}, {v}, {neg}"));
+        // x^0 = 1 and 1^y = 1, even for NaN.
+        self.ins(format!("setp.eq.f32 {y0}, {y}, {}", f32_imm(0.0)));
+        self.ins(format!("setp.eq.f32 {x1}, {x}, {}", f32_imm(1.0)));
+        self.ins(format!("or.pred {y0}, {y0}, {x1}"));
+        self.ins(format!("selp.b32 {v}, {}, {v}, {y0}", f32_imm(1.0)));
+    }
+
+    fn binary32(&mut self, op: BinaryOp, d: DType, x: &str, y: &str) -> String {
         let v = self.r();
         let it = int_ty(d);
-        let float = d == DType::F32;
+        let float = d.is_float();
         match op {
             BinaryOp::Add if float => self.ins(format!("add.rn.f32 {v}, {x}, {y}")),
             BinaryOp::Sub if float => self.ins(format!("sub.rn.f32 {v}, {x}, {y}")),
@@ -809,7 +911,7 @@ impl<'p> Writer<'p> {
                     self.ins(format!("shr.{it} {v}, {x}, {s}"))
                 }
             }
-            BinaryOp::Pow => unreachable!("plan refuses pow"),
+            BinaryOp::Pow => self.pow(&v, x, y),
         }
         v
     }
@@ -817,13 +919,13 @@ impl<'p> Writer<'p> {
     fn compare(&mut self, op: CmpOp, d: DType, x: &str, y: &str) -> String {
         let (p, v) = (self.p(), self.r());
         let ty = match d {
-            DType::F32 => "f32",
+            d if d.is_float() => "f32",
             DType::I32 => "s32",
             _ => "u32",
         };
         // Float `ne` is unordered (true for NaN), the others ordered, as in IEEE and Rust.
-        let cmp = match (op, d) {
-            (CmpOp::Ne, DType::F32) => "neu",
+        let cmp = match (op, d.is_float()) {
+            (CmpOp::Ne, true) => "neu",
             (CmpOp::Eq, _) => "eq",
             (CmpOp::Ne, _) => "ne",
             (CmpOp::Lt, _) => "lt",
@@ -837,6 +939,20 @@ impl<'p> Writer<'p> {
     }
 
     fn cast(&mut self, from: DType, to: DType, x: &str) -> String {
+        let v = self.cast32(if from.is_float() { DType::F32 } else { from }, if to.is_float() { DType::F32 } else { to }, x);
+        self.round16(to, &v);
+        v
+    }
+
+    /// `bitcast` between the 16-bit floats: through their bits.
+    fn bitcast16(&mut self, from: DType, to: DType, x: &str) -> String {
+        let (v, h) = (self.r(), self.h());
+        self.ins(format!("cvt.rn.{}.f32 {h}, {x}", half_ty(from)));
+        self.ins(format!("cvt.f32.{} {v}, {h}", half_ty(to)));
+        v
+    }
+
+    fn cast32(&mut self, from: DType, to: DType, x: &str) -> String {
         let v = self.r();
         match (from, to) {
             (a, b) if a == b => self.ins(format!("mov.b32 {v}, {x}")),

@@ -54,7 +54,7 @@ fn unsupported(msg: String) -> BackendError {
 }
 
 /// The dtypes this backend lowers.
-pub const DTYPES: [DType; 4] = [DType::F32, DType::I32, DType::U32, DType::Bool];
+pub const DTYPES: [DType; 6] = [DType::F32, DType::I32, DType::U32, DType::Bool, DType::F16, DType::BF16];
 
 fn check_dtype(d: DType) -> Result<(), BackendError> {
     if DTYPES.contains(&d) {
@@ -64,10 +64,6 @@ fn check_dtype(d: DType) -> Result<(), BackendError> {
             "Unsupported dtype: {d}\n  the Mosaic GPU backend lowers f32, i32, u32 and bool; `cast` to f32, or run on wgpu or interpret"
         )))
     }
-}
-
-fn unimplemented(op: &str, why: &str) -> BackendError {
-    unsupported(format!("Unimplemented primitive in Mosaic GPU lowering: {op}\n  {why}"))
 }
 
 struct Planner {
@@ -92,9 +88,6 @@ impl Planner {
     fn body(&mut self, v: &Verified, body: &[Stmt]) -> Result<(), BackendError> {
         for s in body {
             match &s.op {
-                Op::Binary(BinaryOp::Pow, ..) => {
-                    return Err(unimplemented("pow", "write it with exp and log: exp(y * log(x)) for x > 0"));
-                }
                 Op::When { body, .. } => self.body(v, body)?,
                 Op::For { var, body, iters, .. } => {
                     let slot = self.place(var, &Type::scalar(DType::I32))?;
