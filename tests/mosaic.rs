@@ -202,3 +202,78 @@ fn without_a_gpu_mosaic_is_unavailable_with_a_reason() {
     assert_eq!(r.code, 1);
     assert!(r.stderr.contains("the Mosaic GPU backend is unavailable: ") && !r.stderr.contains("panicked"), "{}", r.stderr);
 }
+
+/// Runs the PTX of `kernel` on the emulator with `inputs`; returns the outputs.
+fn emulate(
+    ptx: &str,
+    kernel: &tessel_plugin_api::ir::Verified,
+    inputs: &tessel::LaunchArgs,
+    reverse: bool,
+) -> Vec<(String, tessel::HostArray)> {
+    use tessel_plugin_api::ir::ParamKind;
+    let module = tessel_ptx_emu::parse(ptx).unwrap_or_else(|e| panic!("{}: {e}", kernel.name()));
+    // "// N CTAs of 128 threads, W bytes of workspace per CTA"
+    let header = ptx.lines().find(|l| l.contains("CTAs of")).expect("plan comment");
+    let words: Vec<&str> = header.split_whitespace().collect();
+    let ctas: u32 = words[1].parse().expect("CTA count");
+    let per_cta: usize = words[6].parse().expect("workspace bytes");
+    let mut mem = tessel_ptx_emu::Memory::default();
+    let mut params = vec![mem.alloc(ctas as usize * per_cta)];
+    let mut outputs = Vec::new();
+    for p in kernel.kernel().params.iter().filter(|p| p.kind != ParamKind::Scratch) {
+        let addr = mem.alloc(p.ty.numel() * 4);
+        if p.kind == ParamKind::In {
+            mem.write_words(addr, &inputs.inputs[&p.name].to_bits());
+        } else {
+            outputs.push((p.name.clone(), p.ty.clone(), addr));
+        }
+        params.push(addr);
+    }
+    module.launch(&mut mem, &params, ctas, 128, reverse).unwrap_or_else(|e| panic!("{}: {e}", kernel.name()));
+    outputs
+        .into_iter()
+        .map(|(name, ty, addr)| (name, tessel::HostArray::from_bits(ty.dtype, &ty.shape, mem.read_words(addr, ty.numel()))))
+        .collect()
+}
+
+#[test]
+fn emulated_ptx_agrees_with_the_interpreter() {
+    use tessel::{KernelLaunch, Runtime, Tolerance};
+    let rt = Runtime::new(&[]).expect("runtime");
+    let mut checked = 0;
+    for path in kernel_files() {
+        let name = path.file_stem().unwrap().to_str().unwrap().to_string();
+        if REFUSED.iter().any(|(n, _)| *n == name) {
+            continue;
+        }
+        let kernels = tessel::load_file(&path).unwrap_or_else(|e| panic!("{e}"));
+        let kernel = &kernels[0];
+        let call = [KernelLaunch { kernel, mesh: None }];
+        let (_, ptx) = rt.lower("mosaic-gpu", &call, &[], &Default::default()).expect("lowers").remove(0);
+        let args = tessel::LaunchArgs { inputs: tessel::inputs::random_inputs(kernel.kernel(), 7), grid: Default::default() };
+        let want = rt.launch("interpret", &call, &[], &args).expect("interpreter runs");
+        // Both thread orders: a missing barrier would make them differ.
+        for reverse in [false, true] {
+            let got = emulate(&ptx, kernel, &args, reverse);
+            for ((n, g), (_, w)) in got.iter().zip(&want) {
+                let tol = Tolerance::for_dtype(w.dtype());
+                let bad: Vec<String> = g
+                    .to_f64()
+                    .iter()
+                    .zip(w.to_f64())
+                    .enumerate()
+                    .filter(|(_, (a, b))| !tol.close(**a, *b))
+                    .take(3)
+                    .map(|(i, (a, b))| format!("[{i}] {a} vs {b}"))
+                    .collect();
+                assert!(
+                    bad.is_empty(),
+                    "{name}: output {n} (reverse={reverse}) differs from the interpreter: {}",
+                    bad.join(", ")
+                );
+            }
+        }
+        checked += 1;
+    }
+    assert!(checked >= 12, "only {checked} kernels emulated");
+}

@@ -13,7 +13,10 @@ use common::{cargo_build, root, target_dir};
 fn built() -> &'static Path {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     BUILT.get_or_init(|| {
-        cargo_build(&["-p", "tessel", "-p", "tessel-interpret", "--features", "tessel-interpret/plugin"]);
+        // The host on its own: built with a backend's `plugin` feature it would export a root module.
+        cargo_build(&["-p", "tessel"]);
+        cargo_build(&["-p", "tessel-interpret", "--features", "plugin"]);
+        cargo_build(&["-p", "tessel-mosaic-gpu", "--features", "plugin"]);
         cargo_build(&[
             "-p",
             "tessel-fixture-panics",
@@ -218,4 +221,26 @@ fn device_meshes_are_refused_as_kernel_meshes() {
     );
     let out = tessel(&["lower", "examples/add.tk", "--mesh", "grid(i: 4)"], None, &[]);
     assert_refused(&out, "i mixes mesh and grid axes", &["declares `i: 8`"]);
+}
+
+#[test]
+fn the_mosaic_gpu_plugin_lowers_like_the_built_in() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(lib("tessel_mosaic_gpu"), dir.path().join("libtessel_mosaic_gpu.so")).unwrap();
+    let plugin = dir.path().join("libtessel_mosaic_gpu.so");
+    let args = ["lower", "examples/softmax.tk", "--backend", "mosaic-gpu", "--mesh", "mosaic_gpu(i: 64)"];
+    let builtin = tessel(&args, None, &[]);
+    let mut with_plugin = vec!["--plugin", plugin.to_str().unwrap()];
+    with_plugin.extend(args);
+    let loaded = tessel(&with_plugin, None, &[]);
+    assert_eq!(builtin.status.code(), Some(0), "{}", text(&builtin.stderr));
+    assert_eq!(loaded.status.code(), Some(0), "{}", text(&loaded.stderr));
+    assert_eq!(text(&builtin.stdout), text(&loaded.stdout), "the plugin lowers exactly like the built-in");
+    // Its own meshes are made by the plugin: a mesh made by the built-in would be foreign to it.
+    let refused = tessel(
+        &["--plugin", plugin.to_str().unwrap(), "lower", "examples/add.tk", "--backend", "mosaic-gpu", "--mesh", "grid(i: 8)"],
+        None,
+        &[],
+    );
+    assert_refused(&refused, "Mesh grid(i: 8) is not supported by the Mosaic GPU backend", &[]);
 }
