@@ -230,3 +230,31 @@ fn seeded_random_inputs_are_reproducible() {
     assert_eq!(tessel(&["run", &example("fused"), "--seed", "8", "--out-dir", c.path().to_str().unwrap()]).code, 0);
     assert_ne!(read_output(a.path(), "o"), read_output(c.path(), "o"));
 }
+
+#[test]
+fn auto_explains_every_skip_and_the_choice() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = tessel(&["run", &example("matmul"), "--backend", "auto", "--explain", "--out-dir", dir.path().to_str().unwrap()]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let lines: Vec<&str> = r.stdout.lines().filter(|l| l.starts_with("auto: ")).collect();
+    assert_eq!(lines.iter().filter(|l| l.contains(": chosen")).count(), 1, "{}", r.stdout);
+    assert!(lines[0].starts_with("auto: mosaic-gpu: "), "mosaic-gpu is tried first: {}", r.stdout);
+    let chosen = lines.last().unwrap();
+    let backend = chosen.trim_start_matches("auto: ").split(':').next().unwrap();
+    assert!(r.stdout.contains(&format!("ran `matmul` on {backend}")), "{}", r.stdout);
+    if backend == "interpret" {
+        assert!(lines[0].contains("skipped, unavailable: "), "the reason mosaic-gpu was skipped: {}", r.stdout);
+    }
+    // A refusal is a reason to skip too: a dyn grid goes past mosaic-gpu whatever the machine.
+    let r = tessel(&[
+        "lower",
+        &root().join("tests/in/dyn_grid.tk").display().to_string(),
+        "--backend",
+        "auto",
+        "--explain",
+        "--grid",
+        "i=4",
+    ]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(r.stdout.lines().next().unwrap().starts_with("auto: mosaic-gpu: skipped"), "{}", r.stdout);
+}

@@ -84,6 +84,9 @@ struct LaunchFlags {
     /// The size of a `dyn` grid axis: AXIS=N.
     #[arg(long = "grid", value_name = "AXIS=N")]
     grid: Vec<String>,
+    /// Print which backend was chosen and why every other was skipped (with --backend auto).
+    #[arg(long)]
+    explain: bool,
 }
 
 /// Runs the command line `args` (the first is the program name), printing to `out` and `err`.
@@ -247,6 +250,8 @@ fn backends(rt: &Runtime, json: bool, out: &mut dyn Write) -> Result<()> {
 /// A launch resolved from the flags: the kernels and meshes, ready for the runtime.
 struct Prepared {
     backend: String,
+    /// How `auto` chose, one line per backend tried.
+    explanation: Vec<String>,
     kernels: Vec<Verified>,
     meshes: Vec<Option<MeshBox>>,
     externals: Vec<MeshBox>,
@@ -292,8 +297,12 @@ fn pick_kernels(file: &Path, all: &[Verified], names: &[String]) -> Result<Vec<V
 
 fn prepare(rt: &Runtime, flags: &LaunchFlags) -> Result<Prepared> {
     let all = crate::load_file(&flags.file)?;
-    let backend = rt.resolve(&flags.backend)?;
-    rt.backend(&backend)?;
+    let auto = flags.backend == "auto";
+    // With `auto`, meshes are made by the backend that owns their kind; else by the one named.
+    let backend = if auto { String::new() } else { flags.backend.clone() };
+    if !auto {
+        rt.backend(&backend)?;
+    }
     let kernels = pick_kernels(&flags.file, &all, &flags.kernels)?;
     let mut meshes: Vec<Option<MeshBox>> = kernels.iter().map(|_| None).collect();
     for m in &flags.meshes {
@@ -328,11 +337,29 @@ fn prepare(rt: &Runtime, flags: &LaunchFlags) -> Result<Prepared> {
         })?;
         grid.insert(axis.to_string(), n);
     }
-    Ok(Prepared { backend, kernels, meshes, externals, grid })
+    let mut p = Prepared { backend, explanation: Vec::new(), kernels, meshes, externals, grid };
+    if auto {
+        let (chosen, lines) = rt.choose(&p.launches(), &p.externals(), &p.grid)?;
+        p.backend = chosen;
+        p.explanation = lines;
+    }
+    Ok(p)
+}
+
+fn explain(p: &Prepared, flags: &LaunchFlags, out: &mut dyn Write) {
+    if flags.explain {
+        for l in &p.explanation {
+            let _ = writeln!(out, "auto: {l}");
+        }
+        if p.explanation.is_empty() {
+            let _ = writeln!(out, "backend {} as asked (--backend auto chooses and explains)", p.backend);
+        }
+    }
 }
 
 fn lower(rt: &Runtime, flags: &LaunchFlags, out: &mut dyn Write) -> Result<()> {
     let p = prepare(rt, flags)?;
+    explain(&p, flags, out);
     for (name, text) in rt.lower(&p.backend, &p.launches(), &p.externals(), &p.grid)? {
         let _ = writeln!(out, "// ---- {name} ({}) ----\n{text}", p.backend);
     }
@@ -369,6 +396,7 @@ fn read_inputs(p: &Prepared, opts: &RunOptions) -> Result<BTreeMap<String, HostA
 
 fn run(rt: &Runtime, flags: &LaunchFlags, opts: &RunOptions, out: &mut dyn Write) -> Result<()> {
     let p = prepare(rt, flags)?;
+    explain(&p, flags, out);
     let launch = LaunchArgs { inputs: read_inputs(&p, opts)?, grid: p.grid.clone() };
     let start = Instant::now();
     let outputs = rt.launch(&p.backend, &p.launches(), &p.externals(), &launch)?;

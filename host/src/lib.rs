@@ -105,6 +105,12 @@ pub enum Error {
         /// Its message.
         message: String,
     },
+    /// `--backend auto` found no backend that takes the launch.
+    #[error("no backend takes this launch:\n  {reasons}")]
+    NoBackend {
+        /// One line per backend tried.
+        reasons: String,
+    },
     /// A mesh text that does not parse.
     #[error(transparent)]
     Mesh(#[from] tessel_plugin_api::mesh::MeshParseError),
@@ -143,6 +149,7 @@ pub fn load_source(name: &str, source: &str) -> Result<Vec<Verified>> {
 /// fresh [`Runtime`] with the built-ins and `TESSEL_PLUGIN_PATH`.
 pub fn run_kernel(backend: &str, kernel: &Verified, args: &LaunchArgs) -> Result<Vec<(String, HostArray)>> {
     let rt = Runtime::new(&[])?;
-    let backend = rt.resolve(backend)?;
-    rt.launch(&backend, &[KernelLaunch { kernel, mesh: None }], &[], args)
+    let call = [KernelLaunch { kernel, mesh: None }];
+    let backend = if backend == "auto" { rt.choose(&call, &[], &args.grid)?.0 } else { backend.to_string() };
+    rt.launch(&backend, &call, &[], args)
 }

@@ -60,21 +60,52 @@ impl Runtime {
         self.registry.get(name).ok_or_else(|| Error::UnknownBackend { name: name.to_string(), available: self.registry.names() })
     }
 
-    /// Resolves `auto` to the first available backend (`TESSEL_BACKEND` overrides); any other
-    /// name is returned as it is.
-    pub fn resolve(&self, name: &str) -> Result<String> {
-        if name != "auto" {
-            return Ok(name.to_string());
-        }
+    /// The backends in the order `auto` tries them: mosaic-gpu, then wgpu on a hardware adapter,
+    /// then other plugins, then wgpu on a software adapter, then the interpreter.
+    pub fn ranked(&self) -> Vec<&Loaded> {
+        let rank = |b: &Loaded| match b.name.as_str() {
+            "mosaic-gpu" => 0,
+            "wgpu" if !b.backend.platform().as_str().contains("software") => 1,
+            "wgpu" => 3,
+            "interpret" => 4,
+            _ => 2,
+        };
+        let mut v: Vec<&Loaded> = self.registry.backends.iter().collect();
+        v.sort_by_key(|b| rank(b));
+        v
+    }
+
+    /// Picks the backend for a launch: `TESSEL_BACKEND` if set, else the first of [`Runtime::ranked`]
+    /// that is available and whose `supports` says yes. Returns it with one line per backend
+    /// tried (why it was skipped, or that it was chosen).
+    pub fn choose(
+        &self,
+        kernels: &[KernelLaunch<'_>],
+        externals: &[&MeshBox],
+        grid: &BTreeMap<String, u64>,
+    ) -> Result<(String, Vec<String>)> {
         if let Ok(forced) = std::env::var("TESSEL_BACKEND") {
-            return Ok(forced);
+            self.backend(&forced)?;
+            return Ok((forced.clone(), vec![format!("{forced}: chosen by TESSEL_BACKEND")]));
         }
-        self.registry
-            .backends
-            .iter()
-            .find(|b| b.backend.availability().available)
-            .map(|b| b.name.clone())
-            .ok_or_else(|| Error::UnknownBackend { name: "auto".into(), available: "none is available".into() })
+        let mut lines = Vec::new();
+        for b in self.ranked() {
+            let a = b.backend.availability();
+            if !a.available {
+                lines.push(format!("{}: skipped, unavailable: {}", b.name, a.reason));
+                continue;
+            }
+            match self.supports(&b.name, kernels, externals, grid) {
+                Ok(()) => {
+                    lines.push(format!("{}: chosen ({})", b.name, a.reason));
+                    return Ok((b.name.clone(), lines));
+                }
+                Err(e) => {
+                    lines.push(format!("{}: skipped, refuses the launch: {}", b.name, e.to_string().lines().next().unwrap_or("")))
+                }
+            }
+        }
+        Err(Error::NoBackend { reasons: lines.join("\n  ") })
     }
 
     /// A mesh from its text form: `grid(...)` and `device(...)` are host meshes; any other kind is
@@ -85,7 +116,11 @@ impl Runtime {
             return Ok(make_mesh_object(HostMesh(spec)));
         }
         let makes = |b: &&Loaded| b.backend.capabilities().mesh_kinds.iter().any(|k| k.as_str() == spec.kind);
-        let maker = self.registry.get(backend).filter(makes).or_else(|| self.registry.backends.iter().find(makes));
+        let maker = Some(backend)
+            .filter(|b| !b.is_empty())
+            .and_then(|b| self.registry.get(b))
+            .filter(makes)
+            .or_else(|| self.registry.backends.iter().find(makes));
         match maker {
             Some(b) => b.backend.make_mesh(RStr::from_str(text)).into_result().map_err(|e| backend_error(b, e)),
             None => Err(Error::NoMeshMaker { kind: spec.kind.clone(), available: self.registry.names() }),

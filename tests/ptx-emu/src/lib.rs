@@ -246,7 +246,7 @@ impl Memory {
         if i + 4 > self.bytes.len() {
             return Err(format!("access past memory at {addr:#x}"));
         }
-        if i % 4 != 0 {
+        if !i.is_multiple_of(4) {
             return Err(format!("misaligned access at {addr:#x}"));
         }
         Ok(i)
