@@ -212,10 +212,11 @@ fn emulate(
 ) -> Vec<(String, tessel::HostArray)> {
     use tessel_plugin_api::ir::ParamKind;
     let module = tessel_ptx_emu::parse(ptx).unwrap_or_else(|e| panic!("{}: {e}", kernel.name()));
-    // "// N CTAs of 128 threads, W bytes of workspace per CTA"
+    // "// N CTAs of T threads, W bytes of workspace per CTA"
     let header = ptx.lines().find(|l| l.contains("CTAs of")).expect("plan comment");
     let words: Vec<&str> = header.split_whitespace().collect();
     let ctas: u32 = words[1].parse().expect("CTA count");
+    let threads: u32 = words[4].parse().expect("threads per CTA");
     let per_cta: usize = words[6].parse().expect("workspace bytes");
     let mut mem = tessel_ptx_emu::Memory::default();
     let mut params = vec![mem.alloc(ctas as usize * per_cta)];
@@ -229,7 +230,7 @@ fn emulate(
         }
         params.push(addr);
     }
-    module.launch(&mut mem, &params, ctas, 128, reverse).unwrap_or_else(|e| panic!("{}: {e}", kernel.name()));
+    module.launch(&mut mem, &params, ctas, threads, reverse).unwrap_or_else(|e| panic!("{}: {e}", kernel.name()));
     outputs
         .into_iter()
         .map(|(name, ty, addr)| (name, tessel::HostArray::from_bits(ty.dtype, &ty.shape, mem.read_words(addr, ty.numel()))))
@@ -276,4 +277,26 @@ fn emulated_ptx_agrees_with_the_interpreter() {
         checked += 1;
     }
     assert!(checked >= 12, "only {checked} kernels emulated");
+}
+
+#[test]
+fn a_thread_axis_runs_as_the_warpgroups_of_one_cta() {
+    use tessel::{KernelLaunch, Runtime, Tolerance};
+    let rt = Runtime::new(&[]).expect("runtime");
+    let kernels = tessel::load_file(&root().join("tests/in/warpgroups.tk")).expect("kernel");
+    let mesh = rt.mesh("mosaic-gpu", "mosaic_gpu(i: 4, wg: 2 thread)").expect("mesh");
+    let call = [KernelLaunch { kernel: &kernels[0], mesh: Some(&mesh) }];
+    let (_, ptx) = rt.lower("mosaic-gpu", &call, &[], &Default::default()).expect("lowers").remove(0);
+    assert!(
+        ptx.contains("// 4 CTAs of 256 threads") && ptx.contains(".maxntid 256, 1, 1"),
+        "one CTA of 2 x 128 threads per program"
+    );
+    assert!(ptx.contains("bar.sync %r"), "each warpgroup has its own barrier");
+    let args = tessel::LaunchArgs { inputs: tessel::inputs::random_inputs(kernels[0].kernel(), 3), grid: Default::default() };
+    let want = rt.launch("interpret", &call, &[], &args).expect("the interpreter takes the portable view");
+    for reverse in [false, true] {
+        let got = emulate(&ptx, &kernels[0], &args, reverse);
+        let tol = Tolerance::for_dtype(want[0].1.dtype());
+        assert!(got[0].1.to_f64().iter().zip(want[0].1.to_f64()).all(|(a, b)| tol.close(*a, b)), "reverse={reverse}");
+    }
 }

@@ -61,8 +61,14 @@ struct Writer<'p> {
     regs16: u32,
     preds: u32,
     labels: u32,
+    /// The thread's index in its warpgroup (0..128).
     tid: String,
+    /// The thread's warpgroup: the thread axis coordinate and its named barrier.
+    warpgroup: String,
+    /// The CTA's workspace region (scratch).
     workspace: String,
+    /// This warpgroup's values.
+    values: String,
     /// Pointer register of each `in`/`out` argument.
     args: Vec<(String, String)>,
     /// Coordinate register of each grid axis.
@@ -82,7 +88,9 @@ impl<'p> Writer<'p> {
             preds: 0,
             labels: 0,
             tid: String::new(),
+            warpgroup: String::new(),
             workspace: String::new(),
+            values: String::new(),
             args: Vec::new(),
             coords: Vec::new(),
             origins: Vec::new(),
@@ -166,15 +174,23 @@ impl<'p> Writer<'p> {
         let _ = writeln!(head, "// tessel: kernel `{}` for the Mosaic GPU backend", k.name);
         let _ = writeln!(
             head,
-            "// {} CTAs of {THREADS} threads, {} bytes of workspace per CTA",
-            self.plan.ctas, self.plan.workspace_per_cta
+            "// {} CTAs of {} threads, {} bytes of workspace per CTA",
+            self.plan.ctas,
+            self.plan.threads(),
+            self.plan.workspace_per_cta
         );
         let _ = writeln!(head, ".version 8.0\n.target sm_90a\n.address_size 64\n");
         let mut params = vec![format!("\t.param .u64 {}_workspace", self.plan.entry)];
         for p in k.params.iter().filter(|p| p.kind != ParamKind::Scratch) {
             params.push(format!("\t.param .u64 {}_{}", self.plan.entry, p.name));
         }
-        let _ = writeln!(head, ".visible .entry {}(\n{}\n)\n.maxntid {THREADS}, 1, 1\n{{", self.plan.entry, params.join(",\n"));
+        let _ = writeln!(
+            head,
+            ".visible .entry {}(\n{}\n)\n.maxntid {}, 1, 1\n{{",
+            self.plan.entry,
+            params.join(",\n"),
+            self.plan.threads()
+        );
         let _ = writeln!(head, "\t.reg .pred %p<{}>;", self.preds + 1);
         let _ = writeln!(head, "\t.reg .b16 %h<{}>;", self.regs16 + 1);
         let _ = writeln!(head, "\t.reg .b32 %r<{}>;", self.regs + 1);
@@ -192,15 +208,24 @@ impl<'p> Writer<'p> {
         let ws = self.rd();
         self.ins(format!("ld.param.u64 {ws}, [{entry}_workspace]"));
         self.ins(format!("cvta.to.global.u64 {ws}, {ws}"));
+        // Warpgroup w = tid.x / 128 runs point w of the thread axis; lanes are tid.x % 128.
+        let tid_x = self.r();
+        self.ins(format!("mov.u32 {tid_x}, %tid.x"));
         self.tid = self.r();
-        let tid = self.tid.clone();
-        self.ins(format!("mov.u32 {tid}, %tid.x"));
+        self.warpgroup = self.r();
+        let (tid, wg) = (self.tid.clone(), self.warpgroup.clone());
+        self.ins(format!("rem.u32 {tid}, {tid_x}, {THREADS}"));
+        self.ins(format!("div.u32 {wg}, {tid_x}, {THREADS}"));
         let cta = self.r();
         self.ins(format!("mov.u32 {cta}, %ctaid.x"));
         let off = self.rd();
         self.ins(format!("mul.wide.u32 {off}, {cta}, {}", plan.workspace_per_cta));
         self.workspace = self.rd();
         self.ins(format!("add.u64 {}, {ws}, {off}", self.workspace));
+        let voff = self.rd();
+        self.ins(format!("mul.wide.u32 {voff}, {wg}, {}", plan.value_bytes));
+        self.values = self.rd();
+        self.ins(format!("add.u64 {}, {}, {voff}", self.values, self.workspace));
         for p in k.params.iter().filter(|p| p.kind != ParamKind::Scratch) {
             let r = self.rd();
             self.ins(format!("ld.param.u64 {r}, [{entry}_{}]", p.name));
@@ -224,9 +249,12 @@ impl<'p> Writer<'p> {
                 stride *= size(&grid[a]);
             }
         };
-        let par: Vec<usize> = (0..grid.len()).filter(|&a| !grid[a].seq).collect();
+        let par: Vec<usize> = (0..grid.len()).filter(|&a| !grid[a].seq && Some(a) != plan.thread_axis).collect();
         let seq: Vec<usize> = (0..grid.len()).filter(|&a| grid[a].seq).collect();
         decode(self, &cta, &par);
+        if let Some(t) = plan.thread_axis {
+            self.coords[t] = self.warpgroup.clone();
+        }
         let steps: u64 = seq.iter().map(|&a| size(&grid[a])).product();
         let step = self.r();
         self.ins(format!("mov.u32 {step}, 0"));
@@ -285,21 +313,26 @@ impl<'p> Writer<'p> {
         self.ins(format!("add.u32 {e}, {e}, {THREADS}"));
         self.ins(format!("bra {top}"));
         self.place_label(&end);
-        self.ins("bar.sync 0");
+        if self.plan.warpgroups == 1 {
+            self.ins("bar.sync 0");
+        } else {
+            // Each warpgroup synchronises its own 128 threads (named barrier = warpgroup).
+            let wg = self.warpgroup.clone();
+            self.ins(format!("bar.sync {wg}, {THREADS}"));
+        }
     }
 
     // ---- memory ----
 
     fn slot_addr(&mut self, name: &str, index: &str) -> String {
-        let slot = self
-            .plan
-            .values
-            .get(name)
-            .or_else(|| self.plan.scratch.get(name))
-            .unwrap_or_else(|| panic!("planned slot for {name}"));
+        // Values live in this warpgroup's copy; scratch in the region the CTA shares.
+        let (slot, region) = match self.plan.values.get(name) {
+            Some(s) => (s, self.values.clone()),
+            None => (self.plan.scratch.get(name).unwrap_or_else(|| panic!("planned slot for {name}")), self.workspace.clone()),
+        };
         let offset = slot.offset;
         let (base, wide) = (self.rd(), self.rd());
-        let ws = self.workspace.clone();
+        let ws = region;
         self.ins(format!("add.u64 {base}, {ws}, {offset}"));
         self.ins(format!("mul.wide.u32 {wide}, {index}, 4"));
         self.ins(format!("add.u64 {base}, {base}, {wide}"));

@@ -80,16 +80,8 @@ impl MosaicGpu {
                     ));
                 }
                 let spec = own.as_ref().map(MosaicGpuMesh::spec);
-                if let (Some(m), true) = (&own, call.kernel.params_of(ParamKind::Scratch).next().is_some())
-                    && let Some(t) = &m.thread_name
-                {
-                    return Err(refuse(
-                        &format!("scratch shared across the thread axis `{t}` is not lowered by this Mosaic GPU backend yet"),
-                        "leave out the `thread` axis (each program is one CTA of 128 threads), or run on wgpu or interpret",
-                    ));
-                }
                 let verified = verify_with_mesh(&call.kernel, spec.as_ref())?;
-                lower::plan(&verified)
+                lower::plan(&verified, own.as_ref().and_then(|m| m.thread_name.as_deref()))
             })
             .collect()
     }

@@ -1,11 +1,12 @@
 //! Verified IR to a PTX plan: what the kernel needs (supported ops and dtypes, the CTA grid) and
 //! where every value lives. Pure: no device.
 //!
-//! The model, correct first: one program is one CTA of 128 threads; the parallel grid axes
-//! (cluster axes included) are folded into `ctaid.x`; the `seq` axes are a loop inside the CTA.
-//! Every block value lives in the CTA's region of a global workspace, 4 bytes an element, and each
-//! operation is a loop of the CTA's threads over the elements of its result, followed by
-//! `bar.sync`. Reductions and `dot` give each output element to one thread, which accumulates in
+//! The model, correct first: one program is one CTA of 128 × `num_threads` threads; the points
+//! of the mesh's thread axis are its warpgroups of 128, each with its own copy of the values and
+//! its own named barrier, all sharing the CTA's scratch. The other parallel grid axes (cluster
+//! axes included) are folded into `ctaid.x`; the `seq` axes are a loop inside the CTA. Every block
+//! value lives in the CTA's region of a global workspace, 4 bytes an element, and each operation
+//! is a loop of a warpgroup's threads over the elements of its result, followed by a barrier. Reductions and `dot` give each output element to one thread, which accumulates in
 //! the interpreter's order, so results agree bit for bit where the maths is exact. Loads and
 //! stores check the array bounds and masks lane by lane (docs/language.md §5).
 
@@ -43,10 +44,26 @@ pub struct Plan {
     pub values: HashMap<String, Slot>,
     /// Workspace slot of every scratch buffer, by name.
     pub scratch: HashMap<String, Slot>,
-    /// Bytes of one CTA's workspace region.
+    /// Bytes of one CTA's workspace region: the scratch, shared by the CTA's warpgroups, then
+    /// one copy of the values per warpgroup.
     pub workspace_per_cta: u64,
-    /// Number of CTAs (the product of the parallel axes).
+    /// Bytes of the scratch at the start of the region.
+    pub scratch_bytes: u64,
+    /// Bytes of one warpgroup's values.
+    pub value_bytes: u64,
+    /// Number of CTAs (the product of the parallel axes but the thread axis).
     pub ctas: u64,
+    /// Warpgroups of 128 threads per CTA: the size of the mesh's thread axis, else 1.
+    pub warpgroups: u32,
+    /// The grid axis that is the mesh's thread axis: each warpgroup runs one of its points.
+    pub thread_axis: Option<usize>,
+}
+
+impl Plan {
+    /// CUDA threads per CTA.
+    pub fn threads(&self) -> u32 {
+        THREADS * self.warpgroups
+    }
 }
 
 fn unsupported(msg: String) -> BackendError {
@@ -113,8 +130,9 @@ impl Planner {
     }
 }
 
-/// Plans one verified kernel, or refuses it (dtypes, ops, sizes).
-pub fn plan(kernel: &Verified) -> Result<Plan, BackendError> {
+/// Plans one verified kernel, or refuses it (dtypes, ops, sizes). `thread_axis` names the mesh's
+/// thread axis, whose points run as the warpgroups of one CTA and share its scratch.
+pub fn plan(kernel: &Verified, thread_axis: Option<&str>) -> Result<Plan, BackendError> {
     let k = kernel.kernel();
     for p in &k.params {
         check_dtype(p.ty.dtype)?;
@@ -125,20 +143,28 @@ pub fn plan(kernel: &Verified) -> Result<Plan, BackendError> {
         let slot = planner.place(&p.name, &p.ty)?;
         scratch.insert(p.name.clone(), slot);
     }
+    let scratch_bytes = planner.next;
     planner.body(kernel, &k.body)?;
+    let value_bytes = planner.next - scratch_bytes;
+    let thread_axis = thread_axis.and_then(|t| kernel.grid().iter().position(|a| a.name == t));
     let mut ctas: u64 = 1;
-    for a in kernel.grid().iter().filter(|a| !a.seq) {
+    let mut warpgroups: u32 = 1;
+    for (i, a) in kernel.grid().iter().enumerate().filter(|(_, a)| !a.seq) {
         let AxisSize::Fixed(n) = a.size else {
             return Err(unsupported("dynamic grid bounds not supported in the Mosaic GPU backend\n  give the axis a fixed size, or run on wgpu or interpret, which take `--grid AXIS=N`".into()));
         };
-        ctas = ctas.saturating_mul(n);
+        if Some(i) == thread_axis {
+            warpgroups = n as u32;
+        } else {
+            ctas = ctas.saturating_mul(n);
+        }
     }
     if ctas > MAX_CTAS {
         return Err(unsupported(format!(
             "the parallel grid has {ctas} programs, more than the {MAX_CTAS} CTAs of one Mosaic GPU launch\n  use larger blocks or make an axis `seq`"
         )));
     }
-    let workspace_per_cta = planner.next.max(16);
+    let workspace_per_cta = (scratch_bytes + u64::from(warpgroups) * value_bytes).max(16);
     if workspace_per_cta >= u64::from(u32::MAX) {
         return Err(unsupported(format!(
             "kernel `{}` needs {workspace_per_cta} bytes of workspace per program\n  use smaller blocks",
@@ -151,6 +177,10 @@ pub fn plan(kernel: &Verified) -> Result<Plan, BackendError> {
         values: planner.values,
         scratch,
         workspace_per_cta,
+        scratch_bytes,
+        value_bytes,
         ctas,
+        warpgroups,
+        thread_axis,
     })
 }

@@ -12,7 +12,7 @@ use tessel_plugin_api::abi::{BackendError, ErrorKind};
 use tessel_plugin_api::array::HostArray;
 use tessel_plugin_api::ir::{ParamKind, Type};
 
-use crate::lower::{Plan, THREADS};
+use crate::lower::Plan;
 
 /// A device buffer: 4 bytes an element (`bool` as 0 or 1).
 pub struct DeviceBuffer {
@@ -139,7 +139,7 @@ impl Gpu {
             }
             b.arg(&buf.data);
         }
-        let cfg = LaunchConfig { grid_dim: (plan.ctas as u32, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
+        let cfg = LaunchConfig { grid_dim: (plan.ctas as u32, 1, 1), block_dim: (plan.threads(), 1, 1), shared_mem_bytes: 0 };
         // SAFETY: the arguments are the workspace and one buffer per `in`/`out` argument, in the
         // order and of the types of the entry's parameters (emit.rs); every access the kernel
         // makes is bounds-checked against the array shapes the buffers were allocated with.

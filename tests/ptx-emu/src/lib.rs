@@ -282,52 +282,74 @@ fn b(v: f32) -> u64 {
 }
 
 impl Module {
+    fn run_group(
+        &self,
+        mem: &mut Memory,
+        params: &[u64],
+        cta: u32,
+        tids: std::ops::Range<u32>,
+        reverse: bool,
+    ) -> Result<(), String> {
+        let mut threads: Vec<(u32, Thread)> =
+            tids.map(|t| (t, Thread { regs: vec![0; self.registers], pc: 0, done: false })).collect();
+        if reverse {
+            threads.reverse();
+        }
+        let mut steps: u64 = 0;
+        loop {
+            for (tid, th) in threads.iter_mut() {
+                while !th.done {
+                    steps += 1;
+                    if steps > 4_000_000_000 {
+                        return Err("the kernel runs too long (an endless loop?)".into());
+                    }
+                    let ins = self.code.get(th.pc).ok_or("ran off the end of the code")?;
+                    th.pc += 1;
+                    if let Some((p, neg)) = ins.pred
+                        && (th.regs[p] != 0) == neg
+                    {
+                        continue;
+                    }
+                    if ins.code == BAR {
+                        break;
+                    }
+                    if ins.code == RET {
+                        th.done = true;
+                        break;
+                    }
+                    exec(ins, th, mem, params, *tid, cta).map_err(|e| format!("line {} `{}`: {e}", ins.line, ins.op))?;
+                }
+            }
+            if threads.iter().all(|(_, t)| t.done) {
+                return Ok(());
+            }
+            if threads.iter().any(|(_, t)| t.done) {
+                return Err("some threads ended while others wait at a barrier".into());
+            }
+            let pc = threads[0].1.pc;
+            if threads.iter().any(|(_, t)| t.pc != pc) {
+                return Err("threads wait at different barriers".into());
+            }
+        }
+    }
+
     /// Runs the entry over `grid` CTAs of `block` threads with the parameter values `params`.
     pub fn launch(&self, mem: &mut Memory, params: &[u64], grid: u32, block: u32, reverse: bool) -> Result<(), String> {
         if params.len() != self.params.len() {
             return Err(format!("{} takes {} parameters, got {}", self.entry, self.params.len(), params.len()));
         }
+        // `bar.sync w, 128` is a barrier per warpgroup of 128 threads: warpgroups run one after
+        // another (they share only the CTA's scratch), threads of one group to each barrier.
+        let group = block.min(128);
         for cta in 0..grid {
-            let mut threads: Vec<Thread> =
-                (0..block).map(|_| Thread { regs: vec![0; self.registers], pc: 0, done: false }).collect();
-            let order: Vec<usize> = if reverse { (0..block as usize).rev().collect() } else { (0..block as usize).collect() };
-            let mut steps: u64 = 0;
-            loop {
-                // Each thread runs to its next barrier or its end.
-                for &t in &order {
-                    let th = &mut threads[t];
-                    while !th.done {
-                        steps += 1;
-                        if steps > 2_000_000_000 {
-                            return Err("the kernel runs too long (an endless loop?)".into());
-                        }
-                        let ins = self.code.get(th.pc).ok_or("ran off the end of the code")?;
-                        th.pc += 1;
-                        if let Some((p, neg)) = ins.pred
-                            && (th.regs[p] != 0) == neg
-                        {
-                            continue;
-                        }
-                        if ins.code == BAR {
-                            break;
-                        }
-                        if ins.code == RET {
-                            th.done = true;
-                            break;
-                        }
-                        exec(ins, th, mem, params, t as u32, cta).map_err(|e| format!("line {} `{}`: {e}", ins.line, ins.op))?;
-                    }
-                }
-                if threads.iter().all(|t| t.done) {
-                    break;
-                }
-                if threads.iter().any(|t| t.done) {
-                    return Err("some threads ended while others wait at a barrier".into());
-                }
-                let pcs: Vec<usize> = threads.iter().map(|t| t.pc).collect();
-                if pcs.iter().any(|&p| p != pcs[0]) {
-                    return Err("threads wait at different barriers".into());
-                }
+            let mut groups: Vec<u32> = (0..block.div_ceil(group)).collect();
+            if reverse {
+                groups.reverse();
+            }
+            for g in groups {
+                let lo = g * group;
+                let hi = (lo + group).min(block);
+                self.run_group(mem, params, cta, lo..hi, reverse)?;
             }
         }
         Ok(())
