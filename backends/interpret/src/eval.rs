@@ -17,11 +17,28 @@ pub(crate) enum Data {
 }
 
 /// A block value (shape `[]` for a scalar).
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub(crate) struct Val {
     pub dtype: DType,
     pub shape: Vec<usize>,
     pub data: Data,
+}
+
+impl std::fmt::Debug for Val {
+    /// The type and at most the first eight elements: program listings stay short.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        fn head<T: std::fmt::Debug>(v: &[T]) -> String {
+            let shown: Vec<String> = v.iter().take(8).map(|x| format!("{x:?}")).collect();
+            format!("[{}{}]", shown.join(", "), if v.len() > 8 { ", …" } else { "" })
+        }
+        let elems = match &self.data {
+            Data::F(v) => head(v),
+            Data::I(v) => head(v),
+            Data::U(v) => head(v),
+            Data::B(v) => head(v),
+        };
+        write!(f, "{} {elems}", tessel_plugin_api::ir::Type::array(self.dtype, self.shape.clone()))
+    }
 }
 
 fn round(dtype: DType, x: f32) -> f32 {

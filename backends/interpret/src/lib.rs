@@ -22,6 +22,53 @@ use tessel_plugin_api::mesh::MeshSpec;
 /// The backend's name.
 pub const NAME: &str = "interpret";
 
+/// The largest block value the interpreter runs, in elements (64 MiB of f32).
+pub const MAX_BLOCK_ELEMENTS: usize = 1 << 24;
+
+/// The largest argument array, in elements (indices are 32-bit on every backend).
+pub const MAX_ARRAY_ELEMENTS: usize = 1 << 32;
+
+/// Refuses kernels whose block values or arrays exceed the interpreter's limits.
+fn check_limits(v: &Verified) -> Result<(), BackendError> {
+    let too_big = |what: String, n: usize, limit: usize| {
+        BackendError::new(
+            ErrorKind::Unsupported,
+            format!(
+                "{what} has {n} elements, more than the {limit} the interpret backend runs\n  use smaller blocks (or arrays)"
+            ),
+        )
+    };
+    let k = v.kernel();
+    for p in &k.params {
+        if p.ty.shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d)).is_none_or(|n| n > MAX_ARRAY_ELEMENTS) {
+            return Err(too_big(
+                format!("argument `{}` ({})", p.name, p.ty),
+                p.ty.shape.iter().fold(1usize, |a, &d| a.saturating_mul(d)),
+                MAX_ARRAY_ELEMENTS,
+            ));
+        }
+    }
+    fn walk(
+        v: &Verified,
+        body: &[tessel_plugin_api::ir::Stmt],
+        f: &mut dyn FnMut(&str, &Type) -> Result<(), BackendError>,
+    ) -> Result<(), BackendError> {
+        for s in body {
+            for r in &s.results {
+                f(r, v.value_type(r))?;
+            }
+            if let tessel_plugin_api::ir::Op::When { body, .. } | tessel_plugin_api::ir::Op::For { body, .. } = &s.op {
+                walk(v, body, f)?;
+            }
+        }
+        Ok(())
+    }
+    walk(v, &k.body, &mut |name, ty| {
+        let n = ty.shape.iter().fold(1usize, |a, &d| a.saturating_mul(d));
+        if n > MAX_BLOCK_ELEMENTS { Err(too_big(format!("block value %{name} ({ty})"), n, MAX_BLOCK_ELEMENTS)) } else { Ok(()) }
+    })
+}
+
 /// What can go wrong when running a kernel: only a launch that does not fit it.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -75,7 +122,9 @@ impl Interpreter {
                 if let Some(s) = spec.as_ref().filter(|s| s.kind == "device") {
                     return Err(mesh::refuse_device(s));
                 }
-                verify_with_mesh(&c.kernel, spec.as_ref())
+                let v = verify_with_mesh(&c.kernel, spec.as_ref())?;
+                check_limits(&v)?;
+                Ok(v)
             })
             .collect()
     }
@@ -113,7 +162,7 @@ impl BackendImpl for Interpreter {
             multiple_kernels: true,
             external_meshes: true,
             targets: vec!["cpu".into()].into(),
-            max_block_elements: u64::MAX,
+            max_block_elements: MAX_BLOCK_ELEMENTS as u64,
         }
     }
 

@@ -232,6 +232,7 @@ impl Parser {
             self.recover_line();
         }
         let mut kernel = Kernel { name, grid: None, params: Vec::new(), body: Vec::new(), span };
+        let mut missing_brace = false;
         loop {
             self.skip_newlines();
             let res = match self.peek() {
@@ -248,17 +249,36 @@ impl Parser {
                     self.diags.push(d);
                     return None;
                 }
+                Some(Tok::Value(_)) => {
+                    // A statement: the `{` is missing. Say so once and read the body from here.
+                    let d = self.unexpected("`{` on its own line to open the body before the first statement");
+                    self.diags.push(d);
+                    missing_brace = true;
+                    break;
+                }
+                Some(Tok::RBrace) => {
+                    let d = self.unexpected("a header line (`grid`, `in`, `out`, `scratch`) or `{` to open the body");
+                    self.diags.push(d);
+                    self.pos += 1;
+                    continue;
+                }
                 _ => Err(self.unexpected("a header line (`grid`, `in`, `out`, `scratch`) or `{` to open the body")),
             };
             if let Err(d) = res {
                 self.diags.push(d);
+                let before = self.pos;
                 self.recover_line();
+                if self.pos == before {
+                    self.pos += 1;
+                }
             }
         }
-        self.pos += 1; // `{`
-        if let Err(d) = self.expect_line_end() {
-            self.diags.push(d);
-            self.recover_line();
+        if !missing_brace {
+            self.pos += 1; // `{`
+            if let Err(d) = self.expect_line_end() {
+                self.diags.push(d);
+                self.recover_line();
+            }
         }
         kernel.body = self.block();
         if !self.eat(&Tok::RBrace) {
