@@ -23,9 +23,21 @@ fn kernel_files() -> Vec<PathBuf> {
 /// Kernel files the Mosaic GPU backend refuses by design, with the refusal's first line.
 const REFUSED: &[(&str, &str)] = &[("dyn_grid", "dynamic grid bounds not supported in the Mosaic GPU backend")];
 
+/// Kernel files whose kernel has no grid, with the mesh that gives it one.
+const MESHES: &[(&str, &str)] = &[("mesh_grid", "mosaic_gpu(i: 4, j: 2)")];
+
+fn mesh_for(name: &str) -> Option<&'static str> {
+    MESHES.iter().find(|(n, _)| *n == name).map(|(_, m)| *m)
+}
+
 fn lower(path: &Path, kernel: &str) -> Result<String, String> {
     let file = path.display().to_string();
-    let r = tessel(&["lower", &file, "--backend", "mosaic-gpu", "--kernel", kernel]);
+    let name = path.file_stem().and_then(|s| s.to_str()).unwrap_or_default();
+    let mut args = vec!["lower", &file, "--backend", "mosaic-gpu", "--kernel", kernel];
+    if let Some(m) = mesh_for(name) {
+        args.extend(["--mesh", m]);
+    }
+    let r = tessel(&args);
     if r.code == 0 { Ok(r.stdout) } else { Err(r.stderr) }
 }
 
@@ -249,7 +261,8 @@ fn emulated_ptx_agrees_with_the_interpreter() {
         }
         let kernels = tessel::load_file(&path).unwrap_or_else(|e| panic!("{e}"));
         let kernel = &kernels[0];
-        let call = [KernelLaunch { kernel, mesh: None }];
+        let mesh = mesh_for(&name).map(|m| rt.mesh("mosaic-gpu", m).expect("mesh"));
+        let call = [KernelLaunch { kernel, mesh: mesh.as_ref() }];
         let (_, ptx) = rt.lower("mosaic-gpu", &call, &[], &Default::default()).expect("lowers").remove(0);
         let args = tessel::LaunchArgs { inputs: tessel::inputs::random_inputs(kernel.kernel(), 7), grid: Default::default() };
         let want = rt.launch("interpret", &call, &[], &args).expect("interpreter runs");

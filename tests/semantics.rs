@@ -390,3 +390,23 @@ fn several_kernels_in_one_file_are_chosen_by_name() {
     let want: Vec<f32> = x.iter().map(|v| v + 1.0).collect();
     assert_eq!(as_f32(&common::read_output(dir.path(), "o")), want);
 }
+
+#[test]
+fn a_kernel_without_grid_takes_its_axes_from_the_mesh() {
+    let file = common::root().join("tests/in/mesh_grid.tk").display().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let x: Vec<f32> = (0..64 * 32).map(|v| v as f32).collect();
+    let input = common::input_arg(dir.path(), "x", &HostArray { shape: vec![64, 32], data: ArrayData::F32(x.clone()) });
+    let out = dir.path().display().to_string();
+    let r = common::tessel(&["run", &file, "--mesh", "grid(i: 4, j: 2)", "--input", &input, "--out-dir", &out]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    // o[r, c] = x[r, c] + (the row block r / 16, which is program_id i).
+    let want: Vec<f32> = x.iter().enumerate().map(|(n, v)| v + ((n / 32) / 16) as f32).collect();
+    assert_eq!(as_f32(&common::read_output(dir.path(), "o")), want);
+    let r = common::tessel(&["run", &file, "--input", &input, "--out-dir", &out]);
+    assert_eq!(r.code, 1);
+    assert!(r.stderr.contains("has no grid and uses the axes `i`, `j`"), "{}", r.stderr);
+    let r = common::tessel(&["run", &file, "--mesh", "grid(i: 4)", "--input", &input, "--out-dir", &out]);
+    assert_eq!(r.code, 1);
+    assert!(r.stderr.contains("uses axis `j`, which the mesh grid(i: 4) does not name"), "{}", r.stderr);
+}

@@ -204,6 +204,19 @@ pub fn verify_with_mesh(kernel: &Kernel, mesh: Option<&MeshSpec>) -> Result<Veri
     if let Some(m) = mesh {
         match &kernel.grid {
             None => {
+                // Every axis the kernel uses must be one of the mesh's.
+                if let Ok(v) = ir::verify(&kernel)
+                    && let Some(missing) = v.mesh_axes().iter().find(|a| !m.axes.iter().any(|x| &x.name == *a))
+                {
+                    return Err(BackendError::new(
+                        ErrorKind::Unsupported,
+                        format!(
+                            "kernel `{}` uses axis `{missing}`, which the mesh {m} does not name\n  give the mesh every axis the kernel uses: {}",
+                            kernel.name,
+                            v.mesh_axes().join(", ")
+                        ),
+                    ));
+                }
                 let axes = m.axes.iter().map(|a| GridAxis {
                     name: a.name.clone(),
                     size: AxisSize::Fixed(a.size),
@@ -229,7 +242,13 @@ pub fn verify_with_mesh(kernel: &Kernel, mesh: Option<&MeshSpec>) -> Result<Veri
             }
         }
     }
-    ir::verify(&kernel).map_err(|d| invalid(format!("kernel `{}` does not verify:\n{d}", kernel.name)))
+    let v = ir::verify(&kernel).map_err(|d| invalid(format!("kernel `{}` does not verify:\n{d}", kernel.name)))?;
+    if !v.mesh_axes().is_empty() {
+        // No mesh gave the axes the kernel uses.
+        let e = crate::launch::resolve_grid(&v, &BTreeMap::new()).expect_err("a kernel with mesh axes needs a mesh");
+        return Err(invalid(e.to_string()));
+    }
+    Ok(v)
 }
 
 impl<B: BackendImpl> Exported<B> {

@@ -77,6 +77,18 @@ pub enum LaunchError {
         /// What would work.
         expected: String,
     },
+    /// A kernel without `grid` that uses axes a mesh must give, launched without one.
+    #[error(
+        "kernel `{kernel}` has no grid and uses the axes {axes}: they come from the mesh it is launched with\n  launch it with a mesh naming them, as in --mesh \"grid({example})\""
+    )]
+    NeedsMesh {
+        /// Kernel name.
+        kernel: String,
+        /// The axes, comma-separated.
+        axes: String,
+        /// An example mesh body.
+        example: String,
+    },
     /// A grid size of 0 or beyond [`MAX_AXIS_SIZE`].
     #[error("grid axis `{axis}` of kernel `{kernel}` cannot have size {size}\n  expected a size from 1 to {MAX_AXIS_SIZE}")]
     BadGridSize {
@@ -138,6 +150,13 @@ pub fn check_inputs(k: &Kernel, inputs: &BTreeMap<String, HostArray>, exact: boo
 pub fn resolve_grid(kernel: &Verified, sizes: &BTreeMap<String, u64>) -> Result<Vec<LaunchAxis>, LaunchError> {
     let k = kernel.kernel();
     let kname = || k.name.clone();
+    if !kernel.mesh_axes().is_empty() {
+        return Err(LaunchError::NeedsMesh {
+            kernel: kname(),
+            axes: kernel.mesh_axes().iter().map(|a| format!("`{a}`")).collect::<Vec<_>>().join(", "),
+            example: kernel.mesh_axes().iter().map(|a| format!("{a}: 4")).collect::<Vec<_>>().join(", "),
+        });
+    }
     let grid = kernel.grid();
     for axis in sizes.keys() {
         if !grid.iter().any(|a| &a.name == axis && a.size == AxisSize::Dyn) {

@@ -12,6 +12,7 @@ use super::*;
 pub struct Verified {
     kernel: Kernel,
     types: HashMap<String, Type>,
+    mesh_axes: Vec<String>,
 }
 
 impl Verified {
@@ -33,6 +34,13 @@ impl Verified {
     /// The kernel's name.
     pub fn name(&self) -> &str {
         &self.kernel.name
+    }
+
+    /// Axis names a kernel without `grid` uses (in `at (...)`, `program_id`, `num_programs`):
+    /// they must come from the mesh it is launched with (docs/language.md §4). Empty for a kernel
+    /// with a grid.
+    pub fn mesh_axes(&self) -> &[String] {
+        &self.mesh_axes
     }
 }
 
@@ -68,13 +76,14 @@ pub fn verify(kernel: &Kernel) -> Result<Verified, Diagnostics> {
         types: HashMap::new(),
         snippet: None,
         for_results: Vec::new(),
+        mesh_axes: Vec::new(),
     };
     c.header();
     c.body(&mut body, BodyKind::Kernel);
-    let (diags, types) = (c.diags, c.types);
+    let (diags, types, mesh_axes) = (c.diags, c.types, c.mesh_axes);
     kernel.body = body;
     if diags.is_empty() {
-        Ok(Verified { kernel, types })
+        Ok(Verified { kernel, types, mesh_axes })
     } else {
         let mut diags = diags;
         diags.sort_by_key(|d| d.span.start);
@@ -109,6 +118,8 @@ struct Checker<'k> {
     snippet: Option<String>,
     /// The result types of the `for` just checked.
     for_results: Vec<Checked<Type>>,
+    /// Axis names used by a kernel without `grid`: the mesh's at launch.
+    mesh_axes: Vec<String>,
 }
 
 fn broadcast(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
@@ -162,6 +173,13 @@ impl<'k> Checker<'k> {
     }
 
     // ---- header ----
+
+    /// Records an axis a kernel without `grid` takes from its mesh.
+    fn use_mesh_axis(&mut self, name: &str) {
+        if !self.mesh_axes.iter().any(|a| a == name) {
+            self.mesh_axes.push(name.to_string());
+        }
+    }
 
     fn axis_names(&self) -> Vec<&'k str> {
         let k: &'k Kernel = self.k;
@@ -247,7 +265,9 @@ impl<'k> Checker<'k> {
         let axes = self.axis_names();
         for e in &b.index {
             for (_, name) in &e.terms {
-                if !axes.contains(&name.as_str()) {
+                if self.k.grid.is_none() {
+                    self.use_mesh_axis(name);
+                } else if !axes.contains(&name.as_str()) {
                     let known = if axes.is_empty() {
                         "the kernel has no grid: declare one with `grid (...)`".to_string()
                     } else {
@@ -510,6 +530,10 @@ impl<'k> Checker<'k> {
             }
             Op::ProgramId(a) | Op::NumPrograms(a) => {
                 let axes = self.axis_names();
+                if let (None, AxisRef::Name(n)) = (&self.k.grid, &*a) {
+                    self.use_mesh_axis(n);
+                    return Some(Type::scalar(DType::I32));
+                }
                 let ok = match a {
                     AxisRef::Name(n) => axes.contains(&n.as_str()),
                     AxisRef::Pos(p) => *p < axes.len(),
