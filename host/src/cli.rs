@@ -360,7 +360,11 @@ fn explain(p: &Prepared, flags: &LaunchFlags, out: &mut dyn Write) {
 fn lower(rt: &Runtime, flags: &LaunchFlags, out: &mut dyn Write) -> Result<()> {
     let p = prepare(rt, flags)?;
     explain(&p, flags, out);
-    for (name, text) in rt.lower(&p.backend, &p.launches(), &p.externals(), &p.grid)? {
+    let (stages, cache) = rt.lower_cached(&p.backend, &p.launches(), &p.externals(), &p.grid)?;
+    if flags.explain {
+        let _ = writeln!(out, "cache: {cache}");
+    }
+    for (name, text) in stages {
         let _ = writeln!(out, "// ---- {name} ({}) ----\n{text}", p.backend);
     }
     Ok(())

@@ -6,9 +6,9 @@ use std::path::PathBuf;
 
 use abi_stable::std_types::{ROption, RSlice, RStr, RString};
 use tessel_plugin_api::abi::{
-    BackendError, BufferArg, GridSize, IR_FORMAT_VERSION, KernelCall, LaunchRequest, Mesh, MeshBox, RMeshView,
+    BackendError, BufferArg, CacheStats, GridSize, IR_FORMAT_VERSION, KernelCall, LaunchRequest, Mesh, MeshBox, RMeshView,
 };
-use tessel_plugin_api::backend::{make_mesh_object, mesh_view};
+use tessel_plugin_api::backend::{cache_key, make_mesh_object, mesh_view};
 use tessel_plugin_api::ir::{ParamKind, Verified, print_kernel};
 use tessel_plugin_api::launch::check_inputs;
 use tessel_plugin_api::mesh::MeshSpec;
@@ -147,10 +147,33 @@ impl Runtime {
         externals: &[&MeshBox],
         grid: &BTreeMap<String, u64>,
     ) -> Result<Vec<(String, String)>> {
+        self.lower_cached(backend, kernels, externals, grid).map(|(stages, _)| stages)
+    }
+
+    /// [`Runtime::lower`], through the on-disk cache of lowered text (see [`crate::cache`]). The
+    /// backend is asked `supports` every time; refusals are never cached.
+    pub fn lower_cached(
+        &self,
+        backend: &str,
+        kernels: &[KernelLaunch<'_>],
+        externals: &[&MeshBox],
+        grid: &BTreeMap<String, u64>,
+    ) -> Result<(Vec<(String, String)>, crate::cache::Outcome)> {
         let b = self.backend(backend)?;
-        let stages =
-            with_request(kernels, externals, grid, |req| b.backend.lower(req).into_result()).map_err(|e| backend_error(b, e))?;
-        Ok(stages.into_iter().map(|s| (s.name.into_string(), s.text.into_string())).collect())
+        with_request(kernels, externals, grid, |req| {
+            b.backend.supports(req).into_result()?;
+            let key = cache_key(&b.name, b.backend.version().as_str(), req);
+            crate::cache::lowered(&key, || {
+                let stages = b.backend.lower(req).into_result()?;
+                Ok(stages.into_iter().map(|s| (s.name.into_string(), s.text.into_string())).collect())
+            })
+        })
+        .map_err(|e| backend_error(b, e))
+    }
+
+    /// The counters of a backend's in-memory compile cache.
+    pub fn cache_stats(&self, backend: &str) -> Result<CacheStats> {
+        Ok(self.backend(backend)?.backend.cache_stats())
     }
 
     /// Runs a launch: allocates a device buffer per argument, uploads the inputs, launches, and

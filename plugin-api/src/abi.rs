@@ -103,6 +103,18 @@ pub struct Capabilities {
     pub max_block_elements: u64,
 }
 
+/// The counters of a backend's compile cache.
+#[repr(C)]
+#[derive(StableAbi, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct CacheStats {
+    /// Launches (and lowerings) served from the cache.
+    pub hits: u64,
+    /// Launches that were compiled.
+    pub misses: u64,
+    /// Compiled launches held.
+    pub entries: u64,
+}
+
 /// The role of a mesh axis, across the boundary.
 #[repr(u8)]
 #[derive(StableAbi, Clone, Copy, Debug, PartialEq, Eq)]
@@ -255,8 +267,10 @@ mod traits {
         /// Frees a buffer.
         fn free(&self, buffer: u64) -> RResult<(), BackendError>;
         /// Runs the launch on buffers bound by argument name.
-        #[sabi(last_prefix_field)]
         fn launch(&self, req: &LaunchRequest<'_>, args: RSlice<'_, BufferArg<'_>>) -> RResult<(), BackendError>;
+        /// The compile cache's counters.
+        #[sabi(last_prefix_field)]
+        fn cache_stats(&self) -> CacheStats;
     }
 }
 

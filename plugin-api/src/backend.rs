@@ -7,7 +7,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashMap};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, Once};
+use std::sync::{Arc, Mutex, Once};
 
 use abi_stable::sabi_trait::TD_Opaque;
 use abi_stable::std_types::{RResult, RSlice, RStr, RString, RVec};
@@ -52,24 +52,43 @@ pub trait BackendImpl: Send + Sync + 'static {
     fn capabilities(&self) -> Capabilities;
     /// Builds this backend's own mesh from a portable spec.
     fn make_mesh(&self, spec: &MeshSpec) -> Result<MeshBox, BackendError>;
-    /// Ok, or the refusal. No device.
+    /// Ok, or the refusal: cheap, no lowering, no device. Runs before every launch, even when the
+    /// compiled launch is cached (it is where a backend checks that a mesh is its own).
     fn supports(&self, launch: &Launch<'_>) -> Result<(), BackendError>;
-    /// Named stages of lowered text. No device.
-    fn lower(&self, launch: &Launch<'_>) -> Result<Vec<(String, String)>, BackendError>;
+    /// A launch lowered for this backend: what [`BackendImpl::compile`] makes and
+    /// [`BackendImpl::run`] runs. [`export`] caches it, keyed by the launch.
+    type Compiled: Send + Sync + 'static;
+    /// Lowers a launch (after `supports` said yes). No device.
+    fn compile(&self, launch: &Launch<'_>) -> Result<Self::Compiled, BackendError>;
+    /// Named stages of lowered text (`ptx`, `wgsl`, ...).
+    fn stages(&self, compiled: &Self::Compiled) -> Vec<(String, String)>;
     /// A zeroed buffer of `ty`.
     fn alloc(&self, ty: &Type) -> Result<Self::Buffer, BackendError>;
     /// Copies host data in (same type as allocated).
     fn upload(&self, buffer: &mut Self::Buffer, data: HostArray) -> Result<(), BackendError>;
     /// Copies a buffer out.
     fn download(&self, buffer: &Self::Buffer) -> Result<HostArray, BackendError>;
-    /// Runs a launch; `buffers` holds the bound arguments by name.
-    fn launch(&self, launch: &Launch<'_>, buffers: &mut BTreeMap<String, Self::Buffer>) -> Result<(), BackendError>;
+    /// Runs a compiled launch; `buffers` holds the bound arguments by name.
+    fn run(
+        &self,
+        compiled: &Self::Compiled,
+        launch: &Launch<'_>,
+        buffers: &mut BTreeMap<String, Self::Buffer>,
+    ) -> Result<(), BackendError>;
 }
 
 /// Wraps a backend into the object a plugin's root module returns and a built-in submits.
 pub fn export<B: BackendImpl>(backend: B) -> BackendBox {
     install_quiet_panic_hook();
-    Backend_TO::from_value(Exported { backend, buffers: Mutex::new(HashMap::new()), next: AtomicU64::new(1) }, TD_Opaque)
+    let exported = Exported {
+        backend,
+        buffers: Mutex::new(HashMap::new()),
+        next: AtomicU64::new(1),
+        compiled: Mutex::new(HashMap::new()),
+        hits: AtomicU64::new(0),
+        misses: AtomicU64::new(0),
+    };
+    Backend_TO::from_value(exported, TD_Opaque)
 }
 
 /// Runs `f` as an exported function body: a panic becomes an [`ErrorKind::Panic`] error.
@@ -126,6 +145,39 @@ struct Exported<B: BackendImpl> {
     backend: B,
     buffers: Mutex<HashMap<u64, B::Buffer>>,
     next: AtomicU64,
+    /// Compiled launches by [`cache_key`].
+    compiled: Mutex<HashMap<[u8; 32], Arc<B::Compiled>>>,
+    hits: AtomicU64,
+    misses: AtomicU64,
+}
+
+/// What identifies a compiled launch: the backend and its version, the plugin-api and kernel text
+/// format versions, the kernel text, each call's kernel and mesh (its text and portable view),
+/// the external meshes, and the dynamic grid sizes.
+pub fn cache_key(backend: &str, version: &str, req: &LaunchRequest<'_>) -> [u8; 32] {
+    let mut h = blake3::Hasher::new();
+    let mut field = |bytes: &[u8]| {
+        h.update(&(bytes.len() as u64).to_le_bytes());
+        h.update(bytes);
+    };
+    field(backend.as_bytes());
+    field(version.as_bytes());
+    field(PLUGIN_API_VERSION.as_bytes());
+    field(&req.ir_format.to_le_bytes());
+    field(req.source.as_str().as_bytes());
+    let mesh_text = |m: &MeshBox| format!("{} {}", m.display(), mesh_spec(m));
+    for c in req.calls.iter() {
+        field(c.kernel.as_str().as_bytes());
+        field(c.mesh.into_option().map(mesh_text).unwrap_or_default().as_bytes());
+    }
+    for m in req.external_meshes.iter() {
+        field(mesh_text(m).as_bytes());
+    }
+    for g in req.grid.iter() {
+        field(g.axis.as_str().as_bytes());
+        field(&g.size.to_le_bytes());
+    }
+    *h.finalize().as_bytes()
 }
 
 fn invalid(msg: impl Into<String>) -> BackendError {
@@ -252,6 +304,21 @@ pub fn verify_with_mesh(kernel: &Kernel, mesh: Option<&MeshSpec>) -> Result<Veri
 }
 
 impl<B: BackendImpl> Exported<B> {
+    /// Asks `supports`, then returns the compiled launch from the cache or compiles it.
+    fn compiled(&self, req: &LaunchRequest<'_>, launch: &Launch<'_>) -> Result<Arc<B::Compiled>, BackendError> {
+        self.backend.supports(launch)?;
+        let key = cache_key(self.backend.name(), self.backend.version(), req);
+        let poisoned = || BackendError::new(ErrorKind::Internal, "the compile cache is poisoned");
+        if let Some(c) = self.compiled.lock().map_err(|_| poisoned())?.get(&key) {
+            self.hits.fetch_add(1, Ordering::Relaxed);
+            return Ok(Arc::clone(c));
+        }
+        self.misses.fetch_add(1, Ordering::Relaxed);
+        let c = Arc::new(self.backend.compile(launch)?);
+        self.compiled.lock().map_err(|_| poisoned())?.insert(key, Arc::clone(&c));
+        Ok(c)
+    }
+
     fn take_buffers(&self, args: RSlice<'_, BufferArg<'_>>) -> Result<BTreeMap<String, (u64, B::Buffer)>, BackendError> {
         let mut table =
             self.buffers.lock().map_err(|_| BackendError::new(ErrorKind::Internal, "the buffer table is poisoned"))?;
@@ -336,7 +403,8 @@ impl<B: BackendImpl> Backend for Exported<B> {
 
     fn lower(&self, req: &LaunchRequest<'_>) -> RResult<RVec<Stage>, BackendError> {
         guard("lower", || {
-            let stages = self.backend.lower(&decode(req)?)?;
+            let compiled = self.compiled(req, &decode(req)?)?;
+            let stages = self.backend.stages(&compiled);
             Ok(stages.into_iter().map(|(name, text)| Stage { name: name.into(), text: text.into() }).collect())
         })
     }
@@ -382,13 +450,19 @@ impl<B: BackendImpl> Backend for Exported<B> {
         })
     }
 
+    fn cache_stats(&self) -> CacheStats {
+        let entries = self.compiled.lock().map_or(0, |c| c.len() as u64);
+        CacheStats { hits: self.hits.load(Ordering::Relaxed), misses: self.misses.load(Ordering::Relaxed), entries }
+    }
+
     fn launch(&self, req: &LaunchRequest<'_>, args: RSlice<'_, BufferArg<'_>>) -> RResult<(), BackendError> {
         guard("launch", || {
             let launch = decode(req)?;
+            let compiled = self.compiled(req, &launch)?;
             let taken = self.take_buffers(args)?;
             let ids: BTreeMap<String, u64> = taken.iter().map(|(n, (id, _))| (n.clone(), *id)).collect();
             let mut buffers: BTreeMap<String, B::Buffer> = taken.into_iter().map(|(n, (_, b))| (n, b)).collect();
-            let result = catch_unwind(AssertUnwindSafe(|| self.backend.launch(&launch, &mut buffers)));
+            let result = catch_unwind(AssertUnwindSafe(|| self.backend.run(&compiled, &launch, &mut buffers)));
             self.put_back(ids, buffers);
             match result {
                 Ok(r) => r,

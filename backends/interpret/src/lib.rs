@@ -174,13 +174,20 @@ impl BackendImpl for Interpreter {
         self.verified(launch).map(drop)
     }
 
-    fn lower(&self, launch: &Launch<'_>) -> Result<Vec<(String, String)>, BackendError> {
+    /// Each kernel verified with its mesh and lowered to the interpreter's program.
+    type Compiled = Vec<Compiled>;
+
+    fn compile(&self, launch: &Launch<'_>) -> Result<Vec<Compiled>, BackendError> {
+        Ok(self.verified(launch)?.iter().map(compile).collect())
+    }
+
+    fn stages(&self, compiled: &Vec<Compiled>) -> Vec<(String, String)> {
         let mut stages = Vec::new();
-        for v in self.verified(launch)? {
-            stages.push((format!("{}.tk", v.name()), print_kernel(v.kernel())));
-            stages.push((format!("{}.program", v.name()), format!("{:#?}", lower::lower(&v))));
+        for c in compiled {
+            stages.push((format!("{}.tk", c.kernel.name()), print_kernel(c.kernel.kernel())));
+            stages.push((format!("{}.program", c.kernel.name()), format!("{:#?}", c.program)));
         }
-        Ok(stages)
+        stages
     }
 
     fn alloc(&self, ty: &Type) -> Result<HostArray, BackendError> {
@@ -203,9 +210,14 @@ impl BackendImpl for Interpreter {
     }
 
     /// Runs the kernels in order; each sees the outputs of the ones before it.
-    fn launch(&self, launch: &Launch<'_>, buffers: &mut BTreeMap<String, HostArray>) -> Result<(), BackendError> {
-        for kernel in self.verified(launch)? {
-            let k = kernel.kernel();
+    fn run(
+        &self,
+        compiled: &Vec<Compiled>,
+        launch: &Launch<'_>,
+        buffers: &mut BTreeMap<String, HostArray>,
+    ) -> Result<(), BackendError> {
+        for c in compiled {
+            let k = c.kernel.kernel();
             let mut inputs = BTreeMap::new();
             for p in k.params_of(ParamKind::In) {
                 if let Some(a) = buffers.remove(&p.name) {
@@ -213,7 +225,7 @@ impl BackendImpl for Interpreter {
                 }
             }
             let args = LaunchArgs { inputs, grid: launch.grid.clone() };
-            let result = compile(&kernel).run(&args);
+            let result = c.run(&args);
             buffers.extend(args.inputs);
             let outputs = result.map_err(|Error::Launch(e)| launch_error(e))?;
             for (name, array) in outputs {

@@ -145,8 +145,22 @@ impl BackendImpl for MosaicGpu {
         self.plan(launch).map(drop)
     }
 
-    fn lower(&self, launch: &Launch<'_>) -> Result<Vec<(String, String)>, BackendError> {
-        Ok(self.plan(launch)?.iter().map(|p| (format!("{}.ptx", p.kernel.name()), emit::emit(p))).collect())
+    /// Each kernel's plan and its PTX.
+    type Compiled = Vec<(lower::Plan, String)>;
+
+    fn compile(&self, launch: &Launch<'_>) -> Result<Self::Compiled, BackendError> {
+        Ok(self
+            .plan(launch)?
+            .into_iter()
+            .map(|p| {
+                let ptx = emit::emit(&p);
+                (p, ptx)
+            })
+            .collect())
+    }
+
+    fn stages(&self, compiled: &Self::Compiled) -> Vec<(String, String)> {
+        compiled.iter().map(|(p, ptx)| (format!("{}.ptx", p.kernel.name()), ptx.clone())).collect()
     }
 
     fn alloc(&self, ty: &Type) -> Result<Self::Buffer, BackendError> {
@@ -167,20 +181,23 @@ impl BackendImpl for MosaicGpu {
         runtime::require()?.download(buffer)
     }
 
-    fn launch(&self, launch: &Launch<'_>, buffers: &mut BTreeMap<String, Self::Buffer>) -> Result<(), BackendError> {
-        let plans = self.plan(launch)?;
+    fn run(
+        &self,
+        compiled: &Self::Compiled,
+        launch: &Launch<'_>,
+        buffers: &mut BTreeMap<String, Self::Buffer>,
+    ) -> Result<(), BackendError> {
         let gpu = runtime::require()?;
-        for plan in &plans {
+        for (plan, ptx) in compiled {
             resolve_grid(&plan.kernel, &launch.grid).map_err(|e| BackendError::new(ErrorKind::InvalidInput, e.to_string()))?;
             let k = plan.kernel.kernel();
-            let ptx = emit::emit(plan);
             let bound: HashMap<String, runtime::DeviceBuffer> = k
                 .params
                 .iter()
                 .filter(|p| p.kind != ParamKind::Scratch)
                 .filter_map(|p| buffers.remove(&p.name).map(|b| (p.name.clone(), b)))
                 .collect();
-            let result = gpu.launch(plan, &ptx, &bound);
+            let result = gpu.launch(plan, ptx, &bound);
             buffers.extend(bound);
             result?;
         }
