@@ -208,7 +208,9 @@ impl Runtime {
                         .map_err(fail)?;
                     bound.push((p.name.clone(), id));
                     match p.kind {
-                        ParamKind::In => b.backend.upload(id, &args.inputs[&p.name].to_rarray()).into_result().map_err(fail)?,
+                        ParamKind::In => {
+                            args.inputs[&p.name].with_rarray_ref(|r| b.backend.upload(id, r)).into_result().map_err(fail)?
+                        }
                         _ => outputs.push(p.name.clone()),
                     }
                 }

@@ -171,6 +171,18 @@ pub struct RArray {
     pub bytes: RVec<u8>,
 }
 
+/// An array lent across the boundary for the length of one call (uploads).
+#[repr(C)]
+#[derive(StableAbi, Clone, Copy, Debug)]
+pub struct RArrayRef<'a> {
+    /// `f32`, `i32`, ... (the `.tk` name).
+    pub dtype: RStr<'a>,
+    /// Dimensions.
+    pub shape: RSlice<'a, u64>,
+    /// Elements, little-endian, row-major.
+    pub bytes: RSlice<'a, u8>,
+}
+
 /// One kernel of a launch and the mesh it is given, if any.
 #[repr(C)]
 #[derive(StableAbi)]
@@ -261,7 +273,7 @@ mod traits {
         /// A device buffer of `dtype[shape]`, zeroed.
         fn alloc(&self, dtype: RStr<'_>, shape: RSlice<'_, u64>) -> RResult<u64, BackendError>;
         /// Copies host data into a buffer of the same type.
-        fn upload(&self, buffer: u64, data: &RArray) -> RResult<(), BackendError>;
+        fn upload(&self, buffer: u64, data: RArrayRef<'_>) -> RResult<(), BackendError>;
         /// Copies a buffer back.
         fn download(&self, buffer: u64) -> RResult<RArray, BackendError>;
         /// Frees a buffer.

@@ -1,5 +1,7 @@
 //! Host arrays: the data a launch reads and writes, one `Vec` per dtype.
 
+use std::borrow::Cow;
+
 use half::{bf16, f16};
 
 use crate::ir::{DType, Type};
@@ -33,8 +35,17 @@ pub struct HostArray {
 impl HostArray {
     /// An array of zeros.
     pub fn zeros(dtype: DType, shape: &[usize]) -> HostArray {
+        // `vec![zero; n]` asks the allocator for zeroed memory: untouched pages stay untouched.
         let n = shape.iter().product();
-        HostArray::from_bits(dtype, shape, vec![0; n])
+        let data = match dtype {
+            DType::F32 => ArrayData::F32(vec![0.0; n]),
+            DType::F16 => ArrayData::F16(vec![f16::ZERO; n]),
+            DType::BF16 => ArrayData::BF16(vec![bf16::ZERO; n]),
+            DType::I32 => ArrayData::I32(vec![0; n]),
+            DType::U32 => ArrayData::U32(vec![0; n]),
+            DType::Bool => ArrayData::Bool(vec![false; n]),
+        };
+        HostArray { shape: shape.to_vec(), data }
     }
 
     /// Builds an array from each element's bit pattern (low bits for 16-bit types, 0/1 for bool).
@@ -103,40 +114,87 @@ impl HostArray {
 }
 
 impl HostArray {
-    /// The array as it crosses the plugin boundary: dtype name, shape, little-endian bytes.
-    pub fn to_rarray(&self) -> crate::abi::RArray {
-        let width = (self.dtype().bits() / 8) as usize;
-        let mut bytes = Vec::with_capacity(self.len() * width);
-        for b in self.to_bits() {
-            bytes.extend_from_slice(&b.to_le_bytes()[..width]);
+    /// The elements as little-endian bytes: borrowed where the memory already is (every dtype
+    /// but `bool` on a little-endian machine), copied otherwise.
+    pub fn le_bytes(&self) -> Cow<'_, [u8]> {
+        fn pod<T: bytemuck::Pod, const N: usize>(v: &[T], le: impl Fn(T) -> [u8; N]) -> Cow<'_, [u8]> {
+            if cfg!(target_endian = "little") {
+                Cow::Borrowed(bytemuck::cast_slice(v))
+            } else {
+                Cow::Owned(v.iter().flat_map(|&x| le(x)).collect())
+            }
         }
-        crate::abi::RArray {
-            dtype: self.dtype().name().into(),
-            shape: self.shape.iter().map(|&d| d as u64).collect(),
-            bytes: bytes.into(),
+        match &self.data {
+            ArrayData::F32(v) => pod(v, f32::to_le_bytes),
+            ArrayData::F16(v) => pod(v, |x: f16| x.to_le_bytes()),
+            ArrayData::BF16(v) => pod(v, |x: bf16| x.to_le_bytes()),
+            ArrayData::I32(v) => pod(v, i32::to_le_bytes),
+            ArrayData::U32(v) => pod(v, u32::to_le_bytes),
+            ArrayData::Bool(v) => Cow::Owned(v.iter().map(|&b| u8::from(b)).collect()),
         }
     }
 
-    /// The inverse of [`HostArray::to_rarray`]; an error names what does not fit.
-    pub fn from_rarray(r: &crate::abi::RArray) -> Result<HostArray, String> {
-        let dtype = DType::from_name(r.dtype.as_str()).ok_or_else(|| format!("unknown dtype `{}`", r.dtype))?;
-        let shape: Vec<usize> = r.shape.iter().map(|&d| d as usize).collect();
+    /// An array from little-endian bytes (one copy); an error names what does not fit.
+    pub fn from_le_bytes(dtype: DType, shape: &[usize], b: &[u8]) -> Result<HostArray, String> {
         let width = (dtype.bits() / 8) as usize;
         let n: usize = shape.iter().product();
-        if r.bytes.len() != n * width {
-            return Err(format!("{} bytes for {n} elements of {dtype}, expected {}", r.bytes.len(), n * width));
+        if b.len() != n * width {
+            return Err(format!("{} bytes for {n} elements of {dtype}, expected {}", b.len(), n * width));
         }
-        let bits = r
-            .bytes
-            .chunks_exact(width)
-            .map(|c| {
-                let mut b = [0u8; 4];
-                b[..width].copy_from_slice(c);
-                u32::from_le_bytes(b)
-            })
-            .collect();
-        Ok(HostArray::from_bits(dtype, &shape, bits))
+        fn pod<T: bytemuck::Pod, const N: usize>(b: &[u8], le: impl Fn([u8; N]) -> T) -> Vec<T> {
+            if cfg!(target_endian = "little") {
+                bytemuck::pod_collect_to_vec(b)
+            } else {
+                b.chunks_exact(N).map(|c| le(c.try_into().expect("N bytes"))).collect()
+            }
+        }
+        let data = match dtype {
+            DType::F32 => ArrayData::F32(pod(b, f32::from_le_bytes)),
+            DType::I32 => ArrayData::I32(pod(b, i32::from_le_bytes)),
+            DType::U32 => ArrayData::U32(pod(b, u32::from_le_bytes)),
+            DType::F16 => ArrayData::F16(pod(b, f16::from_le_bytes)),
+            DType::BF16 => ArrayData::BF16(pod(b, bf16::from_le_bytes)),
+            DType::Bool => ArrayData::Bool(b.iter().map(|&x| x != 0).collect()),
+        };
+        Ok(HostArray { shape: shape.to_vec(), data })
     }
+
+    /// The array as it crosses the plugin boundary by value (downloads).
+    pub fn to_rarray(&self) -> crate::abi::RArray {
+        crate::abi::RArray {
+            dtype: self.dtype().name().into(),
+            shape: self.shape.iter().map(|&d| d as u64).collect(),
+            bytes: self.le_bytes().into_owned().into(),
+        }
+    }
+
+    /// A borrowed view for the plugin boundary (uploads): no copy where [`HostArray::le_bytes`]
+    /// borrows.
+    pub fn with_rarray_ref<T>(&self, f: impl FnOnce(crate::abi::RArrayRef<'_>) -> T) -> T {
+        let shape: Vec<u64> = self.shape.iter().map(|&d| d as u64).collect();
+        let bytes = self.le_bytes();
+        f(crate::abi::RArrayRef {
+            dtype: abi_stable::std_types::RStr::from_str(self.dtype().name()),
+            shape: abi_stable::std_types::RSlice::from_slice(&shape),
+            bytes: abi_stable::std_types::RSlice::from_slice(&bytes),
+        })
+    }
+
+    /// The inverse of [`HostArray::to_rarray`].
+    pub fn from_rarray(r: &crate::abi::RArray) -> Result<HostArray, String> {
+        let shape: Vec<usize> = r.shape.iter().map(|&d| d as usize).collect();
+        HostArray::from_le_bytes(parse_dtype(r.dtype.as_str())?, &shape, r.bytes.as_slice())
+    }
+
+    /// The inverse of [`HostArray::with_rarray_ref`].
+    pub fn from_rarray_ref(r: &crate::abi::RArrayRef<'_>) -> Result<HostArray, String> {
+        let shape: Vec<usize> = r.shape.iter().map(|&d| d as usize).collect();
+        HostArray::from_le_bytes(parse_dtype(r.dtype.as_str())?, &shape, r.bytes.as_slice())
+    }
+}
+
+fn parse_dtype(name: &str) -> Result<DType, String> {
+    DType::from_name(name).ok_or_else(|| format!("unknown dtype `{name}`"))
 }
 
 /// How far apart two results of one dtype may be: `|a - b| <= atol + rtol * |b|`.

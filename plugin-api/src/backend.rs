@@ -66,8 +66,8 @@ pub trait BackendImpl: Send + Sync + 'static {
     fn alloc(&self, ty: &Type) -> Result<Self::Buffer, BackendError>;
     /// Copies host data in (same type as allocated).
     fn upload(&self, buffer: &mut Self::Buffer, data: HostArray) -> Result<(), BackendError>;
-    /// Copies a buffer out.
-    fn download(&self, buffer: &Self::Buffer) -> Result<HostArray, BackendError>;
+    /// Copies a buffer out (a host-memory backend lends it instead).
+    fn download<'b>(&self, buffer: &'b Self::Buffer) -> Result<std::borrow::Cow<'b, HostArray>, BackendError>;
     /// Runs a compiled launch; `buffers` holds the bound arguments by name.
     fn run(
         &self,
@@ -423,9 +423,9 @@ impl<B: BackendImpl> Backend for Exported<B> {
         })
     }
 
-    fn upload(&self, buffer: u64, data: &RArray) -> RResult<(), BackendError> {
+    fn upload(&self, buffer: u64, data: RArrayRef<'_>) -> RResult<(), BackendError> {
         guard("upload", || {
-            let array = HostArray::from_rarray(data).map_err(invalid)?;
+            let array = HostArray::from_rarray_ref(&data).map_err(invalid)?;
             let mut table =
                 self.buffers.lock().map_err(|_| BackendError::new(ErrorKind::Internal, "the buffer table is poisoned"))?;
             let b = table.get_mut(&buffer).ok_or_else(|| invalid(format!("buffer {buffer} does not exist")))?;

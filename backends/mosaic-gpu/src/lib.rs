@@ -177,8 +177,8 @@ impl BackendImpl for MosaicGpu {
         runtime::require()?.upload(buffer, &data)
     }
 
-    fn download(&self, buffer: &Self::Buffer) -> Result<HostArray, BackendError> {
-        runtime::require()?.download(buffer)
+    fn download<'b>(&self, buffer: &'b Self::Buffer) -> Result<std::borrow::Cow<'b, HostArray>, BackendError> {
+        runtime::require()?.download(buffer).map(std::borrow::Cow::Owned)
     }
 
     fn run(
