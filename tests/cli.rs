@@ -258,3 +258,39 @@ fn auto_explains_every_skip_and_the_choice() {
     assert_eq!(r.code, 0, "{}", r.stderr);
     assert!(r.stdout.lines().next().unwrap().starts_with("auto: mosaic-gpu: skipped"), "{}", r.stdout);
 }
+
+#[test]
+fn conformance_passes_on_interpret_and_skips_only_with_reasons_on_mosaic() {
+    let r = tessel(&["conformance", "--backend", "interpret"]);
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    assert!(r.stdout.contains(" 0 skipped, 0 failed"), "{}", r.stdout);
+    assert!(
+        r.stdout.lines().any(|l| l.starts_with("run") && l.contains("flash_attention") && l.contains(" ok ")),
+        "{}",
+        r.stdout
+    );
+    let r = tessel(&["conformance", "--backend", "mosaic-gpu"]);
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    for l in r.stdout.lines().filter(|l| l.starts_with("lower ")) {
+        assert!(l.contains(" ok ") || l.contains("refused: dynamic grid bounds not supported in the Mosaic GPU backend"), "{l}");
+    }
+    assert!(
+        r.stdout.contains("refuse  device(x: 2, y: 4) as a kernel mesh")
+            && r.stdout.contains("Mesh device(x: 2, y: 4) is not supported")
+    );
+    let r = tessel(&["conformance", "--backend", "nope"]);
+    assert_user_error(&r, &["unknown backend `nope`"]);
+}
+
+#[test]
+fn mesh_for_builds_each_backend_its_own_mesh_from_one_spec() {
+    let rt = tessel::Runtime::new(&[]).unwrap();
+    assert_eq!(
+        rt.mesh_for("mosaic-gpu", "grid(i: 4, j: 2)").unwrap().display().as_str(),
+        "Mesh(grid=(4, 2), grid_names=('i', 'j'), cluster=(), cluster_names=(), num_threads=None, thread_name=None)"
+    );
+    assert_eq!(rt.mesh_for("interpret", "grid(i: 4, j: 2)").unwrap().display().as_str(), "grid(i: 4, j: 2)");
+    // The concrete mesh of the wrong kind still gets the backend's own refusal.
+    let r = tessel(&["lower", &example("add"), "--backend", "mosaic-gpu", "--mesh", "grid(i: 8)"]);
+    assert_user_error(&r, &["Mesh grid(i: 8) is not supported by the Mosaic GPU backend"]);
+}

@@ -34,6 +34,13 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Run the standard suite against a backend or plugin: lowering, runs against the
+    /// interpreter, refusals, mesh round trips. Prints a table; exits 1 on any failure.
+    Conformance {
+        /// The backend to test.
+        #[arg(long)]
+        backend: String,
+    },
     /// Parse and verify a .tk file; print its canonical text, or every error with line:col.
     Check {
         /// The kernel file.
@@ -112,6 +119,7 @@ where
     let result = match cli.command {
         Command::Check { file } => check(&file, out),
         Command::Backends { json } => Runtime::new(&cli.plugins).and_then(|rt| backends(&rt, json, out)),
+        Command::Conformance { backend } => Runtime::new(&cli.plugins).and_then(|rt| conformance(&rt, &backend, out)),
         Command::Lower { launch } => Runtime::new(&cli.plugins).and_then(|rt| lower(&rt, &launch, out)),
         Command::Run { launch, inputs, seed, out_dir, check } => {
             let opts = RunOptions { inputs, seed, out_dir, check };
@@ -126,6 +134,14 @@ where
             1
         }
     }
+}
+
+fn conformance(rt: &Runtime, backend: &str, out: &mut dyn Write) -> Result<()> {
+    let rows = crate::conformance::run(rt, backend)?;
+    let (table, ok) = crate::conformance::table(backend, &rows);
+    let _ = write!(out, "{table}");
+    let failed = rows.iter().filter(|r| matches!(r.verdict, crate::conformance::Verdict::Fail(_))).count();
+    if ok { Ok(()) } else { Err(Error::ConformanceFailed { backend: backend.to_string(), failed }) }
 }
 
 fn check(file: &Path, out: &mut dyn Write) -> Result<()> {

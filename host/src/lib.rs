@@ -7,6 +7,7 @@
 
 pub mod cache;
 pub mod cli;
+pub mod conformance;
 pub mod inputs;
 pub mod npy;
 pub mod registry;
@@ -124,6 +125,14 @@ pub enum Error {
         kind: String,
         /// The backends there are.
         available: String,
+    },
+    /// `tessel conformance` found failures (the table says which).
+    #[error("conformance of {backend}: {failed} case(s) failed")]
+    ConformanceFailed {
+        /// The backend.
+        backend: String,
+        /// How many failed.
+        failed: usize,
     },
     /// `--check` found outputs beyond their dtype's tolerance.
     #[error("--check failed: {0}")]

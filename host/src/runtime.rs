@@ -127,6 +127,21 @@ impl Runtime {
         }
     }
 
+    /// The right mesh for `backend` from a portable spec, so that shared launch code never
+    /// branches by backend: a `grid(...)` spec becomes the backend's own mesh where it makes one
+    /// (a `MosaicGpuMesh` for mosaic-gpu), and stays a host grid mesh for backends that read
+    /// portable views; any other kind is made as [`Runtime::mesh`] makes it.
+    pub fn mesh_for(&self, backend: &str, text: &str) -> Result<MeshBox> {
+        let spec = MeshSpec::parse(text).map_err(Error::Mesh)?;
+        let b = self.backend(backend)?;
+        let caps = b.backend.capabilities();
+        let own = caps.mesh_kinds.iter().any(|k| k.as_str() == "grid" || k.as_str() == spec.kind);
+        if spec.kind == "grid" && !caps.mesh_kinds.is_empty() && (own || !caps.portable_meshes) {
+            return b.backend.make_mesh(RStr::from_str(text)).into_result().map_err(|e| backend_error(b, e));
+        }
+        self.mesh(backend, text)
+    }
+
     /// Asks `backend` whether it takes this launch, without a device.
     pub fn supports(
         &self,

@@ -1,0 +1,64 @@
+//! One launch function, used unchanged for every backend this machine has: it builds the right
+//! mesh for each backend from one portable spec (`Runtime::mesh_for`), asks the backend before
+//! launching (`Runtime::supports`), and reports what ran where, or why not.
+//!
+//!     cargo run -p tessel-suite --example shared_launch
+//!
+//! The JAX Pallas version of this code needs a branch per backend: Mosaic GPU refuses a mesh it
+//! did not make (`Mesh ... is not supported by the Mosaic GPU backend`).
+
+use tessel::{KernelLaunch, LaunchArgs, Runtime, Tolerance};
+use tessel_plugin_api::ir::Verified;
+
+/// The shared launch code: one kernel, one portable mesh spec, any backend.
+fn launch(rt: &Runtime, backend: &str, kernel: &Verified, mesh: &str, args: &LaunchArgs) -> Result<String, String> {
+    let mesh = rt.mesh_for(backend, mesh).map_err(|e| format!("cannot make its mesh: {e}"))?;
+    let call = [KernelLaunch { kernel, mesh: Some(&mesh) }];
+    rt.supports(backend, &call, &[], &args.grid)
+        .map_err(|e| format!("refuses the launch: {}", e.to_string().lines().next().unwrap_or("")))?;
+    let b = rt.backend(backend).map_err(|e| e.to_string())?;
+    let availability = b.backend.availability();
+    if !availability.available {
+        return Err(format!("takes the launch, but is unavailable here: {}", availability.reason));
+    }
+    let start = std::time::Instant::now();
+    let got = rt.launch(backend, &call, &[], args).map_err(|e| e.to_string())?;
+    let took = start.elapsed();
+    let want = rt.launch("interpret", &call, &[], args).map_err(|e| e.to_string())?;
+    let (name, g) = &got[0];
+    let tol = Tolerance::for_dtype(g.dtype());
+    let ok = g.to_f64().iter().zip(want[0].1.to_f64()).all(|(&a, b)| tol.close(a, b));
+    Ok(format!(
+        "ran on mesh {} in {:.2} ms; `{name}` {} the interpreter",
+        mesh.display(),
+        took.as_secs_f64() * 1e3,
+        if ok { "agrees with" } else { "DISAGREES with" }
+    ))
+}
+
+fn main() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/in/mesh_grid.tk");
+    let kernels = tessel::load_file(&path).unwrap_or_else(|e| panic!("{e}"));
+    let kernel = &kernels[0];
+    let rt = Runtime::new(&[]).unwrap_or_else(|e| panic!("{e}"));
+    let args = LaunchArgs { inputs: tessel::inputs::random_inputs(kernel.kernel(), 1), grid: Default::default() };
+    let mesh = "grid(i: 4, j: 2)";
+    println!("kernel `{}` with the portable mesh {mesh}, on every backend:", kernel.name());
+    for b in rt.ranked() {
+        match launch(&rt, &b.name, kernel, mesh, &args) {
+            Ok(report) => println!("  {}: {report}", b.name),
+            Err(why) => println!("  {}: skipped, {why}", b.name),
+        }
+    }
+    let m = rt.mesh_for("interpret", mesh).expect("mesh");
+    let call = [KernelLaunch { kernel, mesh: Some(&m) }];
+    match rt.choose(&call, &[], &args.grid) {
+        Ok((chosen, lines)) => {
+            println!("--backend auto would choose {chosen}:");
+            for l in lines {
+                println!("  {l}");
+            }
+        }
+        Err(e) => println!("--backend auto finds no backend: {e}"),
+    }
+}
