@@ -294,3 +294,15 @@ fn mesh_for_builds_each_backend_its_own_mesh_from_one_spec() {
     let r = tessel(&["lower", &example("add"), "--backend", "mosaic-gpu", "--mesh", "grid(i: 8)"]);
     assert_user_error(&r, &["Mesh grid(i: 8) is not supported by the Mosaic GPU backend"]);
 }
+
+#[test]
+fn bench_reports_compile_and_run_time_and_throughput() {
+    let r = tessel(&["bench", &example("matmul"), "--runs", "3"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(r.stdout.contains("bench `matmul` on interpret (3 runs after a warm-up)"), "{}", r.stdout);
+    assert!(r.stdout.contains("compile (lower, cold): ") && r.stdout.contains("GB/s"), "{}", r.stdout);
+    // 256^3 multiply-adds: 2 * 256^3 = 0.034 GFLOP.
+    assert!(r.stdout.contains("dot: 0.034 GFLOP"), "{}", r.stdout);
+    let r = tessel(&["bench", &example("add"), "--runs", "2"]);
+    assert!(!r.stdout.contains("GFLOP"), "no dot, no GFLOP/s: {}", r.stdout);
+}

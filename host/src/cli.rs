@@ -41,6 +41,18 @@ enum Command {
         #[arg(long)]
         backend: String,
     },
+    /// Time a kernel on a backend: compile time, run time (median of --runs after one warm-up),
+    /// GB/s of argument traffic and, for kernels with `dot`, GFLOP/s.
+    Bench {
+        #[command(flatten)]
+        launch: LaunchFlags,
+        /// Timed runs.
+        #[arg(long, default_value_t = 10)]
+        runs: usize,
+        /// Seed of the random inputs.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+    },
     /// Parse and verify a .tk file; print its canonical text, or every error with line:col.
     Check {
         /// The kernel file.
@@ -119,6 +131,7 @@ where
     let result = match cli.command {
         Command::Check { file } => check(&file, out),
         Command::Backends { json } => Runtime::new(&cli.plugins).and_then(|rt| backends(&rt, json, out)),
+        Command::Bench { launch, runs, seed } => Runtime::new(&cli.plugins).and_then(|rt| bench(&rt, &launch, runs, seed, out)),
         Command::Conformance { backend } => Runtime::new(&cli.plugins).and_then(|rt| conformance(&rt, &backend, out)),
         Command::Lower { launch } => Runtime::new(&cli.plugins).and_then(|rt| lower(&rt, &launch, out)),
         Command::Run { launch, inputs, seed, out_dir, check } => {
@@ -134,6 +147,87 @@ where
             1
         }
     }
+}
+
+/// Floating-point operations of the `dot`s of a kernel over its whole grid (loops with literal
+/// bounds counted by their trip count).
+fn dot_flops(v: &Verified, grid_points: u64) -> u64 {
+    use tessel_plugin_api::ir::{Literal, Op, Operand, Stmt};
+    fn walk(v: &Verified, body: &[Stmt], times: u64) -> u64 {
+        body.iter()
+            .map(|s| match &s.op {
+                Op::Dot { a, trans_a, .. } => {
+                    let out = s.ty.as_ref().map(|t| t.shape.clone()).unwrap_or_default();
+                    let Operand::Value(a) = a else { return 0 };
+                    let sa = &v.value_type(a).shape;
+                    let k = if *trans_a { sa[0] } else { sa[1] };
+                    times * 2 * (out[0] * out[1] * k) as u64
+                }
+                Op::When { body, .. } => walk(v, body, times),
+                Op::For { lo, hi, step, body, .. } => {
+                    let lit = |o: &Operand| if let Operand::Lit(Literal::Int(n)) = o { Some(*n) } else { None };
+                    let trips = match (lit(lo), lit(hi), step.as_ref().map_or(Some(1), lit)) {
+                        (Some(l), Some(h), Some(st)) if st > 0 && h > l => ((h - l + st - 1) / st) as u64,
+                        _ => 1,
+                    };
+                    walk(v, body, times * trips)
+                }
+                _ => 0,
+            })
+            .sum()
+    }
+    walk(v, &v.kernel().body, grid_points)
+}
+
+fn bench(rt: &Runtime, flags: &LaunchFlags, runs: usize, seed: u64, out: &mut dyn Write) -> Result<()> {
+    let p = prepare(rt, flags)?;
+    explain(&p, flags, out);
+    let opts = RunOptions { inputs: Vec::new(), seed, out_dir: None, check: false };
+    let launch = LaunchArgs { inputs: read_inputs(&p, &opts)?, grid: p.grid.clone() };
+    let start = Instant::now();
+    rt.lower(&p.backend, &p.launches(), &p.externals(), &p.grid)?;
+    let compile = start.elapsed();
+    rt.launch(&p.backend, &p.launches(), &p.externals(), &launch)?;
+    let mut times: Vec<f64> = (0..runs.max(1))
+        .map(|_| {
+            let t = Instant::now();
+            rt.launch(&p.backend, &p.launches(), &p.externals(), &launch).map(|_| t.elapsed().as_secs_f64())
+        })
+        .collect::<Result<_>>()?;
+    times.sort_by(f64::total_cmp);
+    let median = times[times.len() / 2];
+    let bytes: u64 = p
+        .kernels
+        .iter()
+        .flat_map(|k| k.kernel().params.iter())
+        .filter(|a| a.kind != tessel_plugin_api::ir::ParamKind::Scratch)
+        .map(|a| (a.ty.numel() as u64) * u64::from(a.ty.dtype.bits() / 8))
+        .sum();
+    let grid_points = |k: &Verified| -> u64 {
+        k.grid()
+            .iter()
+            .map(|a| match a.size {
+                tessel_plugin_api::ir::AxisSize::Fixed(n) => n,
+                tessel_plugin_api::ir::AxisSize::Dyn => p.grid.get(&a.name).copied().unwrap_or(1),
+            })
+            .product()
+    };
+    let flops: u64 = p.kernels.iter().map(|k| dot_flops(k, grid_points(k))).sum();
+    let names: Vec<&str> = p.kernels.iter().map(Verified::name).collect();
+    let _ = writeln!(out, "bench `{}` on {} ({} runs after a warm-up)", names.join("`, `"), p.backend, times.len());
+    let _ = writeln!(out, "  compile (lower, cold): {:.3} ms", compile.as_secs_f64() * 1e3);
+    let _ = writeln!(
+        out,
+        "  run (median, with transfers): {:.3} ms (min {:.3}, max {:.3})",
+        median * 1e3,
+        times[0] * 1e3,
+        times[times.len() - 1] * 1e3
+    );
+    let _ = writeln!(out, "  arguments: {:.2} MB, {:.2} GB/s", bytes as f64 / 1e6, bytes as f64 / median / 1e9);
+    if flops > 0 {
+        let _ = writeln!(out, "  dot: {:.3} GFLOP, {:.2} GFLOP/s", flops as f64 / 1e9, flops as f64 / median / 1e9);
+    }
+    Ok(())
 }
 
 fn conformance(rt: &Runtime, backend: &str, out: &mut dyn Write) -> Result<()> {
