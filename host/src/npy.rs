@@ -3,8 +3,7 @@
 //! Dtypes: `<f4` f32, `<f2` f16, `<i4` i32, `<u4` u32, `|b1` bool, and `|V2` for bf16 (what
 //! `np.save` writes for an `ml_dtypes.bfloat16` array: two raw bytes per element).
 
-use std::fs::File;
-use std::io::{BufReader, BufWriter, Write};
+use std::io::{BufWriter, Write};
 use std::path::Path;
 
 use half::{bf16, f16};
@@ -22,39 +21,74 @@ pub enum NpyError {
         "its dtype is `{0}`, which tessel does not take\n  expected f32 (<f4), f16 (<f2), bf16 (|V2), i32 (<i4), u32 (<u4) or bool (|b1); convert with e.g. `x.astype(np.float32)`"
     )]
     Dtype(String),
+    /// The shape in the header does not match the bytes after it.
+    #[error(
+        "its header says shape {shape}, but {bytes} bytes of data follow\n  expected a complete .npy file as np.save writes it"
+    )]
+    Truncated {
+        /// The header's shape.
+        shape: String,
+        /// Bytes after the header.
+        bytes: u64,
+    },
     /// Fortran order.
     #[error("it is in Fortran order\n  expected C order; save `np.ascontiguousarray(x)`")]
     Fortran,
 }
 
-fn read_vec<T: npyz::Deserialize>(file: NpyFile<BufReader<File>>) -> Result<Vec<T>, NpyError> {
+fn read_vec<T: npyz::Deserialize>(file: NpyFile<&[u8]>) -> Result<Vec<T>, NpyError> {
     Ok(file.into_vec::<T>()?)
 }
 
 /// Reads a `.npy` file into a host array.
 pub fn read(path: &Path) -> Result<HostArray, NpyError> {
-    let file = NpyFile::new(BufReader::new(File::open(path)?))?;
+    read_bytes(&std::fs::read(path)?)
+}
+
+/// Reads the bytes of a `.npy` file. The header's shape is checked against the bytes that follow
+/// it before anything is allocated, so a lying header is an error, not an out-of-memory abort.
+pub fn read_bytes(bytes: &[u8]) -> Result<HostArray, NpyError> {
+    let header = npyz::NpyHeader::from_reader(bytes)?;
+    let file = NpyFile::with_header(header.clone(), &bytes[..]);
     if file.order() == Order::Fortran && file.shape().len() > 1 {
         return Err(NpyError::Fortran);
     }
-    let shape: Vec<usize> = file.shape().iter().map(|&d| d as usize).collect();
     let dtype = file.dtype();
     let NpyDType::Plain(ts) = &dtype else {
         return Err(NpyError::Dtype(dtype.descr()));
     };
+    let width = match (ts.type_char(), ts.size_field()) {
+        (TypeChar::Float, 4) | (TypeChar::Int, 4) | (TypeChar::Uint, 4) => 4,
+        (TypeChar::Float, 2) | (TypeChar::RawData, 2) => 2,
+        (TypeChar::Bool, 1) => 1,
+        _ => return Err(NpyError::Dtype(ts.to_string())),
+    };
+    let n = file.shape().iter().try_fold(1u64, |a, &d| a.checked_mul(d));
+    let data_len = (bytes.len() as u64).saturating_sub(bytes_before_data(bytes));
+    if n.and_then(|n| n.checked_mul(width)) != Some(data_len) {
+        return Err(NpyError::Truncated { shape: format!("{:?}", file.shape()), bytes: data_len });
+    }
+    let shape: Vec<usize> = file.shape().iter().map(|&d| d as usize).collect();
+    // The header has been read; read the data from where it starts.
+    let file = NpyFile::with_header(header, &bytes[bytes_before_data(bytes) as usize..]);
     let data = match (ts.type_char(), ts.size_field()) {
         (TypeChar::Float, 4) => ArrayData::F32(read_vec(file)?),
         (TypeChar::Float, 2) => ArrayData::F16(read_vec::<f16>(file)?),
         (TypeChar::Int, 4) => ArrayData::I32(read_vec(file)?),
         (TypeChar::Uint, 4) => ArrayData::U32(read_vec(file)?),
         (TypeChar::Bool, 1) => ArrayData::Bool(read_vec(file)?),
-        (TypeChar::RawData, 2) => {
-            ArrayData::BF16(read_vec::<FixedSizeBytes<2>>(file)?.into_iter().map(|b| bf16::from_le_bytes(b.0)).collect())
-        }
-        _ => return Err(NpyError::Dtype(ts.to_string())),
+        _ => ArrayData::BF16(read_vec::<FixedSizeBytes<2>>(file)?.into_iter().map(|b| bf16::from_le_bytes(b.0)).collect()),
     };
-    let array = HostArray { shape, data };
-    Ok(array)
+    Ok(HostArray { shape, data })
+}
+
+/// Where the data of a `.npy` file starts: magic, version, header length (2 or 4 bytes), header.
+fn bytes_before_data(bytes: &[u8]) -> u64 {
+    match bytes.get(6) {
+        Some(1) => 10 + u64::from(u16::from_le_bytes([bytes[8], bytes[9]])),
+        _ if bytes.len() >= 12 => 12 + u64::from(u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]])),
+        _ => bytes.len() as u64,
+    }
 }
 
 /// Writes a host array as a `.npy` file (format 1.0, little-endian, C order) to `w`.
@@ -102,6 +136,22 @@ pub fn write(path: &Path, a: &HostArray) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A header that promises more (or less) data than follows is an error, before any allocation.
+    #[test]
+    fn lying_headers_are_errors() {
+        let mut bytes = Vec::new();
+        write_to(&mut bytes, &HostArray { shape: vec![4], data: ArrayData::F32(vec![1.0; 4]) }).unwrap();
+        assert!(matches!(read_bytes(&bytes[..bytes.len() - 1]), Err(NpyError::Truncated { .. })));
+        let header = "{'descr': '<f4', 'fortran_order': False, 'shape': (4000000000000,), }\n";
+        let mut huge = b"\x93NUMPY\x01\x00".to_vec();
+        huge.extend((header.len() as u16).to_le_bytes());
+        huge.extend(header.as_bytes());
+        huge.extend([0u8; 16]);
+        assert!(matches!(read_bytes(&huge), Err(NpyError::Truncated { .. }) | Err(NpyError::Io(_))));
+        assert!(read_bytes(b"\x93NUMPY").is_err());
+        assert!(read_bytes(&[]).is_err());
+    }
 
     /// Every dtype and rank written here reads back through npyz with its shape and values.
     #[test]
