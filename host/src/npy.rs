@@ -21,6 +21,9 @@ pub enum NpyError {
         "its dtype is `{0}`, which tessel does not take\n  expected f32 (<f4), f16 (<f2), bf16 (|V2), i32 (<i4), u32 (<u4) or bool (|b1); convert with e.g. `x.astype(np.float32)`"
     )]
     Dtype(String),
+    /// A header that is not one plain dict with a shape tuple.
+    #[error("its header is not a plain numpy header (one dict: descr, fortran_order, shape)\n  expected a file written by np.save")]
+    Header,
     /// The shape in the header does not match the bytes after it.
     #[error(
         "its header says shape {shape}, but {bytes} bytes of data follow\n  expected a complete .npy file as np.save writes it"
@@ -48,6 +51,7 @@ pub fn read(path: &Path) -> Result<HostArray, NpyError> {
 /// Reads the bytes of a `.npy` file. The header's shape is checked against the bytes that follow
 /// it before anything is allocated, so a lying header is an error, not an out-of-memory abort.
 pub fn read_bytes(bytes: &[u8]) -> Result<HostArray, NpyError> {
+    check_header_shape(bytes)?;
     let header = npyz::NpyHeader::from_reader(bytes)?;
     let file = NpyFile::with_header(header.clone(), &bytes[..]);
     if file.order() == Order::Fortran && file.shape().len() > 1 {
@@ -80,6 +84,19 @@ pub fn read_bytes(bytes: &[u8]) -> Result<HostArray, NpyError> {
         _ => ArrayData::BF16(read_vec::<FixedSizeBytes<2>>(file)?.into_iter().map(|b| bf16::from_le_bytes(b.0)).collect()),
     };
     Ok(HostArray { shape, data })
+}
+
+/// A plain numpy header is one dict whose only tuple is the shape. npyz's header parser takes
+/// exponential time on deeply nested brackets (found by `cargo fuzz run npy_reader`), so anything
+/// else is refused before it is parsed.
+fn check_header_shape(bytes: &[u8]) -> Result<(), NpyError> {
+    let end = (bytes_before_data(bytes) as usize).min(bytes.len());
+    let text = bytes.get(8..end).unwrap_or_default();
+    let count = |c: u8| text.iter().filter(|&&b| b == c).count();
+    if bytes.len() >= 10 && (count(b'{') > 1 || count(b'(') > 1 || count(b'[') > 0) {
+        return Err(NpyError::Header);
+    }
+    Ok(())
 }
 
 /// Where the data of a `.npy` file starts: magic, version, header length (2 or 4 bytes), header.
@@ -150,6 +167,11 @@ mod tests {
         huge.extend([0u8; 16]);
         assert!(matches!(read_bytes(&huge), Err(NpyError::Truncated { .. }) | Err(NpyError::Io(_))));
         assert!(read_bytes(b"\x93NUMPY").is_err());
+        // Nested brackets are refused before npyz parses them (it takes exponential time).
+        let mut nested = b"\x93NUMPY\x01\x00\x76\x00".to_vec();
+        nested.extend(std::iter::repeat_n(b'{', 40));
+        nested.extend(std::iter::repeat_n(b' ', 78));
+        assert!(matches!(read_bytes(&nested), Err(NpyError::Header)));
         assert!(read_bytes(&[]).is_err());
     }
 
