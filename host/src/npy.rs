@@ -22,7 +22,9 @@ pub enum NpyError {
     )]
     Dtype(String),
     /// A header that is not one plain dict with a shape tuple.
-    #[error("its header is not a plain numpy header (one dict: descr, fortran_order, shape)\n  expected a file written by np.save")]
+    #[error(
+        "its header is not a plain numpy header (one dict: descr, fortran_order, shape)\n  expected a file written by np.save"
+    )]
     Header,
     /// The shape in the header does not match the bytes after it.
     #[error(
@@ -101,9 +103,10 @@ fn check_header_shape(bytes: &[u8]) -> Result<(), NpyError> {
 
 /// Where the data of a `.npy` file starts: magic, version, header length (2 or 4 bytes), header.
 fn bytes_before_data(bytes: &[u8]) -> u64 {
-    match bytes.get(6) {
-        Some(1) => 10 + u64::from(u16::from_le_bytes([bytes[8], bytes[9]])),
-        _ if bytes.len() >= 12 => 12 + u64::from(u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]])),
+    let byte = |i: usize| bytes.get(i).copied().map(u64::from);
+    match (bytes.get(6), byte(8), byte(9), byte(10), byte(11)) {
+        (Some(1), Some(a), Some(b), _, _) => 10 + (a | b << 8),
+        (Some(_), Some(a), Some(b), Some(c), Some(d)) => 12 + (a | b << 8 | c << 16 | d << 24),
         _ => bytes.len() as u64,
     }
 }
@@ -173,6 +176,10 @@ mod tests {
         nested.extend(std::iter::repeat_n(b' ', 78));
         assert!(matches!(read_bytes(&nested), Err(NpyError::Header)));
         assert!(read_bytes(&[]).is_err());
+        // Shorter than a header (found by cargo fuzz).
+        for n in 0..12 {
+            assert!(read_bytes(&bytes[..n]).is_err());
+        }
     }
 
     /// Every dtype and rank written here reads back through npyz with its shape and values.
