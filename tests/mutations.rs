@@ -150,6 +150,8 @@ fn ten_thousand_mutated_kernels_never_panic() {
     for case in 0..10_000 {
         let base = sources.choose(&mut rng).expect("sources");
         let text = mutate(&mut rng, base);
+        // FUZZ_TRACE=1 prints each case before it runs: the last one printed is the one that hangs
+        // or aborts (an abort cannot be caught, so it would otherwise go unnamed).
         if std::env::var("FUZZ_TRACE").is_ok() {
             eprintln!("CASE {case}\n{text}\nEND");
         }
