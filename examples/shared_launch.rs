@@ -7,7 +7,7 @@
 //! The JAX Pallas version of this code needs a branch per backend: Mosaic GPU refuses a mesh it
 //! did not make (`Mesh ... is not supported by the Mosaic GPU backend`).
 
-use tessel::{KernelLaunch, LaunchArgs, Runtime, Tolerance};
+use tessel::{KernelLaunch, LaunchArgs, Runtime};
 use tessel_plugin_api::ir::Verified;
 
 /// The shared launch code: one kernel, one portable mesh spec, any backend.
@@ -26,8 +26,7 @@ fn launch(rt: &Runtime, backend: &str, kernel: &Verified, mesh: &str, args: &Lau
     let took = start.elapsed();
     let want = rt.launch("interpret", &call, &[], args).map_err(|e| e.to_string())?;
     let (name, g) = &got[0];
-    let tol = Tolerance::for_dtype(g.dtype());
-    let ok = g.to_f64().iter().zip(want[0].1.to_f64()).all(|(&a, b)| tol.close(a, b));
+    let ok = tessel_plugin_api::array::agreement(g, &want[0].1).within;
     Ok(format!(
         "ran on mesh {} in {:.2} ms; `{name}` {} the interpreter",
         mesh.display(),

@@ -9,10 +9,10 @@ use std::time::Instant;
 use clap::{Parser, Subcommand};
 use serde::Serialize;
 use tessel_plugin_api::abi::MeshBox;
-use tessel_plugin_api::array::max_abs_error;
+use tessel_plugin_api::array::agreement;
 use tessel_plugin_api::ir::{Verified, print_kernel};
 
-use crate::{Error, HostArray, KernelLaunch, LaunchArgs, Result, Runtime, Tolerance};
+use crate::{Error, HostArray, KernelLaunch, LaunchArgs, Result, Runtime};
 
 /// tessel: block-level kernels, written once, launched on any backend.
 #[derive(Debug, Parser)]
@@ -546,16 +546,15 @@ fn compare(outputs: &[(String, HostArray)], reference: &[(String, HostArray)]) -
     let mut lines = Vec::new();
     let mut failed = Vec::new();
     for ((name, got), (_, want)) in outputs.iter().zip(reference) {
-        let tol = Tolerance::for_dtype(want.dtype());
-        let ok = got.to_f64().iter().zip(want.to_f64()).all(|(&g, w)| tol.close(g, w));
-        let err = max_abs_error(got, want);
+        let a = agreement(got, want);
         lines.push(format!(
-            "  check {name}: max abs error {err:e} against interpret (tolerance {:e} + {:e}*|x|): {}",
-            tol.atol,
-            tol.rtol,
-            if ok { "ok" } else { "MISMATCH" }
+            "  check {name}: max abs error {:e} against interpret (tolerance {:e} + {:e}*|x|): {}",
+            a.max_abs_error,
+            a.tolerance.atol,
+            a.tolerance.rtol,
+            if a.within { "ok" } else { "MISMATCH" }
         ));
-        if !ok {
+        if !a.within {
             failed.push(name.clone());
         }
     }

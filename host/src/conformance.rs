@@ -17,7 +17,9 @@ use tessel_plugin_api::abi::MeshBox;
 use tessel_plugin_api::backend::mesh_spec;
 use tessel_plugin_api::mesh::MeshSpec;
 
-use crate::{KernelLaunch, LaunchArgs, Runtime, Tolerance};
+use tessel_plugin_api::array::agreement;
+
+use crate::{KernelLaunch, LaunchArgs, Runtime};
 
 /// The suite's kernels: (name, text, the mesh a kernel without grid needs).
 pub const KERNELS: &[(&str, &str, Option<&str>)] = &[
@@ -151,15 +153,15 @@ pub fn run(rt: &Runtime, backend: &str) -> crate::Result<Vec<Row>> {
 fn compare(name: &str, got: &[(String, crate::HostArray)], want: &[(String, crate::HostArray)]) -> Row {
     let mut worst = 0.0f64;
     for ((n, g), (_, w)) in got.iter().zip(want) {
-        let tol = Tolerance::for_dtype(w.dtype());
         if g.ty() != w.ty() {
             return row("run", name, Verdict::Fail(format!("output {n} is {}, the interpreter's is {}", g.ty(), w.ty())), "");
         }
-        if !g.to_f64().iter().zip(w.to_f64()).all(|(&a, b)| tol.close(a, b)) {
-            let e = tessel_plugin_api::array::max_abs_error(g, w);
+        let a = agreement(g, w);
+        if !a.within {
+            let e = a.max_abs_error;
             return row("run", name, Verdict::Fail(format!("output {n} differs from the interpreter: max abs error {e:e}")), "");
         }
-        worst = worst.max(tessel_plugin_api::array::max_abs_error(g, w));
+        worst = worst.max(a.max_abs_error);
     }
     row("run", name, Verdict::Pass, format!("max abs error {worst:e}"))
 }

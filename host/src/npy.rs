@@ -55,7 +55,7 @@ pub fn read(path: &Path) -> Result<HostArray, NpyError> {
 pub fn read_bytes(bytes: &[u8]) -> Result<HostArray, NpyError> {
     check_header_shape(bytes)?;
     let header = npyz::NpyHeader::from_reader(bytes)?;
-    let file = NpyFile::with_header(header.clone(), &bytes[..]);
+    let file = NpyFile::with_header(header.clone(), bytes);
     if file.order() == Order::Fortran && file.shape().len() > 1 {
         return Err(NpyError::Fortran);
     }

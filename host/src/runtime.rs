@@ -206,54 +206,54 @@ impl Runtime {
         for k in kernels {
             check_inputs(k.kernel.kernel(), &args.inputs, kernels.len() == 1)?;
         }
-        with_request(kernels, externals, &args.grid, |req| b.backend.supports(req).into_result()).map_err(fail)?;
-        let mut bound: Vec<(String, u64)> = Vec::new();
-        let mut outputs: Vec<String> = Vec::new();
-        let result = (|| {
-            for k in kernels {
-                for p in &k.kernel.kernel().params {
-                    if p.kind == ParamKind::Scratch || bound.iter().any(|(n, _)| *n == p.name) {
-                        continue;
-                    }
-                    let shape: Vec<u64> = p.ty.shape.iter().map(|&d| d as u64).collect();
-                    let id = b
-                        .backend
-                        .alloc(RStr::from_str(p.ty.dtype.name()), RSlice::from_slice(&shape))
-                        .into_result()
-                        .map_err(fail)?;
-                    bound.push((p.name.clone(), id));
-                    match p.kind {
-                        ParamKind::In => {
-                            args.inputs[&p.name].with_rarray_ref(|r| b.backend.upload(id, r)).into_result().map_err(fail)?
+        // One request (one printing of the kernel text) serves the question and the launch.
+        with_request(kernels, externals, &args.grid, |req| {
+            b.backend.supports(req).into_result().map_err(fail)?;
+            let mut bound: Vec<(String, u64)> = Vec::new();
+            let mut outputs: Vec<String> = Vec::new();
+            let result = (|| {
+                for k in kernels {
+                    for p in &k.kernel.kernel().params {
+                        if p.kind == ParamKind::Scratch || bound.iter().any(|(n, _)| *n == p.name) {
+                            continue;
                         }
-                        _ => outputs.push(p.name.clone()),
+                        let shape: Vec<u64> = p.ty.shape.iter().map(|&d| d as u64).collect();
+                        let id = b
+                            .backend
+                            .alloc(RStr::from_str(p.ty.dtype.name()), RSlice::from_slice(&shape))
+                            .into_result()
+                            .map_err(fail)?;
+                        bound.push((p.name.clone(), id));
+                        match p.kind {
+                            ParamKind::In => {
+                                args.inputs[&p.name].with_rarray_ref(|r| b.backend.upload(id, r)).into_result().map_err(fail)?
+                            }
+                            _ => outputs.push(p.name.clone()),
+                        }
                     }
                 }
+                let buffer_args: Vec<BufferArg<'_>> =
+                    bound.iter().map(|(n, id)| BufferArg { name: RStr::from_str(n), buffer: *id }).collect();
+                b.backend.launch(req, RSlice::from_slice(&buffer_args)).into_result().map_err(fail)?;
+                outputs
+                    .iter()
+                    .map(|name| {
+                        let id = bound.iter().find(|(n, _)| n == name).map(|(_, id)| *id).expect("outputs are bound");
+                        let r = b.backend.download(id).into_result().map_err(fail)?;
+                        let array = HostArray::from_rarray(&r).map_err(|m| Error::Backend {
+                            backend: b.name.clone(),
+                            message: format!("backend returned a malformed array for `{name}`: {m}"),
+                        })?;
+                        Ok((name.clone(), array))
+                    })
+                    .collect::<Result<Vec<_>>>()
+            })();
+            for (_, id) in &bound {
+                // A buffer that cannot be freed is the backend's problem; the launch result stands.
+                let _ = b.backend.free(*id);
             }
-            let buffer_args: Vec<BufferArg<'_>> =
-                bound.iter().map(|(n, id)| BufferArg { name: RStr::from_str(n), buffer: *id }).collect();
-            with_request(kernels, externals, &args.grid, |req| {
-                b.backend.launch(req, RSlice::from_slice(&buffer_args)).into_result()
-            })
-            .map_err(fail)?;
-            outputs
-                .iter()
-                .map(|name| {
-                    let id = bound.iter().find(|(n, _)| n == name).map(|(_, id)| *id).expect("outputs are bound");
-                    let r = b.backend.download(id).into_result().map_err(fail)?;
-                    let array = HostArray::from_rarray(&r).map_err(|m| Error::Backend {
-                        backend: b.name.clone(),
-                        message: format!("backend returned a malformed array for `{name}`: {m}"),
-                    })?;
-                    Ok((name.clone(), array))
-                })
-                .collect::<Result<Vec<_>>>()
-        })();
-        for (_, id) in &bound {
-            // A buffer that cannot be freed is the backend's problem; the launch result stands.
-            let _ = b.backend.free(*id);
-        }
-        result
+            result
+        })
     }
 }
 
@@ -262,12 +262,12 @@ fn backend_error(b: &Loaded, e: BackendError) -> Error {
 }
 
 /// Builds the boundary's view of a launch (borrowing everything) and hands it to `f`.
-fn with_request<T>(
+fn with_request<T, E>(
     kernels: &[KernelLaunch<'_>],
     externals: &[&MeshBox],
     grid: &BTreeMap<String, u64>,
-    f: impl FnOnce(&LaunchRequest<'_>) -> std::result::Result<T, BackendError>,
-) -> std::result::Result<T, BackendError> {
+    f: impl FnOnce(&LaunchRequest<'_>) -> std::result::Result<T, E>,
+) -> std::result::Result<T, E> {
     let source: Vec<String> = kernels.iter().map(|k| print_kernel(k.kernel.kernel())).collect();
     let source = source.join("\n");
     let calls: Vec<KernelCall<'_>> = kernels

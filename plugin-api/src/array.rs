@@ -241,3 +241,22 @@ pub fn max_abs_error(got: &HostArray, want: &HostArray) -> f64 {
         }
     })
 }
+
+/// How an output compares with a reference output of the same type.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Agreement {
+    /// The tolerance of the reference's dtype.
+    pub tolerance: Tolerance,
+    /// The largest `|got - want|` (NaN where they disagree on NaN).
+    pub max_abs_error: f64,
+    /// Whether every element is within the tolerance.
+    pub within: bool,
+}
+
+/// Compares `got` with `want` element by element, in one pass.
+pub fn agreement(got: &HostArray, want: &HostArray) -> Agreement {
+    let tolerance = Tolerance::for_dtype(want.dtype());
+    let (g, w) = (got.to_f64(), want.to_f64());
+    let within = g.len() == w.len() && g.iter().zip(&w).all(|(&a, &b)| tolerance.close(a, b));
+    Agreement { tolerance, max_abs_error: max_abs_error(got, want), within }
+}
