@@ -15,6 +15,7 @@ use tessel_plugin_api::abi::{BackendBox, BuiltinBackend, IR_FORMAT_VERSION, PLUG
 // Name every built-in backend crate, so that the linker keeps its `inventory` submission.
 use tessel_interpret as _;
 use tessel_mosaic_gpu as _;
+use tessel_wgpu as _;
 
 /// Where a backend came from.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -1,1 +1,214 @@
+//! The wgpu backend: kernels lowered to WGSL (`emit.rs`) and run with wgpu on any adapter —
+//! Vulkan, Metal, DX12 or GL, and Mesa's lavapipe on a machine without a GPU (`runtime.rs`).
+//!
+//! It runs what Mosaic GPU refuses: `dyn` grid bounds (`--grid AXIS=N`), several (mesh, kernel)
+//! pairs in one launch (one submission, in order), and external meshes that fit one adapter. It
+//! takes `grid(...)` and `wgpu(...)` meshes and the portable view of any other kernel mesh;
+//! `device(...)` is refused in its own words.
 
+pub mod emit;
+pub mod mesh;
+pub mod runtime;
+
+use std::collections::BTreeMap;
+
+use tessel_plugin_api::abi::{BackendError, BuiltinBackend, Capabilities, ErrorKind, MeshBox};
+use tessel_plugin_api::array::HostArray;
+use tessel_plugin_api::backend::{BackendImpl, Launch, export, mesh_spec, verify_with_mesh};
+use tessel_plugin_api::ir::{AxisSize, Op, ParamKind, Stmt, Type, Verified};
+use tessel_plugin_api::launch::{LaunchAxis, resolve_grid};
+use tessel_plugin_api::mesh::MeshSpec;
+
+pub use mesh::WgpuMesh;
+
+/// The backend's name.
+pub const NAME: &str = "wgpu";
+
+/// The wgpu backend.
+#[derive(Debug, Default)]
+pub struct Wgpu;
+
+fn unsupported(msg: String) -> BackendError {
+    BackendError::new(ErrorKind::Unsupported, msg)
+}
+
+/// Every value and scratch buffer of a kernel is small enough, of a dtype it lowers.
+fn check_values(v: &Verified) -> Result<(), BackendError> {
+    fn walk(v: &Verified, body: &[Stmt]) -> Result<(), BackendError> {
+        for s in body {
+            for r in &s.results {
+                check_type(&format!("block value %{r}"), v.value_type(r))?;
+            }
+            match &s.op {
+                Op::When { body, .. } => walk(v, body)?,
+                Op::For { body, iters, .. } => {
+                    for (n, _) in iters {
+                        check_type(&format!("block value %{n}"), v.value_type(n))?;
+                    }
+                    walk(v, body)?
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+    for p in &v.kernel().params {
+        if !emit::DTYPES.contains(&p.ty.dtype) {
+            return Err(unsupported(format!("Unsupported dtype: {}", p.ty.dtype)));
+        }
+        if p.kind == ParamKind::Scratch {
+            check_type(&format!("scratch `{}`", p.name), &p.ty)?;
+        }
+    }
+    walk(v, &v.kernel().body)
+}
+
+fn check_type(what: &str, ty: &Type) -> Result<(), BackendError> {
+    if !emit::DTYPES.contains(&ty.dtype) {
+        return Err(unsupported(format!("Unsupported dtype: {}", ty.dtype)));
+    }
+    if ty.numel() > emit::MAX_BLOCK_ELEMENTS {
+        return Err(unsupported(format!(
+            "{what} has {} elements ({ty}), more than the {} the wgpu backend lowers\n  use smaller blocks",
+            ty.numel(),
+            emit::MAX_BLOCK_ELEMENTS
+        )));
+    }
+    Ok(())
+}
+
+impl Wgpu {
+    /// The backend object.
+    pub fn new() -> Wgpu {
+        Wgpu
+    }
+
+    /// Every refusal, then each kernel verified with its mesh and its grid sizes.
+    fn checked(&self, launch: &Launch<'_>) -> Result<Vec<(Verified, Vec<LaunchAxis>)>, BackendError> {
+        let several = launch.calls.len() > 1;
+        launch
+            .calls
+            .iter()
+            .map(|c| {
+                let spec = c.mesh.map(mesh_spec);
+                if let Some(s) = spec.as_ref().filter(|s| s.kind == "device") {
+                    return Err(mesh::refuse_device(s));
+                }
+                let v = verify_with_mesh(&c.kernel, spec.as_ref())?;
+                let names: Vec<String> = v.grid().iter().map(|a| a.name.clone()).collect();
+                for m in &launch.external_meshes {
+                    mesh::check_external(&mesh_spec(m), &names)?;
+                }
+                // In a launch of several kernels, each takes the sizes of its own `dyn` axes.
+                let sizes: BTreeMap<String, u64> = if several {
+                    let dyns: Vec<&str> = v.grid().iter().filter(|a| a.size == AxisSize::Dyn).map(|a| a.name.as_str()).collect();
+                    launch.grid.iter().filter(|(n, _)| dyns.contains(&n.as_str())).map(|(n, s)| (n.clone(), *s)).collect()
+                } else {
+                    launch.grid.clone()
+                };
+                let axes = resolve_grid(&v, &sizes).map_err(|e| BackendError::new(ErrorKind::InvalidInput, e.to_string()))?;
+                check_values(&v)?;
+                Ok((v, axes))
+            })
+            .collect()
+    }
+}
+
+impl BackendImpl for Wgpu {
+    type Buffer = runtime::DeviceBuffer;
+
+    fn name(&self) -> &str {
+        NAME
+    }
+
+    fn version(&self) -> &str {
+        env!("CARGO_PKG_VERSION")
+    }
+
+    fn platform(&self) -> String {
+        match runtime::adapter() {
+            Ok(a) => a.description.clone(),
+            Err(_) => "any wgpu adapter (Vulkan, Metal, DX12, GL); none found here".into(),
+        }
+    }
+
+    fn availability(&self) -> Result<String, String> {
+        runtime::adapter().map(|a| a.description.clone())
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            mesh_kinds: vec!["grid".into(), "wgpu".into()].into(),
+            portable_meshes: true,
+            dtypes: emit::DTYPES.iter().map(|d| d.name().into()).collect(),
+            dynamic_grid: true,
+            multiple_kernels: true,
+            external_meshes: true,
+            targets: vec!["wgsl".into()].into(),
+            max_block_elements: emit::MAX_BLOCK_ELEMENTS as u64,
+        }
+    }
+
+    fn make_mesh(&self, spec: &MeshSpec) -> Result<MeshBox, BackendError> {
+        mesh::make(spec)
+    }
+
+    fn supports(&self, launch: &Launch<'_>) -> Result<(), BackendError> {
+        self.checked(launch).map(drop)
+    }
+
+    /// Each kernel's WGSL and dispatch.
+    type Compiled = Vec<emit::Lowered>;
+
+    fn compile(&self, launch: &Launch<'_>) -> Result<Self::Compiled, BackendError> {
+        self.checked(launch)?.iter().map(|(v, axes)| emit::lower(v, axes)).collect()
+    }
+
+    fn stages(&self, compiled: &Self::Compiled) -> Vec<(String, String)> {
+        compiled.iter().map(|l| (format!("{}.wgsl", l.name), l.wgsl.clone())).collect()
+    }
+
+    fn alloc(&self, ty: &Type) -> Result<Self::Buffer, BackendError> {
+        runtime::gpu()?.alloc(ty)
+    }
+
+    fn upload(&self, buffer: &mut Self::Buffer, data: HostArray) -> Result<(), BackendError> {
+        if data.ty() != buffer.ty {
+            return Err(BackendError::new(
+                ErrorKind::InvalidInput,
+                format!("cannot upload {} into a buffer of {}", data.ty(), buffer.ty),
+            ));
+        }
+        runtime::gpu()?.upload(buffer, &data)
+    }
+
+    fn download<'b>(&self, buffer: &'b Self::Buffer) -> Result<std::borrow::Cow<'b, HostArray>, BackendError> {
+        runtime::gpu()?.download(buffer).map(std::borrow::Cow::Owned)
+    }
+
+    fn run(
+        &self,
+        compiled: &Self::Compiled,
+        launch: &Launch<'_>,
+        buffers: &mut BTreeMap<String, Self::Buffer>,
+    ) -> Result<(), BackendError> {
+        for c in &launch.calls {
+            for p in c.kernel.params.iter().filter(|p| p.kind != ParamKind::Scratch) {
+                if let Some(b) = buffers.get(&p.name).filter(|b| b.ty != p.ty) {
+                    return Err(BackendError::new(
+                        ErrorKind::InvalidInput,
+                        format!("kernel `{}`: argument `{}` is {} but its buffer holds {}", c.kernel.name, p.name, p.ty, b.ty),
+                    ));
+                }
+            }
+        }
+        runtime::gpu()?.launch(compiled, buffers)
+    }
+}
+
+inventory::submit! {
+    BuiltinBackend { make: || export(Wgpu::new()) }
+}
+
+#[cfg(feature = "plugin")]
+tessel_plugin_api::export_plugin!(Wgpu::new());

@@ -1,0 +1,1310 @@
+//! Verified IR to WGSL. Pure: no device.
+//!
+//! The model. One program is one workgroup of `WG` invocations; a fixed number of workgroups
+//! (at most 65,535, the smallest dispatch limit every adapter has) walk the parallel programs
+//! with a stride, so any grid fits one 1-D dispatch. Inside a program the `seq` axes are a loop.
+//!
+//! Values. A scalar is a WGSL `let`/`var` that every invocation holds, with the same value in
+//! each (so conditions and loop bounds are uniform and barriers may sit under them). A block value
+//! is spread over the invocations: element `e` belongs to invocation `e % WG`, which keeps it in a
+//! private array at `e / WG`. Elementwise operations on equal shapes read only their own
+//! elements, need no memory and no barrier. An operation that reads other invocations' elements
+//! (broadcasting, `transpose`, reductions, `dot`) reads them from the workgroup's region of a
+//! storage workspace, where the value was *published* after it was made, behind a barrier.
+//! Which values are published is found by emitting twice: the first pass records every
+//! non-local read, the second writes the publications.
+//!
+//! Scalars that come from memory (a scalar `load`, a reduction to a scalar) are computed by
+//! invocation 0 and shared with `workgroupUniformLoad`, so that they are uniform.
+//!
+//! Memory. Every array element takes 4 bytes on the device: `f16`/`bf16` are held as the `f32`
+//! of their value (rounded after every operation, docs/language.md §8) and `bool` as `u32`.
+//! Loads and stores check the array bounds and masks lane by lane (§5); scratch lives in the
+//! workspace, zeroed once per program.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::fmt::Write as _;
+
+use tessel_plugin_api::abi::{BackendError, ErrorKind};
+use tessel_plugin_api::ir::*;
+use tessel_plugin_api::launch::LaunchAxis;
+
+/// The largest block value lowered, in elements.
+pub const MAX_BLOCK_ELEMENTS: usize = 1 << 16;
+/// The most parallel programs (or `seq` steps) one launch runs: the counters are `u32`.
+pub const MAX_PROGRAMS: u64 = 1 << 31;
+/// Workgroups dispatched at most: WebGPU's default `maxComputeWorkgroupsPerDimension`.
+pub const MAX_GROUPS: u64 = 65_535;
+/// WebGPU's default `maxStorageBufferBindingSize`: the workspace is sized to fit it.
+pub const WORKSPACE_BUDGET: u64 = 128 << 20;
+/// The most invocations per workgroup used: WebGPU's default `maxComputeInvocationsPerWorkgroup`.
+pub const MAX_WORKGROUP: u32 = 256;
+
+/// The dtypes this backend lowers (16-bit floats emulated with `f32` and rounding).
+pub const DTYPES: [DType; 6] = [DType::F32, DType::I32, DType::U32, DType::Bool, DType::F16, DType::BF16];
+
+/// One kernel lowered to WGSL, with what the runtime needs to dispatch it.
+#[derive(Clone, Debug)]
+pub struct Lowered {
+    /// The kernel name.
+    pub name: String,
+    /// The module.
+    pub wgsl: String,
+    /// Invocations per workgroup.
+    pub workgroup_size: u32,
+    /// Workgroups dispatched (`x`).
+    pub groups: u32,
+    /// Parallel programs.
+    pub programs: u64,
+    /// `u32` words of workspace per workgroup (0: no workspace binding).
+    pub workspace_words: u64,
+    /// The `in`/`out` arguments in binding order (binding `i` is `bindings[i]`); the workspace,
+    /// if any, is the binding after them.
+    pub bindings: Vec<(String, ParamKind)>,
+}
+
+fn unsupported(msg: String) -> BackendError {
+    BackendError::new(ErrorKind::Unsupported, msg)
+}
+
+/// Lowers one verified kernel whose grid sizes are `grid` (every `dyn` size resolved).
+pub fn lower(kernel: &Verified, grid: &[LaunchAxis]) -> Result<Lowered, BackendError> {
+    let k = kernel.kernel();
+    for p in &k.params {
+        if !DTYPES.contains(&p.ty.dtype) {
+            return Err(unsupported(format!("Unsupported dtype: {}", p.ty.dtype)));
+        }
+        if p.ty.numel() > i32::MAX as usize {
+            return Err(unsupported(format!(
+                "argument `{}` ({}) has {} elements, more than the {} the wgpu backend indexes\n  split the array",
+                p.name,
+                p.ty,
+                p.ty.numel(),
+                i32::MAX
+            )));
+        }
+    }
+    let programs: u64 = grid.iter().filter(|a| !a.seq).map(|a| a.size).try_fold(1u64, |a, b| a.checked_mul(b)).unwrap_or(u64::MAX);
+    let steps: u64 = grid.iter().filter(|a| a.seq).map(|a| a.size).try_fold(1u64, |a, b| a.checked_mul(b)).unwrap_or(u64::MAX);
+    for (what, n) in [("parallel programs", programs), ("`seq` steps per program", steps)] {
+        if n > MAX_PROGRAMS {
+            return Err(unsupported(format!(
+                "kernel `{}` has {n} {what}, more than the {MAX_PROGRAMS} the wgpu backend runs in one launch\n  use larger blocks, or split the launch",
+                k.name
+            )));
+        }
+    }
+    // Pass 1: which values are read by other invocations, and the largest loop.
+    let mut first = Writer::new(kernel, grid, MAX_WORKGROUP, HashSet::new(), programs, steps);
+    first.write_main()?;
+    let wanted = first.wanted.clone();
+    let wg = (first.max_elements.next_power_of_two() as u32).clamp(64, MAX_WORKGROUP);
+    // Pass 2 with the publications.
+    let mut w = Writer::new(kernel, grid, wg, wanted, programs, steps);
+    w.write_main()?;
+    let words = w.next_word;
+    let groups = if words == 0 { programs.min(MAX_GROUPS) } else { programs.min(MAX_GROUPS).min(WORKSPACE_BUDGET / (words * 4)) };
+    if groups == 0 {
+        return Err(unsupported(format!(
+            "kernel `{}` needs {} bytes of workspace per program, more than the {WORKSPACE_BUDGET} of a storage binding\n  use smaller blocks",
+            k.name,
+            words * 4
+        )));
+    }
+    let wgsl = w.finish(groups as u32);
+    Ok(Lowered {
+        name: k.name.clone(),
+        wgsl,
+        workgroup_size: wg,
+        groups: groups as u32,
+        programs,
+        workspace_words: words,
+        bindings: k.params.iter().filter(|p| p.kind != ParamKind::Scratch).map(|p| (p.name.clone(), p.kind)).collect(),
+    })
+}
+
+/// The WGSL type of a register holding an element of `d`.
+fn reg_ty(d: DType) -> &'static str {
+    match d {
+        DType::F32 | DType::F16 | DType::BF16 => "f32",
+        DType::I32 => "i32",
+        DType::U32 => "u32",
+        DType::Bool => "bool",
+    }
+}
+
+/// The WGSL element type of an argument buffer of `d`.
+fn buf_ty(d: DType) -> &'static str {
+    match d {
+        DType::F32 | DType::F16 | DType::BF16 => "f32",
+        DType::I32 => "i32",
+        DType::U32 | DType::Bool => "u32",
+    }
+}
+
+/// A literal as a WGSL expression of the register type of `d`.
+fn literal(l: Literal, d: DType) -> String {
+    match d {
+        DType::Bool => (l.as_f64() != 0.0).to_string(),
+        DType::I32 => {
+            let v = l.as_i64() as i32;
+            if v == i32::MIN { "i32(-2147483648)".into() } else { format!("{v}i") }
+        }
+        DType::U32 => format!("{}u", l.as_i64() as u32),
+        DType::F32 | DType::F16 | DType::BF16 => {
+            let v = l.as_f64() as f32;
+            let v = match d {
+                DType::F16 => half::f16::from_f32(v).to_f32(),
+                DType::BF16 => half::bf16::from_f32(v).to_f32(),
+                _ => v,
+            };
+            float_lit(v)
+        }
+    }
+}
+
+/// An `f32` as WGSL. Infinities and NaN go through a helper, since naga refuses non-finite
+/// constants.
+fn float_lit(v: f32) -> String {
+    if v.is_finite() { format!("{v:?}f") } else { format!("tk_f32_bits({}u)", v.to_bits()) }
+}
+
+/// Register value to a `u32` storage word.
+fn to_word(d: DType, x: &str) -> String {
+    match d {
+        DType::U32 => x.to_string(),
+        DType::Bool => format!("select(0u, 1u, {x})"),
+        _ => format!("bitcast<u32>({x})"),
+    }
+}
+
+/// A `u32` storage word to a register value.
+fn from_word(d: DType, w: &str) -> String {
+    match d {
+        DType::U32 => w.to_string(),
+        DType::Bool => format!("({w} != 0u)"),
+        DType::I32 => format!("bitcast<i32>({w})"),
+        _ => format!("bitcast<f32>({w})"),
+    }
+}
+
+fn strides(shape: &[usize]) -> Vec<usize> {
+    let mut s = vec![1; shape.len()];
+    for d in (0..shape.len().saturating_sub(1)).rev() {
+        s[d] = s[d + 1] * shape[d + 1];
+    }
+    s
+}
+
+/// How an operation reads one operand.
+#[derive(Clone, Debug)]
+enum Read {
+    Lit(Literal),
+    /// A scalar register.
+    Scalar(String),
+    /// The invocation's own element `k` of a private array.
+    Own(String),
+    /// From the workspace: the value's name, its shape, and whether the read follows the
+    /// result's linear index (`reshape`) instead of numpy broadcasting.
+    Shared { name: String, shape: Vec<usize>, linear: bool },
+}
+
+/// Helper functions a module may need, emitted once each.
+const HELPERS: &[(&str, &str)] = &[
+    ("tk_f32_bits", "fn tk_f32_bits(b: u32) -> f32 { return bitcast<f32>(b | tk_zero); }"),
+    ("tk_isnan", "fn tk_isnan(x: f32) -> bool { return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u; }"),
+    (
+        "tk_max",
+        "fn tk_max(a: f32, b: f32) -> f32 { if (tk_isnan(a) || tk_isnan(b)) { return tk_f32_bits(0x7fc00000u); } return max(a, b); }",
+    ),
+    (
+        "tk_min",
+        "fn tk_min(a: f32, b: f32) -> f32 { if (tk_isnan(a) || tk_isnan(b)) { return tk_f32_bits(0x7fc00000u); } return min(a, b); }",
+    ),
+    (
+        "tk_round_f16",
+        "// The nearest f16 (ties to even) of x, as an f32.
+fn tk_round_f16(x: f32) -> f32 {
+    let b = bitcast<u32>(x);
+    let s = b & 0x80000000u;
+    let a = b & 0x7fffffffu;
+    if (a > 0x7f800000u) { return x; }
+    if (a >= 0x477ff000u) { return bitcast<f32>(s | 0x7f800000u); }
+    if (a < 0x38800000u) {
+        let q = round(abs(x) * 16777216.0f) / 16777216.0f;
+        return bitcast<f32>(s | bitcast<u32>(q));
+    }
+    return bitcast<f32>(s | ((a + 0xfffu + ((a >> 13u) & 1u)) & 0xffffe000u));
+}",
+    ),
+    (
+        "tk_round_bf16",
+        "// The nearest bf16 (ties to even) of x, as an f32.
+fn tk_round_bf16(x: f32) -> f32 {
+    let b = bitcast<u32>(x);
+    if ((b & 0x7fffffffu) > 0x7f800000u) { return x; }
+    return bitcast<f32>((b + 0x7fffu + ((b >> 16u) & 1u)) & 0xffff0000u);
+}",
+    ),
+    ("tk_tanh", "fn tk_tanh(x: f32) -> f32 { if (tk_isnan(x)) { return x; } return tanh(clamp(x, -15.0f, 15.0f)); }"),
+    (
+        "tk_pow",
+        "// C's pow: the sign for an odd integer exponent of a negative base, NaN for a fraction.
+fn tk_pow(x: f32, y: f32) -> f32 {
+    if (y == 0.0f || x == 1.0f) { return 1.0f; }
+    var v = exp2(y * log2(abs(x)));
+    if (x < 0.0f) {
+        if (trunc(y) != y) { return tk_f32_bits(0x7fc00000u); }
+        if (trunc(y * 0.5f) != y * 0.5f) { v = -v; }
+    }
+    return v;
+}",
+    ),
+    ("tk_div_i32", "fn tk_div_i32(a: i32, b: i32) -> i32 { if (b == 0i) { return 0i; } return a / b; }"),
+    ("tk_rem_i32", "fn tk_rem_i32(a: i32, b: i32) -> i32 { if (b == 0i || b == -1i) { return 0i; } return a % b; }"),
+    ("tk_div_u32", "fn tk_div_u32(a: u32, b: u32) -> u32 { if (b == 0u) { return 0u; } return a / b; }"),
+    ("tk_rem_u32", "fn tk_rem_u32(a: u32, b: u32) -> u32 { if (b == 0u) { return 0u; } return a % b; }"),
+    (
+        "tk_f2i",
+        "// Truncates toward zero, saturating; NaN gives 0.
+fn tk_f2i(x: f32) -> i32 {
+    if (tk_isnan(x)) { return 0i; }
+    if (x >= 2147483648.0f) { return 2147483647i; }
+    if (x <= -2147483648.0f) { return i32(-2147483648); }
+    return i32(x);
+}",
+    ),
+    (
+        "tk_f2u",
+        "// Truncates toward zero, saturating; NaN gives 0.
+fn tk_f2u(x: f32) -> u32 {
+    if (tk_isnan(x) || x <= 0.0f) { return 0u; }
+    if (x >= 4294967296.0f) { return 4294967295u; }
+    return u32(x);
+}",
+    ),
+    ("tk_f16_bits", "fn tk_f16_bits(x: f32) -> u32 { return pack2x16float(vec2<f32>(x, 0.0f)) & 0xffffu; }"),
+];
+
+/// Which helpers each helper calls.
+fn helper_deps(name: &str) -> &'static [&'static str] {
+    match name {
+        "tk_isnan" => &[],
+        "tk_max" | "tk_min" | "tk_pow" => &["tk_isnan", "tk_f32_bits"],
+        "tk_tanh" | "tk_f2i" | "tk_f2u" => &["tk_isnan"],
+        _ => &[],
+    }
+}
+
+struct Writer<'k> {
+    v: &'k Verified,
+    grid: &'k [LaunchAxis],
+    wg: u32,
+    programs: u64,
+    steps: u64,
+    out: String,
+    indent: usize,
+    /// WGSL identifier of every IR value.
+    idents: HashMap<String, String>,
+    tmp: u32,
+    /// Values another invocation reads (pass 1 records them; pass 2 publishes them).
+    wanted: BTreeSet<String>,
+    publish: HashSet<String>,
+    /// Word offset of each published value and scratch buffer in a workgroup's region.
+    offsets: HashMap<String, u64>,
+    next_word: u64,
+    helpers: BTreeSet<&'static str>,
+    uses_broadcast: bool,
+    max_elements: usize,
+    /// Since the last barrier: a value was published, an `out`/scratch ref was stored to,
+    /// or loaded from.
+    pending_publish: bool,
+    pending_store: bool,
+    pending_ref_load: bool,
+}
+
+impl<'k> Writer<'k> {
+    fn new(
+        v: &'k Verified,
+        grid: &'k [LaunchAxis],
+        wg: u32,
+        publish: impl IntoIterator<Item = String>,
+        programs: u64,
+        steps: u64,
+    ) -> Writer<'k> {
+        Writer {
+            v,
+            grid,
+            wg,
+            programs,
+            steps,
+            out: String::new(),
+            indent: 1,
+            idents: HashMap::new(),
+            tmp: 0,
+            wanted: BTreeSet::new(),
+            publish: publish.into_iter().collect(),
+            offsets: HashMap::new(),
+            next_word: 0,
+            helpers: BTreeSet::new(),
+            uses_broadcast: false,
+            max_elements: 1,
+            pending_publish: false,
+            pending_store: false,
+            pending_ref_load: false,
+        }
+    }
+
+    fn line(&mut self, s: impl AsRef<str>) {
+        for _ in 0..self.indent {
+            self.out.push_str("    ");
+        }
+        self.out.push_str(s.as_ref());
+        self.out.push('\n');
+    }
+
+    fn open(&mut self, s: impl AsRef<str>) {
+        self.line(format!("{} {{", s.as_ref()));
+        self.indent += 1;
+    }
+
+    fn close(&mut self) {
+        self.indent -= 1;
+        self.line("}");
+    }
+
+    fn helper(&mut self, name: &'static str) {
+        for d in helper_deps(name) {
+            self.helpers.insert(d);
+        }
+        self.helpers.insert(name);
+    }
+
+    fn t(&mut self) -> String {
+        self.tmp += 1;
+        format!("t{}", self.tmp)
+    }
+
+    fn ident(&mut self, name: &str) -> String {
+        let n = self.idents.len();
+        self.idents.entry(name.to_string()).or_insert_with(|| format!("v{n}")).clone()
+    }
+
+    fn ty(&self, name: &str) -> &'k Type {
+        self.v.value_type(name)
+    }
+
+    fn slots(&self, n: usize) -> usize {
+        n.div_ceil(self.wg as usize).max(1)
+    }
+
+    fn alloc_words(&mut self, name: &str, n: usize) -> u64 {
+        if let Some(&o) = self.offsets.get(name) {
+            return o;
+        }
+        let o = self.next_word;
+        self.next_word += n as u64;
+        self.offsets.insert(name.to_string(), o);
+        o
+    }
+
+    // ---- barriers ----
+
+    fn storage_barrier(&mut self) {
+        self.line("storageBarrier();");
+        self.pending_publish = false;
+        self.pending_store = false;
+        self.pending_ref_load = false;
+    }
+
+    fn flags(&self) -> (bool, bool, bool) {
+        (self.pending_publish, self.pending_store, self.pending_ref_load)
+    }
+
+    fn merge_flags(&mut self, f: (bool, bool, bool)) {
+        self.pending_publish |= f.0;
+        self.pending_store |= f.1;
+        self.pending_ref_load |= f.2;
+    }
+
+    /// Before reading published values: a barrier if one was published since the last.
+    fn sync_reads(&mut self, reads: &[&Read]) {
+        if self.pending_publish && reads.iter().any(|r| matches!(r, Read::Shared { .. })) {
+            self.storage_barrier();
+        }
+    }
+
+    // ---- operands ----
+
+    /// How an operand is read for a result of shape `res`; `linear` for `reshape`.
+    fn classify(&mut self, o: &Operand, res: &[usize], linear: bool) -> Read {
+        match o {
+            Operand::Lit(l) => Read::Lit(*l),
+            Operand::Value(name) => {
+                let shape = self.ty(name).shape.clone();
+                let id = self.ident(name);
+                if shape.is_empty() {
+                    Read::Scalar(id)
+                } else if !res.is_empty() && (shape == res || linear) {
+                    Read::Own(id)
+                } else {
+                    self.wanted.insert(name.clone());
+                    Read::Shared { name: name.clone(), shape, linear }
+                }
+            }
+        }
+    }
+
+    /// The expression reading `r` (as `dtype` for literals) for result element `e` of `res`.
+    fn read(&mut self, r: &Read, dtype: DType, res: &[usize]) -> String {
+        match r {
+            Read::Lit(l) => literal(*l, dtype),
+            Read::Scalar(id) => id.clone(),
+            Read::Own(id) => format!("{id}[k]"),
+            Read::Shared { name, shape, linear } => {
+                let idx = if *linear { "e".to_string() } else { broadcast_index(res, shape) };
+                let off = self.offsets.get(name).copied().unwrap_or(0);
+                let d = self.ty(name).dtype;
+                from_word(d, &format!("tk_ws[wsb + {off}u + {idx}]"))
+            }
+        }
+    }
+
+    fn dtype_of(&self, ops: &[&Operand]) -> DType {
+        ops.iter()
+            .find_map(|o| match o {
+                Operand::Value(v) => Some(self.ty(v).dtype),
+                Operand::Lit(_) => None,
+            })
+            .unwrap_or(DType::I32)
+    }
+
+    // ---- structure ----
+
+    fn write_main(&mut self) -> Result<(), BackendError> {
+        let k = self.v.kernel();
+        let par: Vec<usize> = (0..self.grid.len()).filter(|&a| !self.grid[a].seq).collect();
+        let seq: Vec<usize> = (0..self.grid.len()).filter(|&a| self.grid[a].seq).collect();
+        self.open("for (var prog = wid.x; prog < PROGRAMS; prog += GROUPS)");
+        self.storage_barrier();
+        self.decode("prog", &par);
+        let scratch: Vec<Param> = k.params_of(ParamKind::Scratch).cloned().collect();
+        for p in &scratch {
+            let n = p.ty.numel();
+            let off = self.alloc_words(&p.name, n);
+            self.line(format!("// scratch {}: {}", p.name, p.ty));
+            self.each(n, |w| w.line(format!("tk_ws[wsb + {off}u + e] = 0u;")));
+            self.pending_store = true;
+        }
+        let looped = self.steps > 1;
+        if looped {
+            self.open(format!("for (var step = 0u; step < {}u; step++)", self.steps));
+            self.storage_barrier();
+        }
+        self.decode("step", &seq);
+        self.write_origins();
+        let body = k.body.clone();
+        self.write_body(&body)?;
+        if looped {
+            self.close();
+        }
+        self.close();
+        Ok(())
+    }
+
+    /// Row-major decoding of `counter` into the coordinates of `axes` (the last fastest).
+    fn decode(&mut self, counter: &str, axes: &[usize]) {
+        let mut stride: u64 = 1;
+        for &a in axes.iter().rev() {
+            let size = self.grid[a].size;
+            self.line(format!("let c{a} = i32(({counter} / {stride}u) % {size}u);"));
+            stride *= size;
+        }
+    }
+
+    /// Element origin of every argument's block at this grid point: `E_d * B_d`.
+    fn write_origins(&mut self) {
+        let k = self.v.kernel();
+        for (pi, p) in k.params.iter().enumerate() {
+            if let Some(b) = &p.block {
+                for (d, (e, &bs)) in b.index.iter().zip(&b.shape).enumerate() {
+                    let mut expr = format!("{}i", e.constant as i32);
+                    for (c, name) in &e.terms {
+                        let a = self.grid.iter().position(|g| &g.name == name).expect("verified axis");
+                        expr = format!("{expr} + {}i * c{a}", *c as i32);
+                    }
+                    self.line(format!("let o{pi}_{d} = ({expr}) * {bs}i;"));
+                }
+            }
+        }
+    }
+
+    /// A loop of the invocations over `n` elements: `k` is the private slot, `e` the element.
+    fn each(&mut self, n: usize, body: impl FnOnce(&mut Self)) {
+        self.max_elements = self.max_elements.max(n);
+        let slots = self.slots(n);
+        self.open(format!("for (var k = 0u; k < {slots}u; k++)"));
+        self.line(format!("let e = lid + k * {}u;", self.wg));
+        let guard = n % self.wg as usize != 0;
+        if guard {
+            self.open(format!("if (e < {n}u)"));
+        }
+        body(self);
+        if guard {
+            self.close();
+        }
+        self.close();
+    }
+
+    /// Declares the private array of block value `name`.
+    fn declare_block(&mut self, name: &str) -> String {
+        let ty = self.ty(name);
+        let id = self.ident(name);
+        let slots = self.slots(ty.numel());
+        self.line(format!("var {id}: array<{}, {slots}>;", reg_ty(ty.dtype)));
+        id
+    }
+
+    /// After a block value is made: publish it if another invocation reads it.
+    fn defined(&mut self, name: &str) {
+        let ty = self.ty(name);
+        if ty.is_scalar() || !self.publish.contains(name) {
+            return;
+        }
+        let n = ty.numel();
+        let off = self.alloc_words(name, n);
+        let id = self.ident(name);
+        let word = to_word(ty.dtype, &format!("{id}[k]"));
+        self.each(n, |w| w.line(format!("tk_ws[wsb + {off}u + e] = {word};")));
+        self.pending_publish = true;
+    }
+
+    /// A scalar computed by invocation 0 and shared with the workgroup, so that it is uniform.
+    fn broadcast_scalar(&mut self, dst: &str, d: DType, compute: impl FnOnce(&mut Self) -> String) {
+        self.uses_broadcast = true;
+        if self.pending_publish || self.pending_store {
+            self.storage_barrier();
+        } else {
+            self.line("workgroupBarrier();");
+        }
+        self.open("if (lid == 0u)");
+        self.line("let k = 0u;");
+        self.line("let e = 0u;");
+        let v = compute(self);
+        self.line(format!("tk_bc = {};", to_word(d, &v)));
+        self.close();
+        let id = self.ident(dst);
+        self.line(format!("let {id}: {} = {};", reg_ty(d), from_word(d, "workgroupUniformLoad(&tk_bc)")));
+    }
+
+    // ---- body ----
+
+    fn write_body(&mut self, body: &[Stmt]) -> Result<(), BackendError> {
+        for s in body {
+            let head = tessel_plugin_api::ir::print::print_stmt_head(s);
+            self.line(format!("// {head}"));
+            self.write_stmt(s)?;
+        }
+        Ok(())
+    }
+
+    fn check_size(&self, name: &str) -> Result<(), BackendError> {
+        let ty = self.ty(name);
+        if !DTYPES.contains(&ty.dtype) {
+            return Err(unsupported(format!("Unsupported dtype: {}", ty.dtype)));
+        }
+        if ty.numel() > MAX_BLOCK_ELEMENTS {
+            return Err(unsupported(format!(
+                "block value %{name} has {} elements ({ty}), more than the {MAX_BLOCK_ELEMENTS} the wgpu backend lowers\n  use smaller blocks",
+                ty.numel()
+            )));
+        }
+        Ok(())
+    }
+
+    /// An elementwise result: scalar registers when every operand is one, else a block.
+    fn elementwise(&mut self, dst: &str, ops: &[&Operand], linear: bool, f: impl Fn(&mut Self, &[String]) -> String) {
+        let ty = self.ty(dst);
+        let res = ty.shape.clone();
+        let reads: Vec<Read> = ops.iter().map(|o| self.classify(o, &res, linear)).collect();
+        let dtypes: Vec<DType> = ops.iter().map(|o| self.dtype_of(&[o])).collect();
+        let other = self.dtype_of(ops);
+        // A literal takes the type of the other operand (a `select` condition is bool).
+        let lit_ty = |i: usize, w: &Self| match ops[i] {
+            Operand::Lit(_) => {
+                if ops.len() == 3 && i == 0 {
+                    DType::Bool
+                } else if ops.len() == 3 {
+                    w.dtype_of(&[ops[1], ops[2]])
+                } else {
+                    other
+                }
+            }
+            Operand::Value(_) => dtypes[i],
+        };
+        if res.is_empty() {
+            if reads.iter().any(|r| matches!(r, Read::Shared { .. })) {
+                self.sync_reads(&reads.iter().collect::<Vec<_>>());
+                self.broadcast_scalar(dst, ty.dtype, |w| {
+                    let xs: Vec<String> = reads.iter().enumerate().map(|(i, r)| w.read(r, lit_ty(i, w), &res)).collect();
+                    f(w, &xs)
+                });
+            } else {
+                let xs: Vec<String> = reads.iter().enumerate().map(|(i, r)| self.read(r, lit_ty(i, self), &res)).collect();
+                let v = f(self, &xs);
+                let id = self.ident(dst);
+                self.line(format!("let {id}: {} = {v};", reg_ty(ty.dtype)));
+            }
+            return;
+        }
+        self.sync_reads(&reads.iter().collect::<Vec<_>>());
+        let id = self.declare_block(dst);
+        let n = ty.numel();
+        self.each(n, |w| {
+            let xs: Vec<String> = reads.iter().enumerate().map(|(i, r)| w.read(r, lit_ty(i, w), &res)).collect();
+            let v = f(w, &xs);
+            w.line(format!("{id}[k] = {v};"));
+        });
+        self.defined(dst);
+    }
+
+    fn write_stmt(&mut self, s: &Stmt) -> Result<(), BackendError> {
+        for r in &s.results {
+            self.check_size(r)?;
+        }
+        let dst = s.results.first().cloned().unwrap_or_default();
+        match &s.op {
+            Op::Load { src, index, mask, other } => self.write_load(&dst, src, index.as_deref(), mask.as_deref(), *other),
+            Op::Store { dst: d, index, value, mask } => self.write_store(d, index.as_deref(), value, mask.as_deref()),
+            Op::ProgramId(a) | Op::NumPrograms(a) => {
+                let axis = match a {
+                    AxisRef::Pos(p) => *p,
+                    AxisRef::Name(nm) => self.grid.iter().position(|g| &g.name == nm).expect("verified axis"),
+                };
+                let v = if matches!(s.op, Op::ProgramId(_)) { format!("c{axis}") } else { format!("{}i", self.grid[axis].size) };
+                let id = self.ident(&dst);
+                self.line(format!("let {id}: i32 = {v};"));
+            }
+            Op::Iota { dim } => {
+                let ty = self.ty(&dst);
+                let (st, size) = (strides(&ty.shape)[*dim], ty.shape[*dim]);
+                let cast = reg_ty(ty.dtype);
+                self.elementwise(&dst, &[], false, |_, _| format!("{cast}((e / {st}u) % {size}u)"));
+            }
+            Op::Full(l) => {
+                let d = self.ty(&dst).dtype;
+                let v = literal(*l, d);
+                self.elementwise(&dst, &[], false, |_, _| v.clone());
+            }
+            Op::Zeros => {
+                let d = self.ty(&dst).dtype;
+                let v = literal(Literal::Int(0), d);
+                self.elementwise(&dst, &[], false, |_, _| v.clone());
+            }
+            Op::Unary(op, a) => {
+                let d = self.dtype_of(&[a]);
+                self.elementwise(&dst, &[a], false, |w, x| w.unary(*op, d, &x[0]));
+            }
+            Op::Binary(op, a, b) => {
+                let d = self.dtype_of(&[a, b]);
+                self.elementwise(&dst, &[a, b], false, |w, x| w.binary(*op, d, &x[0], &x[1]));
+            }
+            Op::Compare(op, a, b) => {
+                let d = self.dtype_of(&[a, b]);
+                self.elementwise(&dst, &[a, b], false, |_, x| compare(*op, d, &x[0], &x[1]));
+            }
+            Op::Select(c, a, b) => self.elementwise(&dst, &[c, a, b], false, |_, x| format!("select({}, {}, {})", x[2], x[1], x[0])),
+            Op::Cast(a) => {
+                let (from, to) = (self.dtype_of(&[a]), self.ty(&dst).dtype);
+                self.elementwise(&dst, &[a], false, |w, x| w.cast(from, to, &x[0]));
+            }
+            Op::Bitcast(a) => {
+                let (from, to) = (self.dtype_of(&[a]), self.ty(&dst).dtype);
+                self.elementwise(&dst, &[a], false, |w, x| w.bitcast(from, to, &x[0]));
+            }
+            Op::Broadcast(a) => self.elementwise(&dst, &[a], false, |_, x| x[0].clone()),
+            Op::Reshape(a) => self.elementwise(&dst, &[a], true, |_, x| x[0].clone()),
+            Op::Transpose { arg, perm } => {
+                let Operand::Value(src) = arg else { unreachable!("verifier: transpose of a value") };
+                let in_st = strides(&self.ty(src).shape);
+                let out_shape = self.ty(&dst).shape.clone();
+                let out_st = strides(&out_shape);
+                let idx = perm
+                    .iter()
+                    .enumerate()
+                    .map(|(d, &p)| format!("((e / {}u) % {}u) * {}u", out_st[d], out_shape[d], in_st[p]))
+                    .collect::<Vec<_>>()
+                    .join(" + ");
+                self.gather(&dst, &[src], move |w, offs| {
+                    let d = w.ty(src).dtype;
+                    from_word(d, &format!("tk_ws[wsb + {}u + {idx}]", offs[0]))
+                });
+            }
+            Op::Reduce { op, arg, axis, .. } => {
+                let Operand::Value(src) = arg else { unreachable!("verifier: reduce of a value") };
+                self.write_reduce(&dst, *op, src, *axis);
+            }
+            Op::Dot { a, b, trans_a, trans_b } => {
+                let (Operand::Value(a), Operand::Value(b)) = (a, b) else { unreachable!("verifier: dot of values") };
+                self.write_dot(&dst, a, b, *trans_a, *trans_b);
+            }
+            Op::When { cond, body } => {
+                let c = match cond {
+                    Operand::Lit(l) => literal(*l, DType::Bool),
+                    Operand::Value(v) => self.ident(v),
+                };
+                let before = self.flags();
+                self.open(format!("if ({c})"));
+                self.write_body(body)?;
+                self.close();
+                self.merge_flags(before);
+            }
+            Op::For { var, lo, hi, step, iters, body } => self.write_for(s, var, lo, hi, step.as_ref(), iters, body)?,
+            Op::Yield(_) => unreachable!("yield is written by its for"),
+        }
+        Ok(())
+    }
+
+    /// A block (or scalar) result whose elements read other elements of `srcs`: the sources are
+    /// published; `f` gets their word offsets and writes the element expression for `e`.
+    fn gather(&mut self, dst: &str, srcs: &[&str], f: impl FnOnce(&mut Self, &[u64]) -> String) {
+        let reads: Vec<Read> = srcs
+            .iter()
+            .map(|s| {
+                self.wanted.insert(s.to_string());
+                Read::Shared { name: s.to_string(), shape: Vec::new(), linear: false }
+            })
+            .collect();
+        self.sync_reads(&reads.iter().collect::<Vec<_>>());
+        let offs: Vec<u64> = srcs.iter().map(|s| self.offsets.get(*s).copied().unwrap_or(0)).collect();
+        let ty = self.ty(dst);
+        if ty.is_scalar() {
+            self.broadcast_scalar(dst, ty.dtype, |w| f(w, &offs));
+            return;
+        }
+        let id = self.declare_block(dst);
+        self.each(ty.numel(), |w| {
+            let v = f(w, &offs);
+            w.line(format!("{id}[k] = {v};"));
+        });
+        self.defined(dst);
+    }
+
+    fn write_reduce(&mut self, dst: &str, op: ReduceOp, src: &str, axis: usize) {
+        let sty = self.ty(src);
+        let (d, shape) = (sty.dtype, sty.shape.clone());
+        let inner: usize = shape[axis + 1..].iter().product();
+        let n = shape[axis];
+        let float = d.is_float();
+        let acc_ty = reg_ty(d);
+        let init = match (op, d) {
+            (ReduceOp::Sum, _) => literal(Literal::Int(0), d),
+            (ReduceOp::Prod, _) => literal(Literal::Int(1), d),
+            (ReduceOp::Max, DType::I32) => "i32(-2147483648)".into(),
+            (ReduceOp::Min, DType::I32) => "2147483647i".into(),
+            (ReduceOp::Max, DType::U32) => "0u".into(),
+            (ReduceOp::Min, DType::U32) => "4294967295u".into(),
+            (ReduceOp::Max, _) => float_lit(f32::NEG_INFINITY),
+            (ReduceOp::Min, _) => float_lit(f32::INFINITY),
+        };
+        let combine = move |w: &mut Self, acc: &str, x: &str| match (op, float) {
+            (ReduceOp::Sum, _) => format!("{acc} + {x}"),
+            (ReduceOp::Prod, _) => format!("{acc} * {x}"),
+            (ReduceOp::Max, true) => {
+                w.helper("tk_max");
+                format!("tk_max({acc}, {x})")
+            }
+            (ReduceOp::Min, true) => {
+                w.helper("tk_min");
+                format!("tk_min({acc}, {x})")
+            }
+            (ReduceOp::Max, false) => format!("max({acc}, {x})"),
+            (ReduceOp::Min, false) => format!("min({acc}, {x})"),
+        };
+        self.gather(dst, &[src], move |w, offs| {
+            let acc = w.t();
+            w.line(format!("var {acc}: {acc_ty} = {init};"));
+            w.line(format!("let {acc}_base = (e / {inner}u) * {}u + e % {inner}u;", n * inner));
+            w.open(format!("for (var r = 0u; r < {n}u; r++)"));
+            let x = from_word(d, &format!("tk_ws[wsb + {}u + {acc}_base + r * {inner}u]", offs[0]));
+            let c = combine(w, &acc, &x);
+            w.line(format!("{acc} = {c};"));
+            w.close();
+            w.round16(d, &acc)
+        });
+    }
+
+    fn write_dot(&mut self, dst: &str, a: &str, b: &str, trans_a: bool, trans_b: bool) {
+        let (ash, bsh) = (self.ty(a).shape.clone(), self.ty(b).shape.clone());
+        let (m, kk) = if trans_a { (ash[1], ash[0]) } else { (ash[0], ash[1]) };
+        let n = if trans_b { bsh[0] } else { bsh[1] };
+        let (da, rd) = (self.ty(a).dtype, self.ty(dst).dtype);
+        let acc_ty = reg_ty(rd);
+        let zero = literal(Literal::Int(0), rd);
+        self.gather(dst, &[a, b], move |w, offs| {
+            let acc = w.t();
+            w.line(format!("var {acc}: {acc_ty} = {zero};"));
+            w.line(format!("let {acc}_i = e / {n}u;"));
+            w.line(format!("let {acc}_j = e % {n}u;"));
+            w.open(format!("for (var r = 0u; r < {kk}u; r++)"));
+            let ai = if trans_a { format!("r * {m}u + {acc}_i") } else { format!("{acc}_i * {kk}u + r") };
+            let bi = if trans_b { format!("{acc}_j * {kk}u + r") } else { format!("r * {n}u + {acc}_j") };
+            let x = from_word(da, &format!("tk_ws[wsb + {}u + {ai}]", offs[0]));
+            let y = from_word(da, &format!("tk_ws[wsb + {}u + {bi}]", offs[1]));
+            w.line(format!("{acc} = {acc} + {x} * {y};"));
+            w.close();
+            acc
+        });
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn write_for(
+        &mut self,
+        s: &Stmt,
+        var: &str,
+        lo: &Operand,
+        hi: &Operand,
+        step: Option<&Operand>,
+        iters: &[(String, Operand)],
+        body: &[Stmt],
+    ) -> Result<(), BackendError> {
+        let scalar = |w: &mut Self, o: &Operand| match o {
+            Operand::Lit(l) => literal(*l, DType::I32),
+            Operand::Value(v) => w.ident(v),
+        };
+        let (lo, hi) = (scalar(self, lo), scalar(self, hi));
+        let step = step.map(|o| scalar(self, o)).unwrap_or_else(|| "1i".into());
+        // The carried values: one variable each, assigned at the start and by `yield`.
+        for (name, init) in iters {
+            self.check_size(name)?;
+            let ty = self.ty(name);
+            let id = self.ident(name);
+            let reg = reg_ty(ty.dtype);
+            if ty.is_scalar() {
+                let v = match init {
+                    Operand::Lit(l) => literal(*l, ty.dtype),
+                    Operand::Value(x) => self.ident(x),
+                };
+                self.line(format!("var {id}: {reg} = {v};"));
+            } else {
+                match init {
+                    Operand::Value(x) => {
+                        let x = self.ident(x);
+                        self.line(format!("var {id} = {x};"));
+                    }
+                    Operand::Lit(l) => {
+                        let l = literal(*l, ty.dtype);
+                        let slots = self.slots(ty.numel());
+                        self.line(format!("var {id}: array<{reg}, {slots}>;"));
+                        self.each(ty.numel(), |w| w.line(format!("{id}[k] = {l};")));
+                    }
+                }
+            }
+        }
+        let i = self.ident(var);
+        let go = self.t();
+        self.line(format!("var {i}: i32 = {lo};"));
+        self.line(format!("var {go} = {step} > 0i && {lo} < {hi};"));
+        let before = self.flags();
+        self.open("loop");
+        self.line(format!("if (!{go}) {{ break; }}"));
+        self.storage_barrier();
+        for (name, _) in iters {
+            self.defined(name);
+        }
+        let (last, rest) = match body.split_last() {
+            Some((l, r)) if matches!(l.op, Op::Yield(_)) => (Some(l), r),
+            _ => (None, body),
+        };
+        self.write_body(rest)?;
+        if let Some(Stmt { op: Op::Yield(values), .. }) = last {
+            self.line("// yield");
+            let tmps: Vec<String> = values
+                .iter()
+                .zip(iters)
+                .map(|(v, (name, _))| {
+                    let t = self.t();
+                    let d = self.ty(name).dtype;
+                    let x = match v {
+                        Operand::Lit(l) => literal(*l, d),
+                        Operand::Value(x) => self.ident(x),
+                    };
+                    self.line(format!("let {t} = {x};"));
+                    t
+                })
+                .collect();
+            for ((name, _), t) in iters.iter().zip(tmps) {
+                let id = self.ident(name);
+                self.line(format!("{id} = {t};"));
+            }
+        }
+        let next = self.t();
+        self.line(format!("let {next} = {i} + {step};"));
+        self.line(format!("{go} = {next} > {i} && {next} < {hi};"));
+        self.line(format!("{i} = {next};"));
+        self.close();
+        self.merge_flags(before);
+        for (r, (name, _)) in s.results.iter().zip(iters) {
+            let (rid, id) = (self.ident(r), self.ident(name));
+            // Blocks are `var`s, which may be indexed by a variable.
+            let kw = if self.ty(r).is_scalar() { "let" } else { "var" };
+            self.line(format!("{kw} {rid} = {id};"));
+            self.defined(r);
+        }
+        Ok(())
+    }
+
+    // ---- memory ----
+
+    /// The region selected by `index` in `param`'s block: the start expression, length and
+    /// whether the dimension stays, per dimension.
+    fn region(&mut self, pi: usize, param: &Param, index: Option<&[Index]>) -> Vec<(String, usize, bool)> {
+        let block = param.block_shape().to_vec();
+        (0..block.len())
+            .map(|d| {
+                let origin = if param.block.is_some() { format!("o{pi}_{d}") } else { "0i".into() };
+                let start = |w: &mut Self, o: &Operand| match o {
+                    Operand::Lit(l) => format!("({origin} + {}i)", l.as_i64() as i32),
+                    Operand::Value(v) => {
+                        let id = w.ident(v);
+                        let cast = if w.ty(v).dtype == DType::U32 { format!("bitcast<i32>({id})") } else { id };
+                        format!("({origin} + {cast})")
+                    }
+                };
+                match index.map(|ix| &ix[d]) {
+                    None | Some(Index::Full) => (origin, block[d], true),
+                    Some(Index::Slice { start: s, size }) => (start(self, s), *size, true),
+                    Some(Index::At(a)) => (start(self, a), 1, false),
+                }
+            })
+            .collect()
+    }
+
+    /// Writes the bounds check and flat index of element `e` of a region; returns (ok, flat).
+    fn address(&mut self, region: &[(String, usize, bool)], dims: &[usize]) -> (String, String) {
+        let lens: Vec<usize> = region.iter().map(|r| r.1).collect();
+        let (ls, ast) = (strides(&lens), strides(dims));
+        let (ok, flat) = (self.t(), self.t());
+        let mut conds = Vec::new();
+        let mut terms = Vec::new();
+        for (d, (start, len, _)) in region.iter().enumerate() {
+            let g = self.t();
+            let pos = if *len == 1 { String::new() } else { format!("i32((e / {}u) % {len}u) + ", ls[d]) };
+            self.line(format!("let {g} = {pos}{start};"));
+            conds.push(format!("u32({g}) < {}u", dims[d]));
+            terms.push(format!("u32({g}) * {}u", ast[d]));
+        }
+        let conds = if conds.is_empty() { "true".to_string() } else { conds.join(" && ") };
+        let terms = if terms.is_empty() { "0u".to_string() } else { terms.join(" + ") };
+        self.line(format!("var {ok} = {conds};"));
+        self.line(format!("let {flat} = {terms};"));
+        (ok, flat)
+    }
+
+    /// The storage expression of element `flat` of argument or scratch `p`.
+    fn cell(&mut self, pi: usize, p: &Param, flat: &str) -> String {
+        if p.kind == ParamKind::Scratch {
+            let off = self.offsets.get(&p.name).copied().unwrap_or(0);
+            format!("tk_ws[wsb + {off}u + {flat}]")
+        } else {
+            format!("a{pi}[{flat}]")
+        }
+    }
+
+    fn param(&self, name: &str) -> (usize, Param) {
+        let k = self.v.kernel();
+        let pi = k.params.iter().position(|p| p.name == name).expect("verified argument");
+        (pi, k.params[pi].clone())
+    }
+
+    fn write_load(&mut self, dst: &str, src: &str, index: Option<&[Index]>, mask: Option<&str>, other: Option<Literal>) {
+        let (pi, p) = self.param(src);
+        let d = p.ty.dtype;
+        let region = self.region(pi, &p, index);
+        let res = self.ty(dst).shape.clone();
+        let mask_read = mask.map(|m| self.classify(&Operand::Value(m.to_string()), &res, false));
+        if p.kind != ParamKind::In && self.pending_store {
+            self.storage_barrier();
+        }
+        self.sync_reads(&mask_read.iter().collect::<Vec<_>>());
+        if p.kind != ParamKind::In {
+            self.pending_ref_load = true;
+        }
+        let other = literal(other.unwrap_or(Literal::Int(0)), d);
+        let body = |w: &mut Self| -> String {
+            let (ok, flat) = w.address(&region, &p.ty.shape);
+            if let Some(m) = &mask_read {
+                let mv = w.read(m, DType::Bool, &res);
+                w.line(format!("{ok} = {ok} && {mv};"));
+            }
+            let x = w.t();
+            w.line(format!("var {x}: {} = {other};", reg_ty(d)));
+            let cell = w.cell(pi, &p, &flat);
+            let val = if p.kind == ParamKind::Scratch {
+                from_word(d, &cell)
+            } else if d == DType::Bool {
+                format!("({cell} != 0u)")
+            } else {
+                cell
+            };
+            w.line(format!("if ({ok}) {{ {x} = {val}; }}"));
+            x
+        };
+        if res.is_empty() {
+            self.broadcast_scalar(dst, d, body);
+            return;
+        }
+        let id = self.declare_block(dst);
+        self.each(res.iter().product(), |w| {
+            let x = body(w);
+            w.line(format!("{id}[k] = {x};"));
+        });
+        self.defined(dst);
+    }
+
+    fn write_store(&mut self, dst: &str, index: Option<&[Index]>, value: &Operand, mask: Option<&str>) {
+        let (pi, p) = self.param(dst);
+        let d = p.ty.dtype;
+        let region = self.region(pi, &p, index);
+        let sel: Vec<usize> = region.iter().filter(|r| r.2).map(|r| r.1).collect();
+        let vread = self.classify(value, &sel, false);
+        let mask_read = mask.map(|m| self.classify(&Operand::Value(m.to_string()), &sel, false));
+        if self.pending_store || self.pending_ref_load {
+            self.storage_barrier();
+        }
+        let mut reads = vec![&vread];
+        reads.extend(mask_read.iter());
+        self.sync_reads(&reads);
+        let n: usize = sel.iter().product();
+        self.each(n, |w| {
+            let (ok, flat) = w.address(&region, &p.ty.shape);
+            if let Some(m) = &mask_read {
+                let mv = w.read(m, DType::Bool, &sel);
+                w.line(format!("{ok} = {ok} && {mv};"));
+            }
+            let v = w.read(&vread, d, &sel);
+            let cell = w.cell(pi, &p, &flat);
+            let word = if p.kind == ParamKind::Scratch {
+                to_word(d, &v)
+            } else if d == DType::Bool {
+                format!("select(0u, 1u, {v})")
+            } else {
+                v
+            };
+            w.line(format!("if ({ok}) {{ {cell} = {word}; }}"));
+        });
+        self.pending_store = true;
+    }
+
+    // ---- element operations ----
+
+    /// Rounds a float register expression to a 16-bit float type (no-op otherwise).
+    fn round16(&mut self, d: DType, x: &str) -> String {
+        match d {
+            DType::F16 => {
+                self.helper("tk_round_f16");
+                format!("tk_round_f16({x})")
+            }
+            DType::BF16 => {
+                self.helper("tk_round_bf16");
+                format!("tk_round_bf16({x})")
+            }
+            _ => x.to_string(),
+        }
+    }
+
+    fn unary(&mut self, op: UnaryOp, d: DType, x: &str) -> String {
+        let v = match (op, d) {
+            (UnaryOp::Neg, DType::U32) => format!("(0u - {x})"),
+            (UnaryOp::Neg, _) => format!("(-{x})"),
+            (UnaryOp::Abs, DType::U32) => x.to_string(),
+            (UnaryOp::Abs, _) => format!("abs({x})"),
+            (UnaryOp::Not, DType::Bool) => format!("(!{x})"),
+            (UnaryOp::Not, _) => format!("(~{x})"),
+            (UnaryOp::Exp, _) => format!("exp({x})"),
+            (UnaryOp::Exp2, _) => format!("exp2({x})"),
+            (UnaryOp::Log, _) => format!("log({x})"),
+            (UnaryOp::Log2, _) => format!("log2({x})"),
+            (UnaryOp::Sqrt, _) => format!("sqrt({x})"),
+            (UnaryOp::Rsqrt, _) => format!("inverseSqrt({x})"),
+            (UnaryOp::Sin, _) => format!("sin({x})"),
+            (UnaryOp::Cos, _) => format!("cos({x})"),
+            (UnaryOp::Tanh, _) => {
+                self.helper("tk_tanh");
+                format!("tk_tanh({x})")
+            }
+            (UnaryOp::Logistic, _) => format!("(1.0f / (1.0f + exp(-{x})))"),
+            (UnaryOp::Floor, _) => format!("floor({x})"),
+            (UnaryOp::Ceil, _) => format!("ceil({x})"),
+        };
+        self.round16(d, &v)
+    }
+
+    fn binary(&mut self, op: BinaryOp, d: DType, x: &str, y: &str) -> String {
+        let float = d.is_float();
+        let sfx = if d == DType::I32 { "i32" } else { "u32" };
+        let v = match op {
+            BinaryOp::Add => format!("({x} + {y})"),
+            BinaryOp::Sub => format!("({x} - {y})"),
+            BinaryOp::Mul => format!("({x} * {y})"),
+            BinaryOp::Div | BinaryOp::Rem if float => format!("({x} {} {y})", if op == BinaryOp::Div { "/" } else { "%" }),
+            BinaryOp::Div | BinaryOp::Rem => {
+                let name = if op == BinaryOp::Div { "div" } else { "rem" };
+                let h = match (name, sfx) {
+                    ("div", "i32") => "tk_div_i32",
+                    ("div", _) => "tk_div_u32",
+                    (_, "i32") => "tk_rem_i32",
+                    _ => "tk_rem_u32",
+                };
+                self.helper(h);
+                format!("{h}({x}, {y})")
+            }
+            BinaryOp::Max | BinaryOp::Min if float => {
+                let h = if op == BinaryOp::Max { "tk_max" } else { "tk_min" };
+                self.helper(h);
+                format!("{h}({x}, {y})")
+            }
+            BinaryOp::Max => format!("max({x}, {y})"),
+            BinaryOp::Min => format!("min({x}, {y})"),
+            BinaryOp::And => format!("({x} & {y})"),
+            BinaryOp::Or => format!("({x} | {y})"),
+            BinaryOp::Xor if d == DType::Bool => format!("({x} != {y})"),
+            BinaryOp::Xor => format!("({x} ^ {y})"),
+            BinaryOp::Shl => format!("({x} << (u32({y}) & 31u))"),
+            BinaryOp::Shr => format!("({x} >> (u32({y}) & 31u))"),
+            BinaryOp::Pow => {
+                self.helper("tk_pow");
+                format!("tk_pow({x}, {y})")
+            }
+        };
+        if float { self.round16(d, &v) } else { v }
+    }
+
+    fn cast(&mut self, from: DType, to: DType, x: &str) -> String {
+        match (from, to) {
+            (a, b) if a == b => x.to_string(),
+            (a, b) if a.is_float() && b.is_float() => self.round16(b, x),
+            (a, DType::Bool) if a.is_float() => format!("((bitcast<u32>({x}) & 0x7fffffffu) != 0u)"),
+            (a, DType::I32) if a.is_float() => {
+                self.helper("tk_f2i");
+                format!("tk_f2i({x})")
+            }
+            (a, DType::U32) if a.is_float() => {
+                self.helper("tk_f2u");
+                format!("tk_f2u({x})")
+            }
+            (DType::Bool, b) if b.is_float() => format!("select(0.0f, 1.0f, {x})"),
+            (_, b) if b.is_float() => {
+                let v = format!("f32({x})");
+                self.round16(b, &v)
+            }
+            (DType::Bool, DType::I32) => format!("select(0i, 1i, {x})"),
+            (DType::Bool, DType::U32) => format!("select(0u, 1u, {x})"),
+            (DType::I32, DType::Bool) => format!("({x} != 0i)"),
+            (DType::U32, DType::Bool) => format!("({x} != 0u)"),
+            (_, b) => format!("bitcast<{}>({x})", reg_ty(b)),
+        }
+    }
+
+    fn bitcast(&mut self, from: DType, to: DType, x: &str) -> String {
+        match (from, to) {
+            (a, b) if a == b => x.to_string(),
+            (DType::F16, DType::BF16) => {
+                self.helper("tk_f16_bits");
+                format!("bitcast<f32>(tk_f16_bits({x}) << 16u)")
+            }
+            (DType::BF16, DType::F16) => format!("unpack2x16float(bitcast<u32>({x}) >> 16u).x"),
+            (_, b) => format!("bitcast<{}>({x})", reg_ty(b)),
+        }
+    }
+
+    // ---- module ----
+
+    fn finish(self, groups: u32) -> String {
+        let k = self.v.kernel();
+        let mut m = String::new();
+        let _ = writeln!(m, "// tessel: kernel `{}` for the wgpu backend", k.name);
+        let grid: Vec<String> =
+            self.grid.iter().map(|a| format!("{}: {}{}", a.name, a.size, if a.seq { " seq" } else { "" })).collect();
+        let _ = writeln!(
+            m,
+            "// grid ({}): {} programs on {groups} workgroups of {} invocations; {} workspace bytes per workgroup",
+            grid.join(", "),
+            self.programs,
+            self.wg,
+            self.next_word * 4
+        );
+        let _ = writeln!(m);
+        let _ = writeln!(m, "const PROGRAMS: u32 = {}u;", self.programs);
+        let _ = writeln!(m, "const GROUPS: u32 = {groups}u;");
+        let _ = writeln!(m, "const WS_WORDS: u32 = {}u;", self.next_word);
+        let _ = writeln!(m);
+        let mut binding = 0;
+        for (pi, p) in k.params.iter().enumerate() {
+            if p.kind == ParamKind::Scratch {
+                continue;
+            }
+            let access = if p.kind == ParamKind::In { "read" } else { "read_write" };
+            let _ = writeln!(
+                m,
+                "@group(0) @binding({binding}) var<storage, {access}> a{pi}: array<{}>; // {} {}: {}",
+                buf_ty(p.ty.dtype),
+                p.kind.keyword(),
+                p.name,
+                p.ty
+            );
+            binding += 1;
+        }
+        if self.next_word > 0 {
+            let _ = writeln!(m, "@group(0) @binding({binding}) var<storage, read_write> tk_ws: array<u32>; // workspace");
+        }
+        if self.uses_broadcast {
+            let _ = writeln!(m, "var<workgroup> tk_bc: u32;");
+        }
+        if self.helpers.contains("tk_f32_bits") {
+            let _ = writeln!(m, "var<private> tk_zero: u32 = 0u;");
+        }
+        let _ = writeln!(m);
+        for (name, text) in HELPERS {
+            if self.helpers.contains(name) {
+                let _ = writeln!(m, "{text}\n");
+            }
+        }
+        let _ = writeln!(m, "@compute @workgroup_size({})", self.wg);
+        let _ = writeln!(m, "fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {{");
+        if self.next_word > 0 {
+            m.push_str("    let wsb = wid.x * WS_WORDS;\n");
+        }
+        m.push_str(&self.out);
+        m.push_str("}\n");
+        m
+    }
+}
+
+/// The flat index into a value of shape `from` that numpy broadcasting reads for element `e`
+/// of a result of shape `to`.
+fn broadcast_index(to: &[usize], from: &[usize]) -> String {
+    if from == to {
+        return "e".into();
+    }
+    let lead = to.len() - from.len();
+    let (ts, fs) = (strides(to), strides(from));
+    let terms: Vec<String> = (lead..to.len())
+        .filter(|&d| from[d - lead] != 1)
+        .map(|d| format!("((e / {}u) % {}u) * {}u", ts[d], to[d], fs[d - lead]))
+        .collect();
+    if terms.is_empty() { "0u".into() } else { format!("({})", terms.join(" + ")) }
+}
+
+fn compare(op: CmpOp, d: DType, x: &str, y: &str) -> String {
+    // Float `ne` is unordered (true for NaN), as in IEEE and Rust; WGSL's `!=` is ordered.
+    match op {
+        CmpOp::Eq => format!("({x} == {y})"),
+        CmpOp::Ne if d.is_float() => format!("(!({x} == {y}))"),
+        CmpOp::Ne => format!("({x} != {y})"),
+        CmpOp::Lt => format!("({x} < {y})"),
+        CmpOp::Le => format!("({x} <= {y})"),
+        CmpOp::Gt => format!("({x} > {y})"),
+        CmpOp::Ge => format!("({x} >= {y})"),
+    }
+}

@@ -1,0 +1,63 @@
+//! The wgpu backend's own mesh: `wgpu(...)` (or `grid(...)`) made by `make_mesh`. At launch the
+//! backend also takes the portable view of any other kernel mesh: its grid and cluster axes
+//! become parallel workgroup axes and its thread axis extra programs (docs/language.md §8).
+//! `device(...)` meshes are refused.
+
+use abi_stable::std_types::RString;
+use tessel_plugin_api::abi::{BackendError, ErrorKind, Mesh, MeshBox, RMeshView};
+use tessel_plugin_api::backend::{make_mesh_object, mesh_view};
+use tessel_plugin_api::mesh::{AxisRole, MeshSpec};
+
+/// A mesh made by this backend.
+#[derive(Debug)]
+pub struct WgpuMesh(pub MeshSpec);
+
+impl Mesh for WgpuMesh {
+    fn view(&self) -> RMeshView {
+        mesh_view(&self.0)
+    }
+
+    fn display(&self) -> RString {
+        self.0.to_string().into()
+    }
+}
+
+/// `make_mesh`: a `wgpu(...)` mesh from a `wgpu`, `grid` or any other kernel mesh spec, whose
+/// axes all become grid axes.
+pub fn make(spec: &MeshSpec) -> Result<MeshBox, BackendError> {
+    if spec.kind == "device" {
+        return Err(refuse_device(spec));
+    }
+    let axes = spec.axes.iter().map(|a| tessel_plugin_api::mesh::MeshAxis { role: AxisRole::Grid, ..a.clone() }).collect();
+    Ok(make_mesh_object(WgpuMesh(MeshSpec { kind: "wgpu".into(), axes })))
+}
+
+/// The wgpu backend's words for a `device(...)` mesh given as a kernel mesh.
+pub fn refuse_device(spec: &MeshSpec) -> BackendError {
+    BackendError::new(
+        ErrorKind::Unsupported,
+        format!(
+            "{spec} is a mesh of devices, not a kernel grid: the wgpu backend runs a kernel on one adapter\n  pass a grid(...) or wgpu(...) mesh as the kernel's mesh, and the device mesh as --external-mesh"
+        ),
+    )
+}
+
+/// Whether an external mesh fits a launch on one adapter: its axes must be grid or device axes
+/// (a thread or cluster axis belongs to a kernel mesh) and must not reuse a grid axis name.
+pub fn check_external(spec: &MeshSpec, grid_axes: &[String]) -> Result<(), BackendError> {
+    let refuse = |why: String| BackendError::new(ErrorKind::Unsupported, why);
+    if let Some(a) = spec.axes.iter().find(|a| a.role != AxisRole::Grid) {
+        return Err(refuse(format!(
+            "external mesh {spec} has the {} axis `{}`, which only a kernel mesh can have\n  pass it as the kernel's --mesh, or drop the axis",
+            if a.role == AxisRole::Thread { "thread" } else { "cluster" },
+            a.name
+        )));
+    }
+    if let Some(a) = spec.axes.iter().find(|a| grid_axes.contains(&a.name)) {
+        return Err(refuse(format!(
+            "external mesh {spec} names `{}`, which is also a grid axis of the kernel\n  rename the external axis",
+            a.name
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,395 @@
+//! The wgpu runtime: one instance, adapter and device per process, made on first use.
+//!
+//! The adapter is picked by `TESSEL_WGPU_ADAPTER` (a part of its name), else by power
+//! preference (`WGPU_POWER_PREF`, default high performance); `WGPU_BACKEND` limits the APIs
+//! tried. Finding the adapter opens no device, so `availability()` stays cheap; the device is
+//! opened at the first allocation or launch, with the adapter's own limits. Every wgpu call that
+//! can fail runs inside error scopes (validation, out of memory); errors outside any scope and
+//! device loss are recorded and reported by the next call, never wgpu's default panic.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use half::{bf16, f16};
+use tessel_plugin_api::abi::{BackendError, ErrorKind};
+use tessel_plugin_api::array::{ArrayData, HostArray};
+use tessel_plugin_api::ir::{DType, ParamKind, Type};
+
+use crate::emit::Lowered;
+
+/// The adapter this process uses.
+pub struct Adapter {
+    adapter: wgpu::Adapter,
+    /// Name, type and API, e.g. `llvmpipe (LLVM 15.0.6, 256 bits) (software, Vulkan)`.
+    pub description: String,
+    /// Whether it is a CPU (software) adapter.
+    pub software: bool,
+}
+
+/// A device buffer: every element takes a 32-bit word (see `emit.rs`).
+pub struct DeviceBuffer {
+    /// The array type it holds.
+    pub ty: Type,
+    buffer: wgpu::Buffer,
+}
+
+/// The opened device.
+pub struct Gpu {
+    device: wgpu::Device,
+    queue: wgpu::Queue,
+    limits: wgpu::Limits,
+    /// Errors raised outside an error scope, and the reason the device was lost.
+    stray: Arc<Mutex<Vec<String>>>,
+    lost: Arc<Mutex<Option<String>>>,
+    pipelines: Mutex<HashMap<[u8; 32], Arc<Pipeline>>>,
+    workspace: Mutex<Option<wgpu::Buffer>>,
+    description: String,
+}
+
+struct Pipeline {
+    pipeline: wgpu::ComputePipeline,
+    layout: wgpu::BindGroupLayout,
+}
+
+fn err(kind: ErrorKind, msg: impl Into<String>) -> BackendError {
+    BackendError::new(kind, msg)
+}
+
+fn device_type(t: wgpu::DeviceType) -> &'static str {
+    match t {
+        wgpu::DeviceType::Cpu => "software",
+        wgpu::DeviceType::DiscreteGpu => "discrete GPU",
+        wgpu::DeviceType::IntegratedGpu => "integrated GPU",
+        wgpu::DeviceType::VirtualGpu => "virtual GPU",
+        wgpu::DeviceType::Other => "other",
+    }
+}
+
+fn describe(info: &wgpu::AdapterInfo) -> String {
+    format!("{} ({}, {:?})", info.name, device_type(info.device_type), info.backend)
+}
+
+fn pick_adapter() -> Result<Adapter, String> {
+    let desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
+    let backends = desc.backends;
+    let instance = wgpu::Instance::new(desc);
+    let adapter = match std::env::var("TESSEL_WGPU_ADAPTER") {
+        Ok(want) if !want.is_empty() => {
+            let all = pollster::block_on(instance.enumerate_adapters(backends));
+            let names: Vec<String> = all.iter().map(|a| describe(&a.get_info())).collect();
+            all.into_iter().find(|a| a.get_info().name.to_lowercase().contains(&want.to_lowercase())).ok_or_else(|| {
+                format!(
+                    "unavailable: no adapter matches TESSEL_WGPU_ADAPTER={want}; the adapters here are: {}",
+                    if names.is_empty() { "none".to_string() } else { names.join("; ") }
+                )
+            })?
+        }
+        _ => {
+            let power = wgpu::PowerPreference::from_env().unwrap_or(wgpu::PowerPreference::HighPerformance);
+            let options = wgpu::RequestAdapterOptions { power_preference: power, force_fallback_adapter: false, compatible_surface: None, ..Default::default() };
+            pollster::block_on(instance.request_adapter(&options)).map_err(|e| {
+                format!(
+                    "unavailable: no wgpu adapter ({e}); on Debian `apt-get install libvulkan1 mesa-vulkan-drivers` gives a software one"
+                )
+            })?
+        }
+    };
+    let info = adapter.get_info();
+    Ok(Adapter { description: describe(&info), software: info.device_type == wgpu::DeviceType::Cpu, adapter })
+}
+
+/// The adapter, found once per process (no device is opened).
+pub fn adapter() -> Result<&'static Adapter, String> {
+    static ADAPTER: OnceLock<Result<Adapter, String>> = OnceLock::new();
+    ADAPTER
+        .get_or_init(|| {
+            std::panic::catch_unwind(pick_adapter)
+                .unwrap_or_else(|_| Err("unavailable: wgpu panicked while looking for an adapter".to_string()))
+        })
+        .as_ref()
+        .map_err(Clone::clone)
+}
+
+/// The device, opened once per process.
+pub fn gpu() -> Result<&'static Gpu, BackendError> {
+    static GPU: OnceLock<Result<Gpu, String>> = OnceLock::new();
+    GPU.get_or_init(|| {
+        let a = adapter()?;
+        let limits = a.adapter.limits();
+        let desc = wgpu::DeviceDescriptor {
+            label: Some("tessel"),
+            required_limits: limits.clone(),
+            memory_hints: wgpu::MemoryHints::Performance,
+            ..Default::default()
+        };
+        let (device, queue) = pollster::block_on(a.adapter.request_device(&desc))
+            .map_err(|e| format!("unavailable: the adapter {} would not open a device: {e}", a.description))?;
+        let stray = Arc::new(Mutex::new(Vec::new()));
+        let lost = Arc::new(Mutex::new(None));
+        let s = Arc::clone(&stray);
+        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+            if let Ok(mut v) = s.lock() {
+                v.push(e.to_string());
+            }
+        }));
+        let l = Arc::clone(&lost);
+        device.set_device_lost_callback(move |reason, msg| {
+            if let Ok(mut v) = l.lock() {
+                *v = Some(format!("{reason:?}: {msg}"));
+            }
+        });
+        Ok(Gpu {
+            device,
+            queue,
+            limits,
+            stray,
+            lost,
+            pipelines: Mutex::new(HashMap::new()),
+            workspace: Mutex::new(None),
+            description: a.description.clone(),
+        })
+    })
+    .as_ref()
+    .map_err(|e| err(ErrorKind::Unavailable, e.clone()))
+}
+
+fn poisoned() -> BackendError {
+    err(ErrorKind::Internal, "a wgpu runtime lock is poisoned")
+}
+
+impl Gpu {
+    /// Runs `f` inside validation and out-of-memory error scopes; the first error becomes a
+    /// [`BackendError`] that says what was being done.
+    fn scoped<T>(&self, what: &str, f: impl FnOnce() -> T) -> Result<T, BackendError> {
+        self.check_alive()?;
+        let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let r = f();
+        let v = pollster::block_on(validation.pop());
+        let o = pollster::block_on(oom.pop());
+        if let Some(e) = o {
+            return Err(err(ErrorKind::Device, format!("the device ran out of memory while {what}: {e}")));
+        }
+        if let Some(e) = v {
+            return Err(err(ErrorKind::Device, format!("wgpu refused {what}: {e}")));
+        }
+        self.check_alive()?;
+        Ok(r)
+    }
+
+    fn check_alive(&self) -> Result<(), BackendError> {
+        if let Some(why) = self.lost.lock().map_err(|_| poisoned())?.clone() {
+            return Err(err(ErrorKind::Device, format!("the wgpu device {} was lost ({why})", self.description)));
+        }
+        let stray: Vec<String> = std::mem::take(&mut *self.stray.lock().map_err(|_| poisoned())?);
+        if !stray.is_empty() {
+            return Err(err(ErrorKind::Device, format!("wgpu reported: {}", stray.join("; "))));
+        }
+        Ok(())
+    }
+
+    fn limit(&self, what: String, need: u64, name: &str, limit: u64) -> Result<(), BackendError> {
+        if need > limit {
+            return Err(err(
+                ErrorKind::Unsupported,
+                format!("{what} needs {need}, more than this adapter's {name} of {limit} ({})", self.description),
+            ));
+        }
+        Ok(())
+    }
+
+    /// A zeroed buffer for an array of `ty`.
+    pub fn alloc(&self, ty: &Type) -> Result<DeviceBuffer, BackendError> {
+        let bytes = (ty.numel().max(1) as u64) * 4;
+        self.limit(format!("an array of {ty} ({bytes} bytes on the device)"), bytes, "maxBufferSize", self.limits.max_buffer_size)?;
+        self.limit(
+            format!("an array of {ty} ({bytes} bytes on the device)"),
+            bytes,
+            "maxStorageBufferBindingSize",
+            u64::from(self.limits.max_storage_buffer_binding_size),
+        )?;
+        let buffer = self.scoped(&format!("a buffer of {bytes} bytes"), || {
+            self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: None,
+                size: bytes,
+                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            })
+        })?;
+        Ok(DeviceBuffer { ty: ty.clone(), buffer })
+    }
+
+    /// Copies host data in (the array's type is the buffer's).
+    pub fn upload(&self, b: &DeviceBuffer, data: &HostArray) -> Result<(), BackendError> {
+        let words: Vec<u32> = match &data.data {
+            ArrayData::F32(v) => v.iter().map(|x| x.to_bits()).collect(),
+            ArrayData::F16(v) => v.iter().map(|x| x.to_f32().to_bits()).collect(),
+            ArrayData::BF16(v) => v.iter().map(|x| x.to_f32().to_bits()).collect(),
+            ArrayData::I32(v) => v.iter().map(|&x| x as u32).collect(),
+            ArrayData::U32(v) => v.clone(),
+            ArrayData::Bool(v) => v.iter().map(|&x| u32::from(x)).collect(),
+        };
+        self.scoped("an upload", || self.queue.write_buffer(&b.buffer, 0, bytemuck::cast_slice(&words)))
+    }
+
+    /// Copies a buffer out.
+    pub fn download(&self, b: &DeviceBuffer) -> Result<HostArray, BackendError> {
+        let bytes = b.buffer.size();
+        let staging = self.scoped("a download", || {
+            let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("tessel download"),
+                size: bytes,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            });
+            let mut enc = self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
+            enc.copy_buffer_to_buffer(&b.buffer, 0, &staging, 0, bytes);
+            self.queue.submit([enc.finish()]);
+            staging
+        })?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        staging.map_async(wgpu::MapMode::Read, .., move |r| {
+            let _ = tx.send(r);
+        });
+        self.wait()?;
+        rx.recv()
+            .map_err(|_| err(ErrorKind::Device, "the download never completed"))?
+            .map_err(|e| err(ErrorKind::Device, format!("the download failed: {e}")))?;
+        let words: Vec<u32> = {
+            let view = staging.get_mapped_range(..).map_err(|e| err(ErrorKind::Device, format!("the download failed: {e}")))?;
+            bytemuck::pod_collect_to_vec(&view[..])
+        };
+        staging.unmap();
+        let n = b.ty.numel();
+        let words = &words[..n];
+        let data = match b.ty.dtype {
+            DType::F32 => ArrayData::F32(words.iter().map(|&w| f32::from_bits(w)).collect()),
+            DType::F16 => ArrayData::F16(words.iter().map(|&w| f16::from_f32(f32::from_bits(w))).collect()),
+            DType::BF16 => ArrayData::BF16(words.iter().map(|&w| bf16::from_f32(f32::from_bits(w))).collect()),
+            DType::I32 => ArrayData::I32(words.iter().map(|&w| w as i32).collect()),
+            DType::U32 => ArrayData::U32(words.to_vec()),
+            DType::Bool => ArrayData::Bool(words.iter().map(|&w| w != 0).collect()),
+        };
+        Ok(HostArray { shape: b.ty.shape.clone(), data })
+    }
+
+    fn wait(&self) -> Result<(), BackendError> {
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map(drop)
+            .map_err(|e| err(ErrorKind::Device, format!("waiting for the device failed: {e}")))?;
+        self.check_alive()
+    }
+
+    fn pipeline(&self, l: &Lowered) -> Result<Arc<Pipeline>, BackendError> {
+        let key = *blake3::hash(l.wgsl.as_bytes()).as_bytes();
+        if let Some(p) = self.pipelines.lock().map_err(|_| poisoned())?.get(&key) {
+            return Ok(Arc::clone(p));
+        }
+        let p = self.scoped(&format!("the WGSL of kernel `{}`", l.name), || {
+            let module = self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some(&l.name),
+                source: wgpu::ShaderSource::Wgsl(l.wgsl.as_str().into()),
+            });
+            let pipeline = self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(&l.name),
+                layout: None,
+                module: &module,
+                entry_point: Some("main"),
+                compilation_options: Default::default(),
+                cache: None,
+            });
+            let layout = pipeline.get_bind_group_layout(0);
+            Pipeline { pipeline, layout }
+        })?;
+        let p = Arc::new(p);
+        self.pipelines.lock().map_err(|_| poisoned())?.insert(key, Arc::clone(&p));
+        Ok(p)
+    }
+
+    /// Checks a lowered kernel against the adapter's limits, naming the one it exceeds.
+    fn check_limits(&self, l: &Lowered, buffers: &BTreeMap<String, DeviceBuffer>) -> Result<(), BackendError> {
+        let lim = &self.limits;
+        let what = |s: &str| format!("kernel `{}`: {s}", l.name);
+        self.limit(
+            what("a workgroup of its invocations"),
+            u64::from(l.workgroup_size),
+            "maxComputeInvocationsPerWorkgroup",
+            u64::from(lim.max_compute_invocations_per_workgroup.min(lim.max_compute_workgroup_size_x)),
+        )?;
+        self.limit(what("its dispatch"), u64::from(l.groups), "maxComputeWorkgroupsPerDimension", u64::from(lim.max_compute_workgroups_per_dimension))?;
+        let storage = l.bindings.len() as u64 + u64::from(l.workspace_words > 0);
+        self.limit(what("storage buffers"), storage, "maxStorageBuffersPerShaderStage", u64::from(lim.max_storage_buffers_per_shader_stage))?;
+        let ws = l.workspace_words * 4 * u64::from(l.groups);
+        self.limit(what("its workspace (bytes)"), ws, "maxStorageBufferBindingSize", u64::from(lim.max_storage_buffer_binding_size))?;
+        for (name, _) in &l.bindings {
+            if let Some(b) = buffers.get(name) {
+                self.limit(
+                    what(&format!("argument `{name}` (bytes)")),
+                    b.buffer.size(),
+                    "maxStorageBufferBindingSize",
+                    u64::from(lim.max_storage_buffer_binding_size),
+                )?;
+            }
+        }
+        Ok(())
+    }
+
+    fn workspace(&self, bytes: u64) -> Result<wgpu::Buffer, BackendError> {
+        let mut ws = self.workspace.lock().map_err(|_| poisoned())?;
+        if let Some(b) = ws.as_ref().filter(|b| b.size() >= bytes) {
+            return Ok(b.clone());
+        }
+        let b = self.scoped(&format!("a workspace of {bytes} bytes"), || {
+            self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("tessel workspace"),
+                size: bytes,
+                usage: wgpu::BufferUsages::STORAGE,
+                mapped_at_creation: false,
+            })
+        })?;
+        *ws = Some(b.clone());
+        Ok(b)
+    }
+
+    /// Runs lowered kernels in order in one submission: outputs are zeroed, then dispatched.
+    pub fn launch(&self, kernels: &[Lowered], buffers: &BTreeMap<String, DeviceBuffer>) -> Result<(), BackendError> {
+        let mut prepared = Vec::new();
+        for l in kernels {
+            self.check_limits(l, buffers)?;
+            let p = self.pipeline(l)?;
+            let ws_bytes = l.workspace_words * 4 * u64::from(l.groups);
+            let ws = if ws_bytes > 0 { Some(self.workspace(ws_bytes)?) } else { None };
+            let mut entries = Vec::new();
+            for (i, (name, _)) in l.bindings.iter().enumerate() {
+                let b = buffers.get(name).ok_or_else(|| {
+                    err(ErrorKind::InvalidInput, format!("kernel `{}`: argument `{name}` has no buffer in this launch", l.name))
+                })?;
+                entries.push(wgpu::BindGroupEntry { binding: i as u32, resource: b.buffer.as_entire_binding() });
+            }
+            if let Some(ws) = &ws {
+                entries.push(wgpu::BindGroupEntry { binding: l.bindings.len() as u32, resource: ws.as_entire_binding() });
+            }
+            let group = self.scoped(&format!("the arguments of kernel `{}`", l.name), || {
+                self.device.create_bind_group(&wgpu::BindGroupDescriptor { label: None, layout: &p.layout, entries: &entries })
+            })?;
+            prepared.push((l, p, group));
+        }
+        self.scoped("the launch", || {
+            let mut enc = self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
+            for (l, p, group) in &prepared {
+                for (name, kind) in &l.bindings {
+                    if *kind == ParamKind::Out {
+                        enc.clear_buffer(&buffers[name].buffer, 0, None);
+                    }
+                }
+                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(&l.name), timestamp_writes: None });
+                pass.set_pipeline(&p.pipeline);
+                pass.set_bind_group(0, group, &[]);
+                pass.dispatch_workgroups(l.groups, 1, 1);
+            }
+            self.queue.submit([enc.finish()]);
+        })?;
+        self.wait()
+    }
+}
