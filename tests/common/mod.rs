@@ -114,3 +114,19 @@ pub fn ptxas() -> Option<PathBuf> {
         std::env::var_os("PATH").and_then(|paths| std::env::split_paths(&paths).map(|d| d.join("ptxas")).find(|p| p.exists()))
     })
 }
+
+/// The wgpu adapter, described (name, type, API), or `None` after a recorded skip: with
+/// `TESSEL_REQUIRE_ADAPTER=1` (CI) no adapter is a failure.
+pub fn wgpu_adapter(test: &str) -> Option<String> {
+    let r = tessel(&["backends", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).expect("backends --json");
+    let b = v["backends"].as_array().expect("backends").iter().find(|b| b["name"] == "wgpu").expect("wgpu is built in").clone();
+    let reason = b["reason"].as_str().unwrap_or_default().to_string();
+    if b["available"].as_bool() == Some(true) {
+        eprintln!("{test}: wgpu runs on {reason}");
+        Some(reason)
+    } else {
+        skip(test, &format!("wgpu: {reason}"), "TESSEL_REQUIRE_ADAPTER");
+        None
+    }
+}

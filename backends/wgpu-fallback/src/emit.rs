@@ -261,7 +261,7 @@ fn tk_pow(x: f32, y: f32) -> f32 {
 }",
     ),
     ("tk_div_i32", "fn tk_div_i32(a: i32, b: i32) -> i32 { if (b == 0i) { return 0i; } return a / b; }"),
-    ("tk_rem_i32", "fn tk_rem_i32(a: i32, b: i32) -> i32 { if (b == 0i || b == -1i) { return 0i; } return a % b; }"),
+    ("tk_rem_i32", "fn tk_rem_i32(a: i32, b: i32) -> i32 { if (b == 0i || b == -1i) { return 0i; } return a - (a / b) * b; }"),
     ("tk_div_u32", "fn tk_div_u32(a: u32, b: u32) -> u32 { if (b == 0u) { return 0u; } return a / b; }"),
     ("tk_rem_u32", "fn tk_rem_u32(a: u32, b: u32) -> u32 { if (b == 0u) { return 0u; } return a % b; }"),
     (

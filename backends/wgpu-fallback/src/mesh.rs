@@ -22,11 +22,13 @@ impl Mesh for WgpuMesh {
     }
 }
 
-/// `make_mesh`: a `wgpu(...)` mesh from a `wgpu`, `grid` or any other kernel mesh spec, whose
-/// axes all become grid axes.
+/// `make_mesh`: a `grid(...)` or `wgpu(...)` spec as it is; any other kernel mesh spec becomes a
+/// `wgpu(...)` mesh whose axes are all grid axes.
 pub fn make(spec: &MeshSpec) -> Result<MeshBox, BackendError> {
-    if spec.kind == "device" {
-        return Err(refuse_device(spec));
+    match spec.kind.as_str() {
+        "device" => return Err(refuse_device(spec)),
+        "grid" | "wgpu" => return Ok(make_mesh_object(WgpuMesh(spec.clone()))),
+        _ => {}
     }
     let axes = spec.axes.iter().map(|a| tessel_plugin_api::mesh::MeshAxis { role: AxisRole::Grid, ..a.clone() }).collect();
     Ok(make_mesh_object(WgpuMesh(MeshSpec { kind: "wgpu".into(), axes })))

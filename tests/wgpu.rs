@@ -1,0 +1,208 @@
+//! The wgpu backend: the WGSL of every kernel file (snapshotted, and accepted by naga's
+//! validator), every kernel run on the adapter against the interpreter with the same seeded
+//! inputs, what Mosaic GPU refuses and wgpu runs, and wgpu's own refusals.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::*;
+
+fn kernel_files() -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = ["examples", "tests/in"]
+        .iter()
+        .flat_map(|d| std::fs::read_dir(root().join(d)).expect("dir").filter_map(|e| Some(e.ok()?.path())))
+        .filter(|p| p.extension().is_some_and(|x| x == "tk"))
+        .collect();
+    files.sort();
+    files
+}
+
+/// The launch flags a kernel file needs: every kernel of the file (several make one MPMD
+/// launch), and a mesh or grid sizes where the file needs them.
+fn launch_flags(path: &Path) -> Vec<String> {
+    let name = path.file_stem().unwrap().to_str().unwrap();
+    let mut args = Vec::new();
+    for k in tessel::load_file(path).unwrap_or_else(|e| panic!("{e}")) {
+        args.extend(["--kernel".to_string(), k.name().to_string()]);
+    }
+    match name {
+        "dyn_grid" => args.extend(["--grid".into(), "i=3".into()]),
+        "mesh_grid" => args.extend(["--mesh".into(), "grid(i: 4, j: 2)".into()]),
+        _ => {}
+    }
+    args
+}
+
+fn run(args: &[String]) -> Outcome {
+    tessel(&args.iter().map(String::as_str).collect::<Vec<_>>())
+}
+
+/// naga's validator with every check on; `Err` carries naga's report.
+fn validate(name: &str, wgsl: &str) -> Result<(), String> {
+    let module = naga::front::wgsl::parse_str(wgsl).map_err(|e| e.emit_to_string_with_path(wgsl, name))?;
+    naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::default())
+        .validate(&module)
+        .map(drop)
+        .map_err(|e| e.emit_to_string_with_path(wgsl, name))
+}
+
+/// The WGSL modules of `tessel lower` output, by stage name.
+fn modules(lowered: &str) -> Vec<(String, String)> {
+    lowered
+        .split("// ---- ")
+        .filter(|s| !s.trim().is_empty())
+        .map(|s| {
+            let (head, body) = s.split_once('\n').expect("stage header line");
+            (head.split(' ').next().unwrap().to_string(), body.to_string())
+        })
+        .collect()
+}
+
+#[test]
+fn every_kernel_lowers_to_wgsl_that_naga_validates() {
+    let mut checked = 0;
+    for path in kernel_files() {
+        let name = path.file_stem().unwrap().to_str().unwrap().to_string();
+        let mut args = vec!["lower".to_string(), path.display().to_string(), "--backend".into(), "wgpu".into()];
+        args.extend(launch_flags(&path));
+        let r = run(&args);
+        assert_eq!(r.code, 0, "{name} does not lower:\n{}", r.stderr);
+        for (stage, wgsl) in modules(&r.stdout) {
+            validate(&stage, &wgsl).unwrap_or_else(|e| panic!("naga rejects {stage} of {name}:\n{e}\n{wgsl}"));
+            checked += 1;
+        }
+        let mut settings = insta::Settings::clone_current();
+        settings.set_snapshot_path(root().join("snapshots/wgsl"));
+        settings.set_prepend_module_to_snapshot(false);
+        settings.set_omit_expression(true);
+        settings.bind(|| insta::assert_snapshot!(name, r.stdout));
+    }
+    assert!(checked >= 19, "only {checked} modules validated");
+}
+
+#[test]
+fn every_kernel_agrees_with_the_interpreter_on_wgpu() {
+    let Some(adapter) = wgpu_adapter("wgpu differential") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let mut ran = 0;
+    for path in kernel_files() {
+        let name = path.file_stem().unwrap().to_str().unwrap().to_string();
+        for seed in ["1", "2"] {
+            let mut args = vec!["run".to_string(), path.display().to_string(), "--backend".into(), "wgpu".into(), "--check".into()];
+            args.extend(["--seed".into(), seed.into(), "--out-dir".into(), dir.path().display().to_string()]);
+            args.extend(launch_flags(&path));
+            let r = run(&args);
+            assert_eq!(r.code, 0, "{name} (seed {seed}) on {adapter}:\n{}{}", r.stdout, r.stderr);
+            let checks: Vec<&str> = r.stdout.lines().filter(|l| l.trim_start().starts_with("check ")).collect();
+            assert!(!checks.is_empty() && checks.iter().all(|l| l.ends_with(": ok")), "{name}: {}", r.stdout);
+            ran += 1;
+        }
+    }
+    assert!(ran >= 34, "{ran} runs");
+}
+
+#[test]
+fn the_portable_view_of_a_mosaic_mesh_runs_on_wgpu() {
+    let Some(_) = wgpu_adapter("wgpu mosaic mesh") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let file = root().join("tests/in/warpgroups.tk").display().to_string();
+    let out = dir.path().display().to_string();
+    // The thread axis `wg` becomes extra programs.
+    let args = ["run", &file, "--backend", "wgpu", "--mesh", "mosaic_gpu(i: 4, wg: 2 thread)", "--check", "--out-dir", &out];
+    let r = tessel(&args);
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    assert!(r.stdout.contains("check o: max abs error 0e0 against interpret"), "{}", r.stdout);
+    // Mosaic GPU takes the same kernel only with a mesh it made itself, and refuses a grid mesh.
+    let r = tessel(&["lower", &file, "--backend", "mosaic-gpu", "--mesh", "grid(i: 4, wg: 2)"]);
+    assert_eq!(r.code, 1);
+    assert!(r.stderr.starts_with("error: Mesh grid(i: 4, wg: 2) is not supported by the Mosaic GPU backend\n"), "{}", r.stderr);
+}
+
+#[test]
+fn what_mosaic_refuses_wgpu_runs() {
+    let Some(_) = wgpu_adapter("wgpu beyond mosaic") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().display().to_string();
+    let dyn_grid = root().join("tests/in/dyn_grid.tk").display().to_string();
+    let two = root().join("tests/in/two_kernels.tk").display().to_string();
+    let add = root().join("examples/add.tk").display().to_string();
+    // A dynamic grid bound: 4 row blocks of 16 cover the 64 rows; with 2 the rest stays zero.
+    for n in ["4", "2"] {
+        let r = tessel(&["run", &dyn_grid, "--backend", "wgpu", "--grid", &format!("i={n}"), "--check", "--out-dir", &out]);
+        assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+        let o = read_output(dir.path(), "o").to_f64();
+        let written = o.iter().filter(|&&v| v != 0.0).count();
+        assert!(if n == "4" { written > 64 * 32 * 9 / 10 } else { o[32 * 32..].iter().all(|&v| v == 0.0) }, "i={n}");
+    }
+    // Two kernels in one launch: `shift` reads what `scale` wrote.
+    let r = tessel(&["run", &two, "--backend", "wgpu", "--kernel", "scale", "--kernel", "shift", "--check", "--out-dir", &out]);
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    assert!(r.stdout.contains("ran `scale`, `shift` on wgpu"), "{}", r.stdout);
+    // An external mesh of devices around a one-adapter launch.
+    let r = tessel(&["run", &add, "--backend", "wgpu", "--external-mesh", "device(x: 2)", "--out-dir", &out]);
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+}
+
+#[test]
+fn wgpu_refusals_say_what_would_work() {
+    let add = root().join("examples/add.tk").display().to_string();
+    let cases: &[(&str, &[&str], &str)] = &[
+        ("device_mesh", &["--mesh", "device(x: 2, y: 4)"], "device(x: 2, y: 4) is a mesh of devices, not a kernel grid"),
+        ("external_thread_axis", &["--external-mesh", "mosaic_gpu(x: 2, wg: 2 thread)"], "which only a kernel mesh can have"),
+        ("external_reuses_axis", &["--external-mesh", "device(i: 2)"], "names `i`, which is also a grid axis"),
+        ("mixes_mesh_and_grid", &["--mesh", "grid(j: 8)"], "i mixes mesh and grid axes"),
+    ];
+    for (name, flags, want) in cases {
+        let mut args = vec!["lower", &add, "--backend", "wgpu"];
+        args.extend_from_slice(flags);
+        let r = tessel(&args);
+        assert_eq!(r.code, 1, "{name}: {}{}", r.stdout, r.stderr);
+        assert!(r.stderr.contains(want), "{name}: {}", r.stderr);
+        assert_eq!(r.stderr.lines().count(), 2, "{name}: the second line says what would work: {}", r.stderr);
+        let mut settings = insta::Settings::clone_current();
+        settings.set_snapshot_path(root().join("snapshots/errors"));
+        settings.set_prepend_module_to_snapshot(false);
+        settings.set_omit_expression(true);
+        settings.bind(|| insta::assert_snapshot!(format!("wgpu_{name}"), r.stderr.replace(&root().display().to_string(), ".")));
+    }
+}
+
+#[test]
+fn a_block_past_the_limit_is_refused_at_lowering_with_the_limit_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("big.tk");
+    let n = tessel_wgpu::emit::MAX_BLOCK_ELEMENTS + 1;
+    std::fs::write(&path, format!("kernel big\n  in x: f32[{n}]\n  out o: f32[{n}]\n{{\n  %x = load x\n  store o, %x\n}}\n")).unwrap();
+    let r = tessel(&["lower", path.to_str().unwrap(), "--backend", "wgpu"]);
+    assert_eq!(r.code, 1, "{}", r.stdout);
+    assert!(r.stderr.contains(&format!("has {n} elements")) && r.stderr.contains("more than the 65536 the wgpu backend lowers"), "{}", r.stderr);
+    // A grid past 2^31 programs is refused, never truncated.
+    let path = dir.path().join("wide.tk");
+    std::fs::write(
+        &path,
+        "kernel wide\n  grid (i: 65536, j: 65536)\n  in x: f32[8]\n  out o: f32[8]\n{\n  %x = load x\n  %z = program_id i\n  %c = eq %z, 0\n  when %c {\n    store o, %x\n  }\n}\n",
+    )
+    .unwrap();
+    let r = tessel(&["lower", path.to_str().unwrap(), "--backend", "wgpu"]);
+    assert_eq!(r.code, 1, "{}", r.stdout);
+    assert!(r.stderr.contains("4294967296 parallel programs, more than the 2147483648"), "{}", r.stderr);
+}
+
+#[test]
+fn a_grid_wider_than_one_dispatch_runs_every_program() {
+    let Some(_) = wgpu_adapter("wgpu wide grid") else { return };
+    // 100,000 programs: more than the 65,535 workgroups of one dispatch dimension.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("wide.tk");
+    std::fs::write(
+        &path,
+        "kernel wide\n  grid (i: 100000)\n  out o: i32[100000] block [1] at (i)\n{\n  %p = program_id i\n  %v = broadcast %p : i32[1]\n  store o, %v\n}\n",
+    )
+    .unwrap();
+    let out = dir.path().display().to_string();
+    let r = tessel(&["run", path.to_str().unwrap(), "--backend", "wgpu", "--out-dir", &out]);
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    let o = read_output(dir.path(), "o").to_f64();
+    assert!(o.iter().enumerate().all(|(i, &v)| v == i as f64), "every program wrote its index");
+}
