@@ -9,7 +9,7 @@ use tessel_plugin_api::abi::{
     BackendError, BufferArg, CacheStats, GridSize, IR_FORMAT_VERSION, KernelCall, LaunchRequest, Mesh, MeshBox, RMeshView,
 };
 use tessel_plugin_api::backend::{cache_key, make_mesh_object, mesh_view};
-use tessel_plugin_api::ir::{ParamKind, Verified, print_kernel};
+use tessel_plugin_api::ir::{ParamKind, Type, Verified, print_kernel};
 use tessel_plugin_api::launch::check_inputs;
 use tessel_plugin_api::mesh::MeshSpec;
 
@@ -253,6 +253,104 @@ impl Runtime {
                 let _ = b.backend.free(*id);
             }
             result
+        })
+    }
+}
+
+/// An array in a backend's memory, made by [`Runtime::upload`] or [`Runtime::alloc`]: it stays
+/// there between launches ([`Runtime::launch_resident`]) until [`Runtime::free`].
+#[derive(Debug)]
+pub struct DeviceArray {
+    backend: String,
+    id: u64,
+    ty: Type,
+}
+
+impl DeviceArray {
+    /// The array's type.
+    pub fn ty(&self) -> &Type {
+        &self.ty
+    }
+}
+
+impl Runtime {
+    /// A zeroed array of `ty` in `backend`'s memory.
+    pub fn alloc(&self, backend: &str, ty: &Type) -> Result<DeviceArray> {
+        let b = self.backend(backend)?;
+        let shape: Vec<u64> = ty.shape.iter().map(|&d| d as u64).collect();
+        let id = b.backend.alloc(RStr::from_str(ty.dtype.name()), RSlice::from_slice(&shape)).into_result().map_err(|e| backend_error(b, e))?;
+        Ok(DeviceArray { backend: b.name.clone(), id, ty: ty.clone() })
+    }
+
+    /// Copies `array` into `backend`'s memory.
+    pub fn upload(&self, backend: &str, array: &HostArray) -> Result<DeviceArray> {
+        let d = self.alloc(backend, &array.ty())?;
+        let b = self.backend(backend)?;
+        if let Err(e) = array.with_rarray_ref(|r| b.backend.upload(d.id, r)).into_result() {
+            self.free(d);
+            return Err(backend_error(b, e));
+        }
+        Ok(d)
+    }
+
+    /// Copies an array back to the host.
+    pub fn download(&self, array: &DeviceArray) -> Result<HostArray> {
+        let b = self.backend(&array.backend)?;
+        let r = b.backend.download(array.id).into_result().map_err(|e| backend_error(b, e))?;
+        HostArray::from_rarray(&r).map_err(|m| Error::Backend {
+            backend: b.name.clone(),
+            message: format!("backend returned a malformed array: {m}"),
+        })
+    }
+
+    /// Frees an array (a backend that cannot is ignored: the memory is its own).
+    pub fn free(&self, array: DeviceArray) {
+        if let Ok(b) = self.backend(&array.backend) {
+            let _ = b.backend.free(array.id);
+        }
+    }
+
+    /// Launches on arrays already in `backend`'s memory, bound by argument name; outputs are
+    /// written in place. Nothing is copied between host and device.
+    pub fn launch_resident(
+        &self,
+        backend: &str,
+        kernels: &[KernelLaunch<'_>],
+        externals: &[&MeshBox],
+        grid: &BTreeMap<String, u64>,
+        arrays: &[(&str, &DeviceArray)],
+    ) -> Result<()> {
+        let b = self.backend(backend)?;
+        for k in kernels {
+            for p in k.kernel.kernel().params.iter().filter(|p| p.kind != ParamKind::Scratch) {
+                match arrays.iter().find(|(n, _)| *n == p.name) {
+                    None => {
+                        return Err(Error::Backend {
+                            backend: b.name.clone(),
+                            message: format!("kernel `{}`: no array is bound to argument `{}` ({})", k.kernel.name(), p.name, p.ty),
+                        });
+                    }
+                    Some((_, a)) if a.backend != b.name || a.ty != p.ty => {
+                        return Err(Error::Backend {
+                            backend: b.name.clone(),
+                            message: format!(
+                                "kernel `{}`: argument `{}` is {} on {}, but the array bound to it is {} on {}",
+                                k.kernel.name(),
+                                p.name,
+                                p.ty,
+                                b.name,
+                                a.ty,
+                                a.backend
+                            ),
+                        });
+                    }
+                    Some(_) => {}
+                }
+            }
+        }
+        let args: Vec<BufferArg<'_>> = arrays.iter().map(|(n, a)| BufferArg { name: RStr::from_str(n), buffer: a.id }).collect();
+        with_request(kernels, externals, grid, |req| {
+            b.backend.launch(req, RSlice::from_slice(&args)).into_result().map_err(|e| backend_error(b, e))
         })
     }
 }
