@@ -99,8 +99,11 @@ pub fn lower(kernel: &Verified, grid: &[LaunchAxis]) -> Result<Lowered, BackendE
     first.write_main()?;
     let wanted = first.wanted.clone();
     let wg = (first.max_elements.next_power_of_two() as u32).clamp(64, MAX_WORKGROUP);
+    let shares = !wanted.is_empty() || k.params_of(ParamKind::Scratch).next().is_some() || first.saw_ref_load;
     // Pass 2 with the publications.
     let mut w = Writer::new(kernel, grid, wg, wanted, programs, steps);
+    w.shares = shares;
+    w.stores = first.saw_store;
     w.write_main()?;
     let words = w.next_word;
     let groups = if words == 0 { programs.min(MAX_GROUPS) } else { programs.min(MAX_GROUPS).min(WORKSPACE_BUDGET / (words * 4)) };
@@ -321,6 +324,14 @@ struct Writer<'k> {
     pending_publish: bool,
     pending_store: bool,
     pending_ref_load: bool,
+    /// Seen while writing: a load from an `out` or scratch ref, a store.
+    saw_ref_load: bool,
+    saw_store: bool,
+    /// Whether invocations share memory beyond their own elements (published values, scratch,
+    /// reloaded outputs), so that loop iterations and programs need a barrier between them; and
+    /// whether the kernel stores, so that iterations of a loop must not overtake each other.
+    shares: bool,
+    stores: bool,
 }
 
 impl<'k> Writer<'k> {
@@ -352,6 +363,10 @@ impl<'k> Writer<'k> {
             pending_publish: false,
             pending_store: false,
             pending_ref_load: false,
+            saw_ref_load: false,
+            saw_store: false,
+            shares: true,
+            stores: true,
         }
     }
 
@@ -415,6 +430,13 @@ impl<'k> Writer<'k> {
         self.pending_publish = false;
         self.pending_store = false;
         self.pending_ref_load = false;
+    }
+
+    /// At the top of a loop iteration: the previous iteration's reads and stores are done.
+    fn loop_barrier(&mut self) {
+        if self.shares || self.stores {
+            self.storage_barrier();
+        }
     }
 
     fn flags(&self) -> (bool, bool, bool) {
@@ -486,7 +508,10 @@ impl<'k> Writer<'k> {
         let par: Vec<usize> = (0..self.grid.len()).filter(|&a| !self.grid[a].seq).collect();
         let seq: Vec<usize> = (0..self.grid.len()).filter(|&a| self.grid[a].seq).collect();
         self.open("for (var prog = wid.x; prog < PROGRAMS; prog += GROUPS)");
-        self.storage_barrier();
+        if self.shares {
+            // The workspace and scratch of the previous program are done with.
+            self.storage_barrier();
+        }
         self.decode("prog", &par);
         let scratch: Vec<Param> = k.params_of(ParamKind::Scratch).cloned().collect();
         for p in &scratch {
@@ -499,7 +524,7 @@ impl<'k> Writer<'k> {
         let looped = self.steps > 1;
         if looped {
             self.open(format!("for (var step = 0u; step < {}u; step++)", self.steps));
-            self.storage_barrier();
+            self.loop_barrier();
         }
         self.decode("step", &seq);
         self.write_origins();
@@ -834,27 +859,57 @@ impl<'k> Writer<'k> {
         });
     }
 
+    /// `dot`: each invocation accumulates its own output elements in the result's private array
+    /// (zero-initialised), the contraction index outermost, so that the operand element all its
+    /// outputs share (the column of `b`, when the workgroup size is a multiple of `N`) is read
+    /// once per step. Each output sums in ascending order, as the interpreter does.
     fn write_dot(&mut self, dst: &str, a: &str, b: &str, trans_a: bool, trans_b: bool) {
         let (ash, bsh) = (self.ty(a).shape.clone(), self.ty(b).shape.clone());
         let (m, kk) = if trans_a { (ash[1], ash[0]) } else { (ash[0], ash[1]) };
         let n = if trans_b { bsh[0] } else { bsh[1] };
-        let (da, rd) = (self.ty(a).dtype, self.ty(dst).dtype);
-        let acc_ty = reg_ty(rd);
-        let zero = literal(Literal::Int(0), rd);
-        self.gather(dst, &[a, b], move |w, offs| {
-            let acc = w.t();
-            w.line(format!("var {acc}: {acc_ty} = {zero};"));
-            w.line(format!("let {acc}_i = e / {n}u;"));
-            w.line(format!("let {acc}_j = e % {n}u;"));
-            w.open(format!("for (var r = 0u; r < {kk}u; r++)"));
-            let ai = if trans_a { format!("r * {m}u + {acc}_i") } else { format!("{acc}_i * {kk}u + r") };
-            let bi = if trans_b { format!("{acc}_j * {kk}u + r") } else { format!("r * {n}u + {acc}_j") };
-            let x = from_word(da, &format!("tk_ws[wsb + {}u + {ai}]", offs[0]));
-            let y = from_word(da, &format!("tk_ws[wsb + {}u + {bi}]", offs[1]));
-            w.line(format!("{acc} = {acc} + {x} * {y};"));
-            w.close();
-            acc
-        });
+        let da = self.ty(a).dtype;
+        let reads: Vec<Read> = [a, b]
+            .iter()
+            .map(|s| {
+                self.wanted.insert(s.to_string());
+                Read::Shared { name: s.to_string(), shape: Vec::new(), linear: false }
+            })
+            .collect();
+        self.sync_reads(&reads.iter().collect::<Vec<_>>());
+        let (oa, ob) = (self.offsets.get(a).copied().unwrap_or(0), self.offsets.get(b).copied().unwrap_or(0));
+        let total = m * n;
+        self.max_elements = self.max_elements.max(total);
+        let id = self.declare_block(dst);
+        let slots = self.slots(total);
+        let shared_col = self.wg as usize % n == 0;
+        let a_at = |i: &str| {
+            let idx = if trans_a { format!("r * {m}u + {i}") } else { format!("{i} * {kk}u + r") };
+            from_word(da, &format!("tk_ws[wsb + {oa}u + {idx}]"))
+        };
+        let b_at = |j: &str| {
+            let idx = if trans_b { format!("{j} * {kk}u + r") } else { format!("r * {n}u + {j}") };
+            from_word(da, &format!("tk_ws[wsb + {ob}u + {idx}]"))
+        };
+        self.open(format!("for (var r = 0u; r < {kk}u; r++)"));
+        if shared_col {
+            self.line(format!("let bv = {};", b_at(&format!("lid % {n}u"))));
+        }
+        self.open(format!("for (var k = 0u; k < {slots}u; k++)"));
+        self.line(format!("let e = lid + k * {}u;", self.wg));
+        let guard = total % self.wg as usize != 0;
+        if guard {
+            self.open(format!("if (e < {total}u)"));
+        }
+        if !shared_col {
+            self.line(format!("let bv = {};", b_at(&format!("e % {n}u"))));
+        }
+        self.line(format!("{id}[k] = {id}[k] + {} * bv;", a_at(&format!("e / {n}u"))));
+        if guard {
+            self.close();
+        }
+        self.close();
+        self.close();
+        self.defined(dst);
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -908,7 +963,7 @@ impl<'k> Writer<'k> {
         let before = self.flags();
         self.open("loop");
         self.line(format!("if (!{go}) {{ break; }}"));
-        self.storage_barrier();
+        self.loop_barrier();
         for (name, _) in iters {
             self.defined(name);
         }
@@ -1029,6 +1084,7 @@ impl<'k> Writer<'k> {
         self.sync_reads(&mask_read.iter().collect::<Vec<_>>());
         if p.kind != ParamKind::In {
             self.pending_ref_load = true;
+            self.saw_ref_load = true;
         }
         let other = literal(other.unwrap_or(Literal::Int(0)), d);
         let body = |w: &mut Self| -> String {
@@ -1094,6 +1150,7 @@ impl<'k> Writer<'k> {
             w.line(format!("if ({ok}) {{ {cell} = {word}; }}"));
         });
         self.pending_store = true;
+        self.saw_store = true;
     }
 
     // ---- element operations ----
