@@ -206,3 +206,40 @@ fn a_grid_wider_than_one_dispatch_runs_every_program() {
     let o = read_output(dir.path(), "o").to_f64();
     assert!(o.iter().enumerate().all(|(i, &v)| v == i as f64), "every program wrote its index");
 }
+
+#[test]
+fn device_resident_outputs_start_as_zeros_at_every_launch() {
+    use tessel::{KernelLaunch, Runtime};
+    use tessel_plugin_api::array::ArrayData;
+    let Some(_) = wgpu_adapter("wgpu resident arrays") else { return };
+    let rt = Runtime::new(&[]).unwrap();
+    let dyn_grid = tessel::load_file(&root().join("tests/in/dyn_grid.tk")).unwrap().remove(0);
+    let add = tessel::load_file(&root().join("examples/add.tk")).unwrap().remove(0);
+    let ones = |n: usize| f32_array(&[n], vec![1.0; n]);
+    // An output left full of ones by an earlier use: rows the launch does not store read 0.
+    let x = rt.upload("wgpu", &f32_array(&[64, 32], vec![2.0; 64 * 32])).unwrap();
+    let o = rt.upload("wgpu", &f32_array(&[64, 32], vec![1.0; 64 * 32])).unwrap();
+    let grid = [("i".to_string(), 2u64)].into_iter().collect();
+    let call = [KernelLaunch { kernel: &dyn_grid, mesh: None }];
+    for _ in 0..2 {
+        rt.launch_resident("wgpu", &call, &[], &grid, &[("x", &x), ("o", &o)]).unwrap();
+        let got = rt.download(&o).unwrap().to_f64();
+        assert!(got[32 * 32..].iter().all(|&v| v == 0.0), "rows past the 2 blocks are zero");
+        assert!(got[..32 * 32].iter().all(|&v| v != 0.0 && v != 1.0), "the 2 blocks are written");
+    }
+    // A kernel that stores its whole output is not zeroed first (its WGSL says so); the result
+    // is the same either way.
+    let (a, b) = (rt.upload("wgpu", &ones(1024)).unwrap(), rt.upload("wgpu", &ones(1024)).unwrap());
+    let out = rt.upload("wgpu", &ones(1024)).unwrap();
+    let call = [KernelLaunch { kernel: &add, mesh: None }];
+    rt.launch_resident("wgpu", &call, &[], &Default::default(), &[("x", &a), ("y", &b), ("o", &out)]).unwrap();
+    assert_eq!(rt.download(&out).unwrap().data, ArrayData::F32(vec![2.0; 1024]));
+    let wgsl = rt.lower("wgpu", &call, &[], &Default::default()).unwrap().remove(0).1;
+    assert!(wgsl.contains("// outputs zeroed before the dispatch: none"), "{wgsl}");
+    // A wrong binding is an error naming the argument, not a crash.
+    let err = rt.launch_resident("wgpu", &call, &[], &Default::default(), &[("x", &a), ("y", &x), ("o", &out)]).unwrap_err();
+    assert!(err.to_string().contains("argument `y` is f32[1024]") && err.to_string().contains("f32[64, 32]"), "{err}");
+    for d in [x, o, a, b, out] {
+        rt.free(d);
+    }
+}

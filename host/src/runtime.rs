@@ -177,7 +177,10 @@ impl Runtime {
         let b = self.backend(backend)?;
         with_request(kernels, externals, grid, |req| {
             b.backend.supports(req).into_result()?;
-            let key = cache_key(&b.name, b.backend.version().as_str(), req);
+            // The build as well as the version: a rebuilt backend of the same version may lower
+            // differently, and must not read what its predecessor wrote.
+            let version = format!("{} {}", b.backend.version(), build_identity(&b.source));
+            let key = cache_key(&b.name, &version, req);
             crate::cache::lowered(&key, || {
                 let stages = b.backend.lower(req).into_result()?;
                 Ok(stages.into_iter().map(|s| (s.name.into_string(), s.text.into_string())).collect())
@@ -353,6 +356,18 @@ impl Runtime {
             b.backend.launch(req, RSlice::from_slice(&args)).into_result().map_err(|e| backend_error(b, e))
         })
     }
+}
+
+/// The file a backend's code lives in (the plugin, or this executable for a built-in), by path,
+/// size and modification time.
+fn build_identity(source: &crate::registry::Source) -> String {
+    let path = match source {
+        crate::registry::Source::Plugin(p) => Some(p.clone()),
+        crate::registry::Source::BuiltIn => std::env::current_exe().ok(),
+    };
+    let meta = path.as_ref().and_then(|p| std::fs::metadata(p).ok());
+    let modified = meta.as_ref().and_then(|m| m.modified().ok()).and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok());
+    format!("{path:?} {:?} {modified:?}", meta.map(|m| m.len()))
 }
 
 fn backend_error(b: &Loaded, e: BackendError) -> Error {

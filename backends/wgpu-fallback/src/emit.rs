@@ -37,6 +37,8 @@ pub const MAX_PROGRAMS: u64 = 1 << 31;
 pub const MAX_GROUPS: u64 = 65_535;
 /// WebGPU's default `maxStorageBufferBindingSize`: the workspace is sized to fit it.
 pub const WORKSPACE_BUDGET: u64 = 128 << 20;
+/// Element loops of at most this many slots per invocation are unrolled.
+const UNROLL: usize = 8;
 /// The most invocations per workgroup used: WebGPU's default `maxComputeInvocationsPerWorkgroup`.
 pub const MAX_WORKGROUP: u32 = 256;
 
@@ -61,6 +63,43 @@ pub struct Lowered {
     /// The `in`/`out` arguments in binding order (binding `i` is `bindings[i]`); the workspace,
     /// if any, is the binding after them.
     pub bindings: Vec<(String, ParamKind)>,
+    /// The outputs to zero before the dispatch: all but those the kernel provably overwrites
+    /// whole before reading (see [`fully_written`]).
+    pub zeroed: Vec<String>,
+}
+
+/// Whether every element of output `p` is stored at some grid point before anything could read
+/// it, so that zeroing it first cannot be observed: the kernel never loads `p`, and its body
+/// stores the whole block unconditionally (at top level, no index, no mask) at every grid point,
+/// through an index map that sends each dimension to its own grid axis (`at (i, j)`), whose
+/// size times the block covers the array.
+pub fn fully_written(kernel: &Verified, grid: &[LaunchAxis], p: &Param) -> bool {
+    fn loads(body: &[Stmt], name: &str) -> bool {
+        body.iter().any(|s| match &s.op {
+            Op::Load { src, .. } => src == name,
+            Op::When { body, .. } | Op::For { body, .. } => loads(body, name),
+            _ => false,
+        })
+    }
+    let k = kernel.kernel();
+    if loads(&k.body, &p.name) {
+        return false;
+    }
+    let whole_store = k.body.iter().any(|s| matches!(&s.op, Op::Store { dst, index: None, mask: None, .. } if dst == &p.name));
+    let covered = match &p.block {
+        None => true,
+        Some(b) => {
+            let mut used = Vec::new();
+            b.index.iter().zip(&b.shape).zip(&p.ty.shape).all(|((e, &bs), &dim)| match e.terms.as_slice() {
+                [(1, axis)] if e.constant == 0 && !used.contains(axis) => {
+                    used.push(axis.clone());
+                    grid.iter().find(|a| &a.name == axis).is_some_and(|a| a.size as usize * bs >= dim)
+                }
+                _ => false,
+            })
+        }
+    };
+    whole_store && covered
 }
 
 fn unsupported(msg: String) -> BackendError {
@@ -123,6 +162,7 @@ pub fn lower(kernel: &Verified, grid: &[LaunchAxis]) -> Result<Lowered, BackendE
         programs,
         workspace_words: words,
         bindings: k.params.iter().filter(|p| p.kind != ParamKind::Scratch).map(|p| (p.name.clone(), p.kind)).collect(),
+        zeroed: k.params_of(ParamKind::Out).filter(|p| !fully_written(kernel, grid, p)).map(|p| p.name.clone()).collect(),
     })
 }
 
@@ -565,20 +605,41 @@ impl<'k> Writer<'k> {
     }
 
     /// A loop of the invocations over `n` elements: `k` is the private slot, `e` the element.
-    fn each(&mut self, n: usize, body: impl FnOnce(&mut Self)) {
+    /// Up to [`UNROLL`] slots are written out one by one, so that the private arrays are indexed
+    /// by constants and the driver can keep them in registers.
+    fn each(&mut self, n: usize, mut body: impl FnMut(&mut Self)) {
         self.max_elements = self.max_elements.max(n);
         let slots = self.slots(n);
-        self.open(format!("for (var k = 0u; k < {slots}u; k++)"));
-        self.line(format!("let e = lid + k * {}u;", self.wg));
         let guard = n % self.wg as usize != 0;
-        if guard {
-            self.open(format!("if (e < {n}u)"));
+        let mut one = |w: &mut Self, slot: Option<usize>| {
+            match slot {
+                Some(k) => {
+                    w.line("{");
+                    w.indent += 1;
+                    w.line(format!("let k = {k}u;"));
+                    w.line(format!("let e = lid + {}u;", k * w.wg as usize));
+                }
+                None => {
+                    w.open(format!("for (var k = 0u; k < {slots}u; k++)"));
+                    w.line(format!("let e = lid + k * {}u;", w.wg));
+                }
+            }
+            if guard {
+                w.open(format!("if (e < {n}u)"));
+            }
+            body(w);
+            if guard {
+                w.close();
+            }
+            w.close();
+        };
+        if slots <= UNROLL {
+            for k in 0..slots {
+                one(self, Some(k));
+            }
+        } else {
+            one(self, None);
         }
-        body(self);
-        if guard {
-            self.close();
-        }
-        self.close();
     }
 
     /// Declares the private array of block value `name`.
@@ -792,7 +853,7 @@ impl<'k> Writer<'k> {
 
     /// A block (or scalar) result whose elements read other elements of `srcs`: the sources are
     /// published; `f` gets their word offsets and writes the element expression for `e`.
-    fn gather(&mut self, dst: &str, srcs: &[&str], f: impl FnOnce(&mut Self, &[u64]) -> String) {
+    fn gather(&mut self, dst: &str, srcs: &[&str], f: impl Fn(&mut Self, &[u64]) -> String) {
         let reads: Vec<Read> = srcs
             .iter()
             .map(|s| {
@@ -1290,6 +1351,13 @@ impl<'k> Writer<'k> {
             self.programs,
             self.wg,
             self.next_word * 4
+        );
+        let zeroed: Vec<&str> =
+            k.params_of(ParamKind::Out).filter(|p| !fully_written(self.v, self.grid, p)).map(|p| p.name.as_str()).collect();
+        let _ = writeln!(
+            m,
+            "// outputs zeroed before the dispatch: {}",
+            if zeroed.is_empty() { "none (each is stored whole before any read)".to_string() } else { zeroed.join(", ") }
         );
         let _ = writeln!(m);
         let _ = writeln!(m, "const PROGRAMS: u32 = {}u;", self.programs);

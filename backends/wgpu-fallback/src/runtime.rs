@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use half::{bf16, f16};
 use tessel_plugin_api::abi::{BackendError, ErrorKind};
 use tessel_plugin_api::array::{ArrayData, HostArray};
-use tessel_plugin_api::ir::{DType, ParamKind, Type};
+use tessel_plugin_api::ir::{DType, Type};
 
 use crate::emit::Lowered;
 
@@ -378,10 +378,8 @@ impl Gpu {
         self.scoped("the launch", || {
             let mut enc = self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
             for (l, p, group) in &prepared {
-                for (name, kind) in &l.bindings {
-                    if *kind == ParamKind::Out {
-                        enc.clear_buffer(&buffers[name].buffer, 0, None);
-                    }
+                for name in &l.zeroed {
+                    enc.clear_buffer(&buffers[name].buffer, 0, None);
                 }
                 let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(&l.name), timestamp_writes: None });
                 pass.set_pipeline(&p.pipeline);
