@@ -4,6 +4,7 @@
 //!   zeroing the output) vs the same WGSL dispatched with raw wgpu and a prepared bind group;
 //! - `add_16m`: o = x + y over 16M f32 vs a one-element-per-invocation WGSL add;
 //! - `matmul_1024`: 1024³ f32 vs a 16×16-tiled WGSL matmul in workgroup memory.
+//!
 //! Run with `scripts/bench` or `cargo bench -p tessel-suite --bench wgpu`.
 
 use std::collections::BTreeMap;
@@ -28,7 +29,8 @@ struct Raw {
 impl Raw {
     fn new() -> Raw {
         let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
-        let options = wgpu::RequestAdapterOptions { power_preference: wgpu::PowerPreference::HighPerformance, ..Default::default() };
+        let options =
+            wgpu::RequestAdapterOptions { power_preference: wgpu::PowerPreference::HighPerformance, ..Default::default() };
         let adapter = pollster::block_on(instance.request_adapter(&options)).expect("adapter");
         let desc = wgpu::DeviceDescriptor { required_limits: adapter.limits(), ..Default::default() };
         let (device, queue) = pollster::block_on(adapter.request_device(&desc)).expect("device");
@@ -58,13 +60,14 @@ impl Raw {
         self.queue.submit([enc.finish()]);
         staging.map_async(wgpu::MapMode::Read, .., |r| r.expect("map"));
         self.device.poll(wgpu::PollType::wait_indefinitely()).expect("poll");
-        let v = bytemuck::pod_collect_to_vec(&staging.get_mapped_range(..).expect("mapped")[..]);
-        v
+        bytemuck::pod_collect_to_vec(&staging.get_mapped_range(..).expect("mapped")[..])
     }
 
     /// A pipeline and its bind group over `buffers` (binding i = buffers[i]).
     fn prepare(&self, wgsl: &str, buffers: &[&wgpu::Buffer]) -> (wgpu::ComputePipeline, wgpu::BindGroup) {
-        let module = self.device.create_shader_module(wgpu::ShaderModuleDescriptor { label: None, source: wgpu::ShaderSource::Wgsl(wgsl.into()) });
+        let module = self
+            .device
+            .create_shader_module(wgpu::ShaderModuleDescriptor { label: None, source: wgpu::ShaderSource::Wgsl(wgsl.into()) });
         let pipeline = self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
             label: None,
             layout: None,
@@ -73,9 +76,16 @@ impl Raw {
             compilation_options: Default::default(),
             cache: None,
         });
-        let entries: Vec<wgpu::BindGroupEntry<'_>> =
-            buffers.iter().enumerate().map(|(i, b)| wgpu::BindGroupEntry { binding: i as u32, resource: b.as_entire_binding() }).collect();
-        let group = self.device.create_bind_group(&wgpu::BindGroupDescriptor { label: None, layout: &pipeline.get_bind_group_layout(0), entries: &entries });
+        let entries: Vec<wgpu::BindGroupEntry<'_>> = buffers
+            .iter()
+            .enumerate()
+            .map(|(i, b)| wgpu::BindGroupEntry { binding: i as u32, resource: b.as_entire_binding() })
+            .collect();
+        let group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: None,
+            layout: &pipeline.get_bind_group_layout(0),
+            entries: &entries,
+        });
         (pipeline, group)
     }
 
@@ -125,7 +135,9 @@ fn main(@builtin(local_invocation_id) l: vec3<u32>, @builtin(workgroup_id) w: ve
 }";
 
 /// A kernel's seeded inputs on the wgpu backend and its zeroed outputs, bound by name.
-fn resident(rt: &Runtime, k: &Verified) -> (Vec<(String, DeviceArray)>, BTreeMap<String, Vec<f32>>) {
+type Bound = Vec<(String, DeviceArray)>;
+
+fn resident(rt: &Runtime, k: &Verified) -> (Bound, BTreeMap<String, Vec<f32>>) {
     let inputs = tessel::inputs::random_inputs(k.kernel(), 1);
     let mut arrays = Vec::new();
     let mut host = BTreeMap::new();
@@ -157,6 +169,24 @@ fn output(rt: &Runtime, arrays: &[(String, DeviceArray)], name: &str) -> Vec<f32
     }
 }
 
+/// Medians (µs) of `n` timed calls of `a` and of `b`, alternating.
+fn paired(n: usize, mut a: impl FnMut(), mut b: impl FnMut()) -> (f64, f64) {
+    let (mut ta, mut tb) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for _ in 0..n {
+        let t = std::time::Instant::now();
+        a();
+        ta.push(t.elapsed().as_secs_f64() * 1e6);
+        let t = std::time::Instant::now();
+        b();
+        tb.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    (median(&mut ta), median(&mut tb))
+}
+
 fn assert_close(what: &str, got: &[f32], want: &[f32]) {
     let worst = got.iter().zip(want).map(|(g, w)| (g - w).abs() / (1.0 + w.abs())).fold(0.0f32, f32::max);
     assert!(worst < 1e-3, "{what}: tessel and the hand-written kernel disagree by {worst}");
@@ -182,6 +212,11 @@ fn wgpu_benches(c: &mut Criterion) {
     launch(&rt, &k, &arrays);
     raw.dispatch(&tiny, (1, 1));
     assert_close("tiny", &output(&rt, &arrays, "o"), &raw.read(&o));
+    // The launch cost of a software adapter drifts by tens of percent over seconds (its worker
+    // threads share two cores with everything else), so the ratio is also taken from launches
+    // that alternate, one of each at a time.
+    let (t, r) = paired(2000, || launch(&rt, &k, &arrays), || raw.dispatch(&tiny, (1, 1)));
+    eprintln!("launch_tiny alternating, median of 2000 each: tessel {t:.1} µs, raw wgpu {r:.1} µs, ratio {:.3}", t / r);
     let mut g = c.benchmark_group("launch_tiny");
     g.bench_function("tessel", |b| b.iter(|| launch(&rt, &k, &arrays)));
     g.bench_function("raw_wgpu_same_wgsl", |b| b.iter(|| raw.dispatch(&tiny, (1, 1))));

@@ -89,7 +89,8 @@ fn every_kernel_agrees_with_the_interpreter_on_wgpu() {
     for path in kernel_files() {
         let name = path.file_stem().unwrap().to_str().unwrap().to_string();
         for seed in ["1", "2"] {
-            let mut args = vec!["run".to_string(), path.display().to_string(), "--backend".into(), "wgpu".into(), "--check".into()];
+            let mut args =
+                vec!["run".to_string(), path.display().to_string(), "--backend".into(), "wgpu".into(), "--check".into()];
             args.extend(["--seed".into(), seed.into(), "--out-dir".into(), dir.path().display().to_string()]);
             args.extend(launch_flags(&path));
             let r = run(&args);
@@ -173,10 +174,15 @@ fn a_block_past_the_limit_is_refused_at_lowering_with_the_limit_named() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("big.tk");
     let n = tessel_wgpu::emit::MAX_BLOCK_ELEMENTS + 1;
-    std::fs::write(&path, format!("kernel big\n  in x: f32[{n}]\n  out o: f32[{n}]\n{{\n  %x = load x\n  store o, %x\n}}\n")).unwrap();
+    std::fs::write(&path, format!("kernel big\n  in x: f32[{n}]\n  out o: f32[{n}]\n{{\n  %x = load x\n  store o, %x\n}}\n"))
+        .unwrap();
     let r = tessel(&["lower", path.to_str().unwrap(), "--backend", "wgpu"]);
     assert_eq!(r.code, 1, "{}", r.stdout);
-    assert!(r.stderr.contains(&format!("has {n} elements")) && r.stderr.contains("more than the 65536 the wgpu backend lowers"), "{}", r.stderr);
+    assert!(
+        r.stderr.contains(&format!("has {n} elements")) && r.stderr.contains("more than the 65536 the wgpu backend lowers"),
+        "{}",
+        r.stderr
+    );
     // A grid past 2^31 programs is refused, never truncated.
     let path = dir.path().join("wide.tk");
     std::fs::write(
@@ -242,4 +248,29 @@ fn device_resident_outputs_start_as_zeros_at_every_launch() {
     for d in [x, o, a, b, out] {
         rt.free(d);
     }
+}
+
+#[test]
+fn programs_whose_workspace_exceeds_a_binding_take_turns_on_fewer_workgroups() {
+    let Some(_) = wgpu_adapter("wgpu strided programs") else { return };
+    // 2,100 programs with 128 KiB of published values each: more than one storage binding holds,
+    // so 1,024 workgroups walk the programs with a stride.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("strided.tk");
+    std::fs::write(
+        &path,
+        "kernel strided\n  grid (i: 2100)\n  in x: f32[128, 128]\n  out o: f32[2100, 128] block [1, 128] at (i, 0)\n{\n  %x = load x\n  %t = transpose %x perm (1, 0)\n  %s = sum %t axis 0\n  %p = program_id i\n  %pf = cast %p : f32\n  %r = add %s, %pf\n  %r2 = reshape %r : f32[1, 128]\n  store o, %r2\n}\n",
+    )
+    .unwrap();
+    let file = path.display().to_string();
+    let r = tessel(&["lower", &file, "--backend", "wgpu"]);
+    assert!(
+        r.stdout.contains("2100 programs on 1024 workgroups of 256 invocations, each walking the programs with a stride"),
+        "{}",
+        r.stdout
+    );
+    let out = dir.path().display().to_string();
+    let r = tessel(&["run", &file, "--backend", "wgpu", "--check", "--out-dir", &out]);
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    assert!(r.stdout.contains("check o: max abs error") && r.stdout.contains(": ok"), "{}", r.stdout);
 }

@@ -281,7 +281,11 @@ impl Runtime {
     pub fn alloc(&self, backend: &str, ty: &Type) -> Result<DeviceArray> {
         let b = self.backend(backend)?;
         let shape: Vec<u64> = ty.shape.iter().map(|&d| d as u64).collect();
-        let id = b.backend.alloc(RStr::from_str(ty.dtype.name()), RSlice::from_slice(&shape)).into_result().map_err(|e| backend_error(b, e))?;
+        let id = b
+            .backend
+            .alloc(RStr::from_str(ty.dtype.name()), RSlice::from_slice(&shape))
+            .into_result()
+            .map_err(|e| backend_error(b, e))?;
         Ok(DeviceArray { backend: b.name.clone(), id, ty: ty.clone() })
     }
 
@@ -300,10 +304,8 @@ impl Runtime {
     pub fn download(&self, array: &DeviceArray) -> Result<HostArray> {
         let b = self.backend(&array.backend)?;
         let r = b.backend.download(array.id).into_result().map_err(|e| backend_error(b, e))?;
-        HostArray::from_rarray(&r).map_err(|m| Error::Backend {
-            backend: b.name.clone(),
-            message: format!("backend returned a malformed array: {m}"),
-        })
+        HostArray::from_rarray(&r)
+            .map_err(|m| Error::Backend { backend: b.name.clone(), message: format!("backend returned a malformed array: {m}") })
     }
 
     /// Frees an array (a backend that cannot is ignored: the memory is its own).
@@ -330,7 +332,12 @@ impl Runtime {
                     None => {
                         return Err(Error::Backend {
                             backend: b.name.clone(),
-                            message: format!("kernel `{}`: no array is bound to argument `{}` ({})", k.kernel.name(), p.name, p.ty),
+                            message: format!(
+                                "kernel `{}`: no array is bound to argument `{}` ({})",
+                                k.kernel.name(),
+                                p.name,
+                                p.ty
+                            ),
                         });
                     }
                     Some((_, a)) if a.backend != b.name || a.ty != p.ty => {

@@ -33,6 +33,10 @@ pub struct Launch<'a> {
     pub external_meshes: Vec<&'a MeshBox>,
     /// Sizes of `dyn` grid axes.
     pub grid: BTreeMap<String, u64>,
+    /// What identifies this launch for any backend ([`request_key`]): the kernel text, each
+    /// call's kernel and mesh (its text and portable view), the external meshes, the grid sizes.
+    /// A backend whose answers depend on nothing else may remember them by it.
+    pub key: [u8; 32],
 }
 
 /// A backend in plain Rust. [`export`] turns it into the ABI-stable object the host loads.
@@ -151,17 +155,15 @@ struct Exported<B: BackendImpl> {
     misses: AtomicU64,
 }
 
-/// What identifies a compiled launch: the backend and its version, the plugin-api and kernel text
-/// format versions, the kernel text, each call's kernel and mesh (its text and portable view),
-/// the external meshes, and the dynamic grid sizes.
-pub fn cache_key(backend: &str, version: &str, req: &LaunchRequest<'_>) -> [u8; 32] {
+/// What identifies a launch request whatever the backend: the plugin-api and kernel text format
+/// versions, the kernel text, each call's kernel and mesh (its text and portable view), the
+/// external meshes, and the dynamic grid sizes.
+pub fn request_key(req: &LaunchRequest<'_>) -> [u8; 32] {
     let mut h = blake3::Hasher::new();
     let mut field = |bytes: &[u8]| {
         h.update(&(bytes.len() as u64).to_le_bytes());
         h.update(bytes);
     };
-    field(backend.as_bytes());
-    field(version.as_bytes());
     field(PLUGIN_API_VERSION.as_bytes());
     field(&req.ir_format.to_le_bytes());
     field(req.source.as_str().as_bytes());
@@ -177,6 +179,21 @@ pub fn cache_key(backend: &str, version: &str, req: &LaunchRequest<'_>) -> [u8; 
         field(g.axis.as_str().as_bytes());
         field(&g.size.to_le_bytes());
     }
+    *h.finalize().as_bytes()
+}
+
+/// What identifies a compiled launch: the backend, its version, and the [`request_key`].
+pub fn cache_key(backend: &str, version: &str, req: &LaunchRequest<'_>) -> [u8; 32] {
+    keyed(backend, version, &request_key(req))
+}
+
+fn keyed(backend: &str, version: &str, request: &[u8; 32]) -> [u8; 32] {
+    let mut h = blake3::Hasher::new();
+    for bytes in [backend.as_bytes(), version.as_bytes()] {
+        h.update(&(bytes.len() as u64).to_le_bytes());
+        h.update(bytes);
+    }
+    h.update(request);
     *h.finalize().as_bytes()
 }
 
@@ -204,7 +221,7 @@ pub fn decode<'a>(req: &LaunchRequest<'a>) -> Result<Launch<'a>, BackendError> {
             })
             .collect::<Result<Vec<_>, BackendError>>()?;
     let grid = req.grid.iter().map(|g| (g.axis.to_string(), g.size)).collect();
-    Ok(Launch { calls, external_meshes: req.external_meshes.iter().copied().collect(), grid })
+    Ok(Launch { calls, external_meshes: req.external_meshes.iter().copied().collect(), grid, key: request_key(req) })
 }
 
 /// The portable view of a mesh object as a [`MeshSpec`].
@@ -305,9 +322,9 @@ pub fn verify_with_mesh(kernel: &Kernel, mesh: Option<&MeshSpec>) -> Result<Veri
 
 impl<B: BackendImpl> Exported<B> {
     /// Asks `supports`, then returns the compiled launch from the cache or compiles it.
-    fn compiled(&self, req: &LaunchRequest<'_>, launch: &Launch<'_>) -> Result<Arc<B::Compiled>, BackendError> {
+    fn compiled(&self, launch: &Launch<'_>) -> Result<Arc<B::Compiled>, BackendError> {
         self.backend.supports(launch)?;
-        let key = cache_key(self.backend.name(), self.backend.version(), req);
+        let key = keyed(self.backend.name(), self.backend.version(), &launch.key);
         let poisoned = || BackendError::new(ErrorKind::Internal, "the compile cache is poisoned");
         if let Some(c) = self.compiled.lock().map_err(|_| poisoned())?.get(&key) {
             self.hits.fetch_add(1, Ordering::Relaxed);
@@ -403,7 +420,7 @@ impl<B: BackendImpl> Backend for Exported<B> {
 
     fn lower(&self, req: &LaunchRequest<'_>) -> RResult<RVec<Stage>, BackendError> {
         guard("lower", || {
-            let compiled = self.compiled(req, &decode(req)?)?;
+            let compiled = self.compiled(&decode(req)?)?;
             let stages = self.backend.stages(&compiled);
             Ok(stages.into_iter().map(|(name, text)| Stage { name: name.into(), text: text.into() }).collect())
         })
@@ -458,7 +475,7 @@ impl<B: BackendImpl> Backend for Exported<B> {
     fn launch(&self, req: &LaunchRequest<'_>, args: RSlice<'_, BufferArg<'_>>) -> RResult<(), BackendError> {
         guard("launch", || {
             let launch = decode(req)?;
-            let compiled = self.compiled(req, &launch)?;
+            let compiled = self.compiled(&launch)?;
             let taken = self.take_buffers(args)?;
             let ids: BTreeMap<String, u64> = taken.iter().map(|(n, (id, _))| (n.clone(), *id)).collect();
             let mut buffers: BTreeMap<String, B::Buffer> = taken.into_iter().map(|(n, (_, b))| (n, b)).collect();

@@ -52,10 +52,12 @@ pub struct Lowered {
     pub name: String,
     /// The module.
     pub wgsl: String,
+    /// blake3 of the module: the pipeline cache key.
+    pub hash: [u8; 32],
     /// Invocations per workgroup.
     pub workgroup_size: u32,
-    /// Workgroups dispatched (`x`).
-    pub groups: u32,
+    /// Workgroups dispatched (`x`, `y`).
+    pub groups: [u32; 2],
     /// Parallel programs.
     pub programs: u64,
     /// `u32` words of workspace per workgroup (0: no workspace binding).
@@ -123,7 +125,8 @@ pub fn lower(kernel: &Verified, grid: &[LaunchAxis]) -> Result<Lowered, BackendE
             )));
         }
     }
-    let programs: u64 = grid.iter().filter(|a| !a.seq).map(|a| a.size).try_fold(1u64, |a, b| a.checked_mul(b)).unwrap_or(u64::MAX);
+    let programs: u64 =
+        grid.iter().filter(|a| !a.seq).map(|a| a.size).try_fold(1u64, |a, b| a.checked_mul(b)).unwrap_or(u64::MAX);
     let steps: u64 = grid.iter().filter(|a| a.seq).map(|a| a.size).try_fold(1u64, |a, b| a.checked_mul(b)).unwrap_or(u64::MAX);
     for (what, n) in [("parallel programs", programs), ("`seq` steps per program", steps)] {
         if n > MAX_PROGRAMS {
@@ -139,26 +142,39 @@ pub fn lower(kernel: &Verified, grid: &[LaunchAxis]) -> Result<Lowered, BackendE
     let wanted = first.wanted.clone();
     let wg = (first.max_elements.next_power_of_two() as u32).clamp(64, MAX_WORKGROUP);
     let shares = !wanted.is_empty() || k.params_of(ParamKind::Scratch).next().is_some() || first.saw_ref_load;
-    // Pass 2 with the publications.
-    let mut w = Writer::new(kernel, grid, wg, wanted, programs, steps);
-    w.shares = shares;
-    w.stores = first.saw_store;
-    w.write_main()?;
-    let words = w.next_word;
-    let groups = if words == 0 { programs.min(MAX_GROUPS) } else { programs.min(MAX_GROUPS).min(WORKSPACE_BUDGET / (words * 4)) };
-    if groups == 0 {
+    // How programs map to workgroups. One workgroup per program where the workspace of all of
+    // them fits a storage binding: a 2-D dispatch past 65,535. Otherwise fewer workgroups that
+    // each walk the programs with a stride.
+    let words: u64 = wanted.iter().map(|n| kernel.value_type(n).numel() as u64).sum::<u64>()
+        + k.params_of(ParamKind::Scratch).map(|p| p.ty.numel() as u64).sum::<u64>();
+    if words * 4 > WORKSPACE_BUDGET {
         return Err(unsupported(format!(
             "kernel `{}` needs {} bytes of workspace per program, more than the {WORKSPACE_BUDGET} of a storage binding\n  use smaller blocks",
             k.name,
             words * 4
         )));
     }
-    let wgsl = w.finish(groups as u32);
+    let (groups, strided) = if programs.saturating_mul(words * 4) <= WORKSPACE_BUDGET {
+        let x = programs.min(MAX_GROUPS);
+        ([x as u32, programs.div_ceil(x) as u32], false)
+    } else {
+        ([programs.min(MAX_GROUPS).min(WORKSPACE_BUDGET / (words * 4)) as u32, 1], true)
+    };
+    // Pass 2 with the publications.
+    let mut w = Writer::new(kernel, grid, wg, wanted, programs, steps);
+    w.shares = shares;
+    w.stores = first.saw_store;
+    w.groups = groups;
+    w.strided = strided;
+    w.write_main()?;
+    debug_assert_eq!(w.next_word, words, "pass 2 publishes what pass 1 found");
+    let wgsl = w.finish();
     Ok(Lowered {
         name: k.name.clone(),
+        hash: *blake3::hash(wgsl.as_bytes()).as_bytes(),
         wgsl,
         workgroup_size: wg,
-        groups: groups as u32,
+        groups,
         programs,
         workspace_words: words,
         bindings: k.params.iter().filter(|p| p.kind != ParamKind::Scratch).map(|p| (p.name.clone(), p.kind)).collect(),
@@ -249,7 +265,23 @@ enum Read {
     Own(String),
     /// From the workspace: the value's name, its shape, and whether the read follows the
     /// result's linear index (`reshape`) instead of numpy broadcasting.
-    Shared { name: String, shape: Vec<usize>, linear: bool },
+    Shared {
+        name: String,
+        shape: Vec<usize>,
+        linear: bool,
+    },
+}
+
+/// One dimension of the region a load or store selects.
+#[derive(Clone, Debug)]
+struct Dim {
+    /// First array index, an `i32` expression.
+    start: String,
+    len: usize,
+    /// Whether the dimension stays in the result (not a single-element index).
+    keep: bool,
+    /// Range of `start` over the whole grid, where known.
+    range: Option<(i64, i64)>,
 }
 
 /// Helper functions a module may need, emitted once each.
@@ -372,6 +404,9 @@ struct Writer<'k> {
     /// whether the kernel stores, so that iterations of a loop must not overtake each other.
     shares: bool,
     stores: bool,
+    /// The dispatch, and whether its workgroups walk the programs with a stride.
+    groups: [u32; 2],
+    strided: bool,
 }
 
 impl<'k> Writer<'k> {
@@ -407,6 +442,8 @@ impl<'k> Writer<'k> {
             saw_store: false,
             shares: true,
             stores: true,
+            groups: [1, 1],
+            strided: true,
         }
     }
 
@@ -419,7 +456,8 @@ impl<'k> Writer<'k> {
     }
 
     fn open(&mut self, s: impl AsRef<str>) {
-        self.line(format!("{} {{", s.as_ref()));
+        let s = s.as_ref();
+        self.line(if s.is_empty() { "{".to_string() } else { format!("{s} {{") });
         self.indent += 1;
     }
 
@@ -547,10 +585,18 @@ impl<'k> Writer<'k> {
         let k = self.v.kernel();
         let par: Vec<usize> = (0..self.grid.len()).filter(|&a| !self.grid[a].seq).collect();
         let seq: Vec<usize> = (0..self.grid.len()).filter(|&a| self.grid[a].seq).collect();
-        self.open("for (var prog = wid.x; prog < PROGRAMS; prog += GROUPS)");
-        if self.shares {
-            // The workspace and scratch of the previous program are done with.
-            self.storage_barrier();
+        if self.strided {
+            self.open("for (var prog = gid; prog < PROGRAMS; prog += GROUPS)");
+            if self.shares {
+                // The workspace and scratch of the previous program are done with.
+                self.storage_barrier();
+            }
+        } else if u64::from(self.groups[0]) * u64::from(self.groups[1]) == self.programs {
+            self.open("");
+            self.line("let prog = gid;");
+        } else {
+            self.line("let prog = gid;");
+            self.open("if (prog < PROGRAMS)");
         }
         self.decode("prog", &par);
         let scratch: Vec<Param> = k.params_of(ParamKind::Scratch).cloned().collect();
@@ -610,7 +656,7 @@ impl<'k> Writer<'k> {
     fn each(&mut self, n: usize, mut body: impl FnMut(&mut Self)) {
         self.max_elements = self.max_elements.max(n);
         let slots = self.slots(n);
-        let guard = n % self.wg as usize != 0;
+        let guard = !n.is_multiple_of(self.wg as usize);
         let mut one = |w: &mut Self, slot: Option<usize>| {
             match slot {
                 Some(k) => {
@@ -799,7 +845,9 @@ impl<'k> Writer<'k> {
                 let d = self.dtype_of(&[a, b]);
                 self.elementwise(&dst, &[a, b], false, |_, x| compare(*op, d, &x[0], &x[1]));
             }
-            Op::Select(c, a, b) => self.elementwise(&dst, &[c, a, b], false, |_, x| format!("select({}, {}, {})", x[2], x[1], x[0])),
+            Op::Select(c, a, b) => {
+                self.elementwise(&dst, &[c, a, b], false, |_, x| format!("select({}, {}, {})", x[2], x[1], x[0]))
+            }
             Op::Cast(a) => {
                 let (from, to) = (self.dtype_of(&[a]), self.ty(&dst).dtype);
                 self.elementwise(&dst, &[a], false, |w, x| w.cast(from, to, &x[0]));
@@ -942,7 +990,7 @@ impl<'k> Writer<'k> {
         self.max_elements = self.max_elements.max(total);
         let id = self.declare_block(dst);
         let slots = self.slots(total);
-        let shared_col = self.wg as usize % n == 0;
+        let shared_col = (self.wg as usize).is_multiple_of(n);
         let a_at = |i: &str| {
             let idx = if trans_a { format!("r * {m}u + {i}") } else { format!("{i} * {kk}u + r") };
             from_word(da, &format!("tk_ws[wsb + {oa}u + {idx}]"))
@@ -1072,49 +1120,89 @@ impl<'k> Writer<'k> {
 
     // ---- memory ----
 
-    /// The region selected by `index` in `param`'s block: the start expression, length and
-    /// whether the dimension stays, per dimension.
-    fn region(&mut self, pi: usize, param: &Param, index: Option<&[Index]>) -> Vec<(String, usize, bool)> {
+    /// The region selected by `index` in `param`'s block, per dimension: the start expression,
+    /// the length, whether the dimension stays, and the range of the start over the whole grid
+    /// where it is known (no dynamic start).
+    fn region(&mut self, pi: usize, param: &Param, index: Option<&[Index]>) -> Vec<Dim> {
         let block = param.block_shape().to_vec();
         (0..block.len())
             .map(|d| {
-                let origin = if param.block.is_some() { format!("o{pi}_{d}") } else { "0i".into() };
+                let (origin, range) = match &param.block {
+                    Some(b) => {
+                        let e = &b.index[d];
+                        let (mut lo, mut hi) = (e.constant, e.constant);
+                        for (c, name) in &e.terms {
+                            let size = self.grid.iter().find(|a| &a.name == name).map_or(1, |a| a.size as i64);
+                            let (x, y) = (0, c.saturating_mul(size - 1));
+                            lo = lo.saturating_add(x.min(y));
+                            hi = hi.saturating_add(x.max(y));
+                        }
+                        let bs = block[d] as i64;
+                        (format!("o{pi}_{d}"), Some((lo.saturating_mul(bs), hi.saturating_mul(bs))))
+                    }
+                    None => ("0i".to_string(), Some((0, 0))),
+                };
                 let start = |w: &mut Self, o: &Operand| match o {
-                    Operand::Lit(l) => format!("({origin} + {}i)", l.as_i64() as i32),
+                    Operand::Lit(l) => {
+                        let v = l.as_i64();
+                        (format!("({origin} + {}i)", v as i32), range.map(|(lo, hi)| (lo + v, hi + v)))
+                    }
                     Operand::Value(v) => {
                         let id = w.ident(v);
                         let cast = if w.ty(v).dtype == DType::U32 { format!("bitcast<i32>({id})") } else { id };
-                        format!("({origin} + {cast})")
+                        (format!("({origin} + {cast})"), None)
                     }
                 };
-                match index.map(|ix| &ix[d]) {
-                    None | Some(Index::Full) => (origin, block[d], true),
-                    Some(Index::Slice { start: s, size }) => (start(self, s), *size, true),
-                    Some(Index::At(a)) => (start(self, a), 1, false),
-                }
+                let (start, len, keep, range) = match index.map(|ix| &ix[d]) {
+                    None | Some(Index::Full) => (origin.clone(), block[d], true, range),
+                    Some(Index::Slice { start: s, size }) => {
+                        let (st, r) = start(self, s);
+                        (st, *size, true, r)
+                    }
+                    Some(Index::At(a)) => {
+                        let (st, r) = start(self, a);
+                        (st, 1, false, r)
+                    }
+                };
+                Dim { start, len, keep, range }
             })
             .collect()
     }
 
-    /// Writes the bounds check and flat index of element `e` of a region; returns (ok, flat).
-    fn address(&mut self, region: &[(String, usize, bool)], dims: &[usize]) -> (String, String) {
-        let lens: Vec<usize> = region.iter().map(|r| r.1).collect();
+    /// Writes the flat index of element `e` of a region and its bounds check; returns (the
+    /// check, or `None` where every element is provably inside the array, and the flat index).
+    fn address(&mut self, region: &[Dim], dims: &[usize]) -> (Option<String>, String) {
+        let lens: Vec<usize> = region.iter().map(|r| r.len).collect();
         let (ls, ast) = (strides(&lens), strides(dims));
-        let (ok, flat) = (self.t(), self.t());
+        let flat = self.t();
         let mut conds = Vec::new();
         let mut terms = Vec::new();
-        for (d, (start, len, _)) in region.iter().enumerate() {
+        for (d, r) in region.iter().enumerate() {
             let g = self.t();
-            let pos = if *len == 1 { String::new() } else { format!("i32((e / {}u) % {len}u) + ", ls[d]) };
-            self.line(format!("let {g} = {pos}{start};"));
-            conds.push(format!("u32({g}) < {}u", dims[d]));
+            let pos = if r.len == 1 { String::new() } else { format!("i32((e / {}u) % {}u) + ", ls[d], r.len) };
+            self.line(format!("let {g} = {pos}{};", r.start));
+            // Drop the check where it is redundant (docs/language.md §5).
+            let inside = r.range.is_some_and(|(lo, hi)| lo >= 0 && hi + r.len as i64 <= dims[d] as i64);
+            if !inside {
+                conds.push(format!("u32({g}) < {}u", dims[d]));
+            }
             terms.push(format!("u32({g}) * {}u", ast[d]));
         }
-        let conds = if conds.is_empty() { "true".to_string() } else { conds.join(" && ") };
         let terms = if terms.is_empty() { "0u".to_string() } else { terms.join(" + ") };
-        self.line(format!("var {ok} = {conds};"));
         self.line(format!("let {flat} = {terms};"));
-        (ok, flat)
+        (if conds.is_empty() { None } else { Some(conds.join(" && ")) }, flat)
+    }
+
+    /// The bounds check and the mask together, as a `let`; `None` when neither applies.
+    fn access_ok(&mut self, check: Option<String>, mask: Option<String>) -> Option<String> {
+        let cond = match (check, mask) {
+            (None, None) => return None,
+            (Some(c), None) | (None, Some(c)) => c,
+            (Some(c), Some(m)) => format!("{c} && {m}"),
+        };
+        let ok = self.t();
+        self.line(format!("let {ok} = {cond};"));
+        Some(ok)
     }
 
     /// The storage expression of element `flat` of argument or scratch `p`.
@@ -1149,13 +1237,10 @@ impl<'k> Writer<'k> {
         }
         let other = literal(other.unwrap_or(Literal::Int(0)), d);
         let body = |w: &mut Self| -> String {
-            let (ok, flat) = w.address(&region, &p.ty.shape);
-            if let Some(m) = &mask_read {
-                let mv = w.read(m, DType::Bool, &res);
-                w.line(format!("{ok} = {ok} && {mv};"));
-            }
+            let (check, flat) = w.address(&region, &p.ty.shape);
+            let mv = mask_read.as_ref().map(|m| w.read(m, DType::Bool, &res));
+            let ok = w.access_ok(check, mv);
             let x = w.t();
-            w.line(format!("var {x}: {} = {other};", reg_ty(d)));
             let cell = w.cell(pi, &p, &flat);
             let val = if p.kind == ParamKind::Scratch {
                 from_word(d, &cell)
@@ -1164,7 +1249,13 @@ impl<'k> Writer<'k> {
             } else {
                 cell
             };
-            w.line(format!("if ({ok}) {{ {x} = {val}; }}"));
+            match ok {
+                Some(ok) => {
+                    w.line(format!("var {x}: {} = {other};", reg_ty(d)));
+                    w.line(format!("if ({ok}) {{ {x} = {val}; }}"));
+                }
+                None => w.line(format!("let {x}: {} = {val};", reg_ty(d))),
+            }
             x
         };
         if res.is_empty() {
@@ -1183,7 +1274,7 @@ impl<'k> Writer<'k> {
         let (pi, p) = self.param(dst);
         let d = p.ty.dtype;
         let region = self.region(pi, &p, index);
-        let sel: Vec<usize> = region.iter().filter(|r| r.2).map(|r| r.1).collect();
+        let sel: Vec<usize> = region.iter().filter(|r| r.keep).map(|r| r.len).collect();
         let vread = self.classify(value, &sel, false);
         let mask_read = mask.map(|m| self.classify(&Operand::Value(m.to_string()), &sel, false));
         if self.pending_store || self.pending_ref_load {
@@ -1194,11 +1285,9 @@ impl<'k> Writer<'k> {
         self.sync_reads(&reads);
         let n: usize = sel.iter().product();
         self.each(n, |w| {
-            let (ok, flat) = w.address(&region, &p.ty.shape);
-            if let Some(m) = &mask_read {
-                let mv = w.read(m, DType::Bool, &sel);
-                w.line(format!("{ok} = {ok} && {mv};"));
-            }
+            let (check, flat) = w.address(&region, &p.ty.shape);
+            let mv = mask_read.as_ref().map(|m| w.read(m, DType::Bool, &sel));
+            let ok = w.access_ok(check, mv);
             let v = w.read(&vread, d, &sel);
             let cell = w.cell(pi, &p, &flat);
             let word = if p.kind == ParamKind::Scratch {
@@ -1208,7 +1297,10 @@ impl<'k> Writer<'k> {
             } else {
                 v
             };
-            w.line(format!("if ({ok}) {{ {cell} = {word}; }}"));
+            match ok {
+                Some(ok) => w.line(format!("if ({ok}) {{ {cell} = {word}; }}")),
+                None => w.line(format!("{cell} = {word};")),
+            }
         });
         self.pending_store = true;
         self.saw_store = true;
@@ -1338,7 +1430,10 @@ impl<'k> Writer<'k> {
 
     // ---- module ----
 
-    fn finish(self, groups: u32) -> String {
+    fn finish(self) -> String {
+        let [gx, gy] = self.groups;
+        let groups = if gy == 1 { format!("{gx}") } else { format!("{gx}×{gy}") };
+        let walk = if self.strided { ", each walking the programs with a stride" } else { "" };
         let k = self.v.kernel();
         let mut m = String::new();
         let _ = writeln!(m, "// tessel: kernel `{}` for the wgpu backend", k.name);
@@ -1346,7 +1441,7 @@ impl<'k> Writer<'k> {
             self.grid.iter().map(|a| format!("{}: {}{}", a.name, a.size, if a.seq { " seq" } else { "" })).collect();
         let _ = writeln!(
             m,
-            "// grid ({}): {} programs on {groups} workgroups of {} invocations; {} workspace bytes per workgroup",
+            "// grid ({}): {} programs on {groups} workgroups of {} invocations{walk}; {} workspace bytes per workgroup",
             grid.join(", "),
             self.programs,
             self.wg,
@@ -1361,7 +1456,11 @@ impl<'k> Writer<'k> {
         );
         let _ = writeln!(m);
         let _ = writeln!(m, "const PROGRAMS: u32 = {}u;", self.programs);
-        let _ = writeln!(m, "const GROUPS: u32 = {groups}u;");
+        let _ = writeln!(
+            m,
+            "const GROUPS: u32 = {};",
+            if self.strided { format!("{gx}u") } else { format!("{}u", u64::from(gx) * u64::from(gy)) }
+        );
         let _ = writeln!(m, "const WS_WORDS: u32 = {}u;", self.next_word);
         let _ = writeln!(m);
         let mut binding = 0;
@@ -1397,8 +1496,9 @@ impl<'k> Writer<'k> {
         }
         let _ = writeln!(m, "@compute @workgroup_size({})", self.wg);
         let _ = writeln!(m, "fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {{");
+        m.push_str(&format!("    let gid = wid.y * {gx}u + wid.x;\n"));
         if self.next_word > 0 {
-            m.push_str("    let wsb = wid.x * WS_WORDS;\n");
+            m.push_str("    let wsb = gid * WS_WORDS;\n");
         }
         m.push_str(&self.out);
         m.push_str("}\n");

@@ -26,7 +26,11 @@ pub const NAME: &str = "wgpu";
 
 /// The wgpu backend.
 #[derive(Debug, Default)]
-pub struct Wgpu;
+pub struct Wgpu {
+    /// `supports` answers by [`Launch::key`]: they depend only on the request's text and meshes'
+    /// portable views, so a launch repeated does not verify its kernels again.
+    verdicts: std::sync::Mutex<std::collections::HashMap<[u8; 32], Result<(), BackendError>>>,
+}
 
 fn unsupported(msg: String) -> BackendError {
     BackendError::new(ErrorKind::Unsupported, msg)
@@ -80,7 +84,7 @@ fn check_type(what: &str, ty: &Type) -> Result<(), BackendError> {
 impl Wgpu {
     /// The backend object.
     pub fn new() -> Wgpu {
-        Wgpu
+        Wgpu::default()
     }
 
     /// Every refusal, then each kernel verified with its mesh and its grid sizes.
@@ -154,7 +158,17 @@ impl BackendImpl for Wgpu {
     }
 
     fn supports(&self, launch: &Launch<'_>) -> Result<(), BackendError> {
-        self.checked(launch).map(drop)
+        if let Some(v) = self.verdicts.lock().ok().and_then(|m| m.get(&launch.key).cloned()) {
+            return v;
+        }
+        let v = self.checked(launch).map(drop);
+        if let Ok(mut m) = self.verdicts.lock() {
+            if m.len() >= 4096 {
+                m.clear();
+            }
+            m.insert(launch.key, v.clone());
+        }
+        v
     }
 
     /// Each kernel's WGSL and dispatch.

@@ -42,9 +42,17 @@ pub struct Gpu {
     stray: Arc<Mutex<Vec<String>>>,
     lost: Arc<Mutex<Option<String>>>,
     pipelines: Mutex<HashMap<[u8; 32], Arc<Pipeline>>>,
+    /// The bind groups of the latest launches, by module and buffers (a launch repeated on the
+    /// same arrays reuses its own); a few only, since each holds its buffers alive.
+    bind_groups: Mutex<std::collections::VecDeque<(BindKey, wgpu::BindGroup)>>,
     workspace: Mutex<Option<wgpu::Buffer>>,
     description: String,
 }
+
+type BindKey = ([u8; 32], Vec<wgpu::Buffer>);
+
+/// Bind groups kept for reuse.
+const BIND_GROUPS_KEPT: usize = 16;
 
 struct Pipeline {
     pipeline: wgpu::ComputePipeline,
@@ -86,7 +94,12 @@ fn pick_adapter() -> Result<Adapter, String> {
         }
         _ => {
             let power = wgpu::PowerPreference::from_env().unwrap_or(wgpu::PowerPreference::HighPerformance);
-            let options = wgpu::RequestAdapterOptions { power_preference: power, force_fallback_adapter: false, compatible_surface: None, ..Default::default() };
+            let options = wgpu::RequestAdapterOptions {
+                power_preference: power,
+                force_fallback_adapter: false,
+                compatible_surface: None,
+                ..Default::default()
+            };
             pollster::block_on(instance.request_adapter(&options)).map_err(|e| {
                 format!(
                     "unavailable: no wgpu adapter ({e}); on Debian `apt-get install libvulkan1 mesa-vulkan-drivers` gives a software one"
@@ -145,6 +158,7 @@ pub fn gpu() -> Result<&'static Gpu, BackendError> {
             stray,
             lost,
             pipelines: Mutex::new(HashMap::new()),
+            bind_groups: Mutex::new(std::collections::VecDeque::new()),
             workspace: Mutex::new(None),
             description: a.description.clone(),
         })
@@ -201,12 +215,17 @@ impl Gpu {
     /// A zeroed buffer for an array of `ty`.
     pub fn alloc(&self, ty: &Type) -> Result<DeviceBuffer, BackendError> {
         let bytes = (ty.numel().max(1) as u64) * 4;
-        self.limit(format!("an array of {ty} ({bytes} bytes on the device)"), bytes, "maxBufferSize", self.limits.max_buffer_size)?;
+        self.limit(
+            format!("an array of {ty} ({bytes} bytes on the device)"),
+            bytes,
+            "maxBufferSize",
+            self.limits.max_buffer_size,
+        )?;
         self.limit(
             format!("an array of {ty} ({bytes} bytes on the device)"),
             bytes,
             "maxStorageBufferBindingSize",
-            u64::from(self.limits.max_storage_buffer_binding_size),
+            self.limits.max_storage_buffer_binding_size,
         )?;
         let buffer = self.scoped(&format!("a buffer of {bytes} bytes"), || {
             self.device.create_buffer(&wgpu::BufferDescriptor {
@@ -282,7 +301,7 @@ impl Gpu {
     }
 
     fn pipeline(&self, l: &Lowered) -> Result<Arc<Pipeline>, BackendError> {
-        let key = *blake3::hash(l.wgsl.as_bytes()).as_bytes();
+        let key = l.hash;
         if let Some(p) = self.pipelines.lock().map_err(|_| poisoned())?.get(&key) {
             return Ok(Arc::clone(p));
         }
@@ -317,18 +336,29 @@ impl Gpu {
             "maxComputeInvocationsPerWorkgroup",
             u64::from(lim.max_compute_invocations_per_workgroup.min(lim.max_compute_workgroup_size_x)),
         )?;
-        self.limit(what("its dispatch"), u64::from(l.groups), "maxComputeWorkgroupsPerDimension", u64::from(lim.max_compute_workgroups_per_dimension))?;
+        let most = u64::from(l.groups[0].max(l.groups[1]));
+        self.limit(
+            what("its dispatch"),
+            most,
+            "maxComputeWorkgroupsPerDimension",
+            u64::from(lim.max_compute_workgroups_per_dimension),
+        )?;
         let storage = l.bindings.len() as u64 + u64::from(l.workspace_words > 0);
-        self.limit(what("storage buffers"), storage, "maxStorageBuffersPerShaderStage", u64::from(lim.max_storage_buffers_per_shader_stage))?;
-        let ws = l.workspace_words * 4 * u64::from(l.groups);
-        self.limit(what("its workspace (bytes)"), ws, "maxStorageBufferBindingSize", u64::from(lim.max_storage_buffer_binding_size))?;
+        self.limit(
+            what("storage buffers"),
+            storage,
+            "maxStorageBuffersPerShaderStage",
+            u64::from(lim.max_storage_buffers_per_shader_stage),
+        )?;
+        let ws = l.workspace_words * 4 * u64::from(l.groups[0]) * u64::from(l.groups[1]);
+        self.limit(what("its workspace (bytes)"), ws, "maxStorageBufferBindingSize", lim.max_storage_buffer_binding_size)?;
         for (name, _) in &l.bindings {
             if let Some(b) = buffers.get(name) {
                 self.limit(
                     what(&format!("argument `{name}` (bytes)")),
                     b.buffer.size(),
                     "maxStorageBufferBindingSize",
-                    u64::from(lim.max_storage_buffer_binding_size),
+                    lim.max_storage_buffer_binding_size,
                 )?;
             }
         }
@@ -352,42 +382,65 @@ impl Gpu {
         Ok(b)
     }
 
-    /// Runs lowered kernels in order in one submission: outputs are zeroed, then dispatched.
+    /// The bind group of `l` over `bound` (binding `i` = `bound[i]`), reused when a launch of the
+    /// same module on the same buffers made one.
+    fn bind_group(&self, l: &Lowered, p: &Pipeline, bound: Vec<wgpu::Buffer>) -> Result<wgpu::BindGroup, BackendError> {
+        let key = (l.hash, bound);
+        let mut cache = self.bind_groups.lock().map_err(|_| poisoned())?;
+        if let Some((_, g)) = cache.iter().find(|(k, _)| *k == key) {
+            return Ok(g.clone());
+        }
+        let entries: Vec<wgpu::BindGroupEntry<'_>> = key
+            .1
+            .iter()
+            .enumerate()
+            .map(|(i, b)| wgpu::BindGroupEntry { binding: i as u32, resource: b.as_entire_binding() })
+            .collect();
+        let group =
+            self.device.create_bind_group(&wgpu::BindGroupDescriptor { label: None, layout: &p.layout, entries: &entries });
+        if cache.len() >= BIND_GROUPS_KEPT {
+            cache.pop_front();
+        }
+        cache.push_back((key, group.clone()));
+        Ok(group)
+    }
+
+    /// Runs lowered kernels in order in one submission: outputs are zeroed where the kernel does
+    /// not overwrite them whole, then dispatched.
     pub fn launch(&self, kernels: &[Lowered], buffers: &BTreeMap<String, DeviceBuffer>) -> Result<(), BackendError> {
         let mut prepared = Vec::new();
         for l in kernels {
             self.check_limits(l, buffers)?;
             let p = self.pipeline(l)?;
-            let ws_bytes = l.workspace_words * 4 * u64::from(l.groups);
-            let ws = if ws_bytes > 0 { Some(self.workspace(ws_bytes)?) } else { None };
-            let mut entries = Vec::new();
-            for (i, (name, _)) in l.bindings.iter().enumerate() {
+            let ws_bytes = l.workspace_words * 4 * u64::from(l.groups[0]) * u64::from(l.groups[1]);
+            let mut bound = Vec::with_capacity(l.bindings.len() + 1);
+            for (name, _) in &l.bindings {
                 let b = buffers.get(name).ok_or_else(|| {
                     err(ErrorKind::InvalidInput, format!("kernel `{}`: argument `{name}` has no buffer in this launch", l.name))
                 })?;
-                entries.push(wgpu::BindGroupEntry { binding: i as u32, resource: b.buffer.as_entire_binding() });
+                bound.push(b.buffer.clone());
             }
-            if let Some(ws) = &ws {
-                entries.push(wgpu::BindGroupEntry { binding: l.bindings.len() as u32, resource: ws.as_entire_binding() });
+            if ws_bytes > 0 {
+                bound.push(self.workspace(ws_bytes)?);
             }
-            let group = self.scoped(&format!("the arguments of kernel `{}`", l.name), || {
-                self.device.create_bind_group(&wgpu::BindGroupDescriptor { label: None, layout: &p.layout, entries: &entries })
-            })?;
-            prepared.push((l, p, group));
+            prepared.push((l, p, bound));
         }
-        self.scoped("the launch", || {
+        self.scoped("the launch", || -> Result<(), BackendError> {
             let mut enc = self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
-            for (l, p, group) in &prepared {
+            for (l, p, bound) in prepared {
+                let group = self.bind_group(l, &p, bound)?;
                 for name in &l.zeroed {
                     enc.clear_buffer(&buffers[name].buffer, 0, None);
                 }
-                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(&l.name), timestamp_writes: None });
+                let mut pass =
+                    enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(&l.name), timestamp_writes: None });
                 pass.set_pipeline(&p.pipeline);
-                pass.set_bind_group(0, group, &[]);
-                pass.dispatch_workgroups(l.groups, 1, 1);
+                pass.set_bind_group(0, &group, &[]);
+                pass.dispatch_workgroups(l.groups[0], l.groups[1], 1);
             }
             self.queue.submit([enc.finish()]);
-        })?;
+            Ok(())
+        })??;
         self.wait()
     }
 }
