@@ -9,9 +9,9 @@ use std::path::{Path, PathBuf};
 use common::*;
 
 fn kernel_files() -> Vec<PathBuf> {
-    let mut files: Vec<PathBuf> = ["examples", "tests/in"]
+    let mut files: Vec<PathBuf> = ["examples", "tests/in", "tests/in/regressions"]
         .iter()
-        .flat_map(|d| std::fs::read_dir(root().join(d)).expect("dir").filter_map(|e| Some(e.ok()?.path())))
+        .flat_map(|d| std::fs::read_dir(root().join(d)).into_iter().flatten().filter_map(|e| Some(e.ok()?.path())))
         .filter(|p| p.extension().is_some_and(|x| x == "tk"))
         .collect();
     files.sort();

@@ -612,6 +612,9 @@ impl<'k> Writer<'k> {
             self.open(format!("for (var step = 0u; step < {}u; step++)", self.steps));
             self.loop_barrier();
         }
+        if !looped && !seq.is_empty() {
+            self.line("let step = 0u;");
+        }
         self.decode("step", &seq);
         self.write_origins();
         let body = k.body.clone();

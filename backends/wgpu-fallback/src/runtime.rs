@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use half::{bf16, f16};
 use tessel_plugin_api::abi::{BackendError, ErrorKind};
 use tessel_plugin_api::array::{ArrayData, HostArray};
-use tessel_plugin_api::ir::{DType, Type};
+use tessel_plugin_api::ir::{DType, ParamKind, Type};
 
 use crate::emit::Lowered;
 
@@ -142,7 +142,7 @@ pub fn gpu() -> Result<&'static Gpu, BackendError> {
         let s = Arc::clone(&stray);
         device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
             if let Ok(mut v) = s.lock() {
-                v.push(e.to_string());
+                v.push(chain(&e));
             }
         }));
         let l = Arc::clone(&lost);
@@ -167,6 +167,20 @@ pub fn gpu() -> Result<&'static Gpu, BackendError> {
     .map_err(|e| err(ErrorKind::Unavailable, e.clone()))
 }
 
+/// An error with every cause after it (wgpu's own text says only "Validation Error").
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string().trim().to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let t = c.to_string();
+        if !text.contains(t.trim()) {
+            text = format!("{text}: {}", t.trim());
+        }
+        cause = c.source();
+    }
+    text
+}
+
 fn poisoned() -> BackendError {
     err(ErrorKind::Internal, "a wgpu runtime lock is poisoned")
 }
@@ -182,10 +196,10 @@ impl Gpu {
         let v = pollster::block_on(validation.pop());
         let o = pollster::block_on(oom.pop());
         if let Some(e) = o {
-            return Err(err(ErrorKind::Device, format!("the device ran out of memory while {what}: {e}")));
+            return Err(err(ErrorKind::Device, format!("the device ran out of memory while {what}: {}", chain(&e))));
         }
         if let Some(e) = v {
-            return Err(err(ErrorKind::Device, format!("wgpu refused {what}: {e}")));
+            return Err(err(ErrorKind::Device, format!("wgpu refused {what}: {}", chain(&e))));
         }
         self.check_alive()?;
         Ok(r)
@@ -310,15 +324,38 @@ impl Gpu {
                 label: Some(&l.name),
                 source: wgpu::ShaderSource::Wgsl(l.wgsl.as_str().into()),
             });
+            // An explicit layout: wgpu's derived one leaves out arguments the kernel never reads.
+            let storage = |binding: u32, read_only: bool| wgpu::BindGroupLayoutEntry {
+                binding,
+                visibility: wgpu::ShaderStages::COMPUTE,
+                ty: wgpu::BindingType::Buffer {
+                    ty: wgpu::BufferBindingType::Storage { read_only },
+                    has_dynamic_offset: false,
+                    min_binding_size: None,
+                },
+                count: None,
+            };
+            let mut entries: Vec<wgpu::BindGroupLayoutEntry> =
+                l.bindings.iter().enumerate().map(|(i, (_, kind))| storage(i as u32, *kind == ParamKind::In)).collect();
+            if l.workspace_words > 0 {
+                entries.push(storage(l.bindings.len() as u32, false));
+            }
+            let layout = self
+                .device
+                .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor { label: Some(&l.name), entries: &entries });
+            let pipeline_layout = self.device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                label: Some(&l.name),
+                bind_group_layouts: &[Some(&layout)],
+                immediate_size: 0,
+            });
             let pipeline = self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
                 label: Some(&l.name),
-                layout: None,
+                layout: Some(&pipeline_layout),
                 module: &module,
                 entry_point: Some("main"),
                 compilation_options: Default::default(),
                 cache: None,
             });
-            let layout = pipeline.get_bind_group_layout(0);
             Pipeline { pipeline, layout }
         })?;
         let p = Arc::new(p);

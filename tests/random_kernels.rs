@@ -1,0 +1,314 @@
+//! Random differential testing: well-typed kernels made from a seed (elementwise chains,
+//! reductions with broadcasting back, `dot`, masks from `iota`, ragged blocks, `when`, `for` with
+//! carried values, integer chains, outputs revisited along a `seq` axis) run on the interpreter
+//! and on wgpu with the same seeded inputs; they must agree within the dtype's tolerance (exact
+//! for integers). A disagreement is shrunk (fewer steps, smaller blocks, while it still
+//! disagrees) and saved under `tests/in/regressions/`, where `tests/wgpu.rs` runs it from then on.
+//!
+//! `TESSEL_RANDOM_KERNELS=N` sets how many kernels (default 60; the closing notes record runs of
+//! thousands). `TESSEL_RANDOM_SEED=S` starts elsewhere.
+
+mod common;
+
+use std::fmt::Write as _;
+
+use common::*;
+use rand::Rng;
+use rand_chacha::ChaCha8Rng;
+use tessel::{KernelLaunch, LaunchArgs, Runtime};
+
+/// The shape of one generated kernel: everything the text is made from.
+#[derive(Clone, Debug)]
+struct Spec {
+    seed: u64,
+    /// Block rows and columns; grid sizes; how much the array falls short of whole blocks.
+    r: usize,
+    c: usize,
+    gi: usize,
+    gj: usize,
+    short_r: usize,
+    short_c: usize,
+    /// `j` is a `seq` axis and the output accumulates over it.
+    seq: bool,
+    steps: usize,
+}
+
+impl Spec {
+    fn random(seed: u64) -> Spec {
+        let mut g = rng(seed);
+        let (r, c) = (g.random_range(1..=12), g.random_range(1..=40));
+        Spec {
+            seed,
+            r,
+            c,
+            gi: g.random_range(1..=4),
+            gj: g.random_range(1..=3),
+            short_r: g.random_range(0..r),
+            short_c: g.random_range(0..c),
+            seq: g.random_bool(0.3),
+            steps: g.random_range(1..=10),
+        }
+    }
+
+    fn height(&self) -> usize {
+        (self.r * self.gi - self.short_r).max(1)
+    }
+
+    fn width(&self) -> usize {
+        (self.c * self.gj - self.short_c).max(1)
+    }
+}
+
+/// Values of the body by shape class: full blocks `[R, C]` of f32 and of i32.
+struct Body {
+    text: String,
+    next: usize,
+    floats: Vec<String>,
+    ints: Vec<String>,
+    /// Float values computed only with exact operations from the inputs (safe to compare).
+    exact: Vec<String>,
+}
+
+impl Body {
+    fn fresh(&mut self) -> String {
+        self.next += 1;
+        format!("%v{}", self.next)
+    }
+
+    fn line(&mut self, s: &str) {
+        let _ = writeln!(self.text, "  {s}");
+    }
+
+    fn pick(g: &mut ChaCha8Rng, from: &[String]) -> String {
+        from[g.random_range(0..from.len())].clone()
+    }
+}
+
+/// The kernel text of a spec.
+fn generate(s: &Spec) -> String {
+    let mut g = rng(s.seed ^ 0x5eed);
+    let (r, c, h, w) = (s.r, s.c, s.height(), s.width());
+    let mut head = String::new();
+    let _ = writeln!(head, "# random kernel, seed {} (tests/random_kernels.rs)", s.seed);
+    let _ = writeln!(head, "kernel random_{}", s.seed);
+    let _ = writeln!(head, "  grid (i: {}, j: {}{})", s.gi, s.gj, if s.seq { " seq" } else { "" });
+    for name in ["x", "y"] {
+        let _ = writeln!(head, "  in  {name}: f32[{h}, {w}] block [{r}, {c}] at (i, j)");
+    }
+    let _ = writeln!(head, "  in  n: i32[{h}, {w}] block [{r}, {c}] at (i, j)");
+    let _ = writeln!(head, "  in  wt: f32[{c}, {c}]");
+    let out_w = if s.seq { c } else { w };
+    let at = if s.seq { "(i, 0)" } else { "(i, j)" };
+    let _ = writeln!(head, "  out o: f32[{h}, {out_w}] block [{r}, {c}] at {at}");
+    let _ = writeln!(head, "  out q: i32[{h}, {out_w}] block [{r}, {c}] at {at}");
+    let mut b = Body { text: String::new(), next: 0, floats: vec![], ints: vec![], exact: vec![] };
+    let full = format!("[{r}, {c}]");
+    b.line("%x = load x");
+    b.line("%y = load y");
+    b.line("%n = load n");
+    b.floats.extend(["%x".to_string(), "%y".to_string()]);
+    b.exact.extend(["%x".to_string(), "%y".to_string()]);
+    b.ints.push("%n".into());
+    for _ in 0..s.steps {
+        let v = b.fresh();
+        let a = Body::pick(&mut g, &b.floats);
+        let a2 = Body::pick(&mut g, &b.floats);
+        match g.random_range(0..13) {
+            0 => {
+                let op = ["add", "sub", "mul", "max", "min"][g.random_range(0..5)];
+                b.line(&format!("{v} = {op} {a}, {a2}"));
+            }
+            1 => {
+                let op = ["neg", "abs", "tanh", "logistic", "sin", "cos"][g.random_range(0..6)];
+                b.line(&format!("{v} = {op} {a}"));
+            }
+            2 => {
+                // Bounded first, so that exp cannot overflow.
+                let t = b.fresh();
+                b.line(&format!("{t} = tanh {a}"));
+                b.line(&format!("{v} = exp {t}"));
+            }
+            3 => {
+                let (t, u) = (b.fresh(), b.fresh());
+                b.line(&format!("{t} = abs {a2}"));
+                b.line(&format!("{u} = add {t}, 1.0"));
+                b.line(&format!("{v} = div {a}, {u}"));
+            }
+            4 => {
+                let t = b.fresh();
+                b.line(&format!("{t} = abs {a}"));
+                b.line(&format!("{v} = sqrt {t}"));
+            }
+            5 => {
+                // A reduction broadcast back: softmax's shape of computation.
+                let op = ["sum", "max", "min"][g.random_range(0..3)];
+                let axis = g.random_range(0..2);
+                let t = b.fresh();
+                b.line(&format!("{t} = {op} {a} axis {axis} keepdims"));
+                b.line(&format!("{v} = sub {a}, {t}"));
+            }
+            6 => {
+                // A reduction to a vector, then broadcast along the other axis.
+                let t = b.fresh();
+                b.line(&format!("{t} = sum {a} axis 0"));
+                b.line(&format!("{v} = mul {a}, {t}"));
+            }
+            7 => {
+                let (t, tr) = (b.fresh(), if g.random_bool(0.5) { " trans_b" } else { "" });
+                b.line(&format!("{t} = load wt"));
+                b.line(&format!("{v} = dot {a}, {t}{tr}"));
+            }
+            8 => {
+                // A mask from exact values only.
+                let (io, m) = (b.fresh(), b.fresh());
+                let dim = g.random_range(0..2);
+                let lim = g.random_range(0..=if dim == 0 { r } else { c });
+                b.line(&format!("{io} = iota {dim} : i32{full}"));
+                b.line(&format!("{m} = lt {io}, {lim}"));
+                b.line(&format!("{v} = select {m}, {a}, {a2}"));
+            }
+            9 => {
+                let (e1, e2) = (Body::pick(&mut g, &b.exact), Body::pick(&mut g, &b.exact));
+                let m = b.fresh();
+                b.line(&format!("{m} = gt {e1}, {e2}"));
+                b.line(&format!("{v} = select {m}, {a}, {a2}"));
+            }
+            10 => {
+                // A loop carrying a block.
+                let (t, acc, m1, m2) = (b.fresh(), b.fresh(), b.fresh(), b.fresh());
+                let trips = g.random_range(0..4);
+                b.line(&format!("{v} = for {t} = 0 to {trips} iter ({acc} = {a}) {{"));
+                b.line(&format!("  {m1} = mul {acc}, 0.5"));
+                b.line(&format!("  {m2} = add {m1}, {a2}"));
+                b.line(&format!("  yield {m2}"));
+                b.line("}");
+            }
+            11 => {
+                let i = Body::pick(&mut g, &b.ints);
+                let i2 = Body::pick(&mut g, &b.ints);
+                let e = match g.random_range(0..8) {
+                    0 => format!("add {i}, {i2}"),
+                    1 => format!("mul {i}, {i2}"),
+                    2 => format!("xor {i}, {i2}"),
+                    3 => format!("shr {i}, {}", g.random_range(0..5)),
+                    4 => format!("rem {i}, {}", [-7, 3, 5][g.random_range(0..3)]),
+                    5 => format!("div {i}, {}", [-3, 2, 9][g.random_range(0..3)]),
+                    6 => format!("max {i}, {i2}"),
+                    _ => format!("and {i}, {}", g.random_range(1..256)),
+                };
+                b.line(&format!("{v} = {e}"));
+                b.ints.push(v);
+                continue;
+            }
+            _ => {
+                let i = Body::pick(&mut g, &b.ints);
+                b.line(&format!("{v} = cast {i} : f32"));
+                b.floats.push(v.clone());
+                b.exact.push(v);
+                continue;
+            }
+        }
+        b.floats.push(v);
+    }
+    // Squash what may have grown, then store; a `when` stores only on the first row of programs.
+    let last = b.floats.last().cloned().expect("a float value");
+    let fin = b.fresh();
+    b.line(&format!("{fin} = tanh {last}"));
+    let qi = b.ints.last().cloned().expect("an int value");
+    if s.seq {
+        let (po, so, pq, sq) = (b.fresh(), b.fresh(), b.fresh(), b.fresh());
+        b.line(&format!("{po} = load o"));
+        b.line(&format!("{so} = add {po}, {fin}"));
+        b.line(&format!("store o, {so}"));
+        b.line(&format!("{pq} = load q"));
+        b.line(&format!("{sq} = add {pq}, {qi}"));
+        b.line(&format!("store q, {sq}"));
+    } else {
+        b.line(&format!("store o, {fin}"));
+        let (p, cnd) = (b.fresh(), b.fresh());
+        b.line(&format!("{p} = program_id i"));
+        b.line(&format!("{cnd} = eq {p}, 0"));
+        b.line(&format!("when {cnd} {{"));
+        b.line(&format!("  store q, {qi}"));
+        b.line("}");
+    }
+    format!("{head}{{\n{}}}\n", b.text)
+}
+
+/// `Ok` if wgpu agrees with the interpreter on the kernel, else what differs.
+fn differ(rt: &Runtime, text: &str, seed: u64) -> Result<(), String> {
+    let kernels = tessel::load_source("random.tk", text).map_err(|e| format!("does not verify: {e}"))?;
+    let k = &kernels[0];
+    let call = [KernelLaunch { kernel: k, mesh: None }];
+    let args = LaunchArgs { inputs: tessel::inputs::random_inputs(k.kernel(), seed), grid: Default::default() };
+    let want = rt.launch("interpret", &call, &[], &args).map_err(|e| format!("interpret: {e}"))?;
+    let got = rt.launch("wgpu", &call, &[], &args).map_err(|e| format!("wgpu: {e}"))?;
+    for ((name, w), (_, g)) in want.iter().zip(&got) {
+        let a = tessel_plugin_api::array::agreement(g, w);
+        if !a.within {
+            return Err(format!("output {name}: max abs error {} beyond {:?}", a.max_abs_error, a.tolerance));
+        }
+    }
+    Ok(())
+}
+
+/// The smallest spec derived from `s` that still disagrees: fewer steps, then smaller blocks
+/// and grids.
+fn shrink(rt: &Runtime, mut s: Spec) -> Spec {
+    loop {
+        let candidates = [
+            Spec { steps: s.steps.saturating_sub(1).max(1), ..s.clone() },
+            Spec { r: (s.r / 2).max(1), short_r: 0, ..s.clone() },
+            Spec { c: (s.c / 2).max(1), short_c: 0, ..s.clone() },
+            Spec { gi: 1, ..s.clone() },
+            Spec { gj: 1, ..s.clone() },
+            Spec { short_r: 0, short_c: 0, ..s.clone() },
+        ];
+        let next = candidates.into_iter().find(|c| {
+            let smaller =
+                (c.steps, c.r, c.c, c.gi, c.gj, c.short_r + c.short_c) != (s.steps, s.r, s.c, s.gi, s.gj, s.short_r + s.short_c);
+            smaller && differ(rt, &generate(c), c.seed).is_err()
+        });
+        match next {
+            Some(c) => s = c,
+            None => return s,
+        }
+    }
+}
+
+#[test]
+fn random_kernels_agree_on_interpret_and_wgpu() {
+    let Some(adapter) = wgpu_adapter("random differential kernels") else { return };
+    let rt = Runtime::new(&[]).unwrap();
+    let count: u64 = std::env::var("TESSEL_RANDOM_KERNELS").ok().and_then(|v| v.parse().ok()).unwrap_or(60);
+    let start: u64 = std::env::var("TESSEL_RANDOM_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or(1);
+    let mut failures = Vec::new();
+    for seed in start..start + count {
+        let spec = Spec::random(seed);
+        let text = generate(&spec);
+        if let Err(e) = differ(&rt, &text, seed) {
+            let small = shrink(&rt, spec);
+            let text = generate(&small);
+            let why = differ(&rt, &text, small.seed).err().unwrap_or(e);
+            let dir = root().join("tests/in/regressions");
+            std::fs::create_dir_all(&dir).unwrap();
+            let path = dir.join(format!("random_{seed}.tk"));
+            let why_lines: String = why.lines().map(|l| format!("# {}\n", l.trim_end())).collect();
+            std::fs::write(&path, format!("# found by tests/random_kernels.rs, shrunk:\n{why_lines}{text}")).unwrap();
+            failures.push(format!("seed {seed}: {why} (shrunk into {})", path.display()));
+        }
+    }
+    eprintln!("{count} random kernels from seed {start} on {adapter}: {} disagreements", failures.len());
+    assert!(failures.is_empty(), "wgpu disagrees with the interpreter:\n{}", failures.join("\n"));
+}
+
+#[test]
+fn the_generator_makes_kernels_that_verify_and_vary() {
+    let texts: Vec<String> = (1..=200).map(|seed| generate(&Spec::random(seed))).collect();
+    for t in &texts {
+        tessel::load_source("random.tk", t).unwrap_or_else(|e| panic!("{e}\n{t}"));
+    }
+    for op in ["dot", "sum", "for", "when", "select", "iota", "seq", "rem", "exp"] {
+        assert!(texts.iter().any(|t| t.contains(op)), "no generated kernel uses {op}");
+    }
+}
