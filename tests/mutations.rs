@@ -1,5 +1,5 @@
 //! A bounded fuzz test in the normal suite: 10,000 mutations of the example kernels go through
-//! parse, verify and every backend's lowering. None may panic, none may take a second, and every
+//! parse, verify and every backend's lowering (wgpu's WGSL through naga's validator). None may panic, none may take a second, and every
 //! error must carry `line:col`.
 
 mod common;
@@ -166,12 +166,21 @@ fn ten_thousand_mutated_kernels_never_panic() {
             verified += 1;
             for k in &kernels {
                 let call = [KernelLaunch { kernel: k, mesh: None }];
-                for backend in ["interpret", "mosaic-gpu"] {
+                for backend in ["interpret", "mosaic-gpu", "wgpu"] {
                     // A refusal is fine; a panic is not (the boundary would report it as one).
-                    if let Err(e) = rt.lower(backend, &call, &[], &Default::default()) {
-                        assert!(!e.to_string().contains("panicked"), "case {case}: {backend} panicked on\n{text}\n{e}");
-                    } else {
-                        lowered += 1;
+                    match rt.lower(backend, &call, &[], &Default::default()) {
+                        Err(e) => assert!(!e.to_string().contains("panicked"), "case {case}: {backend} panicked on\n{text}\n{e}"),
+                        Ok(stages) => {
+                            lowered += 1;
+                            // Whatever wgpu lowers, naga accepts.
+                            for (name, wgsl) in stages.iter().filter(|_| backend == "wgpu") {
+                                let module = naga::front::wgsl::parse_str(wgsl)
+                                    .unwrap_or_else(|e| panic!("case {case}: {name} does not parse:\n{}\n{text}", e.emit_to_string(wgsl)));
+                                naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::default())
+                                    .validate(&module)
+                                    .unwrap_or_else(|e| panic!("case {case}: naga rejects {name}:\n{}\n{text}", e.emit_to_string(wgsl)));
+                            }
+                        }
                     }
                 }
             }
