@@ -49,15 +49,24 @@ fn main() {
             Err(why) => println!("  {}: skipped, {why}", b.name),
         }
     }
+    // `auto` in one call, with its report: where it ran, why, and what it cost.
     let m = rt.mesh_for("interpret", mesh).expect("mesh");
     let call = [KernelLaunch { kernel, mesh: Some(&m) }];
-    match rt.choose(&call, &[], &args.grid) {
-        Ok((chosen, lines)) => {
-            println!("--backend auto would choose {chosen}:");
-            for l in lines {
-                println!("  {l}");
+    for attempt in ["first", "second"] {
+        match rt.run("auto", &call, &[], &args) {
+            Ok(r) => {
+                println!(
+                    "--backend auto, {attempt} launch: ran on {} (compile {:.2} ms{}, run {:.2} ms)",
+                    r.backend,
+                    r.compile.as_secs_f64() * 1e3,
+                    if r.cache_hit { ", from the compile cache" } else { "" },
+                    r.run.as_secs_f64() * 1e3
+                );
+                for l in r.decisions.iter().filter(|_| attempt == "first") {
+                    println!("  {l}");
+                }
             }
+            Err(e) => println!("--backend auto finds no backend: {e}"),
         }
-        Err(e) => println!("--backend auto finds no backend: {e}"),
     }
 }

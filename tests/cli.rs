@@ -242,8 +242,11 @@ fn auto_explains_every_skip_and_the_choice() {
     let chosen = lines.last().unwrap();
     let backend = chosen.trim_start_matches("auto: ").split(':').next().unwrap();
     assert!(r.stdout.contains(&format!("ran `matmul` on {backend}")), "{}", r.stdout);
-    if backend == "interpret" {
-        assert!(lines[0].contains("skipped, unavailable: "), "the reason mosaic-gpu was skipped: {}", r.stdout);
+    assert!(lines[0].contains("skipped, "), "the reason mosaic-gpu was skipped: {}", r.stdout);
+    // Where a wgpu adapter exists (always in CI: lavapipe), wgpu runs it.
+    if wgpu_adapter("auto chooses wgpu").is_some() {
+        assert_eq!(backend, "wgpu", "{}", r.stdout);
+        assert!(lines.iter().any(|l| l.starts_with("auto: wgpu: chosen (")), "the adapter is named: {}", r.stdout);
     }
     // A refusal is a reason to skip too: a dyn grid goes past mosaic-gpu whatever the machine.
     let r = tessel(&[
@@ -278,6 +281,11 @@ fn conformance_passes_on_interpret_and_skips_only_with_reasons_on_mosaic() {
         r.stdout.contains("refuse  device(x: 2, y: 4) as a kernel mesh")
             && r.stdout.contains("Mesh device(x: 2, y: 4) is not supported")
     );
+    if wgpu_adapter("conformance on wgpu").is_some() {
+        let r = tessel(&["conformance", "--backend", "wgpu"]);
+        assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+        assert!(r.stdout.contains(" 0 skipped, 0 failed"), "{}", r.stdout);
+    }
     let r = tessel(&["conformance", "--backend", "nope"]);
     assert_user_error(&r, &["unknown backend `nope`"]);
 }
@@ -305,4 +313,22 @@ fn bench_reports_compile_and_run_time_and_throughput() {
     assert!(r.stdout.contains("dot: 0.034 GFLOP"), "{}", r.stdout);
     let r = tessel(&["bench", &example("add"), "--runs", "2"]);
     assert!(!r.stdout.contains("GFLOP"), "no dot, no GFLOP/s: {}", r.stdout);
+}
+
+#[test]
+fn a_reported_launch_says_where_it_ran_why_and_whether_it_compiled() {
+    use tessel::{KernelLaunch, LaunchArgs, Runtime};
+    let rt = Runtime::new(&[]).unwrap();
+    let k = tessel::load_file(&root().join("examples/add.tk")).unwrap().remove(0);
+    let call = [KernelLaunch { kernel: &k, mesh: None }];
+    let args = LaunchArgs { inputs: tessel::inputs::random_inputs(k.kernel(), 3), grid: Default::default() };
+    let first = rt.run("auto", &call, &[], &args).unwrap();
+    assert!(first.decisions[0].starts_with("mosaic-gpu: "), "{:?}", first.decisions);
+    assert!(first.decisions.last().unwrap().starts_with(&format!("{}: chosen", first.backend)), "{:?}", first.decisions);
+    assert!(!first.cache_hit);
+    let second = rt.run(&first.backend, &call, &[], &args).unwrap();
+    assert!(second.cache_hit, "the second launch of the same kernel is not lowered again");
+    assert_eq!(second.outputs, first.outputs);
+    let want = rt.launch("interpret", &call, &[], &args).unwrap();
+    assert!(tessel_plugin_api::array::agreement(&first.outputs[0].1, &want[0].1).within);
 }

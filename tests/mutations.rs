@@ -174,11 +174,17 @@ fn ten_thousand_mutated_kernels_never_panic() {
                             lowered += 1;
                             // Whatever wgpu lowers, naga accepts.
                             for (name, wgsl) in stages.iter().filter(|_| backend == "wgpu") {
-                                let module = naga::front::wgsl::parse_str(wgsl)
-                                    .unwrap_or_else(|e| panic!("case {case}: {name} does not parse:\n{}\n{text}", e.emit_to_string(wgsl)));
-                                naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::default())
-                                    .validate(&module)
-                                    .unwrap_or_else(|e| panic!("case {case}: naga rejects {name}:\n{}\n{text}", e.emit_to_string(wgsl)));
+                                let module = naga::front::wgsl::parse_str(wgsl).unwrap_or_else(|e| {
+                                    panic!("case {case}: {name} does not parse:\n{}\n{text}", e.emit_to_string(wgsl))
+                                });
+                                naga::valid::Validator::new(
+                                    naga::valid::ValidationFlags::all(),
+                                    naga::valid::Capabilities::default(),
+                                )
+                                .validate(&module)
+                                .unwrap_or_else(|e| {
+                                    panic!("case {case}: naga rejects {name}:\n{}\n{text}", e.emit_to_string(wgsl))
+                                });
                             }
                         }
                     }

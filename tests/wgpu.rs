@@ -274,3 +274,28 @@ fn programs_whose_workspace_exceeds_a_binding_take_turns_on_fewer_workgroups() {
     assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
     assert!(r.stdout.contains("check o: max abs error") && r.stdout.contains(": ok"), "{}", r.stdout);
 }
+
+#[test]
+fn an_array_too_large_for_the_device_is_refused_naming_the_limit() {
+    let Some(_) = wgpu_adapter("wgpu array over the limits") else { return };
+    // 2^31 - 1 f32 (8 GiB on the device): past every adapter's buffer and binding limits. The
+    // output is never made on the host: the device refuses it first.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("huge.tk");
+    std::fs::write(
+        &path,
+        "kernel huge\n  in x: f32[4]\n  out o: f32[2147483647] block [4] at (0)\n{\n  %x = load x\n  store o, %x\n}\n",
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let r = tessel(&["run", path.to_str().unwrap(), "--backend", "wgpu", "--out-dir", out.to_str().unwrap()]);
+    assert_eq!(r.code, 1, "{}{}", r.stdout, r.stderr);
+    assert!(
+        r.stderr.contains(
+            "an array of f32[2147483647] (8589934588 bytes on the device) needs 8589934588, more than this adapter's max"
+        ),
+        "{}",
+        r.stderr
+    );
+    assert!(!out.join("o.npy").exists(), "nothing written");
+}

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use tessel_plugin_api::ir::{self, Verified};
 use tessel_plugin_api::launch::LaunchError;
 
-pub use runtime::{DeviceArray, KernelLaunch, Runtime};
+pub use runtime::{DeviceArray, KernelLaunch, Report, Runtime};
 pub use tessel_plugin_api::array::{HostArray, Tolerance};
 pub use tessel_plugin_api::launch::LaunchArgs;
 

@@ -9,7 +9,7 @@ use tessel_plugin_api::abi::{
     BackendError, BufferArg, CacheStats, GridSize, IR_FORMAT_VERSION, KernelCall, LaunchRequest, Mesh, MeshBox, RMeshView,
 };
 use tessel_plugin_api::backend::{cache_key, make_mesh_object, mesh_view};
-use tessel_plugin_api::ir::{ParamKind, Type, Verified, print_kernel};
+use tessel_plugin_api::ir::{ParamKind, Type, Verified};
 use tessel_plugin_api::launch::check_inputs;
 use tessel_plugin_api::mesh::MeshSpec;
 
@@ -260,6 +260,52 @@ impl Runtime {
     }
 }
 
+/// What a launch by [`Runtime::run`] did: its outputs and the report shared launch code logs.
+#[derive(Debug)]
+pub struct Report {
+    /// Every output of every kernel, in launch order.
+    pub outputs: Vec<(String, HostArray)>,
+    /// The backend that ran it.
+    pub backend: String,
+    /// One line per backend `auto` tried: why it was skipped, or that it was chosen.
+    pub decisions: Vec<String>,
+    /// Time to lower (zero when the backend's compile cache had it).
+    pub compile: std::time::Duration,
+    /// Time of the launch itself: uploads, run, downloads.
+    pub run: std::time::Duration,
+    /// Whether the backend's in-memory compile cache held the launch already.
+    pub cache_hit: bool,
+}
+
+impl Runtime {
+    /// Launches on `backend`, or on the first that takes it when `backend` is `auto` (see
+    /// [`Runtime::choose`]), and reports what ran where, why, and how long it took.
+    pub fn run(&self, backend: &str, kernels: &[KernelLaunch<'_>], externals: &[&MeshBox], args: &LaunchArgs) -> Result<Report> {
+        let (backend, decisions) = if backend == "auto" {
+            self.choose(kernels, externals, &args.grid)?
+        } else {
+            self.backend(backend)?;
+            (backend.to_string(), vec![format!("{backend}: chosen by name")])
+        };
+        let before = self.cache_stats(&backend)?;
+        let start = std::time::Instant::now();
+        self.lower(&backend, kernels, externals, &args.grid)?;
+        let compile = start.elapsed();
+        let cache_hit = self.cache_stats(&backend)?.hits > before.hits;
+        let start = std::time::Instant::now();
+        let outputs = self.launch(&backend, kernels, externals, args)?;
+        let run = start.elapsed();
+        Ok(Report {
+            outputs,
+            backend,
+            decisions,
+            compile: if cache_hit { std::time::Duration::ZERO } else { compile },
+            run,
+            cache_hit,
+        })
+    }
+}
+
 /// An array in a backend's memory, made by [`Runtime::upload`] or [`Runtime::alloc`]: it stays
 /// there between launches ([`Runtime::launch_resident`]) until [`Runtime::free`].
 #[derive(Debug)]
@@ -388,8 +434,10 @@ fn with_request<T, E>(
     grid: &BTreeMap<String, u64>,
     f: impl FnOnce(&LaunchRequest<'_>) -> std::result::Result<T, E>,
 ) -> std::result::Result<T, E> {
-    let source: Vec<String> = kernels.iter().map(|k| print_kernel(k.kernel.kernel())).collect();
-    let source = source.join("\n");
+    let source: std::borrow::Cow<'_, str> = match kernels {
+        [one] => one.kernel.text().into(),
+        _ => kernels.iter().map(|k| k.kernel.text()).collect::<Vec<_>>().join("\n").into(),
+    };
     let calls: Vec<KernelCall<'_>> = kernels
         .iter()
         .map(|k| KernelCall { kernel: RStr::from_str(k.kernel.name()), mesh: k.mesh.map_or(ROption::RNone, ROption::RSome) })

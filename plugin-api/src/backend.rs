@@ -20,7 +20,7 @@ use crate::mesh::{AxisRole, MeshAxis, MeshSpec};
 /// One (kernel, mesh) pair of a decoded launch.
 pub struct Call<'a> {
     /// The kernel as parsed from the request (not yet verified: its grid may come from the mesh).
-    pub kernel: Kernel,
+    pub kernel: Arc<Kernel>,
     /// Its mesh, if the launch gave one.
     pub mesh: Option<&'a MeshBox>,
 }
@@ -89,6 +89,7 @@ pub fn export<B: BackendImpl>(backend: B) -> BackendBox {
         buffers: Mutex::new(HashMap::new()),
         next: AtomicU64::new(1),
         compiled: Mutex::new(HashMap::new()),
+        decoded: Mutex::new(HashMap::new()),
         hits: AtomicU64::new(0),
         misses: AtomicU64::new(0),
     };
@@ -151,6 +152,9 @@ struct Exported<B: BackendImpl> {
     next: AtomicU64,
     /// Compiled launches by [`cache_key`].
     compiled: Mutex<HashMap<[u8; 32], Arc<B::Compiled>>>,
+    /// The parsed kernels of recent requests, by [`request_key`]: a launch repeated is not
+    /// parsed again.
+    decoded: Mutex<HashMap<[u8; 32], Arc<Vec<Arc<Kernel>>>>>,
     hits: AtomicU64,
     misses: AtomicU64,
 }
@@ -203,25 +207,37 @@ fn invalid(msg: impl Into<String>) -> BackendError {
 
 /// Decodes a request: format version, kernel text, kernels by name.
 pub fn decode<'a>(req: &LaunchRequest<'a>) -> Result<Launch<'a>, BackendError> {
+    decode_keyed(req, request_key(req), None)
+}
+
+/// [`decode`] with the request's key known, and the kernels when an earlier decoding of the same
+/// request made them.
+fn decode_keyed<'a>(req: &LaunchRequest<'a>, key: [u8; 32], known: Option<&[Arc<Kernel>]>) -> Result<Launch<'a>, BackendError> {
     if req.ir_format != IR_FORMAT_VERSION {
         return Err(invalid(format!(
             "the host sent kernel text format {}, this backend reads format {IR_FORMAT_VERSION}\n  rebuild the plugin against the host's tessel-plugin-api",
             req.ir_format
         )));
     }
-    let module = ir::parse(req.source.as_str()).map_err(|d| invalid(format!("the kernel text does not parse:\n{d}")))?;
-    let calls =
-        req.calls
-            .iter()
-            .map(|c| {
-                let kernel = module.kernels.iter().find(|k| k.name == c.kernel.as_str()).cloned().ok_or_else(|| {
-                    invalid(format!("the request names kernel `{}`, which its source does not define", c.kernel))
-                })?;
-                Ok(Call { kernel, mesh: c.mesh.into_option() })
-            })
-            .collect::<Result<Vec<_>, BackendError>>()?;
+    let calls = match known {
+        Some(kernels) => {
+            req.calls.iter().zip(kernels).map(|(c, k)| Call { kernel: Arc::clone(k), mesh: c.mesh.into_option() }).collect()
+        }
+        None => {
+            let module = ir::parse(req.source.as_str()).map_err(|d| invalid(format!("the kernel text does not parse:\n{d}")))?;
+            req.calls
+                .iter()
+                .map(|c| {
+                    let kernel = module.kernels.iter().find(|k| k.name == c.kernel.as_str()).cloned().ok_or_else(|| {
+                        invalid(format!("the request names kernel `{}`, which its source does not define", c.kernel))
+                    })?;
+                    Ok(Call { kernel: Arc::new(kernel), mesh: c.mesh.into_option() })
+                })
+                .collect::<Result<Vec<_>, BackendError>>()?
+        }
+    };
     let grid = req.grid.iter().map(|g| (g.axis.to_string(), g.size)).collect();
-    Ok(Launch { calls, external_meshes: req.external_meshes.iter().copied().collect(), grid, key: request_key(req) })
+    Ok(Launch { calls, external_meshes: req.external_meshes.iter().copied().collect(), grid, key })
 }
 
 /// The portable view of a mesh object as a [`MeshSpec`].
@@ -320,7 +336,26 @@ pub fn verify_with_mesh(kernel: &Kernel, mesh: Option<&MeshSpec>) -> Result<Veri
     Ok(v)
 }
 
+/// Requests whose parsed kernels are kept.
+const DECODED_KEPT: usize = 256;
+
 impl<B: BackendImpl> Exported<B> {
+    /// [`decode`], reusing the kernels parsed for the same request before.
+    fn decode<'a>(&self, req: &LaunchRequest<'a>) -> Result<Launch<'a>, BackendError> {
+        let key = request_key(req);
+        let known = self.decoded.lock().ok().and_then(|m| m.get(&key).cloned());
+        let launch = decode_keyed(req, key, known.as_deref().map(Vec::as_slice))?;
+        if known.is_none()
+            && let Ok(mut m) = self.decoded.lock()
+        {
+            if m.len() >= DECODED_KEPT {
+                m.clear();
+            }
+            m.insert(key, Arc::new(launch.calls.iter().map(|c| Arc::clone(&c.kernel)).collect()));
+        }
+        Ok(launch)
+    }
+
     /// Asks `supports`, then returns the compiled launch from the cache or compiles it.
     fn compiled(&self, launch: &Launch<'_>) -> Result<Arc<B::Compiled>, BackendError> {
         self.backend.supports(launch)?;
@@ -415,12 +450,12 @@ impl<B: BackendImpl> Backend for Exported<B> {
     }
 
     fn supports(&self, req: &LaunchRequest<'_>) -> RResult<(), BackendError> {
-        guard("supports", || self.backend.supports(&decode(req)?))
+        guard("supports", || self.backend.supports(&self.decode(req)?))
     }
 
     fn lower(&self, req: &LaunchRequest<'_>) -> RResult<RVec<Stage>, BackendError> {
         guard("lower", || {
-            let compiled = self.compiled(&decode(req)?)?;
+            let compiled = self.compiled(&self.decode(req)?)?;
             let stages = self.backend.stages(&compiled);
             Ok(stages.into_iter().map(|(name, text)| Stage { name: name.into(), text: text.into() }).collect())
         })
@@ -474,7 +509,7 @@ impl<B: BackendImpl> Backend for Exported<B> {
 
     fn launch(&self, req: &LaunchRequest<'_>, args: RSlice<'_, BufferArg<'_>>) -> RResult<(), BackendError> {
         guard("launch", || {
-            let launch = decode(req)?;
+            let launch = self.decode(req)?;
             let compiled = self.compiled(&launch)?;
             let taken = self.take_buffers(args)?;
             let ids: BTreeMap<String, u64> = taken.iter().map(|(n, (id, _))| (n.clone(), *id)).collect();

@@ -13,6 +13,8 @@ pub struct Verified {
     kernel: Kernel,
     types: HashMap<String, Type>,
     mesh_axes: Vec<String>,
+    /// The canonical text, printed once on first use (every launch sends it to the backend).
+    text: std::sync::OnceLock<String>,
 }
 
 impl Verified {
@@ -29,6 +31,11 @@ impl Verified {
     /// The type of the value `%name` (any scope).
     pub fn value_type(&self, name: &str) -> &Type {
         self.types.get(name).unwrap_or_else(|| panic!("verified kernel has no value %{name}"))
+    }
+
+    /// The kernel's canonical text ([`print_kernel`](super::print_kernel)), printed once.
+    pub fn text(&self) -> &str {
+        self.text.get_or_init(|| super::print_kernel(&self.kernel))
     }
 
     /// The kernel's name.
@@ -83,7 +90,7 @@ pub fn verify(kernel: &Kernel) -> Result<Verified, Diagnostics> {
     let (diags, types, mesh_axes) = (c.diags, c.types, c.mesh_axes);
     kernel.body = body;
     if diags.is_empty() {
-        Ok(Verified { kernel, types, mesh_axes })
+        Ok(Verified { kernel, types, mesh_axes, text: std::sync::OnceLock::new() })
     } else {
         let mut diags = diags;
         diags.sort_by_key(|d| d.span.start);
