@@ -287,9 +287,12 @@ impl Runtime {
             self.backend(backend)?;
             (backend.to_string(), vec![format!("{backend}: chosen by name")])
         };
+        let b = self.backend(&backend)?;
         let before = self.cache_stats(&backend)?;
         let start = std::time::Instant::now();
-        self.lower(&backend, kernels, externals, &args.grid)?;
+        // Lowered through the backend's in-memory cache (the launch below then finds it there).
+        with_request(kernels, externals, &args.grid, |req| b.backend.lower(req).into_result())
+            .map_err(|e| backend_error(b, e))?;
         let compile = start.elapsed();
         let cache_hit = self.cache_stats(&backend)?.hits > before.hits;
         let start = std::time::Instant::now();

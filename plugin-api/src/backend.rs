@@ -154,7 +154,7 @@ struct Exported<B: BackendImpl> {
     compiled: Mutex<HashMap<[u8; 32], Arc<B::Compiled>>>,
     /// The parsed kernels of recent requests, by [`request_key`]: a launch repeated is not
     /// parsed again.
-    decoded: Mutex<HashMap<[u8; 32], Arc<Vec<Arc<Kernel>>>>>,
+    decoded: Mutex<HashMap<[u8; 32], ParsedKernels>>,
     hits: AtomicU64,
     misses: AtomicU64,
 }
@@ -335,6 +335,9 @@ pub fn verify_with_mesh(kernel: &Kernel, mesh: Option<&MeshSpec>) -> Result<Veri
     }
     Ok(v)
 }
+
+/// The kernels of one request, parsed.
+type ParsedKernels = Arc<Vec<Arc<Kernel>>>;
 
 /// Requests whose parsed kernels are kept.
 const DECODED_KEPT: usize = 256;
