@@ -4,11 +4,11 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use abi_stable::std_types::{ROption, RSlice, RStr, RString};
+use abi_stable::std_types::{ROption, RSlice, RStr};
 use tessel_plugin_api::abi::{
-    BackendError, BufferArg, CacheStats, GridSize, IR_FORMAT_VERSION, KernelCall, LaunchRequest, Mesh, MeshBox, RMeshView,
+    BackendError, BufferArg, CacheStats, GridSize, IR_FORMAT_VERSION, KernelCall, LaunchRequest, MeshBox,
 };
-use tessel_plugin_api::backend::{cache_key, make_mesh_object, mesh_view};
+use tessel_plugin_api::backend::{cache_key, make_mesh_object};
 use tessel_plugin_api::ir::{ParamKind, Type, Verified};
 use tessel_plugin_api::launch::check_inputs;
 use tessel_plugin_api::mesh::MeshSpec;
@@ -18,18 +18,7 @@ use crate::{Error, HostArray, LaunchArgs, Result};
 
 /// A `grid(...)` or `device(...)` mesh made by the host: foreign to every plugin, which reads its
 /// portable view (or refuses it, as Mosaic GPU does).
-#[derive(Debug)]
-pub struct HostMesh(pub MeshSpec);
-
-impl Mesh for HostMesh {
-    fn view(&self) -> RMeshView {
-        mesh_view(&self.0)
-    }
-
-    fn display(&self) -> RString {
-        self.0.to_string().into()
-    }
-}
+pub use tessel_plugin_api::backend::SpecMesh as HostMesh;
 
 /// One kernel of a launch with its mesh.
 pub struct KernelLaunch<'a> {

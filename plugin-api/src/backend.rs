@@ -261,6 +261,21 @@ pub fn mesh_spec(mesh: &MeshBox) -> MeshSpec {
     }
 }
 
+/// A mesh that is its portable spec and nothing more: what the host makes from `grid(...)` and
+/// `device(...)` text, and what backends that read portable views make for themselves.
+#[derive(Clone, Debug)]
+pub struct SpecMesh(pub MeshSpec);
+
+impl Mesh for SpecMesh {
+    fn view(&self) -> RMeshView {
+        mesh_view(&self.0)
+    }
+
+    fn display(&self) -> RString {
+        self.0.to_string().into()
+    }
+}
+
 /// The portable view of a [`MeshSpec`], for `Mesh::view`.
 pub fn mesh_view(spec: &MeshSpec) -> RMeshView {
     RMeshView {

@@ -2,24 +2,11 @@
 //! portable view of any other kernel mesh (its grid and cluster axes become parallel grid axes,
 //! its thread axes extra parallel programs); only `device(...)` meshes are refused.
 
-use abi_stable::std_types::RString;
-use tessel_plugin_api::abi::{BackendError, ErrorKind, Mesh, MeshBox, RMeshView};
-use tessel_plugin_api::backend::{make_mesh_object, mesh_view};
+use tessel_plugin_api::abi::{BackendError, ErrorKind, MeshBox};
+/// A grid mesh made by this backend (its spec, nothing more).
+pub use tessel_plugin_api::backend::SpecMesh as InterpretMesh;
+use tessel_plugin_api::backend::make_mesh_object;
 use tessel_plugin_api::mesh::MeshSpec;
-
-/// A grid mesh made by this backend.
-#[derive(Debug)]
-pub struct InterpretMesh(pub MeshSpec);
-
-impl Mesh for InterpretMesh {
-    fn view(&self) -> RMeshView {
-        mesh_view(&self.0)
-    }
-
-    fn display(&self) -> RString {
-        self.0.to_string().into()
-    }
-}
 
 /// `make_mesh`: `grid(...)` only.
 pub fn make(spec: &MeshSpec) -> Result<MeshBox, BackendError> {

@@ -902,9 +902,9 @@ impl<'k> Writer<'k> {
         Ok(())
     }
 
-    /// A block (or scalar) result whose elements read other elements of `srcs`: the sources are
-    /// published; `f` gets their word offsets and writes the element expression for `e`.
-    fn gather(&mut self, dst: &str, srcs: &[&str], f: impl Fn(&mut Self, &[u64]) -> String) {
+    /// Values whose elements are read by other invocations: they are published (pass 2), and
+    /// a barrier separates their publication from the reads. Returns their word offsets.
+    fn read_published(&mut self, srcs: &[&str]) -> Vec<u64> {
         let reads: Vec<Read> = srcs
             .iter()
             .map(|s| {
@@ -913,7 +913,13 @@ impl<'k> Writer<'k> {
             })
             .collect();
         self.sync_reads(&reads.iter().collect::<Vec<_>>());
-        let offs: Vec<u64> = srcs.iter().map(|s| self.offsets.get(*s).copied().unwrap_or(0)).collect();
+        srcs.iter().map(|s| self.offsets.get(*s).copied().unwrap_or(0)).collect()
+    }
+
+    /// A block (or scalar) result whose elements read other elements of `srcs`: the sources are
+    /// published; `f` gets their word offsets and writes the element expression for `e`.
+    fn gather(&mut self, dst: &str, srcs: &[&str], f: impl Fn(&mut Self, &[u64]) -> String) {
+        let offs = self.read_published(srcs);
         let ty = self.ty(dst);
         if ty.is_scalar() {
             self.broadcast_scalar(dst, ty.dtype, |w| f(w, &offs));
@@ -980,15 +986,8 @@ impl<'k> Writer<'k> {
         let (m, kk) = if trans_a { (ash[1], ash[0]) } else { (ash[0], ash[1]) };
         let n = if trans_b { bsh[0] } else { bsh[1] };
         let da = self.ty(a).dtype;
-        let reads: Vec<Read> = [a, b]
-            .iter()
-            .map(|s| {
-                self.wanted.insert(s.to_string());
-                Read::Shared { name: s.to_string(), shape: Vec::new(), linear: false }
-            })
-            .collect();
-        self.sync_reads(&reads.iter().collect::<Vec<_>>());
-        let (oa, ob) = (self.offsets.get(a).copied().unwrap_or(0), self.offsets.get(b).copied().unwrap_or(0));
+        let offs = self.read_published(&[a, b]);
+        let (oa, ob) = (offs[0], offs[1]);
         let total = m * n;
         self.max_elements = self.max_elements.max(total);
         let id = self.declare_block(dst);

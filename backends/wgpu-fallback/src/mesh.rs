@@ -3,24 +3,11 @@
 //! become parallel workgroup axes and its thread axis extra programs (docs/language.md §8).
 //! `device(...)` meshes are refused.
 
-use abi_stable::std_types::RString;
-use tessel_plugin_api::abi::{BackendError, ErrorKind, Mesh, MeshBox, RMeshView};
-use tessel_plugin_api::backend::{make_mesh_object, mesh_view};
+use tessel_plugin_api::abi::{BackendError, ErrorKind, MeshBox};
+/// A mesh made by this backend (its spec, nothing more).
+pub use tessel_plugin_api::backend::SpecMesh as WgpuMesh;
+use tessel_plugin_api::backend::make_mesh_object;
 use tessel_plugin_api::mesh::{AxisRole, MeshSpec};
-
-/// A mesh made by this backend.
-#[derive(Debug)]
-pub struct WgpuMesh(pub MeshSpec);
-
-impl Mesh for WgpuMesh {
-    fn view(&self) -> RMeshView {
-        mesh_view(&self.0)
-    }
-
-    fn display(&self) -> RString {
-        self.0.to_string().into()
-    }
-}
 
 /// `make_mesh`: a `grid(...)` or `wgpu(...)` spec as it is; any other kernel mesh spec becomes a
 /// `wgpu(...)` mesh whose axes are all grid axes.
