@@ -542,6 +542,14 @@ impl<B: BackendImpl> Backend for Exported<B> {
     }
 }
 
+/// The refusal of an upload whose array is not of the buffer's type (for [`BackendImpl::upload`]).
+pub fn check_upload(buffer: &Type, data: &HostArray) -> Result<(), BackendError> {
+    if data.ty() != *buffer {
+        return Err(invalid(format!("cannot upload {} into a buffer of {buffer}", data.ty())));
+    }
+    Ok(())
+}
+
 /// Makes a mesh object from a value owned by the caller's library (`TD_CanDowncast`), so that
 /// only that library can downcast it back.
 pub fn make_mesh_object<M: Mesh + 'static>(mesh: M) -> MeshBox {

@@ -195,12 +195,7 @@ impl BackendImpl for Interpreter {
     }
 
     fn upload(&self, buffer: &mut HostArray, data: HostArray) -> Result<(), BackendError> {
-        if data.ty() != buffer.ty() {
-            return Err(BackendError::new(
-                ErrorKind::InvalidInput,
-                format!("cannot upload {} into a buffer of {}", data.ty(), buffer.ty()),
-            ));
-        }
+        tessel_plugin_api::backend::check_upload(&buffer.ty(), &data)?;
         *buffer = data;
         Ok(())
     }

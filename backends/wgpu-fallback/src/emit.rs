@@ -168,7 +168,9 @@ pub fn lower(kernel: &Verified, grid: &[LaunchAxis]) -> Result<Lowered, BackendE
     w.strided = strided;
     w.write_main()?;
     debug_assert_eq!(w.next_word, words, "pass 2 publishes what pass 1 found");
-    let wgsl = w.finish();
+    let zeroed: Vec<String> =
+        k.params_of(ParamKind::Out).filter(|p| !fully_written(kernel, grid, p)).map(|p| p.name.clone()).collect();
+    let wgsl = w.finish(&zeroed);
     Ok(Lowered {
         name: k.name.clone(),
         hash: *blake3::hash(wgsl.as_bytes()).as_bytes(),
@@ -178,7 +180,7 @@ pub fn lower(kernel: &Verified, grid: &[LaunchAxis]) -> Result<Lowered, BackendE
         programs,
         workspace_words: words,
         bindings: k.params.iter().filter(|p| p.kind != ParamKind::Scratch).map(|p| (p.name.clone(), p.kind)).collect(),
-        zeroed: k.params_of(ParamKind::Out).filter(|p| !fully_written(kernel, grid, p)).map(|p| p.name.clone()).collect(),
+        zeroed,
     })
 }
 
@@ -1244,13 +1246,8 @@ impl<'k> Writer<'k> {
             let ok = w.access_ok(check, mv);
             let x = w.t();
             let cell = w.cell(pi, &p, &flat);
-            let val = if p.kind == ParamKind::Scratch {
-                from_word(d, &cell)
-            } else if d == DType::Bool {
-                format!("({cell} != 0u)")
-            } else {
-                cell
-            };
+            // Scratch cells and `bool` arrays hold words; other arrays hold the register type.
+            let val = if p.kind == ParamKind::Scratch || d == DType::Bool { from_word(d, &cell) } else { cell };
             match ok {
                 Some(ok) => {
                     w.line(format!("var {x}: {} = {other};", reg_ty(d)));
@@ -1292,13 +1289,7 @@ impl<'k> Writer<'k> {
             let ok = w.access_ok(check, mv);
             let v = w.read(&vread, d, &sel);
             let cell = w.cell(pi, &p, &flat);
-            let word = if p.kind == ParamKind::Scratch {
-                to_word(d, &v)
-            } else if d == DType::Bool {
-                format!("select(0u, 1u, {v})")
-            } else {
-                v
-            };
+            let word = if p.kind == ParamKind::Scratch || d == DType::Bool { to_word(d, &v) } else { v };
             match ok {
                 Some(ok) => w.line(format!("if ({ok}) {{ {cell} = {word}; }}")),
                 None => w.line(format!("{cell} = {word};")),
@@ -1432,7 +1423,7 @@ impl<'k> Writer<'k> {
 
     // ---- module ----
 
-    fn finish(self) -> String {
+    fn finish(self, zeroed: &[String]) -> String {
         let [gx, gy] = self.groups;
         let groups = if gy == 1 { format!("{gx}") } else { format!("{gx}×{gy}") };
         let walk = if self.strided { ", each walking the programs with a stride" } else { "" };
@@ -1449,8 +1440,6 @@ impl<'k> Writer<'k> {
             self.wg,
             self.next_word * 4
         );
-        let zeroed: Vec<&str> =
-            k.params_of(ParamKind::Out).filter(|p| !fully_written(self.v, self.grid, p)).map(|p| p.name.as_str()).collect();
         let _ = writeln!(
             m,
             "// outputs zeroed before the dispatch: {}",

@@ -187,12 +187,7 @@ impl BackendImpl for Wgpu {
     }
 
     fn upload(&self, buffer: &mut Self::Buffer, data: HostArray) -> Result<(), BackendError> {
-        if data.ty() != buffer.ty {
-            return Err(BackendError::new(
-                ErrorKind::InvalidInput,
-                format!("cannot upload {} into a buffer of {}", data.ty(), buffer.ty),
-            ));
-        }
+        tessel_plugin_api::backend::check_upload(&buffer.ty, &data)?;
         runtime::gpu()?.upload(buffer, &data)
     }
 

@@ -216,11 +216,12 @@ impl Gpu {
         Ok(())
     }
 
-    fn limit(&self, what: String, need: u64, name: &str, limit: u64) -> Result<(), BackendError> {
+    /// `need` against the adapter's limit `name`; `what` (described only on failure) needs it.
+    fn limit(&self, what: impl FnOnce() -> String, need: u64, name: &str, limit: u64) -> Result<(), BackendError> {
         if need > limit {
             return Err(err(
                 ErrorKind::Unsupported,
-                format!("{what} needs {need}, more than this adapter's {name} of {limit} ({})", self.description),
+                format!("{} needs {need}, more than this adapter's {name} of {limit} ({})", what(), self.description),
             ));
         }
         Ok(())
@@ -229,18 +230,9 @@ impl Gpu {
     /// A zeroed buffer for an array of `ty`.
     pub fn alloc(&self, ty: &Type) -> Result<DeviceBuffer, BackendError> {
         let bytes = (ty.numel().max(1) as u64) * 4;
-        self.limit(
-            format!("an array of {ty} ({bytes} bytes on the device)"),
-            bytes,
-            "maxBufferSize",
-            self.limits.max_buffer_size,
-        )?;
-        self.limit(
-            format!("an array of {ty} ({bytes} bytes on the device)"),
-            bytes,
-            "maxStorageBufferBindingSize",
-            self.limits.max_storage_buffer_binding_size,
-        )?;
+        let what = || format!("an array of {ty} ({bytes} bytes on the device)");
+        self.limit(what, bytes, "maxBufferSize", self.limits.max_buffer_size)?;
+        self.limit(what, bytes, "maxStorageBufferBindingSize", self.limits.max_storage_buffer_binding_size)?;
         let buffer = self.scoped(&format!("a buffer of {bytes} bytes"), || {
             self.device.create_buffer(&wgpu::BufferDescriptor {
                 label: None,
@@ -366,7 +358,7 @@ impl Gpu {
     /// Checks a lowered kernel against the adapter's limits, naming the one it exceeds.
     fn check_limits(&self, l: &Lowered, buffers: &BTreeMap<String, DeviceBuffer>) -> Result<(), BackendError> {
         let lim = &self.limits;
-        let what = |s: &str| format!("kernel `{}`: {s}", l.name);
+        let what = |s: &'static str| move || format!("kernel `{}`: {s}", l.name);
         self.limit(
             what("a workgroup of its invocations"),
             u64::from(l.workgroup_size),
@@ -392,7 +384,7 @@ impl Gpu {
         for (name, _) in &l.bindings {
             if let Some(b) = buffers.get(name) {
                 self.limit(
-                    what(&format!("argument `{name}` (bytes)")),
+                    || format!("kernel `{}`: argument `{name}` (bytes)", l.name),
                     b.buffer.size(),
                     "maxStorageBufferBindingSize",
                     lim.max_storage_buffer_binding_size,
