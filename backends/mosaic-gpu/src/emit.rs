@@ -10,6 +10,9 @@ use tessel_plugin_api::ir::*;
 
 use crate::lower::{Plan, THREADS};
 
+/// The dynamic shared memory of a CTA: its workspace when it fits.
+const SHARED: &str = "tessel_smem";
+
 /// The PTX module of one planned kernel.
 pub fn emit(plan: &Plan) -> String {
     let mut w = Writer::new(plan);
@@ -174,13 +177,19 @@ impl<'p> Writer<'p> {
         let _ = writeln!(head, "// tessel: kernel `{}` for the Mosaic GPU backend", k.name);
         let _ = writeln!(
             head,
-            "// {} CTAs of {} threads, {} bytes of workspace per CTA",
+            "// {} CTAs of {} threads, {} bytes of {} per CTA",
             self.plan.ctas,
             self.plan.threads(),
-            self.plan.workspace_per_cta
+            self.plan.workspace_per_cta,
+            if self.plan.shared { "shared memory" } else { "global workspace" }
         );
         let _ = writeln!(head, ".version 8.0\n.target sm_90a\n.address_size 64\n");
-        let mut params = vec![format!("\t.param .u64 {}_workspace", self.plan.entry)];
+        let mut params = Vec::new();
+        if self.plan.shared {
+            let _ = writeln!(head, ".extern .shared .align 16 .b8 {SHARED}[];\n");
+        } else {
+            params.push(format!("\t.param .u64 {}_workspace", self.plan.entry));
+        }
         for p in k.params.iter().filter(|p| p.kind != ParamKind::Scratch) {
             params.push(format!("\t.param .u64 {}_{}", self.plan.entry, p.name));
         }
@@ -204,10 +213,6 @@ impl<'p> Writer<'p> {
         let plan = self.plan;
         let k = plan.kernel.kernel();
         let entry = plan.entry.clone();
-        self.comment("the CTA's workspace region: workspace + ctaid.x * bytes per CTA");
-        let ws = self.rd();
-        self.ins(format!("ld.param.u64 {ws}, [{entry}_workspace]"));
-        self.ins(format!("cvta.to.global.u64 {ws}, {ws}"));
         // Warpgroup w = tid.x / 128 runs point w of the thread axis; lanes are tid.x % 128.
         let tid_x = self.r();
         self.ins(format!("mov.u32 {tid_x}, %tid.x"));
@@ -218,10 +223,38 @@ impl<'p> Writer<'p> {
         self.ins(format!("div.u32 {wg}, {tid_x}, {THREADS}"));
         let cta = self.r();
         self.ins(format!("mov.u32 {cta}, %ctaid.x"));
-        let off = self.rd();
-        self.ins(format!("mul.wide.u32 {off}, {cta}, {}", plan.workspace_per_cta));
         self.workspace = self.rd();
-        self.ins(format!("add.u64 {}, {ws}, {off}", self.workspace));
+        let ws = self.workspace.clone();
+        if plan.shared {
+            self.comment("the CTA's workspace: its dynamic shared memory");
+            self.ins(format!("mov.u64 {ws}, {SHARED}"));
+            if plan.scratch_bytes > 0 {
+                // Scratch starts zeroed (docs/language.md §8); shared memory does not. Every
+                // thread of the CTA clears words, then the whole CTA waits.
+                self.comment("zero the scratch");
+                let (i, done, addr, top, end) = (self.r(), self.p(), self.rd(), self.label("zero"), self.label("zeroed"));
+                let zero = self.imm(0);
+                self.ins(format!("mov.u32 {i}, {tid_x}"));
+                self.place_label(&top);
+                self.ins(format!("setp.ge.u32 {done}, {i}, {}", plan.scratch_bytes / 4));
+                self.ins(format!("@{done} bra {end}"));
+                self.ins(format!("mul.wide.u32 {addr}, {i}, 4"));
+                self.ins(format!("add.u64 {addr}, {ws}, {addr}"));
+                self.ins(format!("st.shared.b32 [{addr}], {zero}"));
+                self.ins(format!("add.u32 {i}, {i}, {}", plan.threads()));
+                self.ins(format!("bra {top}"));
+                self.place_label(&end);
+                self.ins("bar.sync 0");
+            }
+        } else {
+            self.comment("the CTA's workspace region: workspace + ctaid.x * bytes per CTA");
+            let base = self.rd();
+            self.ins(format!("ld.param.u64 {base}, [{entry}_workspace]"));
+            self.ins(format!("cvta.to.global.u64 {base}, {base}"));
+            let off = self.rd();
+            self.ins(format!("mul.wide.u32 {off}, {cta}, {}", plan.workspace_per_cta));
+            self.ins(format!("add.u64 {ws}, {base}, {off}"));
+        }
         let voff = self.rd();
         self.ins(format!("mul.wide.u32 {voff}, {wg}, {}", plan.value_bytes));
         self.values = self.rd();
@@ -313,6 +346,11 @@ impl<'p> Writer<'p> {
         self.ins(format!("add.u32 {e}, {e}, {THREADS}"));
         self.ins(format!("bra {top}"));
         self.place_label(&end);
+        self.barrier();
+    }
+
+    /// The warpgroup's barrier: its threads wait for each other.
+    fn barrier(&mut self) {
         if self.plan.warpgroups == 1 {
             self.ins("bar.sync 0");
         } else {
@@ -339,16 +377,21 @@ impl<'p> Writer<'p> {
         base
     }
 
+    /// The state space of the workspace: `shared` or `global`.
+    fn space(&self) -> &'static str {
+        if self.plan.shared { "shared" } else { "global" }
+    }
+
     fn load_slot(&mut self, name: &str, index: &str) -> String {
         let addr = self.slot_addr(name, index);
         let v = self.r();
-        self.ins(format!("ld.global.b32 {v}, [{addr}]"));
+        self.ins(format!("ld.{}.b32 {v}, [{addr}]", self.space()));
         v
     }
 
     fn store_slot(&mut self, name: &str, index: &str, v: &str) {
         let addr = self.slot_addr(name, index);
-        self.ins(format!("st.global.b32 [{addr}], {v}"));
+        self.ins(format!("st.{}.b32 [{addr}], {v}", self.space()));
     }
 
     /// The flat index into a value of shape `from` that numpy broadcasting reads for element `e`
@@ -672,6 +715,10 @@ impl<'p> Writer<'p> {
         let (m, n) = (out[0], out[1]);
         let k = if ta { sa[0] } else { sa[1] };
         let (a, b, dst) = (a.to_string(), b.to_string(), dst.to_string());
+        if d.is_float() {
+            let dot = Dot { a: &a, b: &b, ta, tb, dst: &dst, m, n, k, dtype: d };
+            return self.write_dot_mma(&dot);
+        }
         self.each(m * n, |w, e| {
             let (row, col) = (w.r(), w.r());
             w.ins(format!("div.u32 {row}, {e}, {n}"));
@@ -706,6 +753,181 @@ impl<'p> Writer<'p> {
         });
     }
 
+    /// Float `dot` on the tensor cores: each warp of the warpgroup takes 16x8 tiles of the result
+    /// in turn and walks the contraction in steps of `mma.sync` — `m16n8k16` on `f16`/`bf16`
+    /// inputs (exact products, `f32` accumulation), `m16n8k8` on `f32` inputs split in three
+    /// `tf32` products (`a_hi b_hi + a_hi b_lo + a_lo b_hi`, as CUTLASS's 3xTF32: nearly `f32`
+    /// accuracy, which the language's contract asks of an `f32` dot). Fragments are gathered from
+    /// the operands' slots with the PTX ISA's layouts (`g` = lane / 4, `t` = lane % 4); elements
+    /// past the operands' edges read 0, so any shape works.
+    fn write_dot_mma(&mut self, dot: &Dot<'_>) {
+        let tf32 = dot.dtype == DType::F32;
+        let kstep = if tf32 { 8 } else { 16 };
+        let tiles_n = dot.n.div_ceil(8);
+        let tiles = dot.m.div_ceil(16) * tiles_n;
+        self.comment(&format!("{} tiles of 16x8 over the 4 warps, {} steps of k = {kstep}", tiles, dot.k.div_ceil(kstep)));
+        let (lane, warp, g, t) = (self.r(), self.r(), self.r(), self.r());
+        let tid = self.tid.clone();
+        self.ins(format!("and.b32 {lane}, {tid}, 31"));
+        self.ins(format!("shr.u32 {warp}, {tid}, 5"));
+        self.ins(format!("shr.u32 {g}, {lane}, 2"));
+        self.ins(format!("and.b32 {t}, {lane}, 3"));
+        let tile = self.r();
+        self.ins(format!("mov.u32 {tile}, {warp}"));
+        let (top, end) = (self.label("tile"), self.label("tiles"));
+        self.place_label(&top);
+        let done = self.p();
+        self.ins(format!("setp.ge.u32 {done}, {tile}, {tiles}"));
+        self.ins(format!("@{done} bra.uni {end}"));
+        let (r0, c0) = (self.r(), self.r());
+        self.ins(format!("div.u32 {r0}, {tile}, {tiles_n}"));
+        self.ins(format!("mul.lo.u32 {r0}, {r0}, 16"));
+        self.ins(format!("rem.u32 {c0}, {tile}, {tiles_n}"));
+        self.ins(format!("mul.lo.u32 {c0}, {c0}, 8"));
+        // This lane's rows and columns: g and g + 8 of the tile; 2t and 2t + 1.
+        let (row_lo, row_hi, col) = (self.r(), self.r(), self.r());
+        self.ins(format!("add.u32 {row_lo}, {r0}, {g}"));
+        self.ins(format!("add.u32 {row_hi}, {row_lo}, 8"));
+        self.ins(format!("mad.lo.u32 {col}, {t}, 2, {c0}"));
+        let acc: Vec<String> = (0..4).map(|_| self.imm(0)).collect();
+        let kk = self.imm(0);
+        let (ktop, kend) = (self.label("k"), self.label("kdone"));
+        self.place_label(&ktop);
+        let kdone = self.p();
+        self.ins(format!("setp.ge.u32 {kdone}, {kk}, {}", dot.k));
+        self.ins(format!("@{kdone} bra.uni {kend}"));
+        // The B column of this lane is c0 + g; its A rows are row_lo and row_hi.
+        let bcol = self.r();
+        self.ins(format!("add.u32 {bcol}, {c0}, {g}"));
+        if tf32 {
+            // A: a0 (g, t), a1 (g+8, t), a2 (g, t+4), a3 (g+8, t+4); B: b0 (t, g), b1 (t+4, g).
+            let (k0, k4) = (self.r(), self.r());
+            self.ins(format!("add.u32 {k0}, {kk}, {t}"));
+            self.ins(format!("add.u32 {k4}, {k0}, 4"));
+            let a: Vec<String> = [(&row_lo, &k0), (&row_hi, &k0), (&row_lo, &k4), (&row_hi, &k4)]
+                .into_iter()
+                .map(|(r, c)| self.dot_a(dot, r, c))
+                .collect();
+            let b: Vec<String> = [&k0, &k4].into_iter().map(|r| self.dot_b(dot, r, &bcol)).collect();
+            let (a_hi, a_lo) = self.split_tf32(&a);
+            let (b_hi, b_lo) = self.split_tf32(&b);
+            // Small products first.
+            for (x, y) in [(&a_lo, &b_hi), (&a_hi, &b_lo), (&a_hi, &b_hi)] {
+                self.mma("m16n8k8.row.col.f32.tf32.tf32.f32", &acc, x, y);
+            }
+        } else {
+            // A: a_i at row g (+8 for i = 2, 3, 6, 7), column 2t + i%2 (+8 for i >= 4), two to a
+            // register, the lower index in the low half; B: b_i at row 2t + i%2 (+8 for i >= 2).
+            let (k0, k1, k8, k9) = (self.r(), self.r(), self.r(), self.r());
+            self.ins(format!("mad.lo.u32 {k0}, {t}, 2, {kk}"));
+            self.ins(format!("add.u32 {k1}, {k0}, 1"));
+            self.ins(format!("add.u32 {k8}, {k0}, 8"));
+            self.ins(format!("add.u32 {k9}, {k0}, 9"));
+            let pairs_a = [(&row_lo, &k0, &k1), (&row_hi, &k0, &k1), (&row_lo, &k8, &k9), (&row_hi, &k8, &k9)];
+            let a: Vec<String> = pairs_a
+                .into_iter()
+                .map(|(r, c, c1)| {
+                    let (x, y) = (self.dot_a(dot, r, c), self.dot_a(dot, r, c1));
+                    self.pack16(dot.dtype, &x, &y)
+                })
+                .collect();
+            let b: Vec<String> = [(&k0, &k1), (&k8, &k9)]
+                .into_iter()
+                .map(|(r, r1)| {
+                    let (x, y) = (self.dot_b(dot, r, &bcol), self.dot_b(dot, r1, &bcol));
+                    self.pack16(dot.dtype, &x, &y)
+                })
+                .collect();
+            let shape = format!("m16n8k16.row.col.f32.{t}.{t}.f32", t = half_ty(dot.dtype));
+            self.mma(&shape, &acc, &a, &b);
+        }
+        self.ins(format!("add.u32 {kk}, {kk}, {kstep}"));
+        self.ins(format!("bra.uni {ktop}"));
+        self.place_label(&kend);
+        // D: d_i at row g (+8 for i >= 2), column 2t + i%2; inside the result only.
+        for (i, v) in acc.iter().enumerate() {
+            let r = if i < 2 { &row_lo } else { &row_hi };
+            let (c, idx, inside, ok) = (self.r(), self.r(), self.p(), self.p());
+            self.ins(format!("add.u32 {c}, {col}, {}", i % 2));
+            self.ins(format!("setp.lt.u32 {inside}, {r}, {}", dot.m));
+            self.ins(format!("setp.lt.u32 {ok}, {c}, {}", dot.n));
+            self.ins(format!("and.pred {ok}, {ok}, {inside}"));
+            self.ins(format!("mad.lo.u32 {idx}, {r}, {}, {c}", dot.n));
+            let skip = self.label("skip");
+            self.ins(format!("@!{ok} bra {skip}"));
+            self.store_slot(dot.dst, &idx, v);
+            self.place_label(&skip);
+        }
+        self.ins(format!("add.u32 {tile}, {tile}, {}", THREADS / 32));
+        self.ins(format!("bra.uni {top}"));
+        self.place_label(&end);
+        self.barrier();
+    }
+
+    /// `a[row, col]` of a dot (`a[col, row]` when transposed), or 0 past its edges.
+    fn dot_a(&mut self, dot: &Dot<'_>, row: &str, col: &str) -> String {
+        let (rows, cols) = (dot.m, dot.k);
+        let (major, minor, stride) = if dot.ta { (col, row, rows) } else { (row, col, cols) };
+        self.dot_operand(dot.a, row, rows, col, cols, major, minor, stride)
+    }
+
+    /// `b[row, col]` of a dot (`b[col, row]` when transposed), or 0 past its edges.
+    fn dot_b(&mut self, dot: &Dot<'_>, row: &str, col: &str) -> String {
+        let (rows, cols) = (dot.k, dot.n);
+        let (major, minor, stride) = if dot.tb { (col, row, rows) } else { (row, col, cols) };
+        self.dot_operand(dot.b, row, rows, col, cols, major, minor, stride)
+    }
+
+    #[allow(clippy::too_many_arguments, reason = "an element of a 2-D operand and its bounds")]
+    fn dot_operand(
+        &mut self,
+        name: &str,
+        row: &str,
+        rows: usize,
+        col: &str,
+        cols: usize,
+        major: &str,
+        minor: &str,
+        stride: usize,
+    ) -> String {
+        let (ok, inside, idx, v) = (self.p(), self.p(), self.r(), self.imm(0));
+        self.ins(format!("setp.lt.u32 {ok}, {row}, {rows}"));
+        self.ins(format!("setp.lt.u32 {inside}, {col}, {cols}"));
+        self.ins(format!("and.pred {ok}, {ok}, {inside}"));
+        self.ins(format!("mad.lo.u32 {idx}, {major}, {stride}, {minor}"));
+        let addr = self.slot_addr(name, &idx);
+        self.ins(format!("@{ok} ld.{}.b32 {v}, [{addr}]", self.space()));
+        v
+    }
+
+    /// `f32` values split into `tf32` high parts and `tf32` rounded remainders.
+    fn split_tf32(&mut self, xs: &[String]) -> (Vec<String>, Vec<String>) {
+        xs.iter()
+            .map(|x| {
+                let (hi, lo) = (self.r(), self.r());
+                self.ins(format!("cvt.rna.tf32.f32 {hi}, {x}"));
+                self.ins(format!("sub.rn.f32 {lo}, {x}, {hi}"));
+                self.ins(format!("cvt.rna.tf32.f32 {lo}, {lo}"));
+                (hi, lo)
+            })
+            .unzip()
+    }
+
+    /// Two 16-bit floats (held as `f32`) in one register, `lo` in the low half.
+    fn pack16(&mut self, d: DType, lo: &str, hi: &str) -> String {
+        let (hl, hh, v) = (self.h(), self.h(), self.r());
+        self.ins(format!("cvt.rn.{}.f32 {hl}, {lo}", half_ty(d)));
+        self.ins(format!("cvt.rn.{}.f32 {hh}, {hi}", half_ty(d)));
+        self.ins(format!("mov.b32 {v}, {{{hl}, {hh}}}"));
+        v
+    }
+
+    /// `acc = a b + acc` on the tensor cores, for the warp.
+    fn mma(&mut self, shape: &str, acc: &[String], a: &[String], b: &[String]) {
+        let acc = acc.join(", ");
+        self.ins(format!("mma.sync.aligned.{shape} {{{acc}}}, {{{}}}, {{{}}}, {{{acc}}}", a.join(", "), b.join(", ")));
+    }
+
     fn write_access(&mut self, name: &str, index: Option<&[Index]>, mask: Option<&str>, access: Access<'_>) {
         let k = self.plan.kernel.kernel();
         let p = k.param(name).expect("verified argument").clone();
@@ -737,14 +959,14 @@ impl<'p> Writer<'p> {
             }
         }
         let n: usize = lens.iter().product();
-        let base = match self.args.iter().find(|(a, _)| a == name) {
-            Some((_, r)) => r.clone(),
+        let (base, space) = match self.args.iter().find(|(a, _)| a == name) {
+            Some((_, r)) => (r.clone(), "global"),
             None => {
                 let slot = self.plan.scratch[name].offset;
                 let r = self.rd();
                 let ws = self.workspace.clone();
                 self.ins(format!("add.u64 {r}, {ws}, {slot}"));
-                r
+                (r, self.space())
             }
         };
         let dtype = p.ty.dtype;
@@ -777,7 +999,7 @@ impl<'p> Writer<'p> {
             match access {
                 Access::Load { dst, other } => {
                     let (raw, v) = (w.imm(0), w.imm(lit_bits(other.unwrap_or(Literal::Int(0)), dtype)));
-                    w.ins(format!("@{ok} ld.global.b32 {raw}, [{addr}]"));
+                    w.ins(format!("@{ok} ld.{space}.b32 {raw}, [{addr}]"));
                     w.widen16(dtype, &raw);
                     w.ins(format!("selp.b32 {v}, {raw}, {v}, {ok}"));
                     w.store_slot(dst, e, &v);
@@ -787,7 +1009,7 @@ impl<'p> Writer<'p> {
                     let bits = w.r();
                     w.ins(format!("mov.b32 {bits}, {v}"));
                     w.narrow16(dtype, &bits);
-                    w.ins(format!("@{ok} st.global.b32 [{addr}], {bits}"));
+                    w.ins(format!("@{ok} st.{space}.b32 [{addr}], {bits}"));
                 }
             }
         });
@@ -1007,6 +1229,19 @@ impl<'p> Writer<'p> {
         }
         v
     }
+}
+
+/// The operands and shape of one `dot`: `dst[m, n] = a[m, k] b[k, n]`.
+struct Dot<'a> {
+    a: &'a str,
+    b: &'a str,
+    ta: bool,
+    tb: bool,
+    dst: &'a str,
+    m: usize,
+    n: usize,
+    k: usize,
+    dtype: DType,
 }
 
 #[derive(Clone, Copy)]

@@ -5,10 +5,13 @@
 //! of the mesh's thread axis are its warpgroups of 128, each with its own copy of the values and
 //! its own named barrier, all sharing the CTA's scratch. The other parallel grid axes (cluster
 //! axes included) are folded into `ctaid.x`; the `seq` axes are a loop inside the CTA. Every block
-//! value lives in the CTA's region of a global workspace, 4 bytes an element, and each operation
-//! is a loop of a warpgroup's threads over the elements of its result, followed by a barrier. Reductions and `dot` give each output element to one thread, which accumulates in
-//! the interpreter's order, so results agree bit for bit where the maths is exact. Loads and
-//! stores check the array bounds and masks lane by lane (docs/language.md §5).
+//! value lives in the CTA's workspace, 4 bytes an element: in shared memory when the CTA's values
+//! and scratch fit the 227 KiB a Hopper CTA may have ([`MAX_SHARED_BYTES`]), else in the CTA's
+//! region of a global buffer. Each operation is a loop of a warpgroup's threads over the elements
+//! of its result, followed by a barrier. Reductions give each output element to one thread, which
+//! accumulates in the interpreter's order; float `dot` runs on the tensor cores (`mma.sync`, see
+//! emit.rs), integer `dot` like a reduction. Loads and stores check the array bounds and masks
+//! lane by lane (docs/language.md §5).
 
 use std::collections::HashMap;
 
@@ -19,6 +22,11 @@ use tessel_plugin_api::ir::*;
 pub const THREADS: u32 = 128;
 /// The largest block value lowered, in elements (docs/language.md §5).
 pub const MAX_BLOCK_ELEMENTS: usize = 16_384;
+/// The most dynamic shared memory one CTA may have on sm_90 (227 KiB, opted into per function
+/// above 48 KiB). A CTA whose workspace is larger keeps it in global memory.
+pub const MAX_SHARED_BYTES: u64 = 227 * 1024;
+/// The dynamic shared memory a function may use without opting in.
+pub const DEFAULT_SHARED_BYTES: u64 = 48 * 1024;
 /// The most CTAs one launch may have (`gridDim.x`).
 pub const MAX_CTAS: u64 = i32::MAX as u64;
 
@@ -57,12 +65,25 @@ pub struct Plan {
     pub warpgroups: u32,
     /// The grid axis that is the mesh's thread axis: each warpgroup runs one of its points.
     pub thread_axis: Option<usize>,
+    /// Whether the workspace is the CTA's dynamic shared memory (else a global buffer of
+    /// `ctas * workspace_per_cta` bytes, the entry's first parameter).
+    pub shared: bool,
 }
 
 impl Plan {
     /// CUDA threads per CTA.
     pub fn threads(&self) -> u32 {
         THREADS * self.warpgroups
+    }
+
+    /// Bytes of dynamic shared memory per CTA at launch.
+    pub fn shared_bytes(&self) -> u64 {
+        if self.shared { self.workspace_per_cta } else { 0 }
+    }
+
+    /// Bytes of the global workspace buffer (0 when the workspace is in shared memory).
+    pub fn global_workspace_bytes(&self) -> u64 {
+        if self.shared { 0 } else { self.ctas * self.workspace_per_cta }
     }
 }
 
@@ -182,5 +203,6 @@ pub fn plan(kernel: &Verified, thread_axis: Option<&str>) -> Result<Plan, Backen
         ctas,
         warpgroups,
         thread_axis,
+        shared: workspace_per_cta <= MAX_SHARED_BYTES,
     })
 }

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use cudarc::driver::sys::CUdevice_attribute;
+use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
 use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
 use tessel_plugin_api::abi::{BackendError, ErrorKind};
 use tessel_plugin_api::array::HostArray;
@@ -28,6 +28,8 @@ pub struct Gpu {
     functions: Mutex<HashMap<String, CudaFunction>>,
     /// "NVIDIA H200, compute capability 9.0".
     pub description: String,
+    /// The most dynamic shared memory a CTA may opt into, in bytes.
+    max_shared: u64,
 }
 
 fn device_error(what: &str, e: impl std::fmt::Display) -> BackendError {
@@ -62,8 +64,10 @@ fn open() -> Result<Gpu, String> {
     if major < 9 {
         return Err(format!("{name} has compute capability {major}.{minor}, which is below 9.0 (sm_90a PTX needs Hopper)"));
     }
+    let max_shared = attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?;
     let stream = ctx.default_stream();
     Ok(Gpu {
+        max_shared: u64::try_from(max_shared).unwrap_or(0),
         ctx,
         stream,
         functions: Mutex::new(HashMap::new()),
@@ -113,6 +117,23 @@ impl Gpu {
         let module =
             self.ctx.load_module(cudarc::nvrtc::Ptx::from_src(ptx)).map_err(|e| device_error("module load (PTX JIT)", e))?;
         let f = module.load_function(&plan.entry).map_err(|e| device_error("function lookup", e))?;
+        if plan.shared_bytes() > self.max_shared {
+            return Err(BackendError::new(
+                ErrorKind::Unsupported,
+                format!(
+                    "kernel `{}` needs {} bytes of shared memory per CTA; {} allows {}\n  use smaller blocks",
+                    plan.kernel.name(),
+                    plan.shared_bytes(),
+                    self.description,
+                    self.max_shared
+                ),
+            ));
+        }
+        if plan.shared_bytes() > crate::lower::DEFAULT_SHARED_BYTES {
+            let bytes = i32::try_from(plan.shared_bytes()).unwrap_or(i32::MAX);
+            f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes)
+                .map_err(|e| device_error("opting into shared memory", e))?;
+        }
         cache.insert(ptx.to_string(), f.clone());
         Ok(f)
     }
@@ -120,12 +141,14 @@ impl Gpu {
     /// Runs one planned kernel on bound buffers and waits for it.
     pub fn launch(&self, plan: &Plan, ptx: &str, buffers: &HashMap<String, DeviceBuffer>) -> Result<(), BackendError> {
         let f = self.function(plan, ptx)?;
-        let workspace = self
-            .stream
-            .alloc_zeros::<u8>((plan.ctas * plan.workspace_per_cta) as usize)
-            .map_err(|e| device_error("workspace alloc", e))?;
+        let workspace = match plan.global_workspace_bytes() {
+            0 => None,
+            n => Some(self.stream.alloc_zeros::<u8>(n as usize).map_err(|e| device_error("workspace alloc", e))?),
+        };
         let mut b = self.stream.launch_builder(&f);
-        b.arg(&workspace);
+        if let Some(w) = &workspace {
+            b.arg(w);
+        }
         let k = plan.kernel.kernel();
         for p in k.params.iter().filter(|p| p.kind != ParamKind::Scratch) {
             let buf = buffers.get(&p.name).ok_or_else(|| {
@@ -139,10 +162,15 @@ impl Gpu {
             }
             b.arg(&buf.data);
         }
-        let cfg = LaunchConfig { grid_dim: (plan.ctas as u32, 1, 1), block_dim: (plan.threads(), 1, 1), shared_mem_bytes: 0 };
-        // SAFETY: the arguments are the workspace and one buffer per `in`/`out` argument, in the
-        // order and of the types of the entry's parameters (emit.rs); every access the kernel
-        // makes is bounds-checked against the array shapes the buffers were allocated with.
+        let cfg = LaunchConfig {
+            grid_dim: (plan.ctas as u32, 1, 1),
+            block_dim: (plan.threads(), 1, 1),
+            shared_mem_bytes: plan.shared_bytes() as u32,
+        };
+        // SAFETY: the arguments are the workspace (when global) and one buffer per `in`/`out`
+        // argument, in the order and of the types of the entry's parameters (emit.rs); the
+        // dynamic shared memory is the plan's; every access the kernel makes is bounds-checked
+        // against the array shapes the buffers were allocated with.
         #[allow(unsafe_code, reason = "launching a kernel")]
         unsafe { b.launch(cfg) }.map_err(|e| device_error("launch", e))?;
         self.stream.synchronize().map_err(|e| device_error("kernel run", e))

@@ -2,10 +2,19 @@
 //! lowering can be checked against the reference interpreter on machines without a GPU.
 //!
 //! It is a test tool, not a GPU model: CTAs run one after another; inside a CTA every thread runs
-//! until it reaches `bar.sync` (or `ret`), in thread order or in reverse thread order, so a missing
-//! barrier shows up as a difference between the two orders. Approximate instructions
-//! (`ex2.approx`, `sin.approx`, ...) are computed exactly; the tests compare within tolerances.
-//! An instruction outside the subset is an error naming it, never a silent guess.
+//! until it reaches `bar.sync`, a warp-wide `mma.sync` or `ret`, in thread order or in reverse
+//! thread order, so a missing barrier shows up as a difference between the two orders. A barrier
+//! (`bar.sync 0` for the whole CTA, `bar.sync id, count` for `count` threads) opens when as many
+//! threads as it expects wait at it; a warp's `mma.sync` runs once all 32 lanes reach it. Dynamic
+//! shared memory starts filled with a NaN pattern, as a GPU's starts with whatever was there, so
+//! a read before a write shows. Approximate instructions (`ex2.approx`, `sin.approx`, ...) are
+//! computed exactly, and tensor-core products are summed in `f64` and rounded once; the tests
+//! compare within tolerances. An instruction outside the subset is an error naming it, never a
+//! silent guess.
+//!
+//! The `mma` fragment layouts follow the PTX ISA's tables ("Matrix Fragments for mma.m16n8k8" and
+//! "... mma.m16n8k16 with floating point type"): they are written here once, as the ISA states
+//! them, apart from the backend's emitter.
 
 use std::collections::HashMap;
 
@@ -25,14 +34,39 @@ enum Arg {
     Param(usize),
     /// A branch target.
     Label(usize),
+    /// The address of the dynamic shared memory (its symbol).
+    Shared,
+    /// `{%a, %b, ...}`: registers of a vector operand.
+    Vec(Vec<usize>),
+}
+
+/// How an instruction affects scheduling.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Kind {
+    Plain,
+    /// `bar.sync`: wait for the barrier's threads.
+    Bar,
+    /// `mma.sync`: wait for the warp's 32 lanes.
+    Mma(Mma),
+    Ret,
+}
+
+/// The `mma.sync` shapes and types emulated.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Mma {
+    /// `m16n8k8`, `tf32` inputs.
+    Tf32,
+    /// `m16n8k16`, `f16` inputs.
+    F16,
+    /// `m16n8k16`, `bf16` inputs.
+    Bf16,
 }
 
 #[derive(Clone, Debug)]
 struct Instr {
     pred: Option<(usize, bool)>,
     op: String,
-    /// `op` as an index into [`OPS`] (`usize::MAX` for `setp`).
-    code: usize,
+    kind: Kind,
     args: Vec<Arg>,
     line: usize,
 }
@@ -108,6 +142,13 @@ const OPS: &[&str] = &[
     "cvt.rn.bf16.f32",
     "bar.sync",
     "ret",
+    "mov.u64",
+    "ld.shared.b32",
+    "st.shared.b32",
+    "cvt.rna.tf32.f32",
+    "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32",
+    "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
+    "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32",
 ];
 
 /// A parsed kernel.
@@ -118,6 +159,26 @@ pub struct Module {
     pub params: Vec<String>,
     code: Vec<Instr>,
     registers: usize,
+    /// The name of the `.extern .shared` array, if any.
+    shared: Option<String>,
+}
+
+/// Splits operands at the commas outside `{...}`.
+fn operands(s: &str) -> Vec<&str> {
+    let (mut out, mut depth, mut start) = (Vec::new(), 0, 0);
+    for (i, c) in s.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => depth -= 1,
+            ',' if depth == 0 => {
+                out.push(s[start..i].trim());
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    out.push(s[start..].trim());
+    out.into_iter().filter(|a| !a.is_empty()).collect()
 }
 
 fn parse_imm(s: &str) -> Option<u64> {
@@ -133,6 +194,7 @@ pub fn parse(ptx: &str) -> Result<Module, String> {
     let mut labels: HashMap<String, usize> = HashMap::new();
     let mut params = Vec::new();
     let mut entry = String::new();
+    let mut shared = None;
     let mut raw: Vec<(usize, String)> = Vec::new();
     for (n, line) in ptx.lines().enumerate() {
         let line = line.split("//").next().unwrap_or("").trim();
@@ -146,6 +208,11 @@ pub fn parse(ptx: &str) -> Result<Module, String> {
             || line == "}"
             || line == ")"
         {
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix(".extern .shared .align 16 .b8 ") {
+            let name = rest.trim_end_matches(';').trim_end_matches("[]");
+            shared = Some(name.to_string());
             continue;
         }
         if let Some(rest) = line.strip_prefix(".visible .entry ") {
@@ -181,7 +248,7 @@ pub fn parse(ptx: &str) -> Result<Module, String> {
         };
         let (op, operands) = rest.split_once(char::is_whitespace).unwrap_or((rest, ""));
         let mut args = Vec::new();
-        for a in operands.split(',').map(str::trim).filter(|a| !a.is_empty()) {
+        for a in self::operands(operands) {
             args.push(if a == "%tid.x" {
                 Arg::Tid
             } else if a == "%ctaid.x" {
@@ -192,6 +259,10 @@ pub fn parse(ptx: &str) -> Result<Module, String> {
                 } else {
                     Arg::Param(params.iter().position(|p| p == inner).ok_or(format!("line {line}: unknown param {inner}"))?)
                 }
+            } else if let Some(inner) = a.strip_prefix('{').and_then(|a| a.strip_suffix('}')) {
+                Arg::Vec(inner.split(',').map(|r| reg(r.trim())).collect())
+            } else if Some(a) == shared.as_deref() {
+                Arg::Shared
             } else if a.starts_with('%') {
                 Arg::Reg(reg(a))
             } else if let Some(v) = parse_imm(a) {
@@ -202,15 +273,28 @@ pub fn parse(ptx: &str) -> Result<Module, String> {
                 return Err(format!("line {line}: cannot read operand `{a}` of `{op}`"));
             });
         }
-        let opc = match OPS.iter().position(|o| *o == op) {
-            Some(i) => i,
-            None if op.starts_with("setp.") => usize::MAX,
-            None => return Err(format!("line {line}: `{op}` is not in the emulated subset")),
+        if !OPS.contains(&op) && !op.starts_with("setp.") {
+            return Err(format!("line {line}: `{op}` is not in the emulated subset"));
+        }
+        let kind = match op {
+            "bar.sync" => Kind::Bar,
+            "ret" => Kind::Ret,
+            "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" => Kind::Mma(Mma::Tf32),
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" => Kind::Mma(Mma::F16),
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" => Kind::Mma(Mma::Bf16),
+            _ => Kind::Plain,
         };
-        code.push(Instr { pred, op: op.to_string(), code: opc, args, line });
+        if let Kind::Mma(_) = kind {
+            let want = [4, 4, 2, 4];
+            let got: Vec<usize> = args.iter().map(|a| if let Arg::Vec(v) = a { v.len() } else { 0 }).collect();
+            if got != want {
+                return Err(format!("line {line}: `{op}` takes vectors of {want:?} registers, got {got:?}"));
+            }
+        }
+        code.push(Instr { pred, op: op.to_string(), kind, args, line });
     }
     let registers = regs.len();
-    Ok(Module { entry, params, code, registers })
+    Ok(Module { entry, params, code, registers, shared })
 }
 
 /// Device memory: one growing byte array; addresses start above zero.
@@ -264,13 +348,55 @@ impl Memory {
     }
 }
 
-const BAR: usize = 67;
-const RET: usize = 68;
+/// Why a thread is not running.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Wait {
+    /// Runs.
+    No,
+    /// At barrier `id`, which opens for `count` threads.
+    Bar { id: u64, count: u64 },
+    /// At the `mma.sync` at this pc, for the warp.
+    Mma(usize),
+    /// Ended.
+    Done,
+}
 
 struct Thread {
     regs: Vec<u64>,
     pc: usize,
-    done: bool,
+    wait: Wait,
+}
+
+/// The CTA's dynamic shared memory.
+struct Shared {
+    bytes: Vec<u8>,
+}
+
+/// Shared memory starts as this word (a NaN), not as zeros.
+const POISON: u32 = 0x7FBA_DBAD;
+
+impl Shared {
+    fn index(&self, addr: u64) -> Result<usize, String> {
+        let i = usize::try_from(addr).map_err(|_| format!("shared access at {addr:#x}"))?;
+        if i + 4 > self.bytes.len() {
+            return Err(format!("shared access at {addr:#x}, past the {} bytes of dynamic shared memory", self.bytes.len()));
+        }
+        if !i.is_multiple_of(4) {
+            return Err(format!("misaligned shared access at {addr:#x}"));
+        }
+        Ok(i)
+    }
+
+    fn load(&self, addr: u64) -> Result<u32, String> {
+        let i = self.index(addr)?;
+        Ok(u32::from_le_bytes(self.bytes[i..i + 4].try_into().expect("4 bytes")))
+    }
+
+    fn store(&mut self, addr: u64, v: u32) -> Result<(), String> {
+        let i = self.index(addr)?;
+        self.bytes[i..i + 4].copy_from_slice(&v.to_le_bytes());
+        Ok(())
+    }
 }
 
 fn f(v: u64) -> f32 {
@@ -281,91 +407,236 @@ fn b(v: f32) -> u64 {
     u64::from(v.to_bits())
 }
 
+/// The state one CTA's threads share.
+struct Cta<'m> {
+    mem: &'m mut Memory,
+    shared: Shared,
+    params: &'m [u64],
+    id: u32,
+}
+
 impl Module {
-    fn run_group(
-        &self,
-        mem: &mut Memory,
-        params: &[u64],
-        cta: u32,
-        tids: std::ops::Range<u32>,
-        reverse: bool,
-    ) -> Result<(), String> {
-        let mut threads: Vec<(u32, Thread)> =
-            tids.map(|t| (t, Thread { regs: vec![0; self.registers], pc: 0, done: false })).collect();
-        if reverse {
-            threads.reverse();
-        }
-        let mut steps: u64 = 0;
-        loop {
-            for (tid, th) in threads.iter_mut() {
-                while !th.done {
-                    steps += 1;
-                    if steps > 4_000_000_000 {
-                        return Err("the kernel runs too long (an endless loop?)".into());
-                    }
-                    let ins = self.code.get(th.pc).ok_or("ran off the end of the code")?;
+    /// Runs one thread until it waits or ends.
+    fn step(&self, th: &mut Thread, tid: u32, cta: &mut Cta<'_>, steps: &mut u64) -> Result<(), String> {
+        while th.wait == Wait::No {
+            *steps += 1;
+            if *steps > 4_000_000_000 {
+                return Err("the kernel runs too long (an endless loop?)".into());
+            }
+            let ins = self.code.get(th.pc).ok_or("ran off the end of the code")?;
+            if let Some((p, neg)) = ins.pred
+                && (th.regs[p] != 0) == neg
+            {
+                th.pc += 1;
+                continue;
+            }
+            match ins.kind {
+                Kind::Ret => th.wait = Wait::Done,
+                Kind::Mma(_) => th.wait = Wait::Mma(th.pc),
+                Kind::Bar => {
                     th.pc += 1;
-                    if let Some((p, neg)) = ins.pred
-                        && (th.regs[p] != 0) == neg
-                    {
-                        continue;
-                    }
-                    if ins.code == BAR {
-                        break;
-                    }
-                    if ins.code == RET {
-                        th.done = true;
-                        break;
-                    }
-                    exec(ins, th, mem, params, *tid, cta).map_err(|e| format!("line {} `{}`: {e}", ins.line, ins.op))?;
+                    let val = |a: Option<&Arg>| match a {
+                        Some(Arg::Imm(v)) => Some(*v),
+                        Some(Arg::Reg(r)) => Some(th.regs[*r] & 0xFFFF_FFFF),
+                        _ => None,
+                    };
+                    let id = val(ins.args.first()).ok_or(format!("line {}: bar.sync needs a barrier", ins.line))?;
+                    // Without a count, the barrier waits for every thread of the CTA.
+                    th.wait = Wait::Bar { id, count: val(ins.args.get(1)).unwrap_or(0) };
+                }
+                Kind::Plain => {
+                    th.pc += 1;
+                    exec(ins, th, cta, tid).map_err(|e| format!("line {} `{}`: {e}", ins.line, ins.op))?;
                 }
             }
-            if threads.iter().all(|(_, t)| t.done) {
+        }
+        Ok(())
+    }
+
+    fn run_cta(&self, cta: &mut Cta<'_>, block: u32, reverse: bool) -> Result<(), String> {
+        let mut threads: Vec<Thread> =
+            (0..block).map(|_| Thread { regs: vec![0; self.registers], pc: 0, wait: Wait::No }).collect();
+        let order: Vec<u32> = if reverse { (0..block).rev().collect() } else { (0..block).collect() };
+        let mut steps: u64 = 0;
+        loop {
+            for &t in &order {
+                self.step(&mut threads[t as usize], t, cta, &mut steps)?;
+            }
+            if threads.iter().all(|t| t.wait == Wait::Done) {
                 return Ok(());
             }
-            if threads.iter().any(|(_, t)| t.done) {
-                return Err("some threads ended while others wait at a barrier".into());
+            let mut moved = false;
+            // Warps whose 32 lanes all wait at the same `mma.sync`.
+            for warp in threads.chunks_mut(32) {
+                let Wait::Mma(pc) = warp[0].wait else { continue };
+                if warp.len() == 32 && warp.iter().all(|t| t.wait == Wait::Mma(pc)) {
+                    let ins = &self.code[pc];
+                    let Kind::Mma(kind) = ins.kind else { unreachable!("waits at an mma") };
+                    mma(kind, &ins.args, warp);
+                    for t in warp.iter_mut() {
+                        t.pc += 1;
+                        t.wait = Wait::No;
+                    }
+                    moved = true;
+                }
             }
-            let pc = threads[0].1.pc;
-            if threads.iter().any(|(_, t)| t.pc != pc) {
-                return Err("threads wait at different barriers".into());
+            // Barriers with all their threads.
+            let mut ids: Vec<u64> =
+                threads.iter().filter_map(|t| if let Wait::Bar { id, .. } = t.wait { Some(id) } else { None }).collect();
+            ids.sort_unstable();
+            ids.dedup();
+            for id in ids {
+                let at: Vec<usize> =
+                    (0..threads.len()).filter(|&i| matches!(threads[i].wait, Wait::Bar { id: j, .. } if j == id)).collect();
+                let counts: Vec<u64> = at
+                    .iter()
+                    .map(|&i| match threads[i].wait {
+                        Wait::Bar { count: 0, .. } => u64::from(block),
+                        Wait::Bar { count, .. } => count,
+                        _ => unreachable!("waits at a barrier"),
+                    })
+                    .collect();
+                if counts.iter().any(|c| *c != counts[0]) {
+                    return Err(format!("threads wait at barrier {id} expecting different thread counts {counts:?}"));
+                }
+                let n = at.len() as u64;
+                if n > counts[0] {
+                    return Err(format!("{n} threads wait at barrier {id}, which expects {}", counts[0]));
+                }
+                if n == counts[0] {
+                    let pcs: Vec<usize> = at.iter().map(|&i| threads[i].pc).collect();
+                    if pcs.iter().any(|p| *p != pcs[0]) {
+                        return Err(format!("threads meet at barrier {id} from different places in the code"));
+                    }
+                    for i in at {
+                        threads[i].wait = Wait::No;
+                    }
+                    moved = true;
+                }
+            }
+            if !moved {
+                let done = threads.iter().filter(|t| t.wait == Wait::Done).count();
+                let waits: Vec<String> = threads
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, t)| t.wait != Wait::Done)
+                    .take(4)
+                    .map(|(i, t)| format!("thread {i}: {:?} at line {}", t.wait, self.code.get(t.pc).map_or(0, |c| c.line)))
+                    .collect();
+                return Err(format!("deadlock: {done} threads ended, the others wait ({})", waits.join("; ")));
             }
         }
     }
 
-    /// Runs the entry over `grid` CTAs of `block` threads with the parameter values `params`.
-    pub fn launch(&self, mem: &mut Memory, params: &[u64], grid: u32, block: u32, reverse: bool) -> Result<(), String> {
+    /// Runs the entry over `grid` CTAs of `block` threads with the parameter values `params` and
+    /// `shared` bytes of dynamic shared memory per CTA.
+    pub fn launch(
+        &self,
+        mem: &mut Memory,
+        params: &[u64],
+        grid: u32,
+        block: u32,
+        shared: usize,
+        reverse: bool,
+    ) -> Result<(), String> {
         if params.len() != self.params.len() {
             return Err(format!("{} takes {} parameters, got {}", self.entry, self.params.len(), params.len()));
         }
-        // `bar.sync w, 128` is a barrier per warpgroup of 128 threads: warpgroups run one after
-        // another (they share only the CTA's scratch), threads of one group to each barrier.
-        let group = block.min(128);
-        for cta in 0..grid {
-            let mut groups: Vec<u32> = (0..block.div_ceil(group)).collect();
-            if reverse {
-                groups.reverse();
-            }
-            for g in groups {
-                let lo = g * group;
-                let hi = (lo + group).min(block);
-                self.run_group(mem, params, cta, lo..hi, reverse)?;
-            }
+        if self.shared.is_some() && shared == 0 {
+            return Err(format!("{} uses dynamic shared memory, but the launch gives it none", self.entry));
+        }
+        for id in 0..grid {
+            let poison = POISON.to_le_bytes().repeat(shared.div_ceil(4));
+            let mut cta = Cta { mem, shared: Shared { bytes: poison[..shared].to_vec() }, params, id };
+            self.run_cta(&mut cta, block, reverse)?;
         }
         Ok(())
     }
 }
 
-fn exec(ins: &Instr, th: &mut Thread, mem: &mut Memory, params: &[u64], tid: u32, cta: u32) -> Result<(), String> {
+/// Rounds an `f32` to `tf32` (10 fraction bits), to nearest with ties away from zero.
+fn tf32_rna(bits: u32) -> u32 {
+    if bits & 0x7F80_0000 == 0x7F80_0000 {
+        return if bits & 0x007F_FFFF != 0 { 0x7FFF_FFFF } else { bits };
+    }
+    bits.wrapping_add(0x1000) & 0xFFFF_E000
+}
+
+/// One warp's `mma.sync`: D = A B + C for a 16x8 tile, with the fragments of the PTX ISA's tables
+/// (`g` = lane >> 2, `t` = lane % 4).
+fn mma(kind: Mma, args: &[Arg], warp: &mut [Thread]) {
+    let regs = |i: usize| match &args[i] {
+        Arg::Vec(v) => v.clone(),
+        _ => unreachable!("parse checks the vectors"),
+    };
+    let (d, ra, rb, rc) = (regs(0), regs(1), regs(2), regs(3));
+    let k = if kind == Mma::Tf32 { 8 } else { 16 };
+    let mut a = [[0f64; 16]; 16];
+    let mut bm = [[0f64; 8]; 16];
+    let mut c = [[0f64; 8]; 16];
+    let half = |bits: u64| match kind {
+        Mma::Bf16 => f64::from(half::bf16::from_bits(bits as u16).to_f32()),
+        _ => f64::from(half::f16::from_bits(bits as u16).to_f32()),
+    };
+    for (lane, th) in warp.iter().enumerate() {
+        let (g, t) = (lane / 4, lane % 4);
+        match kind {
+            Mma::Tf32 => {
+                // A: a0 (g, t), a1 (g+8, t), a2 (g, t+4), a3 (g+8, t+4); B: b0 (t, g), b1 (t+4, g).
+                for i in 0..4 {
+                    let v = f64::from(f32::from_bits(th.regs[ra[i]] as u32 & 0xFFFF_E000));
+                    a[g + 8 * (i % 2)][t + 4 * (i / 2)] = v;
+                }
+                for i in 0..2 {
+                    bm[t + 4 * i][g] = f64::from(f32::from_bits(th.regs[rb[i]] as u32 & 0xFFFF_E000));
+                }
+            }
+            Mma::F16 | Mma::Bf16 => {
+                // A: a_i, two to a register (low half first): row g (+8 for i = 2, 3, 6, 7),
+                // column 2t + i%2 (+8 for i >= 4). B: b_i at row 2t + i%2 (+8 for i >= 2), column g.
+                for i in 0..8 {
+                    let v = half(th.regs[ra[i / 2]] >> (16 * (i % 2)));
+                    a[g + 8 * ((i / 2) % 2)][2 * t + i % 2 + 8 * (i / 4)] = v;
+                }
+                for i in 0..4 {
+                    bm[2 * t + i % 2 + 8 * (i / 2)][g] = half(th.regs[rb[i / 2]] >> (16 * (i % 2)));
+                }
+            }
+        }
+        // C and D: c_i at row g (+8 for i >= 2), column 2t + i%2.
+        for i in 0..4 {
+            c[g + 8 * (i / 2)][2 * t + i % 2] = f64::from(f(th.regs[rc[i]]));
+        }
+    }
+    let mut out = [[0f32; 8]; 16];
+    for (r, row) in out.iter_mut().enumerate() {
+        for (col, o) in row.iter_mut().enumerate() {
+            *o = ((0..k).map(|p| a[r][p] * bm[p][col]).sum::<f64>() + c[r][col]) as f32;
+        }
+    }
+    for (lane, th) in warp.iter_mut().enumerate() {
+        let (g, t) = (lane / 4, lane % 4);
+        for i in 0..4 {
+            th.regs[d[i]] = b(out[g + 8 * (i / 2)][2 * t + i % 2]);
+        }
+    }
+}
+
+fn exec(ins: &Instr, th: &mut Thread, cta: &mut Cta<'_>, tid: u32) -> Result<(), String> {
+    let (params, id) = (cta.params, cta.id);
     let val = |a: &Arg, th: &Thread| -> u64 {
         match a {
             Arg::Reg(r) => th.regs[*r],
             Arg::Imm(v) => *v,
             Arg::Tid => u64::from(tid),
-            Arg::Ctaid => u64::from(cta),
+            Arg::Ctaid => u64::from(id),
             Arg::Param(p) => params[*p],
             Arg::Mem(r) => th.regs[*r],
             Arg::Label(l) => *l as u64,
+            // The shared window's first byte.
+            Arg::Shared => 0,
+            // `{lo, hi}`: 16-bit halves packed into 32 bits, the first in the low half.
+            Arg::Vec(v) => v.iter().rev().fold(0, |acc, r| (acc << 16) | (th.regs[*r] & 0xFFFF)),
         }
     };
     let a = &ins.args;
@@ -375,22 +646,23 @@ fn exec(ins: &Instr, th: &mut Thread, mem: &mut Memory, params: &[u64], tid: u32
     };
     let x = |i: usize, th: &Thread| val(&a[i], th);
     let (u, s) = (|v: u64| v as u32, |v: u64| v as u32 as i32);
-    let op = if ins.code == usize::MAX { ins.op.as_str() } else { OPS[ins.code] };
+    let op = ins.op.as_str();
     let out: u64 = match op {
-        "mov.u32" | "mov.b32" | "ld.param.u64" | "cvta.to.global.u64" => {
-            if op == "ld.param.u64" {
-                x(1, th)
-            } else {
-                x(1, th) & if op == "cvta.to.global.u64" { u64::MAX } else { 0xFFFF_FFFF }
-            }
+        "mov.u32" | "mov.b32" => x(1, th) & 0xFFFF_FFFF,
+        "ld.param.u64" | "cvta.to.global.u64" | "mov.u64" => x(1, th),
+        "ld.shared.b32" => u64::from(cta.shared.load(x(1, th))?),
+        "st.shared.b32" => {
+            cta.shared.store(x(0, th), u(x(1, th)))?;
+            return Ok(());
         }
+        "cvt.rna.tf32.f32" => u64::from(tf32_rna(u(x(1, th)))),
         "bra" | "bra.uni" => {
             th.pc = x(0, th) as usize;
             return Ok(());
         }
-        "ld.global.b32" => u64::from(mem.load(x(1, th))?),
+        "ld.global.b32" => u64::from(cta.mem.load(x(1, th))?),
         "st.global.b32" => {
-            mem.store(x(0, th), u(x(1, th)))?;
+            cta.mem.store(x(0, th), u(x(1, th)))?;
             return Ok(());
         }
         "mul.wide.u32" => u64::from(u(x(1, th))) * u64::from(u(x(2, th))),
