@@ -9,9 +9,10 @@ use std::process::Command;
 
 use common::*;
 
-/// Kernel files and the `--kernel` to lower from each (files with several kernels: the first).
+/// Kernel files (examples, `tests/in`, its regressions) and the `--kernel` to lower from each (files
+/// with several kernels: the first).
 fn kernel_files() -> Vec<PathBuf> {
-    let mut files: Vec<PathBuf> = ["examples", "tests/in"]
+    let mut files: Vec<PathBuf> = ["examples", "tests/in", "tests/in/regressions"]
         .iter()
         .flat_map(|d| std::fs::read_dir(root().join(d)).expect("dir").filter_map(|e| Some(e.ok()?.path())))
         .filter(|p| p.extension().is_some_and(|x| x == "tk"))
@@ -215,46 +216,6 @@ fn without_a_gpu_mosaic_is_unavailable_with_a_reason() {
     assert!(r.stderr.contains("the Mosaic GPU backend is unavailable: ") && !r.stderr.contains("panicked"), "{}", r.stderr);
 }
 
-/// Runs the PTX of `kernel` on the emulator with `inputs`; returns the outputs.
-fn emulate(
-    ptx: &str,
-    kernel: &tessel_plugin_api::ir::Verified,
-    inputs: &tessel::LaunchArgs,
-    reverse: bool,
-) -> Vec<(String, tessel::HostArray)> {
-    use tessel_plugin_api::ir::ParamKind;
-    let module = tessel_ptx_emu::parse(ptx).unwrap_or_else(|e| panic!("{}: {e}", kernel.name()));
-    // "// N CTAs of T threads, W bytes of shared memory per CTA" (or "of global workspace").
-    let header = ptx.lines().find(|l| l.contains("CTAs of")).expect("plan comment");
-    let words: Vec<&str> = header.split_whitespace().collect();
-    let ctas: u32 = words[1].parse().expect("CTA count");
-    let threads: u32 = words[4].parse().expect("threads per CTA");
-    let per_cta: usize = words[6].parse().expect("workspace bytes");
-    let shared = header.contains("bytes of shared memory");
-    let mut mem = tessel_ptx_emu::Memory::default();
-    let mut params = Vec::new();
-    if !shared {
-        params.push(mem.alloc(ctas as usize * per_cta));
-    }
-    let mut outputs = Vec::new();
-    for p in kernel.kernel().params.iter().filter(|p| p.kind != ParamKind::Scratch) {
-        let addr = mem.alloc(p.ty.numel() * 4);
-        if p.kind == ParamKind::In {
-            mem.write_words(addr, &inputs.inputs[&p.name].to_bits());
-        } else {
-            outputs.push((p.name.clone(), p.ty.clone(), addr));
-        }
-        params.push(addr);
-    }
-    module
-        .launch(&mut mem, &params, ctas, threads, if shared { per_cta } else { 0 }, reverse)
-        .unwrap_or_else(|e| panic!("{}: {e}", kernel.name()));
-    outputs
-        .into_iter()
-        .map(|(name, ty, addr)| (name, tessel::HostArray::from_bits(ty.dtype, &ty.shape, mem.read_words(addr, ty.numel()))))
-        .collect()
-}
-
 #[test]
 fn emulated_ptx_agrees_with_the_interpreter() {
     use tessel::{KernelLaunch, Runtime, Tolerance};
@@ -274,7 +235,7 @@ fn emulated_ptx_agrees_with_the_interpreter() {
         let want = rt.launch("interpret", &call, &[], &args).expect("interpreter runs");
         // Both thread orders: a missing barrier would make them differ.
         for reverse in [false, true] {
-            let got = emulate(&ptx, kernel, &args, reverse);
+            let got = emulate(&ptx, kernel, &args, reverse).unwrap_or_else(|e| panic!("{name}: {e}"));
             for ((n, g), (_, w)) in got.iter().zip(&want) {
                 let tol = Tolerance::for_dtype(w.dtype());
                 let bad: Vec<String> = g
@@ -314,7 +275,7 @@ fn a_thread_axis_runs_as_the_warpgroups_of_one_cta() {
     let args = tessel::LaunchArgs { inputs: tessel::inputs::random_inputs(kernels[0].kernel(), 3), grid: Default::default() };
     let want = rt.launch("interpret", &call, &[], &args).expect("the interpreter takes the portable view");
     for reverse in [false, true] {
-        let got = emulate(&ptx, &kernels[0], &args, reverse);
+        let got = emulate(&ptx, &kernels[0], &args, reverse).expect("emulates");
         let tol = Tolerance::for_dtype(want[0].1.dtype());
         assert!(got[0].1.to_f64().iter().zip(want[0].1.to_f64()).all(|(a, b)| tol.close(*a, b)), "reverse={reverse}");
     }

@@ -1,9 +1,10 @@
 //! Random differential testing: well-typed kernels made from a seed (elementwise chains,
 //! reductions with broadcasting back, `dot`, masks from `iota`, ragged blocks, `when`, `for` with
-//! carried values, integer chains, outputs revisited along a `seq` axis) run on the interpreter
-//! and on wgpu with the same seeded inputs; they must agree within the dtype's tolerance (exact
-//! for integers). A disagreement is shrunk (fewer steps, smaller blocks, while it still
-//! disagrees) and saved under `tests/in/regressions/`, where `tests/wgpu.rs` runs it from then on.
+//! carried values, integer chains, outputs revisited along a `seq` axis) run on the interpreter,
+//! on wgpu, and as Mosaic GPU PTX on the PTX emulator, with the same seeded inputs; they must
+//! agree within the dtype's tolerance (exact for integers). A disagreement is shrunk (fewer
+//! steps, smaller blocks, while it still disagrees) and saved under `tests/in/regressions/`,
+//! where `tests/wgpu.rs` and `tests/mosaic.rs` run it from then on.
 //!
 //! `TESSEL_RANDOM_KERNELS=N` sets how many kernels (default 60; the closing notes record runs of
 //! thousands). `TESSEL_RANDOM_SEED=S` starts elsewhere.
@@ -235,14 +236,29 @@ fn generate(s: &Spec) -> String {
     format!("{head}{{\n{}}}\n", b.text)
 }
 
-/// `Ok` if wgpu agrees with the interpreter on the kernel, else what differs.
-fn differ(rt: &Runtime, text: &str, seed: u64) -> Result<(), String> {
+/// What runs a kernel against the interpreter.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Target {
+    Wgpu,
+    /// The Mosaic GPU backend's PTX on the PTX emulator; threads in reverse order for odd seeds.
+    MosaicEmulated,
+}
+
+/// `Ok` if `target` agrees with the interpreter on the kernel, else what differs.
+fn differ(rt: &Runtime, target: Target, text: &str, seed: u64) -> Result<(), String> {
     let kernels = tessel::load_source("random.tk", text).map_err(|e| format!("does not verify: {e}"))?;
     let k = &kernels[0];
     let call = [KernelLaunch { kernel: k, mesh: None }];
     let args = LaunchArgs { inputs: tessel::inputs::random_inputs(k.kernel(), seed), grid: Default::default() };
     let want = rt.launch("interpret", &call, &[], &args).map_err(|e| format!("interpret: {e}"))?;
-    let got = rt.launch("wgpu", &call, &[], &args).map_err(|e| format!("wgpu: {e}"))?;
+    let got = match target {
+        Target::Wgpu => rt.launch("wgpu", &call, &[], &args).map_err(|e| format!("wgpu: {e}"))?,
+        Target::MosaicEmulated => {
+            let (_, ptx) =
+                rt.lower("mosaic-gpu", &call, &[], &Default::default()).map_err(|e| format!("mosaic-gpu: {e}"))?.remove(0);
+            emulate(&ptx, k, &args, seed % 2 == 1).map_err(|e| format!("mosaic-gpu (emulated): {e}"))?
+        }
+    };
     for ((name, w), (_, g)) in want.iter().zip(&got) {
         let a = tessel_plugin_api::array::agreement(g, w);
         if !a.within {
@@ -254,7 +270,7 @@ fn differ(rt: &Runtime, text: &str, seed: u64) -> Result<(), String> {
 
 /// The smallest spec derived from `s` that still disagrees: fewer steps, then smaller blocks
 /// and grids.
-fn shrink(rt: &Runtime, mut s: Spec) -> Spec {
+fn shrink(rt: &Runtime, target: Target, mut s: Spec) -> Spec {
     loop {
         let candidates = [
             Spec { steps: s.steps.saturating_sub(1).max(1), ..s.clone() },
@@ -267,7 +283,7 @@ fn shrink(rt: &Runtime, mut s: Spec) -> Spec {
         let next = candidates.into_iter().find(|c| {
             let smaller =
                 (c.steps, c.r, c.c, c.gi, c.gj, c.short_r + c.short_c) != (s.steps, s.r, s.c, s.gi, s.gj, s.short_r + s.short_c);
-            smaller && differ(rt, &generate(c), c.seed).is_err()
+            smaller && differ(rt, target, &generate(c), c.seed).is_err()
         });
         match next {
             Some(c) => s = c,
@@ -276,30 +292,45 @@ fn shrink(rt: &Runtime, mut s: Spec) -> Spec {
     }
 }
 
-#[test]
-fn random_kernels_agree_on_interpret_and_wgpu() {
-    let Some(adapter) = wgpu_adapter("random differential kernels") else { return };
-    let rt = Runtime::new(&[]).unwrap();
+/// Runs the seeded kernels on `target`; the disagreements, each shrunk and saved.
+fn run_random(rt: &Runtime, target: Target) -> (u64, u64, Vec<String>) {
     let count: u64 = std::env::var("TESSEL_RANDOM_KERNELS").ok().and_then(|v| v.parse().ok()).unwrap_or(60);
     let start: u64 = std::env::var("TESSEL_RANDOM_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or(1);
     let mut failures = Vec::new();
     for seed in start..start + count {
         let spec = Spec::random(seed);
         let text = generate(&spec);
-        if let Err(e) = differ(&rt, &text, seed) {
-            let small = shrink(&rt, spec);
+        if let Err(e) = differ(rt, target, &text, seed) {
+            let small = shrink(rt, target, spec);
             let text = generate(&small);
-            let why = differ(&rt, &text, small.seed).err().unwrap_or(e);
+            let why = differ(rt, target, &text, small.seed).err().unwrap_or(e);
             let dir = root().join("tests/in/regressions");
             std::fs::create_dir_all(&dir).unwrap();
-            let path = dir.join(format!("random_{seed}.tk"));
+            let name = if target == Target::Wgpu { format!("random_{seed}") } else { format!("random_mosaic_{seed}") };
+            let path = dir.join(format!("{name}.tk"));
             let why_lines: String = why.lines().map(|l| format!("# {}\n", l.trim_end())).collect();
             std::fs::write(&path, format!("# found by tests/random_kernels.rs, shrunk:\n{why_lines}{text}")).unwrap();
             failures.push(format!("seed {seed}: {why} (shrunk into {})", path.display()));
         }
     }
+    (count, start, failures)
+}
+
+#[test]
+fn random_kernels_agree_on_interpret_and_wgpu() {
+    let Some(adapter) = wgpu_adapter("random differential kernels") else { return };
+    let rt = Runtime::new(&[]).unwrap();
+    let (count, start, failures) = run_random(&rt, Target::Wgpu);
     eprintln!("{count} random kernels from seed {start} on {adapter}: {} disagreements", failures.len());
     assert!(failures.is_empty(), "wgpu disagrees with the interpreter:\n{}", failures.join("\n"));
+}
+
+#[test]
+fn random_kernels_agree_on_interpret_and_emulated_mosaic_ptx() {
+    let rt = Runtime::new(&[]).unwrap();
+    let (count, start, failures) = run_random(&rt, Target::MosaicEmulated);
+    eprintln!("{count} random kernels from seed {start} as emulated Mosaic GPU PTX: {} disagreements", failures.len());
+    assert!(failures.is_empty(), "the emulated Mosaic GPU PTX disagrees with the interpreter:\n{}", failures.join("\n"));
 }
 
 #[test]

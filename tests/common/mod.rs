@@ -130,3 +130,42 @@ pub fn wgpu_adapter(test: &str) -> Option<String> {
         None
     }
 }
+
+/// Runs the Mosaic GPU PTX of `kernel` on the PTX emulator (`tests/ptx-emu`) with `inputs`, threads
+/// in order or in reverse order; returns the outputs.
+pub fn emulate(
+    ptx: &str,
+    kernel: &tessel_plugin_api::ir::Verified,
+    inputs: &tessel::LaunchArgs,
+    reverse: bool,
+) -> Result<Vec<(String, tessel::HostArray)>, String> {
+    use tessel_plugin_api::ir::ParamKind;
+    let module = tessel_ptx_emu::parse(ptx)?;
+    // "// N CTAs of T threads, W bytes of shared memory per CTA" (or "of global workspace").
+    let header = ptx.lines().find(|l| l.contains("CTAs of")).expect("plan comment");
+    let words: Vec<&str> = header.split_whitespace().collect();
+    let ctas: u32 = words[1].parse().expect("CTA count");
+    let threads: u32 = words[4].parse().expect("threads per CTA");
+    let per_cta: usize = words[6].parse().expect("workspace bytes");
+    let shared = header.contains("bytes of shared memory");
+    let mut mem = tessel_ptx_emu::Memory::default();
+    let mut params = Vec::new();
+    if !shared {
+        params.push(mem.alloc(ctas as usize * per_cta));
+    }
+    let mut outputs = Vec::new();
+    for p in kernel.kernel().params.iter().filter(|p| p.kind != ParamKind::Scratch) {
+        let addr = mem.alloc(p.ty.numel() * 4);
+        if p.kind == ParamKind::In {
+            mem.write_words(addr, &inputs.inputs[&p.name].to_bits());
+        } else {
+            outputs.push((p.name.clone(), p.ty.clone(), addr));
+        }
+        params.push(addr);
+    }
+    module.launch(&mut mem, &params, ctas, threads, if shared { per_cta } else { 0 }, reverse)?;
+    Ok(outputs
+        .into_iter()
+        .map(|(name, ty, addr)| (name, tessel::HostArray::from_bits(ty.dtype, &ty.shape, mem.read_words(addr, ty.numel()))))
+        .collect())
+}
