@@ -5,7 +5,6 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use common::*;
 
@@ -48,31 +47,6 @@ fn snapshot(name: &str, text: &str) {
     settings.set_prepend_module_to_snapshot(false);
     settings.set_omit_expression(true);
     settings.bind(|| insta::assert_snapshot!(name, text));
-}
-
-/// `ptxas -arch=sm_90a -v`: Ok(the register and spill lines) or Err(its errors).
-fn assemble(ptxas: &Path, name: &str, ptx: &str) -> Result<String, String> {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let src = dir.path().join(format!("{name}.ptx"));
-    std::fs::write(&src, ptx).expect("write ptx");
-    let out = Command::new(ptxas)
-        .arg("-arch=sm_90a")
-        .arg("-v")
-        .arg(&src)
-        .arg("-o")
-        .arg(dir.path().join("out.cubin"))
-        .output()
-        .expect("ptxas runs");
-    let log = String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
-    if !out.status.success() {
-        return Err(log);
-    }
-    Ok(log
-        .lines()
-        .filter(|l| l.contains("Used") || l.contains("spill"))
-        .map(|l| l.trim().replace(&dir.path().display().to_string(), ""))
-        .collect::<Vec<_>>()
-        .join("\n"))
 }
 
 #[test]
@@ -273,6 +247,34 @@ fn a_thread_axis_runs_as_the_warpgroups_of_one_cta() {
     );
     assert!(ptx.contains("bar.sync %r"), "each warpgroup has its own barrier");
     let args = tessel::LaunchArgs { inputs: tessel::inputs::random_inputs(kernels[0].kernel(), 3), grid: Default::default() };
+    let want = rt.launch("interpret", &call, &[], &args).expect("the interpreter takes the portable view");
+    for reverse in [false, true] {
+        let got = emulate(&ptx, &kernels[0], &args, reverse).expect("emulates");
+        let tol = Tolerance::for_dtype(want[0].1.dtype());
+        assert!(got[0].1.to_f64().iter().zip(want[0].1.to_f64()).all(|(a, b)| tol.close(*a, b)), "reverse={reverse}");
+    }
+}
+
+#[test]
+fn a_thread_axis_past_eight_warpgroups_runs_several_points_per_warpgroup() {
+    use tessel::{KernelLaunch, Runtime, Tolerance};
+    // CUDA launches at most 1,024 threads per block, so 12 points of `wg` run on 8 warpgroups,
+    // the first 4 taking two points each.
+    let text = std::fs::read_to_string(root().join("tests/in/warpgroups.tk"))
+        .unwrap()
+        .replace("wg: 2)", "wg: 12)")
+        .replace("2*i + wg", "12*i + wg")
+        .replace("f32[8, 64]", "f32[48, 64]");
+    let kernels = tessel::load_source("warpgroups12.tk", &text).expect("kernel");
+    let rt = Runtime::new(&[]).expect("runtime");
+    let mesh = rt.mesh("mosaic-gpu", "mosaic_gpu(i: 4, wg: 12 thread)").expect("mesh");
+    let call = [KernelLaunch { kernel: &kernels[0], mesh: Some(&mesh) }];
+    let (_, ptx) = rt.lower("mosaic-gpu", &call, &[], &Default::default()).expect("lowers").remove(0);
+    assert!(ptx.contains("// 4 CTAs of 1024 threads") && ptx.contains("12 thread-axis points on 8 warpgroups"), "{ptx}");
+    if let Some(ptxas) = ptxas() {
+        assemble(&ptxas, "warpgroups12", &ptx).unwrap_or_else(|e| panic!("ptxas: {e}"));
+    }
+    let args = tessel::LaunchArgs { inputs: tessel::inputs::random_inputs(kernels[0].kernel(), 5), grid: Default::default() };
     let want = rt.launch("interpret", &call, &[], &args).expect("the interpreter takes the portable view");
     for reverse in [false, true] {
         let got = emulate(&ptx, &kernels[0], &args, reverse).expect("emulates");

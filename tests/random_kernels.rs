@@ -256,6 +256,9 @@ fn differ(rt: &Runtime, target: Target, text: &str, seed: u64) -> Result<(), Str
         Target::MosaicEmulated => {
             let (_, ptx) =
                 rt.lower("mosaic-gpu", &call, &[], &Default::default()).map_err(|e| format!("mosaic-gpu: {e}"))?.remove(0);
+            if let Some(ptxas) = ptxas() {
+                assemble(&ptxas, "random", &ptx).map_err(|e| format!("ptxas refuses the PTX: {e}"))?;
+            }
             emulate(&ptx, k, &args, seed % 2 == 1).map_err(|e| format!("mosaic-gpu (emulated): {e}"))?
         }
     };

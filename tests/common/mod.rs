@@ -169,3 +169,28 @@ pub fn emulate(
         .map(|(name, ty, addr)| (name, tessel::HostArray::from_bits(ty.dtype, &ty.shape, mem.read_words(addr, ty.numel()))))
         .collect())
 }
+
+/// `ptxas -arch=sm_90a -v`: Ok(the register and spill lines) or Err(its errors).
+pub fn assemble(ptxas: &Path, name: &str, ptx: &str) -> Result<String, String> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let src = dir.path().join(format!("{name}.ptx"));
+    std::fs::write(&src, ptx).expect("write ptx");
+    let out = std::process::Command::new(ptxas)
+        .arg("-arch=sm_90a")
+        .arg("-v")
+        .arg(&src)
+        .arg("-o")
+        .arg(dir.path().join("out.cubin"))
+        .output()
+        .expect("ptxas runs");
+    let log = String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        return Err(log);
+    }
+    Ok(log
+        .lines()
+        .filter(|l| l.contains("Used") || l.contains("spill"))
+        .map(|l| l.trim().replace(&dir.path().display().to_string(), ""))
+        .collect::<Vec<_>>()
+        .join("\n"))
+}

@@ -285,8 +285,22 @@ impl<'p> Writer<'p> {
         let par: Vec<usize> = (0..grid.len()).filter(|&a| !grid[a].seq && Some(a) != plan.thread_axis).collect();
         let seq: Vec<usize> = (0..grid.len()).filter(|&a| grid[a].seq).collect();
         decode(self, &cta, &par);
+        // More points of the thread axis than warpgroups: each warpgroup walks its points.
+        let mut points = None;
         if let Some(t) = plan.thread_axis {
-            self.coords[t] = self.warpgroup.clone();
+            if plan.thread_points > plan.warpgroups {
+                let (point, top, end) = (self.r(), self.label("point"), self.label("points"));
+                self.comment(&format!("{} thread-axis points on {} warpgroups", plan.thread_points, plan.warpgroups));
+                self.ins(format!("mov.u32 {point}, {}", self.warpgroup));
+                self.place_label(&top);
+                let done = self.p();
+                self.ins(format!("setp.ge.u32 {done}, {point}, {}", plan.thread_points));
+                self.ins(format!("@{done} bra.uni {end}"));
+                self.coords[t] = point.clone();
+                points = Some((point, top, end));
+            } else {
+                self.coords[t] = self.warpgroup.clone();
+            }
         }
         let steps: u64 = seq.iter().map(|&a| size(&grid[a])).product();
         let step = self.r();
@@ -301,6 +315,11 @@ impl<'p> Writer<'p> {
         let more = self.p();
         self.ins(format!("setp.lt.u32 {more}, {step}, {steps}"));
         self.ins(format!("@{more} bra.uni {top}"));
+        if let Some((point, top, end)) = points {
+            self.ins(format!("add.u32 {point}, {point}, {}", plan.warpgroups));
+            self.ins(format!("bra.uni {top}"));
+            self.place_label(&end);
+        }
     }
 
     /// Element origin of every argument's block at this grid point: `E_d * B_d`.

@@ -18,8 +18,12 @@ use std::collections::HashMap;
 use tessel_plugin_api::abi::{BackendError, ErrorKind};
 use tessel_plugin_api::ir::*;
 
-/// CUDA threads per program.
+/// CUDA threads per warpgroup.
 pub const THREADS: u32 = 128;
+/// The most warpgroups of one CTA: CUDA launches at most 1,024 threads per block. A mesh's
+/// thread axis may have up to 16 points (as Pallas allows); past 8, each warpgroup runs several
+/// points in turn.
+pub const MAX_WARPGROUPS: u32 = 8;
 /// The largest block value lowered, in elements (docs/language.md §5).
 pub const MAX_BLOCK_ELEMENTS: usize = 16_384;
 /// The most dynamic shared memory one CTA may have on sm_90 (227 KiB, opted into per function
@@ -61,8 +65,12 @@ pub struct Plan {
     pub value_bytes: u64,
     /// Number of CTAs (the product of the parallel axes but the thread axis).
     pub ctas: u64,
-    /// Warpgroups of 128 threads per CTA: the size of the mesh's thread axis, else 1.
+    /// Warpgroups of 128 threads per CTA: the size of the mesh's thread axis (at most
+    /// [`MAX_WARPGROUPS`]), else 1.
     pub warpgroups: u32,
+    /// Points of the mesh's thread axis (1 without one): warpgroup `w` runs points `w`,
+    /// `w + warpgroups`, ... in turn.
+    pub thread_points: u32,
     /// The grid axis that is the mesh's thread axis: each warpgroup runs one of its points.
     pub thread_axis: Option<usize>,
     /// Whether the workspace is the CTA's dynamic shared memory (else a global buffer of
@@ -170,12 +178,14 @@ pub fn plan(kernel: &Verified, thread_axis: Option<&str>) -> Result<Plan, Backen
     let thread_axis = thread_axis.and_then(|t| kernel.grid().iter().position(|a| a.name == t));
     let mut ctas: u64 = 1;
     let mut warpgroups: u32 = 1;
+    let mut thread_points: u32 = 1;
     for (i, a) in kernel.grid().iter().enumerate().filter(|(_, a)| !a.seq) {
         let AxisSize::Fixed(n) = a.size else {
             return Err(unsupported("dynamic grid bounds not supported in the Mosaic GPU backend\n  give the axis a fixed size, or run on wgpu or interpret, which take `--grid AXIS=N`".into()));
         };
         if Some(i) == thread_axis {
-            warpgroups = n as u32;
+            thread_points = n as u32;
+            warpgroups = thread_points.min(MAX_WARPGROUPS);
         } else {
             ctas = ctas.saturating_mul(n);
         }
@@ -202,6 +212,7 @@ pub fn plan(kernel: &Verified, thread_axis: Option<&str>) -> Result<Plan, Backen
         value_bytes,
         ctas,
         warpgroups,
+        thread_points,
         thread_axis,
         shared: workspace_per_cta <= MAX_SHARED_BYTES,
     })
