@@ -86,7 +86,20 @@ fn several_kernels_in_one_launch_run_in_order() {
     let x: Vec<f32> = (0..16).map(|v| v as f32).collect();
     let input = input_arg(dir.path(), "x", &f32_array(&[16], x.clone()));
     let out = dir.path().display().to_string();
-    let r = tessel(&["run", &file, "--kernel", "scale", "--kernel", "shift", "--input", &input, "--out-dir", &out]);
+    let r = tessel(&[
+        "run",
+        &file,
+        "--kernel",
+        "scale",
+        "--kernel",
+        "shift",
+        "--input",
+        &input,
+        "--out-dir",
+        &out,
+        "--backend",
+        "interpret",
+    ]);
     assert_eq!(r.code, 0, "{}", r.stderr);
     assert!(r.stdout.contains("ran `scale`, `shift` on interpret"), "{}", r.stdout);
     // Both write `o`; `shift` runs second, so its result stands.
@@ -331,4 +344,24 @@ fn a_reported_launch_says_where_it_ran_why_and_whether_it_compiled() {
     assert_eq!(second.outputs, first.outputs);
     let want = rt.launch("interpret", &call, &[], &args).unwrap();
     assert!(tessel_plugin_api::array::agreement(&first.outputs[0].1, &want[0].1).within);
+}
+
+#[test]
+fn run_without_a_backend_chooses_one_and_checks_it_against_the_interpreter() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = tessel(&["run", &example("softmax"), "--check", "--out-dir", dir.path().to_str().unwrap()]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(r.stdout.contains("check o: max abs error") && r.stdout.contains(": ok"), "{}", r.stdout);
+    // The default is `auto`: mosaic-gpu on a Hopper GPU, else wgpu wherever an adapter exists,
+    // and only without one the interpreter, which then says that it checks itself.
+    if wgpu_adapter("run's default backend").is_some() {
+        let on = |b: &str| r.stdout.starts_with(&format!("ran `softmax` on {b} "));
+        assert!(on("wgpu") || on("mosaic-gpu"), "{}", r.stdout);
+        assert!(!r.stdout.contains("compares the interpreter with itself"), "{}", r.stdout);
+    } else {
+        assert!(r.stdout.contains("compares the interpreter with itself"), "{}", r.stdout);
+    }
+    // `lower` keeps a fixed default, needing no device.
+    let r = tessel(&["lower", &example("add")]);
+    assert!(r.code == 0 && r.stdout.contains("(interpret)"), "{}", r.stdout);
 }

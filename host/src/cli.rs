@@ -87,9 +87,10 @@ enum Command {
 struct LaunchFlags {
     /// The kernel file.
     file: PathBuf,
-    /// The backend: a name, or `auto` for the first available.
-    #[arg(long, default_value = "interpret")]
-    backend: String,
+    /// The backend: a name, or `auto` for the first available that takes the launch [default:
+    /// auto for `run`, interpret for `lower` and `bench`].
+    #[arg(long)]
+    backend: Option<String>,
     /// The kernel of the file (needed when it defines several); twice or more for one launch of
     /// several kernels.
     #[arg(long = "kernel", value_name = "NAME")]
@@ -180,7 +181,7 @@ fn dot_flops(v: &Verified, grid_points: u64) -> u64 {
 }
 
 fn bench(rt: &Runtime, flags: &LaunchFlags, runs: usize, seed: u64, out: &mut dyn Write) -> Result<()> {
-    let p = prepare(rt, flags)?;
+    let p = prepare(rt, flags, LOWER_DEFAULT)?;
     explain(&p, flags, out);
     let opts = RunOptions { inputs: Vec::new(), seed, out_dir: None, check: false };
     let launch = LaunchArgs { inputs: read_inputs(&p, &opts)?, grid: p.grid.clone() };
@@ -405,11 +406,18 @@ fn pick_kernels(file: &Path, all: &[Verified], names: &[String]) -> Result<Vec<V
         .collect()
 }
 
-fn prepare(rt: &Runtime, flags: &LaunchFlags) -> Result<Prepared> {
+/// The backend `run` uses without `--backend`: the first available that takes the launch, so that
+/// `tessel run K.tk --check` compares a real backend with the interpreter.
+const RUN_DEFAULT: &str = "auto";
+/// The backend `lower` and `bench` use without `--backend`.
+const LOWER_DEFAULT: &str = tessel_interpret::NAME;
+
+fn prepare(rt: &Runtime, flags: &LaunchFlags, default: &str) -> Result<Prepared> {
     let all = crate::load_file(&flags.file)?;
-    let auto = flags.backend == "auto";
+    let asked = flags.backend.as_deref().unwrap_or(default);
+    let auto = asked == "auto";
     // With `auto`, meshes are made by the backend that owns their kind; else by the one named.
-    let backend = if auto { String::new() } else { flags.backend.clone() };
+    let backend = if auto { String::new() } else { asked.to_string() };
     if !auto {
         rt.backend(&backend)?;
     }
@@ -468,7 +476,7 @@ fn explain(p: &Prepared, flags: &LaunchFlags, out: &mut dyn Write) {
 }
 
 fn lower(rt: &Runtime, flags: &LaunchFlags, out: &mut dyn Write) -> Result<()> {
-    let p = prepare(rt, flags)?;
+    let p = prepare(rt, flags, LOWER_DEFAULT)?;
     explain(&p, flags, out);
     let (stages, cache) = rt.lower_cached(&p.backend, &p.launches(), &p.externals(), &p.grid)?;
     if flags.explain {
@@ -509,7 +517,7 @@ fn read_inputs(p: &Prepared, opts: &RunOptions) -> Result<BTreeMap<String, HostA
 }
 
 fn run(rt: &Runtime, flags: &LaunchFlags, opts: &RunOptions, out: &mut dyn Write) -> Result<()> {
-    let p = prepare(rt, flags)?;
+    let p = prepare(rt, flags, RUN_DEFAULT)?;
     explain(&p, flags, out);
     let launch = LaunchArgs { inputs: read_inputs(&p, opts)?, grid: p.grid.clone() };
     let start = Instant::now();
@@ -518,6 +526,13 @@ fn run(rt: &Runtime, flags: &LaunchFlags, opts: &RunOptions, out: &mut dyn Write
     let names: Vec<&str> = p.kernels.iter().map(Verified::name).collect();
     let _ = writeln!(out, "ran `{}` on {} in {:.2} ms", names.join("`, `"), p.backend, elapsed.as_secs_f64() * 1e3);
     let report = if opts.check {
+        if p.backend == tessel_interpret::NAME {
+            let _ = writeln!(
+                out,
+                "  note: --check compares the interpreter with itself{}",
+                if p.explanation.is_empty() { "" } else { " (no other backend takes this launch here; --explain says why)" }
+            );
+        }
         let reference = rt.launch(tessel_interpret::NAME, &p.launches(), &p.externals(), &launch)?;
         Some(compare(&outputs, &reference))
     } else {

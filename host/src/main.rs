@@ -12,7 +12,12 @@ fn main() -> std::process::ExitCode {
         eprintln!("error: internal error in tessel ({info}); please report it with the command that caused it");
     }));
     // TESSEL_LOG=debug shows, among others, abi_stable's full layout report for a plugin refused.
-    env_logger::Builder::from_env(env_logger::Env::new().filter("TESSEL_LOG")).format_timestamp(None).init();
+    // Without it, wgpu-hal's errors stay quiet: probing an API the machine lacks (GL without an EGL
+    // driver while Vulkan works) is not the user's error, and real failures reach the user through
+    // the backend's own messages.
+    env_logger::Builder::from_env(env_logger::Env::new().filter_or("TESSEL_LOG", "error,wgpu_hal=off"))
+        .format_timestamp(None)
+        .init();
     let code = tessel::cli::main(std::env::args_os(), &mut std::io::stdout(), &mut std::io::stderr());
     std::process::ExitCode::from(code)
 }

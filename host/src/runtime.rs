@@ -89,9 +89,12 @@ impl Runtime {
                     lines.push(format!("{}: chosen ({})", b.name, a.reason));
                     return Ok((b.name.clone(), lines));
                 }
-                Err(e) => {
-                    lines.push(format!("{}: skipped, refuses the launch: {}", b.name, e.to_string().lines().next().unwrap_or("")))
-                }
+                // The refusal's hint lines stay, indented under it: they say what would work.
+                Err(e) => lines.push(format!(
+                    "{}: skipped, refuses the launch: {}",
+                    b.name,
+                    e.to_string().lines().map(str::trim).collect::<Vec<_>>().join("\n      ")
+                )),
             }
         }
         Err(Error::NoBackend { reasons: lines.join("\n  ") })

@@ -87,7 +87,7 @@ fn pick_adapter() -> Result<Adapter, String> {
             let names: Vec<String> = all.iter().map(|a| describe(&a.get_info())).collect();
             all.into_iter().find(|a| a.get_info().name.to_lowercase().contains(&want.to_lowercase())).ok_or_else(|| {
                 format!(
-                    "unavailable: no adapter matches TESSEL_WGPU_ADAPTER={want}; the adapters here are: {}",
+                    "no adapter matches TESSEL_WGPU_ADAPTER={want}; the adapters here are: {}",
                     if names.is_empty() { "none".to_string() } else { names.join("; ") }
                 )
             })?
@@ -101,9 +101,7 @@ fn pick_adapter() -> Result<Adapter, String> {
                 ..Default::default()
             };
             pollster::block_on(instance.request_adapter(&options)).map_err(|e| {
-                format!(
-                    "unavailable: no wgpu adapter ({e}); on Debian `apt-get install libvulkan1 mesa-vulkan-drivers` gives a software one"
-                )
+                format!("no wgpu adapter ({e}); on Debian `apt-get install libvulkan1 mesa-vulkan-drivers` gives a software one")
             })?
         }
     };
@@ -117,7 +115,7 @@ pub fn adapter() -> Result<&'static Adapter, String> {
     ADAPTER
         .get_or_init(|| {
             std::panic::catch_unwind(pick_adapter)
-                .unwrap_or_else(|_| Err("unavailable: wgpu panicked while looking for an adapter".to_string()))
+                .unwrap_or_else(|_| Err("wgpu panicked while looking for an adapter".to_string()))
         })
         .as_ref()
         .map_err(Clone::clone)
@@ -136,7 +134,7 @@ pub fn gpu() -> Result<&'static Gpu, BackendError> {
             ..Default::default()
         };
         let (device, queue) = pollster::block_on(a.adapter.request_device(&desc))
-            .map_err(|e| format!("unavailable: the adapter {} would not open a device: {e}", a.description))?;
+            .map_err(|e| format!("the adapter {} would not open a device: {e}", a.description))?;
         let stray = Arc::new(Mutex::new(Vec::new()));
         let lost = Arc::new(Mutex::new(None));
         let s = Arc::clone(&stray);
@@ -164,7 +162,14 @@ pub fn gpu() -> Result<&'static Gpu, BackendError> {
         })
     })
     .as_ref()
-    .map_err(|e| err(ErrorKind::Unavailable, e.clone()))
+    .map_err(|e| {
+        err(
+            ErrorKind::Unavailable,
+            format!(
+                "the wgpu backend is unavailable: {e}\n  run on interpret instead (--backend auto picks the first available)"
+            ),
+        )
+    })
 }
 
 /// An error with every cause after it (wgpu's own text says only "Validation Error").
