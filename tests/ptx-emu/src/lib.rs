@@ -774,3 +774,125 @@ fn cmp_int<T: PartialOrd>(cmp: &str, p: T, q: T) -> Result<bool, String> {
         _ => return Err(format!("comparison {cmp}")),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An entry with one `.u64` parameter `out` around `body`.
+    fn module(body: &str, shared: bool) -> Module {
+        let decl = if shared { ".extern .shared .align 16 .b8 smem[];\n" } else { "" };
+        let ptx = format!(
+            ".version 8.0\n.target sm_90a\n.address_size 64\n{decl}.visible .entry k(\n\t.param .u64 k_out\n)\n{{\n{body}\n\tret;\n}}\n"
+        );
+        parse(&ptx).unwrap_or_else(|e| panic!("{e}\n{ptx}"))
+    }
+
+    #[test]
+    fn an_instruction_outside_the_subset_is_named() {
+        let ptx = ".visible .entry k(\n)\n{\n\tfma.rn.f32 %r1, %r2, %r3, %r4;\n\tret;\n}\n";
+        let err = parse(ptx).err().expect("refused");
+        assert!(err.contains("`fma.rn.f32` is not in the emulated subset"), "{err}");
+    }
+
+    #[test]
+    fn a_barrier_some_threads_skip_is_a_deadlock() {
+        let m = module("\tmov.u32 %r1, %tid.x;\n\tsetp.eq.u32 %p1, %r1, 0;\n\t@%p1 bra $L_end;\n\tbar.sync 0;\n$L_end:", false);
+        let mut mem = Memory::default();
+        let out = mem.alloc(4);
+        let err = m.launch(&mut mem, &[out], 1, 64, 0, false).expect_err("thread 0 never arrives");
+        assert!(err.contains("deadlock: 1 threads ended"), "{err}");
+    }
+
+    #[test]
+    fn a_named_barrier_opens_for_its_count() {
+        // Two groups of 32 threads, each with its own barrier: thread t writes word t, waits
+        // for its group, then reads its neighbour's word in the group.
+        let body = "\tmov.u32 %r1, %tid.x;\n\tld.param.u64 %rd1, [k_out];\n\tcvta.to.global.u64 %rd1, %rd1;\n\
+                    \tmul.wide.u32 %rd2, %r1, 4;\n\tadd.u64 %rd3, %rd1, %rd2;\n\tst.global.b32 [%rd3], %r1;\n\
+                    \tdiv.u32 %r2, %r1, 32;\n\tbar.sync %r2, 32;\n\txor.b32 %r3, %r1, 1;\n\
+                    \tmul.wide.u32 %rd4, %r3, 4;\n\tadd.u64 %rd5, %rd1, %rd4;\n\tld.global.b32 %r4, [%rd5];\n\
+                    \tadd.u32 %r5, %r1, 64;\n\tmul.wide.u32 %rd6, %r5, 4;\n\tadd.u64 %rd7, %rd1, %rd6;\n\tst.global.b32 [%rd7], %r4;";
+        let m = module(body, false);
+        for reverse in [false, true] {
+            let mut mem = Memory::default();
+            let out = mem.alloc(128 * 4);
+            m.launch(&mut mem, &[out], 1, 64, 0, reverse).expect("runs");
+            let words = mem.read_words(out + 64 * 4, 64);
+            assert!(words.iter().enumerate().all(|(t, w)| *w == (t as u32 ^ 1)), "{words:?}");
+        }
+    }
+
+    #[test]
+    fn shared_memory_starts_as_a_nan_pattern_and_is_bounded() {
+        let body = "\tmov.u64 %rd1, smem;\n\tld.shared.b32 %r1, [%rd1];\n\tld.param.u64 %rd2, [k_out];\n\
+                    \tcvta.to.global.u64 %rd2, %rd2;\n\tst.global.b32 [%rd2], %r1;";
+        let m = module(body, true);
+        let mut mem = Memory::default();
+        let out = mem.alloc(4);
+        m.launch(&mut mem, &[out], 1, 1, 16, false).expect("runs");
+        assert!(f32::from_bits(mem.read_words(out, 1)[0]).is_nan());
+        let m = module("\tmov.u64 %rd1, smem;\n\tadd.u64 %rd1, %rd1, 16;\n\tld.shared.b32 %r1, [%rd1];", true);
+        let err = m.launch(&mut mem, &[out], 1, 1, 16, false).expect_err("past the end");
+        assert!(err.contains("past the 16 bytes of dynamic shared memory"), "{err}");
+    }
+
+    /// A warp whose lane registers hold A, B and C of an `m16n8k8` tf32 `mma` as the PTX ISA lays
+    /// them out, written here from the ISA's formulas.
+    #[test]
+    fn mma_tf32_computes_a_16x8_tile() {
+        let a = |r: usize, c: usize| (r * 8 + c) as f32 / 16.0 - 3.0;
+        let bm = |r: usize, c: usize| (r as f32 - c as f32) / 4.0;
+        let cm = |r: usize, c: usize| (r + c) as f32;
+        let (d, ra, rb, rc) = ([0, 1, 2, 3], [4, 5, 6, 7], [8, 9], [10, 11, 12, 13]);
+        let mut warp: Vec<Thread> = (0..32)
+            .map(|lane| {
+                let (g, t) = (lane / 4, lane % 4);
+                let mut regs = vec![0u64; 14];
+                // a0 (g, t), a1 (g+8, t), a2 (g, t+4), a3 (g+8, t+4)
+                for (i, (r, c)) in [(g, t), (g + 8, t), (g, t + 4), (g + 8, t + 4)].into_iter().enumerate() {
+                    regs[ra[i]] = b(a(r, c));
+                }
+                // b0 (t, g), b1 (t+4, g)
+                regs[rb[0]] = b(bm(t, g));
+                regs[rb[1]] = b(bm(t + 4, g));
+                // c0 (g, 2t), c1 (g, 2t+1), c2 (g+8, 2t), c3 (g+8, 2t+1)
+                for (i, (r, c)) in [(g, 2 * t), (g, 2 * t + 1), (g + 8, 2 * t), (g + 8, 2 * t + 1)].into_iter().enumerate() {
+                    regs[rc[i]] = b(cm(r, c));
+                }
+                Thread { regs, pc: 0, wait: Wait::No }
+            })
+            .collect();
+        let args = [Arg::Vec(d.to_vec()), Arg::Vec(ra.to_vec()), Arg::Vec(rb.to_vec()), Arg::Vec(rc.to_vec())];
+        mma(Mma::Tf32, &args, &mut warp);
+        for (lane, th) in warp.iter().enumerate() {
+            let (g, t) = (lane / 4, lane % 4);
+            for (i, (r, c)) in [(g, 2 * t), (g, 2 * t + 1), (g + 8, 2 * t), (g + 8, 2 * t + 1)].into_iter().enumerate() {
+                // The inputs are exact in tf32 (few significant bits), so the tile is exact.
+                let want: f32 = (0..8).map(|p| a(r, p) * bm(p, c)).sum::<f32>() + cm(r, c);
+                assert_eq!(f(th.regs[d[i]]), want, "D[{r}, {c}]");
+            }
+        }
+    }
+
+    #[test]
+    fn tf32_rounding_is_to_nearest_ties_away() {
+        // 1 + 2^-11 is halfway between two tf32 values (10 fraction bits): away from zero.
+        assert_eq!(f32::from_bits(tf32_rna((1.0f32 + 2f32.powi(-11)).to_bits())), 1.0 + 2f32.powi(-10));
+        assert_eq!(f32::from_bits(tf32_rna((1.0f32 + 2f32.powi(-12)).to_bits())), 1.0);
+        assert_eq!(f32::from_bits(tf32_rna((-1.0f32 - 2f32.powi(-11)).to_bits())), -1.0 - 2f32.powi(-10));
+        assert!(f32::from_bits(tf32_rna(f32::NAN.to_bits())).is_nan());
+        assert_eq!(f32::from_bits(tf32_rna(f32::INFINITY.to_bits())), f32::INFINITY);
+    }
+
+    #[test]
+    fn an_mma_half_the_warp_skips_is_a_deadlock() {
+        let body = "\tmov.u32 %r1, %tid.x;\n\tsetp.ge.u32 %p1, %r1, 16;\n\t@%p1 bra $L_end;\n\
+                    \tmma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%r2, %r3, %r4, %r5}, {%r6, %r7, %r8, %r9}, {%r10, %r11}, {%r2, %r3, %r4, %r5};\n$L_end:";
+        let m = module(body, false);
+        let mut mem = Memory::default();
+        let out = mem.alloc(4);
+        let err = m.launch(&mut mem, &[out], 1, 32, 0, false).expect_err("diverged warp");
+        assert!(err.contains("deadlock") && err.contains("Mma"), "{err}");
+    }
+}
