@@ -201,36 +201,39 @@ fn emulated_ptx_agrees_with_the_interpreter() {
             continue;
         }
         let kernels = tessel::load_file(&path).unwrap_or_else(|e| panic!("{e}"));
-        let kernel = &kernels[0];
-        let mesh = mesh_for(&name).map(|m| rt.mesh("mosaic-gpu", m).expect("mesh"));
-        let call = [KernelLaunch { kernel, mesh: mesh.as_ref() }];
-        let (_, ptx) = rt.lower("mosaic-gpu", &call, &[], &Default::default()).expect("lowers").remove(0);
-        let args = tessel::LaunchArgs { inputs: tessel::inputs::random_inputs(kernel.kernel(), 7), grid: Default::default() };
-        let want = rt.launch("interpret", &call, &[], &args).expect("interpreter runs");
-        // Both thread orders: a missing barrier would make them differ.
-        for reverse in [false, true] {
-            let got = emulate(&ptx, kernel, &args, reverse).unwrap_or_else(|e| panic!("{name}: {e}"));
-            for ((n, g), (_, w)) in got.iter().zip(&want) {
-                let tol = Tolerance::for_dtype(w.dtype());
-                let bad: Vec<String> = g
-                    .to_f64()
-                    .iter()
-                    .zip(w.to_f64())
-                    .enumerate()
-                    .filter(|(_, (a, b))| !tol.close(**a, *b))
-                    .take(3)
-                    .map(|(i, (a, b))| format!("[{i}] {a} vs {b}"))
-                    .collect();
-                assert!(
-                    bad.is_empty(),
-                    "{name}: output {n} (reverse={reverse}) differs from the interpreter: {}",
-                    bad.join(", ")
-                );
+        // Every kernel of the file, each launched on its own.
+        for kernel in &kernels {
+            let name = format!("{name}/{}", kernel.name());
+            let mesh = mesh_for(path.file_stem().unwrap().to_str().unwrap()).map(|m| rt.mesh("mosaic-gpu", m).expect("mesh"));
+            let call = [KernelLaunch { kernel, mesh: mesh.as_ref() }];
+            let (_, ptx) = rt.lower("mosaic-gpu", &call, &[], &Default::default()).expect("lowers").remove(0);
+            let args = tessel::LaunchArgs { inputs: tessel::inputs::random_inputs(kernel.kernel(), 7), grid: Default::default() };
+            let want = rt.launch("interpret", &call, &[], &args).expect("interpreter runs");
+            // Both thread orders: a missing barrier would make them differ.
+            for reverse in [false, true] {
+                let got = emulate(&ptx, kernel, &args, reverse).unwrap_or_else(|e| panic!("{name}: {e}"));
+                for ((n, g), (_, w)) in got.iter().zip(&want) {
+                    let tol = Tolerance::for_dtype(w.dtype());
+                    let bad: Vec<String> = g
+                        .to_f64()
+                        .iter()
+                        .zip(w.to_f64())
+                        .enumerate()
+                        .filter(|(_, (a, b))| !tol.close(**a, *b))
+                        .take(3)
+                        .map(|(i, (a, b))| format!("[{i}] {a} vs {b}"))
+                        .collect();
+                    assert!(
+                        bad.is_empty(),
+                        "{name}: output {n} (reverse={reverse}) differs from the interpreter: {}",
+                        bad.join(", ")
+                    );
+                }
             }
+            checked += 1;
         }
-        checked += 1;
     }
-    assert!(checked >= 12, "only {checked} kernels emulated");
+    assert!(checked >= 24, "only {checked} kernels emulated");
 }
 
 #[test]

@@ -4,6 +4,7 @@
 //! emission order, as nvcc numbers its own; every 32-bit value uses a `.b32` register, which PTX
 //! accepts for `.f32`, `.s32` and `.u32` instructions alike.
 
+use std::collections::HashSet;
 use std::fmt::Write as _;
 
 use tessel_plugin_api::ir::*;
@@ -78,6 +79,66 @@ struct Writer<'p> {
     coords: Vec<String>,
     /// Element origin registers of each argument's block.
     origins: Vec<(String, Vec<String>)>,
+    /// What the warpgroup touched since its last barrier.
+    hazards: Hazards,
+}
+
+/// The slots and arrays a warpgroup's threads wrote and read since their last barrier, by
+/// whether each thread touched only its own elements (element `e` is thread `e % 128`'s in every
+/// loop over a value) or other threads' too. A barrier is needed only where an access meets one
+/// of another thread's: reading what another thread wrote, or writing what another thread read
+/// or wrote. Elementwise chains, loads and stores of whole blocks need none between them.
+#[derive(Clone, Default)]
+struct Hazards {
+    written_own: HashSet<String>,
+    written_across: HashSet<String>,
+    read_own: HashSet<String>,
+    read_across: HashSet<String>,
+}
+
+impl Hazards {
+    /// Whether an access would meet another thread's since the barrier.
+    fn conflicts(&self, u: &Use, write: bool) -> bool {
+        let n = &u.name;
+        let written = self.written_across.contains(n) || (!u.own && self.written_own.contains(n));
+        let read = write && (self.read_across.contains(n) || (!u.own && self.read_own.contains(n)));
+        written || read
+    }
+
+    fn record(&mut self, u: &Use, write: bool) {
+        let set = match (write, u.own) {
+            (true, true) => &mut self.written_own,
+            (true, false) => &mut self.written_across,
+            (false, true) => &mut self.read_own,
+            (false, false) => &mut self.read_across,
+        };
+        set.insert(u.name.clone());
+    }
+
+    /// What either of two paths may have left.
+    fn union(&mut self, other: Hazards) {
+        self.written_own.extend(other.written_own);
+        self.written_across.extend(other.written_across);
+        self.read_own.extend(other.read_own);
+        self.read_across.extend(other.read_across);
+    }
+}
+
+/// One access of a value's slot, a scratch buffer or an array by an operation.
+struct Use {
+    name: String,
+    /// Each thread touches only the elements it owns.
+    own: bool,
+}
+
+impl Use {
+    fn own(name: &str) -> Use {
+        Use { name: name.to_string(), own: true }
+    }
+
+    fn across(name: &str) -> Use {
+        Use { name: name.to_string(), own: false }
+    }
 }
 
 impl<'p> Writer<'p> {
@@ -97,6 +158,7 @@ impl<'p> Writer<'p> {
             args: Vec::new(),
             coords: Vec::new(),
             origins: Vec::new(),
+            hazards: Hazards::default(),
         }
     }
 
@@ -311,6 +373,10 @@ impl<'p> Writer<'p> {
         self.write_origins();
         let body = k.body.clone();
         self.write_body(&body);
+        // The next step (or the next thread-axis point) writes every slot again.
+        if steps > 1 || points.is_some() {
+            self.barrier();
+        }
         self.ins(format!("add.u32 {step}, {step}, 1"));
         let more = self.p();
         self.ins(format!("setp.lt.u32 {more}, {step}, {steps}"));
@@ -351,7 +417,8 @@ impl<'p> Writer<'p> {
         }
     }
 
-    /// A loop of the CTA's threads over `n` elements, then a barrier. `f` writes one element `e`.
+    /// A loop of the warpgroup's threads over `n` elements: thread `t` takes elements `t`,
+    /// `t + 128`, ... `f` writes one element `e`. Barriers come from [`Writer::sync`].
     fn each(&mut self, n: usize, f: impl FnOnce(&mut Self, &str)) {
         let e = self.r();
         let tid = self.tid.clone();
@@ -365,11 +432,26 @@ impl<'p> Writer<'p> {
         self.ins(format!("add.u32 {e}, {e}, {THREADS}"));
         self.ins(format!("bra {top}"));
         self.place_label(&end);
-        self.barrier();
+    }
+
+    /// A barrier before an operation whose accesses meet another thread's since the last one;
+    /// then the accesses are recorded.
+    fn sync(&mut self, reads: &[Use], writes: &[Use]) {
+        let h = &self.hazards;
+        if reads.iter().any(|u| h.conflicts(u, false)) || writes.iter().any(|u| h.conflicts(u, true)) {
+            self.barrier();
+        }
+        for u in reads {
+            self.hazards.record(u, false);
+        }
+        for u in writes {
+            self.hazards.record(u, true);
+        }
     }
 
     /// The warpgroup's barrier: its threads wait for each other.
     fn barrier(&mut self) {
+        self.hazards = Hazards::default();
         if self.plan.warpgroups == 1 {
             self.ins("bar.sync 0");
         } else {
@@ -480,11 +562,87 @@ impl<'p> Writer<'p> {
         }
     }
 
+    /// The shape of a load's or store's region of `name`: the block, sliced and indexed.
+    fn region_shape(&self, name: &str, index: Option<&[Index]>) -> Vec<usize> {
+        let p = self.plan.kernel.kernel().param(name).expect("verified argument");
+        let block = p.block_shape();
+        (0..block.len())
+            .filter_map(|d| match index.map(|ix| &ix[d]) {
+                None | Some(Index::Full) => Some(block[d]),
+                Some(Index::Slice { size, .. }) => Some(*size),
+                Some(Index::At(_)) => None,
+            })
+            .collect()
+    }
+
+    /// What a statement (not `when` or `for`) reads and writes, and whether each thread touches
+    /// only its own elements.
+    fn uses(&self, s: &Stmt, out_shape: &[usize]) -> (Vec<Use>, Vec<Use>) {
+        fn value(o: &Operand) -> Option<&str> {
+            match o {
+                Operand::Value(v) => Some(v.as_str()),
+                Operand::Lit(_) => None,
+            }
+        }
+        // An operand read at the result's own element, or broadcast from other elements.
+        let elementwise = |o: &Operand, to: &[usize]| value(o).map(|v| Use { name: v.into(), own: self.shape_of(v) == to });
+        let indices = |index: Option<&[Index]>| -> Vec<Use> {
+            index
+                .unwrap_or_default()
+                .iter()
+                .flat_map(|ix| match ix {
+                    Index::Full => vec![],
+                    Index::Slice { start, .. } => vec![start],
+                    Index::At(at) => vec![at],
+                })
+                .filter_map(|o| value(o).map(Use::across))
+                .collect()
+        };
+        let dst = s.results.first().map(|d| Use::own(d)).into_iter().collect::<Vec<_>>();
+        match &s.op {
+            Op::Load { src, index, mask, .. } => {
+                let region = self.region_shape(src, index.as_deref());
+                let mut reads = indices(index.as_deref());
+                reads.push(Use::across(src));
+                reads.extend(mask.iter().map(|m| Use { name: m.clone(), own: self.shape_of(m) == region }));
+                (reads, dst)
+            }
+            Op::Store { dst: d, index, value: v, mask } => {
+                let region = self.region_shape(d, index.as_deref());
+                let mut reads = indices(index.as_deref());
+                reads.extend(elementwise(v, &region));
+                reads.extend(mask.iter().map(|m| Use { name: m.clone(), own: self.shape_of(m) == region }));
+                (reads, vec![Use::across(d)])
+            }
+            Op::ProgramId(_) | Op::NumPrograms(_) | Op::Iota { .. } | Op::Full(_) | Op::Zeros => (vec![], dst),
+            Op::Unary(_, a) | Op::Cast(a) | Op::Bitcast(a) | Op::Broadcast(a) => {
+                (elementwise(a, out_shape).into_iter().collect(), dst)
+            }
+            Op::Binary(_, a, b) | Op::Compare(_, a, b) => {
+                (elementwise(a, out_shape).into_iter().chain(elementwise(b, out_shape)).collect(), dst)
+            }
+            Op::Select(c, a, b) => ([c, a, b].into_iter().filter_map(|o| elementwise(o, out_shape)).collect(), dst),
+            // Same flat index, same thread.
+            Op::Reshape(a) => (value(a).map(Use::own).into_iter().collect(), dst),
+            Op::Transpose { arg, .. } | Op::Reduce { arg, .. } => (value(arg).map(Use::across).into_iter().collect(), dst),
+            Op::Dot { a, b, .. } => {
+                let float = value(a).is_some_and(|v| self.plan.kernel.value_type(v).dtype.is_float());
+                let reads = [a, b].into_iter().filter_map(|o| value(o).map(Use::across)).collect();
+                // On the tensor cores a warp's lanes write the tile's elements in the mma layout.
+                let writes = s.results.iter().map(|d| if float { Use::across(d) } else { Use::own(d) }).collect();
+                (reads, writes)
+            }
+            Op::When { .. } | Op::For { .. } | Op::Yield(_) => (vec![], vec![]),
+        }
+    }
+
     fn write_stmt(&mut self, s: &Stmt) {
         let dst = s.results.first().cloned().unwrap_or_default();
         let ty = s.ty.clone();
         let out_shape = ty.as_ref().map(|t| t.shape.clone()).unwrap_or_default();
         let n = out_shape.iter().product::<usize>();
+        let (reads, writes) = self.uses(s, &out_shape);
+        self.sync(&reads, &writes);
         match &s.op {
             Op::Load { src, index, mask, other } => {
                 self.write_access(src, index.as_deref(), mask.as_deref(), Access::Load { dst: &dst, other: *other })
@@ -613,12 +771,18 @@ impl<'p> Writer<'p> {
             Op::Reduce { op, arg, axis, .. } => self.write_reduce(*op, arg, *axis, &dst, n),
             Op::Dot { a, b, trans_a, trans_b } => self.write_dot(a, b, *trans_a, *trans_b, &dst, &out_shape),
             Op::When { cond, body } => {
+                if let Operand::Value(v) = cond {
+                    self.sync(&[Use::across(v)], &[]);
+                }
                 let c = self.scalar(cond);
                 let (p, end) = (self.p(), self.label("when"));
                 self.ins(format!("setp.eq.u32 {p}, {c}, 0"));
                 self.ins(format!("@{p} bra.uni {end}"));
+                // After the body: what it left, or (skipped) what was before it.
+                let before = self.hazards.clone();
                 self.write_body(body);
                 self.place_label(&end);
+                self.hazards.union(before);
             }
             Op::For { var, lo, hi, step, iters, body } => self.write_for(var, lo, hi, step.as_ref(), iters, body, &s.results),
             Op::Yield(_) => {}
@@ -626,6 +790,7 @@ impl<'p> Writer<'p> {
     }
 
     fn copy_value(&mut self, from: &str, to: &str) {
+        self.sync(&[Use::own(from)], &[Use::own(to)]);
         let n: usize = self.shape_of(from).iter().product();
         let (from, to) = (from.to_string(), to.to_string());
         self.each(n, |w, e| {
@@ -651,6 +816,12 @@ impl<'p> Writer<'p> {
                 Operand::Lit(_) => unreachable!("verifier: iter initial values are values"),
             }
         }
+        let bounds: Vec<Use> = [Some(lo), Some(hi), step]
+            .into_iter()
+            .flatten()
+            .filter_map(|o| if let Operand::Value(v) = o { Some(Use::across(v)) } else { None })
+            .collect();
+        self.sync(&bounds, &[]);
         let (lo, hi) = (self.scalar(lo), self.scalar(hi));
         let step = match step {
             Some(s) => self.scalar(s),
@@ -662,12 +833,16 @@ impl<'p> Writer<'p> {
         let never = self.p();
         self.ins(format!("setp.le.s32 {never}, {step}, 0"));
         self.ins(format!("@{never} bra.uni {end}"));
+        // Every iteration ends with a barrier, so the loop's top and its exit see only what
+        // came before the loop.
+        let before = self.hazards.clone();
         self.place_label(&top);
         let done = self.p();
         self.ins(format!("setp.ge.s32 {done}, {i}, {hi}"));
         self.ins(format!("@{done} bra.uni {end}"));
         let var = var.to_string();
         let iv = i.clone();
+        self.sync(&[], &[Use::own(&var)]);
         self.each(1, |w, e| w.store_slot(&var, e, &iv));
         self.write_body(body);
         if let Some(Stmt { op: Op::Yield(vals), .. }) = body.last() {
@@ -679,9 +854,11 @@ impl<'p> Writer<'p> {
                 self.copy_value(&format!("{name}.next"), name);
             }
         }
+        self.barrier();
         self.ins(format!("add.s32 {i}, {i}, {step}"));
         self.ins(format!("bra.uni {top}"));
         self.place_label(&end);
+        self.hazards = before;
         for ((name, _), r) in iters.iter().zip(results) {
             self.copy_value(name, r);
         }
@@ -880,7 +1057,6 @@ impl<'p> Writer<'p> {
         self.ins(format!("add.u32 {tile}, {tile}, {}", THREADS / 32));
         self.ins(format!("bra.uni {top}"));
         self.place_label(&end);
-        self.barrier();
     }
 
     /// `a[row, col]` of a dot (`a[col, row]` when transposed), or 0 past its edges.
