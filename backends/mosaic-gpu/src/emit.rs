@@ -294,18 +294,13 @@ impl<'p> Writer<'p> {
                 // Scratch starts zeroed (docs/language.md §8); shared memory does not. Every
                 // thread of the CTA clears words, then the whole CTA waits.
                 self.comment("zero the scratch");
-                let (i, done, addr, top, end) = (self.r(), self.p(), self.rd(), self.label("zero"), self.label("zeroed"));
-                let zero = self.imm(0);
-                self.ins(format!("mov.u32 {i}, {tid_x}"));
-                self.place_label(&top);
-                self.ins(format!("setp.ge.u32 {done}, {i}, {}", plan.scratch_bytes / 4));
-                self.ins(format!("@{done} bra {end}"));
-                self.ins(format!("mul.wide.u32 {addr}, {i}, 4"));
-                self.ins(format!("add.u64 {addr}, {ws}, {addr}"));
-                self.ins(format!("st.shared.b32 [{addr}], {zero}"));
-                self.ins(format!("add.u32 {i}, {i}, {}", plan.threads()));
-                self.ins(format!("bra {top}"));
-                self.place_label(&end);
+                let (zero, words) = (self.imm(0), (plan.scratch_bytes / 4) as usize);
+                self.count(&tid_x, words, plan.threads(), false, ("zero", "zeroed"), |w, i| {
+                    let addr = w.rd();
+                    w.ins(format!("mul.wide.u32 {addr}, {i}, 4"));
+                    w.ins(format!("add.u64 {addr}, {ws}, {addr}"));
+                    w.ins(format!("st.shared.b32 [{addr}], {zero}"));
+                });
                 self.ins("bar.sync 0");
             }
         } else {
@@ -420,17 +415,32 @@ impl<'p> Writer<'p> {
     /// A loop of the warpgroup's threads over `n` elements: thread `t` takes elements `t`,
     /// `t + 128`, ... `f` writes one element `e`. Barriers come from [`Writer::sync`].
     fn each(&mut self, n: usize, f: impl FnOnce(&mut Self, &str)) {
-        let e = self.r();
         let tid = self.tid.clone();
-        self.ins(format!("mov.u32 {e}, {tid}"));
-        let (top, end) = (self.label("each"), self.label("done"));
+        self.count(&tid, n, THREADS, false, ("each", "done"), f);
+    }
+
+    /// A counted loop: `i` from `from` while below `below`, by `by`; `uniform` when the threads of
+    /// a warp all take the same branches (`bra.uni`). `labels` are the loop's label stems.
+    fn count(
+        &mut self,
+        from: &str,
+        below: usize,
+        by: u32,
+        uniform: bool,
+        labels: (&str, &str),
+        body: impl FnOnce(&mut Self, &str),
+    ) {
+        let i = self.r();
+        self.ins(format!("mov.u32 {i}, {from}"));
+        let (top, end) = (self.label(labels.0), self.label(labels.1));
         self.place_label(&top);
         let done = self.p();
-        self.ins(format!("setp.ge.u32 {done}, {e}, {n}"));
-        self.ins(format!("@{done} bra {end}"));
-        f(self, &e);
-        self.ins(format!("add.u32 {e}, {e}, {THREADS}"));
-        self.ins(format!("bra {top}"));
+        let bra = if uniform { "bra.uni" } else { "bra" };
+        self.ins(format!("setp.ge.u32 {done}, {i}, {below}"));
+        self.ins(format!("@{done} {bra} {end}"));
+        body(self, &i);
+        self.ins(format!("add.u32 {i}, {i}, {by}"));
+        self.ins(format!("{bra} {top}"));
         self.place_label(&end);
     }
 
@@ -957,24 +967,26 @@ impl<'p> Writer<'p> {
     /// the operands' slots with the PTX ISA's layouts (`g` = lane / 4, `t` = lane % 4); elements
     /// past the operands' edges read 0, so any shape works.
     fn write_dot_mma(&mut self, dot: &Dot<'_>) {
-        let tf32 = dot.dtype == DType::F32;
-        let kstep = if tf32 { 8 } else { 16 };
-        let tiles_n = dot.n.div_ceil(8);
-        let tiles = dot.m.div_ceil(16) * tiles_n;
-        self.comment(&format!("{} tiles of 16x8 over the 4 warps, {} steps of k = {kstep}", tiles, dot.k.div_ceil(kstep)));
+        let kstep = dot.kstep();
+        let tiles = dot.m.div_ceil(16) * dot.tiles_n();
+        self.comment(&format!(
+            "{} tiles of 16x8 over the 4 warps, {} steps of k = {kstep}",
+            tiles,
+            dot.k.div_ceil(kstep as usize)
+        ));
         let (lane, warp, g, t) = (self.r(), self.r(), self.r(), self.r());
         let tid = self.tid.clone();
         self.ins(format!("and.b32 {lane}, {tid}, 31"));
         self.ins(format!("shr.u32 {warp}, {tid}, 5"));
         self.ins(format!("shr.u32 {g}, {lane}, 2"));
         self.ins(format!("and.b32 {t}, {lane}, 3"));
-        let tile = self.r();
-        self.ins(format!("mov.u32 {tile}, {warp}"));
-        let (top, end) = (self.label("tile"), self.label("tiles"));
-        self.place_label(&top);
-        let done = self.p();
-        self.ins(format!("setp.ge.u32 {done}, {tile}, {tiles}"));
-        self.ins(format!("@{done} bra.uni {end}"));
+        let warps = THREADS / 32;
+        self.count(&warp, tiles, warps, true, ("tile", "tiles"), |w, tile| w.mma_tile(dot, tile, &g, &t));
+    }
+
+    /// One 16x8 tile of a tensor-core `dot` for the warp (see [`Writer::write_dot_mma`]).
+    fn mma_tile(&mut self, dot: &Dot<'_>, tile: &str, g: &str, t: &str) {
+        let tiles_n = dot.tiles_n();
         let (r0, c0) = (self.r(), self.r());
         self.ins(format!("div.u32 {r0}, {tile}, {tiles_n}"));
         self.ins(format!("mul.lo.u32 {r0}, {r0}, 16"));
@@ -986,60 +998,53 @@ impl<'p> Writer<'p> {
         self.ins(format!("add.u32 {row_hi}, {row_lo}, 8"));
         self.ins(format!("mad.lo.u32 {col}, {t}, 2, {c0}"));
         let acc: Vec<String> = (0..4).map(|_| self.imm(0)).collect();
-        let kk = self.imm(0);
-        let (ktop, kend) = (self.label("k"), self.label("kdone"));
-        self.place_label(&ktop);
-        let kdone = self.p();
-        self.ins(format!("setp.ge.u32 {kdone}, {kk}, {}", dot.k));
-        self.ins(format!("@{kdone} bra.uni {kend}"));
-        // The B column of this lane is c0 + g; its A rows are row_lo and row_hi.
-        let bcol = self.r();
-        self.ins(format!("add.u32 {bcol}, {c0}, {g}"));
-        if tf32 {
-            // A: a0 (g, t), a1 (g+8, t), a2 (g, t+4), a3 (g+8, t+4); B: b0 (t, g), b1 (t+4, g).
-            let (k0, k4) = (self.r(), self.r());
-            self.ins(format!("add.u32 {k0}, {kk}, {t}"));
-            self.ins(format!("add.u32 {k4}, {k0}, 4"));
-            let a: Vec<String> = [(&row_lo, &k0), (&row_hi, &k0), (&row_lo, &k4), (&row_hi, &k4)]
-                .into_iter()
-                .map(|(r, c)| self.dot_a(dot, r, c))
-                .collect();
-            let b: Vec<String> = [&k0, &k4].into_iter().map(|r| self.dot_b(dot, r, &bcol)).collect();
-            let (a_hi, a_lo) = self.split_tf32(&a);
-            let (b_hi, b_lo) = self.split_tf32(&b);
-            // Small products first.
-            for (x, y) in [(&a_lo, &b_hi), (&a_hi, &b_lo), (&a_hi, &b_hi)] {
-                self.mma("m16n8k8.row.col.f32.tf32.tf32.f32", &acc, x, y);
+        self.count("0", dot.k, dot.kstep(), true, ("k", "kdone"), |w, kk| {
+            // The B column of this lane is c0 + g; its A rows are row_lo and row_hi.
+            let bcol = w.r();
+            w.ins(format!("add.u32 {bcol}, {c0}, {g}"));
+            if dot.dtype == DType::F32 {
+                // A: a0 (g, t), a1 (g+8, t), a2 (g, t+4), a3 (g+8, t+4); B: b0 (t, g), b1 (t+4, g).
+                let (k0, k4) = (w.r(), w.r());
+                w.ins(format!("add.u32 {k0}, {kk}, {t}"));
+                w.ins(format!("add.u32 {k4}, {k0}, 4"));
+                let a: Vec<String> = [(&row_lo, &k0), (&row_hi, &k0), (&row_lo, &k4), (&row_hi, &k4)]
+                    .into_iter()
+                    .map(|(r, c)| w.dot_a(dot, r, c))
+                    .collect();
+                let b: Vec<String> = [&k0, &k4].into_iter().map(|r| w.dot_b(dot, r, &bcol)).collect();
+                let (a_hi, a_lo) = w.split_tf32(&a);
+                let (b_hi, b_lo) = w.split_tf32(&b);
+                // Small products first.
+                for (x, y) in [(&a_lo, &b_hi), (&a_hi, &b_lo), (&a_hi, &b_hi)] {
+                    w.mma("m16n8k8.row.col.f32.tf32.tf32.f32", &acc, x, y);
+                }
+            } else {
+                // A: a_i at row g (+8 for i = 2, 3, 6, 7), column 2t + i%2 (+8 for i >= 4), two to a
+                // register, the lower index in the low half; B: b_i at row 2t + i%2 (+8 for i >= 2).
+                let (k0, k1, k8, k9) = (w.r(), w.r(), w.r(), w.r());
+                w.ins(format!("mad.lo.u32 {k0}, {t}, 2, {kk}"));
+                w.ins(format!("add.u32 {k1}, {k0}, 1"));
+                w.ins(format!("add.u32 {k8}, {k0}, 8"));
+                w.ins(format!("add.u32 {k9}, {k0}, 9"));
+                let pairs_a = [(&row_lo, &k0, &k1), (&row_hi, &k0, &k1), (&row_lo, &k8, &k9), (&row_hi, &k8, &k9)];
+                let a: Vec<String> = pairs_a
+                    .into_iter()
+                    .map(|(r, c, c1)| {
+                        let (x, y) = (w.dot_a(dot, r, c), w.dot_a(dot, r, c1));
+                        w.pack16(dot.dtype, &x, &y)
+                    })
+                    .collect();
+                let b: Vec<String> = [(&k0, &k1), (&k8, &k9)]
+                    .into_iter()
+                    .map(|(r, r1)| {
+                        let (x, y) = (w.dot_b(dot, r, &bcol), w.dot_b(dot, r1, &bcol));
+                        w.pack16(dot.dtype, &x, &y)
+                    })
+                    .collect();
+                let shape = format!("m16n8k16.row.col.f32.{t}.{t}.f32", t = half_ty(dot.dtype));
+                w.mma(&shape, &acc, &a, &b);
             }
-        } else {
-            // A: a_i at row g (+8 for i = 2, 3, 6, 7), column 2t + i%2 (+8 for i >= 4), two to a
-            // register, the lower index in the low half; B: b_i at row 2t + i%2 (+8 for i >= 2).
-            let (k0, k1, k8, k9) = (self.r(), self.r(), self.r(), self.r());
-            self.ins(format!("mad.lo.u32 {k0}, {t}, 2, {kk}"));
-            self.ins(format!("add.u32 {k1}, {k0}, 1"));
-            self.ins(format!("add.u32 {k8}, {k0}, 8"));
-            self.ins(format!("add.u32 {k9}, {k0}, 9"));
-            let pairs_a = [(&row_lo, &k0, &k1), (&row_hi, &k0, &k1), (&row_lo, &k8, &k9), (&row_hi, &k8, &k9)];
-            let a: Vec<String> = pairs_a
-                .into_iter()
-                .map(|(r, c, c1)| {
-                    let (x, y) = (self.dot_a(dot, r, c), self.dot_a(dot, r, c1));
-                    self.pack16(dot.dtype, &x, &y)
-                })
-                .collect();
-            let b: Vec<String> = [(&k0, &k1), (&k8, &k9)]
-                .into_iter()
-                .map(|(r, r1)| {
-                    let (x, y) = (self.dot_b(dot, r, &bcol), self.dot_b(dot, r1, &bcol));
-                    self.pack16(dot.dtype, &x, &y)
-                })
-                .collect();
-            let shape = format!("m16n8k16.row.col.f32.{t}.{t}.f32", t = half_ty(dot.dtype));
-            self.mma(&shape, &acc, &a, &b);
-        }
-        self.ins(format!("add.u32 {kk}, {kk}, {kstep}"));
-        self.ins(format!("bra.uni {ktop}"));
-        self.place_label(&kend);
+        });
         // D: d_i at row g (+8 for i >= 2), column 2t + i%2; inside the result only.
         for (i, v) in acc.iter().enumerate() {
             let r = if i < 2 { &row_lo } else { &row_hi };
@@ -1054,9 +1059,6 @@ impl<'p> Writer<'p> {
             self.store_slot(dot.dst, &idx, v);
             self.place_label(&skip);
         }
-        self.ins(format!("add.u32 {tile}, {tile}, {}", THREADS / 32));
-        self.ins(format!("bra.uni {top}"));
-        self.place_label(&end);
     }
 
     /// `a[row, col]` of a dot (`a[col, row]` when transposed), or 0 past its edges.
@@ -1437,6 +1439,18 @@ struct Dot<'a> {
     n: usize,
     k: usize,
     dtype: DType,
+}
+
+impl Dot<'_> {
+    /// The contraction covered by one `mma.sync`: 8 on `tf32`, 16 on 16-bit floats.
+    fn kstep(&self) -> u32 {
+        if self.dtype == DType::F32 { 8 } else { 16 }
+    }
+
+    /// 8-column tiles across the result.
+    fn tiles_n(&self) -> usize {
+        self.n.div_ceil(8)
+    }
 }
 
 #[derive(Clone, Copy)]

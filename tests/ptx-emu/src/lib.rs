@@ -297,20 +297,36 @@ pub fn parse(ptx: &str) -> Result<Module, String> {
     Ok(Module { entry, params, code, registers, shared })
 }
 
-/// Device memory: one growing byte array; addresses start above zero.
-#[derive(Default)]
+/// The bytes of one state space: global memory (one growing array, addresses from 4096) or a
+/// CTA's dynamic shared memory (addresses from 0).
 pub struct Memory {
     bytes: Vec<u8>,
+    base: u64,
+    space: &'static str,
 }
 
-const BASE: u64 = 4096;
+impl Default for Memory {
+    fn default() -> Memory {
+        Memory { bytes: Vec::new(), base: 4096, space: "global" }
+    }
+}
+
+/// Shared memory starts as this word (a NaN), not as zeros.
+const POISON: u32 = 0x7FBA_DBAD;
 
 impl Memory {
+    /// A CTA's dynamic shared memory of `len` bytes, filled with [`POISON`].
+    fn shared(len: usize) -> Memory {
+        let mut bytes = POISON.to_le_bytes().repeat(len.div_ceil(4));
+        bytes.truncate(len);
+        Memory { bytes, base: 0, space: "dynamic shared" }
+    }
+
     /// Allocates `len` zeroed bytes (16-aligned) and returns the address.
     pub fn alloc(&mut self, len: usize) -> u64 {
         let at = self.bytes.len().div_ceil(16) * 16;
         self.bytes.resize(at + len.max(16), 0);
-        BASE + at as u64
+        self.base + at as u64
     }
 
     /// Writes 32-bit words at `addr`.
@@ -326,12 +342,14 @@ impl Memory {
     }
 
     fn index(&self, addr: u64) -> Result<usize, String> {
-        let i = addr.checked_sub(BASE).ok_or(format!("access below memory at {addr:#x}"))? as usize;
+        let space = self.space;
+        let i = addr.checked_sub(self.base).ok_or(format!("{space} access below its memory at {addr:#x}"))?;
+        let i = usize::try_from(i).map_err(|_| format!("{space} access at {addr:#x}"))?;
         if i + 4 > self.bytes.len() {
-            return Err(format!("access past memory at {addr:#x}"));
+            return Err(format!("{space} access at {addr:#x}, past the {} bytes of {space} memory", self.bytes.len()));
         }
         if !i.is_multiple_of(4) {
-            return Err(format!("misaligned access at {addr:#x}"));
+            return Err(format!("misaligned {space} access at {addr:#x}"));
         }
         Ok(i)
     }
@@ -367,38 +385,6 @@ struct Thread {
     wait: Wait,
 }
 
-/// The CTA's dynamic shared memory.
-struct Shared {
-    bytes: Vec<u8>,
-}
-
-/// Shared memory starts as this word (a NaN), not as zeros.
-const POISON: u32 = 0x7FBA_DBAD;
-
-impl Shared {
-    fn index(&self, addr: u64) -> Result<usize, String> {
-        let i = usize::try_from(addr).map_err(|_| format!("shared access at {addr:#x}"))?;
-        if i + 4 > self.bytes.len() {
-            return Err(format!("shared access at {addr:#x}, past the {} bytes of dynamic shared memory", self.bytes.len()));
-        }
-        if !i.is_multiple_of(4) {
-            return Err(format!("misaligned shared access at {addr:#x}"));
-        }
-        Ok(i)
-    }
-
-    fn load(&self, addr: u64) -> Result<u32, String> {
-        let i = self.index(addr)?;
-        Ok(u32::from_le_bytes(self.bytes[i..i + 4].try_into().expect("4 bytes")))
-    }
-
-    fn store(&mut self, addr: u64, v: u32) -> Result<(), String> {
-        let i = self.index(addr)?;
-        self.bytes[i..i + 4].copy_from_slice(&v.to_le_bytes());
-        Ok(())
-    }
-}
-
 fn f(v: u64) -> f32 {
     f32::from_bits(v as u32)
 }
@@ -410,7 +396,7 @@ fn b(v: f32) -> u64 {
 /// The state one CTA's threads share.
 struct Cta<'m> {
     mem: &'m mut Memory,
-    shared: Shared,
+    shared: Memory,
     params: &'m [u64],
     id: u32,
 }
@@ -546,8 +532,7 @@ impl Module {
             return Err(format!("{} uses dynamic shared memory, but the launch gives it none", self.entry));
         }
         for id in 0..grid {
-            let poison = POISON.to_le_bytes().repeat(shared.div_ceil(4));
-            let mut cta = Cta { mem, shared: Shared { bytes: poison[..shared].to_vec() }, params, id };
+            let mut cta = Cta { mem, shared: Memory::shared(shared), params, id };
             self.run_cta(&mut cta, block, reverse)?;
         }
         Ok(())
