@@ -1,5 +1,6 @@
 //! Random differential testing: well-typed kernels made from a seed (elementwise chains,
-//! reductions with broadcasting back, `dot`, masks from `iota`, ragged blocks, `when`, `for` with
+//! reductions with broadcasting back, `dot` (transposed, and on f16/bf16 operands), masks from
+//! `iota`, ragged blocks, `when`, `for` with
 //! carried values, integer chains, outputs revisited along a `seq` axis) run on the interpreter,
 //! on wgpu, and as Mosaic GPU PTX on the PTX emulator, with the same seeded inputs; they must
 //! agree within the dtype's tolerance (exact for integers). A disagreement is shrunk (fewer
@@ -114,7 +115,7 @@ fn generate(s: &Spec) -> String {
         let v = b.fresh();
         let a = Body::pick(&mut g, &b.floats);
         let a2 = Body::pick(&mut g, &b.floats);
-        match g.random_range(0..13) {
+        match g.random_range(0..15) {
             0 => {
                 let op = ["add", "sub", "mul", "max", "min"][g.random_range(0..5)];
                 b.line(&format!("{v} = {op} {a}, {a2}"));
@@ -158,6 +159,24 @@ fn generate(s: &Spec) -> String {
                 let (t, tr) = (b.fresh(), if g.random_bool(0.5) { " trans_b" } else { "" });
                 b.line(&format!("{t} = load wt"));
                 b.line(&format!("{v} = dot {a}, {t}{tr}"));
+            }
+            13 => {
+                // A dot of 16-bit floats (f32 result), cast from inputs: a value computed with a
+                // transcendental could round to a neighbouring f16 on another backend, which the
+                // f32 tolerance of the result would not forgive.
+                let ty = ["f16", "bf16"][g.random_range(0..2)];
+                let input = ["%x", "%y"][g.random_range(0..2)];
+                let (ah, wt, wh) = (b.fresh(), b.fresh(), b.fresh());
+                b.line(&format!("{ah} = cast {input} : {ty}"));
+                b.line(&format!("{wt} = load wt"));
+                b.line(&format!("{wh} = cast {wt} : {ty}"));
+                b.line(&format!("{v} = dot {ah}, {wh}"));
+            }
+            14 => {
+                // Both transposes: s = a a2^T is [r, r], then s^T a is [r, c] again.
+                let sq = b.fresh();
+                b.line(&format!("{sq} = dot {a}, {a2} trans_b"));
+                b.line(&format!("{v} = dot {sq}, {a} trans_a"));
             }
             8 => {
                 // A mask from exact values only.
@@ -342,7 +361,7 @@ fn the_generator_makes_kernels_that_verify_and_vary() {
     for t in &texts {
         tessel::load_source("random.tk", t).unwrap_or_else(|e| panic!("{e}\n{t}"));
     }
-    for op in ["dot", "sum", "for", "when", "select", "iota", "seq", "rem", "exp"] {
+    for op in ["dot", "sum", "for", "when", "select", "iota", "seq", "rem", "exp", "trans_a", ": f16", ": bf16"] {
         assert!(texts.iter().any(|t| t.contains(op)), "no generated kernel uses {op}");
     }
 }
