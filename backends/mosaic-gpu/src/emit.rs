@@ -961,9 +961,10 @@ impl<'p> Writer<'p> {
 
     /// Float `dot` on the tensor cores: each warp of the warpgroup takes 16x8 tiles of the result
     /// in turn and walks the contraction in steps of `mma.sync` — `m16n8k16` on `f16`/`bf16`
-    /// inputs (exact products, `f32` accumulation), `m16n8k8` on `f32` inputs split in three
-    /// `tf32` products (`a_hi b_hi + a_hi b_lo + a_lo b_hi`, as CUTLASS's 3xTF32: nearly `f32`
-    /// accuracy, which the language's contract asks of an `f32` dot). Fragments are gathered from
+    /// inputs (exact products, `f32` accumulation), `m16n8k8` on `f32` inputs split exactly into
+    /// three `tf32` parts each, with the six products that reach `2^-22` of `hi * hi`: `f32`
+    /// accuracy, which the language's contract asks of an `f32` dot (3xTF32's two parts fell short
+    /// on sums with cancellation; docs/language.md §8). Fragments are gathered from
     /// the operands' slots with the PTX ISA's layouts (`g` = lane / 4, `t` = lane % 4); elements
     /// past the operands' edges read 0, so any shape works.
     fn write_dot_mma(&mut self, dot: &Dot<'_>) {
@@ -1012,10 +1013,12 @@ impl<'p> Writer<'p> {
                     .map(|(r, c)| w.dot_a(dot, r, c))
                     .collect();
                 let b: Vec<String> = [&k0, &k4].into_iter().map(|r| w.dot_b(dot, r, &bcol)).collect();
-                let (a_hi, a_lo) = w.split_tf32(&a);
-                let (b_hi, b_lo) = w.split_tf32(&b);
-                // Small products first.
-                for (x, y) in [(&a_lo, &b_hi), (&a_hi, &b_lo), (&a_hi, &b_hi)] {
+                let [a_hi, a_mid, a_lo] = w.split_tf32(&a);
+                let [b_hi, b_mid, b_lo] = w.split_tf32(&b);
+                // The six products down to 2^-22 of hi * hi, the small ones first.
+                let products =
+                    [(&a_lo, &b_hi), (&a_hi, &b_lo), (&a_mid, &b_mid), (&a_mid, &b_hi), (&a_hi, &b_mid), (&a_hi, &b_hi)];
+                for (x, y) in products {
                     w.mma("m16n8k8.row.col.f32.tf32.tf32.f32", &acc, x, y);
                 }
             } else {
@@ -1097,17 +1100,23 @@ impl<'p> Writer<'p> {
         v
     }
 
-    /// `f32` values split into `tf32` high parts and `tf32` rounded remainders.
-    fn split_tf32(&mut self, xs: &[String]) -> (Vec<String>, Vec<String>) {
-        xs.iter()
-            .map(|x| {
-                let (hi, lo) = (self.r(), self.r());
-                self.ins(format!("cvt.rna.tf32.f32 {hi}, {x}"));
-                self.ins(format!("sub.rn.f32 {lo}, {x}, {hi}"));
-                self.ins(format!("cvt.rna.tf32.f32 {lo}, {lo}"));
-                (hi, lo)
-            })
-            .unzip()
+    /// `f32` values split exactly into three `tf32` parts, `x = hi + mid + lo`: each part is the
+    /// `tf32` rounding of what the parts before it leave (11 significant bits each; the
+    /// subtractions are exact, and the last remainder has at most 3 bits).
+    fn split_tf32(&mut self, xs: &[String]) -> [Vec<String>; 3] {
+        let mut parts: [Vec<String>; 3] = Default::default();
+        for x in xs {
+            let (hi, mid, lo, rest) = (self.r(), self.r(), self.r(), self.r());
+            self.ins(format!("cvt.rna.tf32.f32 {hi}, {x}"));
+            self.ins(format!("sub.rn.f32 {rest}, {x}, {hi}"));
+            self.ins(format!("cvt.rna.tf32.f32 {mid}, {rest}"));
+            self.ins(format!("sub.rn.f32 {rest}, {rest}, {mid}"));
+            self.ins(format!("cvt.rna.tf32.f32 {lo}, {rest}"));
+            for (part, r) in parts.iter_mut().zip([hi, mid, lo]) {
+                part.push(r);
+            }
+        }
+        parts
     }
 
     /// Two 16-bit floats (held as `f32`) in one register, `lo` in the low half.
