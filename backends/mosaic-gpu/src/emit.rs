@@ -4,7 +4,7 @@
 //! emission order, as nvcc numbers its own; every 32-bit value uses a `.b32` register, which PTX
 //! accepts for `.f32`, `.s32` and `.u32` instructions alike.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
 
 use tessel_plugin_api::ir::*;
@@ -81,7 +81,17 @@ struct Writer<'p> {
     origins: Vec<(String, Vec<String>)>,
     /// What the warpgroup touched since its last barrier.
     hazards: Hazards,
+    /// Values that live in registers: element `t + 128 j` of such a value is register `j` of
+    /// thread `t` (see [`Writer::place_in_registers`]).
+    in_registers: HashMap<String, Vec<String>>,
+    /// Whether the next element loop touches a value in registers, so must be unrolled.
+    unroll: bool,
+    /// Inside an unrolled element loop: the element register and its `j`.
+    element: Option<(String, usize)>,
 }
+
+/// The most registers one value may take in a thread (a 64x64 block over 128 threads).
+const MAX_REGISTERS_PER_VALUE: usize = 32;
 
 /// The slots and arrays a warpgroup's threads wrote and read since their last barrier, by
 /// whether each thread touched only its own elements (element `e` is thread `e % 128`'s in every
@@ -159,6 +169,9 @@ impl<'p> Writer<'p> {
             coords: Vec::new(),
             origins: Vec::new(),
             hazards: Hazards::default(),
+            in_registers: HashMap::new(),
+            unroll: false,
+            element: None,
         }
     }
 
@@ -366,6 +379,7 @@ impl<'p> Writer<'p> {
         self.place_label(&top);
         decode(self, &step, &seq);
         self.write_origins();
+        self.place_in_registers();
         let body = k.body.clone();
         self.write_body(&body);
         // The next step (or the next thread-axis point) writes every slot again.
@@ -414,9 +428,28 @@ impl<'p> Writer<'p> {
 
     /// A loop of the warpgroup's threads over `n` elements: thread `t` takes elements `t`,
     /// `t + 128`, ... `f` writes one element `e`. Barriers come from [`Writer::sync`].
-    fn each(&mut self, n: usize, f: impl FnOnce(&mut Self, &str)) {
+    fn each(&mut self, n: usize, f: impl Fn(&mut Self, &str)) {
         let tid = self.tid.clone();
-        self.count(&tid, n, THREADS, false, ("each", "done"), f);
+        if !std::mem::take(&mut self.unroll) {
+            return self.count(&tid, n, THREADS, false, ("each", "done"), f);
+        }
+        // Unrolled, so that element `t + 128 j` is register `j` of a value in registers.
+        for j in 0..n.div_ceil(THREADS as usize) {
+            let e = self.r();
+            self.ins(format!("add.u32 {e}, {tid}, {}", j * THREADS as usize));
+            let skip = ((j + 1) * THREADS as usize > n).then(|| self.label("past"));
+            if let Some(skip) = &skip {
+                let past = self.p();
+                self.ins(format!("setp.ge.u32 {past}, {e}, {n}"));
+                self.ins(format!("@{past} bra {skip}"));
+            }
+            self.element = Some((e.clone(), j));
+            f(self, &e);
+            self.element = None;
+            if let Some(skip) = skip {
+                self.place_label(&skip);
+            }
+        }
     }
 
     /// A counted loop: `i` from `from` while below `below`, by `by`; `uniform` when the threads of
@@ -493,7 +526,21 @@ impl<'p> Writer<'p> {
         if self.plan.shared { "shared" } else { "global" }
     }
 
+    /// Register `j` of a value in registers, where `index` is the unrolled loop's own element.
+    fn register_of(&self, name: &str, index: &str) -> Option<String> {
+        let regs = self.in_registers.get(name)?;
+        let (e, j) = self.element.as_ref().expect("values in registers are touched in unrolled loops");
+        assert_eq!(index, e, "a value in registers is read only at the thread's own element");
+        Some(regs[*j].clone())
+    }
+
     fn load_slot(&mut self, name: &str, index: &str) -> String {
+        if let Some(reg) = self.register_of(name, index) {
+            // A copy: callers may change what they load in place.
+            let v = self.r();
+            self.ins(format!("mov.b32 {v}, {reg}"));
+            return v;
+        }
         let addr = self.slot_addr(name, index);
         let v = self.r();
         self.ins(format!("ld.{}.b32 {v}, [{addr}]", self.space()));
@@ -501,6 +548,10 @@ impl<'p> Writer<'p> {
     }
 
     fn store_slot(&mut self, name: &str, index: &str, v: &str) {
+        if let Some(reg) = self.register_of(name, index) {
+            self.ins(format!("mov.b32 {reg}, {v}"));
+            return;
+        }
         let addr = self.slot_addr(name, index);
         self.ins(format!("st.{}.b32 [{addr}], {v}", self.space()));
     }
@@ -569,6 +620,51 @@ impl<'p> Writer<'p> {
             let head = tessel_plugin_api::ir::print::print_stmt_head(s);
             self.comment(&head);
             self.write_stmt(s);
+        }
+    }
+
+    /// Puts in registers every value that each thread only ever writes and reads at its own
+    /// elements (elementwise chains, loads, stores, reductions' and integer dots' results): no
+    /// other thread needs it, so it needs no shared memory and no barrier. Values read across
+    /// threads (broadcasts, reductions, `dot` operands, scalars, `when`/`for` conditions and
+    /// bounds), tensor-core results and loop-carried slots stay in the workspace.
+    fn place_in_registers(&mut self) {
+        fn walk(w: &Writer<'_>, body: &[Stmt], candidates: &mut Vec<String>, across: &mut HashSet<String>) {
+            for s in body {
+                let out_shape = s.ty.as_ref().map(|t| t.shape.clone()).unwrap_or_default();
+                let (reads, writes) = w.uses(s, &out_shape);
+                across.extend(reads.iter().filter(|u| !u.own).map(|u| u.name.clone()));
+                match &s.op {
+                    Op::When { cond, body } => {
+                        if let Operand::Value(v) = cond {
+                            across.insert(v.clone());
+                        }
+                        walk(w, body, candidates, across);
+                    }
+                    Op::For { lo, hi, step, body, .. } => {
+                        for o in [Some(lo), Some(hi), step.as_ref()].into_iter().flatten() {
+                            if let Operand::Value(v) = o {
+                                across.insert(v.clone());
+                            }
+                        }
+                        walk(w, body, candidates, across);
+                    }
+                    _ => {
+                        let own_write = writes.iter().all(|u| u.own);
+                        let n = out_shape.iter().product::<usize>();
+                        if own_write && n > 1 && n <= MAX_REGISTERS_PER_VALUE * THREADS as usize {
+                            candidates.extend(s.results.iter().cloned());
+                        }
+                    }
+                }
+            }
+        }
+        let (mut candidates, mut across) = (Vec::new(), HashSet::new());
+        walk(self, &self.plan.kernel.kernel().body, &mut candidates, &mut across);
+        for v in candidates.into_iter().filter(|v| !across.contains(v)) {
+            let n: usize = self.shape_of(&v).iter().product();
+            let regs = (0..n.div_ceil(THREADS as usize)).map(|_| self.r()).collect();
+            self.in_registers.insert(v, regs);
         }
     }
 
@@ -653,6 +749,7 @@ impl<'p> Writer<'p> {
         let n = out_shape.iter().product::<usize>();
         let (reads, writes) = self.uses(s, &out_shape);
         self.sync(&reads, &writes);
+        self.unroll = reads.iter().chain(&writes).any(|u| self.in_registers.contains_key(&u.name));
         match &s.op {
             Op::Load { src, index, mask, other } => {
                 self.write_access(src, index.as_deref(), mask.as_deref(), Access::Load { dst: &dst, other: *other })
@@ -801,6 +898,7 @@ impl<'p> Writer<'p> {
 
     fn copy_value(&mut self, from: &str, to: &str) {
         self.sync(&[Use::own(from)], &[Use::own(to)]);
+        self.unroll = [from, to].iter().any(|n| self.in_registers.contains_key(*n));
         let n: usize = self.shape_of(from).iter().product();
         let (from, to) = (from.to_string(), to.to_string());
         self.each(n, |w, e| {
