@@ -9,7 +9,7 @@ use std::fmt::Write as _;
 
 use tessel_plugin_api::ir::*;
 
-use crate::lower::{Plan, THREADS};
+use crate::lower::{Plan, THREADS, Use, uses};
 
 /// The dynamic shared memory of a CTA: its workspace when it fits.
 const SHARED: &str = "tessel_smem";
@@ -82,16 +82,13 @@ struct Writer<'p> {
     /// What the warpgroup touched since its last barrier.
     hazards: Hazards,
     /// Values that live in registers: element `t + 128 j` of such a value is register `j` of
-    /// thread `t` (see [`Writer::place_in_registers`]).
+    /// thread `t` (see [`crate::lower::in_registers`]).
     in_registers: HashMap<String, Vec<String>>,
     /// Whether the next element loop touches a value in registers, so must be unrolled.
     unroll: bool,
     /// Inside an unrolled element loop: the element register and its `j`.
     element: Option<(String, usize)>,
 }
-
-/// The most registers one value may take in a thread (a 64x64 block over 128 threads).
-const MAX_REGISTERS_PER_VALUE: usize = 32;
 
 /// The slots and arrays a warpgroup's threads wrote and read since their last barrier, by
 /// whether each thread touched only its own elements (element `e` is thread `e % 128`'s in every
@@ -131,23 +128,6 @@ impl Hazards {
         self.written_across.extend(other.written_across);
         self.read_own.extend(other.read_own);
         self.read_across.extend(other.read_across);
-    }
-}
-
-/// One access of a value's slot, a scratch buffer or an array by an operation.
-struct Use {
-    name: String,
-    /// Each thread touches only the elements it owns.
-    own: bool,
-}
-
-impl Use {
-    fn own(name: &str) -> Use {
-        Use { name: name.to_string(), own: true }
-    }
-
-    fn across(name: &str) -> Use {
-        Use { name: name.to_string(), own: false }
     }
 }
 
@@ -379,7 +359,14 @@ impl<'p> Writer<'p> {
         self.place_label(&top);
         decode(self, &step, &seq);
         self.write_origins();
-        self.place_in_registers();
+        // In name order, so that the PTX is the same from run to run.
+        let mut names: Vec<&String> = self.plan.in_registers.iter().collect();
+        names.sort();
+        for v in names {
+            let n: usize = self.plan.kernel.value_type(v).numel();
+            let regs = (0..n.div_ceil(THREADS as usize)).map(|_| self.r()).collect();
+            self.in_registers.insert(v.clone(), regs);
+        }
         let body = k.body.clone();
         self.write_body(&body);
         // The next step (or the next thread-axis point) writes every slot again.
@@ -623,131 +610,12 @@ impl<'p> Writer<'p> {
         }
     }
 
-    /// Puts in registers every value that each thread only ever writes and reads at its own
-    /// elements (elementwise chains, loads, stores, reductions' and integer dots' results): no
-    /// other thread needs it, so it needs no shared memory and no barrier. Values read across
-    /// threads (broadcasts, reductions, `dot` operands, scalars, `when`/`for` conditions and
-    /// bounds), tensor-core results and loop-carried slots stay in the workspace.
-    fn place_in_registers(&mut self) {
-        fn walk(w: &Writer<'_>, body: &[Stmt], candidates: &mut Vec<String>, across: &mut HashSet<String>) {
-            for s in body {
-                let out_shape = s.ty.as_ref().map(|t| t.shape.clone()).unwrap_or_default();
-                let (reads, writes) = w.uses(s, &out_shape);
-                across.extend(reads.iter().filter(|u| !u.own).map(|u| u.name.clone()));
-                match &s.op {
-                    Op::When { cond, body } => {
-                        if let Operand::Value(v) = cond {
-                            across.insert(v.clone());
-                        }
-                        walk(w, body, candidates, across);
-                    }
-                    Op::For { lo, hi, step, body, .. } => {
-                        for o in [Some(lo), Some(hi), step.as_ref()].into_iter().flatten() {
-                            if let Operand::Value(v) = o {
-                                across.insert(v.clone());
-                            }
-                        }
-                        walk(w, body, candidates, across);
-                    }
-                    _ => {
-                        let own_write = writes.iter().all(|u| u.own);
-                        let n = out_shape.iter().product::<usize>();
-                        if own_write && n > 1 && n <= MAX_REGISTERS_PER_VALUE * THREADS as usize {
-                            candidates.extend(s.results.iter().cloned());
-                        }
-                    }
-                }
-            }
-        }
-        let (mut candidates, mut across) = (Vec::new(), HashSet::new());
-        walk(self, &self.plan.kernel.kernel().body, &mut candidates, &mut across);
-        for v in candidates.into_iter().filter(|v| !across.contains(v)) {
-            let n: usize = self.shape_of(&v).iter().product();
-            let regs = (0..n.div_ceil(THREADS as usize)).map(|_| self.r()).collect();
-            self.in_registers.insert(v, regs);
-        }
-    }
-
-    /// The shape of a load's or store's region of `name`: the block, sliced and indexed.
-    fn region_shape(&self, name: &str, index: Option<&[Index]>) -> Vec<usize> {
-        let p = self.plan.kernel.kernel().param(name).expect("verified argument");
-        let block = p.block_shape();
-        (0..block.len())
-            .filter_map(|d| match index.map(|ix| &ix[d]) {
-                None | Some(Index::Full) => Some(block[d]),
-                Some(Index::Slice { size, .. }) => Some(*size),
-                Some(Index::At(_)) => None,
-            })
-            .collect()
-    }
-
-    /// What a statement (not `when` or `for`) reads and writes, and whether each thread touches
-    /// only its own elements.
-    fn uses(&self, s: &Stmt, out_shape: &[usize]) -> (Vec<Use>, Vec<Use>) {
-        fn value(o: &Operand) -> Option<&str> {
-            match o {
-                Operand::Value(v) => Some(v.as_str()),
-                Operand::Lit(_) => None,
-            }
-        }
-        // An operand read at the result's own element, or broadcast from other elements.
-        let elementwise = |o: &Operand, to: &[usize]| value(o).map(|v| Use { name: v.into(), own: self.shape_of(v) == to });
-        let indices = |index: Option<&[Index]>| -> Vec<Use> {
-            index
-                .unwrap_or_default()
-                .iter()
-                .flat_map(|ix| match ix {
-                    Index::Full => vec![],
-                    Index::Slice { start, .. } => vec![start],
-                    Index::At(at) => vec![at],
-                })
-                .filter_map(|o| value(o).map(Use::across))
-                .collect()
-        };
-        let dst = s.results.first().map(|d| Use::own(d)).into_iter().collect::<Vec<_>>();
-        match &s.op {
-            Op::Load { src, index, mask, .. } => {
-                let region = self.region_shape(src, index.as_deref());
-                let mut reads = indices(index.as_deref());
-                reads.push(Use::across(src));
-                reads.extend(mask.iter().map(|m| Use { name: m.clone(), own: self.shape_of(m) == region }));
-                (reads, dst)
-            }
-            Op::Store { dst: d, index, value: v, mask } => {
-                let region = self.region_shape(d, index.as_deref());
-                let mut reads = indices(index.as_deref());
-                reads.extend(elementwise(v, &region));
-                reads.extend(mask.iter().map(|m| Use { name: m.clone(), own: self.shape_of(m) == region }));
-                (reads, vec![Use::across(d)])
-            }
-            Op::ProgramId(_) | Op::NumPrograms(_) | Op::Iota { .. } | Op::Full(_) | Op::Zeros => (vec![], dst),
-            Op::Unary(_, a) | Op::Cast(a) | Op::Bitcast(a) | Op::Broadcast(a) => {
-                (elementwise(a, out_shape).into_iter().collect(), dst)
-            }
-            Op::Binary(_, a, b) | Op::Compare(_, a, b) => {
-                (elementwise(a, out_shape).into_iter().chain(elementwise(b, out_shape)).collect(), dst)
-            }
-            Op::Select(c, a, b) => ([c, a, b].into_iter().filter_map(|o| elementwise(o, out_shape)).collect(), dst),
-            // Same flat index, same thread.
-            Op::Reshape(a) => (value(a).map(Use::own).into_iter().collect(), dst),
-            Op::Transpose { arg, .. } | Op::Reduce { arg, .. } => (value(arg).map(Use::across).into_iter().collect(), dst),
-            Op::Dot { a, b, .. } => {
-                let float = value(a).is_some_and(|v| self.plan.kernel.value_type(v).dtype.is_float());
-                let reads = [a, b].into_iter().filter_map(|o| value(o).map(Use::across)).collect();
-                // On the tensor cores a warp's lanes write the tile's elements in the mma layout.
-                let writes = s.results.iter().map(|d| if float { Use::across(d) } else { Use::own(d) }).collect();
-                (reads, writes)
-            }
-            Op::When { .. } | Op::For { .. } | Op::Yield(_) => (vec![], vec![]),
-        }
-    }
-
     fn write_stmt(&mut self, s: &Stmt) {
         let dst = s.results.first().cloned().unwrap_or_default();
         let ty = s.ty.clone();
         let out_shape = ty.as_ref().map(|t| t.shape.clone()).unwrap_or_default();
         let n = out_shape.iter().product::<usize>();
-        let (reads, writes) = self.uses(s, &out_shape);
+        let (reads, writes) = uses(&self.plan.kernel, s, &out_shape);
         self.sync(&reads, &writes);
         self.unroll = reads.iter().chain(&writes).any(|u| self.in_registers.contains_key(&u.name));
         match &s.op {

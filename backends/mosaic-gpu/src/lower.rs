@@ -15,7 +15,7 @@
 //! `dot` like a reduction. Loads and stores check the array bounds and masks lane by lane
 //! (docs/language.md §5).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use tessel_plugin_api::abi::{BackendError, ErrorKind};
 use tessel_plugin_api::ir::*;
@@ -26,6 +26,8 @@ pub const THREADS: u32 = 128;
 /// thread axis may have up to 16 points (as Pallas allows); past 8, each warpgroup runs several
 /// points in turn.
 pub const MAX_WARPGROUPS: u32 = 8;
+/// The most registers one value may take in a thread (a 64x64 block over 128 threads).
+pub const MAX_REGISTERS_PER_VALUE: usize = 32;
 /// The largest block value lowered, in elements (docs/language.md §5).
 pub const MAX_BLOCK_ELEMENTS: usize = 16_384;
 /// The most dynamic shared memory one CTA may have on sm_90 (227 KiB, opted into per function
@@ -75,6 +77,8 @@ pub struct Plan {
     pub thread_points: u32,
     /// The grid axis that is the mesh's thread axis: each warpgroup runs one of its points.
     pub thread_axis: Option<usize>,
+    /// Values kept in registers instead of the workspace ([`in_registers`]).
+    pub in_registers: HashSet<String>,
     /// Whether the workspace is the CTA's dynamic shared memory (else a global buffer of
     /// `ctas * workspace_per_cta` bytes, the entry's first parameter).
     pub shared: bool,
@@ -114,20 +118,28 @@ fn check_dtype(d: DType) -> Result<(), BackendError> {
     }
 }
 
+/// A value's dtype and size must be ones the backend lowers.
+fn check_value(name: &str, ty: &Type) -> Result<(), BackendError> {
+    check_dtype(ty.dtype)?;
+    if ty.numel() > MAX_BLOCK_ELEMENTS {
+        return Err(unsupported(format!(
+            "block value %{name} has {} elements ({ty}), more than the {MAX_BLOCK_ELEMENTS} the Mosaic GPU backend lowers\n  use smaller blocks",
+            ty.numel()
+        )));
+    }
+    Ok(())
+}
+
 struct Planner {
     values: HashMap<String, Slot>,
     next: u64,
+    /// Values that take no slot.
+    in_registers: HashSet<String>,
 }
 
 impl Planner {
     fn place(&mut self, name: &str, ty: &Type) -> Result<Slot, BackendError> {
-        check_dtype(ty.dtype)?;
-        if ty.numel() > MAX_BLOCK_ELEMENTS {
-            return Err(unsupported(format!(
-                "block value %{name} has {} elements ({ty}), more than the {MAX_BLOCK_ELEMENTS} the Mosaic GPU backend lowers\n  use smaller blocks",
-                ty.numel()
-            )));
-        }
+        check_value(name, ty)?;
         let slot = Slot { offset: self.next, shape: ty.shape.clone(), dtype: ty.dtype };
         self.next += (ty.numel().max(1) as u64 * 4).div_ceil(16) * 16;
         Ok(slot)
@@ -153,6 +165,10 @@ impl Planner {
                 _ => {}
             }
             for r in &s.results {
+                if self.in_registers.contains(r) {
+                    check_value(r, v.value_type(r))?;
+                    continue;
+                }
                 let slot = self.place(r, v.value_type(r))?;
                 self.values.insert(r.clone(), slot);
             }
@@ -168,7 +184,8 @@ pub fn plan(kernel: &Verified, thread_axis: Option<&str>) -> Result<Plan, Backen
     for p in &k.params {
         check_dtype(p.ty.dtype)?;
     }
-    let mut planner = Planner { values: HashMap::new(), next: 0 };
+    let registers = in_registers(kernel);
+    let mut planner = Planner { values: HashMap::new(), next: 0, in_registers: registers };
     let mut scratch = HashMap::new();
     for p in k.params_of(ParamKind::Scratch) {
         let slot = planner.place(&p.name, &p.ty)?;
@@ -216,6 +233,140 @@ pub fn plan(kernel: &Verified, thread_axis: Option<&str>) -> Result<Plan, Backen
         warpgroups,
         thread_points,
         thread_axis,
+        in_registers: planner.in_registers,
         shared: workspace_per_cta <= MAX_SHARED_BYTES,
     })
+}
+
+/// One access of a value's slot, a scratch buffer or an array by an operation.
+pub struct Use {
+    pub name: String,
+    /// Each thread touches only the elements it owns.
+    pub own: bool,
+}
+
+impl Use {
+    pub fn own(name: &str) -> Use {
+        Use { name: name.to_string(), own: true }
+    }
+
+    pub fn across(name: &str) -> Use {
+        Use { name: name.to_string(), own: false }
+    }
+}
+
+/// The values to keep in registers: every value that each thread only ever writes and reads at its own
+/// elements (elementwise chains, loads, stores, reductions' and integer dots' results): no
+/// other thread needs it, so it takes no shared memory and no barrier. Values read across
+/// threads (broadcasts, reductions, `dot` operands, scalars, `when`/`for` conditions and
+/// bounds), tensor-core results and loop-carried slots stay in the workspace.
+pub fn in_registers(k: &Verified) -> HashSet<String> {
+    fn walk(k: &Verified, body: &[Stmt], candidates: &mut Vec<String>, across: &mut HashSet<String>) {
+        for s in body {
+            let out_shape = s.ty.as_ref().map(|t| t.shape.clone()).unwrap_or_default();
+            let (reads, writes) = uses(k, s, &out_shape);
+            across.extend(reads.iter().filter(|u| !u.own).map(|u| u.name.clone()));
+            match &s.op {
+                Op::When { cond, body } => {
+                    if let Operand::Value(v) = cond {
+                        across.insert(v.clone());
+                    }
+                    walk(k, body, candidates, across);
+                }
+                Op::For { lo, hi, step, body, .. } => {
+                    for o in [Some(lo), Some(hi), step.as_ref()].into_iter().flatten() {
+                        if let Operand::Value(v) = o {
+                            across.insert(v.clone());
+                        }
+                    }
+                    walk(k, body, candidates, across);
+                }
+                _ => {
+                    let own_write = writes.iter().all(|u| u.own);
+                    let n = out_shape.iter().product::<usize>();
+                    if own_write && n > 1 && n <= MAX_REGISTERS_PER_VALUE * THREADS as usize {
+                        candidates.extend(s.results.iter().cloned());
+                    }
+                }
+            }
+        }
+    }
+    let (mut candidates, mut across) = (Vec::new(), HashSet::new());
+    walk(k, &k.kernel().body, &mut candidates, &mut across);
+    candidates.into_iter().filter(|v| !across.contains(v)).collect()
+}
+
+/// The shape of a load's or store's region of `name`: the block, sliced and indexed.
+pub fn region_shape(k: &Verified, name: &str, index: Option<&[Index]>) -> Vec<usize> {
+    let p = k.kernel().param(name).expect("verified argument");
+    let block = p.block_shape();
+    (0..block.len())
+        .filter_map(|d| match index.map(|ix| &ix[d]) {
+            None | Some(Index::Full) => Some(block[d]),
+            Some(Index::Slice { size, .. }) => Some(*size),
+            Some(Index::At(_)) => None,
+        })
+        .collect()
+}
+
+/// What a statement (not `when` or `for`) reads and writes, and whether each thread touches
+/// only its own elements.
+pub fn uses(k: &Verified, s: &Stmt, out_shape: &[usize]) -> (Vec<Use>, Vec<Use>) {
+    let shape_of = |v: &str| k.value_type(v).shape.clone();
+    fn value(o: &Operand) -> Option<&str> {
+        match o {
+            Operand::Value(v) => Some(v.as_str()),
+            Operand::Lit(_) => None,
+        }
+    }
+    // An operand read at the result's own element, or broadcast from other elements.
+    let elementwise = |o: &Operand, to: &[usize]| value(o).map(|v| Use { name: v.into(), own: shape_of(v) == to });
+    let indices = |index: Option<&[Index]>| -> Vec<Use> {
+        index
+            .unwrap_or_default()
+            .iter()
+            .flat_map(|ix| match ix {
+                Index::Full => vec![],
+                Index::Slice { start, .. } => vec![start],
+                Index::At(at) => vec![at],
+            })
+            .filter_map(|o| value(o).map(Use::across))
+            .collect()
+    };
+    let dst = s.results.first().map(|d| Use::own(d)).into_iter().collect::<Vec<_>>();
+    match &s.op {
+        Op::Load { src, index, mask, .. } => {
+            let region = region_shape(k, src, index.as_deref());
+            let mut reads = indices(index.as_deref());
+            reads.push(Use::across(src));
+            reads.extend(mask.iter().map(|m| Use { name: m.clone(), own: shape_of(m) == region }));
+            (reads, dst)
+        }
+        Op::Store { dst: d, index, value: v, mask } => {
+            let region = region_shape(k, d, index.as_deref());
+            let mut reads = indices(index.as_deref());
+            reads.extend(elementwise(v, &region));
+            reads.extend(mask.iter().map(|m| Use { name: m.clone(), own: shape_of(m) == region }));
+            (reads, vec![Use::across(d)])
+        }
+        Op::ProgramId(_) | Op::NumPrograms(_) | Op::Iota { .. } | Op::Full(_) | Op::Zeros => (vec![], dst),
+        Op::Unary(_, a) | Op::Cast(a) | Op::Bitcast(a) | Op::Broadcast(a) => {
+            (elementwise(a, out_shape).into_iter().collect(), dst)
+        }
+        Op::Binary(_, a, b) | Op::Compare(_, a, b) => {
+            (elementwise(a, out_shape).into_iter().chain(elementwise(b, out_shape)).collect(), dst)
+        }
+        Op::Select(c, a, b) => ([c, a, b].into_iter().filter_map(|o| elementwise(o, out_shape)).collect(), dst),
+        // Same flat index, same thread.
+        Op::Reshape(a) => (value(a).map(Use::own).into_iter().collect(), dst),
+        Op::Transpose { arg, .. } | Op::Reduce { arg, .. } => (value(arg).map(Use::across).into_iter().collect(), dst),
+        Op::Dot { a, b, .. } => {
+            let float = value(a).is_some_and(|v| k.value_type(v).dtype.is_float());
+            let reads = [a, b].into_iter().filter_map(|o| value(o).map(Use::across)).collect();
+            // On the tensor cores a warp's lanes write the tile's elements in the mma layout.
+            let writes = s.results.iter().map(|d| if float { Use::across(d) } else { Use::own(d) }).collect();
+            (reads, writes)
+        }
+        Op::When { .. } | Op::For { .. } | Op::Yield(_) => (vec![], vec![]),
+    }
 }
