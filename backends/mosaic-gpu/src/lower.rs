@@ -5,12 +5,13 @@
 //! thread axis are its warpgroups of 128 (at most 8, each taking several points past that), each
 //! with its own copy of the values and its own named barrier, all sharing the CTA's scratch. The
 //! other parallel grid axes (cluster axes included) are folded into `ctaid.x`; the `seq` axes are
-//! a loop inside the CTA. Every block value lives in the CTA's workspace, 4 bytes an element: in
+//! a loop inside the CTA. Each operation is a loop of a warpgroup's threads over the elements of
+//! its result, thread `t` owning elements `t`, `t + 128`, ... A value that every thread only
+//! writes and reads at its own elements lives in registers ([`in_registers`]; the loops touching
+//! it are unrolled); every other block value lives in the CTA's workspace, 4 bytes an element: in
 //! shared memory when the CTA's values and scratch fit the 227 KiB a Hopper CTA may have
-//! ([`MAX_SHARED_BYTES`]), else in the CTA's region of a global buffer. Each operation is a loop of
-//! a warpgroup's threads over the elements of its result, thread `t` owning elements `t`,
-//! `t + 128`, ...; a barrier stands only where an operation meets another thread's elements
-//! (emit.rs). Reductions give each output element to one thread, which accumulates in the
+//! ([`MAX_SHARED_BYTES`]), else in the CTA's region of a global buffer. A barrier stands only
+//! where an operation meets another thread's elements (emit.rs). Reductions give each output element to one thread, which accumulates in the
 //! interpreter's order; float `dot` runs on the tensor cores (`mma.sync`, see emit.rs), integer
 //! `dot` like a reduction. Loads and stores check the array bounds and masks lane by lane
 //! (docs/language.md §5).
