@@ -139,6 +139,16 @@ pub fn emulate(
     inputs: &tessel::LaunchArgs,
     reverse: bool,
 ) -> Result<Vec<(String, tessel::HostArray)>, String> {
+    emulate_counted(ptx, kernel, inputs, reverse).map(|(outputs, _)| outputs)
+}
+
+/// [`emulate`], with what the emulator executed.
+pub fn emulate_counted(
+    ptx: &str,
+    kernel: &tessel_plugin_api::ir::Verified,
+    inputs: &tessel::LaunchArgs,
+    reverse: bool,
+) -> Result<(Vec<(String, tessel::HostArray)>, tessel_ptx_emu::Counts), String> {
     use tessel_plugin_api::ir::ParamKind;
     let module = tessel_ptx_emu::parse(ptx)?;
     // "// N CTAs of T threads, W bytes of shared memory per CTA" (or "of global workspace").
@@ -163,11 +173,12 @@ pub fn emulate(
         }
         params.push(addr);
     }
-    module.launch(&mut mem, &params, ctas, threads, if shared { per_cta } else { 0 }, reverse)?;
-    Ok(outputs
+    let counts = module.launch(&mut mem, &params, ctas, threads, if shared { per_cta } else { 0 }, reverse)?;
+    let outputs = outputs
         .into_iter()
         .map(|(name, ty, addr)| (name, tessel::HostArray::from_bits(ty.dtype, &ty.shape, mem.read_words(addr, ty.numel()))))
-        .collect())
+        .collect();
+    Ok((outputs, counts))
 }
 
 /// `ptxas -arch=sm_90a -v`: Ok(the register and spill lines) or Err(its errors).

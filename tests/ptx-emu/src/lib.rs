@@ -393,12 +393,29 @@ fn b(v: f32) -> u64 {
     u64::from(v.to_bits())
 }
 
+/// What a launch executed, summed over its threads (predicated-off instructions not counted):
+/// a cost model of the PTX, not a timing.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Counts {
+    /// Instructions executed, `mma.sync` and `bar.sync` included.
+    pub instructions: u64,
+    /// `ld.global` and `st.global`.
+    pub global: u64,
+    /// `ld.shared` and `st.shared`.
+    pub shared: u64,
+    /// Barriers opened (one per barrier, however many threads wait at it).
+    pub barriers: u64,
+    /// Warp-wide `mma.sync`s.
+    pub mma: u64,
+}
+
 /// The state one CTA's threads share.
 struct Cta<'m> {
     mem: &'m mut Memory,
     shared: Memory,
     params: &'m [u64],
     id: u32,
+    counts: Counts,
 }
 
 impl Module {
@@ -415,6 +432,12 @@ impl Module {
             {
                 th.pc += 1;
                 continue;
+            }
+            cta.counts.instructions += 1;
+            if ins.op.starts_with("ld.global") || ins.op.starts_with("st.global") {
+                cta.counts.global += 1;
+            } else if ins.op.starts_with("ld.shared") || ins.op.starts_with("st.shared") {
+                cta.counts.shared += 1;
             }
             match ins.kind {
                 Kind::Ret => th.wait = Wait::Done,
@@ -459,6 +482,7 @@ impl Module {
                     let ins = &self.code[pc];
                     let Kind::Mma(kind) = ins.kind else { unreachable!("waits at an mma") };
                     mma(kind, &ins.args, warp);
+                    cta.counts.mma += 1;
                     for t in warp.iter_mut() {
                         t.pc += 1;
                         t.wait = Wait::No;
@@ -497,6 +521,7 @@ impl Module {
                     for i in at {
                         threads[i].wait = Wait::No;
                     }
+                    cta.counts.barriers += 1;
                     moved = true;
                 }
             }
@@ -515,7 +540,7 @@ impl Module {
     }
 
     /// Runs the entry over `grid` CTAs of `block` threads with the parameter values `params` and
-    /// `shared` bytes of dynamic shared memory per CTA.
+    /// `shared` bytes of dynamic shared memory per CTA; what it executed.
     pub fn launch(
         &self,
         mem: &mut Memory,
@@ -524,18 +549,25 @@ impl Module {
         block: u32,
         shared: usize,
         reverse: bool,
-    ) -> Result<(), String> {
+    ) -> Result<Counts, String> {
         if params.len() != self.params.len() {
             return Err(format!("{} takes {} parameters, got {}", self.entry, self.params.len(), params.len()));
         }
         if self.shared.is_some() && shared == 0 {
             return Err(format!("{} uses dynamic shared memory, but the launch gives it none", self.entry));
         }
+        let mut counts = Counts::default();
         for id in 0..grid {
-            let mut cta = Cta { mem, shared: Memory::shared(shared), params, id };
+            let mut cta = Cta { mem, shared: Memory::shared(shared), params, id, counts: Counts::default() };
             self.run_cta(&mut cta, block, reverse)?;
+            let c = cta.counts;
+            counts.instructions += c.instructions;
+            counts.global += c.global;
+            counts.shared += c.shared;
+            counts.barriers += c.barriers;
+            counts.mma += c.mma;
         }
-        Ok(())
+        Ok(counts)
     }
 }
 
@@ -802,7 +834,9 @@ mod tests {
         for reverse in [false, true] {
             let mut mem = Memory::default();
             let out = mem.alloc(128 * 4);
-            m.launch(&mut mem, &[out], 1, 64, 0, reverse).expect("runs");
+            let counts = m.launch(&mut mem, &[out], 1, 64, 0, reverse).expect("runs");
+            // Two barriers (one a group) opened once each; a store, a load, a store a thread.
+            assert_eq!((counts.barriers, counts.global, counts.shared), (2, 64 * 3, 0));
             let words = mem.read_words(out + 64 * 4, 64);
             assert!(words.iter().enumerate().all(|(t, w)| *w == (t as u32 ^ 1)), "{words:?}");
         }
