@@ -33,9 +33,8 @@ fn main() {
         let (_, ptx) = lowered.remove(0);
         let args = LaunchArgs { inputs: tessel::inputs::random_inputs(k.kernel(), 1), grid: Default::default() };
         let (_, c) = common::emulate_counted(&ptx, k, &args, false).expect("emulates");
-        let header = ptx.lines().find(|l| l.contains("CTAs of")).expect("plan comment");
-        let words: Vec<&str> = header.split_whitespace().collect();
-        let (ctas, threads): (u64, u64) = (words[1].parse().unwrap(), words[4].parse().unwrap());
+        let shape = common::launch_shape(&ptx);
+        let (ctas, threads) = (u64::from(shape.ctas), u64::from(shape.threads));
         println!(
             "{:<16} {:>5} {:>14} {:>10} {:>10} {:>9} {:>6}",
             k.name(),

@@ -77,6 +77,13 @@ impl Body {
         format!("%v{}", self.next)
     }
 
+    /// `tanh` of `v`, in (-1, 1): a new value.
+    fn bounded(&mut self, v: &str) -> String {
+        let t = self.fresh();
+        self.line(&format!("{t} = tanh {v}"));
+        t
+    }
+
     fn line(&mut self, s: &str) {
         let _ = writeln!(self.text, "  {s}");
     }
@@ -122,20 +129,14 @@ fn generate(s: &Spec) -> String {
             }
             1 => {
                 let op = ["neg", "abs", "tanh", "logistic", "sin", "cos"][g.random_range(0..6)];
-                if op == "sin" || op == "cos" {
-                    // Bounded first: of a large argument (a dot of integers), one ulp of
-                    // difference in a correct sum is more than the f32 tolerance of the result.
-                    let t = b.fresh();
-                    b.line(&format!("{t} = tanh {a}"));
-                    b.line(&format!("{v} = {op} {t}"));
-                } else {
-                    b.line(&format!("{v} = {op} {a}"));
-                }
+                // sin and cos of a bounded argument: of a large one (a dot of integers), one ulp of
+                // difference in a correct sum is more than the f32 tolerance of the result.
+                let x = if op == "sin" || op == "cos" { b.bounded(&a) } else { a };
+                b.line(&format!("{v} = {op} {x}"));
             }
             2 => {
                 // Bounded first, so that exp cannot overflow.
-                let t = b.fresh();
-                b.line(&format!("{t} = tanh {a}"));
+                let t = b.bounded(&a);
                 b.line(&format!("{v} = exp {t}"));
             }
             3 => {
@@ -184,9 +185,9 @@ fn generate(s: &Spec) -> String {
                 // Both transposes: s = tanh(a a2^T) is [r, r], then s^T a is [r, c] again. The
                 // tanh keeps the chain well conditioned: two dots in a row multiply magnitudes,
                 // and their cancellation would magnify rounding past the f32 tolerance.
-                let (sq, sb) = (b.fresh(), b.fresh());
+                let sq = b.fresh();
                 b.line(&format!("{sq} = dot {a}, {a2} trans_b"));
-                b.line(&format!("{sb} = tanh {sq}"));
+                let sb = b.bounded(&sq);
                 b.line(&format!("{v} = dot {sb}, {a} trans_a"));
             }
             8 => {

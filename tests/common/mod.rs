@@ -131,6 +131,28 @@ pub fn wgpu_adapter(test: &str) -> Option<String> {
     }
 }
 
+/// How a Mosaic GPU PTX module is launched, from its header comment.
+pub struct LaunchShape {
+    pub ctas: u32,
+    pub threads: u32,
+    /// Workspace bytes per CTA.
+    pub per_cta: usize,
+    /// Whether the workspace is dynamic shared memory (else a global buffer, the first parameter).
+    pub shared: bool,
+}
+
+/// "// N CTAs of T threads, W bytes of shared memory per CTA" (or "of global workspace").
+pub fn launch_shape(ptx: &str) -> LaunchShape {
+    let header = ptx.lines().find(|l| l.contains("CTAs of")).expect("plan comment");
+    let words: Vec<&str> = header.split_whitespace().collect();
+    LaunchShape {
+        ctas: words[1].parse().expect("CTA count"),
+        threads: words[4].parse().expect("threads per CTA"),
+        per_cta: words[6].parse().expect("workspace bytes"),
+        shared: header.contains("bytes of shared memory"),
+    }
+}
+
 /// Runs the Mosaic GPU PTX of `kernel` on the PTX emulator (`tests/ptx-emu`) with `inputs`, threads
 /// in order or in reverse order; returns the outputs.
 pub fn emulate(
@@ -151,13 +173,7 @@ pub fn emulate_counted(
 ) -> Result<(Vec<(String, tessel::HostArray)>, tessel_ptx_emu::Counts), String> {
     use tessel_plugin_api::ir::ParamKind;
     let module = tessel_ptx_emu::parse(ptx)?;
-    // "// N CTAs of T threads, W bytes of shared memory per CTA" (or "of global workspace").
-    let header = ptx.lines().find(|l| l.contains("CTAs of")).expect("plan comment");
-    let words: Vec<&str> = header.split_whitespace().collect();
-    let ctas: u32 = words[1].parse().expect("CTA count");
-    let threads: u32 = words[4].parse().expect("threads per CTA");
-    let per_cta: usize = words[6].parse().expect("workspace bytes");
-    let shared = header.contains("bytes of shared memory");
+    let LaunchShape { ctas, threads, per_cta, shared } = launch_shape(ptx);
     let mut mem = tessel_ptx_emu::Memory::default();
     let mut params = Vec::new();
     if !shared {

@@ -335,52 +335,48 @@ impl<'p> Writer<'p> {
         let par: Vec<usize> = (0..grid.len()).filter(|&a| !grid[a].seq && Some(a) != plan.thread_axis).collect();
         let seq: Vec<usize> = (0..grid.len()).filter(|&a| grid[a].seq).collect();
         decode(self, &cta, &par);
-        // More points of the thread axis than warpgroups: each warpgroup walks its points.
-        let mut points = None;
-        if let Some(t) = plan.thread_axis {
-            if plan.thread_points > plan.warpgroups {
-                let (point, top, end) = (self.r(), self.label("point"), self.label("points"));
-                self.comment(&format!("{} thread-axis points on {} warpgroups", plan.thread_points, plan.warpgroups));
-                self.ins(format!("mov.u32 {point}, {}", self.warpgroup));
-                self.place_label(&top);
-                let done = self.p();
-                self.ins(format!("setp.ge.u32 {done}, {point}, {}", plan.thread_points));
-                self.ins(format!("@{done} bra.uni {end}"));
-                self.coords[t] = point.clone();
-                points = Some((point, top, end));
-            } else {
-                self.coords[t] = self.warpgroup.clone();
-            }
-        }
         let steps: u64 = seq.iter().map(|&a| size(&grid[a])).product();
-        let step = self.r();
-        self.ins(format!("mov.u32 {step}, 0"));
-        let top = self.label("seq");
-        self.place_label(&top);
-        decode(self, &step, &seq);
-        self.write_origins();
-        // In name order, so that the PTX is the same from run to run.
-        let mut names: Vec<&String> = self.plan.in_registers.iter().collect();
-        names.sort();
-        for v in names {
-            let n: usize = self.plan.kernel.value_type(v).numel();
-            let regs = (0..n.div_ceil(THREADS as usize)).map(|_| self.r()).collect();
-            self.in_registers.insert(v.clone(), regs);
-        }
-        let body = k.body.clone();
-        self.write_body(&body);
-        // The next step (or the next thread-axis point) writes every slot again.
-        if steps > 1 || points.is_some() {
-            self.barrier();
-        }
-        self.ins(format!("add.u32 {step}, {step}, 1"));
-        let more = self.p();
-        self.ins(format!("setp.lt.u32 {more}, {step}, {steps}"));
-        self.ins(format!("@{more} bra.uni {top}"));
-        if let Some((point, top, end)) = points {
-            self.ins(format!("add.u32 {point}, {point}, {}", plan.warpgroups));
-            self.ins(format!("bra.uni {top}"));
-            self.place_label(&end);
+        // The `seq` steps of one program: `refill` when a later thread-axis point runs them again.
+        let seq_loop = |w: &mut Writer<'_>, refill: bool| {
+            let step = w.r();
+            w.ins(format!("mov.u32 {step}, 0"));
+            let top = w.label("seq");
+            w.place_label(&top);
+            decode(w, &step, &seq);
+            w.write_origins();
+            // In name order, so that the PTX is the same from run to run.
+            let mut names: Vec<&String> = w.plan.in_registers.iter().collect();
+            names.sort();
+            for v in names {
+                let n: usize = w.plan.kernel.value_type(v).numel();
+                let regs = (0..n.div_ceil(THREADS as usize)).map(|_| w.r()).collect();
+                w.in_registers.insert(v.clone(), regs);
+            }
+            w.write_body(&k.body);
+            // The next step (or the next thread-axis point) writes every slot again.
+            if steps > 1 || refill {
+                w.barrier();
+            }
+            w.ins(format!("add.u32 {step}, {step}, 1"));
+            let more = w.p();
+            w.ins(format!("setp.lt.u32 {more}, {step}, {steps}"));
+            w.ins(format!("@{more} bra.uni {top}"));
+        };
+        match plan.thread_axis {
+            // More points of the thread axis than warpgroups: each warpgroup walks its points.
+            Some(t) if plan.thread_points > plan.warpgroups => {
+                self.comment(&format!("{} thread-axis points on {} warpgroups", plan.thread_points, plan.warpgroups));
+                let wg = self.warpgroup.clone();
+                self.count(&wg, plan.thread_points as usize, plan.warpgroups, true, ("point", "points"), |w, point| {
+                    w.coords[t] = point.to_string();
+                    seq_loop(w, true);
+                });
+            }
+            Some(t) => {
+                self.coords[t] = self.warpgroup.clone();
+                seq_loop(self, false);
+            }
+            None => seq_loop(self, false),
         }
     }
 
@@ -746,9 +742,6 @@ impl<'p> Writer<'p> {
             Op::Reduce { op, arg, axis, .. } => self.write_reduce(*op, arg, *axis, &dst, n),
             Op::Dot { a, b, trans_a, trans_b } => self.write_dot(a, b, *trans_a, *trans_b, &dst, &out_shape),
             Op::When { cond, body } => {
-                if let Operand::Value(v) = cond {
-                    self.sync(&[Use::across(v)], &[]);
-                }
                 let c = self.scalar(cond);
                 let (p, end) = (self.p(), self.label("when"));
                 self.ins(format!("setp.eq.u32 {p}, {c}, 0"));
@@ -792,12 +785,6 @@ impl<'p> Writer<'p> {
                 Operand::Lit(_) => unreachable!("verifier: iter initial values are values"),
             }
         }
-        let bounds: Vec<Use> = [Some(lo), Some(hi), step]
-            .into_iter()
-            .flatten()
-            .filter_map(|o| if let Operand::Value(v) = o { Some(Use::across(v)) } else { None })
-            .collect();
-        self.sync(&bounds, &[]);
         let (lo, hi) = (self.scalar(lo), self.scalar(hi));
         let step = match step {
             Some(s) => self.scalar(s),
@@ -1032,30 +1019,18 @@ impl<'p> Writer<'p> {
 
     /// `a[row, col]` of a dot (`a[col, row]` when transposed), or 0 past its edges.
     fn dot_a(&mut self, dot: &Dot<'_>, row: &str, col: &str) -> String {
-        let (rows, cols) = (dot.m, dot.k);
-        let (major, minor, stride) = if dot.ta { (col, row, rows) } else { (row, col, cols) };
-        self.dot_operand(dot.a, row, rows, col, cols, major, minor, stride)
+        self.dot_operand(dot.a, (row, col), (dot.m, dot.k), dot.ta)
     }
 
     /// `b[row, col]` of a dot (`b[col, row]` when transposed), or 0 past its edges.
     fn dot_b(&mut self, dot: &Dot<'_>, row: &str, col: &str) -> String {
-        let (rows, cols) = (dot.k, dot.n);
-        let (major, minor, stride) = if dot.tb { (col, row, rows) } else { (row, col, cols) };
-        self.dot_operand(dot.b, row, rows, col, cols, major, minor, stride)
+        self.dot_operand(dot.b, (row, col), (dot.k, dot.n), dot.tb)
     }
 
-    #[allow(clippy::too_many_arguments, reason = "an element of a 2-D operand and its bounds")]
-    fn dot_operand(
-        &mut self,
-        name: &str,
-        row: &str,
-        rows: usize,
-        col: &str,
-        cols: usize,
-        major: &str,
-        minor: &str,
-        stride: usize,
-    ) -> String {
+    /// Element `(row, col)` of a `rows x cols` operand stored row-major (column-major when
+    /// `transposed`), or 0 past its edges.
+    fn dot_operand(&mut self, name: &str, (row, col): (&str, &str), (rows, cols): (usize, usize), transposed: bool) -> String {
+        let (major, minor, stride) = if transposed { (col, row, rows) } else { (row, col, cols) };
         let (ok, inside, idx, v) = (self.p(), self.p(), self.r(), self.imm(0));
         self.ins(format!("setp.lt.u32 {ok}, {row}, {rows}"));
         self.ins(format!("setp.lt.u32 {inside}, {col}, {cols}"));

@@ -268,20 +268,7 @@ pub fn in_registers(k: &Verified) -> HashSet<String> {
             let (reads, writes) = uses(k, s, &out_shape);
             across.extend(reads.iter().filter(|u| !u.own).map(|u| u.name.clone()));
             match &s.op {
-                Op::When { cond, body } => {
-                    if let Operand::Value(v) = cond {
-                        across.insert(v.clone());
-                    }
-                    walk(k, body, candidates, across);
-                }
-                Op::For { lo, hi, step, body, .. } => {
-                    for o in [Some(lo), Some(hi), step.as_ref()].into_iter().flatten() {
-                        if let Operand::Value(v) = o {
-                            across.insert(v.clone());
-                        }
-                    }
-                    walk(k, body, candidates, across);
-                }
+                Op::When { body, .. } | Op::For { body, .. } => walk(k, body, candidates, across),
                 _ => {
                     let own_write = writes.iter().all(|u| u.own);
                     let n = out_shape.iter().product::<usize>();
@@ -310,8 +297,9 @@ pub fn region_shape(k: &Verified, name: &str, index: Option<&[Index]>) -> Vec<us
         .collect()
 }
 
-/// What a statement (not `when` or `for`) reads and writes, and whether each thread touches
-/// only its own elements.
+/// What a statement reads and writes, and whether each thread touches only its own elements. Of a
+/// `when` or `for`, only what every thread reads to decide: the condition, the bounds (their
+/// bodies are statements of their own; a `for`'s carried values are copied element by element).
 pub fn uses(k: &Verified, s: &Stmt, out_shape: &[usize]) -> (Vec<Use>, Vec<Use>) {
     let shape_of = |v: &str| k.value_type(v).shape.clone();
     fn value(o: &Operand) -> Option<&str> {
@@ -368,6 +356,11 @@ pub fn uses(k: &Verified, s: &Stmt, out_shape: &[usize]) -> (Vec<Use>, Vec<Use>)
             let writes = s.results.iter().map(|d| if float { Use::across(d) } else { Use::own(d) }).collect();
             (reads, writes)
         }
-        Op::When { .. } | Op::For { .. } | Op::Yield(_) => (vec![], vec![]),
+        Op::When { cond, .. } => (value(cond).map(Use::across).into_iter().collect(), vec![]),
+        Op::For { lo, hi, step, .. } => (
+            [Some(lo), Some(hi), step.as_ref()].into_iter().flatten().filter_map(|o| value(o).map(Use::across)).collect(),
+            vec![],
+        ),
+        Op::Yield(_) => (vec![], vec![]),
     }
 }

@@ -67,8 +67,16 @@ struct Instr {
     pred: Option<(usize, bool)>,
     op: String,
     kind: Kind,
+    /// The state space a load or store touches, for [`Counts`].
+    space: Option<Space>,
     args: Vec<Arg>,
     line: usize,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Space {
+    Global,
+    Shared,
 }
 
 /// The emulated instructions, by name; `exec` matches on the index.
@@ -291,7 +299,12 @@ pub fn parse(ptx: &str) -> Result<Module, String> {
                 return Err(format!("line {line}: `{op}` takes vectors of {want:?} registers, got {got:?}"));
             }
         }
-        code.push(Instr { pred, op: op.to_string(), kind, args, line });
+        let space = match op.split('.').take(2).collect::<Vec<_>>()[..] {
+            ["ld" | "st", "global"] => Some(Space::Global),
+            ["ld" | "st", "shared"] => Some(Space::Shared),
+            _ => None,
+        };
+        code.push(Instr { pred, op: op.to_string(), kind, space, args, line });
     }
     let registers = regs.len();
     Ok(Module { entry, params, code, registers, shared })
@@ -434,10 +447,10 @@ impl Module {
                 continue;
             }
             cta.counts.instructions += 1;
-            if ins.op.starts_with("ld.global") || ins.op.starts_with("st.global") {
-                cta.counts.global += 1;
-            } else if ins.op.starts_with("ld.shared") || ins.op.starts_with("st.shared") {
-                cta.counts.shared += 1;
+            match ins.space {
+                Some(Space::Global) => cta.counts.global += 1,
+                Some(Space::Shared) => cta.counts.shared += 1,
+                None => {}
             }
             match ins.kind {
                 Kind::Ret => th.wait = Wait::Done,
