@@ -225,9 +225,12 @@ fn literal(l: Literal, d: DType) -> String {
 }
 
 /// An `f32` as WGSL. Infinities and NaN go through a helper, since naga refuses non-finite
-/// constants.
+/// constants; so do zeros, since a driver that may assume no infinity, NaN or signed zero
+/// (Vulkan without `SignedZeroInfNanPreserve`, which Mesa's lavapipe does not honour) folds
+/// `x * 0.0` and `x / 0.0` to 0 and `x + 0.0` to `x` when it sees the constant. The helper's
+/// bits pass through `tk_zero`, a zero the compiler cannot see (`finish`).
 fn float_lit(v: f32) -> String {
-    if v.is_finite() { format!("{v:?}f") } else { format!("tk_f32_bits({}u)", v.to_bits()) }
+    if v.is_finite() && v != 0.0 { format!("{v:?}f") } else { format!("tk_f32_bits({}u)", v.to_bits()) }
 }
 
 /// Register value to a `u32` storage word.
@@ -1423,7 +1426,13 @@ impl<'k> Writer<'k> {
 
     // ---- module ----
 
-    fn finish(self, zeroed: &[String]) -> String {
+    fn finish(mut self, zeroed: &[String]) -> String {
+        // Literals are written by free functions; the helpers they call are found in the text.
+        for (name, _) in HELPERS {
+            if self.out.contains(&format!("{name}(")) {
+                self.helper(name);
+            }
+        }
         let [gx, gy] = self.groups;
         let groups = if gy == 1 { format!("{gx}") } else { format!("{gx}×{gy}") };
         let walk = if self.strided { ", each walking the programs with a stride" } else { "" };
@@ -1477,7 +1486,7 @@ impl<'k> Writer<'k> {
             let _ = writeln!(m, "var<workgroup> tk_bc: u32;");
         }
         if self.helpers.contains("tk_f32_bits") {
-            let _ = writeln!(m, "var<private> tk_zero: u32 = 0u;");
+            let _ = writeln!(m, "var<private> tk_zero: u32;");
         }
         let _ = writeln!(m);
         for (name, text) in HELPERS {
@@ -1487,6 +1496,10 @@ impl<'k> Writer<'k> {
         }
         let _ = writeln!(m, "@compute @workgroup_size({})", self.wg);
         let _ = writeln!(m, "fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {{");
+        if self.helpers.contains("tk_f32_bits") {
+            // The dispatch is one workgroup deep, so `wid.z` is 0, which no compiler can know.
+            m.push_str("    tk_zero = wid.z;\n");
+        }
         m.push_str(&format!("    let gid = wid.y * {gx}u + wid.x;\n"));
         if self.next_word > 0 {
             m.push_str("    let wsb = gid * WS_WORDS;\n");

@@ -109,6 +109,21 @@ fn pick_adapter() -> Result<Adapter, String> {
     Ok(Adapter { description: describe(&info), software: info.device_type == wgpu::DeviceType::Cpu, adapter })
 }
 
+impl Adapter {
+    /// The features that keep IEEE semantics: passthrough SPIR-V on Vulkan, where the backend
+    /// declares `SignedZeroInfNanPreserve` itself (`spirv.rs`). `TESSEL_WGPU_SPIRV=off` keeps
+    /// wgpu's own WGSL path.
+    fn ieee_features(&self) -> wgpu::Features {
+        let vulkan = self.adapter.get_info().backend == wgpu::Backend::Vulkan;
+        let off = std::env::var("TESSEL_WGPU_SPIRV").is_ok_and(|v| v == "off");
+        if vulkan && !off && self.adapter.features().contains(wgpu::Features::PASSTHROUGH_SHADERS) {
+            wgpu::Features::PASSTHROUGH_SHADERS
+        } else {
+            wgpu::Features::empty()
+        }
+    }
+}
+
 /// The adapter, found once per process (no device is opened).
 pub fn adapter() -> Result<&'static Adapter, String> {
     static ADAPTER: OnceLock<Result<Adapter, String>> = OnceLock::new();
@@ -129,6 +144,7 @@ pub fn gpu() -> Result<&'static Gpu, BackendError> {
         let limits = a.adapter.limits();
         let desc = wgpu::DeviceDescriptor {
             label: Some("tessel"),
+            required_features: a.ieee_features(),
             required_limits: limits.clone(),
             memory_hints: wgpu::MemoryHints::Performance,
             ..Default::default()
@@ -311,16 +327,43 @@ impl Gpu {
         self.check_alive()
     }
 
+    /// The module of `l`: on Vulkan, SPIR-V that keeps infinities, NaN and signed zeros
+    /// (`spirv.rs`); elsewhere the WGSL.
+    fn shader_module(&self, l: &Lowered) -> wgpu::ShaderModule {
+        let wgsl = || {
+            self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some(&l.name),
+                source: wgpu::ShaderSource::Wgsl(l.wgsl.as_str().into()),
+            })
+        };
+        if !self.device.features().contains(wgpu::Features::PASSTHROUGH_SHADERS) {
+            return wgsl();
+        }
+        // naga failing here fails on the WGSL path too, where wgpu reports it in the scope.
+        let Ok(words) = crate::spirv::ieee_spirv(&l.wgsl) else { return wgsl() };
+        let entry = wgpu::PassthroughShaderEntryPoint { name: "main".into(), workgroup_size: (1, 1, 1) };
+        let desc = wgpu::ShaderModuleDescriptorPassthrough {
+            label: Some(&l.name),
+            entry_points: std::borrow::Cow::Owned(vec![entry]),
+            spirv: Some(std::borrow::Cow::Owned(words)),
+            ..Default::default()
+        };
+        // SAFETY: the SPIR-V is naga's own output for a module naga validated, with only the
+        // float-controls capability, extension and execution mode added (`spirv.rs`), and the
+        // pipeline layout below is explicit, so wgpu needs no reflection of it.
+        #[allow(unsafe_code, reason = "wgpu takes SPIR-V it does not validate only through an unsafe call")]
+        unsafe {
+            self.device.create_shader_module_passthrough(desc)
+        }
+    }
+
     fn pipeline(&self, l: &Lowered) -> Result<Arc<Pipeline>, BackendError> {
         let key = l.hash;
         if let Some(p) = self.pipelines.lock().map_err(|_| poisoned())?.get(&key) {
             return Ok(Arc::clone(p));
         }
         let p = self.scoped(&format!("the WGSL of kernel `{}`", l.name), || {
-            let module = self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
-                label: Some(&l.name),
-                source: wgpu::ShaderSource::Wgsl(l.wgsl.as_str().into()),
-            });
+            let module = self.shader_module(l);
             // An explicit layout: wgpu's derived one leaves out arguments the kernel never reads.
             let storage = |binding: u32, read_only: bool| wgpu::BindGroupLayoutEntry {
                 binding,
