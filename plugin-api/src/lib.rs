@@ -7,4 +7,5 @@ pub mod array;
 pub mod backend;
 pub mod ir;
 pub mod launch;
+pub mod libm;
 pub mod mesh;
