@@ -8,6 +8,7 @@ use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
 
 use tessel_plugin_api::ir::*;
+use tessel_plugin_api::libm;
 
 use crate::lower::{Plan, THREADS, Use, uses};
 
@@ -19,6 +20,54 @@ pub fn emit(plan: &Plan) -> String {
     let mut w = Writer::new(plan);
     w.write_kernel();
     w.finish()
+}
+
+/// One instruction of an accurate maths function.
+fn libm_ins(f: &libm::Func, dst: libm::Var, op: libm::Op, regs: &[String]) -> String {
+    use libm::{Op, Ty};
+    let t = f.types[dst.0];
+    let d = &regs[dst.0];
+    let r = |v: libm::Var| regs[v.0].as_str();
+    let ty = |v: libm::Var| f.types[v.0];
+    // Integer instruction suffixes by the operand's type.
+    let int = |v: libm::Var| if ty(v) == Ty::I32 { "s32" } else { "u32" };
+    match op {
+        Op::Const(bits) if t == Ty::F32 => format!("mov.b32 {d}, {}", f32_imm(f32::from_bits(bits))),
+        Op::Const(bits) => format!("mov.b32 {d}, {bits}"),
+        Op::Copy(a) if t == Ty::Bool => format!("mov.pred {d}, {}", r(a)),
+        Op::Copy(a) | Op::Bits(a) => format!("mov.b32 {d}, {}", r(a)),
+        Op::Add(a, b) if t == Ty::F32 => format!("add.rn.f32 {d}, {}, {}", r(a), r(b)),
+        Op::Sub(a, b) if t == Ty::F32 => format!("sub.rn.f32 {d}, {}, {}", r(a), r(b)),
+        Op::Mul(a, b) if t == Ty::F32 => format!("mul.rn.f32 {d}, {}, {}", r(a), r(b)),
+        Op::Add(a, b) => format!("add.u32 {d}, {}, {}", r(a), r(b)),
+        Op::Sub(a, b) => format!("sub.u32 {d}, {}, {}", r(a), r(b)),
+        Op::Mul(a, b) => format!("mul.lo.u32 {d}, {}, {}", r(a), r(b)),
+        Op::Div(a, b) => format!("div.rn.f32 {d}, {}, {}", r(a), r(b)),
+        Op::Fma(a, b, c) => format!("fma.rn.f32 {d}, {}, {}, {}", r(a), r(b), r(c)),
+        Op::Neg(a) => format!("neg.f32 {d}, {}", r(a)),
+        Op::Abs(a) => format!("abs.f32 {d}, {}", r(a)),
+        Op::Rint(a) => format!("cvt.rni.f32.f32 {d}, {}", r(a)),
+        Op::Trunc(a) => format!("cvt.rzi.f32.f32 {d}, {}", r(a)),
+        Op::Lt(a, b) if ty(a) == Ty::F32 => format!("setp.lt.f32 {d}, {}, {}", r(a), r(b)),
+        Op::Eq(a, b) if ty(a) == Ty::F32 => format!("setp.eq.f32 {d}, {}, {}", r(a), r(b)),
+        Op::Lt(a, b) => format!("setp.lt.{} {d}, {}, {}", int(a), r(a), r(b)),
+        Op::Eq(a, b) => format!("setp.eq.u32 {d}, {}, {}", r(a), r(b)),
+        Op::Convert(a) if t == Ty::F32 => format!("cvt.rn.f32.{} {d}, {}", int(a), r(a)),
+        Op::Convert(a) => format!("cvt.rzi.{}.f32 {d}, {}", int(dst), r(a)),
+        Op::MulHi(a, b) => format!("mul.hi.u32 {d}, {}, {}", r(a), r(b)),
+        Op::Shl(a, b) => format!("shl.b32 {d}, {}, {}", r(a), r(b)),
+        Op::Shr(a, b) => format!("shr.{} {d}, {}, {}", int(a), r(a), r(b)),
+        Op::And(a, b) if t == Ty::Bool => format!("and.pred {d}, {}, {}", r(a), r(b)),
+        Op::Or(a, b) if t == Ty::Bool => format!("or.pred {d}, {}, {}", r(a), r(b)),
+        Op::Xor(a, b) if t == Ty::Bool => format!("xor.pred {d}, {}, {}", r(a), r(b)),
+        Op::And(a, b) => format!("and.b32 {d}, {}, {}", r(a), r(b)),
+        Op::Or(a, b) => format!("or.b32 {d}, {}, {}", r(a), r(b)),
+        Op::Xor(a, b) => format!("xor.b32 {d}, {}, {}", r(a), r(b)),
+        Op::Rem(a, b) => format!("rem.u32 {d}, {}, {}", r(a), r(b)),
+        Op::Clz(a) => format!("clz.b32 {d}, {}", r(a)),
+        Op::Not(a) => format!("not.pred {d}, {}", r(a)),
+        Op::Select(c, a, b) => format!("selp.b32 {d}, {}, {}, {}", r(a), r(b), r(c)),
+    }
 }
 
 /// `0f3F800000`: a float immediate.
@@ -217,6 +266,54 @@ impl<'p> Writer<'p> {
 
     fn comment(&mut self, s: &str) {
         let _ = writeln!(self.out, "\t// {s}");
+    }
+
+    /// An accurate maths function (`tessel_plugin_api::libm`) written inline: a register per
+    /// variable, branches for its `if` and `while`. Returns the result's register.
+    fn libm(&mut self, f: fn() -> libm::Func, args: &[&str]) -> String {
+        let func = f();
+        let mut regs: Vec<String> = Vec::with_capacity(func.types.len());
+        for (i, &t) in func.types.iter().enumerate() {
+            regs.push(match func.params.iter().position(|p| p.0 == i) {
+                Some(a) => args[a].to_string(),
+                None if t == libm::Ty::Bool => self.p(),
+                None => self.r(),
+            });
+        }
+        self.comment(func.name);
+        self.libm_body(&func, &func.body, &regs);
+        regs[func.result.0].clone()
+    }
+
+    /// `v = f(args)` by [`Writer::libm`].
+    fn maths(&mut self, v: &str, f: fn() -> libm::Func, args: &[&str]) {
+        let r = self.libm(f, args);
+        self.ins(format!("mov.b32 {v}, {r}"));
+    }
+
+    fn libm_body(&mut self, f: &libm::Func, body: &[libm::Stmt], regs: &[String]) {
+        for s in body {
+            match s {
+                libm::Stmt::Set(v, op) => {
+                    let ins = libm_ins(f, *v, *op, regs);
+                    self.ins(ins);
+                }
+                libm::Stmt::If(c, inner) => {
+                    let end = self.label("fi");
+                    self.ins(format!("@!{} bra {end}", regs[c.0]));
+                    self.libm_body(f, inner, regs);
+                    self.place_label(&end);
+                }
+                libm::Stmt::While(c, inner) => {
+                    let (top, end) = (self.label("while"), self.label("wend"));
+                    self.place_label(&top);
+                    self.ins(format!("@!{} bra {end}", regs[c.0]));
+                    self.libm_body(f, inner, regs);
+                    self.ins(format!("bra {top}"));
+                    self.place_label(&end);
+                }
+            }
+        }
     }
 
     /// A 32-bit register holding `imm`.
@@ -1173,7 +1270,6 @@ impl<'p> Writer<'p> {
     fn unary32(&mut self, op: UnaryOp, d: DType, x: &str) -> String {
         let d = if d.is_float() { DType::F32 } else { d };
         let v = self.r();
-        let log2e = f32_imm(std::f32::consts::LOG2_E);
         match (op, d) {
             (UnaryOp::Neg, DType::F32) => self.ins(format!("neg.f32 {v}, {x}")),
             (UnaryOp::Neg, _) => self.ins(format!("neg.s32 {v}, {x}")),
@@ -1182,40 +1278,19 @@ impl<'p> Writer<'p> {
             (UnaryOp::Abs, _) => self.ins(format!("mov.b32 {v}, {x}")),
             (UnaryOp::Not, DType::Bool) => self.ins(format!("xor.b32 {v}, {x}, 1")),
             (UnaryOp::Not, _) => self.ins(format!("not.b32 {v}, {x}")),
-            (UnaryOp::Exp, _) => {
-                self.ins(format!("mul.rn.f32 {v}, {x}, {log2e}"));
-                self.ins(format!("ex2.approx.f32 {v}, {v}"));
-            }
-            (UnaryOp::Exp2, _) => self.ins(format!("ex2.approx.f32 {v}, {x}")),
-            (UnaryOp::Log, _) => {
-                self.ins(format!("lg2.approx.f32 {v}, {x}"));
-                self.ins(format!("mul.rn.f32 {v}, {v}, {}", f32_imm(std::f32::consts::LN_2)));
-            }
-            (UnaryOp::Log2, _) => self.ins(format!("lg2.approx.f32 {v}, {x}")),
+            (UnaryOp::Exp, _) => self.maths(&v, libm::exp, &[x]),
+            (UnaryOp::Exp2, _) => self.maths(&v, libm::exp2, &[x]),
+            (UnaryOp::Log, _) => self.maths(&v, libm::log, &[x]),
+            (UnaryOp::Log2, _) => self.maths(&v, libm::log2, &[x]),
             (UnaryOp::Sqrt, _) => self.ins(format!("sqrt.rn.f32 {v}, {x}")),
             (UnaryOp::Rsqrt, _) => {
                 self.ins(format!("sqrt.rn.f32 {v}, {x}"));
                 self.ins(format!("rcp.rn.f32 {v}, {v}"));
             }
-            (UnaryOp::Sin, _) => self.ins(format!("sin.approx.f32 {v}, {x}")),
-            (UnaryOp::Cos, _) => self.ins(format!("cos.approx.f32 {v}, {x}")),
-            (UnaryOp::Tanh, _) => {
-                // sign(x) * (1 - 2 / (exp(2|x|) + 1)): no overflow for large |x|.
-                let (a, t) = (self.r(), self.r());
-                self.ins(format!("abs.f32 {a}, {x}"));
-                self.ins(format!("mul.rn.f32 {t}, {a}, {}", f32_imm(2.0 * std::f32::consts::LOG2_E)));
-                self.ins(format!("ex2.approx.f32 {t}, {t}"));
-                self.ins(format!("add.rn.f32 {t}, {t}, {}", f32_imm(1.0)));
-                self.ins(format!("div.rn.f32 {t}, {}, {t}", f32_imm(2.0)));
-                self.ins(format!("sub.rn.f32 {t}, {}, {t}", f32_imm(1.0)));
-                self.ins(format!("copysign.f32 {v}, {x}, {t}"));
-            }
-            (UnaryOp::Logistic, _) => {
-                self.ins(format!("mul.rn.f32 {v}, {x}, {}", f32_imm(-std::f32::consts::LOG2_E)));
-                self.ins(format!("ex2.approx.f32 {v}, {v}"));
-                self.ins(format!("add.rn.f32 {v}, {v}, {}", f32_imm(1.0)));
-                self.ins(format!("rcp.rn.f32 {v}, {v}"));
-            }
+            (UnaryOp::Sin, _) => self.maths(&v, libm::sin, &[x]),
+            (UnaryOp::Cos, _) => self.maths(&v, libm::cos, &[x]),
+            (UnaryOp::Tanh, _) => self.maths(&v, libm::tanh, &[x]),
+            (UnaryOp::Logistic, _) => self.maths(&v, libm::logistic, &[x]),
             (UnaryOp::Floor, _) => self.ins(format!("cvt.rmi.f32.f32 {v}, {x}")),
             (UnaryOp::Ceil, _) => self.ins(format!("cvt.rpi.f32.f32 {v}, {x}")),
         }
@@ -1228,36 +1303,6 @@ impl<'p> Writer<'p> {
         v
     }
 
-    /// `pow` as 2^(y log2 |x|), with the signs and special cases of C's `pow`.
-    fn pow(&mut self, v: &str, x: &str, y: &str) {
-        let (a, t, half, ti) = (self.r(), self.r(), self.r(), self.r());
-        let (neg, int, odd, y0, x1, nan) = (self.p(), self.p(), self.p(), self.p(), self.p(), self.r());
-        self.ins(format!("abs.f32 {a}, {x}"));
-        self.ins(format!("lg2.approx.f32 {t}, {a}"));
-        self.ins(format!("mul.rn.f32 {t}, {t}, {y}"));
-        self.ins(format!("ex2.approx.f32 {v}, {t}"));
-        // A negative base: an odd integer exponent negates, a non-integer one gives NaN.
-        self.ins(format!("setp.lt.f32 {neg}, {x}, {}", f32_imm(0.0)));
-        self.ins(format!("cvt.rzi.f32.f32 {ti}, {y}"));
-        self.ins(format!("setp.eq.f32 {int}, {ti}, {y}"));
-        self.ins(format!("mul.rn.f32 {half}, {y}, {}", f32_imm(0.5)));
-        self.ins(format!("cvt.rzi.f32.f32 {ti}, {half}"));
-        self.ins(format!("setp.neu.f32 {odd}, {ti}, {half}"));
-        self.ins(format!("and.pred {odd}, {odd}, {int}"));
-        self.ins(format!("and.pred {odd}, {odd}, {neg}"));
-        self.ins(format!("neg.f32 {t}, {v}"));
-        self.ins(format!("selp.b32 {v}, {t}, {v}, {odd}"));
-        self.ins(format!("not.pred {int}, {int}"));
-        self.ins(format!("and.pred {neg}, {neg}, {int}"));
-        self.ins(format!("mov.b32 {nan}, {}", f32_imm(f32::NAN)));
-        self.ins(format!("selp.b32 {v}, {nan}, {v}, {neg}"));
-        // x^0 = 1 and 1^y = 1, even for NaN.
-        self.ins(format!("setp.eq.f32 {y0}, {y}, {}", f32_imm(0.0)));
-        self.ins(format!("setp.eq.f32 {x1}, {x}, {}", f32_imm(1.0)));
-        self.ins(format!("or.pred {y0}, {y0}, {x1}"));
-        self.ins(format!("selp.b32 {v}, {}, {v}, {y0}", f32_imm(1.0)));
-    }
-
     fn binary32(&mut self, op: BinaryOp, d: DType, x: &str, y: &str) -> String {
         let v = self.r();
         let it = int_ty(d);
@@ -1267,14 +1312,7 @@ impl<'p> Writer<'p> {
             BinaryOp::Sub if float => self.ins(format!("sub.rn.f32 {v}, {x}, {y}")),
             BinaryOp::Mul if float => self.ins(format!("mul.rn.f32 {v}, {x}, {y}")),
             BinaryOp::Div if float => self.ins(format!("div.rn.f32 {v}, {x}, {y}")),
-            BinaryOp::Rem if float => {
-                // x - trunc(x / y) * y
-                let t = self.r();
-                self.ins(format!("div.rn.f32 {t}, {x}, {y}"));
-                self.ins(format!("cvt.rzi.f32.f32 {t}, {t}"));
-                self.ins(format!("mul.rn.f32 {t}, {t}, {y}"));
-                self.ins(format!("sub.rn.f32 {v}, {x}, {t}"));
-            }
+            BinaryOp::Rem if float => self.maths(&v, libm::fmod, &[x, y]),
             BinaryOp::Max if float => self.ins(format!("max.NaN.f32 {v}, {x}, {y}")),
             BinaryOp::Min if float => self.ins(format!("min.NaN.f32 {v}, {x}, {y}")),
             BinaryOp::Add => self.ins(format!("add.u32 {v}, {x}, {y}")),
@@ -1313,7 +1351,7 @@ impl<'p> Writer<'p> {
                     self.ins(format!("shr.{it} {v}, {x}, {s}"))
                 }
             }
-            BinaryOp::Pow => self.pow(&v, x, y),
+            BinaryOp::Pow => self.maths(&v, libm::pow, &[x, y]),
         }
         v
     }

@@ -22,12 +22,13 @@
 //! Loads and stores check the array bounds and masks lane by lane (§5); scratch lives in the
 //! workspace, zeroed once per program.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt::Write as _;
 
 use tessel_plugin_api::abi::{BackendError, ErrorKind};
 use tessel_plugin_api::ir::*;
 use tessel_plugin_api::launch::LaunchAxis;
+use tessel_plugin_api::libm;
 
 /// The largest block value lowered, in elements.
 pub const MAX_BLOCK_ELEMENTS: usize = 1 << 16;
@@ -229,7 +230,7 @@ fn literal(l: Literal, d: DType) -> String {
 /// (Vulkan without `SignedZeroInfNanPreserve`, which Mesa's lavapipe does not honour) folds
 /// `x * 0.0` and `x / 0.0` to 0 and `x + 0.0` to `x` when it sees the constant. The helper's
 /// bits pass through `tk_zero`, a zero the compiler cannot see (`finish`).
-fn float_lit(v: f32) -> String {
+pub(crate) fn float_lit(v: f32) -> String {
     if v.is_finite() && v != 0.0 { format!("{v:?}f") } else { format!("tk_f32_bits({}u)", v.to_bits()) }
 }
 
@@ -326,20 +327,6 @@ fn tk_round_bf16(x: f32) -> f32 {
     return bitcast<f32>((b + 0x7fffu + ((b >> 16u) & 1u)) & 0xffff0000u);
 }",
     ),
-    ("tk_tanh", "fn tk_tanh(x: f32) -> f32 { if (tk_isnan(x)) { return x; } return tanh(clamp(x, -15.0f, 15.0f)); }"),
-    (
-        "tk_pow",
-        "// C's pow: the sign for an odd integer exponent of a negative base, NaN for a fraction.
-fn tk_pow(x: f32, y: f32) -> f32 {
-    if (y == 0.0f || x == 1.0f) { return 1.0f; }
-    var v = exp2(y * log2(abs(x)));
-    if (x < 0.0f) {
-        if (trunc(y) != y) { return tk_f32_bits(0x7fc00000u); }
-        if (trunc(y * 0.5f) != y * 0.5f) { v = -v; }
-    }
-    return v;
-}",
-    ),
     ("tk_div_i32", "fn tk_div_i32(a: i32, b: i32) -> i32 { if (b == 0i) { return 0i; } return a / b; }"),
     ("tk_rem_i32", "fn tk_rem_i32(a: i32, b: i32) -> i32 { if (b == 0i || b == -1i) { return 0i; } return a - (a / b) * b; }"),
     ("tk_div_u32", "fn tk_div_u32(a: u32, b: u32) -> u32 { if (b == 0u) { return 0u; } return a / b; }"),
@@ -364,14 +351,15 @@ fn tk_f2u(x: f32) -> u32 {
 }",
     ),
     ("tk_f16_bits", "fn tk_f16_bits(x: f32) -> u32 { return pack2x16float(vec2<f32>(x, 0.0f)) & 0xffffu; }"),
+    ("tk_mulhi", crate::libm::MULHI),
 ];
 
 /// Which helpers each helper calls.
 fn helper_deps(name: &str) -> &'static [&'static str] {
     match name {
         "tk_isnan" => &[],
-        "tk_max" | "tk_min" | "tk_pow" => &["tk_isnan", "tk_f32_bits"],
-        "tk_tanh" | "tk_f2i" | "tk_f2u" => &["tk_isnan"],
+        "tk_max" | "tk_min" => &["tk_isnan", "tk_f32_bits"],
+        "tk_f2i" | "tk_f2u" => &["tk_isnan"],
         _ => &[],
     }
 }
@@ -394,6 +382,8 @@ struct Writer<'k> {
     offsets: HashMap<String, u64>,
     next_word: u64,
     helpers: BTreeSet<&'static str>,
+    /// The accurate maths functions the module calls, by name (`libm.rs`).
+    libm: BTreeMap<&'static str, String>,
     uses_broadcast: bool,
     max_elements: usize,
     /// Since the last barrier: a value was published, an `out`/scratch ref was stored to,
@@ -438,6 +428,7 @@ impl<'k> Writer<'k> {
             offsets: HashMap::new(),
             next_word: 0,
             helpers: BTreeSet::new(),
+            libm: BTreeMap::new(),
             uses_broadcast: false,
             max_elements: 1,
             pending_publish: false,
@@ -476,6 +467,14 @@ impl<'k> Writer<'k> {
             self.helpers.insert(d);
         }
         self.helpers.insert(name);
+    }
+
+    /// A call of an accurate maths function (`tessel_plugin_api::libm`), written once per module.
+    fn call(&mut self, f: fn() -> tessel_plugin_api::libm::Func, args: &[&str]) -> String {
+        let func = f();
+        let name = func.name;
+        self.libm.entry(name).or_insert_with(|| crate::libm::function(&func));
+        format!("{name}({})", args.join(", "))
     }
 
     fn t(&mut self) -> String {
@@ -1327,19 +1326,16 @@ impl<'k> Writer<'k> {
             (UnaryOp::Abs, _) => format!("abs({x})"),
             (UnaryOp::Not, DType::Bool) => format!("(!{x})"),
             (UnaryOp::Not, _) => format!("(~{x})"),
-            (UnaryOp::Exp, _) => format!("exp({x})"),
-            (UnaryOp::Exp2, _) => format!("exp2({x})"),
-            (UnaryOp::Log, _) => format!("log({x})"),
-            (UnaryOp::Log2, _) => format!("log2({x})"),
+            (UnaryOp::Exp, _) => self.call(libm::exp, &[x]),
+            (UnaryOp::Exp2, _) => self.call(libm::exp2, &[x]),
+            (UnaryOp::Log, _) => self.call(libm::log, &[x]),
+            (UnaryOp::Log2, _) => self.call(libm::log2, &[x]),
             (UnaryOp::Sqrt, _) => format!("sqrt({x})"),
             (UnaryOp::Rsqrt, _) => format!("inverseSqrt({x})"),
-            (UnaryOp::Sin, _) => format!("sin({x})"),
-            (UnaryOp::Cos, _) => format!("cos({x})"),
-            (UnaryOp::Tanh, _) => {
-                self.helper("tk_tanh");
-                format!("tk_tanh({x})")
-            }
-            (UnaryOp::Logistic, _) => format!("(1.0f / (1.0f + exp(-{x})))"),
+            (UnaryOp::Sin, _) => self.call(libm::sin, &[x]),
+            (UnaryOp::Cos, _) => self.call(libm::cos, &[x]),
+            (UnaryOp::Tanh, _) => self.call(libm::tanh, &[x]),
+            (UnaryOp::Logistic, _) => self.call(libm::logistic, &[x]),
             (UnaryOp::Floor, _) => format!("floor({x})"),
             (UnaryOp::Ceil, _) => format!("ceil({x})"),
         };
@@ -1353,7 +1349,9 @@ impl<'k> Writer<'k> {
             BinaryOp::Add => format!("({x} + {y})"),
             BinaryOp::Sub => format!("({x} - {y})"),
             BinaryOp::Mul => format!("({x} * {y})"),
-            BinaryOp::Div | BinaryOp::Rem if float => format!("({x} {} {y})", if op == BinaryOp::Div { "/" } else { "%" }),
+            BinaryOp::Div if float => format!("({x} / {y})"),
+            // WGSL's `%` is x - y trunc(x / y), not C's fmod.
+            BinaryOp::Rem if float => self.call(libm::fmod, &[x, y]),
             BinaryOp::Div | BinaryOp::Rem => {
                 let name = if op == BinaryOp::Div { "div" } else { "rem" };
                 let h = match (name, sfx) {
@@ -1378,10 +1376,7 @@ impl<'k> Writer<'k> {
             BinaryOp::Xor => format!("({x} ^ {y})"),
             BinaryOp::Shl => format!("({x} << (u32({y}) & 31u))"),
             BinaryOp::Shr => format!("({x} >> (u32({y}) & 31u))"),
-            BinaryOp::Pow => {
-                self.helper("tk_pow");
-                format!("tk_pow({x}, {y})")
-            }
+            BinaryOp::Pow => self.call(libm::pow, &[x, y]),
         };
         if float { self.round16(d, &v) } else { v }
     }
@@ -1427,9 +1422,11 @@ impl<'k> Writer<'k> {
     // ---- module ----
 
     fn finish(mut self, zeroed: &[String]) -> String {
-        // Literals are written by free functions; the helpers they call are found in the text.
+        // Literals and the maths functions are written as text; the helpers they call are found
+        // in it.
         for (name, _) in HELPERS {
-            if self.out.contains(&format!("{name}(")) {
+            let call = format!("{name}(");
+            if self.out.contains(&call) || self.libm.values().any(|f| f.contains(&call)) {
                 self.helper(name);
             }
         }
@@ -1493,6 +1490,9 @@ impl<'k> Writer<'k> {
             if self.helpers.contains(name) {
                 let _ = writeln!(m, "{text}\n");
             }
+        }
+        for text in self.libm.values() {
+            let _ = writeln!(m, "{text}");
         }
         let _ = writeln!(m, "@compute @workgroup_size({})", self.wg);
         let _ = writeln!(m, "fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {{");

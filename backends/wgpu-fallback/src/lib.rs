@@ -9,6 +9,7 @@
 pub mod emit;
 pub mod mesh;
 pub mod runtime;
+mod libm;
 mod spirv;
 
 use std::collections::BTreeMap;

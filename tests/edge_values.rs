@@ -1,0 +1,482 @@
+//! Every elementwise operation at its edges, on every executor: ±0, ±inf, NaN, the largest and
+//! smallest normals and subnormals, arguments near `exp`'s overflow and underflow, large
+//! trigonometric arguments, integer MIN, MAX, -1 and 0, shift counts of 32 and more. Each
+//! operation runs for every dtype it takes, with its operands loaded from memory, written as
+//! literals (on either side), and made by `full`, on the interpreter, on wgpu, and as Mosaic GPU
+//! PTX on the emulator. Every result is checked against a reference computed here in `f64` with
+//! the language's rounding and edge rules written out (never the interpreter), within the
+//! accuracy `docs/language.md` §8 gives the operation on that backend.
+
+mod common;
+
+use common::*;
+use half::{bf16, f16};
+use tessel::{HostArray, LaunchArgs};
+use tessel_plugin_api::ir::DType;
+
+const FLOAT_UNARY: &[&str] =
+    &["neg", "abs", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tanh", "logistic", "floor", "ceil"];
+const INT_UNARY: &[&str] = &["neg", "abs", "not"];
+const FLOAT_BINARY: &[&str] = &["add", "sub", "mul", "div", "rem", "pow", "max", "min"];
+const INT_BINARY: &[&str] = &["add", "sub", "mul", "div", "rem", "max", "min", "and", "or", "xor", "shl", "shr"];
+const COMPARE: &[&str] = &["eq", "ne", "lt", "le", "gt", "ge"];
+
+/// The values where implementations go wrong, as `f64` (rounded to each float dtype).
+fn float_values(d: DType) -> Vec<f64> {
+    let common = [
+        0.0,
+        -0.0,
+        1.0,
+        -1.0,
+        0.5,
+        2.0,
+        -3.0,
+        5.5,
+        7.0,
+        -0.75,
+        0.999,
+        3.141_592_7,
+        1.570_796_4,
+        100.5,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        f64::NAN,
+    ];
+    let wide: &[f64] = match d {
+        DType::F16 => &[65504.0, -65504.0, 6.103_515_6e-5, 5.960_464_5e-8, -5.960_464_5e-8, 11.0, 11.1, -17.0, 1e4, -1e4],
+        _ => &[
+            f64::from(f32::MAX),
+            f64::from(-f32::MAX),
+            f64::from(f32::MIN_POSITIVE),
+            -f64::from(f32::MIN_POSITIVE),
+            1e-45,
+            -1e-40,
+            88.7,
+            88.722_84,
+            -87.3,
+            -103.9,
+            1e4,
+            -1e4,
+            1e30,
+            -1e30,
+            -25.800_61,
+            0.211_489_11,
+            1e-30,
+            16_777_216.0,
+        ],
+    };
+    common.iter().chain(wide).map(|&v| round_to(d, v)).collect()
+}
+
+fn int_values(d: DType) -> Vec<f64> {
+    let v: Vec<i64> = match d {
+        DType::I32 => vec![0, 1, -1, 2, -2, 7, -7, 31, 32, 33, 64, -32, 100_000, -100_000, i64::from(i32::MIN), i64::from(i32::MAX), i64::from(i32::MIN) + 1],
+        _ => vec![0, 1, 2, 7, 31, 32, 33, 64, 100_000, 0x8000_0000, i64::from(u32::MAX), i64::from(u32::MAX) - 1],
+    };
+    v.into_iter().map(|x| x as f64).collect()
+}
+
+/// `v` rounded to the dtype (floats: to f32 first, as the language computes 16-bit floats).
+fn round_to(d: DType, v: f64) -> f64 {
+    match d {
+        DType::F32 => f64::from(v as f32),
+        DType::F16 => f16::from_f32(v as f32).to_f64(),
+        DType::BF16 => bf16::from_f32(v as f32).to_f64(),
+        _ => v,
+    }
+}
+
+/// The storage bits of a value of `d`.
+fn bits_of(d: DType, v: f64) -> u32 {
+    match d {
+        DType::F32 => (v as f32).to_bits(),
+        DType::F16 => u32::from(f16::from_f64(v).to_bits()),
+        DType::BF16 => u32::from(bf16::from_f64(v).to_bits()),
+        DType::I32 => v as i64 as i32 as u32,
+        DType::U32 => v as i64 as u32,
+        DType::Bool => u32::from(v != 0.0),
+    }
+}
+
+fn literal(d: DType, v: f64) -> String {
+    if !d.is_float() {
+        return format!("{}", v as i64);
+    }
+    match v {
+        v if v.is_nan() => "nan".into(),
+        f64::INFINITY => "inf".into(),
+        f64::NEG_INFINITY => "-inf".into(),
+        v if v == 0.0 && v.is_sign_negative() => "-0.0".into(),
+        v => format!("{v:e}"),
+    }
+}
+
+// ---- the reference ----
+
+/// A unary operation in f64, with the language's rules.
+fn unary_ref(op: &str, d: DType, x: f64) -> f64 {
+    if !d.is_float() {
+        let r = match (op, d) {
+            ("neg", DType::I32) => i64::from((x as i32).wrapping_neg()),
+            ("abs", DType::I32) => i64::from((x as i32).wrapping_abs()),
+            ("not", DType::I32) => i64::from(!(x as i32)),
+            ("neg", _) => i64::from((x as u32).wrapping_neg()),
+            ("abs", _) => x as i64,
+            ("not", _) => i64::from(!(x as u32)),
+            _ => unreachable!("{op}"),
+        };
+        return r as f64;
+    }
+    let r = match op {
+        "neg" => -x,
+        "abs" => x.abs(),
+        "exp" => x.exp(),
+        "exp2" => x.exp2(),
+        "log" => x.ln(),
+        "log2" => x.log2(),
+        "sqrt" => x.sqrt(),
+        "rsqrt" => 1.0 / x.sqrt(),
+        "sin" => x.sin(),
+        "cos" => x.cos(),
+        "tanh" => x.tanh(),
+        "logistic" => 1.0 / (1.0 + (-x).exp()),
+        "floor" => x.floor(),
+        "ceil" => x.ceil(),
+        _ => unreachable!("{op}"),
+    };
+    round_to(d, r)
+}
+
+/// C's `pow`, its special cases written out (C99 F.9.4.4).
+fn pow_ref(x: f64, y: f64) -> f64 {
+    let odd_int = y.is_finite() && y.trunc() == y && (y / 2.0).trunc() != y / 2.0;
+    if y == 0.0 || x == 1.0 {
+        1.0
+    } else if x.is_nan() || y.is_nan() {
+        f64::NAN
+    } else if x == 0.0 {
+        match (y < 0.0, odd_int) {
+            (true, true) => f64::INFINITY.copysign(x),
+            (true, false) => f64::INFINITY,
+            (false, true) => x,
+            (false, false) => 0.0,
+        }
+    } else if y.is_infinite() {
+        match (x.abs() == 1.0, x.abs() < 1.0, y > 0.0) {
+            (true, _, _) => 1.0,
+            (_, true, true) | (_, false, false) => 0.0,
+            _ => f64::INFINITY,
+        }
+    } else if x.is_infinite() {
+        let mag = if y < 0.0 { 0.0 } else { f64::INFINITY };
+        if x < 0.0 && odd_int { -mag } else { mag }
+    } else if x < 0.0 && y.trunc() != y {
+        f64::NAN
+    } else {
+        let mag = x.abs().powf(y);
+        if x < 0.0 && odd_int { -mag } else { mag }
+    }
+}
+
+/// A binary operation in f64, with the language's rules.
+fn binary_ref(op: &str, d: DType, x: f64, y: f64) -> f64 {
+    match d {
+        DType::I32 => {
+            let (a, b) = (x as i32, y as i32);
+            let r = match op {
+                "add" => a.wrapping_add(b),
+                "sub" => a.wrapping_sub(b),
+                "mul" => a.wrapping_mul(b),
+                // Zero divisors give 0; MIN / -1 wraps to MIN.
+                "div" => if b == 0 { 0 } else { a.wrapping_div(b) },
+                "rem" => if b == 0 { 0 } else { a.wrapping_rem(b) },
+                "max" => a.max(b),
+                "min" => a.min(b),
+                "and" => a & b,
+                "or" => a | b,
+                "xor" => a ^ b,
+                // Shift counts modulo 32; shr arithmetic.
+                "shl" => a.wrapping_shl(b as u32 % 32),
+                "shr" => a >> (b as u32 % 32),
+                _ => unreachable!("{op}"),
+            };
+            f64::from(r)
+        }
+        DType::U32 => {
+            let (a, b) = (x as i64 as u32, y as i64 as u32);
+            let r = match op {
+                "add" => a.wrapping_add(b),
+                "sub" => a.wrapping_sub(b),
+                "mul" => a.wrapping_mul(b),
+                "div" => a.checked_div(b).unwrap_or(0),
+                "rem" => a.checked_rem(b).unwrap_or(0),
+                "max" => a.max(b),
+                "min" => a.min(b),
+                "and" => a & b,
+                "or" => a | b,
+                "xor" => a ^ b,
+                "shl" => a << (b % 32),
+                "shr" => a >> (b % 32),
+                _ => unreachable!("{op}"),
+            };
+            f64::from(r)
+        }
+        _ => {
+            let r = match op {
+                "add" => x + y,
+                "sub" => x - y,
+                "mul" => x * y,
+                "div" => x / y,
+                // C's fmod: exact, the sign of x.
+                "rem" => x % y,
+                "pow" => pow_ref(x, y),
+                // NaN propagates.
+                "max" if x.is_nan() || y.is_nan() => f64::NAN,
+                "min" if x.is_nan() || y.is_nan() => f64::NAN,
+                "max" => x.max(y),
+                "min" => x.min(y),
+                _ => unreachable!("{op}"),
+            };
+            // Products and quotients of two f32 are exact in f64 only for + - *; / and rem are
+            // correctly rounded through f64 (a double rounding, harmless at these widths).
+            round_to(d, r)
+        }
+    }
+}
+
+fn compare_ref(op: &str, x: f64, y: f64) -> f64 {
+    let r = match op {
+        "eq" => x == y,
+        // Unordered: true where either is NaN.
+        "ne" => x != y,
+        "lt" => x < y,
+        "le" => x <= y,
+        "gt" => x > y,
+        "ge" => x >= y,
+        _ => unreachable!("{op}"),
+    };
+    f64::from(u8::from(r))
+}
+
+// ---- accuracy, per docs/language.md §8 ----
+
+/// The ulp a backend may be from the correctly rounded result of `op` on `d`.
+fn allowed_ulps(exec: &str, op: &str, d: DType) -> u64 {
+    let transcendental = matches!(op, "exp" | "exp2" | "log" | "log2" | "sin" | "cos" | "tanh" | "logistic" | "pow" | "rsqrt");
+    if !transcendental || exec == "interpret" {
+        return 0;
+    }
+    match (d, op) {
+        // A 16-bit result of an f32 within 2 ulp may round to the neighbour of the correctly
+        // rounded one.
+        (DType::F16 | DType::BF16, _) => 1,
+        (_, "exp" | "exp2" | "log" | "log2") => 1,
+        _ => 2,
+    }
+}
+
+/// Distance in ulp of the dtype between two storage words; NaN equals NaN.
+fn ulps(d: DType, a: u32, b: u32) -> u64 {
+    let (bits, sign) = match d {
+        DType::F32 => (32, 1u64 << 31),
+        DType::F16 | DType::BF16 => (16, 1 << 15),
+        _ => return if a == b { 0 } else { u64::MAX },
+    };
+    let nan = |w: u32| {
+        let w = u64::from(w);
+        let exp_mask = if bits == 32 { 0x7f80_0000 } else if d == DType::F16 { 0x7c00 } else { 0x7f80 };
+        let man_mask = if bits == 32 { 0x007f_ffff } else if d == DType::F16 { 0x03ff } else { 0x007f };
+        w & exp_mask == exp_mask && w & man_mask != 0
+    };
+    match (nan(a), nan(b)) {
+        (true, true) => return 0,
+        (false, false) => {}
+        _ => return u64::MAX,
+    }
+    let key = |w: u32| {
+        let w = i64::try_from(w).expect("32 bits");
+        if (w as u64) & sign == 0 { w } else { sign as i64 - w }
+    };
+    key(a).abs_diff(key(b))
+}
+
+// ---- the kernels ----
+
+struct Case {
+    what: String,
+    src: String,
+    inputs: Vec<(&'static str, HostArray)>,
+    /// Expected storage words of `o`, and the dtype they are in.
+    want: Vec<u32>,
+    out: DType,
+    op: &'static str,
+    dtype: DType,
+}
+
+fn array(d: DType, vals: &[f64]) -> HostArray {
+    HostArray::from_bits(d, &[vals.len()], vals.iter().map(|&v| bits_of(d, v)).collect())
+}
+
+/// The cases of one operation on one dtype.
+fn cases(kind: &str, op: &'static str, d: DType) -> Vec<Case> {
+    let vals = if d.is_float() { float_values(d) } else { int_values(d) };
+    let n = vals.len();
+    let out = if kind == "compare" { DType::Bool } else { d };
+    let eval = |x: f64, y: f64| match kind {
+        "unary" => unary_ref(op, d, x),
+        "binary" => binary_ref(op, d, x, y),
+        _ => compare_ref(op, x, y),
+    };
+    let mut cases = Vec::new();
+    let header = |ins: &str, shape: &str| format!("kernel k\n{ins}  out o: {out}[{shape}]\n{{\n");
+    if kind == "unary" {
+        let src = header(&format!("  in  x: {d}[{n}]\n"), &n.to_string()) + &format!("  %x = load x\n  %y = {op} %x\n  store o, %y\n}}\n");
+        let want = vals.iter().map(|&x| bits_of(out, eval(x, 0.0))).collect();
+        cases.push(Case { what: "loaded".into(), src, inputs: vec![("x", array(d, &vals))], want, out, op, dtype: d });
+        let mut body = String::new();
+        for (j, &v) in vals.iter().enumerate() {
+            body += &format!("  %c{j} = full {} : {d}[1]\n  %y{j} = {op} %c{j}\n  store o[ds({j}, 1)], %y{j}\n", literal(d, v));
+        }
+        let src = header("", &n.to_string()) + &body + "}\n";
+        let want = vals.iter().map(|&x| bits_of(out, eval(x, 0.0))).collect();
+        cases.push(Case { what: "full".into(), src, inputs: vec![], want, out, op, dtype: d });
+        return cases;
+    }
+    // Binary and compare: every pair. Loaded: o[i * n + j] = op(v[i], v[j]).
+    let xs: Vec<f64> = (0..n * n).map(|k| vals[k / n]).collect();
+    let ys: Vec<f64> = (0..n * n).map(|k| vals[k % n]).collect();
+    let src = header(&format!("  in  a: {d}[{}]\n  in  b: {d}[{}]\n", n * n, n * n), &(n * n).to_string())
+        + &format!("  %a = load a\n  %b = load b\n  %y = {op} %a, %b\n  store o, %y\n}}\n");
+    let want: Vec<u32> = xs.iter().zip(&ys).map(|(&x, &y)| bits_of(out, eval(x, y))).collect();
+    cases.push(Case {
+        what: "loaded".into(),
+        src,
+        inputs: vec![("a", array(d, &xs)), ("b", array(d, &ys))],
+        want: want.clone(),
+        out,
+        op,
+        dtype: d,
+    });
+    // Constant operands: row i of o is op(v[i], v[j]) over j, with v[i] a literal on the left
+    // or v[j] the loaded one; the transposed forms put the literal on the right.
+    for form in ["literal left", "literal right", "full right"] {
+        let mut body = String::from("  %a = load a\n");
+        for (i, &v) in vals.iter().enumerate() {
+            let lit = literal(d, v);
+            body += &match form {
+                "literal left" => format!("  %y{i} = {op} {lit}, %a\n"),
+                "literal right" => format!("  %y{i} = {op} %a, {lit}\n"),
+                _ => format!("  %c{i} = full {lit} : {d}[{n}]\n  %y{i} = {op} %a, %c{i}\n"),
+            };
+            body += &format!("  store o[{i}, :], %y{i}\n");
+        }
+        let src = format!("kernel k\n  in  a: {d}[{n}]\n  out o: {out}[{n}, {n}]\n{{\n{body}}}\n");
+        let want: Vec<u32> = (0..n * n)
+            .map(|k| {
+                let (i, j) = (k / n, k % n);
+                let (x, y) = if form == "literal left" { (vals[i], vals[j]) } else { (vals[j], vals[i]) };
+                bits_of(out, eval(x, y))
+            })
+            .collect();
+        cases.push(Case { what: form.into(), src, inputs: vec![("a", array(d, &vals))], want, out, op, dtype: d });
+    }
+    cases
+}
+
+fn all_cases() -> Vec<Case> {
+    let mut all = Vec::new();
+    for d in [DType::F32, DType::F16, DType::BF16] {
+        for op in FLOAT_UNARY {
+            all.extend(cases("unary", op, d));
+        }
+        for op in FLOAT_BINARY {
+            all.extend(cases("binary", op, d));
+        }
+        for op in COMPARE {
+            all.extend(cases("compare", op, d));
+        }
+    }
+    for d in [DType::I32, DType::U32] {
+        for op in INT_UNARY {
+            all.extend(cases("unary", op, d));
+        }
+        for op in INT_BINARY {
+            all.extend(cases("binary", op, d));
+        }
+        for op in COMPARE {
+            all.extend(cases("compare", op, d));
+        }
+    }
+    all
+}
+
+// ---- the executors ----
+
+fn run_on(exec: &str, kernel: &tessel_plugin_api::ir::Verified, args: &LaunchArgs) -> Result<HostArray, String> {
+    let outputs = match exec {
+        "mosaic-emu" => {
+            let rt = tessel::Runtime::new(&[]).map_err(|e| e.to_string())?;
+            let call = [tessel::KernelLaunch { kernel, mesh: None }];
+            let (_, ptx) = rt.lower("mosaic-gpu", &call, &[], &Default::default()).map_err(|e| e.to_string())?.remove(0);
+            emulate(&ptx, kernel, args, false)?
+        }
+        backend => tessel::run_kernel(backend, kernel, args).map_err(|e| e.to_string())?,
+    };
+    outputs.into_iter().find(|(n, _)| n == "o").map(|(_, a)| a).ok_or_else(|| "no output o".to_string())
+}
+
+fn check(exec: &str) {
+    let mut failures = Vec::new();
+    let mut checked = 0;
+    for case in all_cases() {
+        let what = format!("{} {} ({})", case.op, case.dtype, case.what);
+        let kernel = tessel::load_source("edge.tk", &case.src).unwrap_or_else(|e| panic!("{what}: {e}\n{}", case.src)).remove(0);
+        let args = LaunchArgs {
+            inputs: case.inputs.iter().map(|(n, a)| (n.to_string(), a.clone())).collect(),
+            grid: Default::default(),
+        };
+        let got = match run_on(exec, &kernel, &args) {
+            Ok(a) => a.to_bits(),
+            Err(e) => {
+                failures.push(format!("{what}: {}", e.lines().next().unwrap_or_default()));
+                continue;
+            }
+        };
+        let tol = allowed_ulps(exec, case.op, case.dtype);
+        let wrong: Vec<String> = got
+            .iter()
+            .zip(&case.want)
+            .enumerate()
+            .filter(|(_, (g, w))| ulps(case.out, **g, **w) > tol)
+            .take(4)
+            .map(|(k, (g, w))| {
+                let show = |b: u32| HostArray::from_bits(case.out, &[1], vec![b]).to_f64()[0];
+                format!("[{k}] got {:e} want {:e}", show(*g), show(*w))
+            })
+            .collect();
+        if !wrong.is_empty() {
+            failures.push(format!("{what}, {tol} ulp allowed: {}", wrong.join("; ")));
+        }
+        checked += 1;
+    }
+    eprintln!("{exec}: {checked} kernels checked, {} failures", failures.len());
+    assert!(failures.is_empty(), "{exec}: {} cases off the reference:\n{}", failures.len(), failures.join("\n"));
+    assert!(checked > 300, "{checked} kernels");
+}
+
+#[test]
+fn the_interpreter_meets_the_reference_at_every_edge() {
+    check("interpret");
+}
+
+#[test]
+fn wgpu_meets_the_reference_at_every_edge() {
+    if wgpu_adapter("wgpu edge values").is_some() {
+        check("wgpu");
+    }
+}
+
+#[test]
+fn emulated_mosaic_ptx_meets_the_reference_at_every_edge() {
+    check("mosaic-emu");
+}
