@@ -384,27 +384,13 @@ fn cases(kind: &str, op: &'static str, d: DType) -> Vec<Case> {
 }
 
 fn all_cases() -> Vec<Case> {
+    let float = [DType::F32, DType::F16, DType::BF16].map(|d| (d, FLOAT_UNARY, FLOAT_BINARY));
+    let int = [DType::I32, DType::U32].map(|d| (d, INT_UNARY, INT_BINARY));
     let mut all = Vec::new();
-    for d in [DType::F32, DType::F16, DType::BF16] {
-        for op in FLOAT_UNARY {
-            all.extend(cases("unary", op, d));
-        }
-        for op in FLOAT_BINARY {
-            all.extend(cases("binary", op, d));
-        }
-        for op in COMPARE {
-            all.extend(cases("compare", op, d));
-        }
-    }
-    for d in [DType::I32, DType::U32] {
-        for op in INT_UNARY {
-            all.extend(cases("unary", op, d));
-        }
-        for op in INT_BINARY {
-            all.extend(cases("binary", op, d));
-        }
-        for op in COMPARE {
-            all.extend(cases("compare", op, d));
+    for (d, unary, binary) in float.into_iter().chain(int) {
+        let ops = unary.iter().map(|op| ("unary", op)).chain(binary.iter().map(|op| ("binary", op)));
+        for (kind, op) in ops.chain(COMPARE.iter().map(|op| ("compare", op))) {
+            all.extend(cases(kind, op, d));
         }
     }
     all

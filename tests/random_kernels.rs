@@ -7,6 +7,13 @@
 //! steps, smaller blocks, while it still disagrees) and saved under `tests/in/regressions/`,
 //! where `tests/wgpu.rs` and `tests/mosaic.rs` run it from then on.
 //!
+//! A third of the kernels also compute an `e` output at the edges of the float operations:
+//! special literals (`inf`, `nan`, `-0.0`, huge and tiny) as operands of `add sub mul div rem
+//! pow max min` on either side, blocks with special values masked in, and `exp`, `log`, `sin`,
+//! `cos`, `tanh`, `logistic`, `pow` and `rem` of arguments scaled to their edges. Only values
+//! every backend computes bit for bit (the inputs, exact operations) feed them, so that a
+//! 2-ulp difference upstream cannot become a different `sin(1e30 x)`.
+//!
 //! `TESSEL_RANDOM_KERNELS=N` sets how many kernels (default 60; the closing notes record runs of
 //! thousands). `TESSEL_RANDOM_SEED=S` starts elsewhere.
 
@@ -33,6 +40,8 @@ struct Spec {
     /// `j` is a `seq` axis and the output accumulates over it.
     seq: bool,
     steps: usize,
+    /// Edge steps of the `e` output (0: no `e`).
+    edges: usize,
 }
 
 impl Spec {
@@ -49,6 +58,7 @@ impl Spec {
             short_c: g.random_range(0..c),
             seq: g.random_bool(0.3),
             steps: g.random_range(1..=10),
+            edges: if g.random_bool(0.35) { g.random_range(1..=6) } else { 0 },
         }
     }
 
@@ -110,6 +120,9 @@ fn generate(s: &Spec) -> String {
     let at = if s.seq { "(i, 0)" } else { "(i, j)" };
     let _ = writeln!(head, "  out o: f32[{h}, {out_w}] block [{r}, {c}] at {at}");
     let _ = writeln!(head, "  out q: i32[{h}, {out_w}] block [{r}, {c}] at {at}");
+    if s.edges > 0 {
+        let _ = writeln!(head, "  out e: f32[{h}, {out_w}] block [{r}, {c}] at {at}");
+    }
     let mut b = Body { text: String::new(), next: 0, floats: vec![], ints: vec![], exact: vec![] };
     let full = format!("[{r}, {c}]");
     b.line("%x = load x");
@@ -248,6 +261,10 @@ fn generate(s: &Spec) -> String {
         }
         b.floats.push(v);
     }
+    if s.edges > 0 {
+        let e = edge_steps(s, &mut b);
+        b.line(&format!("store e, {e}"));
+    }
     // Squash what may have grown, then store; a `when` stores only on the first row of programs.
     let last = b.floats.last().cloned().expect("a float value");
     let fin = b.fresh();
@@ -271,6 +288,76 @@ fn generate(s: &Spec) -> String {
         b.line("}");
     }
     format!("{head}{{\n{}}}\n", b.text)
+}
+
+/// Special literals, and scales that take a value in [-1, 1) to a function's edges.
+const SPECIALS: &[&str] = &["inf", "-inf", "nan", "-0.0", "0.0", "1e30", "-1e30", "1e-30", "3.4028235e38", "1e-40", "1e-45"];
+const SCALES: &[&str] = &["88.0", "-100.0", "1e4", "1e30", "1e-40", "3.4028235e38", "150.0"];
+
+/// The `e` output: edge operations on exact values, combined by masks; returns its value.
+fn edge_steps(s: &Spec, b: &mut Body) -> String {
+    // A stream of its own, so that kernels without edges stay as they were.
+    let mut g = rng(s.seed ^ 0xed9e);
+    let full = format!("[{}, {}]", s.r, s.c);
+    // Values every backend computes bit for bit: operands of further edge steps.
+    let mut exact = b.exact.clone();
+    let mut results: Vec<String> = Vec::new();
+    for _ in 0..s.edges {
+        let v = b.fresh();
+        let a = Body::pick(&mut g, &exact);
+        let lit = SPECIALS[g.random_range(0..SPECIALS.len())];
+        match g.random_range(0..4) {
+            0 => {
+                // Exactly rounded operations with a special literal on either side.
+                let op = ["add", "sub", "mul", "div", "rem", "max", "min"][g.random_range(0..7)];
+                if g.random_bool(0.5) {
+                    b.line(&format!("{v} = {op} {a}, {lit}"));
+                } else {
+                    b.line(&format!("{v} = {op} {lit}, {a}"));
+                }
+                exact.push(v.clone());
+            }
+            1 => {
+                // Special values masked into part of a block.
+                let (io, m, c) = (b.fresh(), b.fresh(), b.fresh());
+                let dim = g.random_range(0..2);
+                let lim = g.random_range(0..=if dim == 0 { s.r } else { s.c });
+                b.line(&format!("{io} = iota {dim} : i32{full}"));
+                b.line(&format!("{m} = lt {io}, {lim}"));
+                b.line(&format!("{c} = full {lit} : f32{full}"));
+                b.line(&format!("{v} = select {m}, {c}, {a}"));
+                exact.push(v.clone());
+            }
+            2 => {
+                // A function of an argument scaled to its edges.
+                let f = ["exp", "exp2", "log", "log2", "sin", "cos", "tanh", "logistic", "sqrt", "rsqrt"][g.random_range(0..10)];
+                let t = b.fresh();
+                b.line(&format!("{t} = mul {a}, {}", SCALES[g.random_range(0..SCALES.len())]));
+                b.line(&format!("{v} = {f} {t}"));
+            }
+            _ => {
+                // rem and pow of two exact values, or of one and a special literal.
+                let a2 = Body::pick(&mut g, &exact);
+                let op = ["rem", "pow"][g.random_range(0..2)];
+                let other = if g.random_bool(0.5) { a2 } else { lit.to_string() };
+                b.line(&format!("{v} = {op} {a}, {other}"));
+                if op == "rem" {
+                    exact.push(v.clone());
+                }
+            }
+        }
+        results.push(v);
+    }
+    // One block: each result on the columns a mask gives it.
+    let mut acc = results[0].clone();
+    for r in &results[1..] {
+        let (io, m, v) = (b.fresh(), b.fresh(), b.fresh());
+        b.line(&format!("{io} = iota 1 : i32{full}"));
+        b.line(&format!("{m} = lt {io}, {}", g.random_range(0..=s.c)));
+        b.line(&format!("{v} = select {m}, {r}, {acc}"));
+        acc = v;
+    }
+    acc
 }
 
 /// What runs a kernel against the interpreter.
@@ -319,10 +406,11 @@ fn shrink(rt: &Runtime, target: Target, mut s: Spec) -> Spec {
             Spec { gi: 1, ..s.clone() },
             Spec { gj: 1, ..s.clone() },
             Spec { short_r: 0, short_c: 0, ..s.clone() },
+            Spec { edges: s.edges.saturating_sub(1).max(usize::from(s.edges > 0)), ..s.clone() },
         ];
         let next = candidates.into_iter().find(|c| {
             let smaller =
-                (c.steps, c.r, c.c, c.gi, c.gj, c.short_r + c.short_c) != (s.steps, s.r, s.c, s.gi, s.gj, s.short_r + s.short_c);
+                (c.steps, c.r, c.c, c.gi, c.gj, c.short_r + c.short_c, c.edges) != (s.steps, s.r, s.c, s.gi, s.gj, s.short_r + s.short_c, s.edges);
             smaller && differ(rt, target, &generate(c), c.seed).is_err()
         });
         match next {
@@ -379,7 +467,7 @@ fn the_generator_makes_kernels_that_verify_and_vary() {
     for t in &texts {
         tessel::load_source("random.tk", t).unwrap_or_else(|e| panic!("{e}\n{t}"));
     }
-    for op in ["dot", "sum", "for", "when", "select", "iota", "seq", "rem", "exp", "trans_a", ": f16", ": bf16"] {
+    for op in ["dot", "sum", "for", "when", "select", "iota", "seq", "rem", "exp", "trans_a", ": f16", ": bf16", "store e", ", inf", "nan", "-0.0", "pow", "e30"] {
         assert!(texts.iter().any(|t| t.contains(op)), "no generated kernel uses {op}");
     }
 }

@@ -870,19 +870,21 @@ impl Builder {
         self.op(Ty::F32, Op::Select(above, h, x))
     }
 
-    fn is_nan(&mut self, x: Var) -> Var {
+    /// The bits of `|x|`, and those of inf: NaN's are above, finite ones below.
+    fn magnitude(&mut self, x: Var) -> (Var, Var) {
         let bx = self.bits(x);
         let m = self.u(0x7fff_ffff);
         let a = self.and(bx, m);
-        let inf = self.u(0x7f80_0000);
+        (a, self.u(0x7f80_0000))
+    }
+
+    fn is_nan(&mut self, x: Var) -> Var {
+        let (a, inf) = self.magnitude(x);
         self.op(Ty::Bool, Op::Lt(inf, a))
     }
 
     fn finite(&mut self, x: Var) -> Var {
-        let bx = self.bits(x);
-        let m = self.u(0x7fff_ffff);
-        let a = self.and(bx, m);
-        let inf = self.u(0x7f80_0000);
+        let (a, inf) = self.magnitude(x);
         self.op(Ty::Bool, Op::Lt(a, inf))
     }
 
