@@ -393,8 +393,7 @@ fn exp_of(b: &mut Builder, x: Var) -> Var {
     let (c1, c2) = (b.f(0.693_359_4), b.f(-2.121_944_4e-4));
     let r = b.fma(nk, c1, xc);
     let r = b.fma(nk, c2, r);
-    let zero = b.f(0.0);
-    let y = exp_poly(b, r, zero);
+    let y = exp_poly(b, r, None);
     let y = scale2(b, y, k);
     b.nan_passes(x, y)
 }
@@ -405,13 +404,13 @@ fn exp2_split(b: &mut Builder, f: Var, lo: Var, k: Var) -> Var {
     let (hi, err) = b.two_prod(f, ln2);
     let err = b.fma(f, ln2_lo, err);
     let rlo = b.fma(lo, ln2, err);
-    let y = exp_poly(b, hi, rlo);
+    let y = exp_poly(b, hi, Some(rlo));
     scale2(b, y, k)
 }
 
-/// `e^(r + lo)` for `|r| <= ln2 / 2` and a tiny `lo`: Cephes' degree-7 polynomial, then
-/// `e^r (1 + lo)`.
-fn exp_poly(b: &mut Builder, r: Var, lo: Var) -> Var {
+/// `e^(r + lo)` for `|r| <= ln2 / 2` and a tiny `lo` (none: 0): Cephes' degree-7 polynomial,
+/// then `e^r (1 + lo)`.
+fn exp_poly(b: &mut Builder, r: Var, lo: Option<Var>) -> Var {
     let c = [1.987_569_2e-4_f32, 1.398_2e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 5.000_000_1e-1];
     let mut p = b.f(c[0]);
     for &ci in &c[1..] {
@@ -422,7 +421,10 @@ fn exp_poly(b: &mut Builder, r: Var, lo: Var) -> Var {
     let t = b.fma(rr, p, r);
     let one = b.f(1.0);
     let y = b.add(t, one);
-    b.fma(y, lo, y)
+    match lo {
+        Some(lo) => b.fma(y, lo, y),
+        None => y,
+    }
 }
 
 /// `y 2^k` for an integral `k` in [-152, 130], by two exact powers of two (so that a subnormal
