@@ -2,8 +2,9 @@
 //! smallest normals and subnormals, arguments near `exp`'s overflow and underflow, large
 //! trigonometric arguments, integer MIN, MAX, -1 and 0, shift counts of 32 and more. Each
 //! operation runs for every dtype it takes, with its operands loaded from memory, written as
-//! literals (on either side), and made by `full`, on the interpreter, on wgpu, and as Mosaic GPU
-//! PTX on the emulator. Every result is checked against a reference computed here in `f64` with
+//! literals (on either side), and made by `full`, on the interpreter, on wgpu, as Mosaic GPU
+//! PTX on the emulator, and on a Hopper GPU where there is one (`scripts/gpu-check` runs this
+//! test's binary there). Every result is checked against a reference computed here in `f64` with
 //! the language's rounding and edge rules written out (never the interpreter), within the
 //! accuracy `docs/language.md` §8 gives the operation on that backend.
 
@@ -465,4 +466,17 @@ fn wgpu_meets_the_reference_at_every_edge() {
 #[test]
 fn emulated_mosaic_ptx_meets_the_reference_at_every_edge() {
     check("mosaic-emu");
+}
+
+#[test]
+fn mosaic_gpu_meets_the_reference_at_every_edge() {
+    let r = tessel(&["backends", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).expect("backends --json");
+    let b = v["backends"].as_array().expect("backends").iter().find(|b| b["name"] == "mosaic-gpu").expect("built in").clone();
+    if b["available"].as_bool() == Some(true) {
+        check("mosaic-gpu");
+    } else {
+        let why = b["reason"].as_str().unwrap_or_default().to_string();
+        skip("edge values on mosaic-gpu", &format!("mosaic-gpu: {why}"), "TESSEL_REQUIRE_GPU");
+    }
 }
