@@ -105,6 +105,15 @@ pub fn fully_written(kernel: &Verified, grid: &[LaunchAxis], p: &Param) -> bool 
     whole_store && covered
 }
 
+/// Whether a body (or a body inside it) has a `dot`.
+fn has_dot(body: &[Stmt]) -> bool {
+    body.iter().any(|s| match &s.op {
+        Op::Dot { .. } => true,
+        Op::When { body, .. } | Op::For { body, .. } => has_dot(body),
+        _ => false,
+    })
+}
+
 fn unsupported(msg: String) -> BackendError {
     BackendError::new(ErrorKind::Unsupported, msg)
 }
@@ -141,7 +150,14 @@ pub fn lower(kernel: &Verified, grid: &[LaunchAxis]) -> Result<Lowered, BackendE
     let mut first = Writer::new(kernel, grid, MAX_WORKGROUP, HashSet::new(), programs, steps);
     first.write_main()?;
     let wanted = first.wanted.clone();
-    let wg = (first.max_elements.next_power_of_two() as u32).clamp(64, MAX_WORKGROUP);
+    // Elements in groups of four with a `dot` (its register tiles), one by one otherwise. With
+    // groups, fewer invocations own more elements each: a larger tile per invocation, fewer
+    // loads per multiply-add.
+    let wg = if first.grouped {
+        ((first.max_elements / 64).next_power_of_two() as u32).clamp(64, MAX_WORKGROUP)
+    } else {
+        (first.max_elements.next_power_of_two() as u32).clamp(64, MAX_WORKGROUP)
+    };
     let shares = !wanted.is_empty() || k.params_of(ParamKind::Scratch).next().is_some() || first.saw_ref_load;
     // How programs map to workgroups. One workgroup per program where the workspace of all of
     // them fits a storage binding: a 2-D dispatch past 65,535. Otherwise fewer workgroups that
@@ -402,6 +418,11 @@ struct Writer<'k> {
     /// The dispatch, and whether its workgroups walk the programs with a stride.
     groups: [u32; 2],
     strided: bool,
+    /// How invocations own elements: with `grouped`, invocation `lid` owns the groups of four
+    /// contiguous elements `4 (lid + wg j) ..`, slot `4 j + t` holding element `4 (lid + wg j) +
+    /// t`; otherwise element `lid + wg k` is slot `k`. Grouped where the kernel has a `dot`, whose
+    /// register tiles are four columns wide.
+    grouped: bool,
 }
 
 impl<'k> Writer<'k> {
@@ -440,6 +461,7 @@ impl<'k> Writer<'k> {
             stores: true,
             groups: [1, 1],
             strided: true,
+            grouped: has_dot(&v.kernel().body),
         }
     }
 
@@ -492,7 +514,24 @@ impl<'k> Writer<'k> {
     }
 
     fn slots(&self, n: usize) -> usize {
-        n.div_ceil(self.wg as usize).max(1)
+        if self.grouped { 4 * n.div_ceil(4 * self.wg as usize) } else { n.div_ceil(self.wg as usize).max(1) }
+    }
+
+    /// The element of slot `k` (a constant), as a WGSL expression of `lid`.
+    fn element(&self, k: usize) -> String {
+        let wg = self.wg as usize;
+        if self.grouped { format!("4u * lid + {}u", 4 * wg * (k / 4) + k % 4) } else { format!("lid + {}u", k * wg) }
+    }
+
+    /// The element of the slot in the WGSL variable `k`.
+    fn element_of_var(&self) -> String {
+        if self.grouped { format!("4u * (lid + {}u * (k / 4u)) + k % 4u", self.wg) } else { format!("lid + k * {}u", self.wg) }
+    }
+
+    /// Whether some invocation's last slots lie past `n` elements.
+    fn ragged(&self, n: usize) -> bool {
+        let per = if self.grouped { 4 * self.wg as usize } else { self.wg as usize };
+        !n.is_multiple_of(per)
     }
 
     fn alloc_words(&mut self, name: &str, n: usize) -> u64 {
@@ -663,18 +702,20 @@ impl<'k> Writer<'k> {
     fn each(&mut self, n: usize, mut body: impl FnMut(&mut Self)) {
         self.max_elements = self.max_elements.max(n);
         let slots = self.slots(n);
-        let guard = !n.is_multiple_of(self.wg as usize);
+        let guard = self.ragged(n);
         let mut one = |w: &mut Self, slot: Option<usize>| {
             match slot {
                 Some(k) => {
                     w.line("{");
                     w.indent += 1;
                     w.line(format!("let k = {k}u;"));
-                    w.line(format!("let e = lid + {}u;", k * w.wg as usize));
+                    let e = w.element(k);
+                    w.line(format!("let e = {e};"));
                 }
                 None => {
                     w.open(format!("for (var k = 0u; k < {slots}u; k++)"));
-                    w.line(format!("let e = lid + k * {}u;", w.wg));
+                    let e = w.element_of_var();
+                    w.line(format!("let e = {e};"));
                 }
             }
             if guard {
@@ -996,7 +1037,6 @@ impl<'k> Writer<'k> {
         self.max_elements = self.max_elements.max(total);
         let id = self.declare_block(dst);
         let slots = self.slots(total);
-        let shared_col = (self.wg as usize).is_multiple_of(n);
         let a_at = |i: &str| {
             let idx = if trans_a { format!("r * {m}u + {i}") } else { format!("{i} * {kk}u + r") };
             from_word(da, &format!("tk_ws[wsb + {oa}u + {idx}]"))
@@ -1005,13 +1045,55 @@ impl<'k> Writer<'k> {
             let idx = if trans_b { format!("{j} * {kk}u + r") } else { format!("r * {n}u + {j}") };
             from_word(da, &format!("tk_ws[wsb + {ob}u + {idx}]"))
         };
+        let wg = self.wg as usize;
+        if self.grouped && n.is_multiple_of(4) && (4 * wg).is_multiple_of(n) {
+            // A register tile: the invocation's groups are four adjacent columns of rows
+            // `4 wg / n` apart, so each step reads four elements of `b` and one of `a` per row.
+            self.line(format!("// a register tile of {} rows x 4 columns per invocation", slots / 4));
+            self.line("{");
+            self.indent += 1;
+            self.line(format!("let tc0 = (4u * lid) % {n}u;"));
+            // Accumulators in scalars (registers), not in the value's array (memory).
+            for s in 0..slots {
+                self.line(format!("var acc{s} = 0.0f;"));
+            }
+            self.open(format!("for (var r = 0u; r < {kk}u; r++)"));
+            for t in 0..4 {
+                self.line(format!("let b{t} = {};", b_at(&format!("(tc0 + {t}u)"))));
+            }
+            let guard = self.ragged(total);
+            for j in 0..slots / 4 {
+                let e = self.element(4 * j);
+                if guard {
+                    self.open(format!("if ({e} < {total}u)"));
+                } else {
+                    self.line("{");
+                    self.indent += 1;
+                }
+                self.line(format!("let av = {};", a_at(&format!("(({e}) / {n}u)"))));
+                for t in 0..4 {
+                    let s = 4 * j + t;
+                    self.line(format!("acc{s} = acc{s} + av * b{t};"));
+                }
+                self.close();
+            }
+            self.close();
+            for s in 0..slots {
+                self.line(format!("{id}[{s}] = acc{s};"));
+            }
+            self.close();
+            self.defined(dst);
+            return;
+        }
+        let shared_col = !self.grouped && wg.is_multiple_of(n);
         self.open(format!("for (var r = 0u; r < {kk}u; r++)"));
         if shared_col {
             self.line(format!("let bv = {};", b_at(&format!("lid % {n}u"))));
         }
         self.open(format!("for (var k = 0u; k < {slots}u; k++)"));
-        self.line(format!("let e = lid + k * {}u;", self.wg));
-        let guard = total % self.wg as usize != 0;
+        let e = self.element_of_var();
+        self.line(format!("let e = {e};"));
+        let guard = self.ragged(total);
         if guard {
             self.open(format!("if (e < {total}u)"));
         }
@@ -1445,6 +1527,11 @@ impl<'k> Writer<'k> {
             self.programs,
             self.wg,
             self.next_word * 4
+        );
+        let _ = writeln!(
+            m,
+            "// elements: {}",
+            if self.grouped { "each invocation owns groups of 4 adjacent ones (register tiles for dot)" } else { "one by one, invocation lid owning lid, lid + workgroup size, ..." }
         );
         let _ = writeln!(
             m,
