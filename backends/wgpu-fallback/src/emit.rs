@@ -105,6 +105,27 @@ pub fn fully_written(kernel: &Verified, grid: &[LaunchAxis], p: &Param) -> bool 
     whole_store && covered
 }
 
+/// The values that are whole blocks of `in` arrays (`load x`, no index, mask or `other`), by
+/// name, with the argument's position: a `dot` reads them straight from the argument's buffer.
+fn forwarded_loads(k: &Kernel) -> HashMap<String, usize> {
+    fn walk(body: &[Stmt], k: &Kernel, out: &mut HashMap<String, usize>) {
+        for s in body {
+            match &s.op {
+                Op::Load { src, index: None, mask: None, other: None } => {
+                    if let Some(pi) = k.params.iter().position(|p| &p.name == src && p.kind == ParamKind::In && !p.ty.is_scalar()) {
+                        out.insert(s.results[0].clone(), pi);
+                    }
+                }
+                Op::When { body, .. } | Op::For { body, .. } => walk(body, k, out),
+                _ => {}
+            }
+        }
+    }
+    let mut out = HashMap::new();
+    walk(&k.body, k, &mut out);
+    out
+}
+
 /// Whether a body (or a body inside it) has a `dot`.
 fn has_dot(body: &[Stmt]) -> bool {
     body.iter().any(|s| match &s.op {
@@ -423,6 +444,8 @@ struct Writer<'k> {
     /// t`; otherwise element `lid + wg k` is slot `k`. Grouped where the kernel has a `dot`, whose
     /// register tiles are four columns wide.
     grouped: bool,
+    /// Values a `dot` reads from their argument's buffer ([`forwarded_loads`]).
+    forwarded: HashMap<String, usize>,
 }
 
 impl<'k> Writer<'k> {
@@ -462,6 +485,7 @@ impl<'k> Writer<'k> {
             groups: [1, 1],
             strided: true,
             grouped: has_dot(&v.kernel().body),
+            forwarded: forwarded_loads(v.kernel()),
         }
     }
 
@@ -1031,20 +1055,27 @@ impl<'k> Writer<'k> {
         let (m, kk) = if trans_a { (ash[1], ash[0]) } else { (ash[0], ash[1]) };
         let n = if trans_b { bsh[0] } else { bsh[1] };
         let da = self.ty(a).dtype;
-        let offs = self.read_published(&[a, b]);
-        let (oa, ob) = (offs[0], offs[1]);
+        let published: Vec<&str> = [a, b].into_iter().filter(|v| !self.forwarded.contains_key(*v)).collect();
+        let offs = self.read_published(&published);
         let total = m * n;
         self.max_elements = self.max_elements.max(total);
         let id = self.declare_block(dst);
         let slots = self.slots(total);
-        let a_at = |i: &str| {
-            let idx = if trans_a { format!("r * {m}u + {i}") } else { format!("{i} * {kk}u + r") };
-            from_word(da, &format!("tk_ws[wsb + {oa}u + {idx}]"))
+        // Element (row, col) of an operand block: from its argument's buffer where it is a
+        // loaded input block (no copy, no barrier), else from the workspace where it was
+        // published.
+        let reader = |w: &Self, v: &str, cols: usize| -> Box<dyn Fn(&str, &str) -> String> {
+            match w.forwarded.get(v) {
+                Some(&pi) => w.direct_reader(pi),
+                None => {
+                    let off = offs[published.iter().position(|p| *p == v).expect("published")];
+                    Box::new(move |row: &str, col: &str| from_word(da, &format!("tk_ws[wsb + {off}u + ({row}) * {cols}u + {col}]")))
+                }
+            }
         };
-        let b_at = |j: &str| {
-            let idx = if trans_b { format!("{j} * {kk}u + r") } else { format!("r * {n}u + {j}") };
-            from_word(da, &format!("tk_ws[wsb + {ob}u + {idx}]"))
-        };
+        let (ra, rb) = (reader(self, a, ash[1]), reader(self, b, bsh[1]));
+        let a_at = |i: &str| if trans_a { ra("r", i) } else { ra(i, "r") };
+        let b_at = |j: &str| if trans_b { rb(j, "r") } else { rb("r", j) };
         let wg = self.wg as usize;
         if self.grouped && n.is_multiple_of(4) && (4 * wg).is_multiple_of(n) {
             // A register tile: the invocation's groups are four adjacent columns of rows
@@ -1107,6 +1138,44 @@ impl<'k> Writer<'k> {
         self.close();
         self.close();
         self.defined(dst);
+    }
+
+    /// Reads element (row, col) of argument `pi`'s block from its buffer: 0 outside the array,
+    /// the check dropped in each dimension where every block of the grid is inside.
+    fn direct_reader(&self, pi: usize) -> Box<dyn Fn(&str, &str) -> String> {
+        let p = &self.v.kernel().params[pi];
+        let dims = p.ty.shape.clone();
+        let block = p.block_shape().to_vec();
+        let inside: Vec<bool> = (0..2)
+            .map(|d| match &p.block {
+                None => true,
+                Some(b) => {
+                    let e = &b.index[d];
+                    let (mut lo, mut hi) = (e.constant, e.constant);
+                    for (c, name) in &e.terms {
+                        let size = self.grid.iter().find(|a| &a.name == name).map_or(1, |a| a.size as i64);
+                        let y = c.saturating_mul(size - 1);
+                        lo = lo.saturating_add(y.min(0));
+                        hi = hi.saturating_add(y.max(0));
+                    }
+                    let bs = block[d] as i64;
+                    lo >= 0 && hi.saturating_mul(bs).saturating_add(bs) <= dims[d] as i64
+                }
+            })
+            .collect();
+        let origin = |d: usize| if p.block.is_some() { format!("o{pi}_{d}") } else { "0i".to_string() };
+        let (o0, o1) = (origin(0), origin(1));
+        let zero = literal(Literal::Int(0), p.ty.dtype);
+        Box::new(move |row: &str, col: &str| {
+            let (gr, gc) = (format!("({o0} + i32({row}))"), format!("({o1} + i32({col}))"));
+            let cell = format!("a{pi}[u32({gr}) * {}u + u32({gc})]", dims[1]);
+            let checks: Vec<String> = [(inside[0], &gr, dims[0]), (inside[1], &gc, dims[1])]
+                .into_iter()
+                .filter(|(inside, _, _)| !inside)
+                .map(|(_, g, dim)| format!("u32({g}) < {dim}u"))
+                .collect();
+            if checks.is_empty() { cell } else { format!("select({zero}, {cell}, {})", checks.join(" && ")) }
+        })
     }
 
     #[allow(clippy::too_many_arguments)]

@@ -36,6 +36,14 @@ pub fn ieee_spirv(wgsl: &str) -> Result<Vec<u32>, String> {
         // binding `b`: the layout the runtime makes.
         fake_missing_bindings: true,
         flags: naga::back::spv::WriterFlags::empty(),
+        // As wgpu's own Vulkan path without robust buffer access: indices clamped into the
+        // array, so that no read or write leaves its buffer.
+        bounds_check_policies: naga::proc::BoundsCheckPolicies {
+            index: naga::proc::BoundsCheckPolicy::Restrict,
+            buffer: naga::proc::BoundsCheckPolicy::Restrict,
+            image_load: naga::proc::BoundsCheckPolicy::Restrict,
+            binding_array: naga::proc::BoundsCheckPolicy::Unchecked,
+        },
         ..Default::default()
     };
     let words = naga::back::spv::write_vec(&module, &info, &options, None).map_err(|e| e.to_string())?;
