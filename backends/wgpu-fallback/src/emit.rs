@@ -66,6 +66,9 @@ pub struct Lowered {
     /// The `in`/`out` arguments in binding order (binding `i` is `bindings[i]`); the workspace,
     /// if any, is the binding after them.
     pub bindings: Vec<(String, ParamKind)>,
+    /// `in` arguments bound a second time, as `array<vec4<T>>`, after the workspace binding (or
+    /// after `bindings` without one), in this order.
+    pub views: Vec<String>,
     /// The outputs to zero before the dispatch: all but those the kernel provably overwrites
     /// whole before reading (see [`fully_written`]).
     pub zeroed: Vec<String>,
@@ -175,7 +178,7 @@ pub fn lower(kernel: &Verified, grid: &[LaunchAxis]) -> Result<Lowered, BackendE
     // groups, fewer invocations own more elements each: a larger tile per invocation, fewer
     // loads per multiply-add.
     let wg = if first.grouped {
-        ((first.max_elements / 64).next_power_of_two() as u32).clamp(64, MAX_WORKGROUP)
+        ((first.max_elements / 128).next_power_of_two() as u32).clamp(32, MAX_WORKGROUP)
     } else {
         (first.max_elements.next_power_of_two() as u32).clamp(64, MAX_WORKGROUP)
     };
@@ -208,6 +211,7 @@ pub fn lower(kernel: &Verified, grid: &[LaunchAxis]) -> Result<Lowered, BackendE
     debug_assert_eq!(w.next_word, words, "pass 2 publishes what pass 1 found");
     let zeroed: Vec<String> =
         k.params_of(ParamKind::Out).filter(|p| !fully_written(kernel, grid, p)).map(|p| p.name.clone()).collect();
+    let views = w.views.iter().map(|&pi| k.params[pi].name.clone()).collect();
     let wgsl = w.finish(&zeroed);
     Ok(Lowered {
         name: k.name.clone(),
@@ -218,6 +222,7 @@ pub fn lower(kernel: &Verified, grid: &[LaunchAxis]) -> Result<Lowered, BackendE
         programs,
         workspace_words: words,
         bindings: k.params.iter().filter(|p| p.kind != ParamKind::Scratch).map(|p| (p.name.clone(), p.kind)).collect(),
+        views,
         zeroed,
     })
 }
@@ -446,6 +451,8 @@ struct Writer<'k> {
     grouped: bool,
     /// Values a `dot` reads from their argument's buffer ([`forwarded_loads`]).
     forwarded: HashMap<String, usize>,
+    /// Arguments also bound as `array<vec4<T>>` (`a{i}v`), after the workspace.
+    views: BTreeSet<usize>,
 }
 
 impl<'k> Writer<'k> {
@@ -486,6 +493,7 @@ impl<'k> Writer<'k> {
             strided: true,
             grouped: has_dot(&v.kernel().body),
             forwarded: forwarded_loads(v.kernel()),
+            views: BTreeSet::new(),
         }
     }
 
@@ -1077,7 +1085,52 @@ impl<'k> Writer<'k> {
         let a_at = |i: &str| if trans_a { ra("r", i) } else { ra(i, "r") };
         let b_at = |j: &str| if trans_b { rb(j, "r") } else { rb("r", j) };
         let wg = self.wg as usize;
-        if self.grouped && n.is_multiple_of(4) && (4 * wg).is_multiple_of(n) {
+        let tiled = self.grouped && n.is_multiple_of(4) && (4 * wg).is_multiple_of(n);
+        let quads = (tiled && !trans_a && !trans_b && kk.is_multiple_of(4))
+            .then(|| Some((self.vec4_reader(a)?, self.vec4_reader(b)?)))
+            .flatten();
+        if let Some((qa, qb)) = quads {
+            // The register tile with `vec4` reads: four steps of the contraction at once, a row
+            // of the tile's `a` and four rows of its `b` columns as one read each.
+            self.line(format!("// a register tile of {} rows x 4 columns per invocation, vec4 reads", slots / 4));
+            self.line("{");
+            self.indent += 1;
+            self.line(format!("let tc0 = (4u * lid) % {n}u;"));
+            let acc_ty = reg_ty(self.ty(dst).dtype);
+            for j in 0..slots / 4 {
+                self.line(format!("var acc{j}: vec4<{acc_ty}>;"));
+            }
+            self.open(format!("for (var r = 0u; r < {kk}u; r += 4u)"));
+            for t in 0..4 {
+                self.line(format!("let bq{t} = {};", qb(&format!("r + {t}u"), "tc0")));
+            }
+            let guard = self.ragged(total);
+            for j in 0..slots / 4 {
+                let e = self.element(4 * j);
+                if guard {
+                    self.open(format!("if ({e} < {total}u)"));
+                } else {
+                    self.line("{");
+                    self.indent += 1;
+                }
+                self.line(format!("let aq = {};", qa(&format!("(({e}) / {n}u)"), "r")));
+                // Ascending in the contraction, as the interpreter sums.
+                for (t, c) in ["x", "y", "z", "w"].iter().enumerate() {
+                    self.line(format!("acc{j} = acc{j} + aq.{c} * bq{t};"));
+                }
+                self.close();
+            }
+            self.close();
+            for j in 0..slots / 4 {
+                for (t, c) in ["x", "y", "z", "w"].iter().enumerate() {
+                    self.line(format!("{id}[{}] = acc{j}.{c};", 4 * j + t));
+                }
+            }
+            self.close();
+            self.defined(dst);
+            return;
+        }
+        if tiled {
             // A register tile: the invocation's groups are four adjacent columns of rows
             // `4 wg / n` apart, so each step reads four elements of `b` and one of `a` per row.
             self.line(format!("// a register tile of {} rows x 4 columns per invocation", slots / 4));
@@ -1085,8 +1138,9 @@ impl<'k> Writer<'k> {
             self.indent += 1;
             self.line(format!("let tc0 = (4u * lid) % {n}u;"));
             // Accumulators in scalars (registers), not in the value's array (memory).
+            let acc_ty = reg_ty(self.ty(dst).dtype);
             for s in 0..slots {
-                self.line(format!("var acc{s} = 0.0f;"));
+                self.line(format!("var acc{s}: {acc_ty};"));
             }
             self.open(format!("for (var r = 0u; r < {kk}u; r++)"));
             for t in 0..4 {
@@ -1140,29 +1194,48 @@ impl<'k> Writer<'k> {
         self.defined(dst);
     }
 
+    /// Where `v` is a forwarded input block that lies inside its array at every grid point, with
+    /// rows of a multiple of 4 elements at column origins of a multiple of 4: reads the four
+    /// elements (row, col ..= col + 3) of its block (`col` a multiple of 4) as one `vec4`, from a
+    /// second binding of the argument's buffer as `array<vec4<T>>`.
+    fn vec4_reader(&mut self, v: &str) -> Option<Box<dyn Fn(&str, &str) -> String>> {
+        let &pi = self.forwarded.get(v)?;
+        let p = &self.v.kernel().params[pi];
+        let (dims, block) = (p.ty.shape.clone(), p.block_shape().to_vec());
+        if !(dims[1].is_multiple_of(4) && block[1].is_multiple_of(4) && (0..2).all(|d| self.block_inside(pi, d))) {
+            return None;
+        }
+        self.views.insert(pi);
+        let origin = |d: usize| if p.block.is_some() { format!("o{pi}_{d}") } else { "0i".to_string() };
+        let (o0, o1) = (origin(0), origin(1));
+        Some(Box::new(move |row: &str, col: &str| {
+            format!("a{pi}v[(u32({o0} + i32({row})) * {}u + u32({o1} + i32({col}))) / 4u]", dims[1])
+        }))
+    }
+
+    /// Whether every block of argument `pi` lies inside the array in dimension `d`, at every
+    /// point of the grid.
+    fn block_inside(&self, pi: usize, d: usize) -> bool {
+        let p = &self.v.kernel().params[pi];
+        let Some(b) = &p.block else { return true };
+        let e = &b.index[d];
+        let (mut lo, mut hi) = (e.constant, e.constant);
+        for (c, name) in &e.terms {
+            let size = self.grid.iter().find(|a| &a.name == name).map_or(1, |a| a.size as i64);
+            let y = c.saturating_mul(size - 1);
+            lo = lo.saturating_add(y.min(0));
+            hi = hi.saturating_add(y.max(0));
+        }
+        let bs = b.shape[d] as i64;
+        lo >= 0 && hi.saturating_mul(bs).saturating_add(bs) <= p.ty.shape[d] as i64
+    }
+
     /// Reads element (row, col) of argument `pi`'s block from its buffer: 0 outside the array,
     /// the check dropped in each dimension where every block of the grid is inside.
     fn direct_reader(&self, pi: usize) -> Box<dyn Fn(&str, &str) -> String> {
         let p = &self.v.kernel().params[pi];
         let dims = p.ty.shape.clone();
-        let block = p.block_shape().to_vec();
-        let inside: Vec<bool> = (0..2)
-            .map(|d| match &p.block {
-                None => true,
-                Some(b) => {
-                    let e = &b.index[d];
-                    let (mut lo, mut hi) = (e.constant, e.constant);
-                    for (c, name) in &e.terms {
-                        let size = self.grid.iter().find(|a| &a.name == name).map_or(1, |a| a.size as i64);
-                        let y = c.saturating_mul(size - 1);
-                        lo = lo.saturating_add(y.min(0));
-                        hi = hi.saturating_add(y.max(0));
-                    }
-                    let bs = block[d] as i64;
-                    lo >= 0 && hi.saturating_mul(bs).saturating_add(bs) <= dims[d] as i64
-                }
-            })
-            .collect();
+        let inside: Vec<bool> = (0..2).map(|d| self.block_inside(pi, d)).collect();
         let origin = |d: usize| if p.block.is_some() { format!("o{pi}_{d}") } else { "0i".to_string() };
         let (o0, o1) = (origin(0), origin(1));
         let zero = literal(Literal::Int(0), p.ty.dtype);
@@ -1634,6 +1707,17 @@ impl<'k> Writer<'k> {
         }
         if self.next_word > 0 {
             let _ = writeln!(m, "@group(0) @binding({binding}) var<storage, read_write> tk_ws: array<u32>; // workspace");
+            binding += 1;
+        }
+        for &pi in &self.views {
+            let p = &k.params[pi];
+            let _ = writeln!(
+                m,
+                "@group(0) @binding({binding}) var<storage, read> a{pi}v: array<vec4<{}>>; // {} again, as vec4",
+                buf_ty(p.ty.dtype),
+                p.name
+            );
+            binding += 1;
         }
         if self.uses_broadcast {
             let _ = writeln!(m, "var<workgroup> tk_bc: u32;");

@@ -380,6 +380,9 @@ impl Gpu {
             if l.workspace_words > 0 {
                 entries.push(storage(l.bindings.len() as u32, false));
             }
+            for _ in &l.views {
+                entries.push(storage(entries.len() as u32, true));
+            }
             let layout = self
                 .device
                 .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor { label: Some(&l.name), entries: &entries });
@@ -420,7 +423,7 @@ impl Gpu {
             "maxComputeWorkgroupsPerDimension",
             u64::from(lim.max_compute_workgroups_per_dimension),
         )?;
-        let storage = l.bindings.len() as u64 + u64::from(l.workspace_words > 0);
+        let storage = (l.bindings.len() + l.views.len()) as u64 + u64::from(l.workspace_words > 0);
         self.limit(
             what("storage buffers"),
             storage,
@@ -499,6 +502,9 @@ impl Gpu {
             }
             if ws_bytes > 0 {
                 bound.push(self.workspace(ws_bytes)?);
+            }
+            for name in &l.views {
+                bound.push(buffers[name].buffer.clone());
             }
             prepared.push((l, p, bound));
         }
