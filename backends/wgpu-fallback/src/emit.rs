@@ -129,13 +129,27 @@ fn forwarded_loads(k: &Kernel) -> HashMap<String, usize> {
     out
 }
 
-/// Whether a body (or a body inside it) has a `dot`.
-fn has_dot(body: &[Stmt]) -> bool {
-    body.iter().any(|s| match &s.op {
-        Op::Dot { .. } => true,
-        Op::When { body, .. } | Op::For { body, .. } => has_dot(body),
-        _ => false,
-    })
+/// How many adjacent elements an invocation owns together ([`Writer::group`]): 1 without a
+/// `dot`; with one, 8 where every `dot`'s result has a multiple of 8 columns, else 4.
+fn element_group(v: &Verified) -> usize {
+    fn dots(body: &[Stmt], out: &mut Vec<String>) {
+        for s in body {
+            match &s.op {
+                Op::Dot { .. } => out.push(s.results[0].clone()),
+                Op::When { body, .. } | Op::For { body, .. } => dots(body, out),
+                _ => {}
+            }
+        }
+    }
+    let mut names = Vec::new();
+    dots(&v.kernel().body, &mut names);
+    if names.is_empty() {
+        1
+    } else if names.iter().all(|n| v.value_type(n).shape[1].is_multiple_of(8)) {
+        8
+    } else {
+        4
+    }
 }
 
 fn unsupported(msg: String) -> BackendError {
@@ -177,7 +191,7 @@ pub fn lower(kernel: &Verified, grid: &[LaunchAxis]) -> Result<Lowered, BackendE
     // Elements in groups of four with a `dot` (its register tiles), one by one otherwise. With
     // groups, fewer invocations own more elements each: a larger tile per invocation, fewer
     // loads per multiply-add.
-    let wg = if first.grouped {
+    let wg = if first.group > 1 {
         ((first.max_elements / 128).next_power_of_two() as u32).clamp(32, MAX_WORKGROUP)
     } else {
         (first.max_elements.next_power_of_two() as u32).clamp(64, MAX_WORKGROUP)
@@ -444,11 +458,11 @@ struct Writer<'k> {
     /// The dispatch, and whether its workgroups walk the programs with a stride.
     groups: [u32; 2],
     strided: bool,
-    /// How invocations own elements: with `grouped`, invocation `lid` owns the groups of four
-    /// contiguous elements `4 (lid + wg j) ..`, slot `4 j + t` holding element `4 (lid + wg j) +
-    /// t`; otherwise element `lid + wg k` is slot `k`. Grouped where the kernel has a `dot`, whose
-    /// register tiles are four columns wide.
-    grouped: bool,
+    /// How invocations own elements: in groups of `group` (g > 1), invocation `lid` owns the
+    /// adjacent elements `g (lid + wg j) ..`, slot `g j + t` holding element `g (lid + wg j) + t`;
+    /// with `group` 1, element `lid + wg k` is slot `k`. Groups where the kernel has a `dot`,
+    /// whose register tiles are `group` columns wide ([`element_group`]).
+    group: usize,
     /// Values a `dot` reads from their argument's buffer ([`forwarded_loads`]).
     forwarded: HashMap<String, usize>,
     /// Arguments also bound as `array<vec4<T>>` (`a{i}v`), after the workspace.
@@ -491,7 +505,7 @@ impl<'k> Writer<'k> {
             stores: true,
             groups: [1, 1],
             strided: true,
-            grouped: has_dot(&v.kernel().body),
+            group: element_group(v),
             forwarded: forwarded_loads(v.kernel()),
             views: BTreeSet::new(),
         }
@@ -546,23 +560,26 @@ impl<'k> Writer<'k> {
     }
 
     fn slots(&self, n: usize) -> usize {
-        if self.grouped { 4 * n.div_ceil(4 * self.wg as usize) } else { n.div_ceil(self.wg as usize).max(1) }
+        let g = self.group;
+        g * n.div_ceil(g * self.wg as usize)
     }
 
     /// The element of slot `k` (a constant), as a WGSL expression of `lid`.
     fn element(&self, k: usize) -> String {
         let wg = self.wg as usize;
-        if self.grouped { format!("4u * lid + {}u", 4 * wg * (k / 4) + k % 4) } else { format!("lid + {}u", k * wg) }
+        let g = self.group;
+        if g > 1 { format!("{g}u * lid + {}u", g * wg * (k / g) + k % g) } else { format!("lid + {}u", k * wg) }
     }
 
     /// The element of the slot in the WGSL variable `k`.
     fn element_of_var(&self) -> String {
-        if self.grouped { format!("4u * (lid + {}u * (k / 4u)) + k % 4u", self.wg) } else { format!("lid + k * {}u", self.wg) }
+        let g = self.group;
+        if g > 1 { format!("{g}u * (lid + {}u * (k / {g}u)) + k % {g}u", self.wg) } else { format!("lid + k * {}u", self.wg) }
     }
 
     /// Whether some invocation's last slots lie past `n` elements.
     fn ragged(&self, n: usize) -> bool {
-        let per = if self.grouped { 4 * self.wg as usize } else { self.wg as usize };
+        let per = self.group * self.wg as usize;
         !n.is_multiple_of(per)
     }
 
@@ -1085,28 +1102,34 @@ impl<'k> Writer<'k> {
         let a_at = |i: &str| if trans_a { ra("r", i) } else { ra(i, "r") };
         let b_at = |j: &str| if trans_b { rb(j, "r") } else { rb("r", j) };
         let wg = self.wg as usize;
-        let tiled = self.grouped && n.is_multiple_of(4) && (4 * wg).is_multiple_of(n);
+        let g = self.group;
+        let tiled = g > 1 && n.is_multiple_of(g) && (g * wg).is_multiple_of(n);
         let quads = (tiled && !trans_a && !trans_b && kk.is_multiple_of(4))
             .then(|| Some((self.vec4_reader(a)?, self.vec4_reader(b)?)))
             .flatten();
         if let Some((qa, qb)) = quads {
             // The register tile with `vec4` reads: four steps of the contraction at once, a row
             // of the tile's `a` and four rows of its `b` columns as one read each.
-            self.line(format!("// a register tile of {} rows x 4 columns per invocation, vec4 reads", slots / 4));
+            self.line(format!("// a register tile of {} rows x {g} columns per invocation, vec4 reads", slots / g));
             self.line("{");
             self.indent += 1;
-            self.line(format!("let tc0 = (4u * lid) % {n}u;"));
+            self.line(format!("let tc0 = ({g}u * lid) % {n}u;"));
             let acc_ty = reg_ty(self.ty(dst).dtype);
-            for j in 0..slots / 4 {
-                self.line(format!("var acc{j}: vec4<{acc_ty}>;"));
+            let quads = g / 4;
+            for j in 0..slots / g {
+                for q in 0..quads {
+                    self.line(format!("var acc{j}_{q}: vec4<{acc_ty}>;"));
+                }
             }
             self.open(format!("for (var r = 0u; r < {kk}u; r += 4u)"));
             for t in 0..4 {
-                self.line(format!("let bq{t} = {};", qb(&format!("r + {t}u"), "tc0")));
+                for q in 0..quads {
+                    self.line(format!("let bq{t}_{q} = {};", qb(&format!("r + {t}u"), &format!("tc0 + {}u", 4 * q))));
+                }
             }
             let guard = self.ragged(total);
-            for j in 0..slots / 4 {
-                let e = self.element(4 * j);
+            for j in 0..slots / g {
+                let e = self.element(g * j);
                 if guard {
                     self.open(format!("if ({e} < {total}u)"));
                 } else {
@@ -1116,14 +1139,18 @@ impl<'k> Writer<'k> {
                 self.line(format!("let aq = {};", qa(&format!("(({e}) / {n}u)"), "r")));
                 // Ascending in the contraction, as the interpreter sums.
                 for (t, c) in ["x", "y", "z", "w"].iter().enumerate() {
-                    self.line(format!("acc{j} = acc{j} + aq.{c} * bq{t};"));
+                    for q in 0..quads {
+                        self.line(format!("acc{j}_{q} = acc{j}_{q} + aq.{c} * bq{t}_{q};"));
+                    }
                 }
                 self.close();
             }
             self.close();
-            for j in 0..slots / 4 {
-                for (t, c) in ["x", "y", "z", "w"].iter().enumerate() {
-                    self.line(format!("{id}[{}] = acc{j}.{c};", 4 * j + t));
+            for j in 0..slots / g {
+                for q in 0..quads {
+                    for (t, c) in ["x", "y", "z", "w"].iter().enumerate() {
+                        self.line(format!("{id}[{}] = acc{j}_{q}.{c};", g * j + 4 * q + t));
+                    }
                 }
             }
             self.close();
@@ -1133,22 +1160,22 @@ impl<'k> Writer<'k> {
         if tiled {
             // A register tile: the invocation's groups are four adjacent columns of rows
             // `4 wg / n` apart, so each step reads four elements of `b` and one of `a` per row.
-            self.line(format!("// a register tile of {} rows x 4 columns per invocation", slots / 4));
+            self.line(format!("// a register tile of {} rows x {g} columns per invocation", slots / g));
             self.line("{");
             self.indent += 1;
-            self.line(format!("let tc0 = (4u * lid) % {n}u;"));
+            self.line(format!("let tc0 = ({g}u * lid) % {n}u;"));
             // Accumulators in scalars (registers), not in the value's array (memory).
             let acc_ty = reg_ty(self.ty(dst).dtype);
             for s in 0..slots {
                 self.line(format!("var acc{s}: {acc_ty};"));
             }
             self.open(format!("for (var r = 0u; r < {kk}u; r++)"));
-            for t in 0..4 {
+            for t in 0..g {
                 self.line(format!("let b{t} = {};", b_at(&format!("(tc0 + {t}u)"))));
             }
             let guard = self.ragged(total);
-            for j in 0..slots / 4 {
-                let e = self.element(4 * j);
+            for j in 0..slots / g {
+                let e = self.element(g * j);
                 if guard {
                     self.open(format!("if ({e} < {total}u)"));
                 } else {
@@ -1156,8 +1183,8 @@ impl<'k> Writer<'k> {
                     self.indent += 1;
                 }
                 self.line(format!("let av = {};", a_at(&format!("(({e}) / {n}u)"))));
-                for t in 0..4 {
-                    let s = 4 * j + t;
+                for t in 0..g {
+                    let s = g * j + t;
                     self.line(format!("acc{s} = acc{s} + av * b{t};"));
                 }
                 self.close();
@@ -1170,7 +1197,7 @@ impl<'k> Writer<'k> {
             self.defined(dst);
             return;
         }
-        let shared_col = !self.grouped && wg.is_multiple_of(n);
+        let shared_col = g == 1 && wg.is_multiple_of(n);
         self.open(format!("for (var r = 0u; r < {kk}u; r++)"));
         if shared_col {
             self.line(format!("let bv = {};", b_at(&format!("lid % {n}u"))));
@@ -1673,7 +1700,11 @@ impl<'k> Writer<'k> {
         let _ = writeln!(
             m,
             "// elements: {}",
-            if self.grouped { "each invocation owns groups of 4 adjacent ones (register tiles for dot)" } else { "one by one, invocation lid owning lid, lid + workgroup size, ..." }
+            if self.group > 1 {
+                format!("each invocation owns groups of {} adjacent ones (register tiles for dot)", self.group)
+            } else {
+                "one by one, invocation lid owning lid, lid + workgroup size, ...".to_string()
+            }
         );
         let _ = writeln!(
             m,
