@@ -1130,12 +1130,7 @@ impl<'k> Writer<'k> {
             let guard = self.ragged(total);
             for j in 0..slots / g {
                 let e = self.element(g * j);
-                if guard {
-                    self.open(format!("if ({e} < {total}u)"));
-                } else {
-                    self.line("{");
-                    self.indent += 1;
-                }
+                self.open_group(&e, total, guard);
                 self.line(format!("let aq = {};", qa(&format!("(({e}) / {n}u)"), "r")));
                 // Ascending in the contraction, as the interpreter sums.
                 for (t, c) in ["x", "y", "z", "w"].iter().enumerate() {
@@ -1176,12 +1171,7 @@ impl<'k> Writer<'k> {
             let guard = self.ragged(total);
             for j in 0..slots / g {
                 let e = self.element(g * j);
-                if guard {
-                    self.open(format!("if ({e} < {total}u)"));
-                } else {
-                    self.line("{");
-                    self.indent += 1;
-                }
+                self.open_group(&e, total, guard);
                 self.line(format!("let av = {};", a_at(&format!("(({e}) / {n}u)"))));
                 for t in 0..g {
                     let s = g * j + t;
@@ -1219,6 +1209,17 @@ impl<'k> Writer<'k> {
         self.close();
         self.close();
         self.defined(dst);
+    }
+
+    /// Opens the block of a register tile's group at element `e`: an `if` where the group may lie
+    /// past the `total` elements (`guard`), a plain block otherwise.
+    fn open_group(&mut self, e: &str, total: usize, guard: bool) {
+        if guard {
+            self.open(format!("if ({e} < {total}u)"));
+        } else {
+            self.line("{");
+            self.indent += 1;
+        }
     }
 
     /// Where `v` is a forwarded input block that lies inside its array at every grid point, with
