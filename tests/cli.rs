@@ -322,6 +322,9 @@ fn bench_reports_compile_and_run_time_and_throughput() {
     assert_eq!(r.code, 0, "{}", r.stderr);
     assert!(r.stdout.contains("bench `matmul` on interpret (3 runs after a warm-up)"), "{}", r.stdout);
     assert!(r.stdout.contains("compile (lower, cold): ") && r.stdout.contains("GB/s"), "{}", r.stdout);
+    // The launch alone too, its arrays uploaded once.
+    assert!(r.stdout.contains("launch (median, arrays on the device): "), "{}", r.stdout);
+    assert!(r.stdout.contains(" with transfers, ") && r.stdout.contains(" on the device"), "{}", r.stdout);
     // 256^3 multiply-adds: 2 * 256^3 = 0.034 GFLOP.
     assert!(r.stdout.contains("dot: 0.034 GFLOP"), "{}", r.stdout);
     let r = tessel(&["bench", &example("add"), "--runs", "2"]);
