@@ -36,8 +36,8 @@ fn float_values(d: DType) -> Vec<f64> {
         7.0,
         -0.75,
         0.999,
-        3.141_592_7,
-        1.570_796_4,
+        f64::from(std::f32::consts::PI),
+        f64::from(std::f32::consts::FRAC_PI_2),
         100.5,
         f64::INFINITY,
         f64::NEG_INFINITY,
@@ -71,7 +71,25 @@ fn float_values(d: DType) -> Vec<f64> {
 
 fn int_values(d: DType) -> Vec<f64> {
     let v: Vec<i64> = match d {
-        DType::I32 => vec![0, 1, -1, 2, -2, 7, -7, 31, 32, 33, 64, -32, 100_000, -100_000, i64::from(i32::MIN), i64::from(i32::MAX), i64::from(i32::MIN) + 1],
+        DType::I32 => vec![
+            0,
+            1,
+            -1,
+            2,
+            -2,
+            7,
+            -7,
+            31,
+            32,
+            33,
+            64,
+            -32,
+            100_000,
+            -100_000,
+            i64::from(i32::MIN),
+            i64::from(i32::MAX),
+            i64::from(i32::MIN) + 1,
+        ],
         _ => vec![0, 1, 2, 7, 31, 32, 33, 64, 100_000, 0x8000_0000, i64::from(u32::MAX), i64::from(u32::MAX) - 1],
     };
     v.into_iter().map(|x| x as f64).collect()
@@ -189,8 +207,20 @@ fn binary_ref(op: &str, d: DType, x: f64, y: f64) -> f64 {
                 "sub" => a.wrapping_sub(b),
                 "mul" => a.wrapping_mul(b),
                 // Zero divisors give 0; MIN / -1 wraps to MIN.
-                "div" => if b == 0 { 0 } else { a.wrapping_div(b) },
-                "rem" => if b == 0 { 0 } else { a.wrapping_rem(b) },
+                "div" => {
+                    if b == 0 {
+                        0
+                    } else {
+                        a.wrapping_div(b)
+                    }
+                }
+                "rem" => {
+                    if b == 0 {
+                        0
+                    } else {
+                        a.wrapping_rem(b)
+                    }
+                }
                 "max" => a.max(b),
                 "min" => a.min(b),
                 "and" => a & b,
@@ -285,8 +315,20 @@ fn ulps(d: DType, a: u32, b: u32) -> u64 {
     };
     let nan = |w: u32| {
         let w = u64::from(w);
-        let exp_mask = if bits == 32 { 0x7f80_0000 } else if d == DType::F16 { 0x7c00 } else { 0x7f80 };
-        let man_mask = if bits == 32 { 0x007f_ffff } else if d == DType::F16 { 0x03ff } else { 0x007f };
+        let exp_mask = if bits == 32 {
+            0x7f80_0000
+        } else if d == DType::F16 {
+            0x7c00
+        } else {
+            0x7f80
+        };
+        let man_mask = if bits == 32 {
+            0x007f_ffff
+        } else if d == DType::F16 {
+            0x03ff
+        } else {
+            0x007f
+        };
         w & exp_mask == exp_mask && w & man_mask != 0
     };
     match (nan(a), nan(b)) {
@@ -295,7 +337,7 @@ fn ulps(d: DType, a: u32, b: u32) -> u64 {
         _ => return u64::MAX,
     }
     let key = |w: u32| {
-        let w = i64::try_from(w).expect("32 bits");
+        let w = i64::from(w);
         if (w as u64) & sign == 0 { w } else { sign as i64 - w }
     };
     key(a).abs_diff(key(b))
@@ -331,7 +373,8 @@ fn cases(kind: &str, op: &'static str, d: DType) -> Vec<Case> {
     let mut cases = Vec::new();
     let header = |ins: &str, shape: &str| format!("kernel k\n{ins}  out o: {out}[{shape}]\n{{\n");
     if kind == "unary" {
-        let src = header(&format!("  in  x: {d}[{n}]\n"), &n.to_string()) + &format!("  %x = load x\n  %y = {op} %x\n  store o, %y\n}}\n");
+        let src = header(&format!("  in  x: {d}[{n}]\n"), &n.to_string())
+            + &format!("  %x = load x\n  %y = {op} %x\n  store o, %y\n}}\n");
         let want = vals.iter().map(|&x| bits_of(out, eval(x, 0.0))).collect();
         cases.push(Case { what: "loaded".into(), src, inputs: vec![("x", array(d, &vals))], want, out, op, dtype: d });
         let mut body = String::new();
@@ -399,20 +442,25 @@ fn all_cases() -> Vec<Case> {
 
 // ---- the executors ----
 
-fn run_on(exec: &str, kernel: &tessel_plugin_api::ir::Verified, args: &LaunchArgs) -> Result<HostArray, String> {
+fn run_on(
+    rt: &tessel::Runtime,
+    exec: &str,
+    kernel: &tessel_plugin_api::ir::Verified,
+    args: &LaunchArgs,
+) -> Result<HostArray, String> {
+    let call = [tessel::KernelLaunch { kernel, mesh: None }];
     let outputs = match exec {
         "mosaic-emu" => {
-            let rt = tessel::Runtime::new(&[]).map_err(|e| e.to_string())?;
-            let call = [tessel::KernelLaunch { kernel, mesh: None }];
             let (_, ptx) = rt.lower("mosaic-gpu", &call, &[], &Default::default()).map_err(|e| e.to_string())?.remove(0);
             emulate(&ptx, kernel, args, false)?
         }
-        backend => tessel::run_kernel(backend, kernel, args).map_err(|e| e.to_string())?,
+        backend => rt.launch(backend, &call, &[], args).map_err(|e| e.to_string())?,
     };
     outputs.into_iter().find(|(n, _)| n == "o").map(|(_, a)| a).ok_or_else(|| "no output o".to_string())
 }
 
 fn check(exec: &str) {
+    let rt = tessel::Runtime::new(&[]).expect("runtime");
     let mut failures = Vec::new();
     let mut checked = 0;
     for case in all_cases() {
@@ -422,7 +470,7 @@ fn check(exec: &str) {
             inputs: case.inputs.iter().map(|(n, a)| (n.to_string(), a.clone())).collect(),
             grid: Default::default(),
         };
-        let got = match run_on(exec, &kernel, &args) {
+        let got = match run_on(&rt, exec, &kernel, &args) {
             Ok(a) => a.to_bits(),
             Err(e) => {
                 failures.push(format!("{what}: {}", e.lines().next().unwrap_or_default()));

@@ -409,8 +409,8 @@ fn shrink(rt: &Runtime, target: Target, mut s: Spec) -> Spec {
             Spec { edges: s.edges.saturating_sub(1).max(usize::from(s.edges > 0)), ..s.clone() },
         ];
         let next = candidates.into_iter().find(|c| {
-            let smaller =
-                (c.steps, c.r, c.c, c.gi, c.gj, c.short_r + c.short_c, c.edges) != (s.steps, s.r, s.c, s.gi, s.gj, s.short_r + s.short_c, s.edges);
+            let smaller = (c.steps, c.r, c.c, c.gi, c.gj, c.short_r + c.short_c, c.edges)
+                != (s.steps, s.r, s.c, s.gi, s.gj, s.short_r + s.short_c, s.edges);
             smaller && differ(rt, target, &generate(c), c.seed).is_err()
         });
         match next {
@@ -467,7 +467,10 @@ fn the_generator_makes_kernels_that_verify_and_vary() {
     for t in &texts {
         tessel::load_source("random.tk", t).unwrap_or_else(|e| panic!("{e}\n{t}"));
     }
-    for op in ["dot", "sum", "for", "when", "select", "iota", "seq", "rem", "exp", "trans_a", ": f16", ": bf16", "store e", ", inf", "nan", "-0.0", "pow", "e30"] {
+    for op in [
+        "dot", "sum", "for", "when", "select", "iota", "seq", "rem", "exp", "trans_a", ": f16", ": bf16", "store e", ", inf",
+        "nan", "-0.0", "pow", "e30",
+    ] {
         assert!(texts.iter().any(|t| t.contains(op)), "no generated kernel uses {op}");
     }
 }

@@ -41,7 +41,10 @@ impl Exec {
                     Ok(mut l) => l.remove(0).1,
                     // The one refusal by design among these cases (DESIGN.md's sentence).
                     Err(e) if e.to_string().starts_with("dynamic grid bounds not supported in the Mosaic GPU backend") => {
-                        eprintln!("{what}: refused by design, as it should be: {}", e.to_string().lines().next().unwrap_or_default());
+                        eprintln!(
+                            "{what}: refused by design, as it should be: {}",
+                            e.to_string().lines().next().unwrap_or_default()
+                        );
                         return None;
                     }
                     Err(e) => panic!("{e}"),

@@ -10,9 +10,13 @@
 //! multiply-add, which WGSL does not promise. A backend writes each [`Func`] in its own language — WGSL functions,
 //! inline PTX — so every GPU backend computes the same bits.
 //!
+//! Each function is built once per process and shared (`&'static`).
+//!
 //! The algorithms are the classic ones (Cephes' polynomials for `exp`, `sin`, `cos`; fdlibm's
 //! reduction and polynomial for `log`, `log2`); `docs/language.md` §8 gives the accuracy each
 //! reaches, measured against `f64` by `tests/edge_values.rs`.
+
+use std::sync::OnceLock;
 
 /// The type of a [`Var`]: 32-bit values, and predicates.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -118,265 +122,289 @@ pub struct Func {
 }
 
 /// `e^x`.
-pub fn exp() -> Func {
-    Builder::func("tk_exp", 1, |b, p| exp_of(b, p[0]))
+pub fn exp() -> &'static Func {
+    static F: OnceLock<Func> = OnceLock::new();
+    F.get_or_init(|| Builder::func("tk_exp", 1, |b, p| exp_of(b, p[0])))
 }
 
 /// `2^x`.
-pub fn exp2() -> Func {
-    Builder::func("tk_exp2", 1, |b, p| {
-        let x = p[0];
-        let xc = b.clamp(x, -152.0, 130.0);
-        let k = b.op(Ty::F32, Op::Rint(xc));
-        let f = b.sub(xc, k);
-        let zero = b.f(0.0);
-        let y = exp2_split(b, f, zero, k);
-        b.nan_passes(x, y)
+pub fn exp2() -> &'static Func {
+    static F: OnceLock<Func> = OnceLock::new();
+    F.get_or_init(|| {
+        Builder::func("tk_exp2", 1, |b, p| {
+            let x = p[0];
+            let xc = b.clamp(x, -152.0, 130.0);
+            let k = b.op(Ty::F32, Op::Rint(xc));
+            let f = b.sub(xc, k);
+            let zero = b.f(0.0);
+            let y = exp2_split(b, f, zero, k);
+            b.nan_passes(x, y)
+        })
     })
 }
 
 /// Natural logarithm.
-pub fn log() -> Func {
-    Builder::func("tk_log", 1, |b, p| {
-        let x = p[0];
-        let r = log_reduce(b, x);
-        // log(x) = k ln2_hi - ((hfsq - (s (hfsq + R) + k ln2_lo)) - f), fdlibm's order.
-        let (ln2_hi, ln2_lo) = (b.f(f32::from_bits(0x3f31_7180)), b.f(f32::from_bits(0x3717_f7d1)));
-        let sr = b.add(r.hfsq, r.poly);
-        let klo = b.mul(r.k, ln2_lo);
-        let t = b.fma(r.s, sr, klo);
-        let t = b.sub(r.hfsq, t);
-        let t = b.sub(t, r.f);
-        let khi = b.mul(r.k, ln2_hi);
-        let y = b.sub(khi, t);
-        log_specials(b, x, y)
+pub fn log() -> &'static Func {
+    static F: OnceLock<Func> = OnceLock::new();
+    F.get_or_init(|| {
+        Builder::func("tk_log", 1, |b, p| {
+            let x = p[0];
+            let r = log_reduce(b, x);
+            // log(x) = k ln2_hi - ((hfsq - (s (hfsq + R) + k ln2_lo)) - f), fdlibm's order.
+            let (ln2_hi, ln2_lo) = (b.f(f32::from_bits(0x3f31_7180)), b.f(f32::from_bits(0x3717_f7d1)));
+            let sr = b.add(r.hfsq, r.poly);
+            let klo = b.mul(r.k, ln2_lo);
+            let t = b.fma(r.s, sr, klo);
+            let t = b.sub(r.hfsq, t);
+            let t = b.sub(t, r.f);
+            let khi = b.mul(r.k, ln2_hi);
+            let y = b.sub(khi, t);
+            log_specials(b, x, y)
+        })
     })
 }
 
 /// Base-2 logarithm.
-pub fn log2() -> Func {
-    Builder::func("tk_log2", 1, |b, p| {
-        let x = p[0];
-        let (hi, lo) = log2_split(b, x);
-        let y = b.add(hi, lo);
-        log_specials(b, x, y)
+pub fn log2() -> &'static Func {
+    static F: OnceLock<Func> = OnceLock::new();
+    F.get_or_init(|| {
+        Builder::func("tk_log2", 1, |b, p| {
+            let x = p[0];
+            let (hi, lo) = log2_split(b, x);
+            let y = b.add(hi, lo);
+            log_specials(b, x, y)
+        })
     })
 }
 
 /// Sine.
-pub fn sin() -> Func {
-    Builder::func("tk_sin", 1, |b, p| sin_cos(b, p[0], false))
+pub fn sin() -> &'static Func {
+    static F: OnceLock<Func> = OnceLock::new();
+    F.get_or_init(|| Builder::func("tk_sin", 1, |b, p| sin_cos(b, p[0], false)))
 }
 
 /// Cosine.
-pub fn cos() -> Func {
-    Builder::func("tk_cos", 1, |b, p| sin_cos(b, p[0], true))
+pub fn cos() -> &'static Func {
+    static F: OnceLock<Func> = OnceLock::new();
+    F.get_or_init(|| Builder::func("tk_cos", 1, |b, p| sin_cos(b, p[0], true)))
 }
 
 /// Hyperbolic tangent.
-pub fn tanh() -> Func {
-    Builder::func("tk_tanh", 1, |b, p| {
-        let x = p[0];
-        let ax = b.op(Ty::F32, Op::Abs(x));
-        let y = b.var(Ty::F32);
-        // Small |x|: the Taylor series x + c3 x^3 + ... + c21 x^21 (its next term is below
-        // 2^-30 of the result at 0.625).
-        let z = b.mul(ax, ax);
-        let c = [
-            -0.333_333_34_f32,
-            0.133_333_34,
-            -0.053_968_254,
-            0.021_869_488,
-            -0.008_863_236,
-            0.003_592_128,
-            -0.001_455_834_4,
-            0.000_590_027_4,
-            -0.000_239_129_12,
-            9.691_538e-5,
-        ];
-        let mut q = b.f(c[c.len() - 1]);
-        for &ci in c.iter().rev().skip(1) {
-            let ci = b.f(ci);
-            q = b.fma(q, z, ci);
-        }
-        let xz = b.mul(ax, z);
-        let small = b.fma(xz, q, ax);
-        b.set(y, Op::Copy(small));
-        // Otherwise 1 - 2 / (e^(2|x|) + 1), which is 1 once e^(2|x|) overflows.
-        let limit = b.f(0.625);
-        let large = b.op(Ty::Bool, Op::Lt(ax, limit));
-        let large = b.op(Ty::Bool, Op::Not(large));
-        // Both branches, then a select: no divergent branch for the cheap function.
-        let two = b.f(2.0);
-        let ax2 = b.mul(ax, two);
-        let e = exp_of(b, ax2);
-        let one = b.f(1.0);
-        let e1 = b.add(e, one);
-        let q = b.op(Ty::F32, Op::Div(two, e1));
-        let t = b.sub(one, q);
-        b.set(y, Op::Select(large, t, y));
-        let y = b.copy_sign(y, x);
-        b.nan_passes(x, y)
+pub fn tanh() -> &'static Func {
+    static F: OnceLock<Func> = OnceLock::new();
+    F.get_or_init(|| {
+        Builder::func("tk_tanh", 1, |b, p| {
+            let x = p[0];
+            let ax = b.op(Ty::F32, Op::Abs(x));
+            let y = b.var(Ty::F32);
+            // Small |x|: the Taylor series x + c3 x^3 + ... + c21 x^21 (its next term is below
+            // 2^-30 of the result at 0.625).
+            let z = b.mul(ax, ax);
+            let c = [
+                -0.333_333_34_f32,
+                0.133_333_34,
+                -0.053_968_254,
+                0.021_869_488,
+                -0.008_863_236,
+                0.003_592_128,
+                -0.001_455_834_4,
+                0.000_590_027_4,
+                -0.000_239_129_12,
+                9.691_538e-5,
+            ];
+            let mut q = b.f(c[c.len() - 1]);
+            for &ci in c.iter().rev().skip(1) {
+                let ci = b.f(ci);
+                q = b.fma(q, z, ci);
+            }
+            let xz = b.mul(ax, z);
+            let small = b.fma(xz, q, ax);
+            b.set(y, Op::Copy(small));
+            // Otherwise 1 - 2 / (e^(2|x|) + 1), which is 1 once e^(2|x|) overflows.
+            let limit = b.f(0.625);
+            let large = b.op(Ty::Bool, Op::Lt(ax, limit));
+            let large = b.op(Ty::Bool, Op::Not(large));
+            // Both branches, then a select: no divergent branch for the cheap function.
+            let two = b.f(2.0);
+            let ax2 = b.mul(ax, two);
+            let e = exp_of(b, ax2);
+            let one = b.f(1.0);
+            let e1 = b.add(e, one);
+            let q = b.op(Ty::F32, Op::Div(two, e1));
+            let t = b.sub(one, q);
+            b.set(y, Op::Select(large, t, y));
+            let y = b.copy_sign(y, x);
+            b.nan_passes(x, y)
+        })
     })
 }
 
 /// The logistic function `1 / (1 + e^-x)`, as `e^x / (1 + e^x)` for negative `x` so that it
 /// does not overflow on the way to a subnormal result.
-pub fn logistic() -> Func {
-    Builder::func("tk_logistic", 1, |b, p| {
-        let x = p[0];
-        let ax = b.op(Ty::F32, Op::Abs(x));
-        let nax = b.op(Ty::F32, Op::Neg(ax));
-        let t = exp_of(b, nax);
-        let one = b.f(1.0);
-        let d = b.add(one, t);
-        let zero = b.f(0.0);
-        let neg = b.op(Ty::Bool, Op::Lt(x, zero));
-        let num = b.op(Ty::F32, Op::Select(neg, t, one));
-        b.op(Ty::F32, Op::Div(num, d))
+pub fn logistic() -> &'static Func {
+    static F: OnceLock<Func> = OnceLock::new();
+    F.get_or_init(|| {
+        Builder::func("tk_logistic", 1, |b, p| {
+            let x = p[0];
+            let ax = b.op(Ty::F32, Op::Abs(x));
+            let nax = b.op(Ty::F32, Op::Neg(ax));
+            let t = exp_of(b, nax);
+            let one = b.f(1.0);
+            let d = b.add(one, t);
+            let zero = b.f(0.0);
+            let neg = b.op(Ty::Bool, Op::Lt(x, zero));
+            let num = b.op(Ty::F32, Op::Select(neg, t, one));
+            b.op(Ty::F32, Op::Div(num, d))
+        })
     })
 }
 
 /// C's `fmod`: `x - n y` with `n` the quotient truncated toward zero, exact. The integer
 /// significands are reduced 8 bits at a time (`(r << 8) % my` fits in 32 bits), so at most 32
 /// iterations for the farthest exponents.
-pub fn fmod() -> Func {
-    Builder::func("tk_fmod", 2, |b, p| {
-        let (x, y) = (p[0], p[1]);
-        let (bx, by) = (b.bits(x), b.bits(y));
-        let abs_mask = b.u(0x7fff_ffff);
-        let (ax, ay) = (b.and(bx, abs_mask), b.and(by, abs_mask));
-        let sign_mask = b.u(0x8000_0000);
-        let sx = b.and(bx, sign_mask);
-        let result = b.var(Ty::F32);
-        b.set(result, Op::Copy(x));
-        // |x| >= |y| with both finite and y nonzero: reduce.
-        let small = b.op(Ty::Bool, Op::Lt(ax, ay));
-        let big = b.op(Ty::Bool, Op::Not(small));
-        let inf = b.u(0x7f80_0000);
-        let x_finite = b.op(Ty::Bool, Op::Lt(ax, inf));
-        let zero = b.u(0);
-        let y_zero = b.op(Ty::Bool, Op::Eq(ay, zero));
-        let y_nonzero = b.op(Ty::Bool, Op::Not(y_zero));
-        let reduce = b.op(Ty::Bool, Op::And(big, x_finite));
-        let reduce = b.op(Ty::Bool, Op::And(reduce, y_nonzero));
-        b.when(reduce, |b| {
-            let (ex, mx) = significand(b, ax);
-            let (ey, my) = significand(b, ay);
-            let r = b.var(Ty::U32);
-            b.set(r, Op::Rem(mx, my));
-            let d = b.var(Ty::U32);
-            b.set(d, Op::Sub(ex, ey));
+pub fn fmod() -> &'static Func {
+    static F: OnceLock<Func> = OnceLock::new();
+    F.get_or_init(|| {
+        Builder::func("tk_fmod", 2, |b, p| {
+            let (x, y) = (p[0], p[1]);
+            let (bx, by) = (b.bits(x), b.bits(y));
+            let abs_mask = b.u(0x7fff_ffff);
+            let (ax, ay) = (b.and(bx, abs_mask), b.and(by, abs_mask));
+            let sign_mask = b.u(0x8000_0000);
+            let sx = b.and(bx, sign_mask);
+            let result = b.var(Ty::F32);
+            b.set(result, Op::Copy(x));
+            // |x| >= |y| with both finite and y nonzero: reduce.
+            let small = b.op(Ty::Bool, Op::Lt(ax, ay));
+            let big = b.op(Ty::Bool, Op::Not(small));
+            let inf = b.u(0x7f80_0000);
+            let x_finite = b.op(Ty::Bool, Op::Lt(ax, inf));
             let zero = b.u(0);
-            let more = b.var(Ty::Bool);
-            b.set(more, Op::Lt(zero, d));
-            b.repeat(more, |b| {
-                let eight = b.u(8);
-                let short = b.op(Ty::Bool, Op::Lt(d, eight));
-                let s = b.op(Ty::U32, Op::Select(short, d, eight));
-                let shifted = b.op(Ty::U32, Op::Shl(r, s));
-                b.set(r, Op::Rem(shifted, my));
-                b.set(d, Op::Sub(d, s));
+            let y_zero = b.op(Ty::Bool, Op::Eq(ay, zero));
+            let y_nonzero = b.op(Ty::Bool, Op::Not(y_zero));
+            let reduce = b.op(Ty::Bool, Op::And(big, x_finite));
+            let reduce = b.op(Ty::Bool, Op::And(reduce, y_nonzero));
+            b.when(reduce, |b| {
+                let (ex, mx) = significand(b, ax);
+                let (ey, my) = significand(b, ay);
+                let r = b.var(Ty::U32);
+                b.set(r, Op::Rem(mx, my));
+                let d = b.var(Ty::U32);
+                b.set(d, Op::Sub(ex, ey));
+                let zero = b.u(0);
+                let more = b.var(Ty::Bool);
                 b.set(more, Op::Lt(zero, d));
+                b.repeat(more, |b| {
+                    let eight = b.u(8);
+                    let short = b.op(Ty::Bool, Op::Lt(d, eight));
+                    let s = b.op(Ty::U32, Op::Select(short, d, eight));
+                    let shifted = b.op(Ty::U32, Op::Shl(r, s));
+                    b.set(r, Op::Rem(shifted, my));
+                    b.set(d, Op::Sub(d, s));
+                    b.set(more, Op::Lt(zero, d));
+                });
+                // r 2^(ey - 150), exact: r < my < 2^24, and a multiple of 2^(ey - 150) below |y|.
+                let rf = b.op(Ty::F32, Op::Convert(r));
+                let ulp = b.f(f32::from_bits(0x3400_0000)); // 2^-23
+                let rf = b.mul(rf, ulp);
+                let twenty_three = b.u(23);
+                let scale_bits = b.op(Ty::U32, Op::Shl(ey, twenty_three));
+                let scale = b.op(Ty::F32, Op::Bits(scale_bits));
+                let mag = b.mul(rf, scale);
+                let mag_bits = b.bits(mag);
+                let signed = b.op(Ty::U32, Op::Or(mag_bits, sx));
+                b.set(result, Op::Bits(signed));
             });
-            // r 2^(ey - 150), exact: r < my < 2^24, and a multiple of 2^(ey - 150) below |y|.
-            let rf = b.op(Ty::F32, Op::Convert(r));
-            let ulp = b.f(f32::from_bits(0x3400_0000)); // 2^-23
-            let rf = b.mul(rf, ulp);
-            let twenty_three = b.u(23);
-            let scale_bits = b.op(Ty::U32, Op::Shl(ey, twenty_three));
-            let scale = b.op(Ty::F32, Op::Bits(scale_bits));
-            let mag = b.mul(rf, scale);
-            let mag_bits = b.bits(mag);
-            let signed = b.op(Ty::U32, Op::Or(mag_bits, sx));
-            b.set(result, Op::Bits(signed));
-        });
-        // NaN for y = 0, x infinite, or either NaN.
-        let x_not_finite = b.op(Ty::Bool, Op::Not(x_finite));
-        let y_nan = b.op(Ty::Bool, Op::Lt(inf, ay));
-        let bad = b.op(Ty::Bool, Op::Or(y_zero, x_not_finite));
-        let bad = b.op(Ty::Bool, Op::Or(bad, y_nan));
-        let nan = b.f(f32::NAN);
-        b.op(Ty::F32, Op::Select(bad, nan, result))
+            // NaN for y = 0, x infinite, or either NaN.
+            let x_not_finite = b.op(Ty::Bool, Op::Not(x_finite));
+            let y_nan = b.op(Ty::Bool, Op::Lt(inf, ay));
+            let bad = b.op(Ty::Bool, Op::Or(y_zero, x_not_finite));
+            let bad = b.op(Ty::Bool, Op::Or(bad, y_nan));
+            let nan = b.f(f32::NAN);
+            b.op(Ty::F32, Op::Select(bad, nan, result))
+        })
     })
 }
 
 /// C's `pow`, with all its special cases: `2^(y log2 |x|)` with `log2 |x|` to about 2^-31
 /// ([`log2_wide`]) and the product split exactly, so that large results keep their accuracy.
-pub fn pow() -> Func {
-    Builder::func("tk_pow", 2, |b, p| {
-        let (x, y) = (p[0], p[1]);
-        let ax = b.op(Ty::F32, Op::Abs(x));
-        let (lh, ll) = log2_wide(b, ax);
-        let (t, te) = b.two_prod(y, lh);
-        let te = b.fma(y, ll, te);
-        // Where t is clamped the result is 0 or inf anyway, and te may be NaN (inf - inf).
-        let tc = b.clamp(t, -152.0, 130.0);
-        let moderate = b.op(Ty::Bool, Op::Eq(tc, t));
-        // At |x| = 1, t = 0 and y may be too large to split (te NaN); the result is exact there.
-        let te_nan = b.is_nan(te);
-        let te_ok = b.op(Ty::Bool, Op::Not(te_nan));
-        let moderate = b.op(Ty::Bool, Op::And(moderate, te_ok));
-        let zero = b.f(0.0);
-        let te = b.op(Ty::F32, Op::Select(moderate, te, zero));
-        let k = b.op(Ty::F32, Op::Rint(tc));
-        let f = b.sub(tc, k);
-        let mag = exp2_split(b, f, te, k);
-        // |x| = 0 or inf, or |y| = inf: the magnitude is 0 or inf.
-        let (inf, zero_f) = (b.f(f32::INFINITY), b.f(0.0));
-        let y_neg = b.op(Ty::Bool, Op::Lt(y, zero_f));
-        let inf_if_neg = b.op(Ty::F32, Op::Select(y_neg, inf, zero_f));
-        let zero_if_neg = b.op(Ty::F32, Op::Select(y_neg, zero_f, inf));
-        let ax_zero = b.op(Ty::Bool, Op::Eq(ax, zero_f));
-        let mag = b.op(Ty::F32, Op::Select(ax_zero, inf_if_neg, mag));
-        let ax_inf = b.op(Ty::Bool, Op::Eq(ax, inf));
-        let mag = b.op(Ty::F32, Op::Select(ax_inf, zero_if_neg, mag));
-        let one = b.f(1.0);
-        let below_one = b.op(Ty::Bool, Op::Lt(ax, one));
-        let y_big = b.op(Ty::F32, Op::Select(below_one, inf_if_neg, zero_if_neg));
-        let ay = b.op(Ty::F32, Op::Abs(y));
-        let y_inf = b.op(Ty::Bool, Op::Eq(ay, inf));
-        let mag = b.op(Ty::F32, Op::Select(y_inf, y_big, mag));
-        // The sign: negative for a negative x (or -0) and an odd integer y.
-        let yt = b.op(Ty::F32, Op::Trunc(y));
-        let y_int = b.op(Ty::Bool, Op::Eq(yt, y));
-        let half = b.f(0.5);
-        let yh = b.mul(y, half);
-        let yht = b.op(Ty::F32, Op::Trunc(yh));
-        let y_even = b.op(Ty::Bool, Op::Eq(yht, yh));
-        let y_odd = b.op(Ty::Bool, Op::Not(y_even));
-        let y_odd = b.op(Ty::Bool, Op::And(y_odd, y_int));
-        let bx = b.bits(x);
-        let sign_mask = b.u(0x8000_0000);
-        let sx = b.and(bx, sign_mask);
-        let zero_u = b.u(0);
-        let odd_mask = b.op(Ty::U32, Op::Select(y_odd, sign_mask, zero_u));
-        let sign = b.and(sx, odd_mask);
-        let mag_bits = b.bits(mag);
-        let r_bits = b.op(Ty::U32, Op::Xor(mag_bits, sign));
-        let r = b.op(Ty::F32, Op::Bits(r_bits));
-        // A finite negative x and a finite non-integer y: NaN.
-        let nan = b.f(f32::NAN);
-        let neg = b.op(Ty::Bool, Op::Lt(x, zero));
-        let x_finite = b.finite(x);
-        let y_finite = b.finite(y);
-        let not_int = b.op(Ty::Bool, Op::Not(y_int));
-        let bad = b.op(Ty::Bool, Op::And(neg, x_finite));
-        let bad = b.op(Ty::Bool, Op::And(bad, y_finite));
-        let bad = b.op(Ty::Bool, Op::And(bad, not_int));
-        let r = b.op(Ty::F32, Op::Select(bad, nan, r));
-        let x_nan = b.is_nan(x);
-        let y_nan = b.is_nan(y);
-        let any_nan = b.op(Ty::Bool, Op::Or(x_nan, y_nan));
-        let r = b.op(Ty::F32, Op::Select(any_nan, nan, r));
-        // (-1)^(+-inf) = 1; x^0 = 1 and 1^y = 1, even for NaN.
-        let ax_one = b.op(Ty::Bool, Op::Eq(ax, one));
-        let unit = b.op(Ty::Bool, Op::And(ax_one, y_inf));
-        let y0 = b.op(Ty::Bool, Op::Eq(y, zero));
-        let x1 = b.op(Ty::Bool, Op::Eq(x, one));
-        let unit = b.op(Ty::Bool, Op::Or(unit, y0));
-        let unit = b.op(Ty::Bool, Op::Or(unit, x1));
-        b.op(Ty::F32, Op::Select(unit, one, r))
+pub fn pow() -> &'static Func {
+    static F: OnceLock<Func> = OnceLock::new();
+    F.get_or_init(|| {
+        Builder::func("tk_pow", 2, |b, p| {
+            let (x, y) = (p[0], p[1]);
+            let ax = b.op(Ty::F32, Op::Abs(x));
+            let (lh, ll) = log2_wide(b, ax);
+            let (t, te) = b.two_prod(y, lh);
+            let te = b.fma(y, ll, te);
+            // Where t is clamped the result is 0 or inf anyway, and te may be NaN (inf - inf).
+            let tc = b.clamp(t, -152.0, 130.0);
+            let moderate = b.op(Ty::Bool, Op::Eq(tc, t));
+            // At |x| = 1, t = 0 and y may be too large to split (te NaN); the result is exact there.
+            let te_nan = b.is_nan(te);
+            let te_ok = b.op(Ty::Bool, Op::Not(te_nan));
+            let moderate = b.op(Ty::Bool, Op::And(moderate, te_ok));
+            let zero = b.f(0.0);
+            let te = b.op(Ty::F32, Op::Select(moderate, te, zero));
+            let k = b.op(Ty::F32, Op::Rint(tc));
+            let f = b.sub(tc, k);
+            let mag = exp2_split(b, f, te, k);
+            // |x| = 0 or inf, or |y| = inf: the magnitude is 0 or inf.
+            let (inf, zero_f) = (b.f(f32::INFINITY), b.f(0.0));
+            let y_neg = b.op(Ty::Bool, Op::Lt(y, zero_f));
+            let inf_if_neg = b.op(Ty::F32, Op::Select(y_neg, inf, zero_f));
+            let zero_if_neg = b.op(Ty::F32, Op::Select(y_neg, zero_f, inf));
+            let ax_zero = b.op(Ty::Bool, Op::Eq(ax, zero_f));
+            let mag = b.op(Ty::F32, Op::Select(ax_zero, inf_if_neg, mag));
+            let ax_inf = b.op(Ty::Bool, Op::Eq(ax, inf));
+            let mag = b.op(Ty::F32, Op::Select(ax_inf, zero_if_neg, mag));
+            let one = b.f(1.0);
+            let below_one = b.op(Ty::Bool, Op::Lt(ax, one));
+            let y_big = b.op(Ty::F32, Op::Select(below_one, inf_if_neg, zero_if_neg));
+            let ay = b.op(Ty::F32, Op::Abs(y));
+            let y_inf = b.op(Ty::Bool, Op::Eq(ay, inf));
+            let mag = b.op(Ty::F32, Op::Select(y_inf, y_big, mag));
+            // The sign: negative for a negative x (or -0) and an odd integer y.
+            let yt = b.op(Ty::F32, Op::Trunc(y));
+            let y_int = b.op(Ty::Bool, Op::Eq(yt, y));
+            let half = b.f(0.5);
+            let yh = b.mul(y, half);
+            let yht = b.op(Ty::F32, Op::Trunc(yh));
+            let y_even = b.op(Ty::Bool, Op::Eq(yht, yh));
+            let y_odd = b.op(Ty::Bool, Op::Not(y_even));
+            let y_odd = b.op(Ty::Bool, Op::And(y_odd, y_int));
+            let bx = b.bits(x);
+            let sign_mask = b.u(0x8000_0000);
+            let sx = b.and(bx, sign_mask);
+            let zero_u = b.u(0);
+            let odd_mask = b.op(Ty::U32, Op::Select(y_odd, sign_mask, zero_u));
+            let sign = b.and(sx, odd_mask);
+            let mag_bits = b.bits(mag);
+            let r_bits = b.op(Ty::U32, Op::Xor(mag_bits, sign));
+            let r = b.op(Ty::F32, Op::Bits(r_bits));
+            // A finite negative x and a finite non-integer y: NaN.
+            let nan = b.f(f32::NAN);
+            let neg = b.op(Ty::Bool, Op::Lt(x, zero));
+            let x_finite = b.finite(x);
+            let y_finite = b.finite(y);
+            let not_int = b.op(Ty::Bool, Op::Not(y_int));
+            let bad = b.op(Ty::Bool, Op::And(neg, x_finite));
+            let bad = b.op(Ty::Bool, Op::And(bad, y_finite));
+            let bad = b.op(Ty::Bool, Op::And(bad, not_int));
+            let r = b.op(Ty::F32, Op::Select(bad, nan, r));
+            let x_nan = b.is_nan(x);
+            let y_nan = b.is_nan(y);
+            let any_nan = b.op(Ty::Bool, Op::Or(x_nan, y_nan));
+            let r = b.op(Ty::F32, Op::Select(any_nan, nan, r));
+            // (-1)^(+-inf) = 1; x^0 = 1 and 1^y = 1, even for NaN.
+            let ax_one = b.op(Ty::Bool, Op::Eq(ax, one));
+            let unit = b.op(Ty::Bool, Op::And(ax_one, y_inf));
+            let y0 = b.op(Ty::Bool, Op::Eq(y, zero));
+            let x1 = b.op(Ty::Bool, Op::Eq(x, one));
+            let unit = b.op(Ty::Bool, Op::Or(unit, y0));
+            let unit = b.op(Ty::Bool, Op::Or(unit, x1));
+            b.op(Ty::F32, Op::Select(unit, one, r))
+        })
     })
 }
 
@@ -411,7 +439,7 @@ fn exp2_split(b: &mut Builder, f: Var, lo: Var, k: Var) -> Var {
 /// `e^(r + lo)` for `|r| <= ln2 / 2` and a tiny `lo` (none: 0): Cephes' degree-7 polynomial,
 /// then `e^r (1 + lo)`.
 fn exp_poly(b: &mut Builder, r: Var, lo: Option<Var>) -> Var {
-    let c = [1.987_569_2e-4_f32, 1.398_2e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 5.000_000_1e-1];
+    let c = [1.987_569_2e-4_f32, 1.398_2e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 0.5];
     let mut p = b.f(c[0]);
     for &ci in &c[1..] {
         let ci = b.f(ci);
@@ -1119,10 +1147,10 @@ mod tests {
         v
     }
 
-    fn check_unary(f: Func, want: impl Fn(f64) -> f64, max_ulps: u64, domain: impl Fn(f32) -> bool) {
+    fn check_unary(f: &Func, want: impl Fn(f64) -> f64, max_ulps: u64) {
         let mut worst = (0, 0.0f32);
-        for (i, x) in sample().into_iter().filter(|&x| domain(x)).enumerate() {
-            let got = eval(&f, &[x], i % 2 == 0);
+        for (i, x) in sample().into_iter().enumerate() {
+            let got = eval(f, &[x], i % 2 == 0);
             let w = want(f64::from(x)) as f32;
             let d = ulps(got, w);
             if d > worst.0 {
@@ -1134,26 +1162,26 @@ mod tests {
 
     #[test]
     fn exp_and_exp2_within_one_ulp() {
-        check_unary(exp(), f64::exp, 1, |_| true);
-        check_unary(exp2(), f64::exp2, 1, |_| true);
+        check_unary(exp(), f64::exp, 1);
+        check_unary(exp2(), f64::exp2, 1);
     }
 
     #[test]
     fn logs_within_one_ulp() {
-        check_unary(log(), f64::ln, 1, |_| true);
-        check_unary(log2(), f64::log2, 1, |_| true);
+        check_unary(log(), f64::ln, 1);
+        check_unary(log2(), f64::log2, 1);
     }
 
     #[test]
     fn sin_and_cos_within_two_ulp_at_any_argument() {
-        check_unary(sin(), f64::sin, 2, |_| true);
-        check_unary(cos(), f64::cos, 2, |_| true);
+        check_unary(sin(), f64::sin, 2);
+        check_unary(cos(), f64::cos, 2);
     }
 
     #[test]
     fn tanh_and_logistic_within_two_ulp() {
-        check_unary(tanh(), f64::tanh, 2, |_| true);
-        check_unary(logistic(), |x| 1.0 / (1.0 + (-x).exp()), 2, |_| true);
+        check_unary(tanh(), f64::tanh, 2);
+        check_unary(logistic(), |x| 1.0 / (1.0 + (-x).exp()), 2);
     }
 
     #[test]
@@ -1162,7 +1190,7 @@ mod tests {
         let xs = sample();
         for (i, &x) in xs.iter().enumerate().take(50_000) {
             let y = xs[(i * 7919 + 13) % xs.len()];
-            let got = eval(&f, &[x, y], i % 2 == 0);
+            let got = eval(f, &[x, y], i % 2 == 0);
             let want = (f64::from(x) % f64::from(y)) as f32;
             assert_eq!(ulps(got, want), 0, "fmod({x:e}, {y:e}) = {got:e}, want {want:e}");
             assert!(got.is_nan() || got.to_bits() >> 31 == want.to_bits() >> 31, "sign of fmod({x:e}, {y:e})");
@@ -1184,7 +1212,7 @@ mod tests {
                 1 => (i % 41) as f32 - 20.0,
                 _ => (t / f64::from(x).abs().log2()) as f32,
             };
-            let got = eval(&f, &[x, y], i % 4 < 2);
+            let got = eval(f, &[x, y], i % 4 < 2);
             let want = f64::from(x).powf(f64::from(y));
             let far = usize::from((f64::from(y) * f64::from(x).abs().log2()).abs() > 16.0);
             let d = ulps(got, want as f32);

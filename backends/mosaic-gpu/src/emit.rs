@@ -268,9 +268,9 @@ impl<'p> Writer<'p> {
         let _ = writeln!(self.out, "\t// {s}");
     }
 
-    /// An accurate maths function (`tessel_plugin_api::libm`) written inline: a register per
-    /// variable, branches for its `if` and `while`. Returns the result's register.
-    fn libm(&mut self, f: fn() -> libm::Func, args: &[&str]) -> String {
+    /// `v = f(args)`, the accurate maths function `f` (`tessel_plugin_api::libm`) written
+    /// inline: a register per variable, branches for its `if` and `while`.
+    fn maths(&mut self, v: &str, f: fn() -> &'static libm::Func, args: &[&str]) {
         let func = f();
         let mut regs: Vec<String> = Vec::with_capacity(func.types.len());
         for (i, &t) in func.types.iter().enumerate() {
@@ -281,14 +281,8 @@ impl<'p> Writer<'p> {
             });
         }
         self.comment(func.name);
-        self.libm_body(&func, &func.body, &regs);
-        regs[func.result.0].clone()
-    }
-
-    /// `v = f(args)` by [`Writer::libm`].
-    fn maths(&mut self, v: &str, f: fn() -> libm::Func, args: &[&str]) {
-        let r = self.libm(f, args);
-        self.ins(format!("mov.b32 {v}, {r}"));
+        self.libm_body(func, &func.body, &regs);
+        self.ins(format!("mov.b32 {v}, {}", regs[func.result.0]));
     }
 
     fn libm_body(&mut self, f: &libm::Func, body: &[libm::Stmt], regs: &[String]) {

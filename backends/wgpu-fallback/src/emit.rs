@@ -80,15 +80,10 @@ pub struct Lowered {
 /// through an index map that sends each dimension to its own grid axis (`at (i, j)`), whose
 /// size times the block covers the array.
 pub fn fully_written(kernel: &Verified, grid: &[LaunchAxis], p: &Param) -> bool {
-    fn loads(body: &[Stmt], name: &str) -> bool {
-        body.iter().any(|s| match &s.op {
-            Op::Load { src, .. } => src == name,
-            Op::When { body, .. } | Op::For { body, .. } => loads(body, name),
-            _ => false,
-        })
-    }
     let k = kernel.kernel();
-    if loads(&k.body, &p.name) {
+    let mut loaded = false;
+    visit(&k.body, &mut |s| loaded |= matches!(&s.op, Op::Load { src, .. } if src == &p.name));
+    if loaded {
         return false;
     }
     let whole_store = k.body.iter().any(|s| matches!(&s.op, Op::Store { dst, index: None, mask: None, .. } if dst == &p.name));
@@ -108,47 +103,46 @@ pub fn fully_written(kernel: &Verified, grid: &[LaunchAxis], p: &Param) -> bool 
     whole_store && covered
 }
 
+/// Writes the WGSL expression of element (row, col) of an operand block.
+type Reader = Box<dyn Fn(&str, &str) -> String>;
+
+/// Every statement of a body, those of nested `when` and `for` bodies included, in order.
+fn visit<'b>(body: &'b [Stmt], f: &mut impl FnMut(&'b Stmt)) {
+    for s in body {
+        f(s);
+        if let Op::When { body, .. } | Op::For { body, .. } = &s.op {
+            visit(body, f);
+        }
+    }
+}
+
 /// The values that are whole blocks of `in` arrays (`load x`, no index, mask or `other`), by
 /// name, with the argument's position: a `dot` reads them straight from the argument's buffer.
 fn forwarded_loads(k: &Kernel) -> HashMap<String, usize> {
-    fn walk(body: &[Stmt], k: &Kernel, out: &mut HashMap<String, usize>) {
-        for s in body {
-            match &s.op {
-                Op::Load { src, index: None, mask: None, other: None } => {
-                    if let Some(pi) = k.params.iter().position(|p| &p.name == src && p.kind == ParamKind::In && !p.ty.is_scalar()) {
-                        out.insert(s.results[0].clone(), pi);
-                    }
-                }
-                Op::When { body, .. } | Op::For { body, .. } => walk(body, k, out),
-                _ => {}
-            }
-        }
-    }
     let mut out = HashMap::new();
-    walk(&k.body, k, &mut out);
+    visit(&k.body, &mut |s| {
+        if let Op::Load { src, index: None, mask: None, other: None } = &s.op
+            && let Some(pi) = k.params.iter().position(|p| &p.name == src && p.kind == ParamKind::In && !p.ty.is_scalar())
+        {
+            out.insert(s.results[0].clone(), pi);
+        }
+    });
     out
 }
 
 /// How many adjacent elements an invocation owns together ([`Writer::group`]): 1 without a
 /// `dot`; with one, 8 where every `dot`'s result has a multiple of 8 columns, else 4.
 fn element_group(v: &Verified) -> usize {
-    fn dots(body: &[Stmt], out: &mut Vec<String>) {
-        for s in body {
-            match &s.op {
-                Op::Dot { .. } => out.push(s.results[0].clone()),
-                Op::When { body, .. } | Op::For { body, .. } => dots(body, out),
-                _ => {}
-            }
+    let mut columns = Vec::new();
+    visit(&v.kernel().body, &mut |s| {
+        if let Op::Dot { .. } = s.op {
+            columns.push(v.value_type(&s.results[0]).shape[1]);
         }
-    }
-    let mut names = Vec::new();
-    dots(&v.kernel().body, &mut names);
-    if names.is_empty() {
-        1
-    } else if names.iter().all(|n| v.value_type(n).shape[1].is_multiple_of(8)) {
-        8
-    } else {
-        4
+    });
+    match columns.as_slice() {
+        [] => 1,
+        c if c.iter().all(|n| n.is_multiple_of(8)) => 8,
+        _ => 4,
     }
 }
 
@@ -188,9 +182,9 @@ pub fn lower(kernel: &Verified, grid: &[LaunchAxis]) -> Result<Lowered, BackendE
     let mut first = Writer::new(kernel, grid, MAX_WORKGROUP, HashSet::new(), programs, steps);
     first.write_main()?;
     let wanted = first.wanted.clone();
-    // Elements in groups of four with a `dot` (its register tiles), one by one otherwise. With
-    // groups, fewer invocations own more elements each: a larger tile per invocation, fewer
-    // loads per multiply-add.
+    // Elements in groups with a `dot` (its register tiles), one by one otherwise. With groups,
+    // fewer invocations own more elements each: a larger tile per invocation, fewer loads per
+    // multiply-add.
     let wg = if first.group > 1 {
         ((first.max_elements / 128).next_power_of_two() as u32).clamp(32, MAX_WORKGROUP)
     } else {
@@ -538,10 +532,10 @@ impl<'k> Writer<'k> {
     }
 
     /// A call of an accurate maths function (`tessel_plugin_api::libm`), written once per module.
-    fn call(&mut self, f: fn() -> tessel_plugin_api::libm::Func, args: &[&str]) -> String {
+    fn call(&mut self, f: fn() -> &'static libm::Func, args: &[&str]) -> String {
         let func = f();
         let name = func.name;
-        self.libm.entry(name).or_insert_with(|| crate::libm::function(&func));
+        self.libm.entry(name).or_insert_with(|| crate::libm::function(func));
         format!("{name}({})", args.join(", "))
     }
 
@@ -1089,12 +1083,14 @@ impl<'k> Writer<'k> {
         // Element (row, col) of an operand block: from its argument's buffer where it is a
         // loaded input block (no copy, no barrier), else from the workspace where it was
         // published.
-        let reader = |w: &Self, v: &str, cols: usize| -> Box<dyn Fn(&str, &str) -> String> {
+        let reader = |w: &Self, v: &str, cols: usize| -> Reader {
             match w.forwarded.get(v) {
                 Some(&pi) => w.direct_reader(pi),
                 None => {
                     let off = offs[published.iter().position(|p| *p == v).expect("published")];
-                    Box::new(move |row: &str, col: &str| from_word(da, &format!("tk_ws[wsb + {off}u + ({row}) * {cols}u + {col}]")))
+                    Box::new(move |row: &str, col: &str| {
+                        from_word(da, &format!("tk_ws[wsb + {off}u + ({row}) * {cols}u + {col}]"))
+                    })
                 }
             }
         };
@@ -1153,8 +1149,8 @@ impl<'k> Writer<'k> {
             return;
         }
         if tiled {
-            // A register tile: the invocation's groups are four adjacent columns of rows
-            // `4 wg / n` apart, so each step reads four elements of `b` and one of `a` per row.
+            // A register tile: the invocation's groups are `g` adjacent columns of rows `g wg / n`
+            // apart, so each step reads `g` elements of `b` and one of `a` per row.
             self.line(format!("// a register tile of {} rows x {g} columns per invocation", slots / g));
             self.line("{");
             self.indent += 1;
@@ -1226,7 +1222,7 @@ impl<'k> Writer<'k> {
     /// rows of a multiple of 4 elements at column origins of a multiple of 4: reads the four
     /// elements (row, col ..= col + 3) of its block (`col` a multiple of 4) as one `vec4`, from a
     /// second binding of the argument's buffer as `array<vec4<T>>`.
-    fn vec4_reader(&mut self, v: &str) -> Option<Box<dyn Fn(&str, &str) -> String>> {
+    fn vec4_reader(&mut self, v: &str) -> Option<Reader> {
         let &pi = self.forwarded.get(v)?;
         let p = &self.v.kernel().params[pi];
         let (dims, block) = (p.ty.shape.clone(), p.block_shape().to_vec());
@@ -1241,11 +1237,10 @@ impl<'k> Writer<'k> {
         }))
     }
 
-    /// Whether every block of argument `pi` lies inside the array in dimension `d`, at every
-    /// point of the grid.
-    fn block_inside(&self, pi: usize, d: usize) -> bool {
-        let p = &self.v.kernel().params[pi];
-        let Some(b) = &p.block else { return true };
+    /// The range over the grid of the first element of `p`'s block in dimension `d`
+    /// (`E_d * B_d`; 0 without a block).
+    fn origin_range(&self, p: &Param, d: usize) -> (i64, i64) {
+        let Some(b) = &p.block else { return (0, 0) };
         let e = &b.index[d];
         let (mut lo, mut hi) = (e.constant, e.constant);
         for (c, name) in &e.terms {
@@ -1255,12 +1250,20 @@ impl<'k> Writer<'k> {
             hi = hi.saturating_add(y.max(0));
         }
         let bs = b.shape[d] as i64;
-        lo >= 0 && hi.saturating_mul(bs).saturating_add(bs) <= p.ty.shape[d] as i64
+        (lo.saturating_mul(bs), hi.saturating_mul(bs))
+    }
+
+    /// Whether every block of argument `pi` lies inside the array in dimension `d`, at every
+    /// point of the grid.
+    fn block_inside(&self, pi: usize, d: usize) -> bool {
+        let p = &self.v.kernel().params[pi];
+        let (lo, hi) = self.origin_range(p, d);
+        lo >= 0 && hi.saturating_add(p.block_shape()[d] as i64) <= p.ty.shape[d] as i64
     }
 
     /// Reads element (row, col) of argument `pi`'s block from its buffer: 0 outside the array,
     /// the check dropped in each dimension where every block of the grid is inside.
-    fn direct_reader(&self, pi: usize) -> Box<dyn Fn(&str, &str) -> String> {
+    fn direct_reader(&self, pi: usize) -> Reader {
         let p = &self.v.kernel().params[pi];
         let dims = p.ty.shape.clone();
         let inside: Vec<bool> = (0..2).map(|d| self.block_inside(pi, d)).collect();
@@ -1386,18 +1389,7 @@ impl<'k> Writer<'k> {
         (0..block.len())
             .map(|d| {
                 let (origin, range) = match &param.block {
-                    Some(b) => {
-                        let e = &b.index[d];
-                        let (mut lo, mut hi) = (e.constant, e.constant);
-                        for (c, name) in &e.terms {
-                            let size = self.grid.iter().find(|a| &a.name == name).map_or(1, |a| a.size as i64);
-                            let (x, y) = (0, c.saturating_mul(size - 1));
-                            lo = lo.saturating_add(x.min(y));
-                            hi = hi.saturating_add(x.max(y));
-                        }
-                        let bs = block[d] as i64;
-                        (format!("o{pi}_{d}"), Some((lo.saturating_mul(bs), hi.saturating_mul(bs))))
-                    }
+                    Some(_) => (format!("o{pi}_{d}"), Some(self.origin_range(param, d))),
                     None => ("0i".to_string(), Some((0, 0))),
                 };
                 let start = |w: &mut Self, o: &Operand| match o {

@@ -7,9 +7,9 @@
 //! `device(...)` is refused in its own words.
 
 pub mod emit;
+mod libm;
 pub mod mesh;
 pub mod runtime;
-mod libm;
 mod spirv;
 
 use std::collections::BTreeMap;

@@ -72,7 +72,7 @@ fn preserve_inf_nan(words: &[u32]) -> Vec<u32> {
         if op == OP_ENTRY_POINT {
             entry_points.push(ins[2]);
         }
-        if !added_modes && entry_points.len() > 0 && !matches!(op, OP_ENTRY_POINT | OP_EXECUTION_MODE) {
+        if !added_modes && !entry_points.is_empty() && !matches!(op, OP_ENTRY_POINT | OP_EXECUTION_MODE) {
             for &id in &entry_points {
                 out.extend([(4 << 16) | OP_EXECUTION_MODE, id, EXECUTION_MODE_SIGNED_ZERO_INF_NAN_PRESERVE, 32]);
             }
