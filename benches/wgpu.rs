@@ -2,8 +2,10 @@
 //! - `launch_tiny`: a launch of a 64-element kernel on device-resident arrays through tessel
 //!   (`Runtime::launch_resident`: the plugin boundary, the compile cache, the refusal checks,
 //!   zeroing the output) vs the same WGSL dispatched with raw wgpu and a prepared bind group;
-//! - `add_16m`: o = x + y over 16M f32 vs a one-element-per-invocation WGSL add;
-//! - `matmul_1024`: 1024³ f32 vs a 16×16-tiled WGSL matmul in workgroup memory.
+//! - `add_16m`: o = x + y over 16M f32 vs a WGSL add of one `vec4` per invocation;
+//! - `matmul_1024`: 1024³ f32 vs the best register-tiled `vec4` WGSL matmul written by hand for
+//!   this adapter, and the naive one for scale;
+//! - `softmax_16384`: row softmax over 16384 x 512 vs a WGSL softmax of one row per invocation.
 //!
 //! Run with `scripts/bench` or `cargo bench -p tessel-suite --bench wgpu`.
 
@@ -102,36 +104,96 @@ impl Raw {
     }
 }
 
-const ADD_WGSL: &str = "
-@group(0) @binding(0) var<storage, read> x: array<f32>;
-@group(0) @binding(1) var<storage, read> y: array<f32>;
-@group(0) @binding(2) var<storage, read_write> o: array<f32>;
+/// The best add written by hand: one `vec4` of each array per invocation.
+const ADD_VEC4_WGSL: &str = "
+@group(0) @binding(0) var<storage, read> x: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read> y: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read_write> o: array<vec4<f32>>;
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) g: vec3<u32>, @builtin(num_workgroups) n: vec3<u32>) {
     let i = g.y * n.x * 256u + g.x;
     if (i < arrayLength(&o)) { o[i] = x[i] + y[i]; }
 }";
 
-const MATMUL_WGSL: &str = "
+/// The textbook matmul, for scale: one output per invocation, one scalar read of each operand
+/// per multiply-add.
+const MATMUL_NAIVE_WGSL: &str = "
 const N: u32 = 1024u;
 @group(0) @binding(0) var<storage, read> a: array<f32>;
 @group(0) @binding(1) var<storage, read> b: array<f32>;
 @group(0) @binding(2) var<storage, read_write> c: array<f32>;
-var<workgroup> ta: array<array<f32, 16>, 16>;
-var<workgroup> tb: array<array<f32, 16>, 16>;
 @compute @workgroup_size(16, 16)
-fn main(@builtin(local_invocation_id) l: vec3<u32>, @builtin(workgroup_id) w: vec3<u32>) {
-    let row = w.y * 16u + l.y;
-    let col = w.x * 16u + l.x;
+fn main(@builtin(global_invocation_id) g: vec3<u32>) {
     var acc = 0.0f;
-    for (var t = 0u; t < N / 16u; t++) {
-        ta[l.y][l.x] = a[row * N + t * 16u + l.x];
-        tb[l.y][l.x] = b[(t * 16u + l.y) * N + col];
-        workgroupBarrier();
-        for (var k = 0u; k < 16u; k++) { acc = acc + ta[l.y][k] * tb[k][l.x]; }
-        workgroupBarrier();
+    for (var k = 0u; k < N; k++) { acc = acc + a[g.y * N + k] * b[k * N + g.x]; }
+    c[g.y * N + g.x] = acc;
+}";
+
+/// Rows of the register tile of [`matmul_wgsl`].
+const TILE_ROWS: usize = 16;
+
+/// The best 1024³ matmul written by hand for a CPU adapter: each invocation keeps a tile of
+/// `TILE_ROWS` rows x 8 columns in `vec4` registers, reads a row of `a` four steps of the
+/// contraction at a time and `b` as `vec4`s, straight from the buffers (no workgroup memory:
+/// on a CPU adapter barriers and staging are pure cost); the k loop is unrolled by four.
+fn matmul_wgsl() -> String {
+    let mut s = String::from(
+        "const N4: u32 = 256u;
+@group(0) @binding(0) var<storage, read> a: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read> b: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read_write> c: array<vec4<f32>>;
+@compute @workgroup_size(8, 8)
+fn main(@builtin(global_invocation_id) g: vec3<u32>) {
+    let c4 = g.x * 2u;
+",
+    );
+    s += &format!("    let r0 = g.y * {TILE_ROWS}u;\n");
+    for i in 0..TILE_ROWS {
+        s += &format!("    var acc{i}_0 = vec4<f32>();\n    var acc{i}_1 = vec4<f32>();\n");
     }
-    c[row * N + col] = acc;
+    s += "    for (var k = 0u; k < 1024u; k += 4u) {\n";
+    for t in 0..4 {
+        for q in 0..2 {
+            s += &format!("        let b{t}_{q} = b[(k + {t}u) * N4 + c4 + {q}u];\n");
+        }
+    }
+    for i in 0..TILE_ROWS {
+        s += &format!("        let a{i} = a[(r0 + {i}u) * N4 + k / 4u];\n");
+        for (t, comp) in ["x", "y", "z", "w"].iter().enumerate() {
+            for q in 0..2 {
+                s += &format!("        acc{i}_{q} = acc{i}_{q} + a{i}.{comp} * b{t}_{q};\n");
+            }
+        }
+    }
+    s += "    }\n";
+    for i in 0..TILE_ROWS {
+        for q in 0..2 {
+            s += &format!("    c[(r0 + {i}u) * N4 + c4 + {q}u] = acc{i}_{q};\n");
+        }
+    }
+    s + "}\n"
+}
+
+/// Row softmax over 16384 x 512 written by hand: one row per invocation, `vec4` reads; the
+/// maximum, then the exponentials stored and summed, then scaled in place.
+const SOFTMAX_WGSL: &str = "
+const C4: u32 = 128u;
+@group(0) @binding(0) var<storage, read> x: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read_write> o: array<vec4<f32>>;
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) g: vec3<u32>) {
+    let base = g.x * C4;
+    var m = vec4<f32>(-3.4028235e38);
+    for (var j = 0u; j < C4; j++) { m = max(m, x[base + j]); }
+    let mm = max(max(m.x, m.y), max(m.z, m.w));
+    var s = vec4<f32>();
+    for (var j = 0u; j < C4; j++) {
+        let e = exp(x[base + j] - mm);
+        o[base + j] = e;
+        s = s + e;
+    }
+    let t = (s.x + s.y) + (s.z + s.w);
+    for (var j = 0u; j < C4; j++) { o[base + j] = o[base + j] / t; }
 }";
 
 /// A kernel's seeded inputs on the wgpu backend and its zeroed outputs, bound by name.
@@ -226,30 +288,50 @@ fn wgpu_benches(c: &mut Criterion) {
     let (arrays, host) = resident(&rt, &k);
     let n = 1usize << 24;
     let (x, y, o) = (raw.buffer(&host["x"]), raw.buffer(&host["y"]), raw.buffer(&vec![0.0; n]));
-    let add = raw.prepare(ADD_WGSL, &[&x, &y, &o]);
+    let add = raw.prepare(ADD_VEC4_WGSL, &[&x, &y, &o]);
     launch(&rt, &k, &arrays);
-    raw.dispatch(&add, (256, 256));
+    raw.dispatch(&add, (128, 128));
     assert_close("add_16m", &output(&rt, &arrays, "o"), &raw.read(&o));
     let mut g = c.benchmark_group("add_16m");
     g.throughput(Throughput::Bytes(3 * 4 * n as u64));
     g.sample_size(10);
     g.bench_function("tessel", |b| b.iter(|| launch(&rt, &k, &arrays)));
-    g.bench_function("raw_wgpu_handwritten", |b| b.iter(|| raw.dispatch(&add, (256, 256))));
+    g.bench_function("raw_wgpu_vec4", |b| b.iter(|| raw.dispatch(&add, (128, 128))));
     g.finish();
 
     let k = load("matmul_1024");
     let (arrays, host) = resident(&rt, &k);
     let n = 1024usize;
     let (a, b, cc) = (raw.buffer(&host["a"]), raw.buffer(&host["b"]), raw.buffer(&vec![0.0; n * n]));
-    let mm = raw.prepare(MATMUL_WGSL, &[&a, &b, &cc]);
+    let (tiled, naive) = (raw.prepare(&matmul_wgsl(), &[&a, &b, &cc]), raw.prepare(MATMUL_NAIVE_WGSL, &[&a, &b, &cc]));
+    let tiled_groups = ((n / 64) as u32, (n / (8 * TILE_ROWS)) as u32);
     launch(&rt, &k, &arrays);
-    raw.dispatch(&mm, (64, 64));
-    assert_close("matmul_1024", &output(&rt, &arrays, "c"), &raw.read(&cc));
+    let want = output(&rt, &arrays, "c");
+    raw.dispatch(&tiled, tiled_groups);
+    assert_close("matmul_1024 register-tiled", &want, &raw.read(&cc));
+    raw.dispatch(&naive, (64, 64));
+    assert_close("matmul_1024 naive", &want, &raw.read(&cc));
     let mut g = c.benchmark_group("matmul_1024");
     g.throughput(Throughput::Elements(2 * (n * n * n) as u64));
     g.sample_size(10);
     g.bench_function("tessel", |b| b.iter(|| launch(&rt, &k, &arrays)));
-    g.bench_function("raw_wgpu_tiled_16x16", |b| b.iter(|| raw.dispatch(&mm, (64, 64))));
+    g.bench_function("raw_wgpu_register_tiled_vec4", |b| b.iter(|| raw.dispatch(&tiled, tiled_groups)));
+    g.bench_function("raw_wgpu_naive", |b| b.iter(|| raw.dispatch(&naive, (64, 64))));
+    g.finish();
+
+    let k = load("softmax_16384");
+    let (arrays, host) = resident(&rt, &k);
+    let (rows, cols) = (16384usize, 512usize);
+    let (x, o) = (raw.buffer(&host["x"]), raw.buffer(&vec![0.0; rows * cols]));
+    let softmax = raw.prepare(SOFTMAX_WGSL, &[&x, &o]);
+    launch(&rt, &k, &arrays);
+    raw.dispatch(&softmax, ((rows / 64) as u32, 1));
+    assert_close("softmax_16384", &output(&rt, &arrays, "o"), &raw.read(&o));
+    let mut g = c.benchmark_group("softmax_16384");
+    g.throughput(Throughput::Bytes(2 * 4 * (rows * cols) as u64));
+    g.sample_size(10);
+    g.bench_function("tessel", |b| b.iter(|| launch(&rt, &k, &arrays)));
+    g.bench_function("raw_wgpu_row_per_invocation", |b| b.iter(|| raw.dispatch(&softmax, ((rows / 64) as u32, 1))));
     g.finish();
 }
 

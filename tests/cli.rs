@@ -332,6 +332,28 @@ fn bench_reports_compile_and_run_time_and_throughput() {
 }
 
 #[test]
+fn bench_json_is_one_object_with_the_design_fields() {
+    let r = tessel(&["bench", &example("matmul"), "--runs", "2", "--json"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap_or_else(|e| panic!("{e}: {}", r.stdout));
+    assert_eq!(v["backend"], "interpret");
+    assert_eq!(v["kernel"], "matmul");
+    assert_eq!(v["runs"], 2);
+    // 256^3 multiply-adds, and a, b, c of 256x256 f32 read or written once.
+    assert_eq!(v["flops"], 2 * 256 * 256 * 256);
+    assert_eq!(v["bytes"], 3 * 256 * 256 * 4);
+    let (kernel, run) = (v["kernel_ms"].as_f64().unwrap(), v["run_ms"].as_f64().unwrap());
+    assert!(kernel > 0.0 && run > 0.0 && v["compile_ms"].as_f64().unwrap() >= 0.0, "{v}");
+    // The rates are the counts over the kernel's own time.
+    let gflops = v["gflops"].as_f64().unwrap();
+    assert!((gflops - 2.0 * 256f64.powi(3) / kernel / 1e6).abs() <= 1e-6 * gflops, "{v}");
+    assert_eq!(v["kernel_timing"], "submit-and-wait");
+    let r = tessel(&["bench", &example("add"), "--runs", "2", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    assert!(v["gflops"].is_null() && v["gbs"].as_f64().unwrap() > 0.0, "no dot, no GFLOP/s: {v}");
+}
+
+#[test]
 fn a_reported_launch_says_where_it_ran_why_and_whether_it_compiled() {
     use tessel::{KernelLaunch, LaunchArgs, Runtime};
     let rt = Runtime::new(&[]).unwrap();

@@ -70,6 +70,9 @@ fn every_kernel_lowers_to_wgsl_that_naga_validates() {
         assert_eq!(r.code, 0, "{name} does not lower:\n{}", r.stderr);
         for (stage, wgsl) in modules(&r.stdout) {
             validate(&stage, &wgsl).unwrap_or_else(|e| panic!("naga rejects {stage} of {name}:\n{e}\n{wgsl}"));
+            // WebGPU's default maxStorageBuffersPerShaderStage: vec4 views must not push past it.
+            let bindings = wgsl.matches("@binding(").count();
+            assert!(bindings <= 8, "{stage} of {name} has {bindings} storage bindings, more than WebGPU's default 8");
             checked += 1;
         }
         let mut settings = insta::Settings::clone_current();

@@ -52,6 +52,9 @@ enum Command {
         /// Seed of the random inputs.
         #[arg(long, default_value_t = 0)]
         seed: u64,
+        /// Print one JSON object (the fields of DESIGN.md's `bench --json`) instead of text.
+        #[arg(long)]
+        json: bool,
     },
     /// Parse and verify a .tk file; print its canonical text, or every error with line:col.
     Check {
@@ -132,7 +135,9 @@ where
     let result = match cli.command {
         Command::Check { file } => check(&file, out),
         Command::Backends { json } => Runtime::new(&cli.plugins).and_then(|rt| backends(&rt, json, out)),
-        Command::Bench { launch, runs, seed } => Runtime::new(&cli.plugins).and_then(|rt| bench(&rt, &launch, runs, seed, out)),
+        Command::Bench { launch, runs, seed, json } => {
+            Runtime::new(&cli.plugins).and_then(|rt| bench(&rt, &launch, runs, seed, json, out))
+        }
         Command::Conformance { backend } => Runtime::new(&cli.plugins).and_then(|rt| conformance(&rt, &backend, out)),
         Command::Lower { launch } => Runtime::new(&cli.plugins).and_then(|rt| lower(&rt, &launch, out)),
         Command::Run { launch, inputs, seed, out_dir, check } => {
@@ -180,9 +185,34 @@ fn dot_flops(v: &Verified, grid_points: u64) -> u64 {
     walk(v, &v.kernel().body, grid_points)
 }
 
-fn bench(rt: &Runtime, flags: &LaunchFlags, runs: usize, seed: u64, out: &mut dyn Write) -> Result<()> {
+/// `tessel bench --json`: times in milliseconds, rates on the kernel's time on the device.
+#[derive(Serialize)]
+struct BenchReport {
+    backend: String,
+    /// The adapter or GPU, as the backend describes where it runs.
+    target: String,
+    kernel: String,
+    params: BTreeMap<String, u64>,
+    compile_ms: f64,
+    /// The launch alone on arrays already on the device (median), or `null` where the backend
+    /// could not keep them there.
+    kernel_ms: Option<f64>,
+    /// How `kernel_ms` was taken: `submit-and-wait` (the launch and the wait for it, on the host
+    /// clock).
+    kernel_timing: &'static str,
+    run_ms: f64,
+    runs: usize,
+    bytes: u64,
+    flops: u64,
+    gbs: Option<f64>,
+    gflops: Option<f64>,
+}
+
+fn bench(rt: &Runtime, flags: &LaunchFlags, runs: usize, seed: u64, json: bool, out: &mut dyn Write) -> Result<()> {
     let p = prepare(rt, flags, LOWER_DEFAULT)?;
-    explain(&p, flags, out);
+    if !json {
+        explain(&p, flags, out);
+    }
     let opts = RunOptions { inputs: Vec::new(), seed, out_dir: None, check: false };
     let launch = LaunchArgs { inputs: read_inputs(&p, &opts)?, grid: p.grid.clone() };
     let start = Instant::now();
@@ -216,6 +246,27 @@ fn bench(rt: &Runtime, flags: &LaunchFlags, runs: usize, seed: u64, out: &mut dy
     };
     let flops: u64 = p.kernels.iter().map(|k| dot_flops(k, grid_points(k))).sum();
     let names: Vec<&str> = p.kernels.iter().map(Verified::name).collect();
+    if json {
+        let on_device = resident.as_ref().ok().map(|t| t[t.len() / 2]);
+        let target = rt.backend(&p.backend).map(|b| b.backend.availability().reason).unwrap_or_default();
+        let report = BenchReport {
+            backend: p.backend.clone(),
+            target: target.to_string(),
+            kernel: names.join(","),
+            params: p.grid.iter().map(|(k, v)| (k.clone(), *v)).collect(),
+            compile_ms: compile.as_secs_f64() * 1e3,
+            kernel_ms: on_device.map(|d| d * 1e3),
+            kernel_timing: "submit-and-wait",
+            run_ms: median * 1e3,
+            runs: times.len(),
+            bytes,
+            flops,
+            gbs: on_device.map(|d| bytes as f64 / d / 1e9),
+            gflops: on_device.filter(|_| flops > 0).map(|d| flops as f64 / d / 1e9),
+        };
+        let _ = writeln!(out, "{}", serde_json::to_string_pretty(&report).expect("the report serialises"));
+        return Ok(());
+    }
     let _ = writeln!(out, "bench `{}` on {} ({} runs after a warm-up)", names.join("`, `"), p.backend, times.len());
     let _ = writeln!(out, "  compile (lower, cold): {:.3} ms", compile.as_secs_f64() * 1e3);
     let _ = writeln!(

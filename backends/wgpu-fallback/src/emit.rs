@@ -40,6 +40,9 @@ pub const MAX_GROUPS: u64 = 65_535;
 pub const WORKSPACE_BUDGET: u64 = 128 << 20;
 /// Element loops of at most this many slots per invocation are unrolled.
 const UNROLL: usize = 8;
+/// The most storage bindings a module uses: WebGPU's default `maxStorageBuffersPerShaderStage`
+/// (`vec4` views of inputs are added only while they fit; arguments and the workspace always).
+const MAX_STORAGE_BINDINGS: usize = 8;
 /// The most invocations per workgroup used: WebGPU's default `maxComputeInvocationsPerWorkgroup`.
 pub const MAX_WORKGROUP: u32 = 256;
 
@@ -75,52 +78,116 @@ pub struct Lowered {
 }
 
 /// Whether every element of output `p` is stored at some grid point before anything could read
-/// it, so that zeroing it first cannot be observed: the kernel never loads `p`, and its body
+/// it, so that zeroing it first cannot be observed: either the kernel never loads `p` and its body
 /// stores the whole block unconditionally (at top level, no index, no mask) at every grid point,
-/// through an index map that sends each dimension to its own grid axis (`at (i, j)`), whose
-/// size times the block covers the array.
+/// or `p` is [`resident`] (written back whole at each program's last step); and in both cases the
+/// blocks cover the array ([`covers`]).
 pub fn fully_written(kernel: &Verified, grid: &[LaunchAxis], p: &Param) -> bool {
     let k = kernel.kernel();
-    let mut loaded = false;
-    visit(&k.body, &mut |s| loaded |= matches!(&s.op, Op::Load { src, .. } if src == &p.name));
-    if loaded {
+    let loaded = analysis::accesses(&k.body, &p.name).iter().any(|s| matches!(s.op, Op::Load { .. }));
+    let whole_store = k.body.iter().any(|s| matches!(&s.op, Op::Store { dst, index: None, mask: None, .. } if dst == &p.name));
+    ((!loaded && whole_store) || resident(kernel, grid, p)) && covers(grid, p)
+}
+
+/// Whether the blocks of `p` over the grid cover its array: an index map that sends each
+/// dimension to its own grid axis (`at (i, j)`), whose size times the block reaches the end, or
+/// to 0 where the block spans the dimension.
+fn covers(grid: &[LaunchAxis], p: &Param) -> bool {
+    let Some(b) = &p.block else { return true };
+    let mut used = Vec::new();
+    b.index.iter().zip(&b.shape).zip(&p.ty.shape).all(|((e, &bs), &dim)| match e.terms.as_slice() {
+        [] => e.constant == 0 && bs >= dim,
+        [(1, axis)] if e.constant == 0 && !used.contains(axis) => {
+            used.push(axis.clone());
+            grid.iter().find(|a| &a.name == axis).is_some_and(|a| a.size as usize * bs >= dim)
+        }
+        _ => false,
+    })
+}
+
+/// Whether output `p`'s block can live in the invocations' registers across the `seq` steps of
+/// a program, loaded as zeros and written back once at its last step: there are several steps;
+/// the block is the same at every step (no `seq` axis in its index map), its own to each program
+/// (every parallel axis in the map, one per dimension) and inside the array; and the kernel only
+/// loads and stores it whole (no index, no mask), so that each invocation touches only its own
+/// elements of it.
+pub fn resident(kernel: &Verified, grid: &[LaunchAxis], p: &Param) -> bool {
+    let Some(b) = &p.block else { return false };
+    if p.kind != ParamKind::Out || grid.iter().filter(|a| a.seq).map(|a| a.size).product::<u64>() < 2 {
         return false;
     }
-    let whole_store = k.body.iter().any(|s| matches!(&s.op, Op::Store { dst, index: None, mask: None, .. } if dst == &p.name));
-    let covered = match &p.block {
-        None => true,
-        Some(b) => {
-            let mut used = Vec::new();
-            b.index.iter().zip(&b.shape).zip(&p.ty.shape).all(|((e, &bs), &dim)| match e.terms.as_slice() {
-                [(1, axis)] if e.constant == 0 && !used.contains(axis) => {
-                    used.push(axis.clone());
-                    grid.iter().find(|a| &a.name == axis).is_some_and(|a| a.size as usize * bs >= dim)
-                }
-                _ => false,
-            })
+    let axis = |name: &str| grid.iter().find(|a| a.name == name);
+    let mut used: Vec<&str> = Vec::new();
+    for e in &b.index {
+        match e.terms.as_slice() {
+            [] => {}
+            [(c, name)] if *c != 0 && !used.contains(&name.as_str()) && axis(name).is_some_and(|a| !a.seq) => used.push(name),
+            _ => return false,
         }
-    };
-    whole_store && covered
+    }
+    let own = grid.iter().filter(|a| !a.seq).all(|a| a.size == 1 || used.contains(&a.name.as_str()));
+    let inside = (0..b.shape.len()).all(|d| inside(grid, p, d));
+    let whole = analysis::accesses(&kernel.kernel().body, &p.name)
+        .iter()
+        .all(|s| matches!(&s.op, Op::Load { index: None, mask: None, .. } | Op::Store { index: None, mask: None, .. }));
+    own && inside && whole
+}
+
+/// Whether every block of `p` lies inside its array in dimension `d`, at every point of the grid.
+fn inside(grid: &[LaunchAxis], p: &Param, d: usize) -> bool {
+    let (lo, hi) = origin_range(grid, p, d);
+    lo >= 0 && hi.saturating_add(p.block_shape()[d] as i64) <= p.ty.shape[d] as i64
+}
+
+/// Whether `p`'s blocks can be read or written as `vec4`s of adjacent elements at every grid
+/// point: rows of a multiple of 4 elements in the array and in the block, blocks inside the array,
+/// elements that are not `bool` words.
+fn quad_able(grid: &[LaunchAxis], p: &Param) -> bool {
+    let (dims, block) = (&p.ty.shape, p.block_shape());
+    p.ty.dtype != DType::Bool
+        && dims.last().is_some_and(|n| n.is_multiple_of(4))
+        && block.last().is_some_and(|n| n.is_multiple_of(4))
+        && (0..dims.len()).all(|d| inside(grid, p, d))
+}
+
+/// The outputs written as `vec4`s only, bound as `array<vec4<T>>`: [`quad_able`], never
+/// loaded, and every store whole (no index, no mask).
+fn quad_outputs(v: &Verified, grid: &[LaunchAxis]) -> BTreeSet<usize> {
+    let k = v.kernel();
+    (k.params.iter().enumerate())
+        .filter(|(_, p)| p.kind == ParamKind::Out && quad_able(grid, p))
+        .filter(|(_, p)| {
+            let acc = analysis::accesses(&k.body, &p.name);
+            !acc.is_empty() && acc.iter().all(|s| matches!(s.op, Op::Store { index: None, mask: None, .. }))
+        })
+        .map(|(pi, _)| pi)
+        .collect()
+}
+
+/// The range over the grid of the first element of `p`'s block in dimension `d`
+/// (`E_d * B_d`; 0 without a block).
+fn origin_range(grid: &[LaunchAxis], p: &Param, d: usize) -> (i64, i64) {
+    let Some(b) = &p.block else { return (0, 0) };
+    let e = &b.index[d];
+    let (mut lo, mut hi) = (e.constant, e.constant);
+    for (c, name) in &e.terms {
+        let size = grid.iter().find(|a| &a.name == name).map_or(1, |a| a.size as i64);
+        let y = c.saturating_mul(size - 1);
+        lo = lo.saturating_add(y.min(0));
+        hi = hi.saturating_add(y.max(0));
+    }
+    let bs = b.shape[d] as i64;
+    (lo.saturating_mul(bs), hi.saturating_mul(bs))
 }
 
 /// Writes the WGSL expression of element (row, col) of an operand block.
 type Reader = Box<dyn Fn(&str, &str) -> String>;
 
-/// Every statement of a body, those of nested `when` and `for` bodies included, in order.
-fn visit<'b>(body: &'b [Stmt], f: &mut impl FnMut(&'b Stmt)) {
-    for s in body {
-        f(s);
-        if let Op::When { body, .. } | Op::For { body, .. } = &s.op {
-            visit(body, f);
-        }
-    }
-}
-
 /// The values that are whole blocks of `in` arrays (`load x`, no index, mask or `other`), by
 /// name, with the argument's position: a `dot` reads them straight from the argument's buffer.
 fn forwarded_loads(k: &Kernel) -> HashMap<String, usize> {
     let mut out = HashMap::new();
-    visit(&k.body, &mut |s| {
+    analysis::visit(&k.body, &mut |s| {
         if let Op::Load { src, index: None, mask: None, other: None } = &s.op
             && let Some(pi) = k.params.iter().position(|p| &p.name == src && p.kind == ParamKind::In && !p.ty.is_scalar())
         {
@@ -130,20 +197,107 @@ fn forwarded_loads(k: &Kernel) -> HashMap<String, usize> {
     out
 }
 
-/// How many adjacent elements an invocation owns together ([`Writer::group`]): 1 without a
-/// `dot`; with one, 8 where every `dot`'s result has a multiple of 8 columns, else 4.
-fn element_group(v: &Verified) -> usize {
+/// How many adjacent elements an invocation owns together ([`Writer::group`]). With a `dot`, 8
+/// where every `dot`'s result has a multiple of 8 columns, else 4 (its register tiles). Without
+/// one, 4 where some input block is loaded whole or some output written only whole as `vec4`s
+/// ([`quad_able`], [`quad_outputs`]), else 1.
+fn element_group(v: &Verified, grid: &[LaunchAxis]) -> usize {
     let mut columns = Vec::new();
-    visit(&v.kernel().body, &mut |s| {
+    analysis::visit(&v.kernel().body, &mut |s| {
         if let Op::Dot { .. } = s.op {
             columns.push(v.value_type(&s.results[0]).shape[1]);
         }
     });
+    let k = v.kernel();
+    let quads = forwarded_loads(k).values().any(|&pi| quad_able(grid, &k.params[pi])) || !quad_outputs(v, grid).is_empty();
     match columns.as_slice() {
+        [] if quads => 4,
         [] => 1,
         c if c.iter().all(|n| n.is_multiple_of(8)) => 8,
         _ => 4,
     }
+}
+
+/// The most private slots a value may take per invocation in the row layout.
+const MAX_ROW_SLOTS: usize = 1024;
+
+/// The row layout ([`Writer::row_len`]): where the kernel has no `dot` and reduces a 2-D value
+/// along its last axis, each invocation owns whole rows of the values whose rows are that long,
+/// and the matching elements of `[R, 1]` and `[R]` values, so that the reduction and the
+/// broadcast of its result over the rows stay in the invocation: no workspace, no barrier.
+/// Returns the row length and the workgroup size (one invocation per row of the tallest such
+/// value, at most [`MAX_WORKGROUP`]) where that gives at least 8 invocations and no value takes
+/// more than [`MAX_ROW_SLOTS`] slots.
+fn row_layout(v: &Verified) -> Option<(usize, u32)> {
+    let body = &v.kernel().body;
+    let mut dot = false;
+    let mut len = None;
+    analysis::visit(body, &mut |s| match &s.op {
+        Op::Dot { .. } => dot = true,
+        Op::Reduce { arg: Operand::Value(x), axis: 1, .. } if len.is_none() && v.value_type(x).shape.len() == 2 => {
+            len = Some(v.value_type(x).shape[1])
+        }
+        _ => {}
+    });
+    let c = len.filter(|_| !dot)?;
+    let mut shapes: Vec<&[usize]> = Vec::new();
+    analysis::visit(body, &mut |s| shapes.extend(s.results.iter().map(|r| v.value_type(r).shape.as_slice())));
+    let rows =
+        shapes.iter().filter(|sh| sh.len() >= 2 && sh.last() == Some(&c)).map(|sh| sh.iter().product::<usize>() / c).max()?;
+    let wg = (rows.next_power_of_two() as u32).min(MAX_WORKGROUP);
+    let fits = shapes.iter().all(|sh| {
+        let g = if sh.len() >= 2 && sh.last() == Some(&c) { c } else { 1 };
+        g * sh.iter().product::<usize>().div_ceil(g * wg as usize) <= MAX_ROW_SLOTS
+    });
+    (wg >= 8 && fits).then_some((c, wg))
+}
+
+/// `dot`s whose result is added into a [`resident`] output and stored back (`%acc = load c`,
+/// `%s = add %acc, %p`, `store c, %s`, each value read once, nothing else touching `c` between
+/// them in the same body): the dot adds its tile into the resident block itself. By the `dot`'s
+/// result: the output's position and the names of the load's and the add's results.
+fn accumulating_dots(v: &Verified, resident: &HashMap<String, usize>) -> HashMap<String, (usize, String, String)> {
+    fn walk(v: &Verified, body: &[Stmt], resident: &HashMap<String, usize>, out: &mut HashMap<String, (usize, String, String)>) {
+        let all = &v.kernel().body;
+        let single = |x: &str| match analysis::readers(all, x).as_slice() {
+            [s] => Some(*s),
+            _ => None,
+        };
+        let at = |s: &Stmt| body.iter().position(|t| std::ptr::eq(t, s));
+        for (i, s) in body.iter().enumerate() {
+            if let Op::When { body: b, .. } | Op::For { body: b, .. } = &s.op {
+                walk(v, b, resident, out);
+            }
+            let Op::Dot { .. } = s.op else { continue };
+            let p = &s.results[0];
+            let Some(add) = single(p) else { continue };
+            let Op::Binary(BinaryOp::Add, Operand::Value(x), Operand::Value(y)) = &add.op else { continue };
+            let acc = if x == p { y } else { x };
+            let Some(load) = body.iter().find(|t| t.results.first() == Some(acc)) else { continue };
+            let Op::Load { src, .. } = &load.op else { continue };
+            let Some(&pi) = resident.get(src) else { continue };
+            let (Some(sum), true) = (add.results.first(), single(acc).is_some()) else { continue };
+            let Some(store) = single(sum) else { continue };
+            let Op::Store { dst, value: Operand::Value(sv), .. } = &store.op else { continue };
+            let (Some(il), Some(ia), Some(is)) = (at(load), at(add), at(store)) else { continue };
+            let (lo, hi) = (i.min(il), is);
+            let others = body[lo..=hi].iter().filter(|t| {
+                !std::ptr::eq(*t, load) && !std::ptr::eq(*t, store) && {
+                    let mut touches = false;
+                    analysis::visit(std::slice::from_ref(*t), &mut |u| {
+                        touches |= matches!(&u.op, Op::Load { src: r, .. } | Op::Store { dst: r, .. } if r == src)
+                    });
+                    touches
+                }
+            });
+            if dst == src && sv == sum && ia < is && il < ia && i < ia && others.count() == 0 {
+                out.insert(p.clone(), (pi, acc.clone(), sum.clone()));
+            }
+        }
+    }
+    let mut out = HashMap::new();
+    walk(v, &v.kernel().body, resident, &mut out);
+    out
 }
 
 fn unsupported(msg: String) -> BackendError {
@@ -185,8 +339,12 @@ pub fn lower(kernel: &Verified, grid: &[LaunchAxis]) -> Result<Lowered, BackendE
     // Elements in groups with a `dot` (its register tiles), one by one otherwise. With groups,
     // fewer invocations own more elements each: a larger tile per invocation, fewer loads per
     // multiply-add.
-    let wg = if first.group > 1 {
+    let wg = if let Some((_, wg)) = row_layout(kernel) {
+        wg
+    } else if first.group > 1 && first.dots {
         ((first.max_elements / 128).next_power_of_two() as u32).clamp(32, MAX_WORKGROUP)
+    } else if first.group > 1 {
+        ((first.max_elements / first.group).next_power_of_two() as u32).clamp(64, MAX_WORKGROUP)
     } else {
         (first.max_elements.next_power_of_two() as u32).clamp(64, MAX_WORKGROUP)
     };
@@ -211,6 +369,9 @@ pub fn lower(kernel: &Verified, grid: &[LaunchAxis]) -> Result<Lowered, BackendE
     };
     // Pass 2 with the publications.
     let mut w = Writer::new(kernel, grid, wg, wanted, programs, steps);
+    // The `vec4` views pass 1 wanted, as many as the bindings leave room for.
+    let taken = k.params.iter().filter(|p| p.kind != ParamKind::Scratch).count() + usize::from(words > 0);
+    w.allowed_views = Some(first.views.iter().copied().take(MAX_STORAGE_BINDINGS.saturating_sub(taken)).collect());
     w.shares = shares;
     w.stores = first.saw_store;
     w.groups = groups;
@@ -319,6 +480,8 @@ enum Read {
     Scalar(String),
     /// The invocation's own element `k` of a private array.
     Own(String),
+    /// In the row layout, element `k / len` of an `[R, 1]` value broadcast over rows of `len`.
+    RowOwn(String, usize),
     /// From the workspace: the value's name, its shape, and whether the read follows the
     /// result's linear index (`reshape`) instead of numpy broadcasting.
     Shared {
@@ -457,10 +620,27 @@ struct Writer<'k> {
     /// with `group` 1, element `lid + wg k` is slot `k`. Groups where the kernel has a `dot`,
     /// whose register tiles are `group` columns wide ([`element_group`]).
     group: usize,
+    /// Whether the kernel has a `dot`.
+    dots: bool,
+    /// The row layout's row length ([`row_layout`]): values whose rows are this long are owned
+    /// by whole rows, `[R, 1]` and `[R]` values element by element, row `r` by invocation
+    /// `r % wg`.
+    row_len: Option<usize>,
+    /// Outputs bound as `array<vec4<T>>` and written four elements at a time ([`quad_outputs`]).
+    quad_outputs: BTreeSet<usize>,
     /// Values a `dot` reads from their argument's buffer ([`forwarded_loads`]).
     forwarded: HashMap<String, usize>,
     /// Arguments also bound as `array<vec4<T>>` (`a{i}v`), after the workspace.
     views: BTreeSet<usize>,
+    /// The views there is room for (pass 2; pass 1 takes any, [`Writer::view`]).
+    allowed_views: Option<BTreeSet<usize>>,
+    /// Outputs whose block lives in a private array `r{i}` across the `seq` steps, by name
+    /// ([`resident`]).
+    resident: HashMap<String, usize>,
+    /// Forwarded loads that only `dot`s read: they read the buffer, so the load writes nothing.
+    dot_only: HashSet<String>,
+    /// `dot`s that add their tiles into a resident output ([`accumulating_dots`]).
+    accumulating: HashMap<String, (usize, String, String)>,
 }
 
 impl<'k> Writer<'k> {
@@ -472,7 +652,12 @@ impl<'k> Writer<'k> {
         programs: u64,
         steps: u64,
     ) -> Writer<'k> {
-        Writer {
+        let resident: HashMap<String, usize> = (v.kernel().params.iter().enumerate())
+            .filter(|(_, p)| resident(v, grid, p))
+            .map(|(pi, p)| (p.name.clone(), pi))
+            .collect();
+        let accumulating = accumulating_dots(v, &resident);
+        let mut w = Writer {
             v,
             grid,
             wg,
@@ -499,10 +684,31 @@ impl<'k> Writer<'k> {
             stores: true,
             groups: [1, 1],
             strided: true,
-            group: element_group(v),
+            group: if row_layout(v).is_some() { 1 } else { element_group(v, grid) },
+            row_len: row_layout(v).map(|r| r.0),
+            dots: {
+                let mut any = false;
+                analysis::visit(&v.kernel().body, &mut |s| any |= matches!(s.op, Op::Dot { .. }));
+                any
+            },
+            quad_outputs: quad_outputs(v, grid),
             forwarded: forwarded_loads(v.kernel()),
             views: BTreeSet::new(),
-        }
+            allowed_views: None,
+            dot_only: (forwarded_loads(v.kernel()).into_keys())
+                .filter(|x| analysis::readers(&v.kernel().body, x).iter().all(|s| matches!(s.op, Op::Dot { .. })))
+                .collect(),
+            accumulating,
+            resident,
+        };
+        // An output is written as `vec4`s only where its invocations own elements in fours, and
+        // not where it is resident (written back from registers, element by element).
+        let params = &v.kernel().params;
+        let quads: BTreeSet<usize> = (w.quad_outputs.iter().copied())
+            .filter(|&pi| w.group_of(params[pi].block_shape()).is_multiple_of(4) && !w.resident.contains_key(&params[pi].name))
+            .collect();
+        w.quad_outputs = quads;
+        w
     }
 
     fn line(&mut self, s: impl AsRef<str>) {
@@ -544,37 +750,57 @@ impl<'k> Writer<'k> {
         format!("t{}", self.tmp)
     }
 
+    /// The WGSL name of IR value `name`: `v_` and the `.tk` name, so that editing one statement
+    /// does not rename the others (a name only the builder could make gets a numbered one).
     fn ident(&mut self, name: &str) -> String {
-        let n = self.idents.len();
-        self.idents.entry(name.to_string()).or_insert_with(|| format!("v{n}")).clone()
+        if let Some(id) = self.idents.get(name) {
+            return id.clone();
+        }
+        let plain = !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        let id = if plain { format!("v_{name}") } else { format!("vn{}", self.idents.len()) };
+        self.idents.insert(name.to_string(), id.clone());
+        id
     }
 
     fn ty(&self, name: &str) -> &'k Type {
         self.v.value_type(name)
     }
 
-    fn slots(&self, n: usize) -> usize {
-        let g = self.group;
+    /// How many adjacent elements of a value of `shape` an invocation owns together: in the
+    /// row layout ([`Writer::row_len`]), whole rows of values whose rows are that long and single
+    /// elements of others (so that row `r` of every value lives with invocation `r % wg`);
+    /// otherwise [`Writer::group`].
+    fn group_of(&self, shape: &[usize]) -> usize {
+        match self.row_len {
+            Some(c) if shape.len() >= 2 && shape.last() == Some(&c) => c,
+            Some(_) => 1,
+            None => self.group,
+        }
+    }
+
+    /// Private slots per invocation of a value of `shape`.
+    fn slots(&self, shape: &[usize]) -> usize {
+        let (g, n) = (self.group_of(shape), shape.iter().product::<usize>());
         g * n.div_ceil(g * self.wg as usize)
     }
 
-    /// The element of slot `k` (a constant), as a WGSL expression of `lid`.
-    fn element(&self, k: usize) -> String {
+    /// The element of slot `k` (a constant) of a value of `shape`, as a WGSL expression of `lid`.
+    fn element(&self, shape: &[usize], k: usize) -> String {
         let wg = self.wg as usize;
-        let g = self.group;
+        let g = self.group_of(shape);
         if g > 1 { format!("{g}u * lid + {}u", g * wg * (k / g) + k % g) } else { format!("lid + {}u", k * wg) }
     }
 
-    /// The element of the slot in the WGSL variable `k`.
-    fn element_of_var(&self) -> String {
-        let g = self.group;
+    /// The element of the slot in the WGSL variable `k`, of a value of `shape`.
+    fn element_of_var(&self, shape: &[usize]) -> String {
+        let g = self.group_of(shape);
         if g > 1 { format!("{g}u * (lid + {}u * (k / {g}u)) + k % {g}u", self.wg) } else { format!("lid + k * {}u", self.wg) }
     }
 
-    /// Whether some invocation's last slots lie past `n` elements.
-    fn ragged(&self, n: usize) -> bool {
-        let per = self.group * self.wg as usize;
-        !n.is_multiple_of(per)
+    /// Whether some invocation's last slots of a value of `shape` lie past its elements.
+    fn ragged(&self, shape: &[usize]) -> bool {
+        let per = self.group_of(shape) * self.wg as usize;
+        !shape.iter().product::<usize>().is_multiple_of(per)
     }
 
     fn alloc_words(&mut self, name: &str, n: usize) -> u64 {
@@ -633,6 +859,11 @@ impl<'k> Writer<'k> {
                     Read::Scalar(id)
                 } else if !res.is_empty() && (shape == res || linear) {
                     Read::Own(id)
+                } else if let Some(c) = self
+                    .row_len
+                    .filter(|&c| res.len() == 2 && shape.len() == 2 && shape[0] == res[0] && shape[1] == 1 && res[1] == c)
+                {
+                    Read::RowOwn(id, c)
                 } else {
                     self.wanted.insert(name.clone());
                     Read::Shared { name: name.clone(), shape, linear }
@@ -647,6 +878,7 @@ impl<'k> Writer<'k> {
             Read::Lit(l) => literal(*l, dtype),
             Read::Scalar(id) => id.clone(),
             Read::Own(id) => format!("{id}[k]"),
+            Read::RowOwn(id, c) => format!("{id}[k / {c}u]"),
             Read::Shared { name, shape, linear } => {
                 let idx = if *linear { "e".to_string() } else { broadcast_index(res, shape) };
                 let off = self.offsets.get(name).copied().unwrap_or(0);
@@ -690,10 +922,18 @@ impl<'k> Writer<'k> {
             let n = p.ty.numel();
             let off = self.alloc_words(&p.name, n);
             self.line(format!("// scratch {}: {}", p.name, p.ty));
-            self.each(n, |w| w.line(format!("tk_ws[wsb + {off}u + e] = 0u;")));
+            self.each(&[n], |w| w.line(format!("tk_ws[wsb + {off}u + e] = 0u;")));
             self.pending_store = true;
         }
         let looped = self.steps > 1;
+        let mut resident: Vec<(String, usize)> = self.resident.iter().map(|(n, &pi)| (n.clone(), pi)).collect();
+        resident.sort_by_key(|r| r.1);
+        for (name, pi) in &resident {
+            let ty = &k.params[*pi].ty;
+            let slots = self.slots(k.params[*pi].block_shape());
+            self.line(format!("// the block of {name} ({ty}), in registers across the seq steps, written back at the last"));
+            self.line(format!("var r{pi}: array<{}, {slots}>;", reg_ty(ty.dtype)));
+        }
         if looped {
             self.open(format!("for (var step = 0u; step < {}u; step++)", self.steps));
             self.loop_barrier();
@@ -705,6 +945,14 @@ impl<'k> Writer<'k> {
         self.write_origins();
         let body = k.body.clone();
         self.write_body(&body)?;
+        for (name, pi) in resident {
+            self.line(format!("// write back the block of {name}"));
+            self.open(format!("if (step == {}u)", self.steps - 1));
+            let p = k.params[pi].clone();
+            let region = self.region(pi, &p, None);
+            self.store_cells(pi, &p, &region, &p.block_shape().to_vec(), None, |_| format!("r{pi}[k]"));
+            self.close();
+        }
         if looped {
             self.close();
         }
@@ -742,22 +990,23 @@ impl<'k> Writer<'k> {
     /// A loop of the invocations over `n` elements: `k` is the private slot, `e` the element.
     /// Up to [`UNROLL`] slots are written out one by one, so that the private arrays are indexed
     /// by constants and the driver can keep them in registers.
-    fn each(&mut self, n: usize, mut body: impl FnMut(&mut Self)) {
+    fn each(&mut self, shape: &[usize], mut body: impl FnMut(&mut Self)) {
+        let n: usize = shape.iter().product();
         self.max_elements = self.max_elements.max(n);
-        let slots = self.slots(n);
-        let guard = self.ragged(n);
+        let slots = self.slots(shape);
+        let guard = self.ragged(shape);
         let mut one = |w: &mut Self, slot: Option<usize>| {
             match slot {
                 Some(k) => {
                     w.line("{");
                     w.indent += 1;
                     w.line(format!("let k = {k}u;"));
-                    let e = w.element(k);
+                    let e = w.element(shape, k);
                     w.line(format!("let e = {e};"));
                 }
                 None => {
                     w.open(format!("for (var k = 0u; k < {slots}u; k++)"));
-                    let e = w.element_of_var();
+                    let e = w.element_of_var(shape);
                     w.line(format!("let e = {e};"));
                 }
             }
@@ -779,11 +1028,44 @@ impl<'k> Writer<'k> {
         }
     }
 
+    /// A loop of the invocations over the `n` elements (a multiple of 4) four at a time, for
+    /// groups of a multiple of 4 ([`Writer::group`]): `e` is the first element of the four, and
+    /// `slot(t)` the slot of element `e + t`.
+    fn each_quad(&mut self, shape: &[usize], mut body: impl FnMut(&mut Self, &dyn Fn(usize) -> String)) {
+        let n: usize = shape.iter().product();
+        self.max_elements = self.max_elements.max(n);
+        let quads = self.slots(shape) / 4;
+        let guard = self.ragged(shape);
+        let (g, wg) = (self.group_of(shape), self.wg as usize);
+        let unrolled = quads <= UNROLL / 4;
+        for q in 0..if unrolled { quads } else { 1 } {
+            let slot: Box<dyn Fn(usize) -> String> = if unrolled {
+                self.line("{");
+                self.indent += 1;
+                let e = self.element(shape, 4 * q);
+                self.line(format!("let e = {e};"));
+                Box::new(move |t| format!("{}u", 4 * q + t))
+            } else {
+                self.open(format!("for (var j = 0u; j < {quads}u; j++)"));
+                self.line(format!("let e = {g}u * (lid + {wg}u * (4u * j / {g}u)) + (4u * j) % {g}u;"));
+                Box::new(|t| format!("4u * j + {t}u"))
+            };
+            if guard {
+                self.open(format!("if (e < {n}u)"));
+            }
+            body(self, &slot);
+            if guard {
+                self.close();
+            }
+            self.close();
+        }
+    }
+
     /// Declares the private array of block value `name`.
     fn declare_block(&mut self, name: &str) -> String {
         let ty = self.ty(name);
         let id = self.ident(name);
-        let slots = self.slots(ty.numel());
+        let slots = self.slots(&ty.shape);
         self.line(format!("var {id}: array<{}, {slots}>;", reg_ty(ty.dtype)));
         id
     }
@@ -798,7 +1080,7 @@ impl<'k> Writer<'k> {
         let off = self.alloc_words(name, n);
         let id = self.ident(name);
         let word = to_word(ty.dtype, &format!("{id}[k]"));
-        self.each(n, |w| w.line(format!("tk_ws[wsb + {off}u + e] = {word};")));
+        self.each(&ty.shape, |w| w.line(format!("tk_ws[wsb + {off}u + e] = {word};")));
         self.pending_publish = true;
     }
 
@@ -882,8 +1164,7 @@ impl<'k> Writer<'k> {
         }
         self.sync_reads(&reads.iter().collect::<Vec<_>>());
         let id = self.declare_block(dst);
-        let n = ty.numel();
-        self.each(n, |w| {
+        self.each(&res, |w| {
             let xs: Vec<String> = reads.iter().enumerate().map(|(i, r)| w.read(r, lit_ty(i, w), &res)).collect();
             let v = f(w, &xs);
             w.line(format!("{id}[k] = {v};"));
@@ -892,6 +1173,15 @@ impl<'k> Writer<'k> {
     }
 
     fn write_stmt(&mut self, s: &Stmt) -> Result<(), BackendError> {
+        let folded = |x: &str| self.accumulating.values().any(|(_, acc, sum)| acc == x || sum == x);
+        let result = match &s.op {
+            Op::Store { value: Operand::Value(x), .. } => Some(x),
+            _ => s.results.first(),
+        };
+        if result.is_some_and(|x| folded(x)) {
+            self.line("// done by the dot, which adds into the resident block");
+            return Ok(());
+        }
         for r in &s.results {
             self.check_size(r)?;
         }
@@ -1014,7 +1304,7 @@ impl<'k> Writer<'k> {
             return;
         }
         let id = self.declare_block(dst);
-        self.each(ty.numel(), |w| {
+        self.each(&ty.shape, |w| {
             let v = f(w, &offs);
             w.line(format!("{id}[k] = {v};"));
         });
@@ -1052,6 +1342,23 @@ impl<'k> Writer<'k> {
             (ReduceOp::Max, false) => format!("max({acc}, {x})"),
             (ReduceOp::Min, false) => format!("min({acc}, {x})"),
         };
+        if self.row_len == Some(n) && shape.len() == 2 && axis == 1 {
+            // In the row layout: each invocation reduces its own rows.
+            let (sid, id) = (self.ident(src), self.declare_block(dst));
+            let rshape = self.ty(dst).shape.clone();
+            self.each(&rshape, |w| {
+                let acc = w.t();
+                w.line(format!("var {acc}: {acc_ty} = {init};"));
+                w.open(format!("for (var r = 0u; r < {n}u; r++)"));
+                let c = combine(w, &acc, &format!("{sid}[k * {n}u + r]"));
+                w.line(format!("{acc} = {c};"));
+                w.close();
+                let v = w.round16(d, &acc);
+                w.line(format!("{id}[k] = {v};"));
+            });
+            self.defined(dst);
+            return;
+        }
         self.gather(dst, &[src], move |w, offs| {
             let acc = w.t();
             w.line(format!("var {acc}: {acc_ty} = {init};"));
@@ -1079,7 +1386,13 @@ impl<'k> Writer<'k> {
         let total = m * n;
         self.max_elements = self.max_elements.max(total);
         let id = self.declare_block(dst);
-        let slots = self.slots(total);
+        let slots = self.slots(&[m, n]);
+        // Where the tile goes: the result's slot, or added into the resident output's.
+        let fused = self.accumulating.get(dst).map(|a| a.0);
+        let into = |slot: usize, x: &str| match fused {
+            Some(ri) => format!("r{ri}[{slot}] = r{ri}[{slot}] + {x};"),
+            None => format!("{id}[{slot}] = {x};"),
+        };
         // Element (row, col) of an operand block: from its argument's buffer where it is a
         // loaded input block (no copy, no barrier), else from the workspace where it was
         // published.
@@ -1123,9 +1436,9 @@ impl<'k> Writer<'k> {
                     self.line(format!("let bq{t}_{q} = {};", qb(&format!("r + {t}u"), &format!("tc0 + {}u", 4 * q))));
                 }
             }
-            let guard = self.ragged(total);
+            let guard = self.ragged(&[m, n]);
             for j in 0..slots / g {
-                let e = self.element(g * j);
+                let e = self.element(&[m, n], g * j);
                 self.open_group(&e, total, guard);
                 self.line(format!("let aq = {};", qa(&format!("(({e}) / {n}u)"), "r")));
                 // Ascending in the contraction, as the interpreter sums.
@@ -1140,7 +1453,8 @@ impl<'k> Writer<'k> {
             for j in 0..slots / g {
                 for q in 0..quads {
                     for (t, c) in ["x", "y", "z", "w"].iter().enumerate() {
-                        self.line(format!("{id}[{}] = acc{j}_{q}.{c};", g * j + 4 * q + t));
+                        let line = into(g * j + 4 * q + t, &format!("acc{j}_{q}.{c}"));
+                        self.line(line);
                     }
                 }
             }
@@ -1164,9 +1478,9 @@ impl<'k> Writer<'k> {
             for t in 0..g {
                 self.line(format!("let b{t} = {};", b_at(&format!("(tc0 + {t}u)"))));
             }
-            let guard = self.ragged(total);
+            let guard = self.ragged(&[m, n]);
             for j in 0..slots / g {
-                let e = self.element(g * j);
+                let e = self.element(&[m, n], g * j);
                 self.open_group(&e, total, guard);
                 self.line(format!("let av = {};", a_at(&format!("(({e}) / {n}u)"))));
                 for t in 0..g {
@@ -1177,7 +1491,8 @@ impl<'k> Writer<'k> {
             }
             self.close();
             for s in 0..slots {
-                self.line(format!("{id}[{s}] = acc{s};"));
+                let line = into(s, &format!("acc{s}"));
+                self.line(line);
             }
             self.close();
             self.defined(dst);
@@ -1189,9 +1504,9 @@ impl<'k> Writer<'k> {
             self.line(format!("let bv = {};", b_at(&format!("lid % {n}u"))));
         }
         self.open(format!("for (var k = 0u; k < {slots}u; k++)"));
-        let e = self.element_of_var();
+        let e = self.element_of_var(&[m, n]);
         self.line(format!("let e = {e};"));
-        let guard = self.ragged(total);
+        let guard = self.ragged(&[m, n]);
         if guard {
             self.open(format!("if (e < {total}u)"));
         }
@@ -1204,6 +1519,9 @@ impl<'k> Writer<'k> {
         }
         self.close();
         self.close();
+        if let Some(ri) = fused {
+            self.each(&[m, n], |w| w.line(format!("r{ri}[k] = r{ri}[k] + {id}[k];")));
+        }
         self.defined(dst);
     }
 
@@ -1218,6 +1536,15 @@ impl<'k> Writer<'k> {
         }
     }
 
+    /// Binds argument `pi` a second time as `array<vec4<T>>` where there is room; whether it is.
+    fn view(&mut self, pi: usize) -> bool {
+        let room = self.allowed_views.as_ref().is_none_or(|a| a.contains(&pi));
+        if room {
+            self.views.insert(pi);
+        }
+        room
+    }
+
     /// Where `v` is a forwarded input block that lies inside its array at every grid point, with
     /// rows of a multiple of 4 elements at column origins of a multiple of 4: reads the four
     /// elements (row, col ..= col + 3) of its block (`col` a multiple of 4) as one `vec4`, from a
@@ -1225,11 +1552,10 @@ impl<'k> Writer<'k> {
     fn vec4_reader(&mut self, v: &str) -> Option<Reader> {
         let &pi = self.forwarded.get(v)?;
         let p = &self.v.kernel().params[pi];
-        let (dims, block) = (p.ty.shape.clone(), p.block_shape().to_vec());
-        if !(dims[1].is_multiple_of(4) && block[1].is_multiple_of(4) && (0..2).all(|d| self.block_inside(pi, d))) {
+        let dims = p.ty.shape.clone();
+        if !quad_able(self.grid, p) || !self.view(pi) {
             return None;
         }
-        self.views.insert(pi);
         let origin = |d: usize| if p.block.is_some() { format!("o{pi}_{d}") } else { "0i".to_string() };
         let (o0, o1) = (origin(0), origin(1));
         Some(Box::new(move |row: &str, col: &str| {
@@ -1237,28 +1563,10 @@ impl<'k> Writer<'k> {
         }))
     }
 
-    /// The range over the grid of the first element of `p`'s block in dimension `d`
-    /// (`E_d * B_d`; 0 without a block).
-    fn origin_range(&self, p: &Param, d: usize) -> (i64, i64) {
-        let Some(b) = &p.block else { return (0, 0) };
-        let e = &b.index[d];
-        let (mut lo, mut hi) = (e.constant, e.constant);
-        for (c, name) in &e.terms {
-            let size = self.grid.iter().find(|a| &a.name == name).map_or(1, |a| a.size as i64);
-            let y = c.saturating_mul(size - 1);
-            lo = lo.saturating_add(y.min(0));
-            hi = hi.saturating_add(y.max(0));
-        }
-        let bs = b.shape[d] as i64;
-        (lo.saturating_mul(bs), hi.saturating_mul(bs))
-    }
-
     /// Whether every block of argument `pi` lies inside the array in dimension `d`, at every
     /// point of the grid.
     fn block_inside(&self, pi: usize, d: usize) -> bool {
-        let p = &self.v.kernel().params[pi];
-        let (lo, hi) = self.origin_range(p, d);
-        lo >= 0 && hi.saturating_add(p.block_shape()[d] as i64) <= p.ty.shape[d] as i64
+        inside(self.grid, &self.v.kernel().params[pi], d)
     }
 
     /// Reads element (row, col) of argument `pi`'s block from its buffer: 0 outside the array,
@@ -1319,9 +1627,9 @@ impl<'k> Writer<'k> {
                     }
                     Operand::Lit(l) => {
                         let l = literal(*l, ty.dtype);
-                        let slots = self.slots(ty.numel());
+                        let slots = self.slots(&ty.shape);
                         self.line(format!("var {id}: array<{reg}, {slots}>;"));
-                        self.each(ty.numel(), |w| w.line(format!("{id}[k] = {l};")));
+                        self.each(&ty.shape, |w| w.line(format!("{id}[k] = {l};")));
                     }
                 }
             }
@@ -1389,7 +1697,7 @@ impl<'k> Writer<'k> {
         (0..block.len())
             .map(|d| {
                 let (origin, range) = match &param.block {
-                    Some(_) => (format!("o{pi}_{d}"), Some(self.origin_range(param, d))),
+                    Some(_) => (format!("o{pi}_{d}"), Some(origin_range(self.grid, param, d))),
                     None => ("0i".to_string(), Some((0, 0))),
                 };
                 let start = |w: &mut Self, o: &Operand| match o {
@@ -1472,10 +1780,40 @@ impl<'k> Writer<'k> {
     }
 
     fn write_load(&mut self, dst: &str, src: &str, index: Option<&[Index]>, mask: Option<&str>, other: Option<Literal>) {
+        if self.dot_only.contains(dst) {
+            self.line("// read by its dot straight from the buffer");
+            return;
+        }
+        if let Some(&pi) = self.resident.get(src) {
+            let id = self.declare_block(dst);
+            self.each(&self.ty(dst).shape.clone(), |w| w.line(format!("{id}[k] = r{pi}[k];")));
+            self.defined(dst);
+            return;
+        }
         let (pi, p) = self.param(src);
         let d = p.ty.dtype;
         let region = self.region(pi, &p, index);
         let res = self.ty(dst).shape.clone();
+        if p.kind == ParamKind::In
+            && index.is_none()
+            && mask.is_none()
+            && self.group_of(&res).is_multiple_of(4)
+            && quad_able(self.grid, &p)
+            && self.view(pi)
+        {
+            // Four adjacent elements of the block, inside the array, as one read.
+            let id = self.declare_block(dst);
+            self.each_quad(&res, |w, slot| {
+                let (_, flat) = w.address(&region, &p.ty.shape);
+                let q = w.t();
+                w.line(format!("let {q} = a{pi}v[{flat} / 4u];"));
+                for (t, c) in ["x", "y", "z", "w"].iter().enumerate() {
+                    w.line(format!("{id}[{}] = {q}.{c};", slot(t)));
+                }
+            });
+            self.defined(dst);
+            return;
+        }
         let mask_read = mask.map(|m| self.classify(&Operand::Value(m.to_string()), &res, false));
         if p.kind != ParamKind::In && self.pending_store {
             self.storage_barrier();
@@ -1508,7 +1846,7 @@ impl<'k> Writer<'k> {
             return;
         }
         let id = self.declare_block(dst);
-        self.each(res.iter().product(), |w| {
+        self.each(&res, |w| {
             let x = body(w);
             w.line(format!("{id}[k] = {x};"));
         });
@@ -1522,19 +1860,73 @@ impl<'k> Writer<'k> {
         let sel: Vec<usize> = region.iter().filter(|r| r.keep).map(|r| r.len).collect();
         let vread = self.classify(value, &sel, false);
         let mask_read = mask.map(|m| self.classify(&Operand::Value(m.to_string()), &sel, false));
+        if let Some(&ri) = self.resident.get(dst) {
+            self.sync_reads(&[&vread]);
+            self.each(&sel, |w| {
+                let v = w.read(&vread, d, &sel);
+                w.line(format!("r{ri}[k] = {v};"));
+            });
+            return;
+        }
         if self.pending_store || self.pending_ref_load {
             self.storage_barrier();
         }
         let mut reads = vec![&vread];
         reads.extend(mask_read.iter());
         self.sync_reads(&reads);
-        let n: usize = sel.iter().product();
-        self.each(n, |w| {
-            let (check, flat) = w.address(&region, &p.ty.shape);
-            let mv = mask_read.as_ref().map(|m| w.read(m, DType::Bool, &sel));
+        if self.quad_outputs.contains(&pi) {
+            // Four adjacent elements as one write, to the argument bound as `vec4`s.
+            let rt = reg_ty(d);
+            self.each_quad(&sel, |w, slot| {
+                let (_, flat) = w.address(&region, &p.ty.shape);
+                let q = match &vread {
+                    Read::Own(id) => {
+                        format!("vec4<{rt}>({})", (0..4).map(|t| format!("{id}[{}]", slot(t))).collect::<Vec<_>>().join(", "))
+                    }
+                    _ => {
+                        let q = w.t();
+                        w.line(format!("var {q}: vec4<{rt}>;"));
+                        for t in 0..4 {
+                            w.line("{");
+                            w.indent += 1;
+                            w.line(format!("let k = {};", slot(t)));
+                            w.line(format!("let e = e + {t}u;"));
+                            let v = w.read(&vread, d, &sel);
+                            w.line(format!("{q}[{t}] = {v};"));
+                            w.close();
+                        }
+                        q
+                    }
+                };
+                w.line(format!("a{pi}[{flat} / 4u] = {q};"));
+            });
+            self.pending_store = true;
+            self.saw_store = true;
+            return;
+        }
+        let sel2 = sel.clone();
+        self.store_cells(pi, &p, &region, &sel.clone(), mask_read.map(|m| (m, sel2)), |w| w.read(&vread, d, &sel));
+        self.saw_store = true;
+    }
+
+    /// Stores the `n` elements of `region` of argument or scratch `pi`, element `e` from
+    /// `value` (slot `k`), where the mask (read for a result of the given shape) allows.
+    fn store_cells(
+        &mut self,
+        pi: usize,
+        p: &Param,
+        region: &[Dim],
+        shape: &[usize],
+        mask: Option<(Read, Vec<usize>)>,
+        value: impl Fn(&mut Self) -> String,
+    ) {
+        let d = p.ty.dtype;
+        self.each(shape, |w| {
+            let (check, flat) = w.address(region, &p.ty.shape);
+            let mv = mask.as_ref().map(|(m, sel)| w.read(m, DType::Bool, sel));
             let ok = w.access_ok(check, mv);
-            let v = w.read(&vread, d, &sel);
-            let cell = w.cell(pi, &p, &flat);
+            let v = value(w);
+            let cell = w.cell(pi, p, &flat);
             let word = if p.kind == ParamKind::Scratch || d == DType::Bool { to_word(d, &v) } else { v };
             match ok {
                 Some(ok) => w.line(format!("if ({ok}) {{ {cell} = {word}; }}")),
@@ -1542,7 +1934,6 @@ impl<'k> Writer<'k> {
             }
         });
         self.pending_store = true;
-        self.saw_store = true;
     }
 
     // ---- element operations ----
@@ -1693,12 +2084,25 @@ impl<'k> Writer<'k> {
         let _ = writeln!(
             m,
             "// elements: {}",
-            if self.group > 1 {
+            if let Some(c) = self.row_len {
+                format!("whole rows of {c} per invocation (row layout: reductions along rows stay in the invocation)")
+            } else if self.group > 1 && self.dots {
                 format!("each invocation owns groups of {} adjacent ones (register tiles for dot)", self.group)
+            } else if self.group > 1 {
+                format!("each invocation owns groups of {} adjacent ones (vec4 reads and writes)", self.group)
             } else {
                 "one by one, invocation lid owning lid, lid + workgroup size, ...".to_string()
             }
         );
+        if !self.resident.is_empty() {
+            let mut names: Vec<&str> = self.resident.keys().map(String::as_str).collect();
+            names.sort();
+            let mut folded: Vec<&str> = self.accumulating.keys().map(String::as_str).collect();
+            folded.sort();
+            let folded =
+                if folded.is_empty() { String::new() } else { format!("; dots adding into them: %{}", folded.join(", %")) };
+            let _ = writeln!(m, "// outputs kept in registers across the seq steps: {}{folded}", names.join(", "));
+        }
         let _ = writeln!(
             m,
             "// outputs zeroed before the dispatch: {}",
@@ -1721,11 +2125,16 @@ impl<'k> Writer<'k> {
             let access = if p.kind == ParamKind::In { "read" } else { "read_write" };
             let _ = writeln!(
                 m,
-                "@group(0) @binding({binding}) var<storage, {access}> a{pi}: array<{}>; // {} {}: {}",
-                buf_ty(p.ty.dtype),
+                "@group(0) @binding({binding}) var<storage, {access}> a{pi}: array<{}>; // {} {}: {}{}",
+                if self.quad_outputs.contains(&pi) {
+                    format!("vec4<{}>", buf_ty(p.ty.dtype))
+                } else {
+                    buf_ty(p.ty.dtype).to_string()
+                },
                 p.kind.keyword(),
                 p.name,
-                p.ty
+                p.ty,
+                if self.quad_outputs.contains(&pi) { ", as vec4" } else { "" }
             );
             binding += 1;
         }

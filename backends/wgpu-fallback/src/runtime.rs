@@ -7,7 +7,7 @@
 //! can fail runs inside error scopes (validation, out of memory); errors outside any scope and
 //! device loss are recorded and reported by the next call, never wgpu's default panic.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use half::{bf16, f16};
@@ -41,7 +41,9 @@ pub struct Gpu {
     /// Errors raised outside an error scope, and the reason the device was lost.
     stray: Arc<Mutex<Vec<String>>>,
     lost: Arc<Mutex<Option<String>>>,
-    pipelines: Mutex<HashMap<[u8; 32], Arc<Pipeline>>>,
+    /// Pipelines by module hash, the oldest dropped past [`PIPELINES_KEPT`] (a process that
+    /// launches thousands of different kernels must not keep every one's machine code).
+    pipelines: Mutex<indexmap::IndexMap<[u8; 32], Arc<Pipeline>>>,
     /// The bind groups of the latest launches, by module and buffers (a launch repeated on the
     /// same arrays reuses its own); a few only, since each holds its buffers alive.
     bind_groups: Mutex<std::collections::VecDeque<(BindKey, wgpu::BindGroup)>>,
@@ -53,6 +55,8 @@ type BindKey = ([u8; 32], Vec<wgpu::Buffer>);
 
 /// Bind groups kept for reuse.
 const BIND_GROUPS_KEPT: usize = 16;
+/// Pipelines kept for reuse.
+const PIPELINES_KEPT: usize = 256;
 
 struct Pipeline {
     pipeline: wgpu::ComputePipeline,
@@ -171,7 +175,7 @@ pub fn gpu() -> Result<&'static Gpu, BackendError> {
             limits,
             stray,
             lost,
-            pipelines: Mutex::new(HashMap::new()),
+            pipelines: Mutex::new(indexmap::IndexMap::new()),
             bind_groups: Mutex::new(std::collections::VecDeque::new()),
             workspace: Mutex::new(None),
             description: a.description.clone(),
@@ -402,7 +406,11 @@ impl Gpu {
             Pipeline { pipeline, layout }
         })?;
         let p = Arc::new(p);
-        self.pipelines.lock().map_err(|_| poisoned())?.insert(key, Arc::clone(&p));
+        let mut kept = self.pipelines.lock().map_err(|_| poisoned())?;
+        if kept.len() >= PIPELINES_KEPT {
+            kept.shift_remove_index(0);
+        }
+        kept.insert(key, Arc::clone(&p));
         Ok(p)
     }
 

@@ -94,6 +94,7 @@
 mod diag;
 mod lexer;
 
+pub mod analysis;
 pub mod builder;
 pub mod parse;
 pub mod print;
