@@ -164,6 +164,25 @@ fn quad_outputs(v: &Verified, grid: &[LaunchAxis]) -> BTreeSet<usize> {
         .collect()
 }
 
+/// The inputs read as `vec4`s only, bound as `array<vec4<T>>`: [`quad_able`], every access a
+/// whole load (no index, no mask), and no `dot` reading a loaded block (a `dot` reads its
+/// operands element by element).
+fn quad_inputs(v: &Verified, grid: &[LaunchAxis]) -> BTreeSet<usize> {
+    let k = v.kernel();
+    (k.params.iter().enumerate())
+        .filter(|(_, p)| p.kind == ParamKind::In && quad_able(grid, p))
+        .filter(|(_, p)| {
+            let acc = analysis::accesses(&k.body, &p.name);
+            !acc.is_empty()
+                && acc.iter().all(|s| {
+                    matches!(s.op, Op::Load { index: None, mask: None, .. })
+                        && !analysis::readers(&k.body, &s.results[0]).iter().any(|r| matches!(r.op, Op::Dot { .. }))
+                })
+        })
+        .map(|(pi, _)| pi)
+        .collect()
+}
+
 /// The range over the grid of the first element of `p`'s block in dimension `d`
 /// (`E_d * B_d`; 0 without a block).
 fn origin_range(grid: &[LaunchAxis], p: &Param, d: usize) -> (i64, i64) {
@@ -250,6 +269,53 @@ fn row_layout(v: &Verified) -> Option<(usize, u32)> {
         g * sh.iter().product::<usize>().div_ceil(g * wg as usize) <= MAX_ROW_SLOTS
     });
     (wg >= 8 && fits).then_some((c, wg))
+}
+
+/// Elementwise block values that need no private array: made by an elementwise operation and
+/// read once, at its own elements, by an elementwise operation or a whole `store` of the same body
+/// (so they are computed inside their reader's loop, element by element).
+fn inlined_values(v: &Verified) -> HashSet<String> {
+    fn elementwise(op: &Op) -> bool {
+        matches!(
+            op,
+            Op::Unary(..)
+                | Op::Binary(..)
+                | Op::Compare(..)
+                | Op::Select(..)
+                | Op::Cast(_)
+                | Op::Bitcast(_)
+                | Op::Full(_)
+                | Op::Zeros
+                | Op::Iota { .. }
+        )
+    }
+    fn walk(v: &Verified, body: &[Stmt], out: &mut HashSet<String>) {
+        let all = &v.kernel().body;
+        for s in body {
+            if let Op::When { body: b, .. } | Op::For { body: b, .. } = &s.op {
+                walk(v, b, out);
+            }
+            let Some(x) = s.results.first().filter(|x| elementwise(&s.op) && !v.value_type(x).is_scalar()) else { continue };
+            let [r] = analysis::readers(all, x)[..] else { continue };
+            let in_body = body.iter().any(|t| std::ptr::eq(t, r));
+            let once = analysis::reads(&r.op).iter().filter(|n| **n == x.as_str()).count() == 1;
+            let shape = &v.value_type(x).shape;
+            let fits = match &r.op {
+                Op::Store { index: None, mask, value: Operand::Value(val), dst } => {
+                    val == x
+                        && mask.as_deref() != Some(x.as_str())
+                        && v.kernel().param(dst).is_some_and(|p| p.block_shape() == shape.as_slice())
+                }
+                op => elementwise(op) && r.results.first().is_some_and(|y| &v.value_type(y).shape == shape),
+            };
+            if in_body && once && fits {
+                out.insert(x.clone());
+            }
+        }
+    }
+    let mut out = HashSet::new();
+    walk(v, &v.kernel().body, &mut out);
+    out
 }
 
 /// `dot`s whose result is added into a [`resident`] output and stored back (`%acc = load c`,
@@ -482,6 +548,8 @@ enum Read {
     Own(String),
     /// In the row layout, element `k / len` of an `[R, 1]` value broadcast over rows of `len`.
     RowOwn(String, usize),
+    /// A value computed where it is read ([`Writer::inlined`]), by name.
+    Deferred(String),
     /// From the workspace: the value's name, its shape, and whether the read follows the
     /// result's linear index (`reshape`) instead of numpy broadcasting.
     Shared {
@@ -489,6 +557,16 @@ enum Read {
         shape: Vec<usize>,
         linear: bool,
     },
+}
+
+/// An elementwise value computed where it is read: its operands' reads, their types, and the
+/// element expression of the operands' expressions.
+#[derive(Clone)]
+struct Deferred<'k> {
+    reads: Vec<Read>,
+    tys: Vec<DType>,
+    #[allow(clippy::type_complexity)]
+    f: std::rc::Rc<dyn Fn(&mut Writer<'k>, &[String]) -> String>,
 }
 
 /// One dimension of the region a load or store selects.
@@ -628,6 +706,8 @@ struct Writer<'k> {
     row_len: Option<usize>,
     /// Outputs bound as `array<vec4<T>>` and written four elements at a time ([`quad_outputs`]).
     quad_outputs: BTreeSet<usize>,
+    /// Inputs bound as `array<vec4<T>>` and read four elements at a time ([`quad_inputs`]).
+    quad_inputs: BTreeSet<usize>,
     /// Values a `dot` reads from their argument's buffer ([`forwarded_loads`]).
     forwarded: HashMap<String, usize>,
     /// Arguments also bound as `array<vec4<T>>` (`a{i}v`), after the workspace.
@@ -639,6 +719,10 @@ struct Writer<'k> {
     resident: HashMap<String, usize>,
     /// Forwarded loads that only `dot`s read: they read the buffer, so the load writes nothing.
     dot_only: HashSet<String>,
+    /// Elementwise values computed where their one reader reads them ([`inlined_values`]), and
+    /// those of them written so far.
+    inlined: HashSet<String>,
+    deferred: HashMap<String, Deferred<'k>>,
     /// `dot`s that add their tiles into a resident output ([`accumulating_dots`]).
     accumulating: HashMap<String, (usize, String, String)>,
 }
@@ -692,6 +776,7 @@ impl<'k> Writer<'k> {
                 any
             },
             quad_outputs: quad_outputs(v, grid),
+            quad_inputs: quad_inputs(v, grid),
             forwarded: forwarded_loads(v.kernel()),
             views: BTreeSet::new(),
             allowed_views: None,
@@ -700,6 +785,8 @@ impl<'k> Writer<'k> {
                 .collect(),
             accumulating,
             resident,
+            inlined: inlined_values(v),
+            deferred: HashMap::new(),
         };
         // An output is written as `vec4`s only where its invocations own elements in fours, and
         // not where it is resident (written back from registers, element by element).
@@ -708,6 +795,9 @@ impl<'k> Writer<'k> {
             .filter(|&pi| w.group_of(params[pi].block_shape()).is_multiple_of(4) && !w.resident.contains_key(&params[pi].name))
             .collect();
         w.quad_outputs = quads;
+        let quads: BTreeSet<usize> =
+            (w.quad_inputs.iter().copied()).filter(|&pi| w.group_of(params[pi].block_shape()).is_multiple_of(4)).collect();
+        w.quad_inputs = quads;
         w
     }
 
@@ -857,7 +947,9 @@ impl<'k> Writer<'k> {
                 let id = self.ident(name);
                 if shape.is_empty() {
                     Read::Scalar(id)
-                } else if !res.is_empty() && (shape == res || linear) {
+                } else if self.deferred.contains_key(name) && shape == res {
+                    Read::Deferred(name.clone())
+                } else if !res.is_empty() && (shape == res || (linear && self.group_of(&shape) == self.group_of(res))) {
                     Read::Own(id)
                 } else if let Some(c) = self
                     .row_len
@@ -879,6 +971,14 @@ impl<'k> Writer<'k> {
             Read::Scalar(id) => id.clone(),
             Read::Own(id) => format!("{id}[k]"),
             Read::RowOwn(id, c) => format!("{id}[k / {c}u]"),
+            Read::Deferred(name) => {
+                let d = self.deferred[name].clone();
+                let xs: Vec<String> = d.reads.iter().zip(&d.tys).map(|(r, &t)| self.read(r, t, res)).collect();
+                let v = (d.f)(self, &xs);
+                let x = self.t();
+                self.line(format!("let {x} = {v};"));
+                x
+            }
             Read::Shared { name, shape, linear } => {
                 let idx = if *linear { "e".to_string() } else { broadcast_index(res, shape) };
                 let off = self.offsets.get(name).copied().unwrap_or(0);
@@ -1128,7 +1228,7 @@ impl<'k> Writer<'k> {
     }
 
     /// An elementwise result: scalar registers when every operand is one, else a block.
-    fn elementwise(&mut self, dst: &str, ops: &[&Operand], linear: bool, f: impl Fn(&mut Self, &[String]) -> String) {
+    fn elementwise(&mut self, dst: &str, ops: &[&Operand], linear: bool, f: impl Fn(&mut Self, &[String]) -> String + 'static) {
         let ty = self.ty(dst);
         let res = ty.shape.clone();
         let reads: Vec<Read> = ops.iter().map(|o| self.classify(o, &res, linear)).collect();
@@ -1160,6 +1260,13 @@ impl<'k> Writer<'k> {
                 let id = self.ident(dst);
                 self.line(format!("let {id}: {} = {v};", reg_ty(ty.dtype)));
             }
+            return;
+        }
+        if self.inlined.contains(dst) && !self.publish.contains(dst) && !reads.iter().any(|r| matches!(r, Read::Shared { .. })) {
+            // Computed where its one reader reads it, element by element, never stored.
+            self.line("// computed where it is read");
+            let tys: Vec<DType> = (0..ops.len()).map(|i| lit_ty(i, self)).collect();
+            self.deferred.insert(dst.to_string(), Deferred { reads, tys, f: std::rc::Rc::new(f) });
             return;
         }
         self.sync_reads(&reads.iter().collect::<Vec<_>>());
@@ -1202,40 +1309,40 @@ impl<'k> Writer<'k> {
                 let ty = self.ty(&dst);
                 let (st, size) = (strides(&ty.shape)[*dim], ty.shape[*dim]);
                 let cast = reg_ty(ty.dtype);
-                self.elementwise(&dst, &[], false, |_, _| format!("{cast}((e / {st}u) % {size}u)"));
+                self.elementwise(&dst, &[], false, move |_, _| format!("{cast}((e / {st}u) % {size}u)"));
             }
             Op::Full(l) => {
                 let d = self.ty(&dst).dtype;
                 let v = literal(*l, d);
-                self.elementwise(&dst, &[], false, |_, _| v.clone());
+                self.elementwise(&dst, &[], false, move |_, _| v.clone());
             }
             Op::Zeros => {
                 let d = self.ty(&dst).dtype;
                 let v = literal(Literal::Int(0), d);
-                self.elementwise(&dst, &[], false, |_, _| v.clone());
+                self.elementwise(&dst, &[], false, move |_, _| v.clone());
             }
             Op::Unary(op, a) => {
-                let d = self.dtype_of(&[a]);
-                self.elementwise(&dst, &[a], false, |w, x| w.unary(*op, d, &x[0]));
+                let (d, op) = (self.dtype_of(&[a]), *op);
+                self.elementwise(&dst, &[a], false, move |w, x| w.unary(op, d, &x[0]));
             }
             Op::Binary(op, a, b) => {
-                let d = self.dtype_of(&[a, b]);
-                self.elementwise(&dst, &[a, b], false, |w, x| w.binary(*op, d, &x[0], &x[1]));
+                let (d, op) = (self.dtype_of(&[a, b]), *op);
+                self.elementwise(&dst, &[a, b], false, move |w, x| w.binary(op, d, &x[0], &x[1]));
             }
             Op::Compare(op, a, b) => {
-                let d = self.dtype_of(&[a, b]);
-                self.elementwise(&dst, &[a, b], false, |_, x| compare(*op, d, &x[0], &x[1]));
+                let (d, op) = (self.dtype_of(&[a, b]), *op);
+                self.elementwise(&dst, &[a, b], false, move |_, x| compare(op, d, &x[0], &x[1]));
             }
             Op::Select(c, a, b) => {
                 self.elementwise(&dst, &[c, a, b], false, |_, x| format!("select({}, {}, {})", x[2], x[1], x[0]))
             }
             Op::Cast(a) => {
                 let (from, to) = (self.dtype_of(&[a]), self.ty(&dst).dtype);
-                self.elementwise(&dst, &[a], false, |w, x| w.cast(from, to, &x[0]));
+                self.elementwise(&dst, &[a], false, move |w, x| w.cast(from, to, &x[0]));
             }
             Op::Bitcast(a) => {
                 let (from, to) = (self.dtype_of(&[a]), self.ty(&dst).dtype);
-                self.elementwise(&dst, &[a], false, |w, x| w.bitcast(from, to, &x[0]));
+                self.elementwise(&dst, &[a], false, move |w, x| w.bitcast(from, to, &x[0]));
             }
             Op::Broadcast(a) => self.elementwise(&dst, &[a], false, |_, x| x[0].clone()),
             Op::Reshape(a) => self.elementwise(&dst, &[a], true, |_, x| x[0].clone()),
@@ -1343,16 +1450,36 @@ impl<'k> Writer<'k> {
             (ReduceOp::Min, false) => format!("min({acc}, {x})"),
         };
         if self.row_len == Some(n) && shape.len() == 2 && axis == 1 {
-            // In the row layout: each invocation reduces its own rows.
+            // In the row layout: each invocation reduces its own rows. Where the order cannot
+            // change the result (`max`/`min`, integers) and the row is a multiple of 4 long, in
+            // four interleaved partial results (independent chains the driver can overlap),
+            // combined pairwise; float sums and products add in ascending order, as the
+            // interpreter does.
             let (sid, id) = (self.ident(src), self.declare_block(dst));
             let rshape = self.ty(dst).shape.clone();
+            let exact = matches!(op, ReduceOp::Max | ReduceOp::Min) || !float;
+            let lanes = if exact && n.is_multiple_of(4) && n >= 8 { 4 } else { 1 };
             self.each(&rshape, |w| {
                 let acc = w.t();
-                w.line(format!("var {acc}: {acc_ty} = {init};"));
-                w.open(format!("for (var r = 0u; r < {n}u; r++)"));
-                let c = combine(w, &acc, &format!("{sid}[k * {n}u + r]"));
-                w.line(format!("{acc} = {c};"));
+                for l in 0..lanes {
+                    w.line(format!("var {acc}_{l}: {acc_ty} = {init};"));
+                }
+                w.open(format!("for (var r = 0u; r < {n}u; r += {lanes}u)"));
+                for l in 0..lanes {
+                    let c = combine(w, &format!("{acc}_{l}"), &format!("{sid}[k * {n}u + r + {l}u]"));
+                    w.line(format!("{acc}_{l} = {c};"));
+                }
                 w.close();
+                let all = if lanes == 4 {
+                    let (lo, hi) = (
+                        combine(w, &format!("{acc}_0"), &format!("{acc}_1")),
+                        combine(w, &format!("{acc}_2"), &format!("{acc}_3")),
+                    );
+                    combine(w, &lo, &hi)
+                } else {
+                    format!("{acc}_0")
+                };
+                w.line(format!("let {acc} = {all};"));
                 let v = w.round16(d, &acc);
                 w.line(format!("{id}[k] = {v};"));
             });
@@ -1799,14 +1926,16 @@ impl<'k> Writer<'k> {
             && mask.is_none()
             && self.group_of(&res).is_multiple_of(4)
             && quad_able(self.grid, &p)
-            && self.view(pi)
+            && (self.quad_inputs.contains(&pi) || self.view(pi))
         {
-            // Four adjacent elements of the block, inside the array, as one read.
+            // Four adjacent elements of the block, inside the array, as one read: from the
+            // argument bound as `vec4`s, or from its `vec4` view.
+            let arr = if self.quad_inputs.contains(&pi) { format!("a{pi}") } else { format!("a{pi}v") };
             let id = self.declare_block(dst);
             self.each_quad(&res, |w, slot| {
                 let (_, flat) = w.address(&region, &p.ty.shape);
                 let q = w.t();
-                w.line(format!("let {q} = a{pi}v[{flat} / 4u];"));
+                w.line(format!("let {q} = {arr}[{flat} / 4u];"));
                 for (t, c) in ["x", "y", "z", "w"].iter().enumerate() {
                     w.line(format!("{id}[{}] = {q}.{c};", slot(t)));
                 }
@@ -2126,7 +2255,7 @@ impl<'k> Writer<'k> {
             let _ = writeln!(
                 m,
                 "@group(0) @binding({binding}) var<storage, {access}> a{pi}: array<{}>; // {} {}: {}{}",
-                if self.quad_outputs.contains(&pi) {
+                if self.quad_outputs.contains(&pi) || self.quad_inputs.contains(&pi) {
                     format!("vec4<{}>", buf_ty(p.ty.dtype))
                 } else {
                     buf_ty(p.ty.dtype).to_string()
@@ -2134,7 +2263,7 @@ impl<'k> Writer<'k> {
                 p.kind.keyword(),
                 p.name,
                 p.ty,
-                if self.quad_outputs.contains(&pi) { ", as vec4" } else { "" }
+                if self.quad_outputs.contains(&pi) || self.quad_inputs.contains(&pi) { ", as vec4" } else { "" }
             );
             binding += 1;
         }
