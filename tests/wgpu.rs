@@ -75,8 +75,11 @@ fn every_kernel_lowers_to_wgsl_that_naga_validates() {
             assert!(bindings <= 8, "{stage} of {name} has {bindings} storage bindings, more than WebGPU's default 8");
             checked += 1;
         }
+        // Each strategy's lowering is reviewed on its own (`scripts/test` runs this test again
+        // with TESSEL_WGPU_STRATEGY=gpu).
+        let folder = if r.stdout.contains("// strategy: gpu") { "snapshots/wgsl-gpu" } else { "snapshots/wgsl" };
         let mut settings = insta::Settings::clone_current();
-        settings.set_snapshot_path(root().join("snapshots/wgsl"));
+        settings.set_snapshot_path(root().join(folder));
         settings.set_prepend_module_to_snapshot(false);
         settings.set_omit_expression(true);
         settings.bind(|| insta::assert_snapshot!(name, r.stdout));
@@ -146,6 +149,15 @@ fn what_mosaic_refuses_wgpu_runs() {
     // An external mesh of devices around a one-adapter launch.
     let r = tessel(&["run", &add, "--backend", "wgpu", "--external-mesh", "device(x: 2)", "--out-dir", &out]);
     assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+}
+
+#[test]
+fn the_strategy_is_in_the_header_and_a_bad_one_is_refused_by_name() {
+    let r = run(&["lower".into(), root().join("examples/matmul.tk").display().to_string(), "--backend".into(), "wgpu".into()]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(r.stdout.contains("// strategy: cpu (") || r.stdout.contains("// strategy: gpu ("), "{}", r.stdout);
+    // The staged dot only under the gpu strategy, and only there workgroup memory.
+    assert_eq!(r.stdout.contains("// strategy: gpu"), r.stdout.contains("var<workgroup> tk_sa"), "{}", r.stdout);
 }
 
 #[test]

@@ -103,6 +103,22 @@ pub struct Capabilities {
     pub max_block_elements: u64,
 }
 
+impl Capabilities {
+    /// Takes nothing: what a backend whose `capabilities` failed reports.
+    pub fn none() -> Capabilities {
+        Capabilities {
+            mesh_kinds: RVec::new(),
+            portable_meshes: false,
+            dtypes: RVec::new(),
+            dynamic_grid: false,
+            multiple_kernels: false,
+            external_meshes: false,
+            targets: RVec::new(),
+            max_block_elements: 0,
+        }
+    }
+}
+
 /// The counters of a backend's compile cache.
 #[repr(C)]
 #[derive(StableAbi, Clone, Copy, Debug, PartialEq, Eq, Default)]

@@ -56,14 +56,18 @@ pub trait BackendImpl: Send + Sync + 'static {
     fn capabilities(&self) -> Capabilities;
     /// Builds this backend's own mesh from a portable spec.
     fn make_mesh(&self, spec: &MeshSpec) -> Result<MeshBox, BackendError>;
-    /// Ok, or the refusal: cheap, no lowering, no device. Runs before every launch, even when the
-    /// compiled launch is cached (it is where a backend checks that a mesh is its own).
-    fn supports(&self, launch: &Launch<'_>) -> Result<(), BackendError>;
+    /// What `supports` decided and `compile` consumes (verified kernels, their grids, the
+    /// lowering's plan), so that a launch is checked and planned once.
+    type Plan: Send + 'static;
+    /// The plan, or the refusal: cheap, no lowering, no device. Runs once before every launch,
+    /// even when the compiled launch is cached (it is where a backend checks that a mesh is its
+    /// own).
+    fn supports(&self, launch: &Launch<'_>) -> Result<Self::Plan, BackendError>;
     /// A launch lowered for this backend: what [`BackendImpl::compile`] makes and
     /// [`BackendImpl::run`] runs. [`export`] caches it, keyed by the launch.
     type Compiled: Send + Sync + 'static;
-    /// Lowers a launch (after `supports` said yes). No device.
-    fn compile(&self, launch: &Launch<'_>) -> Result<Self::Compiled, BackendError>;
+    /// Lowers a launch from the plan `supports` made for it. No device.
+    fn compile(&self, launch: &Launch<'_>, plan: Self::Plan) -> Result<Self::Compiled, BackendError>;
     /// Named stages of lowered text (`ptx`, `wgsl`, ...).
     fn stages(&self, compiled: &Self::Compiled) -> Vec<(String, String)>;
     /// A zeroed buffer of `ty`.
@@ -89,6 +93,7 @@ pub fn export<B: BackendImpl>(backend: B) -> BackendBox {
         buffers: Mutex::new(HashMap::new()),
         next: AtomicU64::new(1),
         compiled: Mutex::new(HashMap::new()),
+        planned: Mutex::new(HashMap::new()),
         decoded: Mutex::new(HashMap::new()),
         hits: AtomicU64::new(0),
         misses: AtomicU64::new(0),
@@ -152,6 +157,9 @@ struct Exported<B: BackendImpl> {
     next: AtomicU64,
     /// Compiled launches by [`cache_key`].
     compiled: Mutex<HashMap<[u8; 32], Arc<B::Compiled>>>,
+    /// The plans `supports` made for the host, by [`request_key`], until the launch or lowering
+    /// that follows takes them (so that neither plans again).
+    planned: Mutex<HashMap<[u8; 32], B::Plan>>,
     /// The parsed kernels of recent requests, by [`request_key`]: a launch repeated is not
     /// parsed again.
     decoded: Mutex<HashMap<[u8; 32], ParsedKernels>>,
@@ -356,6 +364,8 @@ type ParsedKernels = Arc<Vec<Arc<Kernel>>>;
 
 /// Requests whose parsed kernels are kept.
 const DECODED_KEPT: usize = 256;
+/// Plans kept for the launch that follows their `supports`.
+const PLANS_KEPT: usize = 64;
 
 impl<B: BackendImpl> Exported<B> {
     /// [`decode`], reusing the kernels parsed for the same request before.
@@ -374,17 +384,22 @@ impl<B: BackendImpl> Exported<B> {
         Ok(launch)
     }
 
-    /// Asks `supports`, then returns the compiled launch from the cache or compiles it.
+    /// The plan the host's `supports` call made for this launch, else `supports` now; then the
+    /// compiled launch from the cache, or compiled from the plan.
     fn compiled(&self, launch: &Launch<'_>) -> Result<Arc<B::Compiled>, BackendError> {
-        self.backend.supports(launch)?;
-        let key = keyed(self.backend.name(), self.backend.version(), &launch.key);
         let poisoned = || BackendError::new(ErrorKind::Internal, "the compile cache is poisoned");
+        let earlier = self.planned.lock().map_err(|_| poisoned())?.remove(&launch.key);
+        let plan = match earlier {
+            Some(p) => p,
+            None => self.backend.supports(launch)?,
+        };
+        let key = keyed(self.backend.name(), self.backend.version(), &launch.key);
         if let Some(c) = self.compiled.lock().map_err(|_| poisoned())?.get(&key) {
             self.hits.fetch_add(1, Ordering::Relaxed);
             return Ok(Arc::clone(c));
         }
         self.misses.fetch_add(1, Ordering::Relaxed);
-        let c = Arc::new(self.backend.compile(launch)?);
+        let c = Arc::new(self.backend.compile(launch, plan)?);
         self.compiled.lock().map_err(|_| poisoned())?.insert(key, Arc::clone(&c));
         Ok(c)
     }
@@ -447,16 +462,7 @@ impl<B: BackendImpl> Backend for Exported<B> {
     fn capabilities(&self) -> Capabilities {
         match guard("capabilities", || Ok(self.backend.capabilities())) {
             RResult::ROk(c) => c,
-            RResult::RErr(_) => Capabilities {
-                mesh_kinds: RVec::new(),
-                portable_meshes: false,
-                dtypes: RVec::new(),
-                dynamic_grid: false,
-                multiple_kernels: false,
-                external_meshes: false,
-                targets: RVec::new(),
-                max_block_elements: 0,
-            },
+            RResult::RErr(_) => Capabilities::none(),
         }
     }
 
@@ -468,7 +474,18 @@ impl<B: BackendImpl> Backend for Exported<B> {
     }
 
     fn supports(&self, req: &LaunchRequest<'_>) -> RResult<(), BackendError> {
-        guard("supports", || self.backend.supports(&self.decode(req)?))
+        guard("supports", || {
+            let launch = self.decode(req)?;
+            let plan = self.backend.supports(&launch)?;
+            let mut planned =
+                self.planned.lock().map_err(|_| BackendError::new(ErrorKind::Internal, "the plan table is poisoned"))?;
+            // Plans no launch took (the host asked and went elsewhere) do not pile up.
+            if planned.len() >= PLANS_KEPT {
+                planned.clear();
+            }
+            planned.insert(launch.key, plan);
+            Ok(())
+        })
     }
 
     fn lower(&self, req: &LaunchRequest<'_>) -> RResult<RVec<Stage>, BackendError> {
@@ -587,4 +604,98 @@ macro_rules! export_plugin {
             .leak_into_prefix()
         }
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use abi_stable::std_types::{RNone, RSlice};
+
+    use super::*;
+    use crate::abi::{IR_FORMAT_VERSION, KernelCall};
+
+    /// A backend that counts its plans and compilations and runs nothing.
+    #[derive(Default)]
+    struct Counting {
+        plans: Arc<AtomicUsize>,
+        compiles: Arc<AtomicUsize>,
+    }
+
+    impl BackendImpl for Counting {
+        type Buffer = ();
+        type Plan = usize;
+        type Compiled = usize;
+        fn name(&self) -> &str {
+            "counting"
+        }
+        fn version(&self) -> &str {
+            "0"
+        }
+        fn platform(&self) -> String {
+            "nowhere".into()
+        }
+        fn availability(&self) -> Result<String, String> {
+            Ok("here".into())
+        }
+        fn capabilities(&self) -> Capabilities {
+            Capabilities::none()
+        }
+        fn make_mesh(&self, _: &MeshSpec) -> Result<MeshBox, BackendError> {
+            Err(invalid("no meshes"))
+        }
+        fn supports(&self, _: &Launch<'_>) -> Result<usize, BackendError> {
+            Ok(self.plans.fetch_add(1, Ordering::SeqCst))
+        }
+        fn compile(&self, _: &Launch<'_>, plan: usize) -> Result<usize, BackendError> {
+            self.compiles.fetch_add(1, Ordering::SeqCst);
+            Ok(plan)
+        }
+        fn stages(&self, c: &usize) -> Vec<(String, String)> {
+            vec![("plan".into(), c.to_string())]
+        }
+        fn alloc(&self, _: &Type) -> Result<(), BackendError> {
+            Ok(())
+        }
+        fn upload(&self, _: &mut (), _: HostArray) -> Result<(), BackendError> {
+            Ok(())
+        }
+        fn download<'b>(&self, _: &'b ()) -> Result<std::borrow::Cow<'b, HostArray>, BackendError> {
+            Err(invalid("nothing to download"))
+        }
+        fn run(&self, _: &usize, _: &Launch<'_>, _: &mut BTreeMap<String, ()>) -> Result<(), BackendError> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_launch_after_supports_plans_once_and_a_cached_one_plans_without_compiling() {
+        let b = Counting::default();
+        let (plans, compiles) = (Arc::clone(&b.plans), Arc::clone(&b.compiles));
+        let exported = export(b);
+        let source = "kernel k\n  in x: f32[4]\n  out o: f32[4]\n{\n  %x = load x\n  store o, %x\n}\n";
+        let calls = [KernelCall { kernel: "k".into(), mesh: RNone }];
+        let req = LaunchRequest {
+            ir_format: IR_FORMAT_VERSION,
+            source: source.into(),
+            calls: RSlice::from_slice(&calls),
+            external_meshes: RSlice::from_slice(&[]),
+            grid: RSlice::from_slice(&[]),
+        };
+        // The host asks, then launches: one plan, one compilation.
+        exported.supports(&req).into_result().unwrap();
+        exported.launch(&req, RSlice::from_slice(&[])).into_result().unwrap();
+        assert_eq!((plans.load(Ordering::SeqCst), compiles.load(Ordering::SeqCst)), (1, 1));
+        // Again: asked again (every launch is), compiled launch from the cache.
+        exported.supports(&req).into_result().unwrap();
+        exported.launch(&req, RSlice::from_slice(&[])).into_result().unwrap();
+        assert_eq!((plans.load(Ordering::SeqCst), compiles.load(Ordering::SeqCst)), (2, 1));
+        // A launch nobody asked about first still runs `supports`, once.
+        exported.launch(&req, RSlice::from_slice(&[])).into_result().unwrap();
+        assert_eq!((plans.load(Ordering::SeqCst), compiles.load(Ordering::SeqCst)), (3, 1));
+        // Lowering after asking takes the plan too.
+        exported.supports(&req).into_result().unwrap();
+        let stages = exported.lower(&req).into_result().unwrap();
+        assert_eq!((plans.load(Ordering::SeqCst), stages.len()), (4, 1));
+    }
 }

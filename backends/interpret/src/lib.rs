@@ -170,15 +170,18 @@ impl BackendImpl for Interpreter {
         mesh::make(spec)
     }
 
-    fn supports(&self, launch: &Launch<'_>) -> Result<(), BackendError> {
-        self.verified(launch).map(drop)
+    /// Each kernel verified with its mesh.
+    type Plan = Vec<Verified>;
+
+    fn supports(&self, launch: &Launch<'_>) -> Result<Vec<Verified>, BackendError> {
+        self.verified(launch)
     }
 
     /// Each kernel verified with its mesh and lowered to the interpreter's program.
     type Compiled = Vec<Compiled>;
 
-    fn compile(&self, launch: &Launch<'_>) -> Result<Vec<Compiled>, BackendError> {
-        Ok(self.verified(launch)?.iter().map(compile).collect())
+    fn compile(&self, _: &Launch<'_>, plan: Vec<Verified>) -> Result<Vec<Compiled>, BackendError> {
+        Ok(plan.iter().map(compile).collect())
     }
 
     fn stages(&self, compiled: &Vec<Compiled>) -> Vec<(String, String)> {

@@ -141,16 +141,18 @@ impl BackendImpl for MosaicGpu {
         }
     }
 
-    fn supports(&self, launch: &Launch<'_>) -> Result<(), BackendError> {
-        self.plan(launch).map(drop)
+    /// Each kernel's plan.
+    type Plan = Vec<lower::Plan>;
+
+    fn supports(&self, launch: &Launch<'_>) -> Result<Vec<lower::Plan>, BackendError> {
+        self.plan(launch)
     }
 
     /// Each kernel's plan and its PTX.
     type Compiled = Vec<(lower::Plan, String)>;
 
-    fn compile(&self, launch: &Launch<'_>) -> Result<Self::Compiled, BackendError> {
-        Ok(self
-            .plan(launch)?
+    fn compile(&self, _: &Launch<'_>, plan: Vec<lower::Plan>) -> Result<Self::Compiled, BackendError> {
+        Ok(plan
             .into_iter()
             .map(|p| {
                 let ptx = emit::emit(&p);

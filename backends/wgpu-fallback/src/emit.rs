@@ -43,11 +43,60 @@ const UNROLL: usize = 8;
 /// The most storage bindings a module uses: WebGPU's default `maxStorageBuffersPerShaderStage`
 /// (`vec4` views of inputs are added only while they fit; arguments and the workspace always).
 const MAX_STORAGE_BINDINGS: usize = 8;
+/// The most words a staged `dot` keeps in workgroup memory (both operand chunks): half of
+/// WebGPU's default `maxComputeWorkgroupStorageSize` of 16 KiB.
+const MAX_STAGED_WORDS: usize = 2048;
 /// The most invocations per workgroup used: WebGPU's default `maxComputeInvocationsPerWorkgroup`.
 pub const MAX_WORKGROUP: u32 = 256;
 
 /// The dtypes this backend lowers (16-bit floats emulated with `f32` and rounding).
 pub const DTYPES: [DType; 6] = [DType::F32, DType::I32, DType::U32, DType::Bool, DType::F16, DType::BF16];
+
+/// How the lowering uses the adapter; the WGSL header names it. `TESSEL_WGPU_STRATEGY=cpu|gpu`
+/// forces one (so the tests run both on one adapter), else the adapter's device type decides.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Strategy {
+    /// A CPU (software) adapter, where workgroup memory and barriers are pure cost: `dot`
+    /// operands read straight from their buffers, reductions along rows by one invocation per
+    /// row (the row layout).
+    Cpu,
+    /// A hardware adapter: `dot` operand tiles staged in `var<workgroup>` memory a few steps of
+    /// the contraction at a time, more invocations per workgroup, no row layout.
+    Gpu,
+}
+
+impl Strategy {
+    /// Its name in `TESSEL_WGPU_STRATEGY` and in the WGSL header.
+    pub fn name(self) -> &'static str {
+        match self {
+            Strategy::Cpu => "cpu",
+            Strategy::Gpu => "gpu",
+        }
+    }
+
+    /// The strategy `TESSEL_WGPU_STRATEGY` forces, if set: an unknown value is an error naming
+    /// what would work.
+    pub fn forced() -> Result<Option<Strategy>, BackendError> {
+        match std::env::var("TESSEL_WGPU_STRATEGY") {
+            Ok(v) if !v.is_empty() => Strategy::parse(&v).map(Some),
+            _ => Ok(None),
+        }
+    }
+
+    /// The strategy named `v`, or an error naming what would work.
+    pub fn parse(v: &str) -> Result<Strategy, BackendError> {
+        match v {
+            "cpu" => Ok(Strategy::Cpu),
+            "gpu" => Ok(Strategy::Gpu),
+            _ => Err(BackendError::new(
+                ErrorKind::InvalidInput,
+                format!(
+                    "TESSEL_WGPU_STRATEGY={v} is not a strategy of the wgpu backend\n  use cpu or gpu, or unset it to let the adapter decide"
+                ),
+            )),
+        }
+    }
+}
 
 /// One kernel lowered to WGSL, with what the runtime needs to dispatch it.
 #[derive(Clone, Debug)]
@@ -371,7 +420,7 @@ fn unsupported(msg: String) -> BackendError {
 }
 
 /// Lowers one verified kernel whose grid sizes are `grid` (every `dyn` size resolved).
-pub fn lower(kernel: &Verified, grid: &[LaunchAxis]) -> Result<Lowered, BackendError> {
+pub fn lower(kernel: &Verified, grid: &[LaunchAxis], strategy: Strategy) -> Result<Lowered, BackendError> {
     let k = kernel.kernel();
     for p in &k.params {
         if !DTYPES.contains(&p.ty.dtype) {
@@ -399,14 +448,17 @@ pub fn lower(kernel: &Verified, grid: &[LaunchAxis]) -> Result<Lowered, BackendE
         }
     }
     // Pass 1: which values are read by other invocations, and the largest loop.
-    let mut first = Writer::new(kernel, grid, MAX_WORKGROUP, HashSet::new(), programs, steps);
+    let mut first = Writer::new(kernel, grid, MAX_WORKGROUP, HashSet::new(), programs, steps, strategy);
     first.write_main()?;
     let wanted = first.wanted.clone();
     // Elements in groups with a `dot` (its register tiles), one by one otherwise. With groups,
     // fewer invocations own more elements each: a larger tile per invocation, fewer loads per
     // multiply-add.
-    let wg = if let Some((_, wg)) = row_layout(kernel) {
+    let wg = if let Some((_, wg)) = row_layout(kernel).filter(|_| strategy == Strategy::Cpu) {
         wg
+    } else if first.group > 1 && first.dots && strategy == Strategy::Gpu {
+        // Hardware: smaller tiles (32 elements) for more invocations, fed from workgroup memory.
+        ((first.max_elements / 32).next_power_of_two() as u32).clamp(64, MAX_WORKGROUP)
     } else if first.group > 1 && first.dots {
         ((first.max_elements / 128).next_power_of_two() as u32).clamp(32, MAX_WORKGROUP)
     } else if first.group > 1 {
@@ -434,7 +486,7 @@ pub fn lower(kernel: &Verified, grid: &[LaunchAxis]) -> Result<Lowered, BackendE
         ([programs.min(MAX_GROUPS).min(WORKSPACE_BUDGET / (words * 4)) as u32, 1], true)
     };
     // Pass 2 with the publications.
-    let mut w = Writer::new(kernel, grid, wg, wanted, programs, steps);
+    let mut w = Writer::new(kernel, grid, wg, wanted, programs, steps, strategy);
     // The `vec4` views pass 1 wanted, as many as the bindings leave room for.
     let taken = k.params.iter().filter(|p| p.kind != ParamKind::Scratch).count() + usize::from(words > 0);
     w.allowed_views = Some(first.views.iter().copied().take(MAX_STORAGE_BINDINGS.saturating_sub(taken)).collect());
@@ -700,6 +752,10 @@ struct Writer<'k> {
     group: usize,
     /// Whether the kernel has a `dot`.
     dots: bool,
+    strategy: Strategy,
+    /// Words of the `var<workgroup>` arrays the staged `dot`s use (`tk_sa`, `tk_sb`): the most
+    /// any one needs.
+    staged: (usize, usize),
     /// The row layout's row length ([`row_layout`]): values whose rows are this long are owned
     /// by whole rows, `[R, 1]` and `[R]` values element by element, row `r` by invocation
     /// `r % wg`.
@@ -735,6 +791,7 @@ impl<'k> Writer<'k> {
         publish: impl IntoIterator<Item = String>,
         programs: u64,
         steps: u64,
+        strategy: Strategy,
     ) -> Writer<'k> {
         let resident: HashMap<String, usize> = (v.kernel().params.iter().enumerate())
             .filter(|(_, p)| resident(v, grid, p))
@@ -768,8 +825,10 @@ impl<'k> Writer<'k> {
             stores: true,
             groups: [1, 1],
             strided: true,
-            group: if row_layout(v).is_some() { 1 } else { element_group(v, grid) },
-            row_len: row_layout(v).map(|r| r.0),
+            group: if strategy == Strategy::Cpu && row_layout(v).is_some() { 1 } else { element_group(v, grid) },
+            row_len: row_layout(v).filter(|_| strategy == Strategy::Cpu).map(|r| r.0),
+            strategy,
+            staged: (0, 0),
             dots: {
                 let mut any = false;
                 analysis::visit(&v.kernel().body, &mut |s| any |= matches!(s.op, Op::Dot { .. }));
@@ -1050,7 +1109,7 @@ impl<'k> Writer<'k> {
             self.open(format!("if (step == {}u)", self.steps - 1));
             let p = k.params[pi].clone();
             let region = self.region(pi, &p, None);
-            self.store_cells(pi, &p, &region, &p.block_shape().to_vec(), None, |_| format!("r{pi}[k]"));
+            self.store_cells(pi, &p, &region, p.block_shape(), None, |_| format!("r{pi}[k]"));
             self.close();
         }
         if looped {
@@ -1540,6 +1599,47 @@ impl<'k> Writer<'k> {
         let wg = self.wg as usize;
         let g = self.group;
         let tiled = g > 1 && n.is_multiple_of(g) && (g * wg).is_multiple_of(n);
+        // On hardware, operand chunks of `kc` contraction steps go through workgroup memory.
+        let kc = [16, 8, 4, 2, 1].into_iter().find(|&c| kk.is_multiple_of(c) && (m + n) * c <= MAX_STAGED_WORDS);
+        if let (true, Strategy::Gpu, Some(kc)) = (tiled, self.strategy, kc) {
+            let at_a = |row: &str, q: &str| if trans_a { ra(q, row) } else { ra(row, q) };
+            let at_b = |q: &str, col: &str| if trans_b { rb(col, q) } else { rb(q, col) };
+            self.staged = (self.staged.0.max(m * kc), self.staged.1.max(kc * n));
+            self.line(format!(
+                "// a register tile of {} rows x {g} columns per invocation; operands staged in workgroup memory, {kc} steps at a time",
+                slots / g
+            ));
+            self.line("{");
+            self.indent += 1;
+            self.line(format!("let tc0 = ({g}u * lid) % {n}u;"));
+            let acc_ty = reg_ty(self.ty(dst).dtype);
+            for s in 0..slots {
+                self.line(format!("var acc{s}: {acc_ty};"));
+            }
+            self.open(format!("for (var r0 = 0u; r0 < {kk}u; r0 += {kc}u)"));
+            // The previous chunk's reads are done before this one overwrites it.
+            self.line("workgroupBarrier();");
+            self.open(format!("for (var i = lid; i < {}u; i += {wg}u)", m * kc));
+            let x = at_a(&format!("i / {kc}u"), &format!("r0 + i % {kc}u"));
+            self.line(format!("tk_sa[i] = {};", to_word(da, &x)));
+            self.close();
+            let db = self.ty(b).dtype;
+            self.open(format!("for (var i = lid; i < {}u; i += {wg}u)", kc * n));
+            let x = at_b(&format!("r0 + i / {n}u"), &format!("i % {n}u"));
+            self.line(format!("tk_sb[i] = {};", to_word(db, &x)));
+            self.close();
+            self.line("workgroupBarrier();");
+            self.open(format!("for (var q = 0u; q < {kc}u; q++)"));
+            self.tile_step(
+                [m, n],
+                slots,
+                |t| from_word(db, &format!("tk_sb[q * {n}u + tc0 + {t}u]")),
+                |row| from_word(da, &format!("tk_sa[{row} * {kc}u + q]")),
+            );
+            self.close();
+            self.tile_end(dst, slots, into);
+            return;
+        }
         let quads = (tiled && !trans_a && !trans_b && kk.is_multiple_of(4))
             .then(|| Some((self.vec4_reader(a)?, self.vec4_reader(b)?)))
             .flatten();
@@ -1602,27 +1702,8 @@ impl<'k> Writer<'k> {
                 self.line(format!("var acc{s}: {acc_ty};"));
             }
             self.open(format!("for (var r = 0u; r < {kk}u; r++)"));
-            for t in 0..g {
-                self.line(format!("let b{t} = {};", b_at(&format!("(tc0 + {t}u)"))));
-            }
-            let guard = self.ragged(&[m, n]);
-            for j in 0..slots / g {
-                let e = self.element(&[m, n], g * j);
-                self.open_group(&e, total, guard);
-                self.line(format!("let av = {};", a_at(&format!("(({e}) / {n}u)"))));
-                for t in 0..g {
-                    let s = g * j + t;
-                    self.line(format!("acc{s} = acc{s} + av * b{t};"));
-                }
-                self.close();
-            }
-            self.close();
-            for s in 0..slots {
-                let line = into(s, &format!("acc{s}"));
-                self.line(line);
-            }
-            self.close();
-            self.defined(dst);
+            self.tile_step([m, n], slots, |t| b_at(&format!("(tc0 + {t}u)")), |row| a_at(row));
+            self.tile_end(dst, slots, into);
             return;
         }
         let shared_col = g == 1 && wg.is_multiple_of(n);
@@ -1649,6 +1730,40 @@ impl<'k> Writer<'k> {
         if let Some(ri) = fused {
             self.each(&[m, n], |w| w.line(format!("r{ri}[k] = r{ri}[k] + {id}[k];")));
         }
+        self.defined(dst);
+    }
+
+    /// One step of the contraction of a scalar register tile over a `dot` result of `shape`: the
+    /// `g` values of `b` for the tile's columns (`b_of(t)`), then for each of the invocation's
+    /// rows the value of `a` (`a_of(row)`, `row` a WGSL expression) times them into the
+    /// accumulators `acc{slot}`.
+    fn tile_step(&mut self, shape: [usize; 2], slots: usize, b_of: impl Fn(usize) -> String, a_of: impl Fn(&str) -> String) {
+        let (g, [m, n]) = (self.group, shape);
+        for t in 0..g {
+            self.line(format!("let b{t} = {};", b_of(t)));
+        }
+        let guard = self.ragged(&shape);
+        for j in 0..slots / g {
+            let e = self.element(&shape, g * j);
+            self.open_group(&e, m * n, guard);
+            self.line(format!("let av = {};", a_of(&format!("(({e}) / {n}u)"))));
+            for t in 0..g {
+                let s = g * j + t;
+                self.line(format!("acc{s} = acc{s} + av * b{t};"));
+            }
+            self.close();
+        }
+    }
+
+    /// Closes a scalar register tile's contraction loop and block: each accumulator goes where
+    /// `into(slot, accumulator)` says.
+    fn tile_end(&mut self, dst: &str, slots: usize, into: impl Fn(usize, &str) -> String) {
+        self.close();
+        for s in 0..slots {
+            let line = into(s, &format!("acc{s}"));
+            self.line(line);
+        }
+        self.close();
         self.defined(dst);
     }
 
@@ -2212,6 +2327,14 @@ impl<'k> Writer<'k> {
         );
         let _ = writeln!(
             m,
+            "// strategy: {}",
+            match self.strategy {
+                Strategy::Cpu => "cpu (operands read from their buffers; no workgroup memory)",
+                Strategy::Gpu => "gpu (dot operands staged in workgroup memory; no row layout)",
+            }
+        );
+        let _ = writeln!(
+            m,
             "// elements: {}",
             if let Some(c) = self.row_len {
                 format!("whole rows of {c} per invocation (row layout: reductions along rows stay in the invocation)")
@@ -2284,6 +2407,10 @@ impl<'k> Writer<'k> {
         if self.uses_broadcast {
             let _ = writeln!(m, "var<workgroup> tk_bc: u32;");
         }
+        if self.staged.0 > 0 {
+            let _ = writeln!(m, "var<workgroup> tk_sa: array<u32, {}>; // dot operand chunks", self.staged.0);
+            let _ = writeln!(m, "var<workgroup> tk_sb: array<u32, {}>;", self.staged.1);
+        }
         if self.helpers.contains("tk_f32_bits") {
             let _ = writeln!(m, "var<private> tk_zero: u32;");
         }
@@ -2337,5 +2464,23 @@ fn compare(op: CmpOp, d: DType, x: &str, y: &str) -> String {
         CmpOp::Le => format!("({x} <= {y})"),
         CmpOp::Gt => format!("({x} > {y})"),
         CmpOp::Ge => format!("({x} >= {y})"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strategies_parse_by_name_and_a_bad_name_says_what_would_work() {
+        assert_eq!(Strategy::parse("cpu").unwrap(), Strategy::Cpu);
+        assert_eq!(Strategy::parse("gpu").unwrap(), Strategy::Gpu);
+        let e = Strategy::parse("fast").unwrap_err();
+        assert_eq!(e.kind, ErrorKind::InvalidInput);
+        assert!(
+            e.message.contains("TESSEL_WGPU_STRATEGY=fast is not a strategy") && e.message.contains("use cpu or gpu"),
+            "{}",
+            e.message
+        );
     }
 }

@@ -28,10 +28,15 @@ pub const NAME: &str = "wgpu";
 
 /// The wgpu backend.
 #[derive(Debug, Default)]
-pub struct Wgpu {
-    /// `supports` answers by [`Launch::key`]: they depend only on the request's text and meshes'
-    /// portable views, so a launch repeated does not verify its kernels again.
-    verdicts: std::sync::Mutex<std::collections::HashMap<[u8; 32], Result<(), BackendError>>>,
+pub struct Wgpu;
+
+/// The lowering strategy: `TESSEL_WGPU_STRATEGY` where set, else `cpu` on a software adapter (or
+/// none) and `gpu` on a hardware one.
+fn strategy() -> Result<emit::Strategy, BackendError> {
+    Ok(emit::Strategy::forced()?.unwrap_or(match runtime::adapter() {
+        Ok(a) if !a.software => emit::Strategy::Gpu,
+        _ => emit::Strategy::Cpu,
+    }))
 }
 
 fn unsupported(msg: String) -> BackendError {
@@ -86,7 +91,7 @@ fn check_type(what: &str, ty: &Type) -> Result<(), BackendError> {
 impl Wgpu {
     /// The backend object.
     pub fn new() -> Wgpu {
-        Wgpu::default()
+        Wgpu
     }
 
     /// Every refusal, then each kernel verified with its mesh and its grid sizes.
@@ -127,8 +132,13 @@ impl BackendImpl for Wgpu {
         NAME
     }
 
+    /// With the strategy, which keys the compile cache: a forced strategy must not read what
+    /// the other wrote.
     fn version(&self) -> &str {
-        env!("CARGO_PKG_VERSION")
+        match strategy() {
+            Ok(emit::Strategy::Gpu) => concat!(env!("CARGO_PKG_VERSION"), " strategy gpu"),
+            _ => concat!(env!("CARGO_PKG_VERSION"), " strategy cpu"),
+        }
     }
 
     fn platform(&self) -> String {
@@ -159,25 +169,18 @@ impl BackendImpl for Wgpu {
         mesh::make(spec)
     }
 
-    fn supports(&self, launch: &Launch<'_>) -> Result<(), BackendError> {
-        if let Some(v) = self.verdicts.lock().ok().and_then(|m| m.get(&launch.key).cloned()) {
-            return v;
-        }
-        let v = self.checked(launch).map(drop);
-        if let Ok(mut m) = self.verdicts.lock() {
-            if m.len() >= 4096 {
-                m.clear();
-            }
-            m.insert(launch.key, v.clone());
-        }
-        v
+    /// Each kernel verified with its mesh, with its grid sizes, and the strategy.
+    type Plan = (Vec<(Verified, Vec<LaunchAxis>)>, emit::Strategy);
+
+    fn supports(&self, launch: &Launch<'_>) -> Result<Self::Plan, BackendError> {
+        Ok((self.checked(launch)?, strategy()?))
     }
 
     /// Each kernel's WGSL and dispatch.
     type Compiled = Vec<emit::Lowered>;
 
-    fn compile(&self, launch: &Launch<'_>) -> Result<Self::Compiled, BackendError> {
-        self.checked(launch)?.iter().map(|(v, axes)| emit::lower(v, axes)).collect()
+    fn compile(&self, _: &Launch<'_>, (kernels, strategy): Self::Plan) -> Result<Self::Compiled, BackendError> {
+        kernels.iter().map(|(v, axes)| emit::lower(v, axes, strategy)).collect()
     }
 
     fn stages(&self, compiled: &Self::Compiled) -> Vec<(String, String)> {
