@@ -775,6 +775,9 @@ struct Writer<'k> {
     resident: HashMap<String, usize>,
     /// Forwarded loads that only `dot`s read: they read the buffer, so the load writes nothing.
     dot_only: HashSet<String>,
+    /// Inside a loop over a quad value ([`Writer::quad_value`]): which of the four elements of
+    /// quad `j` slot `k` is.
+    quad_lane: Option<usize>,
     /// Elementwise values computed where their one reader reads them ([`inlined_values`]), and
     /// those of them written so far.
     inlined: HashSet<String>,
@@ -845,6 +848,7 @@ impl<'k> Writer<'k> {
             accumulating,
             resident,
             inlined: inlined_values(v),
+            quad_lane: None,
             deferred: HashMap::new(),
         };
         // An output is written as `vec4`s only where its invocations own elements in fours, and
@@ -1028,7 +1032,7 @@ impl<'k> Writer<'k> {
         match r {
             Read::Lit(l) => literal(*l, dtype),
             Read::Scalar(id) => id.clone(),
-            Read::Own(id) => format!("{id}[k]"),
+            Read::Own(id) => self.at(id, res),
             Read::RowOwn(id, c) => format!("{id}[k / {c}u]"),
             Read::Deferred(name) => {
                 let d = self.deferred[name].clone();
@@ -1146,14 +1150,98 @@ impl<'k> Writer<'k> {
         }
     }
 
+    /// Whether values of `shape` are held four elements to a `vec4` (`array<vec4<T>, slots / 4>`,
+    /// slot `k` at `[k / 4][k % 4]`): in the row layout, values owned by whole rows of a multiple
+    /// of 4, so that loads, stores and reductions move four elements at a time.
+    fn quad_value(&self, shape: &[usize]) -> bool {
+        self.row_len.is_some_and(|c| c.is_multiple_of(4) && self.group_of(shape) == c)
+    }
+
+    /// Slot `k` of the private array `id` of a value of `shape`.
+    fn at(&self, id: &str, shape: &[usize]) -> String {
+        match (self.quad_value(shape), self.quad_lane) {
+            (true, Some(t)) => format!("{id}[j].{}", ["x", "y", "z", "w"][t]),
+            (true, None) => format!("{id}[k / 4u][k % 4u]"),
+            (false, _) => format!("{id}[k]"),
+        }
+    }
+
+    /// The WGSL type of the private array of a value of `shape` and `dtype`.
+    fn array_ty(&self, shape: &[usize], dtype: DType) -> String {
+        let slots = self.slots(shape);
+        if self.quad_value(shape) {
+            format!("array<vec4<{}>, {}>", reg_ty(dtype), slots / 4)
+        } else {
+            format!("array<{}, {slots}>", reg_ty(dtype))
+        }
+    }
+
     /// A loop of the invocations over `n` elements: `k` is the private slot, `e` the element.
     /// Up to [`UNROLL`] slots are written out one by one, so that the private arrays are indexed
     /// by constants and the driver can keep them in registers.
-    fn each(&mut self, shape: &[usize], mut body: impl FnMut(&mut Self)) {
+    fn each(&mut self, shape: &[usize], body: impl FnMut(&mut Self)) {
+        self.each_sink(shape, None, body);
+    }
+
+    /// [`Writer::each`] writing the private array `id` (of `dtype`): `value` gives each slot's
+    /// expression. A quad value's four elements are gathered in a local `vec4` and written with
+    /// one store.
+    fn each_into(&mut self, shape: &[usize], id: &str, dtype: DType, mut value: impl FnMut(&mut Self) -> String) {
+        let quad = self.quad_value(shape);
+        let local = format!("{id}_q");
+        self.each_sink(shape, quad.then(|| (local.clone(), format!("vec4<{}>", reg_ty(dtype)), id.to_string())), |w| {
+            let v = value(w);
+            let cell = if quad { format!("{local}[{}]", w.quad_lane.unwrap_or(0)) } else { w.at(id, shape) };
+            w.line(format!("{cell} = {v};"));
+        });
+    }
+
+    /// [`Writer::each`], for a quad value with a local `vec4` (name, type) declared before each
+    /// quad's four elements and stored to `array[j]` after them.
+    fn each_sink(&mut self, shape: &[usize], sink: Option<(String, String, String)>, mut body: impl FnMut(&mut Self)) {
         let n: usize = shape.iter().product();
         self.max_elements = self.max_elements.max(n);
         let slots = self.slots(shape);
         let guard = self.ragged(shape);
+        if self.quad_value(shape) {
+            // Quad by quad (`j`), its four slots written out, each element addressed statically.
+            let quads = slots / 4;
+            let unrolled = slots <= UNROLL;
+            for q in 0..if unrolled { quads } else { 1 } {
+                if unrolled {
+                    self.line("{");
+                    self.indent += 1;
+                    self.line(format!("let j = {q}u;"));
+                } else {
+                    self.open(format!("for (var j = 0u; j < {quads}u; j++)"));
+                }
+                if let Some((local, ty, _)) = &sink {
+                    self.line(format!("var {local}: {ty};"));
+                }
+                for t in 0..4 {
+                    self.line("{");
+                    self.indent += 1;
+                    self.line(format!("let k = 4u * j + {t}u;"));
+                    let e = self.element_of_var(shape);
+                    self.line(format!("let e = {e};"));
+                    if guard {
+                        self.open(format!("if (e < {n}u)"));
+                    }
+                    let outer = self.quad_lane.replace(t);
+                    body(self);
+                    self.quad_lane = outer;
+                    if guard {
+                        self.close();
+                    }
+                    self.close();
+                }
+                if let Some((local, _, array)) = &sink {
+                    self.line(format!("{array}[j] = {local};"));
+                }
+                self.close();
+            }
+            return;
+        }
         let mut one = |w: &mut Self, slot: Option<usize>| {
             match slot {
                 Some(k) => {
@@ -1188,8 +1276,8 @@ impl<'k> Writer<'k> {
     }
 
     /// A loop of the invocations over the `n` elements (a multiple of 4) four at a time, for
-    /// groups of a multiple of 4 ([`Writer::group`]): `e` is the first element of the four, and
-    /// `slot(t)` the slot of element `e + t`.
+    /// groups of a multiple of 4 ([`Writer::group`]): `e` is the first element of the four, `j`
+    /// the invocation's quad, and `slot(t)` the slot of element `e + t`.
     fn each_quad(&mut self, shape: &[usize], mut body: impl FnMut(&mut Self, &dyn Fn(usize) -> String)) {
         let n: usize = shape.iter().product();
         self.max_elements = self.max_elements.max(n);
@@ -1201,6 +1289,9 @@ impl<'k> Writer<'k> {
             let slot: Box<dyn Fn(usize) -> String> = if unrolled {
                 self.line("{");
                 self.indent += 1;
+                if self.quad_value(shape) {
+                    self.line(format!("let j = {q}u;"));
+                }
                 let e = self.element(shape, 4 * q);
                 self.line(format!("let e = {e};"));
                 Box::new(move |t| format!("{}u", 4 * q + t))
@@ -1224,8 +1315,8 @@ impl<'k> Writer<'k> {
     fn declare_block(&mut self, name: &str) -> String {
         let ty = self.ty(name);
         let id = self.ident(name);
-        let slots = self.slots(&ty.shape);
-        self.line(format!("var {id}: array<{}, {slots}>;", reg_ty(ty.dtype)));
+        let arr = self.array_ty(&ty.shape, ty.dtype);
+        self.line(format!("var {id}: {arr};"));
         id
     }
 
@@ -1238,7 +1329,7 @@ impl<'k> Writer<'k> {
         let n = ty.numel();
         let off = self.alloc_words(name, n);
         let id = self.ident(name);
-        let word = to_word(ty.dtype, &format!("{id}[k]"));
+        let word = to_word(ty.dtype, &self.at(&id, &ty.shape));
         self.each(&ty.shape, |w| w.line(format!("tk_ws[wsb + {off}u + e] = {word};")));
         self.pending_publish = true;
     }
@@ -1330,10 +1421,9 @@ impl<'k> Writer<'k> {
         }
         self.sync_reads(&reads.iter().collect::<Vec<_>>());
         let id = self.declare_block(dst);
-        self.each(&res, |w| {
+        self.each_into(&res, &id, ty.dtype, |w| {
             let xs: Vec<String> = reads.iter().enumerate().map(|(i, r)| w.read(r, lit_ty(i, w), &res)).collect();
-            let v = f(w, &xs);
-            w.line(format!("{id}[k] = {v};"));
+            f(w, &xs)
         });
         self.defined(dst);
     }
@@ -1470,10 +1560,7 @@ impl<'k> Writer<'k> {
             return;
         }
         let id = self.declare_block(dst);
-        self.each(&ty.shape, |w| {
-            let v = f(w, &offs);
-            w.line(format!("{id}[k] = {v};"));
-        });
+        self.each_into(&ty.shape, &id, ty.dtype, |w| f(w, &offs));
         self.defined(dst);
     }
 
@@ -1518,15 +1605,27 @@ impl<'k> Writer<'k> {
             let rshape = self.ty(dst).shape.clone();
             let exact = matches!(op, ReduceOp::Max | ReduceOp::Min) || !float;
             let lanes = if exact && n.is_multiple_of(4) && n >= 8 { 4 } else { 1 };
+            // Rows held as `vec4`s are read a quad at a time.
+            let quads = self.quad_value(&shape);
             self.each(&rshape, |w| {
                 let acc = w.t();
                 for l in 0..lanes {
                     w.line(format!("var {acc}_{l}: {acc_ty} = {init};"));
                 }
-                w.open(format!("for (var r = 0u; r < {n}u; r += {lanes}u)"));
-                for l in 0..lanes {
-                    let c = combine(w, &format!("{acc}_{l}"), &format!("{sid}[k * {n}u + r + {l}u]"));
-                    w.line(format!("{acc}_{l} = {c};"));
+                if quads {
+                    w.open(format!("for (var r = 0u; r < {}u; r++)", n / 4));
+                    w.line(format!("let q = {sid}[k * {}u + r];", n / 4));
+                    for (t, c) in ["x", "y", "z", "w"].iter().enumerate() {
+                        let l = t % lanes;
+                        let x = combine(w, &format!("{acc}_{l}"), &format!("q.{c}"));
+                        w.line(format!("{acc}_{l} = {x};"));
+                    }
+                } else {
+                    w.open(format!("for (var r = 0u; r < {n}u; r += {lanes}u)"));
+                    for l in 0..lanes {
+                        let c = combine(w, &format!("{acc}_{l}"), &format!("{sid}[k * {n}u + r + {l}u]"));
+                        w.line(format!("{acc}_{l} = {c};"));
+                    }
                 }
                 w.close();
                 let all = if lanes == 4 {
@@ -1869,9 +1968,9 @@ impl<'k> Writer<'k> {
                     }
                     Operand::Lit(l) => {
                         let l = literal(*l, ty.dtype);
-                        let slots = self.slots(&ty.shape);
-                        self.line(format!("var {id}: array<{reg}, {slots}>;"));
-                        self.each(&ty.shape, |w| w.line(format!("{id}[k] = {l};")));
+                        let arr = self.array_ty(&ty.shape, ty.dtype);
+                        self.line(format!("var {id}: {arr};"));
+                        self.each_into(&ty.shape, &id, ty.dtype, |_| l.clone());
                     }
                 }
             }
@@ -2028,7 +2127,8 @@ impl<'k> Writer<'k> {
         }
         if let Some(&pi) = self.resident.get(src) {
             let id = self.declare_block(dst);
-            self.each(&self.ty(dst).shape.clone(), |w| w.line(format!("{id}[k] = r{pi}[k];")));
+            let ty = self.ty(dst);
+            self.each_into(&ty.shape, &id, ty.dtype, |_| format!("r{pi}[k]"));
             self.defined(dst);
             return;
         }
@@ -2051,8 +2151,12 @@ impl<'k> Writer<'k> {
                 let (_, flat) = w.address(&region, &p.ty.shape);
                 let q = w.t();
                 w.line(format!("let {q} = {arr}[{flat} / 4u];"));
-                for (t, c) in ["x", "y", "z", "w"].iter().enumerate() {
-                    w.line(format!("{id}[{}] = {q}.{c};", slot(t)));
+                if w.quad_value(&res) {
+                    w.line(format!("{id}[j] = {q};"));
+                } else {
+                    for (t, c) in ["x", "y", "z", "w"].iter().enumerate() {
+                        w.line(format!("{id}[{}] = {q}.{c};", slot(t)));
+                    }
                 }
             });
             self.defined(dst);
@@ -2090,10 +2194,7 @@ impl<'k> Writer<'k> {
             return;
         }
         let id = self.declare_block(dst);
-        self.each(&res, |w| {
-            let x = body(w);
-            w.line(format!("{id}[k] = {x};"));
-        });
+        self.each_into(&res, &id, d, body);
         self.defined(dst);
     }
 
@@ -2124,6 +2225,7 @@ impl<'k> Writer<'k> {
             self.each_quad(&sel, |w, slot| {
                 let (_, flat) = w.address(&region, &p.ty.shape);
                 let q = match &vread {
+                    Read::Own(id) if w.quad_value(&sel) => format!("{id}[j]"),
                     Read::Own(id) => {
                         format!("vec4<{rt}>({})", (0..4).map(|t| format!("{id}[{}]", slot(t))).collect::<Vec<_>>().join(", "))
                     }
@@ -2135,7 +2237,9 @@ impl<'k> Writer<'k> {
                             w.indent += 1;
                             w.line(format!("let k = {};", slot(t)));
                             w.line(format!("let e = e + {t}u;"));
+                            let outer = w.quad_lane.replace(t);
                             let v = w.read(&vread, d, &sel);
+                            w.quad_lane = outer;
                             w.line(format!("{q}[{t}] = {v};"));
                             w.close();
                         }
