@@ -1,4 +1,4 @@
-//! Verified IR to WGSL. Pure: no device.
+//! A planned kernel (`lower.rs`) written as WGSL. Pure: no device.
 //!
 //! The model. One program is one workgroup of `WG` invocations; a fixed number of workgroups
 //! (at most 65,535, the smallest dispatch limit every adapter has) walk the parallel programs
@@ -6,8 +6,9 @@
 //!
 //! Values. A scalar is a WGSL `let`/`var` that every invocation holds, with the same value in
 //! each (so conditions and loop bounds are uniform and barriers may sit under them). A block value
-//! is spread over the invocations: element `e` belongs to invocation `e % WG`, which keeps it in a
-//! private array at `e / WG`. Elementwise operations on equal shapes read only their own
+//! is spread over the invocations as the plan's layout says (`Plan::group_of`: groups of `g`
+//! adjacent elements, whole rows in the row layout), each keeping its elements in a private array
+//! (of `vec4`s for rows of a multiple of 4). Elementwise operations on equal shapes read only their own
 //! elements, need no memory and no barrier. An operation that reads other invocations' elements
 //! (broadcasting, `transpose`, reductions, `dot`) reads them from the workgroup's region of a
 //! storage workspace, where the value was *published* after it was made, behind a barrier.
@@ -30,6 +31,8 @@ use tessel_plugin_api::ir::*;
 use tessel_plugin_api::launch::LaunchAxis;
 use tessel_plugin_api::libm;
 
+use crate::lower::{Plan, Strategy, fully_written, inside, origin_range, quad_able};
+
 /// The largest block value lowered, in elements.
 pub const MAX_BLOCK_ELEMENTS: usize = 1 << 16;
 /// The most parallel programs (or `seq` steps) one launch runs: the counters are `u32`.
@@ -51,52 +54,6 @@ pub const MAX_WORKGROUP: u32 = 256;
 
 /// The dtypes this backend lowers (16-bit floats emulated with `f32` and rounding).
 pub const DTYPES: [DType; 6] = [DType::F32, DType::I32, DType::U32, DType::Bool, DType::F16, DType::BF16];
-
-/// How the lowering uses the adapter; the WGSL header names it. `TESSEL_WGPU_STRATEGY=cpu|gpu`
-/// forces one (so the tests run both on one adapter), else the adapter's device type decides.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Strategy {
-    /// A CPU (software) adapter, where workgroup memory and barriers are pure cost: `dot`
-    /// operands read straight from their buffers, reductions along rows by one invocation per
-    /// row (the row layout).
-    Cpu,
-    /// A hardware adapter: `dot` operand tiles staged in `var<workgroup>` memory a few steps of
-    /// the contraction at a time, more invocations per workgroup, no row layout.
-    Gpu,
-}
-
-impl Strategy {
-    /// Its name in `TESSEL_WGPU_STRATEGY` and in the WGSL header.
-    pub fn name(self) -> &'static str {
-        match self {
-            Strategy::Cpu => "cpu",
-            Strategy::Gpu => "gpu",
-        }
-    }
-
-    /// The strategy `TESSEL_WGPU_STRATEGY` forces, if set: an unknown value is an error naming
-    /// what would work.
-    pub fn forced() -> Result<Option<Strategy>, BackendError> {
-        match std::env::var("TESSEL_WGPU_STRATEGY") {
-            Ok(v) if !v.is_empty() => Strategy::parse(&v).map(Some),
-            _ => Ok(None),
-        }
-    }
-
-    /// The strategy named `v`, or an error naming what would work.
-    pub fn parse(v: &str) -> Result<Strategy, BackendError> {
-        match v {
-            "cpu" => Ok(Strategy::Cpu),
-            "gpu" => Ok(Strategy::Gpu),
-            _ => Err(BackendError::new(
-                ErrorKind::InvalidInput,
-                format!(
-                    "TESSEL_WGPU_STRATEGY={v} is not a strategy of the wgpu backend\n  use cpu or gpu, or unset it to let the adapter decide"
-                ),
-            )),
-        }
-    }
-}
 
 /// One kernel lowered to WGSL, with what the runtime needs to dispatch it.
 #[derive(Clone, Debug)]
@@ -126,343 +83,30 @@ pub struct Lowered {
     pub zeroed: Vec<String>,
 }
 
-/// Whether every element of output `p` is stored at some grid point before anything could read
-/// it, so that zeroing it first cannot be observed: either the kernel never loads `p` and its body
-/// stores the whole block unconditionally (at top level, no index, no mask) at every grid point,
-/// or `p` is [`resident`] (written back whole at each program's last step); and in both cases the
-/// blocks cover the array ([`covers`]).
-pub fn fully_written(kernel: &Verified, grid: &[LaunchAxis], p: &Param) -> bool {
-    let k = kernel.kernel();
-    let loaded = analysis::accesses(&k.body, &p.name).iter().any(|s| matches!(s.op, Op::Load { .. }));
-    let whole_store = k.body.iter().any(|s| matches!(&s.op, Op::Store { dst, index: None, mask: None, .. } if dst == &p.name));
-    ((!loaded && whole_store) || resident(kernel, grid, p)) && covers(grid, p)
-}
-
-/// Whether the blocks of `p` over the grid cover its array: an index map that sends each
-/// dimension to its own grid axis (`at (i, j)`), whose size times the block reaches the end, or
-/// to 0 where the block spans the dimension.
-fn covers(grid: &[LaunchAxis], p: &Param) -> bool {
-    let Some(b) = &p.block else { return true };
-    let mut used = Vec::new();
-    b.index.iter().zip(&b.shape).zip(&p.ty.shape).all(|((e, &bs), &dim)| match e.terms.as_slice() {
-        [] => e.constant == 0 && bs >= dim,
-        [(1, axis)] if e.constant == 0 && !used.contains(axis) => {
-            used.push(axis.clone());
-            grid.iter().find(|a| &a.name == axis).is_some_and(|a| a.size as usize * bs >= dim)
-        }
-        _ => false,
-    })
-}
-
-/// Whether output `p`'s block can live in the invocations' registers across the `seq` steps of
-/// a program, loaded as zeros and written back once at its last step: there are several steps;
-/// the block is the same at every step (no `seq` axis in its index map), its own to each program
-/// (every parallel axis in the map, one per dimension) and inside the array; and the kernel only
-/// loads and stores it whole (no index, no mask), so that each invocation touches only its own
-/// elements of it.
-pub fn resident(kernel: &Verified, grid: &[LaunchAxis], p: &Param) -> bool {
-    let Some(b) = &p.block else { return false };
-    if p.kind != ParamKind::Out || grid.iter().filter(|a| a.seq).map(|a| a.size).product::<u64>() < 2 {
-        return false;
-    }
-    let axis = |name: &str| grid.iter().find(|a| a.name == name);
-    let mut used: Vec<&str> = Vec::new();
-    for e in &b.index {
-        match e.terms.as_slice() {
-            [] => {}
-            [(c, name)] if *c != 0 && !used.contains(&name.as_str()) && axis(name).is_some_and(|a| !a.seq) => used.push(name),
-            _ => return false,
-        }
-    }
-    let own = grid.iter().filter(|a| !a.seq).all(|a| a.size == 1 || used.contains(&a.name.as_str()));
-    let inside = (0..b.shape.len()).all(|d| inside(grid, p, d));
-    let whole = analysis::accesses(&kernel.kernel().body, &p.name)
-        .iter()
-        .all(|s| matches!(&s.op, Op::Load { index: None, mask: None, .. } | Op::Store { index: None, mask: None, .. }));
-    own && inside && whole
-}
-
-/// Whether every block of `p` lies inside its array in dimension `d`, at every point of the grid.
-fn inside(grid: &[LaunchAxis], p: &Param, d: usize) -> bool {
-    let (lo, hi) = origin_range(grid, p, d);
-    lo >= 0 && hi.saturating_add(p.block_shape()[d] as i64) <= p.ty.shape[d] as i64
-}
-
-/// Whether `p`'s blocks can be read or written as `vec4`s of adjacent elements at every grid
-/// point: rows of a multiple of 4 elements in the array and in the block, blocks inside the array,
-/// elements that are not `bool` words.
-fn quad_able(grid: &[LaunchAxis], p: &Param) -> bool {
-    let (dims, block) = (&p.ty.shape, p.block_shape());
-    p.ty.dtype != DType::Bool
-        && dims.last().is_some_and(|n| n.is_multiple_of(4))
-        && block.last().is_some_and(|n| n.is_multiple_of(4))
-        && (0..dims.len()).all(|d| inside(grid, p, d))
-}
-
-/// The outputs written as `vec4`s only, bound as `array<vec4<T>>`: [`quad_able`], never
-/// loaded, and every store whole (no index, no mask).
-fn quad_outputs(v: &Verified, grid: &[LaunchAxis]) -> BTreeSet<usize> {
-    let k = v.kernel();
-    (k.params.iter().enumerate())
-        .filter(|(_, p)| p.kind == ParamKind::Out && quad_able(grid, p))
-        .filter(|(_, p)| {
-            let acc = analysis::accesses(&k.body, &p.name);
-            !acc.is_empty() && acc.iter().all(|s| matches!(s.op, Op::Store { index: None, mask: None, .. }))
-        })
-        .map(|(pi, _)| pi)
-        .collect()
-}
-
-/// The inputs read as `vec4`s only, bound as `array<vec4<T>>`: [`quad_able`], every access a
-/// whole load (no index, no mask), and no `dot` reading a loaded block (a `dot` reads its
-/// operands element by element).
-fn quad_inputs(v: &Verified, grid: &[LaunchAxis]) -> BTreeSet<usize> {
-    let k = v.kernel();
-    (k.params.iter().enumerate())
-        .filter(|(_, p)| p.kind == ParamKind::In && quad_able(grid, p))
-        .filter(|(_, p)| {
-            let acc = analysis::accesses(&k.body, &p.name);
-            !acc.is_empty()
-                && acc.iter().all(|s| {
-                    matches!(s.op, Op::Load { index: None, mask: None, .. })
-                        && !analysis::readers(&k.body, &s.results[0]).iter().any(|r| matches!(r.op, Op::Dot { .. }))
-                })
-        })
-        .map(|(pi, _)| pi)
-        .collect()
-}
-
-/// The range over the grid of the first element of `p`'s block in dimension `d`
-/// (`E_d * B_d`; 0 without a block).
-fn origin_range(grid: &[LaunchAxis], p: &Param, d: usize) -> (i64, i64) {
-    let Some(b) = &p.block else { return (0, 0) };
-    let e = &b.index[d];
-    let (mut lo, mut hi) = (e.constant, e.constant);
-    for (c, name) in &e.terms {
-        let size = grid.iter().find(|a| &a.name == name).map_or(1, |a| a.size as i64);
-        let y = c.saturating_mul(size - 1);
-        lo = lo.saturating_add(y.min(0));
-        hi = hi.saturating_add(y.max(0));
-    }
-    let bs = b.shape[d] as i64;
-    (lo.saturating_mul(bs), hi.saturating_mul(bs))
-}
-
 /// Writes the WGSL expression of element (row, col) of an operand block.
 type Reader = Box<dyn Fn(&str, &str) -> String>;
 
-/// The values that are whole blocks of `in` arrays (`load x`, no index, mask or `other`), by
-/// name, with the argument's position: a `dot` reads them straight from the argument's buffer.
-fn forwarded_loads(k: &Kernel) -> HashMap<String, usize> {
-    let mut out = HashMap::new();
-    analysis::visit(&k.body, &mut |s| {
-        if let Op::Load { src, index: None, mask: None, other: None } = &s.op
-            && let Some(pi) = k.params.iter().position(|p| &p.name == src && p.kind == ParamKind::In && !p.ty.is_scalar())
-        {
-            out.insert(s.results[0].clone(), pi);
-        }
-    });
-    out
-}
-
-/// How many adjacent elements an invocation owns together ([`Writer::group`]). With a `dot`, 8
-/// where every `dot`'s result has a multiple of 8 columns, else 4 (its register tiles). Without
-/// one, 4 where some input block is loaded whole or some output written only whole as `vec4`s
-/// ([`quad_able`], [`quad_outputs`]), else 1.
-fn element_group(v: &Verified, grid: &[LaunchAxis]) -> usize {
-    let mut columns = Vec::new();
-    analysis::visit(&v.kernel().body, &mut |s| {
-        if let Op::Dot { .. } = s.op {
-            columns.push(v.value_type(&s.results[0]).shape[1]);
-        }
-    });
-    let k = v.kernel();
-    let quads = forwarded_loads(k).values().any(|&pi| quad_able(grid, &k.params[pi])) || !quad_outputs(v, grid).is_empty();
-    match columns.as_slice() {
-        [] if quads => 4,
-        [] => 1,
-        c if c.iter().all(|n| n.is_multiple_of(8)) => 8,
-        _ => 4,
-    }
-}
-
-/// The most private slots a value may take per invocation in the row layout.
-const MAX_ROW_SLOTS: usize = 1024;
-
-/// The row layout ([`Writer::row_len`]): where the kernel has no `dot` and reduces a 2-D value
-/// along its last axis, each invocation owns whole rows of the values whose rows are that long,
-/// and the matching elements of `[R, 1]` and `[R]` values, so that the reduction and the
-/// broadcast of its result over the rows stay in the invocation: no workspace, no barrier.
-/// Returns the row length and the workgroup size (one invocation per row of the tallest such
-/// value, at most [`MAX_WORKGROUP`]) where that gives at least 8 invocations and no value takes
-/// more than [`MAX_ROW_SLOTS`] slots.
-fn row_layout(v: &Verified) -> Option<(usize, u32)> {
-    let body = &v.kernel().body;
-    let mut dot = false;
-    let mut len = None;
-    analysis::visit(body, &mut |s| match &s.op {
-        Op::Dot { .. } => dot = true,
-        Op::Reduce { arg: Operand::Value(x), axis: 1, .. } if len.is_none() && v.value_type(x).shape.len() == 2 => {
-            len = Some(v.value_type(x).shape[1])
-        }
-        _ => {}
-    });
-    let c = len.filter(|_| !dot)?;
-    let mut shapes: Vec<&[usize]> = Vec::new();
-    analysis::visit(body, &mut |s| shapes.extend(s.results.iter().map(|r| v.value_type(r).shape.as_slice())));
-    let rows =
-        shapes.iter().filter(|sh| sh.len() >= 2 && sh.last() == Some(&c)).map(|sh| sh.iter().product::<usize>() / c).max()?;
-    let wg = (rows.next_power_of_two() as u32).min(MAX_WORKGROUP);
-    let fits = shapes.iter().all(|sh| {
-        let g = if sh.len() >= 2 && sh.last() == Some(&c) { c } else { 1 };
-        g * sh.iter().product::<usize>().div_ceil(g * wg as usize) <= MAX_ROW_SLOTS
-    });
-    (wg >= 8 && fits).then_some((c, wg))
-}
-
-/// Elementwise block values that need no private array: made by an elementwise operation and
-/// read once, at its own elements, by an elementwise operation or a whole `store` of the same body
-/// (so they are computed inside their reader's loop, element by element).
-fn inlined_values(v: &Verified) -> HashSet<String> {
-    fn elementwise(op: &Op) -> bool {
-        matches!(
-            op,
-            Op::Unary(..)
-                | Op::Binary(..)
-                | Op::Compare(..)
-                | Op::Select(..)
-                | Op::Cast(_)
-                | Op::Bitcast(_)
-                | Op::Full(_)
-                | Op::Zeros
-                | Op::Iota { .. }
-        )
-    }
-    fn walk(v: &Verified, body: &[Stmt], out: &mut HashSet<String>) {
-        let all = &v.kernel().body;
-        for s in body {
-            if let Op::When { body: b, .. } | Op::For { body: b, .. } = &s.op {
-                walk(v, b, out);
-            }
-            let Some(x) = s.results.first().filter(|x| elementwise(&s.op) && !v.value_type(x).is_scalar()) else { continue };
-            let [r] = analysis::readers(all, x)[..] else { continue };
-            let in_body = body.iter().any(|t| std::ptr::eq(t, r));
-            let once = analysis::reads(&r.op).iter().filter(|n| **n == x.as_str()).count() == 1;
-            let shape = &v.value_type(x).shape;
-            let fits = match &r.op {
-                Op::Store { index: None, mask, value: Operand::Value(val), dst } => {
-                    val == x
-                        && mask.as_deref() != Some(x.as_str())
-                        && v.kernel().param(dst).is_some_and(|p| p.block_shape() == shape.as_slice())
-                }
-                op => elementwise(op) && r.results.first().is_some_and(|y| &v.value_type(y).shape == shape),
-            };
-            if in_body && once && fits {
-                out.insert(x.clone());
-            }
-        }
-    }
-    let mut out = HashSet::new();
-    walk(v, &v.kernel().body, &mut out);
-    out
-}
-
-/// `dot`s whose result is added into a [`resident`] output and stored back (`%acc = load c`,
-/// `%s = add %acc, %p`, `store c, %s`, each value read once, nothing else touching `c` between
-/// them in the same body): the dot adds its tile into the resident block itself. By the `dot`'s
-/// result: the output's position and the names of the load's and the add's results.
-fn accumulating_dots(v: &Verified, resident: &HashMap<String, usize>) -> HashMap<String, (usize, String, String)> {
-    fn walk(v: &Verified, body: &[Stmt], resident: &HashMap<String, usize>, out: &mut HashMap<String, (usize, String, String)>) {
-        let all = &v.kernel().body;
-        let single = |x: &str| match analysis::readers(all, x).as_slice() {
-            [s] => Some(*s),
-            _ => None,
-        };
-        let at = |s: &Stmt| body.iter().position(|t| std::ptr::eq(t, s));
-        for (i, s) in body.iter().enumerate() {
-            if let Op::When { body: b, .. } | Op::For { body: b, .. } = &s.op {
-                walk(v, b, resident, out);
-            }
-            let Op::Dot { .. } = s.op else { continue };
-            let p = &s.results[0];
-            let Some(add) = single(p) else { continue };
-            let Op::Binary(BinaryOp::Add, Operand::Value(x), Operand::Value(y)) = &add.op else { continue };
-            let acc = if x == p { y } else { x };
-            let Some(load) = body.iter().find(|t| t.results.first() == Some(acc)) else { continue };
-            let Op::Load { src, .. } = &load.op else { continue };
-            let Some(&pi) = resident.get(src) else { continue };
-            let (Some(sum), true) = (add.results.first(), single(acc).is_some()) else { continue };
-            let Some(store) = single(sum) else { continue };
-            let Op::Store { dst, value: Operand::Value(sv), .. } = &store.op else { continue };
-            let (Some(il), Some(ia), Some(is)) = (at(load), at(add), at(store)) else { continue };
-            let (lo, hi) = (i.min(il), is);
-            let others = body[lo..=hi].iter().filter(|t| {
-                !std::ptr::eq(*t, load) && !std::ptr::eq(*t, store) && {
-                    let mut touches = false;
-                    analysis::visit(std::slice::from_ref(*t), &mut |u| {
-                        touches |= matches!(&u.op, Op::Load { src: r, .. } | Op::Store { dst: r, .. } if r == src)
-                    });
-                    touches
-                }
-            });
-            if dst == src && sv == sum && ia < is && il < ia && i < ia && others.count() == 0 {
-                out.insert(p.clone(), (pi, acc.clone(), sum.clone()));
-            }
-        }
-    }
-    let mut out = HashMap::new();
-    walk(v, &v.kernel().body, resident, &mut out);
-    out
-}
-
-fn unsupported(msg: String) -> BackendError {
-    BackendError::new(ErrorKind::Unsupported, msg)
-}
-
-/// Lowers one verified kernel whose grid sizes are `grid` (every `dyn` size resolved).
-pub fn lower(kernel: &Verified, grid: &[LaunchAxis], strategy: Strategy) -> Result<Lowered, BackendError> {
+/// Writes one planned kernel (`lower.rs`): its WGSL and its dispatch.
+pub fn lower(plan: &Plan) -> Result<Lowered, BackendError> {
+    let (kernel, grid, strategy) = (&plan.kernel, plan.grid.as_slice(), plan.strategy);
     let k = kernel.kernel();
-    for p in &k.params {
-        if !DTYPES.contains(&p.ty.dtype) {
-            return Err(unsupported(format!("Unsupported dtype: {}", p.ty.dtype)));
-        }
-        if p.ty.numel() > i32::MAX as usize {
-            return Err(unsupported(format!(
-                "argument `{}` ({}) has {} elements, more than the {} the wgpu backend indexes\n  split the array",
-                p.name,
-                p.ty,
-                p.ty.numel(),
-                i32::MAX
-            )));
-        }
-    }
-    let programs: u64 =
-        grid.iter().filter(|a| !a.seq).map(|a| a.size).try_fold(1u64, |a, b| a.checked_mul(b)).unwrap_or(u64::MAX);
-    let steps: u64 = grid.iter().filter(|a| a.seq).map(|a| a.size).try_fold(1u64, |a, b| a.checked_mul(b)).unwrap_or(u64::MAX);
-    for (what, n) in [("parallel programs", programs), ("`seq` steps per program", steps)] {
-        if n > MAX_PROGRAMS {
-            return Err(unsupported(format!(
-                "kernel `{}` has {n} {what}, more than the {MAX_PROGRAMS} the wgpu backend runs in one launch\n  use larger blocks, or split the launch",
-                k.name
-            )));
-        }
-    }
+    let programs = plan.programs;
     // Pass 1: which values are read by other invocations, and the largest loop.
-    let mut first = Writer::new(kernel, grid, MAX_WORKGROUP, HashSet::new(), programs, steps, strategy);
+    let mut first = Writer::new(plan, MAX_WORKGROUP, HashSet::new());
     first.write_main()?;
     let wanted = first.wanted.clone();
     // Elements in groups with a `dot` (its register tiles), one by one otherwise. With groups,
     // fewer invocations own more elements each: a larger tile per invocation, fewer loads per
     // multiply-add.
-    let wg = if let Some((_, wg)) = row_layout(kernel).filter(|_| strategy == Strategy::Cpu) {
+    let wg = if let Some((_, wg)) = plan.row_layout {
         wg
-    } else if first.group > 1 && first.dots && strategy == Strategy::Gpu {
+    } else if plan.group > 1 && plan.dots && strategy == Strategy::Gpu {
         // Hardware: smaller tiles (32 elements) for more invocations, fed from workgroup memory.
         ((first.max_elements / 32).next_power_of_two() as u32).clamp(64, MAX_WORKGROUP)
-    } else if first.group > 1 && first.dots {
+    } else if plan.group > 1 && plan.dots {
         ((first.max_elements / 128).next_power_of_two() as u32).clamp(32, MAX_WORKGROUP)
-    } else if first.group > 1 {
-        ((first.max_elements / first.group).next_power_of_two() as u32).clamp(64, MAX_WORKGROUP)
+    } else if plan.group > 1 {
+        ((first.max_elements / plan.group).next_power_of_two() as u32).clamp(64, MAX_WORKGROUP)
     } else {
         (first.max_elements.next_power_of_two() as u32).clamp(64, MAX_WORKGROUP)
     };
@@ -486,7 +130,7 @@ pub fn lower(kernel: &Verified, grid: &[LaunchAxis], strategy: Strategy) -> Resu
         ([programs.min(MAX_GROUPS).min(WORKSPACE_BUDGET / (words * 4)) as u32, 1], true)
     };
     // Pass 2 with the publications.
-    let mut w = Writer::new(kernel, grid, wg, wanted, programs, steps, strategy);
+    let mut w = Writer::new(plan, wg, wanted);
     // The `vec4` views pass 1 wanted, as many as the bindings leave room for.
     let taken = k.params.iter().filter(|p| p.kind != ParamKind::Scratch).count() + usize::from(words > 0);
     w.allowed_views = Some(first.views.iter().copied().take(MAX_STORAGE_BINDINGS.saturating_sub(taken)).collect());
@@ -512,6 +156,10 @@ pub fn lower(kernel: &Verified, grid: &[LaunchAxis], strategy: Strategy) -> Resu
         views,
         zeroed,
     })
+}
+
+fn unsupported(msg: String) -> BackendError {
+    BackendError::new(ErrorKind::Unsupported, msg)
 }
 
 /// The WGSL type of a register holding an element of `d`.
@@ -710,9 +358,8 @@ fn helper_deps(name: &str) -> &'static [&'static str] {
 struct Writer<'k> {
     v: &'k Verified,
     grid: &'k [LaunchAxis],
+    plan: &'k Plan,
     wg: u32,
-    programs: u64,
-    steps: u64,
     out: String,
     indent: usize,
     /// WGSL identifier of every IR value.
@@ -745,68 +392,27 @@ struct Writer<'k> {
     /// The dispatch, and whether its workgroups walk the programs with a stride.
     groups: [u32; 2],
     strided: bool,
-    /// How invocations own elements: in groups of `group` (g > 1), invocation `lid` owns the
-    /// adjacent elements `g (lid + wg j) ..`, slot `g j + t` holding element `g (lid + wg j) + t`;
-    /// with `group` 1, element `lid + wg k` is slot `k`. Groups where the kernel has a `dot`,
-    /// whose register tiles are `group` columns wide ([`element_group`]).
-    group: usize,
-    /// Whether the kernel has a `dot`.
-    dots: bool,
-    strategy: Strategy,
     /// Words of the `var<workgroup>` arrays the staged `dot`s use (`tk_sa`, `tk_sb`): the most
     /// any one needs.
     staged: (usize, usize),
-    /// The row layout's row length ([`row_layout`]): values whose rows are this long are owned
-    /// by whole rows, `[R, 1]` and `[R]` values element by element, row `r` by invocation
-    /// `r % wg`.
-    row_len: Option<usize>,
-    /// Outputs bound as `array<vec4<T>>` and written four elements at a time ([`quad_outputs`]).
-    quad_outputs: BTreeSet<usize>,
-    /// Inputs bound as `array<vec4<T>>` and read four elements at a time ([`quad_inputs`]).
-    quad_inputs: BTreeSet<usize>,
-    /// Values a `dot` reads from their argument's buffer ([`forwarded_loads`]).
-    forwarded: HashMap<String, usize>,
     /// Arguments also bound as `array<vec4<T>>` (`a{i}v`), after the workspace.
     views: BTreeSet<usize>,
     /// The views there is room for (pass 2; pass 1 takes any, [`Writer::view`]).
     allowed_views: Option<BTreeSet<usize>>,
-    /// Outputs whose block lives in a private array `r{i}` across the `seq` steps, by name
-    /// ([`resident`]).
-    resident: HashMap<String, usize>,
-    /// Forwarded loads that only `dot`s read: they read the buffer, so the load writes nothing.
-    dot_only: HashSet<String>,
     /// Inside a loop over a quad value ([`Writer::quad_value`]): which of the four elements of
     /// quad `j` slot `k` is.
     quad_lane: Option<usize>,
-    /// Elementwise values computed where their one reader reads them ([`inlined_values`]), and
-    /// those of them written so far.
-    inlined: HashSet<String>,
+    /// The values computed where they are read ([`Plan::inlined`]) written so far.
     deferred: HashMap<String, Deferred<'k>>,
-    /// `dot`s that add their tiles into a resident output ([`accumulating_dots`]).
-    accumulating: HashMap<String, (usize, String, String)>,
 }
 
 impl<'k> Writer<'k> {
-    fn new(
-        v: &'k Verified,
-        grid: &'k [LaunchAxis],
-        wg: u32,
-        publish: impl IntoIterator<Item = String>,
-        programs: u64,
-        steps: u64,
-        strategy: Strategy,
-    ) -> Writer<'k> {
-        let resident: HashMap<String, usize> = (v.kernel().params.iter().enumerate())
-            .filter(|(_, p)| resident(v, grid, p))
-            .map(|(pi, p)| (p.name.clone(), pi))
-            .collect();
-        let accumulating = accumulating_dots(v, &resident);
-        let mut w = Writer {
-            v,
-            grid,
+    fn new(plan: &'k Plan, wg: u32, publish: impl IntoIterator<Item = String>) -> Writer<'k> {
+        Writer {
+            v: &plan.kernel,
+            grid: &plan.grid,
+            plan,
             wg,
-            programs,
-            steps,
             out: String::new(),
             indent: 1,
             idents: HashMap::new(),
@@ -828,40 +434,12 @@ impl<'k> Writer<'k> {
             stores: true,
             groups: [1, 1],
             strided: true,
-            group: if strategy == Strategy::Cpu && row_layout(v).is_some() { 1 } else { element_group(v, grid) },
-            row_len: row_layout(v).filter(|_| strategy == Strategy::Cpu).map(|r| r.0),
-            strategy,
             staged: (0, 0),
-            dots: {
-                let mut any = false;
-                analysis::visit(&v.kernel().body, &mut |s| any |= matches!(s.op, Op::Dot { .. }));
-                any
-            },
-            quad_outputs: quad_outputs(v, grid),
-            quad_inputs: quad_inputs(v, grid),
-            forwarded: forwarded_loads(v.kernel()),
             views: BTreeSet::new(),
             allowed_views: None,
-            dot_only: (forwarded_loads(v.kernel()).into_keys())
-                .filter(|x| analysis::readers(&v.kernel().body, x).iter().all(|s| matches!(s.op, Op::Dot { .. })))
-                .collect(),
-            accumulating,
-            resident,
-            inlined: inlined_values(v),
             quad_lane: None,
             deferred: HashMap::new(),
-        };
-        // An output is written as `vec4`s only where its invocations own elements in fours, and
-        // not where it is resident (written back from registers, element by element).
-        let params = &v.kernel().params;
-        let quads: BTreeSet<usize> = (w.quad_outputs.iter().copied())
-            .filter(|&pi| w.group_of(params[pi].block_shape()).is_multiple_of(4) && !w.resident.contains_key(&params[pi].name))
-            .collect();
-        w.quad_outputs = quads;
-        let quads: BTreeSet<usize> =
-            (w.quad_inputs.iter().copied()).filter(|&pi| w.group_of(params[pi].block_shape()).is_multiple_of(4)).collect();
-        w.quad_inputs = quads;
-        w
+        }
     }
 
     fn line(&mut self, s: impl AsRef<str>) {
@@ -919,16 +497,9 @@ impl<'k> Writer<'k> {
         self.v.value_type(name)
     }
 
-    /// How many adjacent elements of a value of `shape` an invocation owns together: in the
-    /// row layout ([`Writer::row_len`]), whole rows of values whose rows are that long and single
-    /// elements of others (so that row `r` of every value lives with invocation `r % wg`);
-    /// otherwise [`Writer::group`].
+    /// [`Plan::group_of`].
     fn group_of(&self, shape: &[usize]) -> usize {
-        match self.row_len {
-            Some(c) if shape.len() >= 2 && shape.last() == Some(&c) => c,
-            Some(_) => 1,
-            None => self.group,
-        }
+        self.plan.group_of(shape)
     }
 
     /// Private slots per invocation of a value of `shape`.
@@ -1014,8 +585,7 @@ impl<'k> Writer<'k> {
                     Read::Deferred(name.clone())
                 } else if !res.is_empty() && (shape == res || (linear && self.group_of(&shape) == self.group_of(res))) {
                     Read::Own(id)
-                } else if let Some(c) = self
-                    .row_len
+                } else if let Some(c) = (self.plan.row_layout.map(|r| r.0))
                     .filter(|&c| res.len() == 2 && shape.len() == 2 && shape[0] == res[0] && shape[1] == 1 && res[1] == c)
                 {
                     Read::RowOwn(id, c)
@@ -1072,7 +642,7 @@ impl<'k> Writer<'k> {
                 // The workspace and scratch of the previous program are done with.
                 self.storage_barrier();
             }
-        } else if u64::from(self.groups[0]) * u64::from(self.groups[1]) == self.programs {
+        } else if u64::from(self.groups[0]) * u64::from(self.groups[1]) == self.plan.programs {
             self.open("");
             self.line("let prog = gid;");
         } else {
@@ -1088,8 +658,8 @@ impl<'k> Writer<'k> {
             self.each(&[n], |w| w.line(format!("tk_ws[wsb + {off}u + e] = 0u;")));
             self.pending_store = true;
         }
-        let looped = self.steps > 1;
-        let mut resident: Vec<(String, usize)> = self.resident.iter().map(|(n, &pi)| (n.clone(), pi)).collect();
+        let looped = self.plan.steps > 1;
+        let mut resident: Vec<(String, usize)> = self.plan.resident.iter().map(|(n, &pi)| (n.clone(), pi)).collect();
         resident.sort_by_key(|r| r.1);
         for (name, pi) in &resident {
             let ty = &k.params[*pi].ty;
@@ -1098,7 +668,7 @@ impl<'k> Writer<'k> {
             self.line(format!("var r{pi}: array<{}, {slots}>;", reg_ty(ty.dtype)));
         }
         if looped {
-            self.open(format!("for (var step = 0u; step < {}u; step++)", self.steps));
+            self.open(format!("for (var step = 0u; step < {}u; step++)", self.plan.steps));
             self.loop_barrier();
         }
         if !looped && !seq.is_empty() {
@@ -1110,7 +680,7 @@ impl<'k> Writer<'k> {
         self.write_body(&body)?;
         for (name, pi) in resident {
             self.line(format!("// write back the block of {name}"));
-            self.open(format!("if (step == {}u)", self.steps - 1));
+            self.open(format!("if (step == {}u)", self.plan.steps - 1));
             let p = k.params[pi].clone();
             let region = self.region(pi, &p, None);
             self.store_cells(pi, &p, &region, p.block_shape(), None, |_| format!("r{pi}[k]"));
@@ -1154,7 +724,7 @@ impl<'k> Writer<'k> {
     /// slot `k` at `[k / 4][k % 4]`): in the row layout, values owned by whole rows of a multiple
     /// of 4, so that loads, stores and reductions move four elements at a time.
     fn quad_value(&self, shape: &[usize]) -> bool {
-        self.row_len.is_some_and(|c| c.is_multiple_of(4) && self.group_of(shape) == c)
+        self.plan.row_layout.map(|r| r.0).is_some_and(|c| c.is_multiple_of(4) && self.group_of(shape) == c)
     }
 
     /// Slot `k` of the private array `id` of a value of `shape`.
@@ -1412,7 +982,10 @@ impl<'k> Writer<'k> {
             }
             return;
         }
-        if self.inlined.contains(dst) && !self.publish.contains(dst) && !reads.iter().any(|r| matches!(r, Read::Shared { .. })) {
+        if self.plan.inlined.contains(dst)
+            && !self.publish.contains(dst)
+            && !reads.iter().any(|r| matches!(r, Read::Shared { .. }))
+        {
             // Computed where its one reader reads it, element by element, never stored.
             self.line("// computed where it is read");
             let tys: Vec<DType> = (0..ops.len()).map(|i| lit_ty(i, self)).collect();
@@ -1429,7 +1002,7 @@ impl<'k> Writer<'k> {
     }
 
     fn write_stmt(&mut self, s: &Stmt) -> Result<(), BackendError> {
-        let folded = |x: &str| self.accumulating.values().any(|(_, acc, sum)| acc == x || sum == x);
+        let folded = |x: &str| self.plan.accumulating.values().any(|(_, acc, sum)| acc == x || sum == x);
         let result = match &s.op {
             Op::Store { value: Operand::Value(x), .. } => Some(x),
             _ => s.results.first(),
@@ -1595,7 +1168,7 @@ impl<'k> Writer<'k> {
             (ReduceOp::Max, false) => format!("max({acc}, {x})"),
             (ReduceOp::Min, false) => format!("min({acc}, {x})"),
         };
-        if self.row_len == Some(n) && shape.len() == 2 && axis == 1 {
+        if self.plan.row_layout.map(|r| r.0) == Some(n) && shape.len() == 2 && axis == 1 {
             // In the row layout: each invocation reduces its own rows. Where the order cannot
             // change the result (`max`/`min`, integers) and the row is a multiple of 4 long, in
             // four interleaved partial results (independent chains the driver can overlap),
@@ -1666,14 +1239,14 @@ impl<'k> Writer<'k> {
         let (m, kk) = if trans_a { (ash[1], ash[0]) } else { (ash[0], ash[1]) };
         let n = if trans_b { bsh[0] } else { bsh[1] };
         let da = self.ty(a).dtype;
-        let published: Vec<&str> = [a, b].into_iter().filter(|v| !self.forwarded.contains_key(*v)).collect();
+        let published: Vec<&str> = [a, b].into_iter().filter(|v| !self.plan.forwarded.contains_key(*v)).collect();
         let offs = self.read_published(&published);
         let total = m * n;
         self.max_elements = self.max_elements.max(total);
         let id = self.declare_block(dst);
         let slots = self.slots(&[m, n]);
         // Where the tile goes: the result's slot, or added into the resident output's.
-        let fused = self.accumulating.get(dst).map(|a| a.0);
+        let fused = self.plan.accumulating.get(dst).map(|a| a.0);
         let into = |slot: usize, x: &str| match fused {
             Some(ri) => format!("r{ri}[{slot}] = r{ri}[{slot}] + {x};"),
             None => format!("{id}[{slot}] = {x};"),
@@ -1682,7 +1255,7 @@ impl<'k> Writer<'k> {
         // loaded input block (no copy, no barrier), else from the workspace where it was
         // published.
         let reader = |w: &Self, v: &str, cols: usize| -> Reader {
-            match w.forwarded.get(v) {
+            match w.plan.forwarded.get(v) {
                 Some(&pi) => w.direct_reader(pi),
                 None => {
                     let off = offs[published.iter().position(|p| *p == v).expect("published")];
@@ -1696,11 +1269,11 @@ impl<'k> Writer<'k> {
         let a_at = |i: &str| if trans_a { ra("r", i) } else { ra(i, "r") };
         let b_at = |j: &str| if trans_b { rb(j, "r") } else { rb("r", j) };
         let wg = self.wg as usize;
-        let g = self.group;
+        let g = self.plan.group;
         let tiled = g > 1 && n.is_multiple_of(g) && (g * wg).is_multiple_of(n);
         // On hardware, operand chunks of `kc` contraction steps go through workgroup memory.
         let kc = [16, 8, 4, 2, 1].into_iter().find(|&c| kk.is_multiple_of(c) && (m + n) * c <= MAX_STAGED_WORDS);
-        if let (true, Strategy::Gpu, Some(kc)) = (tiled, self.strategy, kc) {
+        if let (true, Strategy::Gpu, Some(kc)) = (tiled, self.plan.strategy, kc) {
             let at_a = |row: &str, q: &str| if trans_a { ra(q, row) } else { ra(row, q) };
             let at_b = |q: &str, col: &str| if trans_b { rb(col, q) } else { rb(q, col) };
             self.staged = (self.staged.0.max(m * kc), self.staged.1.max(kc * n));
@@ -1837,7 +1410,7 @@ impl<'k> Writer<'k> {
     /// rows the value of `a` (`a_of(row)`, `row` a WGSL expression) times them into the
     /// accumulators `acc{slot}`.
     fn tile_step(&mut self, shape: [usize; 2], slots: usize, b_of: impl Fn(usize) -> String, a_of: impl Fn(&str) -> String) {
-        let (g, [m, n]) = (self.group, shape);
+        let (g, [m, n]) = (self.plan.group, shape);
         for t in 0..g {
             self.line(format!("let b{t} = {};", b_of(t)));
         }
@@ -1891,7 +1464,7 @@ impl<'k> Writer<'k> {
     /// elements (row, col ..= col + 3) of its block (`col` a multiple of 4) as one `vec4`, from a
     /// second binding of the argument's buffer as `array<vec4<T>>`.
     fn vec4_reader(&mut self, v: &str) -> Option<Reader> {
-        let &pi = self.forwarded.get(v)?;
+        let &pi = self.plan.forwarded.get(v)?;
         let p = &self.v.kernel().params[pi];
         let dims = p.ty.shape.clone();
         if !quad_able(self.grid, p) || !self.view(pi) {
@@ -2121,11 +1694,11 @@ impl<'k> Writer<'k> {
     }
 
     fn write_load(&mut self, dst: &str, src: &str, index: Option<&[Index]>, mask: Option<&str>, other: Option<Literal>) {
-        if self.dot_only.contains(dst) {
+        if self.plan.dot_only.contains(dst) {
             self.line("// read by its dot straight from the buffer");
             return;
         }
-        if let Some(&pi) = self.resident.get(src) {
+        if let Some(&pi) = self.plan.resident.get(src) {
             let id = self.declare_block(dst);
             let ty = self.ty(dst);
             self.each_into(&ty.shape, &id, ty.dtype, |_| format!("r{pi}[k]"));
@@ -2141,11 +1714,11 @@ impl<'k> Writer<'k> {
             && mask.is_none()
             && self.group_of(&res).is_multiple_of(4)
             && quad_able(self.grid, &p)
-            && (self.quad_inputs.contains(&pi) || self.view(pi))
+            && (self.plan.quad_inputs.contains(&pi) || self.view(pi))
         {
             // Four adjacent elements of the block, inside the array, as one read: from the
             // argument bound as `vec4`s, or from its `vec4` view.
-            let arr = if self.quad_inputs.contains(&pi) { format!("a{pi}") } else { format!("a{pi}v") };
+            let arr = if self.plan.quad_inputs.contains(&pi) { format!("a{pi}") } else { format!("a{pi}v") };
             let id = self.declare_block(dst);
             self.each_quad(&res, |w, slot| {
                 let (_, flat) = w.address(&region, &p.ty.shape);
@@ -2205,7 +1778,7 @@ impl<'k> Writer<'k> {
         let sel: Vec<usize> = region.iter().filter(|r| r.keep).map(|r| r.len).collect();
         let vread = self.classify(value, &sel, false);
         let mask_read = mask.map(|m| self.classify(&Operand::Value(m.to_string()), &sel, false));
-        if let Some(&ri) = self.resident.get(dst) {
+        if let Some(&ri) = self.plan.resident.get(dst) {
             self.sync_reads(&[&vread]);
             self.each(&sel, |w| {
                 let v = w.read(&vread, d, &sel);
@@ -2219,7 +1792,7 @@ impl<'k> Writer<'k> {
         let mut reads = vec![&vread];
         reads.extend(mask_read.iter());
         self.sync_reads(&reads);
-        if self.quad_outputs.contains(&pi) {
+        if self.plan.quad_outputs.contains(&pi) {
             // Four adjacent elements as one write, to the argument bound as `vec4`s.
             let rt = reg_ty(d);
             self.each_quad(&sel, |w, slot| {
@@ -2425,14 +1998,14 @@ impl<'k> Writer<'k> {
             m,
             "// grid ({}): {} programs on {groups} workgroups of {} invocations{walk}; {} workspace bytes per workgroup",
             grid.join(", "),
-            self.programs,
+            self.plan.programs,
             self.wg,
             self.next_word * 4
         );
         let _ = writeln!(
             m,
             "// strategy: {}",
-            match self.strategy {
+            match self.plan.strategy {
                 Strategy::Cpu => "cpu (operands read from their buffers; no workgroup memory)",
                 Strategy::Gpu => "gpu (dot operands staged in workgroup memory; no row layout)",
             }
@@ -2440,20 +2013,20 @@ impl<'k> Writer<'k> {
         let _ = writeln!(
             m,
             "// elements: {}",
-            if let Some(c) = self.row_len {
+            if let Some(c) = self.plan.row_layout.map(|r| r.0) {
                 format!("whole rows of {c} per invocation (row layout: reductions along rows stay in the invocation)")
-            } else if self.group > 1 && self.dots {
-                format!("each invocation owns groups of {} adjacent ones (register tiles for dot)", self.group)
-            } else if self.group > 1 {
-                format!("each invocation owns groups of {} adjacent ones (vec4 reads and writes)", self.group)
+            } else if self.plan.group > 1 && self.plan.dots {
+                format!("each invocation owns groups of {} adjacent ones (register tiles for dot)", self.plan.group)
+            } else if self.plan.group > 1 {
+                format!("each invocation owns groups of {} adjacent ones (vec4 reads and writes)", self.plan.group)
             } else {
                 "one by one, invocation lid owning lid, lid + workgroup size, ...".to_string()
             }
         );
-        if !self.resident.is_empty() {
-            let mut names: Vec<&str> = self.resident.keys().map(String::as_str).collect();
+        if !self.plan.resident.is_empty() {
+            let mut names: Vec<&str> = self.plan.resident.keys().map(String::as_str).collect();
             names.sort();
-            let mut folded: Vec<&str> = self.accumulating.keys().map(String::as_str).collect();
+            let mut folded: Vec<&str> = self.plan.accumulating.keys().map(String::as_str).collect();
             folded.sort();
             let folded =
                 if folded.is_empty() { String::new() } else { format!("; dots adding into them: %{}", folded.join(", %")) };
@@ -2465,7 +2038,7 @@ impl<'k> Writer<'k> {
             if zeroed.is_empty() { "none (each is stored whole before any read)".to_string() } else { zeroed.join(", ") }
         );
         let _ = writeln!(m);
-        let _ = writeln!(m, "const PROGRAMS: u32 = {}u;", self.programs);
+        let _ = writeln!(m, "const PROGRAMS: u32 = {}u;", self.plan.programs);
         let _ = writeln!(
             m,
             "const GROUPS: u32 = {};",
@@ -2482,7 +2055,7 @@ impl<'k> Writer<'k> {
             let _ = writeln!(
                 m,
                 "@group(0) @binding({binding}) var<storage, {access}> a{pi}: array<{}>; // {} {}: {}{}",
-                if self.quad_outputs.contains(&pi) || self.quad_inputs.contains(&pi) {
+                if self.plan.quad_outputs.contains(&pi) || self.plan.quad_inputs.contains(&pi) {
                     format!("vec4<{}>", buf_ty(p.ty.dtype))
                 } else {
                     buf_ty(p.ty.dtype).to_string()
@@ -2490,7 +2063,7 @@ impl<'k> Writer<'k> {
                 p.kind.keyword(),
                 p.name,
                 p.ty,
-                if self.quad_outputs.contains(&pi) || self.quad_inputs.contains(&pi) { ", as vec4" } else { "" }
+                if self.plan.quad_outputs.contains(&pi) || self.plan.quad_inputs.contains(&pi) { ", as vec4" } else { "" }
             );
             binding += 1;
         }
@@ -2568,23 +2141,5 @@ fn compare(op: CmpOp, d: DType, x: &str, y: &str) -> String {
         CmpOp::Le => format!("({x} <= {y})"),
         CmpOp::Gt => format!("({x} > {y})"),
         CmpOp::Ge => format!("({x} >= {y})"),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn strategies_parse_by_name_and_a_bad_name_says_what_would_work() {
-        assert_eq!(Strategy::parse("cpu").unwrap(), Strategy::Cpu);
-        assert_eq!(Strategy::parse("gpu").unwrap(), Strategy::Gpu);
-        let e = Strategy::parse("fast").unwrap_err();
-        assert_eq!(e.kind, ErrorKind::InvalidInput);
-        assert!(
-            e.message.contains("TESSEL_WGPU_STRATEGY=fast is not a strategy") && e.message.contains("use cpu or gpu"),
-            "{}",
-            e.message
-        );
     }
 }

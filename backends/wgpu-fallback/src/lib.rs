@@ -8,6 +8,7 @@
 
 pub mod emit;
 mod libm;
+pub mod lower;
 pub mod mesh;
 pub mod runtime;
 mod spirv;
@@ -32,10 +33,10 @@ pub struct Wgpu;
 
 /// The lowering strategy: `TESSEL_WGPU_STRATEGY` where set, else `cpu` on a software adapter (or
 /// none) and `gpu` on a hardware one.
-fn strategy() -> Result<emit::Strategy, BackendError> {
-    Ok(emit::Strategy::forced()?.unwrap_or(match runtime::adapter() {
-        Ok(a) if !a.software => emit::Strategy::Gpu,
-        _ => emit::Strategy::Cpu,
+fn strategy() -> Result<lower::Strategy, BackendError> {
+    Ok(lower::Strategy::forced()?.unwrap_or(match runtime::adapter() {
+        Ok(a) if !a.software => lower::Strategy::Gpu,
+        _ => lower::Strategy::Cpu,
     }))
 }
 
@@ -136,7 +137,7 @@ impl BackendImpl for Wgpu {
     /// the other wrote.
     fn version(&self) -> &str {
         match strategy() {
-            Ok(emit::Strategy::Gpu) => concat!(env!("CARGO_PKG_VERSION"), " strategy gpu"),
+            Ok(lower::Strategy::Gpu) => concat!(env!("CARGO_PKG_VERSION"), " strategy gpu"),
             _ => concat!(env!("CARGO_PKG_VERSION"), " strategy cpu"),
         }
     }
@@ -169,18 +170,19 @@ impl BackendImpl for Wgpu {
         mesh::make(spec)
     }
 
-    /// Each kernel verified with its mesh, with its grid sizes, and the strategy.
-    type Plan = (Vec<(Verified, Vec<LaunchAxis>)>, emit::Strategy);
+    /// Each kernel's plan (`lower.rs`).
+    type Plan = Vec<lower::Plan>;
 
     fn supports(&self, launch: &Launch<'_>) -> Result<Self::Plan, BackendError> {
-        Ok((self.checked(launch)?, strategy()?))
+        let strategy = strategy()?;
+        self.checked(launch)?.into_iter().map(|(v, axes)| lower::plan(v, axes, strategy)).collect()
     }
 
     /// Each kernel's WGSL and dispatch.
     type Compiled = Vec<emit::Lowered>;
 
-    fn compile(&self, _: &Launch<'_>, (kernels, strategy): Self::Plan) -> Result<Self::Compiled, BackendError> {
-        kernels.iter().map(|(v, axes)| emit::lower(v, axes, strategy)).collect()
+    fn compile(&self, _: &Launch<'_>, plans: Self::Plan) -> Result<Self::Compiled, BackendError> {
+        plans.iter().map(emit::lower).collect()
     }
 
     fn stages(&self, compiled: &Self::Compiled) -> Vec<(String, String)> {

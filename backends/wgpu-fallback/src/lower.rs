@@ -1,0 +1,484 @@
+//! The wgpu lowering's decisions, made once per kernel before any WGSL is written: the
+//! refusals, the strategy, how invocations own the elements of values (the layout), which outputs
+//! stay in registers across `seq` steps, which loads are read straight from their buffers, which
+//! values are computed where they are read, which `dot`s add into a resident output, which
+//! arguments are bound as `vec4`s. The backend's `supports` makes the plan and its `compile`
+//! hands it to `emit.rs`, which writes it.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+
+use tessel_plugin_api::abi::{BackendError, ErrorKind};
+use tessel_plugin_api::ir::*;
+use tessel_plugin_api::launch::LaunchAxis;
+
+use crate::emit::{DTYPES, MAX_PROGRAMS, MAX_WORKGROUP};
+
+/// How the lowering uses the adapter; the WGSL header names it. `TESSEL_WGPU_STRATEGY=cpu|gpu`
+/// forces one (so the tests run both on one adapter), else the adapter's device type decides.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Strategy {
+    /// A CPU (software) adapter, where workgroup memory and barriers are pure cost: `dot`
+    /// operands read straight from their buffers, reductions along rows by one invocation per
+    /// row (the row layout).
+    Cpu,
+    /// A hardware adapter: `dot` operand tiles staged in `var<workgroup>` memory a few steps of
+    /// the contraction at a time, more invocations per workgroup, no row layout.
+    Gpu,
+}
+
+impl Strategy {
+    /// Its name in `TESSEL_WGPU_STRATEGY` and in the WGSL header.
+    pub fn name(self) -> &'static str {
+        match self {
+            Strategy::Cpu => "cpu",
+            Strategy::Gpu => "gpu",
+        }
+    }
+
+    /// The strategy `TESSEL_WGPU_STRATEGY` forces, if set: an unknown value is an error naming
+    /// what would work.
+    pub fn forced() -> Result<Option<Strategy>, BackendError> {
+        match std::env::var("TESSEL_WGPU_STRATEGY") {
+            Ok(v) if !v.is_empty() => Strategy::parse(&v).map(Some),
+            _ => Ok(None),
+        }
+    }
+
+    /// The strategy named `v`, or an error naming what would work.
+    pub fn parse(v: &str) -> Result<Strategy, BackendError> {
+        match v {
+            "cpu" => Ok(Strategy::Cpu),
+            "gpu" => Ok(Strategy::Gpu),
+            _ => Err(BackendError::new(
+                ErrorKind::InvalidInput,
+                format!(
+                    "TESSEL_WGPU_STRATEGY={v} is not a strategy of the wgpu backend\n  use cpu or gpu, or unset it to let the adapter decide"
+                ),
+            )),
+        }
+    }
+}
+
+/// One kernel's plan: what `emit.rs` writes.
+pub struct Plan {
+    /// The kernel, verified with its mesh.
+    pub kernel: Verified,
+    /// Its grid, every `dyn` size resolved.
+    pub grid: Vec<LaunchAxis>,
+    pub strategy: Strategy,
+    /// Parallel programs, and `seq` steps per program.
+    pub programs: u64,
+    pub steps: u64,
+    /// How many adjacent elements an invocation owns together outside the row layout
+    /// ([`element_group`]): invocation `lid` owns elements `g (lid + wg j) ..`, slot `g j + t`
+    /// holding element `g (lid + wg j) + t`.
+    pub group: usize,
+    /// The row layout's row length and workgroup size ([`row_layout`]; `cpu` strategy only).
+    pub row_layout: Option<(usize, u32)>,
+    /// Whether the kernel has a `dot`.
+    pub dots: bool,
+    /// Outputs kept in registers across the `seq` steps, by name, with their position
+    /// ([`resident`]).
+    pub resident: HashMap<String, usize>,
+    /// `dot`s that add their tiles into a resident output ([`accumulating_dots`]).
+    pub accumulating: HashMap<String, (usize, String, String)>,
+    /// Outputs and inputs bound as `array<vec4<T>>` ([`quad_outputs`], [`quad_inputs`]), kept
+    /// where their invocations own elements in fours.
+    pub quad_outputs: BTreeSet<usize>,
+    pub quad_inputs: BTreeSet<usize>,
+    /// Whole blocks of inputs that a `dot` reads from their buffers ([`forwarded_loads`]), and
+    /// those only `dot`s read (their load writes nothing).
+    pub forwarded: HashMap<String, usize>,
+    pub dot_only: HashSet<String>,
+    /// Elementwise values computed where their one reader reads them ([`inlined_values`]).
+    pub inlined: HashSet<String>,
+}
+
+/// The plan of `kernel` on `grid`, or the refusal.
+pub fn plan(kernel: Verified, grid: Vec<LaunchAxis>, strategy: Strategy) -> Result<Plan, BackendError> {
+    let k = kernel.kernel();
+    for p in &k.params {
+        if !DTYPES.contains(&p.ty.dtype) {
+            return Err(unsupported(format!("Unsupported dtype: {}", p.ty.dtype)));
+        }
+        if p.ty.numel() > i32::MAX as usize {
+            return Err(unsupported(format!(
+                "argument `{}` ({}) has {} elements, more than the {} the wgpu backend indexes\n  split the array",
+                p.name,
+                p.ty,
+                p.ty.numel(),
+                i32::MAX
+            )));
+        }
+    }
+    let programs: u64 =
+        grid.iter().filter(|a| !a.seq).map(|a| a.size).try_fold(1u64, |a, b| a.checked_mul(b)).unwrap_or(u64::MAX);
+    let steps: u64 = grid.iter().filter(|a| a.seq).map(|a| a.size).try_fold(1u64, |a, b| a.checked_mul(b)).unwrap_or(u64::MAX);
+    for (what, n) in [("parallel programs", programs), ("`seq` steps per program", steps)] {
+        if n > MAX_PROGRAMS {
+            return Err(unsupported(format!(
+                "kernel `{}` has {n} {what}, more than the {MAX_PROGRAMS} the wgpu backend runs in one launch\n  use larger blocks, or split the launch",
+                k.name
+            )));
+        }
+    }
+    let v = &kernel;
+    let row_layout = row_layout(v).filter(|_| strategy == Strategy::Cpu);
+    let resident: HashMap<String, usize> =
+        (k.params.iter().enumerate()).filter(|(_, p)| resident(v, &grid, p)).map(|(pi, p)| (p.name.clone(), pi)).collect();
+    let forwarded = forwarded_loads(k);
+    let mut plan = Plan {
+        strategy,
+        programs,
+        steps,
+        group: if row_layout.is_some() { 1 } else { element_group(v, &grid) },
+        row_layout,
+        dots: {
+            let mut any = false;
+            analysis::visit(&k.body, &mut |s| any |= matches!(s.op, Op::Dot { .. }));
+            any
+        },
+        accumulating: accumulating_dots(v, &resident),
+        quad_outputs: quad_outputs(v, &grid),
+        quad_inputs: quad_inputs(v, &grid),
+        dot_only: (forwarded.keys())
+            .filter(|x| analysis::readers(&k.body, x).iter().all(|s| matches!(s.op, Op::Dot { .. })))
+            .cloned()
+            .collect(),
+        forwarded,
+        inlined: inlined_values(v),
+        resident,
+        kernel: kernel.clone(),
+        grid,
+    };
+    // An output is written as `vec4`s only where its invocations own elements in fours, and not
+    // where it is resident (written back from registers, element by element); an input likewise.
+    let params = &plan.kernel.kernel().params;
+    let fours = |plan: &Plan, pi: usize| plan.group_of(params[pi].block_shape()).is_multiple_of(4);
+    plan.quad_outputs = (plan.quad_outputs.iter().copied())
+        .filter(|&pi| fours(&plan, pi) && !plan.resident.contains_key(&params[pi].name))
+        .collect();
+    plan.quad_inputs = plan.quad_inputs.iter().copied().filter(|&pi| fours(&plan, pi)).collect();
+    Ok(plan)
+}
+
+impl Plan {
+    /// How many adjacent elements of a value of `shape` an invocation owns together: in the
+    /// row layout, whole rows of values whose rows are that long and single elements of others
+    /// (so that row `r` of every value lives with invocation `r % wg`); otherwise [`Plan::group`].
+    pub fn group_of(&self, shape: &[usize]) -> usize {
+        match self.row_layout {
+            Some((c, _)) if shape.len() >= 2 && shape.last() == Some(&c) => c,
+            Some(_) => 1,
+            None => self.group,
+        }
+    }
+}
+
+fn unsupported(msg: String) -> BackendError {
+    BackendError::new(ErrorKind::Unsupported, msg)
+}
+
+/// Whether every element of output `p` is stored at some grid point before anything could read
+/// it, so that zeroing it first cannot be observed: either the kernel never loads `p` and its body
+/// stores the whole block unconditionally (at top level, no index, no mask) at every grid point,
+/// or `p` is [`resident`] (written back whole at each program's last step); and in both cases the
+/// blocks cover the array ([`covers`]).
+pub fn fully_written(kernel: &Verified, grid: &[LaunchAxis], p: &Param) -> bool {
+    let k = kernel.kernel();
+    let loaded = analysis::accesses(&k.body, &p.name).iter().any(|s| matches!(s.op, Op::Load { .. }));
+    let whole_store = k.body.iter().any(|s| matches!(&s.op, Op::Store { dst, index: None, mask: None, .. } if dst == &p.name));
+    ((!loaded && whole_store) || resident(kernel, grid, p)) && covers(grid, p)
+}
+
+/// Whether the blocks of `p` over the grid cover its array: an index map that sends each
+/// dimension to its own grid axis (`at (i, j)`), whose size times the block reaches the end, or
+/// to 0 where the block spans the dimension.
+fn covers(grid: &[LaunchAxis], p: &Param) -> bool {
+    let Some(b) = &p.block else { return true };
+    let mut used = Vec::new();
+    b.index.iter().zip(&b.shape).zip(&p.ty.shape).all(|((e, &bs), &dim)| match e.terms.as_slice() {
+        [] => e.constant == 0 && bs >= dim,
+        [(1, axis)] if e.constant == 0 && !used.contains(axis) => {
+            used.push(axis.clone());
+            grid.iter().find(|a| &a.name == axis).is_some_and(|a| a.size as usize * bs >= dim)
+        }
+        _ => false,
+    })
+}
+
+/// Whether output `p`'s block can live in the invocations' registers across the `seq` steps of
+/// a program, loaded as zeros and written back once at its last step: there are several steps;
+/// the block is the same at every step (no `seq` axis in its index map), its own to each program
+/// (every parallel axis in the map, one per dimension) and inside the array; and the kernel only
+/// loads and stores it whole (no index, no mask), so that each invocation touches only its own
+/// elements of it.
+pub fn resident(kernel: &Verified, grid: &[LaunchAxis], p: &Param) -> bool {
+    let Some(b) = &p.block else { return false };
+    if p.kind != ParamKind::Out || grid.iter().filter(|a| a.seq).map(|a| a.size).product::<u64>() < 2 {
+        return false;
+    }
+    let axis = |name: &str| grid.iter().find(|a| a.name == name);
+    let mut used: Vec<&str> = Vec::new();
+    for e in &b.index {
+        match e.terms.as_slice() {
+            [] => {}
+            [(c, name)] if *c != 0 && !used.contains(&name.as_str()) && axis(name).is_some_and(|a| !a.seq) => used.push(name),
+            _ => return false,
+        }
+    }
+    let own = grid.iter().filter(|a| !a.seq).all(|a| a.size == 1 || used.contains(&a.name.as_str()));
+    let inside = (0..b.shape.len()).all(|d| inside(grid, p, d));
+    let whole = analysis::accesses(&kernel.kernel().body, &p.name)
+        .iter()
+        .all(|s| matches!(&s.op, Op::Load { index: None, mask: None, .. } | Op::Store { index: None, mask: None, .. }));
+    own && inside && whole
+}
+
+/// Whether every block of `p` lies inside its array in dimension `d`, at every point of the grid.
+pub(crate) fn inside(grid: &[LaunchAxis], p: &Param, d: usize) -> bool {
+    let (lo, hi) = origin_range(grid, p, d);
+    lo >= 0 && hi.saturating_add(p.block_shape()[d] as i64) <= p.ty.shape[d] as i64
+}
+
+/// Whether `p`'s blocks can be read or written as `vec4`s of adjacent elements at every grid
+/// point: rows of a multiple of 4 elements in the array and in the block, blocks inside the array,
+/// elements that are not `bool` words.
+pub(crate) fn quad_able(grid: &[LaunchAxis], p: &Param) -> bool {
+    let (dims, block) = (&p.ty.shape, p.block_shape());
+    p.ty.dtype != DType::Bool
+        && dims.last().is_some_and(|n| n.is_multiple_of(4))
+        && block.last().is_some_and(|n| n.is_multiple_of(4))
+        && (0..dims.len()).all(|d| inside(grid, p, d))
+}
+
+/// The outputs written as `vec4`s only, bound as `array<vec4<T>>`: [`quad_able`], never
+/// loaded, and every store whole (no index, no mask).
+fn quad_outputs(v: &Verified, grid: &[LaunchAxis]) -> BTreeSet<usize> {
+    let k = v.kernel();
+    (k.params.iter().enumerate())
+        .filter(|(_, p)| p.kind == ParamKind::Out && quad_able(grid, p))
+        .filter(|(_, p)| {
+            let acc = analysis::accesses(&k.body, &p.name);
+            !acc.is_empty() && acc.iter().all(|s| matches!(s.op, Op::Store { index: None, mask: None, .. }))
+        })
+        .map(|(pi, _)| pi)
+        .collect()
+}
+
+/// The inputs read as `vec4`s only, bound as `array<vec4<T>>`: [`quad_able`], every access a
+/// whole load (no index, no mask), and no `dot` reading a loaded block (a `dot` reads its
+/// operands element by element).
+fn quad_inputs(v: &Verified, grid: &[LaunchAxis]) -> BTreeSet<usize> {
+    let k = v.kernel();
+    (k.params.iter().enumerate())
+        .filter(|(_, p)| p.kind == ParamKind::In && quad_able(grid, p))
+        .filter(|(_, p)| {
+            let acc = analysis::accesses(&k.body, &p.name);
+            !acc.is_empty()
+                && acc.iter().all(|s| {
+                    matches!(s.op, Op::Load { index: None, mask: None, .. })
+                        && !analysis::readers(&k.body, &s.results[0]).iter().any(|r| matches!(r.op, Op::Dot { .. }))
+                })
+        })
+        .map(|(pi, _)| pi)
+        .collect()
+}
+
+/// The range over the grid of the first element of `p`'s block in dimension `d`
+/// (`E_d * B_d`; 0 without a block).
+pub(crate) fn origin_range(grid: &[LaunchAxis], p: &Param, d: usize) -> (i64, i64) {
+    let Some(b) = &p.block else { return (0, 0) };
+    let e = &b.index[d];
+    let (mut lo, mut hi) = (e.constant, e.constant);
+    for (c, name) in &e.terms {
+        let size = grid.iter().find(|a| &a.name == name).map_or(1, |a| a.size as i64);
+        let y = c.saturating_mul(size - 1);
+        lo = lo.saturating_add(y.min(0));
+        hi = hi.saturating_add(y.max(0));
+    }
+    let bs = b.shape[d] as i64;
+    (lo.saturating_mul(bs), hi.saturating_mul(bs))
+}
+
+/// The values that are whole blocks of `in` arrays (`load x`, no index, mask or `other`), by
+/// name, with the argument's position: a `dot` reads them straight from the argument's buffer.
+fn forwarded_loads(k: &Kernel) -> HashMap<String, usize> {
+    let mut out = HashMap::new();
+    analysis::visit(&k.body, &mut |s| {
+        if let Op::Load { src, index: None, mask: None, other: None } = &s.op
+            && let Some(pi) = k.params.iter().position(|p| &p.name == src && p.kind == ParamKind::In && !p.ty.is_scalar())
+        {
+            out.insert(s.results[0].clone(), pi);
+        }
+    });
+    out
+}
+
+/// How many adjacent elements an invocation owns together ([`Writer::group`]). With a `dot`, 8
+/// where every `dot`'s result has a multiple of 8 columns, else 4 (its register tiles). Without
+/// one, 4 where some input block is loaded whole or some output written only whole as `vec4`s
+/// ([`quad_able`], [`quad_outputs`]), else 1.
+fn element_group(v: &Verified, grid: &[LaunchAxis]) -> usize {
+    let mut columns = Vec::new();
+    analysis::visit(&v.kernel().body, &mut |s| {
+        if let Op::Dot { .. } = s.op {
+            columns.push(v.value_type(&s.results[0]).shape[1]);
+        }
+    });
+    let k = v.kernel();
+    let quads = forwarded_loads(k).values().any(|&pi| quad_able(grid, &k.params[pi])) || !quad_outputs(v, grid).is_empty();
+    match columns.as_slice() {
+        [] if quads => 4,
+        [] => 1,
+        c if c.iter().all(|n| n.is_multiple_of(8)) => 8,
+        _ => 4,
+    }
+}
+
+/// The most private slots a value may take per invocation in the row layout.
+pub(crate) const MAX_ROW_SLOTS: usize = 1024;
+
+/// The row layout ([`Writer::row_len`]): where the kernel has no `dot` and reduces a 2-D value
+/// along its last axis, each invocation owns whole rows of the values whose rows are that long,
+/// and the matching elements of `[R, 1]` and `[R]` values, so that the reduction and the
+/// broadcast of its result over the rows stay in the invocation: no workspace, no barrier.
+/// Returns the row length and the workgroup size (one invocation per row of the tallest such
+/// value, at most [`MAX_WORKGROUP`]) where that gives at least 8 invocations and no value takes
+/// more than [`MAX_ROW_SLOTS`] slots.
+fn row_layout(v: &Verified) -> Option<(usize, u32)> {
+    let body = &v.kernel().body;
+    let mut dot = false;
+    let mut len = None;
+    analysis::visit(body, &mut |s| match &s.op {
+        Op::Dot { .. } => dot = true,
+        Op::Reduce { arg: Operand::Value(x), axis: 1, .. } if len.is_none() && v.value_type(x).shape.len() == 2 => {
+            len = Some(v.value_type(x).shape[1])
+        }
+        _ => {}
+    });
+    let c = len.filter(|_| !dot)?;
+    let mut shapes: Vec<&[usize]> = Vec::new();
+    analysis::visit(body, &mut |s| shapes.extend(s.results.iter().map(|r| v.value_type(r).shape.as_slice())));
+    let rows =
+        shapes.iter().filter(|sh| sh.len() >= 2 && sh.last() == Some(&c)).map(|sh| sh.iter().product::<usize>() / c).max()?;
+    let wg = (rows.next_power_of_two() as u32).min(MAX_WORKGROUP);
+    let fits = shapes.iter().all(|sh| {
+        let g = if sh.len() >= 2 && sh.last() == Some(&c) { c } else { 1 };
+        g * sh.iter().product::<usize>().div_ceil(g * wg as usize) <= MAX_ROW_SLOTS
+    });
+    (wg >= 8 && fits).then_some((c, wg))
+}
+
+/// Elementwise block values that need no private array: made by an elementwise operation and
+/// read once, at its own elements, by an elementwise operation or a whole `store` of the same body
+/// (so they are computed inside their reader's loop, element by element).
+fn inlined_values(v: &Verified) -> HashSet<String> {
+    fn elementwise(op: &Op) -> bool {
+        matches!(
+            op,
+            Op::Unary(..)
+                | Op::Binary(..)
+                | Op::Compare(..)
+                | Op::Select(..)
+                | Op::Cast(_)
+                | Op::Bitcast(_)
+                | Op::Full(_)
+                | Op::Zeros
+                | Op::Iota { .. }
+        )
+    }
+    fn walk(v: &Verified, body: &[Stmt], out: &mut HashSet<String>) {
+        let all = &v.kernel().body;
+        for s in body {
+            if let Op::When { body: b, .. } | Op::For { body: b, .. } = &s.op {
+                walk(v, b, out);
+            }
+            let Some(x) = s.results.first().filter(|x| elementwise(&s.op) && !v.value_type(x).is_scalar()) else { continue };
+            let [r] = analysis::readers(all, x)[..] else { continue };
+            let in_body = body.iter().any(|t| std::ptr::eq(t, r));
+            let once = analysis::reads(&r.op).iter().filter(|n| **n == x.as_str()).count() == 1;
+            let shape = &v.value_type(x).shape;
+            let fits = match &r.op {
+                Op::Store { index: None, mask, value: Operand::Value(val), dst } => {
+                    val == x
+                        && mask.as_deref() != Some(x.as_str())
+                        && v.kernel().param(dst).is_some_and(|p| p.block_shape() == shape.as_slice())
+                }
+                op => elementwise(op) && r.results.first().is_some_and(|y| &v.value_type(y).shape == shape),
+            };
+            if in_body && once && fits {
+                out.insert(x.clone());
+            }
+        }
+    }
+    let mut out = HashSet::new();
+    walk(v, &v.kernel().body, &mut out);
+    out
+}
+
+/// `dot`s whose result is added into a [`resident`] output and stored back (`%acc = load c`,
+/// `%s = add %acc, %p`, `store c, %s`, each value read once, nothing else touching `c` between
+/// them in the same body): the dot adds its tile into the resident block itself. By the `dot`'s
+/// result: the output's position and the names of the load's and the add's results.
+fn accumulating_dots(v: &Verified, resident: &HashMap<String, usize>) -> HashMap<String, (usize, String, String)> {
+    fn walk(v: &Verified, body: &[Stmt], resident: &HashMap<String, usize>, out: &mut HashMap<String, (usize, String, String)>) {
+        let all = &v.kernel().body;
+        let single = |x: &str| match analysis::readers(all, x).as_slice() {
+            [s] => Some(*s),
+            _ => None,
+        };
+        let at = |s: &Stmt| body.iter().position(|t| std::ptr::eq(t, s));
+        for (i, s) in body.iter().enumerate() {
+            if let Op::When { body: b, .. } | Op::For { body: b, .. } = &s.op {
+                walk(v, b, resident, out);
+            }
+            let Op::Dot { .. } = s.op else { continue };
+            let p = &s.results[0];
+            let Some(add) = single(p) else { continue };
+            let Op::Binary(BinaryOp::Add, Operand::Value(x), Operand::Value(y)) = &add.op else { continue };
+            let acc = if x == p { y } else { x };
+            let Some(load) = body.iter().find(|t| t.results.first() == Some(acc)) else { continue };
+            let Op::Load { src, .. } = &load.op else { continue };
+            let Some(&pi) = resident.get(src) else { continue };
+            let (Some(sum), true) = (add.results.first(), single(acc).is_some()) else { continue };
+            let Some(store) = single(sum) else { continue };
+            let Op::Store { dst, value: Operand::Value(sv), .. } = &store.op else { continue };
+            let (Some(il), Some(ia), Some(is)) = (at(load), at(add), at(store)) else { continue };
+            let (lo, hi) = (i.min(il), is);
+            let others = body[lo..=hi].iter().filter(|t| {
+                !std::ptr::eq(*t, load) && !std::ptr::eq(*t, store) && {
+                    let mut touches = false;
+                    analysis::visit(std::slice::from_ref(*t), &mut |u| {
+                        touches |= matches!(&u.op, Op::Load { src: r, .. } | Op::Store { dst: r, .. } if r == src)
+                    });
+                    touches
+                }
+            });
+            if dst == src && sv == sum && ia < is && il < ia && i < ia && others.count() == 0 {
+                out.insert(p.clone(), (pi, acc.clone(), sum.clone()));
+            }
+        }
+    }
+    let mut out = HashMap::new();
+    walk(v, &v.kernel().body, resident, &mut out);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strategies_parse_by_name_and_a_bad_name_says_what_would_work() {
+        assert_eq!(Strategy::parse("cpu").unwrap(), Strategy::Cpu);
+        assert_eq!(Strategy::parse("gpu").unwrap(), Strategy::Gpu);
+        let e = Strategy::parse("fast").unwrap_err();
+        assert_eq!(e.kind, ErrorKind::InvalidInput);
+        assert!(
+            e.message.contains("TESSEL_WGPU_STRATEGY=fast is not a strategy") && e.message.contains("use cpu or gpu"),
+            "{}",
+            e.message
+        );
+    }
+}
