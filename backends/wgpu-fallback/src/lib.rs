@@ -14,6 +14,7 @@ pub mod runtime;
 mod spirv;
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use tessel_plugin_api::abi::{BackendError, BuiltinBackend, Capabilities, ErrorKind, MeshBox};
 use tessel_plugin_api::array::HostArray;
@@ -28,8 +29,16 @@ pub use mesh::WgpuMesh;
 pub const NAME: &str = "wgpu";
 
 /// The wgpu backend.
-#[derive(Debug, Default)]
-pub struct Wgpu;
+#[derive(Default)]
+pub struct Wgpu {
+    /// Plans by [`Launch::key`] and strategy: a plan depends on nothing else, and a launch
+    /// repeated on a software adapter would otherwise spend a fifth of its time verifying and
+    /// planning again.
+    plans: std::sync::Mutex<std::collections::HashMap<([u8; 32], lower::Strategy), Arc<Vec<lower::Plan>>>>,
+}
+
+/// Plans kept.
+const PLANS_KEPT: usize = 256;
 
 /// The lowering strategy: `TESSEL_WGPU_STRATEGY` where set, else `cpu` on a software adapter (or
 /// none) and `gpu` on a hardware one.
@@ -92,7 +101,7 @@ fn check_type(what: &str, ty: &Type) -> Result<(), BackendError> {
 impl Wgpu {
     /// The backend object.
     pub fn new() -> Wgpu {
-        Wgpu
+        Wgpu::default()
     }
 
     /// Every refusal, then each kernel verified with its mesh and its grid sizes.
@@ -171,11 +180,24 @@ impl BackendImpl for Wgpu {
     }
 
     /// Each kernel's plan (`lower.rs`).
-    type Plan = Vec<lower::Plan>;
+    type Plan = Arc<Vec<lower::Plan>>;
 
     fn supports(&self, launch: &Launch<'_>) -> Result<Self::Plan, BackendError> {
         let strategy = strategy()?;
-        self.checked(launch)?.into_iter().map(|(v, axes)| lower::plan(v, axes, strategy)).collect()
+        let key = (launch.key, strategy);
+        if let Some(p) = self.plans.lock().ok().and_then(|m| m.get(&key).cloned()) {
+            return Ok(p);
+        }
+        let plans: Vec<lower::Plan> =
+            self.checked(launch)?.into_iter().map(|(v, axes)| lower::plan(v, axes, strategy)).collect::<Result<_, _>>()?;
+        let plans = Arc::new(plans);
+        if let Ok(mut m) = self.plans.lock() {
+            if m.len() >= PLANS_KEPT {
+                m.clear();
+            }
+            m.insert(key, Arc::clone(&plans));
+        }
+        Ok(plans)
     }
 
     /// Each kernel's WGSL and dispatch.

@@ -15,7 +15,7 @@ use crate::emit::{DTYPES, MAX_PROGRAMS, MAX_WORKGROUP};
 
 /// How the lowering uses the adapter; the WGSL header names it. `TESSEL_WGPU_STRATEGY=cpu|gpu`
 /// forces one (so the tests run both on one adapter), else the adapter's device type decides.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Strategy {
     /// A CPU (software) adapter, where workgroup memory and barriers are pure cost: `dot`
     /// operands read straight from their buffers, reductions along rows by one invocation per
