@@ -34,8 +34,11 @@ pub struct Wgpu {
     /// Plans by [`Launch::key`] and strategy: a plan depends on nothing else, and a launch
     /// repeated on a software adapter would otherwise spend a fifth of its time verifying and
     /// planning again.
-    plans: std::sync::Mutex<std::collections::HashMap<([u8; 32], lower::Strategy), Arc<Vec<lower::Plan>>>>,
+    plans: std::sync::Mutex<std::collections::HashMap<PlanKey, Arc<Vec<lower::Plan>>>>,
 }
+
+/// A launch's key and the strategy it is planned for.
+type PlanKey = ([u8; 32], lower::Strategy);
 
 /// Plans kept.
 const PLANS_KEPT: usize = 256;
