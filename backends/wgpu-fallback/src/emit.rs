@@ -1277,17 +1277,7 @@ impl<'k> Writer<'k> {
             let at_a = |row: &str, q: &str| if trans_a { ra(q, row) } else { ra(row, q) };
             let at_b = |q: &str, col: &str| if trans_b { rb(col, q) } else { rb(q, col) };
             self.staged = (self.staged.0.max(m * kc), self.staged.1.max(kc * n));
-            self.line(format!(
-                "// a register tile of {} rows x {g} columns per invocation; operands staged in workgroup memory, {kc} steps at a time",
-                slots / g
-            ));
-            self.line("{");
-            self.indent += 1;
-            self.line(format!("let tc0 = ({g}u * lid) % {n}u;"));
-            let acc_ty = reg_ty(self.ty(dst).dtype);
-            for s in 0..slots {
-                self.line(format!("var acc{s}: {acc_ty};"));
-            }
+            self.tile_begin(dst, slots, n, &format!("; operands staged in workgroup memory, {kc} steps at a time"));
             self.open(format!("for (var r0 = 0u; r0 < {kk}u; r0 += {kc}u)"));
             // The previous chunk's reads are done before this one overwrites it.
             self.line("workgroupBarrier();");
@@ -1364,15 +1354,7 @@ impl<'k> Writer<'k> {
         if tiled {
             // A register tile: the invocation's groups are `g` adjacent columns of rows `g wg / n`
             // apart, so each step reads `g` elements of `b` and one of `a` per row.
-            self.line(format!("// a register tile of {} rows x {g} columns per invocation", slots / g));
-            self.line("{");
-            self.indent += 1;
-            self.line(format!("let tc0 = ({g}u * lid) % {n}u;"));
-            // Accumulators in scalars (registers), not in the value's array (memory).
-            let acc_ty = reg_ty(self.ty(dst).dtype);
-            for s in 0..slots {
-                self.line(format!("var acc{s}: {acc_ty};"));
-            }
+            self.tile_begin(dst, slots, n, "");
             self.open(format!("for (var r = 0u; r < {kk}u; r++)"));
             self.tile_step([m, n], slots, |t| b_at(&format!("(tc0 + {t}u)")), |row| a_at(row));
             self.tile_end(dst, slots, into);
@@ -1403,6 +1385,20 @@ impl<'k> Writer<'k> {
             self.each(&[m, n], |w| w.line(format!("r{ri}[k] = r{ri}[k] + {id}[k];")));
         }
         self.defined(dst);
+    }
+
+    /// Opens a scalar register tile of `dot` result `dst` (`n` columns): the tile's first
+    /// column and its accumulators, in scalars (registers), not in the value's array (memory).
+    fn tile_begin(&mut self, dst: &str, slots: usize, n: usize, how: &str) {
+        let g = self.plan.group;
+        self.line(format!("// a register tile of {} rows x {g} columns per invocation{how}", slots / g));
+        self.line("{");
+        self.indent += 1;
+        self.line(format!("let tc0 = ({g}u * lid) % {n}u;"));
+        let acc_ty = reg_ty(self.ty(dst).dtype);
+        for s in 0..slots {
+            self.line(format!("var acc{s}: {acc_ty};"));
+        }
     }
 
     /// One step of the contraction of a scalar register tile over a `dot` result of `shape`: the
