@@ -262,25 +262,18 @@ impl Use {
 /// threads (broadcasts, reductions, `dot` operands, scalars, `when`/`for` conditions and
 /// bounds), tensor-core results and loop-carried slots stay in the workspace.
 pub fn in_registers(k: &Verified) -> HashSet<String> {
-    fn walk(k: &Verified, body: &[Stmt], candidates: &mut Vec<String>, across: &mut HashSet<String>) {
-        for s in body {
-            let out_shape = s.ty.as_ref().map(|t| t.shape.clone()).unwrap_or_default();
-            let (reads, writes) = uses(k, s, &out_shape);
-            across.extend(reads.iter().filter(|u| !u.own).map(|u| u.name.clone()));
-            match &s.op {
-                Op::When { body, .. } | Op::For { body, .. } => walk(k, body, candidates, across),
-                _ => {
-                    let own_write = writes.iter().all(|u| u.own);
-                    let n = out_shape.iter().product::<usize>();
-                    if own_write && n > 1 && n <= MAX_REGISTERS_PER_VALUE * THREADS as usize {
-                        candidates.extend(s.results.iter().cloned());
-                    }
-                }
-            }
-        }
-    }
     let (mut candidates, mut across) = (Vec::new(), HashSet::new());
-    walk(k, &k.kernel().body, &mut candidates, &mut across);
+    analysis::visit(&k.kernel().body, &mut |s| {
+        let out_shape = s.ty.as_ref().map(|t| t.shape.clone()).unwrap_or_default();
+        let (reads, writes) = uses(k, s, &out_shape);
+        across.extend(reads.iter().filter(|u| !u.own).map(|u| u.name.clone()));
+        let own_write = writes.iter().all(|u| u.own);
+        let n = out_shape.iter().product::<usize>();
+        let body = matches!(s.op, Op::When { .. } | Op::For { .. });
+        if !body && own_write && n > 1 && n <= MAX_REGISTERS_PER_VALUE * THREADS as usize {
+            candidates.extend(s.results.iter().cloned());
+        }
+    });
     candidates.into_iter().filter(|v| !across.contains(v)).collect()
 }
 
