@@ -585,7 +585,9 @@ impl<'k> Writer<'k> {
                     Read::Deferred(name.clone())
                 } else if !res.is_empty() && (shape == res || (linear && self.group_of(&shape) == self.group_of(res))) {
                     Read::Own(id)
-                } else if let Some(c) = (self.plan.row_layout.map(|r| r.0))
+                } else if let Some(c) = self
+                    .plan
+                    .row_len()
                     .filter(|&c| res.len() == 2 && shape.len() == 2 && shape[0] == res[0] && shape[1] == 1 && res[1] == c)
                 {
                     Read::RowOwn(id, c)
@@ -724,7 +726,7 @@ impl<'k> Writer<'k> {
     /// slot `k` at `[k / 4][k % 4]`): in the row layout, values owned by whole rows of a multiple
     /// of 4, so that loads, stores and reductions move four elements at a time.
     fn quad_value(&self, shape: &[usize]) -> bool {
-        self.plan.row_layout.map(|r| r.0).is_some_and(|c| c.is_multiple_of(4) && self.group_of(shape) == c)
+        self.plan.row_len().is_some_and(|c| c.is_multiple_of(4) && self.group_of(shape) == c)
     }
 
     /// Slot `k` of the private array `id` of a value of `shape`.
@@ -1168,7 +1170,7 @@ impl<'k> Writer<'k> {
             (ReduceOp::Max, false) => format!("max({acc}, {x})"),
             (ReduceOp::Min, false) => format!("min({acc}, {x})"),
         };
-        if self.plan.row_layout.map(|r| r.0) == Some(n) && shape.len() == 2 && axis == 1 {
+        if self.plan.row_len() == Some(n) && shape.len() == 2 && axis == 1 {
             // In the row layout: each invocation reduces its own rows. Where the order cannot
             // change the result (`max`/`min`, integers) and the row is a multiple of 4 long, in
             // four interleaved partial results (independent chains the driver can overlap),
@@ -2009,7 +2011,7 @@ impl<'k> Writer<'k> {
         let _ = writeln!(
             m,
             "// elements: {}",
-            if let Some(c) = self.plan.row_layout.map(|r| r.0) {
+            if let Some(c) = self.plan.row_len() {
                 format!("whole rows of {c} per invocation (row layout: reductions along rows stay in the invocation)")
             } else if self.plan.group > 1 && self.plan.dots {
                 format!("each invocation owns groups of {} adjacent ones (register tiles for dot)", self.plan.group)

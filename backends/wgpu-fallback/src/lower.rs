@@ -82,7 +82,7 @@ pub struct Plan {
     pub resident: HashMap<String, usize>,
     /// `dot`s that add their tiles into a resident output ([`accumulating_dots`]).
     pub accumulating: HashMap<String, (usize, String, String)>,
-    /// Outputs and inputs bound as `array<vec4<T>>` ([`quad_outputs`], [`quad_inputs`]), kept
+    /// Outputs and inputs bound as `array<vec4<T>>` ([`quad_args`]), kept
     /// where their invocations own elements in fours.
     pub quad_outputs: BTreeSet<usize>,
     pub quad_inputs: BTreeSet<usize>,
@@ -127,20 +127,24 @@ pub fn plan(kernel: Verified, grid: Vec<LaunchAxis>, strategy: Strategy) -> Resu
     let resident: HashMap<String, usize> =
         (k.params.iter().enumerate()).filter(|(_, p)| resident(v, &grid, p)).map(|(pi, p)| (p.name.clone(), pi)).collect();
     let forwarded = forwarded_loads(k);
+    let (quad_outputs, quad_inputs) = (quad_args(v, &grid, ParamKind::Out), quad_args(v, &grid, ParamKind::In));
+    let mut columns = Vec::new();
+    analysis::visit(&k.body, &mut |s| {
+        if let Op::Dot { .. } = s.op {
+            columns.push(v.value_type(&s.results[0]).shape[1]);
+        }
+    });
+    let quad_loads = forwarded.values().any(|&pi| quad_able(&grid, &k.params[pi])) || !quad_outputs.is_empty();
     let mut plan = Plan {
         strategy,
         programs,
         steps,
-        group: if row_layout.is_some() { 1 } else { element_group(v, &grid) },
+        group: if row_layout.is_some() { 1 } else { element_group(&columns, quad_loads) },
         row_layout,
-        dots: {
-            let mut any = false;
-            analysis::visit(&k.body, &mut |s| any |= matches!(s.op, Op::Dot { .. }));
-            any
-        },
+        dots: !columns.is_empty(),
         accumulating: accumulating_dots(v, &resident),
-        quad_outputs: quad_outputs(v, &grid),
-        quad_inputs: quad_inputs(v, &grid),
+        quad_outputs,
+        quad_inputs,
         dot_only: (forwarded.keys())
             .filter(|x| analysis::readers(&k.body, x).iter().all(|s| matches!(s.op, Op::Dot { .. })))
             .cloned()
@@ -148,21 +152,26 @@ pub fn plan(kernel: Verified, grid: Vec<LaunchAxis>, strategy: Strategy) -> Resu
         forwarded,
         inlined: inlined_values(v),
         resident,
-        kernel: kernel.clone(),
+        kernel,
         grid,
     };
     // An output is written as `vec4`s only where its invocations own elements in fours, and not
     // where it is resident (written back from registers, element by element); an input likewise.
-    let params = &plan.kernel.kernel().params;
-    let fours = |plan: &Plan, pi: usize| plan.group_of(params[pi].block_shape()).is_multiple_of(4);
-    plan.quad_outputs = (plan.quad_outputs.iter().copied())
-        .filter(|&pi| fours(&plan, pi) && !plan.resident.contains_key(&params[pi].name))
-        .collect();
-    plan.quad_inputs = plan.quad_inputs.iter().copied().filter(|&pi| fours(&plan, pi)).collect();
+    let keep = |plan: &Plan, pi: usize, out: bool| {
+        let p = &plan.kernel.kernel().params[pi];
+        plan.group_of(p.block_shape()).is_multiple_of(4) && !(out && plan.resident.contains_key(&p.name))
+    };
+    plan.quad_outputs = plan.quad_outputs.iter().copied().filter(|&pi| keep(&plan, pi, true)).collect();
+    plan.quad_inputs = plan.quad_inputs.iter().copied().filter(|&pi| keep(&plan, pi, false)).collect();
     Ok(plan)
 }
 
 impl Plan {
+    /// The row layout's row length.
+    pub fn row_len(&self) -> Option<usize> {
+        self.row_layout.map(|r| r.0)
+    }
+
     /// How many adjacent elements of a value of `shape` an invocation owns together: in the
     /// row layout, whole rows of values whose rows are that long and single elements of others
     /// (so that row `r` of every value lives with invocation `r % wg`); otherwise [`Plan::group`].
@@ -252,34 +261,24 @@ pub(crate) fn quad_able(grid: &[LaunchAxis], p: &Param) -> bool {
         && (0..dims.len()).all(|d| inside(grid, p, d))
 }
 
-/// The outputs written as `vec4`s only, bound as `array<vec4<T>>`: [`quad_able`], never
-/// loaded, and every store whole (no index, no mask).
-fn quad_outputs(v: &Verified, grid: &[LaunchAxis]) -> BTreeSet<usize> {
+/// The arguments of `kind` (`in` or `out`) read or written as `vec4`s only, bound as
+/// `array<vec4<T>>`: [`quad_able`], and every access whole (no index, no mask): for an output,
+/// stores only (never loaded); for an input, loads that no `dot` reads (a `dot` reads its operands
+/// element by element).
+fn quad_args(v: &Verified, grid: &[LaunchAxis], kind: ParamKind) -> BTreeSet<usize> {
     let k = v.kernel();
+    let whole = |s: &Stmt| match (&s.op, kind) {
+        (Op::Store { index: None, mask: None, .. }, ParamKind::Out) => true,
+        (Op::Load { index: None, mask: None, .. }, ParamKind::In) => {
+            !analysis::readers(&k.body, &s.results[0]).iter().any(|r| matches!(r.op, Op::Dot { .. }))
+        }
+        _ => false,
+    };
     (k.params.iter().enumerate())
-        .filter(|(_, p)| p.kind == ParamKind::Out && quad_able(grid, p))
+        .filter(|(_, p)| p.kind == kind && quad_able(grid, p))
         .filter(|(_, p)| {
             let acc = analysis::accesses(&k.body, &p.name);
-            !acc.is_empty() && acc.iter().all(|s| matches!(s.op, Op::Store { index: None, mask: None, .. }))
-        })
-        .map(|(pi, _)| pi)
-        .collect()
-}
-
-/// The inputs read as `vec4`s only, bound as `array<vec4<T>>`: [`quad_able`], every access a
-/// whole load (no index, no mask), and no `dot` reading a loaded block (a `dot` reads its
-/// operands element by element).
-fn quad_inputs(v: &Verified, grid: &[LaunchAxis]) -> BTreeSet<usize> {
-    let k = v.kernel();
-    (k.params.iter().enumerate())
-        .filter(|(_, p)| p.kind == ParamKind::In && quad_able(grid, p))
-        .filter(|(_, p)| {
-            let acc = analysis::accesses(&k.body, &p.name);
-            !acc.is_empty()
-                && acc.iter().all(|s| {
-                    matches!(s.op, Op::Load { index: None, mask: None, .. })
-                        && !analysis::readers(&k.body, &s.results[0]).iter().any(|r| matches!(r.op, Op::Dot { .. }))
-                })
+            !acc.is_empty() && acc.iter().all(|s| whole(s))
         })
         .map(|(pi, _)| pi)
         .collect()
@@ -318,18 +317,10 @@ fn forwarded_loads(k: &Kernel) -> HashMap<String, usize> {
 /// How many adjacent elements an invocation owns together ([`Writer::group`]). With a `dot`, 8
 /// where every `dot`'s result has a multiple of 8 columns, else 4 (its register tiles). Without
 /// one, 4 where some input block is loaded whole or some output written only whole as `vec4`s
-/// ([`quad_able`], [`quad_outputs`]), else 1.
-fn element_group(v: &Verified, grid: &[LaunchAxis]) -> usize {
-    let mut columns = Vec::new();
-    analysis::visit(&v.kernel().body, &mut |s| {
-        if let Op::Dot { .. } = s.op {
-            columns.push(v.value_type(&s.results[0]).shape[1]);
-        }
-    });
-    let k = v.kernel();
-    let quads = forwarded_loads(k).values().any(|&pi| quad_able(grid, &k.params[pi])) || !quad_outputs(v, grid).is_empty();
-    match columns.as_slice() {
-        [] if quads => 4,
+/// (`quad_loads`: [`quad_able`], [`quad_args`]), else 1. `dot_columns`: each `dot` result's.
+fn element_group(dot_columns: &[usize], quad_loads: bool) -> usize {
+    match dot_columns {
+        [] if quad_loads => 4,
         [] => 1,
         c if c.iter().all(|n| n.is_multiple_of(8)) => 8,
         _ => 4,
