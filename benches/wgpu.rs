@@ -5,7 +5,8 @@
 //! - `add_16m`: o = x + y over 16M f32 vs a WGSL add of one `vec4` per invocation;
 //! - `matmul_1024`: 1024³ f32 vs the best register-tiled `vec4` WGSL matmul written by hand for
 //!   this adapter, and the naive one for scale;
-//! - `softmax_16384`: row softmax over 16384 x 512 vs a WGSL softmax of one row per invocation.
+//! - `softmax_16384`: row softmax over 16384 x 512 vs a WGSL softmax of one row per invocation,
+//!   with WGSL's builtin `exp` and with the 1-ulp `exp` tessel writes (the same accuracy).
 //!
 //! Run with `scripts/bench` or `cargo bench -p tessel-suite --bench wgpu`.
 
@@ -196,6 +197,16 @@ fn main(@builtin(global_invocation_id) g: vec3<u32>) {
     for (var j = 0u; j < C4; j++) { o[base + j] = o[base + j] / t; }
 }";
 
+/// [`SOFTMAX_WGSL`] with the `exp` tessel writes (1 ulp, `tessel_wgpu::exp_wgsl`) in place of
+/// WGSL's builtin, which the language's accuracy contract does not allow (lavapipe's `exp(88.7)`
+/// is 27 ulp off): the hand-written kernel held to tessel's accuracy.
+fn softmax_accurate_wgsl() -> String {
+    let exp4 = "fn tk_exp4(q: vec4<f32>) -> vec4<f32> { return vec4<f32>(tk_exp(q.x), tk_exp(q.y), tk_exp(q.z), tk_exp(q.w)); }";
+    let body = SOFTMAX_WGSL.replace("let e = exp(", "let e = tk_exp4(");
+    assert_ne!(body, SOFTMAX_WGSL, "the hand-written softmax calls exp");
+    format!("{}\n{exp4}\n{body}", tessel_wgpu::exp_wgsl())
+}
+
 /// A kernel's seeded inputs on the wgpu backend and its zeroed outputs, bound by name.
 type Bound = Vec<(String, DeviceArray)>;
 
@@ -324,14 +335,19 @@ fn wgpu_benches(c: &mut Criterion) {
     let (rows, cols) = (16384usize, 512usize);
     let (x, o) = (raw.buffer(&host["x"]), raw.buffer(&vec![0.0; rows * cols]));
     let softmax = raw.prepare(SOFTMAX_WGSL, &[&x, &o]);
+    let accurate = raw.prepare(&softmax_accurate_wgsl(), &[&x, &o]);
     launch(&rt, &k, &arrays);
+    let want = output(&rt, &arrays, "o");
     raw.dispatch(&softmax, ((rows / 64) as u32, 1));
-    assert_close("softmax_16384", &output(&rt, &arrays, "o"), &raw.read(&o));
+    assert_close("softmax_16384", &want, &raw.read(&o));
+    raw.dispatch(&accurate, ((rows / 64) as u32, 1));
+    assert_close("softmax_16384 accurate exp", &want, &raw.read(&o));
     let mut g = c.benchmark_group("softmax_16384");
     g.throughput(Throughput::Bytes(2 * 4 * (rows * cols) as u64));
     g.sample_size(10);
     g.bench_function("tessel", |b| b.iter(|| launch(&rt, &k, &arrays)));
     g.bench_function("raw_wgpu_row_per_invocation", |b| b.iter(|| raw.dispatch(&softmax, ((rows / 64) as u32, 1))));
+    g.bench_function("raw_wgpu_row_per_invocation_accurate_exp", |b| b.iter(|| raw.dispatch(&accurate, ((rows / 64) as u32, 1))));
     g.finish();
 }
 

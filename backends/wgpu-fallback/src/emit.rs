@@ -250,6 +250,8 @@ enum Read {
     RowOwn(String, usize),
     /// A value computed where it is read ([`Writer::inlined`]), by name.
     Deferred(String),
+    /// A block read from its buffer where it is used ([`Plan::row_forwarded`]), by name.
+    Row(String),
     /// From the workspace: the value's name, its shape, and whether the read follows the
     /// result's linear index (`reshape`) instead of numpy broadcasting.
     Shared {
@@ -404,6 +406,10 @@ struct Writer<'k> {
     quad_lane: Option<usize>,
     /// The values computed where they are read ([`Plan::inlined`]) written so far.
     deferred: HashMap<String, Deferred<'k>>,
+    /// The row-forwarded blocks the next [`Writer::each_sink`] reads, a `vec4` per quad read
+    /// once at the quad's start; and those whose quad `j` is in `{id}_q` where the writer is.
+    hoist: Vec<String>,
+    hoisted: HashSet<String>,
 }
 
 impl<'k> Writer<'k> {
@@ -439,6 +445,8 @@ impl<'k> Writer<'k> {
             allowed_views: None,
             quad_lane: None,
             deferred: HashMap::new(),
+            hoist: Vec::new(),
+            hoisted: HashSet::new(),
         }
     }
 
@@ -581,6 +589,8 @@ impl<'k> Writer<'k> {
                 let id = self.ident(name);
                 if shape.is_empty() {
                     Read::Scalar(id)
+                } else if self.plan.row_forwarded.contains_key(name) && shape == res {
+                    Read::Row(name.clone())
                 } else if self.deferred.contains_key(name) && shape == res {
                     Read::Deferred(name.clone())
                 } else if !res.is_empty() && (shape == res || (linear && self.group_of(&shape) == self.group_of(res))) {
@@ -606,6 +616,11 @@ impl<'k> Writer<'k> {
             Read::Scalar(id) => id.clone(),
             Read::Own(id) => self.at(id, res),
             Read::RowOwn(id, c) => format!("{id}[k / {c}u]"),
+            Read::Row(name) => match self.quad_lane {
+                Some(t) if self.hoisted.contains(name) => format!("{}_q.{}", self.ident(name), ["x", "y", "z", "w"][t]),
+                // Slot `k` on its own: its element of the `vec4` of its quad.
+                _ => format!("{}[k % 4u]", self.row_quad(self.plan.row_forwarded[name], "(k / 4u)")),
+            },
             Read::Deferred(name) => {
                 let d = self.deferred[name].clone();
                 let xs: Vec<String> = d.reads.iter().zip(&d.tys).map(|(r, &t)| self.read(r, t, res)).collect();
@@ -771,6 +786,7 @@ impl<'k> Writer<'k> {
     /// [`Writer::each`], for a quad value with a local `vec4` (name, type) declared before each
     /// quad's four elements and stored to `array[j]` after them.
     fn each_sink(&mut self, shape: &[usize], sink: Option<(String, String, String)>, mut body: impl FnMut(&mut Self)) {
+        let hoist = std::mem::take(&mut self.hoist);
         let n: usize = shape.iter().product();
         self.max_elements = self.max_elements.max(n);
         let slots = self.slots(shape);
@@ -790,6 +806,7 @@ impl<'k> Writer<'k> {
                 if let Some((local, ty, _)) = &sink {
                     self.line(format!("var {local}: {ty};"));
                 }
+                self.hoist_rows(&hoist);
                 for t in 0..4 {
                     self.line("{");
                     self.indent += 1;
@@ -812,6 +829,7 @@ impl<'k> Writer<'k> {
                 }
                 self.close();
             }
+            self.hoisted.clear();
             return;
         }
         let mut one = |w: &mut Self, slot: Option<usize>| {
@@ -881,6 +899,43 @@ impl<'k> Writer<'k> {
             }
             self.close();
         }
+    }
+
+    /// The `vec4` of argument `pi`'s buffer that holds quad `j` (an expression) of its
+    /// row-forwarded block: row `lid + wg (4j / c)` of the block, from column `(4j) % c`.
+    fn row_quad(&self, pi: usize, j: &str) -> String {
+        let p = &self.v.kernel().params[pi];
+        let c = self.plan.row_len().expect("row layout");
+        let origin = |d: usize| if p.block.is_some() { format!("o{pi}_{d}") } else { "0i".to_string() };
+        let (row, col) = (format!("lid + {}u * (4u * {j} / {c}u)", self.wg), format!("(4u * {j}) % {c}u"));
+        format!("a{pi}[(u32({} + i32({row})) * {}u + u32({}) + {col}) / 4u]", origin(0), p.ty.shape[1], origin(1))
+    }
+
+    /// Reads quad `j` of each row-forwarded block in `names` into `{id}_q`, for the four
+    /// elements that follow.
+    fn hoist_rows(&mut self, names: &[String]) {
+        for name in names {
+            let q = self.row_quad(self.plan.row_forwarded[name], "j");
+            let id = self.ident(name);
+            self.line(format!("let {id}_q = {q};"));
+            self.hoisted.insert(name.clone());
+        }
+    }
+
+    /// The row-forwarded blocks that `reads` read, through values computed where they are read.
+    fn rows_read(&self, reads: &[Read]) -> Vec<String> {
+        let mut out = BTreeSet::new();
+        let mut todo: Vec<&Read> = reads.iter().collect();
+        while let Some(r) = todo.pop() {
+            match r {
+                Read::Row(name) => {
+                    out.insert(name.clone());
+                }
+                Read::Deferred(name) => todo.extend(self.deferred[name].reads.iter()),
+                _ => {}
+            }
+        }
+        out.into_iter().collect()
     }
 
     /// Declares the private array of block value `name`.
@@ -995,12 +1050,59 @@ impl<'k> Writer<'k> {
             return;
         }
         self.sync_reads(&reads.iter().collect::<Vec<_>>());
-        let id = self.declare_block(dst);
-        self.each_into(&res, &id, ty.dtype, |w| {
+        let fused = self.open_fused(dst);
+        let (d, c) = (ty.dtype, self.plan.row_len().unwrap_or(1));
+        let value = |w: &mut Self| {
             let xs: Vec<String> = reads.iter().enumerate().map(|(i, r)| w.read(r, lit_ty(i, w), &res)).collect();
-            f(w, &xs)
-        });
+            let v = f(w, &xs);
+            if fused.is_empty() {
+                return v;
+            }
+            let x = w.t();
+            w.line(format!("let {x} = {v};"));
+            for (rid, op, _) in &fused {
+                let cell = format!("{rid}[k / {c}u]");
+                let y = w.reduce_combine(*op, d, &cell, &x);
+                w.line(format!("{cell} = {y};"));
+            }
+            x
+        };
+        self.hoist = self.rows_read(&reads);
+        if self.plan.fused_only.contains(dst) {
+            // Only its reductions read it: made element by element into them, never kept.
+            self.each(&res, |w| {
+                value(w);
+            });
+        } else {
+            let id = self.declare_block(dst);
+            self.each_into(&res, &id, d, value);
+        }
+        // 16-bit floats accumulate in `f32` and round once.
+        for (rid, _, rows) in fused.iter().filter(|_| d.is_float() && d != DType::F32) {
+            self.open(format!("for (var r = 0u; r < {rows}u; r++)"));
+            let v = self.round16(d, &format!("{rid}[r]"));
+            self.line(format!("{rid}[r] = {v};"));
+            self.close();
+        }
         self.defined(dst);
+    }
+
+    /// The reductions along rows made with `dst` ([`Plan::fused`]): their private arrays
+    /// declared and set to the reduction's identity.
+    fn open_fused(&mut self, dst: &str) -> Vec<(String, ReduceOp, usize)> {
+        let mut fused: Vec<(&String, ReduceOp)> =
+            self.plan.fused.iter().filter(|(_, (_, src))| src == dst).map(|(r, (op, _))| (r, *op)).collect();
+        fused.sort_by_key(|f| f.0);
+        let d = self.ty(dst).dtype;
+        (fused.into_iter())
+            .map(|(r, op)| {
+                let id = self.declare_block(r);
+                let slots = self.slots(&self.ty(r).shape);
+                let init = reduce_init(op, d);
+                self.line(format!("for (var r = 0u; r < {slots}u; r++) {{ {id}[r] = {init}; }}"));
+                (id, op, slots)
+            })
+            .collect()
     }
 
     fn write_stmt(&mut self, s: &Stmt) -> Result<(), BackendError> {
@@ -1088,7 +1190,12 @@ impl<'k> Writer<'k> {
             }
             Op::Reduce { op, arg, axis, .. } => {
                 let Operand::Value(src) = arg else { unreachable!("verifier: reduce of a value") };
-                self.write_reduce(&dst, *op, src, *axis);
+                if self.plan.fused.contains_key(&dst) {
+                    self.line(format!("// made in the loop that makes %{src}"));
+                    self.defined(&dst);
+                } else {
+                    self.write_reduce(&dst, *op, src, *axis);
+                }
             }
             Op::Dot { a, b, trans_a, trans_b } => {
                 let (Operand::Value(a), Operand::Value(b)) = (a, b) else { unreachable!("verifier: dot of values") };
@@ -1139,6 +1246,24 @@ impl<'k> Writer<'k> {
         self.defined(dst);
     }
 
+    /// `op` of the accumulator `acc` and `x`, of `dtype`: `max`/`min` of floats propagate NaN.
+    fn reduce_combine(&mut self, op: ReduceOp, dtype: DType, acc: &str, x: &str) -> String {
+        match (op, dtype.is_float()) {
+            (ReduceOp::Sum, _) => format!("{acc} + {x}"),
+            (ReduceOp::Prod, _) => format!("{acc} * {x}"),
+            (ReduceOp::Max, true) => {
+                self.helper("tk_max");
+                format!("tk_max({acc}, {x})")
+            }
+            (ReduceOp::Min, true) => {
+                self.helper("tk_min");
+                format!("tk_min({acc}, {x})")
+            }
+            (ReduceOp::Max, false) => format!("max({acc}, {x})"),
+            (ReduceOp::Min, false) => format!("min({acc}, {x})"),
+        }
+    }
+
     fn write_reduce(&mut self, dst: &str, op: ReduceOp, src: &str, axis: usize) {
         let sty = self.ty(src);
         let (d, shape) = (sty.dtype, sty.shape.clone());
@@ -1146,30 +1271,8 @@ impl<'k> Writer<'k> {
         let n = shape[axis];
         let float = d.is_float();
         let acc_ty = reg_ty(d);
-        let init = match (op, d) {
-            (ReduceOp::Sum, _) => literal(Literal::Int(0), d),
-            (ReduceOp::Prod, _) => literal(Literal::Int(1), d),
-            (ReduceOp::Max, DType::I32) => "i32(-2147483648)".into(),
-            (ReduceOp::Min, DType::I32) => "2147483647i".into(),
-            (ReduceOp::Max, DType::U32) => "0u".into(),
-            (ReduceOp::Min, DType::U32) => "4294967295u".into(),
-            (ReduceOp::Max, _) => float_lit(f32::NEG_INFINITY),
-            (ReduceOp::Min, _) => float_lit(f32::INFINITY),
-        };
-        let combine = move |w: &mut Self, acc: &str, x: &str| match (op, float) {
-            (ReduceOp::Sum, _) => format!("{acc} + {x}"),
-            (ReduceOp::Prod, _) => format!("{acc} * {x}"),
-            (ReduceOp::Max, true) => {
-                w.helper("tk_max");
-                format!("tk_max({acc}, {x})")
-            }
-            (ReduceOp::Min, true) => {
-                w.helper("tk_min");
-                format!("tk_min({acc}, {x})")
-            }
-            (ReduceOp::Max, false) => format!("max({acc}, {x})"),
-            (ReduceOp::Min, false) => format!("min({acc}, {x})"),
-        };
+        let init = reduce_init(op, d);
+        let combine = move |w: &mut Self, acc: &str, x: &str| w.reduce_combine(op, d, acc, x);
         if self.plan.row_len() == Some(n) && shape.len() == 2 && axis == 1 {
             // In the row layout: each invocation reduces its own rows. Where the order cannot
             // change the result (`max`/`min`, integers) and the row is a multiple of 4 long, in
@@ -1189,7 +1292,11 @@ impl<'k> Writer<'k> {
                 }
                 if quads {
                     w.open(format!("for (var r = 0u; r < {}u; r++)", n / 4));
-                    w.line(format!("let q = {sid}[k * {}u + r];", n / 4));
+                    let q = match w.plan.row_forwarded.get(src) {
+                        Some(&pi) => w.row_quad(pi, &format!("(k * {}u + r)", n / 4)),
+                        None => format!("{sid}[k * {}u + r]", n / 4),
+                    };
+                    w.line(format!("let q = {q};"));
                     for (t, c) in ["x", "y", "z", "w"].iter().enumerate() {
                         let l = t % lanes;
                         let x = combine(w, &format!("{acc}_{l}"), &format!("q.{c}"));
@@ -1696,6 +1803,10 @@ impl<'k> Writer<'k> {
             self.line("// read by its dot straight from the buffer");
             return;
         }
+        if self.plan.row_forwarded.contains_key(dst) {
+            self.line("// read where it is used, a vec4 of its buffer at a time");
+            return;
+        }
         if let Some(&pi) = self.plan.resident.get(src) {
             let id = self.declare_block(dst);
             let ty = self.ty(dst);
@@ -1797,12 +1908,17 @@ impl<'k> Writer<'k> {
                 let (_, flat) = w.address(&region, &p.ty.shape);
                 let q = match &vread {
                     Read::Own(id) if w.quad_value(&sel) => format!("{id}[j]"),
+                    Read::Row(name) if w.quad_value(&sel) => w.row_quad(w.plan.row_forwarded[name], "j"),
                     Read::Own(id) => {
                         format!("vec4<{rt}>({})", (0..4).map(|t| format!("{id}[{}]", slot(t))).collect::<Vec<_>>().join(", "))
                     }
                     _ => {
                         let q = w.t();
                         w.line(format!("var {q}: vec4<{rt}>;"));
+                        if w.quad_value(&sel) {
+                            let rows = w.rows_read(std::slice::from_ref(&vread));
+                            w.hoist_rows(&rows);
+                        }
                         for t in 0..4 {
                             w.line("{");
                             w.indent += 1;
@@ -1814,6 +1930,7 @@ impl<'k> Writer<'k> {
                             w.line(format!("{q}[{t}] = {v};"));
                             w.close();
                         }
+                        w.hoisted.clear();
                         q
                     }
                 };
@@ -2021,6 +2138,17 @@ impl<'k> Writer<'k> {
                 "one by one, invocation lid owning lid, lid + workgroup size, ...".to_string()
             }
         );
+        if !self.plan.row_forwarded.is_empty() {
+            let mut names: Vec<String> = self.plan.row_forwarded.keys().map(|x| format!("%{x}")).collect();
+            names.sort();
+            let _ = writeln!(m, "// loads read where they are used, a vec4 of the buffer at a time: {}", names.join(", "));
+        }
+        if !self.plan.fused.is_empty() {
+            let mut names: Vec<String> =
+                self.plan.fused.iter().map(|(r, (op, x))| format!("%{r} ({} of %{x})", op.name())).collect();
+            names.sort();
+            let _ = writeln!(m, "// reductions made in the loop that makes their operand: {}", names.join(", "));
+        }
         if !self.plan.resident.is_empty() {
             let mut names: Vec<&str> = self.plan.resident.keys().map(String::as_str).collect();
             names.sort();
@@ -2116,6 +2244,20 @@ impl<'k> Writer<'k> {
 
 /// The flat index into a value of shape `from` that numpy broadcasting reads for element `e`
 /// of a result of shape `to`.
+/// The identity of reduction `op` over `d`: the accumulator's first value.
+fn reduce_init(op: ReduceOp, d: DType) -> String {
+    match (op, d) {
+        (ReduceOp::Sum, _) => literal(Literal::Int(0), d),
+        (ReduceOp::Prod, _) => literal(Literal::Int(1), d),
+        (ReduceOp::Max, DType::I32) => "i32(-2147483648)".into(),
+        (ReduceOp::Min, DType::I32) => "2147483647i".into(),
+        (ReduceOp::Max, DType::U32) => "0u".into(),
+        (ReduceOp::Min, DType::U32) => "4294967295u".into(),
+        (ReduceOp::Max, _) => float_lit(f32::NEG_INFINITY),
+        (ReduceOp::Min, _) => float_lit(f32::INFINITY),
+    }
+}
+
 fn broadcast_index(to: &[usize], from: &[usize]) -> String {
     if from == to {
         return "e".into();

@@ -92,6 +92,15 @@ pub struct Plan {
     pub dot_only: HashSet<String>,
     /// Elementwise values computed where their one reader reads them ([`inlined_values`]).
     pub inlined: HashSet<String>,
+    /// In the row layout: whole `in` blocks read where they are used, one `vec4` of the buffer
+    /// per quad of a row, never copied into private arrays ([`row_forwarded`]), by name with the
+    /// argument's position.
+    pub row_forwarded: HashMap<String, usize>,
+    /// In the row layout: reductions along rows made in the loop that makes their operand
+    /// ([`fused_reductions`]), by the reduction's result, with its operation and operand.
+    pub fused: HashMap<String, (ReduceOp, String)>,
+    /// The operands of fused reductions that nothing else reads: no private array holds them.
+    pub fused_only: HashSet<String>,
 }
 
 /// The plan of `kernel` on `grid`, or the refusal.
@@ -135,6 +144,7 @@ pub fn plan(kernel: Verified, grid: Vec<LaunchAxis>, strategy: Strategy) -> Resu
         }
     });
     let quad_loads = forwarded.values().any(|&pi| quad_able(&grid, &k.params[pi])) || !quad_outputs.is_empty();
+    let row_forwarded = row_forwarded(v, row_layout, &quad_inputs, &forwarded);
     let mut plan = Plan {
         strategy,
         programs,
@@ -149,12 +159,21 @@ pub fn plan(kernel: Verified, grid: Vec<LaunchAxis>, strategy: Strategy) -> Resu
             .filter(|x| analysis::readers(&k.body, x).iter().all(|s| matches!(s.op, Op::Dot { .. })))
             .cloned()
             .collect(),
+        row_forwarded,
+        fused_only: HashSet::new(),
+        fused: fused_reductions(v, row_layout),
         forwarded,
         inlined: inlined_values(v),
         resident,
         kernel,
         grid,
     };
+    let body = &plan.kernel.kernel().body;
+    plan.fused_only = (plan.fused.values())
+        .map(|(_, x)| x)
+        .filter(|x| analysis::readers(body, x).iter().all(|r| r.results.first().is_some_and(|y| plan.fused.contains_key(y))))
+        .cloned()
+        .collect();
     // An output is written as `vec4`s only where its invocations own elements in fours, and not
     // where it is resident (written back from registers, element by element); an input likewise.
     let keep = |plan: &Plan, pi: usize, out: bool| {
@@ -361,24 +380,84 @@ fn row_layout(v: &Verified) -> Option<(usize, u32)> {
     (wg >= 8 && fits).then_some((c, wg))
 }
 
+/// Whether `op` makes each element of its result from the same element of its operands (or from
+/// none): the operations the writer computes element by element in one loop.
+fn elementwise(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::Unary(..)
+            | Op::Binary(..)
+            | Op::Compare(..)
+            | Op::Select(..)
+            | Op::Cast(_)
+            | Op::Bitcast(_)
+            | Op::Full(_)
+            | Op::Zeros
+            | Op::Iota { .. }
+    )
+}
+
+/// In the row layout (rows of `c`, a multiple of 4): the whole `in` blocks (`forwarded`) bound as
+/// `vec4`s (`quad_inputs`) whose rows are that long and whose every reader reads them at their own
+/// elements (elementwise operations of the same shape, whole stores) or along their rows
+/// (`reduce` on axis 1): each reader reads the buffer itself, a `vec4` per quad, so the block is
+/// never copied into private arrays.
+fn row_forwarded(
+    v: &Verified,
+    row_layout: Option<(usize, u32)>,
+    quad_inputs: &BTreeSet<usize>,
+    forwarded: &HashMap<String, usize>,
+) -> HashMap<String, usize> {
+    let Some((c, _)) = row_layout.filter(|r| r.0.is_multiple_of(4)) else { return HashMap::new() };
+    let k = v.kernel();
+    let reads_own = |x: &str, shape: &[usize]| {
+        analysis::readers(&k.body, x).iter().all(|r| match &r.op {
+            Op::Reduce { axis: 1, .. } => true,
+            Op::Store { index: None, mask: None, value: Operand::Value(val), dst } => {
+                val == x && k.param(dst).is_some_and(|p| p.block_shape() == shape)
+            }
+            op => elementwise(op) && r.results.first().is_some_and(|y| v.value_type(y).shape == shape),
+        })
+    };
+    (forwarded.iter())
+        .filter(|(x, pi)| {
+            let shape = &v.value_type(x).shape;
+            quad_inputs.contains(pi) && shape.len() == 2 && shape[1] == c && reads_own(x, shape)
+        })
+        .map(|(x, &pi)| (x.clone(), pi))
+        .collect()
+}
+
+/// In the row layout: reductions along the rows (`reduce` on axis 1 of a 2-D value whose rows
+/// have the layout's length) of a value made by an elementwise operation of the same body and kept
+/// in private arrays (not [`inlined_values`]: a reduction is not an elementwise reader). The loop
+/// that makes the operand also accumulates the reduction, element by element in ascending order
+/// along each row, as the reduction's own loop would: the operand is not read a second time.
+fn fused_reductions(v: &Verified, row_layout: Option<(usize, u32)>) -> HashMap<String, (ReduceOp, String)> {
+    fn walk(v: &Verified, body: &[Stmt], c: usize, out: &mut HashMap<String, (ReduceOp, String)>) {
+        for s in body {
+            if let Op::When { body: b, .. } | Op::For { body: b, .. } = &s.op {
+                walk(v, b, c, out);
+            }
+            let Op::Reduce { op, arg: Operand::Value(x), axis: 1, .. } = &s.op else { continue };
+            let ty = v.value_type(x);
+            let made_here = body.iter().any(|t| t.results.first() == Some(x) && elementwise(&t.op));
+            if made_here && ty.shape.len() == 2 && ty.shape[1] == c && ty.dtype != DType::Bool {
+                out.insert(s.results[0].clone(), (*op, x.clone()));
+            }
+        }
+    }
+    let mut out = HashMap::new();
+    if let Some((c, _)) = row_layout {
+        walk(v, &v.kernel().body, c, &mut out);
+    }
+    out
+}
+
 /// Elementwise block values that need no private array: made by an elementwise operation and
 /// read once, at its own elements, by an elementwise operation or a whole `store` of the same body
 /// (so they are computed inside their reader's loop, element by element).
 fn inlined_values(v: &Verified) -> HashSet<String> {
-    fn elementwise(op: &Op) -> bool {
-        matches!(
-            op,
-            Op::Unary(..)
-                | Op::Binary(..)
-                | Op::Compare(..)
-                | Op::Select(..)
-                | Op::Cast(_)
-                | Op::Bitcast(_)
-                | Op::Full(_)
-                | Op::Zeros
-                | Op::Iota { .. }
-        )
-    }
     fn walk(v: &Verified, body: &[Stmt], out: &mut HashSet<String>) {
         let all = &v.kernel().body;
         for s in body {
