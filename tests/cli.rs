@@ -323,7 +323,8 @@ fn bench_reports_compile_and_run_time_and_throughput() {
     assert!(r.stdout.contains("bench `matmul` on interpret (3 runs after a warm-up)"), "{}", r.stdout);
     assert!(r.stdout.contains("compile (lower, cold): ") && r.stdout.contains("GB/s"), "{}", r.stdout);
     // The launch alone too, its arrays uploaded once.
-    assert!(r.stdout.contains("launch (median, arrays on the device): "), "{}", r.stdout);
+    assert!(r.stdout.contains("launch (median, arrays on the device, submit and wait): "), "{}", r.stdout);
+    assert!(r.stdout.contains("kernel on the device's clock: not measured (interpret has no GPU timestamps)"), "{}", r.stdout);
     assert!(r.stdout.contains(" with transfers, ") && r.stdout.contains(" on the device"), "{}", r.stdout);
     // 256^3 multiply-adds: 2 * 256^3 = 0.034 GFLOP.
     assert!(r.stdout.contains("dot: 0.034 GFLOP"), "{}", r.stdout);
@@ -348,6 +349,7 @@ fn bench_json_is_one_object_with_the_design_fields() {
     let gflops = v["gflops"].as_f64().unwrap();
     assert!((gflops - 2.0 * 256f64.powi(3) / kernel / 1e6).abs() <= 1e-6 * gflops, "{v}");
     assert_eq!(v["kernel_timing"], "submit-and-wait");
+    assert_eq!(v["launch_ms"], v["kernel_ms"], "the interpreter has no device clock: {v}");
     let r = tessel(&["bench", &example("add"), "--runs", "2", "--json"]);
     let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
     assert!(v["gflops"].is_null() && v["gbs"].as_f64().unwrap() > 0.0, "no dot, no GFLOP/s: {v}");

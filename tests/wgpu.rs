@@ -314,3 +314,30 @@ fn an_array_too_large_for_the_device_is_refused_naming_the_limit() {
     );
     assert!(!out.join("o.npy").exists(), "nothing written");
 }
+
+/// Whether the adapter tessel picks (the first high-performance one, as `runtime.rs` does
+/// without `TESSEL_WGPU_ADAPTER`) has timestamp queries, asked of wgpu directly.
+fn adapter_has_timestamps() -> bool {
+    let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+    let options = wgpu::RequestAdapterOptions { power_preference: wgpu::PowerPreference::HighPerformance, ..Default::default() };
+    pollster::block_on(instance.request_adapter(&options)).is_ok_and(|a| a.features().contains(wgpu::Features::TIMESTAMP_QUERY))
+}
+
+#[test]
+fn bench_times_the_kernel_on_the_gpu_clock_where_the_adapter_has_timestamps() {
+    let Some(adapter) = wgpu_adapter("wgpu bench timestamps") else { return };
+    let file = root().join("examples/softmax.tk").display().to_string();
+    let r = tessel(&["bench", &file, "--backend", "wgpu", "--runs", "3", "--json"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap_or_else(|e| panic!("{e}: {}", r.stdout));
+    let want = if adapter_has_timestamps() { "gpu-timestamps" } else { "submit-and-wait" };
+    assert_eq!(v["kernel_timing"], want, "on {adapter}: {v}");
+    let (kernel, launch, run) = (v["kernel_ms"].as_f64().unwrap(), v["launch_ms"].as_f64().unwrap(), v["run_ms"].as_f64().unwrap());
+    // The kernel alone takes some time, and less than a run that also uploads and downloads.
+    assert!(kernel > 0.0 && kernel < run && launch < run, "{v}");
+    let gbs = v["gbs"].as_f64().unwrap();
+    assert!((gbs - v["bytes"].as_f64().unwrap() / kernel / 1e6).abs() <= 1e-6 * gbs, "rates on kernel_ms: {v}");
+    let text = tessel(&["bench", &file, "--backend", "wgpu", "--runs", "2"]);
+    let line = if want == "gpu-timestamps" { "kernel (median, the device's clock, GPU timestamps): " } else { "not measured (wgpu has no GPU timestamps)" };
+    assert!(text.stdout.contains("launch (median, arrays on the device, submit and wait): ") && text.stdout.contains(line), "{}", text.stdout);
+}

@@ -197,9 +197,12 @@ struct BenchReport {
     /// The launch alone on arrays already on the device (median), or `null` where the backend
     /// could not keep them there.
     kernel_ms: Option<f64>,
-    /// How `kernel_ms` was taken: `submit-and-wait` (the launch and the wait for it, on the host
-    /// clock).
+    /// How `kernel_ms` was taken: `gpu-timestamps` (the device's clock, from the start of the
+    /// first dispatch to the end of the last) where the backend has them, else `submit-and-wait`
+    /// (the launch and the wait for it, on the host clock).
     kernel_timing: &'static str,
+    /// The launch and the wait for it on the host clock (median), arrays on the device.
+    launch_ms: Option<f64>,
     run_ms: f64,
     runs: usize,
     bytes: u64,
@@ -247,7 +250,9 @@ fn bench(rt: &Runtime, flags: &LaunchFlags, runs: usize, seed: u64, json: bool, 
     let flops: u64 = p.kernels.iter().map(|k| dot_flops(k, grid_points(k))).sum();
     let names: Vec<&str> = p.kernels.iter().map(Verified::name).collect();
     if json {
-        let on_device = resident.as_ref().ok().map(|t| t[t.len() / 2]);
+        let launch_ms = resident.as_ref().ok().map(|t| t.host[t.host.len() / 2]);
+        let gpu = resident.as_ref().ok().and_then(|t| t.device.as_ref().map(|d| d[d.len() / 2]));
+        let on_device = gpu.or(launch_ms);
         let target = rt.backend(&p.backend).map(|b| b.backend.availability().reason).unwrap_or_default();
         let report = BenchReport {
             backend: p.backend.clone(),
@@ -256,7 +261,8 @@ fn bench(rt: &Runtime, flags: &LaunchFlags, runs: usize, seed: u64, json: bool, 
             params: p.grid.iter().map(|(k, v)| (k.clone(), *v)).collect(),
             compile_ms: compile.as_secs_f64() * 1e3,
             kernel_ms: on_device.map(|d| d * 1e3),
-            kernel_timing: "submit-and-wait",
+            kernel_timing: if gpu.is_some() { "gpu-timestamps" } else { "submit-and-wait" },
+            launch_ms: launch_ms.map(|d| d * 1e3),
             run_ms: median * 1e3,
             runs: times.len(),
             bytes,
@@ -279,14 +285,30 @@ fn bench(rt: &Runtime, flags: &LaunchFlags, runs: usize, seed: u64, json: bool, 
     // On the device: the launch alone, its arrays uploaded once before (submit and wait).
     let on_device = match &resident {
         Ok(t) => {
+            let h = &t.host;
             let _ = writeln!(
                 out,
-                "  launch (median, arrays on the device): {:.3} ms (min {:.3}, max {:.3})",
-                t[t.len() / 2] * 1e3,
-                t[0] * 1e3,
-                t[t.len() - 1] * 1e3
+                "  launch (median, arrays on the device, submit and wait): {:.3} ms (min {:.3}, max {:.3})",
+                h[h.len() / 2] * 1e3,
+                h[0] * 1e3,
+                h[h.len() - 1] * 1e3
             );
-            Some(t[t.len() / 2])
+            match &t.device {
+                Some(d) => {
+                    let _ = writeln!(
+                        out,
+                        "  kernel (median, the device's clock, GPU timestamps): {:.3} ms (min {:.3}, max {:.3})",
+                        d[d.len() / 2] * 1e3,
+                        d[0] * 1e3,
+                        d[d.len() - 1] * 1e3
+                    );
+                    Some(d[d.len() / 2])
+                }
+                None => {
+                    let _ = writeln!(out, "  kernel on the device's clock: not measured ({} has no GPU timestamps)", p.backend);
+                    Some(h[h.len() / 2])
+                }
+            }
         }
         Err(e) => {
             let _ = writeln!(out, "  launch with arrays on the device: not measured ({e})");
@@ -306,9 +328,17 @@ fn bench(rt: &Runtime, flags: &LaunchFlags, runs: usize, seed: u64, json: bool, 
 
 /// Sorted times of `runs` launches (after a warm-up) on arrays uploaded to the backend once:
 /// inputs as given, outputs allocated there; every array freed after.
-fn resident_times(rt: &Runtime, p: &Prepared, launch: &LaunchArgs, runs: usize) -> Result<Vec<f64>> {
+/// Times of launches on arrays uploaded once, in seconds, sorted: on the host clock (submit and
+/// wait), and on the device's own where the backend has GPU timestamps (separate launches, so
+/// that reading the timestamps back is not in the host's times).
+struct ResidentTimes {
+    host: Vec<f64>,
+    device: Option<Vec<f64>>,
+}
+
+fn resident_times(rt: &Runtime, p: &Prepared, launch: &LaunchArgs, runs: usize) -> Result<ResidentTimes> {
     let mut arrays: Vec<(String, crate::DeviceArray)> = Vec::new();
-    let result = (|| -> Result<Vec<f64>> {
+    let result = (|| -> Result<ResidentTimes> {
         for k in &p.kernels {
             for a in k.kernel().params.iter().filter(|a| a.kind != tessel_plugin_api::ir::ParamKind::Scratch) {
                 if arrays.iter().any(|(n, _)| n == &a.name) {
@@ -323,14 +353,21 @@ fn resident_times(rt: &Runtime, p: &Prepared, launch: &LaunchArgs, runs: usize) 
         }
         let bound: Vec<(&str, &crate::DeviceArray)> = arrays.iter().map(|(n, a)| (n.as_str(), a)).collect();
         rt.launch_resident(&p.backend, &p.launches(), &p.externals(), &p.grid, &bound)?;
-        let mut times: Vec<f64> = (0..runs)
+        let mut host: Vec<f64> = (0..runs)
             .map(|_| {
                 let t = Instant::now();
                 rt.launch_resident(&p.backend, &p.launches(), &p.externals(), &p.grid, &bound).map(|_| t.elapsed().as_secs_f64())
             })
             .collect::<Result<_>>()?;
-        times.sort_by(f64::total_cmp);
-        Ok(times)
+        host.sort_by(f64::total_cmp);
+        let timed = |_| rt.launch_resident_timed(&p.backend, &p.launches(), &p.externals(), &p.grid, &bound);
+        let device: Option<Vec<f64>> =
+            (0..runs).map(timed).collect::<Result<Vec<_>>>()?.into_iter().map(|d| d.map(|d| d.as_secs_f64())).collect();
+        let device = device.map(|mut d| {
+            d.sort_by(f64::total_cmp);
+            d
+        });
+        Ok(ResidentTimes { host, device })
     })();
     for (_, a) in arrays {
         rt.free(a);

@@ -366,6 +366,31 @@ impl Runtime {
         grid: &BTreeMap<String, u64>,
         arrays: &[(&str, &DeviceArray)],
     ) -> Result<()> {
+        self.resident(backend, kernels, externals, grid, arrays, false).map(|_| ())
+    }
+
+    /// [`Runtime::launch_resident`], timed on the device: how long its dispatches took on the
+    /// device's own clock (GPU timestamp queries), or `None` where the backend cannot tell.
+    pub fn launch_resident_timed(
+        &self,
+        backend: &str,
+        kernels: &[KernelLaunch<'_>],
+        externals: &[&MeshBox],
+        grid: &BTreeMap<String, u64>,
+        arrays: &[(&str, &DeviceArray)],
+    ) -> Result<Option<std::time::Duration>> {
+        self.resident(backend, kernels, externals, grid, arrays, true)
+    }
+
+    fn resident(
+        &self,
+        backend: &str,
+        kernels: &[KernelLaunch<'_>],
+        externals: &[&MeshBox],
+        grid: &BTreeMap<String, u64>,
+        arrays: &[(&str, &DeviceArray)],
+        timed: bool,
+    ) -> Result<Option<std::time::Duration>> {
         let b = self.backend(backend)?;
         for k in kernels {
             for p in k.kernel.kernel().params.iter().filter(|p| p.kind != ParamKind::Scratch) {
@@ -400,8 +425,14 @@ impl Runtime {
             }
         }
         let args: Vec<BufferArg<'_>> = arrays.iter().map(|(n, a)| BufferArg { name: RStr::from_str(n), buffer: a.id }).collect();
+        let args = RSlice::from_slice(&args);
         with_request(kernels, externals, grid, |req| {
-            b.backend.launch(req, RSlice::from_slice(&args)).into_result().map_err(|e| backend_error(b, e))
+            let r = if timed {
+                b.backend.launch_timed(req, args).into_result().map(|ns| ns.into_option().map(std::time::Duration::from_nanos))
+            } else {
+                b.backend.launch(req, args).into_result().map(|()| None)
+            };
+            r.map_err(|e| backend_error(b, e))
         })
     }
 }

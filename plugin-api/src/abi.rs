@@ -296,6 +296,10 @@ mod traits {
         fn free(&self, buffer: u64) -> RResult<(), BackendError>;
         /// Runs the launch on buffers bound by argument name.
         fn launch(&self, req: &LaunchRequest<'_>, args: RSlice<'_, BufferArg<'_>>) -> RResult<(), BackendError>;
+        /// [`Backend::launch`], timed on the device: nanoseconds from the start of its first
+        /// dispatch to the end of its last on the device's own clock (GPU timestamp queries), or
+        /// none where the backend cannot time on its device (the host then times the launch).
+        fn launch_timed(&self, req: &LaunchRequest<'_>, args: RSlice<'_, BufferArg<'_>>) -> RResult<ROption<u64>, BackendError>;
         /// The compile cache's counters.
         #[sabi(last_prefix_field)]
         fn cache_stats(&self) -> CacheStats;

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Once};
 
 use abi_stable::sabi_trait::TD_Opaque;
-use abi_stable::std_types::{RResult, RSlice, RStr, RString, RVec};
+use abi_stable::std_types::{ROption, RResult, RSlice, RStr, RString, RVec};
 
 use crate::abi::*;
 use crate::array::HostArray;
@@ -83,6 +83,16 @@ pub trait BackendImpl: Send + Sync + 'static {
         launch: &Launch<'_>,
         buffers: &mut BTreeMap<String, Self::Buffer>,
     ) -> Result<(), BackendError>;
+    /// [`BackendImpl::run`], timed on the device where the backend can: the nanoseconds its
+    /// dispatches took on the device's own clock, else `None` (the default: the host times it).
+    fn run_timed(
+        &self,
+        compiled: &Self::Compiled,
+        launch: &Launch<'_>,
+        buffers: &mut BTreeMap<String, Self::Buffer>,
+    ) -> Result<Option<u64>, BackendError> {
+        self.run(compiled, launch, buffers).map(|()| None)
+    }
 }
 
 /// Wraps a backend into the object a plugin's root module returns and a built-in submits.
@@ -433,6 +443,27 @@ impl<B: BackendImpl> Exported<B> {
             }
         }
     }
+
+    /// A launch on the bound buffers, [`BackendImpl::run_timed`] where `timed`.
+    fn launch_with(&self, req: &LaunchRequest<'_>, args: RSlice<'_, BufferArg<'_>>, timed: bool) -> Result<Option<u64>, BackendError> {
+        let launch = self.decode(req)?;
+        let compiled = self.compiled(&launch)?;
+        let taken = self.take_buffers(args)?;
+        let ids: BTreeMap<String, u64> = taken.iter().map(|(n, (id, _))| (n.clone(), *id)).collect();
+        let mut buffers: BTreeMap<String, B::Buffer> = taken.into_iter().map(|(n, (_, b))| (n, b)).collect();
+        let result = catch_unwind(AssertUnwindSafe(|| {
+            if timed {
+                self.backend.run_timed(&compiled, &launch, &mut buffers)
+            } else {
+                self.backend.run(&compiled, &launch, &mut buffers).map(|()| None)
+            }
+        }));
+        self.put_back(ids, buffers);
+        match result {
+            Ok(r) => r,
+            Err(p) => std::panic::resume_unwind(p),
+        }
+    }
 }
 
 impl<B: BackendImpl> Backend for Exported<B> {
@@ -543,21 +574,14 @@ impl<B: BackendImpl> Backend for Exported<B> {
     }
 
     fn launch(&self, req: &LaunchRequest<'_>, args: RSlice<'_, BufferArg<'_>>) -> RResult<(), BackendError> {
-        guard("launch", || {
-            let launch = self.decode(req)?;
-            let compiled = self.compiled(&launch)?;
-            let taken = self.take_buffers(args)?;
-            let ids: BTreeMap<String, u64> = taken.iter().map(|(n, (id, _))| (n.clone(), *id)).collect();
-            let mut buffers: BTreeMap<String, B::Buffer> = taken.into_iter().map(|(n, (_, b))| (n, b)).collect();
-            let result = catch_unwind(AssertUnwindSafe(|| self.backend.run(&compiled, &launch, &mut buffers)));
-            self.put_back(ids, buffers);
-            match result {
-                Ok(r) => r,
-                Err(p) => std::panic::resume_unwind(p),
-            }
-        })
+        guard("launch", || self.launch_with(req, args, false).map(|_| ()))
+    }
+
+    fn launch_timed(&self, req: &LaunchRequest<'_>, args: RSlice<'_, BufferArg<'_>>) -> RResult<ROption<u64>, BackendError> {
+        guard("launch", || self.launch_with(req, args, true).map(ROption::from))
     }
 }
+
 
 /// The refusal of an upload whose array is not of the buffer's type (for [`BackendImpl::upload`]).
 pub fn check_upload(buffer: &Type, data: &HostArray) -> Result<(), BackendError> {
@@ -697,5 +721,9 @@ mod tests {
         exported.supports(&req).into_result().unwrap();
         let stages = exported.lower(&req).into_result().unwrap();
         assert_eq!((plans.load(Ordering::SeqCst), stages.len()), (4, 1));
+        // A backend without a device clock runs a timed launch and says it has no time.
+        let timed = exported.launch_timed(&req, RSlice::from_slice(&[])).into_result().unwrap();
+        assert!(timed.is_none());
+        assert_eq!((plans.load(Ordering::SeqCst), compiles.load(Ordering::SeqCst)), (5, 1));
     }
 }

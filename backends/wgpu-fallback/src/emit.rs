@@ -26,7 +26,6 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt::Write as _;
 
-use tessel_plugin_api::abi::{BackendError, ErrorKind};
 use tessel_plugin_api::ir::*;
 use tessel_plugin_api::launch::LaunchAxis;
 use tessel_plugin_api::libm;
@@ -45,10 +44,10 @@ pub const WORKSPACE_BUDGET: u64 = 128 << 20;
 const UNROLL: usize = 8;
 /// The most storage bindings a module uses: WebGPU's default `maxStorageBuffersPerShaderStage`
 /// (`vec4` views of inputs are added only while they fit; arguments and the workspace always).
-const MAX_STORAGE_BINDINGS: usize = 8;
+pub(crate) const MAX_STORAGE_BINDINGS: usize = 8;
 /// The most words a staged `dot` keeps in workgroup memory (both operand chunks): half of
 /// WebGPU's default `maxComputeWorkgroupStorageSize` of 16 KiB.
-const MAX_STAGED_WORDS: usize = 2048;
+pub(crate) const MAX_STAGED_WORDS: usize = 2048;
 /// The most invocations per workgroup used: WebGPU's default `maxComputeInvocationsPerWorkgroup`.
 pub const MAX_WORKGROUP: u32 = 256;
 
@@ -86,80 +85,29 @@ pub struct Lowered {
 /// Writes the WGSL expression of element (row, col) of an operand block.
 type Reader = Box<dyn Fn(&str, &str) -> String>;
 
-/// Writes one planned kernel (`lower.rs`): its WGSL and its dispatch.
-pub fn lower(plan: &Plan) -> Result<Lowered, BackendError> {
-    let (kernel, grid, strategy) = (&plan.kernel, plan.grid.as_slice(), plan.strategy);
-    let k = kernel.kernel();
-    let programs = plan.programs;
-    // Pass 1: which values are read by other invocations, and the largest loop.
-    let mut first = Writer::new(plan, MAX_WORKGROUP, HashSet::new());
-    first.write_main()?;
-    let wanted = first.wanted.clone();
-    // Elements in groups with a `dot` (its register tiles), one by one otherwise. With groups,
-    // fewer invocations own more elements each: a larger tile per invocation, fewer loads per
-    // multiply-add.
-    let wg = if let Some((_, wg)) = plan.row_layout {
-        wg
-    } else if plan.group > 1 && plan.dots && strategy == Strategy::Gpu {
-        // Hardware: smaller tiles (32 elements) for more invocations, fed from workgroup memory.
-        ((first.max_elements / 32).next_power_of_two() as u32).clamp(64, MAX_WORKGROUP)
-    } else if plan.group > 1 && plan.dots {
-        ((first.max_elements / 128).next_power_of_two() as u32).clamp(32, MAX_WORKGROUP)
-    } else if plan.group > 1 {
-        ((first.max_elements / plan.group).next_power_of_two() as u32).clamp(64, MAX_WORKGROUP)
-    } else {
-        (first.max_elements.next_power_of_two() as u32).clamp(64, MAX_WORKGROUP)
-    };
-    let shares = !wanted.is_empty() || k.params_of(ParamKind::Scratch).next().is_some() || first.saw_ref_load;
-    // How programs map to workgroups. One workgroup per program where the workspace of all of
-    // them fits a storage binding: a 2-D dispatch past 65,535. Otherwise fewer workgroups that
-    // each walk the programs with a stride.
-    let words: u64 = wanted.iter().map(|n| kernel.value_type(n).numel() as u64).sum::<u64>()
-        + k.params_of(ParamKind::Scratch).map(|p| p.ty.numel() as u64).sum::<u64>();
-    if words * 4 > WORKSPACE_BUDGET {
-        return Err(unsupported(format!(
-            "kernel `{}` needs {} bytes of workspace per program, more than the {WORKSPACE_BUDGET} of a storage binding\n  use smaller blocks",
-            k.name,
-            words * 4
-        )));
-    }
-    let (groups, strided) = if programs.saturating_mul(words * 4) <= WORKSPACE_BUDGET {
-        let x = programs.min(MAX_GROUPS);
-        ([x as u32, programs.div_ceil(x) as u32], false)
-    } else {
-        ([programs.min(MAX_GROUPS).min(WORKSPACE_BUDGET / (words * 4)) as u32, 1], true)
-    };
-    // Pass 2 with the publications.
-    let mut w = Writer::new(plan, wg, wanted);
-    // The `vec4` views pass 1 wanted, as many as the bindings leave room for.
-    let taken = k.params.iter().filter(|p| p.kind != ParamKind::Scratch).count() + usize::from(words > 0);
-    w.allowed_views = Some(first.views.iter().copied().take(MAX_STORAGE_BINDINGS.saturating_sub(taken)).collect());
-    w.shares = shares;
-    w.stores = first.saw_store;
-    w.groups = groups;
-    w.strided = strided;
-    w.write_main()?;
-    debug_assert_eq!(w.next_word, words, "pass 2 publishes what pass 1 found");
+/// Writes one planned kernel (`lower.rs`): its WGSL and its dispatch. Every decision is the
+/// plan's, so this cannot fail.
+pub fn lower(plan: &Plan) -> Lowered {
+    let k = plan.kernel.kernel();
+    let mut w = Writer::new(plan);
+    w.write_main();
+    debug_assert_eq!(w.next_word, plan.workspace_words, "the writer publishes what the plan found");
     let zeroed: Vec<String> =
-        k.params_of(ParamKind::Out).filter(|p| !fully_written(kernel, grid, p)).map(|p| p.name.clone()).collect();
+        k.params_of(ParamKind::Out).filter(|p| !fully_written(&plan.kernel, &plan.grid, p)).map(|p| p.name.clone()).collect();
     let views = w.views.iter().map(|&pi| k.params[pi].name.clone()).collect();
     let wgsl = w.finish(&zeroed);
-    Ok(Lowered {
+    Lowered {
         name: k.name.clone(),
         hash: *blake3::hash(wgsl.as_bytes()).as_bytes(),
         wgsl,
-        workgroup_size: wg,
-        groups,
-        programs,
-        workspace_words: words,
+        workgroup_size: plan.wg,
+        groups: plan.groups,
+        programs: plan.programs,
+        workspace_words: plan.workspace_words,
         bindings: k.params.iter().filter(|p| p.kind != ParamKind::Scratch).map(|p| (p.name.clone(), p.kind)).collect(),
         views,
         zeroed,
-    })
-}
-
-fn unsupported(msg: String) -> BackendError {
-    BackendError::new(ErrorKind::Unsupported, msg)
+    }
 }
 
 /// The WGSL type of a register holding an element of `d`.
@@ -367,9 +315,6 @@ struct Writer<'k> {
     /// WGSL identifier of every IR value.
     idents: HashMap<String, String>,
     tmp: u32,
-    /// Values another invocation reads (pass 1 records them; pass 2 publishes them).
-    wanted: BTreeSet<String>,
-    publish: HashSet<String>,
     /// Word offset of each published value and scratch buffer in a workgroup's region.
     offsets: HashMap<String, u64>,
     next_word: u64,
@@ -377,30 +322,16 @@ struct Writer<'k> {
     /// The accurate maths functions the module calls, by name (`libm.rs`).
     libm: BTreeMap<&'static str, String>,
     uses_broadcast: bool,
-    max_elements: usize,
     /// Since the last barrier: a value was published, an `out`/scratch ref was stored to,
     /// or loaded from.
     pending_publish: bool,
     pending_store: bool,
     pending_ref_load: bool,
-    /// Seen while writing: a load from an `out` or scratch ref, a store.
-    saw_ref_load: bool,
-    saw_store: bool,
-    /// Whether invocations share memory beyond their own elements (published values, scratch,
-    /// reloaded outputs), so that loop iterations and programs need a barrier between them; and
-    /// whether the kernel stores, so that iterations of a loop must not overtake each other.
-    shares: bool,
-    stores: bool,
-    /// The dispatch, and whether its workgroups walk the programs with a stride.
-    groups: [u32; 2],
-    strided: bool,
     /// Words of the `var<workgroup>` arrays the staged `dot`s use (`tk_sa`, `tk_sb`): the most
     /// any one needs.
     staged: (usize, usize),
-    /// Arguments also bound as `array<vec4<T>>` (`a{i}v`), after the workspace.
+    /// The views ([`Plan::views`]) the module reads (`a{i}v`, bound after the workspace).
     views: BTreeSet<usize>,
-    /// The views there is room for (pass 2; pass 1 takes any, [`Writer::view`]).
-    allowed_views: Option<BTreeSet<usize>>,
     /// Inside a loop over a quad value ([`Writer::quad_value`]): which of the four elements of
     /// quad `j` slot `k` is.
     quad_lane: Option<usize>,
@@ -413,36 +344,26 @@ struct Writer<'k> {
 }
 
 impl<'k> Writer<'k> {
-    fn new(plan: &'k Plan, wg: u32, publish: impl IntoIterator<Item = String>) -> Writer<'k> {
+    fn new(plan: &'k Plan) -> Writer<'k> {
         Writer {
             v: &plan.kernel,
             grid: &plan.grid,
             plan,
-            wg,
+            wg: plan.wg,
             out: String::new(),
             indent: 1,
             idents: HashMap::new(),
             tmp: 0,
-            wanted: BTreeSet::new(),
-            publish: publish.into_iter().collect(),
             offsets: HashMap::new(),
             next_word: 0,
             helpers: BTreeSet::new(),
             libm: BTreeMap::new(),
             uses_broadcast: false,
-            max_elements: 1,
             pending_publish: false,
             pending_store: false,
             pending_ref_load: false,
-            saw_ref_load: false,
-            saw_store: false,
-            shares: true,
-            stores: true,
-            groups: [1, 1],
-            strided: true,
             staged: (0, 0),
             views: BTreeSet::new(),
-            allowed_views: None,
             quad_lane: None,
             deferred: HashMap::new(),
             hoist: Vec::new(),
@@ -556,7 +477,7 @@ impl<'k> Writer<'k> {
 
     /// At the top of a loop iteration: the previous iteration's reads and stores are done.
     fn loop_barrier(&mut self) {
-        if self.shares || self.stores {
+        if self.plan.shares || self.plan.stores {
             self.storage_barrier();
         }
     }
@@ -589,21 +510,17 @@ impl<'k> Writer<'k> {
                 let id = self.ident(name);
                 if shape.is_empty() {
                     Read::Scalar(id)
+                } else if self.plan.crosses(&shape, res, linear) {
+                    assert!(self.plan.publish.contains(name), "the plan publishes %{name}, which another invocation reads");
+                    Read::Shared { name: name.clone(), shape, linear }
                 } else if self.plan.row_forwarded.contains_key(name) && shape == res {
                     Read::Row(name.clone())
                 } else if self.deferred.contains_key(name) && shape == res {
                     Read::Deferred(name.clone())
-                } else if !res.is_empty() && (shape == res || (linear && self.group_of(&shape) == self.group_of(res))) {
+                } else if shape == res || linear {
                     Read::Own(id)
-                } else if let Some(c) = self
-                    .plan
-                    .row_len()
-                    .filter(|&c| res.len() == 2 && shape.len() == 2 && shape[0] == res[0] && shape[1] == 1 && res[1] == c)
-                {
-                    Read::RowOwn(id, c)
                 } else {
-                    self.wanted.insert(name.clone());
-                    Read::Shared { name: name.clone(), shape, linear }
+                    Read::RowOwn(id, self.plan.row_len().expect("the row layout's broadcast"))
                 }
             }
         }
@@ -649,17 +566,17 @@ impl<'k> Writer<'k> {
 
     // ---- structure ----
 
-    fn write_main(&mut self) -> Result<(), BackendError> {
+    fn write_main(&mut self) {
         let k = self.v.kernel();
         let par: Vec<usize> = (0..self.grid.len()).filter(|&a| !self.grid[a].seq).collect();
         let seq: Vec<usize> = (0..self.grid.len()).filter(|&a| self.grid[a].seq).collect();
-        if self.strided {
+        if self.plan.strided {
             self.open("for (var prog = gid; prog < PROGRAMS; prog += GROUPS)");
-            if self.shares {
+            if self.plan.shares {
                 // The workspace and scratch of the previous program are done with.
                 self.storage_barrier();
             }
-        } else if u64::from(self.groups[0]) * u64::from(self.groups[1]) == self.plan.programs {
+        } else if u64::from(self.plan.groups[0]) * u64::from(self.plan.groups[1]) == self.plan.programs {
             self.open("");
             self.line("let prog = gid;");
         } else {
@@ -694,7 +611,7 @@ impl<'k> Writer<'k> {
         self.decode("step", &seq);
         self.write_origins();
         let body = k.body.clone();
-        self.write_body(&body)?;
+        self.write_body(&body);
         for (name, pi) in resident {
             self.line(format!("// write back the block of {name}"));
             self.open(format!("if (step == {}u)", self.plan.steps - 1));
@@ -707,7 +624,6 @@ impl<'k> Writer<'k> {
             self.close();
         }
         self.close();
-        Ok(())
     }
 
     /// Row-major decoding of `counter` into the coordinates of `axes` (the last fastest).
@@ -788,7 +704,6 @@ impl<'k> Writer<'k> {
     fn each_sink(&mut self, shape: &[usize], sink: Option<(String, String, String)>, mut body: impl FnMut(&mut Self)) {
         let hoist = std::mem::take(&mut self.hoist);
         let n: usize = shape.iter().product();
-        self.max_elements = self.max_elements.max(n);
         let slots = self.slots(shape);
         let guard = self.ragged(shape);
         if self.quad_value(shape) {
@@ -870,7 +785,6 @@ impl<'k> Writer<'k> {
     /// the invocation's quad, and `slot(t)` the slot of element `e + t`.
     fn each_quad(&mut self, shape: &[usize], mut body: impl FnMut(&mut Self, &dyn Fn(usize) -> String)) {
         let n: usize = shape.iter().product();
-        self.max_elements = self.max_elements.max(n);
         let quads = self.slots(shape) / 4;
         let guard = self.ragged(shape);
         let (g, wg) = (self.group_of(shape), self.wg as usize);
@@ -950,7 +864,7 @@ impl<'k> Writer<'k> {
     /// After a block value is made: publish it if another invocation reads it.
     fn defined(&mut self, name: &str) {
         let ty = self.ty(name);
-        if ty.is_scalar() || !self.publish.contains(name) {
+        if ty.is_scalar() || !self.plan.publish.contains(name) {
             return;
         }
         let n = ty.numel();
@@ -981,27 +895,12 @@ impl<'k> Writer<'k> {
 
     // ---- body ----
 
-    fn write_body(&mut self, body: &[Stmt]) -> Result<(), BackendError> {
+    fn write_body(&mut self, body: &[Stmt]) {
         for s in body {
             let head = tessel_plugin_api::ir::print::print_stmt_head(s);
             self.line(format!("// {head}"));
-            self.write_stmt(s)?;
+            self.write_stmt(s);
         }
-        Ok(())
-    }
-
-    fn check_size(&self, name: &str) -> Result<(), BackendError> {
-        let ty = self.ty(name);
-        if !DTYPES.contains(&ty.dtype) {
-            return Err(unsupported(format!("Unsupported dtype: {}", ty.dtype)));
-        }
-        if ty.numel() > MAX_BLOCK_ELEMENTS {
-            return Err(unsupported(format!(
-                "block value %{name} has {} elements ({ty}), more than the {MAX_BLOCK_ELEMENTS} the wgpu backend lowers\n  use smaller blocks",
-                ty.numel()
-            )));
-        }
-        Ok(())
     }
 
     /// An elementwise result: scalar registers when every operand is one, else a block.
@@ -1040,7 +939,7 @@ impl<'k> Writer<'k> {
             return;
         }
         if self.plan.inlined.contains(dst)
-            && !self.publish.contains(dst)
+            && !self.plan.publish.contains(dst)
             && !reads.iter().any(|r| matches!(r, Read::Shared { .. }))
         {
             // Computed where its one reader reads it, element by element, never stored.
@@ -1105,18 +1004,10 @@ impl<'k> Writer<'k> {
             .collect()
     }
 
-    fn write_stmt(&mut self, s: &Stmt) -> Result<(), BackendError> {
-        let folded = |x: &str| self.plan.accumulating.values().any(|(_, acc, sum)| acc == x || sum == x);
-        let result = match &s.op {
-            Op::Store { value: Operand::Value(x), .. } => Some(x),
-            _ => s.results.first(),
-        };
-        if result.is_some_and(|x| folded(x)) {
+    fn write_stmt(&mut self, s: &Stmt) {
+        if self.plan.folded(s) {
             self.line("// done by the dot, which adds into the resident block");
-            return Ok(());
-        }
-        for r in &s.results {
-            self.check_size(r)?;
+            return;
         }
         let dst = s.results.first().cloned().unwrap_or_default();
         match &s.op {
@@ -1199,7 +1090,7 @@ impl<'k> Writer<'k> {
             }
             Op::Dot { a, b, trans_a, trans_b } => {
                 let (Operand::Value(a), Operand::Value(b)) = (a, b) else { unreachable!("verifier: dot of values") };
-                self.write_dot(&dst, a, b, *trans_a, *trans_b);
+                self.write_dot(s, &dst, a, b, *trans_a, *trans_b);
             }
             Op::When { cond, body } => {
                 let c = match cond {
@@ -1208,28 +1099,22 @@ impl<'k> Writer<'k> {
                 };
                 let before = self.flags();
                 self.open(format!("if ({c})"));
-                self.write_body(body)?;
+                self.write_body(body);
                 self.close();
                 self.merge_flags(before);
             }
-            Op::For { var, lo, hi, step, iters, body } => self.write_for(s, var, lo, hi, step.as_ref(), iters, body)?,
+            Op::For { var, lo, hi, step, iters, body } => self.write_for(s, var, lo, hi, step.as_ref(), iters, body),
             Op::Yield(_) => unreachable!("yield is written by its for"),
         }
-        Ok(())
     }
 
-    /// Values whose elements are read by other invocations: they are published (pass 2), and
-    /// a barrier separates their publication from the reads. Returns their word offsets.
+    /// Values whose elements are read by other invocations: they are published ([`Plan::publish`]),
+    /// and a barrier separates their publication from the reads. Returns their word offsets.
     fn read_published(&mut self, srcs: &[&str]) -> Vec<u64> {
-        let reads: Vec<Read> = srcs
-            .iter()
-            .map(|s| {
-                self.wanted.insert(s.to_string());
-                Read::Shared { name: s.to_string(), shape: Vec::new(), linear: false }
-            })
-            .collect();
+        let reads: Vec<Read> =
+            srcs.iter().map(|s| Read::Shared { name: s.to_string(), shape: Vec::new(), linear: false }).collect();
         self.sync_reads(&reads.iter().collect::<Vec<_>>());
-        srcs.iter().map(|s| self.offsets.get(*s).copied().unwrap_or(0)).collect()
+        srcs.iter().map(|s| *self.offsets.get(*s).unwrap_or_else(|| panic!("the plan publishes %{s}"))).collect()
     }
 
     /// A block (or scalar) result whose elements read other elements of `srcs`: the sources are
@@ -1343,7 +1228,7 @@ impl<'k> Writer<'k> {
     /// (zero-initialised), the contraction index outermost, so that the operand element all its
     /// outputs share (the column of `b`, when the workgroup size is a multiple of `N`) is read
     /// once per step. Each output sums in ascending order, as the interpreter does.
-    fn write_dot(&mut self, dst: &str, a: &str, b: &str, trans_a: bool, trans_b: bool) {
+    fn write_dot(&mut self, s: &Stmt, dst: &str, a: &str, b: &str, trans_a: bool, trans_b: bool) {
         let (ash, bsh) = (self.ty(a).shape.clone(), self.ty(b).shape.clone());
         let (m, kk) = if trans_a { (ash[1], ash[0]) } else { (ash[0], ash[1]) };
         let n = if trans_b { bsh[0] } else { bsh[1] };
@@ -1351,7 +1236,6 @@ impl<'k> Writer<'k> {
         let published: Vec<&str> = [a, b].into_iter().filter(|v| !self.plan.forwarded.contains_key(*v)).collect();
         let offs = self.read_published(&published);
         let total = m * n;
-        self.max_elements = self.max_elements.max(total);
         let id = self.declare_block(dst);
         let slots = self.slots(&[m, n]);
         // Where the tile goes: the result's slot, or added into the resident output's.
@@ -1379,9 +1263,9 @@ impl<'k> Writer<'k> {
         let b_at = |j: &str| if trans_b { rb(j, "r") } else { rb("r", j) };
         let wg = self.wg as usize;
         let g = self.plan.group;
-        let tiled = g > 1 && n.is_multiple_of(g) && (g * wg).is_multiple_of(n);
+        let tiled = crate::lower::dot_tiling(self.plan, s).is_some_and(|t| t.0);
         // On hardware, operand chunks of `kc` contraction steps go through workgroup memory.
-        let kc = [16, 8, 4, 2, 1].into_iter().find(|&c| kk.is_multiple_of(c) && (m + n) * c <= MAX_STAGED_WORDS);
+        let kc = crate::lower::staged_chunk(m, n, kk);
         if let (true, Strategy::Gpu, Some(kc)) = (tiled, self.plan.strategy, kc) {
             let at_a = |row: &str, q: &str| if trans_a { ra(q, row) } else { ra(row, q) };
             let at_b = |q: &str, col: &str| if trans_b { rb(col, q) } else { rb(q, col) };
@@ -1557,7 +1441,7 @@ impl<'k> Writer<'k> {
 
     /// Binds argument `pi` a second time as `array<vec4<T>>` where there is room; whether it is.
     fn view(&mut self, pi: usize) -> bool {
-        let room = self.allowed_views.as_ref().is_none_or(|a| a.contains(&pi));
+        let room = self.plan.views.contains(&pi);
         if room {
             self.views.insert(pi);
         }
@@ -1619,7 +1503,7 @@ impl<'k> Writer<'k> {
         step: Option<&Operand>,
         iters: &[(String, Operand)],
         body: &[Stmt],
-    ) -> Result<(), BackendError> {
+    ) {
         let scalar = |w: &mut Self, o: &Operand| match o {
             Operand::Lit(l) => literal(*l, DType::I32),
             Operand::Value(v) => w.ident(v),
@@ -1628,7 +1512,6 @@ impl<'k> Writer<'k> {
         let step = step.map(|o| scalar(self, o)).unwrap_or_else(|| "1i".into());
         // The carried values: one variable each, assigned at the start and by `yield`.
         for (name, init) in iters {
-            self.check_size(name)?;
             let ty = self.ty(name);
             let id = self.ident(name);
             let reg = reg_ty(ty.dtype);
@@ -1668,7 +1551,7 @@ impl<'k> Writer<'k> {
             Some((l, r)) if matches!(l.op, Op::Yield(_)) => (Some(l), r),
             _ => (None, body),
         };
-        self.write_body(rest)?;
+        self.write_body(rest);
         if let Some(Stmt { op: Op::Yield(values), .. }) = last {
             self.line("// yield");
             let tmps: Vec<String> = values
@@ -1703,7 +1586,6 @@ impl<'k> Writer<'k> {
             self.line(format!("{kw} {rid} = {id};"));
             self.defined(r);
         }
-        Ok(())
     }
 
     // ---- memory ----
@@ -1851,7 +1733,6 @@ impl<'k> Writer<'k> {
         self.sync_reads(&mask_read.iter().collect::<Vec<_>>());
         if p.kind != ParamKind::In {
             self.pending_ref_load = true;
-            self.saw_ref_load = true;
         }
         let other = literal(other.unwrap_or(Literal::Int(0)), d);
         let body = |w: &mut Self| -> String {
@@ -1937,12 +1818,10 @@ impl<'k> Writer<'k> {
                 w.line(format!("a{pi}[{flat} / 4u] = {q};"));
             });
             self.pending_store = true;
-            self.saw_store = true;
             return;
         }
         let sel2 = sel.clone();
         self.store_cells(pi, &p, &region, &sel.clone(), mask_read.map(|m| (m, sel2)), |w| w.read(&vread, d, &sel));
-        self.saw_store = true;
     }
 
     /// Stores the `n` elements of `region` of argument or scratch `pi`, element `e` from
@@ -2101,9 +1980,9 @@ impl<'k> Writer<'k> {
                 self.helper(name);
             }
         }
-        let [gx, gy] = self.groups;
+        let [gx, gy] = self.plan.groups;
         let groups = if gy == 1 { format!("{gx}") } else { format!("{gx}×{gy}") };
-        let walk = if self.strided { ", each walking the programs with a stride" } else { "" };
+        let walk = if self.plan.strided { ", each walking the programs with a stride" } else { "" };
         let k = self.v.kernel();
         let mut m = String::new();
         let _ = writeln!(m, "// tessel: kernel `{}` for the wgpu backend", k.name);
@@ -2168,7 +2047,7 @@ impl<'k> Writer<'k> {
         let _ = writeln!(
             m,
             "const GROUPS: u32 = {};",
-            if self.strided { format!("{gx}u") } else { format!("{}u", u64::from(gx) * u64::from(gy)) }
+            if self.plan.strided { format!("{gx}u") } else { format!("{}u", u64::from(gx) * u64::from(gy)) }
         );
         let _ = writeln!(m, "const WS_WORDS: u32 = {}u;", self.next_word);
         let _ = writeln!(m);

@@ -213,7 +213,7 @@ impl BackendImpl for Wgpu {
     type Compiled = Vec<emit::Lowered>;
 
     fn compile(&self, _: &Launch<'_>, plans: Self::Plan) -> Result<Self::Compiled, BackendError> {
-        plans.iter().map(emit::lower).collect()
+        Ok(plans.iter().map(emit::lower).collect())
     }
 
     fn stages(&self, compiled: &Self::Compiled) -> Vec<(String, String)> {
@@ -239,6 +239,28 @@ impl BackendImpl for Wgpu {
         launch: &Launch<'_>,
         buffers: &mut BTreeMap<String, Self::Buffer>,
     ) -> Result<(), BackendError> {
+        self.dispatch(compiled, launch, buffers, false).map(drop)
+    }
+
+    fn run_timed(
+        &self,
+        compiled: &Self::Compiled,
+        launch: &Launch<'_>,
+        buffers: &mut BTreeMap<String, Self::Buffer>,
+    ) -> Result<Option<u64>, BackendError> {
+        self.dispatch(compiled, launch, buffers, true)
+    }
+}
+
+impl Wgpu {
+    /// Checks the buffers' types and runs the launch ([`runtime::Gpu::launch`]).
+    fn dispatch(
+        &self,
+        compiled: &[emit::Lowered],
+        launch: &Launch<'_>,
+        buffers: &BTreeMap<String, runtime::DeviceBuffer>,
+        timed: bool,
+    ) -> Result<Option<u64>, BackendError> {
         for c in &launch.calls {
             for p in c.kernel.params.iter().filter(|p| p.kind != ParamKind::Scratch) {
                 if let Some(b) = buffers.get(&p.name).filter(|b| b.ty != p.ty) {
@@ -249,7 +271,7 @@ impl BackendImpl for Wgpu {
                 }
             }
         }
-        runtime::gpu()?.launch(compiled, buffers)
+        runtime::gpu()?.launch(compiled, buffers, timed)
     }
 }
 

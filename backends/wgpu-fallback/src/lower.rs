@@ -11,7 +11,10 @@ use tessel_plugin_api::abi::{BackendError, ErrorKind};
 use tessel_plugin_api::ir::*;
 use tessel_plugin_api::launch::LaunchAxis;
 
-use crate::emit::{DTYPES, MAX_PROGRAMS, MAX_WORKGROUP};
+use crate::emit::{
+    DTYPES, MAX_BLOCK_ELEMENTS, MAX_GROUPS, MAX_PROGRAMS, MAX_STAGED_WORDS, MAX_STORAGE_BINDINGS, MAX_WORKGROUP,
+    WORKSPACE_BUDGET,
+};
 
 /// How the lowering uses the adapter; the WGSL header names it. `TESSEL_WGPU_STRATEGY=cpu|gpu`
 /// forces one (so the tests run both on one adapter), else the adapter's device type decides.
@@ -101,6 +104,26 @@ pub struct Plan {
     pub fused: HashMap<String, (ReduceOp, String)>,
     /// The operands of fused reductions that nothing else reads: no private array holds them.
     pub fused_only: HashSet<String>,
+    /// Invocations per workgroup ([`workgroup_size`]).
+    pub wg: u32,
+    /// Block values read at elements other invocations own ([`Plan::crosses`], [`survey`]):
+    /// each is published to the workgroup's region of the workspace after it is made.
+    pub publish: BTreeSet<String>,
+    /// `u32` words of workspace per workgroup: the published values and the scratch buffers.
+    pub workspace_words: u64,
+    /// The dispatch (`x`, `y` workgroups), and whether each workgroup walks the programs with a
+    /// stride (where one workgroup per program would not fit the workspace in a binding).
+    pub groups: [u32; 2],
+    pub strided: bool,
+    /// Whether invocations share memory beyond their own elements (published values, scratch,
+    /// outputs loaded back), so that loop iterations and programs need a barrier between them;
+    /// and whether the kernel stores to an argument outside registers, so that iterations of a
+    /// loop must not overtake each other.
+    pub shares: bool,
+    pub stores: bool,
+    /// Inputs also bound as `array<vec4<T>>` for `vec4` reads where they are not bound so
+    /// already, as many as WebGPU's default 8 storage bindings leave room for.
+    pub views: BTreeSet<usize>,
 }
 
 /// The plan of `kernel` on `grid`, or the refusal.
@@ -161,6 +184,14 @@ pub fn plan(kernel: Verified, grid: Vec<LaunchAxis>, strategy: Strategy) -> Resu
             .collect(),
         row_forwarded,
         fused_only: HashSet::new(),
+        wg: 1,
+        publish: BTreeSet::new(),
+        workspace_words: 0,
+        groups: [1, 1],
+        strided: false,
+        shares: true,
+        stores: true,
+        views: BTreeSet::new(),
         fused: fused_reductions(v, row_layout),
         forwarded,
         inlined: inlined_values(v),
@@ -182,10 +213,62 @@ pub fn plan(kernel: Verified, grid: Vec<LaunchAxis>, strategy: Strategy) -> Resu
     };
     plan.quad_outputs = plan.quad_outputs.iter().copied().filter(|&pi| keep(&plan, pi, true)).collect();
     plan.quad_inputs = plan.quad_inputs.iter().copied().filter(|&pi| keep(&plan, pi, false)).collect();
+    let survey = survey(&plan)?;
+    plan.wg = workgroup_size(&plan, survey.max_elements);
+    let words = survey.publish.iter().map(|n| plan.kernel.value_type(n).numel() as u64).sum::<u64>()
+        + plan.kernel.kernel().params_of(ParamKind::Scratch).map(|p| p.ty.numel() as u64).sum::<u64>();
+    if words * 4 > WORKSPACE_BUDGET {
+        return Err(unsupported(format!(
+            "kernel `{}` needs {} bytes of workspace per program, more than the {WORKSPACE_BUDGET} of a storage binding\n  use smaller blocks",
+            plan.kernel.kernel().name,
+            words * 4
+        )));
+    }
+    // One workgroup per program where the workspace of all of them fits a storage binding: a
+    // 2-D dispatch past 65,535. Otherwise fewer workgroups that each walk the programs with a
+    // stride.
+    (plan.groups, plan.strided) = if programs.saturating_mul(words * 4) <= WORKSPACE_BUDGET {
+        let x = programs.min(MAX_GROUPS);
+        ([x as u32, programs.div_ceil(x) as u32], false)
+    } else {
+        ([programs.min(MAX_GROUPS).min(WORKSPACE_BUDGET / (words * 4)) as u32, 1], true)
+    };
+    let k = plan.kernel.kernel();
+    plan.shares = !survey.publish.is_empty() || k.params_of(ParamKind::Scratch).next().is_some() || survey.ref_loads;
+    plan.stores = survey.stores;
+    let mut views = survey.views;
+    views.extend(dot_views(&plan));
+    let taken = k.params.iter().filter(|p| p.kind != ParamKind::Scratch).count() + usize::from(words > 0);
+    plan.views = views.into_iter().take(MAX_STORAGE_BINDINGS.saturating_sub(taken)).collect();
+    plan.workspace_words = words;
+    plan.publish = survey.publish;
     Ok(plan)
 }
 
 impl Plan {
+    /// Whether an operation whose result has shape `res` reads a value of `shape` at elements
+    /// other invocations own, so that the value goes through the workspace: a block read by a
+    /// scalar result or one of another shape, except where the invocation owns what it reads
+    /// (the same elements; `reshape` (`linear`) of values owned in the same groups; in the row
+    /// layout, an `[R, 1]` value broadcast over its rows).
+    pub fn crosses(&self, shape: &[usize], res: &[usize], linear: bool) -> bool {
+        let own = !res.is_empty() && (shape == res || (linear && self.group_of(shape) == self.group_of(res)));
+        let row = self.row_len().is_some_and(|c| {
+            res.len() == 2 && shape.len() == 2 && shape[0] == res[0] && shape[1] == 1 && res[1] == c
+        });
+        !shape.is_empty() && !own && !row
+    }
+
+    /// Whether the writer skips statement `s`: the load, add and store a `dot` that adds into
+    /// its resident output does itself ([`accumulating_dots`]).
+    pub fn folded(&self, s: &Stmt) -> bool {
+        let result = match &s.op {
+            Op::Store { value: Operand::Value(x), .. } => Some(x),
+            _ => s.results.first(),
+        };
+        result.is_some_and(|x| self.accumulating.values().any(|(_, acc, sum)| acc == x || sum == x))
+    }
+
     /// The row layout's row length.
     pub fn row_len(&self) -> Option<usize> {
         self.row_layout.map(|r| r.0)
@@ -201,6 +284,190 @@ impl Plan {
             None => self.group,
         }
     }
+}
+
+/// What the writer does to memory, found before it writes: the values other invocations read
+/// (to publish), the most elements any of its loops walks (for the workgroup size), the inputs it
+/// reads as `vec4`s outside `dot`s from a second binding, whether it stores to arguments or loads
+/// outputs and scratch back. Also the refusal of a block too large to lower.
+struct Survey {
+    publish: BTreeSet<String>,
+    max_elements: usize,
+    views: BTreeSet<usize>,
+    stores: bool,
+    ref_loads: bool,
+}
+
+fn survey(plan: &Plan) -> Result<Survey, BackendError> {
+    let v = &plan.kernel;
+    let k = v.kernel();
+    let mut s = Survey { publish: BTreeSet::new(), max_elements: 1, views: BTreeSet::new(), stores: false, ref_loads: false };
+    for p in k.params_of(ParamKind::Scratch) {
+        s.max_elements = s.max_elements.max(p.ty.numel());
+    }
+    for &pi in plan.resident.values() {
+        s.max_elements = s.max_elements.max(k.params[pi].block_shape().iter().product());
+    }
+    let mut refusal = None;
+    analysis::visit(&k.body, &mut |st| {
+        if plan.folded(st) || refusal.is_some() {
+            return;
+        }
+        let iters = match &st.op {
+            Op::For { iters, .. } => iters.iter().map(|(n, _)| n).collect(),
+            _ => Vec::new(),
+        };
+        for r in st.results.iter().chain(iters) {
+            let ty = v.value_type(r);
+            if ty.numel() > MAX_BLOCK_ELEMENTS {
+                refusal = Some(unsupported(format!(
+                    "block value %{r} has {} elements ({ty}), more than the {MAX_BLOCK_ELEMENTS} the wgpu backend lowers\n  use smaller blocks",
+                    ty.numel()
+                )));
+                return;
+            }
+            if !ty.is_scalar() && !plan.dot_only.contains(r) && !plan.row_forwarded.contains_key(r) {
+                s.max_elements = s.max_elements.max(ty.numel());
+            }
+        }
+        let res = st.results.first().map(|r| v.value_type(r).shape.clone()).unwrap_or_default();
+        let mut cross = |x: &Operand, res: &[usize], linear: bool| {
+            if let Operand::Value(x) = x
+                && plan.crosses(&v.value_type(x).shape, res, linear)
+            {
+                s.publish.insert(x.clone());
+            }
+        };
+        match &st.op {
+            Op::Unary(_, a) | Op::Cast(a) | Op::Bitcast(a) | Op::Broadcast(a) => cross(a, &res, false),
+            Op::Reshape(a) => cross(a, &res, true),
+            Op::Binary(_, a, b) | Op::Compare(_, a, b) => [a, b].into_iter().for_each(|o| cross(o, &res, false)),
+            Op::Select(c, a, b) => [c, a, b].into_iter().for_each(|o| cross(o, &res, false)),
+            Op::Load { src, index, mask, .. } => {
+                let x = &st.results[0];
+                if plan.dot_only.contains(x) || plan.row_forwarded.contains_key(x) || plan.resident.contains_key(src) {
+                    return;
+                }
+                let (pi, p) = k.params.iter().enumerate().find(|(_, p)| &p.name == src).expect("verified argument");
+                if p.kind == ParamKind::In
+                    && index.is_none()
+                    && mask.is_none()
+                    && plan.group_of(&res).is_multiple_of(4)
+                    && quad_able(&plan.grid, p)
+                {
+                    // Read four at a time: from the argument bound as `vec4`s, or from a view.
+                    if !plan.quad_inputs.contains(&pi) {
+                        s.views.insert(pi);
+                    }
+                    return;
+                }
+                if let Some(m) = mask {
+                    cross(&Operand::Value(m.clone()), &res, false);
+                }
+                s.ref_loads |= p.kind != ParamKind::In;
+            }
+            Op::Store { dst, index, value, mask } => {
+                let p = k.param(dst).expect("verified argument");
+                let sel = selected(p, index.as_deref());
+                cross(value, &sel, false);
+                if let Some(m) = mask {
+                    cross(&Operand::Value(m.clone()), &sel, false);
+                }
+                s.max_elements = s.max_elements.max(sel.iter().product());
+                s.stores |= !plan.resident.contains_key(dst);
+            }
+            Op::Transpose { arg: Operand::Value(x), .. } => {
+                s.publish.insert(x.clone());
+            }
+            Op::Reduce { arg: Operand::Value(x), axis, .. } => {
+                let shape = &v.value_type(x).shape;
+                let row = plan.row_len() == Some(shape[*axis]) && shape.len() == 2 && *axis == 1;
+                if !row && !plan.fused.contains_key(&st.results[0]) {
+                    s.publish.insert(x.clone());
+                }
+            }
+            Op::Dot { a, b, .. } => {
+                for x in [a, b] {
+                    if let Operand::Value(x) = x
+                        && !plan.forwarded.contains_key(x)
+                    {
+                        s.publish.insert(x.clone());
+                    }
+                }
+            }
+            _ => {}
+        }
+    });
+    match refusal {
+        Some(e) => Err(e),
+        None => Ok(s),
+    }
+}
+
+/// The shape of the region `index` selects in `p`'s block, without its single-element
+/// dimensions.
+fn selected(p: &Param, index: Option<&[Index]>) -> Vec<usize> {
+    let block = p.block_shape();
+    (0..block.len())
+        .filter_map(|d| match index.map(|ix| &ix[d]) {
+            None | Some(Index::Full) => Some(block[d]),
+            Some(Index::Slice { size, .. }) => Some(*size),
+            Some(Index::At(_)) => None,
+        })
+        .collect()
+}
+
+/// Invocations per workgroup: the row layout's; with `dot`s in groups, enough for tiles of 128
+/// elements (32 on hardware, fed from workgroup memory); otherwise one group (or element) per
+/// invocation of the largest loop, at least 64 and at most [`MAX_WORKGROUP`].
+fn workgroup_size(plan: &Plan, max_elements: usize) -> u32 {
+    let pow2 = |n: usize| n.next_power_of_two() as u32;
+    match plan.row_layout {
+        Some((_, wg)) => wg,
+        None if plan.group > 1 && plan.dots && plan.strategy == Strategy::Gpu => pow2(max_elements / 32).clamp(64, MAX_WORKGROUP),
+        None if plan.group > 1 && plan.dots => pow2(max_elements / 128).clamp(32, MAX_WORKGROUP),
+        None if plan.group > 1 => pow2(max_elements / plan.group).clamp(64, MAX_WORKGROUP),
+        None => pow2(max_elements).clamp(64, MAX_WORKGROUP),
+    }
+}
+
+/// Whether `dot` statement `s` is written as a register tile of the plan's groups: its result's
+/// columns a multiple of the group, and the workgroup's groups a multiple of the columns. Returns
+/// (m, n, k) too.
+pub(crate) fn dot_tiling(plan: &Plan, s: &Stmt) -> Option<(bool, usize, usize, usize)> {
+    let Op::Dot { a: Operand::Value(a), b: Operand::Value(b), trans_a, trans_b } = &s.op else { return None };
+    let (ash, bsh) = (&plan.kernel.value_type(a).shape, &plan.kernel.value_type(b).shape);
+    let (m, kk) = if *trans_a { (ash[1], ash[0]) } else { (ash[0], ash[1]) };
+    let n = if *trans_b { bsh[0] } else { bsh[1] };
+    let (g, wg) = (plan.group, plan.wg as usize);
+    Some((g > 1 && n.is_multiple_of(g) && (g * wg).is_multiple_of(n), m, n, kk))
+}
+
+/// The contraction steps a staged `dot` brings into workgroup memory at a time: the most of 16, 8,
+/// 4, 2, 1 that divides `k` and whose operand chunks fit [`MAX_STAGED_WORDS`].
+pub(crate) fn staged_chunk(m: usize, n: usize, k: usize) -> Option<usize> {
+    [16, 8, 4, 2, 1].into_iter().find(|&c| k.is_multiple_of(c) && (m + n) * c <= MAX_STAGED_WORDS)
+}
+
+/// The inputs register-tiled `dot`s read as `vec4`s (not staged, neither operand transposed, the
+/// contraction a multiple of 4): each operand a forwarded, [`quad_able`] input; `b` only where `a`
+/// is one.
+fn dot_views(plan: &Plan) -> BTreeSet<usize> {
+    let k = plan.kernel.kernel();
+    let mut out = BTreeSet::new();
+    analysis::visit(&k.body, &mut |s| {
+        let Op::Dot { a: Operand::Value(a), b: Operand::Value(b), trans_a, trans_b } = &s.op else { return };
+        let Some((tiled, m, n, kk)) = dot_tiling(plan, s) else { return };
+        let staged = plan.strategy == Strategy::Gpu && staged_chunk(m, n, kk).is_some();
+        if !tiled || staged || *trans_a || *trans_b || !kk.is_multiple_of(4) {
+            return;
+        }
+        let view = |x: &str| plan.forwarded.get(x).copied().filter(|&pi| quad_able(&plan.grid, &k.params[pi]));
+        if let (Some(pa), Some(pb)) = (view(a), view(b)) {
+            out.extend([pa, pb]);
+        }
+    });
+    out
 }
 
 fn unsupported(msg: String) -> BackendError {

@@ -49,6 +49,18 @@ pub struct Gpu {
     bind_groups: Mutex<std::collections::VecDeque<(BindKey, wgpu::BindGroup)>>,
     workspace: Mutex<Option<wgpu::Buffer>>,
     description: String,
+    /// Where the adapter has `TIMESTAMP_QUERY`: what a timed launch writes its two timestamps
+    /// into, one timed launch at a time.
+    timestamps: Option<Mutex<Timestamps>>,
+}
+
+/// A query set of two timestamps (the start of a launch's first dispatch, the end of its last),
+/// the buffer they resolve into and the one they are read back from, and nanoseconds per tick.
+struct Timestamps {
+    set: wgpu::QuerySet,
+    resolved: wgpu::Buffer,
+    staging: wgpu::Buffer,
+    period: f32,
 }
 
 type BindKey = ([u8; 32], Vec<wgpu::Buffer>);
@@ -148,7 +160,7 @@ pub fn gpu() -> Result<&'static Gpu, BackendError> {
         let limits = a.adapter.limits();
         let desc = wgpu::DeviceDescriptor {
             label: Some("tessel"),
-            required_features: a.ieee_features(),
+            required_features: a.ieee_features() | (a.adapter.features() & wgpu::Features::TIMESTAMP_QUERY),
             required_limits: limits.clone(),
             memory_hints: wgpu::MemoryHints::Performance,
             ..Default::default()
@@ -169,7 +181,23 @@ pub fn gpu() -> Result<&'static Gpu, BackendError> {
                 *v = Some(format!("{reason:?}: {msg}"));
             }
         });
+        let timestamps = device.features().contains(wgpu::Features::TIMESTAMP_QUERY).then(|| {
+            let buffer = |label, usage| {
+                device.create_buffer(&wgpu::BufferDescriptor { label: Some(label), size: 16, usage, mapped_at_creation: false })
+            };
+            Mutex::new(Timestamps {
+                set: device.create_query_set(&wgpu::QuerySetDescriptor {
+                    label: Some("tessel timestamps"),
+                    ty: wgpu::QueryType::Timestamp,
+                    count: 2,
+                }),
+                resolved: buffer("tessel timestamps", wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC),
+                staging: buffer("tessel timestamps read", wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST),
+                period: queue.get_timestamp_period(),
+            })
+        });
         Ok(Gpu {
+            timestamps,
             device,
             queue,
             limits,
@@ -297,19 +325,7 @@ impl Gpu {
             self.queue.submit([enc.finish()]);
             staging
         })?;
-        let (tx, rx) = std::sync::mpsc::channel();
-        staging.map_async(wgpu::MapMode::Read, .., move |r| {
-            let _ = tx.send(r);
-        });
-        self.wait()?;
-        rx.recv()
-            .map_err(|_| err(ErrorKind::Device, "the download never completed"))?
-            .map_err(|e| err(ErrorKind::Device, format!("the download failed: {e}")))?;
-        let words: Vec<u32> = {
-            let view = staging.get_mapped_range(..).map_err(|e| err(ErrorKind::Device, format!("the download failed: {e}")))?;
-            bytemuck::pod_collect_to_vec(&view[..])
-        };
-        staging.unmap();
+        let words = self.read_back(&staging, "the download")?;
         let n = b.ty.numel();
         let words = &words[..n];
         let data = match b.ty.dtype {
@@ -321,6 +337,24 @@ impl Gpu {
             DType::Bool => ArrayData::Bool(words.iter().map(|&w| w != 0).collect()),
         };
         Ok(HostArray { shape: b.ty.shape.clone(), data })
+    }
+
+    /// The words of a `MAP_READ` buffer once the work submitted before is done.
+    fn read_back(&self, staging: &wgpu::Buffer, what: &str) -> Result<Vec<u32>, BackendError> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        staging.map_async(wgpu::MapMode::Read, .., move |r| {
+            let _ = tx.send(r);
+        });
+        self.wait()?;
+        rx.recv()
+            .map_err(|_| err(ErrorKind::Device, format!("{what} never completed")))?
+            .map_err(|e| err(ErrorKind::Device, format!("{what} failed: {e}")))?;
+        let words: Vec<u32> = {
+            let view = staging.get_mapped_range(..).map_err(|e| err(ErrorKind::Device, format!("{what} failed: {e}")))?;
+            bytemuck::pod_collect_to_vec(&view[..])
+        };
+        staging.unmap();
+        Ok(words)
     }
 
     fn wait(&self) -> Result<(), BackendError> {
@@ -494,8 +528,15 @@ impl Gpu {
     }
 
     /// Runs lowered kernels in order in one submission: outputs are zeroed where the kernel does
-    /// not overwrite them whole, then dispatched.
-    pub fn launch(&self, kernels: &[Lowered], buffers: &BTreeMap<String, DeviceBuffer>) -> Result<(), BackendError> {
+    /// not overwrite them whole, then dispatched. Where `timed` and the device has timestamp
+    /// queries, returns the nanoseconds from the start of the first dispatch to the end of the
+    /// last on the device's clock.
+    pub fn launch(
+        &self,
+        kernels: &[Lowered],
+        buffers: &BTreeMap<String, DeviceBuffer>,
+        timed: bool,
+    ) -> Result<Option<u64>, BackendError> {
         let mut prepared = Vec::new();
         for l in kernels {
             self.check_limits(l, buffers)?;
@@ -516,22 +557,38 @@ impl Gpu {
             }
             prepared.push((l, p, bound));
         }
+        let stamps = match &self.timestamps {
+            Some(t) if timed => Some(t.lock().map_err(|_| poisoned())?),
+            _ => None,
+        };
+        let last = prepared.len().saturating_sub(1);
         self.scoped("the launch", || -> Result<(), BackendError> {
             let mut enc = self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
-            for (l, p, bound) in prepared {
+            for (i, (l, p, bound)) in prepared.into_iter().enumerate() {
                 let group = self.bind_group(l, &p, bound)?;
                 for name in &l.zeroed {
                     enc.clear_buffer(&buffers[name].buffer, 0, None);
                 }
-                let mut pass =
-                    enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(&l.name), timestamp_writes: None });
+                let timestamp_writes = stamps.as_ref().map(|t| wgpu::ComputePassTimestampWrites {
+                    query_set: &t.set,
+                    beginning_of_pass_write_index: (i == 0).then_some(0),
+                    end_of_pass_write_index: (i == last).then_some(1),
+                });
+                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(&l.name), timestamp_writes });
                 pass.set_pipeline(&p.pipeline);
                 pass.set_bind_group(0, &group, &[]);
                 pass.dispatch_workgroups(l.groups[0], l.groups[1], 1);
             }
+            if let Some(t) = &stamps {
+                enc.resolve_query_set(&t.set, 0..2, &t.resolved, 0);
+                enc.copy_buffer_to_buffer(&t.resolved, 0, &t.staging, 0, 16);
+            }
             self.queue.submit([enc.finish()]);
             Ok(())
         })??;
-        self.wait()
+        let Some(t) = stamps else { return self.wait().map(|()| None) };
+        let w = self.read_back(&t.staging, "reading the launch's timestamps")?;
+        let (start, end) = (u64::from(w[0]) | u64::from(w[1]) << 32, u64::from(w[2]) | u64::from(w[3]) << 32);
+        Ok(Some((end.saturating_sub(start) as f64 * f64::from(t.period)).round() as u64))
     }
 }
