@@ -279,81 +279,38 @@ pub fn in_registers(k: &Verified) -> HashSet<String> {
 
 /// The shape of a load's or store's region of `name`: the block, sliced and indexed.
 pub fn region_shape(k: &Verified, name: &str, index: Option<&[Index]>) -> Vec<usize> {
-    let p = k.kernel().param(name).expect("verified argument");
-    let block = p.block_shape();
-    (0..block.len())
-        .filter_map(|d| match index.map(|ix| &ix[d]) {
-            None | Some(Index::Full) => Some(block[d]),
-            Some(Index::Slice { size, .. }) => Some(*size),
-            Some(Index::At(_)) => None,
-        })
-        .collect()
+    analysis::region_shape(k.kernel().param(name).expect("verified argument"), index)
 }
 
-/// What a statement reads and writes, and whether each thread touches only its own elements. Of a
-/// `when` or `for`, only what every thread reads to decide: the condition, the bounds (their
-/// bodies are statements of their own; a `for`'s carried values are copied element by element).
+/// What a statement reads and writes, and whether each thread touches only its own elements
+/// (an operand read at the result's own index, or through `reshape`'s same flat index; every
+/// thread owns the same elements of values of one shape). Of a `when` or `for`, only what every
+/// thread reads to decide ([`analysis::uses`]). A load reads its argument's block and a store
+/// writes it across the threads.
 pub fn uses(k: &Verified, s: &Stmt, out_shape: &[usize]) -> (Vec<Use>, Vec<Use>) {
-    let shape_of = |v: &str| k.value_type(v).shape.clone();
-    fn value(o: &Operand) -> Option<&str> {
-        match o {
-            Operand::Value(v) => Some(v.as_str()),
-            Operand::Lit(_) => None,
-        }
-    }
-    // An operand read at the result's own element, or broadcast from other elements.
-    let elementwise = |o: &Operand, to: &[usize]| value(o).map(|v| Use { name: v.into(), own: shape_of(v) == to });
-    let indices = |index: Option<&[Index]>| -> Vec<Use> {
-        index
-            .unwrap_or_default()
-            .iter()
-            .flat_map(|ix| match ix {
-                Index::Full => vec![],
-                Index::Slice { start, .. } => vec![start],
-                Index::At(at) => vec![at],
-            })
-            .filter_map(|o| value(o).map(Use::across))
-            .collect()
-    };
+    let mut reads: Vec<Use> = (analysis::uses(k.kernel(), s, out_shape).into_iter())
+        .map(|u| {
+            let own = match &u.how {
+                analysis::How::Elementwise(at) => k.value_type(u.name).shape == *at,
+                analysis::How::Linear => true,
+                analysis::How::Whole => false,
+            };
+            Use { name: u.name.to_string(), own }
+        })
+        .collect();
     let dst = s.results.first().map(|d| Use::own(d)).into_iter().collect::<Vec<_>>();
     match &s.op {
-        Op::Load { src, index, mask, .. } => {
-            let region = region_shape(k, src, index.as_deref());
-            let mut reads = indices(index.as_deref());
+        Op::Load { src, .. } => {
             reads.push(Use::across(src));
-            reads.extend(mask.iter().map(|m| Use { name: m.clone(), own: shape_of(m) == region }));
             (reads, dst)
         }
-        Op::Store { dst: d, index, value: v, mask } => {
-            let region = region_shape(k, d, index.as_deref());
-            let mut reads = indices(index.as_deref());
-            reads.extend(elementwise(v, &region));
-            reads.extend(mask.iter().map(|m| Use { name: m.clone(), own: shape_of(m) == region }));
-            (reads, vec![Use::across(d)])
-        }
-        Op::ProgramId(_) | Op::NumPrograms(_) | Op::Iota { .. } | Op::Full(_) | Op::Zeros => (vec![], dst),
-        Op::Unary(_, a) | Op::Cast(a) | Op::Bitcast(a) | Op::Broadcast(a) => {
-            (elementwise(a, out_shape).into_iter().collect(), dst)
-        }
-        Op::Binary(_, a, b) | Op::Compare(_, a, b) => {
-            (elementwise(a, out_shape).into_iter().chain(elementwise(b, out_shape)).collect(), dst)
-        }
-        Op::Select(c, a, b) => ([c, a, b].into_iter().filter_map(|o| elementwise(o, out_shape)).collect(), dst),
-        // Same flat index, same thread.
-        Op::Reshape(a) => (value(a).map(Use::own).into_iter().collect(), dst),
-        Op::Transpose { arg, .. } | Op::Reduce { arg, .. } => (value(arg).map(Use::across).into_iter().collect(), dst),
-        Op::Dot { a, b, .. } => {
-            let float = value(a).is_some_and(|v| k.value_type(v).dtype.is_float());
-            let reads = [a, b].into_iter().filter_map(|o| value(o).map(Use::across)).collect();
+        Op::Store { dst: d, .. } => (reads, vec![Use::across(d)]),
+        Op::Dot { a: Operand::Value(a), .. } => {
             // On the tensor cores a warp's lanes write the tile's elements in the mma layout.
-            let writes = s.results.iter().map(|d| if float { Use::across(d) } else { Use::own(d) }).collect();
-            (reads, writes)
+            let float = k.value_type(a).dtype.is_float();
+            (reads, s.results.iter().map(|d| if float { Use::across(d) } else { Use::own(d) }).collect())
         }
-        Op::When { cond, .. } => (value(cond).map(Use::across).into_iter().collect(), vec![]),
-        Op::For { lo, hi, step, .. } => (
-            [Some(lo), Some(hi), step.as_ref()].into_iter().flatten().filter_map(|o| value(o).map(Use::across)).collect(),
-            vec![],
-        ),
-        Op::Yield(_) => (vec![], vec![]),
+        Op::When { .. } | Op::For { .. } | Op::Yield(_) => (reads, vec![]),
+        _ => (reads, dst),
     }
 }

@@ -331,18 +331,29 @@ fn survey(plan: &Plan) -> Result<Survey, BackendError> {
             }
         }
         let res = st.results.first().map(|r| v.value_type(r).shape.clone()).unwrap_or_default();
-        let mut cross = |x: &Operand, res: &[usize], linear: bool| {
-            if let Operand::Value(x) = x
-                && plan.crosses(&v.value_type(x).shape, res, linear)
-            {
-                s.publish.insert(x.clone());
+        for u in analysis::uses(k, st, &res) {
+            let shape = &v.value_type(u.name).shape;
+            let crosses = match &u.how {
+                analysis::How::Elementwise(at) => plan.crosses(shape, at, false),
+                analysis::How::Linear => plan.crosses(shape, &res, true),
+                // Read whole: through the workspace, except a row of the row layout reduced by
+                // its own invocation (or as it is made), a `dot` operand read from its buffer, and
+                // scalars (registers every invocation holds).
+                analysis::How::Whole => match &st.op {
+                    Op::Transpose { .. } => true,
+                    Op::Reduce { axis, .. } => {
+                        let row = plan.row_len() == Some(shape[*axis]) && shape.len() == 2 && *axis == 1;
+                        !row && !plan.fused.contains_key(&st.results[0])
+                    }
+                    Op::Dot { .. } => !plan.forwarded.contains_key(u.name),
+                    _ => false,
+                },
+            };
+            if crosses && !shape.is_empty() {
+                s.publish.insert(u.name.to_string());
             }
-        };
+        }
         match &st.op {
-            Op::Unary(_, a) | Op::Cast(a) | Op::Bitcast(a) | Op::Broadcast(a) => cross(a, &res, false),
-            Op::Reshape(a) => cross(a, &res, true),
-            Op::Binary(_, a, b) | Op::Compare(_, a, b) => [a, b].into_iter().for_each(|o| cross(o, &res, false)),
-            Op::Select(c, a, b) => [c, a, b].into_iter().for_each(|o| cross(o, &res, false)),
             Op::Load { src, index, mask, .. } => {
                 let x = &st.results[0];
                 if plan.dot_only.contains(x) || plan.row_forwarded.contains_key(x) || plan.resident.contains_key(src) {
@@ -361,39 +372,12 @@ fn survey(plan: &Plan) -> Result<Survey, BackendError> {
                     }
                     return;
                 }
-                if let Some(m) = mask {
-                    cross(&Operand::Value(m.clone()), &res, false);
-                }
                 s.ref_loads |= p.kind != ParamKind::In;
             }
-            Op::Store { dst, index, value, mask } => {
-                let p = k.param(dst).expect("verified argument");
-                let sel = selected(p, index.as_deref());
-                cross(value, &sel, false);
-                if let Some(m) = mask {
-                    cross(&Operand::Value(m.clone()), &sel, false);
-                }
+            Op::Store { dst, index, .. } => {
+                let sel = analysis::region_shape(k.param(dst).expect("verified argument"), index.as_deref());
                 s.max_elements = s.max_elements.max(sel.iter().product());
                 s.stores |= !plan.resident.contains_key(dst);
-            }
-            Op::Transpose { arg: Operand::Value(x), .. } => {
-                s.publish.insert(x.clone());
-            }
-            Op::Reduce { arg: Operand::Value(x), axis, .. } => {
-                let shape = &v.value_type(x).shape;
-                let row = plan.row_len() == Some(shape[*axis]) && shape.len() == 2 && *axis == 1;
-                if !row && !plan.fused.contains_key(&st.results[0]) {
-                    s.publish.insert(x.clone());
-                }
-            }
-            Op::Dot { a, b, .. } => {
-                for x in [a, b] {
-                    if let Operand::Value(x) = x
-                        && !plan.forwarded.contains_key(x)
-                    {
-                        s.publish.insert(x.clone());
-                    }
-                }
             }
             _ => {}
         }
@@ -402,19 +386,6 @@ fn survey(plan: &Plan) -> Result<Survey, BackendError> {
         Some(e) => Err(e),
         None => Ok(s),
     }
-}
-
-/// The shape of the region `index` selects in `p`'s block, without its single-element
-/// dimensions.
-fn selected(p: &Param, index: Option<&[Index]>) -> Vec<usize> {
-    let block = p.block_shape();
-    (0..block.len())
-        .filter_map(|d| match index.map(|ix| &ix[d]) {
-            None | Some(Index::Full) => Some(block[d]),
-            Some(Index::Slice { size, .. }) => Some(*size),
-            Some(Index::At(_)) => None,
-        })
-        .collect()
 }
 
 /// Invocations per workgroup: the row layout's; with `dot`s in groups, enough for tiles of 128

@@ -1,7 +1,10 @@
-//! Facts about a kernel's body that lowerings share: which statements read a value, and which
-//! statements touch an argument.
+//! Facts about a kernel's body that lowerings share: which statements read a value, how each
+//! statement reads its operands, which statements touch an argument, and the shape of a load's
+//! or store's region. What "its own element" means is each backend's layout: these functions say
+//! which element of an operand each result element reads, and a backend decides from that which
+//! thread holds it.
 
-use super::{Index, Op, Operand, Stmt};
+use super::{Index, Kernel, Op, Operand, Param, Stmt};
 
 /// Every statement of a body, those of nested `when` and `for` bodies included, in order.
 pub fn visit<'b>(body: &'b [Stmt], f: &mut impl FnMut(&'b Stmt)) {
@@ -75,6 +78,84 @@ pub fn accesses<'b>(body: &'b [Stmt], name: &str) -> Vec<&'b Stmt> {
     out
 }
 
+/// The shape of the region of argument `p` that a `load` or `store` with `index` touches: its
+/// block, sliced, without the dimensions a single index selects.
+pub fn region_shape(p: &Param, index: Option<&[Index]>) -> Vec<usize> {
+    let block = p.block_shape();
+    (0..block.len())
+        .filter_map(|d| match index.map(|ix| &ix[d]) {
+            None | Some(Index::Full) => Some(block[d]),
+            Some(Index::Slice { size, .. }) => Some(*size),
+            Some(Index::At(_)) => None,
+        })
+        .collect()
+}
+
+/// Which elements of an operand a statement reads for each element it makes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum How {
+    /// Element by element over a result (or load/store region) of this shape: the operand's
+    /// element at the same index where the shapes agree, broadcast (numpy's rules) where not.
+    Elementwise(Vec<usize>),
+    /// The element at the same flat (row-major) index (`reshape`).
+    Linear,
+    /// Any element for any result element: reductions, transposes, `dot` operands, dynamic
+    /// indices, a `when`'s condition and a `for`'s bounds.
+    Whole,
+}
+
+/// One operand a statement reads, and how.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Use<'s> {
+    /// The value read.
+    pub name: &'s str,
+    /// Which of its elements each result element reads.
+    pub how: How,
+}
+
+/// The values statement `s` of kernel `k` reads itself (not its nested body's), in operand order,
+/// with how each is read; `result` is the shape of what it makes. A `for` reads only its bounds
+/// here: its carried values are copied element by element into their slots.
+pub fn uses<'s>(k: &Kernel, s: &'s Stmt, result: &[usize]) -> Vec<Use<'s>> {
+    let value = |o: &'s Operand, how: How| match o {
+        Operand::Value(v) => Some(Use { name: v.as_str(), how }),
+        Operand::Lit(_) => None,
+    };
+    let at = |o: &'s Operand| value(o, How::Elementwise(result.to_vec()));
+    let starts = |index: &'s Option<Vec<Index>>| -> Vec<Use<'s>> {
+        (index.iter().flatten())
+            .filter_map(|ix| match ix {
+                Index::Full => None,
+                Index::Slice { start, .. } => value(start, How::Whole),
+                Index::At(at) => value(at, How::Whole),
+            })
+            .collect()
+    };
+    let region = |name: &str, index: &Option<Vec<Index>>| region_shape(k.param(name).expect("verified argument"), index.as_deref());
+    let mask = |m: &'s Option<String>, region: Vec<usize>| m.as_deref().map(|m| Use { name: m, how: How::Elementwise(region) });
+    match &s.op {
+        Op::Load { src, index, mask: m, .. } => starts(index).into_iter().chain(mask(m, region(src, index))).collect(),
+        Op::Store { dst, index, value: v, mask: m } => {
+            let r = region(dst, index);
+            let mut out = starts(index);
+            out.extend(value(v, How::Elementwise(r.clone())));
+            out.extend(mask(m, r));
+            out
+        }
+        Op::ProgramId(_) | Op::NumPrograms(_) | Op::Iota { .. } | Op::Full(_) | Op::Zeros | Op::Yield(_) => Vec::new(),
+        Op::Unary(_, a) | Op::Cast(a) | Op::Bitcast(a) | Op::Broadcast(a) => at(a).into_iter().collect(),
+        Op::Binary(_, a, b) | Op::Compare(_, a, b) => [a, b].into_iter().filter_map(at).collect(),
+        Op::Select(c, a, b) => [c, a, b].into_iter().filter_map(at).collect(),
+        Op::Reshape(a) => value(a, How::Linear).into_iter().collect(),
+        Op::Transpose { arg, .. } | Op::Reduce { arg, .. } => value(arg, How::Whole).into_iter().collect(),
+        Op::Dot { a, b, .. } => [a, b].into_iter().filter_map(|o| value(o, How::Whole)).collect(),
+        Op::When { cond, .. } => value(cond, How::Whole).into_iter().collect(),
+        Op::For { lo, hi, step, .. } => {
+            [Some(lo), Some(hi), step.as_ref()].into_iter().flatten().filter_map(|o| value(o, How::Whole)).collect()
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -94,5 +175,26 @@ mod tests {
         assert_eq!(names(readers(body, "f2")), ["select"]);
         assert_eq!(names(accesses(body, "c")), ["store", "load", "store"]);
         assert_eq!(names(accesses(body, "a")), ["load"]);
+    }
+
+    #[test]
+    fn uses_say_which_elements_each_statement_reads() {
+        let src = "kernel k\n  in a: f32[4, 8] block [2, 8] at (0, 0)\n  out c: f32[4, 8] block [2, 8] at (0, 0)\n{\n  %a = load a\n  %s = sum %a axis 1 keepdims\n  %d = sub %a, %s\n  %r = reshape %d : f32[16]\n  %q = reshape %r : f32[2, 8]\n  %i = program_id 0\n  %m = gt %q, 0.0\n  %row = load a[%i, :] mask %m2\n  store c, %q mask %m\n}\n";
+        let src = src.replace("  %row = load a[%i, :] mask %m2\n", "  %m1 = gt %a, 1.0\n  %row = load a[%i, :]\n");
+        let m = parse(&src).unwrap_or_else(|e| panic!("{e:?}"));
+        let k = &m.kernels[0];
+        let at = |n: usize| How::Elementwise(vec![2, n]);
+        let of = |i: usize, result: &[usize]| -> Vec<(String, How)> {
+            uses(k, &k.body[i], result).into_iter().map(|u| (u.name.to_string(), u.how)).collect()
+        };
+        let u = |n: &str, h: How| (n.to_string(), h);
+        assert_eq!(of(0, &[2, 8]), []);
+        assert_eq!(of(1, &[2, 1]), [u("a", How::Whole)]);
+        assert_eq!(of(2, &[2, 8]), [u("a", at(8)), u("s", at(8))]);
+        assert_eq!(of(3, &[16]), [u("d", How::Linear)]);
+        // The region of `a[%i, :]` is a row of 8; its index is read whole.
+        assert_eq!(of(8, &[8]), [u("i", How::Whole)]);
+        assert_eq!(of(9, &[]), [u("q", at(8)), u("m", at(8))]);
+        assert_eq!(region_shape(k.param("a").unwrap(), Some(&[Index::At(Operand::Value("i".into())), Index::Full])), [8]);
     }
 }
