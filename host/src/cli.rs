@@ -431,42 +431,14 @@ fn strings(v: &abi_stable::std_types::RVec<abi_stable::std_types::RString>) -> V
     v.iter().map(|s| s.to_string()).collect()
 }
 
+/// What `tessel backends --json` prints: every backend (source, version, platform, availability
+/// and its reason, capabilities) and the plugins that failed to load, as JSON text.
+pub fn backends_json(rt: &Runtime) -> String {
+    serde_json::to_string_pretty(&backends_report(rt)).expect("the report serialises")
+}
+
 fn backends(rt: &Runtime, json: bool, out: &mut dyn Write) -> Result<()> {
-    let reg = rt.registry();
-    let report = BackendsReport {
-        backends: reg
-            .backends
-            .iter()
-            .map(|b| {
-                let a = b.backend.availability();
-                let c = b.backend.capabilities();
-                BackendReport {
-                    name: b.name.clone(),
-                    source: b.source.to_string(),
-                    version: b.backend.version().into_string(),
-                    platform: b.backend.platform().into_string(),
-                    available: a.available,
-                    reason: a.reason.into_string(),
-                    note: b.note.clone(),
-                    capabilities: CapabilityReport {
-                        mesh_kinds: strings(&c.mesh_kinds),
-                        portable_meshes: c.portable_meshes,
-                        dtypes: strings(&c.dtypes),
-                        dynamic_grid: c.dynamic_grid,
-                        multiple_kernels: c.multiple_kernels,
-                        external_meshes: c.external_meshes,
-                        targets: strings(&c.targets),
-                        max_block_elements: c.max_block_elements,
-                    },
-                }
-            })
-            .collect(),
-        failed_plugins: reg
-            .failed
-            .iter()
-            .map(|f| FailedReport { path: f.path.display().to_string(), error: f.error.to_string() })
-            .collect(),
-    };
+    let report = backends_report(rt);
     if json {
         let _ = writeln!(out, "{}", serde_json::to_string_pretty(&report).expect("the report serialises"));
         return Ok(());
@@ -500,6 +472,44 @@ fn backends(rt: &Runtime, json: bool, out: &mut dyn Write) -> Result<()> {
         let _ = writeln!(out, "failed plugin {}\n  {}", f.path, f.error.replace('\n', "\n  "));
     }
     Ok(())
+}
+
+fn backends_report(rt: &Runtime) -> BackendsReport {
+    let reg = rt.registry();
+    BackendsReport {
+        backends: reg
+            .backends
+            .iter()
+            .map(|b| {
+                let a = b.backend.availability();
+                let c = b.backend.capabilities();
+                BackendReport {
+                    name: b.name.clone(),
+                    source: b.source.to_string(),
+                    version: b.backend.version().into_string(),
+                    platform: b.backend.platform().into_string(),
+                    available: a.available,
+                    reason: a.reason.into_string(),
+                    note: b.note.clone(),
+                    capabilities: CapabilityReport {
+                        mesh_kinds: strings(&c.mesh_kinds),
+                        portable_meshes: c.portable_meshes,
+                        dtypes: strings(&c.dtypes),
+                        dynamic_grid: c.dynamic_grid,
+                        multiple_kernels: c.multiple_kernels,
+                        external_meshes: c.external_meshes,
+                        targets: strings(&c.targets),
+                        max_block_elements: c.max_block_elements,
+                    },
+                }
+            })
+            .collect(),
+        failed_plugins: reg
+            .failed
+            .iter()
+            .map(|f| FailedReport { path: f.path.display().to_string(), error: f.error.to_string() })
+            .collect(),
+    }
 }
 
 /// A launch resolved from the flags: the kernels and meshes, ready for the runtime.

@@ -104,6 +104,8 @@ pub enum Error {
     Backend {
         /// The backend.
         backend: String,
+        /// What kind of failure: a refusal, unavailable, bad input, a device failure, a panic.
+        kind: tessel_plugin_api::abi::ErrorKind,
         /// Its message.
         message: String,
     },

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use abi_stable::std_types::{ROption, RSlice, RStr};
 use tessel_plugin_api::abi::{
-    BackendError, BufferArg, CacheStats, GridSize, IR_FORMAT_VERSION, KernelCall, LaunchRequest, MeshBox,
+    BackendError, BufferArg, CacheStats, ErrorKind, GridSize, IR_FORMAT_VERSION, KernelCall, LaunchRequest, MeshBox,
 };
 use tessel_plugin_api::backend::{cache_key, make_mesh_object};
 use tessel_plugin_api::ir::{ParamKind, Type, Verified};
@@ -237,6 +237,7 @@ impl Runtime {
                         let r = b.backend.download(id).into_result().map_err(fail)?;
                         let array = HostArray::from_rarray(&r).map_err(|m| Error::Backend {
                             backend: b.name.clone(),
+                            kind: ErrorKind::Internal,
                             message: format!("backend returned a malformed array for `{name}`: {m}"),
                         })?;
                         Ok((name.clone(), array))
@@ -346,7 +347,11 @@ impl Runtime {
         let b = self.backend(&array.backend)?;
         let r = b.backend.download(array.id).into_result().map_err(|e| backend_error(b, e))?;
         HostArray::from_rarray(&r)
-            .map_err(|m| Error::Backend { backend: b.name.clone(), message: format!("backend returned a malformed array: {m}") })
+            .map_err(|m| Error::Backend {
+                backend: b.name.clone(),
+                kind: ErrorKind::Internal,
+                message: format!("backend returned a malformed array: {m}"),
+            })
     }
 
     /// Frees an array (a backend that cannot is ignored: the memory is its own).
@@ -398,6 +403,7 @@ impl Runtime {
                     None => {
                         return Err(Error::Backend {
                             backend: b.name.clone(),
+                            kind: ErrorKind::InvalidInput,
                             message: format!(
                                 "kernel `{}`: no array is bound to argument `{}` ({})",
                                 k.kernel.name(),
@@ -409,6 +415,7 @@ impl Runtime {
                     Some((_, a)) if a.backend != b.name || a.ty != p.ty => {
                         return Err(Error::Backend {
                             backend: b.name.clone(),
+                            kind: ErrorKind::InvalidInput,
                             message: format!(
                                 "kernel `{}`: argument `{}` is {} on {}, but the array bound to it is {} on {}",
                                 k.kernel.name(),
@@ -450,7 +457,7 @@ fn build_identity(source: &crate::registry::Source) -> String {
 }
 
 fn backend_error(b: &Loaded, e: BackendError) -> Error {
-    Error::Backend { backend: b.name.clone(), message: e.message.into_string() }
+    Error::Backend { backend: b.name.clone(), kind: e.kind, message: e.message.into_string() }
 }
 
 /// Builds the boundary's view of a launch (borrowing everything) and hands it to `f`.

@@ -1,0 +1,512 @@
+//! The `tessel` Python module (`tessel._tessel`; the package `python/tessel` around it holds the
+//! exception classes and the type stubs). A thin layer over the host crate's [`Runtime`]: kernels
+//! load, verify, lower and launch exactly as `tessel run` does them, numpy arrays are the inputs
+//! and outputs, and every error is one of `tessel._errors`' exceptions carrying the command
+//! line's message. The GIL is released while a kernel compiles and runs.
+
+use std::collections::BTreeMap;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
+
+use half::{bf16, f16};
+use numpy::{PyArray1, PyArrayDyn, PyArrayMethods};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyTuple};
+use tessel::{Error, HostArray, KernelLaunch, LaunchArgs, Report, Runtime};
+use tessel_plugin_api::abi::{ErrorKind, MeshBox};
+use tessel_plugin_api::array::ArrayData;
+use tessel_plugin_api::ir::{DType, ParamKind, Type, Verified};
+
+/// The runtime every call shares, and the plugins `load_plugin` added (a new plugin makes a new
+/// runtime with all of them; launches in flight keep the one they started with).
+struct State {
+    runtime: Option<Arc<Runtime>>,
+    plugins: Vec<PathBuf>,
+}
+
+static STATE: RwLock<State> = RwLock::new(State { runtime: None, plugins: Vec::new() });
+
+fn runtime() -> Result<Arc<Runtime>, Error> {
+    if let Some(rt) = STATE.read().ok().and_then(|s| s.runtime.clone()) {
+        return Ok(rt);
+    }
+    let mut s = STATE.write().map_err(|_| poisoned())?;
+    if let Some(rt) = &s.runtime {
+        return Ok(Arc::clone(rt));
+    }
+    let rt = Arc::new(Runtime::new(&s.plugins)?);
+    s.runtime = Some(Arc::clone(&rt));
+    Ok(rt)
+}
+
+fn poisoned() -> Error {
+    Error::Kernel("tessel's runtime is unusable after an earlier panic".into())
+}
+
+/// What the module raises: a tessel error, an input refused here, or a panic.
+enum Failure {
+    Tessel(Error),
+    Input(String),
+    Kernel(String),
+    Panic(String),
+}
+
+impl From<Error> for Failure {
+    fn from(e: Error) -> Failure {
+        Failure::Tessel(e)
+    }
+}
+
+/// The exception of `tessel._errors` that `f` calls for, with the CLI's message.
+fn raise(py: Python<'_>, f: Failure) -> PyErr {
+    let build = || -> PyResult<PyErr> {
+        let errors = py.import("tessel._errors")?;
+        let class = |name: &str| errors.getattr(name);
+        let err = match f {
+            Failure::Input(m) => PyErr::from_value(class("InputError")?.call1((m,))?),
+            Failure::Kernel(m) => PyErr::from_value(class("KernelError")?.call1((m,))?),
+            Failure::Panic(m) => PyErr::from_value(class("TesselError")?.call1((format!("tessel panicked: {m}"),))?),
+            Failure::Tessel(e) => {
+                let message = e.to_string();
+                let (name, backend) = match &e {
+                    Error::Kernel(_) | Error::UnknownKernel { .. } | Error::AmbiguousKernel { .. } | Error::Read { .. } => {
+                        ("KernelError", None)
+                    }
+                    Error::Launch(_)
+                    | Error::Npy { .. }
+                    | Error::BadFlag { .. }
+                    | Error::Mesh(_)
+                    | Error::NoMeshMaker { .. }
+                    | Error::UnknownBackend { .. } => ("InputError", None),
+                    Error::Backend { backend, kind, .. } => match kind {
+                        ErrorKind::Unsupported => ("UnsupportedError", Some(backend.clone())),
+                        ErrorKind::Unavailable => ("BackendUnavailable", Some(backend.clone())),
+                        ErrorKind::InvalidInput => ("InputError", None),
+                        _ => ("TesselError", None),
+                    },
+                    Error::NoBackend { .. } => ("BackendUnavailable", None),
+                    _ => ("TesselError", None),
+                };
+                let value = match name {
+                    "UnsupportedError" => {
+                        // The first line is the backend's sentence; the rest says what would work.
+                        let hint = message.split_once('\n').map(|(_, h)| h.trim().to_string()).filter(|h| !h.is_empty());
+                        class(name)?.call1((message.clone(), backend, hint))?
+                    }
+                    "BackendUnavailable" => class(name)?.call1((message.clone(), backend))?,
+                    _ => class(name)?.call1((message.clone(),))?,
+                };
+                PyErr::from_value(value)
+            }
+        };
+        Ok(err)
+    };
+    build().unwrap_or_else(|e| e)
+}
+
+/// Runs `f` without the GIL; a panic inside becomes a [`Failure::Panic`].
+fn detached<T: Send>(py: Python<'_>, f: impl FnOnce() -> Result<T, Failure> + Send) -> PyResult<T> {
+    py.detach(|| match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(r) => r,
+        Err(p) => Err(Failure::Panic(
+            p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default(),
+        )),
+    })
+    .map_err(|f| raise(py, f))
+}
+
+/// numpy's name for a dtype.
+fn numpy_name(d: DType) -> &'static str {
+    match d {
+        DType::F32 => "float32",
+        DType::F16 => "float16",
+        DType::BF16 => "bfloat16",
+        DType::I32 => "int32",
+        DType::U32 => "uint32",
+        DType::Bool => "bool",
+    }
+}
+
+/// A numpy array (or anything `np.asarray` takes) as the host array of input `name` of type
+/// `want`: C-contiguous, exactly the declared dtype and shape (a `bf16` input also takes a
+/// `uint16` array of its bits), copied once.
+fn host_array(py: Python<'_>, kernel: &str, name: &str, obj: &Bound<'_, PyAny>, want: &Type) -> PyResult<HostArray> {
+    let np = py.import("numpy")?;
+    let kwargs = PyDict::new(py);
+    kwargs.set_item("order", "C")?;
+    let arr = np.call_method("asarray", (obj,), Some(&kwargs))?;
+    let dtype: String = arr.getattr("dtype")?.getattr("name")?.extract()?;
+    let shape: Vec<usize> = arr.getattr("shape")?.extract()?;
+    let expected = numpy_name(want.dtype);
+    let ok = dtype == expected || (want.dtype == DType::BF16 && dtype == "uint16");
+    if !ok || shape != want.shape {
+        let dims: Vec<String> = shape.iter().map(usize::to_string).collect();
+        let hint = if ok {
+            format!("its shape must be ({})", want.shape.iter().map(|d| format!("{d},")).collect::<Vec<_>>().join(" "))
+        } else if want.dtype == DType::BF16 {
+            "an ml_dtypes.bfloat16 array (or a uint16 array of its bits)".to_string()
+        } else {
+            format!("np.asarray({name}, dtype=np.{expected})")
+        };
+        return Err(raise(
+            py,
+            Failure::Input(format!(
+                "input `{name}` of kernel `{kernel}` is {dtype}[{}], but the kernel declares {want}\n  give an array of exactly {want}: {hint}",
+                dims.join(", ")
+            )),
+        ));
+    }
+    fn elements<T: numpy::Element>(arr: &Bound<'_, PyAny>) -> PyResult<Vec<T>> {
+        Ok(arr.cast::<PyArrayDyn<T>>()?.to_vec()?)
+    }
+    let data = match want.dtype {
+        DType::F32 => ArrayData::F32(elements(&arr)?),
+        DType::F16 => ArrayData::F16(elements::<f16>(&arr)?),
+        DType::BF16 => {
+            let bits = arr.call_method1("view", ("uint16",))?;
+            ArrayData::BF16(elements::<u16>(&bits)?.into_iter().map(bf16::from_bits).collect())
+        }
+        DType::I32 => ArrayData::I32(elements(&arr)?),
+        DType::U32 => ArrayData::U32(elements(&arr)?),
+        DType::Bool => ArrayData::Bool(elements(&arr)?),
+    };
+    Ok(HostArray { shape, data })
+}
+
+/// A host array as a fresh numpy array, moved (no copy): `bf16` as `ml_dtypes.bfloat16` where that
+/// package is installed, else as `uint16` bits.
+fn numpy_array<'py>(py: Python<'py>, a: HostArray) -> PyResult<Bound<'py, PyAny>> {
+    fn shaped<'py, T: numpy::Element>(py: Python<'py>, v: Vec<T>, shape: &[usize]) -> PyResult<Bound<'py, PyAny>> {
+        Ok(PyArray1::from_vec(py, v).reshape(shape.to_vec())?.into_any())
+    }
+    let shape = a.shape;
+    match a.data {
+        ArrayData::F32(v) => shaped(py, v, &shape),
+        ArrayData::F16(v) => shaped(py, v, &shape),
+        ArrayData::BF16(v) => {
+            let bits = shaped(py, v.into_iter().map(bf16::to_bits).collect::<Vec<u16>>(), &shape)?;
+            match py.import("ml_dtypes") {
+                Ok(m) => bits.call_method1("view", (m.getattr("bfloat16")?,)),
+                Err(_) => Ok(bits),
+            }
+        }
+        ArrayData::I32(v) => shaped(py, v, &shape),
+        ArrayData::U32(v) => shaped(py, v, &shape),
+        ArrayData::Bool(v) => shaped(py, v, &shape),
+    }
+}
+
+/// A verified kernel: load one with `tessel.load(path)` or `tessel.compile(text)`, call it with
+/// numpy arrays by argument name.
+#[pyclass(frozen, module = "tessel", name = "Kernel")]
+struct Kernel {
+    kernel: Verified,
+}
+
+/// What a launch did: its outputs, the backend that ran it and why, and its times.
+#[pyclass(frozen, module = "tessel", name = "RunResult")]
+struct RunResult {
+    /// Output name -> numpy array.
+    #[pyo3(get)]
+    outputs: Py<PyDict>,
+    /// The backend that ran it.
+    #[pyo3(get)]
+    backend: String,
+    /// One line per backend `auto` tried: why it was skipped, or that it was chosen.
+    #[pyo3(get)]
+    decisions: Vec<String>,
+    /// Seconds to lower (0 when the compile cache had it).
+    #[pyo3(get)]
+    compile_s: f64,
+    /// Seconds of the launch: uploads, run, downloads.
+    #[pyo3(get)]
+    run_s: f64,
+    /// Whether the backend's compile cache held the launch already.
+    #[pyo3(get)]
+    cache_hit: bool,
+}
+
+#[pymethods]
+impl RunResult {
+    fn __repr__(&self, py: Python<'_>) -> String {
+        let names: Vec<String> = self.outputs.bind(py).keys().iter().map(|k| k.to_string()).collect();
+        let hit = if self.cache_hit { "True" } else { "False" };
+        format!("RunResult(backend={:?}, outputs=[{}], cache_hit={hit})", self.backend, names.join(", "))
+    }
+}
+
+/// The launch arguments every call takes besides the arrays.
+struct Launch<'a> {
+    backend: &'a str,
+    mesh: Option<String>,
+    external_meshes: Vec<String>,
+    grid: BTreeMap<String, u64>,
+}
+
+impl Kernel {
+    fn params_of(&self, kind: ParamKind) -> impl Iterator<Item = &tessel_plugin_api::ir::Param> {
+        self.kernel.kernel().params.iter().filter(move |p| p.kind == kind)
+    }
+
+    /// The signature of arguments of `kind` as a dict: name -> (dtype, shape tuple).
+    fn signature<'py>(&self, py: Python<'py>, kind: ParamKind) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        for p in self.params_of(kind) {
+            d.set_item(&p.name, (p.ty.dtype.name(), PyTuple::new(py, &p.ty.shape)?))?;
+        }
+        Ok(d)
+    }
+
+    fn no_params(&self, py: Python<'_>, params: Option<&Bound<'_, PyDict>>) -> PyResult<()> {
+        match params {
+            Some(p) if !p.is_empty() => Err(raise(
+                py,
+                Failure::Input(format!(
+                    "kernel `{}` has no parameters to bind: parameters and size expressions (language §9) are not implemented yet\n  leave out params=",
+                    self.kernel.name()
+                )),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// Every `in` argument as a host array, refusing missing and unknown names first.
+    fn host_inputs(&self, py: Python<'_>, arrays: Option<&Bound<'_, PyDict>>) -> PyResult<BTreeMap<String, HostArray>> {
+        let name = self.kernel.name();
+        let given: BTreeMap<String, Bound<'_, PyAny>> = match arrays {
+            Some(d) => d.iter().map(|(k, v)| Ok((k.extract::<String>()?, v))).collect::<PyResult<_>>()?,
+            None => BTreeMap::new(),
+        };
+        let ins: Vec<&tessel_plugin_api::ir::Param> = self.params_of(ParamKind::In).collect();
+        for g in given.keys() {
+            if !ins.iter().any(|p| &p.name == g) {
+                let names: Vec<&str> = ins.iter().map(|p| p.name.as_str()).collect();
+                return Err(raise(
+                    py,
+                    Failure::Input(format!("kernel `{name}` has no input `{g}`\n  its inputs are: {}", names.join(", "))),
+                ));
+            }
+        }
+        let mut out = BTreeMap::new();
+        for p in ins {
+            let Some(obj) = given.get(&p.name) else {
+                return Err(raise(
+                    py,
+                    Failure::Input(format!(
+                        "kernel `{name}` needs input `{}`: {}\n  pass it by name: kernel({}=array, ...)",
+                        p.name, p.ty, p.name
+                    )),
+                ));
+            };
+            out.insert(p.name.clone(), host_array(py, name, &p.name, obj, &p.ty)?);
+        }
+        Ok(out)
+    }
+
+    /// Launches on host arrays, the GIL released.
+    fn launch(&self, py: Python<'_>, how: Launch<'_>, inputs: BTreeMap<String, HostArray>) -> PyResult<Report> {
+        let kernel = &self.kernel;
+        detached(py, move || {
+            let rt = runtime()?;
+            let maker = if how.backend == "auto" { "" } else { how.backend };
+            let mesh = how.mesh.as_deref().map(|m| rt.mesh(maker, m)).transpose()?;
+            let externals = how.external_meshes.iter().map(|m| rt.mesh(maker, m)).collect::<Result<Vec<MeshBox>, _>>()?;
+            let calls = [KernelLaunch { kernel, mesh: mesh.as_ref() }];
+            let args = LaunchArgs { inputs, grid: how.grid };
+            Ok(rt.run(how.backend, &calls, &externals.iter().collect::<Vec<_>>(), &args)?)
+        })
+    }
+}
+
+#[pymethods]
+impl Kernel {
+    /// The kernel's name.
+    #[getter]
+    fn name(&self) -> &str {
+        self.kernel.name()
+    }
+
+    /// Its canonical `.tk` text.
+    #[getter]
+    fn text(&self) -> &str {
+        self.kernel.text()
+    }
+
+    /// `in` arguments: name -> (dtype name, shape tuple).
+    #[getter]
+    fn inputs<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        self.signature(py, ParamKind::In)
+    }
+
+    /// `out` arguments: name -> (dtype name, shape tuple).
+    #[getter]
+    fn outputs<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        self.signature(py, ParamKind::Out)
+    }
+
+    /// Parameters (language §9): name -> default. None yet: kernels fix their sizes.
+    #[getter]
+    fn params<'py>(&self, py: Python<'py>) -> Bound<'py, PyDict> {
+        PyDict::new(py)
+    }
+
+    /// Runs the kernel on `backend` ("auto": the first that takes it) with its inputs given by
+    /// name; returns a dict output name -> numpy array.
+    #[pyo3(signature = (*, backend = "auto", **arrays))]
+    fn __call__<'py>(&self, py: Python<'py>, backend: &str, arrays: Option<&Bound<'py, PyDict>>) -> PyResult<Bound<'py, PyDict>> {
+        let inputs = self.host_inputs(py, arrays)?;
+        let how = Launch { backend, mesh: None, external_meshes: Vec::new(), grid: BTreeMap::new() };
+        let report = self.launch(py, how, inputs)?;
+        let out = PyDict::new(py);
+        for (name, a) in report.outputs {
+            out.set_item(name, numpy_array(py, a)?)?;
+        }
+        Ok(out)
+    }
+
+    /// Runs the kernel and reports where and how: `mesh` for the kernel, `external_meshes` around
+    /// the launch, `grid` sizes of `dyn` axes; with `explain`, prints why the backend was chosen.
+    #[pyo3(signature = (*, backend = "auto", mesh = None, external_meshes = None, grid = None, params = None, explain = false, **arrays))]
+    #[allow(clippy::too_many_arguments)]
+    fn run<'py>(
+        &self,
+        py: Python<'py>,
+        backend: &str,
+        mesh: Option<String>,
+        external_meshes: Option<Vec<String>>,
+        grid: Option<BTreeMap<String, u64>>,
+        params: Option<&Bound<'py, PyDict>>,
+        explain: bool,
+        arrays: Option<&Bound<'py, PyDict>>,
+    ) -> PyResult<RunResult> {
+        self.no_params(py, params)?;
+        let inputs = self.host_inputs(py, arrays)?;
+        let how = Launch { backend, mesh, external_meshes: external_meshes.unwrap_or_default(), grid: grid.unwrap_or_default() };
+        let report = self.launch(py, how, inputs)?;
+        if explain {
+            let text: String = report.decisions.iter().map(|d| format!("{d}\n")).collect();
+            py.import("sys")?.getattr("stderr")?.call_method1("write", (text,))?;
+        }
+        let outputs = PyDict::new(py);
+        for (name, a) in report.outputs {
+            outputs.set_item(name, numpy_array(py, a)?)?;
+        }
+        Ok(RunResult {
+            outputs: outputs.unbind(),
+            backend: report.backend,
+            decisions: report.decisions,
+            compile_s: report.compile.as_secs_f64(),
+            run_s: report.run.as_secs_f64(),
+            cache_hit: report.cache_hit,
+        })
+    }
+
+    /// The lowered text (PTX, WGSL) for `backend`, without a device: the stages joined, each
+    /// under a `// ---- NAME (BACKEND) ----` line, as `tessel lower` prints them.
+    #[pyo3(signature = (backend = "interpret", *, mesh = None, external_meshes = None, grid = None, params = None))]
+    fn lower(
+        &self,
+        py: Python<'_>,
+        backend: &str,
+        mesh: Option<String>,
+        external_meshes: Option<Vec<String>>,
+        grid: Option<BTreeMap<String, u64>>,
+        params: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<String> {
+        self.no_params(py, params)?;
+        let kernel = &self.kernel;
+        let (external_meshes, grid) = (external_meshes.unwrap_or_default(), grid.unwrap_or_default());
+        detached(py, move || {
+            let rt = runtime()?;
+            let maker = if backend == "auto" { "" } else { backend };
+            let mesh = mesh.as_deref().map(|m| rt.mesh(maker, m)).transpose()?;
+            let externals = external_meshes.iter().map(|m| rt.mesh(maker, m)).collect::<Result<Vec<MeshBox>, _>>()?;
+            let externals: Vec<&MeshBox> = externals.iter().collect();
+            let calls = [KernelLaunch { kernel, mesh: mesh.as_ref() }];
+            let backend = if backend == "auto" { rt.choose(&calls, &externals, &grid)?.0 } else { backend.to_string() };
+            let stages = rt.lower(&backend, &calls, &externals, &grid)?;
+            Ok(stages.into_iter().map(|(name, text)| format!("// ---- {name} ({backend}) ----\n{text}\n")).collect())
+        })
+    }
+
+    fn __repr__(&self) -> String {
+        let args = |kind| self.params_of(kind).map(|p| format!("{}: {}", p.name, p.ty)).collect::<Vec<_>>().join(", ");
+        format!("Kernel({}, in: [{}], out: [{}])", self.kernel.name(), args(ParamKind::In), args(ParamKind::Out))
+    }
+}
+
+/// The kernel called `kernel` of `all` (from `what`), or the only one.
+fn pick(py: Python<'_>, what: &str, mut all: Vec<Verified>, kernel: Option<&str>) -> PyResult<Kernel> {
+    let names = || all.iter().map(|k| k.name().to_string()).collect::<Vec<_>>().join(", ");
+    let found = match kernel {
+        Some(n) => match all.iter().position(|k| k.name() == n) {
+            Some(i) => Ok(all.swap_remove(i)),
+            None => Err(format!("{what} has no kernel `{n}`\n  its kernels are: {}", names())),
+        },
+        None if all.len() == 1 => Ok(all.remove(0)),
+        None => Err(format!("{what} defines several kernels: {}\n  choose one with kernel=\"NAME\"", names())),
+    };
+    found.map(|kernel| Kernel { kernel }).map_err(|m| raise(py, Failure::Kernel(m)))
+}
+
+/// Every backend, as `tessel backends --json` lists them: a list of dicts (name, source,
+/// version, platform, available, reason, capabilities).
+#[pyfunction]
+fn backends(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
+    let text = detached(py, || Ok(tessel::cli::backends_json(&*runtime()?)))?;
+    let report = py.import("json")?.call_method1("loads", (text,))?;
+    report.get_item("backends")
+}
+
+/// The kernel of a `.tk` file (`kernel`: which, where the file has several).
+#[pyfunction]
+#[pyo3(signature = (path, kernel = None))]
+fn load(py: Python<'_>, path: PathBuf, kernel: Option<&str>) -> PyResult<Kernel> {
+    let all = detached(py, || Ok(tessel::load_file(&path)?))?;
+    pick(py, &format!("`{}`", path.display()), all, kernel)
+}
+
+/// The kernel of `.tk` text (`kernel`: which, where the text has several).
+#[pyfunction]
+#[pyo3(signature = (text, kernel = None))]
+fn compile(py: Python<'_>, text: &str, kernel: Option<&str>) -> PyResult<Kernel> {
+    let all = detached(py, || Ok(tessel::load_source("<text>", text)?))?;
+    pick(py, "the text", all, kernel)
+}
+
+/// The canonical text of every kernel of `.tk` text, or `KernelError` with every error.
+#[pyfunction]
+fn check(py: Python<'_>, text: &str) -> PyResult<String> {
+    let all = detached(py, || Ok(tessel::load_source("<text>", text)?))?;
+    Ok(all.iter().map(Verified::text).collect::<Vec<_>>().join("\n"))
+}
+
+/// Loads a backend plugin (a shared library), as the command line's `--plugin` does.
+#[pyfunction]
+fn load_plugin(py: Python<'_>, path: PathBuf) -> PyResult<()> {
+    detached(py, move || {
+        let mut s = STATE.write().map_err(|_| poisoned())?;
+        let mut plugins = s.plugins.clone();
+        if !plugins.contains(&path) {
+            plugins.push(path);
+        }
+        let rt = Runtime::new(&plugins)?;
+        s.plugins = plugins;
+        s.runtime = Some(Arc::new(rt));
+        Ok(())
+    })
+}
+
+#[pymodule]
+fn _tessel(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add_class::<Kernel>()?;
+    m.add_class::<RunResult>()?;
+    m.add_function(wrap_pyfunction!(backends, m)?)?;
+    m.add_function(wrap_pyfunction!(load, m)?)?;
+    m.add_function(wrap_pyfunction!(compile, m)?)?;
+    m.add_function(wrap_pyfunction!(check, m)?)?;
+    m.add_function(wrap_pyfunction!(load_plugin, m)?)?;
+    Ok(())
+}

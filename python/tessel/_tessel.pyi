@@ -1,0 +1,91 @@
+"""Type stubs of the Rust extension (`python/src/lib.rs`)."""
+
+from os import PathLike
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+__version__: str
+
+Signature = Dict[str, Tuple[str, Tuple[int, ...]]]
+
+class RunResult:
+    """What a launch did: its outputs, the backend that ran it and why, and its times."""
+
+    @property
+    def outputs(self) -> Dict[str, np.ndarray]:
+        """Output name -> a fresh numpy array."""
+    @property
+    def backend(self) -> str:
+        """The backend that ran the launch."""
+    @property
+    def decisions(self) -> List[str]:
+        """One line per backend `auto` tried: why it was skipped, or that it was chosen."""
+    @property
+    def compile_s(self) -> float:
+        """Seconds to lower (0 when the compile cache had the launch)."""
+    @property
+    def run_s(self) -> float:
+        """Seconds of the launch: uploads, run, downloads."""
+    @property
+    def cache_hit(self) -> bool:
+        """Whether the backend's compile cache held the launch already."""
+
+class Kernel:
+    """A verified kernel: `tessel.load(path)` or `tessel.compile(text)`; call it with numpy
+    arrays by argument name."""
+
+    @property
+    def name(self) -> str:
+        """The kernel's name."""
+    @property
+    def text(self) -> str:
+        """Its canonical `.tk` text."""
+    @property
+    def inputs(self) -> Signature:
+        """`in` arguments: name -> (dtype name, shape)."""
+    @property
+    def outputs(self) -> Signature:
+        """`out` arguments: name -> (dtype name, shape)."""
+    @property
+    def params(self) -> Dict[str, Optional[int]]:
+        """Parameters (language §9): name -> default. Empty until parameters exist."""
+    def __call__(self, *, backend: str = "auto", **arrays: Any) -> Dict[str, np.ndarray]:
+        """Runs on `backend` ("auto": the first that takes the launch); returns the outputs."""
+    def run(
+        self,
+        *,
+        backend: str = "auto",
+        mesh: Optional[str] = None,
+        external_meshes: Optional[Sequence[str]] = None,
+        grid: Optional[Mapping[str, int]] = None,
+        params: Optional[Mapping[str, int]] = None,
+        explain: bool = False,
+        **arrays: Any,
+    ) -> RunResult:
+        """Runs and reports where and how; `explain` prints why the backend was chosen."""
+    def lower(
+        self,
+        backend: str = "interpret",
+        *,
+        mesh: Optional[str] = None,
+        external_meshes: Optional[Sequence[str]] = None,
+        grid: Optional[Mapping[str, int]] = None,
+        params: Optional[Mapping[str, int]] = None,
+    ) -> str:
+        """The lowered text (PTX, WGSL, ...) for `backend`, without a device."""
+
+def backends() -> List[Dict[str, Any]]:
+    """Every backend, as `tessel backends --json` lists them."""
+
+def load(path: Union[str, PathLike], kernel: Optional[str] = None) -> Kernel:
+    """The kernel of a `.tk` file (`kernel`: which, where the file has several)."""
+
+def compile(text: str, kernel: Optional[str] = None) -> Kernel:
+    """The kernel of `.tk` text (`kernel`: which, where the text has several)."""
+
+def check(text: str) -> str:
+    """The canonical text of every kernel of `text`, or `KernelError` with every error."""
+
+def load_plugin(path: Union[str, PathLike]) -> None:
+    """Loads a backend plugin (a shared library), as the command line's `--plugin` does."""

@@ -1,0 +1,317 @@
+"""The `tessel` module: every function of PYTHON.md's module section, every exception class with its
+message, numpy arrays in and out on the interpreter and on wgpu, threads, and plugins loaded from
+Python. Expected values come from numpy, never from tessel itself.
+
+`scripts/test` builds the wheel, installs it into target/venv and runs this file with
+TESSEL_TEST_LIBS (the folder with the built plugin libraries) and TESSEL_BIN (the `tessel`
+executable) set; TESSEL_REQUIRE_ADAPTER=1 makes a missing wgpu adapter a failure, not a skip.
+"""
+
+import json
+import os
+import pathlib
+import subprocess
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+import tessel
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
+RNG = np.random.default_rng(7)
+
+
+def example(name):
+    return tessel.load(EXAMPLES / f"{name}.tk")
+
+
+def wgpu_or_skip():
+    """The wgpu backend where an adapter is there; a visible skip (a failure in CI) where not."""
+    b = next(b for b in tessel.backends() if b["name"] == "wgpu")
+    if not b["available"]:
+        if os.environ.get("TESSEL_REQUIRE_ADAPTER") == "1":
+            pytest.fail(f"wgpu is required here but unavailable: {b['reason']}")
+        pytest.skip(f"wgpu: {b['reason']}")
+    return "wgpu"
+
+
+def libs():
+    folder = os.environ.get("TESSEL_TEST_LIBS")
+    if not folder:
+        pytest.fail("TESSEL_TEST_LIBS is not set: run these tests with scripts/test")
+    return pathlib.Path(folder)
+
+
+def test_version_and_backends_are_what_the_command_line_lists():
+    assert tessel.__version__ == "0.1.0"
+    names = [b["name"] for b in tessel.backends()]
+    assert {"interpret", "wgpu", "mosaic-gpu"} <= set(names)
+    interp = next(b for b in tessel.backends() if b["name"] == "interpret")
+    assert interp["available"] is True and "f32" in interp["capabilities"]["dtypes"]
+    exe = os.environ.get("TESSEL_BIN")
+    if not exe:
+        pytest.fail("TESSEL_BIN is not set: run these tests with scripts/test")
+    cli = json.loads(subprocess.run([exe, "backends", "--json"], capture_output=True, text=True, check=True).stdout)
+    ours = {b["name"]: b["available"] for b in tessel.backends()}
+    assert ours == {b["name"]: b["available"] for b in cli["backends"]}
+
+
+def test_a_loaded_kernel_describes_itself():
+    k = example("add")
+    assert k.name == "add"
+    assert k.inputs == {"x": ("f32", (1024,)), "y": ("f32", (1024,))}
+    assert k.outputs == {"o": ("f32", (1024,))}
+    assert k.params == {}
+    assert k.text.startswith("kernel add\n") and "= load x" in k.text
+    assert tessel.compile(k.text).text == k.text
+    assert "Kernel(add" in repr(k)
+
+
+def test_check_gives_the_canonical_text_and_compile_picks_a_kernel():
+    src = (EXAMPLES / "add.tk").read_text()
+    assert tessel.check(src) == example("add").text
+    two = (ROOT / "tests/in/two_kernels.tk").read_text()
+    names = [n for n in ("first", "second")]
+    with pytest.raises(tessel.KernelError, match="defines several kernels"):
+        tessel.compile(two)
+    kernels = [line.split()[1] for line in two.splitlines() if line.startswith("kernel ")]
+    assert len(kernels) == 2, names
+    assert tessel.compile(two, kernel=kernels[1]).name == kernels[1]
+    with pytest.raises(tessel.KernelError, match="has no kernel `nope`"):
+        tessel.load(ROOT / "tests/in/two_kernels.tk", kernel="nope")
+
+
+@pytest.mark.parametrize("backend", ["interpret", "wgpu"])
+def test_add_and_softmax_agree_with_numpy(backend):
+    if backend == "wgpu":
+        wgpu_or_skip()
+    x, y = RNG.standard_normal(1024, dtype=np.float32), RNG.standard_normal(1024, dtype=np.float32)
+    out = example("add")(x=x, y=y, backend=backend)
+    assert set(out) == {"o"} and out["o"].dtype == np.float32 and out["o"].shape == (1024,)
+    np.testing.assert_array_equal(out["o"], x + y)
+    k = example("softmax")
+    (shape,) = [s for _, s in k.inputs.values()]
+    a = RNG.standard_normal(shape, dtype=np.float32)
+    want = np.exp(a - a.max(axis=1, keepdims=True))
+    want /= want.sum(axis=1, keepdims=True)
+    got = k(x=a, backend=backend)["o"]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+
+
+def test_run_reports_the_backend_the_decisions_and_the_cache():
+    k = example("matmul")
+    (a_shape, b_shape) = [k.inputs[n][1] for n in ("a", "b")]
+    a = RNG.standard_normal(a_shape, dtype=np.float32)
+    b = RNG.standard_normal(b_shape, dtype=np.float32)
+    first = k.run(a=a, b=b, backend="interpret")
+    assert first.backend == "interpret" and first.decisions == ["interpret: chosen by name"]
+    np.testing.assert_allclose(first.outputs["c"], a @ b, rtol=1e-4, atol=1e-4)
+    again = k.run(a=a, b=b, backend="interpret")
+    assert again.cache_hit and again.compile_s == 0.0 and again.run_s > 0.0
+    auto = k.run(a=a, b=b)
+    assert auto.decisions[-1].startswith(f"{auto.backend}: chosen")
+    assert any(d.startswith("mosaic-gpu: ") for d in auto.decisions)
+
+
+def test_explain_prints_why_the_backend_was_chosen(capsys):
+    x = np.ones(1024, np.float32)
+    r = example("add").run(x=x, y=x, explain=True)
+    err = capsys.readouterr().err
+    assert f"{r.backend}: chosen" in err and all(d in err for d in r.decisions)
+
+
+def test_lower_gives_the_text_without_a_device():
+    k = example("add")
+    wgsl = k.lower("wgpu")
+    assert wgsl.startswith("// ---- add.wgsl (wgpu) ----\n") and "@compute" in wgsl
+    ptx = k.lower("mosaic-gpu", mesh="mosaic_gpu(i: 8)")
+    assert ".target sm_90a" in ptx
+    assert "dyn" not in k.text
+    grid = tessel.load(ROOT / "tests/in/dyn_grid.tk").lower("wgpu", grid={"i": 3})
+    assert "@compute" in grid
+
+
+def test_the_seed_refusals_are_not_implemented_errors_with_pallas_sentences():
+    k = example("add")
+    with pytest.raises(tessel.UnsupportedError) as e:
+        k.lower("mosaic-gpu", mesh="grid(i: 8)")
+    assert isinstance(e.value, NotImplementedError) and isinstance(e.value, tessel.TesselError)
+    assert str(e.value).splitlines()[0] == "Mesh grid(i: 8) is not supported by the Mosaic GPU backend"
+    assert e.value.backend == "mosaic-gpu" and "mosaic_gpu(...)" in e.value.hint
+    with pytest.raises(tessel.UnsupportedError) as e:
+        k.lower("mosaic-gpu", external_meshes=["device(x: 2)"])
+    assert str(e.value).splitlines()[0] == "External meshes are not supported by the Mosaic GPU backend"
+    assert "run on wgpu" in e.value.hint
+
+
+def test_an_unavailable_backend_is_a_runtime_error():
+    mosaic = next(b for b in tessel.backends() if b["name"] == "mosaic-gpu")
+    if mosaic["available"]:
+        pytest.skip("a CUDA driver is here: mosaic-gpu runs")
+    x = np.ones(1024, np.float32)
+    with pytest.raises(tessel.BackendUnavailable) as e:
+        example("add")(x=x, y=x, backend="mosaic-gpu")
+    assert isinstance(e.value, RuntimeError) and e.value.backend == "mosaic-gpu"
+    assert "the Mosaic GPU backend is unavailable" in str(e.value)
+
+
+def test_kernel_errors_have_line_and_column():
+    with pytest.raises(tessel.KernelError) as e:
+        tessel.compile("kernel k\n  out o: f32[4]\n{\n  %a = bogus\n}\n")
+    assert isinstance(e.value, ValueError)
+    assert "<text>:4:8: error: unknown operation `bogus`" in str(e.value)
+    with pytest.raises(tessel.KernelError, match="cannot read"):
+        tessel.load(ROOT / "no/such.tk")
+
+
+def test_bad_inputs_are_refused_before_anything_runs():
+    k = example("add")
+    x = np.ones(1024, np.float32)
+    cases = [
+        (dict(x=x), "kernel `add` needs input `y`: f32[1024]\n  pass it by name"),
+        (dict(x=x, y=x, z=x), "kernel `add` has no input `z`\n  its inputs are: x, y"),
+        (dict(x=x.astype(np.float64), y=x), "input `x` of kernel `add` is float64[1024], but the kernel declares f32[1024]"),
+        (dict(x=np.ones(1000, np.float32), y=x), "is float32[1000], but the kernel declares f32[1024]"),
+    ]
+    for args, message in cases:
+        with pytest.raises(tessel.InputError) as e:
+            k(**args)
+        assert isinstance(e.value, ValueError) and message in str(e.value), str(e.value)
+    with pytest.raises(tessel.InputError, match="unknown backend `nope`"):
+        k(x=x, y=x, backend="nope")
+    with pytest.raises(tessel.InputError, match="bad|mesh"):
+        k.run(x=x, y=x, mesh="grid(i: ")
+    with pytest.raises(tessel.InputError, match="no parameters"):
+        k.run(x=x, y=x, params={"BM": 32})
+
+
+def test_non_contiguous_inputs_are_copied_once_and_agree():
+    k = example("add")
+    big = RNG.standard_normal(2048, dtype=np.float32)
+    x = big[::2]
+    assert not x.flags["C_CONTIGUOUS"]
+    # A list is taken as np.asarray takes it: of its dtype (float64 here), which the kernel refuses.
+    y = [float(v) for v in range(1024)]
+    with pytest.raises(tessel.InputError, match="is float64\\[1024\\]"):
+        k(x=x, y=y)
+    out = k(x=x, y=np.asarray(y, np.float32), backend="interpret")["o"]
+    np.testing.assert_array_equal(out, x + np.arange(1024, dtype=np.float32))
+    t = example("transpose_bias")
+    arrays = {}
+    for name, (dtype, shape) in t.inputs.items():
+        a = RNG.standard_normal(shape[::-1], dtype=np.float32).T  # Fortran order
+        assert len(shape) == 1 or not a.flags["C_CONTIGUOUS"]
+        arrays[name] = a
+    got = t(backend="interpret", **arrays)
+    want = t(backend="interpret", **{n: np.ascontiguousarray(a) for n, a in arrays.items()})
+    for name in got:
+        np.testing.assert_array_equal(got[name], want[name])
+
+
+def test_every_dtype_crosses_the_boundary():
+    src = """kernel dtypes
+  in  h: f16[8]
+  in  b: bf16[8]
+  in  i: i32[8]
+  in  u: u32[8]
+  in  m: bool[8]
+  out oh: f16[8]
+  out ob: bf16[8]
+  out oi: i32[8]
+  out ou: u32[8]
+  out om: bool[8]
+{
+  %h = load h
+  %h2 = add %h, %h
+  store oh, %h2
+  %b = load b
+  %b2 = mul %b, %b
+  store ob, %b2
+  %i = load i
+  %i2 = sub %i, 3
+  store oi, %i2
+  %u = load u
+  %u2 = add %u, 1
+  store ou, %u2
+  %m = load m
+  %m2 = not %m
+  store om, %m2
+}
+"""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    k = tessel.compile(src)
+    h = (np.arange(8) / 4).astype(np.float16)
+    b = (np.arange(8) / 2).astype(ml_dtypes.bfloat16)
+    i = np.arange(8, dtype=np.int32) - 4
+    u = np.arange(8, dtype=np.uint32) * 1000
+    m = np.arange(8) % 3 == 0
+    out = k(h=h, b=b, i=i, u=u, m=m, backend="interpret")
+    assert out["oh"].dtype == np.float16 and out["ob"].dtype == ml_dtypes.bfloat16
+    np.testing.assert_array_equal(out["oh"], h + h)
+    np.testing.assert_array_equal(out["ob"].astype(np.float32), (b.astype(np.float32) ** 2))
+    np.testing.assert_array_equal(out["oi"], i - 3)
+    np.testing.assert_array_equal(out["ou"], u + 1)
+    np.testing.assert_array_equal(out["om"], ~m)
+    # bf16 also as uint16 bits.
+    bits = k(h=h, b=b.view(np.uint16), i=i, u=u, m=m, backend="interpret")
+    np.testing.assert_array_equal(bits["ob"], out["ob"])
+
+
+def test_the_gil_is_released_while_a_kernel_runs():
+    k = tessel.load(ROOT / "benches/kernels/matmul_1024.tk")
+    a = RNG.standard_normal((1024, 1024), dtype=np.float32)
+    count, done = [0], threading.Event()
+
+    def spin():
+        while not done.is_set():
+            count[0] += 1
+
+    t = threading.Thread(target=spin)
+    t.start()
+    try:
+        time.sleep(0.05)
+        before = count[0]
+        start = time.perf_counter()
+        k(a=a, b=a, backend="interpret")
+        took = time.perf_counter() - start
+        during = count[0] - before
+    finally:
+        done.set()
+        t.join()
+    # With the GIL held for the whole call the other thread could not have counted at all.
+    assert took > 0.02 and during > 1000, (took, during)
+
+
+def test_a_kernel_runs_from_several_threads_at_once():
+    k = example("add")
+    xs = [RNG.standard_normal(1024, dtype=np.float32) for _ in range(8)]
+    with ThreadPoolExecutor(4) as pool:
+        outs = list(pool.map(lambda x: k(x=x, y=x, backend="interpret")["o"], xs))
+    for x, o in zip(xs, outs):
+        np.testing.assert_array_equal(o, x + x)
+
+
+def test_a_plugin_loads_from_python_and_a_broken_one_is_an_error(tmp_path):
+    with pytest.raises(tessel.TesselError, match="junk.so"):
+        junk = tmp_path / "libjunk.so"
+        junk.write_text("junk")
+        tessel.load_plugin(junk)
+    plugin = libs() / "libtessel_mybackend.so"
+    tessel.load_plugin(plugin)
+    b = next(b for b in tessel.backends() if b["name"] == "mybackend")
+    assert str(plugin) in b["source"] and b["available"]
+    x = RNG.standard_normal(1024, dtype=np.float32)
+    np.testing.assert_array_equal(example("add")(x=x, y=x, backend="mybackend")["o"], x + x)
+
+
+def test_a_panic_in_a_plugin_is_a_tessel_error_and_the_interpreter_lives_on(monkeypatch):
+    tessel.load_plugin(libs() / "libtessel_fixture_panics.so")
+    monkeypatch.setenv("TESSEL_FIXTURE_PANIC_IN", "launch")
+    x = np.ones(1024, np.float32)
+    with pytest.raises(tessel.TesselError, match="panicked in `launch`"):
+        example("add")(x=x, y=x, backend="panicky")
+    np.testing.assert_array_equal(example("add")(x=x, y=x, backend="interpret")["o"], x + x)
