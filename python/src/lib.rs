@@ -309,14 +309,31 @@ impl Kernel {
         let kernel = &self.kernel;
         detached(py, move || {
             let rt = runtime()?;
-            let maker = if how.backend == "auto" { "" } else { how.backend };
-            let mesh = how.mesh.as_deref().map(|m| rt.mesh(maker, m)).transpose()?;
-            let externals = how.external_meshes.iter().map(|m| rt.mesh(maker, m)).collect::<Result<Vec<MeshBox>, _>>()?;
+            let (mesh, externals) = how.meshes(&rt)?;
             let calls = [KernelLaunch { kernel, mesh: mesh.as_ref() }];
             let args = LaunchArgs { inputs, grid: how.grid };
             Ok(rt.run(how.backend, &calls, &externals.iter().collect::<Vec<_>>(), &args)?)
         })
     }
+}
+
+impl Launch<'_> {
+    /// The kernel's mesh and the external meshes, made by the backend named (with "auto", by
+    /// the backend that owns each kind), as the command line makes them.
+    fn meshes(&self, rt: &Runtime) -> Result<(Option<MeshBox>, Vec<MeshBox>), Error> {
+        let maker = if self.backend == "auto" { "" } else { self.backend };
+        let mesh = self.mesh.as_deref().map(|m| rt.mesh(maker, m)).transpose()?;
+        Ok((mesh, self.external_meshes.iter().map(|m| rt.mesh(maker, m)).collect::<Result<_, _>>()?))
+    }
+}
+
+/// Outputs as a dict name -> numpy array, in launch order.
+fn output_dict(py: Python<'_>, outputs: Vec<(String, HostArray)>) -> PyResult<Bound<'_, PyDict>> {
+    let d = PyDict::new(py);
+    for (name, a) in outputs {
+        d.set_item(name, numpy_array(py, a)?)?;
+    }
+    Ok(d)
 }
 
 #[pymethods]
@@ -357,12 +374,7 @@ impl Kernel {
     fn __call__<'py>(&self, py: Python<'py>, backend: &str, arrays: Option<&Bound<'py, PyDict>>) -> PyResult<Bound<'py, PyDict>> {
         let inputs = self.host_inputs(py, arrays)?;
         let how = Launch { backend, mesh: None, external_meshes: Vec::new(), grid: BTreeMap::new() };
-        let report = self.launch(py, how, inputs)?;
-        let out = PyDict::new(py);
-        for (name, a) in report.outputs {
-            out.set_item(name, numpy_array(py, a)?)?;
-        }
-        Ok(out)
+        output_dict(py, self.launch(py, how, inputs)?.outputs)
     }
 
     /// Runs the kernel and reports where and how: `mesh` for the kernel, `external_meshes` around
@@ -388,12 +400,8 @@ impl Kernel {
             let text: String = report.decisions.iter().map(|d| format!("{d}\n")).collect();
             py.import("sys")?.getattr("stderr")?.call_method1("write", (text,))?;
         }
-        let outputs = PyDict::new(py);
-        for (name, a) in report.outputs {
-            outputs.set_item(name, numpy_array(py, a)?)?;
-        }
         Ok(RunResult {
-            outputs: outputs.unbind(),
+            outputs: output_dict(py, report.outputs)?.unbind(),
             backend: report.backend,
             decisions: report.decisions,
             compile_s: report.compile.as_secs_f64(),
@@ -416,16 +424,15 @@ impl Kernel {
     ) -> PyResult<String> {
         self.no_params(py, params)?;
         let kernel = &self.kernel;
-        let (external_meshes, grid) = (external_meshes.unwrap_or_default(), grid.unwrap_or_default());
+        let how = Launch { backend, mesh, external_meshes: external_meshes.unwrap_or_default(), grid: grid.unwrap_or_default() };
         detached(py, move || {
             let rt = runtime()?;
-            let maker = if backend == "auto" { "" } else { backend };
-            let mesh = mesh.as_deref().map(|m| rt.mesh(maker, m)).transpose()?;
-            let externals = external_meshes.iter().map(|m| rt.mesh(maker, m)).collect::<Result<Vec<MeshBox>, _>>()?;
+            let (mesh, externals) = how.meshes(&rt)?;
             let externals: Vec<&MeshBox> = externals.iter().collect();
             let calls = [KernelLaunch { kernel, mesh: mesh.as_ref() }];
-            let backend = if backend == "auto" { rt.choose(&calls, &externals, &grid)?.0 } else { backend.to_string() };
-            let stages = rt.lower(&backend, &calls, &externals, &grid)?;
+            let grid = &how.grid;
+            let backend = if backend == "auto" { rt.choose(&calls, &externals, grid)?.0 } else { backend.to_string() };
+            let stages = rt.lower(&backend, &calls, &externals, grid)?;
             Ok(stages.into_iter().map(|(name, text)| format!("// ---- {name} ({backend}) ----\n{text}\n")).collect())
         })
     }
