@@ -229,7 +229,7 @@ fn bench(rt: &Runtime, flags: &LaunchFlags, runs: usize, seed: u64, json: bool, 
         })
         .collect::<Result<_>>()?;
     times.sort_by(f64::total_cmp);
-    let median = times[times.len() / 2];
+    let median = middle(&times);
     let resident = resident_times(rt, &p, &launch, runs.max(1));
     let bytes: u64 = p
         .kernels
@@ -250,8 +250,8 @@ fn bench(rt: &Runtime, flags: &LaunchFlags, runs: usize, seed: u64, json: bool, 
     let flops: u64 = p.kernels.iter().map(|k| dot_flops(k, grid_points(k))).sum();
     let names: Vec<&str> = p.kernels.iter().map(Verified::name).collect();
     if json {
-        let launch_ms = resident.as_ref().ok().map(|t| t.host[t.host.len() / 2]);
-        let gpu = resident.as_ref().ok().and_then(|t| t.device.as_ref().map(|d| d[d.len() / 2]));
+        let launch_ms = resident.as_ref().ok().map(|t| middle(&t.host));
+        let gpu = resident.as_ref().ok().and_then(|t| t.device.as_deref().map(middle));
         let on_device = gpu.or(launch_ms);
         let target = rt.backend(&p.backend).map(|b| b.backend.availability().reason).unwrap_or_default();
         let report = BenchReport {
@@ -275,38 +275,19 @@ fn bench(rt: &Runtime, flags: &LaunchFlags, runs: usize, seed: u64, json: bool, 
     }
     let _ = writeln!(out, "bench `{}` on {} ({} runs after a warm-up)", names.join("`, `"), p.backend, times.len());
     let _ = writeln!(out, "  compile (lower, cold): {:.3} ms", compile.as_secs_f64() * 1e3);
-    let _ = writeln!(
-        out,
-        "  run (median, with transfers): {:.3} ms (min {:.3}, max {:.3})",
-        median * 1e3,
-        times[0] * 1e3,
-        times[times.len() - 1] * 1e3
-    );
+    let _ = writeln!(out, "  run (median, with transfers): {}", spread(&times));
     // On the device: the launch alone, its arrays uploaded once before (submit and wait).
     let on_device = match &resident {
         Ok(t) => {
-            let h = &t.host;
-            let _ = writeln!(
-                out,
-                "  launch (median, arrays on the device, submit and wait): {:.3} ms (min {:.3}, max {:.3})",
-                h[h.len() / 2] * 1e3,
-                h[0] * 1e3,
-                h[h.len() - 1] * 1e3
-            );
+            let _ = writeln!(out, "  launch (median, arrays on the device, submit and wait): {}", spread(&t.host));
             match &t.device {
                 Some(d) => {
-                    let _ = writeln!(
-                        out,
-                        "  kernel (median, the device's clock, GPU timestamps): {:.3} ms (min {:.3}, max {:.3})",
-                        d[d.len() / 2] * 1e3,
-                        d[0] * 1e3,
-                        d[d.len() - 1] * 1e3
-                    );
-                    Some(d[d.len() / 2])
+                    let _ = writeln!(out, "  kernel (median, the device's clock, GPU timestamps): {}", spread(d));
+                    Some(middle(d))
                 }
                 None => {
                     let _ = writeln!(out, "  kernel on the device's clock: not measured ({} has no GPU timestamps)", p.backend);
-                    Some(h[h.len() / 2])
+                    Some(middle(&t.host))
                 }
             }
         }
@@ -328,6 +309,17 @@ fn bench(rt: &Runtime, flags: &LaunchFlags, runs: usize, seed: u64, json: bool, 
 
 /// Sorted times of `runs` launches (after a warm-up) on arrays uploaded to the backend once:
 /// inputs as given, outputs allocated there; every array freed after.
+/// The median of sorted times.
+fn middle(sorted: &[f64]) -> f64 {
+    sorted[sorted.len() / 2]
+}
+
+/// Sorted times in seconds as `median ms (min .., max ..)`.
+fn spread(sorted: &[f64]) -> String {
+    let ms = |t: f64| t * 1e3;
+    format!("{:.3} ms (min {:.3}, max {:.3})", ms(middle(sorted)), ms(sorted[0]), ms(sorted[sorted.len() - 1]))
+}
+
 /// Times of launches on arrays uploaded once, in seconds, sorted: on the host clock (submit and
 /// wait), and on the device's own where the backend has GPU timestamps (separate launches, so
 /// that reading the timestamps back is not in the host's times).

@@ -41,7 +41,11 @@ fn runtime() -> Result<Arc<Runtime>, Error> {
 }
 
 fn poisoned() -> Error {
-    Error::Kernel("tessel's runtime is unusable after an earlier panic".into())
+    Error::Backend {
+        backend: "tessel".into(),
+        kind: ErrorKind::Internal,
+        message: "tessel's runtime is unusable after an earlier panic".into(),
+    }
 }
 
 /// What the module raises: a tessel error, an input refused here, or a panic.

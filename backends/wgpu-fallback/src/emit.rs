@@ -309,7 +309,6 @@ struct Writer<'k> {
     v: &'k Verified,
     grid: &'k [LaunchAxis],
     plan: &'k Plan,
-    wg: u32,
     out: String,
     indent: usize,
     /// WGSL identifier of every IR value.
@@ -349,7 +348,6 @@ impl<'k> Writer<'k> {
             v: &plan.kernel,
             grid: &plan.grid,
             plan,
-            wg: plan.wg,
             out: String::new(),
             indent: 1,
             idents: HashMap::new(),
@@ -434,12 +432,12 @@ impl<'k> Writer<'k> {
     /// Private slots per invocation of a value of `shape`.
     fn slots(&self, shape: &[usize]) -> usize {
         let (g, n) = (self.group_of(shape), shape.iter().product::<usize>());
-        g * n.div_ceil(g * self.wg as usize)
+        g * n.div_ceil(g * self.plan.wg as usize)
     }
 
     /// The element of slot `k` (a constant) of a value of `shape`, as a WGSL expression of `lid`.
     fn element(&self, shape: &[usize], k: usize) -> String {
-        let wg = self.wg as usize;
+        let wg = self.plan.wg as usize;
         let g = self.group_of(shape);
         if g > 1 { format!("{g}u * lid + {}u", g * wg * (k / g) + k % g) } else { format!("lid + {}u", k * wg) }
     }
@@ -447,12 +445,12 @@ impl<'k> Writer<'k> {
     /// The element of the slot in the WGSL variable `k`, of a value of `shape`.
     fn element_of_var(&self, shape: &[usize]) -> String {
         let g = self.group_of(shape);
-        if g > 1 { format!("{g}u * (lid + {}u * (k / {g}u)) + k % {g}u", self.wg) } else { format!("lid + k * {}u", self.wg) }
+        if g > 1 { format!("{g}u * (lid + {}u * (k / {g}u)) + k % {g}u", self.plan.wg) } else { format!("lid + k * {}u", self.plan.wg) }
     }
 
     /// Whether some invocation's last slots of a value of `shape` lie past its elements.
     fn ragged(&self, shape: &[usize]) -> bool {
-        let per = self.group_of(shape) * self.wg as usize;
+        let per = self.group_of(shape) * self.plan.wg as usize;
         !shape.iter().product::<usize>().is_multiple_of(per)
     }
 
@@ -787,7 +785,7 @@ impl<'k> Writer<'k> {
         let n: usize = shape.iter().product();
         let quads = self.slots(shape) / 4;
         let guard = self.ragged(shape);
-        let (g, wg) = (self.group_of(shape), self.wg as usize);
+        let (g, wg) = (self.group_of(shape), self.plan.wg as usize);
         let unrolled = quads <= UNROLL / 4;
         for q in 0..if unrolled { quads } else { 1 } {
             let slot: Box<dyn Fn(usize) -> String> = if unrolled {
@@ -821,7 +819,7 @@ impl<'k> Writer<'k> {
         let p = &self.v.kernel().params[pi];
         let c = self.plan.row_len().expect("row layout");
         let origin = |d: usize| if p.block.is_some() { format!("o{pi}_{d}") } else { "0i".to_string() };
-        let (row, col) = (format!("lid + {}u * (4u * {j} / {c}u)", self.wg), format!("(4u * {j}) % {c}u"));
+        let (row, col) = (format!("lid + {}u * (4u * {j} / {c}u)", self.plan.wg), format!("(4u * {j}) % {c}u"));
         format!("a{pi}[(u32({} + i32({row})) * {}u + u32({}) + {col}) / 4u]", origin(0), p.ty.shape[1], origin(1))
     }
 
@@ -1158,7 +1156,7 @@ impl<'k> Writer<'k> {
         let acc_ty = reg_ty(d);
         let init = reduce_init(op, d);
         let combine = move |w: &mut Self, acc: &str, x: &str| w.reduce_combine(op, d, acc, x);
-        if self.plan.row_len() == Some(n) && shape.len() == 2 && axis == 1 {
+        if self.plan.row_reduce(&shape, axis) {
             // In the row layout: each invocation reduces its own rows. Where the order cannot
             // change the result (`max`/`min`, integers) and the row is a multiple of 4 long, in
             // four interleaved partial results (independent chains the driver can overlap),
@@ -1261,7 +1259,7 @@ impl<'k> Writer<'k> {
         let (ra, rb) = (reader(self, a, ash[1]), reader(self, b, bsh[1]));
         let a_at = |i: &str| if trans_a { ra("r", i) } else { ra(i, "r") };
         let b_at = |j: &str| if trans_b { rb(j, "r") } else { rb("r", j) };
-        let wg = self.wg as usize;
+        let wg = self.plan.wg as usize;
         let g = self.plan.group;
         let tiled = crate::lower::dot_tiling(self.plan, s).is_some_and(|t| t.0);
         // On hardware, operand chunks of `kc` contraction steps go through workgroup memory.
@@ -1700,13 +1698,7 @@ impl<'k> Writer<'k> {
         let d = p.ty.dtype;
         let region = self.region(pi, &p, index);
         let res = self.ty(dst).shape.clone();
-        if p.kind == ParamKind::In
-            && index.is_none()
-            && mask.is_none()
-            && self.group_of(&res).is_multiple_of(4)
-            && quad_able(self.grid, &p)
-            && (self.plan.quad_inputs.contains(&pi) || self.view(pi))
-        {
+        if self.plan.vec4_load(&p, index, mask, &res) && (self.plan.quad_inputs.contains(&pi) || self.view(pi)) {
             // Four adjacent elements of the block, inside the array, as one read: from the
             // argument bound as `vec4`s, or from its `vec4` view.
             let arr = if self.plan.quad_inputs.contains(&pi) { format!("a{pi}") } else { format!("a{pi}v") };
@@ -1993,7 +1985,7 @@ impl<'k> Writer<'k> {
             "// grid ({}): {} programs on {groups} workgroups of {} invocations{walk}; {} workspace bytes per workgroup",
             grid.join(", "),
             self.plan.programs,
-            self.wg,
+            self.plan.wg,
             self.next_word * 4
         );
         let _ = writeln!(
@@ -2105,7 +2097,7 @@ impl<'k> Writer<'k> {
         for text in self.libm.values() {
             let _ = writeln!(m, "{text}");
         }
-        let _ = writeln!(m, "@compute @workgroup_size({})", self.wg);
+        let _ = writeln!(m, "@compute @workgroup_size({})", self.plan.wg);
         let _ = writeln!(m, "fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {{");
         if self.helpers.contains("tk_f32_bits") {
             // The dispatch is one workgroup deep, so `wid.z` is 0, which no compiler can know.

@@ -259,6 +259,23 @@ impl Plan {
         !shape.is_empty() && !own && !row
     }
 
+    /// Whether a reduction along `axis` of a value of `shape` is one the row layout makes inside
+    /// each invocation (along the rows of a 2-D value whose rows have the layout's length).
+    pub fn row_reduce(&self, shape: &[usize], axis: usize) -> bool {
+        shape.len() == 2 && axis == 1 && self.row_len() == Some(shape[1])
+    }
+
+    /// Whether a load of `p` with `index` and `mask` into a value of shape `res` reads four
+    /// adjacent elements at a time (a whole `in` block inside its array, in groups of 4), from the
+    /// argument bound as `vec4`s or, where there is room for one ([`Plan::views`]), from a view.
+    pub fn vec4_load(&self, p: &Param, index: Option<&[Index]>, mask: Option<&str>, res: &[usize]) -> bool {
+        p.kind == ParamKind::In
+            && index.is_none()
+            && mask.is_none()
+            && self.group_of(res).is_multiple_of(4)
+            && quad_able(&self.grid, p)
+    }
+
     /// Whether the writer skips statement `s`: the load, add and store a `dot` that adds into
     /// its resident output does itself ([`accumulating_dots`]).
     pub fn folded(&self, s: &Stmt) -> bool {
@@ -341,10 +358,7 @@ fn survey(plan: &Plan) -> Result<Survey, BackendError> {
                 // scalars (registers every invocation holds).
                 analysis::How::Whole => match &st.op {
                     Op::Transpose { .. } => true,
-                    Op::Reduce { axis, .. } => {
-                        let row = plan.row_len() == Some(shape[*axis]) && shape.len() == 2 && *axis == 1;
-                        !row && !plan.fused.contains_key(&st.results[0])
-                    }
+                    Op::Reduce { axis, .. } => !plan.row_reduce(shape, *axis) && !plan.fused.contains_key(&st.results[0]),
                     Op::Dot { .. } => !plan.forwarded.contains_key(u.name),
                     _ => false,
                 },
@@ -360,12 +374,7 @@ fn survey(plan: &Plan) -> Result<Survey, BackendError> {
                     return;
                 }
                 let (pi, p) = k.params.iter().enumerate().find(|(_, p)| &p.name == src).expect("verified argument");
-                if p.kind == ParamKind::In
-                    && index.is_none()
-                    && mask.is_none()
-                    && plan.group_of(&res).is_multiple_of(4)
-                    && quad_able(&plan.grid, p)
-                {
+                if plan.vec4_load(p, index.as_deref(), mask.as_deref(), &res) {
                     // Read four at a time: from the argument bound as `vec4`s, or from a view.
                     if !plan.quad_inputs.contains(&pi) {
                         s.views.insert(pi);
