@@ -10,6 +10,7 @@ use clap::{Parser, Subcommand};
 use serde::Serialize;
 use tessel_plugin_api::abi::MeshBox;
 use tessel_plugin_api::array::agreement;
+use tessel_plugin_api::ir::generic::{BindError, Generic};
 use tessel_plugin_api::ir::{Verified, print_kernel};
 
 use crate::{Error, HostArray, KernelLaunch, LaunchArgs, Result, Runtime};
@@ -56,10 +57,30 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Parse and verify a .tk file; print its canonical text, or every error with line:col.
+    /// Parse and verify a .tk file; print its canonical text, or every error with line:col. A
+    /// generic kernel is verified with its defaults and the values given.
     Check {
         /// The kernel file.
         file: PathBuf,
+        /// A value for a kernel parameter: P=V.
+        #[arg(long = "param", value_name = "P=V")]
+        params: Vec<String>,
+    },
+    /// Try every combination of the candidates of a kernel's parameters on one backend, check
+    /// each against the interpreter, and record the fastest in the cache folder for `run` and
+    /// `bench` (docs/language.md §9).
+    Tune {
+        #[command(flatten)]
+        launch: LaunchFlags,
+        /// An input array: NAME=FILE.npy. Without any, seeded random inputs are made.
+        #[arg(long = "input", value_name = "NAME=FILE.npy")]
+        inputs: Vec<String>,
+        /// Timed runs per candidate.
+        #[arg(long, default_value_t = 10)]
+        runs: usize,
+        /// Seed of the random inputs.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
     },
     /// Print what a backend lowers a launch to (PTX, WGSL, ...); needs no device.
     Lower {
@@ -107,6 +128,9 @@ struct LaunchFlags {
     /// The size of a `dyn` grid axis: AXIS=N.
     #[arg(long = "grid", value_name = "AXIS=N")]
     grid: Vec<String>,
+    /// A value for a kernel parameter: P=V (docs/language.md §9).
+    #[arg(long = "param", value_name = "P=V")]
+    params: Vec<String>,
     /// Print which backend was chosen and why every other was skipped (with --backend auto).
     #[arg(long)]
     explain: bool,
@@ -133,16 +157,19 @@ where
         }
     };
     let result = match cli.command {
-        Command::Check { file } => check(&file, out),
+        Command::Check { file, params } => check(&file, &params, out),
         Command::Backends { json } => Runtime::new(&cli.plugins).and_then(|rt| backends(&rt, json, out)),
         Command::Bench { launch, runs, seed, json } => {
-            Runtime::new(&cli.plugins).and_then(|rt| bench(&rt, &launch, runs, seed, json, out))
+            Runtime::new(&cli.plugins).and_then(|rt| bench(&rt, &launch, runs, seed, json, out, err))
         }
         Command::Conformance { backend } => Runtime::new(&cli.plugins).and_then(|rt| conformance(&rt, &backend, out)),
-        Command::Lower { launch } => Runtime::new(&cli.plugins).and_then(|rt| lower(&rt, &launch, out)),
+        Command::Lower { launch } => Runtime::new(&cli.plugins).and_then(|rt| lower(&rt, &launch, out, err)),
         Command::Run { launch, inputs, seed, out_dir, check } => {
             let opts = RunOptions { inputs, seed, out_dir, check };
-            Runtime::new(&cli.plugins).and_then(|rt| run(&rt, &launch, &opts, out))
+            Runtime::new(&cli.plugins).and_then(|rt| run(&rt, &launch, &opts, out, err))
+        }
+        Command::Tune { launch, inputs, runs, seed } => {
+            Runtime::new(&cli.plugins).and_then(|rt| tune(&rt, &launch, &inputs, runs, seed, out))
         }
     };
     match result {
@@ -192,7 +219,10 @@ struct BenchReport {
     /// The adapter or GPU, as the backend describes where it runs.
     target: String,
     kernel: String,
-    params: BTreeMap<String, u64>,
+    /// The kernels' parameters (docs/language.md §9) as bound.
+    params: BTreeMap<String, i64>,
+    /// The sizes of `dyn` grid axes.
+    grid: BTreeMap<String, u64>,
     compile_ms: f64,
     /// The launch alone on arrays already on the device (median), or `null` where the backend
     /// could not keep them there.
@@ -211,13 +241,21 @@ struct BenchReport {
     gflops: Option<f64>,
 }
 
-fn bench(rt: &Runtime, flags: &LaunchFlags, runs: usize, seed: u64, json: bool, out: &mut dyn Write) -> Result<()> {
-    let p = prepare(rt, flags, LOWER_DEFAULT)?;
+fn bench(
+    rt: &Runtime,
+    flags: &LaunchFlags,
+    runs: usize,
+    seed: u64,
+    json: bool,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> Result<()> {
+    let p = prepare(rt, flags, LOWER_DEFAULT, &BTreeMap::new())?;
+    p.warn(err);
     if !json {
         explain(&p, flags, out);
     }
-    let opts = RunOptions { inputs: Vec::new(), seed, out_dir: None, check: false };
-    let launch = LaunchArgs { inputs: read_inputs(&p, &opts)?, grid: p.grid.clone() };
+    let launch = LaunchArgs { inputs: random_inputs(&p, seed), grid: p.grid.clone() };
     let start = Instant::now();
     rt.lower(&p.backend, &p.launches(), &p.externals(), &p.grid)?;
     let compile = start.elapsed();
@@ -258,7 +296,8 @@ fn bench(rt: &Runtime, flags: &LaunchFlags, runs: usize, seed: u64, json: bool, 
             backend: p.backend.clone(),
             target: target.to_string(),
             kernel: names.join(","),
-            params: p.grid.iter().map(|(k, v)| (k.clone(), *v)).collect(),
+            params: p.values.iter().map(|(k, v)| (k.clone(), *v)).collect(),
+            grid: p.grid.clone(),
             compile_ms: compile.as_secs_f64() * 1e3,
             kernel_ms: on_device.map(|d| d * 1e3),
             kernel_timing: if gpu.is_some() { "gpu-timestamps" } else { "submit-and-wait" },
@@ -375,11 +414,77 @@ fn conformance(rt: &Runtime, backend: &str, out: &mut dyn Write) -> Result<()> {
     if ok { Ok(()) } else { Err(Error::ConformanceFailed { backend: backend.to_string(), failed }) }
 }
 
-fn check(file: &Path, out: &mut dyn Write) -> Result<()> {
-    let kernels = crate::load_file(file)?;
-    let text: Vec<String> = kernels.iter().map(|k| print_kernel(k.kernel())).collect();
+fn check(file: &Path, params: &[String], out: &mut dyn Write) -> Result<()> {
+    let kf = crate::read_kernels(file)?;
+    let given = parse_params(params)?;
+    let all: Vec<&Generic> = kf.kernels().iter().collect();
+    check_param_names(&all, &given)?;
+    if !all.iter().any(|k| k.is_generic()) {
+        // Every error of every kernel at once, as the verifier reports them.
+        let kernels = crate::load_file(file)?;
+        let text: Vec<String> = kernels.iter().map(|k| print_kernel(k.kernel())).collect();
+        let _ = write!(out, "{}", text.join("\n"));
+        return Ok(());
+    }
+    let mut text = Vec::new();
+    for k in all {
+        if !k.is_generic() {
+            text.push(print_kernel(kf.specialize(k, &Default::default())?.kernel()));
+            continue;
+        }
+        let mine = given_for(k, &given);
+        match k.bind(&mine, &BTreeMap::new(), &BTreeMap::new()) {
+            Ok(b) => {
+                kf.specialize(k, &b)?;
+                text.push(format!("{}# verified with {}\n", k.template_text(), b.describe(k)));
+            }
+            Err(BindError::Unbound { names, .. }) => {
+                let names = names.join(", ");
+                text.push(format!(
+                    "{}# names and syntax checked; not verified: no value for {names} (give --param {}=V)\n",
+                    k.template_text(),
+                    names.split(", ").next().unwrap_or("P")
+                ));
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
     let _ = write!(out, "{}", text.join("\n"));
     Ok(())
+}
+
+/// `--param P=V` flags as values.
+fn parse_params(flags: &[String]) -> Result<BTreeMap<String, i64>> {
+    const EXPECTED: &str = "P=V with V an integer, as in `--param BM=32`";
+    let mut out = BTreeMap::new();
+    for f in flags {
+        let (name, v) = split_flag("--param", f, EXPECTED)?;
+        let v: i64 = v.parse().map_err(|_| Error::BadFlag {
+            flag: "--param",
+            value: f.clone(),
+            why: format!("`{v}` is not an integer"),
+            expected: EXPECTED,
+        })?;
+        out.insert(name.to_string(), v);
+    }
+    Ok(out)
+}
+
+/// Every value given must be a parameter of some kernel of the launch.
+fn check_param_names(kernels: &[&Generic], given: &BTreeMap<String, i64>) -> Result<()> {
+    for name in given.keys() {
+        if !kernels.iter().any(|k| k.params().iter().any(|p| &p.name == name)) {
+            let first = kernels.first().expect("a launch has a kernel");
+            let one = BTreeMap::from([(name.clone(), 0)]);
+            first.bind(&one, &BTreeMap::new(), &BTreeMap::new())?;
+        }
+    }
+    Ok(())
+}
+
+/// The values of `given` that are parameters of `kernel`.
+fn given_for(kernel: &Generic, given: &BTreeMap<String, i64>) -> BTreeMap<String, i64> {
+    given.iter().filter(|(n, _)| kernel.params().iter().any(|p| &p.name == *n)).map(|(n, v)| (n.clone(), *v)).collect()
 }
 
 /// One backend as `tessel backends --json` prints it.
@@ -509,6 +614,12 @@ struct Prepared {
     backend: String,
     /// How `auto` chose, one line per backend tried.
     explanation: Vec<String>,
+    /// How each generic kernel's parameters were bound, one line each.
+    bound: Vec<String>,
+    /// Every parameter value, by name (kernels of one launch share names).
+    values: BTreeMap<String, i64>,
+    /// Tuning records that could not be read.
+    warnings: Vec<String>,
     kernels: Vec<Verified>,
     meshes: Vec<Option<MeshBox>>,
     externals: Vec<MeshBox>,
@@ -523,6 +634,12 @@ impl Prepared {
     fn externals(&self) -> Vec<&MeshBox> {
         self.externals.iter().collect()
     }
+
+    fn warn(&self, err: &mut dyn Write) {
+        for w in &self.warnings {
+            let _ = writeln!(err, "warning: {w}");
+        }
+    }
 }
 
 fn split_flag<'a>(flag: &'static str, value: &'a str, expected: &'static str) -> Result<(&'a str, &'a str)> {
@@ -532,18 +649,18 @@ fn split_flag<'a>(flag: &'static str, value: &'a str, expected: &'static str) ->
     }
 }
 
-fn pick_kernels(file: &Path, all: &[Verified], names: &[String]) -> Result<Vec<Verified>> {
-    let available = || all.iter().map(|k| k.name().to_string()).collect::<Vec<_>>().join(", ");
+fn pick_kernels<'a>(file: &Path, all: &'a [Generic], names: &[String]) -> Result<Vec<&'a Generic>> {
+    let available = || all.iter().map(Generic::name).collect::<Vec<_>>().join(", ");
     if names.is_empty() {
         return match all {
-            [one] => Ok(vec![one.clone()]),
+            [one] => Ok(vec![one]),
             _ => Err(Error::AmbiguousKernel { file: file.to_path_buf(), available: available() }),
         };
     }
     names
         .iter()
         .map(|name| {
-            all.iter().find(|k| k.name() == name).cloned().ok_or_else(|| Error::UnknownKernel {
+            all.iter().find(|k| k.name() == name).ok_or_else(|| Error::UnknownKernel {
                 file: file.to_path_buf(),
                 name: name.clone(),
                 available: available(),
@@ -558,8 +675,20 @@ const RUN_DEFAULT: &str = "auto";
 /// The backend `lower` and `bench` use without `--backend`.
 const LOWER_DEFAULT: &str = tessel_interpret::NAME;
 
-fn prepare(rt: &Runtime, flags: &LaunchFlags, default: &str) -> Result<Prepared> {
-    let all = crate::load_file(&flags.file)?;
+fn prepare(rt: &Runtime, flags: &LaunchFlags, default: &str, inputs: &BTreeMap<String, HostArray>) -> Result<Prepared> {
+    prepare_with(rt, flags, default, inputs, &parse_params(&flags.params)?, true)
+}
+
+/// [`prepare`] with the parameter values `given`, and tuning records used or not.
+fn prepare_with(
+    rt: &Runtime,
+    flags: &LaunchFlags,
+    default: &str,
+    inputs: &BTreeMap<String, HostArray>,
+    given: &BTreeMap<String, i64>,
+    records: bool,
+) -> Result<Prepared> {
+    let file = crate::read_kernels(&flags.file)?;
     let asked = flags.backend.as_deref().unwrap_or(default);
     let auto = asked == "auto";
     // With `auto`, meshes are made by the backend that owns their kind; else by the one named.
@@ -567,7 +696,9 @@ fn prepare(rt: &Runtime, flags: &LaunchFlags, default: &str) -> Result<Prepared>
     if !auto {
         rt.backend(&backend)?;
     }
-    let kernels = pick_kernels(&flags.file, &all, &flags.kernels)?;
+    let generics = pick_kernels(&flags.file, file.kernels(), &flags.kernels)?;
+    check_param_names(&generics, given)?;
+    let (kernels, bound) = specialize(rt, &file, &generics, given, inputs, records.then_some(backend.as_str()))?;
     let mut meshes: Vec<Option<MeshBox>> = kernels.iter().map(|_| None).collect();
     for m in &flags.meshes {
         // `KERNEL=MESH` names the kernel before the mesh's `(`; a plain mesh is for every kernel.
@@ -601,13 +732,78 @@ fn prepare(rt: &Runtime, flags: &LaunchFlags, default: &str) -> Result<Prepared>
         })?;
         grid.insert(axis.to_string(), n);
     }
-    let mut p = Prepared { backend, explanation: Vec::new(), kernels, meshes, externals, grid };
+    let mut p = Prepared {
+        backend,
+        explanation: Vec::new(),
+        bound: bound.lines,
+        values: bound.values,
+        warnings: bound.warnings,
+        kernels,
+        meshes,
+        externals,
+        grid,
+    };
     if auto {
         let (chosen, lines) = rt.choose(&p.launches(), &p.externals(), &p.grid)?;
         p.backend = chosen;
         p.explanation = lines;
+        // Now that the backend is known, its tuning records may give other values.
+        if records {
+            let (kernels, bound) = specialize(rt, &file, &generics, given, inputs, Some(&p.backend))?;
+            p.kernels = kernels;
+            (p.bound, p.values, p.warnings) = (bound.lines, bound.values, bound.warnings);
+        }
     }
     Ok(p)
+}
+
+/// How the kernels of a launch were bound.
+#[derive(Default)]
+struct Bound {
+    lines: Vec<String>,
+    values: BTreeMap<String, i64>,
+    warnings: Vec<String>,
+}
+
+/// Binds and specializes every kernel of a launch; with a `backend` (not empty), values not given
+/// come from its tuning records where they exist.
+fn specialize(
+    rt: &Runtime,
+    file: &crate::KernelFile,
+    generics: &[&Generic],
+    given: &BTreeMap<String, i64>,
+    inputs: &BTreeMap<String, HostArray>,
+    backend: Option<&str>,
+) -> Result<(Vec<Verified>, Bound)> {
+    let mut bound = Bound::default();
+    let mut kernels = Vec::new();
+    for g in generics {
+        let mine = given_for(g, given);
+        let mut tuned = BTreeMap::new();
+        let loaded = backend.filter(|b| !b.is_empty()).and_then(|b| rt.backend(b).ok());
+        if let Some(loaded) = loaded.filter(|_| !crate::tune::tunable(g).is_empty()) {
+            // The shapes key the record: bind once without it to know them.
+            let shapes =
+                file.specialize_for(g, &mine, &BTreeMap::new(), inputs).map(|(_, b)| crate::tune::shapes_of(g, &b.values));
+            match shapes.map(|s| crate::tune::lookup(g, &s, loaded)) {
+                Ok(crate::tune::Lookup::Found(r, path)) => {
+                    tuned = r.chosen.into_iter().filter(|(n, _)| !mine.contains_key(n)).collect();
+                    bound.lines.push(format!("tuning record for `{}` on {}: {}", g.name(), loaded.name, path.display()));
+                }
+                Ok(crate::tune::Lookup::Corrupt(path, why)) => bound
+                    .warnings
+                    .push(format!("tuning record {} ignored ({why}); `tessel tune` writes it again", path.display())),
+                Ok(crate::tune::Lookup::Missing) | Err(_) => {}
+            }
+        }
+        let (v, b) = file.specialize_for(g, &mine, &tuned, inputs)?;
+        if g.is_generic() {
+            bound.lines.push(format!("params of `{}`: {}", g.name(), b.explain(g)));
+        }
+        bound.values.extend(b.values);
+        kernels.push(v);
+    }
+    Ok((kernels, bound))
 }
 
 fn explain(p: &Prepared, flags: &LaunchFlags, out: &mut dyn Write) {
@@ -618,11 +814,15 @@ fn explain(p: &Prepared, flags: &LaunchFlags, out: &mut dyn Write) {
         if p.explanation.is_empty() {
             let _ = writeln!(out, "backend {} as asked (--backend auto chooses and explains)", p.backend);
         }
+        for l in &p.bound {
+            let _ = writeln!(out, "{l}");
+        }
     }
 }
 
-fn lower(rt: &Runtime, flags: &LaunchFlags, out: &mut dyn Write) -> Result<()> {
-    let p = prepare(rt, flags, LOWER_DEFAULT)?;
+fn lower(rt: &Runtime, flags: &LaunchFlags, out: &mut dyn Write, err: &mut dyn Write) -> Result<()> {
+    let p = prepare(rt, flags, LOWER_DEFAULT, &BTreeMap::new())?;
+    p.warn(err);
     explain(&p, flags, out);
     let (stages, cache) = rt.lower_cached(&p.backend, &p.launches(), &p.externals(), &p.grid)?;
     if flags.explain {
@@ -641,18 +841,10 @@ struct RunOptions {
     check: bool,
 }
 
-fn read_inputs(p: &Prepared, opts: &RunOptions) -> Result<BTreeMap<String, HostArray>> {
-    if opts.inputs.is_empty() {
-        let mut inputs = BTreeMap::new();
-        for k in &p.kernels {
-            for (name, array) in crate::inputs::random_inputs(k.kernel(), opts.seed) {
-                inputs.entry(name).or_insert(array);
-            }
-        }
-        return Ok(inputs);
-    }
+/// The `--input NAME=FILE.npy` arrays.
+fn read_inputs(flags: &[String]) -> Result<BTreeMap<String, HostArray>> {
     let mut inputs = BTreeMap::new();
-    for i in &opts.inputs {
+    for i in flags {
         let (name, path) = split_flag("--input", i, "NAME=FILE.npy, as in `--input x=x.npy`")?;
         let path = PathBuf::from(path);
         let array =
@@ -662,10 +854,24 @@ fn read_inputs(p: &Prepared, opts: &RunOptions) -> Result<BTreeMap<String, HostA
     Ok(inputs)
 }
 
-fn run(rt: &Runtime, flags: &LaunchFlags, opts: &RunOptions, out: &mut dyn Write) -> Result<()> {
-    let p = prepare(rt, flags, RUN_DEFAULT)?;
+/// Seeded random inputs for every kernel of a launch (of the shapes its parameters give).
+fn random_inputs(p: &Prepared, seed: u64) -> BTreeMap<String, HostArray> {
+    let mut inputs = BTreeMap::new();
+    for k in &p.kernels {
+        for (name, array) in crate::inputs::random_inputs(k.kernel(), seed) {
+            inputs.entry(name).or_insert(array);
+        }
+    }
+    inputs
+}
+
+fn run(rt: &Runtime, flags: &LaunchFlags, opts: &RunOptions, out: &mut dyn Write, err: &mut dyn Write) -> Result<()> {
+    let given = read_inputs(&opts.inputs)?;
+    let p = prepare(rt, flags, RUN_DEFAULT, &given)?;
+    p.warn(err);
     explain(&p, flags, out);
-    let launch = LaunchArgs { inputs: read_inputs(&p, opts)?, grid: p.grid.clone() };
+    let inputs = if given.is_empty() { random_inputs(&p, opts.seed) } else { given };
+    let launch = LaunchArgs { inputs, grid: p.grid.clone() };
     let start = Instant::now();
     let outputs = rt.launch(&p.backend, &p.launches(), &p.externals(), &launch)?;
     let elapsed = start.elapsed();
@@ -697,6 +903,112 @@ fn run(rt: &Runtime, flags: &LaunchFlags, opts: &RunOptions, out: &mut dyn Write
         }
         if !failed.is_empty() {
             return Err(Error::CheckFailed(format!("{} beyond tolerance against interpret", failed.join(", "))));
+        }
+    }
+    Ok(())
+}
+
+/// `tessel tune`: every combination of the candidates not given, on one backend.
+fn tune(rt: &Runtime, flags: &LaunchFlags, input_flags: &[String], runs: usize, seed: u64, out: &mut dyn Write) -> Result<()> {
+    let Some(backend) = flags.backend.as_deref().filter(|b| *b != "auto") else {
+        return Err(Error::Tune(
+            "tessel tune needs --backend NAME: a tuning record is for one backend\n  name one of `tessel backends`".to_string(),
+        ));
+    };
+    let loaded = rt.backend(backend)?;
+    let file = crate::read_kernels(&flags.file)?;
+    let generics = pick_kernels(&flags.file, file.kernels(), &flags.kernels)?;
+    let [kernel] = generics.as_slice() else {
+        return Err(Error::Tune("tessel tune tunes one kernel at a time\n  give one --kernel NAME".to_string()));
+    };
+    let given = parse_params(&flags.params)?;
+    check_param_names(&generics, &given)?;
+    let inputs = read_inputs(input_flags)?;
+    let names: Vec<&str> = crate::tune::tunable(kernel).into_iter().filter(|n| !given.contains_key(*n)).collect();
+    if names.is_empty() {
+        return Err(Error::Tune(format!(
+            "kernel `{}` has no parameter with candidates left to tune\n  declare candidates, as in `kernel {}[BM = 16 in (8, 16, 32)]`, and do not fix them all with --param",
+            kernel.name(),
+            kernel.name()
+        )));
+    }
+    let combos = crate::tune::combinations(kernel, &names).map_err(|count| {
+        Error::Tune(format!(
+            "kernel `{}` has {count} combinations of candidates, more than {}\n  fix some parameters with --param P=V",
+            kernel.name(),
+            crate::tune::MAX_COMBINATIONS
+        ))
+    })?;
+    let _ = writeln!(
+        out,
+        "tune `{}` on {backend}: {} candidate(s) of {}, {runs} timed runs each",
+        kernel.name(),
+        combos.len(),
+        names.join(", ")
+    );
+    let bar = indicatif::ProgressBar::new(combos.len() as u64);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("  {bar:30} {pos}/{len} {msg}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let describe = |c: &BTreeMap<String, i64>| c.iter().map(|(n, v)| format!("{n} = {v}")).collect::<Vec<_>>().join(", ");
+    let mut trials = Vec::new();
+    let mut shapes = BTreeMap::new();
+    for combo in &combos {
+        bar.set_message(describe(combo));
+        let mut values = given.clone();
+        values.extend(combo.clone());
+        let trial = (|| -> Result<std::result::Result<f64, String>> {
+            let p = prepare_with(rt, flags, backend, &inputs, &values, false)?;
+            shapes = crate::tune::shapes_of(kernel, &p.values);
+            let launch = LaunchArgs {
+                inputs: if inputs.is_empty() { random_inputs(&p, seed) } else { inputs.clone() },
+                grid: p.grid.clone(),
+            };
+            let got = rt.launch(backend, &p.launches(), &p.externals(), &launch)?;
+            let want = rt.launch(tessel_interpret::NAME, &p.launches(), &p.externals(), &launch)?;
+            let (lines, failed) = compare(&got, &want);
+            if !failed.is_empty() {
+                let detail = lines.iter().map(|l| l.trim()).collect::<Vec<_>>().join("; ");
+                return Ok(Err(format!("DISAGREES with the interpreter, a bug of {backend}; not chosen ({detail})")));
+            }
+            let t = resident_times(rt, &p, &launch, runs.max(1))?;
+            Ok(Ok(middle(t.device.as_deref().unwrap_or(&t.host)) * 1e3))
+        })();
+        let (kernel_ms, verdict) = match trial {
+            Ok(Ok(ms)) => (Some(ms), "ok".to_string()),
+            Ok(Err(v)) => (None, v),
+            Err(e) => (None, format!("not run: {}", e.to_string().lines().next().unwrap_or_default())),
+        };
+        bar.suspend(|| {
+            let _ = match kernel_ms {
+                Some(ms) => writeln!(out, "  {}: {ms:.3} ms", describe(combo)),
+                None => writeln!(out, "  {}: {verdict}", describe(combo)),
+            };
+        });
+        bar.inc(1);
+        trials.push(crate::tune::Trial { values: combo.clone(), kernel_ms, verdict });
+    }
+    bar.finish_and_clear();
+    let best = trials
+        .iter()
+        .filter_map(|t| Some((t, t.kernel_ms?)))
+        .min_by(|a, b| a.1.total_cmp(&b.1))
+        .map(|(t, ms)| (t.values.clone(), ms));
+    let Some((chosen, ms)) = best else {
+        return Err(Error::Tune(format!("no candidate of `{}` ran and agreed with the interpreter on {backend}", kernel.name())));
+    };
+    let _ = writeln!(out, "chosen: {} ({ms:.3} ms)", describe(&chosen));
+    let record = crate::tune::record(kernel, loaded, shapes.clone(), chosen, trials);
+    match crate::tune::path(kernel, &shapes, loaded) {
+        Some(path) => {
+            let existed = matches!(crate::tune::lookup(kernel, &shapes, loaded), crate::tune::Lookup::Corrupt(..));
+            crate::tune::write(&path, &record).map_err(|source| Error::Write { path: path.clone(), source })?;
+            let note = if existed { " (it replaces a record that did not read back)" } else { "" };
+            let _ = writeln!(out, "record: {}{note}", path.display());
+        }
+        None => {
+            let _ = writeln!(out, "record: not written (the cache is off: TESSEL_CACHE=off or no cache folder)");
         }
     }
     Ok(())

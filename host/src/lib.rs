@@ -12,9 +12,13 @@ pub mod inputs;
 pub mod npy;
 pub mod registry;
 pub mod runtime;
+pub mod tune;
 
 use std::path::{Path, PathBuf};
 
+use std::collections::BTreeMap;
+
+use tessel_plugin_api::ir::generic::{BindError, Binding, Generic, Source};
 use tessel_plugin_api::ir::{self, Verified};
 use tessel_plugin_api::launch::LaunchError;
 
@@ -139,6 +143,12 @@ pub enum Error {
     /// `--check` found outputs beyond their dtype's tolerance.
     #[error("--check failed: {0}")]
     CheckFailed(String),
+    /// A launch's values that do not bind a generic kernel's parameters.
+    #[error(transparent)]
+    Bind(#[from] BindError),
+    /// `tessel tune` found nothing to tune, too much, or no candidate that agrees.
+    #[error("{0}")]
+    Tune(String),
 }
 
 /// `type Result<T> = Result<T, Error>`.
@@ -164,4 +174,63 @@ pub fn run_kernel(backend: &str, kernel: &Verified, args: &LaunchArgs) -> Result
     let call = [KernelLaunch { kernel, mesh: None }];
     let backend = if backend == "auto" { rt.choose(&call, &[], &args.grid)?.0 } else { backend.to_string() };
     rt.launch(&backend, &call, &[], args)
+}
+
+/// The kernels of a `.tk` file, generic (docs/language.md §9) or not, with the text and the name
+/// its messages quote.
+#[derive(Debug)]
+pub struct KernelFile {
+    /// The file as named in messages.
+    pub name: String,
+    /// Its kernels.
+    pub source: Source,
+}
+
+/// Reads and parses a `.tk` file; a kernel with parameters is checked for its names and syntax
+/// and waits for [`KernelFile::specialize`].
+pub fn read_kernels(path: &Path) -> Result<KernelFile> {
+    let text = std::fs::read_to_string(path).map_err(|source| Error::Read { path: path.to_path_buf(), source })?;
+    parse_kernels(&path.display().to_string(), &text)
+}
+
+/// Parses `.tk` text named `name` in messages (see [`read_kernels`]).
+pub fn parse_kernels(name: &str, text: &str) -> Result<KernelFile> {
+    let source = Source::parse(text).map_err(|d| Error::Kernel(d.render(name, text)))?;
+    Ok(KernelFile { name: name.to_string(), source })
+}
+
+impl KernelFile {
+    /// The kernels in file order.
+    pub fn kernels(&self) -> &[Generic] {
+        self.source.kernels()
+    }
+
+    /// The kernel called `name`, or an error listing those the file has.
+    pub fn kernel(&self, name: &str) -> Result<&Generic> {
+        self.source.kernel(name).ok_or_else(|| Error::UnknownKernel {
+            file: PathBuf::from(&self.name),
+            name: name.to_string(),
+            available: self.kernels().iter().map(Generic::name).collect::<Vec<_>>().join(", "),
+        })
+    }
+
+    /// Binds `kernel`'s parameters for a launch on `inputs` (shape parameters from their shapes)
+    /// with `given` values, then `tuned` ones, then defaults, and specializes it.
+    pub fn specialize_for(
+        &self,
+        kernel: &Generic,
+        given: &BTreeMap<String, i64>,
+        tuned: &BTreeMap<String, i64>,
+        inputs: &BTreeMap<String, HostArray>,
+    ) -> Result<(Verified, Binding)> {
+        let shapes = inputs.iter().map(|(n, a)| (n.clone(), a.shape.clone())).collect();
+        let binding = kernel.bind(given, tuned, &shapes)?;
+        Ok((self.specialize(kernel, &binding)?, binding))
+    }
+
+    /// The ordinary kernel `kernel` is with `binding`, verified; errors are rendered against the
+    /// generic text and name the values.
+    pub fn specialize(&self, kernel: &Generic, binding: &Binding) -> Result<Verified> {
+        self.source.specialize(kernel, &binding.values).map_err(|d| Error::Kernel(d.render(&self.name, self.source.text())))
+    }
 }

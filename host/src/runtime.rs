@@ -346,12 +346,11 @@ impl Runtime {
     pub fn download(&self, array: &DeviceArray) -> Result<HostArray> {
         let b = self.backend(&array.backend)?;
         let r = b.backend.download(array.id).into_result().map_err(|e| backend_error(b, e))?;
-        HostArray::from_rarray(&r)
-            .map_err(|m| Error::Backend {
-                backend: b.name.clone(),
-                kind: ErrorKind::Internal,
-                message: format!("backend returned a malformed array: {m}"),
-            })
+        HostArray::from_rarray(&r).map_err(|m| Error::Backend {
+            backend: b.name.clone(),
+            kind: ErrorKind::Internal,
+            message: format!("backend returned a malformed array: {m}"),
+        })
     }
 
     /// Frees an array (a backend that cannot is ignored: the memory is its own).
@@ -446,7 +445,7 @@ impl Runtime {
 
 /// The file a backend's code lives in (the plugin, or this executable for a built-in), by path,
 /// size and modification time.
-fn build_identity(source: &crate::registry::Source) -> String {
+pub(crate) fn build_identity(source: &crate::registry::Source) -> String {
     let path = match source {
         crate::registry::Source::Plugin(p) => Some(p.clone()),
         crate::registry::Source::BuiltIn => std::env::current_exe().ok(),

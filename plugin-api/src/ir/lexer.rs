@@ -43,6 +43,10 @@ pub(crate) enum Tok {
     Plus,
     #[token("-")]
     Minus,
+    #[token("/")]
+    Slash,
+    #[token("%")]
+    Percent,
 }
 
 impl Tok {
@@ -71,6 +75,8 @@ impl Tok {
             Tok::Star => "*",
             Tok::Plus => "+",
             Tok::Minus => "-",
+            Tok::Slash => "/",
+            Tok::Percent => "%",
             _ => "",
         }
     }

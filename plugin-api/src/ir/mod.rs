@@ -96,14 +96,16 @@ mod lexer;
 
 pub mod analysis;
 pub mod builder;
+pub mod generic;
 pub mod parse;
 pub mod print;
+pub mod size;
 pub mod verify;
 
 use std::fmt;
 
 pub use diag::{Diagnostic, Diagnostics, SourceMap, Span};
-pub use parse::parse;
+pub use parse::{SizeParam, parse};
 pub use print::{print_kernel, print_module};
 pub use verify::{Verified, verify};
 

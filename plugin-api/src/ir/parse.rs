@@ -1,17 +1,79 @@
 //! `.tk` text to IR. Recursive descent over a line-oriented token stream; an error skips to the end
 //! of its line (keeping braces balanced) and parsing goes on, so one run reports every error.
+//!
+//! Size expressions (docs/language.md §9) are computed here, where they are read: the parser is
+//! given the values of a kernel's parameters ([`Sizes`]) and writes numbers into the IR, so that
+//! a specialized kernel keeps the spans of its generic text.
+
+use std::collections::BTreeMap;
 
 use super::lexer::{Tok, lex};
+use super::size::{SizeError, SizeExpr, SizeOp};
 use super::*;
 
-/// Parses a whole file. On failure returns every syntax error found, in source order.
+/// Parses a whole file. On failure returns every syntax error found, in source order. A kernel
+/// with parameters takes their defaults; one without a default is an error (bind it through
+/// [`generic::Source`](super::generic::Source)).
 pub fn parse(source: &str) -> Result<Module, Diagnostics> {
     let (toks, bad) = lex(source);
-    let mut p = Parser { toks, pos: 0, diags: Vec::new(), eof: Span::new(source.len(), source.len()) };
+    let kernels = parse_tokens(source, &toks, bad, Sizes::Defaults, 0)?;
+    Ok(Module { kernels: kernels.into_iter().map(|p| p.kernel).collect() })
+}
+
+/// How the parser gives size expressions their values.
+#[derive(Clone, Copy)]
+pub(crate) enum Sizes<'a> {
+    /// Every parameter takes its default; one without is an error.
+    Defaults,
+    /// The values of a launch, for every parameter.
+    Bound(&'a BTreeMap<String, i64>),
+    /// Names and syntax only: an expression that names a parameter reads as a *hole*, the number
+    /// `hole_base + n` for the `n`-th such expression of the kernel (see `generic.rs`).
+    Template,
+}
+
+/// A size parameter of a generic kernel: `N`, `BM = 16 in (8, 16, 32, 64)`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SizeParam {
+    /// Its name.
+    pub name: String,
+    /// Its default, if it has one.
+    pub default: Option<i64>,
+    /// Values for `tessel tune` to try (empty: not tuned).
+    pub candidates: Vec<i64>,
+    /// Where it is declared.
+    pub span: Span,
+}
+
+/// One kernel as parsed, with what a generic kernel needs besides its IR.
+pub(crate) struct Parsed {
+    pub kernel: Kernel,
+    /// Its size parameters, in declaration order.
+    pub params: Vec<SizeParam>,
+    /// Each `in` argument's dimensions as written.
+    pub inputs: Vec<(String, Vec<SizeExpr>)>,
+    /// In a template, the expression behind each hole.
+    pub holes: Vec<SizeExpr>,
+    /// The index of its `kernel` token.
+    pub first_tok: usize,
+}
+
+/// Names that may not be parameters: they mean something where a size can stand.
+const RESERVED: [&str; 8] = ["cdiv", "min", "max", "dyn", "inf", "nan", "true", "false"];
+
+/// Parses every kernel of lexed text with `sizes`; `bad` are the characters the lexer refused.
+pub(crate) fn parse_tokens(
+    source: &str,
+    toks: &[(Tok, Span)],
+    bad: Vec<super::lexer::BadChar>,
+    sizes: Sizes<'_>,
+    hole_base: i64,
+) -> Result<Vec<Parsed>, Diagnostics> {
+    let mut p = Parser::new(source, toks, sizes, hole_base);
     let map = SourceMap::new(source);
     // After a character that starts no token, the rest of its line would only give cascades.
     let bad_at: Vec<(usize, usize)> = bad.iter().map(|b| map.line_col(b.span.start as usize)).collect();
-    let module = p.module();
+    let kernels = p.module();
     p.diags.retain(|d| {
         let (line, col) = map.line_col(d.span.start as usize);
         !bad_at.iter().any(|&(bl, bc)| bl == line && bc <= col)
@@ -19,27 +81,75 @@ pub fn parse(source: &str) -> Result<Module, Diagnostics> {
     for b in bad {
         p.diags.push(
             Diagnostic::new(b.span, format!("unexpected character `{}`", b.text))
-                .expected("expected names, `%values`, numbers or one of ( ) [ ] { } , : = * + -"),
+                .expected("expected names, `%values`, numbers or one of ( ) [ ] { } , : = * + - / %"),
         );
     }
     if p.diags.is_empty() {
-        Ok(module)
+        Ok(kernels)
     } else {
         p.diags.sort_by_key(|d| d.span.start);
         Err(Diagnostics(p.diags))
     }
 }
 
+/// Parses the one kernel whose `kernel` token is `first_tok`, with every parameter bound.
+pub(crate) fn parse_kernel_at(
+    source: &str,
+    toks: &[(Tok, Span)],
+    first_tok: usize,
+    values: &BTreeMap<String, i64>,
+) -> Result<Kernel, Diagnostics> {
+    let mut p = Parser::new(source, toks, Sizes::Bound(values), 0);
+    p.pos = first_tok;
+    let parsed = p.kernel();
+    match parsed {
+        Some(k) if p.diags.is_empty() => Ok(k.kernel),
+        _ => {
+            p.diags.sort_by_key(|d| d.span.start);
+            Err(Diagnostics(p.diags))
+        }
+    }
+}
+
 type PResult<T> = Result<T, Diagnostic>;
 
-struct Parser {
-    toks: Vec<(Tok, Span)>,
+struct Parser<'t> {
+    toks: &'t [(Tok, Span)],
     pos: usize,
     diags: Vec<Diagnostic>,
     eof: Span,
+    sizes: Sizes<'t>,
+    hole_base: i64,
+    /// The current kernel's parameters and, outside a template, their values.
+    declared: Vec<SizeParam>,
+    values: BTreeMap<String, i64>,
+    /// The current kernel's holes (in a template) and `in` dimensions as written.
+    holes: Vec<SizeExpr>,
+    inputs: Vec<(String, Vec<SizeExpr>)>,
+    /// Whether the current kernel is read as a template (a parameter had no value).
+    template: bool,
+    /// The dimensions of the last type read, as written.
+    last_dims: Vec<SizeExpr>,
 }
 
-impl Parser {
+impl<'t> Parser<'t> {
+    fn new(source: &str, toks: &'t [(Tok, Span)], sizes: Sizes<'t>, hole_base: i64) -> Parser<'t> {
+        Parser {
+            toks,
+            pos: 0,
+            diags: Vec::new(),
+            eof: Span::new(source.len(), source.len()),
+            sizes,
+            hole_base,
+            declared: Vec::new(),
+            values: BTreeMap::new(),
+            holes: Vec::new(),
+            inputs: Vec::new(),
+            template: false,
+            last_dims: Vec::new(),
+        }
+    }
+
     // ---- token plumbing ----
 
     fn peek(&self) -> Option<&Tok> {
@@ -117,22 +227,20 @@ impl Parser {
     }
 
     fn int<T: TryFrom<i64>>(&mut self, expected: &str) -> PResult<T> {
-        let v = self.signed_int(false, expected)?;
+        let v = self.unsigned_int(expected)?;
         T::try_from(v).map_err(|_| {
             Diagnostic::new(self.prev_span(), format!("`{v}` is out of range")).expected(format!("expected {expected}"))
         })
     }
 
-    /// An integer literal, with a leading `-` when `allow_minus`.
-    fn signed_int(&mut self, allow_minus: bool, expected: &str) -> PResult<i64> {
-        let start = self.span();
-        let neg = allow_minus && self.eat(&Tok::Minus);
+    /// An integer literal without sign.
+    fn unsigned_int(&mut self, expected: &str) -> PResult<i64> {
         match self.peek() {
             Some(Tok::Int(s)) => {
-                let text = if neg { format!("-{s}") } else { s.clone() };
+                let s = s.clone();
                 self.pos += 1;
-                text.parse::<i64>().map_err(|_| {
-                    Diagnostic::new(start.to(self.prev_span()), format!("integer `{text}` does not fit in 64 bits"))
+                s.parse::<i64>().map_err(|_| {
+                    Diagnostic::new(self.prev_span(), format!("integer `{s}` does not fit in 64 bits"))
                         .expected("expected an integer between -2^63 and 2^63-1")
                 })
             }
@@ -186,7 +294,7 @@ impl Parser {
 
     // ---- file and header ----
 
-    fn module(&mut self) -> Module {
+    fn module(&mut self) -> Vec<Parsed> {
         let mut kernels = Vec::new();
         loop {
             self.skip_newlines();
@@ -213,10 +321,11 @@ impl Parser {
                     .expected("expected at least one `kernel NAME` with a header and a `{ ... }` body (see docs/language.md)"),
             );
         }
-        Module { kernels }
+        kernels
     }
 
-    fn kernel(&mut self) -> Option<Kernel> {
+    fn kernel(&mut self) -> Option<Parsed> {
+        let first_tok = self.pos;
         let start = self.span();
         self.pos += 1; // `kernel`
         let name = match self.ident("a kernel name after `kernel`") {
@@ -227,6 +336,19 @@ impl Parser {
             }
         };
         let span = start.to(self.prev_span());
+        self.declared.clear();
+        self.holes.clear();
+        self.inputs.clear();
+        if self.at(&Tok::LBracket) {
+            match self.size_params() {
+                Ok(params) => self.declared = params,
+                Err(d) => {
+                    self.diags.push(d);
+                    self.recover_line();
+                }
+            }
+        }
+        self.bind_declared(&name, span);
         if let Err(d) = self.expect_line_end() {
             self.diags.push(d);
             self.recover_line();
@@ -292,7 +414,273 @@ impl Parser {
             self.diags.push(d);
             self.recover_line();
         }
-        Some(kernel)
+        self.check_param_names(&kernel);
+        Some(Parsed {
+            kernel,
+            params: std::mem::take(&mut self.declared),
+            inputs: std::mem::take(&mut self.inputs),
+            holes: std::mem::take(&mut self.holes),
+            first_tok,
+        })
+    }
+
+    // ---- parameters and size expressions ----
+
+    /// `[N, D, BM = 16 in (8, 16, 32, 64)]` after the kernel's name.
+    fn size_params(&mut self) -> PResult<Vec<SizeParam>> {
+        self.pos += 1; // `[`
+        let mut out: Vec<SizeParam> = Vec::new();
+        loop {
+            let (name, span) = self.ident("a parameter name, as in `kernel softmax[N, D, BM = 16]`")?;
+            if RESERVED.contains(&name.as_str()) {
+                return Err(Diagnostic::new(span, format!("`{name}` cannot name a parameter"))
+                    .expected(format!("expected a name other than {}", RESERVED.join(", "))));
+            }
+            if out.iter().any(|p| p.name == name) {
+                return Err(Diagnostic::new(span, format!("parameter `{name}` is declared twice"))
+                    .expected("expected each parameter once"));
+            }
+            let mut default = None;
+            let mut candidates = Vec::new();
+            if self.eat(&Tok::Eq) {
+                default = Some(self.constant_size("a default value")?);
+                if self.eat_ident("in") {
+                    self.expect(Tok::LParen, "`(` and the candidates, as in `BM = 16 in (8, 16, 32)`")?;
+                    loop {
+                        candidates.push(self.constant_size("a candidate value")?);
+                        if self.eat(&Tok::RParen) {
+                            break;
+                        }
+                        self.expect(Tok::Comma, "`,` or `)` in the candidates")?;
+                    }
+                }
+            }
+            out.push(SizeParam { name, default, candidates, span: span.to(self.prev_span()) });
+            if self.eat(&Tok::RBracket) {
+                return Ok(out);
+            }
+            self.expect(Tok::Comma, "`,` or `]` after a parameter")?;
+        }
+    }
+
+    /// A default or candidate: an expression of integers alone.
+    fn constant_size(&mut self, what: &str) -> PResult<i64> {
+        let start = self.span();
+        if let Some(Tok::Ident(w)) = self.peek()
+            && SizeOp::from_call(w).is_none()
+        {
+            return Err(Diagnostic::new(start, format!("unexpected `{w}` in {what}"))
+                .expected("expected an integer (defaults and candidates name no parameters)"));
+        }
+        let (e, span) = self.size_expr(false)?;
+        e.eval(&|_| None).map_err(|err| self.size_error(&err, &e, span))
+    }
+
+    /// Gives the declared parameters their values for this kernel, per [`Sizes`].
+    fn bind_declared(&mut self, kernel: &str, span: Span) {
+        self.values.clear();
+        self.template = matches!(self.sizes, Sizes::Template);
+        match self.sizes {
+            Sizes::Template => {}
+            Sizes::Bound(values) => self.values = values.clone(),
+            Sizes::Defaults => {
+                let missing: Vec<&str> = self.declared.iter().filter(|p| p.default.is_none()).map(|p| p.name.as_str()).collect();
+                if !missing.is_empty() {
+                    self.diags.push(
+                        Diagnostic::new(span, format!("kernel `{kernel}` has parameters without a value: {}", missing.join(", ")))
+                            .expected("expected defaults for all of them here; a launch binds them (`--param N=V`, or the shape of an input)"),
+                    );
+                    // Read the rest for its syntax only.
+                    self.template = true;
+                }
+                self.values = self.declared.iter().filter_map(|p| Some((p.name.clone(), p.default?))).collect();
+            }
+        }
+    }
+
+    /// Parameters may not share a name with an argument or a grid axis: inside `at (...)` a
+    /// parameter would hide the axis.
+    fn check_param_names(&mut self, kernel: &Kernel) {
+        for p in &self.declared {
+            let clash = if kernel.param(&p.name).is_some() {
+                Some("an argument")
+            } else if kernel.grid.iter().flatten().any(|a| a.name == p.name) {
+                Some("a grid axis")
+            } else {
+                None
+            };
+            if let Some(what) = clash {
+                self.diags.push(
+                    Diagnostic::new(p.span, format!("parameter `{}` has the name of {what}", p.name))
+                        .expected("expected parameters with names of their own, such as `N` or `BM`"),
+                );
+            }
+        }
+    }
+
+    fn is_param(&self, name: &str) -> bool {
+        self.declared.iter().any(|p| p.name == name)
+    }
+
+    /// Whether the tokens from `at` start a size expression (in an operand's place).
+    fn size_starts(&self, at: usize) -> bool {
+        let tok = |i: usize| self.toks.get(i).map(|t| &t.0);
+        match tok(at) {
+            Some(Tok::Int(_) | Tok::LParen) => true,
+            Some(Tok::Minus) => self.size_starts(at + 1),
+            Some(Tok::Ident(w)) => self.is_param(w) || (SizeOp::from_call(w).is_some() && tok(at + 1) == Some(&Tok::LParen)),
+            _ => false,
+        }
+    }
+
+    /// A size expression and its span; `axes` lets names that are not parameters stand for grid
+    /// axes (inside `at (...)`).
+    fn size_expr(&mut self, axes: bool) -> PResult<(SizeExpr, Span)> {
+        let start = self.span();
+        let e = self.size_sum(axes)?;
+        Ok((e, start.to(self.prev_span())))
+    }
+
+    fn size_sum(&mut self, axes: bool) -> PResult<SizeExpr> {
+        let mut e = self.size_term(axes)?;
+        loop {
+            let op = if self.eat(&Tok::Plus) {
+                SizeOp::Add
+            } else if self.eat(&Tok::Minus) {
+                SizeOp::Sub
+            } else {
+                return Ok(e);
+            };
+            e = SizeExpr::Bin(op, Box::new(e), Box::new(self.size_term(axes)?));
+        }
+    }
+
+    fn size_term(&mut self, axes: bool) -> PResult<SizeExpr> {
+        let mut e = self.size_unary(axes)?;
+        loop {
+            let rhs = match self.peek() {
+                Some(Tok::Star) => (SizeOp::Mul, None),
+                Some(Tok::Slash) => (SizeOp::Div, None),
+                Some(Tok::Percent) => (SizeOp::Rem, None),
+                // `N %BM` lexes as `N` and the value name `%BM`; no value may follow a size.
+                Some(Tok::Value(v)) => (SizeOp::Rem, Some(v.clone())),
+                _ => return Ok(e),
+            };
+            self.pos += 1;
+            let b = match rhs.1 {
+                Some(text) => match text.parse::<i64>() {
+                    Ok(v) => SizeExpr::Int(v),
+                    Err(_) => self.size_name(text, axes, self.prev_span())?,
+                },
+                None => self.size_unary(axes)?,
+            };
+            e = SizeExpr::Bin(rhs.0, Box::new(e), Box::new(b));
+        }
+    }
+
+    fn size_unary(&mut self, axes: bool) -> PResult<SizeExpr> {
+        if self.eat(&Tok::Minus) {
+            return Ok(SizeExpr::Neg(Box::new(self.size_unary(axes)?)));
+        }
+        match self.peek().cloned() {
+            Some(Tok::Int(s)) => {
+                self.pos += 1;
+                s.parse::<i64>().map(SizeExpr::Int).map_err(|_| {
+                    Diagnostic::new(self.prev_span(), format!("integer `{s}` does not fit in 64 bits"))
+                        .expected("expected an integer between -2^63 and 2^63-1")
+                })
+            }
+            Some(Tok::LParen) => {
+                self.pos += 1;
+                let e = self.size_sum(axes)?;
+                self.expect(Tok::RParen, "`)` to close the parenthesis")?;
+                Ok(e)
+            }
+            Some(Tok::Ident(w)) => {
+                self.pos += 1;
+                let span = self.prev_span();
+                match SizeOp::from_call(&w) {
+                    Some(op) if self.eat(&Tok::LParen) => {
+                        let a = self.size_sum(axes)?;
+                        self.expect(Tok::Comma, &format!("`,` and the second argument of `{w}(...)`"))?;
+                        let b = self.size_sum(axes)?;
+                        self.expect(Tok::RParen, &format!("`)` to close `{w}(...)`"))?;
+                        Ok(SizeExpr::Bin(op, Box::new(a), Box::new(b)))
+                    }
+                    _ => self.size_name(w, axes, span),
+                }
+            }
+            _ => Err(self.unexpected("a size: an integer, a parameter, or an expression such as `cdiv(N, 128)`")),
+        }
+    }
+
+    fn size_name(&self, name: String, axes: bool, span: Span) -> PResult<SizeExpr> {
+        if axes || self.is_param(&name) {
+            return Ok(SizeExpr::Name(name));
+        }
+        let expected = if self.declared.is_empty() {
+            "expected an integer, or a parameter declared after the kernel's name, as in `kernel add[N]`".to_string()
+        } else {
+            let names: Vec<&str> = self.declared.iter().map(|p| p.name.as_str()).collect();
+            format!("expected an integer or one of this kernel's parameters: {}", names.join(", "))
+        };
+        Err(Diagnostic::new(span, format!("unknown size `{name}`")).expected(expected))
+    }
+
+    /// The value of a size expression here, or its hole in a template.
+    fn size_value(&mut self, e: &SizeExpr, span: Span) -> PResult<i64> {
+        if self.template && e.names().iter().any(|n| self.is_param(n)) {
+            return Ok(self.hole(e));
+        }
+        let values = &self.values;
+        e.eval(&|n| values.get(n).copied()).map_err(|err| self.size_error(&err, e, span))
+    }
+
+    fn hole(&mut self, e: &SizeExpr) -> i64 {
+        self.holes.push(e.clone().fold());
+        self.hole_base + self.holes.len() as i64 - 1
+    }
+
+    /// A size: a positive integer of type `T`. A plain literal is left to the verifier.
+    fn size<T: TryFrom<i64>>(&mut self, what: &str) -> PResult<T> {
+        Ok(self.size_written(what)?.0)
+    }
+
+    /// A size and the expression it was written as.
+    fn size_written<T: TryFrom<i64>>(&mut self, what: &str) -> PResult<(T, SizeExpr)> {
+        let (e, span) = self.size_expr(false)?;
+        let v = self.size_value(&e, span)?;
+        if !matches!(e, SizeExpr::Int(_)) && v <= 0 {
+            return Err(Diagnostic::new(span, format!("`{e}` is {v}{}, but {what} must be at least 1", self.with_values(&e)))
+                .expected("expected a positive size; choose parameters that give one"));
+        }
+        match T::try_from(v) {
+            Ok(v) => Ok((v, e)),
+            Err(_) => Err(Diagnostic::new(span, format!("{what} `{e}` is {v}, out of range"))
+                .expected(format!("expected {what} that fits"))),
+        }
+    }
+
+    /// ` with N = 1000, BM = 16 (the defaults)` for the parameters `e` names, where the values
+    /// are defaults (a launch's values are named by whoever specialized the kernel).
+    fn with_values(&self, e: &SizeExpr) -> String {
+        if !matches!(self.sizes, Sizes::Defaults) {
+            return String::new();
+        }
+        let named: Vec<String> = e.names().into_iter().filter_map(|n| Some(format!("{n} = {}", self.values.get(n)?))).collect();
+        if named.is_empty() { String::new() } else { format!(" with {} (the defaults)", named.join(", ")) }
+    }
+
+    fn size_error(&self, err: &SizeError, e: &SizeExpr, span: Span) -> Diagnostic {
+        let expected = match err {
+            SizeError::Unbound(_) => "expected a value for it at launch: `--param N=V`, or an input whose shape has it",
+            SizeError::Divisor { .. } => "expected a positive divisor",
+            SizeError::Overflow => "expected sizes within 64 bits",
+            SizeError::NotAffine(_) => {
+                "expected a block index such as `i`, `2*i + 1` or `N / 128 - 1 - i`: axes times integers, plus integers"
+            }
+        };
+        Diagnostic::new(span, format!("`{e}`: {err}{}", self.with_values(e))).expected(expected)
     }
 
     fn grid(&mut self, kernel: &mut Kernel) -> PResult<()> {
@@ -303,8 +691,7 @@ impl Parser {
         loop {
             let (name, name_span) = self.ident("an axis name, as in `i: 8`")?;
             self.expect(Tok::Colon, "`:` and the axis size, as in `i: 8`")?;
-            let size =
-                if self.eat_ident("dyn") { AxisSize::Dyn } else { AxisSize::Fixed(self.int("a positive axis size or `dyn`")?) };
+            let size = if self.eat_ident("dyn") { AxisSize::Dyn } else { AxisSize::Fixed(self.size("a grid size")?) };
             let seq = self.eat_ident("seq");
             axes.push(GridAxis { name, size, seq, span: name_span.to(self.prev_span()) });
             if self.eat(&Tok::RParen) {
@@ -330,6 +717,9 @@ impl Parser {
         let (name, _) = self.ident(&format!("an argument name after `{}`", kind.keyword()))?;
         self.expect(Tok::Colon, "`:` and a type, as in `x: f32[1024]`")?;
         let ty = self.ty()?;
+        if kind == ParamKind::In {
+            self.inputs.push((name.clone(), self.last_dims.clone()));
+        }
         let mut block = None;
         if self.eat_ident("block") {
             let shape = self.dims("block dimensions, as in `block [128]`")?;
@@ -353,8 +743,11 @@ impl Parser {
     fn dims(&mut self, expected: &str) -> PResult<Vec<usize>> {
         self.expect(Tok::LBracket, expected)?;
         let mut dims = Vec::new();
+        self.last_dims.clear();
         loop {
-            dims.push(self.int("a dimension size")?);
+            let (dim, written) = self.size_written("a dimension")?;
+            dims.push(dim);
+            self.last_dims.push(written);
             if self.eat(&Tok::RBracket) {
                 return Ok(dims);
             }
@@ -367,39 +760,24 @@ impl Parser {
         let dtype = DType::from_name(&name).ok_or_else(|| {
             Diagnostic::new(span, format!("unknown dtype `{name}`")).expected("expected one of f32 i32 u32 bool f16 bf16")
         })?;
+        self.last_dims.clear();
         let shape = if self.at(&Tok::LBracket) { self.dims("dimensions")? } else { Vec::new() };
         Ok(Type { dtype, shape })
     }
 
+    /// A block index: a size expression in which names that are not parameters are grid axes,
+    /// affine in them.
     fn affine(&mut self) -> PResult<Affine> {
-        let mut out = Affine::default();
-        let mut sign = if self.eat(&Tok::Minus) { -1 } else { 1 };
-        loop {
-            match self.peek() {
-                Some(Tok::Int(_)) => {
-                    let c: i64 = self.int("an integer")?;
-                    if self.eat(&Tok::Star) {
-                        let (name, _) = self.ident("an axis name after `*`")?;
-                        out.add_term(sign * c, &name);
-                    } else {
-                        out.constant = out.constant.wrapping_add(sign * c);
-                    }
-                }
-                Some(Tok::Ident(_)) => {
-                    let (name, _) = self.ident("an axis name")?;
-                    let c = if self.eat(&Tok::Star) { self.int::<i64>("an integer coefficient")? } else { 1 };
-                    out.add_term(sign * c, &name);
-                }
-                _ => return Err(self.unexpected("an affine index such as `i`, `2*i + 1` or `0`")),
-            }
-            sign = if self.eat(&Tok::Plus) {
-                1
-            } else if self.eat(&Tok::Minus) {
-                -1
-            } else {
-                return Ok(out);
-            };
+        let (e, span) = self.size_expr(true)?;
+        if self.template && e.names().iter().any(|n| self.is_param(n)) {
+            return Ok(Affine::constant(self.hole(&e)));
         }
+        let values = &self.values;
+        let declared = &self.declared;
+        // A declared parameter without a value reads as 0 so that it is never taken for an axis
+        // (only where an error was already reported).
+        let param = |n: &str| values.get(n).copied().or_else(|| declared.iter().any(|p| p.name == n).then_some(0));
+        e.affine(&param).map_err(|err| self.size_error(&err, &e, span))
     }
 
     // ---- body ----
@@ -613,7 +991,7 @@ impl Parser {
                 self.expect(Tok::LParen, "`(` after `ds`, as in `ds(%start, 128)`")?;
                 let start = self.operand()?;
                 self.expect(Tok::Comma, "`,` and the slice size")?;
-                let size = self.int("a slice size (an integer literal)")?;
+                let size = self.size("a slice size")?;
                 self.expect(Tok::RParen, "`)` to close `ds(...)`")?;
                 Index::Slice { start, size }
             } else {
@@ -641,13 +1019,13 @@ impl Parser {
     }
 
     fn literal(&mut self) -> PResult<Literal> {
+        if self.size_starts(self.pos) {
+            let (e, span) = self.size_expr(false)?;
+            return Ok(Literal::Int(self.size_value(&e, span)?));
+        }
         let neg = self.eat(&Tok::Minus);
         let sign = if neg { -1.0 } else { 1.0 };
         let lit = match self.peek().cloned() {
-            Some(Tok::Int(_)) => {
-                self.pos -= usize::from(neg);
-                Literal::Int(self.signed_int(true, "an integer")?)
-            }
             Some(Tok::Float(s)) => {
                 self.pos += 1;
                 let v: f64 = s.parse().map_err(|_| {

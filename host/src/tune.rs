@@ -1,0 +1,168 @@
+//! Tuning records (docs/language.md §9): what `tessel tune` chose for a generic kernel, kept in the
+//! cache folder and read by `run` and `bench` for the parameters a launch does not give.
+//!
+//! A record is keyed by the kernel's canonical generic text, the values of its parameters that
+//! have no candidates (the shapes), and the backend with its build and target: a record made for
+//! other shapes, another adapter or an older build is simply not found. Records are JSON, written
+//! to a temporary file and renamed into place; one that does not read back is ignored with a
+//! warning, and the next `tune` writes it again.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use tessel_plugin_api::ir::generic::Generic;
+
+use crate::registry::Loaded;
+
+/// The version of the record format.
+const FORMAT: u32 = 1;
+
+/// The most candidate combinations one `tune` runs.
+pub const MAX_COMBINATIONS: usize = 256;
+
+/// One candidate combination as `tune` found it.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Trial {
+    /// The values of the tuned parameters.
+    pub values: BTreeMap<String, i64>,
+    /// The kernel's time on the device (median, ms), where it ran and agreed.
+    pub kernel_ms: Option<f64>,
+    /// `ok`, or why it was not a choice (refused, failed, disagreed with the interpreter).
+    pub verdict: String,
+}
+
+/// A tuning record.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Record {
+    /// The record format.
+    pub format: u32,
+    /// The kernel.
+    pub kernel: String,
+    /// The backend.
+    pub backend: String,
+    /// Where it ran (the adapter or GPU, as the backend says).
+    pub target: String,
+    /// The parameters without candidates, as bound when tuning.
+    pub shapes: BTreeMap<String, i64>,
+    /// The fastest combination that agreed with the interpreter.
+    pub chosen: BTreeMap<String, i64>,
+    /// Every combination tried.
+    pub trials: Vec<Trial>,
+}
+
+/// What looking for a record found.
+#[derive(Debug)]
+pub enum Lookup {
+    /// A record for this launch.
+    Found(Record, PathBuf),
+    /// A file that is not a record (or of another format): ignored.
+    Corrupt(PathBuf, String),
+    /// None (or no cache folder).
+    Missing,
+}
+
+/// The parameters `tune` may choose: those with candidates.
+pub fn tunable(kernel: &Generic) -> Vec<&str> {
+    kernel.params().iter().filter(|p| !p.candidates.is_empty()).map(|p| p.name.as_str()).collect()
+}
+
+/// The values of the parameters without candidates, from a binding's values.
+pub fn shapes_of(kernel: &Generic, values: &BTreeMap<String, i64>) -> BTreeMap<String, i64> {
+    kernel
+        .params()
+        .iter()
+        .filter(|p| p.candidates.is_empty())
+        .filter_map(|p| Some((p.name.clone(), *values.get(&p.name)?)))
+        .collect()
+}
+
+/// Every combination of the candidates of `names` (none given), in declaration order, the last
+/// parameter fastest; `Err(count)` past [`MAX_COMBINATIONS`].
+pub fn combinations(kernel: &Generic, names: &[&str]) -> Result<Vec<BTreeMap<String, i64>>, usize> {
+    let lists: Vec<(&str, &[i64])> = kernel
+        .params()
+        .iter()
+        .filter(|p| names.contains(&p.name.as_str()))
+        .map(|p| (p.name.as_str(), p.candidates.as_slice()))
+        .collect();
+    let count = lists.iter().try_fold(1usize, |n, (_, c)| n.checked_mul(c.len())).unwrap_or(usize::MAX);
+    if count > MAX_COMBINATIONS {
+        return Err(count);
+    }
+    let mut out = vec![BTreeMap::new()];
+    for (name, cands) in lists {
+        out = out
+            .into_iter()
+            .flat_map(|base| {
+                cands.iter().map(move |&c| {
+                    let mut m = base.clone();
+                    m.insert(name.to_string(), c);
+                    m
+                })
+            })
+            .collect();
+    }
+    Ok(out)
+}
+
+/// The record file for `kernel` with `shapes` on `backend`, if there is a cache folder.
+pub fn path(kernel: &Generic, shapes: &BTreeMap<String, i64>, backend: &Loaded) -> Option<PathBuf> {
+    let mut h = blake3::Hasher::new();
+    let mut field = |s: &str| {
+        h.update(&(s.len() as u64).to_le_bytes());
+        h.update(s.as_bytes());
+    };
+    field("tessel tuning record v1");
+    field(kernel.template_text());
+    for (k, v) in shapes {
+        field(&format!("{k}={v}"));
+    }
+    field(&backend.name);
+    field(backend.backend.version().as_str());
+    field(&crate::runtime::build_identity(&backend.source));
+    field(backend.backend.availability().reason.as_str());
+    Some(crate::cache::dir()?.join("tune").join(format!("{}.json", h.finalize().to_hex())))
+}
+
+/// The record for `kernel` with `shapes` on `backend`.
+pub fn lookup(kernel: &Generic, shapes: &BTreeMap<String, i64>, backend: &Loaded) -> Lookup {
+    let Some(path) = path(kernel, shapes, backend) else { return Lookup::Missing };
+    let Ok(text) = std::fs::read_to_string(&path) else { return Lookup::Missing };
+    match serde_json::from_str::<Record>(&text) {
+        Ok(r) if r.format == FORMAT && r.kernel == kernel.name() && r.shapes == *shapes => Lookup::Found(r, path),
+        Ok(r) if r.format != FORMAT => Lookup::Corrupt(path, format!("format {} (this build reads {FORMAT})", r.format)),
+        Ok(_) => Lookup::Corrupt(path, "it is for another kernel or other shapes".to_string()),
+        Err(e) => Lookup::Corrupt(path, e.to_string()),
+    }
+}
+
+/// A new record (format filled in).
+pub fn record(
+    kernel: &Generic,
+    backend: &Loaded,
+    shapes: BTreeMap<String, i64>,
+    chosen: BTreeMap<String, i64>,
+    trials: Vec<Trial>,
+) -> Record {
+    Record {
+        format: FORMAT,
+        kernel: kernel.name().to_string(),
+        backend: backend.name.clone(),
+        target: backend.backend.availability().reason.into_string(),
+        shapes,
+        chosen,
+        trials,
+    }
+}
+
+/// Writes `record` to `path` whole (temporary file, then rename).
+pub fn write(path: &Path, record: &Record) -> std::io::Result<()> {
+    let dir = path.parent().expect("records live in a folder");
+    std::fs::create_dir_all(dir)?;
+    let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
+    serde_json::to_writer_pretty(&mut tmp, record).map_err(std::io::Error::other)?;
+    std::io::Write::write_all(&mut tmp, b"\n")?;
+    tmp.persist(path).map_err(|e| e.error)?;
+    Ok(())
+}
