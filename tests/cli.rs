@@ -21,10 +21,34 @@ fn assert_user_error(r: &Outcome, needles: &[&str]) {
 
 #[test]
 fn check_prints_canonical_text_and_exits_0() {
+    let r = tessel(&["check", &example("fused")]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(r.stdout.starts_with("kernel fused\n  grid (i: 16)\n"), "{}", r.stdout);
+    assert!(r.stdout.contains("  %xy = mul %x, %y : f32[256]\n"), "{}", r.stdout);
+}
+
+#[test]
+fn check_of_a_generic_kernel_keeps_its_parameters_and_says_what_it_verified() {
     let r = tessel(&["check", &example("add")]);
     assert_eq!(r.code, 0, "{}", r.stderr);
-    assert!(r.stdout.starts_with("kernel add\n  grid (i: 8)\n"), "{}", r.stdout);
-    assert!(r.stdout.contains("  %c = add %a, %b : f32[128]\n"), "{}", r.stdout);
+    assert!(r.stdout.starts_with("kernel add[N = 1024, B = 128 in (64, 128, 256, 512, 1024)]\n  grid (i: cdiv(N, B))\n"), "{}", r.stdout);
+    assert!(r.stdout.contains("  in  x: f32[N] block [B] at (i)\n"), "{}", r.stdout);
+    assert!(r.stdout.ends_with("}\n# verified with N = 1024, B = 128\n"), "{}", r.stdout);
+    // Checking the printed text gives it back.
+    let dir = tempfile::tempdir().unwrap();
+    let again = dir.path().join("again.tk");
+    std::fs::write(&again, &r.stdout).unwrap();
+    assert_eq!(tessel(&["check", again.to_str().unwrap()]).stdout, r.stdout);
+    // Without a value for a parameter, names and syntax only.
+    let generic = dir.path().join("nodefault.tk");
+    std::fs::write(&generic, r.stdout.replace("N = 1024, B", "N, B")).unwrap();
+    let r = tessel(&["check", generic.to_str().unwrap()]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(r.stdout.ends_with("# names and syntax checked; not verified: no value for N (give --param N=V)\n"), "{}", r.stdout);
+    let r = tessel(&["check", generic.to_str().unwrap(), "--param", "N=4000"]);
+    assert!(r.stdout.ends_with("# verified with N = 4000, B = 128\n"), "{}", r.stdout);
+    let r = tessel(&["check", generic.to_str().unwrap(), "--param", "N=4000", "--param", "B=0"]);
+    assert_user_error(&r, &["nodefault.tk:2:12: error: `cdiv(N, B)`: divides by `B`, which is 0 (kernel `add` with N = 4000, B = 0)"]);
 }
 
 #[test]
@@ -124,7 +148,13 @@ fn input_of_the_wrong_shape_or_dtype() {
     let x = input_arg(dir.path(), "x", &f32_array(&[1000], vec![0.0; 1000]));
     let y = input_arg(dir.path(), "y", &f32_array(&[1024], vec![0.0; 1024]));
     let r = tessel(&["run", &example("add"), "--input", &x, "--input", &y]);
-    assert_user_error(&r, &["input `x` of kernel `add` is f32[1000], but the kernel declares f32[1024]"]);
+    assert_user_error(
+        &r,
+        &["inputs of kernel `add` disagree on parameter `N`: `x` says N = 1000 (its dimension 0), `y` says N = 1024 (its dimension 0)"],
+    );
+    let x = input_arg(dir.path(), "x", &f32_array(&[4, 256], vec![0.0; 1024]));
+    let r = tessel(&["run", &example("add"), "--input", &x, "--input", &y]);
+    assert_user_error(&r, &["input `x` of kernel `add` is f32[4, 256], but the kernel declares f32[1024]"]);
     let ints = tessel::HostArray { shape: vec![1024], data: ArrayData::I32(vec![0; 1024]) };
     let x = input_arg(dir.path(), "x", &ints);
     let r = tessel(&["run", &example("add"), "--input", &x, "--input", &y]);

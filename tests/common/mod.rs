@@ -221,3 +221,20 @@ pub fn assemble(ptxas: &Path, name: &str, ptx: &str) -> Result<String, String> {
         .collect::<Vec<_>>()
         .join("\n"))
 }
+
+/// Runs the built `tessel` binary with `ARGS...` and extra environment `envs` (for what an
+/// in-process run cannot set, such as the cache folder).
+pub fn tessel_env(args: &[&str], envs: &[(&str, &str)]) -> Outcome {
+    static BUILT: std::sync::Once = std::sync::Once::new();
+    BUILT.call_once(|| cargo_build(&["-p", "tessel", "--bin", "tessel"]));
+    let out = std::process::Command::new(target_dir().join("tessel"))
+        .args(args)
+        .envs(envs.iter().copied())
+        .output()
+        .expect("the tessel binary runs");
+    Outcome {
+        code: out.status.code().map_or(255, |c| c as u8),
+        stdout: String::from_utf8(out.stdout).expect("utf-8"),
+        stderr: String::from_utf8(out.stderr).expect("utf-8"),
+    }
+}

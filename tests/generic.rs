@@ -1,0 +1,217 @@
+//! The generic examples (language §9) at several shapes, ragged ones included, bound from their
+//! inputs and from `--param` values, on every executor: the interpreter, wgpu and Mosaic GPU's PTX
+//! on the emulator (both thread orders). Expected values are computed here, in f64, from the
+//! inputs alone. And `tessel tune`: it records only a candidate that agrees, and `run` uses it.
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use common::*;
+use tessel::{HostArray, KernelFile, KernelLaunch, LaunchArgs, Runtime};
+use tessel_plugin_api::ir::DType;
+
+fn example(name: &str) -> KernelFile {
+    tessel::read_kernels(&root().join("examples").join(format!("{name}.tk"))).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Every executor here: the interpreter, wgpu where there is an adapter, and the emulator.
+fn executors(test: &str) -> Vec<&'static str> {
+    let mut out = vec!["interpret", "mosaic-emu"];
+    if wgpu_adapter(test).is_some() {
+        out.push("wgpu");
+    }
+    out
+}
+
+/// Specializes `name` for `inputs` with `params` and runs it on `exec`; returns output `out`.
+fn run(rt: &Runtime, exec: &str, file: &KernelFile, params: &[(&str, i64)], inputs: &[(&str, HostArray)], out: &str) -> HostArray {
+    let given: BTreeMap<String, i64> = params.iter().map(|(n, v)| (n.to_string(), *v)).collect();
+    let inputs: BTreeMap<String, HostArray> = inputs.iter().map(|(n, a)| (n.to_string(), a.clone())).collect();
+    let kernel = &file.kernels()[0];
+    let (v, _) = file.specialize_for(kernel, &given, &BTreeMap::new(), &inputs).unwrap_or_else(|e| panic!("{e}"));
+    let call = [KernelLaunch { kernel: &v, mesh: None }];
+    let args = LaunchArgs { inputs, grid: Default::default() };
+    let outputs = match exec {
+        "mosaic-emu" => {
+            let (_, ptx) = rt.lower("mosaic-gpu", &call, &[], &Default::default()).unwrap_or_else(|e| panic!("{e}")).remove(0);
+            // The emulator runs threads one after another: both orders, a missing barrier differs.
+            let fwd = emulate(&ptx, &v, &args, false).unwrap_or_else(|e| panic!("{e}"));
+            let rev = emulate(&ptx, &v, &args, true).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(fwd, rev, "{}: the thread order changes the result", v.name());
+            fwd
+        }
+        backend => rt.launch(backend, &call, &[], &args).unwrap_or_else(|e| panic!("{exec}: {e}")),
+    };
+    outputs.into_iter().find(|(n, _)| n == out).map(|(_, a)| a).expect("the output")
+}
+
+fn matrix(seed: u64, rows: usize, cols: usize) -> (HostArray, Vec<f64>) {
+    let data = floats(&mut rng(seed), rows * cols);
+    let f64s = data.iter().map(|&v| f64::from(v)).collect();
+    (f32_array(&[rows, cols], data), f64s)
+}
+
+#[test]
+fn softmax_at_every_row_count() {
+    let rt = Runtime::new(&[]).expect("runtime");
+    let file = example("softmax");
+    // (N, D, BM): whole blocks, a ragged last block, one row, a block taller than the array.
+    let shapes: &[(usize, usize, Option<i64>)] = &[(1024, 256, None), (1000, 96, Some(32)), (1, 7, None), (5, 33, Some(8))];
+    for exec in executors("softmax_at_every_row_count") {
+        for &(n, d, bm) in shapes {
+            let (x, xs) = matrix(n as u64, n, d);
+            let want: Vec<f64> = xs
+                .chunks(d)
+                .flat_map(|row| {
+                    let m = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                    let s: f64 = row.iter().map(|v| (v - m).exp()).sum();
+                    row.iter().map(move |v| (v - m).exp() / s).collect::<Vec<_>>()
+                })
+                .collect();
+            let params: Vec<(&str, i64)> = bm.map(|b| ("BM", b)).into_iter().collect();
+            let got = run(&rt, exec, &file, &params, &[("x", x)], "o");
+            assert_eq!(got.shape, [n, d]);
+            assert_close(&format!("softmax {n}x{d} BM={bm:?} on {exec}"), &got, &want, DType::F32);
+        }
+    }
+}
+
+#[test]
+fn matmul_at_every_shape() {
+    let rt = Runtime::new(&[]).expect("runtime");
+    let file = example("matmul");
+    // (M, N, K, tile values): square, ragged in every dimension, a single row, a deep K.
+    let shapes: &[(usize, usize, usize, &[(&str, i64)])] = &[
+        (128, 128, 128, &[]),
+        (100, 70, 30, &[("BM", 32), ("BN", 32), ("BK", 16)]),
+        (1, 65, 33, &[("BN", 32), ("BK", 16)]),
+        (32, 32, 200, &[("BM", 32), ("BN", 32), ("BK", 64)]),
+    ];
+    for exec in executors("matmul_at_every_shape") {
+        for &(m, n, k, params) in shapes {
+            let (a, av) = matrix(1 + m as u64, m, k);
+            let (b, bv) = matrix(2 + n as u64, k, n);
+            let want: Vec<f64> =
+                (0..m * n).map(|ij| (0..k).map(|p| av[(ij / n) * k + p] * bv[p * n + ij % n]).sum()).collect();
+            let got = run(&rt, exec, &file, params, &[("a", a), ("b", b)], "c");
+            assert_eq!(got.shape, [m, n]);
+            assert_close(&format!("matmul {m}x{n}x{k} {params:?} on {exec}"), &got, &want, DType::F32);
+        }
+    }
+}
+
+#[test]
+fn elementwise_examples_at_every_length() {
+    let rt = Runtime::new(&[]).expect("runtime");
+    let (add, ragged) = (example("add"), example("ragged"));
+    for exec in executors("elementwise_examples_at_every_length") {
+        for (n, b) in [(1024, None), (1000, Some(256)), (1, None), (4097, Some(512))] {
+            let params: Vec<(&str, i64)> = b.map(|b| ("B", b)).into_iter().collect();
+            let xs = floats(&mut rng(n as u64), n);
+            let ys = floats(&mut rng(n as u64 + 1), n);
+            let want: Vec<f64> = xs.iter().zip(&ys).map(|(x, y)| f64::from(*x) + f64::from(*y)).collect();
+            let inputs = [("x", f32_array(&[n], xs.clone())), ("y", f32_array(&[n], ys))];
+            assert_close(&format!("add {n} {b:?} on {exec}"), &run(&rt, exec, &add, &params, &inputs, "o"), &want, DType::F32);
+            let want: Vec<f64> = xs.iter().map(|x| f64::from(*x).abs().sqrt() + 1.0).collect();
+            let got = run(&rt, exec, &ragged, &params, &[("x", f32_array(&[n], xs))], "o");
+            assert_close(&format!("ragged {n} {b:?} on {exec}"), &got, &want, DType::F32);
+        }
+    }
+}
+
+#[test]
+fn run_binds_shapes_from_npy_inputs_and_params_from_flags() {
+    let dir = tempfile::tempdir().unwrap();
+    let (x, xs) = matrix(9, 300, 40);
+    let arg = input_arg(dir.path(), "x", &x);
+    let out = dir.path().join("out");
+    let file = root().join("examples/softmax.tk").display().to_string();
+    let r = tessel(&[
+        "run", &file, "--backend", "interpret", "--input", &arg, "--param", "BM=8", "--explain", "--out-dir", out.to_str().unwrap(),
+    ]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(
+        r.stdout.contains("params of `softmax`: N = 300 (input `x`, dimension 0), D = 40 (input `x`, dimension 1), BM = 8 (given)"),
+        "{}",
+        r.stdout
+    );
+    let got = read_output(&out, "o");
+    assert_eq!(got.shape, [300, 40]);
+    let row_sums: Vec<f64> = got.to_f64().chunks(40).map(|r| r.iter().sum()).collect();
+    assert!(row_sums.iter().all(|s| (s - 1.0).abs() < 1e-5), "every row of a softmax sums to 1");
+    assert!(xs.len() == 12000);
+    // Without inputs, random ones of the shapes the values give.
+    let r = tessel(&["run", &file, "--backend", "interpret", "--param", "N=10", "--param", "D=3", "--out-dir", out.to_str().unwrap()]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(r.stdout.contains("o: f32[10, 3]"), "{}", r.stdout);
+    // What does not bind is a user error naming the parameter.
+    let r = tessel(&["run", &file, "--param", "BM=abc"]);
+    assert_eq!(r.code, 1);
+    assert!(r.stderr.contains("bad `--param BM=abc`: `abc` is not an integer"), "{}", r.stderr);
+    let r = tessel(&["lower", &file, "--param", "BX=3"]);
+    assert_eq!(r.code, 1);
+    assert!(r.stderr.contains("kernel `softmax` has no parameter `BX`\n  its parameters are: N, D, BM"), "{}", r.stderr);
+}
+
+#[test]
+fn tune_records_an_agreeing_candidate_that_run_then_uses() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let file = root().join("examples/softmax.tk").display().to_string();
+    let envs = [("TESSEL_CACHE_DIR", cache.to_str().unwrap())];
+    let r = tessel_env(&["tune", &file, "--backend", "interpret", "--param", "N=64", "--runs", "2"], &envs);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    for bm in [8, 16, 32, 64] {
+        assert!(r.stdout.contains(&format!("  BM = {bm}: ")), "a line per candidate:\n{}", r.stdout);
+    }
+    let chosen = r.stdout.lines().find_map(|l| l.strip_prefix("chosen: BM = ")).expect("a choice").split(' ').next().unwrap().to_string();
+    let record = r.stdout.lines().find_map(|l| l.strip_prefix("record: ")).expect("a record").to_string();
+    let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&record).unwrap()).unwrap();
+    assert_eq!(json["chosen"]["BM"].to_string(), chosen);
+    assert_eq!(json["shapes"]["N"], 64);
+    assert_eq!(json["trials"].as_array().unwrap().len(), 4);
+    // `run` takes BM from the record, says so and where it is; a value given wins.
+    let r = tessel_env(&["run", &file, "--backend", "interpret", "--param", "N=64", "--explain"], &envs);
+    assert!(r.stdout.contains(&format!("BM = {chosen} (tuned)")), "{}", r.stdout);
+    assert!(r.stdout.contains(&format!("tuning record for `softmax` on interpret: {record}")), "{}", r.stdout);
+    let r = tessel_env(&["run", &file, "--backend", "interpret", "--param", "N=64", "--param", "BM=8", "--explain"], &envs);
+    assert!(r.stdout.contains("BM = 8 (given)"), "{}", r.stdout);
+    // Other shapes have no record.
+    let r = tessel_env(&["run", &file, "--backend", "interpret", "--param", "N=65", "--explain"], &envs);
+    assert!(r.stdout.contains("BM = 16 (default)"), "{}", r.stdout);
+    // A corrupt record is ignored with a warning, and the next tune writes it again.
+    std::fs::write(&record, "{ not json").unwrap();
+    let r = tessel_env(&["run", &file, "--backend", "interpret", "--param", "N=64", "--explain"], &envs);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(r.stderr.contains(&format!("warning: tuning record {record} ignored")), "{}", r.stderr);
+    assert!(r.stdout.contains("BM = 16 (default)"), "{}", r.stdout);
+    let r = tessel_env(&["tune", &file, "--backend", "interpret", "--param", "N=64", "--runs", "1"], &envs);
+    assert!(r.stdout.contains("(it replaces a record that did not read back)"), "{}", r.stdout);
+    assert!(serde_json::from_str::<serde_json::Value>(&std::fs::read_to_string(&record).unwrap()).is_ok());
+    // Nothing to tune, or no backend named: user errors.
+    let r = tessel_env(&["tune", &file, "--backend", "interpret", "--param", "BM=8"], &envs);
+    assert_eq!(r.code, 1);
+    assert!(r.stderr.contains("kernel `softmax` has no parameter with candidates left to tune"), "{}", r.stderr);
+    let r = tessel_env(&["tune", &file], &envs);
+    assert!(r.stderr.contains("tessel tune needs --backend NAME"), "{}", r.stderr);
+}
+
+#[test]
+fn tune_never_chooses_a_candidate_that_disagrees() {
+    // The fixture backend runs nothing: its outputs stay zeros, wrong for every candidate.
+    cargo_build(&["-p", "tessel-fixture-panics"]);
+    let plugin = target_dir().join(format!("{}tessel_fixture_panics{}", std::env::consts::DLL_PREFIX, std::env::consts::DLL_SUFFIX));
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let file = root().join("examples/add.tk").display().to_string();
+    let args = ["--plugin", plugin.to_str().unwrap(), "tune", &file, "--backend", "panicky", "--runs", "1"];
+    let r = tessel_env(&args, &[("TESSEL_CACHE_DIR", cache.to_str().unwrap())]);
+    assert_eq!(r.code, 1, "{}\n{}", r.stdout, r.stderr);
+    for b in [64, 128, 256, 512, 1024] {
+        let line = format!("  B = {b}: DISAGREES with the interpreter, a bug of panicky; not chosen (check o: max abs error");
+        assert!(r.stdout.contains(&line), "{}", r.stdout);
+    }
+    assert!(r.stderr.contains("no candidate of `add` ran and agreed with the interpreter on panicky"), "{}", r.stderr);
+    assert!(!cache.join("tune").exists(), "no record is written");
+}
