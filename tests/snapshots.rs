@@ -48,7 +48,49 @@ fn canonical_text_of_every_kernel_file() {
         let again: Vec<String> = again.iter().map(|k| tessel_plugin_api::ir::print_kernel(k.kernel())).collect();
         assert_eq!(again.join("\n"), text, "{}: canonical text is not stable", path.display());
         snapshot("ir", &path, &text);
+        // A generic kernel's own canonical text, with its parameters: a fixed point too.
+        let file = tessel::parse_kernels(&display_name(&path), &source).unwrap_or_else(|e| panic!("{e}"));
+        if file.kernels().iter().any(|k| k.is_generic()) {
+            let generic: Vec<&str> = file.kernels().iter().map(|k| k.template_text()).collect();
+            let generic = generic.join("\n");
+            let again = tessel::parse_kernels("canonical.tk", &generic).unwrap_or_else(|e| panic!("{e}"));
+            let again: Vec<&str> = again.kernels().iter().map(|k| k.template_text()).collect();
+            assert_eq!(again.join("\n"), generic, "{}: generic canonical text is not stable", path.display());
+            let stem = path.file_stem().and_then(|s| s.to_str()).expect("utf-8 name");
+            snapshot("ir", &path.with_file_name(format!("{stem}.generic.tk")), &generic);
+        }
     }
+}
+
+/// Binding a generic kernel at launch: every way it fails, as the command line says it.
+#[test]
+fn errors_of_binding_generic_kernels() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let npy = |name: &str, shape: &[usize]| {
+        let a = tessel::HostArray::zeros(tessel_plugin_api::ir::DType::F32, shape);
+        let path = dir.path().join(format!("{name}.npy"));
+        tessel::npy::write(&path, &a).expect("write");
+        format!("{}={}", &name[..1], path.display())
+    };
+    let (x4096, y1000, x2d) = (npy("x4096", &[4096]), npy("y1000", &[1000]), npy("x2d", &[8, 8]));
+    let cases: [&[&str]; 6] = [
+        &["run", "examples/add.tk", "--input", &x4096, "--input", &y1000],
+        &["run", "examples/add.tk", "--input", &x4096, "--param", "N=1000"],
+        &["run", "examples/add.tk", "--param", "M=3"],
+        &["run", "examples/softmax.tk", "--input", &x2d, "--param", "BM=0"],
+        &["lower", "examples/matmul.tk", "--param", "K=0"],
+        &["run", "tests/in/errors/param_no_default.tk"],
+    ];
+    let mut text = String::new();
+    for args in cases {
+        let mut out = Vec::new();
+        let mut err = Vec::new();
+        let code = tessel::cli::main(std::iter::once("tessel").chain(args.iter().copied()), &mut out, &mut err);
+        let err = String::from_utf8(err).expect("utf-8").replace(&dir.path().display().to_string(), "DIR");
+        assert_eq!(code, 1, "{args:?}: {err}");
+        text.push_str(&format!("$ tessel {}\n{err}\n", args.join(" ").replace(&dir.path().display().to_string(), "DIR")));
+    }
+    snapshot("errors", &root().join("tests/in/errors/binding.tk"), &text);
 }
 
 #[test]

@@ -161,10 +161,27 @@ pub fn load_file(path: &Path) -> Result<Vec<Verified>> {
     load_source(&path.display().to_string(), &source)
 }
 
-/// Parses and verifies `.tk` text named `name` in messages.
+/// Parses and verifies `.tk` text named `name` in messages. A generic kernel takes its defaults
+/// (one without is an error); its errors name them.
 pub fn load_source(name: &str, source: &str) -> Result<Vec<Verified>> {
-    let module = ir::parse(source).map_err(|d| Error::Kernel(d.render(name, source)))?;
-    ir::verify::verify_module(&module).map_err(|d| Error::Kernel(d.render(name, source)))
+    let render = |d: ir::Diagnostics| Error::Kernel(d.render(name, source));
+    let module = ir::parse(source).map_err(render)?;
+    // Without parameters (or with two kernels of one name, which the verifier reports with
+    // everything else) every kernel is verified as it is.
+    let file = match Source::parse(source) {
+        Ok(file) if file.kernels().iter().any(Generic::is_generic) => file,
+        _ => return ir::verify::verify_module(&module).map_err(render),
+    };
+    let mut verified = Vec::new();
+    let mut diags = Vec::new();
+    for k in file.kernels() {
+        let defaults = k.params().iter().filter_map(|p| Some((p.name.clone(), p.default?))).collect();
+        match file.specialize(k, &defaults) {
+            Ok(v) => verified.push(v),
+            Err(d) => diags.extend(d.0),
+        }
+    }
+    if diags.is_empty() { Ok(verified) } else { Err(render(ir::Diagnostics(diags))) }
 }
 
 /// Runs one verified kernel on a backend by name (`auto` picks the first available) through a

@@ -130,7 +130,7 @@ fn malformed_parameters_are_syntax_errors() {
         ("kernel k\n  in x: f32[N]\n{\n}\n", "unknown size `N`"),
         (
             "kernel k[N = 8]\n  grid (i: 2)\n  in x: f32[N] block [4] at (i / 2)\n{\n}\n",
-            "`i / 2`: `i / 2` is not affine in the grid axes",
+            "`i / 2` is not affine in the grid axes",
         ),
     ];
     for (src, want) in cases {

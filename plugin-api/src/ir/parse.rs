@@ -16,7 +16,8 @@ use super::*;
 /// [`generic::Source`](super::generic::Source)).
 pub fn parse(source: &str) -> Result<Module, Diagnostics> {
     let (toks, bad) = lex(source);
-    let kernels = parse_tokens(source, &toks, bad, Sizes::Defaults, 0)?;
+    // Holes stand only where a parameter has no default (an error already): keep them positive.
+    let kernels = parse_tokens(source, &toks, bad, Sizes::Defaults, 1)?;
     Ok(Module { kernels: kernels.into_iter().map(|p| p.kernel).collect() })
 }
 
@@ -680,7 +681,11 @@ impl<'t> Parser<'t> {
                 "expected a block index such as `i`, `2*i + 1` or `N / 128 - 1 - i`: axes times integers, plus integers"
             }
         };
-        Diagnostic::new(span, format!("`{e}`: {err}{}", self.with_values(e))).expected(expected)
+        let message = match err {
+            SizeError::NotAffine(_) => format!("{err}{}", self.with_values(e)),
+            _ => format!("`{e}`: {err}{}", self.with_values(e)),
+        };
+        Diagnostic::new(span, message).expected(expected)
     }
 
     fn grid(&mut self, kernel: &mut Kernel) -> PResult<()> {
