@@ -10,8 +10,8 @@ use clap::{Parser, Subcommand};
 use serde::Serialize;
 use tessel_plugin_api::abi::MeshBox;
 use tessel_plugin_api::array::agreement;
-use tessel_plugin_api::ir::generic::{BindError, Generic};
-use tessel_plugin_api::ir::{Verified, print_kernel};
+use tessel_plugin_api::ir::generic::Generic;
+use tessel_plugin_api::ir::Verified;
 
 use crate::{Error, HostArray, KernelLaunch, LaunchArgs, Result, Runtime};
 
@@ -415,41 +415,21 @@ fn conformance(rt: &Runtime, backend: &str, out: &mut dyn Write) -> Result<()> {
 }
 
 fn check(file: &Path, params: &[String], out: &mut dyn Write) -> Result<()> {
-    let kf = crate::read_kernels(file)?;
-    let given = parse_params(params)?;
-    let all: Vec<&Generic> = kf.kernels().iter().collect();
-    check_param_names(&all, &given)?;
-    if !all.iter().any(|k| k.is_generic()) {
-        // Every error of every kernel at once, as the verifier reports them.
-        let kernels = crate::load_file(file)?;
-        let text: Vec<String> = kernels.iter().map(|k| print_kernel(k.kernel())).collect();
-        let _ = write!(out, "{}", text.join("\n"));
-        return Ok(());
-    }
-    let mut text = Vec::new();
-    for k in all {
-        if !k.is_generic() {
-            text.push(print_kernel(kf.specialize(k, &Default::default())?.kernel()));
-            continue;
-        }
-        let mine = given_for(k, &given);
-        match k.bind(&mine, &BTreeMap::new(), &BTreeMap::new()) {
-            Ok(b) => {
-                kf.specialize(k, &b)?;
-                text.push(format!("{}# verified with {}\n", k.template_text(), b.describe(k)));
-            }
-            Err(BindError::Unbound { names, .. }) => {
-                let names = names.join(", ");
-                text.push(format!(
-                    "{}# names and syntax checked; not verified: no value for {names} (give --param {}=V)\n",
-                    k.template_text(),
-                    names.split(", ").next().unwrap_or("P")
-                ));
-            }
-            Err(e) => return Err(e.into()),
-        }
-    }
-    let _ = write!(out, "{}", text.join("\n"));
+    let text = std::fs::read_to_string(file).map_err(|source| Error::Read { path: file.to_path_buf(), source })?;
+    let checked = crate::check_source(&file.display().to_string(), &text, &parse_params(params)?)?;
+    let texts: Vec<String> = checked
+        .iter()
+        .map(|(text, how)| match how {
+            crate::Checked::Verified(None) => text.clone(),
+            crate::Checked::Verified(Some(values)) => format!("{text}# verified with {values}\n"),
+            crate::Checked::Unbound(names) => format!(
+                "{text}# names and syntax checked; not verified: no value for {} (give --param {}=V)\n",
+                names.join(", "),
+                names[0]
+            ),
+        })
+        .collect();
+    let _ = write!(out, "{}", texts.join("\n"));
     Ok(())
 }
 
@@ -468,23 +448,6 @@ fn parse_params(flags: &[String]) -> Result<BTreeMap<String, i64>> {
         out.insert(name.to_string(), v);
     }
     Ok(out)
-}
-
-/// Every value given must be a parameter of some kernel of the launch.
-fn check_param_names(kernels: &[&Generic], given: &BTreeMap<String, i64>) -> Result<()> {
-    for name in given.keys() {
-        if !kernels.iter().any(|k| k.params().iter().any(|p| &p.name == name)) {
-            let first = kernels.first().expect("a launch has a kernel");
-            let one = BTreeMap::from([(name.clone(), 0)]);
-            first.bind(&one, &BTreeMap::new(), &BTreeMap::new())?;
-        }
-    }
-    Ok(())
-}
-
-/// The values of `given` that are parameters of `kernel`.
-fn given_for(kernel: &Generic, given: &BTreeMap<String, i64>) -> BTreeMap<String, i64> {
-    given.iter().filter(|(n, _)| kernel.params().iter().any(|p| &p.name == *n)).map(|(n, v)| (n.clone(), *v)).collect()
 }
 
 /// One backend as `tessel backends --json` prints it.
@@ -697,7 +660,7 @@ fn prepare_with(
         rt.backend(&backend)?;
     }
     let generics = pick_kernels(&flags.file, file.kernels(), &flags.kernels)?;
-    check_param_names(&generics, given)?;
+    crate::check_param_names(&generics, given)?;
     let (kernels, bound) = specialize(rt, &file, &generics, given, inputs, records.then_some(backend.as_str()))?;
     let mut meshes: Vec<Option<MeshBox>> = kernels.iter().map(|_| None).collect();
     for m in &flags.meshes {
@@ -778,7 +741,7 @@ fn specialize(
     let mut bound = Bound::default();
     let mut kernels = Vec::new();
     for g in generics {
-        let mine = given_for(g, given);
+        let mine = crate::given_for(g, given);
         let mut tuned = BTreeMap::new();
         let loaded = backend.filter(|b| !b.is_empty()).and_then(|b| rt.backend(b).ok());
         if let Some(loaded) = loaded.filter(|_| !crate::tune::tunable(g).is_empty()) {
@@ -922,7 +885,7 @@ fn tune(rt: &Runtime, flags: &LaunchFlags, input_flags: &[String], runs: usize, 
         return Err(Error::Tune("tessel tune tunes one kernel at a time\n  give one --kernel NAME".to_string()));
     };
     let given = parse_params(&flags.params)?;
-    check_param_names(&generics, &given)?;
+    crate::check_param_names(&generics, &given)?;
     let inputs = read_inputs(input_flags)?;
     let names: Vec<&str> = crate::tune::tunable(kernel).into_iter().filter(|n| !given.contains_key(*n)).collect();
     if names.is_empty() {

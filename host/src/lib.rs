@@ -251,3 +251,67 @@ impl KernelFile {
         self.source.specialize(kernel, &binding.values).map_err(|d| Error::Kernel(d.render(&self.name, self.source.text())))
     }
 }
+
+/// How [`check_source`] found one kernel.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Checked {
+    /// Verified: a kernel without parameters, or a generic one with these values
+    /// (`N = 1024, B = 128`).
+    Verified(Option<String>),
+    /// Names and syntax only: these parameters had no value.
+    Unbound(Vec<String>),
+}
+
+/// `tessel check`: the canonical text of every kernel of `.tk` text named `name` in messages,
+/// and what was verified. A generic kernel keeps its parameters in its text and is verified with
+/// its defaults and `given`; one with parameters left without a value is checked for names and
+/// syntax. Without generic kernels, every error of every kernel is reported at once.
+pub fn check_source(name: &str, text: &str, given: &BTreeMap<String, i64>) -> Result<Vec<(String, Checked)>> {
+    let file = parse_kernels(name, text).ok().filter(|f| f.kernels().iter().any(Generic::is_generic));
+    let Some(file) = file else {
+        let kernels = load_source(name, text)?;
+        check_param_names(&[], given)?;
+        return Ok(kernels.iter().map(|k| (ir::print_kernel(k.kernel()), Checked::Verified(None))).collect());
+    };
+    check_param_names(&file.kernels().iter().collect::<Vec<_>>(), given)?;
+    let mut out = Vec::new();
+    for k in file.kernels() {
+        if !k.is_generic() {
+            out.push((ir::print_kernel(file.specialize(k, &Binding::default())?.kernel()), Checked::Verified(None)));
+            continue;
+        }
+        match k.bind(&given_for(k, given), &BTreeMap::new(), &BTreeMap::new()) {
+            Ok(b) => {
+                file.specialize(k, &b)?;
+                out.push((k.template_text().to_string(), Checked::Verified(Some(b.describe(k)))));
+            }
+            Err(BindError::Unbound { names, .. }) => out.push((k.template_text().to_string(), Checked::Unbound(names))),
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(out)
+}
+
+/// Every value given must be a parameter of some kernel of the launch (`kernels`); the error
+/// names the first kernel's parameters.
+pub fn check_param_names(kernels: &[&Generic], given: &BTreeMap<String, i64>) -> Result<()> {
+    for name in given.keys() {
+        if !kernels.iter().any(|k| k.params().iter().any(|p| &p.name == name)) {
+            let (kernel, known) = match kernels.first() {
+                Some(k) if k.is_generic() => {
+                    let names: Vec<&str> = k.params().iter().map(|p| p.name.as_str()).collect();
+                    (k.name(), format!("its parameters are: {}", names.join(", ")))
+                }
+                Some(k) => (k.name(), "it has no parameters".to_string()),
+                None => ("", "it has no parameters".to_string()),
+            };
+            return Err(BindError::Unknown { kernel: kernel.to_string(), name: name.clone(), known }.into());
+        }
+    }
+    Ok(())
+}
+
+/// The values of `given` that are parameters of `kernel`.
+pub fn given_for(kernel: &Generic, given: &BTreeMap<String, i64>) -> BTreeMap<String, i64> {
+    given.iter().filter(|(n, _)| kernel.params().iter().any(|p| &p.name == *n)).map(|(n, v)| (n.clone(), *v)).collect()
+}

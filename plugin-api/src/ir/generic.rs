@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use super::lexer::{Tok, lex};
-use super::parse::{Parsed, SizeParam, Sizes, parse_kernel_at, parse_tokens};
+use super::parse::{ArgDecl, Parsed, SizeParam, Sizes, parse_kernel_at, parse_tokens};
 use super::size::SizeExpr;
 use super::*;
 
@@ -38,7 +38,7 @@ pub struct Source {
 pub struct Generic {
     name: String,
     params: Vec<SizeParam>,
-    inputs: Vec<(String, Vec<SizeExpr>)>,
+    args: Vec<ArgDecl>,
     first_tok: usize,
     template: String,
 }
@@ -234,7 +234,7 @@ impl Generic {
             let head = format!("kernel {}", p.kernel.name);
             template = format!("{head}[{}]{}", params.join(", "), &template[head.len()..]);
         }
-        Generic { name: p.kernel.name, params: p.params, inputs: p.inputs, first_tok: p.first_tok, template }
+        Generic { name: p.kernel.name, params: p.params, args: p.args, first_tok: p.first_tok, template }
     }
 
     /// The kernel's name.
@@ -258,13 +258,18 @@ impl Generic {
         &self.template
     }
 
+    /// Its arguments as declared, in declaration order.
+    pub fn args(&self) -> &[ArgDecl] {
+        &self.args
+    }
+
     /// The `in` arguments whose dimension `dim` is the parameter `param` alone.
     pub fn shape_sources(&self, param: &str) -> Vec<(&str, usize)> {
         let mut out = Vec::new();
-        for (array, dims) in &self.inputs {
-            for (d, e) in dims.iter().enumerate() {
+        for a in self.args.iter().filter(|a| a.kind == ParamKind::In) {
+            for (d, e) in a.dims.iter().enumerate() {
                 if matches!(e, SizeExpr::Name(n) if n == param) {
-                    out.push((array.as_str(), d));
+                    out.push((a.name.as_str(), d));
                 }
             }
         }
@@ -352,7 +357,7 @@ impl Generic {
     }
 
     fn rank_of(&self, array: &str) -> usize {
-        self.inputs.iter().find(|(a, _)| a == array).map_or(0, |(_, d)| d.len())
+        self.args.iter().find(|a| a.name == array).map_or(0, |a| a.dims.len())
     }
 }
 

@@ -105,7 +105,7 @@ pub mod verify;
 use std::fmt;
 
 pub use diag::{Diagnostic, Diagnostics, SourceMap, Span};
-pub use parse::{SizeParam, parse};
+pub use parse::{ArgDecl, SizeParam, parse};
 pub use print::{print_kernel, print_module};
 pub use verify::{Verified, verify};
 

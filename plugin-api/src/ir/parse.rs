@@ -6,6 +6,7 @@
 //! a specialized kernel keeps the spans of its generic text.
 
 use std::collections::BTreeMap;
+use std::fmt;
 
 use super::lexer::{Tok, lex};
 use super::size::{SizeError, SizeExpr, SizeOp};
@@ -46,13 +47,38 @@ pub struct SizeParam {
     pub span: Span,
 }
 
+/// An argument of a generic kernel as declared: `in x: f32[N, D]`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ArgDecl {
+    /// Its name.
+    pub name: String,
+    /// `in`, `out` or `scratch`.
+    pub kind: ParamKind,
+    /// Its element type.
+    pub dtype: DType,
+    /// Its dimensions as written (after folding): integers or expressions of parameters.
+    pub dims: Vec<SizeExpr>,
+}
+
+impl fmt::Display for ArgDecl {
+    /// The declared type, `f32[N, D]`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.dtype.name())?;
+        if !self.dims.is_empty() {
+            let dims: Vec<String> = self.dims.iter().map(ToString::to_string).collect();
+            write!(f, "[{}]", dims.join(", "))?;
+        }
+        Ok(())
+    }
+}
+
 /// One kernel as parsed, with what a generic kernel needs besides its IR.
 pub(crate) struct Parsed {
     pub kernel: Kernel,
     /// Its size parameters, in declaration order.
     pub params: Vec<SizeParam>,
-    /// Each `in` argument's dimensions as written.
-    pub inputs: Vec<(String, Vec<SizeExpr>)>,
+    /// Its arguments with their dimensions as written.
+    pub args: Vec<ArgDecl>,
     /// In a template, the expression behind each hole.
     pub holes: Vec<SizeExpr>,
     /// The index of its `kernel` token.
@@ -126,7 +152,7 @@ struct Parser<'t> {
     values: BTreeMap<String, i64>,
     /// The current kernel's holes (in a template) and `in` dimensions as written.
     holes: Vec<SizeExpr>,
-    inputs: Vec<(String, Vec<SizeExpr>)>,
+    args: Vec<ArgDecl>,
     /// Whether the current kernel is read as a template (a parameter had no value).
     template: bool,
     /// The dimensions of the last type read, as written.
@@ -145,7 +171,7 @@ impl<'t> Parser<'t> {
             declared: Vec::new(),
             values: BTreeMap::new(),
             holes: Vec::new(),
-            inputs: Vec::new(),
+            args: Vec::new(),
             template: false,
             last_dims: Vec::new(),
         }
@@ -339,7 +365,7 @@ impl<'t> Parser<'t> {
         let span = start.to(self.prev_span());
         self.declared.clear();
         self.holes.clear();
-        self.inputs.clear();
+        self.args.clear();
         if self.at(&Tok::LBracket) {
             match self.size_params() {
                 Ok(params) => self.declared = params,
@@ -419,7 +445,7 @@ impl<'t> Parser<'t> {
         Some(Parsed {
             kernel,
             params: std::mem::take(&mut self.declared),
-            inputs: std::mem::take(&mut self.inputs),
+            args: std::mem::take(&mut self.args),
             holes: std::mem::take(&mut self.holes),
             first_tok,
         })
@@ -722,9 +748,8 @@ impl<'t> Parser<'t> {
         let (name, _) = self.ident(&format!("an argument name after `{}`", kind.keyword()))?;
         self.expect(Tok::Colon, "`:` and a type, as in `x: f32[1024]`")?;
         let ty = self.ty()?;
-        if kind == ParamKind::In {
-            self.inputs.push((name.clone(), self.last_dims.clone()));
-        }
+        let dims = self.last_dims.iter().cloned().map(SizeExpr::fold).collect();
+        self.args.push(ArgDecl { name: name.clone(), kind, dtype: ty.dtype, dims });
         let mut block = None;
         if self.eat_ident("block") {
             let shape = self.dims("block dimensions, as in `block [128]`")?;
