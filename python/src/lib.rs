@@ -4,19 +4,21 @@
 //! and outputs, and every error is one of `tessel._errors`' exceptions carrying the command
 //! line's message. The GIL is released while a kernel compiles and runs.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::PathBuf;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
 use half::{bf16, f16};
 use numpy::{PyArray1, PyArrayDyn, PyArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
-use tessel::{Error, HostArray, KernelLaunch, LaunchArgs, Report, Runtime};
+use tessel::{Error, HostArray, KernelFile, KernelLaunch, LaunchArgs, Report, Runtime};
 use tessel_plugin_api::abi::{ErrorKind, MeshBox};
 use tessel_plugin_api::array::ArrayData;
-use tessel_plugin_api::ir::{DType, ParamKind, Type, Verified};
+use tessel_plugin_api::ir::generic::Generic;
+use tessel_plugin_api::ir::size::SizeExpr;
+use tessel_plugin_api::ir::{ArgDecl, DType, ParamKind, Verified};
 
 /// The runtime every call shares, and the plugins `load_plugin` added (a new plugin makes a new
 /// runtime with all of them; launches in flight keep the one they started with).
@@ -78,6 +80,7 @@ fn raise(py: Python<'_>, f: Failure) -> PyErr {
                         ("KernelError", None)
                     }
                     Error::Launch(_)
+                    | Error::Bind(_)
                     | Error::Npy { .. }
                     | Error::BadFlag { .. }
                     | Error::Mesh(_)
@@ -132,39 +135,38 @@ fn numpy_name(d: DType) -> &'static str {
     }
 }
 
-/// A numpy array (or anything `np.asarray` takes) as the host array of input `name` of type
-/// `want`: C-contiguous, exactly the declared dtype and shape (a `bf16` input also takes a
-/// `uint16` array of its bits), copied once.
-fn host_array(py: Python<'_>, kernel: &str, name: &str, obj: &Bound<'_, PyAny>, want: &Type) -> PyResult<HostArray> {
+/// A numpy array (or anything `np.asarray` takes) as the host array of input `arg`: C-contiguous,
+/// exactly the declared dtype (a `bf16` input also takes a `uint16` array of its bits), copied
+/// once. Its shape is checked once the kernel is specialized for it.
+fn host_array(py: Python<'_>, kernel: &str, arg: &ArgDecl, obj: &Bound<'_, PyAny>) -> PyResult<HostArray> {
     let np = py.import("numpy")?;
     let kwargs = PyDict::new(py);
     kwargs.set_item("order", "C")?;
     let arr = np.call_method("asarray", (obj,), Some(&kwargs))?;
     let dtype: String = arr.getattr("dtype")?.getattr("name")?.extract()?;
     let shape: Vec<usize> = arr.getattr("shape")?.extract()?;
-    let expected = numpy_name(want.dtype);
-    let ok = dtype == expected || (want.dtype == DType::BF16 && dtype == "uint16");
-    if !ok || shape != want.shape {
+    let expected = numpy_name(arg.dtype);
+    if !(dtype == expected || (arg.dtype == DType::BF16 && dtype == "uint16")) {
         let dims: Vec<String> = shape.iter().map(usize::to_string).collect();
-        let hint = if ok {
-            format!("its shape must be ({})", want.shape.iter().map(|d| format!("{d},")).collect::<Vec<_>>().join(" "))
-        } else if want.dtype == DType::BF16 {
+        let hint = if arg.dtype == DType::BF16 {
             "an ml_dtypes.bfloat16 array (or a uint16 array of its bits)".to_string()
         } else {
-            format!("np.asarray({name}, dtype=np.{expected})")
+            format!("np.asarray({}, dtype=np.{expected})", arg.name)
         };
         return Err(raise(
             py,
             Failure::Input(format!(
-                "input `{name}` of kernel `{kernel}` is {dtype}[{}], but the kernel declares {want}\n  give an array of exactly {want}: {hint}",
-                dims.join(", ")
+                "input `{}` of kernel `{kernel}` is {dtype}[{}], but the kernel declares {arg}\n  give an array of {}: {hint}",
+                arg.name,
+                dims.join(", "),
+                arg.dtype.name()
             )),
         ));
     }
     fn elements<T: numpy::Element>(arr: &Bound<'_, PyAny>) -> PyResult<Vec<T>> {
         Ok(arr.cast::<PyArrayDyn<T>>()?.to_vec()?)
     }
-    let data = match want.dtype {
+    let data = match arg.dtype {
         DType::F32 => ArrayData::F32(elements(&arr)?),
         DType::F16 => ArrayData::F16(elements::<f16>(&arr)?),
         DType::BF16 => {
@@ -201,12 +203,19 @@ fn numpy_array<'py>(py: Python<'py>, a: HostArray) -> PyResult<Bound<'py, PyAny>
     }
 }
 
-/// A verified kernel: load one with `tessel.load(path)` or `tessel.compile(text)`, call it with
-/// numpy arrays by argument name.
+/// A kernel: load one with `tessel.load(path)` or `tessel.compile(text)`, call it with numpy
+/// arrays by argument name. A generic kernel (language §9) is specialized for each call's shapes
+/// and `params`; its specializations are kept.
 #[pyclass(frozen, module = "tessel", name = "Kernel")]
 struct Kernel {
-    kernel: Verified,
+    file: Arc<KernelFile>,
+    index: usize,
+    /// Specializations by their parameter values (`{}` for a kernel without parameters).
+    specialized: Mutex<HashMap<BTreeMap<String, i64>, Arc<Verified>>>,
 }
+
+/// The most specializations one kernel keeps.
+const KEPT: usize = 64;
 
 /// What a launch did: its outputs, the backend that ran it and why, and its times.
 #[pyclass(frozen, module = "tessel", name = "RunResult")]
@@ -246,43 +255,82 @@ struct Launch<'a> {
     mesh: Option<String>,
     external_meshes: Vec<String>,
     grid: BTreeMap<String, u64>,
+    params: BTreeMap<String, i64>,
 }
 
 impl Kernel {
-    fn params_of(&self, kind: ParamKind) -> impl Iterator<Item = &tessel_plugin_api::ir::Param> {
-        self.kernel.kernel().params.iter().filter(move |p| p.kind == kind)
+    /// The kernel of `file` called `name` (or its only one), verified with its defaults where it
+    /// has them all, so that errors show at load.
+    fn new(py: Python<'_>, file: KernelFile, name: Option<&str>, what: &str) -> PyResult<Kernel> {
+        let names = || file.kernels().iter().map(Generic::name).collect::<Vec<_>>().join(", ");
+        let index = match name {
+            Some(n) => file.kernels().iter().position(|k| k.name() == n).ok_or_else(|| {
+                raise(py, Failure::Kernel(format!("{what} has no kernel `{n}`\n  its kernels are: {}", names())))
+            })?,
+            None if file.kernels().len() == 1 => 0,
+            None => {
+                let m = format!("{what} defines several kernels: {}\n  choose one with kernel=\"NAME\"", names());
+                return Err(raise(py, Failure::Kernel(m)));
+            }
+        };
+        let k = Kernel { file: Arc::new(file), index, specialized: Mutex::new(HashMap::new()) };
+        if k.generic().params().iter().all(|p| p.default.is_some()) {
+            detached(py, || k.specialize(&BTreeMap::new(), &BTreeMap::new()).map(drop))?;
+        }
+        Ok(k)
     }
 
-    /// The signature of arguments of `kind` as a dict: name -> (dtype, shape tuple).
+    fn generic(&self) -> &Generic {
+        &self.file.kernels()[self.index]
+    }
+
+    /// The kernel specialized for `inputs` with `given` values (from the kept ones where it was
+    /// before).
+    fn specialize(&self, given: &BTreeMap<String, i64>, inputs: &BTreeMap<String, HostArray>) -> Result<Arc<Verified>, Failure> {
+        let shapes = inputs.iter().map(|(n, a)| (n.clone(), a.shape.clone())).collect();
+        let binding = self.generic().bind(given, &BTreeMap::new(), &shapes).map_err(Error::from)?;
+        let mut kept = self.specialized.lock().map_err(|_| poisoned())?;
+        if let Some(v) = kept.get(&binding.values) {
+            return Ok(Arc::clone(v));
+        }
+        let v = Arc::new(self.file.specialize(self.generic(), &binding)?);
+        if kept.len() >= KEPT {
+            kept.clear();
+        }
+        kept.insert(binding.values, Arc::clone(&v));
+        Ok(v)
+    }
+
+    fn args_of(&self, kind: ParamKind) -> impl Iterator<Item = &ArgDecl> {
+        self.generic().args().iter().filter(move |a| a.kind == kind)
+    }
+
+    /// The signature of arguments of `kind` as a dict: name -> (dtype, shape tuple), a dimension
+    /// that is a parameter expression as its text.
     fn signature<'py>(&self, py: Python<'py>, kind: ParamKind) -> PyResult<Bound<'py, PyDict>> {
         let d = PyDict::new(py);
-        for p in self.params_of(kind) {
-            d.set_item(&p.name, (p.ty.dtype.name(), PyTuple::new(py, &p.ty.shape)?))?;
+        for a in self.args_of(kind) {
+            let dims: Vec<Bound<'py, PyAny>> = a
+                .dims
+                .iter()
+                .map(|e| match e {
+                    SizeExpr::Int(v) => v.into_pyobject(py).map(Bound::into_any).map_err(PyErr::from),
+                    e => e.to_string().into_pyobject(py).map(Bound::into_any).map_err(PyErr::from),
+                })
+                .collect::<PyResult<_>>()?;
+            d.set_item(&a.name, (a.dtype.name(), PyTuple::new(py, dims)?))?;
         }
         Ok(d)
     }
 
-    fn no_params(&self, py: Python<'_>, params: Option<&Bound<'_, PyDict>>) -> PyResult<()> {
-        match params {
-            Some(p) if !p.is_empty() => Err(raise(
-                py,
-                Failure::Input(format!(
-                    "kernel `{}` has no parameters to bind: parameters and size expressions (language §9) are not implemented yet\n  leave out params=",
-                    self.kernel.name()
-                )),
-            )),
-            _ => Ok(()),
-        }
-    }
-
     /// Every `in` argument as a host array, refusing missing and unknown names first.
     fn host_inputs(&self, py: Python<'_>, arrays: Option<&Bound<'_, PyDict>>) -> PyResult<BTreeMap<String, HostArray>> {
-        let name = self.kernel.name();
+        let name = self.generic().name();
         let given: BTreeMap<String, Bound<'_, PyAny>> = match arrays {
             Some(d) => d.iter().map(|(k, v)| Ok((k.extract::<String>()?, v))).collect::<PyResult<_>>()?,
             None => BTreeMap::new(),
         };
-        let ins: Vec<&tessel_plugin_api::ir::Param> = self.params_of(ParamKind::In).collect();
+        let ins: Vec<&ArgDecl> = self.args_of(ParamKind::In).collect();
         for g in given.keys() {
             if !ins.iter().any(|p| &p.name == g) {
                 let names: Vec<&str> = ins.iter().map(|p| p.name.as_str()).collect();
@@ -298,23 +346,23 @@ impl Kernel {
                 return Err(raise(
                     py,
                     Failure::Input(format!(
-                        "kernel `{name}` needs input `{}`: {}\n  pass it by name: kernel({}=array, ...)",
-                        p.name, p.ty, p.name
+                        "kernel `{name}` needs input `{}`: {p}\n  pass it by name: kernel({}=array, ...)",
+                        p.name, p.name
                     )),
                 ));
             };
-            out.insert(p.name.clone(), host_array(py, name, &p.name, obj, &p.ty)?);
+            out.insert(p.name.clone(), host_array(py, name, p, obj)?);
         }
         Ok(out)
     }
 
-    /// Launches on host arrays, the GIL released.
+    /// Specializes for the inputs and launches on them, the GIL released.
     fn launch(&self, py: Python<'_>, how: Launch<'_>, inputs: BTreeMap<String, HostArray>) -> PyResult<Report> {
-        let kernel = &self.kernel;
         detached(py, move || {
+            let kernel = self.specialize(&how.params, &inputs)?;
             let rt = runtime()?;
             let (mesh, externals) = how.meshes(&rt)?;
-            let calls = [KernelLaunch { kernel, mesh: mesh.as_ref() }];
+            let calls = [KernelLaunch { kernel: &kernel, mesh: mesh.as_ref() }];
             let args = LaunchArgs { inputs, grid: how.grid };
             Ok(rt.run(how.backend, &calls, &externals.iter().collect::<Vec<_>>(), &args)?)
         })
@@ -345,31 +393,38 @@ impl Kernel {
     /// The kernel's name.
     #[getter]
     fn name(&self) -> &str {
-        self.kernel.name()
+        self.generic().name()
     }
 
-    /// Its canonical `.tk` text.
+    /// Its canonical `.tk` text; a generic kernel's keeps its parameters.
     #[getter]
-    fn text(&self) -> &str {
-        self.kernel.text()
+    fn text(&self, py: Python<'_>) -> PyResult<String> {
+        if self.generic().is_generic() {
+            return Ok(self.generic().template_text().to_string());
+        }
+        detached(py, || Ok(self.specialize(&BTreeMap::new(), &BTreeMap::new())?.text().to_string()))
     }
 
-    /// `in` arguments: name -> (dtype name, shape tuple).
+    /// `in` arguments: name -> (dtype name, shape tuple); a generic dimension as its text.
     #[getter]
     fn inputs<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         self.signature(py, ParamKind::In)
     }
 
-    /// `out` arguments: name -> (dtype name, shape tuple).
+    /// `out` arguments: name -> (dtype name, shape tuple); a generic dimension as its text.
     #[getter]
     fn outputs<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         self.signature(py, ParamKind::Out)
     }
 
-    /// Parameters (language §9): name -> default. None yet: kernels fix their sizes.
+    /// Parameters (language §9): name -> default, or None where a launch must give it.
     #[getter]
-    fn params<'py>(&self, py: Python<'py>) -> Bound<'py, PyDict> {
-        PyDict::new(py)
+    fn params<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        for p in self.generic().params() {
+            d.set_item(&p.name, p.default)?;
+        }
+        Ok(d)
     }
 
     /// Runs the kernel on `backend` ("auto": the first that takes it) with its inputs given by
@@ -377,12 +432,13 @@ impl Kernel {
     #[pyo3(signature = (*, backend = "auto", **arrays))]
     fn __call__<'py>(&self, py: Python<'py>, backend: &str, arrays: Option<&Bound<'py, PyDict>>) -> PyResult<Bound<'py, PyDict>> {
         let inputs = self.host_inputs(py, arrays)?;
-        let how = Launch { backend, mesh: None, external_meshes: Vec::new(), grid: BTreeMap::new() };
+        let how = Launch { backend, mesh: None, external_meshes: Vec::new(), grid: BTreeMap::new(), params: BTreeMap::new() };
         output_dict(py, self.launch(py, how, inputs)?.outputs)
     }
 
     /// Runs the kernel and reports where and how: `mesh` for the kernel, `external_meshes` around
-    /// the launch, `grid` sizes of `dyn` axes; with `explain`, prints why the backend was chosen.
+    /// the launch, `grid` sizes of `dyn` axes, `params` values of its parameters; with `explain`,
+    /// prints why the backend was chosen.
     #[pyo3(signature = (*, backend = "auto", mesh = None, external_meshes = None, grid = None, params = None, explain = false, **arrays))]
     #[allow(clippy::too_many_arguments)]
     fn run<'py>(
@@ -392,13 +448,18 @@ impl Kernel {
         mesh: Option<String>,
         external_meshes: Option<Vec<String>>,
         grid: Option<BTreeMap<String, u64>>,
-        params: Option<&Bound<'py, PyDict>>,
+        params: Option<BTreeMap<String, i64>>,
         explain: bool,
         arrays: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<RunResult> {
-        self.no_params(py, params)?;
         let inputs = self.host_inputs(py, arrays)?;
-        let how = Launch { backend, mesh, external_meshes: external_meshes.unwrap_or_default(), grid: grid.unwrap_or_default() };
+        let how = Launch {
+            backend,
+            mesh,
+            external_meshes: external_meshes.unwrap_or_default(),
+            grid: grid.unwrap_or_default(),
+            params: params.unwrap_or_default(),
+        };
         let report = self.launch(py, how, inputs)?;
         if explain {
             let text: String = report.decisions.iter().map(|d| format!("{d}\n")).collect();
@@ -415,7 +476,8 @@ impl Kernel {
     }
 
     /// The lowered text (PTX, WGSL) for `backend`, without a device: the stages joined, each
-    /// under a `// ---- NAME (BACKEND) ----` line, as `tessel lower` prints them.
+    /// under a `// ---- NAME (BACKEND) ----` line, as `tessel lower` prints them. A generic
+    /// kernel takes `params` and its defaults.
     #[pyo3(signature = (backend = "interpret", *, mesh = None, external_meshes = None, grid = None, params = None))]
     fn lower(
         &self,
@@ -424,16 +486,21 @@ impl Kernel {
         mesh: Option<String>,
         external_meshes: Option<Vec<String>>,
         grid: Option<BTreeMap<String, u64>>,
-        params: Option<&Bound<'_, PyDict>>,
+        params: Option<BTreeMap<String, i64>>,
     ) -> PyResult<String> {
-        self.no_params(py, params)?;
-        let kernel = &self.kernel;
-        let how = Launch { backend, mesh, external_meshes: external_meshes.unwrap_or_default(), grid: grid.unwrap_or_default() };
+        let how = Launch {
+            backend,
+            mesh,
+            external_meshes: external_meshes.unwrap_or_default(),
+            grid: grid.unwrap_or_default(),
+            params: params.unwrap_or_default(),
+        };
         detached(py, move || {
+            let kernel = self.specialize(&how.params, &BTreeMap::new())?;
             let rt = runtime()?;
             let (mesh, externals) = how.meshes(&rt)?;
             let externals: Vec<&MeshBox> = externals.iter().collect();
-            let calls = [KernelLaunch { kernel, mesh: mesh.as_ref() }];
+            let calls = [KernelLaunch { kernel: &kernel, mesh: mesh.as_ref() }];
             let grid = &how.grid;
             let backend = if backend == "auto" { rt.choose(&calls, &externals, grid)?.0 } else { backend.to_string() };
             let stages = rt.lower(&backend, &calls, &externals, grid)?;
@@ -442,23 +509,13 @@ impl Kernel {
     }
 
     fn __repr__(&self) -> String {
-        let args = |kind| self.params_of(kind).map(|p| format!("{}: {}", p.name, p.ty)).collect::<Vec<_>>().join(", ");
-        format!("Kernel({}, in: [{}], out: [{}])", self.kernel.name(), args(ParamKind::In), args(ParamKind::Out))
+        let args = |kind| self.args_of(kind).map(|a| format!("{}: {a}", a.name)).collect::<Vec<_>>().join(", ");
+        let params = match self.generic().params() {
+            [] => String::new(),
+            ps => format!("[{}]", ps.iter().map(|p| p.name.as_str()).collect::<Vec<_>>().join(", ")),
+        };
+        format!("Kernel({}{params}, in: [{}], out: [{}])", self.generic().name(), args(ParamKind::In), args(ParamKind::Out))
     }
-}
-
-/// The kernel called `kernel` of `all` (from `what`), or the only one.
-fn pick(py: Python<'_>, what: &str, mut all: Vec<Verified>, kernel: Option<&str>) -> PyResult<Kernel> {
-    let names = || all.iter().map(|k| k.name().to_string()).collect::<Vec<_>>().join(", ");
-    let found = match kernel {
-        Some(n) => match all.iter().position(|k| k.name() == n) {
-            Some(i) => Ok(all.swap_remove(i)),
-            None => Err(format!("{what} has no kernel `{n}`\n  its kernels are: {}", names())),
-        },
-        None if all.len() == 1 => Ok(all.remove(0)),
-        None => Err(format!("{what} defines several kernels: {}\n  choose one with kernel=\"NAME\"", names())),
-    };
-    found.map(|kernel| Kernel { kernel }).map_err(|m| raise(py, Failure::Kernel(m)))
 }
 
 /// Every backend, as `tessel backends --json` lists them: a list of dicts (name, source,
@@ -474,23 +531,24 @@ fn backends(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
 #[pyfunction]
 #[pyo3(signature = (path, kernel = None))]
 fn load(py: Python<'_>, path: PathBuf, kernel: Option<&str>) -> PyResult<Kernel> {
-    let all = detached(py, || Ok(tessel::load_file(&path)?))?;
-    pick(py, &format!("`{}`", path.display()), all, kernel)
+    let file = detached(py, || Ok(tessel::read_kernels(&path)?))?;
+    Kernel::new(py, file, kernel, &format!("`{}`", path.display()))
 }
 
 /// The kernel of `.tk` text (`kernel`: which, where the text has several).
 #[pyfunction]
 #[pyo3(signature = (text, kernel = None))]
 fn compile(py: Python<'_>, text: &str, kernel: Option<&str>) -> PyResult<Kernel> {
-    let all = detached(py, || Ok(tessel::load_source("<text>", text)?))?;
-    pick(py, "the text", all, kernel)
+    let file = detached(py, || Ok(tessel::parse_kernels("<text>", text)?))?;
+    Kernel::new(py, file, kernel, "the text")
 }
 
-/// The canonical text of every kernel of `.tk` text, or `KernelError` with every error.
+/// The canonical text of every kernel of `.tk` text (a generic kernel's with its parameters,
+/// verified with its defaults where it has them), or `KernelError` with every error.
 #[pyfunction]
 fn check(py: Python<'_>, text: &str) -> PyResult<String> {
-    let all = detached(py, || Ok(tessel::load_source("<text>", text)?))?;
-    Ok(all.iter().map(Verified::text).collect::<Vec<_>>().join("\n"))
+    let all = detached(py, || Ok(tessel::check_source("<text>", text, &BTreeMap::new())?))?;
+    Ok(all.into_iter().map(|(t, _)| t).collect::<Vec<_>>().join("\n"))
 }
 
 /// Loads a backend plugin (a shared library), as the command line's `--plugin` does.

@@ -7,7 +7,8 @@ import numpy as np
 
 __version__: str
 
-Signature = Dict[str, Tuple[str, Tuple[int, ...]]]
+# name -> (dtype name, shape); a dimension of a generic kernel is its expression's text ("N").
+Signature = Dict[str, Tuple[str, Tuple[Union[int, str], ...]]]
 
 class RunResult:
     """What a launch did: its outputs, the backend that ran it and why, and its times."""
@@ -32,24 +33,25 @@ class RunResult:
         """Whether the backend's compile cache held the launch already."""
 
 class Kernel:
-    """A verified kernel: `tessel.load(path)` or `tessel.compile(text)`; call it with numpy
-    arrays by argument name."""
+    """A kernel: `tessel.load(path)` or `tessel.compile(text)`; call it with numpy arrays by
+    argument name. A generic kernel (language §9) takes its shapes from the arrays and the rest
+    of its parameters from `params` and its defaults."""
 
     @property
     def name(self) -> str:
         """The kernel's name."""
     @property
     def text(self) -> str:
-        """Its canonical `.tk` text."""
+        """Its canonical `.tk` text; a generic kernel's keeps its parameters."""
     @property
     def inputs(self) -> Signature:
-        """`in` arguments: name -> (dtype name, shape)."""
+        """`in` arguments: name -> (dtype name, shape); a generic dimension as its text."""
     @property
     def outputs(self) -> Signature:
-        """`out` arguments: name -> (dtype name, shape)."""
+        """`out` arguments: name -> (dtype name, shape); a generic dimension as its text."""
     @property
     def params(self) -> Dict[str, Optional[int]]:
-        """Parameters (language §9): name -> default. Empty until parameters exist."""
+        """Parameters (language §9): name -> default, or None where a launch must give it."""
     def __call__(self, *, backend: str = "auto", **arrays: Any) -> Dict[str, np.ndarray]:
         """Runs on `backend` ("auto": the first that takes the launch); returns the outputs."""
     def run(
@@ -63,7 +65,8 @@ class Kernel:
         explain: bool = False,
         **arrays: Any,
     ) -> RunResult:
-        """Runs and reports where and how; `explain` prints why the backend was chosen."""
+        """Runs and reports where and how; `params` gives values of the kernel's parameters;
+        `explain` prints why the backend was chosen."""
     def lower(
         self,
         backend: str = "interpret",
@@ -73,7 +76,8 @@ class Kernel:
         grid: Optional[Mapping[str, int]] = None,
         params: Optional[Mapping[str, int]] = None,
     ) -> str:
-        """The lowered text (PTX, WGSL, ...) for `backend`, without a device."""
+        """The lowered text (PTX, WGSL, ...) for `backend`, without a device; a generic kernel
+        takes `params` and its defaults."""
 
 def backends() -> List[Dict[str, Any]]:
     """Every backend, as `tessel backends --json` lists them."""

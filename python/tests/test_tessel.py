@@ -61,14 +61,26 @@ def test_version_and_backends_are_what_the_command_line_lists():
 
 
 def test_a_loaded_kernel_describes_itself():
-    k = example("add")
-    assert k.name == "add"
-    assert k.inputs == {"x": ("f32", (1024,)), "y": ("f32", (1024,))}
-    assert k.outputs == {"o": ("f32", (1024,))}
+    k = example("fused")
+    assert k.name == "fused"
+    assert k.inputs == {"x": ("f32", (4096,)), "y": ("f32", (4096,))}
+    assert k.outputs == {"o": ("f32", (4096,))}
     assert k.params == {}
-    assert k.text.startswith("kernel add\n") and "= load x" in k.text
+    assert k.text.startswith("kernel fused\n") and "= load x : f32[256]" in k.text
     assert tessel.compile(k.text).text == k.text
-    assert "Kernel(add" in repr(k)
+    assert "Kernel(fused, in: [x: f32[4096]" in repr(k)
+
+
+def test_a_generic_kernel_describes_its_parameters():
+    k = example("add")
+    assert k.params == {"N": 1024, "B": 128}
+    assert k.inputs == {"x": ("f32", ("N",)), "y": ("f32", ("N",))}
+    assert k.outputs == {"o": ("f32", ("N",))}
+    assert k.text.startswith("kernel add[N = 1024, B = 128 in (64, 128, 256, 512, 1024)]\n  grid (i: cdiv(N, B))\n")
+    assert tessel.compile(k.text).text == k.text
+    assert repr(k) == "Kernel(add[N, B], in: [x: f32[N], y: f32[N]], out: [o: f32[N]])"
+    m = tessel.compile("kernel k[N, M = 2]\n  in x: f32[N, M*N - 1]\n  out o: f32[N]\n{\n}\n")
+    assert m.params == {"N": None, "M": 2} and m.inputs == {"x": ("f32", ("N", "M*N - 1"))}
 
 
 def test_check_gives_the_canonical_text_and_compile_picks_a_kernel():
@@ -94,19 +106,20 @@ def test_add_and_softmax_agree_with_numpy(backend):
     assert set(out) == {"o"} and out["o"].dtype == np.float32 and out["o"].shape == (1024,)
     np.testing.assert_array_equal(out["o"], x + y)
     k = example("softmax")
-    (shape,) = [s for _, s in k.inputs.values()]
-    a = RNG.standard_normal(shape, dtype=np.float32)
-    want = np.exp(a - a.max(axis=1, keepdims=True))
-    want /= want.sum(axis=1, keepdims=True)
-    got = k(x=a, backend=backend)["o"]
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+    for shape, params in [((1024, 256), {}), ((1000, 96), {"BM": 32}), ((3, 5), {})]:
+        a = RNG.standard_normal(shape, dtype=np.float32)
+        want = np.exp(a - a.max(axis=1, keepdims=True))
+        want /= want.sum(axis=1, keepdims=True)
+        got = k.run(x=a, backend=backend, params=params).outputs["o"]
+        assert got.shape == shape
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
 
 
 def test_run_reports_the_backend_the_decisions_and_the_cache():
     k = example("matmul")
-    (a_shape, b_shape) = [k.inputs[n][1] for n in ("a", "b")]
-    a = RNG.standard_normal(a_shape, dtype=np.float32)
-    b = RNG.standard_normal(b_shape, dtype=np.float32)
+    assert k.inputs == {"a": ("f32", ("M", "K")), "b": ("f32", ("K", "N"))}
+    a = RNG.standard_normal((100, 70), dtype=np.float32)
+    b = RNG.standard_normal((70, 50), dtype=np.float32)
     first = k.run(a=a, b=b, backend="interpret")
     assert first.backend == "interpret" and first.decisions == ["interpret: chosen by name"]
     np.testing.assert_allclose(first.outputs["c"], a @ b, rtol=1e-4, atol=1e-4)
@@ -172,10 +185,14 @@ def test_bad_inputs_are_refused_before_anything_runs():
     k = example("add")
     x = np.ones(1024, np.float32)
     cases = [
-        (dict(x=x), "kernel `add` needs input `y`: f32[1024]\n  pass it by name"),
+        (dict(x=x), "kernel `add` needs input `y`: f32[N]\n  pass it by name"),
         (dict(x=x, y=x, z=x), "kernel `add` has no input `z`\n  its inputs are: x, y"),
-        (dict(x=x.astype(np.float64), y=x), "input `x` of kernel `add` is float64[1024], but the kernel declares f32[1024]"),
-        (dict(x=np.ones(1000, np.float32), y=x), "is float32[1000], but the kernel declares f32[1024]"),
+        (dict(x=x.astype(np.float64), y=x), "input `x` of kernel `add` is float64[1024], but the kernel declares f32[N]"),
+        (
+            dict(x=np.ones(1000, np.float32), y=x),
+            "inputs of kernel `add` disagree on parameter `N`: `x` says N = 1000 (its dimension 0), `y` says N = 1024",
+        ),
+        (dict(x=np.ones((4, 4), np.float32), y=np.ones((4, 4), np.float32)), "is f32[4, 4], but the kernel declares f32[1024]"),
     ]
     for args, message in cases:
         with pytest.raises(tessel.InputError) as e:
@@ -185,8 +202,27 @@ def test_bad_inputs_are_refused_before_anything_runs():
         k(x=x, y=x, backend="nope")
     with pytest.raises(tessel.InputError, match="bad|mesh"):
         k.run(x=x, y=x, mesh="grid(i: ")
-    with pytest.raises(tessel.InputError, match="no parameters"):
+    with pytest.raises(tessel.InputError, match="kernel `add` has no parameter `BM`\n  its parameters are: N, B"):
         k.run(x=x, y=x, params={"BM": 32})
+    with pytest.raises(tessel.InputError, match="kernel `fused` has no parameter `B`\n  it has no parameters"):
+        example("fused").lower(params={"B": 32})
+
+
+def test_params_specialize_a_generic_kernel():
+    k = example("add")
+    x = RNG.standard_normal(5000, dtype=np.float32)
+    for params in [{}, {"B": 64}, {"B": 1024}]:
+        np.testing.assert_array_equal(k.run(x=x, y=x, params=params, backend="interpret").outputs["o"], x + x)
+    # Lowering takes the values and the defaults: the WGSL is of the shape asked for.
+    wgsl = k.lower("wgpu", params={"N": 4000})
+    assert "4000" in wgsl and wgsl != k.lower("wgpu")
+    generic = tessel.compile("kernel g[N]\n  in x: f32[N]\n  out o: f32[N]\n{\n  %x = load x\n  store o, %x\n}\n")
+    with pytest.raises(tessel.InputError, match="kernel `g` needs a value for parameter `N`"):
+        generic.lower()
+    np.testing.assert_array_equal(generic(x=x[:7])["o"], x[:7])
+    # A value that makes a size wrong is the kernel's error, at its generic line.
+    with pytest.raises(tessel.KernelError, match="<text>:2:12: error: `cdiv\\(N, B\\)`: divides by `B`, which is 0"):
+        tessel.compile(k.text).lower(params={"B": 0})
 
 
 def test_non_contiguous_inputs_are_copied_once_and_agree():
