@@ -104,5 +104,45 @@ fn front_end(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, matmul, softmax, add, front_end);
+/// A generic kernel's way to a backend (language §9): specializing (parse with the values bound,
+/// verify), then planning and writing WGSL or PTX, beside the baseline of parsing and verifying
+/// the same kernel written with numbers (what a kernel without parameters costs).
+fn generic(c: &mut Criterion) {
+    use std::collections::BTreeMap;
+    use tessel_plugin_api::ir::generic::Source;
+    let mut g = c.benchmark_group("generic");
+    for (name, values) in [("softmax", &[("N", 1000), ("D", 256)][..]), ("matmul", &[("M", 1000), ("N", 512), ("K", 300)][..])] {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples").join(format!("{name}.tk"));
+        let text = std::fs::read_to_string(&path).expect("example");
+        let src = Source::parse(&text).expect("parses");
+        let k = &src.kernels()[0];
+        let given: BTreeMap<String, i64> = values.iter().map(|(n, v)| (n.to_string(), *v)).collect();
+        let values = k.bind(&given, &BTreeMap::new(), &BTreeMap::new()).expect("binds").values;
+        let specialized = src.specialize(k, &values).expect("specializes");
+        let concrete = specialized.text().to_string();
+        g.bench_function(format!("{name}/parse_generic"), |b| b.iter(|| black_box(Source::parse(black_box(&text)).expect("parses"))));
+        g.bench_function(format!("{name}/specialize_verify"), |b| b.iter(|| black_box(src.specialize(k, black_box(&values)).expect("ok"))));
+        g.bench_function(format!("{name}/baseline_concrete_parse_verify"), |b| {
+            b.iter(|| black_box(tessel::load_source("bench.tk", black_box(&concrete)).expect("verifies")))
+        });
+        g.bench_function(format!("{name}/specialize_verify_wgsl"), |b| {
+            b.iter(|| {
+                let v = src.specialize(k, black_box(&values)).expect("ok");
+                let grid = tessel_plugin_api::launch::resolve_grid(&v, &BTreeMap::new()).expect("grid");
+                let plan = tessel_wgpu::lower::plan(v, grid, tessel_wgpu::lower::Strategy::Cpu).expect("plans");
+                black_box(tessel_wgpu::emit::lower(&plan))
+            })
+        });
+        g.bench_function(format!("{name}/specialize_verify_ptx"), |b| {
+            b.iter(|| {
+                let v = src.specialize(k, black_box(&values)).expect("ok");
+                let plan = tessel_mosaic_gpu::lower::plan(&v, None).expect("plans");
+                black_box(tessel_mosaic_gpu::emit::emit(&plan))
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, matmul, softmax, add, front_end, generic);
 criterion_main!(benches);

@@ -165,12 +165,12 @@ pub fn load_file(path: &Path) -> Result<Vec<Verified>> {
 /// (one without is an error); its errors name them.
 pub fn load_source(name: &str, source: &str) -> Result<Vec<Verified>> {
     let render = |d: ir::Diagnostics| Error::Kernel(d.render(name, source));
-    let module = ir::parse(source).map_err(render)?;
-    // Without parameters (or with two kernels of one name, which the verifier reports with
-    // everything else) every kernel is verified as it is.
-    let file = match Source::parse(source) {
-        Ok(file) if file.kernels().iter().any(Generic::is_generic) => file,
-        _ => return ir::verify::verify_module(&module).map_err(render),
+    // Two kernels of one name are reported by the verifier, with everything else.
+    let generic = ir::generic::has_parameters(source).then(|| Source::parse(source).ok()).flatten();
+    let Some(file) = generic.filter(|f| f.kernels().iter().all(|k| k.params().iter().all(|p| p.default.is_some()))) else {
+        // Without parameters, or with one that has no default (which this parse reports).
+        let module = ir::parse(source).map_err(render)?;
+        return ir::verify::verify_module(&module).map_err(render);
     };
     let mut verified = Vec::new();
     let mut diags = Vec::new();

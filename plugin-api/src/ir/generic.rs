@@ -161,6 +161,13 @@ fn names_sentence(names: &[String]) -> String {
     }
 }
 
+/// Whether `text` declares a kernel with parameters (`kernel NAME[...]`), found by its tokens
+/// alone.
+pub fn has_parameters(text: &str) -> bool {
+    let (toks, _) = lex(text);
+    toks.windows(3).any(|w| matches!(&w[0].0, Tok::Ident(k) if k == "kernel") && matches!(w[1].0, Tok::Ident(_)) && w[2].0 == Tok::LBracket)
+}
+
 impl Source {
     /// Parses every kernel of `text` for its names and syntax; values come at [`Source::specialize`].
     pub fn parse(text: &str) -> Result<Source, Diagnostics> {
