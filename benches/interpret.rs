@@ -120,8 +120,12 @@ fn generic(c: &mut Criterion) {
         let values = k.bind(&given, &BTreeMap::new(), &BTreeMap::new()).expect("binds").values;
         let specialized = src.specialize(k, &values).expect("specializes");
         let concrete = specialized.text().to_string();
-        g.bench_function(format!("{name}/parse_generic"), |b| b.iter(|| black_box(Source::parse(black_box(&text)).expect("parses"))));
-        g.bench_function(format!("{name}/specialize_verify"), |b| b.iter(|| black_box(src.specialize(k, black_box(&values)).expect("ok"))));
+        g.bench_function(format!("{name}/parse_generic"), |b| {
+            b.iter(|| black_box(Source::parse(black_box(&text)).expect("parses")))
+        });
+        g.bench_function(format!("{name}/specialize_verify"), |b| {
+            b.iter(|| black_box(src.specialize(k, black_box(&values)).expect("ok")))
+        });
         g.bench_function(format!("{name}/baseline_concrete_parse_verify"), |b| {
             b.iter(|| black_box(tessel::load_source("bench.tk", black_box(&concrete)).expect("verifies")))
         });

@@ -25,7 +25,14 @@ fn executors(test: &str) -> Vec<&'static str> {
 }
 
 /// Specializes `name` for `inputs` with `params` and runs it on `exec`; returns output `out`.
-fn run(rt: &Runtime, exec: &str, file: &KernelFile, params: &[(&str, i64)], inputs: &[(&str, HostArray)], out: &str) -> HostArray {
+fn run(
+    rt: &Runtime,
+    exec: &str,
+    file: &KernelFile,
+    params: &[(&str, i64)],
+    inputs: &[(&str, HostArray)],
+    out: &str,
+) -> HostArray {
     let given: BTreeMap<String, i64> = params.iter().map(|(n, v)| (n.to_string(), *v)).collect();
     let inputs: BTreeMap<String, HostArray> = inputs.iter().map(|(n, a)| (n.to_string(), a.clone())).collect();
     let kernel = &file.kernels()[0];
@@ -82,7 +89,8 @@ fn matmul_at_every_shape() {
     let rt = Runtime::new(&[]).expect("runtime");
     let file = example("matmul");
     // (M, N, K, tile values): square, ragged in every dimension, a single row, a deep K.
-    let shapes: &[(usize, usize, usize, &[(&str, i64)])] = &[
+    type Case = (usize, usize, usize, &'static [(&'static str, i64)]);
+    let shapes: &[Case] = &[
         (128, 128, 128, &[]),
         (100, 70, 30, &[("BM", 32), ("BN", 32), ("BK", 16)]),
         (1, 65, 33, &[("BN", 32), ("BK", 16)]),
@@ -92,8 +100,7 @@ fn matmul_at_every_shape() {
         for &(m, n, k, params) in shapes {
             let (a, av) = matrix(1 + m as u64, m, k);
             let (b, bv) = matrix(2 + n as u64, k, n);
-            let want: Vec<f64> =
-                (0..m * n).map(|ij| (0..k).map(|p| av[(ij / n) * k + p] * bv[p * n + ij % n]).sum()).collect();
+            let want: Vec<f64> = (0..m * n).map(|ij| (0..k).map(|p| av[(ij / n) * k + p] * bv[p * n + ij % n]).sum()).collect();
             let got = run(&rt, exec, &file, params, &[("a", a), ("b", b)], "c");
             assert_eq!(got.shape, [m, n]);
             assert_close(&format!("matmul {m}x{n}x{k} {params:?} on {exec}"), &got, &want, DType::F32);
@@ -128,11 +135,22 @@ fn run_binds_shapes_from_npy_inputs_and_params_from_flags() {
     let out = dir.path().join("out");
     let file = root().join("examples/softmax.tk").display().to_string();
     let r = tessel(&[
-        "run", &file, "--backend", "interpret", "--input", &arg, "--param", "BM=8", "--explain", "--out-dir", out.to_str().unwrap(),
+        "run",
+        &file,
+        "--backend",
+        "interpret",
+        "--input",
+        &arg,
+        "--param",
+        "BM=8",
+        "--explain",
+        "--out-dir",
+        out.to_str().unwrap(),
     ]);
     assert_eq!(r.code, 0, "{}", r.stderr);
     assert!(
-        r.stdout.contains("params of `softmax`: N = 300 (input `x`, dimension 0), D = 40 (input `x`, dimension 1), BM = 8 (given)"),
+        r.stdout
+            .contains("params of `softmax`: N = 300 (input `x`, dimension 0), D = 40 (input `x`, dimension 1), BM = 8 (given)"),
         "{}",
         r.stdout
     );
@@ -142,7 +160,18 @@ fn run_binds_shapes_from_npy_inputs_and_params_from_flags() {
     assert!(row_sums.iter().all(|s| (s - 1.0).abs() < 1e-5), "every row of a softmax sums to 1");
     assert!(xs.len() == 12000);
     // Without inputs, random ones of the shapes the values give.
-    let r = tessel(&["run", &file, "--backend", "interpret", "--param", "N=10", "--param", "D=3", "--out-dir", out.to_str().unwrap()]);
+    let r = tessel(&[
+        "run",
+        &file,
+        "--backend",
+        "interpret",
+        "--param",
+        "N=10",
+        "--param",
+        "D=3",
+        "--out-dir",
+        out.to_str().unwrap(),
+    ]);
     assert_eq!(r.code, 0, "{}", r.stderr);
     assert!(r.stdout.contains("o: f32[10, 3]"), "{}", r.stdout);
     // What does not bind is a user error naming the parameter.
@@ -165,7 +194,8 @@ fn tune_records_an_agreeing_candidate_that_run_then_uses() {
     for bm in [8, 16, 32, 64] {
         assert!(r.stdout.contains(&format!("  BM = {bm}: ")), "a line per candidate:\n{}", r.stdout);
     }
-    let chosen = r.stdout.lines().find_map(|l| l.strip_prefix("chosen: BM = ")).expect("a choice").split(' ').next().unwrap().to_string();
+    let chosen =
+        r.stdout.lines().find_map(|l| l.strip_prefix("chosen: BM = ")).expect("a choice").split(' ').next().unwrap().to_string();
     let record = r.stdout.lines().find_map(|l| l.strip_prefix("record: ")).expect("a record").to_string();
     let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&record).unwrap()).unwrap();
     assert_eq!(json["chosen"]["BM"].to_string(), chosen);
@@ -201,7 +231,8 @@ fn tune_records_an_agreeing_candidate_that_run_then_uses() {
 fn tune_never_chooses_a_candidate_that_disagrees() {
     // The fixture backend runs nothing: its outputs stay zeros, wrong for every candidate.
     cargo_build(&["-p", "tessel-fixture-panics"]);
-    let plugin = target_dir().join(format!("{}tessel_fixture_panics{}", std::env::consts::DLL_PREFIX, std::env::consts::DLL_SUFFIX));
+    let plugin =
+        target_dir().join(format!("{}tessel_fixture_panics{}", std::env::consts::DLL_PREFIX, std::env::consts::DLL_SUFFIX));
     let dir = tempfile::tempdir().unwrap();
     let cache = dir.path().join("cache");
     let file = root().join("examples/add.tk").display().to_string();

@@ -10,8 +10,8 @@ use clap::{Parser, Subcommand};
 use serde::Serialize;
 use tessel_plugin_api::abi::MeshBox;
 use tessel_plugin_api::array::agreement;
-use tessel_plugin_api::ir::generic::Generic;
 use tessel_plugin_api::ir::Verified;
+use tessel_plugin_api::ir::generic::Generic;
 
 use crate::{Error, HostArray, KernelLaunch, LaunchArgs, Result, Runtime};
 
@@ -742,23 +742,13 @@ fn specialize(
     let mut kernels = Vec::new();
     for g in generics {
         let mine = crate::given_for(g, given);
-        let mut tuned = BTreeMap::new();
-        let loaded = backend.filter(|b| !b.is_empty()).and_then(|b| rt.backend(b).ok());
-        if let Some(loaded) = loaded.filter(|_| !crate::tune::tunable(g).is_empty()) {
-            // The shapes key the record: bind once without it to know them.
-            let shapes =
-                file.specialize_for(g, &mine, &BTreeMap::new(), inputs).map(|(_, b)| crate::tune::shapes_of(g, &b.values));
-            match shapes.map(|s| crate::tune::lookup(g, &s, loaded)) {
-                Ok(crate::tune::Lookup::Found(r, path)) => {
-                    tuned = r.chosen.into_iter().filter(|(n, _)| !mine.contains_key(n)).collect();
-                    bound.lines.push(format!("tuning record for `{}` on {}: {}", g.name(), loaded.name, path.display()));
-                }
-                Ok(crate::tune::Lookup::Corrupt(path, why)) => bound
-                    .warnings
-                    .push(format!("tuning record {} ignored ({why}); `tessel tune` writes it again", path.display())),
-                Ok(crate::tune::Lookup::Missing) | Err(_) => {}
-            }
+        let backend = backend.filter(|b| !b.is_empty());
+        let tuned = backend.and_then(|b| rt.tuned(g, &mine, inputs, b).ok()).unwrap_or_default();
+        if let (Some(path), Some(b)) = (&tuned.record, backend) {
+            bound.lines.push(format!("tuning record for `{}` on {b}: {}", g.name(), path.display()));
         }
+        bound.warnings.extend(tuned.warning);
+        let tuned = tuned.values;
         let (v, b) = file.specialize_for(g, &mine, &tuned, inputs)?;
         if g.is_generic() {
             bound.lines.push(format!("params of `{}`: {}", g.name(), b.explain(g)));

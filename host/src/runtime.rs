@@ -9,6 +9,7 @@ use tessel_plugin_api::abi::{
     BackendError, BufferArg, CacheStats, ErrorKind, GridSize, IR_FORMAT_VERSION, KernelCall, LaunchRequest, MeshBox,
 };
 use tessel_plugin_api::backend::{cache_key, make_mesh_object};
+use tessel_plugin_api::ir::generic::Generic;
 use tessel_plugin_api::ir::{ParamKind, Type, Verified};
 use tessel_plugin_api::launch::check_inputs;
 use tessel_plugin_api::mesh::MeshSpec;
@@ -42,6 +43,20 @@ impl Runtime {
     /// The registry.
     pub fn registry(&self) -> &Registry {
         &self.registry
+    }
+
+    /// What `tessel tune`'s record gives the generic `kernel` on `backend` for a launch on
+    /// `inputs` with `given` values: values for its tuned parameters not given (docs/language.md
+    /// §9). Pass them to [`KernelFile::specialize_for`](crate::KernelFile::specialize_for).
+    pub fn tuned(
+        &self,
+        kernel: &Generic,
+        given: &BTreeMap<String, i64>,
+        inputs: &BTreeMap<String, HostArray>,
+        backend: &str,
+    ) -> Result<crate::tune::Tuned> {
+        let shapes = inputs.iter().map(|(n, a)| (n.clone(), a.shape.clone())).collect();
+        Ok(crate::tune::tuned(kernel, given, &shapes, self.backend(backend)?))
     }
 
     /// The backend called `name`, or an error listing those that exist.
@@ -443,16 +458,20 @@ impl Runtime {
     }
 }
 
-/// The file a backend's code lives in (the plugin, or this executable for a built-in), by path,
-/// size and modification time.
+/// What a backend's build is: for a plugin, its file by path, size and modification time; for a
+/// built-in, the fingerprint of the sources it was built from (`build.rs`), so that every program
+/// built from the same sources (the command line, the Python module) shares cache entries and
+/// tuning records.
 pub(crate) fn build_identity(source: &crate::registry::Source) -> String {
-    let path = match source {
-        crate::registry::Source::Plugin(p) => Some(p.clone()),
-        crate::registry::Source::BuiltIn => std::env::current_exe().ok(),
-    };
-    let meta = path.as_ref().and_then(|p| std::fs::metadata(p).ok());
-    let modified = meta.as_ref().and_then(|m| m.modified().ok()).and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok());
-    format!("{path:?} {:?} {modified:?}", meta.map(|m| m.len()))
+    match source {
+        crate::registry::Source::Plugin(path) => {
+            let meta = std::fs::metadata(path).ok();
+            let modified =
+                meta.as_ref().and_then(|m| m.modified().ok()).and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok());
+            format!("plugin {path:?} {:?} {modified:?}", meta.map(|m| m.len()))
+        }
+        crate::registry::Source::BuiltIn => format!("built-in, sources {}", env!("TESSEL_SOURCE_HASH")),
+    }
 }
 
 fn backend_error(b: &Loaded, e: BackendError) -> Error {

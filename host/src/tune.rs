@@ -62,6 +62,40 @@ pub enum Lookup {
     Missing,
 }
 
+/// What a launch takes from the tuning records for one kernel on one backend.
+#[derive(Debug, Default)]
+pub struct Tuned {
+    /// Values for the tuned parameters the launch does not give.
+    pub values: BTreeMap<String, i64>,
+    /// The record they came from.
+    pub record: Option<PathBuf>,
+    /// A record that was there and could not be read (ignored).
+    pub warning: Option<String>,
+}
+
+/// The values the record of `kernel` on `backend` gives for a launch with `given` values on
+/// inputs of `shapes` (by argument name); nothing where the kernel has nothing to tune, the
+/// launch does not bind, or there is no record.
+pub fn tuned(kernel: &Generic, given: &BTreeMap<String, i64>, shapes: &BTreeMap<String, Vec<usize>>, backend: &Loaded) -> Tuned {
+    if tunable(kernel).is_empty() {
+        return Tuned::default();
+    }
+    // The shapes key the record: bind once without it to know them.
+    let Ok(b) = kernel.bind(given, &BTreeMap::new(), shapes) else { return Tuned::default() };
+    match lookup(kernel, &shapes_of(kernel, &b.values), backend) {
+        Lookup::Found(r, path) => Tuned {
+            values: r.chosen.into_iter().filter(|(n, _)| !given.contains_key(n)).collect(),
+            record: Some(path),
+            warning: None,
+        },
+        Lookup::Corrupt(path, why) => Tuned {
+            warning: Some(format!("tuning record {} ignored ({why}); `tessel tune` writes it again", path.display())),
+            ..Tuned::default()
+        },
+        Lookup::Missing => Tuned::default(),
+    }
+}
+
 /// The parameters `tune` may choose: those with candidates.
 pub fn tunable(kernel: &Generic) -> Vec<&str> {
     kernel.params().iter().filter(|p| !p.candidates.is_empty()).map(|p| p.name.as_str()).collect()

@@ -238,6 +238,10 @@ struct RunResult {
     /// Whether the backend's compile cache held the launch already.
     #[pyo3(get)]
     cache_hit: bool,
+    /// The values the kernel's parameters took (from the arrays, `params`, a tuning record of
+    /// the backend named, or the defaults); empty for a kernel without parameters.
+    #[pyo3(get)]
+    params: BTreeMap<String, i64>,
 }
 
 #[pymethods]
@@ -275,7 +279,7 @@ impl Kernel {
         };
         let k = Kernel { file: Arc::new(file), index, specialized: Mutex::new(HashMap::new()) };
         if k.generic().params().iter().all(|p| p.default.is_some()) {
-            detached(py, || k.specialize(&BTreeMap::new(), &BTreeMap::new()).map(drop))?;
+            detached(py, || k.specialize(&BTreeMap::new(), &BTreeMap::new(), "auto").map(drop))?;
         }
         Ok(k)
     }
@@ -284,21 +288,30 @@ impl Kernel {
         &self.file.kernels()[self.index]
     }
 
-    /// The kernel specialized for `inputs` with `given` values (from the kept ones where it was
-    /// before).
-    fn specialize(&self, given: &BTreeMap<String, i64>, inputs: &BTreeMap<String, HostArray>) -> Result<Arc<Verified>, Failure> {
+    /// The kernel specialized for `inputs` with `given` values, and for a backend named (not
+    /// "auto") the values of its tuning record (from the kept ones where it was before).
+    fn specialize(
+        &self,
+        given: &BTreeMap<String, i64>,
+        inputs: &BTreeMap<String, HostArray>,
+        backend: &str,
+    ) -> Result<(Arc<Verified>, BTreeMap<String, i64>), Failure> {
+        let tuned = match backend {
+            "auto" => BTreeMap::new(),
+            b => runtime()?.tuned(self.generic(), given, inputs, b)?.values,
+        };
         let shapes = inputs.iter().map(|(n, a)| (n.clone(), a.shape.clone())).collect();
-        let binding = self.generic().bind(given, &BTreeMap::new(), &shapes).map_err(Error::from)?;
+        let binding = self.generic().bind(given, &tuned, &shapes).map_err(Error::from)?;
         let mut kept = self.specialized.lock().map_err(|_| poisoned())?;
         if let Some(v) = kept.get(&binding.values) {
-            return Ok(Arc::clone(v));
+            return Ok((Arc::clone(v), binding.values));
         }
         let v = Arc::new(self.file.specialize(self.generic(), &binding)?);
         if kept.len() >= KEPT {
             kept.clear();
         }
-        kept.insert(binding.values, Arc::clone(&v));
-        Ok(v)
+        kept.insert(binding.values.clone(), Arc::clone(&v));
+        Ok((v, binding.values))
     }
 
     fn args_of(&self, kind: ParamKind) -> impl Iterator<Item = &ArgDecl> {
@@ -357,14 +370,19 @@ impl Kernel {
     }
 
     /// Specializes for the inputs and launches on them, the GIL released.
-    fn launch(&self, py: Python<'_>, how: Launch<'_>, inputs: BTreeMap<String, HostArray>) -> PyResult<Report> {
+    fn launch(
+        &self,
+        py: Python<'_>,
+        how: Launch<'_>,
+        inputs: BTreeMap<String, HostArray>,
+    ) -> PyResult<(Report, BTreeMap<String, i64>)> {
         detached(py, move || {
-            let kernel = self.specialize(&how.params, &inputs)?;
+            let (kernel, values) = self.specialize(&how.params, &inputs, how.backend)?;
             let rt = runtime()?;
             let (mesh, externals) = how.meshes(&rt)?;
             let calls = [KernelLaunch { kernel: &kernel, mesh: mesh.as_ref() }];
             let args = LaunchArgs { inputs, grid: how.grid };
-            Ok(rt.run(how.backend, &calls, &externals.iter().collect::<Vec<_>>(), &args)?)
+            Ok((rt.run(how.backend, &calls, &externals.iter().collect::<Vec<_>>(), &args)?, values))
         })
     }
 }
@@ -402,7 +420,7 @@ impl Kernel {
         if self.generic().is_generic() {
             return Ok(self.generic().template_text().to_string());
         }
-        detached(py, || Ok(self.specialize(&BTreeMap::new(), &BTreeMap::new())?.text().to_string()))
+        detached(py, || Ok(self.specialize(&BTreeMap::new(), &BTreeMap::new(), "auto")?.0.text().to_string()))
     }
 
     /// `in` arguments: name -> (dtype name, shape tuple); a generic dimension as its text.
@@ -433,7 +451,7 @@ impl Kernel {
     fn __call__<'py>(&self, py: Python<'py>, backend: &str, arrays: Option<&Bound<'py, PyDict>>) -> PyResult<Bound<'py, PyDict>> {
         let inputs = self.host_inputs(py, arrays)?;
         let how = Launch { backend, mesh: None, external_meshes: Vec::new(), grid: BTreeMap::new(), params: BTreeMap::new() };
-        output_dict(py, self.launch(py, how, inputs)?.outputs)
+        output_dict(py, self.launch(py, how, inputs)?.0.outputs)
     }
 
     /// Runs the kernel and reports where and how: `mesh` for the kernel, `external_meshes` around
@@ -460,7 +478,7 @@ impl Kernel {
             grid: grid.unwrap_or_default(),
             params: params.unwrap_or_default(),
         };
-        let report = self.launch(py, how, inputs)?;
+        let (report, params) = self.launch(py, how, inputs)?;
         if explain {
             let text: String = report.decisions.iter().map(|d| format!("{d}\n")).collect();
             py.import("sys")?.getattr("stderr")?.call_method1("write", (text,))?;
@@ -472,6 +490,7 @@ impl Kernel {
             compile_s: report.compile.as_secs_f64(),
             run_s: report.run.as_secs_f64(),
             cache_hit: report.cache_hit,
+            params,
         })
     }
 
@@ -496,11 +515,11 @@ impl Kernel {
             params: params.unwrap_or_default(),
         };
         detached(py, move || {
-            let kernel = self.specialize(&how.params, &BTreeMap::new())?;
+            let kernel = self.specialize(&how.params, &BTreeMap::new(), how.backend)?;
             let rt = runtime()?;
             let (mesh, externals) = how.meshes(&rt)?;
             let externals: Vec<&MeshBox> = externals.iter().collect();
-            let calls = [KernelLaunch { kernel: &kernel, mesh: mesh.as_ref() }];
+            let calls = [KernelLaunch { kernel: &kernel.0, mesh: mesh.as_ref() }];
             let grid = &how.grid;
             let backend = if backend == "auto" { rt.choose(&calls, &externals, grid)?.0 } else { backend.to_string() };
             let stages = rt.lower(&backend, &calls, &externals, grid)?;

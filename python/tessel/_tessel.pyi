@@ -31,6 +31,10 @@ class RunResult:
     @property
     def cache_hit(self) -> bool:
         """Whether the backend's compile cache held the launch already."""
+    @property
+    def params(self) -> Dict[str, int]:
+        """The values the kernel's parameters took: from the arrays, `params`, the tuning record
+        of the backend named, or the defaults. Empty for a kernel without parameters."""
 
 class Kernel:
     """A kernel: `tessel.load(path)` or `tessel.compile(text)`; call it with numpy arrays by

@@ -220,6 +220,9 @@ def test_params_specialize_a_generic_kernel():
     with pytest.raises(tessel.InputError, match="kernel `g` needs a value for parameter `N`"):
         generic.lower()
     np.testing.assert_array_equal(generic(x=x[:7])["o"], x[:7])
+    res = k.run(x=x, y=x, params={"B": 256}, backend="interpret")
+    assert res.params == {"N": 5000, "B": 256}
+    assert example("fused").run(x=x[:4096], y=x[:4096], backend="interpret").params == {}
     # A value that makes a size wrong is the kernel's error, at its generic line.
     with pytest.raises(tessel.KernelError, match="<text>:2:12: error: `cdiv\\(N, B\\)`: divides by `B`, which is 0"):
         tessel.compile(k.text).lower(params={"B": 0})
@@ -351,3 +354,20 @@ def test_a_panic_in_a_plugin_is_a_tessel_error_and_the_interpreter_lives_on(monk
     with pytest.raises(tessel.TesselError, match="panicked in `launch`"):
         example("add")(x=x, y=x, backend="panicky")
     np.testing.assert_array_equal(example("add")(x=x, y=x, backend="interpret")["o"], x + x)
+
+
+def test_a_tuning_record_gives_the_values_for_the_backend_it_was_made_on(tmp_path, monkeypatch):
+    monkeypatch.setenv("TESSEL_CACHE_DIR", str(tmp_path))
+    exe = os.environ.get("TESSEL_BIN")
+    if not exe:
+        pytest.fail("TESSEL_BIN is not set: run these tests with scripts/test")
+    softmax = str(EXAMPLES / "softmax.tk")
+    tune = subprocess.run([exe, "tune", softmax, "--backend", "interpret", "--param", "N=48", "--runs", "1"],
+                          capture_output=True, text=True, env=dict(os.environ), check=True)
+    chosen = int(next(l for l in tune.stdout.splitlines() if l.startswith("chosen: BM = ")).split()[3])
+    x = RNG.standard_normal((48, 256), dtype=np.float32)
+    k = example("softmax")
+    assert k.run(x=x, backend="interpret").params == {"N": 48, "D": 256, "BM": chosen}
+    assert k.run(x=x, backend="interpret", params={"BM": 8}).params["BM"] == 8
+    # Another shape has no record: the default.
+    assert k.run(x=x[:47], backend="interpret").params["BM"] == 16

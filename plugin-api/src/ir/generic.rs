@@ -165,7 +165,8 @@ fn names_sentence(names: &[String]) -> String {
 /// alone.
 pub fn has_parameters(text: &str) -> bool {
     let (toks, _) = lex(text);
-    toks.windows(3).any(|w| matches!(&w[0].0, Tok::Ident(k) if k == "kernel") && matches!(w[1].0, Tok::Ident(_)) && w[2].0 == Tok::LBracket)
+    toks.windows(3)
+        .any(|w| matches!(&w[0].0, Tok::Ident(k) if k == "kernel") && matches!(w[1].0, Tok::Ident(_)) && w[2].0 == Tok::LBracket)
 }
 
 impl Source {

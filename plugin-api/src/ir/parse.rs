@@ -366,18 +366,20 @@ impl<'t> Parser<'t> {
         self.declared.clear();
         self.holes.clear();
         self.args.clear();
+        let mut recovered = false;
         if self.at(&Tok::LBracket) {
             match self.size_params() {
                 Ok(params) => self.declared = params,
                 Err(d) => {
                     self.diags.push(d);
                     self.recover_line();
+                    recovered = true;
                 }
             }
         }
         self.bind_declared(&name, span);
-        if let Err(d) = self.expect_line_end() {
-            self.diags.push(d);
+        if let Err(d) = self.expect_line_end().map_err(|d| (!recovered).then_some(d)) {
+            self.diags.extend(d);
             self.recover_line();
         }
         let mut kernel = Kernel { name, grid: None, params: Vec::new(), body: Vec::new(), span };
