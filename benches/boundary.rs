@@ -38,6 +38,31 @@ fn boundary(c: &mut Criterion) {
     let mut g = c.benchmark_group("launch_tiny_host");
     g.bench_function("runtime_run_interpret", |b| b.iter(|| black_box(rt.run("interpret", &call, &[], &args).expect("runs"))));
     g.finish();
+
+    // 16M f32 + 16M f32: host arrays copied in and out (Runtime::run) against the same launch on
+    // memory the caller owns (Runtime::run_in_place, the Python module's path).
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/kernels/add_16m.tk");
+    let k = tessel::load_file(&path).expect("add_16m.tk verifies").remove(0);
+    let call = [tessel::KernelLaunch { kernel: &k, mesh: None }];
+    let args = tessel::LaunchArgs { inputs: tessel::inputs::random_inputs(k.kernel(), 1), grid: Default::default() };
+    let bytes: Vec<(String, tessel_plugin_api::ir::Type, Vec<u8>)> =
+        args.inputs.iter().map(|(n, a)| (n.clone(), a.ty(), a.le_bytes().into_owned())).collect();
+    let out_ty = k.kernel().param("o").expect("output o").ty.clone();
+    let mut out = vec![0u8; out_ty.numel() * 4];
+    let mut g = c.benchmark_group("launch_add16m_host");
+    g.sample_size(10);
+    g.bench_function("runtime_run_interpret", |b| b.iter(|| black_box(rt.run("interpret", &call, &[], &args).expect("runs"))));
+    g.bench_function("runtime_run_in_place_interpret", |b| {
+        b.iter(|| {
+            let mut place = tessel::InPlace::default();
+            for (n, ty, data) in &bytes {
+                place.inputs.insert(n.clone(), tessel::BytesRef { ty: ty.clone(), bytes: data });
+            }
+            place.outputs.insert("o".into(), tessel::BytesMut { ty: out_ty.clone(), bytes: &mut out });
+            black_box(rt.run_in_place("interpret", &call, &[], &mut place).expect("runs"))
+        })
+    });
+    g.finish();
 }
 
 criterion_group!(benches, boundary);

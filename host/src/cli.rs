@@ -743,7 +743,8 @@ fn specialize(
     for g in generics {
         let mine = crate::given_for(g, given);
         let backend = backend.filter(|b| !b.is_empty());
-        let tuned = backend.and_then(|b| rt.tuned(g, &mine, inputs, b).ok()).unwrap_or_default();
+        let shapes = inputs.iter().map(|(n, a)| (n.clone(), a.shape.clone())).collect();
+        let tuned = backend.and_then(|b| rt.tuned(g, &mine, &shapes, b).ok()).unwrap_or_default();
         if let (Some(path), Some(b)) = (&tuned.record, backend) {
             bound.lines.push(format!("tuning record for `{}` on {b}: {}", g.name(), path.display()));
         }

@@ -4,14 +4,15 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use abi_stable::std_types::{ROption, RSlice, RStr};
+use abi_stable::std_types::{ROption, RSlice, RSliceMut, RStr};
 use tessel_plugin_api::abi::{
-    BackendError, BufferArg, CacheStats, ErrorKind, GridSize, IR_FORMAT_VERSION, KernelCall, LaunchRequest, MeshBox,
+    BackendError, BufferArg, CacheStats, ErrorKind, GridSize, HostInput, HostOutput, IR_FORMAT_VERSION, KernelCall,
+    LaunchRequest, MeshBox, RArrayMut, RArrayRef,
 };
 use tessel_plugin_api::backend::{cache_key, make_mesh_object};
 use tessel_plugin_api::ir::generic::Generic;
 use tessel_plugin_api::ir::{ParamKind, Type, Verified};
-use tessel_plugin_api::launch::check_inputs;
+use tessel_plugin_api::launch::{check_input_types, check_inputs};
 use tessel_plugin_api::mesh::MeshSpec;
 
 use crate::registry::{Loaded, Registry};
@@ -46,17 +47,16 @@ impl Runtime {
     }
 
     /// What `tessel tune`'s record gives the generic `kernel` on `backend` for a launch on
-    /// `inputs` with `given` values: values for its tuned parameters not given (docs/language.md
+    /// inputs of `shapes` (by argument name) with `given` values: values for its tuned parameters not given (docs/language.md
     /// §9). Pass them to [`KernelFile::specialize_for`](crate::KernelFile::specialize_for).
     pub fn tuned(
         &self,
         kernel: &Generic,
         given: &BTreeMap<String, i64>,
-        inputs: &BTreeMap<String, HostArray>,
+        shapes: &BTreeMap<String, Vec<usize>>,
         backend: &str,
     ) -> Result<crate::tune::Tuned> {
-        let shapes = inputs.iter().map(|(n, a)| (n.clone(), a.shape.clone())).collect();
-        Ok(crate::tune::tuned(kernel, given, &shapes, self.backend(backend)?))
+        Ok(crate::tune::tuned(kernel, given, shapes, self.backend(backend)?))
     }
 
     /// The backend called `name`, or an error listing those that exist.
@@ -219,53 +219,168 @@ impl Runtime {
         // One request (one printing of the kernel text) serves the question and the launch.
         with_request(kernels, externals, &args.grid, |req| {
             b.backend.supports(req).into_result().map_err(fail)?;
-            let mut bound: Vec<(String, u64)> = Vec::new();
-            let mut outputs: Vec<String> = Vec::new();
-            let result = (|| {
-                for k in kernels {
-                    for p in &k.kernel.kernel().params {
-                        if p.kind == ParamKind::Scratch || bound.iter().any(|(n, _)| *n == p.name) {
-                            continue;
-                        }
-                        let shape: Vec<u64> = p.ty.shape.iter().map(|&d| d as u64).collect();
-                        let id = b
-                            .backend
-                            .alloc(RStr::from_str(p.ty.dtype.name()), RSlice::from_slice(&shape))
-                            .into_result()
-                            .map_err(fail)?;
-                        bound.push((p.name.clone(), id));
-                        match p.kind {
-                            ParamKind::In => {
-                                args.inputs[&p.name].with_rarray_ref(|r| b.backend.upload(id, r)).into_result().map_err(fail)?
-                            }
-                            _ => outputs.push(p.name.clone()),
-                        }
-                    }
-                }
-                let buffer_args: Vec<BufferArg<'_>> =
-                    bound.iter().map(|(n, id)| BufferArg { name: RStr::from_str(n), buffer: *id }).collect();
-                b.backend.launch(req, RSlice::from_slice(&buffer_args)).into_result().map_err(fail)?;
-                outputs
-                    .iter()
-                    .map(|name| {
-                        let id = bound.iter().find(|(n, _)| n == name).map(|(_, id)| *id).expect("outputs are bound");
-                        let r = b.backend.download(id).into_result().map_err(fail)?;
-                        let array = HostArray::from_rarray(&r).map_err(|m| Error::Backend {
-                            backend: b.name.clone(),
-                            kind: ErrorKind::Internal,
-                            message: format!("backend returned a malformed array for `{name}`: {m}"),
-                        })?;
-                        Ok((name.clone(), array))
-                    })
-                    .collect::<Result<Vec<_>>>()
-            })();
-            for (_, id) in &bound {
-                // A buffer that cannot be freed is the backend's problem; the launch result stands.
-                let _ = b.backend.free(*id);
-            }
-            result
+            let upload = |name: &str, id: u64| args.inputs[name].with_rarray_ref(|r| b.backend.upload(id, r)).into_result();
+            with_buffers(b, req, kernels, upload, |name, id| {
+                let r = b.backend.download(id).into_result().map_err(fail)?;
+                HostArray::from_rarray(&r).map_err(|m| Error::Backend {
+                    backend: b.name.clone(),
+                    kind: ErrorKind::Internal,
+                    message: format!("backend returned a malformed array for `{name}`: {m}"),
+                })
+            })
         })
     }
+
+    /// A launch on memory the caller owns: inputs read where they are, outputs written into the
+    /// caller's arrays. A backend that computes in host memory (the interpreter) reads the inputs
+    /// in place and writes the outputs once; a device backend uploads from them and downloads
+    /// into them, one copy each way.
+    pub fn launch_in_place(
+        &self,
+        backend: &str,
+        kernels: &[KernelLaunch<'_>],
+        externals: &[&MeshBox],
+        args: &mut InPlace<'_>,
+    ) -> Result<()> {
+        let b = self.backend(backend)?;
+        let fail = |e: BackendError| backend_error(b, e);
+        let types: BTreeMap<String, Type> = args.inputs.iter().map(|(n, a)| (n.clone(), a.ty.clone())).collect();
+        for k in kernels {
+            check_input_types(k.kernel.kernel(), &types, kernels.len() == 1)?;
+            for p in k.kernel.kernel().params_of(ParamKind::Out) {
+                if args.outputs.get(&p.name).map(|o| &o.ty) != Some(&p.ty) {
+                    return Err(Error::Backend {
+                        backend: b.name.clone(),
+                        kind: ErrorKind::InvalidInput,
+                        message: format!("output `{}` has no array of its type {} to be written into", p.name, p.ty),
+                    });
+                }
+            }
+        }
+        let shapes = |ty: &Type| ty.shape.iter().map(|&d| d as u64).collect::<Vec<u64>>();
+        let in_shapes: BTreeMap<&str, Vec<u64>> = args.inputs.iter().map(|(n, a)| (n.as_str(), shapes(&a.ty))).collect();
+        let out_shapes: BTreeMap<String, Vec<u64>> = args.outputs.iter().map(|(n, a)| (n.clone(), shapes(&a.ty))).collect();
+        let lend = |name: &'_ str| -> RArrayRef<'_> {
+            let a = &args.inputs[name];
+            RArrayRef {
+                dtype: RStr::from_str(a.ty.dtype.name()),
+                shape: RSlice::from_slice(&in_shapes[name]),
+                bytes: RSlice::from_slice(a.bytes),
+            }
+        };
+        with_request(kernels, externals, &args.grid, |req| {
+            b.backend.supports(req).into_result().map_err(fail)?;
+            let inputs: Vec<HostInput<'_>> =
+                args.inputs.keys().map(|n| HostInput { name: RStr::from_str(n), array: lend(n) }).collect();
+            let mut outputs: Vec<HostOutput<'_>> = args
+                .outputs
+                .iter_mut()
+                .map(|(n, a)| HostOutput {
+                    name: RStr::from_str(n),
+                    array: RArrayMut {
+                        dtype: RStr::from_str(a.ty.dtype.name()),
+                        shape: RSlice::from_slice(&out_shapes[n]),
+                        bytes: RSliceMut::from_mut_slice(a.bytes),
+                    },
+                })
+                .collect();
+            let ran = b
+                .backend
+                .launch_host(req, RSlice::from_slice(&inputs), RSliceMut::from_mut_slice(&mut outputs))
+                .into_result()
+                .map_err(fail)?;
+            if ran {
+                return Ok(());
+            }
+            let upload = |name: &str, id: u64| b.backend.upload(id, lend(name)).into_result();
+            let mut outputs: BTreeMap<&str, &mut HostOutput<'_>> = outputs.iter_mut().map(|o| (o.name.as_str(), o)).collect();
+            with_buffers(b, req, kernels, upload, |name, id| {
+                let o = outputs.get_mut(name).expect("every output has an array (checked above)");
+                let into = RArrayMut {
+                    dtype: o.array.dtype,
+                    shape: o.array.shape,
+                    bytes: RSliceMut::from_mut_slice(o.array.bytes.as_mut_slice()),
+                };
+                b.backend.download_into(id, into).into_result().map_err(fail)
+            })
+            .map(drop)
+        })
+    }
+}
+
+/// Arrays of a launch on memory the caller owns ([`Runtime::launch_in_place`]).
+#[derive(Debug, Default)]
+pub struct InPlace<'a> {
+    /// Inputs by name, read where they are.
+    pub inputs: BTreeMap<String, BytesRef<'a>>,
+    /// Outputs by name, each the caller's memory of the output's type; every element is written.
+    pub outputs: BTreeMap<String, BytesMut<'a>>,
+    /// The size of each `dyn` grid axis, by name.
+    pub grid: BTreeMap<String, u64>,
+}
+
+/// An array's type and its elements as little-endian bytes, borrowed.
+#[derive(Debug)]
+pub struct BytesRef<'a> {
+    /// Its type.
+    pub ty: Type,
+    /// Its elements.
+    pub bytes: &'a [u8],
+}
+
+/// An array's type and the memory its little-endian elements go to, borrowed.
+#[derive(Debug)]
+pub struct BytesMut<'a> {
+    /// Its type.
+    pub ty: Type,
+    /// Where its elements go.
+    pub bytes: &'a mut [u8],
+}
+
+/// Allocates a buffer per argument of `kernels` (each name once), fills the inputs with
+/// `upload`, launches, hands every output to `finish` (launch order), and frees every buffer.
+fn with_buffers<T>(
+    b: &Loaded,
+    req: &LaunchRequest<'_>,
+    kernels: &[KernelLaunch<'_>],
+    upload: impl Fn(&str, u64) -> std::result::Result<(), BackendError>,
+    mut finish: impl FnMut(&str, u64) -> Result<T>,
+) -> Result<Vec<(String, T)>> {
+    let fail = |e: BackendError| backend_error(b, e);
+    let mut bound: Vec<(String, u64)> = Vec::new();
+    let mut outputs: Vec<String> = Vec::new();
+    let result = (|| {
+        for k in kernels {
+            for p in &k.kernel.kernel().params {
+                if p.kind == ParamKind::Scratch || bound.iter().any(|(n, _)| *n == p.name) {
+                    continue;
+                }
+                let shape: Vec<u64> = p.ty.shape.iter().map(|&d| d as u64).collect();
+                let id =
+                    b.backend.alloc(RStr::from_str(p.ty.dtype.name()), RSlice::from_slice(&shape)).into_result().map_err(fail)?;
+                bound.push((p.name.clone(), id));
+                match p.kind {
+                    ParamKind::In => upload(&p.name, id).map_err(fail)?,
+                    _ => outputs.push(p.name.clone()),
+                }
+            }
+        }
+        let buffer_args: Vec<BufferArg<'_>> =
+            bound.iter().map(|(n, id)| BufferArg { name: RStr::from_str(n), buffer: *id }).collect();
+        b.backend.launch(req, RSlice::from_slice(&buffer_args)).into_result().map_err(fail)?;
+        outputs
+            .iter()
+            .map(|name| {
+                let id = bound.iter().find(|(n, _)| n == name).map(|(_, id)| *id).expect("outputs are bound");
+                Ok((name.clone(), finish(name, id)?))
+            })
+            .collect::<Result<Vec<_>>>()
+    })();
+    for (_, id) in &bound {
+        // A buffer that cannot be freed is the backend's problem; the launch result stands.
+        let _ = b.backend.free(*id);
+    }
+    result
 }
 
 /// What a launch by [`Runtime::run`] did: its outputs and the report shared launch code logs.
@@ -289,8 +404,40 @@ impl Runtime {
     /// Launches on `backend`, or on the first that takes it when `backend` is `auto` (see
     /// [`Runtime::choose`]), and reports what ran where, why, and how long it took.
     pub fn run(&self, backend: &str, kernels: &[KernelLaunch<'_>], externals: &[&MeshBox], args: &LaunchArgs) -> Result<Report> {
+        let mut report = self.lowered_for_run(backend, kernels, externals, &args.grid)?;
+        let start = std::time::Instant::now();
+        report.outputs = self.launch(&report.backend, kernels, externals, args)?;
+        report.run = start.elapsed();
+        Ok(report)
+    }
+
+    /// [`Runtime::run`] on memory the caller owns ([`Runtime::launch_in_place`]): the report's
+    /// `outputs` are empty, the caller's arrays hold them.
+    pub fn run_in_place(
+        &self,
+        backend: &str,
+        kernels: &[KernelLaunch<'_>],
+        externals: &[&MeshBox],
+        args: &mut InPlace<'_>,
+    ) -> Result<Report> {
+        let mut report = self.lowered_for_run(backend, kernels, externals, &args.grid)?;
+        let start = std::time::Instant::now();
+        self.launch_in_place(&report.backend, kernels, externals, args)?;
+        report.run = start.elapsed();
+        Ok(report)
+    }
+
+    /// The backend chosen (or named), the launch lowered through its in-memory cache (the launch
+    /// after finds it there), and the report so far.
+    fn lowered_for_run(
+        &self,
+        backend: &str,
+        kernels: &[KernelLaunch<'_>],
+        externals: &[&MeshBox],
+        grid: &BTreeMap<String, u64>,
+    ) -> Result<Report> {
         let (backend, decisions) = if backend == "auto" {
-            self.choose(kernels, externals, &args.grid)?
+            self.choose(kernels, externals, grid)?
         } else {
             self.backend(backend)?;
             (backend.to_string(), vec![format!("{backend}: chosen by name")])
@@ -298,20 +445,15 @@ impl Runtime {
         let b = self.backend(&backend)?;
         let before = self.cache_stats(&backend)?;
         let start = std::time::Instant::now();
-        // Lowered through the backend's in-memory cache (the launch below then finds it there).
-        with_request(kernels, externals, &args.grid, |req| b.backend.lower(req).into_result())
-            .map_err(|e| backend_error(b, e))?;
+        with_request(kernels, externals, grid, |req| b.backend.lower(req).into_result()).map_err(|e| backend_error(b, e))?;
         let compile = start.elapsed();
         let cache_hit = self.cache_stats(&backend)?.hits > before.hits;
-        let start = std::time::Instant::now();
-        let outputs = self.launch(&backend, kernels, externals, args)?;
-        let run = start.elapsed();
         Ok(Report {
-            outputs,
+            outputs: Vec::new(),
             backend,
             decisions,
             compile: if cache_hit { std::time::Duration::ZERO } else { compile },
-            run,
+            run: std::time::Duration::ZERO,
             cache_hit,
         })
     }

@@ -16,7 +16,7 @@
 
 use abi_stable::library::RootModule;
 use abi_stable::sabi_types::VersionStrings;
-use abi_stable::std_types::{RBox, ROption, RResult, RSlice, RStr, RString, RVec};
+use abi_stable::std_types::{RBox, ROption, RResult, RSlice, RSliceMut, RStr, RString, RVec};
 use abi_stable::{StableAbi, declare_root_module_statics, package_version_strings};
 
 pub use self::traits::{Backend, Backend_TO, Mesh, Mesh_TO};
@@ -199,6 +199,39 @@ pub struct RArrayRef<'a> {
     pub bytes: RSlice<'a, u8>,
 }
 
+/// An array lent across the boundary for the length of one call, to be written: an output of
+/// [`Backend::launch_host`], or the destination of [`Backend::download_into`].
+#[repr(C)]
+#[derive(StableAbi, Debug)]
+pub struct RArrayMut<'a> {
+    /// `f32`, `i32`, ... (the `.tk` name).
+    pub dtype: RStr<'a>,
+    /// Dimensions.
+    pub shape: RSlice<'a, u64>,
+    /// Elements, little-endian, row-major; the callee writes every one.
+    pub bytes: RSliceMut<'a, u8>,
+}
+
+/// An input of [`Backend::launch_host`]: an argument name and its array, lent.
+#[repr(C)]
+#[derive(StableAbi, Clone, Copy, Debug)]
+pub struct HostInput<'a> {
+    /// Argument name.
+    pub name: RStr<'a>,
+    /// The array.
+    pub array: RArrayRef<'a>,
+}
+
+/// An output of [`Backend::launch_host`]: an argument name and the caller's memory for it.
+#[repr(C)]
+#[derive(StableAbi, Debug)]
+pub struct HostOutput<'a> {
+    /// Argument name.
+    pub name: RStr<'a>,
+    /// Where its elements go.
+    pub array: RArrayMut<'a>,
+}
+
 /// One kernel of a launch and the mesh it is given, if any.
 #[repr(C)]
 #[derive(StableAbi)]
@@ -300,6 +333,17 @@ mod traits {
         /// dispatch to the end of its last on the device's own clock (GPU timestamp queries), or
         /// none where the backend cannot time on its device (the host then times the launch).
         fn launch_timed(&self, req: &LaunchRequest<'_>, args: RSlice<'_, BufferArg<'_>>) -> RResult<ROption<u64>, BackendError>;
+        /// Runs the launch on memory the caller owns, where the backend computes in host memory:
+        /// `inputs` read in place, every element of every output written into `outputs`. `false`
+        /// where the backend does not (a device backend): the caller uses buffers instead.
+        fn launch_host(
+            &self,
+            req: &LaunchRequest<'_>,
+            inputs: RSlice<'_, HostInput<'_>>,
+            outputs: RSliceMut<'_, HostOutput<'_>>,
+        ) -> RResult<bool, BackendError>;
+        /// Copies a buffer into the caller's memory of its type (one copy from the device).
+        fn download_into(&self, buffer: u64, out: RArrayMut<'_>) -> RResult<(), BackendError>;
         /// The compile cache's counters.
         #[sabi(last_prefix_field)]
         fn cache_stats(&self) -> CacheStats;

@@ -23,6 +23,87 @@ pub enum ArrayData {
     Bool(Vec<bool>),
 }
 
+/// Elements borrowed from memory someone else owns (a caller's numpy array): what a host-memory
+/// backend reads inputs from without a copy.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum DataRef<'a> {
+    /// `f32` elements.
+    F32(&'a [f32]),
+    /// `f16` elements.
+    F16(&'a [f16]),
+    /// `bf16` elements.
+    BF16(&'a [bf16]),
+    /// `i32` elements.
+    I32(&'a [i32]),
+    /// `u32` elements.
+    U32(&'a [u32]),
+    /// `bool` elements.
+    Bool(&'a [bool]),
+}
+
+impl ArrayData {
+    /// The elements, borrowed.
+    pub fn as_data_ref(&self) -> DataRef<'_> {
+        match self {
+            ArrayData::F32(v) => DataRef::F32(v),
+            ArrayData::F16(v) => DataRef::F16(v),
+            ArrayData::BF16(v) => DataRef::BF16(v),
+            ArrayData::I32(v) => DataRef::I32(v),
+            ArrayData::U32(v) => DataRef::U32(v),
+            ArrayData::Bool(v) => DataRef::Bool(v),
+        }
+    }
+}
+
+impl<'a> DataRef<'a> {
+    /// The elements of `dtype` in little-endian `bytes`, without a copy: `None` where they cannot
+    /// be read in place (a big-endian machine, bytes not aligned for the dtype, a `bool` byte
+    /// that is neither 0 nor 1), and the caller copies instead.
+    pub fn from_le_bytes(dtype: DType, bytes: &'a [u8]) -> Option<DataRef<'a>> {
+        if cfg!(target_endian = "big") {
+            return None;
+        }
+        Some(match dtype {
+            DType::F32 => DataRef::F32(bytemuck::try_cast_slice(bytes).ok()?),
+            DType::F16 => DataRef::F16(bytemuck::try_cast_slice(bytes).ok()?),
+            DType::BF16 => DataRef::BF16(bytemuck::try_cast_slice(bytes).ok()?),
+            DType::I32 => DataRef::I32(bytemuck::try_cast_slice(bytes).ok()?),
+            DType::U32 => DataRef::U32(bytemuck::try_cast_slice(bytes).ok()?),
+            DType::Bool => DataRef::Bool(bytemuck::checked::try_cast_slice(bytes).ok()?),
+        })
+    }
+
+    /// The number of elements.
+    pub fn len(&self) -> usize {
+        match self {
+            DataRef::F32(v) => v.len(),
+            DataRef::F16(v) => v.len(),
+            DataRef::BF16(v) => v.len(),
+            DataRef::I32(v) => v.len(),
+            DataRef::U32(v) => v.len(),
+            DataRef::Bool(v) => v.len(),
+        }
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Writes each element's bit pattern (as [`HostArray::from_bits`] takes it) into `out` as the
+/// little-endian bytes of `dtype`; `out` holds exactly `bits.len()` elements.
+pub fn write_le_bits(dtype: DType, bits: impl IntoIterator<Item = u32>, out: &mut [u8]) {
+    let width = (dtype.bits() / 8) as usize;
+    for (chunk, b) in out.chunks_exact_mut(width).zip(bits) {
+        match width {
+            4 => chunk.copy_from_slice(&b.to_le_bytes()),
+            2 => chunk.copy_from_slice(&(b as u16).to_le_bytes()),
+            _ => chunk[0] = u8::from(b != 0),
+        }
+    }
+}
+
 /// A dense row-major array on the host (shape `[]` for a scalar).
 #[derive(Clone, Debug, PartialEq)]
 pub struct HostArray {

@@ -10,10 +10,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Once};
 
 use abi_stable::sabi_trait::TD_Opaque;
-use abi_stable::std_types::{ROption, RResult, RSlice, RStr, RString, RVec};
+use abi_stable::std_types::{ROption, RResult, RSlice, RSliceMut, RStr, RString, RVec};
 
 use crate::abi::*;
-use crate::array::HostArray;
+use crate::array::{DataRef, HostArray};
 use crate::ir::{self, AxisSize, DType, GridAxis, Kernel, Span, Type, Verified};
 use crate::mesh::{AxisRole, MeshAxis, MeshSpec};
 
@@ -92,6 +92,20 @@ pub trait BackendImpl: Send + Sync + 'static {
         buffers: &mut BTreeMap<String, Self::Buffer>,
     ) -> Result<Option<u64>, BackendError> {
         self.run(compiled, launch, buffers).map(|()| None)
+    }
+    /// Runs a compiled launch on memory the caller owns, for a backend that computes in host
+    /// memory: `inputs` borrowed by argument name, every element of each output written as
+    /// little-endian bytes into `outputs` (the caller's arrays of the outputs' types). `None`, the
+    /// default, where the backend does not (the host then uses buffers).
+    fn run_host(
+        &self,
+        compiled: &Self::Compiled,
+        launch: &Launch<'_>,
+        inputs: &BTreeMap<String, DataRef<'_>>,
+        outputs: &mut BTreeMap<String, &mut [u8]>,
+    ) -> Option<Result<(), BackendError>> {
+        let _ = (compiled, launch, inputs, outputs);
+        None
     }
 }
 
@@ -445,7 +459,12 @@ impl<B: BackendImpl> Exported<B> {
     }
 
     /// A launch on the bound buffers, [`BackendImpl::run_timed`] where `timed`.
-    fn launch_with(&self, req: &LaunchRequest<'_>, args: RSlice<'_, BufferArg<'_>>, timed: bool) -> Result<Option<u64>, BackendError> {
+    fn launch_with(
+        &self,
+        req: &LaunchRequest<'_>,
+        args: RSlice<'_, BufferArg<'_>>,
+        timed: bool,
+    ) -> Result<Option<u64>, BackendError> {
         let launch = self.decode(req)?;
         let compiled = self.compiled(&launch)?;
         let taken = self.take_buffers(args)?;
@@ -580,8 +599,87 @@ impl<B: BackendImpl> Backend for Exported<B> {
     fn launch_timed(&self, req: &LaunchRequest<'_>, args: RSlice<'_, BufferArg<'_>>) -> RResult<ROption<u64>, BackendError> {
         guard("launch", || self.launch_with(req, args, true).map(ROption::from))
     }
+
+    fn launch_host(
+        &self,
+        req: &LaunchRequest<'_>,
+        inputs: RSlice<'_, HostInput<'_>>,
+        mut outputs: RSliceMut<'_, HostOutput<'_>>,
+    ) -> RResult<bool, BackendError> {
+        guard("launch", || {
+            let launch = self.decode(req)?;
+            check_host_arrays(&launch, &inputs, &outputs)?;
+            // Bytes that cannot be read in place (unaligned) are copied once here.
+            let mut copies: BTreeMap<String, HostArray> = BTreeMap::new();
+            let mut views: BTreeMap<String, DataRef<'_>> = BTreeMap::new();
+            for i in inputs.iter() {
+                let dtype = DType::from_name(i.array.dtype.as_str())
+                    .ok_or_else(|| invalid(format!("unknown dtype `{}`", i.array.dtype)))?;
+                match DataRef::from_le_bytes(dtype, i.array.bytes.as_slice()) {
+                    Some(v) => {
+                        views.insert(i.name.to_string(), v);
+                    }
+                    None => {
+                        copies.insert(i.name.to_string(), HostArray::from_rarray_ref(&i.array).map_err(invalid)?);
+                    }
+                }
+            }
+            views.extend(copies.iter().map(|(n, a)| (n.clone(), a.data.as_data_ref())));
+            let compiled = self.compiled(&launch)?;
+            let mut outs: BTreeMap<String, &mut [u8]> =
+                outputs.as_mut_slice().iter_mut().map(|o| (o.name.to_string(), o.array.bytes.as_mut_slice())).collect();
+            match self.backend.run_host(&compiled, &launch, &views, &mut outs) {
+                Some(r) => r.map(|()| true),
+                None => Ok(false),
+            }
+        })
+    }
+
+    fn download_into(&self, buffer: u64, mut out: RArrayMut<'_>) -> RResult<(), BackendError> {
+        guard("download", || {
+            let table =
+                self.buffers.lock().map_err(|_| BackendError::new(ErrorKind::Internal, "the buffer table is poisoned"))?;
+            let b = table.get(&buffer).ok_or_else(|| invalid(format!("buffer {buffer} does not exist")))?;
+            let array = self.backend.download(b)?;
+            let bytes = array.le_bytes();
+            let dest = out.bytes.as_mut_slice();
+            if dest.len() != bytes.len() || array.dtype().name() != out.dtype.as_str() {
+                return Err(invalid(format!("cannot download {} into {} bytes of {}", array.ty(), dest.len(), out.dtype)));
+            }
+            dest.copy_from_slice(&bytes);
+            Ok(())
+        })
+    }
 }
 
+/// Every argument of every kernel of `launch` has an array of its declared type among `inputs`
+/// (`in`) or `outputs` (`out`), and each output's bytes are as many as its elements take.
+fn check_host_arrays(launch: &Launch<'_>, inputs: &[HostInput<'_>], outputs: &[HostOutput<'_>]) -> Result<(), BackendError> {
+    let ty_of = |dtype: RStr<'_>, shape: RSlice<'_, u64>| {
+        DType::from_name(dtype.as_str()).map(|d| Type::array(d, shape.iter().map(|&n| n as usize).collect::<Vec<_>>()))
+    };
+    for call in &launch.calls {
+        for p in &call.kernel.params {
+            let found = match p.kind {
+                ir::ParamKind::In => {
+                    inputs.iter().find(|i| i.name.as_str() == p.name).map(|i| (ty_of(i.array.dtype, i.array.shape), None))
+                }
+                ir::ParamKind::Out => outputs
+                    .iter()
+                    .find(|o| o.name.as_str() == p.name)
+                    .map(|o| (ty_of(o.array.dtype, o.array.shape), Some(o.array.bytes.len()))),
+                ir::ParamKind::Scratch => continue,
+            };
+            let Some((ty, bytes)) = found else {
+                return Err(invalid(format!("argument `{}` has no array", p.name)));
+            };
+            if ty.as_ref() != Some(&p.ty) || bytes.is_some_and(|b| b != p.ty.numel() * (p.ty.dtype.bits() / 8) as usize) {
+                return Err(invalid(format!("the array of `{}` is not of its type {}", p.name, p.ty)));
+            }
+        }
+    }
+    Ok(())
+}
 
 /// The refusal of an upload whose array is not of the buffer's type (for [`BackendImpl::upload`]).
 pub fn check_upload(buffer: &Type, data: &HostArray) -> Result<(), BackendError> {
@@ -690,6 +788,133 @@ mod tests {
         fn run(&self, _: &usize, _: &Launch<'_>, _: &mut BTreeMap<String, ()>) -> Result<(), BackendError> {
             Ok(())
         }
+    }
+
+    /// Where input `x` was read and what it held.
+    type Seen = Arc<Mutex<Option<(usize, Vec<f32>)>>>;
+
+    /// A host-memory backend whose `run_host` records where input `x` was and writes `o = x`.
+    #[derive(Default)]
+    struct InPlace {
+        seen: Seen,
+    }
+
+    impl BackendImpl for InPlace {
+        type Buffer = ();
+        type Plan = ();
+        type Compiled = ();
+        fn name(&self) -> &str {
+            "in-place"
+        }
+        fn version(&self) -> &str {
+            "0"
+        }
+        fn platform(&self) -> String {
+            "the host".into()
+        }
+        fn availability(&self) -> Result<String, String> {
+            Ok("here".into())
+        }
+        fn capabilities(&self) -> Capabilities {
+            Capabilities::none()
+        }
+        fn make_mesh(&self, _: &MeshSpec) -> Result<MeshBox, BackendError> {
+            Err(invalid("no meshes"))
+        }
+        fn supports(&self, _: &Launch<'_>) -> Result<(), BackendError> {
+            Ok(())
+        }
+        fn compile(&self, _: &Launch<'_>, (): ()) -> Result<(), BackendError> {
+            Ok(())
+        }
+        fn stages(&self, (): &()) -> Vec<(String, String)> {
+            Vec::new()
+        }
+        fn alloc(&self, _: &Type) -> Result<(), BackendError> {
+            Ok(())
+        }
+        fn upload(&self, _: &mut (), _: HostArray) -> Result<(), BackendError> {
+            Ok(())
+        }
+        fn download<'b>(&self, _: &'b ()) -> Result<std::borrow::Cow<'b, HostArray>, BackendError> {
+            Err(invalid("nothing to download"))
+        }
+        fn run(&self, _: &(), _: &Launch<'_>, _: &mut BTreeMap<String, ()>) -> Result<(), BackendError> {
+            Err(invalid("runs in place only"))
+        }
+        fn run_host(
+            &self,
+            (): &(),
+            _: &Launch<'_>,
+            inputs: &BTreeMap<String, DataRef<'_>>,
+            outputs: &mut BTreeMap<String, &mut [u8]>,
+        ) -> Option<Result<(), BackendError>> {
+            let DataRef::F32(x) = inputs["x"] else { return Some(Err(invalid("x is f32"))) };
+            *self.seen.lock().unwrap() = Some((x.as_ptr() as usize, x.to_vec()));
+            crate::array::write_le_bits(DType::F32, x.iter().map(|v| v.to_bits()), outputs.get_mut("o").unwrap());
+            Some(Ok(()))
+        }
+    }
+
+    #[test]
+    fn launch_host_reads_aligned_inputs_in_place_and_copies_unaligned_ones_once() {
+        let b = InPlace::default();
+        let seen = Arc::clone(&b.seen);
+        let exported = export(b);
+        let source = "kernel k\n  in x: f32[4]\n  out o: f32[4]\n{\n  %x = load x\n  store o, %x\n}\n";
+        let calls = [KernelCall { kernel: "k".into(), mesh: RNone }];
+        let req = LaunchRequest {
+            ir_format: IR_FORMAT_VERSION,
+            source: source.into(),
+            calls: RSlice::from_slice(&calls),
+            external_meshes: RSlice::from_slice(&[]),
+            grid: RSlice::from_slice(&[]),
+        };
+        let values = [1.5f32, -2.0, 3.25, 0.0];
+        // Words, so that the bytes are aligned for f32; then the same bytes one past a boundary.
+        let words: Vec<u32> = values.iter().map(|v| v.to_bits()).collect();
+        let aligned: &[u8] = bytemuck::cast_slice(&words);
+        let mut shifted = [0u8; 17];
+        shifted[1..].copy_from_slice(aligned);
+        let shape = [4u64];
+        for (bytes, in_place) in [(aligned, true), (&shifted[1..], false)] {
+            let inputs = [HostInput {
+                name: "x".into(),
+                array: RArrayRef { dtype: "f32".into(), shape: RSlice::from_slice(&shape), bytes: RSlice::from_slice(bytes) },
+            }];
+            let mut out = [0u8; 16];
+            let mut outputs = [HostOutput {
+                name: "o".into(),
+                array: RArrayMut {
+                    dtype: "f32".into(),
+                    shape: RSlice::from_slice(&shape),
+                    bytes: RSliceMut::from_mut_slice(&mut out),
+                },
+            }];
+            let ran = exported.launch_host(&req, RSlice::from_slice(&inputs), RSliceMut::from_mut_slice(&mut outputs)).unwrap();
+            assert!(ran);
+            let (ptr, got) = seen.lock().unwrap().take().unwrap();
+            assert_eq!(ptr == bytes.as_ptr() as usize, in_place, "read in place exactly when aligned");
+            assert_eq!(got, values);
+            assert_eq!(out, aligned, "the output written into the caller's memory");
+        }
+        // An output of the wrong size is refused before anything runs.
+        let inputs = [HostInput {
+            name: "x".into(),
+            array: RArrayRef { dtype: "f32".into(), shape: RSlice::from_slice(&shape), bytes: RSlice::from_slice(aligned) },
+        }];
+        let mut short = [0u8; 8];
+        let mut outputs = [HostOutput {
+            name: "o".into(),
+            array: RArrayMut {
+                dtype: "f32".into(),
+                shape: RSlice::from_slice(&shape),
+                bytes: RSliceMut::from_mut_slice(&mut short),
+            },
+        }];
+        let err = exported.launch_host(&req, RSlice::from_slice(&inputs), RSliceMut::from_mut_slice(&mut outputs)).unwrap_err();
+        assert!(err.message.contains("the array of `o` is not of its type f32[4]"), "{}", err.message);
+        assert!(seen.lock().unwrap().is_none());
     }
 
     #[test]

@@ -121,8 +121,13 @@ pub fn bind(kernel: &Verified, args: &LaunchArgs) -> Result<Vec<LaunchAxis>, Lau
 /// Checks that every `in` argument has an array of its declared type, and (with `exact`) that
 /// no array is given for a name that is not an `in` argument.
 pub fn check_inputs(k: &Kernel, inputs: &BTreeMap<String, HostArray>, exact: bool) -> Result<(), LaunchError> {
+    check_input_types(k, &inputs.iter().map(|(n, a)| (n.clone(), a.ty())).collect(), exact)
+}
+
+/// [`check_inputs`] on the inputs' types alone.
+pub fn check_input_types(k: &Kernel, inputs: &BTreeMap<String, crate::ir::Type>, exact: bool) -> Result<(), LaunchError> {
     let kname = || k.name.clone();
-    for (name, arr) in inputs {
+    for (name, ty) in inputs {
         let Some(p) = k.param(name).filter(|p| p.kind == ParamKind::In) else {
             if !exact {
                 continue;
@@ -131,12 +136,12 @@ pub fn check_inputs(k: &Kernel, inputs: &BTreeMap<String, HostArray>, exact: boo
             let expected = if expected.is_empty() { "none".to_string() } else { expected.join(", ") };
             return Err(LaunchError::UnknownInput { kernel: kname(), name: name.clone(), expected });
         };
-        if arr.ty() != p.ty {
+        if *ty != p.ty {
             return Err(LaunchError::WrongType {
                 kernel: kname(),
                 name: name.clone(),
                 expected: p.ty.to_string(),
-                got: arr.ty().to_string(),
+                got: ty.to_string(),
             });
         }
     }

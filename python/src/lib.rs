@@ -9,16 +9,14 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, RwLock};
 
-use half::{bf16, f16};
-use numpy::{PyArray1, PyArrayDyn, PyArrayMethods};
+use numpy::{PyArray1, PyArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
-use tessel::{Error, HostArray, KernelFile, KernelLaunch, LaunchArgs, Report, Runtime};
+use tessel::{BytesMut, BytesRef, Error, InPlace, KernelFile, KernelLaunch, Report, Runtime};
 use tessel_plugin_api::abi::{ErrorKind, MeshBox};
-use tessel_plugin_api::array::ArrayData;
 use tessel_plugin_api::ir::generic::Generic;
 use tessel_plugin_api::ir::size::SizeExpr;
-use tessel_plugin_api::ir::{ArgDecl, DType, ParamKind, Verified};
+use tessel_plugin_api::ir::{ArgDecl, DType, ParamKind, Type, Verified};
 
 /// The runtime every call shares, and the plugins `load_plugin` added (a new plugin makes a new
 /// runtime with all of them; launches in flight keep the one they started with).
@@ -135,10 +133,18 @@ fn numpy_name(d: DType) -> &'static str {
     }
 }
 
-/// A numpy array (or anything `np.asarray` takes) as the host array of input `arg`: C-contiguous,
-/// exactly the declared dtype (a `bf16` input also takes a `uint16` array of its bits), copied
-/// once. Its shape is checked once the kernel is specialized for it.
-fn host_array(py: Python<'_>, kernel: &str, arg: &ArgDecl, obj: &Bound<'_, PyAny>) -> PyResult<HostArray> {
+/// An input as numpy holds it: C-contiguous, of the declared dtype, and a byte view of its
+/// elements that the launch reads in place.
+struct Lent<'py> {
+    shape: Vec<usize>,
+    dtype: DType,
+    bytes: Bound<'py, PyArray1<u8>>,
+}
+
+/// A numpy array (or anything `np.asarray` takes) as input `arg`: exactly the declared dtype (a
+/// `bf16` input also takes a `uint16` array of its bits), C-contiguous (an array that is not is
+/// copied once, by numpy). Its shape is checked once the kernel is specialized for it.
+fn lend<'py>(py: Python<'py>, kernel: &str, arg: &ArgDecl, obj: &Bound<'py, PyAny>) -> PyResult<Lent<'py>> {
     let np = py.import("numpy")?;
     let kwargs = PyDict::new(py);
     kwargs.set_item("order", "C")?;
@@ -163,44 +169,30 @@ fn host_array(py: Python<'_>, kernel: &str, arg: &ArgDecl, obj: &Bound<'_, PyAny
             )),
         ));
     }
-    fn elements<T: numpy::Element>(arr: &Bound<'_, PyAny>) -> PyResult<Vec<T>> {
-        Ok(arr.cast::<PyArrayDyn<T>>()?.to_vec()?)
-    }
-    let data = match arg.dtype {
-        DType::F32 => ArrayData::F32(elements(&arr)?),
-        DType::F16 => ArrayData::F16(elements::<f16>(&arr)?),
-        DType::BF16 => {
-            let bits = arr.call_method1("view", ("uint16",))?;
-            ArrayData::BF16(elements::<u16>(&bits)?.into_iter().map(bf16::from_bits).collect())
-        }
-        DType::I32 => ArrayData::I32(elements(&arr)?),
-        DType::U32 => ArrayData::U32(elements(&arr)?),
-        DType::Bool => ArrayData::Bool(elements(&arr)?),
-    };
-    Ok(HostArray { shape, data })
+    // A view, not a copy: the array is C-contiguous.
+    let bytes = arr.call_method1("reshape", (-1,))?.call_method1("view", ("uint8",))?.cast_into::<PyArray1<u8>>()?;
+    Ok(Lent { shape, dtype: arg.dtype, bytes })
 }
 
-/// A host array as a fresh numpy array, moved (no copy): `bf16` as `ml_dtypes.bfloat16` where that
-/// package is installed, else as `uint16` bits.
-fn numpy_array<'py>(py: Python<'py>, a: HostArray) -> PyResult<Bound<'py, PyAny>> {
-    fn shaped<'py, T: numpy::Element>(py: Python<'py>, v: Vec<T>, shape: &[usize]) -> PyResult<Bound<'py, PyAny>> {
-        Ok(PyArray1::from_vec(py, v).reshape(shape.to_vec())?.into_any())
+/// An output: its name and type, the fresh numpy array it is returned as, and that array's bytes.
+type Fresh<'py> = (String, Type, Bound<'py, PyAny>, Bound<'py, PyArray1<u8>>);
+
+/// Fresh numpy arrays for the outputs of `kernel` (`bf16` as `ml_dtypes.bfloat16` where that
+/// package is installed, else as `uint16` bits), each with a byte view the launch writes into.
+fn fresh_outputs<'py>(py: Python<'py>, kernel: &Verified) -> PyResult<Vec<Fresh<'py>>> {
+    let np = py.import("numpy")?;
+    let mut out = Vec::new();
+    for p in kernel.kernel().params_of(ParamKind::Out) {
+        let storage = if p.ty.dtype == DType::BF16 { "uint16" } else { numpy_name(p.ty.dtype) };
+        let arr = np.call_method1("empty", (PyTuple::new(py, &p.ty.shape)?, storage))?;
+        let bytes = arr.call_method1("reshape", (-1,))?.call_method1("view", ("uint8",))?.cast_into::<PyArray1<u8>>()?;
+        let arr = match (p.ty.dtype, py.import("ml_dtypes")) {
+            (DType::BF16, Ok(m)) => arr.call_method1("view", (m.getattr("bfloat16")?,))?,
+            _ => arr,
+        };
+        out.push((p.name.clone(), p.ty.clone(), arr, bytes));
     }
-    let shape = a.shape;
-    match a.data {
-        ArrayData::F32(v) => shaped(py, v, &shape),
-        ArrayData::F16(v) => shaped(py, v, &shape),
-        ArrayData::BF16(v) => {
-            let bits = shaped(py, v.into_iter().map(bf16::to_bits).collect::<Vec<u16>>(), &shape)?;
-            match py.import("ml_dtypes") {
-                Ok(m) => bits.call_method1("view", (m.getattr("bfloat16")?,)),
-                Err(_) => Ok(bits),
-            }
-        }
-        ArrayData::I32(v) => shaped(py, v, &shape),
-        ArrayData::U32(v) => shaped(py, v, &shape),
-        ArrayData::Bool(v) => shaped(py, v, &shape),
-    }
+    Ok(out)
 }
 
 /// A kernel: load one with `tessel.load(path)` or `tessel.compile(text)`, call it with numpy
@@ -293,15 +285,14 @@ impl Kernel {
     fn specialize(
         &self,
         given: &BTreeMap<String, i64>,
-        inputs: &BTreeMap<String, HostArray>,
+        shapes: &BTreeMap<String, Vec<usize>>,
         backend: &str,
     ) -> Result<(Arc<Verified>, BTreeMap<String, i64>), Failure> {
         let tuned = match backend {
             "auto" => BTreeMap::new(),
-            b => runtime()?.tuned(self.generic(), given, inputs, b)?.values,
+            b => runtime()?.tuned(self.generic(), given, shapes, b)?.values,
         };
-        let shapes = inputs.iter().map(|(n, a)| (n.clone(), a.shape.clone())).collect();
-        let binding = self.generic().bind(given, &tuned, &shapes).map_err(Error::from)?;
+        let binding = self.generic().bind(given, &tuned, shapes).map_err(Error::from)?;
         let mut kept = self.specialized.lock().map_err(|_| poisoned())?;
         if let Some(v) = kept.get(&binding.values) {
             return Ok((Arc::clone(v), binding.values));
@@ -336,10 +327,10 @@ impl Kernel {
         Ok(d)
     }
 
-    /// Every `in` argument as a host array, refusing missing and unknown names first.
-    fn host_inputs(&self, py: Python<'_>, arrays: Option<&Bound<'_, PyDict>>) -> PyResult<BTreeMap<String, HostArray>> {
+    /// Every `in` argument, lent, refusing missing and unknown names first.
+    fn lend_inputs<'py>(&self, py: Python<'py>, arrays: Option<&Bound<'py, PyDict>>) -> PyResult<BTreeMap<String, Lent<'py>>> {
         let name = self.generic().name();
-        let given: BTreeMap<String, Bound<'_, PyAny>> = match arrays {
+        let given: BTreeMap<String, Bound<'py, PyAny>> = match arrays {
             Some(d) => d.iter().map(|(k, v)| Ok((k.extract::<String>()?, v))).collect::<PyResult<_>>()?,
             None => BTreeMap::new(),
         };
@@ -364,26 +355,49 @@ impl Kernel {
                     )),
                 ));
             };
-            out.insert(p.name.clone(), host_array(py, name, p, obj)?);
+            out.insert(p.name.clone(), lend(py, name, p, obj)?);
         }
         Ok(out)
     }
 
-    /// Specializes for the inputs and launches on them, the GIL released.
-    fn launch(
+    /// Specializes for the inputs and launches on them where they are, the GIL released, into
+    /// fresh numpy arrays: a host-memory backend (the interpreter) reads the inputs in place and
+    /// writes each output once; a device backend uploads from them and downloads into the
+    /// outputs. Returns the report, the outputs and the parameters' values.
+    fn launch<'py>(
         &self,
-        py: Python<'_>,
+        py: Python<'py>,
         how: Launch<'_>,
-        inputs: BTreeMap<String, HostArray>,
-    ) -> PyResult<(Report, BTreeMap<String, i64>)> {
-        detached(py, move || {
-            let (kernel, values) = self.specialize(&how.params, &inputs, how.backend)?;
+        inputs: BTreeMap<String, Lent<'py>>,
+    ) -> PyResult<(Report, Bound<'py, PyDict>, BTreeMap<String, i64>)> {
+        let shapes: BTreeMap<String, Vec<usize>> = inputs.iter().map(|(n, a)| (n.clone(), a.shape.clone())).collect();
+        let (kernel, values) = detached(py, || self.specialize(&how.params, &shapes, how.backend))?;
+        let outputs = fresh_outputs(py, &kernel)?;
+        let readers: Vec<(String, Type, numpy::PyReadonlyArray1<'py, u8>)> = inputs
+            .into_iter()
+            .map(|(n, a)| Ok((n, Type::array(a.dtype, a.shape), a.bytes.try_readonly()?)))
+            .collect::<PyResult<_>>()?;
+        let mut writers: Vec<(String, Type, numpy::PyReadwriteArray1<'py, u8>)> =
+            outputs.iter().map(|(n, t, _, b)| Ok((n.clone(), t.clone(), b.try_readwrite()?))).collect::<PyResult<_>>()?;
+        let mut args = InPlace { grid: how.grid.clone(), ..InPlace::default() };
+        for (n, ty, r) in &readers {
+            args.inputs.insert(n.clone(), BytesRef { ty: ty.clone(), bytes: r.as_slice()? });
+        }
+        for (n, ty, w) in &mut writers {
+            args.outputs.insert(n.clone(), BytesMut { ty: ty.clone(), bytes: w.as_slice_mut()? });
+        }
+        let report = detached(py, move || {
             let rt = runtime()?;
             let (mesh, externals) = how.meshes(&rt)?;
             let calls = [KernelLaunch { kernel: &kernel, mesh: mesh.as_ref() }];
-            let args = LaunchArgs { inputs, grid: how.grid };
-            Ok((rt.run(how.backend, &calls, &externals.iter().collect::<Vec<_>>(), &args)?, values))
-        })
+            Ok(rt.run_in_place(how.backend, &calls, &externals.iter().collect::<Vec<_>>(), &mut args)?)
+        })?;
+        drop(writers);
+        let d = PyDict::new(py);
+        for (name, _, arr, _) in outputs {
+            d.set_item(name, arr)?;
+        }
+        Ok((report, d, values))
     }
 }
 
@@ -395,15 +409,6 @@ impl Launch<'_> {
         let mesh = self.mesh.as_deref().map(|m| rt.mesh(maker, m)).transpose()?;
         Ok((mesh, self.external_meshes.iter().map(|m| rt.mesh(maker, m)).collect::<Result<_, _>>()?))
     }
-}
-
-/// Outputs as a dict name -> numpy array, in launch order.
-fn output_dict(py: Python<'_>, outputs: Vec<(String, HostArray)>) -> PyResult<Bound<'_, PyDict>> {
-    let d = PyDict::new(py);
-    for (name, a) in outputs {
-        d.set_item(name, numpy_array(py, a)?)?;
-    }
-    Ok(d)
 }
 
 #[pymethods]
@@ -449,9 +454,9 @@ impl Kernel {
     /// name; returns a dict output name -> numpy array.
     #[pyo3(signature = (*, backend = "auto", **arrays))]
     fn __call__<'py>(&self, py: Python<'py>, backend: &str, arrays: Option<&Bound<'py, PyDict>>) -> PyResult<Bound<'py, PyDict>> {
-        let inputs = self.host_inputs(py, arrays)?;
+        let inputs = self.lend_inputs(py, arrays)?;
         let how = Launch { backend, mesh: None, external_meshes: Vec::new(), grid: BTreeMap::new(), params: BTreeMap::new() };
-        output_dict(py, self.launch(py, how, inputs)?.0.outputs)
+        Ok(self.launch(py, how, inputs)?.1)
     }
 
     /// Runs the kernel and reports where and how: `mesh` for the kernel, `external_meshes` around
@@ -470,7 +475,7 @@ impl Kernel {
         explain: bool,
         arrays: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<RunResult> {
-        let inputs = self.host_inputs(py, arrays)?;
+        let inputs = self.lend_inputs(py, arrays)?;
         let how = Launch {
             backend,
             mesh,
@@ -478,13 +483,13 @@ impl Kernel {
             grid: grid.unwrap_or_default(),
             params: params.unwrap_or_default(),
         };
-        let (report, params) = self.launch(py, how, inputs)?;
+        let (report, outputs, params) = self.launch(py, how, inputs)?;
         if explain {
             let text: String = report.decisions.iter().map(|d| format!("{d}\n")).collect();
             py.import("sys")?.getattr("stderr")?.call_method1("write", (text,))?;
         }
         Ok(RunResult {
-            outputs: output_dict(py, report.outputs)?.unbind(),
+            outputs: outputs.unbind(),
             backend: report.backend,
             decisions: report.decisions,
             compile_s: report.compile.as_secs_f64(),

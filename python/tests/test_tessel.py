@@ -371,3 +371,37 @@ def test_a_tuning_record_gives_the_values_for_the_backend_it_was_made_on(tmp_pat
     assert k.run(x=x, backend="interpret", params={"BM": 8}).params["BM"] == 8
     # Another shape has no record: the default.
     assert k.run(x=x[:47], backend="interpret").params["BM"] == 16
+
+
+def test_inputs_are_read_in_place_and_outputs_written_once():
+    """A C-contiguous input reaches the interpreter without a copy, and each output is written
+    once into a fresh numpy array: adding two 64 MiB arrays raises the process's peak memory by
+    the output and the interpreter's own output memory (2 x 64 MiB), not by copies of the inputs
+    (a copy of each input on the way in and of the output on the way out would add 192 MiB more)."""
+    code = """
+import resource, sys, numpy as np, tessel
+k = tessel.load(sys.argv[1])
+n = 16 << 20
+x = np.ones(n, np.float32); y = np.full(n, 2.0, np.float32)
+k(x=x[:1024], y=y[:1024], backend="interpret")
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+o = k(x=x, y=y, backend="interpret")["o"]
+after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+assert o.flags["C_CONTIGUOUS"] and o.flags["WRITEABLE"] and o.flags["OWNDATA"] and float(o[-1]) == 3.0
+print((after - before) / 1024)
+"""
+    r = subprocess.run([os.sys.executable, "-c", code, str(EXAMPLES / "add.tk")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    grew_mib = float(r.stdout.strip())
+    assert grew_mib < 200, f"peak memory grew by {grew_mib:.0f} MiB: inputs or outputs were copied"
+
+
+def test_unaligned_and_strided_inputs_are_read_correctly():
+    k = example("add")
+    raw = np.zeros(4 * 4096 + 4, np.uint8)
+    x = raw[2 : 2 + 4 * 4096].view(np.float32)  # 4096 floats whose data is 2 bytes off alignment
+    x[:] = np.arange(4096, dtype=np.float32)
+    assert x.ctypes.data % 4 != 0 and not x.flags["ALIGNED"] and x.flags["C_CONTIGUOUS"]
+    y = np.arange(8192, dtype=np.float32)[::2]  # strided: numpy copies it once
+    out = k(x=x, y=y, backend="interpret")["o"]
+    np.testing.assert_array_equal(out, x + y)

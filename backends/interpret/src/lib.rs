@@ -13,7 +13,7 @@ mod runtime;
 use std::collections::BTreeMap;
 
 use tessel_plugin_api::abi::{BackendError, BuiltinBackend, Capabilities, ErrorKind, MeshBox};
-use tessel_plugin_api::array::HostArray;
+use tessel_plugin_api::array::{DataRef, HostArray};
 use tessel_plugin_api::backend::{BackendImpl, Launch, export, mesh_spec, verify_with_mesh};
 use tessel_plugin_api::ir::{DType, ParamKind, Type, Verified, print_kernel};
 use tessel_plugin_api::launch::{self, LaunchArgs, LaunchError};
@@ -93,7 +93,22 @@ impl Compiled {
     /// Runs the kernel over its whole grid; returns every output, in declaration order.
     pub fn run(&self, args: &LaunchArgs) -> Result<Vec<(String, HostArray)>, Error> {
         let grid = launch::bind(&self.kernel, args)?;
-        Ok(runtime::Machine::new(&self.kernel, &self.program, &grid, &args.inputs).run())
+        let inputs = args.inputs.iter().map(|(n, a)| (n.clone(), a.data.as_data_ref())).collect();
+        Ok(runtime::Machine::new(&self.kernel, &self.program, &grid, &inputs).run())
+    }
+
+    /// Runs the kernel on memory the caller owns: `inputs` read in place (of the declared types,
+    /// as the caller checked), each output's elements written into `outputs` as little-endian
+    /// bytes.
+    pub fn run_in_place(
+        &self,
+        inputs: &BTreeMap<String, DataRef<'_>>,
+        grid: &BTreeMap<String, u64>,
+        outputs: &mut BTreeMap<String, &mut [u8]>,
+    ) -> Result<(), Error> {
+        let grid = launch::resolve_grid(&self.kernel, grid)?;
+        runtime::Machine::new(&self.kernel, &self.program, &grid, inputs).run_into(outputs);
+        Ok(())
     }
 }
 
@@ -205,6 +220,19 @@ impl BackendImpl for Interpreter {
 
     fn download<'b>(&self, buffer: &'b HostArray) -> Result<std::borrow::Cow<'b, HostArray>, BackendError> {
         Ok(std::borrow::Cow::Borrowed(buffer))
+    }
+
+    /// One kernel in place on the caller's memory; a launch of several (each seeing the outputs
+    /// of the ones before) goes through buffers.
+    fn run_host(
+        &self,
+        compiled: &Vec<Compiled>,
+        launch: &Launch<'_>,
+        inputs: &BTreeMap<String, DataRef<'_>>,
+        outputs: &mut BTreeMap<String, &mut [u8]>,
+    ) -> Option<Result<(), BackendError>> {
+        let [c] = compiled.as_slice() else { return None };
+        Some(c.run_in_place(inputs, &launch.grid, outputs).map_err(|Error::Launch(e)| launch_error(e)))
     }
 
     /// Runs the kernels in order; each sees the outputs of the ones before it.

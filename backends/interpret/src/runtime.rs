@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use rayon::prelude::*;
-use tessel_plugin_api::array::{ArrayData, HostArray};
+use tessel_plugin_api::array::{DataRef, HostArray, write_le_bits};
 use tessel_plugin_api::ir::{DType, Literal, ParamKind, Verified};
 use tessel_plugin_api::launch::LaunchAxis;
 
@@ -15,7 +15,7 @@ use crate::lower::{Instr, Ix, MemRef, Program, Src};
 /// are bit patterns in relaxed atomics, because programs run concurrently and may (by the
 /// author's choice) overlap.
 enum Storage<'i> {
-    Input(&'i ArrayData),
+    Input(DataRef<'i>),
     Shared(Vec<AtomicU32>),
 }
 
@@ -46,7 +46,7 @@ impl<'a> Machine<'a> {
         kernel: &'a Verified,
         program: &'a Program,
         grid: &'a [LaunchAxis],
-        inputs: &'a std::collections::BTreeMap<String, HostArray>,
+        inputs: &std::collections::BTreeMap<String, DataRef<'a>>,
     ) -> Machine<'a> {
         let arrays = kernel
             .kernel()
@@ -54,7 +54,7 @@ impl<'a> Machine<'a> {
             .iter()
             .map(|p| match p.kind {
                 ParamKind::In => {
-                    Some(Array { storage: Storage::Input(&inputs[&p.name].data), shape: p.ty.shape.clone(), dtype: p.ty.dtype })
+                    Some(Array { storage: Storage::Input(inputs[&p.name]), shape: p.ty.shape.clone(), dtype: p.ty.dtype })
                 }
                 ParamKind::Out => {
                     Some(Array { storage: Storage::zeros(p.ty.numel()), shape: p.ty.shape.clone(), dtype: p.ty.dtype })
@@ -66,33 +66,48 @@ impl<'a> Machine<'a> {
     }
 
     /// Runs every program and returns the outputs in declaration order.
-    pub fn run(mut self) -> Vec<(String, HostArray)> {
+    pub fn run(self) -> Vec<(String, HostArray)> {
+        self.run_programs();
+        self.outputs().map(|(name, a, bits)| (name, HostArray::from_bits(a.dtype, &a.shape, bits.collect()))).collect()
+    }
+
+    /// Runs every program and writes each output's elements as little-endian bytes into
+    /// `outputs` (by name, of the outputs' types).
+    pub fn run_into(self, outputs: &mut std::collections::BTreeMap<String, &mut [u8]>) {
+        self.run_programs();
+        for (name, a, bits) in self.outputs() {
+            if let Some(out) = outputs.get_mut(&name) {
+                write_le_bits(a.dtype, bits, out);
+            }
+        }
+    }
+
+    fn run_programs(&self) {
         let par: Vec<usize> = (0..self.grid.len()).filter(|&a| !self.grid[a].seq).collect();
         let seq: Vec<usize> = (0..self.grid.len()).filter(|&a| self.grid[a].seq).collect();
         let programs: u64 = par.iter().map(|&a| self.grid[a].size).product();
         let steps: u64 = seq.iter().map(|&a| self.grid[a].size).product();
-        let this = &self;
         (0..programs).into_par_iter().for_each(|pid| {
-            let mut point = vec![0i64; this.grid.len()];
-            decode(pid, &par, this.grid, &mut point);
-            let mut prog = ProgramState::new(this);
+            let mut point = vec![0i64; self.grid.len()];
+            decode(pid, &par, self.grid, &mut point);
+            let mut prog = ProgramState::new(self);
             for step in 0..steps {
-                decode(step, &seq, this.grid, &mut point);
+                decode(step, &seq, self.grid, &mut point);
                 prog.run_point(&point);
             }
         });
+    }
+
+    /// Each output: its name, its memory and its elements' bit patterns.
+    fn outputs(mut self) -> impl Iterator<Item = (String, Array<'a>, impl Iterator<Item = u32>)> {
         let params = &self.kernel.kernel().params;
-        params
-            .iter()
-            .zip(std::mem::take(&mut self.arrays))
-            .filter(|(p, _)| p.kind == ParamKind::Out)
-            .map(|(p, a)| {
-                let a = a.expect("outputs have memory");
-                let Storage::Shared(cells) = a.storage else { unreachable!("outputs are shared memory") };
-                let bits = cells.into_iter().map(AtomicU32::into_inner).collect();
-                (p.name.clone(), HostArray::from_bits(a.dtype, &a.shape, bits))
-            })
-            .collect()
+        params.iter().zip(std::mem::take(&mut self.arrays)).filter(|(p, _)| p.kind == ParamKind::Out).map(|(p, a)| {
+            let mut a = a.expect("outputs have memory");
+            let Storage::Shared(cells) = std::mem::replace(&mut a.storage, Storage::Shared(Vec::new())) else {
+                unreachable!("outputs are shared memory")
+            };
+            (p.name.clone(), a, cells.into_iter().map(AtomicU32::into_inner))
+        })
     }
 }
 
@@ -280,22 +295,22 @@ impl<'m, 'a> ProgramState<'m, 'a> {
         let o = &other.data;
         let g = |other, copy| gather(&arr.shape, &starts, &lens, other, copy);
         let mut data = match (&arr.storage, o) {
-            (Storage::Input(ArrayData::F32(v)), Data::F(o)) => {
+            (Storage::Input(DataRef::F32(v)), Data::F(o)) => {
                 Data::F(g(o[0], &mut |f, n, out: &mut Vec<f32>| out.extend_from_slice(&v[f..f + n])))
             }
-            (Storage::Input(ArrayData::F16(v)), Data::F(o)) => {
+            (Storage::Input(DataRef::F16(v)), Data::F(o)) => {
                 Data::F(g(o[0], &mut |f, n, out: &mut Vec<f32>| out.extend(v[f..f + n].iter().map(|x| x.to_f32()))))
             }
-            (Storage::Input(ArrayData::BF16(v)), Data::F(o)) => {
+            (Storage::Input(DataRef::BF16(v)), Data::F(o)) => {
                 Data::F(g(o[0], &mut |f, n, out: &mut Vec<f32>| out.extend(v[f..f + n].iter().map(|x| x.to_f32()))))
             }
-            (Storage::Input(ArrayData::I32(v)), Data::I(o)) => {
+            (Storage::Input(DataRef::I32(v)), Data::I(o)) => {
                 Data::I(gather(&arr.shape, &starts, &lens, o[0], &mut |f, n, out| out.extend_from_slice(&v[f..f + n])))
             }
-            (Storage::Input(ArrayData::U32(v)), Data::U(o)) => {
+            (Storage::Input(DataRef::U32(v)), Data::U(o)) => {
                 Data::U(gather(&arr.shape, &starts, &lens, o[0], &mut |f, n, out| out.extend_from_slice(&v[f..f + n])))
             }
-            (Storage::Input(ArrayData::Bool(v)), Data::B(o)) => {
+            (Storage::Input(DataRef::Bool(v)), Data::B(o)) => {
                 Data::B(gather(&arr.shape, &starts, &lens, o[0], &mut |f, n, out| out.extend_from_slice(&v[f..f + n])))
             }
             (Storage::Shared(cells), _) => {

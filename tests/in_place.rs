@@ -1,0 +1,91 @@
+//! Launches on memory the caller owns (`Runtime::launch_in_place`, what the Python module uses):
+//! the same outputs, bit for bit, as the launch on host arrays, on the interpreter (which reads
+//! the inputs in place and writes each output once) and on wgpu (buffers: one upload from the
+//! caller's memory, one download into it), for f32, f16 and bf16, a launch of two kernels (which
+//! goes through buffers), and inputs whose bytes are not aligned for their dtype.
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use common::*;
+use tessel::{BytesMut, BytesRef, HostArray, InPlace, KernelLaunch, LaunchArgs, Runtime};
+use tessel_plugin_api::ir::Verified;
+
+fn kernels(path: &str) -> Vec<Verified> {
+    tessel::load_file(&root().join(path)).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Runs `kernels` both ways on `backend`; `shift` moves every input's bytes one byte off
+/// alignment first.
+fn both_ways(rt: &Runtime, backend: &str, kernels: &[Verified], shift: bool) {
+    let calls: Vec<KernelLaunch<'_>> = kernels.iter().map(|kernel| KernelLaunch { kernel, mesh: None }).collect();
+    let mut inputs = BTreeMap::new();
+    for k in kernels {
+        inputs.extend(tessel::inputs::random_inputs(k.kernel(), 11));
+    }
+    let args = LaunchArgs { inputs, grid: Default::default() };
+    let want = rt.launch(backend, &calls, &[], &args).unwrap_or_else(|e| panic!("{backend}: {e}"));
+    let bytes: BTreeMap<String, Vec<u8>> = args
+        .inputs
+        .iter()
+        .map(|(n, a)| {
+            let b = a.le_bytes().into_owned();
+            (n.clone(), if shift { [vec![0u8], b].concat() } else { b })
+        })
+        .collect();
+    let mut memory: BTreeMap<String, Vec<u8>> = want.iter().map(|(n, a)| (n.clone(), vec![0xa5u8; a.le_bytes().len()])).collect();
+    let mut place = InPlace::default();
+    for (n, a) in &args.inputs {
+        let b = &bytes[n];
+        place.inputs.insert(n.clone(), BytesRef { ty: a.ty(), bytes: if shift { &b[1..] } else { b } });
+    }
+    for ((n, m), (_, w)) in memory.iter_mut().zip(&want) {
+        place.outputs.insert(n.clone(), BytesMut { ty: w.ty(), bytes: m });
+    }
+    let report = rt.run_in_place(backend, &calls, &[], &mut place).unwrap_or_else(|e| panic!("{backend}: {e}"));
+    assert_eq!(report.backend, backend);
+    drop(place);
+    for (name, w) in &want {
+        let got = HostArray::from_le_bytes(w.dtype(), &w.shape, &memory[name]).expect("bytes of the output's type");
+        assert_eq!(got.to_bits(), w.to_bits(), "{backend}: output {name} of {:?} (shifted: {shift})", kernels[0].name());
+    }
+}
+
+#[test]
+fn in_place_launches_give_the_outputs_of_host_array_launches() {
+    let rt = Runtime::new(&[]).expect("runtime");
+    let mut backends = vec!["interpret"];
+    if wgpu_adapter("in_place_launches_give_the_outputs_of_host_array_launches").is_some() {
+        backends.push("wgpu");
+    }
+    for backend in backends {
+        for file in ["examples/softmax.tk", "tests/in/half.tk", "tests/in/dot_half.tk"] {
+            for shift in [false, true] {
+                both_ways(&rt, backend, &kernels(file)[..1], shift);
+            }
+        }
+        // Two kernels in one launch: the interpreter runs them through buffers too.
+        let two = kernels("tests/in/two_kernels.tk");
+        if backend == "interpret" {
+            both_ways(&rt, backend, &two, false);
+        }
+    }
+}
+
+#[test]
+fn an_output_without_memory_of_its_type_is_refused() {
+    let rt = Runtime::new(&[]).expect("runtime");
+    let k = &kernels("examples/add.tk")[0];
+    let calls = [KernelLaunch { kernel: k, mesh: None }];
+    let x = vec![0u8; 4096];
+    let mut small = vec![0u8; 16];
+    let mut place = InPlace::default();
+    for n in ["x", "y"] {
+        place.inputs.insert(n.into(), BytesRef { ty: k.kernel().param(n).unwrap().ty.clone(), bytes: &x });
+    }
+    let ty = tessel_plugin_api::ir::Type::array(tessel_plugin_api::ir::DType::F32, [4usize]);
+    place.outputs.insert("o".into(), BytesMut { ty, bytes: &mut small });
+    let err = rt.run_in_place("interpret", &calls, &[], &mut place).unwrap_err().to_string();
+    assert!(err.contains("output `o` has no array of its type f32[1024] to be written into"), "{err}");
+}
