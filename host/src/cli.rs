@@ -740,22 +740,19 @@ fn specialize(
 ) -> Result<(Vec<Verified>, Bound)> {
     let mut bound = Bound::default();
     let mut kernels = Vec::new();
+    let shapes = inputs.iter().map(|(n, a)| (n.clone(), a.shape.clone())).collect();
+    let backend = backend.filter(|b| !b.is_empty());
     for g in generics {
-        let mine = crate::given_for(g, given);
-        let backend = backend.filter(|b| !b.is_empty());
-        let shapes = inputs.iter().map(|(n, a)| (n.clone(), a.shape.clone())).collect();
-        let tuned = backend.and_then(|b| rt.tuned(g, &mine, &shapes, b).ok()).unwrap_or_default();
-        if let (Some(path), Some(b)) = (&tuned.record, backend) {
+        let s = rt.specialize(file, g, &crate::given_for(g, given), &shapes, backend)?;
+        if let (Some(path), Some(b)) = (&s.tuned.record, backend) {
             bound.lines.push(format!("tuning record for `{}` on {b}: {}", g.name(), path.display()));
         }
-        bound.warnings.extend(tuned.warning);
-        let tuned = tuned.values;
-        let (v, b) = file.specialize_for(g, &mine, &tuned, inputs)?;
+        bound.warnings.extend(s.tuned.warning);
         if g.is_generic() {
-            bound.lines.push(format!("params of `{}`: {}", g.name(), b.explain(g)));
+            bound.lines.push(format!("params of `{}`: {}", g.name(), s.binding.explain(g)));
         }
-        bound.values.extend(b.values);
-        kernels.push(v);
+        bound.values.extend(s.binding.values);
+        kernels.push(s.kernel);
     }
     Ok((kernels, bound))
 }

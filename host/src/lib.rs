@@ -22,7 +22,7 @@ use tessel_plugin_api::ir::generic::{BindError, Binding, Generic, Source};
 use tessel_plugin_api::ir::{self, Verified};
 use tessel_plugin_api::launch::LaunchError;
 
-pub use runtime::{BytesMut, BytesRef, DeviceArray, InPlace, KernelLaunch, Report, Runtime};
+pub use runtime::{BytesMut, BytesRef, DeviceArray, InPlace, KernelLaunch, Report, Runtime, Specialized};
 pub use tessel_plugin_api::array::{HostArray, Tolerance};
 pub use tessel_plugin_api::launch::LaunchArgs;
 

@@ -46,6 +46,26 @@ impl Runtime {
         &self.registry
     }
 
+    /// The ordinary kernel `kernel` of `file` is for a launch on inputs of `shapes` (by argument
+    /// name) with `given` parameter values (docs/language.md §9): shape parameters from the
+    /// shapes, then `given`, then the tuning record of `backend` (when one is named), then the
+    /// defaults. Returns it verified, with where each value came from and the record used.
+    pub fn specialize(
+        &self,
+        file: &crate::KernelFile,
+        kernel: &Generic,
+        given: &BTreeMap<String, i64>,
+        shapes: &BTreeMap<String, Vec<usize>>,
+        backend: Option<&str>,
+    ) -> Result<Specialized> {
+        let tuned = match backend {
+            Some(b) => self.tuned(kernel, given, shapes, b)?,
+            None => crate::tune::Tuned::default(),
+        };
+        let binding = kernel.bind(given, &tuned.values, shapes)?;
+        Ok(Specialized { kernel: file.specialize(kernel, &binding)?, binding, tuned })
+    }
+
     /// What `tessel tune`'s record gives the generic `kernel` on `backend` for a launch on
     /// inputs of `shapes` (by argument name) with `given` values: values for its tuned parameters not given (docs/language.md
     /// §9). Pass them to [`KernelFile::specialize_for`](crate::KernelFile::specialize_for).
@@ -306,6 +326,17 @@ impl Runtime {
             .map(drop)
         })
     }
+}
+
+/// A generic kernel specialized for a launch ([`Runtime::specialize`]).
+#[derive(Debug)]
+pub struct Specialized {
+    /// The ordinary kernel, verified.
+    pub kernel: Verified,
+    /// Every parameter's value and where it came from.
+    pub binding: tessel_plugin_api::ir::generic::Binding,
+    /// What the tuning record gave, and where it is.
+    pub tuned: crate::tune::Tuned,
 }
 
 /// Arrays of a launch on memory the caller owns ([`Runtime::launch_in_place`]).
