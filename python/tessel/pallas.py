@@ -1,0 +1,640 @@
+"""JAX Pallas kernels on tessel: `to_tk(fn, *args)` writes every `pl.pallas_call` that `fn` makes
+as `.tk` text, and `run(fn, *args, backend=...)` runs `fn` with each `pallas_call` on tessel and
+the jnp code around it on JAX (on the CPU).
+
+`fn` is traced with `jax.make_jaxpr`; each `pallas_call` is read from the jaxpr: its grid, the
+block shape and index map of every operand, and its body. Index maps are proved affine in the
+program ids by evaluating them (at the origin, at each unit vector, then checked at other grid
+points), never assumed. Grid axes that no output's index map uses become `seq` (they revisit the
+outputs); the others are parallel. What the language cannot say is a `tessel.UnsupportedError`
+naming the primitive, the kernel and the Python source line it came from. docs/pallas.md lists
+what is supported and where tessel and Pallas's interpret mode differ by design.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ._errors import UnsupportedError
+
+__all__ = ["to_tk", "run", "Translated"]
+
+_DTYPES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "int32": "i32", "uint32": "u32", "bool": "bool"}
+
+_UNARY = {
+    "neg": "neg", "exp": "exp", "exp2": "exp2", "log": "log", "tanh": "tanh", "logistic": "logistic",
+    "sqrt": "sqrt", "rsqrt": "rsqrt", "abs": "abs", "sin": "sin", "cos": "cos", "floor": "floor",
+    "ceil": "ceil", "not": "not",
+}
+_BINARY = {
+    "add": "add", "sub": "sub", "mul": "mul", "div": "div", "max": "max", "min": "min", "pow": "pow",
+    "rem": "rem", "and": "and", "or": "or", "xor": "xor", "shift_left": "shl",
+    "shift_right_arithmetic": "shr", "shift_right_logical": "shr",
+}
+_COMPARE = {"eq": "eq", "ne": "ne", "lt": "lt", "le": "le", "gt": "gt", "ge": "ge"}
+_REDUCE = {"reduce_sum": "sum", "reduce_max": "max", "reduce_min": "min", "reduce_prod": "prod"}
+_INLINE = {"pjit", "jit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call", "remat", "checkpoint"}
+
+
+def _jax():
+    try:
+        import jax
+        from jax._src import core, source_info_util
+    except ImportError as e:  # pragma: no cover - the tests install jax
+        raise ImportError("tessel.pallas needs jax: pip install jax") from e
+    return jax, core, source_info_util
+
+
+def _where(eqn) -> str:
+    """The user's source line an equation came from (`file.py:12:8 (body)`), or "" where jax
+    recorded none (inside jnp's own functions)."""
+    _, _, siu = _jax()
+    try:
+        return siu.summarize(eqn.source_info)
+    except Exception:  # pragma: no cover - source info is best effort
+        return ""
+
+
+def _refuse(what: str, kernel: str, eqn=None, hint: Optional[str] = None, place: str = "") -> UnsupportedError:
+    place = (_where(eqn) if eqn is not None else "") or place
+    at = f" (at {place})" if place else ""
+    return UnsupportedError(f"{what} in Pallas kernel `{kernel}`{at} has no tessel translation", None, hint)
+
+
+def _ty(aval, kernel: str, eqn=None) -> str:
+    name = np.dtype(aval.dtype).name if str(aval.dtype) != "bfloat16" else "bfloat16"
+    dt = _DTYPES.get(name)
+    if dt is None:
+        raise _refuse(f"dtype {name}", kernel, eqn, "tessel has f32, f16, bf16, i32, u32 and bool")
+    if not aval.shape:
+        return dt
+    return f"{dt}[{', '.join(str(d) for d in aval.shape)}]"
+
+
+def _literal(v) -> str:
+    v = np.asarray(v).item()
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if math.isnan(v):
+        return "nan"
+    if math.isinf(v):
+        return "inf" if v > 0 else "-inf"
+    text = repr(float(v))
+    return text if ("." in text or "e" in text) else text + ".0"
+
+
+@dataclass
+class Translated:
+    """One `pallas_call` as tessel sees it: the kernel's text and how to launch it."""
+
+    name: str
+    text: str
+    #: The `.tk` names of the inputs and outputs, in the pallas_call's operand order.
+    inputs: List[str]
+    outputs: List[str]
+
+
+@dataclass
+class _Body:
+    """The statements of one kernel body being written."""
+
+    kernel: str
+    lines: List[str] = field(default_factory=list)
+    counter: itertools.count = field(default_factory=itertools.count)
+    depth: int = 1
+
+    def fresh(self) -> str:
+        return f"%v{next(self.counter)}"
+
+    def emit(self, line: str) -> None:
+        self.lines.append("  " * self.depth + line)
+
+
+class _Writer:
+    def __init__(self, kernel: str, grid_axes: List[str]):
+        self.kernel = kernel
+        self.axes = grid_axes
+        self.body = _Body(kernel)
+        #: jaxpr var -> `%value`, a literal's text, or ("ref", name).
+        self.env: Dict[Any, Any] = {}
+        #: int indices of `cond` made from a bool -> that bool's `%value`.
+        self.bools: Dict[Any, str] = {}
+        #: jaxpr var -> the primitives that use it.
+        self.uses: Dict[Any, set] = {}
+        #: The user's line of the equation being written, for errors inside jnp's functions.
+        self.place = ""
+
+    # ---- operands ----
+
+    def read(self, atom) -> str:
+        _, core, _ = _jax()
+        if isinstance(atom, core.Literal):
+            return _literal(atom.val)
+        v = self.env[atom]
+        if isinstance(v, tuple):
+            raise self.refuse("a reference used as a value", None)
+        return v
+
+    def ref(self, atom, eqn) -> str:
+        v = self.env.get(atom)
+        if not isinstance(v, tuple):
+            raise self.refuse(f"`{eqn.primitive.name}` of something that is not a kernel argument", eqn)
+        return v[1]
+
+    def value(self, atom, eqn) -> str:
+        """An operand that must be a `%value` (a literal is materialised with `full`)."""
+        text = self.read(atom)
+        if text.startswith("%"):
+            return text
+        v = self.body.fresh()
+        self.body.emit(f"{v} = full {text} : {_ty(atom.aval, self.kernel, eqn)}")
+        return v
+
+    def define(self, var, text: str) -> None:
+        self.env[var] = text
+
+    def op(self, eqn, rhs: str) -> None:
+        (out,) = eqn.outvars
+        v = self.body.fresh()
+        self.body.emit(f"{v} = {rhs} : {_ty(out.aval, self.kernel, eqn)}")
+        self.define(out, v)
+
+    # ---- indexing ----
+
+    def index(self, eqn, ref_shape, tree, index_atoms) -> Optional[str]:
+        """`[ds(start, size), :, %i]` for a ref indexer, or None for the whole block."""
+        jax, core, _ = _jax()
+        from jax._src.state import indexing
+
+        try:
+            indexers = jax.tree_util.tree_unflatten(tree, index_atoms)
+        except Exception:
+            raise self.refuse("a reference indexer", eqn)
+        if not indexers:
+            return None
+        if len(indexers) != 1 or not isinstance(indexers[0], indexing.NDIndexer):
+            raise self.refuse("a transformed reference (bitcast, reshape)", eqn)
+        nd = indexers[0]
+        parts = []
+        whole = True
+        for dim, ix in zip(ref_shape, nd.indices):
+            if isinstance(ix, indexing.Slice):
+                if ix.stride != 1:
+                    raise self.refuse("a strided slice", eqn)
+                start = ix.start if isinstance(ix.start, int) else self.read(ix.start)
+                size = ix.size
+                if start == 0 and size == dim:
+                    parts.append(":")
+                    continue
+                whole = False
+                parts.append(f"ds({start}, {size})")
+            else:
+                whole = False
+                if hasattr(ix, "shape") and ix.shape != ():
+                    raise self.refuse("an array index (gather)", eqn)
+                parts.append(str(ix) if isinstance(ix, (int, np.integer)) else self.read(ix))
+        return None if whole else "[" + ", ".join(parts) + "]"
+
+    # ---- the body ----
+
+    def eqns(self, jaxpr) -> None:
+        _, core, _ = _jax()
+        # What each value of this jaxpr is used by: an unused value of a pure operation is not
+        # written, nor the old value a store returns, nor the int a `pl.when` makes for `cond`.
+        for eqn in jaxpr.eqns:
+            for a in eqn.invars:
+                if not isinstance(a, core.Literal):
+                    self.uses.setdefault(a, set()).add(eqn.primitive.name)
+        for a in jaxpr.outvars:
+            if not isinstance(a, core.Literal):
+                self.uses.setdefault(a, set()).add("yield")
+        for eqn in jaxpr.eqns:
+            effects = eqn.primitive.name in ("swap", "cond", "scan") or eqn.primitive.name in _INLINE
+            if effects or any(o in self.uses for o in eqn.outvars):
+                self.eqn(eqn)
+
+    def eqn(self, eqn) -> None:
+        outer = self.place
+        self.place = _where(eqn) or outer
+        try:
+            self.write(eqn)
+        finally:
+            self.place = outer
+
+    def refuse(self, what: str, eqn, hint: Optional[str] = None) -> UnsupportedError:
+        return _refuse(what, self.kernel, eqn, hint, self.place)
+
+    def write(self, eqn) -> None:
+        name = eqn.primitive.name
+        p = eqn.params
+        k = self.kernel
+        if name == "get":
+            ref, *ix = eqn.invars
+            index = self.index(eqn, ref.aval.shape, p["tree"], ix)
+            v = self.body.fresh()
+            self.body.emit(f"{v} = load {self.ref(ref, eqn)}{index or ''} : {_ty(eqn.outvars[0].aval, k, eqn)}")
+            self.define(eqn.outvars[0], v)
+        elif name == "swap":
+            ref, val, *ix = eqn.invars
+            index = self.index(eqn, ref.aval.shape, p["tree"], ix)
+            old = eqn.outvars[0]
+            if old in self.uses:
+                # The value before the store, where the kernel reads it (`x = o_ref.swap(v)`).
+                v = self.body.fresh()
+                self.body.emit(f"{v} = load {self.ref(ref, eqn)}{index or ''} : {_ty(old.aval, k, eqn)}")
+                self.define(old, v)
+            self.body.emit(f"store {self.ref(ref, eqn)}{index or ''}, {self.value(val, eqn)}")
+        elif name in ("program_id", "num_programs"):
+            axis = p["axis"]
+            self.op(eqn, f"{name} {self.axes[axis]}")
+        elif name in _UNARY:
+            self.op(eqn, f"{_UNARY[name]} {self.value(eqn.invars[0], eqn)}")
+        elif name == "integer_pow":
+            self.integer_pow(eqn)
+        elif name == "square":
+            x = self.value(eqn.invars[0], eqn)
+            self.op(eqn, f"mul {x}, {x}")
+        elif name in _BINARY or name in _COMPARE:
+            a, b = eqn.invars
+            op = _BINARY.get(name) or _COMPARE[name]
+            self.op(eqn, f"{op} {self.value(a, eqn)}, {self.read(b)}")
+        elif name == "select_n":
+            pred, *cases = eqn.invars
+            if len(cases) != 2:
+                raise self.refuse("`select_n` of more than two cases", eqn)
+            if str(pred.aval.dtype) != "bool":
+                raise self.refuse("`select_n` on an integer selector", eqn)
+            on, off = self.read(cases[1]), self.read(cases[0])
+            if not on.startswith("%") and not off.startswith("%"):
+                on = self.value(cases[1], eqn)  # a block of one literal gives the type
+            self.op(eqn, f"select {self.value(pred, eqn)}, {on}, {off}")
+        elif name == "convert_element_type":
+            x = eqn.invars[0]
+            if str(x.aval.dtype) == "bool":
+                # `pl.when(c)` lowers `c` to an int index for `cond`: remember the bool.
+                self.bools[eqn.outvars[0]] = self.read(x)
+                if self.uses.get(eqn.outvars[0]) == {"cond"}:
+                    return
+            if x.aval.dtype == eqn.outvars[0].aval.dtype:
+                self.define(eqn.outvars[0], self.read(x))
+            else:
+                self.op(eqn, f"cast {self.value(x, eqn)}")
+        elif name == "broadcast_in_dim":
+            self.broadcast(eqn)
+        elif name in ("reshape", "squeeze", "expand_dims"):
+            self.op(eqn, f"reshape {self.value(eqn.invars[0], eqn)}")
+        elif name == "transpose":
+            perm = ", ".join(str(d) for d in p["permutation"])
+            self.op(eqn, f"transpose {self.value(eqn.invars[0], eqn)} perm ({perm})")
+        elif name in _REDUCE:
+            self.reduce(eqn, _REDUCE[name])
+        elif name == "dot_general":
+            self.dot(eqn)
+        elif name == "iota":
+            if p["dtype"] != np.int32 and str(p["dtype"]) != "int32":
+                v = self.body.fresh()
+                shape = ", ".join(str(d) for d in p["shape"])
+                self.body.emit(f"{v} = iota {p['dimension']} : i32[{shape}]")
+                self.op(eqn, f"cast {v}")
+            else:
+                self.op(eqn, f"iota {p['dimension']}")
+        elif name == "cond":
+            self.cond(eqn)
+        elif name == "scan":
+            self.scan(eqn)
+        elif name in _INLINE:
+            self.inline(eqn)
+        else:
+            raise self.refuse(f"primitive `{name}`", eqn, "docs/pallas.md lists the primitives tessel translates")
+
+    def integer_pow(self, eqn) -> None:
+        y = eqn.params["y"]
+        x = self.value(eqn.invars[0], eqn)
+        if y < 1:
+            raise self.refuse(f"`integer_pow` with exponent {y}", eqn)
+        acc = x
+        ty = _ty(eqn.outvars[0].aval, self.kernel, eqn)
+        for _ in range(y - 1):
+            v = self.body.fresh()
+            self.body.emit(f"{v} = mul {acc}, {x} : {ty}")
+            acc = v
+        self.define(eqn.outvars[0], acc)
+
+    def broadcast(self, eqn) -> None:
+        (x,) = eqn.invars
+        out = eqn.outvars[0]
+        dims = eqn.params["broadcast_dimensions"]
+        ty = _ty(out.aval, self.kernel, eqn)
+        src = self.read(x)
+        if not x.aval.shape:
+            if not src.startswith("%"):
+                v = self.body.fresh()
+                self.body.emit(f"{v} = full {src} : {ty}")
+                self.define(out, v)
+                return
+            self.op(eqn, f"broadcast {src}")
+            return
+        # Dimensions the operand does not have become 1 (a reshape), then stretch (a broadcast).
+        middle = [1] * len(out.aval.shape)
+        for src_dim, out_dim in enumerate(dims):
+            middle[out_dim] = x.aval.shape[src_dim]
+        cur = self.value(x, eqn)
+        dt = ty.split("[")[0]
+        if tuple(middle) != tuple(x.aval.shape):
+            v = self.body.fresh()
+            self.body.emit(f"{v} = reshape {cur} : {dt}[{', '.join(str(d) for d in middle)}]")
+            cur = v
+        if tuple(middle) != tuple(out.aval.shape):
+            v = self.body.fresh()
+            self.body.emit(f"{v} = broadcast {cur} : {ty}")
+            cur = v
+        self.define(out, cur)
+
+    def reduce(self, eqn, op: str) -> None:
+        (x,) = eqn.invars
+        axes = sorted(eqn.params["axes"], reverse=True)
+        cur = self.value(x, eqn)
+        shape = list(x.aval.shape)
+        dt = _ty(eqn.outvars[0].aval, self.kernel, eqn).split("[")[0]
+        for a in axes:
+            shape.pop(a)
+            v = self.body.fresh()
+            rest = f"[{', '.join(str(d) for d in shape)}]" if shape else ""
+            self.body.emit(f"{v} = {op} {cur} axis {a} : {dt}{rest}")
+            cur = v
+        self.define(eqn.outvars[0], cur)
+
+    def dot(self, eqn) -> None:
+        (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+        a, b = eqn.invars
+        if lb or rb or len(a.aval.shape) != 2 or len(b.aval.shape) != 2:
+            raise self.refuse("`dot_general` other than a 2-D matrix product", eqn)
+        flags = ""
+        if tuple(lc) == (0,):
+            flags += " trans_a"
+        if tuple(rc) == (1,):
+            flags += " trans_b"
+        out = eqn.outvars[0]
+        v = self.body.fresh()
+        # tessel's dot accumulates float operands in f32 and gives f32 (integers: i32).
+        acc = "f32" if np.dtype(a.aval.dtype).kind == "f" or str(a.aval.dtype) == "bfloat16" else "i32"
+        m = a.aval.shape[1 if "trans_a" in flags else 0]
+        n = b.aval.shape[0 if "trans_b" in flags else 1]
+        self.body.emit(f"{v} = dot {self.value(a, eqn)}, {self.value(b, eqn)}{flags} : {acc}[{m}, {n}]")
+        want = _ty(out.aval, self.kernel, eqn)
+        if want.split("[")[0] != acc:
+            w = self.body.fresh()
+            self.body.emit(f"{w} = cast {v} : {want}")
+            v = w
+        self.define(out, v)
+
+    def sub(self, jaxpr, args, eqn) -> None:
+        """Maps a sub-jaxpr's inputs to `args` (values or refs) in this writer's env."""
+        _, core, _ = _jax()
+        for var, a in zip(jaxpr.invars, args):
+            if isinstance(a, core.Literal):
+                self.env[var] = _literal(a.val)
+            else:
+                self.env[var] = self.env[a]
+
+    def inline(self, eqn) -> None:
+        _, core, _ = _jax()
+        p = eqn.params
+        closed = p.get("jaxpr") or p.get("call_jaxpr") or p.get("fun_jaxpr")
+        jaxpr = closed.jaxpr if hasattr(closed, "jaxpr") else closed
+        if getattr(closed, "consts", None):
+            raise self.refuse(f"`{eqn.primitive.name}` with captured constants", eqn)
+        self.sub(jaxpr, eqn.invars, eqn)
+        self.eqns(jaxpr)
+        for out, res in zip(eqn.outvars, jaxpr.outvars):
+            self.env[out] = _literal(res.val) if isinstance(res, core.Literal) else self.env[res]
+
+    def cond(self, eqn) -> None:
+        """`pl.when(c)`: a `cond` on `convert_element_type(c)` whose false branch does nothing."""
+        branches = eqn.params["branches"]
+        index, *ops = eqn.invars
+        if len(branches) != 2 or branches[0].jaxpr.eqns or eqn.outvars:
+            raise self.refuse("`cond` other than `pl.when` (a branch only where a condition holds)", eqn)
+        cond = self.bools.get(index)
+        if cond is None:
+            raise self.refuse("`cond` on an integer", eqn)
+        self.body.emit(f"when {cond} {{")
+        self.body.depth += 1
+        self.sub(branches[1].jaxpr, ops, eqn)
+        self.eqns(branches[1].jaxpr)
+        self.body.depth -= 1
+        self.body.emit("}")
+
+    def scan(self, eqn) -> None:
+        """`lax.fori_loop` (a `scan` with no scanned inputs): a `for` over its length with every
+        carried value an `iter`."""
+        _, core, _ = _jax()
+        p = eqn.params
+        nc, ncar = p["num_consts"], p["num_carry"]
+        if p["reverse"] or len(eqn.invars) != nc + ncar or len(eqn.outvars) != ncar:
+            raise self.refuse("`scan` over arrays (only `fori_loop` and carried values)", eqn)
+        body = p["jaxpr"]
+        if body.consts:
+            raise self.refuse("`scan` with captured constants", eqn)
+        consts, carry = eqn.invars[:nc], eqn.invars[nc:]
+        inits = [self.value(c, eqn) for c in carry]
+        names = [self.body.fresh() for _ in carry]
+        results = [self.body.fresh() for _ in carry]
+        t = self.body.fresh()
+        iters = ", ".join(f"{n} = {i}" for n, i in zip(names, inits))
+        self.body.emit(f"{', '.join(results)} = for {t} = 0 to {p['length']} iter ({iters}) {{")
+        self.body.depth += 1
+        jaxpr = body.jaxpr
+        for var, a in zip(jaxpr.invars[:nc], consts):
+            self.env[var] = self.env[a]
+        for var, n in zip(jaxpr.invars[nc:], names):
+            self.env[var] = n
+        self.eqns(jaxpr)
+        outs = [self.value(o, eqn) for o in jaxpr.outvars]
+        self.body.emit(f"yield {', '.join(outs)}")
+        self.body.depth -= 1
+        self.body.emit("}")
+        for out, r in zip(eqn.outvars, results):
+            self.env[out] = r
+
+
+
+def _affine(index_map, grid: Sequence[int], kernel: str, operand: str) -> List[str]:
+    """The block index of each dimension as affine text of the grid axes (`i0`, `i1`, ...),
+    proved by evaluating the index map at the origin, the unit vectors and other points."""
+    jax, core, _ = _jax()
+    jaxpr = index_map.jaxpr
+    if len(jaxpr.invars) != len(grid):
+        raise UnsupportedError(
+            f"the index map of {operand} in Pallas kernel `{kernel}` takes scalar-prefetch or other operands", None, None
+        )
+
+    def at(point):
+        outs = core.eval_jaxpr(jaxpr, index_map.consts, *[np.int32(v) for v in point])
+        return [int(np.asarray(o)) for o in outs]
+
+    origin = at([0] * len(grid))
+    coeffs = []
+    for a, size in enumerate(grid):
+        unit = [0] * len(grid)
+        unit[a] = 1 if size > 1 else 0
+        got = at(unit)
+        coeffs.append([g - o for g, o in zip(got, origin)] if size > 1 else [0] * len(origin))
+    rng = np.random.default_rng(0)
+    points = [[s - 1 for s in grid]] + [[int(rng.integers(0, s)) for s in grid] for _ in range(8)]
+    for pt in points:
+        want = [o + sum(c[d] * pt[a] for a, c in enumerate(coeffs)) for d, o in enumerate(origin)]
+        if at(pt) != want:
+            raise UnsupportedError(
+                f"the index map of {operand} in Pallas kernel `{kernel}` is not affine in the program ids "
+                f"(at {tuple(pt)} it gives {tuple(at(pt))}, an affine map would give {tuple(want)})",
+                None,
+                "tessel's `at (...)` takes affine block indices; compute other offsets in the body with pl.ds",
+            )
+    texts = []
+    for d, o in enumerate(origin):
+        terms = []
+        for a, c in enumerate(coeffs):
+            if c[d] == 1:
+                terms.append(f"i{a}")
+            elif c[d] != 0:
+                terms.append(f"{c[d]}*i{a}")
+        expr = " + ".join(terms)
+        if o or not terms:
+            expr = f"{expr} + {o}" if terms and o > 0 else (f"{expr} - {-o}" if terms else str(o))
+        texts.append(expr.replace("+ -", "- "))
+    return texts
+
+
+def _translate(eqn, name: str) -> Translated:
+    jax, core, _ = _jax()
+    p = eqn.params
+    gm = p["grid_mapping"]
+    if p.get("input_output_aliases"):
+        raise _refuse("`input_output_aliases`", name, eqn)
+    if getattr(gm, "num_dynamic_grid_bounds", 0) or getattr(gm, "num_index_operands", 0):
+        raise _refuse("a dynamic grid or scalar prefetch", name, eqn)
+    if getattr(gm, "num_scratch_operands", 0):
+        raise _refuse("scratch operands", name, eqn)
+    if p.get("mesh") is not None:
+        raise _refuse("a `pallas_call` with a mesh", name, eqn)
+    grid = [int(g) for g in gm.grid]
+    body = p["jaxpr"]
+    nin, nout = gm.num_inputs, gm.num_outputs
+    ins = [f"x{i}" for i in range(nin)]
+    outs = [f"o{i}" for i in range(nout)]
+    header = []
+    used_by_outputs = set()
+    lines_in, lines_out = [], []
+    for n, (bm, arg) in enumerate(zip(gm.block_mappings, ins + outs)):
+        shape = tuple(bm.array_aval.shape)
+        blocks = []
+        for b in bm.block_shape:
+            size = getattr(b, "block_size", b)
+            if not isinstance(size, (int, np.integer)):
+                raise _refuse(f"the block dimension {b!r} of `{arg}`", name, eqn, "tessel blocks are Blocked(size)")
+            blocks.append(int(size))
+        ty = _ty(bm.array_aval, name, eqn)
+        index = _affine(bm.index_map_jaxpr, grid, name, f"`{arg}`")
+        if n >= nin:
+            for a in range(len(grid)):
+                if any(f"i{a}" in t.replace("*", " ").split() for t in index):
+                    used_by_outputs.add(a)
+        whole = tuple(blocks) == shape and all(t == "0" for t in index)
+        spec = "" if whole else f" block [{', '.join(str(b) for b in blocks)}] at ({', '.join(index)})"
+        (lines_in if n < nin else lines_out).append(f"  {'in ' if n < nin else 'out'} {arg}: {ty}{spec}")
+    if grid:
+        axes = ", ".join(f"i{a}: {s}{'' if a in used_by_outputs else ' seq'}" for a, s in enumerate(grid))
+        header.append(f"  grid ({axes})")
+    w = _Writer(name, [f"i{a}" for a in range(len(grid))])
+    jaxpr = body.jaxpr if hasattr(body, "jaxpr") else body
+    for var, arg in zip(jaxpr.invars, ins + outs):
+        w.env[var] = ("ref", arg)
+    w.eqns(jaxpr)
+    text = "\n".join([f"kernel {name}"] + header + lines_in + lines_out + ["{"] + w.body.lines + ["}"]) + "\n"
+    return Translated(name, text, ins, outs)
+
+
+def _pallas_calls(jaxpr, found: List[Any]) -> None:
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "pallas_call":
+            found.append(eqn)
+        elif eqn.primitive.name in _INLINE:
+            closed = eqn.params.get("jaxpr") or eqn.params.get("call_jaxpr")
+            if closed is not None:
+                _pallas_calls(closed.jaxpr if hasattr(closed, "jaxpr") else closed, found)
+
+
+def _name(eqn, fn, n: int) -> str:
+    """The `pallas_call`'s `name=`, else `fn`'s name; the n-th call of one function gets `_n`."""
+    base = eqn.params.get("name") or getattr(fn, "__name__", "kernel")
+    base = "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in str(base)) or "kernel"
+    return base if n == 0 else f"{base}_{n}"
+
+
+def translate(fn: Callable, *args, **kwargs) -> List[Translated]:
+    """Every `pallas_call` `fn` makes on `args`, translated (in the order `fn` makes them)."""
+    jax, _, _ = _jax()
+    closed = jax.make_jaxpr(lambda *a: fn(*a, **kwargs))(*args)
+    found: List[Any] = []
+    _pallas_calls(closed.jaxpr, found)
+    if not found:
+        raise UnsupportedError(f"`{getattr(fn, '__name__', fn)}` makes no `pallas_call`", None, "pass a function that calls pl.pallas_call")
+    return [_translate(eqn, _name(eqn, fn, n)) for n, eqn in enumerate(found)]
+
+
+def to_tk(fn: Callable, *args, **kwargs) -> str:
+    """The `.tk` text of every `pallas_call` that `fn(*args)` makes, one kernel each."""
+    return "\n".join(t.text for t in translate(fn, *args, **kwargs))
+
+
+def run(fn: Callable, *args, backend: str = "auto", explain: bool = False, **kwargs):
+    """`fn(*args)` with every `pallas_call` run on tessel's `backend` and the code around it on
+    JAX; returns `fn`'s outputs, with its structure, as numpy arrays."""
+    import tessel
+
+    jax, core, _ = _jax()
+    closed, shapes = jax.make_jaxpr(lambda *a: fn(*a, **kwargs), return_shape=True)(*args)
+    tree = jax.tree_util.tree_structure(shapes)
+    counter = itertools.count()
+
+    def evaluate(jaxpr, consts, *vals):
+        env: Dict[Any, Any] = {}
+
+        def read(a):
+            return a.val if isinstance(a, core.Literal) else env[a]
+
+        for v, c in zip(jaxpr.constvars, consts):
+            env[v] = c
+        for v, x in zip(jaxpr.invars, vals):
+            env[v] = x
+        for eqn in jaxpr.eqns:
+            ins = [read(a) for a in eqn.invars]
+            name = eqn.primitive.name
+            if name == "pallas_call":
+                t = _translate(eqn, _name(eqn, fn, next(counter)))
+                k = tessel.compile(t.text)
+                arrays = {n: np.asarray(x) for n, x in zip(t.inputs, ins)}
+                res = k.run(backend=backend, explain=explain, **arrays)
+                outs = [res.outputs[o] for o in t.outputs]
+            elif name in ("pjit", "jit", "closed_call") and "jaxpr" in eqn.params:
+                sub = eqn.params["jaxpr"]
+                outs = evaluate(sub.jaxpr, sub.consts, *ins)
+            else:
+                with eqn.ctx.manager:
+                    outs = eqn.primitive.bind(*ins, **eqn.primitive.get_bind_params(eqn.params))
+                outs = outs if eqn.primitive.multiple_results else [outs]
+            for v, x in zip(eqn.outvars, outs):
+                env[v] = x
+        return [read(a) for a in jaxpr.outvars]
+
+    flat = jax.tree_util.tree_leaves(args)
+    outs = evaluate(closed.jaxpr, closed.consts, *flat)
+    return jax.tree_util.tree_unflatten(tree, [np.asarray(o) for o in outs])

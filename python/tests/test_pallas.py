@@ -1,0 +1,222 @@
+"""`tessel.pallas`: Pallas kernels written here, each run by tessel (interpreter and wgpu) and
+compared with the same function under Pallas's interpret mode; the text they translate to; and
+every refusal with its message. Needs jax (scripts/test installs it into target/venv)."""
+
+import os
+
+import numpy as np
+import pytest
+
+if os.environ.get("TESSEL_REQUIRE_PYTHON") == "1":
+    import jax  # CI: no jax is a failure, not a skip
+else:
+    jax = pytest.importorskip("jax")
+import jax.numpy as jnp  # noqa: E402
+from jax.experimental import pallas as pl  # noqa: E402
+
+import tessel  # noqa: E402
+from tessel import pallas as tp  # noqa: E402
+
+RNG = np.random.default_rng(3)
+
+
+def backends():
+    b = next(b for b in tessel.backends() if b["name"] == "wgpu")
+    if b["available"]:
+        return ["interpret", "wgpu"]
+    if os.environ.get("TESSEL_REQUIRE_ADAPTER") == "1":
+        pytest.fail(f"wgpu is required here but unavailable: {b['reason']}")
+    return ["interpret"]
+
+
+def call(body, out_shape, grid, in_specs, out_specs, interpret):
+    return pl.pallas_call(body, out_shape=out_shape, grid=grid, in_specs=in_specs, out_specs=out_specs, interpret=interpret)
+
+
+def add(x, y, interpret=False):
+    def body(x_ref, y_ref, o_ref):
+        o_ref[...] = x_ref[...] + y_ref[...]
+
+    spec = pl.BlockSpec((128,), lambda i: (i,))
+    return call(body, jax.ShapeDtypeStruct(x.shape, x.dtype), (x.shape[0] // 128,), [spec, spec], spec, interpret)(x, y)
+
+
+def transpose(x, interpret=False):
+    """A 2-D grid whose output index map swaps the program ids."""
+
+    def body(x_ref, o_ref):
+        o_ref[...] = x_ref[...].T * 2.0 + 1.0
+
+    n, m = x.shape
+    return call(
+        body,
+        jax.ShapeDtypeStruct((m, n), x.dtype),
+        (n // 32, m // 16),
+        [pl.BlockSpec((32, 16), lambda i, j: (i, j))],
+        pl.BlockSpec((16, 32), lambda i, j: (j, i)),
+        interpret,
+    )(x)
+
+
+def matmul(a, b, interpret=False, bm=32, bn=32, bk=16):
+    """Accumulates over the `k` program id, zeroing the output tile with `pl.when` at k = 0."""
+
+    def body(a_ref, b_ref, o_ref):
+        @pl.when(pl.program_id(2) == 0)
+        def _():
+            o_ref[...] = jnp.zeros_like(o_ref)
+
+        o_ref[...] += jnp.dot(a_ref[...], b_ref[...], preferred_element_type=jnp.float32)
+
+    (m, k), n = a.shape, b.shape[1]
+    return call(
+        body,
+        jax.ShapeDtypeStruct((m, n), jnp.float32),
+        (m // bm, n // bn, k // bk),
+        [pl.BlockSpec((bm, bk), lambda i, j, kk: (i, kk)), pl.BlockSpec((bk, bn), lambda i, j, kk: (kk, j))],
+        pl.BlockSpec((bm, bn), lambda i, j, kk: (i, j)),
+        interpret,
+    )(a, b)
+
+
+def softmax(x, interpret=False):
+    def body(x_ref, o_ref):
+        v = x_ref[...]
+        e = jnp.exp(v - jnp.max(v, axis=1, keepdims=True))
+        o_ref[...] = e / jnp.sum(e, axis=1, keepdims=True)
+
+    spec = pl.BlockSpec((8, x.shape[1]), lambda i: (i, 0))
+    return call(body, jax.ShapeDtypeStruct(x.shape, x.dtype), (x.shape[0] // 8,), [spec], spec, interpret)(x)
+
+
+def layernorm(x, w, interpret=False):
+    def body(x_ref, w_ref, o_ref):
+        v = x_ref[...]
+        mean = jnp.mean(v, axis=1, keepdims=True)
+        var = jnp.mean((v - mean) ** 2, axis=1, keepdims=True)
+        o_ref[...] = (v - mean) * jax.lax.rsqrt(var + 1e-5) * w_ref[...]
+
+    spec = pl.BlockSpec((4, x.shape[1]), lambda i: (i, 0))
+    wspec = pl.BlockSpec((1, x.shape[1]), lambda i: (0, 0))
+    return call(body, jax.ShapeDtypeStruct(x.shape, x.dtype), (x.shape[0] // 4,), [spec, wspec], spec, interpret)(x, w)
+
+
+def row_sums(x, interpret=False):
+    """`lax.fori_loop` over the rows of a block, `pl.ds` slices, `iota` and `where`."""
+
+    def body(x_ref, o_ref):
+        def step(r, acc):
+            return acc + x_ref[pl.ds(r, 1), :]
+
+        acc = jax.lax.fori_loop(0, 8, step, jnp.zeros((1, 128), jnp.float32))
+        col = jnp.arange(128, dtype=jnp.int32)[None, :]
+        o_ref[...] = jnp.where(col % 2 == 0, acc, -acc)
+
+    return call(
+        body,
+        jax.ShapeDtypeStruct((x.shape[0] // 8, 128), x.dtype),
+        (x.shape[0] // 8,),
+        [pl.BlockSpec((8, 128), lambda i: (i, 0))],
+        pl.BlockSpec((1, 128), lambda i: (i, 0)),
+        interpret,
+    )(x)
+
+
+def int_mix(x, interpret=False):
+    def body(x_ref, o_ref):
+        v = x_ref[...]
+        o_ref[...] = (v * 3 + 7) ^ (v >> 2) + pl.program_id(0)
+
+    spec = pl.BlockSpec((64,), lambda i: (i,))
+    return call(body, jax.ShapeDtypeStruct(x.shape, x.dtype), (x.shape[0] // 64,), [spec], spec, interpret)(x)
+
+
+def scaled(x, interpret=False):
+    """bf16 in, f32 arithmetic, bf16 out."""
+
+    def body(x_ref, o_ref):
+        o_ref[...] = (x_ref[...].astype(jnp.float32) * 0.5 + 2.0).astype(jnp.bfloat16)
+
+    spec = pl.BlockSpec((128,), lambda i: (i,))
+    return call(body, jax.ShapeDtypeStruct(x.shape, jnp.bfloat16), (x.shape[0] // 128,), [spec], spec, interpret)(x)
+
+
+def around(x, y, interpret=False):
+    """jnp code before and after a pallas_call, and a structured result."""
+    z = add(jnp.sin(x), y, interpret=interpret)
+    return {"z": z * 2.0, "pair": (z, x.sum())}
+
+
+f32 = lambda *shape: RNG.standard_normal(shape).astype(np.float32)  # noqa: E731
+
+CASES = [
+    ("add", add, lambda: (f32(1024), f32(1024)), 0),
+    ("transpose", transpose, lambda: (f32(64, 48),), 0),
+    ("matmul", matmul, lambda: (f32(64, 48), f32(48, 96)), 1e-4),
+    ("softmax", softmax, lambda: (f32(32, 256),), 1e-6),
+    ("layernorm", layernorm, lambda: (f32(16, 128), f32(1, 128)), 1e-5),
+    ("row_sums", row_sums, lambda: (f32(32, 128),), 1e-6),
+    ("int_mix", int_mix, lambda: (RNG.integers(-1000, 1000, 256).astype(np.int32),), 0),
+    ("around", around, lambda: (f32(512), f32(512)), 1e-6),
+]
+
+
+@pytest.mark.parametrize("name,fn,make,tol", CASES, ids=[c[0] for c in CASES])
+def test_pallas_kernels_agree_with_pallas_interpret_mode(name, fn, make, tol):
+    args = make()
+    want = jax.tree_util.tree_map(np.asarray, fn(*args, interpret=True))
+    for backend in backends():
+        got = tp.run(fn, *args, backend=backend)
+        assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(want)
+        for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+            assert isinstance(g, np.ndarray) and g.dtype == w.dtype and g.shape == w.shape, (name, backend)
+            np.testing.assert_allclose(g, w, rtol=tol, atol=tol, err_msg=f"{name} on {backend}")
+
+
+def test_bf16_kernels_cross_as_ml_dtypes():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    x = jnp.asarray(f32(256)).astype(jnp.bfloat16)
+    want = np.asarray(scaled(x, interpret=True))
+    for backend in backends():
+        got = tp.run(scaled, x, backend=backend)
+        assert got.dtype == ml_dtypes.bfloat16
+        np.testing.assert_array_equal(got.astype(np.float32), want.astype(np.float32))
+
+
+def test_the_text_is_tessel_kernel_language():
+    text = tp.to_tk(matmul, f32(64, 48), f32(48, 96))
+    assert text.startswith("kernel matmul\n  grid (i0: 2, i1: 3, i2: 3 seq)\n"), text
+    assert "  in  x0: f32[64, 48] block [32, 16] at (i0, i2)\n" in text
+    assert "  out o0: f32[64, 96] block [32, 32] at (i0, i1)\n" in text
+    assert "when %" in text and "dot %" in text
+    # It is canonical up to value names: check gives it back with the same lines.
+    assert tessel.check(text).splitlines()[:5] == text.splitlines()[:5]
+    t = tp.to_tk(transpose, f32(64, 48))
+    assert "out o0: f32[48, 64] block [16, 32] at (i1, i0)" in t and "seq" not in t
+
+
+def test_what_cannot_be_translated_names_the_primitive_the_kernel_and_the_line():
+    def cumsum(x, interpret=False):
+        def body(x_ref, o_ref):
+            o_ref[...] = jnp.cumsum(x_ref[...])
+
+        spec = pl.BlockSpec((128,), lambda i: (i,))
+        return call(body, jax.ShapeDtypeStruct(x.shape, x.dtype), (2,), [spec], spec, interpret)(x)
+
+    with pytest.raises(tessel.UnsupportedError) as e:
+        tp.to_tk(cumsum, f32(256))
+    msg = str(e.value)
+    assert isinstance(e.value, NotImplementedError)
+    assert "primitive `cumsum` in Pallas kernel `cumsum`" in msg and "test_pallas.py:" in msg, msg
+
+    def squares(x, interpret=False):
+        def body(x_ref, o_ref):
+            o_ref[...] = x_ref[...]
+
+        spec = pl.BlockSpec((8,), lambda i: (i * i,))
+        return call(body, jax.ShapeDtypeStruct(x.shape, x.dtype), (4,), [spec], spec, interpret)(x)
+
+    with pytest.raises(tessel.UnsupportedError, match="the index map of `x0` in Pallas kernel `squares` is not affine"):
+        tp.to_tk(squares, f32(128))
+    with pytest.raises(tessel.UnsupportedError, match="makes no `pallas_call`"):
+        tp.to_tk(lambda x: x + 1, f32(4))
