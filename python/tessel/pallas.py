@@ -170,13 +170,18 @@ class _Writer:
 
     def index(self, eqn, ref_shape, tree, index_atoms) -> Optional[str]:
         """`[ds(start, size), :, %i]` for a ref indexer, or None for the whole block."""
-        jax, core, _ = _jax()
-        from jax._src.state import indexing
-
+        jax, _, _ = _jax()
         try:
             indexers = jax.tree_util.tree_unflatten(tree, index_atoms)
         except Exception:
             raise self.refuse("a reference indexer", eqn)
+        return self.indexers(eqn, ref_shape, indexers)
+
+    def indexers(self, eqn, ref_shape, indexers) -> Optional[str]:
+        """The index text of unflattened indexers (`NDIndexer`s whose atoms are jaxpr atoms)."""
+        from jax._src.state import indexing
+
+        indexers = list(indexers or ())
         if not indexers:
             return None
         if len(indexers) != 1 or not isinstance(indexers[0], indexing.NDIndexer):
@@ -197,7 +202,7 @@ class _Writer:
                 parts.append(f"ds({start}, {size})")
             else:
                 whole = False
-                if hasattr(ix, "shape") and ix.shape != ():
+                if tuple(getattr(getattr(ix, "aval", None), "shape", ())) != ():
                     raise self.refuse("an array index (gather)", eqn)
                 parts.append(str(ix) if isinstance(ix, (int, np.integer)) else self.read(ix))
         return None if whole else "[" + ", ".join(parts) + "]"
@@ -216,7 +221,7 @@ class _Writer:
             if not isinstance(a, core.Literal):
                 self.uses.setdefault(a, set()).add("yield")
         for eqn in jaxpr.eqns:
-            effects = eqn.primitive.name in ("swap", "cond", "scan") or eqn.primitive.name in _INLINE
+            effects = eqn.primitive.name in ("swap", "masked_swap", "cond", "scan") or eqn.primitive.name in _INLINE
             if effects or any(o in self.uses for o in eqn.outvars):
                 self.eqn(eqn)
 
@@ -251,6 +256,8 @@ class _Writer:
                 self.body.emit(f"{v} = load {self.ref(ref, eqn)}{index or ''} : {_ty(old.aval, k, eqn)}")
                 self.define(old, v)
             self.body.emit(f"store {self.ref(ref, eqn)}{index or ''}, {self.value(val, eqn)}")
+        elif name in ("masked_load", "masked_swap"):
+            self.masked(eqn)
         elif name in ("program_id", "num_programs"):
             axis = p["axis"]
             self.op(eqn, f"{name} {self.axes[axis]}")
@@ -313,6 +320,39 @@ class _Writer:
             self.inline(eqn)
         else:
             raise self.refuse(f"primitive `{name}`", eqn, "docs/pallas.md lists the primitives tessel translates")
+
+    def masked(self, eqn) -> None:
+        """`pl.load`/`pl.store` (the Triton-style primitives) with a mask and `other`."""
+        jax, core, _ = _jax()
+        parts = jax.tree_util.tree_unflatten(eqn.params["args_tree"], eqn.invars)
+        if eqn.primitive.name == "masked_load":
+            ref, transforms, mask, other = parts
+        else:
+            ref, transforms, val, mask = parts
+        index = self.indexers(eqn, ref.aval.shape, transforms) or ""
+        out = eqn.outvars[0]
+        tail = ""
+        if mask is not None:
+            m = self.value(mask, eqn)
+            if tuple(mask.aval.shape) != tuple(out.aval.shape):
+                b = self.body.fresh()
+                self.body.emit(f"{b} = broadcast {m} : bool[{', '.join(str(d) for d in out.aval.shape)}]")
+                m = b
+            tail = f" mask {m}"
+        if eqn.primitive.name == "masked_load":
+            if other is not None:
+                if not isinstance(other, core.Literal):
+                    raise self.refuse("a masked load whose `other` is not a constant", eqn)
+                tail += f" other {_literal(other.val)}"
+            v = self.body.fresh()
+            self.body.emit(f"{v} = load {self.ref(ref, eqn)}{index}{tail} : {_ty(out.aval, self.kernel, eqn)}")
+            self.define(out, v)
+            return
+        if out in self.uses:
+            v = self.body.fresh()
+            self.body.emit(f"{v} = load {self.ref(ref, eqn)}{index}{tail} : {_ty(out.aval, self.kernel, eqn)}")
+            self.define(out, v)
+        self.body.emit(f"store {self.ref(ref, eqn)}{index}, {self.value(val, eqn)}{tail}")
 
     def integer_pow(self, eqn) -> None:
         y = eqn.params["y"]

@@ -141,6 +141,22 @@ def scaled(x, interpret=False):
     return call(body, jax.ShapeDtypeStruct(x.shape, jnp.bfloat16), (x.shape[0] // 128,), [spec], spec, interpret)(x)
 
 
+def masked_tail(x, interpret=False):
+    """Whole-array refs, `pl.ds` at a program's offset, and a masked load and store for the
+    ragged tail (N = 1000 in blocks of 128), as examples/masked.tk."""
+    from jax.experimental.pallas import triton as plt
+
+    n = x.shape[0]
+
+    def body(x_ref, o_ref):
+        i = pl.program_id(0)
+        m = i * 128 + jnp.arange(128) < n
+        v = plt.load(x_ref.at[pl.ds(i * 128, 128)], mask=m, other=1.0)
+        plt.store(o_ref.at[pl.ds(i * 128, 128)], jnp.sqrt(jnp.abs(v)) + 1.0, mask=m)
+
+    return pl.pallas_call(body, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), grid=(pl.cdiv(n, 128),), interpret=interpret)(x)
+
+
 def around(x, y, interpret=False):
     """jnp code before and after a pallas_call, and a structured result."""
     z = add(jnp.sin(x), y, interpret=interpret)
@@ -157,6 +173,7 @@ CASES = [
     ("layernorm", layernorm, lambda: (f32(16, 128), f32(1, 128)), 1e-5),
     ("row_sums", row_sums, lambda: (f32(32, 128),), 1e-6),
     ("int_mix", int_mix, lambda: (RNG.integers(-1000, 1000, 256).astype(np.int32),), 0),
+    ("masked_tail", masked_tail, lambda: (f32(1000),), 1e-6),
     ("around", around, lambda: (f32(512), f32(512)), 1e-6),
 ]
 
