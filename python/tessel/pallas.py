@@ -128,6 +128,8 @@ class _Writer:
         self.bools: Dict[Any, str] = {}
         #: jaxpr var -> the primitives that use it.
         self.uses: Dict[Any, set] = {}
+        #: a 2-D transpose only a `dot` reads -> the operand it transposes.
+        self.transposed: Dict[Any, Any] = {}
         #: The user's line of the equation being written, for errors inside jnp's functions.
         self.place = ""
 
@@ -263,6 +265,16 @@ class _Writer:
             self.op(eqn, f"{name} {self.axes[axis]}")
         elif name in _UNARY:
             self.op(eqn, f"{_UNARY[name]} {self.value(eqn.invars[0], eqn)}")
+        elif name == "multiple_of":
+            # An alignment hint for the compiler; the value is unchanged.
+            self.define(eqn.outvars[0], self.read(eqn.invars[0]))
+        elif name == "reciprocal":
+            self.op(eqn, f"div 1.0, {self.value(eqn.invars[0], eqn)}")
+        elif name == "clamp":
+            lo, x, hi = eqn.invars
+            v = self.body.fresh()
+            self.body.emit(f"{v} = max {self.value(x, eqn)}, {self.read(lo)} : {_ty(eqn.outvars[0].aval, self.kernel, eqn)}")
+            self.op(eqn, f"min {v}, {self.read(hi)}")
         elif name == "integer_pow":
             self.integer_pow(eqn)
         elif name == "square":
@@ -298,6 +310,10 @@ class _Writer:
         elif name in ("reshape", "squeeze", "expand_dims"):
             self.op(eqn, f"reshape {self.value(eqn.invars[0], eqn)}")
         elif name == "transpose":
+            if tuple(p["permutation"]) == (1, 0) and self.uses.get(eqn.outvars[0]) == {"dot_general"}:
+                # Only a `dot` reads it: the dot reads the operand transposed (`trans_a`/`trans_b`).
+                self.transposed[eqn.outvars[0]] = eqn.invars[0]
+                return
             perm = ", ".join(str(d) for d in p["permutation"])
             self.op(eqn, f"transpose {self.value(eqn.invars[0], eqn)} perm ({perm})")
         elif name in _REDUCE:
@@ -416,17 +432,19 @@ class _Writer:
         a, b = eqn.invars
         if lb or rb or len(a.aval.shape) != 2 or len(b.aval.shape) != 2:
             raise self.refuse("`dot_general` other than a 2-D matrix product", eqn)
-        flags = ""
-        if tuple(lc) == (0,):
-            flags += " trans_a"
-        if tuple(rc) == (1,):
-            flags += " trans_b"
+        ta, tb = tuple(lc) == (0,), tuple(rc) == (1,)
+        # An operand transposed only for this dot is read transposed instead.
+        if a in self.transposed:
+            a, ta = self.transposed[a], not ta
+        if b in self.transposed:
+            b, tb = self.transposed[b], not tb
+        flags = (" trans_a" if ta else "") + (" trans_b" if tb else "")
         out = eqn.outvars[0]
         v = self.body.fresh()
         # tessel's dot accumulates float operands in f32 and gives f32 (integers: i32).
         acc = "f32" if np.dtype(a.aval.dtype).kind == "f" or str(a.aval.dtype) == "bfloat16" else "i32"
-        m = a.aval.shape[1 if "trans_a" in flags else 0]
-        n = b.aval.shape[0 if "trans_b" in flags else 1]
+        m = a.aval.shape[1 if ta else 0]
+        n = b.aval.shape[0 if tb else 1]
         self.body.emit(f"{v} = dot {self.value(a, eqn)}, {self.value(b, eqn)}{flags} : {acc}[{m}, {n}]")
         want = _ty(out.aval, self.kernel, eqn)
         if want.split("[")[0] != acc:

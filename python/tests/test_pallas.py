@@ -157,6 +157,18 @@ def masked_tail(x, interpret=False):
     return pl.pallas_call(body, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), grid=(pl.cdiv(n, 128),), interpret=interpret)(x)
 
 
+def hints(x, interpret=False):
+    """`pl.multiple_of`, `pl.reciprocal`, `jnp.clip`, `pl.num_programs` and scalars broadcast."""
+
+    def body(x_ref, o_ref):
+        i = pl.multiple_of(pl.program_id(0) * 64, 64)
+        v = x_ref[...]
+        o_ref[...] = pl.reciprocal(jnp.clip(v, -1.0, 1.0) + 3.0) + pl.num_programs(0) + i.astype(jnp.float32)
+
+    spec = pl.BlockSpec((64,), lambda i: (i,))
+    return call(body, jax.ShapeDtypeStruct(x.shape, x.dtype), (x.shape[0] // 64,), [spec], spec, interpret)(x)
+
+
 def around(x, y, interpret=False):
     """jnp code before and after a pallas_call, and a structured result."""
     z = add(jnp.sin(x), y, interpret=interpret)
@@ -174,7 +186,8 @@ CASES = [
     ("row_sums", row_sums, lambda: (f32(32, 128),), 1e-6),
     ("int_mix", int_mix, lambda: (RNG.integers(-1000, 1000, 256).astype(np.int32),), 0),
     ("masked_tail", masked_tail, lambda: (f32(1000),), 1e-6),
-    ("around", around, lambda: (f32(512), f32(512)), 1e-6),
+    ("hints", hints, lambda: (f32(256) * 3,), 1e-6),
+    ("around", around, lambda: (f32(512), f32(512)), 1e-5),
 ]
 
 
@@ -237,3 +250,42 @@ def test_what_cannot_be_translated_names_the_primitive_the_kernel_and_the_line()
         tp.to_tk(squares, f32(128))
     with pytest.raises(tessel.UnsupportedError, match="makes no `pallas_call`"):
         tp.to_tk(lambda x: x + 1, f32(4))
+
+
+def attention(q, k, v, interpret=False, bq=16, bk=16):
+    """Flash attention: `fori_loop` over key blocks with a running max and sum carried, `pl.ds`
+    slices of whole-array `k` and `v` at the loop's offset, `q @ k.T`."""
+    n, d = q.shape
+
+    def body(q_ref, k_ref, v_ref, o_ref):
+        qb = q_ref[...]
+
+        def step(j, carry):
+            m, s, acc = carry
+            kb = k_ref[pl.ds(j * bk, bk), :]
+            vb = v_ref[pl.ds(j * bk, bk), :]
+            logits = jnp.dot(qb, kb.T, preferred_element_type=jnp.float32)
+            m_new = jnp.maximum(m, jnp.max(logits, axis=1, keepdims=True))
+            p = jnp.exp(logits - m_new)
+            scale = jnp.exp(m - m_new)
+            return m_new, s * scale + jnp.sum(p, axis=1, keepdims=True), acc * scale + jnp.dot(p, vb)
+
+        init = (jnp.full((bq, 1), -jnp.inf, jnp.float32), jnp.zeros((bq, 1), jnp.float32), jnp.zeros((bq, d), jnp.float32))
+        _, s, acc = jax.lax.fori_loop(0, n // bk, step, init)
+        o_ref[...] = acc / s
+
+    whole = pl.BlockSpec((n, d), lambda i: (0, 0))
+    spec = pl.BlockSpec((bq, d), lambda i: (i, 0))
+    return call(body, jax.ShapeDtypeStruct(q.shape, q.dtype), (n // bq,), [spec, whole, whole], spec, interpret)(q, k, v)
+
+
+def test_flash_attention_agrees_with_pallas_interpret_mode():
+    q, k, v = f32(64, 32), f32(64, 32), f32(64, 32)
+    want = np.asarray(attention(q, k, v, interpret=True))
+    logits = q @ k.T
+    e = np.exp(logits - logits.max(1, keepdims=True))
+    np.testing.assert_allclose(want, (e / e.sum(1, keepdims=True)) @ v, rtol=1e-4, atol=1e-5)
+    text = tp.to_tk(attention, q, k, v)
+    assert "= for %" in text and "trans_b" in text and "yield %" in text, text
+    for backend in backends():
+        np.testing.assert_allclose(tp.run(attention, q, k, v, backend=backend), want, rtol=1e-4, atol=1e-5, err_msg=backend)
