@@ -223,7 +223,7 @@ class _Writer:
             if not isinstance(a, core.Literal):
                 self.uses.setdefault(a, set()).add("yield")
         for eqn in jaxpr.eqns:
-            effects = eqn.primitive.name in ("swap", "masked_swap", "cond", "scan") or eqn.primitive.name in _INLINE
+            effects = eqn.primitive.name in ("swap", "masked_swap", "cond", "scan", "while") or eqn.primitive.name in _INLINE
             if effects or any(o in self.uses for o in eqn.outvars):
                 self.eqn(eqn)
 
@@ -332,6 +332,8 @@ class _Writer:
             self.cond(eqn)
         elif name == "scan":
             self.scan(eqn)
+        elif name == "while":
+            self.fori_while(eqn)
         elif name in _INLINE:
             self.inline(eqn)
         else:
@@ -489,6 +491,65 @@ class _Writer:
         self.eqns(branches[1].jaxpr)
         self.body.depth -= 1
         self.body.emit("}")
+
+    def fori_while(self, eqn) -> None:
+        """`lax.fori_loop` with bounds known only at run time (a `while` whose carry starts with
+        the counter and the bound, whose condition is `counter < bound` and whose body adds 1 to
+        the counter and keeps the bound): a `for` from the lower to the upper bound."""
+        _, core, _ = _jax()
+        p = eqn.params
+        cond, body = p["cond_jaxpr"], p["body_jaxpr"]
+        cn, bn = p["cond_nconsts"], p["body_nconsts"]
+        consts, carry = eqn.invars[cn:cn + bn], eqn.invars[cn + bn:]
+        cj, bj = cond.jaxpr, body.jaxpr
+        counter_ok = (
+            cn == 0
+            and len(carry) >= 2
+            and len(cj.eqns) == 1
+            and cj.eqns[0].primitive.name == "lt"
+            and list(cj.eqns[0].invars) == list(cj.invars[:2])
+            and cj.outvars == cj.eqns[0].outvars
+        )
+        if counter_ok:
+            i_in, hi_in = bj.invars[bn], bj.invars[bn + 1]
+            i_out, hi_out = bj.outvars[0], bj.outvars[1]
+            step = [q for q in bj.eqns if i_out in q.outvars]
+            counter_ok = (
+                hi_out == hi_in
+                and len(step) == 1
+                and step[0].primitive.name == "add"
+                and step[0].invars[0] == i_in
+                and isinstance(step[0].invars[1], core.Literal)
+                and int(step[0].invars[1].val) == 1
+                and not body.consts
+            )
+        if not counter_ok:
+            raise self.refuse("`while` other than a `fori_loop`", eqn)
+        lo, hi = self.value(carry[0], eqn), self.value(carry[1], eqn)
+        rest = carry[2:]
+        inits = [self.value(c, eqn) for c in rest]
+        names = [self.body.fresh() for _ in rest]
+        results = [self.body.fresh() for _ in rest]
+        t = self.body.fresh()
+        head = f"{', '.join(results)} = " if results else ""
+        iters = f" iter ({', '.join(f'{n} = {i}' for n, i in zip(names, inits))})" if rest else ""
+        self.body.emit(f"{head}for {t} = {lo} to {hi}{iters} {{")
+        self.body.depth += 1
+        for var, a in zip(bj.invars[:bn], consts):
+            self.env[var] = self.env[a]
+        self.env[bj.invars[bn]] = t
+        self.env[bj.invars[bn + 1]] = hi
+        for var, n in zip(bj.invars[bn + 2:], names):
+            self.env[var] = n
+        self.eqns(bj)
+        if rest:
+            self.body.emit(f"yield {', '.join(self.value(o, eqn) for o in bj.outvars[2:])}")
+        self.body.depth -= 1
+        self.body.emit("}")
+        self.env[eqn.outvars[0]] = hi
+        self.env[eqn.outvars[1]] = hi
+        for out, r in zip(eqn.outvars[2:], results):
+            self.env[out] = r
 
     def scan(self, eqn) -> None:
         """`lax.fori_loop` (a `scan` with no scanned inputs): a `for` over its length with every

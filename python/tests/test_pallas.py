@@ -157,6 +157,28 @@ def masked_tail(x, interpret=False):
     return pl.pallas_call(body, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), grid=(pl.cdiv(n, 128),), interpret=interpret)(x)
 
 
+def prefix_sums(x, interpret=False):
+    """`fori_loop` up to a bound known only at run time (the program id): a `while`."""
+
+    def body(x_ref, o_ref):
+        i = pl.program_id(0)
+
+        def step(j, acc):
+            return acc + x_ref[pl.ds(j, 1), :]
+
+        o_ref[...] = jax.lax.fori_loop(0, i + 1, step, jnp.zeros((1, 128), jnp.float32))
+
+    n = x.shape[0]
+    return call(
+        body,
+        jax.ShapeDtypeStruct((n, 128), x.dtype),
+        (n,),
+        [pl.BlockSpec((n, 128), lambda i: (0, 0))],
+        pl.BlockSpec((1, 128), lambda i: (i, 0)),
+        interpret,
+    )(x)
+
+
 def hints(x, interpret=False):
     """`pl.multiple_of`, `pl.reciprocal`, `jnp.clip`, `pl.num_programs` and scalars broadcast."""
 
@@ -187,6 +209,7 @@ CASES = [
     ("int_mix", int_mix, lambda: (RNG.integers(-1000, 1000, 256).astype(np.int32),), 0),
     ("masked_tail", masked_tail, lambda: (f32(1000),), 1e-6),
     ("hints", hints, lambda: (f32(256) * 3,), 1e-6),
+    ("prefix_sums", prefix_sums, lambda: (f32(12, 128),), 1e-5),
     ("around", around, lambda: (f32(512), f32(512)), 1e-5),
 ]
 
