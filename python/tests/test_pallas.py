@@ -312,3 +312,72 @@ def test_flash_attention_agrees_with_pallas_interpret_mode():
     assert "= for %" in text and "trans_b" in text and "yield %" in text, text
     for backend in backends():
         np.testing.assert_allclose(tp.run(attention, q, k, v, backend=backend), want, rtol=1e-4, atol=1e-5, err_msg=backend)
+
+
+def _refusal_cases():
+    def single(body, x, grid=(2,), spec=None, out_dtype=None, **kw):
+        spec = spec or pl.BlockSpec((x.shape[0] // 2,) + x.shape[1:], lambda i: (i,) + (0,) * (x.ndim - 1))
+        out = jax.ShapeDtypeStruct(x.shape, out_dtype or x.dtype)
+        return pl.pallas_call(body, out_shape=out, grid=grid, in_specs=[spec], out_specs=spec, **kw)(x)
+
+    def aliased(x):
+        def body(x_ref, o_ref):
+            o_ref[...] = x_ref[...]
+
+        return single(body, x, input_output_aliases={0: 0})
+
+    def strided(x):
+        def body(x_ref, o_ref):
+            o_ref[pl.ds(0, 4)] = x_ref[pl.ds(0, 4, stride=2)]
+
+        return single(body, x)
+
+    def batched(x):
+        def body(x_ref, o_ref):
+            v = x_ref[...]
+            o_ref[...] = jnp.einsum("bij,bjk->bik", v, v)
+
+        return single(body, x)
+
+    def int8(x):
+        def body(x_ref, o_ref):
+            o_ref[...] = x_ref[...] + 1
+
+        return single(body, x)
+
+    def argmax(x):
+        def body(x_ref, o_ref):
+            o_ref[...] = jnp.argmax(x_ref[...], axis=1, keepdims=True).astype(jnp.float32) + x_ref[...]
+
+        return single(body, x)
+
+    def squeezed(x):
+        def body(x_ref, o_ref):
+            o_ref[...] = x_ref[...]
+
+        spec = pl.BlockSpec((pl.squeezed, 8), lambda i: (i, 0))
+        return single(body, x, spec=spec)
+
+    return [
+        ("aliased", aliased, f32(16), "`input_output_aliases` in Pallas kernel `aliased`"),
+        ("strided", strided, f32(16), "a strided slice in Pallas kernel `strided` (at "),
+        ("batched", batched, f32(4, 8, 8), "`dot_general` other than a 2-D matrix product in Pallas kernel `batched`"),
+        ("int8", int8, np.arange(16, dtype=np.int8), "dtype int8 in Pallas kernel `int8`"),
+        ("argmax", argmax, f32(8, 8), "primitive `argmax` in Pallas kernel `argmax` (at "),
+        ("squeezed", squeezed, f32(4, 8), "the block dimension"),
+    ]
+
+
+@pytest.mark.parametrize("name,fn,arg,message", _refusal_cases(), ids=[c[0] for c in _refusal_cases()])
+def test_every_refusal_says_what_and_where(name, fn, arg, message):
+    with pytest.raises(tessel.UnsupportedError) as e:
+        tp.run(fn, arg, backend="interpret")
+    assert message in str(e.value), str(e.value)
+    assert "has no tessel translation" in str(e.value) or "not affine" in str(e.value)
+
+
+def test_explain_shows_the_backend_choice(capfd):
+    x = f32(256)
+    tp.run(add, x, x, explain=True)
+    err = capfd.readouterr().err
+    assert ": chosen" in err and "mosaic-gpu: " in err, err
