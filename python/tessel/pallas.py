@@ -16,13 +16,13 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
 from ._errors import UnsupportedError
 
-__all__ = ["to_tk", "run", "Translated"]
+__all__ = ["to_tk", "run", "translate", "Translated"]
 
 _DTYPES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "int32": "i32", "uint32": "u32", "bool": "bool"}
 
@@ -705,7 +705,8 @@ def translate(fn: Callable, *args, **kwargs) -> List[Translated]:
     found: List[Any] = []
     _pallas_calls(closed.jaxpr, found)
     if not found:
-        raise UnsupportedError(f"`{getattr(fn, '__name__', fn)}` makes no `pallas_call`", None, "pass a function that calls pl.pallas_call")
+        what = getattr(fn, "__name__", fn)
+        raise UnsupportedError(f"`{what}` makes no `pallas_call`", None, "pass a function that calls pl.pallas_call")
     return [_translate(eqn, _name(eqn, fn, n)) for n, eqn in enumerate(found)]
 
 
