@@ -246,3 +246,46 @@ fn tune_never_chooses_a_candidate_that_disagrees() {
     assert!(r.stderr.contains("no candidate of `add` ran and agreed with the interpreter on panicky"), "{}", r.stderr);
     assert!(!cache.join("tune").exists(), "no record is written");
 }
+
+#[test]
+fn a_generic_kernel_built_in_rust_binds_and_launches_like_one_from_text() {
+    use tessel_plugin_api::ir::builder::{Dim, GenericBuilder, KernelBuilder};
+    use tessel_plugin_api::ir::{Affine, Type};
+    let scale = GenericBuilder::new("scale")
+        .param("N")
+        .param_default("B", 128, &[64, 128, 256])
+        .input("x", DType::F32, &[Dim::Param("N")])
+        .build(|v| {
+            let (n, b) = (v["N"] as usize, v["B"] as usize);
+            let at_i = [Affine::axis("i")];
+            KernelBuilder::new("scale")
+                .axis("i", n.div_ceil(b) as u64)
+                .input_block("x", Type::array(DType::F32, [n]), &[b], &at_i)
+                .output_block("o", Type::array(DType::F32, [n]), &[b], &at_i)
+                .body(|k| {
+                    let x = k.load("x");
+                    let y = k.mul(&x, 2.0);
+                    k.store("o", &y);
+                })
+        });
+    assert!(scale.template_text().starts_with("# built in Rust\nkernel scale[N, B = 128 in (64, 128, 256)]\n"));
+    let rt = Runtime::new(&[]).expect("runtime");
+    let xs = floats(&mut rng(5), 1000);
+    let shapes = BTreeMap::from([("x".to_string(), vec![1000])]);
+    let given = BTreeMap::from([("B".to_string(), 256)]);
+    let s = rt.specialize(&scale, "scale", &given, &shapes, None).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(s.binding.values, BTreeMap::from([("N".to_string(), 1000), ("B".to_string(), 256)]));
+    let args =
+        LaunchArgs { inputs: BTreeMap::from([("x".to_string(), f32_array(&[1000], xs.clone()))]), grid: Default::default() };
+    for exec in executors("a_generic_kernel_built_in_rust_binds_and_launches_like_one_from_text") {
+        if exec == "mosaic-emu" {
+            continue;
+        }
+        let out = rt.launch(exec, &[KernelLaunch { kernel: &s.kernel, mesh: None }], &[], &args).expect("runs");
+        let want: Vec<f64> = xs.iter().map(|x| 2.0 * f64::from(*x)).collect();
+        assert_close(&format!("scale on {exec}"), &out[0].1, &want, DType::F32);
+    }
+    // The binding errors are those of a kernel from text.
+    let err = rt.specialize(&scale, "scale", &BTreeMap::new(), &BTreeMap::new(), None).unwrap_err().to_string();
+    assert_eq!(err, "kernel `scale` needs a value for parameter `N`\n  give an input `x` (dimension 0) or `--param N=V`");
+}

@@ -743,7 +743,7 @@ fn specialize(
     let shapes = inputs.iter().map(|(n, a)| (n.clone(), a.shape.clone())).collect();
     let backend = backend.filter(|b| !b.is_empty());
     for g in generics {
-        let s = rt.specialize(file, g, &crate::given_for(g, given), &shapes, backend)?;
+        let s = rt.specialize(g, &file.name, &crate::given_for(g, given), &shapes, backend)?;
         if let (Some(path), Some(b)) = (&s.tuned.record, backend) {
             bound.lines.push(format!("tuning record for `{}` on {b}: {}", g.name(), path.display()));
         }

@@ -248,7 +248,7 @@ impl KernelFile {
     /// The ordinary kernel `kernel` is with `binding`, verified; errors are rendered against the
     /// generic text and name the values.
     pub fn specialize(&self, kernel: &Generic, binding: &Binding) -> Result<Verified> {
-        self.source.specialize(kernel, &binding.values).map_err(|d| Error::Kernel(d.render(&self.name, self.source.text())))
+        kernel.specialize(&binding.values).map_err(|d| Error::Kernel(kernel.render(&d, &self.name)))
     }
 }
 

@@ -50,10 +50,12 @@ impl Runtime {
     /// name) with `given` parameter values (docs/language.md §9): shape parameters from the
     /// shapes, then `given`, then the tuning record of `backend` (when one is named), then the
     /// defaults. Returns it verified, with where each value came from and the record used.
+    /// A kernel from a file or one built in Rust ([`GenericBuilder`](tessel_plugin_api::ir::builder::GenericBuilder));
+    /// errors are rendered against its text, named `file` in the messages.
     pub fn specialize(
         &self,
-        file: &crate::KernelFile,
         kernel: &Generic,
+        file: &str,
         given: &BTreeMap<String, i64>,
         shapes: &BTreeMap<String, Vec<usize>>,
         backend: Option<&str>,
@@ -63,7 +65,8 @@ impl Runtime {
             None => crate::tune::Tuned::default(),
         };
         let binding = kernel.bind(given, &tuned.values, shapes)?;
-        Ok(Specialized { kernel: file.specialize(kernel, &binding)?, binding, tuned })
+        let verified = kernel.specialize(&binding.values).map_err(|d| Error::Kernel(kernel.render(&d, file)))?;
+        Ok(Specialized { kernel: verified, binding, tuned })
     }
 
     /// What `tessel tune`'s record gives the generic `kernel` on `backend` for a launch on

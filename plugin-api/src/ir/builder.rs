@@ -21,8 +21,12 @@
 //! ```
 
 use std::cell::Cell;
+use std::collections::BTreeMap;
 use std::rc::Rc;
+use std::sync::Arc;
 
+use super::generic::Generic;
+use super::size::SizeExpr;
 use super::*;
 
 /// A value made by a [`BodyBuilder`]; use `&value` wherever an operand is expected.
@@ -341,5 +345,94 @@ impl BodyBuilder {
         let op = Op::For { var: var.0, lo: lo.into(), hi: hi.into(), step, iters, body: inner.stmts };
         self.stmts.push(Stmt { results: results.iter().map(|r| r.0.clone()).collect(), op, ty: None, span: Span::NONE });
         results
+    }
+}
+
+/// A dimension of an input of a [`GenericBuilder`]: a parameter that stands alone as it (bound
+/// from the input's shape at launch), or a fixed size.
+#[derive(Clone, Copy, Debug)]
+pub enum Dim<'a> {
+    /// A parameter.
+    Param(&'a str),
+    /// A size.
+    Fixed(usize),
+}
+
+/// A generic kernel built in Rust (docs/language.md §9): its parameters, declared as a `.tk`
+/// header declares them, the inputs whose dimensions they are, and a function that builds the
+/// kernel for the values a launch binds. The [`Generic`] it makes binds, tunes and specializes as
+/// one parsed from text does.
+///
+/// ```
+/// use tessel_plugin_api::ir::builder::{Dim, GenericBuilder, KernelBuilder};
+/// use tessel_plugin_api::ir::{Affine, DType, Type};
+/// use std::collections::BTreeMap;
+///
+/// let scale = GenericBuilder::new("scale")
+///     .param("N")
+///     .param_default("B", 128, &[64, 128, 256])
+///     .input("x", DType::F32, &[Dim::Param("N")])
+///     .build(|v| {
+///         let (n, b) = (v["N"] as usize, v["B"] as usize);
+///         let at_i = [Affine::axis("i")];
+///         KernelBuilder::new("scale")
+///             .axis("i", n.div_ceil(b) as u64)
+///             .input_block("x", Type::array(DType::F32, [n]), &[b], &at_i)
+///             .output_block("o", Type::array(DType::F32, [n]), &[b], &at_i)
+///             .body(|k| {
+///                 let x = k.load("x");
+///                 let y = k.mul(&x, 2.0);
+///                 k.store("o", &y);
+///             })
+///     });
+/// let shapes = BTreeMap::from([("x".to_string(), vec![1000])]);
+/// let binding = scale.bind(&BTreeMap::new(), &BTreeMap::new(), &shapes).expect("binds");
+/// assert_eq!(binding.values["N"], 1000);
+/// let kernel = scale.specialize(&binding.values).expect("verifies");
+/// assert_eq!(kernel.grid()[0].size, tessel_plugin_api::ir::AxisSize::Fixed(8));
+/// ```
+#[derive(Debug)]
+pub struct GenericBuilder {
+    name: String,
+    params: Vec<SizeParam>,
+    args: Vec<ArgDecl>,
+}
+
+impl GenericBuilder {
+    /// A generic kernel called `name`, with no parameters yet.
+    pub fn new(name: &str) -> GenericBuilder {
+        GenericBuilder { name: name.to_string(), params: Vec::new(), args: Vec::new() }
+    }
+
+    /// A parameter without a default: a launch binds it (from an input's shape, or given).
+    pub fn param(mut self, name: &str) -> GenericBuilder {
+        self.params.push(SizeParam { name: name.to_string(), default: None, candidates: Vec::new(), span: Span::NONE });
+        self
+    }
+
+    /// A parameter with a default and the candidates `tessel tune` tries (empty: not tuned).
+    pub fn param_default(mut self, name: &str, default: i64, candidates: &[i64]) -> GenericBuilder {
+        let candidates = candidates.to_vec();
+        self.params.push(SizeParam { name: name.to_string(), default: Some(default), candidates, span: Span::NONE });
+        self
+    }
+
+    /// An input whose dimensions are `dims`: a parameter that stands alone as one of them is
+    /// bound from the input's shape.
+    pub fn input(mut self, name: &str, dtype: DType, dims: &[Dim<'_>]) -> GenericBuilder {
+        let dims = dims
+            .iter()
+            .map(|d| match d {
+                Dim::Param(p) => SizeExpr::Name((*p).to_string()),
+                Dim::Fixed(n) => SizeExpr::Int(*n as i64),
+            })
+            .collect();
+        self.args.push(ArgDecl { name: name.to_string(), kind: ParamKind::In, dtype, dims });
+        self
+    }
+
+    /// The generic kernel, whose kernel for bound values `build` makes (and the verifier checks).
+    pub fn build(self, build: impl Fn(&BTreeMap<String, i64>) -> Kernel + Send + Sync + 'static) -> Generic {
+        Generic::built(&self.name, self.params, self.args, Arc::new(build))
     }
 }

@@ -14,6 +14,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::Arc;
 
 use super::lexer::{Tok, lex};
 use super::parse::{ArgDecl, Parsed, SizeParam, Sizes, parse_kernel_at, parse_tokens};
@@ -28,18 +29,46 @@ const HOLE_RANGE: i64 = 1 << 24;
 /// The kernels of one `.tk` text, generic or not.
 #[derive(Debug)]
 pub struct Source {
-    text: String,
-    toks: Vec<(Tok, Span)>,
+    text: Arc<Text>,
     kernels: Vec<Generic>,
 }
 
-/// One kernel of a [`Source`]: its name, parameters and canonical generic text.
+/// A text and its tokens, shared by its kernels.
+#[derive(Debug)]
+struct Text {
+    text: String,
+    toks: Vec<(Tok, Span)>,
+}
+
+/// Makes the kernel of a [`Generic`] built in Rust for bound values.
+pub type BuildFn = dyn Fn(&BTreeMap<String, i64>) -> Kernel + Send + Sync;
+
+/// Where a generic kernel's ordinary kernels come from.
+#[derive(Clone)]
+enum Origin {
+    /// Its text, parsed again with the values bound (its `kernel` token's index).
+    Text(Arc<Text>, usize),
+    /// A Rust function of the values ([`crate::ir::builder::GenericBuilder`]).
+    Built(Arc<BuildFn>),
+}
+
+impl fmt::Debug for Origin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Origin::Text(_, first) => write!(f, "Text(token {first})"),
+            Origin::Built(_) => f.write_str("Built"),
+        }
+    }
+}
+
+/// A generic kernel: its name, parameters, declared arguments and canonical generic text, from a
+/// [`Source`] or built in Rust.
 #[derive(Clone, Debug)]
 pub struct Generic {
     name: String,
     params: Vec<SizeParam>,
     args: Vec<ArgDecl>,
-    first_tok: usize,
+    origin: Origin,
     template: String,
 }
 
@@ -181,6 +210,7 @@ impl Source {
             base -= HOLE_RANGE;
         }
         let parsed = parse_tokens(text, &toks, bad, Sizes::Template, base)?;
+        let shared = Arc::new(Text { text: text.to_string(), toks });
         let mut diags = Vec::new();
         let mut kernels: Vec<Generic> = Vec::new();
         for p in parsed {
@@ -196,14 +226,14 @@ impl Source {
                         .expected(format!("expected fewer than {HOLE_RANGE} expressions that name parameters")),
                 );
             }
-            kernels.push(Generic::from_parsed(p, base));
+            kernels.push(Generic::from_parsed(p, base, &shared));
         }
-        if diags.is_empty() { Ok(Source { text: text.to_string(), toks, kernels }) } else { Err(Diagnostics(diags)) }
+        if diags.is_empty() { Ok(Source { text: shared, kernels }) } else { Err(Diagnostics(diags)) }
     }
 
     /// The text as given.
     pub fn text(&self) -> &str {
-        &self.text
+        &self.text.text
     }
 
     /// The kernels in file order.
@@ -217,32 +247,59 @@ impl Source {
     }
 
     /// The ordinary kernel `kernel` is with `values` (one for every parameter), verified. Errors
-    /// point at the generic text and name the values.
+    /// point at the generic text and name the values ([`Generic::specialize`]).
     pub fn specialize(&self, kernel: &Generic, values: &BTreeMap<String, i64>) -> Result<Verified, Diagnostics> {
-        let result = parse_kernel_at(&self.text, &self.toks, kernel.first_tok, values).and_then(|k| verify(&k));
-        result.map_err(|mut d| {
-            if kernel.is_generic() {
-                let with = kernel.params.iter().filter_map(|p| Some(format!("{} = {}", p.name, values.get(&p.name)?)));
-                let with = with.collect::<Vec<_>>().join(", ");
-                for e in &mut d.0 {
-                    e.message = format!("{} (kernel `{}` with {with})", e.message, kernel.name);
-                }
-            }
-            d
-        })
+        kernel.specialize(values)
     }
 }
 
 impl Generic {
-    fn from_parsed(p: Parsed, base: i64) -> Generic {
+    fn from_parsed(p: Parsed, base: i64, text: &Arc<Text>) -> Generic {
         let mut template = print_kernel(&p.kernel);
         if !p.params.is_empty() {
-            template = fill_holes(&template, base, &p.holes);
-            let params: Vec<String> = p.params.iter().map(param_text).collect();
-            let head = format!("kernel {}", p.kernel.name);
-            template = format!("{head}[{}]{}", params.join(", "), &template[head.len()..]);
+            template = with_params(&fill_holes(&template, base, &p.holes), &p.kernel.name, &p.params);
         }
-        Generic { name: p.kernel.name, params: p.params, args: p.args, first_tok: p.first_tok, template }
+        let origin = Origin::Text(Arc::clone(text), p.first_tok);
+        Generic { name: p.kernel.name, params: p.params, args: p.args, origin, template }
+    }
+
+    /// A generic kernel built in Rust: `build` makes its kernel for bound values. Its text, for
+    /// messages and tuning records, is the kernel built with the defaults (or the header alone).
+    pub(crate) fn built(name: &str, params: Vec<SizeParam>, args: Vec<ArgDecl>, build: Arc<BuildFn>) -> Generic {
+        let defaults: Option<BTreeMap<String, i64>> = params.iter().map(|p| Some((p.name.clone(), p.default?))).collect();
+        let body = match defaults {
+            Some(d) => print_kernel(&build(&d)),
+            None => format!("kernel {name}\n"),
+        };
+        let template = format!("# built in Rust\n{}", with_params(&body, name, &params));
+        Generic { name: name.to_string(), params, args, origin: Origin::Built(build), template }
+    }
+
+    /// `errors` of this kernel as a message: against its text (named `file`) where it has one.
+    pub fn render(&self, errors: &Diagnostics, file: &str) -> String {
+        match &self.origin {
+            Origin::Text(text, _) => errors.render(file, &text.text),
+            Origin::Built(_) => errors.to_string(),
+        }
+    }
+
+    /// The ordinary kernel this is with `values` (one for every parameter), verified. Errors of
+    /// a kernel from text point at its generic text; every error names the values.
+    pub fn specialize(&self, values: &BTreeMap<String, i64>) -> Result<Verified, Diagnostics> {
+        let result = match &self.origin {
+            Origin::Text(text, first) => parse_kernel_at(&text.text, &text.toks, *first, values).and_then(|k| verify(&k)),
+            Origin::Built(build) => verify(&build(values)),
+        };
+        result.map_err(|mut d| {
+            if self.is_generic() {
+                let with = self.params.iter().filter_map(|p| Some(format!("{} = {}", p.name, values.get(&p.name)?)));
+                let with = with.collect::<Vec<_>>().join(", ");
+                for e in &mut d.0 {
+                    e.message = format!("{} (kernel `{}` with {with})", e.message, self.name);
+                }
+            }
+            d
+        })
     }
 
     /// The kernel's name.
@@ -367,6 +424,14 @@ impl Generic {
     fn rank_of(&self, array: &str) -> usize {
         self.args.iter().find(|a| a.name == array).map_or(0, |a| a.dims.len())
     }
+}
+
+/// `text` (canonical text starting `kernel NAME`) with `[params]` after the name.
+fn with_params(text: &str, name: &str, params: &[SizeParam]) -> String {
+    let head = format!("kernel {name}");
+    let params: Vec<String> = params.iter().map(param_text).collect();
+    let rest = text.strip_prefix(head.as_str()).unwrap_or(text);
+    format!("{head}[{}]{rest}", params.join(", "))
 }
 
 /// `BM = 16 in (8, 16, 32)`.
