@@ -401,7 +401,24 @@ impl Kernel {
     }
 }
 
-impl Launch<'_> {
+impl<'a> Launch<'a> {
+    /// The launch arguments of `run` and `lower`, each absent one empty.
+    fn new(
+        backend: &'a str,
+        mesh: Option<String>,
+        external_meshes: Option<Vec<String>>,
+        grid: Option<BTreeMap<String, u64>>,
+        params: Option<BTreeMap<String, i64>>,
+    ) -> Launch<'a> {
+        Launch {
+            backend,
+            mesh,
+            external_meshes: external_meshes.unwrap_or_default(),
+            grid: grid.unwrap_or_default(),
+            params: params.unwrap_or_default(),
+        }
+    }
+
     /// The kernel's mesh and the external meshes, made by the backend named (with "auto", by
     /// the backend that owns each kind), as the command line makes them.
     fn meshes(&self, rt: &Runtime) -> Result<(Option<MeshBox>, Vec<MeshBox>), Error> {
@@ -455,7 +472,7 @@ impl Kernel {
     #[pyo3(signature = (*, backend = "auto", **arrays))]
     fn __call__<'py>(&self, py: Python<'py>, backend: &str, arrays: Option<&Bound<'py, PyDict>>) -> PyResult<Bound<'py, PyDict>> {
         let inputs = self.lend_inputs(py, arrays)?;
-        let how = Launch { backend, mesh: None, external_meshes: Vec::new(), grid: BTreeMap::new(), params: BTreeMap::new() };
+        let how = Launch::new(backend, None, None, None, None);
         Ok(self.launch(py, how, inputs)?.1)
     }
 
@@ -476,13 +493,7 @@ impl Kernel {
         arrays: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<RunResult> {
         let inputs = self.lend_inputs(py, arrays)?;
-        let how = Launch {
-            backend,
-            mesh,
-            external_meshes: external_meshes.unwrap_or_default(),
-            grid: grid.unwrap_or_default(),
-            params: params.unwrap_or_default(),
-        };
+        let how = Launch::new(backend, mesh, external_meshes, grid, params);
         let (report, outputs, params) = self.launch(py, how, inputs)?;
         if explain {
             let text: String = report.decisions.iter().map(|d| format!("{d}\n")).collect();
@@ -512,13 +523,7 @@ impl Kernel {
         grid: Option<BTreeMap<String, u64>>,
         params: Option<BTreeMap<String, i64>>,
     ) -> PyResult<String> {
-        let how = Launch {
-            backend,
-            mesh,
-            external_meshes: external_meshes.unwrap_or_default(),
-            grid: grid.unwrap_or_default(),
-            params: params.unwrap_or_default(),
-        };
+        let how = Launch::new(backend, mesh, external_meshes, grid, params);
         detached(py, move || {
             let kernel = self.specialize(&how.params, &BTreeMap::new(), how.backend)?;
             let rt = runtime()?;
