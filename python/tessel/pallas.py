@@ -640,8 +640,6 @@ def _translate(eqn, name: str) -> Translated:
         raise _refuse("`input_output_aliases`", name, eqn)
     if getattr(gm, "num_dynamic_grid_bounds", 0) or getattr(gm, "num_index_operands", 0):
         raise _refuse("a dynamic grid or scalar prefetch", name, eqn)
-    if getattr(gm, "num_scratch_operands", 0):
-        raise _refuse("scratch operands", name, eqn)
     if p.get("mesh") is not None:
         raise _refuse("a `pallas_call` with a mesh", name, eqn)
     grid = [int(g) for g in gm.grid]
@@ -672,12 +670,21 @@ def _translate(eqn, name: str) -> Translated:
     if grid:
         axes = ", ".join(f"i{a}: {s}{'' if a in used_by_outputs else ' seq'}" for a, s in enumerate(grid))
         header.append(f"  grid ({axes})")
+    # `scratch_shapes`: per-program memory that persists across the `seq` steps, as tessel's
+    # `scratch` does.
+    scratch = [f"s{i}" for i in range(getattr(gm, "num_scratch_operands", 0))]
+    lines_scratch = []
+    for arg, aval in zip(scratch, gm.scratch_avals):
+        inner = getattr(aval, "inner_aval", aval)
+        if not hasattr(inner, "shape"):
+            raise _refuse(f"the scratch operand {aval}", name, eqn, "tessel's scratch is an array of one dtype")
+        lines_scratch.append(f"  scratch {arg}: {_ty(inner, name, eqn)}")
     w = _Writer(name, [f"i{a}" for a in range(len(grid))])
     jaxpr = body.jaxpr if hasattr(body, "jaxpr") else body
-    for var, arg in zip(jaxpr.invars, ins + outs):
+    for var, arg in zip(jaxpr.invars, ins + outs + scratch):
         w.env[var] = ("ref", arg)
     w.eqns(jaxpr)
-    text = "\n".join([f"kernel {name}"] + header + lines_in + lines_out + ["{"] + w.body.lines + ["}"]) + "\n"
+    text = "\n".join([f"kernel {name}"] + header + lines_in + lines_out + lines_scratch + ["{"] + w.body.lines + ["}"]) + "\n"
     return Translated(name, text, ins, outs)
 
 

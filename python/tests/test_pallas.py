@@ -179,6 +179,35 @@ def prefix_sums(x, interpret=False):
     )(x)
 
 
+def accumulate(x, interpret=False):
+    """A scratch accumulator over the `seq` axis, written out at the last step (the TPU idiom)."""
+    from jax.experimental.pallas import tpu as pltpu
+
+    def body(x_ref, o_ref, acc_ref):
+        k = pl.program_id(1)
+
+        @pl.when(k == 0)
+        def _():
+            acc_ref[...] = jnp.zeros_like(acc_ref)
+
+        acc_ref[...] += x_ref[...]
+
+        @pl.when(k == pl.num_programs(1) - 1)
+        def _():
+            o_ref[...] = acc_ref[...] * 2.0
+
+    n = x.shape[0]
+    return pl.pallas_call(
+        body,
+        out_shape=jax.ShapeDtypeStruct((16, 128), x.dtype),
+        grid=(2, n // 16),
+        in_specs=[pl.BlockSpec((8, 128), lambda i, k: (2 * k + i, 0))],
+        out_specs=pl.BlockSpec((8, 128), lambda i, k: (i, 0)),
+        scratch_shapes=[pltpu.VMEM((8, 128), jnp.float32)],
+        interpret=interpret,
+    )(x)
+
+
 def hints(x, interpret=False):
     """`pl.multiple_of`, `pl.reciprocal`, `jnp.clip`, `pl.num_programs` and scalars broadcast."""
 
@@ -210,6 +239,7 @@ CASES = [
     ("masked_tail", masked_tail, lambda: (f32(1000),), 1e-6),
     ("hints", hints, lambda: (f32(256) * 3,), 1e-6),
     ("prefix_sums", prefix_sums, lambda: (f32(12, 128),), 1e-5),
+    ("accumulate", accumulate, lambda: (f32(64, 128),), 1e-5),
     ("around", around, lambda: (f32(512), f32(512)), 1e-5),
 ]
 
