@@ -7,8 +7,17 @@ or the CPU (the reference interpreter).
     out = k(x=np.ones(4096, np.float32), y=np.ones(4096, np.float32))   # {"o": array}
 """
 
-from ._errors import BackendUnavailable, InputError, KernelError, TesselError, UnsupportedError
-from ._tessel import Kernel, RunResult, __version__, backends, check, compile, load, load_plugin
+import os as _os
+import tempfile as _tempfile
+
+# On a machine without a desktop session, Mesa's drivers (the software adapter wgpu finds there)
+# print "error: XDG_RUNTIME_DIR is invalid or not set" at start although nothing is wrong; the
+# command line quiets it the same way. Nothing here opens a window.
+if "XDG_RUNTIME_DIR" not in _os.environ:
+    _os.environ["XDG_RUNTIME_DIR"] = _tempfile.gettempdir()
+
+from ._errors import BackendUnavailable, InputError, KernelError, TesselError, UnsupportedError  # noqa: E402
+from ._tessel import Kernel, RunResult, __version__, backends, check, compile, load, load_plugin  # noqa: E402
 
 __all__ = [
     "BackendUnavailable",
