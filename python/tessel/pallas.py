@@ -128,6 +128,8 @@ class _Writer:
         self.bools: Dict[Any, str] = {}
         #: jaxpr var -> the primitives that use it.
         self.uses: Dict[Any, set] = {}
+        #: argument -> its block dimensions Pallas squeezes away (`None`, `pl.squeezed`).
+        self.squeezed: Dict[str, List[int]] = {}
         #: a 2-D transpose only a `dot` reads -> the operand it transposes.
         self.transposed: Dict[Any, Any] = {}
         #: The user's line of the equation being written, for errors inside jnp's functions.
@@ -170,27 +172,33 @@ class _Writer:
 
     # ---- indexing ----
 
-    def index(self, eqn, ref_shape, tree, index_atoms) -> Optional[str]:
-        """`[ds(start, size), :, %i]` for a ref indexer, or None for the whole block."""
+    def index(self, eqn, ref, tree, index_atoms) -> str:
+        """`[ds(start, size), :, %i]` for a ref indexer, or "" for the whole block."""
         jax, _, _ = _jax()
         try:
             indexers = jax.tree_util.tree_unflatten(tree, index_atoms)
         except Exception:
             raise self.refuse("a reference indexer", eqn)
-        return self.indexers(eqn, ref_shape, indexers)
+        return self.indexers(eqn, ref, indexers)
 
-    def indexers(self, eqn, ref_shape, indexers) -> Optional[str]:
-        """The index text of unflattened indexers (`NDIndexer`s whose atoms are jaxpr atoms)."""
+    def indexers(self, eqn, ref, indexers) -> str:
+        """The index text of unflattened indexers (`NDIndexer`s whose atoms are jaxpr atoms) on
+        the ref `ref`; a block dimension Pallas squeezes away is indexed at 0, which drops it."""
         from jax._src.state import indexing
 
+        name, ref_shape = self.ref(ref, eqn), tuple(ref.aval.shape)
+        squeezed = self.squeezed.get(name, [])
         indexers = list(indexers or ())
         if not indexers:
-            return None
+            if not squeezed:
+                return ""
+            kept = iter([":"] * len(ref_shape))
+            return "[" + ", ".join("0" if d in squeezed else next(kept) for d in range(len(ref_shape) + len(squeezed))) + "]"
         if len(indexers) != 1 or not isinstance(indexers[0], indexing.NDIndexer):
             raise self.refuse("a transformed reference (bitcast, reshape)", eqn)
         nd = indexers[0]
         parts = []
-        whole = True
+        whole = not squeezed
         for dim, ix in zip(ref_shape, nd.indices):
             if isinstance(ix, indexing.Slice):
                 if ix.stride != 1:
@@ -207,7 +215,11 @@ class _Writer:
                 if tuple(getattr(getattr(ix, "aval", None), "shape", ())) != ():
                     raise self.refuse("an array index (gather)", eqn)
                 parts.append(str(ix) if isinstance(ix, (int, np.integer)) else self.read(ix))
-        return None if whole else "[" + ", ".join(parts) + "]"
+        if whole:
+            return ""
+        for d in sorted(squeezed):
+            parts.insert(d, "0")
+        return "[" + ", ".join(parts) + "]"
 
     # ---- the body ----
 
@@ -244,20 +256,20 @@ class _Writer:
         k = self.kernel
         if name == "get":
             ref, *ix = eqn.invars
-            index = self.index(eqn, ref.aval.shape, p["tree"], ix)
+            index = self.index(eqn, ref, p["tree"], ix)
             v = self.body.fresh()
-            self.body.emit(f"{v} = load {self.ref(ref, eqn)}{index or ''} : {_ty(eqn.outvars[0].aval, k, eqn)}")
+            self.body.emit(f"{v} = load {self.ref(ref, eqn)}{index} : {_ty(eqn.outvars[0].aval, k, eqn)}")
             self.define(eqn.outvars[0], v)
         elif name == "swap":
             ref, val, *ix = eqn.invars
-            index = self.index(eqn, ref.aval.shape, p["tree"], ix)
+            index = self.index(eqn, ref, p["tree"], ix)
             old = eqn.outvars[0]
             if old in self.uses:
                 # The value before the store, where the kernel reads it (`x = o_ref.swap(v)`).
                 v = self.body.fresh()
-                self.body.emit(f"{v} = load {self.ref(ref, eqn)}{index or ''} : {_ty(old.aval, k, eqn)}")
+                self.body.emit(f"{v} = load {self.ref(ref, eqn)}{index} : {_ty(old.aval, k, eqn)}")
                 self.define(old, v)
-            self.body.emit(f"store {self.ref(ref, eqn)}{index or ''}, {self.value(val, eqn)}")
+            self.body.emit(f"store {self.ref(ref, eqn)}{index}, {self.value(val, eqn)}")
         elif name in ("masked_load", "masked_swap"):
             self.masked(eqn)
         elif name in ("program_id", "num_programs"):
@@ -347,7 +359,7 @@ class _Writer:
             ref, transforms, mask, other = parts
         else:
             ref, transforms, val, mask = parts
-        index = self.indexers(eqn, ref.aval.shape, transforms) or ""
+        index = self.indexers(eqn, ref, transforms)
         out = eqn.outvars[0]
         tail = ""
         if mask is not None:
@@ -649,14 +661,19 @@ def _translate(eqn, name: str) -> Translated:
     outs = [f"o{i}" for i in range(nout)]
     header = []
     used_by_outputs = set()
+    squeezed: Dict[str, List[int]] = {}
     lines_in, lines_out = [], []
     for n, (bm, arg) in enumerate(zip(gm.block_mappings, ins + outs)):
         shape = tuple(bm.array_aval.shape)
         blocks = []
-        for b in bm.block_shape:
+        for d, b in enumerate(bm.block_shape):
+            if b is None or type(b).__name__ == "Squeezed":
+                squeezed.setdefault(arg, []).append(d)
+                blocks.append(1)
+                continue
             size = getattr(b, "block_size", b)
-            if not isinstance(size, (int, np.integer)):
-                raise _refuse(f"the block dimension {b!r} of `{arg}`", name, eqn, "tessel blocks are Blocked(size)")
+            if not isinstance(size, (int, np.integer)) or type(b).__name__ not in ("Blocked", "int"):
+                raise _refuse(f"the block dimension {b!r} of `{arg}`", name, eqn, "tessel blocks are Blocked(size) or squeezed")
             blocks.append(int(size))
         ty = _ty(bm.array_aval, name, eqn)
         index = _affine(bm.index_map_jaxpr, grid, name, f"`{arg}`")
@@ -680,6 +697,7 @@ def _translate(eqn, name: str) -> Translated:
             raise _refuse(f"the scratch operand {aval}", name, eqn, "tessel's scratch is an array of one dtype")
         lines_scratch.append(f"  scratch {arg}: {_ty(inner, name, eqn)}")
     w = _Writer(name, [f"i{a}" for a in range(len(grid))])
+    w.squeezed = squeezed
     jaxpr = body.jaxpr if hasattr(body, "jaxpr") else body
     for var, arg in zip(jaxpr.invars, ins + outs + scratch):
         w.env[var] = ("ref", arg)

@@ -208,6 +208,18 @@ def accumulate(x, interpret=False):
     )(x)
 
 
+def batched_rows(x, interpret=False):
+    """A batch dimension squeezed out of the block (`None` in the block shape)."""
+
+    def body(x_ref, o_ref):
+        v = x_ref[...]
+        o_ref[...] = v - jnp.mean(v, axis=1, keepdims=True) + x_ref[pl.ds(0, 1), :]
+
+    spec = pl.BlockSpec((None, 8, x.shape[2]), lambda b, i: (b, i, 0))
+    grid = (x.shape[0], x.shape[1] // 8)
+    return call(body, jax.ShapeDtypeStruct(x.shape, x.dtype), grid, [spec], spec, interpret)(x)
+
+
 def hints(x, interpret=False):
     """`pl.multiple_of`, `pl.reciprocal`, `jnp.clip`, `pl.num_programs` and scalars broadcast."""
 
@@ -240,6 +252,7 @@ CASES = [
     ("hints", hints, lambda: (f32(256) * 3,), 1e-6),
     ("prefix_sums", prefix_sums, lambda: (f32(12, 128),), 1e-5),
     ("accumulate", accumulate, lambda: (f32(64, 128),), 1e-5),
+    ("batched_rows", batched_rows, lambda: (f32(3, 16, 32),), 1e-6),
     ("around", around, lambda: (f32(512), f32(512)), 1e-5),
 ]
 
@@ -381,11 +394,11 @@ def _refusal_cases():
 
         return single(body, x)
 
-    def squeezed(x):
+    def element(x):
         def body(x_ref, o_ref):
             o_ref[...] = x_ref[...]
 
-        spec = pl.BlockSpec((pl.squeezed, 8), lambda i: (i, 0))
+        spec = pl.BlockSpec((pl.Element(2), 8), lambda i: (i, 0))
         return single(body, x, spec=spec)
 
     return [
@@ -394,7 +407,7 @@ def _refusal_cases():
         ("batched", batched, f32(4, 8, 8), "`dot_general` other than a 2-D matrix product in Pallas kernel `batched`"),
         ("int8", int8, np.arange(16, dtype=np.int8), "dtype int8 in Pallas kernel `int8`"),
         ("argmax", argmax, f32(8, 8), "primitive `argmax` in Pallas kernel `argmax` (at "),
-        ("squeezed", squeezed, f32(4, 8), "the block dimension"),
+        ("element", element, f32(4, 8), "the block dimension Element"),
     ]
 
 
