@@ -157,6 +157,20 @@ fn ten_thousand_mutated_kernels_never_panic() {
         }
         let start = Instant::now();
         let outcome = catch_unwind(AssertUnwindSafe(|| {
+            // Generic kernels: the template parse, the canonical text, and a specialization with
+            // values that make sizes 0, negative, small or large.
+            if let Ok(src) = tessel_plugin_api::ir::generic::Source::parse(&text) {
+                for k in src.kernels() {
+                    assert!(k.template_text().starts_with("kernel "), "case {case}: {}", k.template_text());
+                    let pick = [1i64, 7, 64, 0, -1];
+                    let values =
+                        k.params().iter().enumerate().map(|(n, p)| (p.name.clone(), pick[(case + n) % pick.len()])).collect();
+                    if let Err(d) = k.specialize(&values) {
+                        let rendered = d.render("fuzz.tk", &text);
+                        assert!(rendered.contains("fuzz.tk:"), "case {case}: an error without a position:\n{rendered}");
+                    }
+                }
+            }
             let module = match tessel_plugin_api::ir::parse(&text) {
                 Ok(m) => m,
                 Err(d) => return Err(d.render("fuzz.tk", &text)),
