@@ -639,19 +639,20 @@ const RUN_DEFAULT: &str = "auto";
 const LOWER_DEFAULT: &str = tessel_interpret::NAME;
 
 fn prepare(rt: &Runtime, flags: &LaunchFlags, default: &str, inputs: &BTreeMap<String, HostArray>) -> Result<Prepared> {
-    prepare_with(rt, flags, default, inputs, &parse_params(&flags.params)?, true)
+    let file = crate::read_kernels(&flags.file)?;
+    prepare_with(rt, &file, flags, default, inputs, &parse_params(&flags.params)?, true)
 }
 
 /// [`prepare`] with the parameter values `given`, and tuning records used or not.
 fn prepare_with(
     rt: &Runtime,
+    file: &crate::KernelFile,
     flags: &LaunchFlags,
     default: &str,
     inputs: &BTreeMap<String, HostArray>,
     given: &BTreeMap<String, i64>,
     records: bool,
 ) -> Result<Prepared> {
-    let file = crate::read_kernels(&flags.file)?;
     let asked = flags.backend.as_deref().unwrap_or(default);
     let auto = asked == "auto";
     // With `auto`, meshes are made by the backend that owns their kind; else by the one named.
@@ -910,7 +911,7 @@ fn tune(rt: &Runtime, flags: &LaunchFlags, input_flags: &[String], runs: usize, 
         let mut values = given.clone();
         values.extend(combo.clone());
         let trial = (|| -> Result<std::result::Result<f64, String>> {
-            let p = prepare_with(rt, flags, backend, &inputs, &values, false)?;
+            let p = prepare_with(rt, &file, flags, backend, &inputs, &values, false)?;
             shapes = crate::tune::shapes_of(kernel, &p.values);
             let launch = LaunchArgs {
                 inputs: if inputs.is_empty() { random_inputs(&p, seed) } else { inputs.clone() },

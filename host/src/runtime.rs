@@ -60,13 +60,25 @@ impl Runtime {
         shapes: &BTreeMap<String, Vec<usize>>,
         backend: Option<&str>,
     ) -> Result<Specialized> {
+        let (binding, tuned) = self.bind(kernel, given, shapes, backend)?;
+        let verified = kernel.specialize(&binding.values).map_err(|d| Error::Kernel(kernel.render(&d, file)))?;
+        Ok(Specialized { kernel: verified, binding, tuned })
+    }
+
+    /// The values [`Runtime::specialize`] gives `kernel`'s parameters, without specializing (for a
+    /// caller that keeps specializations by their values), and what the tuning record gave.
+    pub fn bind(
+        &self,
+        kernel: &Generic,
+        given: &BTreeMap<String, i64>,
+        shapes: &BTreeMap<String, Vec<usize>>,
+        backend: Option<&str>,
+    ) -> Result<(tessel_plugin_api::ir::generic::Binding, crate::tune::Tuned)> {
         let tuned = match backend {
             Some(b) => self.tuned(kernel, given, shapes, b)?,
             None => crate::tune::Tuned::default(),
         };
-        let binding = kernel.bind(given, &tuned.values, shapes)?;
-        let verified = kernel.specialize(&binding.values).map_err(|d| Error::Kernel(kernel.render(&d, file)))?;
-        Ok(Specialized { kernel: verified, binding, tuned })
+        Ok((kernel.bind(given, &tuned.values, shapes)?, tuned))
     }
 
     /// What `tessel tune`'s record gives the generic `kernel` on `backend` for a launch on

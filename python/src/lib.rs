@@ -288,11 +288,11 @@ impl Kernel {
         shapes: &BTreeMap<String, Vec<usize>>,
         backend: &str,
     ) -> Result<(Arc<Verified>, BTreeMap<String, i64>), Failure> {
-        let tuned = match backend {
-            "auto" => BTreeMap::new(),
-            b => runtime()?.tuned(self.generic(), given, shapes, b)?.values,
+        // Without a backend named, no tuning record applies and no runtime is needed yet.
+        let binding = match backend {
+            "auto" => self.generic().bind(given, &BTreeMap::new(), shapes).map_err(Error::from)?,
+            b => runtime()?.bind(self.generic(), given, shapes, Some(b))?.0,
         };
-        let binding = self.generic().bind(given, &tuned, shapes).map_err(Error::from)?;
         let mut kept = self.specialized.lock().map_err(|_| poisoned())?;
         if let Some(v) = kept.get(&binding.values) {
             return Ok((Arc::clone(v), binding.values));
