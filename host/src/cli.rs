@@ -662,7 +662,7 @@ fn prepare_with(
     }
     let generics = pick_kernels(&flags.file, file.kernels(), &flags.kernels)?;
     crate::check_param_names(&generics, given)?;
-    let (kernels, bound) = specialize(rt, &file, &generics, given, inputs, records.then_some(backend.as_str()))?;
+    let (kernels, bound) = specialize(rt, file, &generics, given, inputs, records.then_some(backend.as_str()))?;
     let mut meshes: Vec<Option<MeshBox>> = kernels.iter().map(|_| None).collect();
     for m in &flags.meshes {
         // `KERNEL=MESH` names the kernel before the mesh's `(`; a plain mesh is for every kernel.
@@ -713,7 +713,7 @@ fn prepare_with(
         p.explanation = lines;
         // Now that the backend is known, its tuning records may give other values.
         if records {
-            let (kernels, bound) = specialize(rt, &file, &generics, given, inputs, Some(&p.backend))?;
+            let (kernels, bound) = specialize(rt, file, &generics, given, inputs, Some(&p.backend))?;
             p.kernels = kernels;
             (p.bound, p.values, p.warnings) = (bound.lines, bound.values, bound.warnings);
         }
