@@ -286,10 +286,23 @@ fn auto_explains_every_skip_and_the_choice() {
     let backend = chosen.trim_start_matches("auto: ").split(':').next().unwrap();
     assert!(r.stdout.contains(&format!("ran `matmul` on {backend}")), "{}", r.stdout);
     assert!(lines[0].contains("skipped, "), "the reason mosaic-gpu was skipped: {}", r.stdout);
-    // Where a wgpu adapter exists (always in CI: lavapipe), wgpu runs it.
-    if wgpu_adapter("auto chooses wgpu").is_some() {
-        assert_eq!(backend, "wgpu", "{}", r.stdout);
-        assert!(lines.iter().any(|l| l.starts_with("auto: wgpu: chosen (")), "the adapter is named: {}", r.stdout);
+    // Where a hardware wgpu adapter exists, wgpu runs it; a software one (always in CI: lavapipe)
+    // is passed over for the interpreter, saying why and how to take it anyway.
+    match wgpu_adapter("auto chooses by expected speed") {
+        Some(adapter) if adapter.contains("software") => {
+            assert_eq!(backend, "interpret", "{}", r.stdout);
+            let skip = lines.iter().find(|l| l.starts_with("auto: wgpu: ")).expect("wgpu is named");
+            assert!(
+                skip.starts_with(&format!("auto: wgpu: skipped, software adapter ({adapter}): the interpreter is faster here")),
+                "{skip}"
+            );
+            assert!(skip.ends_with("--backend wgpu to use it"), "{skip}");
+        }
+        Some(_) => {
+            assert_eq!(backend, "wgpu", "{}", r.stdout);
+            assert!(lines.iter().any(|l| l.starts_with("auto: wgpu: chosen (")), "the adapter is named: {}", r.stdout);
+        }
+        None => {}
     }
     // A refusal is a reason to skip too: a dyn grid goes past mosaic-gpu whatever the machine.
     let r = tessel(&[

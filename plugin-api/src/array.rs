@@ -215,6 +215,22 @@ impl HostArray {
         }
     }
 
+    /// The elements as little-endian bytes to be written, in place: `None` for `bool` (one byte
+    /// per element, but not every byte is a `bool`) and on a big-endian machine.
+    pub fn le_bytes_mut(&mut self) -> Option<&mut [u8]> {
+        if cfg!(target_endian = "big") {
+            return None;
+        }
+        Some(match &mut self.data {
+            ArrayData::F32(v) => bytemuck::cast_slice_mut(v),
+            ArrayData::F16(v) => bytemuck::cast_slice_mut(v),
+            ArrayData::BF16(v) => bytemuck::cast_slice_mut(v),
+            ArrayData::I32(v) => bytemuck::cast_slice_mut(v),
+            ArrayData::U32(v) => bytemuck::cast_slice_mut(v),
+            ArrayData::Bool(_) => return None,
+        })
+    }
+
     /// An array from little-endian bytes (one copy); an error names what does not fit.
     pub fn from_le_bytes(dtype: DType, shape: &[usize], b: &[u8]) -> Result<HostArray, String> {
         let width = (dtype.bits() / 8) as usize;

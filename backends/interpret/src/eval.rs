@@ -235,7 +235,7 @@ pub(crate) fn unary(op: UnaryOp, a: &Val) -> Val {
             match op {
                 UnaryOp::Neg => map(v, |x| -x),
                 UnaryOp::Abs => map(v, f32::abs),
-                UnaryOp::Exp => via_f64(v, f64::exp),
+                UnaryOp::Exp => crate::fastmath::exp(v),
                 UnaryOp::Exp2 => via_f64(v, f64::exp2),
                 UnaryOp::Log => via_f64(v, f64::ln),
                 UnaryOp::Log2 => via_f64(v, f64::log2),
@@ -513,7 +513,8 @@ pub(crate) fn reduce(op: ReduceOp, a: &Val, axis: usize, keepdims: bool) -> Val 
     a.with(shape, data)
 }
 
-/// `c[m, n] = sum_k a[m, k] * b[k, n]`, `k` ascending, accumulating in `T`.
+/// `c[m, n] = sum_k a[m, k] * b[k, n]`, `k` ascending, accumulating in `T` (the integer dots:
+/// wrapping, so any order gives the same result).
 fn matmul<T: Copy + Default>(a: &[T], b: &[T], m: usize, k: usize, n: usize, mul_add: impl Fn(T, T, T) -> T) -> Vec<T> {
     let mut c = vec![T::default(); m * n];
     for i in 0..m {
@@ -529,15 +530,81 @@ fn matmul<T: Copy + Default>(a: &[T], b: &[T], m: usize, k: usize, n: usize, mul
     c
 }
 
+/// Multiply-adds above which an f32 `dot` splits its rows over rayon's pool. Below, one
+/// program's product is one task; parallel programs already keep every core busy, and a split
+/// made while they do runs on the thread that made it (rayon's work stealing), so programs ×
+/// GEMM threads never exceed the pool.
+const SPLIT_MACS: usize = 1 << 21;
+
+/// An f32 matrix in memory: its elements and the strides of its rows and columns (a transposed
+/// operand is the same memory with the strides swapped).
+#[derive(Clone, Copy)]
+struct Strided<'a> {
+    data: &'a [f32],
+    rows: isize,
+    cols: isize,
+}
+
+/// `c = a b` (`m × k` by `k × n`) through matrixmultiply's blocked, vectorised `sgemm`. Each
+/// product of `f32`-held `f16`/`bf16` values is exact in `f32`; the sums are in the order the
+/// GEMM blocks them, with a fused multiply-add where the CPU has one (docs/language.md §8).
+fn sgemm(a: Strided<'_>, b: Strided<'_>, m: usize, k: usize, n: usize) -> Vec<f32> {
+    use rayon::prelude::*;
+    let mut c = vec![0.0f32; m * n];
+    if m == 0 || n == 0 {
+        return c;
+    }
+    let rows_per_task = if m * n * k >= SPLIT_MACS { m.div_ceil(4 * rayon::current_num_threads()).max(8) } else { m };
+    c.par_chunks_mut(rows_per_task * n).enumerate().for_each(|(t, c)| {
+        let rows = c.len() / n;
+        let a_task = &a.data[t * rows_per_task * a.rows as usize..];
+        // The last element either operand is read at, which must lie inside its slice.
+        let last = |s: Strided<'_>, r: usize, q: usize| (r - 1) * s.rows as usize + (q - 1) * s.cols as usize;
+        assert!(k == 0 || (last(Strided { data: a_task, ..a }, rows, k) < a_task.len() && last(b, k, n) < b.data.len()));
+        // SAFETY: sgemm reads `rows × k` elements of `a_task` and `k × n` of `b` at their
+        // (positive) strides, all inside the slices (the assert above), and writes `rows × n`
+        // elements of `c` contiguously, which is this task's own chunk.
+        #[allow(unsafe_code)]
+        unsafe {
+            matrixmultiply::sgemm(
+                rows,
+                k,
+                n,
+                1.0,
+                a_task.as_ptr(),
+                a.rows,
+                a.cols,
+                b.data.as_ptr(),
+                b.rows,
+                b.cols,
+                0.0,
+                c.as_mut_ptr(),
+                n as isize,
+                1,
+            );
+        }
+    });
+    c
+}
+
 pub(crate) fn dot(a: &Val, b: &Val, trans_a: bool, trans_b: bool) -> Val {
+    let (m, k) = if trans_a { (a.shape[1], a.shape[0]) } else { (a.shape[0], a.shape[1]) };
+    let n = if trans_b { b.shape[0] } else { b.shape[1] };
+    if let (Data::F(x), Data::F(y)) = (&a.data, &b.data) {
+        // Row-major: a row of `a` is `shape[1]` apart; transposed, its rows are its columns.
+        let view = |data, cols: usize, t: bool| {
+            let (r, c) = if t { (1, cols as isize) } else { (cols as isize, 1) };
+            Strided { data, rows: r, cols: c }
+        };
+        let c = sgemm(view(x, a.shape[1], trans_a), view(y, b.shape[1], trans_b), m, k, n);
+        return Val { dtype: DType::F32, shape: vec![m, n], data: Data::F(c) };
+    }
     let a = if trans_a { Cow::Owned(transpose(a, &[1, 0])) } else { Cow::Borrowed(a) };
     let b = if trans_b { Cow::Owned(transpose(b, &[1, 0])) } else { Cow::Borrowed(b) };
-    let (m, k, n) = (a.shape[0], a.shape[1], b.shape[1]);
-    let (dtype, data) = match (&a.data, &b.data) {
-        (Data::F(x), Data::F(y)) => (DType::F32, Data::F(matmul(x, y, m, k, n, |c, x, y| c + x * y))),
-        (Data::I(x), Data::I(y)) => (DType::I32, Data::I(matmul(x, y, m, k, n, |c, x, y| c.wrapping_add(x.wrapping_mul(y))))),
-        (Data::U(x), Data::U(y)) => (DType::U32, Data::U(matmul(x, y, m, k, n, |c, x, y| c.wrapping_add(x.wrapping_mul(y))))),
+    let data = match (&a.data, &b.data) {
+        (Data::I(x), Data::I(y)) => Data::I(matmul(x, y, m, k, n, |c, x, y| c.wrapping_add(x.wrapping_mul(y)))),
+        (Data::U(x), Data::U(y)) => Data::U(matmul(x, y, m, k, n, |c, x, y| c.wrapping_add(x.wrapping_mul(y)))),
         _ => unreachable!("verifier: dot on two numeric matrices of one dtype"),
     };
-    Val { dtype, shape: vec![m, n], data }
+    Val { dtype: a.dtype, shape: vec![m, n], data }
 }

@@ -6,6 +6,7 @@
 //! block values; `runtime.rs` binds memory and runs the grid, parallel programs on all cores.
 
 mod eval;
+mod fastmath;
 mod lower;
 pub mod mesh;
 mod runtime;
@@ -107,7 +108,7 @@ impl Compiled {
         outputs: &mut BTreeMap<String, &mut [u8]>,
     ) -> Result<(), Error> {
         let grid = launch::resolve_grid(&self.kernel, grid)?;
-        runtime::Machine::new(&self.kernel, &self.program, &grid, inputs).run_into(outputs);
+        runtime::Machine::run_into(&self.kernel, &self.program, &grid, inputs, outputs);
         Ok(())
     }
 }

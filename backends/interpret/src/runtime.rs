@@ -17,12 +17,42 @@ use crate::lower::{Instr, Ix, MemRef, Program, Src};
 enum Storage<'i> {
     Input(DataRef<'i>),
     Shared(Vec<AtomicU32>),
+    /// The caller's output memory itself (4-byte elements, aligned): written once, in place.
+    Lent(&'i [AtomicU32]),
 }
 
 impl Storage<'_> {
     fn zeros(n: usize) -> Storage<'static> {
         Storage::Shared((0..n).map(|_| AtomicU32::new(0)).collect())
     }
+
+    /// The cells of an output or scratch array.
+    fn cells(&self) -> Option<&[AtomicU32]> {
+        match self {
+            Storage::Input(_) => None,
+            Storage::Shared(c) => Some(c),
+            Storage::Lent(c) => Some(c),
+        }
+    }
+}
+
+/// Whether `bytes` can be an output's cells: whole, aligned 32-bit words on a little-endian
+/// machine.
+fn cells_fit(bytes: &[u8]) -> bool {
+    cfg!(target_endian = "little") && bytes.len() % 4 == 0 && bytes.as_ptr().align_offset(align_of::<AtomicU32>()) == 0
+}
+
+/// `bytes` (which [`cells_fit`]) as cells that programs write concurrently, zeroed: outputs
+/// start as zeros.
+#[allow(unsafe_code)]
+fn as_cells(bytes: &mut [u8]) -> &[AtomicU32] {
+    assert!(cells_fit(bytes), "output memory is aligned 32-bit words");
+    bytes.fill(0);
+    // SAFETY: `AtomicU32` has the size and bit validity of `u32`, and every bit pattern is a
+    // `u32`; the pointer is aligned for it (checked above) and spans `len / 4` whole words of
+    // `bytes`; the exclusive borrow of `bytes` lasts as long as the cells, so nothing else reads
+    // or writes that memory meanwhile.
+    unsafe { std::slice::from_raw_parts(bytes.as_mut_ptr().cast::<AtomicU32>(), bytes.len() / 4) }
 }
 
 /// One argument's memory and how programs see it.
@@ -48,6 +78,17 @@ impl<'a> Machine<'a> {
         grid: &'a [LaunchAxis],
         inputs: &std::collections::BTreeMap<String, DataRef<'a>>,
     ) -> Machine<'a> {
+        Machine::with_outputs(kernel, program, grid, inputs, Default::default())
+    }
+
+    /// A machine that writes the outputs named in `lent` straight into that memory.
+    fn with_outputs(
+        kernel: &'a Verified,
+        program: &'a Program,
+        grid: &'a [LaunchAxis],
+        inputs: &std::collections::BTreeMap<String, DataRef<'a>>,
+        mut lent: std::collections::BTreeMap<&str, &'a [AtomicU32]>,
+    ) -> Machine<'a> {
         let arrays = kernel
             .kernel()
             .params
@@ -56,9 +97,11 @@ impl<'a> Machine<'a> {
                 ParamKind::In => {
                     Some(Array { storage: Storage::Input(inputs[&p.name]), shape: p.ty.shape.clone(), dtype: p.ty.dtype })
                 }
-                ParamKind::Out => {
-                    Some(Array { storage: Storage::zeros(p.ty.numel()), shape: p.ty.shape.clone(), dtype: p.ty.dtype })
-                }
+                ParamKind::Out => Some(Array {
+                    storage: lent.remove(p.name.as_str()).map_or_else(|| Storage::zeros(p.ty.numel()), Storage::Lent),
+                    shape: p.ty.shape.clone(),
+                    dtype: p.ty.dtype,
+                }),
                 ParamKind::Scratch => None,
             })
             .collect();
@@ -71,12 +114,30 @@ impl<'a> Machine<'a> {
         self.outputs().map(|(name, a, bits)| (name, HostArray::from_bits(a.dtype, &a.shape, bits.collect()))).collect()
     }
 
-    /// Runs every program and writes each output's elements as little-endian bytes into
-    /// `outputs` (by name, of the outputs' types).
-    pub fn run_into(self, outputs: &mut std::collections::BTreeMap<String, &mut [u8]>) {
-        self.run_programs();
-        for (name, a, bits) in self.outputs() {
-            if let Some(out) = outputs.get_mut(&name) {
+    /// Runs every program with each output's elements written as little-endian bytes into
+    /// `outputs` (by name, of the outputs' types): in place where the bytes are aligned 32-bit
+    /// words of a 4-byte dtype, else copied there once at the end.
+    pub fn run_into(
+        kernel: &'a Verified,
+        program: &'a Program,
+        grid: &'a [LaunchAxis],
+        inputs: &std::collections::BTreeMap<String, DataRef<'a>>,
+        outputs: &'a mut std::collections::BTreeMap<String, &mut [u8]>,
+    ) {
+        let mut lent = std::collections::BTreeMap::new();
+        let mut copied = Vec::new();
+        for (name, bytes) in outputs.iter_mut() {
+            let four = kernel.kernel().param(name).is_some_and(|p| p.ty.dtype.bits() == 32);
+            if four && cells_fit(bytes) {
+                lent.insert(name.as_str(), as_cells(bytes));
+            } else {
+                copied.push((name.as_str(), &mut **bytes));
+            }
+        }
+        let m = Machine::with_outputs(kernel, program, grid, inputs, lent);
+        m.run_programs();
+        for (name, a, bits) in m.outputs() {
+            if let Some((_, out)) = copied.iter_mut().find(|(n, _)| *n == name) {
                 write_le_bits(a.dtype, bits, out);
             }
         }
@@ -98,15 +159,16 @@ impl<'a> Machine<'a> {
         });
     }
 
-    /// Each output: its name, its memory and its elements' bit patterns.
+    /// Each output held in the machine's own memory: its name, its memory and its elements' bit
+    /// patterns (outputs written in place are not listed).
     fn outputs(mut self) -> impl Iterator<Item = (String, Array<'a>, impl Iterator<Item = u32>)> {
         let params = &self.kernel.kernel().params;
-        params.iter().zip(std::mem::take(&mut self.arrays)).filter(|(p, _)| p.kind == ParamKind::Out).map(|(p, a)| {
+        params.iter().zip(std::mem::take(&mut self.arrays)).filter(|(p, _)| p.kind == ParamKind::Out).filter_map(|(p, a)| {
             let mut a = a.expect("outputs have memory");
             let Storage::Shared(cells) = std::mem::replace(&mut a.storage, Storage::Shared(Vec::new())) else {
-                unreachable!("outputs are shared memory")
+                return None;
             };
-            (p.name.clone(), a, cells.into_iter().map(AtomicU32::into_inner))
+            Some((p.name.clone(), a, cells.into_iter().map(AtomicU32::into_inner)))
         })
     }
 }
@@ -313,7 +375,8 @@ impl<'m, 'a> ProgramState<'m, 'a> {
             (Storage::Input(DataRef::Bool(v)), Data::B(o)) => {
                 Data::B(gather(&arr.shape, &starts, &lens, o[0], &mut |f, n, out| out.extend_from_slice(&v[f..f + n])))
             }
-            (Storage::Shared(cells), _) => {
+            (Storage::Shared(_) | Storage::Lent(_), _) => {
+                let cells = arr.storage.cells().expect("shared memory");
                 let other_bits = other.to_bits()[0];
                 let bits = gather(&arr.shape, &starts, &lens, other_bits, &mut |f, n, out| {
                     out.extend(cells[f..f + n].iter().map(|c| c.load(Ordering::Relaxed)))
@@ -330,7 +393,7 @@ impl<'m, 'a> ProgramState<'m, 'a> {
 
     fn store(&self, mem: MemRef, index: Option<&[Ix]>, value: &Src, mask: Option<usize>) {
         let arr = self.array(mem);
-        let Storage::Shared(cells) = &arr.storage else { unreachable!("verifier: no store to an input") };
+        let cells = arr.storage.cells().expect("verifier: no store to an input");
         let (starts, lens, shape) = self.region(mem, index);
         let v = self.get(value);
         let bits = v.to_bits();

@@ -1,0 +1,122 @@
+//! `exp` over whole blocks, as fast as a vector loop and bit for bit what `(x as f64).exp() as
+//! f32` gives (the interpreter's definition, docs/language.md §8).
+//!
+//! Each element is computed in `f64` by a polynomial the compiler vectorises (no call per
+//! element), accurate to about 1 ulp of `f64`. Rounding that to `f32` gives the same bits as
+//! rounding libm's `f64` result unless the two `f64` values straddle an `f32` rounding boundary,
+//! which needs the `f64` value within a few `f64` ulps of a halfway point. Those elements — and
+//! every argument outside the range where the result is a normal `f32` — are recomputed with libm,
+//! so the result never differs from the libm definition; `tests` checks that on millions of values.
+
+/// `log2(e)`.
+const LOG2_E: f64 = std::f64::consts::LOG2_E;
+/// `ln 2` in two parts: the first has 32 trailing zero bits, so `n * LN2_HI` is exact.
+const LN2_HI: f64 = 6.931_471_803_691_238_164_9e-1;
+const LN2_LO: f64 = 1.908_214_929_270_587_700_02e-10;
+/// The arguments whose `f32` result is a normal number: below, it is subnormal or 0; above,
+/// infinite. Outside them libm decides.
+const LO: f32 = -87.0;
+const HI: f32 = 88.5;
+/// How near (in units of the last place of `f64`) to an `f32` halfway point an element must be
+/// for libm to recompute it: well above the polynomial's and libm's combined error.
+const MARGIN: u64 = 1 << 14;
+
+/// The degree of the Taylor polynomial: its truncation error, below `(ln 2 / 2)^11 / 11!`
+/// (`2^-41`, about 2^11 ulps of `f64`), is what [`MARGIN`] allows for.
+const DEGREE: usize = 10;
+/// `1/k!` for `k` = 0..=DEGREE.
+const INV_FACTORIAL: [f64; DEGREE + 1] = {
+    let mut c = [1.0; DEGREE + 1];
+    let mut k = 1;
+    while k <= DEGREE {
+        c[k] = c[k - 1] / k as f64;
+        k += 1;
+    }
+    c
+};
+/// `1.5 * 2^52`: adding it rounds an `f64` of magnitude below `2^51` to an integer, which its
+/// low mantissa bits then hold (the way to round without a libm call on every x86-64).
+const ROUNDER: f64 = 6_755_399_441_055_744.0;
+
+/// `e^x` in `f64` for `x` in `[LO, HI]`: `2^n e^r` with `|r| <= ln 2 / 2`, and `e^r` by its
+/// Taylor series to `r^DEGREE`, in Horner form. Straight-line code
+/// over `f64` and `u64`, so a loop of it vectorises.
+fn exp_f64(x: f64) -> f64 {
+    let t = x * LOG2_E + ROUNDER;
+    let n = t - ROUNDER;
+    let r = (x - n * LN2_HI) - n * LN2_LO;
+    let mut p = INV_FACTORIAL[DEGREE];
+    for k in (0..DEGREE).rev() {
+        p = p * r + INV_FACTORIAL[k];
+    }
+    // n (|n| < 1023) is the low bits of t's mantissa; 2^n is built from its exponent bits.
+    let n_bits = t.to_bits().wrapping_sub(ROUNDER.to_bits());
+    p * f64::from_bits(n_bits.wrapping_add(1023) << 52)
+}
+
+/// Whether rounding `y` to `f32` could differ from rounding a value a few ulps away.
+fn near_halfway(y: f64) -> bool {
+    // The 29 mantissa bits that f32 drops: halfway is 1 << 28 (and 0 is an exact f32, whose
+    // neighbours below lie on the other side of it).
+    let low = y.to_bits() & ((1 << 29) - 1);
+    low.abs_diff(1 << 28) <= MARGIN || low <= MARGIN || low >= (1 << 29) - MARGIN
+}
+
+/// `e^x` of every element, rounded to `f32` from `f64`.
+pub(crate) fn exp(v: &[f32]) -> Vec<f32> {
+    let mut out = Vec::with_capacity(v.len());
+    let mut wide = [0.0f64; 256];
+    for chunk in v.chunks(wide.len()) {
+        let wide = &mut wide[..chunk.len()];
+        for (w, &x) in wide.iter_mut().zip(chunk) {
+            *w = exp_f64(f64::from(x.clamp(LO, HI)));
+        }
+        let start = out.len();
+        out.extend(wide.iter().map(|&w| w as f32));
+        let redo = chunk.iter().zip(wide.iter()).any(|(&x, &w)| !(x > LO && x < HI) || near_halfway(w));
+        if redo {
+            // NaN fails both comparisons and is recomputed too.
+            for ((o, &x), &w) in out[start..].iter_mut().zip(chunk).zip(wide.iter()) {
+                if !(x > LO && x < HI) || near_halfway(w) {
+                    *o = f64::from(x).exp() as f32;
+                }
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn libm(x: f32) -> f32 {
+        f64::from(x).exp() as f32
+    }
+
+    #[test]
+    fn exp_is_libm_rounded_bit_for_bit() {
+        // Every 97th f32 bit pattern (about 44 million values: every sign, exponent and a
+        // spread of mantissas), and the edges of the fast range.
+        let mut xs: Vec<f32> = (0..u32::MAX / 97).map(|i| f32::from_bits(i.wrapping_mul(97))).collect();
+        xs.extend([LO, HI, -LO, 0.0, -0.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 88.72, -103.9, 1e-30]);
+        for chunk in xs.chunks(1 << 16) {
+            for (&x, y) in chunk.iter().zip(exp(chunk)) {
+                let want = libm(x);
+                assert!(y.to_bits() == want.to_bits() || (y.is_nan() && want.is_nan()), "exp({x:e}) = {y:e}, libm {want:e}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_polynomial_alone_is_within_a_few_f64_ulps() {
+        // The fast path's error bound, which MARGIN must exceed.
+        let mut worst = 0u64;
+        for i in 0..200_000 {
+            let x = LO + (HI - LO) * (i as f32 / 200_000.0);
+            let (a, b) = (exp_f64(f64::from(x)), f64::from(x).exp());
+            worst = worst.max(a.to_bits().abs_diff(b.to_bits()));
+        }
+        assert!(worst <= MARGIN / 4, "{worst} ulps");
+    }
+}
