@@ -16,6 +16,19 @@ pub(crate) enum Data {
     B(Vec<bool>),
 }
 
+impl Data {
+    /// Appends the elements of `other` (of the same kind).
+    pub fn append(&mut self, other: &Data) {
+        match (self, other) {
+            (Data::F(a), Data::F(b)) => a.extend_from_slice(b),
+            (Data::I(a), Data::I(b)) => a.extend_from_slice(b),
+            (Data::U(a), Data::U(b)) => a.extend_from_slice(b),
+            (Data::B(a), Data::B(b)) => a.extend_from_slice(b),
+            _ => unreachable!("the chunks of one value are of one dtype"),
+        }
+    }
+}
+
 /// A block value (shape `[]` for a scalar).
 #[derive(Clone)]
 pub(crate) struct Val {

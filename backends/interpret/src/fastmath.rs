@@ -56,28 +56,39 @@ fn exp_f64(x: f64) -> f64 {
 
 /// Whether rounding `y` to `f32` could differ from rounding a value a few ulps away.
 fn near_halfway(y: f64) -> bool {
-    // The 29 mantissa bits that f32 drops: halfway is 1 << 28 (and 0 is an exact f32, whose
-    // neighbours below lie on the other side of it).
+    // The 29 mantissa bits that f32 drops: halfway is 1 << 28. (Values near an f32 itself,
+    // low bits near 0, round to it from either side: rounding is monotonic.)
     let low = y.to_bits() & ((1 << 29) - 1);
-    low.abs_diff(1 << 28) <= MARGIN || low <= MARGIN || low >= (1 << 29) - MARGIN
+    low.abs_diff(1 << 28) <= MARGIN
+}
+
+/// Whether libm must recompute `exp(x)`, whose polynomial value is `w`.
+fn needs_libm(x: f32, w: f64) -> bool {
+    // NaN fails both comparisons.
+    !(x > LO && x < HI) || near_halfway(w)
+}
+
+/// `w[i] = e^x[i]` by the polynomial and `out[i]` that rounded; whether any element needs libm. Compiled for the vector
+/// units the CPU has (AVX-512, AVX2 with FMA, NEON), chosen when first called; the
+/// polynomial's exact bits may differ between them, never the rounded result.
+#[multiversion::multiversion(targets("x86_64+avx512f+avx512dq+avx512vl", "x86_64+avx2+fma", "aarch64+neon"))]
+fn polynomial(x: &[f32], w: &mut [f64], out: &mut [f32]) -> bool {
+    for ((w, o), &x) in w.iter_mut().zip(out.iter_mut()).zip(x) {
+        *w = exp_f64(f64::from(x.clamp(LO, HI)));
+        *o = *w as f32;
+    }
+    x.iter().zip(w.iter()).fold(false, |any, (&x, &w)| any | needs_libm(x, w))
 }
 
 /// `e^x` of every element, rounded to `f32` from `f64`.
 pub(crate) fn exp(v: &[f32]) -> Vec<f32> {
-    let mut out = Vec::with_capacity(v.len());
+    let mut out = vec![0.0f32; v.len()];
     let mut wide = [0.0f64; 256];
-    for chunk in v.chunks(wide.len()) {
+    for (chunk, out) in v.chunks(wide.len()).zip(out.chunks_mut(wide.len())) {
         let wide = &mut wide[..chunk.len()];
-        for (w, &x) in wide.iter_mut().zip(chunk) {
-            *w = exp_f64(f64::from(x.clamp(LO, HI)));
-        }
-        let start = out.len();
-        out.extend(wide.iter().map(|&w| w as f32));
-        let redo = chunk.iter().zip(wide.iter()).any(|(&x, &w)| !(x > LO && x < HI) || near_halfway(w));
-        if redo {
-            // NaN fails both comparisons and is recomputed too.
-            for ((o, &x), &w) in out[start..].iter_mut().zip(chunk).zip(wide.iter()) {
-                if !(x > LO && x < HI) || near_halfway(w) {
+        if polynomial(chunk, wide, out) {
+            for ((o, &x), &w) in out.iter_mut().zip(chunk).zip(wide.iter()) {
+                if needs_libm(x, w) {
                     *o = f64::from(x).exp() as f32;
                 }
             }

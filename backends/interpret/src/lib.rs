@@ -7,6 +7,7 @@
 
 mod eval;
 mod fastmath;
+mod fuse;
 mod lower;
 pub mod mesh;
 mod runtime;
@@ -95,7 +96,23 @@ impl Compiled {
     pub fn run(&self, args: &LaunchArgs) -> Result<Vec<(String, HostArray)>, Error> {
         let grid = launch::bind(&self.kernel, args)?;
         let inputs = args.inputs.iter().map(|(n, a)| (n.clone(), a.data.as_data_ref())).collect();
-        Ok(runtime::Machine::new(&self.kernel, &self.program, &grid, &inputs).run())
+        // Outputs of 4-byte elements are written in place into zeroed arrays (pages the
+        // allocator has not touched stay untouched until a program writes them).
+        let k = self.kernel.kernel();
+        let mut fresh: Vec<(String, HostArray)> = k
+            .params_of(ParamKind::Out)
+            .filter(|p| p.ty.dtype.bits() == 32)
+            .map(|p| (p.name.clone(), HostArray::zeros(p.ty.dtype, &p.ty.shape)))
+            .collect();
+        let zeroed = fresh.iter_mut().filter_map(|(n, a)| Some((n.as_str(), a.le_bytes_mut()?))).collect();
+        let mut rest = runtime::Machine::run_lent(&self.kernel, &self.program, &grid, &inputs, zeroed);
+        // Outputs in declaration order, whichever way each was written.
+        Ok(k.params_of(ParamKind::Out)
+            .map(|p| {
+                let from = |v: &mut Vec<(String, HostArray)>| v.iter().position(|(n, _)| *n == p.name).map(|i| v.remove(i));
+                from(&mut rest).or_else(|| from(&mut fresh)).expect("every output is made")
+            })
+            .collect())
     }
 
     /// Runs the kernel on memory the caller owns: `inputs` read in place (of the declared types,

@@ -26,6 +26,16 @@ pub(crate) enum Ix {
     At(Src),
 }
 
+impl Ix {
+    /// The value the index reads, if any.
+    pub fn src(&self) -> Option<&Src> {
+        match self {
+            Ix::Full => None,
+            Ix::Slice(s, _) | Ix::At(s) => Some(s),
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 pub(crate) enum Instr {
     Load {
@@ -130,6 +140,8 @@ pub(crate) enum Instr {
         body: Vec<Instr>,
         yields: Vec<Src>,
     },
+    /// Elementwise statements over one shape, run a chunk at a time (`fuse.rs`).
+    Fused(Box<crate::fuse::Fused>),
 }
 
 /// A kernel ready to run.
@@ -142,12 +154,18 @@ pub(crate) struct Program {
 struct Lowerer<'a> {
     v: &'a Verified,
     slots: HashMap<String, usize>,
+    /// The shape of each slot a statement defines.
+    shapes: HashMap<usize, Vec<usize>>,
 }
 
-/// Lowers a verified kernel. Infallible: the verifier has checked everything.
+/// Lowers a verified kernel, with its elementwise runs fused. Infallible: the verifier has
+/// checked everything.
 pub(crate) fn lower(v: &Verified) -> Program {
-    let mut l = Lowerer { v, slots: HashMap::new() };
+    let mut l = Lowerer { v, slots: HashMap::new(), shapes: HashMap::new() };
     let body = l.body(&v.kernel().body);
+    let mut uses = HashMap::new();
+    crate::fuse::count_uses(&body, &mut uses);
+    let body = crate::fuse::fuse(body, &crate::fuse::Facts { v, shapes: &l.shapes, uses: &uses });
     Program { body, slots: l.slots.len() }
 }
 
@@ -207,6 +225,9 @@ impl Lowerer<'_> {
     fn stmt(&mut self, s: &Stmt) -> Instr {
         let ty = s.ty.clone();
         let dst = s.results.first().map(|r| self.slot(r)).unwrap_or(usize::MAX);
+        if let (Some(t), [_], false) = (&ty, s.results.as_slice(), matches!(s.op, Op::For { .. })) {
+            self.shapes.insert(dst, t.shape.clone());
+        }
         let result_ty = || ty.clone().expect("verifier: result type filled");
         match &s.op {
             Op::Load { src, index, mask, other } => {

@@ -9,6 +9,7 @@ use tessel_plugin_api::ir::{DType, Literal, ParamKind, Verified};
 use tessel_plugin_api::launch::LaunchAxis;
 
 use crate::eval::{self, Data, Val, expand};
+use crate::fuse::{self, Fused};
 use crate::lower::{Instr, Ix, MemRef, Program, Src};
 
 /// Element storage of one array. Inputs are borrowed, typed and read-only; outputs and scratch
@@ -42,12 +43,14 @@ fn cells_fit(bytes: &[u8]) -> bool {
     cfg!(target_endian = "little") && bytes.len() % 4 == 0 && bytes.as_ptr().align_offset(align_of::<AtomicU32>()) == 0
 }
 
-/// `bytes` (which [`cells_fit`]) as cells that programs write concurrently, zeroed: outputs
-/// start as zeros.
+/// `bytes` (which [`cells_fit`]) as cells that programs write concurrently; zeroed first unless
+/// they are zeros already (`zero`), since outputs start as zeros.
 #[allow(unsafe_code)]
-fn as_cells(bytes: &mut [u8]) -> &[AtomicU32] {
+fn as_cells(bytes: &mut [u8], zero: bool) -> &[AtomicU32] {
     assert!(cells_fit(bytes), "output memory is aligned 32-bit words");
-    bytes.fill(0);
+    if zero {
+        bytes.fill(0);
+    }
     // SAFETY: `AtomicU32` has the size and bit validity of `u32`, and every bit pattern is a
     // `u32`; the pointer is aligned for it (checked above) and spans `len / 4` whole words of
     // `bytes`; the exclusive borrow of `bytes` lasts as long as the cells, so nothing else reads
@@ -72,17 +75,9 @@ pub(crate) struct Machine<'a> {
 }
 
 impl<'a> Machine<'a> {
-    pub fn new(
-        kernel: &'a Verified,
-        program: &'a Program,
-        grid: &'a [LaunchAxis],
-        inputs: &std::collections::BTreeMap<String, DataRef<'a>>,
-    ) -> Machine<'a> {
-        Machine::with_outputs(kernel, program, grid, inputs, Default::default())
-    }
-
-    /// A machine that writes the outputs named in `lent` straight into that memory.
-    fn with_outputs(
+    /// A machine that writes the outputs named in `lent` straight into that memory (and the
+    /// others into its own).
+    fn new(
         kernel: &'a Verified,
         program: &'a Program,
         grid: &'a [LaunchAxis],
@@ -114,6 +109,20 @@ impl<'a> Machine<'a> {
         self.outputs().map(|(name, a, bits)| (name, HostArray::from_bits(a.dtype, &a.shape, bits.collect()))).collect()
     }
 
+    /// Runs every program with the outputs named in `zeroed` (memory of zeros, as
+    /// [`HostArray::zeros`] makes it) written there in place where [`cells_fit`]; returns the
+    /// other outputs in declaration order.
+    pub fn run_lent(
+        kernel: &'a Verified,
+        program: &'a Program,
+        grid: &'a [LaunchAxis],
+        inputs: &std::collections::BTreeMap<String, DataRef<'a>>,
+        zeroed: std::collections::BTreeMap<&'a str, &'a mut [u8]>,
+    ) -> Vec<(String, HostArray)> {
+        let lent = zeroed.into_iter().filter(|(_, b)| cells_fit(b)).map(|(n, b)| (n, as_cells(b, false))).collect();
+        Machine::new(kernel, program, grid, inputs, lent).run()
+    }
+
     /// Runs every program with each output's elements written as little-endian bytes into
     /// `outputs` (by name, of the outputs' types): in place where the bytes are aligned 32-bit
     /// words of a 4-byte dtype, else copied there once at the end.
@@ -129,12 +138,12 @@ impl<'a> Machine<'a> {
         for (name, bytes) in outputs.iter_mut() {
             let four = kernel.kernel().param(name).is_some_and(|p| p.ty.dtype.bits() == 32);
             if four && cells_fit(bytes) {
-                lent.insert(name.as_str(), as_cells(bytes));
+                lent.insert(name.as_str(), as_cells(bytes, true));
             } else {
                 copied.push((name.as_str(), &mut **bytes));
             }
         }
-        let m = Machine::with_outputs(kernel, program, grid, inputs, lent);
+        let m = Machine::new(kernel, program, grid, inputs, lent);
         m.run_programs();
         for (name, a, bits) in m.outputs() {
             if let Some((_, out)) = copied.iter_mut().find(|(n, _)| *n == name) {
@@ -285,6 +294,10 @@ impl<'m, 'a> ProgramState<'m, 'a> {
                 self.run_for(*var, (lo, hi, step), iters, results, body, yields);
                 return;
             }
+            Instr::Fused(f) => {
+                self.run_fused(f);
+                return;
+            }
         };
         self.slots[dst] = Some(val);
     }
@@ -351,12 +364,21 @@ impl<'m, 'a> ProgramState<'m, 'a> {
     }
 
     fn load(&self, mem: MemRef, index: Option<&[Ix]>, mask: Option<usize>, other: Literal, dtype: DType) -> Val {
-        let arr = self.array(mem);
         let (starts, lens, shape) = self.region(mem, index);
         let other = Val::scalar_literal(dtype, other);
+        let mut data = self.read_region(mem, &starts, &lens, &shape, &other, dtype);
+        if let Some(lanes) = self.mask_lanes(mask, &shape) {
+            apply_mask(&mut data, &lanes, &other.data);
+        }
+        Val { dtype, shape, data }
+    }
+
+    /// The elements of a region of `mem` in row-major order, `other` (a scalar) outside the array.
+    fn read_region(&self, mem: MemRef, starts: &[i64], lens: &[usize], shape: &[usize], other: &Val, dtype: DType) -> Data {
+        let arr = self.array(mem);
         let o = &other.data;
-        let g = |other, copy| gather(&arr.shape, &starts, &lens, other, copy);
-        let mut data = match (&arr.storage, o) {
+        let g = |other, copy| gather(&arr.shape, starts, lens, other, copy);
+        match (&arr.storage, o) {
             (Storage::Input(DataRef::F32(v)), Data::F(o)) => {
                 Data::F(g(o[0], &mut |f, n, out: &mut Vec<f32>| out.extend_from_slice(&v[f..f + n])))
             }
@@ -367,50 +389,122 @@ impl<'m, 'a> ProgramState<'m, 'a> {
                 Data::F(g(o[0], &mut |f, n, out: &mut Vec<f32>| out.extend(v[f..f + n].iter().map(|x| x.to_f32()))))
             }
             (Storage::Input(DataRef::I32(v)), Data::I(o)) => {
-                Data::I(gather(&arr.shape, &starts, &lens, o[0], &mut |f, n, out| out.extend_from_slice(&v[f..f + n])))
+                Data::I(gather(&arr.shape, starts, lens, o[0], &mut |f, n, out| out.extend_from_slice(&v[f..f + n])))
             }
             (Storage::Input(DataRef::U32(v)), Data::U(o)) => {
-                Data::U(gather(&arr.shape, &starts, &lens, o[0], &mut |f, n, out| out.extend_from_slice(&v[f..f + n])))
+                Data::U(gather(&arr.shape, starts, lens, o[0], &mut |f, n, out| out.extend_from_slice(&v[f..f + n])))
             }
             (Storage::Input(DataRef::Bool(v)), Data::B(o)) => {
-                Data::B(gather(&arr.shape, &starts, &lens, o[0], &mut |f, n, out| out.extend_from_slice(&v[f..f + n])))
+                Data::B(gather(&arr.shape, starts, lens, o[0], &mut |f, n, out| out.extend_from_slice(&v[f..f + n])))
             }
             (Storage::Shared(_) | Storage::Lent(_), _) => {
                 let cells = arr.storage.cells().expect("shared memory");
                 let other_bits = other.to_bits()[0];
-                let bits = gather(&arr.shape, &starts, &lens, other_bits, &mut |f, n, out| {
+                let bits = gather(&arr.shape, starts, lens, other_bits, &mut |f, n, out| {
                     out.extend(cells[f..f + n].iter().map(|c| c.load(Ordering::Relaxed)))
                 });
-                Val::from_bits(dtype, shape.clone(), bits).data
+                Val::from_bits(dtype, shape.to_vec(), bits).data
             }
             _ => unreachable!("launch::bind: inputs have their declared dtype"),
-        };
-        if let Some(lanes) = self.mask_lanes(mask, &shape) {
-            apply_mask(&mut data, &lanes, o);
         }
-        Val { dtype, shape, data }
     }
 
     fn store(&self, mem: MemRef, index: Option<&[Ix]>, value: &Src, mask: Option<usize>) {
-        let arr = self.array(mem);
-        let cells = arr.storage.cells().expect("verifier: no store to an input");
         let (starts, lens, shape) = self.region(mem, index);
         let v = self.get(value);
         let bits = v.to_bits();
         let bits = expand(&bits, &v.shape, &shape);
         let lanes = self.mask_lanes(mask, &shape);
+        self.write_region(mem, &starts, &lens, &bits, lanes.as_deref());
+    }
+
+    /// Writes `bits` (row-major over the region) into the part of a region of `mem` inside the
+    /// array, at the lanes `lanes` allows.
+    fn write_region(&self, mem: MemRef, starts: &[i64], lens: &[usize], bits: &[u32], lanes: Option<&[bool]>) {
+        let arr = self.array(mem);
+        let cells = arr.storage.cells().expect("verifier: no store to an input");
         let mut lane = 0;
-        for_each_row(&arr.shape, &starts, &lens, |len, span| {
+        for_each_row(&arr.shape, starts, lens, |len, span| {
             if let Some(r) = span {
                 let first = lane + r.before;
-                for (t, cell) in cells[r.flat..r.flat + r.count].iter().enumerate() {
-                    if lanes.as_ref().is_none_or(|l| l[first + t]) {
-                        cell.store(bits[first + t], Ordering::Relaxed);
+                let cells = &cells[r.flat..r.flat + r.count];
+                let bits = &bits[first..first + r.count];
+                match lanes {
+                    None => cells.iter().zip(bits).for_each(|(c, &b)| c.store(b, Ordering::Relaxed)),
+                    Some(l) => {
+                        for ((c, &b), _) in cells.iter().zip(bits).zip(&l[first..]).filter(|(_, on)| **on) {
+                            c.store(b, Ordering::Relaxed);
+                        }
                     }
                 }
             }
             lane += len;
         });
+    }
+
+    /// Whether the whole block of `mem` lies inside its array at this grid point.
+    fn inside(&self, mem: MemRef) -> bool {
+        let arr = self.array(mem);
+        let block = self.m.kernel.kernel().params[mem.0].block_shape();
+        self.origins[mem.0].iter().zip(block).zip(&arr.shape).all(|((&o, &b), &n)| o >= 0 && o as usize + b <= n)
+    }
+
+    /// A fused run (`fuse.rs`), a chunk at a time; statement by statement where a block it loads
+    /// or stores reaches past its array.
+    fn run_fused(&mut self, f: &Fused) {
+        if !f.mems.iter().all(|&m| self.inside(m)) {
+            return self.exec(&f.original);
+        }
+        let rank = f.shape.len();
+        let mut regs: Vec<Option<Val>> = vec![None; f.ops.len()];
+        let mut whole: Vec<Option<(DType, Data)>> = vec![None; f.ops.len()];
+        for chunk in fuse::chunks(&f.shape, f.whole_rows) {
+            let rows = if rank >= 2 { chunk.lens[rank - 2] } else { 1 };
+            let block = [rows, chunk.lens[rank - 1]];
+            let outer: Vec<Val> = f.outer.iter().map(|s| fuse::broadcast_chunk(self.get(s), &f.shape, &chunk, &block)).collect();
+            for (i, op) in f.ops.iter().enumerate() {
+                let arg = |a: &fuse::Arg| match a {
+                    fuse::Arg::Op(j) => regs[*j].as_ref().expect("operands come first"),
+                    fuse::Arg::Outer(j) => &outer[*j],
+                };
+                let region = |mem: MemRef| -> Vec<i64> {
+                    self.origins[mem.0].iter().zip(&chunk.start).map(|(&o, &s)| o + s as i64).collect()
+                };
+                let val = match op {
+                    fuse::Op::Load { mem, dtype } => {
+                        let zero = Val::scalar_literal(*dtype, Literal::Int(0));
+                        let data = self.read_region(*mem, &region(*mem), &chunk.lens, &block, &zero, *dtype);
+                        Val { dtype: *dtype, shape: block.to_vec(), data }
+                    }
+                    fuse::Op::Unary { op, a } => eval::unary(*op, arg(a)),
+                    fuse::Op::Binary { op, a, b } => eval::binary(*op, arg(a), arg(b)),
+                    fuse::Op::Compare { op, a, b } => eval::compare(*op, arg(a), arg(b)),
+                    fuse::Op::Select { c, a, b } => eval::select(arg(c), arg(a), arg(b)),
+                    fuse::Op::Cast { a, to } => eval::cast(arg(a), *to),
+                    fuse::Op::Reduce { op, a, .. } => eval::reduce(*op, arg(a), 1, false),
+                    fuse::Op::Store { mem, value } => {
+                        self.write_region(*mem, &region(*mem), &chunk.lens, &arg(value).to_bits(), None);
+                        continue;
+                    }
+                };
+                if f.keep[i].is_some() {
+                    match &mut whole[i] {
+                        Some((_, d)) => d.append(&val.data),
+                        w @ None => *w = Some((val.dtype, val.data.clone())),
+                    }
+                }
+                regs[i] = Some(val);
+            }
+        }
+        for ((op, keep), w) in f.ops.iter().zip(&f.keep).zip(whole) {
+            let (Some(slot), Some((dtype, data))) = (keep, w) else { continue };
+            let shape = match op {
+                fuse::Op::Reduce { keepdims: true, .. } => [&f.shape[..rank - 1], &[1]].concat(),
+                fuse::Op::Reduce { keepdims: false, .. } => f.shape[..rank - 1].to_vec(),
+                _ => f.shape.clone(),
+            };
+            self.slots[*slot] = Some(Val { dtype, shape, data });
+        }
     }
 }
 

@@ -1,0 +1,382 @@
+//! Runs of elementwise statements over one shape, fused: the runtime evaluates them a chunk of
+//! rows at a time (about [`CHUNK`] elements, in cache), so a chain like `sub`, `exp`, `div`
+//! makes no temporary block per operation, a whole-block load is read from the argument where
+//! its consumers need it, a whole-block store writes the chunk straight into the output, and a
+//! reduction along the last axis folds each row as the chunk that makes it goes by.
+//!
+//! Every operation of a chunk is the interpreter's own whole-block operation (`eval.rs`) on a
+//! chunk-sized block, and a row's reduction folds that row in ascending order, so a fused run
+//! computes the same bits as its statements one by one. Where a block it loads or stores reaches
+//! past its array at some grid point, the runtime runs the statements one by one there instead
+//! (`Fused::original`), which handles the edge.
+
+use std::collections::HashMap;
+
+use tessel_plugin_api::ir::{BinaryOp, CmpOp, DType, ReduceOp, UnaryOp, Verified};
+
+use crate::eval::{Data, Val, strides};
+use crate::lower::{Instr, Ix, MemRef, Src};
+
+/// Elements a chunk holds, about: a few such blocks of `f32` stay in the L1 cache.
+pub(crate) const CHUNK: usize = 1024;
+
+/// An operand inside a run.
+#[derive(Clone, Debug)]
+pub(crate) enum Arg {
+    /// The value an earlier operation of the run makes.
+    Op(usize),
+    /// A value made before the run (a slot or a constant), broadcast to the run's shape:
+    /// `Fused::outer[n]`.
+    Outer(usize),
+}
+
+/// One statement of a run, over the run's shape.
+#[derive(Clone, Debug)]
+pub(crate) enum Op {
+    Load { mem: MemRef, dtype: DType },
+    Unary { op: UnaryOp, a: Arg },
+    Binary { op: BinaryOp, a: Arg, b: Arg },
+    Compare { op: CmpOp, a: Arg, b: Arg },
+    Select { c: Arg, a: Arg, b: Arg },
+    Cast { a: Arg, to: DType },
+    /// Along the last axis: one element per row.
+    Reduce { op: ReduceOp, a: Arg, keepdims: bool },
+    Store { mem: MemRef, value: Arg },
+}
+
+/// A fused run.
+#[derive(Clone, Debug)]
+pub(crate) struct Fused {
+    /// The shape every operation computes over (rank 1 or more).
+    pub shape: Vec<usize>,
+    pub ops: Vec<Op>,
+    /// Per operation, the slot its whole value is kept in for the statements after the run
+    /// (`None`: only the run reads it, so it is never made whole).
+    pub keep: Vec<Option<usize>>,
+    /// Values made before the run that its operations read.
+    pub outer: Vec<Src>,
+    /// Whether a chunk must hold whole rows (a reduction is in the run).
+    pub whole_rows: bool,
+    /// The arguments the run loads or stores whole blocks of.
+    pub mems: Vec<MemRef>,
+    /// The same statements one by one, for the grid points where a block reaches past its array.
+    pub original: Vec<Instr>,
+}
+
+/// What the grouping needs to know about the kernel.
+pub(crate) struct Facts<'a> {
+    pub v: &'a Verified,
+    /// The shape of each slot an operation defines.
+    pub shapes: &'a HashMap<usize, Vec<usize>>,
+    /// How many times each slot is read anywhere in the program.
+    pub uses: &'a HashMap<usize, usize>,
+}
+
+impl Facts<'_> {
+    fn block(&self, mem: MemRef) -> &[usize] {
+        self.v.kernel().params[mem.0].block_shape()
+    }
+}
+
+/// A run being gathered.
+struct Run {
+    shape: Vec<usize>,
+    ops: Vec<Op>,
+    dsts: Vec<Option<usize>>,
+    outer: Vec<Src>,
+    /// Slot → the operation of this run that defines it.
+    defined: HashMap<usize, usize>,
+    /// Reads, by operations of the run, of values the run defines.
+    reads: HashMap<usize, usize>,
+    whole_rows: bool,
+    mems: Vec<MemRef>,
+    original: Vec<Instr>,
+}
+
+impl Run {
+    fn new(shape: Vec<usize>) -> Run {
+        Run {
+            shape,
+            ops: Vec::new(),
+            dsts: Vec::new(),
+            outer: Vec::new(),
+            defined: HashMap::new(),
+            reads: HashMap::new(),
+            whole_rows: false,
+            mems: Vec::new(),
+            original: Vec::new(),
+        }
+    }
+
+    /// The operand `s` as the run reads it; `None` where it is a reduction of this run (complete
+    /// only at its end).
+    fn arg(&mut self, s: &Src) -> Option<Arg> {
+        if let Src::Slot(n) = s
+            && let Some(&op) = self.defined.get(n)
+        {
+            if matches!(self.ops[op], Op::Reduce { .. }) {
+                return None;
+            }
+            *self.reads.entry(*n).or_default() += 1;
+            return Some(Arg::Op(op));
+        }
+        self.outer.push(s.clone());
+        Some(Arg::Outer(self.outer.len() - 1))
+    }
+
+    /// Adds `instr` if it computes over the run's shape from what the run can read.
+    fn add(&mut self, instr: &Instr, f: &Facts<'_>) -> bool {
+        let same = |dst: &usize| f.shapes.get(dst) == Some(&self.shape);
+        // Reads are taken on a copy, so that a statement that does not fit leaves no trace.
+        let before = (self.outer.len(), self.reads.clone());
+        let op = match instr {
+            Instr::Load { dst, mem, index: None, mask: None, dtype, .. } if f.block(*mem) == self.shape.as_slice() => {
+                self.mems.push(*mem);
+                Some((Op::Load { mem: *mem, dtype: *dtype }, Some(*dst)))
+            }
+            Instr::Unary { dst, op, a } if same(dst) => self.arg(a).map(|a| (Op::Unary { op: *op, a }, Some(*dst))),
+            Instr::Binary { dst, op, a, b } if same(dst) => {
+                self.arg(a).zip(self.arg(b)).map(|(a, b)| (Op::Binary { op: *op, a, b }, Some(*dst)))
+            }
+            Instr::Compare { dst, op, a, b } if same(dst) => {
+                self.arg(a).zip(self.arg(b)).map(|(a, b)| (Op::Compare { op: *op, a, b }, Some(*dst)))
+            }
+            Instr::Select { dst, c, a, b } if same(dst) => {
+                match (self.arg(c), self.arg(a), self.arg(b)) {
+                    (Some(c), Some(a), Some(b)) => Some((Op::Select { c, a, b }, Some(*dst))),
+                    _ => None,
+                }
+            }
+            Instr::Cast { dst, a, to } if same(dst) => self.arg(a).map(|a| (Op::Cast { a, to: *to }, Some(*dst))),
+            Instr::Reduce { dst, op, a: a @ Src::Slot(n), axis, keepdims }
+                if *axis + 1 == self.shape.len() && (self.defined.contains_key(n) || f.shapes.get(n) == Some(&self.shape)) =>
+            {
+                self.arg(a).map(|a| {
+                    self.whole_rows = true;
+                    (Op::Reduce { op: *op, a, keepdims: *keepdims }, Some(*dst))
+                })
+            }
+            Instr::Store { mem, index: None, mask: None, value } if f.block(*mem) == self.shape.as_slice() => {
+                self.arg(value).map(|value| {
+                    self.mems.push(*mem);
+                    (Op::Store { mem: *mem, value }, None)
+                })
+            }
+            _ => None,
+        };
+        let Some((op, dst)) = op else {
+            self.outer.truncate(before.0);
+            self.reads = before.1;
+            return false;
+        };
+        if let Some(d) = dst {
+            self.defined.insert(d, self.ops.len());
+        }
+        self.ops.push(op);
+        self.dsts.push(dst);
+        self.original.push(instr.clone());
+        true
+    }
+
+    /// The run as one instruction, or its statements as they were where fusing gains nothing.
+    fn finish(self, f: &Facts<'_>, out: &mut Vec<Instr>) {
+        if self.ops.len() < 2 {
+            out.extend(self.original);
+            return;
+        }
+        let keep = self
+            .ops
+            .iter()
+            .zip(&self.dsts)
+            .map(|(op, dst)| {
+                let d = (*dst)?;
+                let inside = self.reads.get(&d).copied().unwrap_or(0);
+                (matches!(op, Op::Reduce { .. }) || f.uses.get(&d).copied().unwrap_or(0) > inside).then_some(d)
+            })
+            .collect();
+        out.push(Instr::Fused(Box::new(Fused {
+            shape: self.shape,
+            ops: self.ops,
+            keep,
+            outer: self.outer,
+            whole_rows: self.whole_rows,
+            mems: self.mems,
+            original: self.original,
+        })));
+    }
+}
+
+/// The shape a run starting at `instr` would compute over, where one can.
+fn start_shape(instr: &Instr, f: &Facts<'_>) -> Option<Vec<usize>> {
+    let shape = match instr {
+        Instr::Load { mem, index: None, mask: None, .. } | Instr::Store { mem, index: None, mask: None, .. } => {
+            f.block(*mem).to_vec()
+        }
+        Instr::Unary { dst, .. }
+        | Instr::Binary { dst, .. }
+        | Instr::Compare { dst, .. }
+        | Instr::Select { dst, .. }
+        | Instr::Cast { dst, .. } => f.shapes.get(dst)?.clone(),
+        Instr::Reduce { a: Src::Slot(n), .. } => f.shapes.get(n)?.clone(),
+        _ => return None,
+    };
+    (!shape.is_empty()).then_some(shape)
+}
+
+/// `body` with its runs of elementwise statements fused, inside `when` and `for` bodies too.
+pub(crate) fn fuse(body: Vec<Instr>, f: &Facts<'_>) -> Vec<Instr> {
+    let mut out = Vec::new();
+    let mut run: Option<Run> = None;
+    for instr in body {
+        let instr = match instr {
+            Instr::When { cond, body } => Instr::When { cond, body: fuse(body, f) },
+            Instr::For { var, lo, hi, step, iters, results, body, yields } => {
+                Instr::For { var, lo, hi, step, iters, results, body: fuse(body, f), yields }
+            }
+            other => other,
+        };
+        if let Some(r) = run.as_mut() {
+            if r.add(&instr, f) {
+                continue;
+            }
+            run.take().expect("a run").finish(f, &mut out);
+        }
+        let mut started = start_shape(&instr, f).map(Run::new);
+        match started.as_mut().is_some_and(|r| r.add(&instr, f)) {
+            true => run = started,
+            false => out.push(instr),
+        }
+    }
+    if let Some(r) = run {
+        r.finish(f, &mut out);
+    }
+    out
+}
+
+/// Counts every read of every slot in `body`, nested bodies included.
+pub(crate) fn count_uses(body: &[Instr], uses: &mut HashMap<usize, usize>) {
+    for instr in body {
+        let mut read: Vec<&Src> = Vec::new();
+        let mut masks: Vec<usize> = Vec::new();
+        match instr {
+            Instr::Load { index, mask, .. } => {
+                read.extend(index.iter().flatten().filter_map(Ix::src));
+                masks.extend(mask);
+            }
+            Instr::Store { index, value, mask, .. } => {
+                read.extend(index.iter().flatten().filter_map(Ix::src));
+                read.push(value);
+                masks.extend(mask);
+            }
+            Instr::ProgramId { .. } | Instr::NumPrograms { .. } | Instr::Const { .. } => {}
+            Instr::Unary { a, .. }
+            | Instr::Cast { a, .. }
+            | Instr::Bitcast { a, .. }
+            | Instr::Broadcast { a, .. }
+            | Instr::Reshape { a, .. }
+            | Instr::Transpose { a, .. }
+            | Instr::Reduce { a, .. } => read.push(a),
+            Instr::Binary { a, b, .. } | Instr::Compare { a, b, .. } | Instr::Dot { a, b, .. } => read.extend([a, b]),
+            Instr::Select { c, a, b, .. } => read.extend([c, a, b]),
+            Instr::When { cond, body } => {
+                read.push(cond);
+                count_uses(body, uses);
+            }
+            Instr::For { lo, hi, step, iters, body, yields, .. } => {
+                read.extend([lo, hi, step]);
+                read.extend(iters.iter().map(|(_, s)| s));
+                read.extend(yields);
+                count_uses(body, uses);
+            }
+            Instr::Fused(_) => unreachable!("uses are counted before fusing"),
+        }
+        let slots = read.into_iter().filter_map(|s| if let Src::Slot(n) = s { Some(*n) } else { None });
+        for n in slots.chain(masks) {
+            *uses.entry(n).or_default() += 1;
+        }
+    }
+}
+
+/// A box of a run's shape: where it starts and how long it is along each dimension. It covers
+/// one index of every dimension but the last two, rows of the second-to-last and a stretch of
+/// the last, so its elements in row-major order are a `[rows, cols]` block.
+#[derive(Debug)]
+pub(crate) struct Chunk {
+    pub start: Vec<usize>,
+    pub lens: Vec<usize>,
+}
+
+/// The chunks of `shape` in row-major order: whole rows, as many as make about [`CHUNK`]
+/// elements, or (without `whole_rows`) stretches of [`CHUNK`] along a longer row.
+pub(crate) fn chunks(shape: &[usize], whole_rows: bool) -> Vec<Chunk> {
+    let rank = shape.len();
+    let len = shape[rank - 1];
+    let cols = if whole_rows { len } else { len.min(CHUNK) };
+    let rows_dim = if rank >= 2 { shape[rank - 2] } else { 1 };
+    let rows_per = if cols == len { (CHUNK / len).clamp(1, rows_dim) } else { 1 };
+    let lead = &shape[..rank.saturating_sub(2)];
+    let mut out = Vec::new();
+    for o in 0..lead.iter().product::<usize>() {
+        let mut idx = vec![0; lead.len()];
+        let mut rest = o;
+        for d in (0..lead.len()).rev() {
+            idx[d] = rest % lead[d];
+            rest /= lead[d];
+        }
+        for r0 in (0..rows_dim).step_by(rows_per) {
+            for c0 in (0..len).step_by(cols) {
+                let (mut start, mut lens) = (idx.clone(), vec![1; lead.len()]);
+                if rank >= 2 {
+                    start.push(r0);
+                    lens.push(rows_per.min(rows_dim - r0));
+                }
+                start.push(c0);
+                lens.push(cols.min(len - c0));
+                out.push(Chunk { start, lens });
+            }
+        }
+    }
+    out
+}
+
+/// The part of `v` (broadcast to `shape`, numpy's rules) that `chunk` covers, as a `block`.
+pub(crate) fn broadcast_chunk(v: &Val, shape: &[usize], chunk: &Chunk, block: &[usize; 2]) -> Val {
+    fn take<T: Copy>(data: &[T], strides: &[usize], chunk: &Chunk) -> Vec<T> {
+        let n: usize = chunk.lens.iter().product();
+        if data.len() == 1 {
+            return vec![data[0]; n];
+        }
+        let last = chunk.lens.len() - 1;
+        let cols = chunk.lens[last];
+        let mut out = Vec::with_capacity(n);
+        let mut idx = vec![0usize; last];
+        for _ in 0..n / cols {
+            let flat: usize = (0..last).map(|d| (chunk.start[d] + idx[d]) * strides[d]).sum::<usize>() + chunk.start[last] * strides[last];
+            if strides[last] == 0 {
+                out.extend(std::iter::repeat_n(data[flat], cols));
+            } else {
+                out.extend_from_slice(&data[flat..flat + cols]);
+            }
+            for d in (0..last).rev() {
+                idx[d] += 1;
+                if idx[d] < chunk.lens[d] {
+                    break;
+                }
+                idx[d] = 0;
+            }
+        }
+        out
+    }
+    // The stride in `v` of each dimension of `shape` (0 where `v` stretches).
+    let lead = shape.len() - v.shape.len();
+    let own = strides(&v.shape);
+    let st: Vec<usize> =
+        (0..shape.len()).map(|d| if d < lead || v.shape[d - lead] == 1 { 0 } else { own[d - lead] }).collect();
+    let data = match &v.data {
+        Data::F(x) => Data::F(take(x, &st, chunk)),
+        Data::I(x) => Data::I(take(x, &st, chunk)),
+        Data::U(x) => Data::U(take(x, &st, chunk)),
+        Data::B(x) => Data::B(take(x, &st, chunk)),
+    };
+    Val { dtype: v.dtype, shape: block.to_vec(), data }
+}
