@@ -255,7 +255,7 @@ fn bench(
     if !json {
         explain(&p, flags, out);
     }
-    let launch = LaunchArgs { inputs: random_inputs(&p, seed), grid: p.grid.clone() };
+    let launch = LaunchArgs { inputs: random_inputs(&p, seed)?, grid: p.grid.clone() };
     let start = Instant::now();
     rt.lower(&p.backend, &p.launches(), &p.externals(), &p.grid)?;
     let compile = start.elapsed();
@@ -796,6 +796,14 @@ struct RunOptions {
 /// The `--input NAME=FILE.npy` arrays.
 fn read_inputs(flags: &[String]) -> Result<BTreeMap<String, HostArray>> {
     let mut inputs = BTreeMap::new();
+    // The files' bytes must fit before any is read.
+    let mut bytes = 0u64;
+    for i in flags {
+        if let Ok((_, path)) = split_flag("--input", i, "") {
+            bytes = bytes.saturating_add(std::fs::metadata(path).map_or(0, |m| m.len()));
+        }
+    }
+    crate::memory::check(|| format!("reading {}", flags.join(" ")), crate::memory::Need { inputs: bytes, ..Default::default() })?;
     for i in flags {
         let (name, path) = split_flag("--input", i, "NAME=FILE.npy, as in `--input x=x.npy`")?;
         let path = PathBuf::from(path);
@@ -806,15 +814,20 @@ fn read_inputs(flags: &[String]) -> Result<BTreeMap<String, HostArray>> {
     Ok(inputs)
 }
 
-/// Seeded random inputs for every kernel of a launch (of the shapes its parameters give).
-fn random_inputs(p: &Prepared, seed: u64) -> BTreeMap<String, HostArray> {
+/// Seeded random inputs for every kernel of a launch (of the shapes its parameters give), once
+/// the launch's inputs and outputs are known to fit in memory.
+fn random_inputs(p: &Prepared, seed: u64) -> Result<BTreeMap<String, HostArray>> {
+    let kernels: Vec<&Verified> = p.kernels.iter().collect();
+    let need = crate::memory::Need::of(&kernels, crate::memory::threads());
+    let names = || kernels.iter().map(|k| k.name()).collect::<Vec<_>>().join("`, `");
+    crate::memory::check(|| format!("the launch of `{}` with random inputs", names()), need)?;
     let mut inputs = BTreeMap::new();
     for k in &p.kernels {
         for (name, array) in crate::inputs::random_inputs(k.kernel(), seed) {
             inputs.entry(name).or_insert(array);
         }
     }
-    inputs
+    Ok(inputs)
 }
 
 fn run(rt: &Runtime, flags: &LaunchFlags, opts: &RunOptions, out: &mut dyn Write, err: &mut dyn Write) -> Result<()> {
@@ -822,7 +835,7 @@ fn run(rt: &Runtime, flags: &LaunchFlags, opts: &RunOptions, out: &mut dyn Write
     let p = prepare(rt, flags, RUN_DEFAULT, &given)?;
     p.warn(err);
     explain(&p, flags, out);
-    let inputs = if given.is_empty() { random_inputs(&p, opts.seed) } else { given };
+    let inputs = if given.is_empty() { random_inputs(&p, opts.seed)? } else { given };
     let launch = LaunchArgs { inputs, grid: p.grid.clone() };
     let start = Instant::now();
     let outputs = rt.launch(&p.backend, &p.launches(), &p.externals(), &launch)?;
@@ -914,7 +927,7 @@ fn tune(rt: &Runtime, flags: &LaunchFlags, input_flags: &[String], runs: usize, 
             let p = prepare_with(rt, &file, flags, backend, &inputs, &values, false)?;
             shapes = crate::tune::shapes_of(kernel, &p.values);
             let launch = LaunchArgs {
-                inputs: if inputs.is_empty() { random_inputs(&p, seed) } else { inputs.clone() },
+                inputs: if inputs.is_empty() { random_inputs(&p, seed)? } else { inputs.clone() },
                 grid: p.grid.clone(),
             };
             let got = rt.launch(backend, &p.launches(), &p.externals(), &launch)?;

@@ -9,6 +9,7 @@ pub mod cache;
 pub mod cli;
 pub mod conformance;
 pub mod inputs;
+pub mod memory;
 pub mod npy;
 pub mod registry;
 pub mod runtime;
@@ -60,12 +61,29 @@ pub enum Error {
         available: String,
     },
     /// A backend name that is not registered.
-    #[error("unknown backend `{name}`\n  available backends: {available}")]
+    #[error("unknown backend `{name}`{suggestion}\n  backends here: {available}")]
     UnknownBackend {
         /// The name given.
         name: String,
-        /// Those that exist.
+        /// `; did you mean `...`?` where a registered name is close, else empty.
+        suggestion: String,
+        /// Those that exist, each with whether it can run here.
         available: String,
+    },
+    /// A launch whose arrays do not fit in memory, found before any is made.
+    #[error(
+        "{what} needs {} of memory ({}), more than the {} this machine has available\n  use smaller arrays (or parameters), or a machine with more memory",
+        memory::show(need.total()),
+        parts(need),
+        memory::show(*available)
+    )]
+    Memory {
+        /// What: `the launch of `add``, `input `x``.
+        what: String,
+        /// The bytes it needs.
+        need: memory::Need,
+        /// The bytes available.
+        available: u64,
     },
     /// An input file that is not a usable `.npy`.
     #[error("input `{name}` from `{}`: {source}", path.display())]
@@ -149,6 +167,12 @@ pub enum Error {
     /// `tessel tune` found nothing to tune, too much, or no candidate that agrees.
     #[error("{0}")]
     Tune(String),
+}
+
+/// The parts of a memory need that are not zero: `inputs 32.0 GB, outputs 16.0 GB`.
+fn parts(need: &memory::Need) -> String {
+    let parts = [("inputs", need.inputs), ("outputs", need.outputs), ("scratch", need.scratch)];
+    parts.iter().filter(|(_, b)| *b > 0).map(|(n, b)| format!("{n} {}", memory::show(*b))).collect::<Vec<_>>().join(", ")
 }
 
 /// `type Result<T> = Result<T, Error>`.

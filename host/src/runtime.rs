@@ -96,7 +96,27 @@ impl Runtime {
 
     /// The backend called `name`, or an error listing those that exist.
     pub fn backend(&self, name: &str) -> Result<&Loaded> {
-        self.registry.get(name).ok_or_else(|| Error::UnknownBackend { name: name.to_string(), available: self.registry.names() })
+        self.registry.get(name).ok_or_else(|| {
+            let names: Vec<&str> = self.registry.backends.iter().map(|b| b.name.as_str()).collect();
+            // A name the given one begins, or one a typo away (a quarter of its letters, at least one).
+            let distance = |n: &str| strsim::damerau_levenshtein(n, name);
+            let close = names
+                .iter()
+                .filter(|n| n.starts_with(name) || distance(n) <= (name.len() / 4).max(1))
+                .min_by_key(|n| distance(n));
+            let available = self
+                .registry
+                .backends
+                .iter()
+                .map(|b| if b.backend.availability().available { b.name.clone() } else { format!("{} (unavailable here)", b.name) })
+                .collect::<Vec<_>>()
+                .join(", ");
+            Error::UnknownBackend {
+                name: name.to_string(),
+                suggestion: close.map(|n| format!("; did you mean `{n}`?")).unwrap_or_default(),
+                available,
+            }
+        })
     }
 
     /// The backends in the order `auto` tries them, by expected speed: mosaic-gpu, then wgpu on a
@@ -131,26 +151,7 @@ impl Runtime {
         }
         let mut lines = Vec::new();
         let ranked = self.ranked();
-        let interpreter_first = |b: &Loaded| {
-            software(b) && ranked.iter().any(|i| i.name == tessel_interpret::NAME && i.backend.availability().available)
-        };
-        // A software adapter is named before the interpreter, so that `--explain` says why it was
-        // passed over; it is tried after, should the interpreter refuse.
-        let mut order: Vec<&Loaded> = Vec::new();
-        for b in &ranked {
-            if interpreter_first(b) {
-                lines.push(format!(
-                    "{}: skipped, software adapter ({}): the interpreter is faster here; --backend {} to use it",
-                    b.name,
-                    b.backend.platform(),
-                    b.name
-                ));
-            } else {
-                order.push(b);
-            }
-        }
-        order.extend(ranked.iter().copied().filter(|b| interpreter_first(b)));
-        for b in order {
+        for (n, b) in ranked.iter().enumerate() {
             let a = b.backend.availability();
             if !a.available {
                 lines.push(format!("{}: skipped, unavailable: {}", b.name, a.reason));
@@ -158,6 +159,15 @@ impl Runtime {
             }
             match self.supports(&b.name, kernels, externals, grid) {
                 Ok(()) => {
+                    // A software adapter ranks below the interpreter: say so where it is passed over.
+                    for later in ranked[n + 1..].iter().filter(|l| software(l) && b.name == tessel_interpret::NAME) {
+                        lines.push(format!(
+                            "{}: skipped, software adapter ({}): the interpreter is faster here; --backend {} to use it",
+                            later.name,
+                            later.backend.platform(),
+                            later.name
+                        ));
+                    }
                     lines.push(format!("{}: chosen ({})", b.name, a.reason));
                     return Ok((b.name.clone(), lines));
                 }
@@ -273,6 +283,9 @@ impl Runtime {
         for k in kernels {
             check_inputs(k.kernel.kernel(), &args.inputs, kernels.len() == 1)?;
         }
+        let verified: Vec<&Verified> = kernels.iter().map(|k| k.kernel).collect();
+        let need = crate::memory::Need { inputs: 0, ..crate::memory::Need::of(&verified, crate::memory::threads()) };
+        crate::memory::check(|| format!("the outputs of `{}`", verified.iter().map(|k| k.name()).collect::<Vec<_>>().join("`, `")), need)?;
         let mut outputs: Vec<(String, HostArray)> = Vec::new();
         for k in kernels {
             for p in k.kernel.kernel().params_of(ParamKind::Out) {

@@ -1,0 +1,59 @@
+"""The interpreter against numpy, in one process and one run: benches/kernels/matmul_512.tk,
+softmax_4096.tk and add_4m.tk through the Python module (inputs read in place, outputs written
+once) beside the numpy expression a CPU user would write instead (`a @ b` on numpy's BLAS, the
+row softmax, `x + y`). Each figure is the median of many timed calls after a warm-up; both sides
+allocate their outputs every call. Prints markdown table rows, and the tessel/numpy speed ratio
+(above 1: tessel faster) against issue 14's goal.
+
+Run by scripts/bench with the module built in release; alone:
+`target/venv/bin/python benches/cpu_numpy.py`."""
+
+import os
+import pathlib
+import statistics
+import time
+
+# numpy's BLAS at its best on this machine: the tuning variables some images set for other
+# programs are dropped before numpy loads it.
+for var in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"):
+    os.environ.pop(var, None)
+
+import numpy as np  # noqa: E402
+
+import tessel  # noqa: E402
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def median_ms(f, calls=40):
+    f()
+    times = []
+    for _ in range(calls):
+        t = time.perf_counter()
+        f()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times) * 1e3
+
+
+def softmax(x):
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+rng = np.random.default_rng(1)
+cases = [
+    ("matmul 512³ f32", "matmul_512", lambda a, b: a @ b, 0.5),
+    ("softmax 4096×256 f32", "softmax_4096", softmax, 1.0),
+    ("add 4M f32", "add_4m", lambda x, y: x + y, 0.9),
+]
+for label, name, numpy_fn, goal in cases:
+    k = tessel.load(ROOT / f"benches/kernels/{name}.tk")
+    arrays = {n: rng.uniform(-1, 1, s).astype(np.float32) for n, (_, s) in k.inputs.items()}
+    # The kernels' outputs agree with numpy's before anything is timed.
+    got = next(iter(k(backend="interpret", **arrays).values()))
+    want = numpy_fn(*arrays.values())
+    assert np.allclose(got, want, rtol=1e-4, atol=1e-4), f"{name} disagrees with numpy"
+    t = median_ms(lambda: k(backend="interpret", **arrays))
+    n = median_ms(lambda: numpy_fn(*arrays.values()))
+    ratio = n / t
+    print(f"| {label} | {t:.2f} | {n:.2f} | {ratio:.2f}× | {goal}× {'met' if ratio >= goal else 'missed'} |")

@@ -1,0 +1,79 @@
+//! Whether a launch's arrays fit in this machine's memory, asked before any of them is made: a
+//! launch that cannot fit is an error naming the bytes it needs, not a process the kernel's
+//! out-of-memory killer ends without a word.
+
+use tessel_plugin_api::ir::{ParamKind, Verified};
+
+/// What a launch's host arrays take, in bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Need {
+    /// The `in` arrays (each name once).
+    pub inputs: u64,
+    /// The `out` arrays (each name once).
+    pub outputs: u64,
+    /// Scratch, once per thread that runs programs.
+    pub scratch: u64,
+}
+
+impl Need {
+    /// The arrays of `kernels` (names shared across a launch counted once), with scratch for
+    /// `threads` programs at a time.
+    pub fn of(kernels: &[&Verified], threads: u64) -> Need {
+        let mut seen = std::collections::BTreeSet::new();
+        let mut need = Need::default();
+        for k in kernels {
+            for p in &k.kernel().params {
+                let bytes = (p.ty.shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d as u64)))
+                    .and_then(|n| n.checked_mul(u64::from(p.ty.dtype.bits().div_ceil(8))))
+                    .unwrap_or(u64::MAX);
+                match p.kind {
+                    ParamKind::Scratch => need.scratch = need.scratch.saturating_add(bytes.saturating_mul(threads)),
+                    _ if !seen.insert(p.name.clone()) => {}
+                    ParamKind::In => need.inputs = need.inputs.saturating_add(bytes),
+                    ParamKind::Out => need.outputs = need.outputs.saturating_add(bytes),
+                }
+            }
+        }
+        need
+    }
+
+    /// All of it.
+    pub fn total(&self) -> u64 {
+        self.inputs.saturating_add(self.outputs).saturating_add(self.scratch)
+    }
+}
+
+/// Memory this process can still take: `MemAvailable` of `/proc/meminfo`, lowered to what a
+/// cgroup (v2) limit leaves. `None` where neither can be read (not Linux): no check is made.
+pub fn available() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kib = meminfo.lines().find_map(|l| l.strip_prefix("MemAvailable:"))?.trim().trim_end_matches("kB").trim();
+    let mut bytes = kib.parse::<u64>().ok()?.saturating_mul(1024);
+    let cgroup = |f: &str| std::fs::read_to_string(format!("/sys/fs/cgroup/{f}")).ok()?.trim().parse::<u64>().ok();
+    if let (Some(max), Some(current)) = (cgroup("memory.max"), cgroup("memory.current")) {
+        bytes = bytes.min(max.saturating_sub(current));
+    }
+    Some(bytes)
+}
+
+/// `bytes` for people: `1.5 GB`, `12.0 MB`, `512 bytes`.
+pub fn show(bytes: u64) -> String {
+    match bytes {
+        b if b >= 1 << 30 => format!("{:.1} GB", b as f64 / f64::from(1u32 << 30)),
+        b if b >= 1 << 20 => format!("{:.1} MB", b as f64 / f64::from(1u32 << 20)),
+        b => format!("{b} bytes"),
+    }
+}
+
+/// Refuses `need` where it is more than the memory available (where that is known).
+pub fn check(what: impl FnOnce() -> String, need: Need) -> crate::Result<()> {
+    match available() {
+        Some(available) if need.total() > available => Err(crate::Error::Memory { what: what(), need, available }),
+        _ => Ok(()),
+    }
+}
+
+/// The threads that run programs at once (the interpreter's pool is one per core).
+pub fn threads() -> u64 {
+    std::thread::available_parallelism().map_or(1, |n| n.get() as u64)
+}
