@@ -170,7 +170,9 @@ fn compare(name: &str, got: &[(String, crate::HostArray)], want: &[(String, crat
 pub fn table(backend: &str, rows: &[Row]) -> (String, bool) {
     let mut out = String::new();
     let _ = writeln!(out, "conformance of {backend}");
-    let _ = writeln!(out, "{:<7} {:<44} {:<5} detail", "part", "case", "");
+    // The case column as wide as its longest case, so that no case spills into the status.
+    let width = rows.iter().map(|r| r.case.chars().count()).max().unwrap_or(0).max(4);
+    let _ = writeln!(out, "{:<7} {:<width$} {:<6} detail", "part", "case", "status");
     let (mut pass, mut skip, mut fail) = (0, 0, 0);
     for r in rows {
         let (word, detail) = match &r.verdict {
@@ -187,7 +189,7 @@ pub fn table(backend: &str, rows: &[Row]) -> (String, bool) {
                 ("FAIL", why.clone())
             }
         };
-        let _ = writeln!(out, "{:<7} {:<44} {word:<5} {detail}", r.part, r.case);
+        let _ = writeln!(out, "{:<7} {:<width$} {word:<6} {detail}", r.part, r.case);
     }
     let _ = writeln!(out, "{pass} passed, {skip} skipped, {fail} failed");
     (out, fail == 0)

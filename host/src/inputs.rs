@@ -8,23 +8,69 @@ use rand_chacha::ChaCha8Rng;
 use tessel_plugin_api::array::{ArrayData, HostArray};
 use tessel_plugin_api::ir::{DType, Kernel, ParamKind};
 
-/// One array per `in` argument, in declaration order from one ChaCha8 stream seeded with `seed`:
-/// floats uniform in [-1, 1), `i32` in [-100, 100), `u32` in [0, 100), `bool` fair coins.
+/// Elements per chunk of a random array: each chunk has its own ChaCha8 stream, so chunks fill
+/// in parallel and the values do not depend on the number of threads.
+const CHUNK: usize = 1 << 16;
+
+/// One array per `in` argument, in declaration order: floats uniform in [-1, 1), `i32` in
+/// [-100, 100), `u32` in [0, 100), `bool` fair coins. Chunk `c` of the `a`-th argument comes
+/// from ChaCha8 seeded with `seed` on stream `a << 32 | c`: the same values for the same seed
+/// on every machine, filled on every core.
 pub fn random_inputs(kernel: &Kernel, seed: u64) -> BTreeMap<String, HostArray> {
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
     kernel
         .params_of(ParamKind::In)
-        .map(|p| {
+        .enumerate()
+        .map(|(a, p)| {
             let n = p.ty.numel();
             let data = match p.ty.dtype {
-                DType::F32 => ArrayData::F32((0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect()),
-                DType::F16 => ArrayData::F16((0..n).map(|_| f16::from_f32(rng.random_range(-1.0f32..1.0))).collect()),
-                DType::BF16 => ArrayData::BF16((0..n).map(|_| bf16::from_f32(rng.random_range(-1.0f32..1.0))).collect()),
-                DType::I32 => ArrayData::I32((0..n).map(|_| rng.random_range(-100..100)).collect()),
-                DType::U32 => ArrayData::U32((0..n).map(|_| rng.random_range(0..100)).collect()),
-                DType::Bool => ArrayData::Bool((0..n).map(|_| rng.random_bool(0.5)).collect()),
+                DType::F32 => ArrayData::F32(fill(n, seed, a, |r| r.random_range(-1.0f32..1.0))),
+                DType::F16 => ArrayData::F16(fill(n, seed, a, |r| f16::from_f32(r.random_range(-1.0f32..1.0)))),
+                DType::BF16 => ArrayData::BF16(fill(n, seed, a, |r| bf16::from_f32(r.random_range(-1.0f32..1.0)))),
+                DType::I32 => ArrayData::I32(fill(n, seed, a, |r| r.random_range(-100..100))),
+                DType::U32 => ArrayData::U32(fill(n, seed, a, |r| r.random_range(0..100))),
+                DType::Bool => ArrayData::Bool(fill(n, seed, a, |r| r.random_bool(0.5))),
             };
             (p.name.clone(), HostArray { shape: p.ty.shape.clone(), data })
         })
         .collect()
+}
+
+/// `n` values of `draw`, a chunk of [`CHUNK`] per task.
+fn fill<T: Send + Default + Clone>(n: usize, seed: u64, array: usize, draw: impl Fn(&mut ChaCha8Rng) -> T + Sync) -> Vec<T> {
+    use rayon::prelude::*;
+    let mut v = vec![T::default(); n];
+    v.par_chunks_mut(CHUNK).enumerate().for_each(|(c, chunk)| {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        rng.set_stream((array as u64) << 32 | c as u64);
+        chunk.iter_mut().for_each(|x| *x = draw(&mut rng));
+    });
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The values depend on the seed alone: not on how many threads fill the chunks, and chunk
+    /// `c` of argument `a` is stream `a << 32 | c` of ChaCha8, as documented.
+    #[test]
+    fn random_inputs_do_not_depend_on_the_threads() {
+        let k = tessel_plugin_api::ir::parse(
+            "kernel k\n  in x: f32[200000]\n  in y: i32[70000]\n  out o: f32[200000]\n{\n  %x = load x\n  store o, %x\n}\n",
+        )
+        .expect("parses")
+        .kernels
+        .remove(0);
+        let on = |threads| {
+            rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap().install(|| random_inputs(&k, 9))
+        };
+        let (one, four) = (on(1), on(4));
+        assert_eq!(one, four);
+        assert_ne!(one, random_inputs(&k, 10));
+        let ArrayData::F32(x) = &one["x"].data else { panic!("f32") };
+        let mut rng = ChaCha8Rng::seed_from_u64(9);
+        rng.set_stream(1);
+        assert_eq!(x[CHUNK], rng.random_range(-1.0f32..1.0), "chunk 1 of argument 0");
+        assert!(x.iter().all(|v| (-1.0..1.0).contains(v)));
+    }
 }
