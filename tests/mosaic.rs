@@ -10,16 +10,6 @@ use common::*;
 
 /// Kernel files (examples, `tests/in`, its regressions) and the `--kernel` to lower from each (files
 /// with several kernels: the first).
-fn kernel_files() -> Vec<PathBuf> {
-    let mut files: Vec<PathBuf> = ["examples", "tests/in", "tests/in/regressions"]
-        .iter()
-        .flat_map(|d| std::fs::read_dir(root().join(d)).expect("dir").filter_map(|e| Some(e.ok()?.path())))
-        .filter(|p| p.extension().is_some_and(|x| x == "tk"))
-        .collect();
-    files.sort();
-    files
-}
-
 /// Kernel files the Mosaic GPU backend refuses by design, with the refusal's first line.
 const REFUSED: &[(&str, &str)] = &[("dyn_grid", "dynamic grid bounds not supported in the Mosaic GPU backend")];
 

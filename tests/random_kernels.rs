@@ -375,6 +375,13 @@ fn differ(rt: &Runtime, target: Target, text: &str, seed: u64) -> Result<(), Str
     let call = [KernelLaunch { kernel: k, mesh: None }];
     let args = LaunchArgs { inputs: tessel::inputs::random_inputs(k.kernel(), seed), grid: Default::default() };
     let want = rt.launch("interpret", &call, &[], &args).map_err(|e| format!("interpret: {e}"))?;
+    // The interpreter's fused runs give the bits of its statements one by one.
+    let unfused = tessel_interpret::compile_unfused(k).run(&args).map_err(|e| format!("interpret, unfused: {e}"))?;
+    for ((name, w), (_, u)) in want.iter().zip(&unfused) {
+        if w.to_bits() != u.to_bits() {
+            return Err(format!("output {name}: the interpreter's fused program differs from its statements one by one"));
+        }
+    }
     let got = match target {
         Target::Wgpu => rt.launch("wgpu", &call, &[], &args).map_err(|e| format!("wgpu: {e}"))?,
         Target::MosaicEmulated => {

@@ -8,16 +8,6 @@ use std::path::{Path, PathBuf};
 
 use common::*;
 
-fn kernel_files() -> Vec<PathBuf> {
-    let mut files: Vec<PathBuf> = ["examples", "tests/in", "tests/in/regressions"]
-        .iter()
-        .flat_map(|d| std::fs::read_dir(root().join(d)).into_iter().flatten().filter_map(|e| Some(e.ok()?.path())))
-        .filter(|p| p.extension().is_some_and(|x| x == "tk"))
-        .collect();
-    files.sort();
-    files
-}
-
 /// The launch flags a kernel file needs: every kernel of the file (several make one MPMD
 /// launch), and a mesh or grid sizes where the file needs them.
 fn launch_flags(path: &Path) -> Vec<String> {

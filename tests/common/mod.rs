@@ -14,6 +14,18 @@ pub fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// Every kernel file of the tests: `examples/`, `tests/in/` and `tests/in/regressions/`, sorted.
+#[allow(dead_code)] // not every test binary walks them
+pub fn kernel_files() -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = ["examples", "tests/in", "tests/in/regressions"]
+        .iter()
+        .flat_map(|d| std::fs::read_dir(root().join(d)).expect("a folder of kernels").filter_map(|e| Some(e.ok()?.path())))
+        .filter(|p| p.extension().is_some_and(|x| x == "tk"))
+        .collect();
+    files.sort();
+    files
+}
+
 /// `target/debug` (or wherever this test binary's profile lives).
 pub fn target_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("test binary path");

@@ -88,10 +88,21 @@ pub struct Compiled {
 
 /// Lowers a verified kernel for the interpreter.
 pub fn compile(kernel: &Verified) -> Compiled {
-    Compiled { kernel: kernel.clone(), program: lower::lower(kernel) }
+    Compiled { kernel: kernel.clone(), program: lower::lower(kernel, true) }
+}
+
+/// Lowers without fusing elementwise runs: every statement on its whole block, the definition
+/// the fused program must match bit for bit (the tests compare the two).
+pub fn compile_unfused(kernel: &Verified) -> Compiled {
+    Compiled { kernel: kernel.clone(), program: lower::lower(kernel, false) }
 }
 
 impl Compiled {
+    /// How many fused runs the program has (`fuse.rs`), nested bodies included.
+    pub fn fused_runs(&self) -> usize {
+        self.program.fused_runs()
+    }
+
     /// Runs the kernel over its whole grid; returns every output, in declaration order.
     pub fn run(&self, args: &LaunchArgs) -> Result<Vec<(String, HostArray)>, Error> {
         let grid = launch::bind(&self.kernel, args)?;

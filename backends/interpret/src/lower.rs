@@ -151,6 +151,22 @@ pub(crate) struct Program {
     pub slots: usize,
 }
 
+impl Program {
+    /// The fused runs of the program, nested bodies included.
+    pub fn fused_runs(&self) -> usize {
+        fn count(body: &[Instr]) -> usize {
+            body.iter()
+                .map(|i| match i {
+                    Instr::Fused(_) => 1,
+                    Instr::When { body, .. } | Instr::For { body, .. } => count(body),
+                    _ => 0,
+                })
+                .sum()
+        }
+        count(&self.body)
+    }
+}
+
 struct Lowerer<'a> {
     v: &'a Verified,
     slots: HashMap<String, usize>,
@@ -158,11 +174,14 @@ struct Lowerer<'a> {
     shapes: HashMap<usize, Vec<usize>>,
 }
 
-/// Lowers a verified kernel, with its elementwise runs fused. Infallible: the verifier has
-/// checked everything.
-pub(crate) fn lower(v: &Verified) -> Program {
+/// Lowers a verified kernel, with its elementwise runs fused where `fuse` says. Infallible: the
+/// verifier has checked everything.
+pub(crate) fn lower(v: &Verified, fuse: bool) -> Program {
     let mut l = Lowerer { v, slots: HashMap::new(), shapes: HashMap::new() };
     let body = l.body(&v.kernel().body);
+    if !fuse {
+        return Program { body, slots: l.slots.len() };
+    }
     let mut uses = HashMap::new();
     crate::fuse::count_uses(&body, &mut uses);
     let body = crate::fuse::fuse(body, &crate::fuse::Facts { v, shapes: &l.shapes, uses: &uses });
