@@ -600,18 +600,45 @@ fn sgemm(a: Strided<'_>, b: Strided<'_>, m: usize, k: usize, n: usize) -> Vec<f3
     c
 }
 
+/// A row-major `f32` matrix in memory: `rows × cols`, rows `stride` elements apart (a block of
+/// a larger array, read in place).
+#[derive(Clone, Copy)]
+pub(crate) struct Matrix<'a> {
+    pub data: &'a [f32],
+    pub rows: usize,
+    pub cols: usize,
+    pub stride: usize,
+}
+
+impl<'a> Matrix<'a> {
+    /// A 2-D float value as a matrix; `None` for integers.
+    pub fn of(v: &'a Val) -> Option<Matrix<'a>> {
+        match &v.data {
+            Data::F(x) => Some(Matrix { data: x, rows: v.shape[0], cols: v.shape[1], stride: v.shape[1] }),
+            _ => None,
+        }
+    }
+
+    /// Its memory with the strides of its rows and columns; transposed, they swap.
+    fn strided(self, transposed: bool) -> Strided<'a> {
+        let (rows, cols) = if transposed { (1, self.stride as isize) } else { (self.stride as isize, 1) };
+        Strided { data: self.data, rows, cols }
+    }
+}
+
+/// `dot` of two `f32` matrices (each transposed where its flag says), by [`sgemm`].
+pub(crate) fn dot_f32(a: Matrix<'_>, b: Matrix<'_>, trans_a: bool, trans_b: bool) -> Val {
+    let (m, k) = if trans_a { (a.cols, a.rows) } else { (a.rows, a.cols) };
+    let n = if trans_b { b.rows } else { b.cols };
+    Val { dtype: DType::F32, shape: vec![m, n], data: Data::F(sgemm(a.strided(trans_a), b.strided(trans_b), m, k, n)) }
+}
+
 pub(crate) fn dot(a: &Val, b: &Val, trans_a: bool, trans_b: bool) -> Val {
+    if let (Some(x), Some(y)) = (Matrix::of(a), Matrix::of(b)) {
+        return dot_f32(x, y, trans_a, trans_b);
+    }
     let (m, k) = if trans_a { (a.shape[1], a.shape[0]) } else { (a.shape[0], a.shape[1]) };
     let n = if trans_b { b.shape[0] } else { b.shape[1] };
-    if let (Data::F(x), Data::F(y)) = (&a.data, &b.data) {
-        // Row-major: a row of `a` is `shape[1]` apart; transposed, its rows are its columns.
-        let view = |data, cols: usize, t: bool| {
-            let (r, c) = if t { (1, cols as isize) } else { (cols as isize, 1) };
-            Strided { data, rows: r, cols: c }
-        };
-        let c = sgemm(view(x, a.shape[1], trans_a), view(y, b.shape[1], trans_b), m, k, n);
-        return Val { dtype: DType::F32, shape: vec![m, n], data: Data::F(c) };
-    }
     let a = if trans_a { Cow::Owned(transpose(a, &[1, 0])) } else { Cow::Borrowed(a) };
     let b = if trans_b { Cow::Owned(transpose(b, &[1, 0])) } else { Cow::Borrowed(b) };
     let data = match (&a.data, &b.data) {

@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use tessel_plugin_api::ir::{BinaryOp, CmpOp, DType, ReduceOp, UnaryOp, Verified};
 
 use crate::eval::{Data, Val, strides};
-use crate::lower::{Instr, Ix, MemRef, Src};
+use crate::lower::{DotArg, Instr, Ix, MemRef, Src};
 
 /// Elements a chunk holds, about: a few such blocks of `f32` stay in the L1 cache.
 pub(crate) const CHUNK: usize = 1024;
@@ -276,7 +276,10 @@ pub(crate) fn count_uses(body: &[Instr], uses: &mut HashMap<usize, usize>) {
             | Instr::Reshape { a, .. }
             | Instr::Transpose { a, .. }
             | Instr::Reduce { a, .. } => read.push(a),
-            Instr::Binary { a, b, .. } | Instr::Compare { a, b, .. } | Instr::Dot { a, b, .. } => read.extend([a, b]),
+            Instr::Binary { a, b, .. } | Instr::Compare { a, b, .. } => read.extend([a, b]),
+            Instr::Dot { a, b, .. } => {
+                read.extend([a, b].into_iter().filter_map(|d| if let DotArg::Value(s) = d { Some(s) } else { None }))
+            }
             Instr::Select { c, a, b, .. } => read.extend([c, a, b]),
             Instr::When { cond, body } => {
                 read.push(cond);

@@ -15,6 +15,15 @@ pub(crate) enum Src {
     Const(Val),
 }
 
+/// An operand of `dot`.
+#[derive(Clone, Debug)]
+pub(crate) enum DotArg {
+    Value(Src),
+    /// The whole block of an `f32` input matrix whose load only this `dot` read: read in place
+    /// through the array's row stride where the block lies inside it, else loaded.
+    Block(MemRef),
+}
+
 /// A memory reference: an argument (by position in `Kernel::params`) or a scratch buffer.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct MemRef(pub usize);
@@ -121,8 +130,8 @@ pub(crate) enum Instr {
     },
     Dot {
         dst: usize,
-        a: Src,
-        b: Src,
+        a: DotArg,
+        b: DotArg,
         trans_a: bool,
         trans_b: bool,
     },
@@ -182,6 +191,9 @@ pub(crate) fn lower(v: &Verified, fuse: bool) -> Program {
     if !fuse {
         return Program { body, slots: l.slots.len() };
     }
+    let mut uses = HashMap::new();
+    crate::fuse::count_uses(&body, &mut uses);
+    let body = dot_views(body, v, &uses);
     let mut uses = HashMap::new();
     crate::fuse::count_uses(&body, &mut uses);
     let body = crate::fuse::fuse(body, &crate::fuse::Facts { v, shapes: &l.shapes, uses: &uses });
@@ -302,7 +314,8 @@ impl Lowerer<'_> {
                 Instr::Reduce { dst, op: *op, a: self.src(arg, DType::F32), axis: *axis, keepdims: *keepdims }
             }
             Op::Dot { a, b, trans_a, trans_b } => {
-                Instr::Dot { dst, a: self.src(a, DType::F32), b: self.src(b, DType::F32), trans_a: *trans_a, trans_b: *trans_b }
+                let (a, b) = (DotArg::Value(self.src(a, DType::F32)), DotArg::Value(self.src(b, DType::F32)));
+                Instr::Dot { dst, a, b, trans_a: *trans_a, trans_b: *trans_b }
             }
             Op::When { cond, body } => Instr::When { cond: self.src(cond, DType::Bool), body: self.body(body) },
             Op::For { var, lo, hi, step, iters, body } => {
@@ -340,4 +353,37 @@ impl Lowerer<'_> {
         let name = self.slots.iter().find(|(_, s)| **s == slot).map(|(n, _)| n.clone()).expect("slot has a name");
         self.v.value_type(&name).dtype
     }
+}
+
+/// `body` with each whole-block load of a 2-D `f32` input that only a later `dot` of the same
+/// body reads folded into that `dot` as [`DotArg::Block`]: the block is not copied.
+fn dot_views(body: Vec<Instr>, v: &Verified, uses: &HashMap<usize, usize>) -> Vec<Instr> {
+    let viewable = |instr: &Instr| match instr {
+        Instr::Load { dst, mem, index: None, mask: None, dtype: DType::F32, .. } => {
+            let p = &v.kernel().params[mem.0];
+            (p.kind == ParamKind::In && p.ty.shape.len() == 2 && uses.get(dst) == Some(&1)).then_some((*dst, *mem))
+        }
+        _ => None,
+    };
+    let loads: HashMap<usize, MemRef> = body.iter().filter_map(viewable).collect();
+    let mut taken: Vec<usize> = Vec::new();
+    let mut fold = |arg: DotArg| match arg {
+        DotArg::Value(Src::Slot(n)) if loads.contains_key(&n) => {
+            taken.push(n);
+            DotArg::Block(loads[&n])
+        }
+        other => other,
+    };
+    let body: Vec<Instr> = body
+        .into_iter()
+        .map(|instr| match instr {
+            Instr::Dot { dst, a, b, trans_a, trans_b } => Instr::Dot { dst, a: fold(a), b: fold(b), trans_a, trans_b },
+            Instr::When { cond, body } => Instr::When { cond, body: dot_views(body, v, uses) },
+            Instr::For { var, lo, hi, step, iters, results, body, yields } => {
+                Instr::For { var, lo, hi, step, iters, results, body: dot_views(body, v, uses), yields }
+            }
+            other => other,
+        })
+        .collect();
+    body.into_iter().filter(|i| !viewable(i).is_some_and(|(dst, _)| taken.contains(&dst))).collect()
 }

@@ -10,7 +10,7 @@ use tessel_plugin_api::launch::LaunchAxis;
 
 use crate::eval::{self, Data, Val, expand};
 use crate::fuse::{self, Fused};
-use crate::lower::{Instr, Ix, MemRef, Program, Src};
+use crate::lower::{DotArg, Instr, Ix, MemRef, Program, Src};
 
 /// Element storage of one array. Inputs are borrowed, typed and read-only; outputs and scratch
 /// are bit patterns in relaxed atomics, because programs run concurrently and may (by the
@@ -283,7 +283,7 @@ impl<'m, 'a> ProgramState<'m, 'a> {
             Instr::Reshape { dst, a, shape } => (*dst, eval::reshape(self.get(a), shape)),
             Instr::Transpose { dst, a, perm } => (*dst, eval::transpose(self.get(a), perm)),
             Instr::Reduce { dst, op, a, axis, keepdims } => (*dst, eval::reduce(*op, self.get(a), *axis, *keepdims)),
-            Instr::Dot { dst, a, b, trans_a, trans_b } => (*dst, eval::dot(self.get(a), self.get(b), *trans_a, *trans_b)),
+            Instr::Dot { dst, a, b, trans_a, trans_b } => (*dst, self.dot(a, b, *trans_a, *trans_b)),
             Instr::When { cond, body } => {
                 if self.get(cond).as_bool() {
                     self.exec(body);
@@ -440,6 +440,45 @@ impl<'m, 'a> ProgramState<'m, 'a> {
             }
             lane += len;
         });
+    }
+
+    /// A `dot`, its [`DotArg::Block`] operands read in place where their blocks lie inside.
+    fn dot(&self, a: &DotArg, b: &DotArg, trans_a: bool, trans_b: bool) -> Val {
+        // A block that reaches past its array is loaded, as the statement would be.
+        let load = |d: &DotArg| match d {
+            DotArg::Block(mem) if self.matrix(*mem).is_none() => {
+                Some(self.load(*mem, None, None, Literal::Int(0), DType::F32))
+            }
+            _ => None,
+        };
+        let (la, lb) = (load(a), load(b));
+        match (a, b) {
+            (DotArg::Value(x), DotArg::Value(y)) => eval::dot(self.get(x), self.get(y), trans_a, trans_b),
+            _ => {
+                let (x, y) = (self.dot_matrix(a, &la), self.dot_matrix(b, &lb));
+                eval::dot_f32(x.expect("an f32 operand"), y.expect("an f32 operand"), trans_a, trans_b)
+            }
+        }
+    }
+
+    /// A `dot` operand as a matrix: loaded (`l`), a value, or a block in place.
+    fn dot_matrix<'s>(&'s self, d: &'s DotArg, l: &'s Option<Val>) -> Option<eval::Matrix<'s>> {
+        match (d, l) {
+            (_, Some(v)) => eval::Matrix::of(v),
+            (DotArg::Value(s), None) => eval::Matrix::of(self.get(s)),
+            (DotArg::Block(mem), None) => self.matrix(*mem),
+        }
+    }
+
+    /// The block of the `f32` input `mem` at this grid point as a matrix in the array, where it
+    /// lies inside.
+    fn matrix(&self, mem: MemRef) -> Option<eval::Matrix<'_>> {
+        let arr = self.array(mem);
+        let (Storage::Input(DataRef::F32(v)), true) = (&arr.storage, self.inside(mem)) else { return None };
+        let block = self.m.kernel.kernel().params[mem.0].block_shape();
+        let o = &self.origins[mem.0];
+        let start = o[0] as usize * arr.shape[1] + o[1] as usize;
+        Some(eval::Matrix { data: &v[start..], rows: block[0], cols: block[1], stride: arr.shape[1] })
     }
 
     /// Whether the whole block of `mem` lies inside its array at this grid point.
