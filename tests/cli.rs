@@ -31,7 +31,11 @@ fn check_prints_canonical_text_and_exits_0() {
 fn check_of_a_generic_kernel_keeps_its_parameters_and_says_what_it_verified() {
     let r = tessel(&["check", &example("add")]);
     assert_eq!(r.code, 0, "{}", r.stderr);
-    assert!(r.stdout.starts_with("kernel add[N = 1024, B = 128 in (64, 128, 256, 512, 1024)]\n  grid (i: cdiv(N, B))\n"), "{}", r.stdout);
+    assert!(
+        r.stdout.starts_with("kernel add[N = 1024, B = 128 in (64, 128, 256, 512, 1024)]\n  grid (i: cdiv(N, B))\n"),
+        "{}",
+        r.stdout
+    );
     assert!(r.stdout.contains("  in  x: f32[N] block [B] at (i)\n"), "{}", r.stdout);
     assert!(r.stdout.ends_with("}\n# verified with N = 1024, B = 128\n"), "{}", r.stdout);
     // Checking the printed text gives it back.
@@ -48,7 +52,10 @@ fn check_of_a_generic_kernel_keeps_its_parameters_and_says_what_it_verified() {
     let r = tessel(&["check", generic.to_str().unwrap(), "--param", "N=4000"]);
     assert!(r.stdout.ends_with("# verified with N = 4000, B = 128\n"), "{}", r.stdout);
     let r = tessel(&["check", generic.to_str().unwrap(), "--param", "N=4000", "--param", "B=0"]);
-    assert_user_error(&r, &["nodefault.tk:2:12: error: `cdiv(N, B)`: divides by `B`, which is 0 (kernel `add` with N = 4000, B = 0)"]);
+    assert_user_error(
+        &r,
+        &["nodefault.tk:2:12: error: `cdiv(N, B)`: divides by `B`, which is 0 (kernel `add` with N = 4000, B = 0)"],
+    );
 }
 
 #[test]
@@ -121,7 +128,12 @@ fn a_launch_larger_than_memory_is_refused_at_once() {
     let file = dir.path().join("big.tk");
     // Eight inputs and eight outputs of 4e9 f32 (the interpreter's largest arrays): 238 GB.
     let (ins, outs): (Vec<String>, Vec<String>) = (0..8)
-        .map(|n| (format!("  in  x{n}: f32[4000000000] block [1024] at (i)\n"), format!("  out o{n}: f32[4000000000] block [1024] at (i)\n")))
+        .map(|n| {
+            (
+                format!("  in  x{n}: f32[4000000000] block [1024] at (i)\n"),
+                format!("  out o{n}: f32[4000000000] block [1024] at (i)\n"),
+            )
+        })
         .unzip();
     let body: String = (0..8).map(|n| format!("  %a{n} = load x{n}\n  store o{n}, %a{n}\n")).collect();
     std::fs::write(&file, format!("kernel big\n  grid (i: 3906250)\n{}{}{{\n{body}}}\n", ins.concat(), outs.concat())).unwrap();
@@ -184,7 +196,9 @@ fn input_of_the_wrong_shape_or_dtype() {
     let r = tessel(&["run", &example("add"), "--input", &x, "--input", &y]);
     assert_user_error(
         &r,
-        &["inputs of kernel `add` disagree on parameter `N`: `x` says N = 1000 (its dimension 0), `y` says N = 1024 (its dimension 0)"],
+        &[
+            "inputs of kernel `add` disagree on parameter `N`: `x` says N = 1000 (its dimension 0), `y` says N = 1024 (its dimension 0)",
+        ],
     );
     let x = input_arg(dir.path(), "x", &f32_array(&[4, 256], vec![0.0; 1024]));
     let r = tessel(&["run", &example("add"), "--input", &x, "--input", &y]);

@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use common::*;
 
@@ -322,12 +322,21 @@ fn bench_times_the_kernel_on_the_gpu_clock_where_the_adapter_has_timestamps() {
     let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap_or_else(|e| panic!("{e}: {}", r.stdout));
     let want = if adapter_has_timestamps() { "gpu-timestamps" } else { "submit-and-wait" };
     assert_eq!(v["kernel_timing"], want, "on {adapter}: {v}");
-    let (kernel, launch, run) = (v["kernel_ms"].as_f64().unwrap(), v["launch_ms"].as_f64().unwrap(), v["run_ms"].as_f64().unwrap());
+    let (kernel, launch, run) =
+        (v["kernel_ms"].as_f64().unwrap(), v["launch_ms"].as_f64().unwrap(), v["run_ms"].as_f64().unwrap());
     // The kernel alone takes some time, and less than a run that also uploads and downloads.
     assert!(kernel > 0.0 && kernel < run && launch < run, "{v}");
     let gbs = v["gbs"].as_f64().unwrap();
     assert!((gbs - v["bytes"].as_f64().unwrap() / kernel / 1e6).abs() <= 1e-6 * gbs, "rates on kernel_ms: {v}");
     let text = tessel(&["bench", &file, "--backend", "wgpu", "--runs", "2"]);
-    let line = if want == "gpu-timestamps" { "kernel (median, the device's clock, GPU timestamps): " } else { "not measured (wgpu has no GPU timestamps)" };
-    assert!(text.stdout.contains("launch (median, arrays on the device, submit and wait): ") && text.stdout.contains(line), "{}", text.stdout);
+    let line = if want == "gpu-timestamps" {
+        "kernel (median, the device's clock, GPU timestamps): "
+    } else {
+        "not measured (wgpu has no GPU timestamps)"
+    };
+    assert!(
+        text.stdout.contains("launch (median, arrays on the device, submit and wait): ") && text.stdout.contains(line),
+        "{}",
+        text.stdout
+    );
 }

@@ -61,9 +61,7 @@ mod tests {
         .expect("parses")
         .kernels
         .remove(0);
-        let on = |threads| {
-            rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap().install(|| random_inputs(&k, 9))
-        };
+        let on = |threads| rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap().install(|| random_inputs(&k, 9));
         let (one, four) = (on(1), on(4));
         assert_eq!(one, four);
         assert_ne!(one, random_inputs(&k, 10));

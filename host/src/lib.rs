@@ -169,6 +169,25 @@ pub enum Error {
     Tune(String),
 }
 
+/// On a machine without a desktop session, Mesa's Vulkan and GL drivers (the software adapter
+/// wgpu finds there) print `error: XDG_RUNTIME_DIR is invalid or not set in the environment.`
+/// at every start, from libwayland, although nothing is wrong. This sets `XDG_RUNTIME_DIR` to the
+/// temporary folder where it is unset (any absolute path quiets it; nothing opens a window). The
+/// `tessel` command and the Python module do it; a Rust program using [`Runtime`] calls it first
+/// in `main`.
+///
+/// # Safety
+///
+/// It changes the environment: call it before any other thread exists (the first statement of
+/// `main`), as [`std::env::set_var`] requires.
+#[allow(unsafe_code, reason = "std::env::set_var is unsafe; the caller guarantees one thread")]
+pub unsafe fn quiet_headless_mesa() {
+    if std::env::var_os("XDG_RUNTIME_DIR").is_none() {
+        // SAFETY: the caller guarantees that no other thread reads or writes the environment.
+        unsafe { std::env::set_var("XDG_RUNTIME_DIR", std::env::temp_dir()) }
+    }
+}
+
 /// The parts of a memory need that are not zero: `inputs 32.0 GB, outputs 16.0 GB`.
 fn parts(need: &memory::Need) -> String {
     let parts = [("inputs", need.inputs), ("outputs", need.outputs), ("scratch", need.scratch)];

@@ -6,7 +6,11 @@
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> std::process::ExitCode {
-    quiet_headless_mesa();
+    // SAFETY: the first statement of `main`: no other thread exists yet.
+    #[allow(unsafe_code, reason = "setting the environment before any thread exists")]
+    unsafe {
+        tessel::quiet_headless_mesa();
+    }
     // A panic is a bug in tessel, never the user's fault: say so in one line, without a backtrace.
     std::panic::set_hook(Box::new(|info| {
         eprintln!("error: internal error in tessel ({info}); please report it with the command that caused it");
@@ -20,19 +24,4 @@ fn main() -> std::process::ExitCode {
         .init();
     let code = tessel::cli::main(std::env::args_os(), &mut std::io::stdout(), &mut std::io::stderr());
     std::process::ExitCode::from(code)
-}
-
-/// On a machine without a desktop session, Mesa's Vulkan and GL drivers (the software adapter
-/// wgpu finds there) print `error: XDG_RUNTIME_DIR is invalid or not set in the environment.`
-/// at every start, from libwayland, although nothing is wrong. Any absolute path quiets it;
-/// nothing here opens a window.
-fn quiet_headless_mesa() {
-    if std::env::var_os("XDG_RUNTIME_DIR").is_none() {
-        #[allow(unsafe_code, reason = "setting the environment before any thread exists")]
-        // SAFETY: the first statement of `main`: no other thread exists yet that could read the
-        // environment concurrently.
-        unsafe {
-            std::env::set_var("XDG_RUNTIME_DIR", std::env::temp_dir());
-        }
-    }
 }

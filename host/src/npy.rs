@@ -1,14 +1,15 @@
 //! Reading and writing numpy `.npy` files (v1, little-endian, C order) with `npyz`.
 //!
 //! Dtypes: `<f4` f32, `<f2` f16, `<i4` i32, `<u4` u32, `|b1` bool, and `|V2` for bf16 (what
-//! `np.save` writes for an `ml_dtypes.bfloat16` array: two raw bytes per element).
+//! `np.save` writes for an `ml_dtypes.bfloat16` array: two raw bytes per element). Big-endian
+//! files (`>f4`) are refused with the `astype` that converts them.
 
 use std::io::{BufWriter, Write};
 use std::path::Path;
 
-use half::{bf16, f16};
-use npyz::{DType as NpyDType, FixedSizeBytes, NpyFile, Order, TypeChar};
+use npyz::{DType as NpyDType, NpyFile, Order, TypeChar};
 use tessel_plugin_api::array::{ArrayData, HostArray};
+use tessel_plugin_api::ir::DType;
 
 /// What went wrong with one `.npy` file; the host adds the path.
 #[derive(Debug, thiserror::Error)]
@@ -41,51 +42,73 @@ pub enum NpyError {
     Fortran,
 }
 
-fn read_vec<T: npyz::Deserialize>(file: NpyFile<&[u8]>) -> Result<Vec<T>, NpyError> {
-    Ok(file.into_vec::<T>()?)
-}
-
-/// Reads a `.npy` file into a host array.
+/// Reads a `.npy` file into a host array: the header first, then the data straight into the
+/// array's memory (one copy, from the page cache), after the header's shape has been checked
+/// against the file's length — a lying header is an error, not an out-of-memory abort.
 pub fn read(path: &Path) -> Result<HostArray, NpyError> {
-    read_bytes(&std::fs::read(path)?)
+    use std::io::Read;
+    let mut file = std::fs::File::open(path)?;
+    let len = file.metadata()?.len();
+    // Magic, version and the header's length (2 bytes in version 1, 4 after), then the header.
+    let mut head = vec![0u8; len.min(12) as usize];
+    file.read_exact(&mut head)?;
+    let start = bytes_before_data(&head);
+    if start > len || start > 1 << 20 {
+        return Err(NpyError::Header);
+    }
+    head.resize(start as usize, 0);
+    file.read_exact(&mut head[len.min(12) as usize..])?;
+    let (dtype, shape) = header(&head, len - start)?;
+    let mut array = HostArray::zeros(dtype, &shape);
+    match array.le_bytes_mut() {
+        Some(bytes) => file.read_exact(bytes)?,
+        None => {
+            let mut bytes = Vec::new();
+            file.read_to_end(&mut bytes)?;
+            array = HostArray::from_le_bytes(dtype, &shape, &bytes).map_err(|_| NpyError::Header)?;
+        }
+    }
+    Ok(array)
 }
 
-/// Reads the bytes of a `.npy` file. The header's shape is checked against the bytes that follow
-/// it before anything is allocated, so a lying header is an error, not an out-of-memory abort.
+/// Reads the bytes of a `.npy` file (one copy of the data).
 pub fn read_bytes(bytes: &[u8]) -> Result<HostArray, NpyError> {
-    check_header_shape(bytes)?;
-    let header = npyz::NpyHeader::from_reader(bytes)?;
-    let file = NpyFile::with_header(header.clone(), bytes);
+    let start = bytes_before_data(bytes).min(bytes.len() as u64);
+    let (dtype, shape) = header(&bytes[..start as usize], bytes.len() as u64 - start)?;
+    HostArray::from_le_bytes(dtype, &shape, &bytes[start as usize..]).map_err(|_| NpyError::Header)
+}
+
+/// The dtype and shape a `.npy` header (`head`: everything before the data) declares, checked
+/// against the `data_len` bytes that follow it.
+fn header(head: &[u8], data_len: u64) -> Result<(DType, Vec<usize>), NpyError> {
+    check_header_shape(head)?;
+    let header = npyz::NpyHeader::from_reader(head)?;
+    let file = NpyFile::with_header(header, &[][..]);
     if file.order() == Order::Fortran && file.shape().len() > 1 {
         return Err(NpyError::Fortran);
     }
-    let dtype = file.dtype();
-    let NpyDType::Plain(ts) = &dtype else {
-        return Err(NpyError::Dtype(dtype.descr()));
+    let npy_dtype = file.dtype();
+    let NpyDType::Plain(ts) = &npy_dtype else {
+        return Err(NpyError::Dtype(npy_dtype.descr()));
     };
-    let width = match (ts.type_char(), ts.size_field()) {
-        (TypeChar::Float, 4) | (TypeChar::Int, 4) | (TypeChar::Uint, 4) => 4,
-        (TypeChar::Float, 2) | (TypeChar::RawData, 2) => 2,
-        (TypeChar::Bool, 1) => 1,
+    let dtype = match (ts.type_char(), ts.size_field()) {
+        (TypeChar::Float, 4) => DType::F32,
+        (TypeChar::Int, 4) => DType::I32,
+        (TypeChar::Uint, 4) => DType::U32,
+        (TypeChar::Float, 2) => DType::F16,
+        (TypeChar::RawData, 2) => DType::BF16,
+        (TypeChar::Bool, 1) => DType::Bool,
         _ => return Err(NpyError::Dtype(ts.to_string())),
     };
+    let little = !matches!(ts.endianness(), npyz::Endianness::Big) || ts.size_field() == 1;
+    if !little {
+        return Err(NpyError::Dtype(ts.to_string()));
+    }
     let n = file.shape().iter().try_fold(1u64, |a, &d| a.checked_mul(d));
-    let data_len = (bytes.len() as u64).saturating_sub(bytes_before_data(bytes));
-    if n.and_then(|n| n.checked_mul(width)) != Some(data_len) {
+    if n.and_then(|n| n.checked_mul(u64::from(dtype.bits().div_ceil(8)))) != Some(data_len) {
         return Err(NpyError::Truncated { shape: format!("{:?}", file.shape()), bytes: data_len });
     }
-    let shape: Vec<usize> = file.shape().iter().map(|&d| d as usize).collect();
-    // The header has been read; read the data from where it starts.
-    let file = NpyFile::with_header(header, &bytes[bytes_before_data(bytes) as usize..]);
-    let data = match (ts.type_char(), ts.size_field()) {
-        (TypeChar::Float, 4) => ArrayData::F32(read_vec(file)?),
-        (TypeChar::Float, 2) => ArrayData::F16(read_vec::<f16>(file)?),
-        (TypeChar::Int, 4) => ArrayData::I32(read_vec(file)?),
-        (TypeChar::Uint, 4) => ArrayData::U32(read_vec(file)?),
-        (TypeChar::Bool, 1) => ArrayData::Bool(read_vec(file)?),
-        _ => ArrayData::BF16(read_vec::<FixedSizeBytes<2>>(file)?.into_iter().map(|b| bf16::from_le_bytes(b.0)).collect()),
-    };
-    Ok(HostArray { shape, data })
+    Ok((dtype, file.shape().iter().map(|&d| d as usize).collect()))
 }
 
 /// A plain numpy header is one dict whose only tuple is the shape. npyz's header parser takes
@@ -156,6 +179,7 @@ pub fn write(path: &Path, a: &HostArray) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use half::{bf16, f16};
 
     /// A header that promises more (or less) data than follows is an error, before any allocation.
     #[test]
@@ -176,6 +200,18 @@ mod tests {
         nested.extend(std::iter::repeat_n(b' ', 78));
         assert!(matches!(read_bytes(&nested), Err(NpyError::Header)));
         assert!(read_bytes(&[]).is_err());
+        // The same refusals from a file, read header first.
+        let dir = tempfile::tempdir().unwrap();
+        for (n, b) in [&bytes[..bytes.len() - 1], &huge[..], &nested[..], &bytes[..5]].iter().enumerate() {
+            let path = dir.path().join(format!("bad{n}.npy"));
+            std::fs::write(&path, b).unwrap();
+            assert!(read(&path).is_err(), "bad{n}");
+        }
+        // Big-endian data is refused, naming its dtype.
+        let mut be = bytes.clone();
+        let at = be.windows(3).position(|w| w == b"<f4").expect("the descr");
+        be[at] = b'>';
+        assert!(matches!(read_bytes(&be), Err(NpyError::Dtype(d)) if d == ">f4"));
         // Shorter than a header (found by cargo fuzz).
         for n in 0..12 {
             assert!(read_bytes(&bytes[..n]).is_err());

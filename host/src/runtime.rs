@@ -104,13 +104,15 @@ impl Runtime {
                 .iter()
                 .filter(|n| n.starts_with(name) || distance(n) <= (name.len() / 4).max(1))
                 .min_by_key(|n| distance(n));
-            let available = self
-                .registry
-                .backends
-                .iter()
-                .map(|b| if b.backend.availability().available { b.name.clone() } else { format!("{} (unavailable here)", b.name) })
-                .collect::<Vec<_>>()
-                .join(", ");
+            let available =
+                self.registry
+                    .backends
+                    .iter()
+                    .map(|b| {
+                        if b.backend.availability().available { b.name.clone() } else { format!("{} (unavailable here)", b.name) }
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", ");
             Error::UnknownBackend {
                 name: name.to_string(),
                 suggestion: close.map(|n| format!("; did you mean `{n}`?")).unwrap_or_default(),
@@ -285,7 +287,10 @@ impl Runtime {
         }
         let verified: Vec<&Verified> = kernels.iter().map(|k| k.kernel).collect();
         let need = crate::memory::Need { inputs: 0, ..crate::memory::Need::of(&verified, crate::memory::threads()) };
-        crate::memory::check(|| format!("the outputs of `{}`", verified.iter().map(|k| k.name()).collect::<Vec<_>>().join("`, `")), need)?;
+        crate::memory::check(
+            || format!("the outputs of `{}`", verified.iter().map(|k| k.name()).collect::<Vec<_>>().join("`, `")),
+            need,
+        )?;
         let mut outputs: Vec<(String, HostArray)> = Vec::new();
         for k in kernels {
             for p in k.kernel.kernel().params_of(ParamKind::Out) {
@@ -321,7 +326,8 @@ impl Runtime {
         }
         for (name, array) in &mut outputs {
             if let Some(bytes) = bool_bytes.get(name.as_str()) {
-                *array = HostArray::from_le_bytes(tessel_plugin_api::ir::DType::Bool, &array.shape, bytes).expect("one byte per element");
+                *array = HostArray::from_le_bytes(tessel_plugin_api::ir::DType::Bool, &array.shape, bytes)
+                    .expect("one byte per element");
             }
         }
         Ok(outputs)

@@ -128,10 +128,7 @@ fn malformed_parameters_are_syntax_errors() {
         ("kernel k[x]\n  in x: f32[4]\n{\n}\n", "parameter `x` has the name of an argument"),
         ("kernel k[i = 2]\n  grid (i: 4)\n{\n}\n", "parameter `i` has the name of a grid axis"),
         ("kernel k\n  in x: f32[N]\n{\n}\n", "unknown size `N`"),
-        (
-            "kernel k[N = 8]\n  grid (i: 2)\n  in x: f32[N] block [4] at (i / 2)\n{\n}\n",
-            "`i / 2` is not affine in the grid axes",
-        ),
+        ("kernel k[N = 8]\n  grid (i: 2)\n  in x: f32[N] block [4] at (i / 2)\n{\n}\n", "`i / 2` is not affine in the grid axes"),
     ];
     for (src, want) in cases {
         let e = Source::parse(src).err().map(|d| d.render("k.tk", src)).unwrap_or_else(|| {

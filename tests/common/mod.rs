@@ -35,7 +35,9 @@ pub fn target_dir() -> PathBuf {
 /// Runs `cargo build ARGS` in the repository (a no-op when everything is up to date).
 pub fn cargo_build(args: &[&str]) {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let status = std::process::Command::new(cargo).current_dir(root()).arg("build").args(args).status().expect("cargo runs");
+    // Quiet: its "Compiling" lines would fill the test output (errors still show).
+    let status =
+        std::process::Command::new(cargo).current_dir(root()).args(["build", "--quiet"]).args(args).status().expect("cargo runs");
     assert!(status.success(), "cargo build {args:?} failed");
 }
 

@@ -11,8 +11,8 @@
 /// `log2(e)`.
 const LOG2_E: f64 = std::f64::consts::LOG2_E;
 /// `ln 2` in two parts: the first has 32 trailing zero bits, so `n * LN2_HI` is exact.
-const LN2_HI: f64 = 6.931_471_803_691_238_164_9e-1;
-const LN2_LO: f64 = 1.908_214_929_270_587_700_02e-10;
+const LN2_HI: f64 = 0.693_147_180_369_123_8;
+const LN2_LO: f64 = 1.908_214_929_270_587_7e-10;
 /// The arguments whose `f32` result is a normal number: below, it is subnormal or 0; above,
 /// infinite. Outside them libm decides.
 const LO: f32 = -87.0;

@@ -33,15 +33,43 @@ pub(crate) enum Arg {
 /// One statement of a run, over the run's shape.
 #[derive(Clone, Debug)]
 pub(crate) enum Op {
-    Load { mem: MemRef, dtype: DType },
-    Unary { op: UnaryOp, a: Arg },
-    Binary { op: BinaryOp, a: Arg, b: Arg },
-    Compare { op: CmpOp, a: Arg, b: Arg },
-    Select { c: Arg, a: Arg, b: Arg },
-    Cast { a: Arg, to: DType },
+    Load {
+        mem: MemRef,
+        dtype: DType,
+    },
+    Unary {
+        op: UnaryOp,
+        a: Arg,
+    },
+    Binary {
+        op: BinaryOp,
+        a: Arg,
+        b: Arg,
+    },
+    Compare {
+        op: CmpOp,
+        a: Arg,
+        b: Arg,
+    },
+    Select {
+        c: Arg,
+        a: Arg,
+        b: Arg,
+    },
+    Cast {
+        a: Arg,
+        to: DType,
+    },
     /// Along the last axis: one element per row.
-    Reduce { op: ReduceOp, a: Arg, keepdims: bool },
-    Store { mem: MemRef, value: Arg },
+    Reduce {
+        op: ReduceOp,
+        a: Arg,
+        keepdims: bool,
+    },
+    Store {
+        mem: MemRef,
+        value: Arg,
+    },
 }
 
 /// A fused run.
@@ -141,12 +169,10 @@ impl Run {
             Instr::Compare { dst, op, a, b } if same(dst) => {
                 self.arg(a).zip(self.arg(b)).map(|(a, b)| (Op::Compare { op: *op, a, b }, Some(*dst)))
             }
-            Instr::Select { dst, c, a, b } if same(dst) => {
-                match (self.arg(c), self.arg(a), self.arg(b)) {
-                    (Some(c), Some(a), Some(b)) => Some((Op::Select { c, a, b }, Some(*dst))),
-                    _ => None,
-                }
-            }
+            Instr::Select { dst, c, a, b } if same(dst) => match (self.arg(c), self.arg(a), self.arg(b)) {
+                (Some(c), Some(a), Some(b)) => Some((Op::Select { c, a, b }, Some(*dst))),
+                _ => None,
+            },
             Instr::Cast { dst, a, to } if same(dst) => self.arg(a).map(|a| (Op::Cast { a, to: *to }, Some(*dst))),
             Instr::Reduce { dst, op, a: a @ Src::Slot(n), axis, keepdims }
                 if *axis + 1 == self.shape.len() && (self.defined.contains_key(n) || f.shapes.get(n) == Some(&self.shape)) =>
@@ -354,7 +380,8 @@ pub(crate) fn broadcast_chunk(v: &Val, shape: &[usize], chunk: &Chunk, block: &[
         let mut out = Vec::with_capacity(n);
         let mut idx = vec![0usize; last];
         for _ in 0..n / cols {
-            let flat: usize = (0..last).map(|d| (chunk.start[d] + idx[d]) * strides[d]).sum::<usize>() + chunk.start[last] * strides[last];
+            let flat: usize =
+                (0..last).map(|d| (chunk.start[d] + idx[d]) * strides[d]).sum::<usize>() + chunk.start[last] * strides[last];
             if strides[last] == 0 {
                 out.extend(std::iter::repeat_n(data[flat], cols));
             } else {
@@ -373,8 +400,7 @@ pub(crate) fn broadcast_chunk(v: &Val, shape: &[usize], chunk: &Chunk, block: &[
     // The stride in `v` of each dimension of `shape` (0 where `v` stretches).
     let lead = shape.len() - v.shape.len();
     let own = strides(&v.shape);
-    let st: Vec<usize> =
-        (0..shape.len()).map(|d| if d < lead || v.shape[d - lead] == 1 { 0 } else { own[d - lead] }).collect();
+    let st: Vec<usize> = (0..shape.len()).map(|d| if d < lead || v.shape[d - lead] == 1 { 0 } else { own[d - lead] }).collect();
     let data = match &v.data {
         Data::F(x) => Data::F(take(x, &st, chunk)),
         Data::I(x) => Data::I(take(x, &st, chunk)),

@@ -40,7 +40,7 @@ impl Storage<'_> {
 /// Whether `bytes` can be an output's cells: whole, aligned 32-bit words on a little-endian
 /// machine.
 fn cells_fit(bytes: &[u8]) -> bool {
-    cfg!(target_endian = "little") && bytes.len() % 4 == 0 && bytes.as_ptr().align_offset(align_of::<AtomicU32>()) == 0
+    cfg!(target_endian = "little") && bytes.len().is_multiple_of(4) && bytes.as_ptr().align_offset(align_of::<AtomicU32>()) == 0
 }
 
 /// `bytes` (which [`cells_fit`]) as cells that programs write concurrently; zeroed first unless
@@ -446,9 +446,7 @@ impl<'m, 'a> ProgramState<'m, 'a> {
     fn dot(&self, a: &DotArg, b: &DotArg, trans_a: bool, trans_b: bool) -> Val {
         // A block that reaches past its array is loaded, as the statement would be.
         let load = |d: &DotArg| match d {
-            DotArg::Block(mem) if self.matrix(*mem).is_none() => {
-                Some(self.load(*mem, None, None, Literal::Int(0), DType::F32))
-            }
+            DotArg::Block(mem) if self.matrix(*mem).is_none() => Some(self.load(*mem, None, None, Literal::Int(0), DType::F32)),
             _ => None,
         };
         let (la, lb) = (load(a), load(b));

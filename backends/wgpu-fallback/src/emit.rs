@@ -445,7 +445,11 @@ impl<'k> Writer<'k> {
     /// The element of the slot in the WGSL variable `k`, of a value of `shape`.
     fn element_of_var(&self, shape: &[usize]) -> String {
         let g = self.group_of(shape);
-        if g > 1 { format!("{g}u * (lid + {}u * (k / {g}u)) + k % {g}u", self.plan.wg) } else { format!("lid + k * {}u", self.plan.wg) }
+        if g > 1 {
+            format!("{g}u * (lid + {}u * (k / {g}u)) + k % {g}u", self.plan.wg)
+        } else {
+            format!("lid + k * {}u", self.plan.wg)
+        }
     }
 
     /// Whether some invocation's last slots of a value of `shape` lie past its elements.

@@ -12,8 +12,7 @@ use tessel_plugin_api::ir::*;
 use tessel_plugin_api::launch::LaunchAxis;
 
 use crate::emit::{
-    DTYPES, MAX_BLOCK_ELEMENTS, MAX_GROUPS, MAX_PROGRAMS, MAX_STAGED_WORDS, MAX_STORAGE_BINDINGS, MAX_WORKGROUP,
-    WORKSPACE_BUDGET,
+    DTYPES, MAX_BLOCK_ELEMENTS, MAX_GROUPS, MAX_PROGRAMS, MAX_STAGED_WORDS, MAX_STORAGE_BINDINGS, MAX_WORKGROUP, WORKSPACE_BUDGET,
 };
 
 /// How the lowering uses the adapter; the WGSL header names it. `TESSEL_WGPU_STRATEGY=cpu|gpu`
@@ -253,9 +252,9 @@ impl Plan {
     /// layout, an `[R, 1]` value broadcast over its rows).
     pub fn crosses(&self, shape: &[usize], res: &[usize], linear: bool) -> bool {
         let own = !res.is_empty() && (shape == res || (linear && self.group_of(shape) == self.group_of(res)));
-        let row = self.row_len().is_some_and(|c| {
-            res.len() == 2 && shape.len() == 2 && shape[0] == res[0] && shape[1] == 1 && res[1] == c
-        });
+        let row = self
+            .row_len()
+            .is_some_and(|c| res.len() == 2 && shape.len() == 2 && shape[0] == res[0] && shape[1] == 1 && res[1] == c);
         !shape.is_empty() && !own && !row
     }
 

@@ -131,7 +131,8 @@ pub fn uses<'s>(k: &Kernel, s: &'s Stmt, result: &[usize]) -> Vec<Use<'s>> {
             })
             .collect()
     };
-    let region = |name: &str, index: &Option<Vec<Index>>| region_shape(k.param(name).expect("verified argument"), index.as_deref());
+    let region =
+        |name: &str, index: &Option<Vec<Index>>| region_shape(k.param(name).expect("verified argument"), index.as_deref());
     let mask = |m: &'s Option<String>, region: Vec<usize>| m.as_deref().map(|m| Use { name: m, how: How::Elementwise(region) });
     match &s.op {
         Op::Load { src, index, mask: m, .. } => starts(index).into_iter().chain(mask(m, region(src, index))).collect(),
