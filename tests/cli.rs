@@ -224,7 +224,7 @@ fn npy_that_is_not_npy_or_of_an_unsupported_dtype() {
     std::fs::write(&bad, b"this is not numpy").unwrap();
     let arg = format!("x={}", bad.display());
     let r = tessel(&["run", &example("ragged"), "--input", &arg]);
-    assert_user_error(&r, &["input `x` from", "bad.npy", "cannot read it"]);
+    assert_user_error(&r, &["input `x` from", "bad.npy", "it is not a .npy file: it does not start with numpy's magic"]);
     // A float64 array, written by hand: header then 8-byte elements.
     let f64_path = dir.path().join("f64.npy");
     let header = "{'descr': '<f8', 'fortran_order': False, 'shape': (2,), }";

@@ -17,6 +17,9 @@ pub enum NpyError {
     /// The file could not be opened or read.
     #[error("cannot read it: {0}")]
     Io(#[from] std::io::Error),
+    /// Bytes that do not start as a `.npy` file does.
+    #[error("it is not a .npy file: it does not start with numpy's magic `\\x93NUMPY`\n  expected a file written by np.save")]
+    Magic,
     /// A dtype tessel does not take.
     #[error(
         "its dtype is `{0}`, which tessel does not take\n  expected f32 (<f4), f16 (<f2), bf16 (|V2), i32 (<i4), u32 (<u4) or bool (|b1); convert with e.g. `x.astype(np.float32)`"
@@ -42,6 +45,9 @@ pub enum NpyError {
     Fortran,
 }
 
+/// What every `.npy` file starts with.
+const MAGIC: &[u8] = b"\x93NUMPY";
+
 /// Reads a `.npy` file into a host array: the header first, then the data straight into the
 /// array's memory (one copy, from the page cache), after the header's shape has been checked
 /// against the file's length — a lying header is an error, not an out-of-memory abort.
@@ -52,6 +58,9 @@ pub fn read(path: &Path) -> Result<HostArray, NpyError> {
     // Magic, version and the header's length (2 bytes in version 1, 4 after), then the header.
     let mut head = vec![0u8; len.min(12) as usize];
     file.read_exact(&mut head)?;
+    if !head.starts_with(MAGIC) {
+        return Err(NpyError::Magic);
+    }
     let start = bytes_before_data(&head);
     if start > len || start > 1 << 20 {
         return Err(NpyError::Header);
@@ -73,6 +82,9 @@ pub fn read(path: &Path) -> Result<HostArray, NpyError> {
 
 /// Reads the bytes of a `.npy` file (one copy of the data).
 pub fn read_bytes(bytes: &[u8]) -> Result<HostArray, NpyError> {
+    if !bytes.starts_with(MAGIC) {
+        return Err(NpyError::Magic);
+    }
     let start = bytes_before_data(bytes).min(bytes.len() as u64);
     let (dtype, shape) = header(&bytes[..start as usize], bytes.len() as u64 - start)?;
     HostArray::from_le_bytes(dtype, &shape, &bytes[start as usize..]).map_err(|_| NpyError::Header)
@@ -159,7 +171,8 @@ pub fn write_to<W: Write>(mut w: W, a: &HostArray) -> std::io::Result<()> {
     header.extend(std::iter::repeat_n(' ', pad));
     header.push('\n');
     let len = u16::try_from(header.len()).map_err(|_| std::io::Error::other("the .npy header is longer than 65535 bytes"))?;
-    w.write_all(b"\x93NUMPY\x01\x00")?;
+    w.write_all(MAGIC)?;
+    w.write_all(b"\x01\x00")?;
     w.write_all(&len.to_le_bytes())?;
     w.write_all(header.as_bytes())?;
     w.write_all(&a.le_bytes())?;
