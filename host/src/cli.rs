@@ -847,7 +847,7 @@ fn run(rt: &Runtime, flags: &LaunchFlags, opts: &RunOptions, out: &mut dyn Write
             let _ = writeln!(
                 out,
                 "  note: --check compares the interpreter with itself{}",
-                if p.explanation.is_empty() { "" } else { " (no other backend takes this launch here; --explain says why)" }
+                if p.explanation.is_empty() { "" } else { " (no other backend here is faster and takes this launch; --explain says why)" }
             );
         }
         let reference = rt.launch(tessel_interpret::NAME, &p.launches(), &p.externals(), &launch)?;
