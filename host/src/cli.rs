@@ -795,18 +795,15 @@ struct RunOptions {
 
 /// The `--input NAME=FILE.npy` arrays.
 fn read_inputs(flags: &[String]) -> Result<BTreeMap<String, HostArray>> {
-    let mut inputs = BTreeMap::new();
+    let files = flags
+        .iter()
+        .map(|i| split_flag("--input", i, "NAME=FILE.npy, as in `--input x=x.npy`").map(|(n, p)| (n, PathBuf::from(p))))
+        .collect::<Result<Vec<_>>>()?;
     // The files' bytes must fit before any is read.
-    let mut bytes = 0u64;
-    for i in flags {
-        if let Ok((_, path)) = split_flag("--input", i, "") {
-            bytes = bytes.saturating_add(std::fs::metadata(path).map_or(0, |m| m.len()));
-        }
-    }
+    let bytes = files.iter().map(|(_, p)| std::fs::metadata(p).map_or(0, |m| m.len())).fold(0u64, u64::saturating_add);
     crate::memory::check(|| format!("reading {}", flags.join(" ")), crate::memory::Need { inputs: bytes, ..Default::default() })?;
-    for i in flags {
-        let (name, path) = split_flag("--input", i, "NAME=FILE.npy, as in `--input x=x.npy`")?;
-        let path = PathBuf::from(path);
+    let mut inputs = BTreeMap::new();
+    for (name, path) in files {
         let array =
             crate::npy::read(&path).map_err(|source| Error::Npy { name: name.to_string(), path: path.clone(), source })?;
         inputs.insert(name.to_string(), array);
@@ -847,7 +844,11 @@ fn run(rt: &Runtime, flags: &LaunchFlags, opts: &RunOptions, out: &mut dyn Write
             let _ = writeln!(
                 out,
                 "  note: --check compares the interpreter with itself{}",
-                if p.explanation.is_empty() { "" } else { " (no other backend here is faster and takes this launch; --explain says why)" }
+                if p.explanation.is_empty() {
+                    ""
+                } else {
+                    " (no other backend here is faster and takes this launch; --explain says why)"
+                }
             );
         }
         let reference = rt.launch(tessel_interpret::NAME, &p.launches(), &p.externals(), &launch)?;

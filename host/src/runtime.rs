@@ -162,13 +162,15 @@ impl Runtime {
             match self.supports(&b.name, kernels, externals, grid) {
                 Ok(()) => {
                     // A software adapter ranks below the interpreter: say so where it is passed over.
-                    for later in ranked[n + 1..].iter().filter(|l| software(l) && b.name == tessel_interpret::NAME) {
-                        lines.push(format!(
-                            "{}: skipped, software adapter ({}): the interpreter is faster here; --backend {} to use it",
-                            later.name,
-                            later.backend.platform(),
-                            later.name
-                        ));
+                    if b.name == tessel_interpret::NAME {
+                        for later in ranked[n + 1..].iter().filter(|l| software(l)) {
+                            lines.push(format!(
+                                "{}: skipped, software adapter ({}): the interpreter is faster here; --backend {} to use it",
+                                later.name,
+                                later.backend.platform(),
+                                later.name
+                            ));
+                        }
                     }
                     lines.push(format!("{}: chosen ({})", b.name, a.reason));
                     return Ok((b.name.clone(), lines));

@@ -110,7 +110,7 @@ impl<'a> Machine<'a> {
     }
 
     /// Runs every program with the outputs named in `zeroed` (memory of zeros, as
-    /// [`HostArray::zeros`] makes it) written there in place where [`cells_fit`]; returns the
+    /// [`HostArray::zeros`] makes it, that [`cells_fit`]) written there in place; returns the
     /// other outputs in declaration order.
     pub fn run_lent(
         kernel: &'a Verified,
@@ -119,7 +119,7 @@ impl<'a> Machine<'a> {
         inputs: &std::collections::BTreeMap<String, DataRef<'a>>,
         zeroed: std::collections::BTreeMap<&'a str, &'a mut [u8]>,
     ) -> Vec<(String, HostArray)> {
-        let lent = zeroed.into_iter().filter(|(_, b)| cells_fit(b)).map(|(n, b)| (n, as_cells(b, false))).collect();
+        let lent = zeroed.into_iter().map(|(n, b)| (n, as_cells(b, false))).collect();
         Machine::new(kernel, program, grid, inputs, lent).run()
     }
 
@@ -444,27 +444,40 @@ impl<'m, 'a> ProgramState<'m, 'a> {
 
     /// A `dot`, its [`DotArg::Block`] operands read in place where their blocks lie inside.
     fn dot(&self, a: &DotArg, b: &DotArg, trans_a: bool, trans_b: bool) -> Val {
-        // A block that reaches past its array is loaded, as the statement would be.
-        let load = |d: &DotArg| match d {
-            DotArg::Block(mem) if self.matrix(*mem).is_none() => Some(self.load(*mem, None, None, Literal::Int(0), DType::F32)),
-            _ => None,
+        let (DotArg::Value(x), DotArg::Value(y)) = (a, b) else {
+            // A block that reaches past its array is loaded, as the statement would be.
+            let (va, vb) = (self.block_view(a), self.block_view(b));
+            let load = |d: &DotArg, view: &Option<eval::Matrix<'_>>| match d {
+                DotArg::Block(mem) if view.is_none() => Some(self.load(*mem, None, None, Literal::Int(0), DType::F32)),
+                _ => None,
+            };
+            let (la, lb) = (load(a, &va), load(b, &vb));
+            let (x, y) = (self.dot_matrix(a, va, &la), self.dot_matrix(b, vb, &lb));
+            return eval::dot_f32(x.expect("an f32 operand"), y.expect("an f32 operand"), trans_a, trans_b);
         };
-        let (la, lb) = (load(a), load(b));
-        match (a, b) {
-            (DotArg::Value(x), DotArg::Value(y)) => eval::dot(self.get(x), self.get(y), trans_a, trans_b),
-            _ => {
-                let (x, y) = (self.dot_matrix(a, &la), self.dot_matrix(b, &lb));
-                eval::dot_f32(x.expect("an f32 operand"), y.expect("an f32 operand"), trans_a, trans_b)
-            }
+        eval::dot(self.get(x), self.get(y), trans_a, trans_b)
+    }
+
+    /// A `dot` operand as a matrix: loaded where its block reaches past its array, a value, or
+    /// the block in place (`view`).
+    fn dot_matrix<'s>(
+        &'s self,
+        d: &'s DotArg,
+        view: Option<eval::Matrix<'s>>,
+        loaded: &'s Option<Val>,
+    ) -> Option<eval::Matrix<'s>> {
+        match (d, loaded) {
+            (_, Some(v)) => eval::Matrix::of(v),
+            (DotArg::Value(s), None) => eval::Matrix::of(self.get(s)),
+            (DotArg::Block(_), None) => view,
         }
     }
 
-    /// A `dot` operand as a matrix: loaded (`l`), a value, or a block in place.
-    fn dot_matrix<'s>(&'s self, d: &'s DotArg, l: &'s Option<Val>) -> Option<eval::Matrix<'s>> {
-        match (d, l) {
-            (_, Some(v)) => eval::Matrix::of(v),
-            (DotArg::Value(s), None) => eval::Matrix::of(self.get(s)),
-            (DotArg::Block(mem), None) => self.matrix(*mem),
+    /// A [`DotArg::Block`] operand as a matrix in its array, where the block lies inside.
+    fn block_view(&self, d: &DotArg) -> Option<eval::Matrix<'_>> {
+        match d {
+            DotArg::Block(mem) => self.matrix(*mem),
+            DotArg::Value(_) => None,
         }
     }
 
