@@ -8,6 +8,9 @@
 //! - `softmax_16384`: row softmax over 16384 x 512 vs a WGSL softmax of one row per invocation,
 //!   with WGSL's builtin `exp` and with the 1-ulp `exp` tessel writes (the same accuracy).
 //!
+//! Each group also prints its ratios from launches that alternate with their baselines, which a
+//! drifting software adapter cannot skew (criterion runs one function's samples after another's).
+//!
 //! Run with `scripts/bench` or `cargo bench -p tessel-suite --bench wgpu`.
 
 use std::collections::BTreeMap;
@@ -242,22 +245,36 @@ fn output(rt: &Runtime, arrays: &[(String, DeviceArray)], name: &str) -> Vec<f32
     }
 }
 
-/// Medians (µs) of `n` timed calls of `a` and of `b`, alternating.
-fn paired(n: usize, mut a: impl FnMut(), mut b: impl FnMut()) -> (f64, f64) {
-    let (mut ta, mut tb) = (Vec::with_capacity(n), Vec::with_capacity(n));
+/// Medians (µs) of `n` timed calls of each of `fs`, called in turn (one of each at a time), so
+/// that a software adapter's drift over seconds (its worker threads share the cores with
+/// everything else) reaches every function alike.
+fn alternating(n: usize, fs: &mut [&mut dyn FnMut()]) -> Vec<f64> {
+    let mut times = vec![Vec::with_capacity(n); fs.len()];
     for _ in 0..n {
-        let t = std::time::Instant::now();
-        a();
-        ta.push(t.elapsed().as_secs_f64() * 1e6);
-        let t = std::time::Instant::now();
-        b();
-        tb.push(t.elapsed().as_secs_f64() * 1e6);
+        for (f, t) in fs.iter_mut().zip(&mut times) {
+            let start = std::time::Instant::now();
+            f();
+            t.push(start.elapsed().as_secs_f64() * 1e6);
+        }
     }
-    let median = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    (median(&mut ta), median(&mut tb))
+    times
+        .into_iter()
+        .map(|mut v| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        })
+        .collect()
+}
+
+/// Prints the alternating medians of `fs` — tessel first, then the baselines named in `names` —
+/// and each baseline's time over tessel's (above 1: tessel faster): the ratios `scripts/bench`
+/// reports.
+fn report_alternating(group: &str, n: usize, names: &[&str], fs: &mut [&mut dyn FnMut()]) {
+    assert_eq!(names.len() + 1, fs.len(), "one name per baseline");
+    let medians = alternating(n, fs);
+    let rest: Vec<String> =
+        names.iter().zip(&medians[1..]).map(|(name, m)| format!("{name} {m:.1} µs (ratio {:.3})", m / medians[0])).collect();
+    eprintln!("{group} alternating, median of {n} each: tessel {:.1} µs; {}", medians[0], rest.join("; "));
 }
 
 fn assert_close(what: &str, got: &[f32], want: &[f32]) {
@@ -285,11 +302,14 @@ fn wgpu_benches(c: &mut Criterion) {
     launch(&rt, &k, &arrays);
     raw.dispatch(&tiny, (1, 1));
     assert_close("tiny", &output(&rt, &arrays, "o"), &raw.read(&o));
-    // The launch cost of a software adapter drifts by tens of percent over seconds (its worker
-    // threads share two cores with everything else), so the ratio is also taken from launches
-    // that alternate, one of each at a time.
-    let (t, r) = paired(2000, || launch(&rt, &k, &arrays), || raw.dispatch(&tiny, (1, 1)));
-    eprintln!("launch_tiny alternating, median of 2000 each: tessel {t:.1} µs, raw wgpu {r:.1} µs, ratio {:.3}", t / r);
+    // A software adapter's speed drifts by tens of percent over seconds, so every group's ratios
+    // are also taken from launches that alternate, one of each at a time (`report_alternating`).
+    report_alternating(
+        "launch_tiny",
+        2000,
+        &["raw_wgpu_same_wgsl"],
+        &mut [&mut || launch(&rt, &k, &arrays), &mut || raw.dispatch(&tiny, (1, 1))],
+    );
     let mut g = c.benchmark_group("launch_tiny");
     g.bench_function("tessel", |b| b.iter(|| launch(&rt, &k, &arrays)));
     g.bench_function("raw_wgpu_same_wgsl", |b| b.iter(|| raw.dispatch(&tiny, (1, 1))));
@@ -303,6 +323,12 @@ fn wgpu_benches(c: &mut Criterion) {
     launch(&rt, &k, &arrays);
     raw.dispatch(&add, (128, 128));
     assert_close("add_16m", &output(&rt, &arrays, "o"), &raw.read(&o));
+    report_alternating(
+        "add_16m",
+        21,
+        &["raw_wgpu_vec4"],
+        &mut [&mut || launch(&rt, &k, &arrays), &mut || raw.dispatch(&add, (128, 128))],
+    );
     let mut g = c.benchmark_group("add_16m");
     g.throughput(Throughput::Bytes(3 * 4 * n as u64));
     g.sample_size(10);
@@ -322,6 +348,12 @@ fn wgpu_benches(c: &mut Criterion) {
     assert_close("matmul_1024 register-tiled", &want, &raw.read(&cc));
     raw.dispatch(&naive, (64, 64));
     assert_close("matmul_1024 naive", &want, &raw.read(&cc));
+    report_alternating(
+        "matmul_1024",
+        11,
+        &["raw_wgpu_register_tiled_vec4"],
+        &mut [&mut || launch(&rt, &k, &arrays), &mut || raw.dispatch(&tiled, tiled_groups)],
+    );
     let mut g = c.benchmark_group("matmul_1024");
     g.throughput(Throughput::Elements(2 * (n * n * n) as u64));
     g.sample_size(10);
@@ -342,6 +374,14 @@ fn wgpu_benches(c: &mut Criterion) {
     assert_close("softmax_16384", &want, &raw.read(&o));
     raw.dispatch(&accurate, ((rows / 64) as u32, 1));
     assert_close("softmax_16384 accurate exp", &want, &raw.read(&o));
+    report_alternating(
+        "softmax_16384",
+        21,
+        &["raw_wgpu_row_per_invocation", "raw_wgpu_row_per_invocation_accurate_exp"],
+        &mut [&mut || launch(&rt, &k, &arrays), &mut || raw.dispatch(&softmax, ((rows / 64) as u32, 1)), &mut || {
+            raw.dispatch(&accurate, ((rows / 64) as u32, 1))
+        }],
+    );
     let mut g = c.benchmark_group("softmax_16384");
     g.throughput(Throughput::Bytes(2 * 4 * (rows * cols) as u64));
     g.sample_size(10);

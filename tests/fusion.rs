@@ -30,3 +30,13 @@ fn fused_programs_give_the_bits_of_their_statements() {
     }
     assert!(compared >= 60 && fused >= 15, "{compared} launches compared, {fused} kernels with fused runs");
 }
+
+#[test]
+fn a_row_softmax_is_one_fused_run() {
+    // `x - max(x)` and `e / sum(e)` read their row's reduction within the chunk that made it
+    // (keepdims), so load, max, sub, exp, sum, div and store make one run, not three.
+    for path in ["benches/kernels/softmax_4096.tk", "examples/softmax.tk"] {
+        let k = &tessel::load_file(&common::root().join(path)).expect("loads")[0];
+        assert_eq!(tessel_interpret::compile(k).fused_runs(), 1, "{path}");
+    }
+}

@@ -17,6 +17,16 @@ pub(crate) enum Data {
 }
 
 impl Data {
+    /// How many elements.
+    pub fn len(&self) -> usize {
+        match self {
+            Data::F(v) => v.len(),
+            Data::I(v) => v.len(),
+            Data::U(v) => v.len(),
+            Data::B(v) => v.len(),
+        }
+    }
+
     /// Appends the elements of `other` (of the same kind).
     pub fn append(&mut self, other: &Data) {
         match (self, other) {
@@ -201,15 +211,23 @@ impl Val {
 
     /// Bit patterns of every element, for stores (16-bit floats as their 16 bits).
     pub fn to_bits(&self) -> Vec<u32> {
+        let mut out = Vec::with_capacity(self.data.len());
+        self.for_each_bits(0..self.data.len(), |b| out.push(b));
+        out
+    }
+
+    /// Calls `f` with the bit pattern of each element of `range`, in order: what a store writes
+    /// (16-bit floats as their 16 bits). One loop per kind of element.
+    pub fn for_each_bits(&self, range: std::ops::Range<usize>, mut f: impl FnMut(u32)) {
         match &self.data {
             Data::F(v) => match self.dtype {
-                DType::F16 => v.iter().map(|&x| u32::from(f16::from_f32(x).to_bits())).collect(),
-                DType::BF16 => v.iter().map(|&x| u32::from(bf16::from_f32(x).to_bits())).collect(),
-                _ => v.iter().map(|x| x.to_bits()).collect(),
+                DType::F16 => v[range].iter().for_each(|&x| f(u32::from(f16::from_f32(x).to_bits()))),
+                DType::BF16 => v[range].iter().for_each(|&x| f(u32::from(bf16::from_f32(x).to_bits()))),
+                _ => v[range].iter().for_each(|x| f(x.to_bits())),
             },
-            Data::I(v) => v.iter().map(|&x| x as u32).collect(),
-            Data::U(v) => v.clone(),
-            Data::B(v) => v.iter().map(|&x| u32::from(x)).collect(),
+            Data::I(v) => v[range].iter().for_each(|&x| f(x as u32)),
+            Data::U(v) => v[range].iter().for_each(|&x| f(x)),
+            Data::B(v) => v[range].iter().for_each(|&x| f(u32::from(x))),
         }
     }
 

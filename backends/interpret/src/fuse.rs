@@ -2,7 +2,9 @@
 //! rows at a time (about [`CHUNK`] elements, in cache), so a chain like `sub`, `exp`, `div`
 //! makes no temporary block per operation, a whole-block load is read from the argument where
 //! its consumers need it, a whole-block store writes the chunk straight into the output, and a
-//! reduction along the last axis folds each row as the chunk that makes it goes by.
+//! reduction along the last axis folds each row as the chunk that makes it goes by; what reads
+//! that reduction back along its rows (`keepdims`) runs in the same chunk, so a row softmax is
+//! one run.
 //!
 //! Every operation of a chunk is the interpreter's own whole-block operation (`eval.rs`) on a
 //! chunk-sized block, and a row's reduction folds that row in ascending order, so a fused run
@@ -136,13 +138,16 @@ impl Run {
         }
     }
 
-    /// The operand `s` as the run reads it; `None` where it is a reduction of this run (complete
-    /// only at its end).
+    /// The operand `s` as the run reads it; `None` where it is a reduction of this run without
+    /// `keepdims`. A run with a reduction takes whole rows a chunk, so a chunk's reduction is
+    /// complete for the chunk's rows, and with `keepdims` (shape `[..., 1]`) every element that
+    /// broadcasting pairs with it lies in the same row: `x - max(x)` reads it within the chunk.
+    /// Without `keepdims` broadcasting would pair it with other rows.
     fn arg(&mut self, s: &Src) -> Option<Arg> {
         if let Src::Slot(n) = s
             && let Some(&op) = self.defined.get(n)
         {
-            if matches!(self.ops[op], Op::Reduce { .. }) {
+            if matches!(self.ops[op], Op::Reduce { keepdims: false, .. }) {
                 return None;
             }
             *self.reads.entry(*n).or_default() += 1;
@@ -211,13 +216,12 @@ impl Run {
             return;
         }
         let keep = self
-            .ops
+            .dsts
             .iter()
-            .zip(&self.dsts)
-            .map(|(op, dst)| {
+            .map(|dst| {
                 let d = (*dst)?;
                 let inside = self.reads.get(&d).copied().unwrap_or(0);
-                (matches!(op, Op::Reduce { .. }) || f.uses.get(&d).copied().unwrap_or(0) > inside).then_some(d)
+                (f.uses.get(&d).copied().unwrap_or(0) > inside).then_some(d)
             })
             .collect();
         out.push(Instr::Fused(Box::new(Fused {

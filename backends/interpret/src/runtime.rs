@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use rayon::prelude::*;
 use tessel_plugin_api::array::{DataRef, HostArray, write_le_bits};
-use tessel_plugin_api::ir::{DType, Literal, ParamKind, Verified};
+use tessel_plugin_api::ir::{DType, Literal, ParamKind, Verified, analysis};
 use tessel_plugin_api::launch::LaunchAxis;
 
 use crate::eval::{self, Data, Val, expand};
@@ -136,9 +136,11 @@ impl<'a> Machine<'a> {
         let mut lent = std::collections::BTreeMap::new();
         let mut copied = Vec::new();
         for (name, bytes) in outputs.iter_mut() {
-            let four = kernel.kernel().param(name).is_some_and(|p| p.ty.dtype.bits() == 32);
-            if four && cells_fit(bytes) {
-                lent.insert(name.as_str(), as_cells(bytes, true));
+            let Some(p) = kernel.kernel().param(name) else { continue };
+            if p.ty.dtype.bits() == 32 && cells_fit(bytes) {
+                // Outputs start as zeros, unless nothing could see them before they are stored.
+                let zero = !analysis::overwritten(kernel.kernel(), grid, p);
+                lent.insert(name.as_str(), as_cells(bytes, zero));
             } else {
                 copied.push((name.as_str(), &mut **bytes));
             }
@@ -412,31 +414,35 @@ impl<'m, 'a> ProgramState<'m, 'a> {
     fn store(&self, mem: MemRef, index: Option<&[Ix]>, value: &Src, mask: Option<usize>) {
         let (starts, lens, shape) = self.region(mem, index);
         let v = self.get(value);
+        let lanes = self.mask_lanes(mask, &shape);
+        if v.shape == shape && lanes.is_none() {
+            return self.write_region(mem, &starts, &lens, |cells, first| store_elements(v, first, cells));
+        }
         let bits = v.to_bits();
         let bits = expand(&bits, &v.shape, &shape);
-        let lanes = self.mask_lanes(mask, &shape);
-        self.write_region(mem, &starts, &lens, &bits, lanes.as_deref());
+        self.write_region(mem, &starts, &lens, |cells, first| {
+            let bits = &bits[first..first + cells.len()];
+            match &lanes {
+                None => cells.iter().zip(bits).for_each(|(c, &b)| c.store(b, Ordering::Relaxed)),
+                Some(l) => {
+                    for ((c, &b), _) in cells.iter().zip(bits).zip(&l[first..]).filter(|(_, on)| **on) {
+                        c.store(b, Ordering::Relaxed);
+                    }
+                }
+            }
+        });
     }
 
-    /// Writes `bits` (row-major over the region) into the part of a region of `mem` inside the
-    /// array, at the lanes `lanes` allows.
-    fn write_region(&self, mem: MemRef, starts: &[i64], lens: &[usize], bits: &[u32], lanes: Option<&[bool]>) {
+    /// Writes the part of a region of `mem` inside the array: `write(cells, first)` for each
+    /// innermost row's inside part, `first` being the row-major lane of the region its first
+    /// cell is.
+    fn write_region(&self, mem: MemRef, starts: &[i64], lens: &[usize], mut write: impl FnMut(&[AtomicU32], usize)) {
         let arr = self.array(mem);
         let cells = arr.storage.cells().expect("verifier: no store to an input");
         let mut lane = 0;
         for_each_row(&arr.shape, starts, lens, |len, span| {
             if let Some(r) = span {
-                let first = lane + r.before;
-                let cells = &cells[r.flat..r.flat + r.count];
-                let bits = &bits[first..first + r.count];
-                match lanes {
-                    None => cells.iter().zip(bits).for_each(|(c, &b)| c.store(b, Ordering::Relaxed)),
-                    Some(l) => {
-                        for ((c, &b), _) in cells.iter().zip(bits).zip(&l[first..]).filter(|(_, on)| **on) {
-                            c.store(b, Ordering::Relaxed);
-                        }
-                    }
-                }
+                write(&cells[r.flat..r.flat + r.count], lane + r.before);
             }
             lane += len;
         });
@@ -531,9 +537,12 @@ impl<'m, 'a> ProgramState<'m, 'a> {
                     fuse::Op::Compare { op, a, b } => eval::compare(*op, arg(a), arg(b)),
                     fuse::Op::Select { c, a, b } => eval::select(arg(c), arg(a), arg(b)),
                     fuse::Op::Cast { a, to } => eval::cast(arg(a), *to),
-                    fuse::Op::Reduce { op, a, .. } => eval::reduce(*op, arg(a), 1, false),
+                    // Along the chunk's rows ([rows, cols]); kept as `[rows, 1]` with `keepdims`, for
+                    // the operations of the run that broadcast it along the rows.
+                    fuse::Op::Reduce { op, a, keepdims } => eval::reduce(*op, arg(a), 1, *keepdims),
                     fuse::Op::Store { mem, value } => {
-                        self.write_region(*mem, &region(*mem), &chunk.lens, &arg(value).to_bits(), None);
+                        let v = arg(value);
+                        self.write_region(*mem, &region(*mem), &chunk.lens, |cells, first| store_elements(v, first, cells));
                         continue;
                     }
                 };
@@ -556,6 +565,12 @@ impl<'m, 'a> ProgramState<'m, 'a> {
             self.slots[*slot] = Some(Val { dtype, shape, data });
         }
     }
+}
+
+/// Stores the bit patterns of `v`'s elements from `first` on into `cells`.
+fn store_elements(v: &Val, first: usize, cells: &[AtomicU32]) {
+    let mut cells = cells.iter();
+    v.for_each_bits(first..first + cells.len(), |b| cells.next().expect("one cell per element").store(b, Ordering::Relaxed));
 }
 
 /// Sets the lanes where `lanes` is false to `other` (a one-element value of the same kind).

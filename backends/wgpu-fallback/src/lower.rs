@@ -454,31 +454,11 @@ fn unsupported(msg: String) -> BackendError {
 }
 
 /// Whether every element of output `p` is stored at some grid point before anything could read
-/// it, so that zeroing it first cannot be observed: either the kernel never loads `p` and its body
-/// stores the whole block unconditionally (at top level, no index, no mask) at every grid point,
-/// or `p` is [`resident`] (written back whole at each program's last step); and in both cases the
-/// blocks cover the array ([`covers`]).
+/// it, so that zeroing it first cannot be observed: the kernel overwrites it whole
+/// ([`analysis::overwritten`]), or `p` is [`resident`] (written back whole at each program's last
+/// step) and its blocks cover the array ([`analysis::covers`]).
 pub fn fully_written(kernel: &Verified, grid: &[LaunchAxis], p: &Param) -> bool {
-    let k = kernel.kernel();
-    let loaded = analysis::accesses(&k.body, &p.name).iter().any(|s| matches!(s.op, Op::Load { .. }));
-    let whole_store = k.body.iter().any(|s| matches!(&s.op, Op::Store { dst, index: None, mask: None, .. } if dst == &p.name));
-    ((!loaded && whole_store) || resident(kernel, grid, p)) && covers(grid, p)
-}
-
-/// Whether the blocks of `p` over the grid cover its array: an index map that sends each
-/// dimension to its own grid axis (`at (i, j)`), whose size times the block reaches the end, or
-/// to 0 where the block spans the dimension.
-fn covers(grid: &[LaunchAxis], p: &Param) -> bool {
-    let Some(b) = &p.block else { return true };
-    let mut used = Vec::new();
-    b.index.iter().zip(&b.shape).zip(&p.ty.shape).all(|((e, &bs), &dim)| match e.terms.as_slice() {
-        [] => e.constant == 0 && bs >= dim,
-        [(1, axis)] if e.constant == 0 && !used.contains(axis) => {
-            used.push(axis.clone());
-            grid.iter().find(|a| &a.name == axis).is_some_and(|a| a.size as usize * bs >= dim)
-        }
-        _ => false,
-    })
+    analysis::overwritten(kernel.kernel(), grid, p) || (resident(kernel, grid, p) && analysis::covers(grid, p))
 }
 
 /// Whether output `p`'s block can live in the invocations' registers across the `seq` steps of

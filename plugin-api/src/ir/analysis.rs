@@ -5,6 +5,7 @@
 //! thread holds it.
 
 use super::{Index, Kernel, Op, Operand, Param, Stmt};
+use crate::launch::LaunchAxis;
 
 /// Every statement of a body, those of nested `when` and `for` bodies included, in order.
 pub fn visit<'b>(body: &'b [Stmt], f: &mut impl FnMut(&'b Stmt)) {
@@ -76,6 +77,32 @@ pub fn accesses<'b>(body: &'b [Stmt], name: &str) -> Vec<&'b Stmt> {
         _ => {}
     });
     out
+}
+
+/// Whether output `p` is overwritten whole before anything could read it, so that zeroing it
+/// first cannot be observed: the kernel never loads `p`, its body stores the whole block
+/// unconditionally (at top level, no index, no mask) at every grid point, and the blocks cover the
+/// array ([`covers`]).
+pub fn overwritten(k: &Kernel, grid: &[LaunchAxis], p: &Param) -> bool {
+    let loaded = accesses(&k.body, &p.name).iter().any(|s| matches!(s.op, Op::Load { .. }));
+    let whole_store = k.body.iter().any(|s| matches!(&s.op, Op::Store { dst, index: None, mask: None, .. } if dst == &p.name));
+    !loaded && whole_store && covers(grid, p)
+}
+
+/// Whether the blocks of `p` over the grid cover its array: an index map that sends each
+/// dimension to its own grid axis (`at (i, j)`), whose size times the block reaches the end, or
+/// to 0 where the block spans the dimension.
+pub fn covers(grid: &[LaunchAxis], p: &Param) -> bool {
+    let Some(b) = &p.block else { return true };
+    let mut used = Vec::new();
+    b.index.iter().zip(&b.shape).zip(&p.ty.shape).all(|((e, &bs), &dim)| match e.terms.as_slice() {
+        [] => e.constant == 0 && bs >= dim,
+        [(1, axis)] if e.constant == 0 && !used.contains(axis) => {
+            used.push(axis.clone());
+            grid.iter().find(|a| &a.name == axis).is_some_and(|a| a.size as usize * bs >= dim)
+        }
+        _ => false,
+    })
 }
 
 /// The shape of the region of argument `p` that a `load` or `store` with `index` touches: its
