@@ -27,6 +27,17 @@ impl Data {
         }
     }
 
+    /// Copies `n` elements of `other` (of the same kind) from `from` into `self` at `at`.
+    pub fn copy_from(&mut self, at: usize, other: &Data, from: usize, n: usize) {
+        match (self, other) {
+            (Data::F(a), Data::F(b)) => a[at..at + n].copy_from_slice(&b[from..from + n]),
+            (Data::I(a), Data::I(b)) => a[at..at + n].copy_from_slice(&b[from..from + n]),
+            (Data::U(a), Data::U(b)) => a[at..at + n].copy_from_slice(&b[from..from + n]),
+            (Data::B(a), Data::B(b)) => a[at..at + n].copy_from_slice(&b[from..from + n]),
+            _ => unreachable!("a value's parts are of its dtype"),
+        }
+    }
+
     /// Appends the elements of `other` (of the same kind).
     pub fn append(&mut self, other: &Data) {
         match (self, other) {
@@ -300,69 +311,109 @@ fn zip<T: Copy, R>(a: &[T], b: &[T], f: impl Fn(T, T) -> R) -> Vec<R> {
     a.iter().zip(b).map(|(&x, &y)| f(x, y)).collect()
 }
 
+/// The operands of a binary operation: `x` of shape `xs` and `y` of shape `ys`, broadcast to
+/// `out` (numpy's rules).
+struct Pair<'a, T> {
+    x: &'a [T],
+    xs: &'a [usize],
+    y: &'a [T],
+    ys: &'a [usize],
+    out: &'a [usize],
+}
+
+impl<T: Copy> Pair<'_, T> {
+    /// `f` of each pair of elements broadcasting makes, in row-major order over `out`. A scalar
+    /// and a column (`[..., 1]`, one element a row, as a reduction with `keepdims` makes it)
+    /// are read where they are, not stretched into a block first; other shapes are.
+    fn zip<R>(&self, f: impl Fn(T, T) -> R) -> Vec<R> {
+        let (x, y, out) = (self.x, self.y, self.out);
+        let row = out.last().copied().unwrap_or(1);
+        let column =
+            |s: &[usize]| row > 0 && s.len() == out.len() && s.last() == Some(&1) && s[..s.len() - 1] == out[..out.len() - 1];
+        match (self.xs == out, self.ys == out) {
+            (true, true) => zip(x, y, f),
+            (true, false) if y.len() == 1 => map(x, |a| f(a, y[0])),
+            (false, true) if x.len() == 1 => map(y, |b| f(x[0], b)),
+            (true, false) if column(self.ys) => per_row(x, y, row, f),
+            (false, true) if column(self.xs) => per_row(y, x, row, |b, a| f(a, b)),
+            _ => zip(&expand(x, self.xs, out), &expand(y, self.ys, out), f),
+        }
+    }
+}
+
+/// `f(e, c)` for each element `e` of `full`'s rows of `row` elements and the element `c` of
+/// `col` for that row.
+fn per_row<T: Copy, R>(full: &[T], col: &[T], row: usize, f: impl Fn(T, T) -> R) -> Vec<R> {
+    let mut res = Vec::with_capacity(full.len());
+    for (r, &c) in full.chunks_exact(row).zip(col) {
+        res.extend(r.iter().map(|&e| f(e, c)));
+    }
+    res
+}
+
 pub(crate) fn binary(op: BinaryOp, a: &Val, b: &Val) -> Val {
     use BinaryOp as B;
     let shape = broadcast_shape(&a.shape, &b.shape);
     let data = match (&a.data, &b.data) {
         (Data::F(x), Data::F(y)) => {
-            let (x, y) = (expand(x, &a.shape, &shape), expand(y, &b.shape, &shape));
+            let p = Pair { x, xs: &a.shape, y, ys: &b.shape, out: &shape };
             Data::F(round_all(
                 a.dtype,
                 match op {
-                    B::Add => zip(&x, &y, |x, y| x + y),
-                    B::Sub => zip(&x, &y, |x, y| x - y),
-                    B::Mul => zip(&x, &y, |x, y| x * y),
-                    B::Div => zip(&x, &y, |x, y| x / y),
-                    B::Rem => zip(&x, &y, |x, y| x % y),
-                    B::Pow => zip(&x, &y, |x, y| f64::from(x).powf(f64::from(y)) as f32),
-                    B::Max => zip(&x, &y, nan_max),
-                    B::Min => zip(&x, &y, nan_min),
+                    B::Add => p.zip(|x, y| x + y),
+                    B::Sub => p.zip(|x, y| x - y),
+                    B::Mul => p.zip(|x, y| x * y),
+                    B::Div => p.zip(|x, y| x / y),
+                    B::Rem => p.zip(|x, y| x % y),
+                    B::Pow => p.zip(|x, y| f64::from(x).powf(f64::from(y)) as f32),
+                    B::Max => p.zip(nan_max),
+                    B::Min => p.zip(nan_min),
                     _ => unreachable!("verifier: bit op on floats"),
                 },
             ))
         }
         (Data::I(x), Data::I(y)) => {
-            let (x, y) = (expand(x, &a.shape, &shape), expand(y, &b.shape, &shape));
+            let p = Pair { x, xs: &a.shape, y, ys: &b.shape, out: &shape };
             Data::I(match op {
-                B::Add => zip(&x, &y, i32::wrapping_add),
-                B::Sub => zip(&x, &y, i32::wrapping_sub),
-                B::Mul => zip(&x, &y, i32::wrapping_mul),
-                B::Div => zip(&x, &y, |x, y| if y == 0 { 0 } else { x.wrapping_div(y) }),
-                B::Rem => zip(&x, &y, |x, y| if y == 0 { 0 } else { x.wrapping_rem(y) }),
-                B::Max => zip(&x, &y, i32::max),
-                B::Min => zip(&x, &y, i32::min),
-                B::And => zip(&x, &y, |x, y| x & y),
-                B::Or => zip(&x, &y, |x, y| x | y),
-                B::Xor => zip(&x, &y, |x, y| x ^ y),
-                B::Shl => zip(&x, &y, |x, y| x.wrapping_shl(y as u32)),
-                B::Shr => zip(&x, &y, |x, y| x.wrapping_shr(y as u32)),
+                B::Add => p.zip(i32::wrapping_add),
+                B::Sub => p.zip(i32::wrapping_sub),
+                B::Mul => p.zip(i32::wrapping_mul),
+                B::Div => p.zip(|x, y| if y == 0 { 0 } else { x.wrapping_div(y) }),
+                B::Rem => p.zip(|x, y| if y == 0 { 0 } else { x.wrapping_rem(y) }),
+                B::Max => p.zip(i32::max),
+                B::Min => p.zip(i32::min),
+                B::And => p.zip(|x, y| x & y),
+                B::Or => p.zip(|x, y| x | y),
+                B::Xor => p.zip(|x, y| x ^ y),
+                B::Shl => p.zip(|x, y| x.wrapping_shl(y as u32)),
+                B::Shr => p.zip(|x, y| x.wrapping_shr(y as u32)),
                 B::Pow => unreachable!("verifier: pow on integers"),
             })
         }
         (Data::U(x), Data::U(y)) => {
-            let (x, y) = (expand(x, &a.shape, &shape), expand(y, &b.shape, &shape));
+            let p = Pair { x, xs: &a.shape, y, ys: &b.shape, out: &shape };
             Data::U(match op {
-                B::Add => zip(&x, &y, u32::wrapping_add),
-                B::Sub => zip(&x, &y, u32::wrapping_sub),
-                B::Mul => zip(&x, &y, u32::wrapping_mul),
-                B::Div => zip(&x, &y, |x, y| x.checked_div(y).unwrap_or(0)),
-                B::Rem => zip(&x, &y, |x, y| x.checked_rem(y).unwrap_or(0)),
-                B::Max => zip(&x, &y, u32::max),
-                B::Min => zip(&x, &y, u32::min),
-                B::And => zip(&x, &y, |x, y| x & y),
-                B::Or => zip(&x, &y, |x, y| x | y),
-                B::Xor => zip(&x, &y, |x, y| x ^ y),
-                B::Shl => zip(&x, &y, u32::wrapping_shl),
-                B::Shr => zip(&x, &y, u32::wrapping_shr),
+                B::Add => p.zip(u32::wrapping_add),
+                B::Sub => p.zip(u32::wrapping_sub),
+                B::Mul => p.zip(u32::wrapping_mul),
+                B::Div => p.zip(|x, y| x.checked_div(y).unwrap_or(0)),
+                B::Rem => p.zip(|x, y| x.checked_rem(y).unwrap_or(0)),
+                B::Max => p.zip(u32::max),
+                B::Min => p.zip(u32::min),
+                B::And => p.zip(|x, y| x & y),
+                B::Or => p.zip(|x, y| x | y),
+                B::Xor => p.zip(|x, y| x ^ y),
+                B::Shl => p.zip(u32::wrapping_shl),
+                B::Shr => p.zip(u32::wrapping_shr),
                 B::Pow => unreachable!("verifier: pow on integers"),
             })
         }
         (Data::B(x), Data::B(y)) => {
-            let (x, y) = (expand(x, &a.shape, &shape), expand(y, &b.shape, &shape));
+            let p = Pair { x, xs: &a.shape, y, ys: &b.shape, out: &shape };
             Data::B(match op {
-                B::And => zip(&x, &y, |x, y| x & y),
-                B::Or => zip(&x, &y, |x, y| x | y),
-                B::Xor => zip(&x, &y, |x, y| x ^ y),
+                B::And => p.zip(|x, y| x & y),
+                B::Or => p.zip(|x, y| x | y),
+                B::Xor => p.zip(|x, y| x ^ y),
                 _ => unreachable!("verifier: arithmetic on bool"),
             })
         }
@@ -371,24 +422,24 @@ pub(crate) fn binary(op: BinaryOp, a: &Val, b: &Val) -> Val {
     a.with(shape, data)
 }
 
-fn cmp<T: PartialOrd + Copy>(op: CmpOp, x: &[T], y: &[T]) -> Vec<bool> {
+fn cmp<T: PartialOrd + Copy>(op: CmpOp, p: Pair<'_, T>) -> Vec<bool> {
     match op {
-        CmpOp::Eq => zip(x, y, |x, y| x == y),
-        CmpOp::Ne => zip(x, y, |x, y| x != y),
-        CmpOp::Lt => zip(x, y, |x, y| x < y),
-        CmpOp::Le => zip(x, y, |x, y| x <= y),
-        CmpOp::Gt => zip(x, y, |x, y| x > y),
-        CmpOp::Ge => zip(x, y, |x, y| x >= y),
+        CmpOp::Eq => p.zip(|x, y| x == y),
+        CmpOp::Ne => p.zip(|x, y| x != y),
+        CmpOp::Lt => p.zip(|x, y| x < y),
+        CmpOp::Le => p.zip(|x, y| x <= y),
+        CmpOp::Gt => p.zip(|x, y| x > y),
+        CmpOp::Ge => p.zip(|x, y| x >= y),
     }
 }
 
 pub(crate) fn compare(op: CmpOp, a: &Val, b: &Val) -> Val {
     let shape = broadcast_shape(&a.shape, &b.shape);
     let out = match (&a.data, &b.data) {
-        (Data::F(x), Data::F(y)) => cmp(op, &expand(x, &a.shape, &shape), &expand(y, &b.shape, &shape)),
-        (Data::I(x), Data::I(y)) => cmp(op, &expand(x, &a.shape, &shape), &expand(y, &b.shape, &shape)),
-        (Data::U(x), Data::U(y)) => cmp(op, &expand(x, &a.shape, &shape), &expand(y, &b.shape, &shape)),
-        (Data::B(x), Data::B(y)) => cmp(op, &expand(x, &a.shape, &shape), &expand(y, &b.shape, &shape)),
+        (Data::F(x), Data::F(y)) => cmp(op, Pair { x, xs: &a.shape, y, ys: &b.shape, out: &shape }),
+        (Data::I(x), Data::I(y)) => cmp(op, Pair { x, xs: &a.shape, y, ys: &b.shape, out: &shape }),
+        (Data::U(x), Data::U(y)) => cmp(op, Pair { x, xs: &a.shape, y, ys: &b.shape, out: &shape }),
+        (Data::B(x), Data::B(y)) => cmp(op, Pair { x, xs: &a.shape, y, ys: &b.shape, out: &shape }),
         _ => unreachable!("verifier: operands of one dtype"),
     };
     Val { dtype: DType::Bool, shape, data: Data::B(out) }

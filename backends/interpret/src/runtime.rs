@@ -72,6 +72,9 @@ pub(crate) struct Machine<'a> {
     grid: &'a [LaunchAxis],
     /// One entry per `Kernel::params`; `None` for scratch (allocated per program).
     arrays: Vec<Option<Array<'a>>>,
+    /// Per parameter, whether it is an output each program holds across its `seq` steps
+    /// ([`analysis::resident`]): read once before its first step, written back after its last.
+    resident: Vec<bool>,
 }
 
 impl<'a> Machine<'a> {
@@ -100,7 +103,8 @@ impl<'a> Machine<'a> {
                 ParamKind::Scratch => None,
             })
             .collect();
-        Machine { kernel, program, grid, arrays }
+        let resident = kernel.kernel().params.iter().map(|p| analysis::resident(kernel.kernel(), grid, p)).collect();
+        Machine { kernel, program, grid, arrays, resident }
     }
 
     /// Runs every program and returns the outputs in declaration order.
@@ -165,8 +169,13 @@ impl<'a> Machine<'a> {
             let mut prog = ProgramState::new(self);
             for step in 0..steps {
                 decode(step, &seq, self.grid, &mut point);
-                prog.run_point(&point);
+                prog.enter(&point);
+                if step == 0 {
+                    prog.hold();
+                }
+                prog.exec(&self.program.body);
             }
+            prog.release();
         });
     }
 
@@ -200,6 +209,9 @@ struct ProgramState<'m, 'a> {
     slots: Vec<Option<Val>>,
     /// Element origin of each argument's block at the current grid point.
     origins: Vec<Vec<i64>>,
+    /// The blocks of resident outputs ([`Machine::resident`]) while the program holds them: what
+    /// their loads read and their stores write, in the program's own memory.
+    held: Vec<Option<Val>>,
     point: Vec<i64>,
 }
 
@@ -221,11 +233,13 @@ impl<'m, 'a> ProgramState<'m, 'a> {
             scratch,
             slots: vec![None; m.program.slots],
             origins: vec![Vec::new(); params.len()],
+            held: vec![None; params.len()],
             point: Vec::new(),
         }
     }
 
-    fn run_point(&mut self, point: &[i64]) {
+    /// Moves to grid point `point`: the origin of every argument's block there.
+    fn enter(&mut self, point: &[i64]) {
         self.point = point.to_vec();
         let grid = self.m.kernel.grid();
         for (n, p) in self.m.kernel.kernel().params.iter().enumerate() {
@@ -242,8 +256,28 @@ impl<'m, 'a> ProgramState<'m, 'a> {
                     .collect(),
             };
         }
-        let body = &self.m.program.body;
-        self.exec(body);
+    }
+
+    /// Takes each resident output's block (the same at every step of the program) into the
+    /// program's own memory.
+    fn hold(&mut self) {
+        for (n, p) in self.m.kernel.kernel().params.iter().enumerate() {
+            if self.m.resident[n] {
+                let block = p.block_shape().to_vec();
+                let bits = self.read_cells(MemRef(n), &self.origins[n], &block, 0);
+                self.held[n] = Some(Val::from_bits(p.ty.dtype, block, bits));
+            }
+        }
+    }
+
+    /// Writes each held block back into its output.
+    fn release(&mut self) {
+        for n in 0..self.held.len() {
+            if let Some(v) = self.held[n].take() {
+                let block = v.shape.clone();
+                self.write_region(MemRef(n), &self.origins[n], &block, |cells, first| store_elements(&v, first, cells));
+            }
+        }
     }
 
     fn array(&self, mem: MemRef) -> &Array<'_> {
@@ -366,6 +400,9 @@ impl<'m, 'a> ProgramState<'m, 'a> {
     }
 
     fn load(&self, mem: MemRef, index: Option<&[Ix]>, mask: Option<usize>, other: Literal, dtype: DType) -> Val {
+        if let Some(v) = &self.held[mem.0] {
+            return v.clone(); // resident: loaded whole, inside its array
+        }
         let (starts, lens, shape) = self.region(mem, index);
         let other = Val::scalar_literal(dtype, other);
         let mut data = self.read_region(mem, &starts, &lens, &shape, &other, dtype);
@@ -400,20 +437,29 @@ impl<'m, 'a> ProgramState<'m, 'a> {
                 Data::B(gather(&arr.shape, starts, lens, o[0], &mut |f, n, out| out.extend_from_slice(&v[f..f + n])))
             }
             (Storage::Shared(_) | Storage::Lent(_), _) => {
-                let cells = arr.storage.cells().expect("shared memory");
-                let other_bits = other.to_bits()[0];
-                let bits = gather(&arr.shape, starts, lens, other_bits, &mut |f, n, out| {
-                    out.extend(cells[f..f + n].iter().map(|c| c.load(Ordering::Relaxed)))
-                });
-                Val::from_bits(dtype, shape.to_vec(), bits).data
+                Val::from_bits(dtype, shape.to_vec(), self.read_cells(mem, starts, lens, other.to_bits()[0])).data
             }
             _ => unreachable!("launch::bind: inputs have their declared dtype"),
         }
     }
 
-    fn store(&self, mem: MemRef, index: Option<&[Ix]>, value: &Src, mask: Option<usize>) {
+    /// The bit patterns of a region of output or scratch `mem`, `other` outside the array.
+    fn read_cells(&self, mem: MemRef, starts: &[i64], lens: &[usize], other: u32) -> Vec<u32> {
+        let arr = self.array(mem);
+        let cells = arr.storage.cells().expect("an output or scratch");
+        gather(&arr.shape, starts, lens, other, &mut |f, n, out| {
+            out.extend(cells[f..f + n].iter().map(|c| c.load(Ordering::Relaxed)))
+        })
+    }
+
+    fn store(&mut self, mem: MemRef, index: Option<&[Ix]>, value: &Src, mask: Option<usize>) {
         let (starts, lens, shape) = self.region(mem, index);
         let v = self.get(value);
+        if self.held[mem.0].is_some() {
+            let v = if v.shape == shape { v.clone() } else { eval::broadcast_to(v, &shape) };
+            self.held[mem.0] = Some(v); // resident: stored whole
+            return;
+        }
         let lanes = self.mask_lanes(mask, &shape);
         if v.shape == shape && lanes.is_none() {
             return self.write_region(mem, &starts, &lens, |cells, first| store_elements(v, first, cells));
@@ -527,6 +573,10 @@ impl<'m, 'a> ProgramState<'m, 'a> {
                     self.origins[mem.0].iter().zip(&chunk.start).map(|(&o, &s)| o + s as i64).collect()
                 };
                 let val = match op {
+                    fuse::Op::Load { mem, .. } if self.held[mem.0].is_some() => {
+                        let held = self.held[mem.0].as_ref().expect("held");
+                        fuse::broadcast_chunk(held, &f.shape, &chunk, &block)
+                    }
                     fuse::Op::Load { mem, dtype } => {
                         let zero = Val::scalar_literal(*dtype, Literal::Int(0));
                         let data = self.read_region(*mem, &region(*mem), &chunk.lens, &block, &zero, *dtype);
@@ -540,6 +590,10 @@ impl<'m, 'a> ProgramState<'m, 'a> {
                     // Along the chunk's rows ([rows, cols]); kept as `[rows, 1]` with `keepdims`, for
                     // the operations of the run that broadcast it along the rows.
                     fuse::Op::Reduce { op, a, keepdims } => eval::reduce(*op, arg(a), 1, *keepdims),
+                    fuse::Op::Store { mem, value } if self.held[mem.0].is_some() => {
+                        put_chunk(self.held[mem.0].as_mut().expect("held"), &chunk, arg(value));
+                        continue;
+                    }
                     fuse::Op::Store { mem, value } => {
                         let v = arg(value);
                         self.write_region(*mem, &region(*mem), &chunk.lens, |cells, first| store_elements(v, first, cells));
@@ -565,6 +619,19 @@ impl<'m, 'a> ProgramState<'m, 'a> {
             self.slots[*slot] = Some(Val { dtype, shape, data });
         }
     }
+}
+
+/// Writes chunk `v` (of `chunk.lens`, row-major) into its place in `block`, a value of the
+/// run's shape.
+fn put_chunk(block: &mut Val, chunk: &fuse::Chunk, v: &Val) {
+    let starts: Vec<i64> = chunk.start.iter().map(|&s| s as i64).collect();
+    let mut lane = 0;
+    let shape = block.shape.clone();
+    for_each_row(&shape, &starts, &chunk.lens, |len, span| {
+        let r = span.expect("a chunk lies inside its run's shape");
+        block.data.copy_from(r.flat, &v.data, lane, r.count);
+        lane += len;
+    });
 }
 
 /// Stores the bit patterns of `v`'s elements from `first` on into `cells`.

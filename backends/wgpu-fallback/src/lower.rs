@@ -8,6 +8,8 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 
 use tessel_plugin_api::abi::{BackendError, ErrorKind};
+use tessel_plugin_api::ir::analysis::resident;
+pub(crate) use tessel_plugin_api::ir::analysis::{inside, origin_range};
 use tessel_plugin_api::ir::*;
 use tessel_plugin_api::launch::LaunchAxis;
 
@@ -156,7 +158,7 @@ pub fn plan(kernel: Verified, grid: Vec<LaunchAxis>, strategy: Strategy) -> Resu
     let v = &kernel;
     let row_layout = row_layout(v).filter(|_| strategy == Strategy::Cpu);
     let resident: HashMap<String, usize> =
-        (k.params.iter().enumerate()).filter(|(_, p)| resident(v, &grid, p)).map(|(pi, p)| (p.name.clone(), pi)).collect();
+        (k.params.iter().enumerate()).filter(|(_, p)| resident(k, &grid, p)).map(|(pi, p)| (p.name.clone(), pi)).collect();
     let forwarded = forwarded_loads(k);
     let (quad_outputs, quad_inputs) = (quad_args(v, &grid, ParamKind::Out), quad_args(v, &grid, ParamKind::In));
     let mut columns = Vec::new();
@@ -458,41 +460,7 @@ fn unsupported(msg: String) -> BackendError {
 /// ([`analysis::overwritten`]), or `p` is [`resident`] (written back whole at each program's last
 /// step) and its blocks cover the array ([`analysis::covers`]).
 pub fn fully_written(kernel: &Verified, grid: &[LaunchAxis], p: &Param) -> bool {
-    analysis::overwritten(kernel.kernel(), grid, p) || (resident(kernel, grid, p) && analysis::covers(grid, p))
-}
-
-/// Whether output `p`'s block can live in the invocations' registers across the `seq` steps of
-/// a program, loaded as zeros and written back once at its last step: there are several steps;
-/// the block is the same at every step (no `seq` axis in its index map), its own to each program
-/// (every parallel axis in the map, one per dimension) and inside the array; and the kernel only
-/// loads and stores it whole (no index, no mask), so that each invocation touches only its own
-/// elements of it.
-pub fn resident(kernel: &Verified, grid: &[LaunchAxis], p: &Param) -> bool {
-    let Some(b) = &p.block else { return false };
-    if p.kind != ParamKind::Out || grid.iter().filter(|a| a.seq).map(|a| a.size).product::<u64>() < 2 {
-        return false;
-    }
-    let axis = |name: &str| grid.iter().find(|a| a.name == name);
-    let mut used: Vec<&str> = Vec::new();
-    for e in &b.index {
-        match e.terms.as_slice() {
-            [] => {}
-            [(c, name)] if *c != 0 && !used.contains(&name.as_str()) && axis(name).is_some_and(|a| !a.seq) => used.push(name),
-            _ => return false,
-        }
-    }
-    let own = grid.iter().filter(|a| !a.seq).all(|a| a.size == 1 || used.contains(&a.name.as_str()));
-    let inside = (0..b.shape.len()).all(|d| inside(grid, p, d));
-    let whole = analysis::accesses(&kernel.kernel().body, &p.name)
-        .iter()
-        .all(|s| matches!(&s.op, Op::Load { index: None, mask: None, .. } | Op::Store { index: None, mask: None, .. }));
-    own && inside && whole
-}
-
-/// Whether every block of `p` lies inside its array in dimension `d`, at every point of the grid.
-pub(crate) fn inside(grid: &[LaunchAxis], p: &Param, d: usize) -> bool {
-    let (lo, hi) = origin_range(grid, p, d);
-    lo >= 0 && hi.saturating_add(p.block_shape()[d] as i64) <= p.ty.shape[d] as i64
+    analysis::overwritten(kernel.kernel(), grid, p) || (resident(kernel.kernel(), grid, p) && analysis::covers(grid, p))
 }
 
 /// Whether `p`'s blocks can be read or written as `vec4`s of adjacent elements at every grid
@@ -527,22 +495,6 @@ fn quad_args(v: &Verified, grid: &[LaunchAxis], kind: ParamKind) -> BTreeSet<usi
         })
         .map(|(pi, _)| pi)
         .collect()
-}
-
-/// The range over the grid of the first element of `p`'s block in dimension `d`
-/// (`E_d * B_d`; 0 without a block).
-pub(crate) fn origin_range(grid: &[LaunchAxis], p: &Param, d: usize) -> (i64, i64) {
-    let Some(b) = &p.block else { return (0, 0) };
-    let e = &b.index[d];
-    let (mut lo, mut hi) = (e.constant, e.constant);
-    for (c, name) in &e.terms {
-        let size = grid.iter().find(|a| &a.name == name).map_or(1, |a| a.size as i64);
-        let y = c.saturating_mul(size - 1);
-        lo = lo.saturating_add(y.min(0));
-        hi = hi.saturating_add(y.max(0));
-    }
-    let bs = b.shape[d] as i64;
-    (lo.saturating_mul(bs), hi.saturating_mul(bs))
 }
 
 /// The values that are whole blocks of `in` arrays (`load x`, no index, mask or `other`), by

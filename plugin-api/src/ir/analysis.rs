@@ -4,7 +4,7 @@
 //! which element of an operand each result element reads, and a backend decides from that which
 //! thread holds it.
 
-use super::{Index, Kernel, Op, Operand, Param, Stmt};
+use super::{Index, Kernel, Op, Operand, Param, ParamKind, Stmt};
 use crate::launch::LaunchAxis;
 
 /// Every statement of a body, those of nested `when` and `for` bodies included, in order.
@@ -103,6 +103,56 @@ pub fn covers(grid: &[LaunchAxis], p: &Param) -> bool {
         }
         _ => false,
     })
+}
+
+/// Whether output `p`'s block can stay with its program across the `seq` steps (in registers,
+/// in a program's own buffer), read once before the first step and written back once after the
+/// last: there are several steps; the block is the same at every step (no `seq` axis in its index
+/// map), its own to each program (every parallel axis in the map, one per dimension) and inside
+/// the array; and the kernel only loads and stores it whole (no index, no mask), so that no
+/// program touches another's elements of it.
+pub fn resident(k: &Kernel, grid: &[LaunchAxis], p: &Param) -> bool {
+    let Some(b) = &p.block else { return false };
+    if p.kind != ParamKind::Out || grid.iter().filter(|a| a.seq).map(|a| a.size).product::<u64>() < 2 {
+        return false;
+    }
+    let axis = |name: &str| grid.iter().find(|a| a.name == name);
+    let mut used: Vec<&str> = Vec::new();
+    for e in &b.index {
+        match e.terms.as_slice() {
+            [] => {}
+            [(c, name)] if *c != 0 && !used.contains(&name.as_str()) && axis(name).is_some_and(|a| !a.seq) => used.push(name),
+            _ => return false,
+        }
+    }
+    let own = grid.iter().filter(|a| !a.seq).all(|a| a.size == 1 || used.contains(&a.name.as_str()));
+    let inside = (0..b.shape.len()).all(|d| inside(grid, p, d));
+    let whole = accesses(&k.body, &p.name)
+        .iter()
+        .all(|s| matches!(&s.op, Op::Load { index: None, mask: None, .. } | Op::Store { index: None, mask: None, .. }));
+    own && inside && whole
+}
+
+/// Whether every block of `p` lies inside its array in dimension `d`, at every point of the grid.
+pub fn inside(grid: &[LaunchAxis], p: &Param, d: usize) -> bool {
+    let (lo, hi) = origin_range(grid, p, d);
+    lo >= 0 && hi.saturating_add(p.block_shape()[d] as i64) <= p.ty.shape[d] as i64
+}
+
+/// The range over the grid of the first element of `p`'s block in dimension `d`
+/// (`E_d * B_d`; 0 without a block).
+pub fn origin_range(grid: &[LaunchAxis], p: &Param, d: usize) -> (i64, i64) {
+    let Some(b) = &p.block else { return (0, 0) };
+    let e = &b.index[d];
+    let (mut lo, mut hi) = (e.constant, e.constant);
+    for (c, name) in &e.terms {
+        let size = grid.iter().find(|a| &a.name == name).map_or(1, |a| a.size as i64);
+        let y = c.saturating_mul(size - 1);
+        lo = lo.saturating_add(y.min(0));
+        hi = hi.saturating_add(y.max(0));
+    }
+    let bs = b.shape[d] as i64;
+    (lo.saturating_mul(bs), hi.saturating_mul(bs))
 }
 
 /// The shape of the region of argument `p` that a `load` or `store` with `index` touches: its
