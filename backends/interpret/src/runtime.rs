@@ -1,5 +1,6 @@
 //! Runs a lowered program over its grid: parallel programs on rayon's thread pool, the points of
-//! `seq` axes in order inside each program, scratch per program, outputs starting as zeros.
+//! `seq` axes in order inside each program, scratch per program (zeros at its start), outputs
+//! starting as zeros.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -163,13 +164,15 @@ impl<'a> Machine<'a> {
         let seq: Vec<usize> = (0..self.grid.len()).filter(|&a| self.grid[a].seq).collect();
         let programs: u64 = par.iter().map(|&a| self.grid[a].size).product();
         let steps: u64 = seq.iter().map(|&a| self.grid[a].size).product();
-        (0..programs).into_par_iter().for_each(|pid| {
-            let mut point = vec![0i64; self.grid.len()];
-            decode(pid, &par, self.grid, &mut point);
-            let mut prog = ProgramState::new(self);
+        // One program's state serves every program a thread runs in turn, its scratch zeroed
+        // again for each (`ProgramState::start`).
+        let init = || (ProgramState::new(self), vec![0i64; self.grid.len()]);
+        (0..programs).into_par_iter().for_each_init(init, |(prog, point), pid| {
+            decode(pid, &par, self.grid, point);
+            prog.start();
             for step in 0..steps {
-                decode(step, &seq, self.grid, &mut point);
-                prog.enter(&point);
+                decode(step, &seq, self.grid, point);
+                prog.enter(point);
                 if step == 0 {
                     prog.hold();
                 }
@@ -212,6 +215,8 @@ struct ProgramState<'m, 'a> {
     /// The blocks of resident outputs ([`Machine::resident`]) while the program holds them: what
     /// their loads read and their stores write, in the program's own memory.
     held: Vec<Option<Val>>,
+    /// Whether no program has run on this state yet (its scratch is still zeros).
+    fresh: bool,
     point: Vec<i64>,
 }
 
@@ -234,27 +239,36 @@ impl<'m, 'a> ProgramState<'m, 'a> {
             slots: vec![None; m.program.slots],
             origins: vec![Vec::new(); params.len()],
             held: vec![None; params.len()],
+            fresh: true,
             point: Vec::new(),
+        }
+    }
+
+    /// Begins a program: its scratch starts as zeros (a fresh state's already is).
+    fn start(&mut self) {
+        if std::mem::replace(&mut self.fresh, false) {
+            return;
+        }
+        for a in self.scratch.iter().flatten() {
+            a.storage.cells().expect("scratch cells").iter().for_each(|c| c.store(0, Ordering::Relaxed));
         }
     }
 
     /// Moves to grid point `point`: the origin of every argument's block there.
     fn enter(&mut self, point: &[i64]) {
-        self.point = point.to_vec();
+        self.point.clear();
+        self.point.extend_from_slice(point);
         let grid = self.m.kernel.grid();
         for (n, p) in self.m.kernel.kernel().params.iter().enumerate() {
-            self.origins[n] = match &p.block {
-                None => vec![0; p.ty.shape.len()],
-                Some(b) => b
-                    .index
-                    .iter()
-                    .zip(&b.shape)
-                    .map(|(e, &bs)| {
-                        let at = e.eval(|name| grid.iter().position(|g| g.name == name).map_or(0, |a| point[a]));
-                        at.wrapping_mul(bs as i64)
-                    })
-                    .collect(),
-            };
+            let origin = &mut self.origins[n];
+            origin.clear();
+            match &p.block {
+                None => origin.resize(p.ty.shape.len(), 0),
+                Some(b) => origin.extend(b.index.iter().zip(&b.shape).map(|(e, &bs)| {
+                    let at = e.eval(|name| grid.iter().position(|g| g.name == name).map_or(0, |a| point[a]));
+                    at.wrapping_mul(bs as i64)
+                })),
+            }
         }
     }
 
