@@ -1,8 +1,8 @@
 """The interpreter against numpy, in one process and one run: benches/kernels/matmul_512.tk,
 softmax_4096.tk and add_4m.tk through the Python module (inputs read in place, outputs written
 once) beside the numpy expression a CPU user would write instead (`a @ b` on numpy's BLAS, the
-row softmax, `x + y`). Each figure is the median of many timed calls after a warm-up; both sides
-allocate their outputs every call. Prints markdown table rows, and the tessel/numpy speed ratio
+row softmax, `x + y`). Each figure is the median of many timed calls after a warm-up, tessel's and
+numpy's in alternating rounds; both sides allocate their outputs every call. Prints markdown table rows, and the tessel/numpy speed ratio
 (above 1: tessel faster) against issue 14's goal.
 
 Run by scripts/bench with the module built in release; alone:
@@ -25,14 +25,21 @@ import tessel  # noqa: E402
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-def median_ms(f, calls=40):
-    f()
-    times = []
-    for _ in range(calls):
-        t = time.perf_counter()
-        f()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times) * 1e3
+def alternating_ms(f, g, rounds=4, calls=10):
+    """Medians (ms) of timed calls of `f` and of `g` in alternating rounds of `calls` each, so that
+    the machine's drift over seconds reaches both alike. Each round starts after a pause and an
+    untimed call: the other side's threads (OpenBLAS's, rayon's) spin for a while after their
+    last call and would otherwise be timed as this side's cost."""
+    tf, tg = [], []
+    for _ in range(rounds):
+        for fn, times in ((f, tf), (g, tg)):
+            time.sleep(0.5)
+            fn()
+            for _ in range(calls):
+                t = time.perf_counter()
+                fn()
+                times.append(time.perf_counter() - t)
+    return statistics.median(tf) * 1e3, statistics.median(tg) * 1e3
 
 
 def softmax(x):
@@ -53,7 +60,6 @@ for label, name, numpy_fn, goal in cases:
     got = next(iter(k(backend="interpret", **arrays).values()))
     want = numpy_fn(*arrays.values())
     assert np.allclose(got, want, rtol=1e-4, atol=1e-4), f"{name} disagrees with numpy"
-    t = median_ms(lambda: k(backend="interpret", **arrays))
-    n = median_ms(lambda: numpy_fn(*arrays.values()))
+    t, n = alternating_ms(lambda: k(backend="interpret", **arrays), lambda: numpy_fn(*arrays.values()))
     ratio = n / t
     print(f"| {label} | {t:.2f} | {n:.2f} | {ratio:.2f}× | {goal}× {'met' if ratio >= goal else 'missed'} |")

@@ -28,23 +28,23 @@ impl Data {
     }
 
     /// Copies `n` elements of `other` (of the same kind) from `from` into `self` at `at`.
-    pub fn copy_from(&mut self, at: usize, other: &Data, from: usize, n: usize) {
+    pub fn copy_from(&mut self, at: usize, other: Slice<'_>, from: usize, n: usize) {
         match (self, other) {
-            (Data::F(a), Data::F(b)) => a[at..at + n].copy_from_slice(&b[from..from + n]),
-            (Data::I(a), Data::I(b)) => a[at..at + n].copy_from_slice(&b[from..from + n]),
-            (Data::U(a), Data::U(b)) => a[at..at + n].copy_from_slice(&b[from..from + n]),
-            (Data::B(a), Data::B(b)) => a[at..at + n].copy_from_slice(&b[from..from + n]),
+            (Data::F(a), Slice::F(b)) => a[at..at + n].copy_from_slice(&b[from..from + n]),
+            (Data::I(a), Slice::I(b)) => a[at..at + n].copy_from_slice(&b[from..from + n]),
+            (Data::U(a), Slice::U(b)) => a[at..at + n].copy_from_slice(&b[from..from + n]),
+            (Data::B(a), Slice::B(b)) => a[at..at + n].copy_from_slice(&b[from..from + n]),
             _ => unreachable!("a value's parts are of its dtype"),
         }
     }
 
     /// Appends the elements of `other` (of the same kind).
-    pub fn append(&mut self, other: &Data) {
+    pub fn extend_from(&mut self, other: Slice<'_>) {
         match (self, other) {
-            (Data::F(a), Data::F(b)) => a.extend_from_slice(b),
-            (Data::I(a), Data::I(b)) => a.extend_from_slice(b),
-            (Data::U(a), Data::U(b)) => a.extend_from_slice(b),
-            (Data::B(a), Data::B(b)) => a.extend_from_slice(b),
+            (Data::F(a), Slice::F(b)) => a.extend_from_slice(b),
+            (Data::I(a), Slice::I(b)) => a.extend_from_slice(b),
+            (Data::U(a), Slice::U(b)) => a.extend_from_slice(b),
+            (Data::B(a), Slice::B(b)) => a.extend_from_slice(b),
             _ => unreachable!("the chunks of one value are of one dtype"),
         }
     }
@@ -171,7 +171,64 @@ pub(crate) fn expand<'a, T: Copy>(data: &'a [T], shape: &[usize], out: &[usize])
     Cow::Owned(res)
 }
 
+/// A block value's elements, borrowed: from a [`Val`], or in place from an argument's memory or
+/// a part of a value (the fused runs' chunks).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Slice<'a> {
+    F(&'a [f32]),
+    I(&'a [i32]),
+    U(&'a [u32]),
+    B(&'a [bool]),
+}
+
+/// A block value, borrowed: what the elementwise operations and reductions read.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct View<'a> {
+    pub dtype: DType,
+    pub shape: &'a [usize],
+    pub data: Slice<'a>,
+}
+
+impl View<'_> {
+    /// Calls `f` with the bit pattern of each element of `range`, in order: what a store writes
+    /// (16-bit floats as their 16 bits). One loop per kind of element.
+    pub fn for_each_bits(&self, range: std::ops::Range<usize>, mut f: impl FnMut(u32)) {
+        match self.data {
+            Slice::F(v) => match self.dtype {
+                DType::F16 => v[range].iter().for_each(|&x| f(u32::from(f16::from_f32(x).to_bits()))),
+                DType::BF16 => v[range].iter().for_each(|&x| f(u32::from(bf16::from_f32(x).to_bits()))),
+                _ => v[range].iter().for_each(|x| f(x.to_bits())),
+            },
+            Slice::I(v) => v[range].iter().for_each(|&x| f(x as u32)),
+            Slice::U(v) => v[range].iter().for_each(|&x| f(x)),
+            Slice::B(v) => v[range].iter().for_each(|&x| f(u32::from(x))),
+        }
+    }
+
+    /// An owned copy.
+    pub fn to_val(self) -> Val {
+        let data = match self.data {
+            Slice::F(v) => Data::F(v.to_vec()),
+            Slice::I(v) => Data::I(v.to_vec()),
+            Slice::U(v) => Data::U(v.to_vec()),
+            Slice::B(v) => Data::B(v.to_vec()),
+        };
+        Val { dtype: self.dtype, shape: self.shape.to_vec(), data }
+    }
+}
+
 impl Val {
+    /// The value, borrowed.
+    pub fn view(&self) -> View<'_> {
+        let data = match &self.data {
+            Data::F(v) => Slice::F(v),
+            Data::I(v) => Slice::I(v),
+            Data::U(v) => Slice::U(v),
+            Data::B(v) => Slice::B(v),
+        };
+        View { dtype: self.dtype, shape: &self.shape, data }
+    }
+
     pub fn scalar_literal(dtype: DType, lit: Literal) -> Val {
         Val::splat(dtype, &[], lit)
     }
@@ -223,23 +280,8 @@ impl Val {
     /// Bit patterns of every element, for stores (16-bit floats as their 16 bits).
     pub fn to_bits(&self) -> Vec<u32> {
         let mut out = Vec::with_capacity(self.data.len());
-        self.for_each_bits(0..self.data.len(), |b| out.push(b));
+        self.view().for_each_bits(0..self.data.len(), |b| out.push(b));
         out
-    }
-
-    /// Calls `f` with the bit pattern of each element of `range`, in order: what a store writes
-    /// (16-bit floats as their 16 bits). One loop per kind of element.
-    pub fn for_each_bits(&self, range: std::ops::Range<usize>, mut f: impl FnMut(u32)) {
-        match &self.data {
-            Data::F(v) => match self.dtype {
-                DType::F16 => v[range].iter().for_each(|&x| f(u32::from(f16::from_f32(x).to_bits()))),
-                DType::BF16 => v[range].iter().for_each(|&x| f(u32::from(bf16::from_f32(x).to_bits()))),
-                _ => v[range].iter().for_each(|x| f(x.to_bits())),
-            },
-            Data::I(v) => v[range].iter().for_each(|&x| f(x as u32)),
-            Data::U(v) => v[range].iter().for_each(|&x| f(x)),
-            Data::B(v) => v[range].iter().for_each(|&x| f(u32::from(x))),
-        }
     }
 
     /// The inverse of [`Val::to_bits`].
@@ -270,9 +312,9 @@ fn via_f64(v: &[f32], f: impl Fn(f64) -> f64) -> Vec<f32> {
     map(v, |x| f(f64::from(x)) as f32)
 }
 
-pub(crate) fn unary(op: UnaryOp, a: &Val) -> Val {
-    let data = match &a.data {
-        Data::F(v) => Data::F(round_all(
+pub(crate) fn unary(op: UnaryOp, a: View<'_>) -> Val {
+    let data = match a.data {
+        Slice::F(v) => Data::F(round_all(
             a.dtype,
             match op {
                 UnaryOp::Neg => map(v, |x| -x),
@@ -292,19 +334,19 @@ pub(crate) fn unary(op: UnaryOp, a: &Val) -> Val {
                 UnaryOp::Not => unreachable!("verifier: not on floats"),
             },
         )),
-        Data::I(v) => Data::I(match op {
+        Slice::I(v) => Data::I(match op {
             UnaryOp::Neg => map(v, i32::wrapping_neg),
             UnaryOp::Abs => map(v, i32::wrapping_abs),
             _ => map(v, |x| !x),
         }),
-        Data::U(v) => Data::U(match op {
+        Slice::U(v) => Data::U(match op {
             UnaryOp::Neg => map(v, u32::wrapping_neg),
-            UnaryOp::Abs => v.clone(),
+            UnaryOp::Abs => v.to_vec(),
             _ => map(v, |x| !x),
         }),
-        Data::B(v) => Data::B(map(v, |x| !x)),
+        Slice::B(v) => Data::B(map(v, |x| !x)),
     };
-    a.with(a.shape.clone(), data)
+    Val { dtype: a.dtype, shape: a.shape.to_vec(), data }
 }
 
 fn zip<T: Copy, R>(a: &[T], b: &[T], f: impl Fn(T, T) -> R) -> Vec<R> {
@@ -351,11 +393,11 @@ fn per_row<T: Copy, R>(full: &[T], col: &[T], row: usize, f: impl Fn(T, T) -> R)
     res
 }
 
-pub(crate) fn binary(op: BinaryOp, a: &Val, b: &Val) -> Val {
+pub(crate) fn binary(op: BinaryOp, a: View<'_>, b: View<'_>) -> Val {
     use BinaryOp as B;
     let shape = broadcast_shape(&a.shape, &b.shape);
-    let data = match (&a.data, &b.data) {
-        (Data::F(x), Data::F(y)) => {
+    let data = match (a.data, b.data) {
+        (Slice::F(x), Slice::F(y)) => {
             let p = Pair { x, xs: &a.shape, y, ys: &b.shape, out: &shape };
             Data::F(round_all(
                 a.dtype,
@@ -372,7 +414,7 @@ pub(crate) fn binary(op: BinaryOp, a: &Val, b: &Val) -> Val {
                 },
             ))
         }
-        (Data::I(x), Data::I(y)) => {
+        (Slice::I(x), Slice::I(y)) => {
             let p = Pair { x, xs: &a.shape, y, ys: &b.shape, out: &shape };
             Data::I(match op {
                 B::Add => p.zip(i32::wrapping_add),
@@ -390,7 +432,7 @@ pub(crate) fn binary(op: BinaryOp, a: &Val, b: &Val) -> Val {
                 B::Pow => unreachable!("verifier: pow on integers"),
             })
         }
-        (Data::U(x), Data::U(y)) => {
+        (Slice::U(x), Slice::U(y)) => {
             let p = Pair { x, xs: &a.shape, y, ys: &b.shape, out: &shape };
             Data::U(match op {
                 B::Add => p.zip(u32::wrapping_add),
@@ -408,7 +450,7 @@ pub(crate) fn binary(op: BinaryOp, a: &Val, b: &Val) -> Val {
                 B::Pow => unreachable!("verifier: pow on integers"),
             })
         }
-        (Data::B(x), Data::B(y)) => {
+        (Slice::B(x), Slice::B(y)) => {
             let p = Pair { x, xs: &a.shape, y, ys: &b.shape, out: &shape };
             Data::B(match op {
                 B::And => p.zip(|x, y| x & y),
@@ -419,7 +461,7 @@ pub(crate) fn binary(op: BinaryOp, a: &Val, b: &Val) -> Val {
         }
         _ => unreachable!("verifier: operands of one dtype"),
     };
-    a.with(shape, data)
+    Val { dtype: a.dtype, shape, data }
 }
 
 fn cmp<T: PartialOrd + Copy>(op: CmpOp, p: Pair<'_, T>) -> Vec<bool> {
@@ -433,13 +475,13 @@ fn cmp<T: PartialOrd + Copy>(op: CmpOp, p: Pair<'_, T>) -> Vec<bool> {
     }
 }
 
-pub(crate) fn compare(op: CmpOp, a: &Val, b: &Val) -> Val {
+pub(crate) fn compare(op: CmpOp, a: View<'_>, b: View<'_>) -> Val {
     let shape = broadcast_shape(&a.shape, &b.shape);
-    let out = match (&a.data, &b.data) {
-        (Data::F(x), Data::F(y)) => cmp(op, Pair { x, xs: &a.shape, y, ys: &b.shape, out: &shape }),
-        (Data::I(x), Data::I(y)) => cmp(op, Pair { x, xs: &a.shape, y, ys: &b.shape, out: &shape }),
-        (Data::U(x), Data::U(y)) => cmp(op, Pair { x, xs: &a.shape, y, ys: &b.shape, out: &shape }),
-        (Data::B(x), Data::B(y)) => cmp(op, Pair { x, xs: &a.shape, y, ys: &b.shape, out: &shape }),
+    let out = match (a.data, b.data) {
+        (Slice::F(x), Slice::F(y)) => cmp(op, Pair { x, xs: &a.shape, y, ys: &b.shape, out: &shape }),
+        (Slice::I(x), Slice::I(y)) => cmp(op, Pair { x, xs: &a.shape, y, ys: &b.shape, out: &shape }),
+        (Slice::U(x), Slice::U(y)) => cmp(op, Pair { x, xs: &a.shape, y, ys: &b.shape, out: &shape }),
+        (Slice::B(x), Slice::B(y)) => cmp(op, Pair { x, xs: &a.shape, y, ys: &b.shape, out: &shape }),
         _ => unreachable!("verifier: operands of one dtype"),
     };
     Val { dtype: DType::Bool, shape, data: Data::B(out) }
@@ -449,40 +491,40 @@ fn pick<T: Copy>(c: &[bool], x: &[T], y: &[T]) -> Vec<T> {
     c.iter().zip(x.iter().zip(y)).map(|(&c, (&x, &y))| if c { x } else { y }).collect()
 }
 
-pub(crate) fn select(c: &Val, a: &Val, b: &Val) -> Val {
+pub(crate) fn select(c: View<'_>, a: View<'_>, b: View<'_>) -> Val {
     let shape = broadcast_shape(&broadcast_shape(&c.shape, &a.shape), &b.shape);
-    let Data::B(cv) = &c.data else { unreachable!("verifier: bool condition") };
+    let Slice::B(cv) = c.data else { unreachable!("verifier: bool condition") };
     let cv = expand(cv, &c.shape, &shape);
-    let data = match (&a.data, &b.data) {
-        (Data::F(x), Data::F(y)) => Data::F(pick(&cv, &expand(x, &a.shape, &shape), &expand(y, &b.shape, &shape))),
-        (Data::I(x), Data::I(y)) => Data::I(pick(&cv, &expand(x, &a.shape, &shape), &expand(y, &b.shape, &shape))),
-        (Data::U(x), Data::U(y)) => Data::U(pick(&cv, &expand(x, &a.shape, &shape), &expand(y, &b.shape, &shape))),
-        (Data::B(x), Data::B(y)) => Data::B(pick(&cv, &expand(x, &a.shape, &shape), &expand(y, &b.shape, &shape))),
+    let data = match (a.data, b.data) {
+        (Slice::F(x), Slice::F(y)) => Data::F(pick(&cv, &expand(x, &a.shape, &shape), &expand(y, &b.shape, &shape))),
+        (Slice::I(x), Slice::I(y)) => Data::I(pick(&cv, &expand(x, &a.shape, &shape), &expand(y, &b.shape, &shape))),
+        (Slice::U(x), Slice::U(y)) => Data::U(pick(&cv, &expand(x, &a.shape, &shape), &expand(y, &b.shape, &shape))),
+        (Slice::B(x), Slice::B(y)) => Data::B(pick(&cv, &expand(x, &a.shape, &shape), &expand(y, &b.shape, &shape))),
         _ => unreachable!("verifier: operands of one dtype"),
     };
-    a.with(shape, data)
+    Val { dtype: a.dtype, shape, data }
 }
 
-pub(crate) fn cast(a: &Val, to: DType) -> Val {
-    let data = match (&a.data, to) {
-        (Data::F(v), DType::I32) => Data::I(v.iter().map(|&x| x as i32).collect()),
-        (Data::F(v), DType::U32) => Data::U(v.iter().map(|&x| x as u32).collect()),
-        (Data::F(v), DType::Bool) => Data::B(v.iter().map(|&x| x != 0.0).collect()),
-        (Data::F(v), d) => Data::F(round_all(d, v.clone())),
-        (Data::I(v), DType::I32) => Data::I(v.clone()),
-        (Data::I(v), DType::U32) => Data::U(v.iter().map(|&x| x as u32).collect()),
-        (Data::I(v), DType::Bool) => Data::B(v.iter().map(|&x| x != 0).collect()),
-        (Data::I(v), d) => Data::F(round_all(d, v.iter().map(|&x| x as f32).collect())),
-        (Data::U(v), DType::I32) => Data::I(v.iter().map(|&x| x as i32).collect()),
-        (Data::U(v), DType::U32) => Data::U(v.clone()),
-        (Data::U(v), DType::Bool) => Data::B(v.iter().map(|&x| x != 0).collect()),
-        (Data::U(v), d) => Data::F(round_all(d, v.iter().map(|&x| x as f32).collect())),
-        (Data::B(v), DType::I32) => Data::I(v.iter().map(|&x| i32::from(x)).collect()),
-        (Data::B(v), DType::U32) => Data::U(v.iter().map(|&x| u32::from(x)).collect()),
-        (Data::B(v), DType::Bool) => Data::B(v.clone()),
-        (Data::B(v), _) => Data::F(v.iter().map(|&x| f32::from(u8::from(x))).collect()),
+pub(crate) fn cast(a: View<'_>, to: DType) -> Val {
+    let data = match (a.data, to) {
+        (Slice::F(v), DType::I32) => Data::I(v.iter().map(|&x| x as i32).collect()),
+        (Slice::F(v), DType::U32) => Data::U(v.iter().map(|&x| x as u32).collect()),
+        (Slice::F(v), DType::Bool) => Data::B(v.iter().map(|&x| x != 0.0).collect()),
+        (Slice::F(v), d) => Data::F(round_all(d, v.to_vec())),
+        (Slice::I(v), DType::I32) => Data::I(v.to_vec()),
+        (Slice::I(v), DType::U32) => Data::U(v.iter().map(|&x| x as u32).collect()),
+        (Slice::I(v), DType::Bool) => Data::B(v.iter().map(|&x| x != 0).collect()),
+        (Slice::I(v), d) => Data::F(round_all(d, v.iter().map(|&x| x as f32).collect())),
+        (Slice::U(v), DType::I32) => Data::I(v.iter().map(|&x| x as i32).collect()),
+        (Slice::U(v), DType::U32) => Data::U(v.to_vec()),
+        (Slice::U(v), DType::Bool) => Data::B(v.iter().map(|&x| x != 0).collect()),
+        (Slice::U(v), d) => Data::F(round_all(d, v.iter().map(|&x| x as f32).collect())),
+        (Slice::B(v), DType::I32) => Data::I(v.iter().map(|&x| i32::from(x)).collect()),
+        (Slice::B(v), DType::U32) => Data::U(v.iter().map(|&x| u32::from(x)).collect()),
+        (Slice::B(v), DType::Bool) => Data::B(v.to_vec()),
+        (Slice::B(v), _) => Data::F(v.iter().map(|&x| f32::from(u8::from(x))).collect()),
     };
-    Val { dtype: to, shape: a.shape.clone(), data }
+    Val { dtype: to, shape: a.shape.to_vec(), data }
 }
 
 pub(crate) fn bitcast(a: &Val, to: DType) -> Val {
@@ -558,18 +600,18 @@ fn fold_axis<T: Copy>(v: &[T], outer: usize, n: usize, inner: usize, f: impl Fn(
     out
 }
 
-pub(crate) fn reduce(op: ReduceOp, a: &Val, axis: usize, keepdims: bool) -> Val {
+pub(crate) fn reduce(op: ReduceOp, a: View<'_>, axis: usize, keepdims: bool) -> Val {
     let outer: usize = a.shape[..axis].iter().product();
     let n = a.shape[axis];
     let inner: usize = a.shape[axis + 1..].iter().product();
-    let mut shape = a.shape.clone();
+    let mut shape = a.shape.to_vec();
     if keepdims {
         shape[axis] = 1;
     } else {
         shape.remove(axis);
     }
-    let data = match &a.data {
-        Data::F(v) => Data::F(round_all(
+    let data = match a.data {
+        Slice::F(v) => Data::F(round_all(
             a.dtype,
             match op {
                 ReduceOp::Sum => fold_axis(v, outer, n, inner, |x, y| x + y),
@@ -578,21 +620,21 @@ pub(crate) fn reduce(op: ReduceOp, a: &Val, axis: usize, keepdims: bool) -> Val 
                 ReduceOp::Min => fold_axis(v, outer, n, inner, nan_min),
             },
         )),
-        Data::I(v) => Data::I(match op {
+        Slice::I(v) => Data::I(match op {
             ReduceOp::Sum => fold_axis(v, outer, n, inner, i32::wrapping_add),
             ReduceOp::Prod => fold_axis(v, outer, n, inner, i32::wrapping_mul),
             ReduceOp::Max => fold_axis(v, outer, n, inner, i32::max),
             ReduceOp::Min => fold_axis(v, outer, n, inner, i32::min),
         }),
-        Data::U(v) => Data::U(match op {
+        Slice::U(v) => Data::U(match op {
             ReduceOp::Sum => fold_axis(v, outer, n, inner, u32::wrapping_add),
             ReduceOp::Prod => fold_axis(v, outer, n, inner, u32::wrapping_mul),
             ReduceOp::Max => fold_axis(v, outer, n, inner, u32::max),
             ReduceOp::Min => fold_axis(v, outer, n, inner, u32::min),
         }),
-        Data::B(_) => unreachable!("verifier: reduce on bool"),
+        Slice::B(_) => unreachable!("verifier: reduce on bool"),
     };
-    a.with(shape, data)
+    Val { dtype: a.dtype, shape, data }
 }
 
 /// `c[m, n] = sum_k a[m, k] * b[k, n]`, `k` ascending, accumulating in `T` (the integer dots:

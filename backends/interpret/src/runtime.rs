@@ -9,7 +9,7 @@ use tessel_plugin_api::array::{DataRef, HostArray, write_le_bits};
 use tessel_plugin_api::ir::{DType, Literal, ParamKind, Verified, analysis};
 use tessel_plugin_api::launch::LaunchAxis;
 
-use crate::eval::{self, Data, Val, expand};
+use crate::eval::{self, Data, Slice, Val, View, expand};
 use crate::fuse::{self, Fused};
 use crate::lower::{DotArg, Instr, Ix, MemRef, Program, Src};
 
@@ -289,7 +289,7 @@ impl<'m, 'a> ProgramState<'m, 'a> {
         for n in 0..self.held.len() {
             if let Some(v) = self.held[n].take() {
                 let block = v.shape.clone();
-                self.write_region(MemRef(n), &self.origins[n], &block, |cells, first| store_elements(&v, first, cells));
+                self.write_region(MemRef(n), &self.origins[n], &block, |cells, first| store_elements(v.view(), first, cells));
             }
         }
     }
@@ -323,16 +323,16 @@ impl<'m, 'a> ProgramState<'m, 'a> {
             Instr::ProgramId { dst, axis } => (*dst, Val::i32_scalar(self.point[*axis])),
             Instr::NumPrograms { dst, axis } => (*dst, Val::i32_scalar(self.m.grid[*axis].size as i64)),
             Instr::Const { dst, val } => (*dst, val.clone()),
-            Instr::Unary { dst, op, a } => (*dst, eval::unary(*op, self.get(a))),
-            Instr::Binary { dst, op, a, b } => (*dst, eval::binary(*op, self.get(a), self.get(b))),
-            Instr::Compare { dst, op, a, b } => (*dst, eval::compare(*op, self.get(a), self.get(b))),
-            Instr::Select { dst, c, a, b } => (*dst, eval::select(self.get(c), self.get(a), self.get(b))),
-            Instr::Cast { dst, a, to } => (*dst, eval::cast(self.get(a), *to)),
+            Instr::Unary { dst, op, a } => (*dst, eval::unary(*op, self.get(a).view())),
+            Instr::Binary { dst, op, a, b } => (*dst, eval::binary(*op, self.get(a).view(), self.get(b).view())),
+            Instr::Compare { dst, op, a, b } => (*dst, eval::compare(*op, self.get(a).view(), self.get(b).view())),
+            Instr::Select { dst, c, a, b } => (*dst, eval::select(self.get(c).view(), self.get(a).view(), self.get(b).view())),
+            Instr::Cast { dst, a, to } => (*dst, eval::cast(self.get(a).view(), *to)),
             Instr::Bitcast { dst, a, to } => (*dst, eval::bitcast(self.get(a), *to)),
             Instr::Broadcast { dst, a, shape } => (*dst, eval::broadcast_to(self.get(a), shape)),
             Instr::Reshape { dst, a, shape } => (*dst, eval::reshape(self.get(a), shape)),
             Instr::Transpose { dst, a, perm } => (*dst, eval::transpose(self.get(a), perm)),
-            Instr::Reduce { dst, op, a, axis, keepdims } => (*dst, eval::reduce(*op, self.get(a), *axis, *keepdims)),
+            Instr::Reduce { dst, op, a, axis, keepdims } => (*dst, eval::reduce(*op, self.get(a).view(), *axis, *keepdims)),
             Instr::Dot { dst, a, b, trans_a, trans_b } => (*dst, self.dot(a, b, *trans_a, *trans_b)),
             Instr::When { cond, body } => {
                 if self.get(cond).as_bool() {
@@ -476,7 +476,7 @@ impl<'m, 'a> ProgramState<'m, 'a> {
         }
         let lanes = self.mask_lanes(mask, &shape);
         if v.shape == shape && lanes.is_none() {
-            return self.write_region(mem, &starts, &lens, |cells, first| store_elements(v, first, cells));
+            return self.write_region(mem, &starts, &lens, |cells, first| store_elements(v.view(), first, cells));
         }
         let bits = v.to_bits();
         let bits = expand(&bits, &v.shape, &shape);
@@ -572,16 +572,26 @@ impl<'m, 'a> ProgramState<'m, 'a> {
             return self.exec(&f.original);
         }
         let rank = f.shape.len();
-        let mut regs: Vec<Option<Val>> = vec![None; f.ops.len()];
+        let machine = self.m;
         let mut whole: Vec<Option<(DType, Data)>> = vec![None; f.ops.len()];
+        // What a loaded element reads outside its array (never, here: the blocks lie inside).
+        let zeros: Vec<Option<Val>> = (f.ops.iter())
+            .map(|op| match op {
+                fuse::Op::Load { dtype, .. } => Some(Val::scalar_literal(*dtype, Literal::Int(0))),
+                _ => None,
+            })
+            .collect();
+        // A chunk's stores into held blocks, made once its operands are no longer borrowed.
+        let mut held_stores: Vec<(usize, Val)> = Vec::new();
         for chunk in fuse::chunks(&f.shape, f.whole_rows) {
             let rows = if rank >= 2 { chunk.lens[rank - 2] } else { 1 };
             let block = [rows, chunk.lens[rank - 1]];
-            let outer: Vec<Val> = f.outer.iter().map(|s| fuse::broadcast_chunk(self.get(s), &f.shape, &chunk, &block)).collect();
+            let outer: Vec<Part<'_>> = f.outer.iter().map(|s| outer_part(self.get(s), &f.shape, &chunk, &block)).collect();
+            let mut regs: Vec<Option<Part<'_>>> = (0..f.ops.len()).map(|_| None).collect();
             for (i, op) in f.ops.iter().enumerate() {
                 let arg = |a: &fuse::Arg| match a {
-                    fuse::Arg::Op(j) => regs[*j].as_ref().expect("operands come first"),
-                    fuse::Arg::Outer(j) => &outer[*j],
+                    fuse::Arg::Op(j) => regs[*j].as_ref().expect("operands come first").view(),
+                    fuse::Arg::Outer(j) => outer[*j].view(),
                 };
                 let region = |mem: MemRef| -> Vec<i64> {
                     self.origins[mem.0].iter().zip(&chunk.start).map(|(&o, &s)| o + s as i64).collect()
@@ -589,38 +599,55 @@ impl<'m, 'a> ProgramState<'m, 'a> {
                 let val = match op {
                     fuse::Op::Load { mem, .. } if self.held[mem.0].is_some() => {
                         let held = self.held[mem.0].as_ref().expect("held");
-                        fuse::broadcast_chunk(held, &f.shape, &chunk, &block)
+                        Part::Owned(fuse::broadcast_chunk(held, &f.shape, &chunk, &block))
                     }
                     fuse::Op::Load { mem, dtype } => {
-                        let zero = Val::scalar_literal(*dtype, Literal::Int(0));
-                        let data = self.read_region(*mem, &region(*mem), &chunk.lens, &block, &zero, *dtype);
-                        Val { dtype: *dtype, shape: block.to_vec(), data }
+                        let starts = region(*mem);
+                        match machine.input_part(*mem, &starts, &chunk.lens) {
+                            Some((dtype, data)) => Part::Borrowed { dtype, shape: block, data },
+                            None => {
+                                let zero = zeros[i].as_ref().expect("a load's zero");
+                                let data = self.read_region(*mem, &starts, &chunk.lens, &block, zero, *dtype);
+                                Part::Owned(Val { dtype: *dtype, shape: block.to_vec(), data })
+                            }
+                        }
                     }
-                    fuse::Op::Unary { op, a } => eval::unary(*op, arg(a)),
-                    fuse::Op::Binary { op, a, b } => eval::binary(*op, arg(a), arg(b)),
-                    fuse::Op::Compare { op, a, b } => eval::compare(*op, arg(a), arg(b)),
-                    fuse::Op::Select { c, a, b } => eval::select(arg(c), arg(a), arg(b)),
-                    fuse::Op::Cast { a, to } => eval::cast(arg(a), *to),
+                    fuse::Op::Unary { op, a } => Part::Owned(eval::unary(*op, arg(a))),
+                    fuse::Op::Binary { op, a, b } => Part::Owned(eval::binary(*op, arg(a), arg(b))),
+                    fuse::Op::Compare { op, a, b } => Part::Owned(eval::compare(*op, arg(a), arg(b))),
+                    fuse::Op::Select { c, a, b } => Part::Owned(eval::select(arg(c), arg(a), arg(b))),
+                    fuse::Op::Cast { a, to } => Part::Owned(eval::cast(arg(a), *to)),
                     // Along the chunk's rows ([rows, cols]); kept as `[rows, 1]` with `keepdims`, for
                     // the operations of the run that broadcast it along the rows.
-                    fuse::Op::Reduce { op, a, keepdims } => eval::reduce(*op, arg(a), 1, *keepdims),
-                    fuse::Op::Store { mem, value } if self.held[mem.0].is_some() => {
-                        put_chunk(self.held[mem.0].as_mut().expect("held"), &chunk, arg(value));
-                        continue;
-                    }
+                    fuse::Op::Reduce { op, a, keepdims } => Part::Owned(eval::reduce(*op, arg(a), 1, *keepdims)),
                     fuse::Op::Store { mem, value } => {
+                        // A scalar stored is stretched over the chunk.
                         let v = arg(value);
-                        self.write_region(*mem, &region(*mem), &chunk.lens, |cells, first| store_elements(v, first, cells));
+                        let stretched;
+                        let v = if v.shape == block { v } else {
+                            stretched = eval::broadcast_to(&v.to_val(), &block);
+                            stretched.view()
+                        };
+                        if self.held[mem.0].is_some() {
+                            held_stores.push((mem.0, v.to_val()));
+                        } else {
+                            self.write_region(*mem, &region(*mem), &chunk.lens, |cells, first| store_elements(v, first, cells));
+                        }
                         continue;
                     }
                 };
                 if f.keep[i].is_some() {
+                    let v = val.view();
                     match &mut whole[i] {
-                        Some((_, d)) => d.append(&val.data),
-                        w @ None => *w = Some((val.dtype, val.data.clone())),
+                        Some((_, w)) => w.extend_from(v.data),
+                        w @ None => *w = Some((v.dtype, v.to_val().data)),
                     }
                 }
                 regs[i] = Some(val);
+            }
+            drop((regs, outer));
+            for (n, v) in held_stores.drain(..) {
+                put_chunk(self.held[n].as_mut().expect("held"), &chunk, v.view());
             }
         }
         for ((op, keep), w) in f.ops.iter().zip(&f.keep).zip(whole) {
@@ -635,21 +662,91 @@ impl<'m, 'a> ProgramState<'m, 'a> {
     }
 }
 
+impl<'a> Machine<'a> {
+    /// A fused load's chunk of input `mem` (the region `starts`, `lens`), in place: where the
+    /// input's elements are held as the value holds them (not `f16`/`bf16`, which widen) and the
+    /// chunk is one stretch of the array.
+    fn input_part(&self, mem: MemRef, starts: &[i64], lens: &[usize]) -> Option<(DType, Slice<'a>)> {
+        let arr = self.arrays[mem.0].as_ref()?;
+        let Storage::Input(data) = arr.storage else { return None };
+        let flat = contiguous(&arr.shape, starts, lens)?;
+        let n: usize = lens.iter().product();
+        Some(match data {
+            DataRef::F32(v) => (DType::F32, Slice::F(&v[flat..flat + n])),
+            DataRef::I32(v) => (DType::I32, Slice::I(&v[flat..flat + n])),
+            DataRef::U32(v) => (DType::U32, Slice::U(&v[flat..flat + n])),
+            DataRef::Bool(v) => (DType::Bool, Slice::B(&v[flat..flat + n])),
+            _ => return None,
+        })
+    }
+}
+
+/// A value of a fused run's chunk: made by the chunk's operation, or borrowed where it already
+/// is (an input's memory, a value made before the run).
+enum Part<'x> {
+    Owned(Val),
+    Borrowed { dtype: DType, shape: [usize; 2], data: Slice<'x> },
+    /// A value of one element, read as a scalar.
+    Scalar(View<'x>),
+}
+
+impl Part<'_> {
+    fn view(&self) -> View<'_> {
+        match self {
+            Part::Owned(v) => v.view(),
+            Part::Borrowed { dtype, shape, data } => View { dtype: *dtype, shape, data: *data },
+            Part::Scalar(v) => View { shape: &[], ..*v },
+        }
+    }
+}
+
+/// The part of `v` (broadcast to the run's `shape`) that `chunk` covers, as a `block`: `v`
+/// in place where it has the run's shape and the chunk is one stretch of it, itself (a scalar)
+/// where it is one element broadcast, else a copy.
+fn outer_part<'x>(v: &'x Val, shape: &[usize], chunk: &fuse::Chunk, block: &[usize; 2]) -> Part<'x> {
+    let starts: Vec<i64> = chunk.start.iter().map(|&s| s as i64).collect();
+    if v.shape == shape
+        && let Some(flat) = contiguous(shape, &starts, &chunk.lens)
+    {
+        let n = block[0] * block[1];
+        let data = match &v.data {
+            Data::F(x) => Slice::F(&x[flat..flat + n]),
+            Data::I(x) => Slice::I(&x[flat..flat + n]),
+            Data::U(x) => Slice::U(&x[flat..flat + n]),
+            Data::B(x) => Slice::B(&x[flat..flat + n]),
+        };
+        return Part::Borrowed { dtype: v.dtype, shape: *block, data };
+    }
+    if v.data.len() == 1 {
+        return Part::Scalar(v.view());
+    }
+    Part::Owned(fuse::broadcast_chunk(v, shape, chunk, block))
+}
+
+/// The flat index of the first element of the box `starts`, `lens` in a row-major array of
+/// `shape`, where the box is one stretch of the array's elements and lies inside it: every
+/// dimension after the first one longer than 1 is whole.
+fn contiguous(shape: &[usize], starts: &[i64], lens: &[usize]) -> Option<usize> {
+    let first = lens.iter().position(|&n| n > 1).unwrap_or(lens.len());
+    let whole = (first + 1..shape.len()).all(|d| starts[d] == 0 && lens[d] == shape[d]);
+    let inside = starts.iter().zip(lens).zip(shape).all(|((&s, &n), &dim)| s >= 0 && s as usize + n <= dim);
+    (whole && inside).then(|| starts.iter().zip(eval::strides(shape)).map(|(&s, st)| s as usize * st).sum())
+}
 /// Writes chunk `v` (of `chunk.lens`, row-major) into its place in `block`, a value of the
 /// run's shape.
-fn put_chunk(block: &mut Val, chunk: &fuse::Chunk, v: &Val) {
+fn put_chunk(block: &mut Val, chunk: &fuse::Chunk, v: View<'_>) {
     let starts: Vec<i64> = chunk.start.iter().map(|&s| s as i64).collect();
     let mut lane = 0;
     let shape = block.shape.clone();
     for_each_row(&shape, &starts, &chunk.lens, |len, span| {
         let r = span.expect("a chunk lies inside its run's shape");
-        block.data.copy_from(r.flat, &v.data, lane, r.count);
+        block.data.copy_from(r.flat, v.data, lane, r.count);
         lane += len;
     });
 }
 
 /// Stores the bit patterns of `v`'s elements from `first` on into `cells`.
-fn store_elements(v: &Val, first: usize, cells: &[AtomicU32]) {
+fn store_elements(v: View<'_>, first: usize, cells: &[AtomicU32]) {
     let mut cells = cells.iter();
     v.for_each_bits(first..first + cells.len(), |b| cells.next().expect("one cell per element").store(b, Ordering::Relaxed));
 }

@@ -145,7 +145,7 @@ fn literal(l: Literal, d: DType) -> String {
                 DType::BF16 => half::bf16::from_f32(v).to_f32(),
                 _ => v,
             };
-            float_lit(v)
+            opaque_f32(v)
         }
     }
 }
@@ -157,6 +157,14 @@ fn literal(l: Literal, d: DType) -> String {
 /// bits pass through `tk_zero`, a zero the compiler cannot see (`finish`).
 pub(crate) fn float_lit(v: f32) -> String {
     if v.is_finite() && v != 0.0 { format!("{v:?}f") } else { format!("tk_f32_bits({}u)", v.to_bits()) }
+}
+
+/// A kernel's float literal: always through `tk_f32_bits`, its value in a comment. lavapipe folds
+/// with any zero it can compute, not only a written one: `floor(0.5) * x` to 0, `x / (1.5 - 1.5)`
+/// to 0 (`tests/in/regressions/computed_zero.tk`), so no float the kernel computes may start from
+/// a constant the driver sees. (The libm functions' constants only meet run-time values.)
+fn opaque_f32(v: f32) -> String {
+    format!("tk_f32_bits({}u /* {v:?} */)", v.to_bits())
 }
 
 /// Register value to a `u32` storage word.
@@ -1940,9 +1948,15 @@ impl<'k> Writer<'k> {
                 self.helper("tk_f2u");
                 format!("tk_f2u({x})")
             }
-            (DType::Bool, b) if b.is_float() => format!("select(0.0f, 1.0f, {x})"),
+            // Floats made from integers pass through `tk_f32_bits` too: an integer the driver
+            // can compute (`xor %n, %n`) would otherwise be a float constant it folds with.
+            (DType::Bool, b) if b.is_float() => {
+                self.helper("tk_f32_bits");
+                format!("tk_f32_bits(select(0u, 1065353216u, {x}))")
+            }
             (_, b) if b.is_float() => {
-                let v = format!("f32({x})");
+                self.helper("tk_f32_bits");
+                let v = format!("tk_f32_bits(bitcast<u32>(f32({x})))");
                 self.round16(b, &v)
             }
             (DType::Bool, DType::I32) => format!("select(0i, 1i, {x})"),
@@ -1961,6 +1975,8 @@ impl<'k> Writer<'k> {
                 format!("bitcast<f32>(tk_f16_bits({x}) << 16u)")
             }
             (DType::BF16, DType::F16) => format!("unpack2x16float(bitcast<u32>({x}) >> 16u).x"),
+            // Opaque, as a cast to a float is (`cast`).
+            (DType::I32 | DType::U32, DType::F32) => format!("tk_f32_bits(bitcast<u32>({x}))"),
             (_, b) => format!("bitcast<{}>({x})", reg_ty(b)),
         }
     }
