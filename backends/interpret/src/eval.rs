@@ -395,10 +395,10 @@ fn per_row<T: Copy, R>(full: &[T], col: &[T], row: usize, f: impl Fn(T, T) -> R)
 
 pub(crate) fn binary(op: BinaryOp, a: View<'_>, b: View<'_>) -> Val {
     use BinaryOp as B;
-    let shape = broadcast_shape(&a.shape, &b.shape);
+    let shape = broadcast_shape(a.shape, b.shape);
     let data = match (a.data, b.data) {
         (Slice::F(x), Slice::F(y)) => {
-            let p = Pair { x, xs: &a.shape, y, ys: &b.shape, out: &shape };
+            let p = Pair { x, xs: a.shape, y, ys: b.shape, out: &shape };
             Data::F(round_all(
                 a.dtype,
                 match op {
@@ -415,7 +415,7 @@ pub(crate) fn binary(op: BinaryOp, a: View<'_>, b: View<'_>) -> Val {
             ))
         }
         (Slice::I(x), Slice::I(y)) => {
-            let p = Pair { x, xs: &a.shape, y, ys: &b.shape, out: &shape };
+            let p = Pair { x, xs: a.shape, y, ys: b.shape, out: &shape };
             Data::I(match op {
                 B::Add => p.zip(i32::wrapping_add),
                 B::Sub => p.zip(i32::wrapping_sub),
@@ -433,7 +433,7 @@ pub(crate) fn binary(op: BinaryOp, a: View<'_>, b: View<'_>) -> Val {
             })
         }
         (Slice::U(x), Slice::U(y)) => {
-            let p = Pair { x, xs: &a.shape, y, ys: &b.shape, out: &shape };
+            let p = Pair { x, xs: a.shape, y, ys: b.shape, out: &shape };
             Data::U(match op {
                 B::Add => p.zip(u32::wrapping_add),
                 B::Sub => p.zip(u32::wrapping_sub),
@@ -451,7 +451,7 @@ pub(crate) fn binary(op: BinaryOp, a: View<'_>, b: View<'_>) -> Val {
             })
         }
         (Slice::B(x), Slice::B(y)) => {
-            let p = Pair { x, xs: &a.shape, y, ys: &b.shape, out: &shape };
+            let p = Pair { x, xs: a.shape, y, ys: b.shape, out: &shape };
             Data::B(match op {
                 B::And => p.zip(|x, y| x & y),
                 B::Or => p.zip(|x, y| x | y),
@@ -476,12 +476,12 @@ fn cmp<T: PartialOrd + Copy>(op: CmpOp, p: Pair<'_, T>) -> Vec<bool> {
 }
 
 pub(crate) fn compare(op: CmpOp, a: View<'_>, b: View<'_>) -> Val {
-    let shape = broadcast_shape(&a.shape, &b.shape);
+    let shape = broadcast_shape(a.shape, b.shape);
     let out = match (a.data, b.data) {
-        (Slice::F(x), Slice::F(y)) => cmp(op, Pair { x, xs: &a.shape, y, ys: &b.shape, out: &shape }),
-        (Slice::I(x), Slice::I(y)) => cmp(op, Pair { x, xs: &a.shape, y, ys: &b.shape, out: &shape }),
-        (Slice::U(x), Slice::U(y)) => cmp(op, Pair { x, xs: &a.shape, y, ys: &b.shape, out: &shape }),
-        (Slice::B(x), Slice::B(y)) => cmp(op, Pair { x, xs: &a.shape, y, ys: &b.shape, out: &shape }),
+        (Slice::F(x), Slice::F(y)) => cmp(op, Pair { x, xs: a.shape, y, ys: b.shape, out: &shape }),
+        (Slice::I(x), Slice::I(y)) => cmp(op, Pair { x, xs: a.shape, y, ys: b.shape, out: &shape }),
+        (Slice::U(x), Slice::U(y)) => cmp(op, Pair { x, xs: a.shape, y, ys: b.shape, out: &shape }),
+        (Slice::B(x), Slice::B(y)) => cmp(op, Pair { x, xs: a.shape, y, ys: b.shape, out: &shape }),
         _ => unreachable!("verifier: operands of one dtype"),
     };
     Val { dtype: DType::Bool, shape, data: Data::B(out) }
@@ -492,14 +492,14 @@ fn pick<T: Copy>(c: &[bool], x: &[T], y: &[T]) -> Vec<T> {
 }
 
 pub(crate) fn select(c: View<'_>, a: View<'_>, b: View<'_>) -> Val {
-    let shape = broadcast_shape(&broadcast_shape(&c.shape, &a.shape), &b.shape);
+    let shape = broadcast_shape(&broadcast_shape(c.shape, a.shape), b.shape);
     let Slice::B(cv) = c.data else { unreachable!("verifier: bool condition") };
-    let cv = expand(cv, &c.shape, &shape);
+    let cv = expand(cv, c.shape, &shape);
     let data = match (a.data, b.data) {
-        (Slice::F(x), Slice::F(y)) => Data::F(pick(&cv, &expand(x, &a.shape, &shape), &expand(y, &b.shape, &shape))),
-        (Slice::I(x), Slice::I(y)) => Data::I(pick(&cv, &expand(x, &a.shape, &shape), &expand(y, &b.shape, &shape))),
-        (Slice::U(x), Slice::U(y)) => Data::U(pick(&cv, &expand(x, &a.shape, &shape), &expand(y, &b.shape, &shape))),
-        (Slice::B(x), Slice::B(y)) => Data::B(pick(&cv, &expand(x, &a.shape, &shape), &expand(y, &b.shape, &shape))),
+        (Slice::F(x), Slice::F(y)) => Data::F(pick(&cv, &expand(x, a.shape, &shape), &expand(y, b.shape, &shape))),
+        (Slice::I(x), Slice::I(y)) => Data::I(pick(&cv, &expand(x, a.shape, &shape), &expand(y, b.shape, &shape))),
+        (Slice::U(x), Slice::U(y)) => Data::U(pick(&cv, &expand(x, a.shape, &shape), &expand(y, b.shape, &shape))),
+        (Slice::B(x), Slice::B(y)) => Data::B(pick(&cv, &expand(x, a.shape, &shape), &expand(y, b.shape, &shape))),
         _ => unreachable!("verifier: operands of one dtype"),
     };
     Val { dtype: a.dtype, shape, data }

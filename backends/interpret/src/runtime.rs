@@ -624,7 +624,9 @@ impl<'m, 'a> ProgramState<'m, 'a> {
                         // A scalar stored is stretched over the chunk.
                         let v = arg(value);
                         let stretched;
-                        let v = if v.shape == block { v } else {
+                        let v = if v.shape == block {
+                            v
+                        } else {
                             stretched = eval::broadcast_to(&v.to_val(), &block);
                             stretched.view()
                         };
@@ -685,7 +687,11 @@ impl<'a> Machine<'a> {
 /// is (an input's memory, a value made before the run).
 enum Part<'x> {
     Owned(Val),
-    Borrowed { dtype: DType, shape: [usize; 2], data: Slice<'x> },
+    Borrowed {
+        dtype: DType,
+        shape: [usize; 2],
+        data: Slice<'x>,
+    },
     /// A value of one element, read as a scalar.
     Scalar(View<'x>),
 }
