@@ -204,13 +204,14 @@ fn generate(s: &Spec) -> String {
                 b.line(&format!("{v} = dot {ah}, {wh}"));
             }
             14 => {
-                // Both transposes: s = tanh(a a2^T) is [r, r], then s^T a is [r, c] again. The
-                // tanh keeps the chain well conditioned: two dots in a row multiply magnitudes,
-                // and their cancellation would magnify rounding past the f32 tolerance.
-                let sq = b.fresh();
-                b.line(&format!("{sq} = dot {a}, {a2} trans_b"));
+                // Both transposes: s = tanh(a a2^T) is [r, r], then s^T a is [r, c] again. Every
+                // operand bounded (tanh) keeps the chain well conditioned: two dots in a row
+                // multiply magnitudes, and their cancellation would magnify rounding past the f32
+                // tolerance (seed 41186 chained this step twice on a dot of `wt`).
+                let (ab, a2b, sq) = (b.bounded(&a), b.bounded(&a2), b.fresh());
+                b.line(&format!("{sq} = dot {ab}, {a2b} trans_b"));
                 let sb = b.bounded(&sq);
-                b.line(&format!("{v} = dot {sb}, {a} trans_a"));
+                b.line(&format!("{v} = dot {sb}, {ab} trans_a"));
             }
             8 => {
                 // A mask from exact values only.
