@@ -597,9 +597,8 @@ impl<'m, 'a> ProgramState<'m, 'a> {
                     self.origins[mem.0].iter().zip(&chunk.start).map(|(&o, &s)| o + s as i64).collect()
                 };
                 let val = match op {
-                    fuse::Op::Load { mem, .. } if self.held[mem.0].is_some() => {
-                        let held = self.held[mem.0].as_ref().expect("held");
-                        Part::Owned(fuse::broadcast_chunk(held, &f.shape, &chunk, &block))
+                    fuse::Op::Load { mem, .. } if let Some(held) = &self.held[mem.0] => {
+                        outer_part(held, &f.shape, &chunk, &block)
                     }
                     fuse::Op::Load { mem, dtype } => {
                         let starts = region(*mem);
@@ -684,7 +683,7 @@ impl<'a> Machine<'a> {
 }
 
 /// A value of a fused run's chunk: made by the chunk's operation, or borrowed where it already
-/// is (an input's memory, a value made before the run).
+/// is (an input's memory, a value made before the run, a held block).
 enum Part<'x> {
     Owned(Val),
     Borrowed {
