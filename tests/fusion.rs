@@ -40,3 +40,36 @@ fn a_row_softmax_is_one_fused_run() {
         assert_eq!(tessel_interpret::compile(k).fused_runs(), 1, "{path}");
     }
 }
+
+/// The outputs of `src` (one kernel over `x: f32[4096]`) on the interpreter, fused and not,
+/// for `x[n] = n / 8`.
+fn both_ways(src: &str) -> [Vec<(String, Vec<f32>)>; 2] {
+    let k = &tessel::load_source("order.tk", src).unwrap_or_else(|e| panic!("{e}"))[0];
+    let x: Vec<f32> = (0..4096).map(|n| n as f32 / 8.0).collect();
+    let args = LaunchArgs { inputs: [("x".to_string(), common::f32_array(&[4096], x))].into(), grid: Default::default() };
+    let run = |c: tessel_interpret::Compiled| -> Vec<(String, Vec<f32>)> {
+        c.run(&args).expect("runs").into_iter().map(|(n, a)| (n, a.to_f64().into_iter().map(|v| v as f32).collect())).collect()
+    };
+    assert!(tessel_interpret::compile(k).fused_runs() == 1, "one run");
+    [run(tessel_interpret::compile(k)), run(tessel_interpret::compile_unfused(k))]
+}
+
+#[test]
+fn a_result_written_straight_into_its_store_keeps_the_statements_order() {
+    // `%c` goes straight into `o` only where nothing between it and its store touches `o`:
+    // here a store of `%a` comes between, and the last store wins (o = x + 1, not x).
+    let head = "kernel order\n  grid (i: 4)\n  in  x: f32[4096] block [1024] at (i)\n  out o: f32[4096] block [1024] at (i)\n  out z: f32[4096] block [1024] at (i)\n{\n  %a = load x\n  %c = add %a, 1.0\n";
+    let want_c: Vec<f32> = (0..4096).map(|n| n as f32 / 8.0 + 1.0).collect();
+    for [fused, unfused] in [
+        both_ways(&format!("{head}  store o, %a\n  store o, %c\n  store z, %a\n}}\n")),
+        both_ways(&format!("{head}  %d = mul %a, 2.0\n  store o, %c\n  store z, %d\n}}\n")),
+    ] {
+        assert_eq!(fused, unfused);
+        assert_eq!(fused[0].1, want_c, "o = x + 1");
+    }
+    // A load of `o` between them reads it as it was (zeros), not the chunk written early.
+    let [fused, unfused] = both_ways(&format!("{head}  %p = load o\n  store o, %c\n  store z, %p\n}}\n"));
+    assert_eq!(fused, unfused);
+    assert_eq!(fused[0].1, want_c);
+    assert!(fused[1].1.iter().all(|&v| v == 0.0), "z = o before the store: zeros");
+}

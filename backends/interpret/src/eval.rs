@@ -205,6 +205,24 @@ impl View<'_> {
         }
     }
 
+    /// Writes the bit patterns of the elements in `range` into `out`, one each, as
+    /// [`View::for_each_bits`] gives them (in loops the compiler vectorizes).
+    pub fn write_bits(&self, range: std::ops::Range<usize>, out: &mut [u32]) {
+        fn put<T: Copy>(v: &[T], out: &mut [u32], bits: impl Fn(T) -> u32) {
+            out.iter_mut().zip(v).for_each(|(o, &x)| *o = bits(x));
+        }
+        match self.data {
+            Slice::F(v) => match self.dtype {
+                DType::F16 => put(&v[range], out, |x| u32::from(f16::from_f32(x).to_bits())),
+                DType::BF16 => put(&v[range], out, |x| u32::from(bf16::from_f32(x).to_bits())),
+                _ => put(&v[range], out, f32::to_bits),
+            },
+            Slice::I(v) => put(&v[range], out, |x| x as u32),
+            Slice::U(v) => out.copy_from_slice(&v[range]),
+            Slice::B(v) => put(&v[range], out, u32::from),
+        }
+    }
+
     /// An owned copy.
     pub fn to_val(self) -> Val {
         let data = match self.data {
@@ -349,10 +367,6 @@ pub(crate) fn unary(op: UnaryOp, a: View<'_>) -> Val {
     Val { dtype: a.dtype, shape: a.shape.to_vec(), data }
 }
 
-fn zip<T: Copy, R>(a: &[T], b: &[T], f: impl Fn(T, T) -> R) -> Vec<R> {
-    a.iter().zip(b).map(|(&x, &y)| f(x, y)).collect()
-}
-
 /// The operands of a binary operation: `x` of shape `xs` and `y` of shape `ys`, broadcast to
 /// `out` (numpy's rules).
 struct Pair<'a, T> {
@@ -364,104 +378,175 @@ struct Pair<'a, T> {
 }
 
 impl<T: Copy> Pair<'_, T> {
-    /// `f` of each pair of elements broadcasting makes, in row-major order over `out`. A scalar
-    /// and a column (`[..., 1]`, one element a row, as a reduction with `keepdims` makes it)
-    /// are read where they are, not stretched into a block first; other shapes are.
+    /// `f` of each pair of elements broadcasting makes, in row-major order over `out`.
     fn zip<R>(&self, f: impl Fn(T, T) -> R) -> Vec<R> {
+        let mut v = Vec::with_capacity(self.out.iter().product());
+        self.zip_to(f, &mut v);
+        v
+    }
+
+    /// [`Pair::zip`] into `dst`. A scalar and a column (`[..., 1]`, one element a row, as a
+    /// reduction with `keepdims` makes it) are read where they are, not stretched into a block
+    /// first; other shapes are.
+    fn zip_to<R>(&self, f: impl Fn(T, T) -> R, dst: &mut impl Extend<R>) {
         let (x, y, out) = (self.x, self.y, self.out);
         let row = out.last().copied().unwrap_or(1);
         let column =
             |s: &[usize]| row > 0 && s.len() == out.len() && s.last() == Some(&1) && s[..s.len() - 1] == out[..out.len() - 1];
         match (self.xs == out, self.ys == out) {
-            (true, true) => zip(x, y, f),
-            (true, false) if y.len() == 1 => map(x, |a| f(a, y[0])),
-            (false, true) if x.len() == 1 => map(y, |b| f(x[0], b)),
-            (true, false) if column(self.ys) => per_row(x, y, row, f),
-            (false, true) if column(self.xs) => per_row(y, x, row, |b, a| f(a, b)),
-            _ => zip(&expand(x, self.xs, out), &expand(y, self.ys, out), f),
+            (true, true) => dst.extend(x.iter().zip(y).map(|(&a, &b)| f(a, b))),
+            (true, false) if y.len() == 1 => dst.extend(x.iter().map(|&a| f(a, y[0]))),
+            (false, true) if x.len() == 1 => dst.extend(y.iter().map(|&b| f(x[0], b))),
+            (true, false) if column(self.ys) => per_row(x, y, row, f, dst),
+            (false, true) if column(self.xs) => per_row(y, x, row, |b, a| f(a, b), dst),
+            _ => {
+                let (x, y) = (expand(x, self.xs, out), expand(y, self.ys, out));
+                dst.extend(x.iter().zip(y.iter()).map(|(&a, &b)| f(a, b)));
+            }
         }
     }
 }
 
 /// `f(e, c)` for each element `e` of `full`'s rows of `row` elements and the element `c` of
-/// `col` for that row.
-fn per_row<T: Copy, R>(full: &[T], col: &[T], row: usize, f: impl Fn(T, T) -> R) -> Vec<R> {
-    let mut res = Vec::with_capacity(full.len());
+/// `col` for that row, into `dst`.
+fn per_row<T: Copy, R>(full: &[T], col: &[T], row: usize, f: impl Fn(T, T) -> R, dst: &mut impl Extend<R>) {
     for (r, &c) in full.chunks_exact(row).zip(col) {
-        res.extend(r.iter().map(|&e| f(e, c)));
+        dst.extend(r.iter().map(|&e| f(e, c)));
     }
-    res
+}
+
+/// Memory that results are written into in order, one element each: a store's destination,
+/// where an operation's results go straight there ([`binary_into`]).
+struct Filler<'o, R> {
+    out: &'o mut [R],
+    at: usize,
+}
+
+impl<R> Extend<R> for Filler<'_, R> {
+    fn extend<I: IntoIterator<Item = R>>(&mut self, items: I) {
+        let mut n = 0;
+        self.out[self.at..].iter_mut().zip(items).for_each(|(o, x)| {
+            *o = x;
+            n += 1;
+        });
+        self.at += n;
+    }
 }
 
 pub(crate) fn binary(op: BinaryOp, a: View<'_>, b: View<'_>) -> Val {
-    use BinaryOp as B;
     let shape = broadcast_shape(a.shape, b.shape);
+    fn new<R>(n: usize, fill: impl FnOnce(&mut Vec<R>)) -> Vec<R> {
+        let mut v = Vec::with_capacity(n);
+        fill(&mut v);
+        v
+    }
+    let n = shape.iter().product();
     let data = match (a.data, b.data) {
         (Slice::F(x), Slice::F(y)) => {
-            let p = Pair { x, xs: a.shape, y, ys: b.shape, out: &shape };
-            Data::F(round_all(
-                a.dtype,
-                match op {
-                    B::Add => p.zip(|x, y| x + y),
-                    B::Sub => p.zip(|x, y| x - y),
-                    B::Mul => p.zip(|x, y| x * y),
-                    B::Div => p.zip(|x, y| x / y),
-                    B::Rem => p.zip(|x, y| x % y),
-                    B::Pow => p.zip(|x, y| f64::from(x).powf(f64::from(y)) as f32),
-                    B::Max => p.zip(nan_max),
-                    B::Min => p.zip(nan_min),
-                    _ => unreachable!("verifier: bit op on floats"),
-                },
-            ))
+            Data::F(round_all(a.dtype, new(n, |v| binary_f32(op, &Pair { x, xs: a.shape, y, ys: b.shape, out: &shape }, v))))
         }
         (Slice::I(x), Slice::I(y)) => {
-            let p = Pair { x, xs: a.shape, y, ys: b.shape, out: &shape };
-            Data::I(match op {
-                B::Add => p.zip(i32::wrapping_add),
-                B::Sub => p.zip(i32::wrapping_sub),
-                B::Mul => p.zip(i32::wrapping_mul),
-                B::Div => p.zip(|x, y| if y == 0 { 0 } else { x.wrapping_div(y) }),
-                B::Rem => p.zip(|x, y| if y == 0 { 0 } else { x.wrapping_rem(y) }),
-                B::Max => p.zip(i32::max),
-                B::Min => p.zip(i32::min),
-                B::And => p.zip(|x, y| x & y),
-                B::Or => p.zip(|x, y| x | y),
-                B::Xor => p.zip(|x, y| x ^ y),
-                B::Shl => p.zip(|x, y| x.wrapping_shl(y as u32)),
-                B::Shr => p.zip(|x, y| x.wrapping_shr(y as u32)),
-                B::Pow => unreachable!("verifier: pow on integers"),
-            })
+            Data::I(new(n, |v| binary_i32(op, &Pair { x, xs: a.shape, y, ys: b.shape, out: &shape }, v)))
         }
         (Slice::U(x), Slice::U(y)) => {
-            let p = Pair { x, xs: a.shape, y, ys: b.shape, out: &shape };
-            Data::U(match op {
-                B::Add => p.zip(u32::wrapping_add),
-                B::Sub => p.zip(u32::wrapping_sub),
-                B::Mul => p.zip(u32::wrapping_mul),
-                B::Div => p.zip(|x, y| x.checked_div(y).unwrap_or(0)),
-                B::Rem => p.zip(|x, y| x.checked_rem(y).unwrap_or(0)),
-                B::Max => p.zip(u32::max),
-                B::Min => p.zip(u32::min),
-                B::And => p.zip(|x, y| x & y),
-                B::Or => p.zip(|x, y| x | y),
-                B::Xor => p.zip(|x, y| x ^ y),
-                B::Shl => p.zip(u32::wrapping_shl),
-                B::Shr => p.zip(u32::wrapping_shr),
-                B::Pow => unreachable!("verifier: pow on integers"),
-            })
+            Data::U(new(n, |v| binary_u32(op, &Pair { x, xs: a.shape, y, ys: b.shape, out: &shape }, v)))
         }
         (Slice::B(x), Slice::B(y)) => {
-            let p = Pair { x, xs: a.shape, y, ys: b.shape, out: &shape };
-            Data::B(match op {
-                B::And => p.zip(|x, y| x & y),
-                B::Or => p.zip(|x, y| x | y),
-                B::Xor => p.zip(|x, y| x ^ y),
-                _ => unreachable!("verifier: arithmetic on bool"),
-            })
+            Data::B(new(n, |v| binary_bool(op, &Pair { x, xs: a.shape, y, ys: b.shape, out: &shape }, v)))
         }
         _ => unreachable!("verifier: operands of one dtype"),
     };
     Val { dtype: a.dtype, shape, data }
+}
+
+/// [`binary`] written straight into `out`, the bit patterns of a block of its shape and dtype
+/// (a store's destination), where the dtype is held in 32 bits as the value holds it (`f32`,
+/// `i32`, `u32`); whether it could.
+pub(crate) fn binary_into(op: BinaryOp, a: View<'_>, b: View<'_>, out: &mut [u32]) -> bool {
+    let shape = broadcast_shape(a.shape, b.shape);
+    if shape.iter().product::<usize>() != out.len() {
+        return false;
+    }
+    match (a.data, b.data, a.dtype) {
+        (Slice::F(x), Slice::F(y), DType::F32) => binary_f32(
+            op,
+            &Pair { x, xs: a.shape, y, ys: b.shape, out: &shape },
+            &mut Filler { out: bytemuck::cast_slice_mut(out), at: 0 },
+        ),
+        (Slice::I(x), Slice::I(y), _) => binary_i32(
+            op,
+            &Pair { x, xs: a.shape, y, ys: b.shape, out: &shape },
+            &mut Filler { out: bytemuck::cast_slice_mut(out), at: 0 },
+        ),
+        (Slice::U(x), Slice::U(y), _) => {
+            binary_u32(op, &Pair { x, xs: a.shape, y, ys: b.shape, out: &shape }, &mut Filler { out, at: 0 })
+        }
+        _ => return false,
+    }
+    true
+}
+
+fn binary_f32(op: BinaryOp, p: &Pair<'_, f32>, dst: &mut impl Extend<f32>) {
+    use BinaryOp as B;
+    match op {
+        B::Add => p.zip_to(|x, y| x + y, dst),
+        B::Sub => p.zip_to(|x, y| x - y, dst),
+        B::Mul => p.zip_to(|x, y| x * y, dst),
+        B::Div => p.zip_to(|x, y| x / y, dst),
+        B::Rem => p.zip_to(|x, y| x % y, dst),
+        B::Pow => p.zip_to(|x, y| f64::from(x).powf(f64::from(y)) as f32, dst),
+        B::Max => p.zip_to(nan_max, dst),
+        B::Min => p.zip_to(nan_min, dst),
+        _ => unreachable!("verifier: bit op on floats"),
+    }
+}
+
+fn binary_i32(op: BinaryOp, p: &Pair<'_, i32>, dst: &mut impl Extend<i32>) {
+    use BinaryOp as B;
+    match op {
+        B::Add => p.zip_to(i32::wrapping_add, dst),
+        B::Sub => p.zip_to(i32::wrapping_sub, dst),
+        B::Mul => p.zip_to(i32::wrapping_mul, dst),
+        B::Div => p.zip_to(|x, y| if y == 0 { 0 } else { x.wrapping_div(y) }, dst),
+        B::Rem => p.zip_to(|x, y| if y == 0 { 0 } else { x.wrapping_rem(y) }, dst),
+        B::Max => p.zip_to(i32::max, dst),
+        B::Min => p.zip_to(i32::min, dst),
+        B::And => p.zip_to(|x, y| x & y, dst),
+        B::Or => p.zip_to(|x, y| x | y, dst),
+        B::Xor => p.zip_to(|x, y| x ^ y, dst),
+        B::Shl => p.zip_to(|x, y| x.wrapping_shl(y as u32), dst),
+        B::Shr => p.zip_to(|x, y| x.wrapping_shr(y as u32), dst),
+        B::Pow => unreachable!("verifier: pow on integers"),
+    }
+}
+
+fn binary_u32(op: BinaryOp, p: &Pair<'_, u32>, dst: &mut impl Extend<u32>) {
+    use BinaryOp as B;
+    match op {
+        B::Add => p.zip_to(u32::wrapping_add, dst),
+        B::Sub => p.zip_to(u32::wrapping_sub, dst),
+        B::Mul => p.zip_to(u32::wrapping_mul, dst),
+        B::Div => p.zip_to(|x, y| x.checked_div(y).unwrap_or(0), dst),
+        B::Rem => p.zip_to(|x, y| x.checked_rem(y).unwrap_or(0), dst),
+        B::Max => p.zip_to(u32::max, dst),
+        B::Min => p.zip_to(u32::min, dst),
+        B::And => p.zip_to(|x, y| x & y, dst),
+        B::Or => p.zip_to(|x, y| x | y, dst),
+        B::Xor => p.zip_to(|x, y| x ^ y, dst),
+        B::Shl => p.zip_to(u32::wrapping_shl, dst),
+        B::Shr => p.zip_to(u32::wrapping_shr, dst),
+        B::Pow => unreachable!("verifier: pow on integers"),
+    }
+}
+
+fn binary_bool(op: BinaryOp, p: &Pair<'_, bool>, dst: &mut impl Extend<bool>) {
+    use BinaryOp as B;
+    match op {
+        B::And => p.zip_to(|x, y| x & y, dst),
+        B::Or => p.zip_to(|x, y| x | y, dst),
+        B::Xor => p.zip_to(|x, y| x ^ y, dst),
+        _ => unreachable!("verifier: arithmetic on bool"),
+    }
 }
 
 fn cmp<T: PartialOrd + Copy>(op: CmpOp, p: Pair<'_, T>) -> Vec<bool> {
@@ -669,7 +754,7 @@ struct Strided<'a> {
     cols: isize,
 }
 
-/// `c = a b` (`m × k` by `k × n`) through matrixmultiply's blocked, vectorised `sgemm`. Each
+/// `c = a b` (`m × k` by `k × n`) through the `gemm` crate's blocked, vectorised kernels. Each
 /// product of `f32`-held `f16`/`bf16` values is exact in `f32`; the sums are in the order the
 /// GEMM blocks them, with a fused multiply-add where the CPU has one (docs/language.md §8).
 fn sgemm(a: Strided<'_>, b: Strided<'_>, m: usize, k: usize, n: usize) -> Vec<f32> {
@@ -685,26 +770,32 @@ fn sgemm(a: Strided<'_>, b: Strided<'_>, m: usize, k: usize, n: usize) -> Vec<f3
         // The last element either operand is read at, which must lie inside its slice.
         let last = |s: Strided<'_>, r: usize, q: usize| (r - 1) * s.rows as usize + (q - 1) * s.cols as usize;
         assert!(k == 0 || (last(Strided { data: a_task, ..a }, rows, k) < a_task.len() && last(b, k, n) < b.data.len()));
-        // SAFETY: sgemm reads `rows × k` elements of `a_task` and `k × n` of `b` at their
+        // SAFETY: the GEMM reads `rows × k` elements of `a_task` and `k × n` of `b` at their
         // (positive) strides, all inside the slices (the assert above), and writes `rows × n`
-        // elements of `c` contiguously, which is this task's own chunk.
+        // elements of `c` contiguously, which is this task's own chunk; it does not read `c`
+        // (`read_dst` false).
         #[allow(unsafe_code)]
         unsafe {
-            matrixmultiply::sgemm(
+            gemm::gemm(
                 rows,
-                k,
                 n,
-                1.0,
-                a_task.as_ptr(),
-                a.rows,
-                a.cols,
-                b.data.as_ptr(),
-                b.rows,
-                b.cols,
-                0.0,
+                k,
                 c.as_mut_ptr(),
-                n as isize,
                 1,
+                n as isize,
+                false,
+                a_task.as_ptr(),
+                a.cols,
+                a.rows,
+                b.data.as_ptr(),
+                b.cols,
+                b.rows,
+                0.0,
+                1.0,
+                false,
+                false,
+                false,
+                gemm::Parallelism::None,
             );
         }
     });

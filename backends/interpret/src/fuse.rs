@@ -85,10 +85,14 @@ pub(crate) struct Fused {
     pub keep: Vec<Option<usize>>,
     /// Values made before the run that its operations read.
     pub outer: Vec<Src>,
-    /// Whether a chunk must hold whole rows (a reduction is in the run).
-    pub whole_rows: bool,
+    /// The chunks of the run's shape, in order ([`chunks`]): whole rows each where a reduction
+    /// is in the run.
+    pub chunks: Vec<Chunk>,
     /// The arguments the run loads or stores whole blocks of.
     pub mems: Vec<MemRef>,
+    /// Per operation, the store that is its only reader, where the operation (a `binary`) may
+    /// write its chunk straight into that store's destination: nothing between them loads it.
+    pub into: Vec<Option<usize>>,
     /// The same statements one by one, for the grid points where a block reaches past its array.
     pub original: Vec<Instr>,
 }
@@ -215,7 +219,7 @@ impl Run {
             out.extend(self.original);
             return;
         }
-        let keep = self
+        let keep: Vec<Option<usize>> = self
             .dsts
             .iter()
             .map(|dst| {
@@ -224,15 +228,49 @@ impl Run {
                 (f.uses.get(&d).copied().unwrap_or(0) > inside).then_some(d)
             })
             .collect();
+        let into = into_stores(&self.ops, &keep);
         out.push(Instr::Fused(Box::new(Fused {
+            chunks: chunks(&self.shape, self.whole_rows),
             shape: self.shape,
+            into,
             ops: self.ops,
             keep,
             outer: self.outer,
-            whole_rows: self.whole_rows,
             mems: self.mems,
             original: self.original,
         })));
+    }
+}
+
+/// [`Fused::into`]: each `binary` whose one reader in the run is a store (of the run's shape)
+/// and whose value the statements after the run do not read, where no operation between the
+/// two loads or stores the stored argument (it would see the chunk early, or be overwritten by it).
+fn into_stores(ops: &[Op], keep: &[Option<usize>]) -> Vec<Option<usize>> {
+    let readers = |j: usize| -> Vec<usize> {
+        (0..ops.len()).filter(|&i| operands(&ops[i]).iter().any(|a| matches!(a, Arg::Op(k) if *k == j))).collect()
+    };
+    (0..ops.len())
+        .map(|j| {
+            if !matches!(ops[j], Op::Binary { .. }) || keep[j].is_some() {
+                return None;
+            }
+            let [s] = readers(j)[..] else { return None };
+            let Op::Store { mem, value: Arg::Op(_) } = ops[s] else { return None };
+            let touches =
+                ops[j + 1..s].iter().any(|op| matches!(op, Op::Load { mem: m, .. } | Op::Store { mem: m, .. } if m.0 == mem.0));
+            (!touches).then_some(s)
+        })
+        .collect()
+}
+
+/// The operands of a run's operation.
+fn operands(op: &Op) -> Vec<&Arg> {
+    match op {
+        Op::Load { .. } => vec![],
+        Op::Unary { a, .. } | Op::Cast { a, .. } | Op::Reduce { a, .. } => vec![a],
+        Op::Binary { a, b, .. } | Op::Compare { a, b, .. } => vec![a, b],
+        Op::Select { c, a, b } => vec![c, a, b],
+        Op::Store { value, .. } => vec![value],
     }
 }
 
@@ -333,7 +371,7 @@ pub(crate) fn count_uses(body: &[Instr], uses: &mut HashMap<usize, usize>) {
 /// A box of a run's shape: where it starts and how long it is along each dimension. It covers
 /// one index of every dimension but the last two, rows of the second-to-last and a stretch of
 /// the last, so its elements in row-major order are a `[rows, cols]` block.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct Chunk {
     pub start: Vec<usize>,
     pub lens: Vec<usize>,

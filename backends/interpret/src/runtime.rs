@@ -76,6 +76,9 @@ pub(crate) struct Machine<'a> {
     /// Per parameter, whether it is an output each program holds across its `seq` steps
     /// ([`analysis::resident`]): read once before its first step, written back after its last.
     resident: Vec<bool>,
+    /// Per parameter, whether each program's elements of it are its own ([`analysis::own_blocks`];
+    /// scratch always is): read and written as plain memory, not one atomic at a time.
+    own: Vec<bool>,
 }
 
 impl<'a> Machine<'a> {
@@ -104,8 +107,10 @@ impl<'a> Machine<'a> {
                 ParamKind::Scratch => None,
             })
             .collect();
-        let resident = kernel.kernel().params.iter().map(|p| analysis::resident(kernel.kernel(), grid, p)).collect();
-        Machine { kernel, program, grid, arrays, resident }
+        let params = &kernel.kernel().params;
+        let resident = params.iter().map(|p| analysis::resident(kernel.kernel(), grid, p)).collect();
+        let own = params.iter().map(|p| p.kind == ParamKind::Scratch || analysis::own_blocks(kernel.kernel(), grid, p)).collect();
+        Machine { kernel, program, grid, arrays, resident, own }
     }
 
     /// Runs every program and returns the outputs in declaration order.
@@ -250,7 +255,7 @@ impl<'m, 'a> ProgramState<'m, 'a> {
             return;
         }
         for a in self.scratch.iter().flatten() {
-            a.storage.cells().expect("scratch cells").iter().for_each(|c| c.store(0, Ordering::Relaxed));
+            Cells::of(a.storage.cells().expect("scratch cells"), true).fill(0);
         }
     }
 
@@ -461,9 +466,8 @@ impl<'m, 'a> ProgramState<'m, 'a> {
     fn read_cells(&self, mem: MemRef, starts: &[i64], lens: &[usize], other: u32) -> Vec<u32> {
         let arr = self.array(mem);
         let cells = arr.storage.cells().expect("an output or scratch");
-        gather(&arr.shape, starts, lens, other, &mut |f, n, out| {
-            out.extend(cells[f..f + n].iter().map(|c| c.load(Ordering::Relaxed)))
-        })
+        let own = self.m.own[mem.0];
+        gather(&arr.shape, starts, lens, other, &mut |f, n, out| Cells::of(&cells[f..f + n], own).read_into(out))
     }
 
     fn store(&mut self, mem: MemRef, index: Option<&[Ix]>, value: &Src, mask: Option<usize>) {
@@ -480,15 +484,11 @@ impl<'m, 'a> ProgramState<'m, 'a> {
         }
         let bits = v.to_bits();
         let bits = expand(&bits, &v.shape, &shape);
-        self.write_region(mem, &starts, &lens, |cells, first| {
+        self.write_region(mem, &starts, &lens, |mut cells, first| {
             let bits = &bits[first..first + cells.len()];
             match &lanes {
-                None => cells.iter().zip(bits).for_each(|(c, &b)| c.store(b, Ordering::Relaxed)),
-                Some(l) => {
-                    for ((c, &b), _) in cells.iter().zip(bits).zip(&l[first..]).filter(|(_, on)| **on) {
-                        c.store(b, Ordering::Relaxed);
-                    }
-                }
+                None => cells.put(bits),
+                Some(l) => (0..bits.len()).filter(|&i| l[first + i]).for_each(|i| cells.set(i, bits[i])),
             }
         });
     }
@@ -496,13 +496,14 @@ impl<'m, 'a> ProgramState<'m, 'a> {
     /// Writes the part of a region of `mem` inside the array: `write(cells, first)` for each
     /// innermost row's inside part, `first` being the row-major lane of the region its first
     /// cell is.
-    fn write_region(&self, mem: MemRef, starts: &[i64], lens: &[usize], mut write: impl FnMut(&[AtomicU32], usize)) {
+    fn write_region(&self, mem: MemRef, starts: &[i64], lens: &[usize], mut write: impl FnMut(Cells<'_>, usize)) {
         let arr = self.array(mem);
         let cells = arr.storage.cells().expect("verifier: no store to an input");
+        let own = self.m.own[mem.0];
         let mut lane = 0;
         for_each_row(&arr.shape, starts, lens, |len, span| {
             if let Some(r) = span {
-                write(&cells[r.flat..r.flat + r.count], lane + r.before);
+                write(Cells::of(&cells[r.flat..r.flat + r.count], own), lane + r.before);
             }
             lane += len;
         });
@@ -558,6 +559,22 @@ impl<'m, 'a> ProgramState<'m, 'a> {
         Some(eval::Matrix { data: &v[start..], rows: block[0], cols: block[1], stride: arr.shape[1] })
     }
 
+    /// The cells of the region `starts`, `lens` of `mem` as plain memory the program writes
+    /// directly, where that region is one stretch inside the array, of the program's own
+    /// elements ([`Machine::own`]), and not a held block.
+    fn own_stretch(&self, mem: MemRef, starts: &[i64], lens: &[usize]) -> Option<&mut [u32]> {
+        if self.held[mem.0].is_some() || !self.m.own[mem.0] {
+            return None;
+        }
+        let arr = self.array(mem);
+        let flat = contiguous(&arr.shape, starts, lens)?;
+        let cells = &arr.storage.cells()?[flat..flat + lens.iter().product::<usize>()];
+        match Cells::of(cells, true) {
+            Cells::Own(c) => Some(c),
+            Cells::Shared(_) => None,
+        }
+    }
+
     /// Whether the whole block of `mem` lies inside its array at this grid point.
     fn inside(&self, mem: MemRef) -> bool {
         let arr = self.array(mem);
@@ -574,19 +591,15 @@ impl<'m, 'a> ProgramState<'m, 'a> {
         let rank = f.shape.len();
         let machine = self.m;
         let mut whole: Vec<Option<(DType, Data)>> = vec![None; f.ops.len()];
-        // What a loaded element reads outside its array (never, here: the blocks lie inside).
-        let zeros: Vec<Option<Val>> = (f.ops.iter())
-            .map(|op| match op {
-                fuse::Op::Load { dtype, .. } => Some(Val::scalar_literal(*dtype, Literal::Int(0))),
-                _ => None,
-            })
-            .collect();
         // A chunk's stores into held blocks, made once its operands are no longer borrowed.
         let mut held_stores: Vec<(usize, Val)> = Vec::new();
-        for chunk in fuse::chunks(&f.shape, f.whole_rows) {
+        // Per operation, whether it is a store whose value was written in its place already.
+        let mut stored = vec![false; f.ops.len()];
+        for chunk in &f.chunks {
+            stored.fill(false);
             let rows = if rank >= 2 { chunk.lens[rank - 2] } else { 1 };
             let block = [rows, chunk.lens[rank - 1]];
-            let outer: Vec<Part<'_>> = f.outer.iter().map(|s| outer_part(self.get(s), &f.shape, &chunk, &block)).collect();
+            let outer: Vec<Part<'_>> = f.outer.iter().map(|s| outer_part(self.get(s), &f.shape, chunk, &block)).collect();
             let mut regs: Vec<Option<Part<'_>>> = (0..f.ops.len()).map(|_| None).collect();
             for (i, op) in f.ops.iter().enumerate() {
                 let arg = |a: &fuse::Arg| match a {
@@ -597,28 +610,40 @@ impl<'m, 'a> ProgramState<'m, 'a> {
                     self.origins[mem.0].iter().zip(&chunk.start).map(|(&o, &s)| o + s as i64).collect()
                 };
                 let val = match op {
-                    fuse::Op::Load { mem, .. } if let Some(held) = &self.held[mem.0] => {
-                        outer_part(held, &f.shape, &chunk, &block)
-                    }
+                    fuse::Op::Load { mem, .. } if let Some(held) = &self.held[mem.0] => outer_part(held, &f.shape, chunk, &block),
                     fuse::Op::Load { mem, dtype } => {
                         let starts = region(*mem);
                         match machine.input_part(*mem, &starts, &chunk.lens) {
                             Some((dtype, data)) => Part::Borrowed { dtype, shape: block, data },
                             None => {
-                                let zero = zeros[i].as_ref().expect("a load's zero");
-                                let data = self.read_region(*mem, &starts, &chunk.lens, &block, zero, *dtype);
+                                // What a loaded element reads outside its array (never, here:
+                                // the blocks lie inside).
+                                let zero = Val::scalar_literal(*dtype, Literal::Int(0));
+                                let data = self.read_region(*mem, &starts, &chunk.lens, &block, &zero, *dtype);
                                 Part::Owned(Val { dtype: *dtype, shape: block.to_vec(), data })
                             }
                         }
                     }
                     fuse::Op::Unary { op, a } => Part::Owned(eval::unary(*op, arg(a))),
-                    fuse::Op::Binary { op, a, b } => Part::Owned(eval::binary(*op, arg(a), arg(b))),
+                    fuse::Op::Binary { op, a, b } => {
+                        // Straight into the output, where this chunk of it is the program's own.
+                        if let Some(s) = f.into[i]
+                            && let fuse::Op::Store { mem, .. } = f.ops[s]
+                            && let Some(out) = self.own_stretch(mem, &region(mem), &chunk.lens)
+                            && eval::binary_into(*op, arg(a), arg(b), out)
+                        {
+                            stored[s] = true;
+                            continue;
+                        }
+                        Part::Owned(eval::binary(*op, arg(a), arg(b)))
+                    }
                     fuse::Op::Compare { op, a, b } => Part::Owned(eval::compare(*op, arg(a), arg(b))),
                     fuse::Op::Select { c, a, b } => Part::Owned(eval::select(arg(c), arg(a), arg(b))),
                     fuse::Op::Cast { a, to } => Part::Owned(eval::cast(arg(a), *to)),
                     // Along the chunk's rows ([rows, cols]); kept as `[rows, 1]` with `keepdims`, for
                     // the operations of the run that broadcast it along the rows.
                     fuse::Op::Reduce { op, a, keepdims } => Part::Owned(eval::reduce(*op, arg(a), 1, *keepdims)),
+                    fuse::Op::Store { .. } if stored[i] => continue,
                     fuse::Op::Store { mem, value } => {
                         // A scalar stored is stretched over the chunk.
                         let v = arg(value);
@@ -648,7 +673,7 @@ impl<'m, 'a> ProgramState<'m, 'a> {
             }
             drop((regs, outer));
             for (n, v) in held_stores.drain(..) {
-                put_chunk(self.held[n].as_mut().expect("held"), &chunk, v.view());
+                put_chunk(self.held[n].as_mut().expect("held"), chunk, v.view());
             }
         }
         for ((op, keep), w) in f.ops.iter().zip(&f.keep).zip(whole) {
@@ -751,9 +776,78 @@ fn put_chunk(block: &mut Val, chunk: &fuse::Chunk, v: View<'_>) {
 }
 
 /// Stores the bit patterns of `v`'s elements from `first` on into `cells`.
-fn store_elements(v: View<'_>, first: usize, cells: &[AtomicU32]) {
-    let mut cells = cells.iter();
-    v.for_each_bits(first..first + cells.len(), |b| cells.next().expect("one cell per element").store(b, Ordering::Relaxed));
+fn store_elements(v: View<'_>, first: usize, cells: Cells<'_>) {
+    let range = first..first + cells.len();
+    match cells {
+        Cells::Own(out) => v.write_bits(range, out),
+        Cells::Shared(cells) => {
+            let mut cells = cells.iter();
+            v.for_each_bits(range, |b| cells.next().expect("one cell per element").store(b, Ordering::Relaxed));
+        }
+    }
+}
+
+/// A stretch of an output's or scratch's cells, as one program reads or writes it.
+enum Cells<'c> {
+    /// Cells that no other program reads or writes while this one runs: plain memory.
+    Own(&'c mut [u32]),
+    /// Cells that other programs may write too: one relaxed atomic access each.
+    Shared(&'c [AtomicU32]),
+}
+
+impl<'c> Cells<'c> {
+    /// `cells`, as plain memory where they are the program's `own` ([`Machine::own`]).
+    #[allow(unsafe_code)]
+    fn of(cells: &'c [AtomicU32], own: bool) -> Cells<'c> {
+        if !own {
+            return Cells::Shared(cells);
+        }
+        // SAFETY: `AtomicU32` has the size, alignment and bit validity of `u32` and keeps its
+        // value in an `UnsafeCell`, so the memory behind a shared slice of them may be written
+        // through a pointer derived from it. `own` says that no other thread reads or writes these
+        // cells while this program runs (`analysis::own_blocks`: its accesses stay in blocks no
+        // other program touches; or the program's own scratch), and within the program the slice
+        // made here is the only access to them while it lives (each `Cells` is used and dropped
+        // before the next is made), so it aliases nothing.
+        Cells::Own(unsafe { std::slice::from_raw_parts_mut(cells.as_ptr().cast::<u32>().cast_mut(), cells.len()) })
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Cells::Own(c) => c.len(),
+            Cells::Shared(c) => c.len(),
+        }
+    }
+
+    fn set(&mut self, i: usize, bits: u32) {
+        match self {
+            Cells::Own(c) => c[i] = bits,
+            Cells::Shared(c) => c[i].store(bits, Ordering::Relaxed),
+        }
+    }
+
+    /// Stores `bits`, one per cell.
+    fn put(&mut self, bits: &[u32]) {
+        match self {
+            Cells::Own(c) => c.copy_from_slice(bits),
+            Cells::Shared(c) => c.iter().zip(bits).for_each(|(c, &b)| c.store(b, Ordering::Relaxed)),
+        }
+    }
+
+    fn fill(&mut self, bits: u32) {
+        match self {
+            Cells::Own(c) => c.fill(bits),
+            Cells::Shared(c) => c.iter().for_each(|c| c.store(bits, Ordering::Relaxed)),
+        }
+    }
+
+    /// Appends the cells' bit patterns to `out`.
+    fn read_into(&self, out: &mut Vec<u32>) {
+        match self {
+            Cells::Own(c) => out.extend_from_slice(c),
+            Cells::Shared(c) => out.extend(c.iter().map(|c| c.load(Ordering::Relaxed))),
+        }
+    }
 }
 
 /// Sets the lanes where `lanes` is false to `other` (a one-element value of the same kind).

@@ -133,6 +133,24 @@ pub fn resident(k: &Kernel, grid: &[LaunchAxis], p: &Param) -> bool {
     own && inside && whole
 }
 
+/// Whether each parallel program touches only its own elements of `p`, elements no other program
+/// reads or writes: the kernel loads and stores `p` only whole (no index: a program stays in its
+/// block), and the block index tells the programs apart whatever the `seq` steps, because every
+/// parallel axis of more than one point is the only term of some dimension of the index map (blocks
+/// at different block indices do not overlap). Without a block, there is one program.
+pub fn own_blocks(k: &Kernel, grid: &[LaunchAxis], p: &Param) -> bool {
+    let whole =
+        accesses(&k.body, &p.name).iter().all(|s| matches!(&s.op, Op::Load { index: None, .. } | Op::Store { index: None, .. }));
+    let mut parallel = grid.iter().filter(|a| !a.seq && a.size > 1);
+    let told_apart = match &p.block {
+        None => parallel.next().is_none(),
+        Some(b) => {
+            parallel.all(|a| b.index.iter().any(|e| matches!(e.terms.as_slice(), [(c, name)] if *c != 0 && name == &a.name)))
+        }
+    };
+    whole && told_apart
+}
+
 /// Whether every block of `p` lies inside its array in dimension `d`, at every point of the grid.
 pub fn inside(grid: &[LaunchAxis], p: &Param, d: usize) -> bool {
     let (lo, hi) = origin_range(grid, p, d);
@@ -274,5 +292,48 @@ mod tests {
         assert_eq!(of(8, &[8]), [u("i", How::Whole)]);
         assert_eq!(of(9, &[]), [u("q", at(8)), u("m", at(8))]);
         assert_eq!(region_shape(k.param("a").unwrap(), Some(&[Index::At(Operand::Value("i".into())), Index::Full])), [8]);
+    }
+
+    #[test]
+    fn own_blocks_are_told_apart_by_a_parallel_axis_of_their_own() {
+        let grid = |axes: &[(&str, u64, bool)]| -> Vec<LaunchAxis> {
+            axes.iter().map(|&(n, size, seq)| LaunchAxis { name: n.into(), size, seq }).collect()
+        };
+        let own = |out: &str, body: &str, g: &[LaunchAxis]| {
+            let src = format!(
+                "kernel k\n  grid (i: 2, j: 2, k: 2 seq)\n  in a: f32[8, 8] block [2, 2] at (i, j)\n  {out}\n{{\n  %a = load a\n{body}}}\n"
+            );
+            let m = parse(&src).unwrap_or_else(|e| panic!("{src}: {e:?}"));
+            own_blocks(&m.kernels[0], g, m.kernels[0].param("c").expect("c"))
+        };
+        let ijk = grid(&[("i", 2, false), ("j", 2, false), ("k", 2, true)]);
+        let store = "  store c, %a\n";
+        // Each (i, j) its own block, whatever the seq step.
+        assert!(own("out c: f32[8, 8] block [2, 2] at (i, j)", store, &ijk));
+        let ik = grid(&[("i", 2, false), ("j", 1, false), ("k", 2, true)]);
+        assert!(own("out c: f32[8, 8] block [2, 2] at (i, k)", store, &ik), "i alone in a dimension, k in the other");
+        // Programs i = 0 at step k = 1 and i = 1 at k = 0 share block (j, 1).
+        assert!(!own("out c: f32[8, 8] block [2, 2] at (j, i + k)", store, &ijk));
+        // `j` is not told apart: programs (i, 0) and (i, 1) share blocks.
+        assert!(!own("out c: f32[8, 8] block [2, 2] at (i, 0)", store, &ijk));
+        assert!(!own("out c: f32[8, 8] block [2, 2] at (i, i + j)", store, &ijk), "j never alone in a dimension");
+        assert!(!own("out c: f32[8, 8] block [2, 2] at (i, j * 0)", store, &ijk));
+        // ...unless `j` has one point.
+        assert!(own(
+            "out c: f32[8, 8] block [2, 2] at (i, 0)",
+            store,
+            &grid(&[("i", 2, false), ("j", 1, false), ("k", 2, true)])
+        ));
+        // A store with an index may reach past the block, into another program's.
+        let indexed = "  %z = zeros : f32[2]\n  store c[0, ds(2, 2)], %z\n";
+        assert!(!own("out c: f32[8, 8] block [2, 2] at (i, j)", indexed, &ijk));
+        assert!(
+            own("out c: f32[8, 8] block [2, 2] at (i, j)", "  %m = gt %a, 0.0\n  store c, %a mask %m\n", &ijk),
+            "a mask stays in the block"
+        );
+        // The whole array: its own only to a single program.
+        let whole = "  %w = zeros : f32[8, 8]\n  store c, %w\n";
+        assert!(!own("out c: f32[8, 8]", whole, &ijk));
+        assert!(own("out c: f32[8, 8]", whole, &grid(&[("i", 1, false), ("j", 1, false), ("k", 2, true)])));
     }
 }
