@@ -80,7 +80,10 @@ pub fn check(what: impl FnOnce() -> String, need: Need) -> crate::Result<()> {
     }
 }
 
-/// The threads that run programs at once (the interpreter's pool is one per core).
+/// The threads that run programs at once (the interpreter's pool is one per core). Asked once
+/// a process: the standard library reads the cgroup's CPU quota from `/proc` and `/sys` each
+/// time, which took a third of a tiny launch.
 pub fn threads() -> u64 {
-    std::thread::available_parallelism().map_or(1, |n| n.get() as u64)
+    static THREADS: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *THREADS.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get() as u64))
 }

@@ -90,6 +90,11 @@ pub(crate) struct Fused {
     pub chunks: Vec<Chunk>,
     /// The arguments the run loads or stores whole blocks of.
     pub mems: Vec<MemRef>,
+    /// Where the run is `%acc = load c; %s = add %acc, %p; store c, %s` over `f32` (an
+    /// accumulator; `%p` made before the run, often a `dot`): `c`, which of `outer` is `%p`,
+    /// and whether `%acc` is the add's first operand. A program that holds `c` adds `%p` into
+    /// its block in place.
+    pub accumulate: Option<(MemRef, usize, bool)>,
     /// Per operation, the store that is its only reader, where the operation (a `binary`) may
     /// write its chunk straight into that store's destination: nothing between them loads it.
     pub into: Vec<Option<usize>>,
@@ -229,7 +234,20 @@ impl Run {
             })
             .collect();
         let into = into_stores(&self.ops, &keep);
+        let accumulate = match self.ops.as_slice() {
+            [
+                Op::Load { mem, dtype: DType::F32 },
+                Op::Binary { op: BinaryOp::Add, a, b },
+                Op::Store { mem: to, value: Arg::Op(1) },
+            ] if mem.0 == to.0 && keep.iter().all(Option::is_none) => match (a, b) {
+                (Arg::Op(0), Arg::Outer(p)) => Some((*mem, *p, true)),
+                (Arg::Outer(p), Arg::Op(0)) => Some((*mem, *p, false)),
+                _ => None,
+            },
+            _ => None,
+        };
         out.push(Instr::Fused(Box::new(Fused {
+            accumulate,
             chunks: chunks(&self.shape, self.whole_rows),
             shape: self.shape,
             into,

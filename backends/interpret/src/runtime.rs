@@ -559,6 +559,27 @@ impl<'m, 'a> ProgramState<'m, 'a> {
         Some(eval::Matrix { data: &v[start..], rows: block[0], cols: block[1], stride: arr.shape[1] })
     }
 
+    /// [`Fused::accumulate`]: `%p` added into the held block of `c` in place, the operands in
+    /// the add's order (the same bits as the run); whether `c` is held and `%p` of its shape.
+    fn accumulate(&mut self, f: &Fused, (mem, p, acc_first): (MemRef, usize, bool)) -> bool {
+        let p = match &f.outer[p] {
+            Src::Slot(n) => self.slots[*n].as_ref().expect("verifier: values are defined before use"),
+            Src::Const(v) => v,
+        };
+        let Some(held) = self.held[mem.0].as_mut() else { return false };
+        let (Data::F(h), Data::F(q), DType::F32, DType::F32) = (&mut held.data, &p.data, held.dtype, p.dtype) else {
+            return false;
+        };
+        if held.shape != p.shape {
+            return false;
+        }
+        match acc_first {
+            true => h.iter_mut().zip(q).for_each(|(h, &q)| *h += q),
+            false => h.iter_mut().zip(q).for_each(|(h, &q)| *h = q + *h),
+        }
+        true
+    }
+
     /// The cells of the region `starts`, `lens` of `mem` as plain memory the program writes
     /// directly, where that region is one stretch inside the array, of the program's own
     /// elements ([`Machine::own`]), and not a held block.
@@ -587,6 +608,11 @@ impl<'m, 'a> ProgramState<'m, 'a> {
     fn run_fused(&mut self, f: &Fused) {
         if !f.mems.iter().all(|&m| self.inside(m)) {
             return self.exec(&f.original);
+        }
+        if let Some(acc) = f.accumulate
+            && self.accumulate(f, acc)
+        {
+            return;
         }
         let rank = f.shape.len();
         let machine = self.m;
