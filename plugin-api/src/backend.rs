@@ -117,6 +117,7 @@ pub fn export<B: BackendImpl>(backend: B) -> BackendBox {
         buffers: Mutex::new(HashMap::new()),
         next: AtomicU64::new(1),
         compiled: Mutex::new(HashMap::new()),
+        lowered: Mutex::new(HashMap::new()),
         planned: Mutex::new(HashMap::new()),
         decoded: Mutex::new(HashMap::new()),
         hits: AtomicU64::new(0),
@@ -181,6 +182,9 @@ struct Exported<B: BackendImpl> {
     next: AtomicU64,
     /// Compiled launches by [`cache_key`].
     compiled: Mutex<HashMap<[u8; 32], Arc<B::Compiled>>>,
+    /// The lowered text of each compiled launch, by the same key: made once, since every run
+    /// through the host lowers first (the interpreter's text is its whole program, printed).
+    lowered: Mutex<HashMap<[u8; 32], RVec<Stage>>>,
     /// The plans `supports` made for the host, by [`request_key`], until the launch or lowering
     /// that follows takes them (so that neither plans again).
     planned: Mutex<HashMap<[u8; 32], B::Plan>>,
@@ -408,21 +412,22 @@ impl<B: BackendImpl> Exported<B> {
         Ok(launch)
     }
 
-    /// The plan the host's `supports` call made for this launch, else `supports` now; then the
-    /// compiled launch from the cache, or compiled from the plan.
+    /// The compiled launch from the cache; else compiled from the plan the host's `supports`
+    /// call made for it, or from `supports` now. (A launch in the cache was planned and
+    /// accepted before: its key holds everything a plan depends on.)
     fn compiled(&self, launch: &Launch<'_>) -> Result<Arc<B::Compiled>, BackendError> {
         let poisoned = || BackendError::new(ErrorKind::Internal, "the compile cache is poisoned");
         let earlier = self.planned.lock().map_err(|_| poisoned())?.remove(&launch.key);
-        let plan = match earlier {
-            Some(p) => p,
-            None => self.backend.supports(launch)?,
-        };
         let key = keyed(self.backend.name(), self.backend.version(), &launch.key);
         if let Some(c) = self.compiled.lock().map_err(|_| poisoned())?.get(&key) {
             self.hits.fetch_add(1, Ordering::Relaxed);
             return Ok(Arc::clone(c));
         }
         self.misses.fetch_add(1, Ordering::Relaxed);
+        let plan = match earlier {
+            Some(p) => p,
+            None => self.backend.supports(launch)?,
+        };
         let c = Arc::new(self.backend.compile(launch, plan)?);
         self.compiled.lock().map_err(|_| poisoned())?.insert(key, Arc::clone(&c));
         Ok(c)
@@ -540,9 +545,18 @@ impl<B: BackendImpl> Backend for Exported<B> {
 
     fn lower(&self, req: &LaunchRequest<'_>) -> RResult<RVec<Stage>, BackendError> {
         guard("lower", || {
-            let compiled = self.compiled(&self.decode(req)?)?;
-            let stages = self.backend.stages(&compiled);
-            Ok(stages.into_iter().map(|(name, text)| Stage { name: name.into(), text: text.into() }).collect())
+            let launch = self.decode(req)?;
+            let compiled = self.compiled(&launch)?;
+            let key = keyed(self.backend.name(), self.backend.version(), &launch.key);
+            let poisoned = || BackendError::new(ErrorKind::Internal, "the lowered-text cache is poisoned");
+            if let Some(stages) = self.lowered.lock().map_err(|_| poisoned())?.get(&key) {
+                return Ok(stages.clone());
+            }
+            let stages: RVec<Stage> = (self.backend.stages(&compiled).into_iter())
+                .map(|(name, text)| Stage { name: name.into(), text: text.into() })
+                .collect();
+            self.lowered.lock().map_err(|_| poisoned())?.insert(key, stages.clone());
+            Ok(stages)
         })
     }
 
@@ -918,7 +932,7 @@ mod tests {
     }
 
     #[test]
-    fn a_launch_after_supports_plans_once_and_a_cached_one_plans_without_compiling() {
+    fn a_launch_after_supports_plans_once_and_a_cached_one_neither_plans_nor_compiles() {
         let b = Counting::default();
         let (plans, compiles) = (Arc::clone(&b.plans), Arc::clone(&b.compiles));
         let exported = export(b);
@@ -939,16 +953,21 @@ mod tests {
         exported.supports(&req).into_result().unwrap();
         exported.launch(&req, RSlice::from_slice(&[])).into_result().unwrap();
         assert_eq!((plans.load(Ordering::SeqCst), compiles.load(Ordering::SeqCst)), (2, 1));
-        // A launch nobody asked about first still runs `supports`, once.
+        // A launch nobody asked about first, found in the cache, plans nothing.
         exported.launch(&req, RSlice::from_slice(&[])).into_result().unwrap();
-        assert_eq!((plans.load(Ordering::SeqCst), compiles.load(Ordering::SeqCst)), (3, 1));
-        // Lowering after asking takes the plan too.
+        assert_eq!((plans.load(Ordering::SeqCst), compiles.load(Ordering::SeqCst)), (2, 1));
+        // Lowering after asking: the asking plans, the lowering does not.
         exported.supports(&req).into_result().unwrap();
         let stages = exported.lower(&req).into_result().unwrap();
-        assert_eq!((plans.load(Ordering::SeqCst), stages.len()), (4, 1));
+        assert_eq!((plans.load(Ordering::SeqCst), stages.len()), (3, 1));
         // A backend without a device clock runs a timed launch and says it has no time.
         let timed = exported.launch_timed(&req, RSlice::from_slice(&[])).into_result().unwrap();
         assert!(timed.is_none());
-        assert_eq!((plans.load(Ordering::SeqCst), compiles.load(Ordering::SeqCst)), (5, 1));
+        assert_eq!((plans.load(Ordering::SeqCst), compiles.load(Ordering::SeqCst)), (3, 1));
+        // A launch not in the cache, nobody asked about first, plans once to compile.
+        let other = "kernel k\n  in x: f32[4]\n  out o: f32[4]\n{\n  %x = load x\n  %y = neg %x\n  store o, %y\n}\n";
+        let req = LaunchRequest { source: other.into(), ..req };
+        exported.launch(&req, RSlice::from_slice(&[])).into_result().unwrap();
+        assert_eq!((plans.load(Ordering::SeqCst), compiles.load(Ordering::SeqCst)), (4, 2));
     }
 }

@@ -4,6 +4,12 @@
 //! and outputs, and every error is one of `tessel._errors`' exceptions carrying the command
 //! line's message. The GIL is released while a kernel compiles and runs.
 
+// The interpreter's programs make and drop small vectors all the time; mimalloc's thread caches
+// take that at a fraction of glibc's cost, as in the `tessel` command. Only Rust's own
+// allocations go through it: numpy and Python keep their allocators.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::collections::{BTreeMap, HashMap};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::PathBuf;
@@ -186,8 +192,12 @@ fn fresh_outputs<'py>(py: Python<'py>, kernel: &Verified) -> PyResult<Vec<Fresh<
         let storage = if p.ty.dtype == DType::BF16 { "uint16" } else { numpy_name(p.ty.dtype) };
         let arr = np.call_method1("empty", (PyTuple::new(py, &p.ty.shape)?, storage))?;
         let bytes = arr.call_method1("reshape", (-1,))?.call_method1("view", ("uint8",))?.cast_into::<PyArray1<u8>>()?;
-        let arr = match (p.ty.dtype, py.import("ml_dtypes")) {
-            (DType::BF16, Ok(m)) => arr.call_method1("view", (m.getattr("bfloat16")?,))?,
+        // Imported only for a bf16 output: its first import takes a second or more.
+        let arr = match p.ty.dtype {
+            DType::BF16 => match py.import("ml_dtypes") {
+                Ok(m) => arr.call_method1("view", (m.getattr("bfloat16")?,))?,
+                Err(_) => arr,
+            },
             _ => arr,
         };
         out.push((p.name.clone(), p.ty.clone(), arr, bytes));

@@ -463,7 +463,8 @@ pub(crate) fn binary(op: BinaryOp, a: View<'_>, b: View<'_>) -> Val {
 /// (a store's destination), where the dtype is held in 32 bits as the value holds it (`f32`,
 /// `i32`, `u32`); whether it could.
 pub(crate) fn binary_into(op: BinaryOp, a: View<'_>, b: View<'_>, out: &mut [u32]) -> bool {
-    let shape = broadcast_shape(a.shape, b.shape);
+    let shape: Cow<'_, [usize]> =
+        if a.shape == b.shape { Cow::Borrowed(a.shape) } else { Cow::Owned(broadcast_shape(a.shape, b.shape)) };
     if shape.iter().product::<usize>() != out.len() {
         return false;
     }

@@ -391,7 +391,8 @@ pub(crate) fn count_uses(body: &[Instr], uses: &mut HashMap<usize, usize>) {
 /// the last, so its elements in row-major order are a `[rows, cols]` block.
 #[derive(Clone, Debug)]
 pub(crate) struct Chunk {
-    pub start: Vec<usize>,
+    /// Signed, as the regions of loads and stores are.
+    pub start: Vec<i64>,
     pub lens: Vec<usize>,
 }
 
@@ -409,17 +410,17 @@ pub(crate) fn chunks(shape: &[usize], whole_rows: bool) -> Vec<Chunk> {
         let mut idx = vec![0; lead.len()];
         let mut rest = o;
         for d in (0..lead.len()).rev() {
-            idx[d] = rest % lead[d];
+            idx[d] = (rest % lead[d]) as i64;
             rest /= lead[d];
         }
         for r0 in (0..rows_dim).step_by(rows_per) {
             for c0 in (0..len).step_by(cols) {
                 let (mut start, mut lens) = (idx.clone(), vec![1; lead.len()]);
                 if rank >= 2 {
-                    start.push(r0);
+                    start.push(r0 as i64);
                     lens.push(rows_per.min(rows_dim - r0));
                 }
-                start.push(c0);
+                start.push(c0 as i64);
                 lens.push(cols.min(len - c0));
                 out.push(Chunk { start, lens });
             }
@@ -440,8 +441,8 @@ pub(crate) fn broadcast_chunk(v: &Val, shape: &[usize], chunk: &Chunk, block: &[
         let mut out = Vec::with_capacity(n);
         let mut idx = vec![0usize; last];
         for _ in 0..n / cols {
-            let flat: usize =
-                (0..last).map(|d| (chunk.start[d] + idx[d]) * strides[d]).sum::<usize>() + chunk.start[last] * strides[last];
+            let flat: usize = (0..last).map(|d| (chunk.start[d] as usize + idx[d]) * strides[d]).sum::<usize>()
+                + chunk.start[last] as usize * strides[last];
             if strides[last] == 0 {
                 out.extend(std::iter::repeat_n(data[flat], cols));
             } else {

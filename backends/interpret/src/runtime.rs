@@ -5,6 +5,7 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use rayon::prelude::*;
+use smallvec::SmallVec;
 use tessel_plugin_api::array::{DataRef, HostArray, write_le_bits};
 use tessel_plugin_api::ir::{DType, Literal, ParamKind, Verified, analysis};
 use tessel_plugin_api::launch::LaunchAxis;
@@ -66,6 +67,14 @@ struct Array<'i> {
     dtype: DType,
 }
 
+/// One dimension of a block's index map, ready to evaluate: `constant + sum(c * point[axis])`
+/// block indices (an axis the grid lacks counts as 0), times `size` elements.
+struct Origin {
+    constant: i64,
+    terms: Vec<(i64, Option<usize>)>,
+    size: i64,
+}
+
 /// A kernel bound to its launch: memory for every argument, the grid.
 pub(crate) struct Machine<'a> {
     kernel: &'a Verified,
@@ -76,6 +85,9 @@ pub(crate) struct Machine<'a> {
     /// Per parameter, whether it is an output each program holds across its `seq` steps
     /// ([`analysis::resident`]): read once before its first step, written back after its last.
     resident: Vec<bool>,
+    /// Per parameter with a block, per dimension, its index map with axes by position in the
+    /// grid and the block's size: where [`ProgramState::enter`] puts the block's origin.
+    origins: Vec<Option<Vec<Origin>>>,
     /// Per parameter, whether each program's elements of it are its own ([`analysis::own_blocks`];
     /// scratch always is): read and written as plain memory, not one atomic at a time.
     own: Vec<bool>,
@@ -110,7 +122,22 @@ impl<'a> Machine<'a> {
         let params = &kernel.kernel().params;
         let resident = params.iter().map(|p| analysis::resident(kernel.kernel(), grid, p)).collect();
         let own = params.iter().map(|p| p.kind == ParamKind::Scratch || analysis::own_blocks(kernel.kernel(), grid, p)).collect();
-        Machine { kernel, program, grid, arrays, resident, own }
+        let dims = kernel.grid();
+        let origins = (params.iter())
+            .map(|p| {
+                let b = p.block.as_ref()?;
+                Some(
+                    (b.index.iter().zip(&b.shape))
+                        .map(|(e, &size)| Origin {
+                            constant: e.constant,
+                            terms: e.terms.iter().map(|(c, name)| (*c, dims.iter().position(|g| &g.name == name))).collect(),
+                            size: size as i64,
+                        })
+                        .collect(),
+                )
+            })
+            .collect();
+        Machine { kernel, program, grid, arrays, resident, origins, own }
     }
 
     /// Runs every program and returns the outputs in declaration order.
@@ -263,15 +290,15 @@ impl<'m, 'a> ProgramState<'m, 'a> {
     fn enter(&mut self, point: &[i64]) {
         self.point.clear();
         self.point.extend_from_slice(point);
-        let grid = self.m.kernel.grid();
         for (n, p) in self.m.kernel.kernel().params.iter().enumerate() {
             let origin = &mut self.origins[n];
             origin.clear();
-            match &p.block {
+            match &self.m.origins[n] {
                 None => origin.resize(p.ty.shape.len(), 0),
-                Some(b) => origin.extend(b.index.iter().zip(&b.shape).map(|(e, &bs)| {
-                    let at = e.eval(|name| grid.iter().position(|g| g.name == name).map_or(0, |a| point[a]));
-                    at.wrapping_mul(bs as i64)
+                Some(dims) => origin.extend(dims.iter().map(|d| {
+                    let at = (d.terms.iter())
+                        .fold(d.constant, |acc, &(c, axis)| acc.wrapping_add(c.wrapping_mul(axis.map_or(0, |a| point[a]))));
+                    at.wrapping_mul(d.size)
                 })),
             }
         }
@@ -616,24 +643,25 @@ impl<'m, 'a> ProgramState<'m, 'a> {
         }
         let rank = f.shape.len();
         let machine = self.m;
-        let mut whole: Vec<Option<(DType, Data)>> = vec![None; f.ops.len()];
+        let mut whole: SmallVec<[Option<(DType, Data)>; 8]> = smallvec::smallvec![None; f.ops.len()];
         // A chunk's stores into held blocks, made once its operands are no longer borrowed.
         let mut held_stores: Vec<(usize, Val)> = Vec::new();
         // Per operation, whether it is a store whose value was written in its place already.
-        let mut stored = vec![false; f.ops.len()];
+        let mut stored: SmallVec<[bool; 16]> = smallvec::smallvec![false; f.ops.len()];
         for chunk in &f.chunks {
             stored.fill(false);
             let rows = if rank >= 2 { chunk.lens[rank - 2] } else { 1 };
             let block = [rows, chunk.lens[rank - 1]];
-            let outer: Vec<Part<'_>> = f.outer.iter().map(|s| outer_part(self.get(s), &f.shape, chunk, &block)).collect();
-            let mut regs: Vec<Option<Part<'_>>> = (0..f.ops.len()).map(|_| None).collect();
+            let outer: SmallVec<[Part<'_>; 4]> =
+                f.outer.iter().map(|s| outer_part(self.get(s), &f.shape, chunk, &block)).collect();
+            let mut regs: SmallVec<[Option<Part<'_>>; 8]> = (0..f.ops.len()).map(|_| None).collect();
             for (i, op) in f.ops.iter().enumerate() {
                 let arg = |a: &fuse::Arg| match a {
                     fuse::Arg::Op(j) => regs[*j].as_ref().expect("operands come first").view(),
                     fuse::Arg::Outer(j) => outer[*j].view(),
                 };
-                let region = |mem: MemRef| -> Vec<i64> {
-                    self.origins[mem.0].iter().zip(&chunk.start).map(|(&o, &s)| o + s as i64).collect()
+                let region = |mem: MemRef| -> SmallVec<[i64; 4]> {
+                    self.origins[mem.0].iter().zip(&chunk.start).map(|(&o, &s)| o + s).collect()
                 };
                 let val = match op {
                     fuse::Op::Load { mem, .. } if let Some(held) = &self.held[mem.0] => outer_part(held, &f.shape, chunk, &block),
@@ -760,9 +788,8 @@ impl Part<'_> {
 /// in place where it has the run's shape and the chunk is one stretch of it, itself (a scalar)
 /// where it is one element broadcast, else a copy.
 fn outer_part<'x>(v: &'x Val, shape: &[usize], chunk: &fuse::Chunk, block: &[usize; 2]) -> Part<'x> {
-    let starts: Vec<i64> = chunk.start.iter().map(|&s| s as i64).collect();
     if v.shape == shape
-        && let Some(flat) = contiguous(shape, &starts, &chunk.lens)
+        && let Some(flat) = contiguous(shape, &chunk.start, &chunk.lens)
     {
         let n = block[0] * block[1];
         let data = match &v.data {
@@ -786,15 +813,15 @@ fn contiguous(shape: &[usize], starts: &[i64], lens: &[usize]) -> Option<usize> 
     let first = lens.iter().position(|&n| n > 1).unwrap_or(lens.len());
     let whole = (first + 1..shape.len()).all(|d| starts[d] == 0 && lens[d] == shape[d]);
     let inside = starts.iter().zip(lens).zip(shape).all(|((&s, &n), &dim)| s >= 0 && s as usize + n <= dim);
-    (whole && inside).then(|| starts.iter().zip(eval::strides(shape)).map(|(&s, st)| s as usize * st).sum())
+    // Row-major, in Horner form: ((s0 * n1 + s1) * n2 + s2) ...
+    (whole && inside).then(|| starts.iter().zip(shape).fold(0, |flat, (&s, &n)| flat * n + s as usize))
 }
 /// Writes chunk `v` (of `chunk.lens`, row-major) into its place in `block`, a value of the
 /// run's shape.
 fn put_chunk(block: &mut Val, chunk: &fuse::Chunk, v: View<'_>) {
-    let starts: Vec<i64> = chunk.start.iter().map(|&s| s as i64).collect();
     let mut lane = 0;
     let shape = block.shape.clone();
-    for_each_row(&shape, &starts, &chunk.lens, |len, span| {
+    for_each_row(&shape, &chunk.start, &chunk.lens, |len, span| {
         let r = span.expect("a chunk lies inside its run's shape");
         block.data.copy_from(r.flat, v.data, lane, r.count);
         lane += len;
