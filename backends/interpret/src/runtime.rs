@@ -600,6 +600,7 @@ impl<'m, 'a> ProgramState<'m, 'a> {
         if held.shape != p.shape {
             return false;
         }
+        #[allow(clippy::assign_op_pattern, reason = "`p + acc` in that order, as the add has them (NaN payloads)")]
         match acc_first {
             true => h.iter_mut().zip(q).for_each(|(h, &q)| *h += q),
             false => h.iter_mut().zip(q).for_each(|(h, &q)| *h = q + *h),
