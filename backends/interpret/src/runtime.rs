@@ -16,7 +16,8 @@ use crate::lower::{DotArg, Instr, Ix, MemRef, Program, Src};
 
 /// Element storage of one array. Inputs are borrowed, typed and read-only; outputs and scratch
 /// are bit patterns in relaxed atomics, because programs run concurrently and may (by the
-/// author's choice) overlap.
+/// author's choice) overlap; where they provably do not ([`Machine::own`]), a program reads and
+/// writes its cells as plain memory ([`Cells::Own`]).
 enum Storage<'i> {
     Input(DataRef<'i>),
     Shared(Vec<AtomicU32>),
