@@ -412,13 +412,18 @@ impl<B: BackendImpl> Exported<B> {
         Ok(launch)
     }
 
+    /// The key of `launch` in the compile cache (and the lowered-text cache beside it).
+    fn cache_key(&self, launch: &Launch<'_>) -> [u8; 32] {
+        keyed(self.backend.name(), self.backend.version(), &launch.key)
+    }
+
     /// The compiled launch from the cache; else compiled from the plan the host's `supports`
     /// call made for it, or from `supports` now. (A launch in the cache was planned and
     /// accepted before: its key holds everything a plan depends on.)
     fn compiled(&self, launch: &Launch<'_>) -> Result<Arc<B::Compiled>, BackendError> {
         let poisoned = || BackendError::new(ErrorKind::Internal, "the compile cache is poisoned");
         let earlier = self.planned.lock().map_err(|_| poisoned())?.remove(&launch.key);
-        let key = keyed(self.backend.name(), self.backend.version(), &launch.key);
+        let key = self.cache_key(launch);
         if let Some(c) = self.compiled.lock().map_err(|_| poisoned())?.get(&key) {
             self.hits.fetch_add(1, Ordering::Relaxed);
             return Ok(Arc::clone(c));
@@ -547,7 +552,7 @@ impl<B: BackendImpl> Backend for Exported<B> {
         guard("lower", || {
             let launch = self.decode(req)?;
             let compiled = self.compiled(&launch)?;
-            let key = keyed(self.backend.name(), self.backend.version(), &launch.key);
+            let key = self.cache_key(&launch);
             let poisoned = || BackendError::new(ErrorKind::Internal, "the lowered-text cache is poisoned");
             if let Some(stages) = self.lowered.lock().map_err(|_| poisoned())?.get(&key) {
                 return Ok(stages.clone());

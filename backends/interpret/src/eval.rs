@@ -380,9 +380,7 @@ struct Pair<'a, T> {
 impl<T: Copy> Pair<'_, T> {
     /// `f` of each pair of elements broadcasting makes, in row-major order over `out`.
     fn zip<R>(&self, f: impl Fn(T, T) -> R) -> Vec<R> {
-        let mut v = Vec::with_capacity(self.out.iter().product());
-        self.zip_to(f, &mut v);
-        v
+        collected(self.out.iter().product(), |v| self.zip_to(f, v))
     }
 
     /// [`Pair::zip`] into `dst`. A scalar and a column (`[..., 1]`, one element a row, as a
@@ -415,6 +413,13 @@ fn per_row<T: Copy, R>(full: &[T], col: &[T], row: usize, f: impl Fn(T, T) -> R,
     }
 }
 
+/// A vector of the `n` results `fill` appends.
+fn collected<R>(n: usize, fill: impl FnOnce(&mut Vec<R>)) -> Vec<R> {
+    let mut v = Vec::with_capacity(n);
+    fill(&mut v);
+    v
+}
+
 /// Memory that results are written into in order, one element each: a store's destination,
 /// where an operation's results go straight there ([`binary_into`]).
 struct Filler<'o, R> {
@@ -435,24 +440,20 @@ impl<R> Extend<R> for Filler<'_, R> {
 
 pub(crate) fn binary(op: BinaryOp, a: View<'_>, b: View<'_>) -> Val {
     let shape = broadcast_shape(a.shape, b.shape);
-    fn new<R>(n: usize, fill: impl FnOnce(&mut Vec<R>)) -> Vec<R> {
-        let mut v = Vec::with_capacity(n);
-        fill(&mut v);
-        v
-    }
     let n = shape.iter().product();
     let data = match (a.data, b.data) {
-        (Slice::F(x), Slice::F(y)) => {
-            Data::F(round_all(a.dtype, new(n, |v| binary_f32(op, &Pair { x, xs: a.shape, y, ys: b.shape, out: &shape }, v))))
-        }
+        (Slice::F(x), Slice::F(y)) => Data::F(round_all(
+            a.dtype,
+            collected(n, |v| binary_f32(op, &Pair { x, xs: a.shape, y, ys: b.shape, out: &shape }, v)),
+        )),
         (Slice::I(x), Slice::I(y)) => {
-            Data::I(new(n, |v| binary_i32(op, &Pair { x, xs: a.shape, y, ys: b.shape, out: &shape }, v)))
+            Data::I(collected(n, |v| binary_i32(op, &Pair { x, xs: a.shape, y, ys: b.shape, out: &shape }, v)))
         }
         (Slice::U(x), Slice::U(y)) => {
-            Data::U(new(n, |v| binary_u32(op, &Pair { x, xs: a.shape, y, ys: b.shape, out: &shape }, v)))
+            Data::U(collected(n, |v| binary_u32(op, &Pair { x, xs: a.shape, y, ys: b.shape, out: &shape }, v)))
         }
         (Slice::B(x), Slice::B(y)) => {
-            Data::B(new(n, |v| binary_bool(op, &Pair { x, xs: a.shape, y, ys: b.shape, out: &shape }, v)))
+            Data::B(collected(n, |v| binary_bool(op, &Pair { x, xs: a.shape, y, ys: b.shape, out: &shape }, v)))
         }
         _ => unreachable!("verifier: operands of one dtype"),
     };

@@ -96,7 +96,8 @@ pub(crate) struct Fused {
     /// its block in place.
     pub accumulate: Option<(MemRef, usize, bool)>,
     /// Per operation, the store that is its only reader, where the operation (a `binary`) may
-    /// write its chunk straight into that store's destination: nothing between them loads it.
+    /// write its chunk straight into that store's destination: nothing between them loads or
+    /// stores that argument.
     pub into: Vec<Option<usize>>,
     /// The same statements one by one, for the grid points where a block reaches past its array.
     pub original: Vec<Instr>,

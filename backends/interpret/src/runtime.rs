@@ -283,7 +283,7 @@ impl<'m, 'a> ProgramState<'m, 'a> {
             return;
         }
         for a in self.scratch.iter().flatten() {
-            Cells::of(a.storage.cells().expect("scratch cells"), true).fill(0);
+            plain(a.storage.cells().expect("scratch cells")).fill(0);
         }
     }
 
@@ -618,11 +618,7 @@ impl<'m, 'a> ProgramState<'m, 'a> {
         }
         let arr = self.array(mem);
         let flat = contiguous(&arr.shape, starts, lens)?;
-        let cells = &arr.storage.cells()?[flat..flat + lens.iter().product::<usize>()];
-        match Cells::of(cells, true) {
-            Cells::Own(c) => Some(c),
-            Cells::Shared(_) => None,
-        }
+        Some(plain(&arr.storage.cells()?[flat..flat + lens.iter().product::<usize>()]))
     }
 
     /// Whether the whole block of `mem` lies inside its array at this grid point.
@@ -850,21 +846,25 @@ enum Cells<'c> {
     Shared(&'c [AtomicU32]),
 }
 
+/// Cells of the program's own ([`Machine::own`]) as plain memory. Callers pass only cells
+/// that no other thread reads or writes while this program runs, and use the slice before
+/// making another of the same cells.
+#[allow(unsafe_code)]
+fn plain(cells: &[AtomicU32]) -> &mut [u32] {
+    // SAFETY: `AtomicU32` has the size, alignment and bit validity of `u32` and keeps its value
+    // in an `UnsafeCell`, so the memory behind a shared slice of them may be written through a
+    // pointer derived from it. The caller's cells are the program's own: no other thread reads or
+    // writes them while it runs (`analysis::own_blocks`: its accesses stay in blocks no other
+    // program touches; or the program's own scratch), and within the program the slice made here
+    // is the only access to them while it lives (each is used and dropped before the next is
+    // made), so it aliases nothing.
+    unsafe { std::slice::from_raw_parts_mut(cells.as_ptr().cast::<u32>().cast_mut(), cells.len()) }
+}
+
 impl<'c> Cells<'c> {
     /// `cells`, as plain memory where they are the program's `own` ([`Machine::own`]).
-    #[allow(unsafe_code)]
     fn of(cells: &'c [AtomicU32], own: bool) -> Cells<'c> {
-        if !own {
-            return Cells::Shared(cells);
-        }
-        // SAFETY: `AtomicU32` has the size, alignment and bit validity of `u32` and keeps its
-        // value in an `UnsafeCell`, so the memory behind a shared slice of them may be written
-        // through a pointer derived from it. `own` says that no other thread reads or writes these
-        // cells while this program runs (`analysis::own_blocks`: its accesses stay in blocks no
-        // other program touches; or the program's own scratch), and within the program the slice
-        // made here is the only access to them while it lives (each `Cells` is used and dropped
-        // before the next is made), so it aliases nothing.
-        Cells::Own(unsafe { std::slice::from_raw_parts_mut(cells.as_ptr().cast::<u32>().cast_mut(), cells.len()) })
+        if own { Cells::Own(plain(cells)) } else { Cells::Shared(cells) }
     }
 
     fn len(&self) -> usize {
@@ -886,13 +886,6 @@ impl<'c> Cells<'c> {
         match self {
             Cells::Own(c) => c.copy_from_slice(bits),
             Cells::Shared(c) => c.iter().zip(bits).for_each(|(c, &b)| c.store(b, Ordering::Relaxed)),
-        }
-    }
-
-    fn fill(&mut self, bits: u32) {
-        match self {
-            Cells::Own(c) => c.fill(bits),
-            Cells::Shared(c) => c.iter().for_each(|c| c.store(bits, Ordering::Relaxed)),
         }
     }
 
