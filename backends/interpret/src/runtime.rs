@@ -850,6 +850,7 @@ enum Cells<'c> {
 /// that no other thread reads or writes while this program runs, and use the slice before
 /// making another of the same cells.
 #[allow(unsafe_code)]
+#[allow(clippy::mut_from_ref, reason = "exclusive by `Machine::own`, not by the borrow: see the SAFETY note")]
 fn plain(cells: &[AtomicU32]) -> &mut [u32] {
     // SAFETY: `AtomicU32` has the size, alignment and bit validity of `u32` and keeps its value
     // in an `UnsafeCell`, so the memory behind a shared slice of them may be written through a
