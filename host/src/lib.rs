@@ -172,7 +172,7 @@ pub enum Error {
 /// On a machine without a desktop session, Mesa's Vulkan and GL drivers (the software adapter
 /// wgpu finds there) print `error: XDG_RUNTIME_DIR is invalid or not set in the environment.`
 /// at every start, from libwayland, although nothing is wrong. This sets `XDG_RUNTIME_DIR` to the
-/// temporary folder where it is unset (any absolute path quiets it; nothing opens a window). The
+/// temporary folder where it is unset or empty (any absolute path quiets it; nothing opens a window). The
 /// `tessel` command and the Python module do it; a Rust program using [`Runtime`] calls it first
 /// in `main`.
 ///
@@ -182,7 +182,8 @@ pub enum Error {
 /// `main`), as [`std::env::set_var`] requires.
 #[allow(unsafe_code, reason = "std::env::set_var is unsafe; the caller guarantees one thread")]
 pub unsafe fn quiet_headless_mesa() {
-    if std::env::var_os("XDG_RUNTIME_DIR").is_none() {
+    // Set but empty is as bad to Mesa as unset ("invalid or not set").
+    if std::env::var_os("XDG_RUNTIME_DIR").is_none_or(|v| v.is_empty()) {
         // SAFETY: the caller guarantees that no other thread reads or writes the environment.
         unsafe { std::env::set_var("XDG_RUNTIME_DIR", std::env::temp_dir()) }
     }

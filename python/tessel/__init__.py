@@ -13,7 +13,7 @@ import tempfile as _tempfile
 # On a machine without a desktop session, Mesa's drivers (the software adapter wgpu finds there)
 # print "error: XDG_RUNTIME_DIR is invalid or not set" at start although nothing is wrong; the
 # command line quiets it the same way. Nothing here opens a window.
-if "XDG_RUNTIME_DIR" not in _os.environ:
+if not _os.environ.get("XDG_RUNTIME_DIR"):
     _os.environ["XDG_RUNTIME_DIR"] = _tempfile.gettempdir()
 
 from ._errors import BackendUnavailable, InputError, KernelError, TesselError, UnsupportedError  # noqa: E402
