@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
@@ -597,18 +598,69 @@ class _Writer:
 
 
 
-def _affine(index_map, grid: Sequence[int], kernel: str, operand: str) -> List[str]:
-    """The block index of each dimension as affine text of the grid axes (`i0`, `i1`, ...),
-    proved by evaluating the index map at the origin, the unit vectors and other points."""
+@dataclass
+class _Affine:
+    """A block index map proved affine: block index `d` is `origin[d] + sum_a coeffs[a][d] * i_a`."""
+
+    origin: List[int]
+    coeffs: List[List[int]]
+
+    def text(self) -> List[str]:
+        """Each dimension's block index as `.tk` text of the grid axes (`i0`, `i1`, ...)."""
+        texts = []
+        for d, o in enumerate(self.origin):
+            terms = []
+            for a, c in enumerate(self.coeffs):
+                if c[d] == 1:
+                    terms.append(f"i{a}")
+                elif c[d] != 0:
+                    terms.append(f"{c[d]}*i{a}")
+            expr = " + ".join(terms)
+            if o or not terms:
+                expr = f"{expr} + {o}" if terms and o > 0 else (f"{expr} - {-o}" if terms else str(o))
+            texts.append(expr.replace("+ -", "- "))
+        return texts
+
+    def covers(self, grid: Sequence[int], shape: Sequence[int], block: Sequence[int]) -> bool:
+        """Whether the blocks of all grid points together cover the array (counted on grids of
+        up to 2**22 points; a larger one is not proved)."""
+        if math.prod(grid) > 1 << 22:
+            return False
+        points = np.indices(tuple(grid)).reshape(len(grid), -1) if grid else np.zeros((0, 1), dtype=np.int64)
+        counts = [-(-s // b) for s, b in zip(shape, block)]
+        index = [
+            np.full(points.shape[1], o) + sum((c[d] * points[a] for a, c in enumerate(self.coeffs)), np.int64(0))
+            for d, o in enumerate(self.origin)
+        ]
+        inside = np.ones(points.shape[1], dtype=bool)
+        for i, n in zip(index, counts):
+            inside &= (i >= 0) & (i < n)
+        seen = np.zeros(counts, dtype=bool)
+        seen[tuple(i[inside] for i in index)] = True
+        return bool(seen.all())
+
+
+def _affine(index_map, grid: Sequence[int], kernel: str, operand: str, scalars: int = 0) -> _Affine:
+    """The index map's block indices as an affine map of the grid axes, proved by evaluating the
+    index map at the origin, the unit vectors and other points. An index map may take the
+    `scalars` scalar-prefetch operands after the program ids, and must not read them."""
     jax, core, _ = _jax()
     jaxpr = index_map.jaxpr
-    if len(jaxpr.invars) != len(grid):
+    if len(jaxpr.invars) != len(grid) + scalars:
+        raise UnsupportedError(f"the index map of {operand} in Pallas kernel `{kernel}` takes operands other than the program ids", None, None)
+    prefetched = jaxpr.invars[len(grid):]
+    read = {a for e in jaxpr.eqns for a in list(e.invars) if not isinstance(a, core.Literal)}
+    read |= {a for a in jaxpr.outvars if not isinstance(a, core.Literal)}
+    if any(v in read for v in prefetched):
         raise UnsupportedError(
-            f"the index map of {operand} in Pallas kernel `{kernel}` takes scalar-prefetch or other operands", None, None
+            f"the index map of {operand} in Pallas kernel `{kernel}` reads the scalar-prefetch operands",
+            None,
+            "tessel's `at (...)` takes block indices affine in the program ids; read the scalars in the body (with pl.ds) instead",
         )
+    dummies = [np.zeros(v.aval.shape, dtype=v.aval.dtype) for v in prefetched]
 
     def at(point):
-        outs = core.eval_jaxpr(jaxpr, index_map.consts, *[np.int32(v) for v in point])
+        outs = core.eval_jaxpr(jaxpr, index_map.consts, *[np.int32(v) for v in point], *dummies)
         return [int(np.asarray(o)) for o in outs]
 
     origin = at([0] * len(grid))
@@ -629,41 +681,32 @@ def _affine(index_map, grid: Sequence[int], kernel: str, operand: str) -> List[s
                 None,
                 "tessel's `at (...)` takes affine block indices; compute other offsets in the body with pl.ds",
             )
-    texts = []
-    for d, o in enumerate(origin):
-        terms = []
-        for a, c in enumerate(coeffs):
-            if c[d] == 1:
-                terms.append(f"i{a}")
-            elif c[d] != 0:
-                terms.append(f"{c[d]}*i{a}")
-        expr = " + ".join(terms)
-        if o or not terms:
-            expr = f"{expr} + {o}" if terms and o > 0 else (f"{expr} - {-o}" if terms else str(o))
-        texts.append(expr.replace("+ -", "- "))
-    return texts
+    return _Affine(origin, coeffs)
 
 
 def _translate(eqn, name: str) -> Translated:
     jax, core, _ = _jax()
     p = eqn.params
     gm = p["grid_mapping"]
-    if p.get("input_output_aliases"):
-        raise _refuse("`input_output_aliases`", name, eqn)
-    if getattr(gm, "num_dynamic_grid_bounds", 0) or getattr(gm, "num_index_operands", 0):
-        raise _refuse("a dynamic grid or scalar prefetch", name, eqn)
+    if getattr(gm, "num_dynamic_grid_bounds", 0):
+        raise _refuse("a dynamic grid", name, eqn)
     if p.get("mesh") is not None:
         raise _refuse("a `pallas_call` with a mesh", name, eqn)
     grid = [int(g) for g in gm.grid]
     body = p["jaxpr"]
-    nin, nout = gm.num_inputs, gm.num_outputs
+    # Scalar-prefetch operands come first (`PrefetchScalarGridSpec`): whole inputs the body reads.
+    nscalar = getattr(gm, "num_index_operands", 0)
+    nin, nout = nscalar + gm.num_inputs, gm.num_outputs
     ins = [f"x{i}" for i in range(nin)]
     outs = [f"o{i}" for i in range(nout)]
     header = []
     used_by_outputs = set()
     squeezed: Dict[str, List[int]] = {}
-    lines_in, lines_out = [], []
-    for n, (bm, arg) in enumerate(zip(gm.block_mappings, ins + outs)):
+    lines_in = [f"  in  {arg}: {_ty(v.aval, name, eqn)}" for arg, v in zip(ins, eqn.invars[:nscalar])]
+    lines_out = []
+    #: operand -> (its block spec's text, its index map, its array shape, its block shape)
+    specs: Dict[str, Any] = {}
+    for n, (bm, arg) in enumerate(zip(gm.block_mappings, ins[nscalar:] + outs)):
         shape = tuple(bm.array_aval.shape)
         blocks = []
         for d, b in enumerate(bm.block_shape):
@@ -676,14 +719,17 @@ def _translate(eqn, name: str) -> Translated:
                 raise _refuse(f"the block dimension {b!r} of `{arg}`", name, eqn, "tessel blocks are Blocked(size) or squeezed")
             blocks.append(int(size))
         ty = _ty(bm.array_aval, name, eqn)
-        index = _affine(bm.index_map_jaxpr, grid, name, f"`{arg}`")
-        if n >= nin:
+        affine = _affine(bm.index_map_jaxpr, grid, name, f"`{arg}`", nscalar)
+        index = affine.text()
+        is_out = n >= gm.num_inputs
+        if is_out:
             for a in range(len(grid)):
                 if any(f"i{a}" in t.replace("*", " ").split() for t in index):
                     used_by_outputs.add(a)
         whole = tuple(blocks) == shape and all(t == "0" for t in index)
         spec = "" if whole else f" block [{', '.join(str(b) for b in blocks)}] at ({', '.join(index)})"
-        (lines_in if n < nin else lines_out).append(f"  {'in ' if n < nin else 'out'} {arg}: {ty}{spec}")
+        specs[arg] = (spec, affine, shape, blocks)
+        (lines_out if is_out else lines_in).append(f"  {'out' if is_out else 'in '} {arg}: {ty}{spec}")
     if grid:
         axes = ", ".join(f"i{a}: {s}{'' if a in used_by_outputs else ' seq'}" for a, s in enumerate(grid))
         header.append(f"  grid ({axes})")
@@ -702,8 +748,51 @@ def _translate(eqn, name: str) -> Translated:
     for var, arg in zip(jaxpr.invars, ins + outs + scratch):
         w.env[var] = ("ref", arg)
     w.eqns(jaxpr)
+    for i, o in p.get("input_output_aliases") or ():
+        _aliased(name, eqn, ins[i], outs[o], specs, grid, used_by_outputs, w.body.lines)
     text = "\n".join([f"kernel {name}"] + header + lines_in + lines_out + lines_scratch + ["{"] + w.body.lines + ["}"]) + "\n"
     return Translated(name, text, ins, outs)
+
+
+def _aliased(name: str, eqn, x: str, o: str, specs, grid, parallel, lines: List[str]) -> None:
+    """Takes `input_output_aliases` pairing input `x` with output `o` where tessel's separate
+    arrays give what Pallas's one buffer gives: the same blocks, an output the kernel overwrites
+    whole (every element of it stored unmasked at the body's top level, blocks covering the
+    array), and no read of `x` that could see what the kernel stored into `o`. Elsewhere refused."""
+    what = f"`input_output_aliases` pairing `{x}` with `{o}`"
+    if x not in specs or specs[x][0] != specs[o][0]:
+        raise _refuse(what, name, eqn, "tessel takes an alias whose input and output have the same block spec")
+    _, affine, shape, blocks = specs[o]
+    whole_store = re.compile(rf"^  store {o}, %\S+$")
+    if not any(whole_store.match(line) for line in lines) or not affine.covers(grid, shape, blocks):
+        raise _refuse(
+            f"{what} (the kernel may leave elements of `{o}` unwritten, which would keep `{x}`'s values in Pallas; "
+            "tessel's outputs start as zeros)",
+            name,
+            eqn,
+            f"store all of `{o}` at the kernel's top level (o_ref[...] = ...) with blocks covering it, or drop the alias",
+        )
+    stored = next(n for n, line in enumerate(lines) if re.match(rf"^\s*store {o}\b", line))
+    read = [n for n, line in enumerate(lines) if re.search(rf"= load {x}\b", line)]
+    revisits = any(size > 1 and a not in parallel for a, size in enumerate(grid))
+    # The `for` loops of the body, as line ranges: a store in one, then a read in the next turn.
+    loops, open_ = [], []
+    for n, line in enumerate(lines):
+        if line.rstrip().endswith("{"):
+            open_.append((n, re.search(r"\bfor %", line) is not None))
+        elif line.strip().startswith("}") and open_:
+            start, is_for = open_.pop()
+            if is_for:
+                loops.append(range(start, n + 1))
+    stores = [n for n, line in enumerate(lines) if re.match(rf"^\s*store {o}\b", line)]
+    looped = any(any(n in r for n in stores) and any(n in r for n in read) for r in loops)
+    if any(n > stored for n in read) or (read and revisits) or looped:
+        raise _refuse(
+            f"{what} (the kernel reads `{x}` where it could see what it stored into `{o}`: after the store, in a loop or across `seq` steps)",
+            name,
+            eqn,
+            f"read `{x}` only before storing `{o}`, or drop the alias",
+        )
 
 
 def _pallas_calls(jaxpr, found: List[Any]) -> None:

@@ -238,6 +238,37 @@ def around(x, y, interpret=False):
     return {"z": z * 2.0, "pair": (z, x.sum())}
 
 
+def in_place(x, y, interpret=False):
+    """An in-place update (`input_output_aliases`): the kernel overwrites the aliased output whole."""
+
+    def body(x_ref, y_ref, o_ref):
+        o_ref[...] = x_ref[...] * 0.9 + y_ref[...]
+
+    spec = pl.BlockSpec((8, 128), lambda i: (i, 0))
+    return pl.pallas_call(
+        body,
+        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+        grid=(x.shape[0] // 8,),
+        in_specs=[spec, spec],
+        out_specs=spec,
+        input_output_aliases={0: 0},
+        interpret=interpret,
+    )(x, y)
+
+
+def prefetched(scale, x, interpret=False):
+    """Scalar prefetch (`PrefetchScalarGridSpec`): the body reads one scalar per program."""
+    from jax.experimental.pallas import tpu as pltpu
+
+    def body(s_ref, x_ref, o_ref):
+        i = pl.program_id(0)
+        o_ref[...] = x_ref[...] * s_ref[i].astype(jnp.float32) + s_ref[0].astype(jnp.float32)
+
+    spec = pl.BlockSpec((64,), lambda i, s: (i,))
+    grid_spec = pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=1, grid=(x.shape[0] // 64,), in_specs=[spec], out_specs=spec)
+    return pl.pallas_call(body, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), grid_spec=grid_spec, interpret=interpret)(scale, x)
+
+
 f32 = lambda *shape: RNG.standard_normal(shape).astype(np.float32)  # noqa: E731
 
 CASES = [
@@ -254,6 +285,8 @@ CASES = [
     ("accumulate", accumulate, lambda: (f32(64, 128),), 1e-5),
     ("batched_rows", batched_rows, lambda: (f32(3, 16, 32),), 1e-6),
     ("around", around, lambda: (f32(512), f32(512)), 1e-5),
+    ("in_place", in_place, lambda: (f32(32, 128), f32(32, 128)), 1e-6),
+    ("prefetched", prefetched, lambda: (RNG.integers(-5, 5, 4).astype(np.int32), f32(256)), 1e-6),
 ]
 
 
@@ -287,6 +320,10 @@ def test_the_text_is_tessel_kernel_language():
     assert "when %" in text and "dot %" in text
     # It is canonical up to value names: check gives it back with the same lines.
     assert tessel.check(text).splitlines()[:5] == text.splitlines()[:5]
+    # Scalar prefetch: the scalars are the first, whole inputs; the body indexes them.
+    p = tp.to_tk(prefetched, np.arange(4, dtype=np.int32), f32(256))
+    assert "  in  x0: i32[4]\n  in  x1: f32[256] block [64] at (i0)\n" in p and "= load x0[%" in p, p
+    assert tessel.check(p).splitlines()[:4] == p.splitlines()[:4]
     t = tp.to_tk(transpose, f32(64, 48))
     assert "out o0: f32[48, 64] block [16, 32] at (i1, i0)" in t and "seq" not in t
 
@@ -363,11 +400,53 @@ def _refusal_cases():
         out = jax.ShapeDtypeStruct(x.shape, out_dtype or x.dtype)
         return pl.pallas_call(body, out_shape=out, grid=grid, in_specs=[spec], out_specs=spec, **kw)(x)
 
-    def aliased(x):
+    def aliased_partly(x):
+        # One program of two: the second block would keep x's values in Pallas.
         def body(x_ref, o_ref):
-            o_ref[...] = x_ref[...]
+            o_ref[...] = x_ref[...] + 1.0
+
+        return single(body, x, grid=(1,), input_output_aliases={0: 0})
+
+    def aliased_masked(x):
+        def body(x_ref, o_ref):
+            o_ref[pl.ds(0, 4)] = x_ref[pl.ds(0, 4)]
 
         return single(body, x, input_output_aliases={0: 0})
+
+    def aliased_read_after(x):
+        def body(x_ref, o_ref):
+            o_ref[...] = x_ref[...] + 1.0
+            o_ref[...] = o_ref[...] + x_ref[...]
+
+        return single(body, x, input_output_aliases={0: 0})
+
+    def aliased_seq(x):
+        # Along the `seq` axis the second step would read what the first stored.
+        def body(x_ref, o_ref):
+            o_ref[...] = x_ref[...] * 2.0
+
+        spec = pl.BlockSpec((8,), lambda i, k: (i,))
+        return single(body, x, grid=(2, 2), spec=spec, input_output_aliases={0: 0})
+
+    def aliased_blocks(x):
+        def body(x_ref, y_ref, o_ref):
+            o_ref[...] = x_ref[...] + y_ref[...]
+
+        specs = [pl.BlockSpec((8,), lambda i: (1 - i,)), pl.BlockSpec((8,), lambda i: (i,))]
+        out = jax.ShapeDtypeStruct(x.shape, x.dtype)
+        return pl.pallas_call(body, out_shape=out, grid=(2,), in_specs=specs, out_specs=specs[1], input_output_aliases={0: 0})(x, x)
+
+    def prefetch_map(x):
+        from jax.experimental.pallas import tpu as pltpu
+
+        def body(s_ref, x_ref, o_ref):
+            o_ref[...] = x_ref[...]
+
+        s = jnp.array([1, 0], dtype=jnp.int32)
+        grid_spec = pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=1, grid=(2,), in_specs=[pl.BlockSpec((8,), lambda i, s: (s[i],))], out_specs=pl.BlockSpec((8,), lambda i, s: (i,))
+        )
+        return pl.pallas_call(body, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), grid_spec=grid_spec)(s, x)
 
     def strided(x):
         def body(x_ref, o_ref):
@@ -402,7 +481,12 @@ def _refusal_cases():
         return single(body, x, spec=spec)
 
     return [
-        ("aliased", aliased, f32(16), "`input_output_aliases` in Pallas kernel `aliased`"),
+        ("aliased_partly", aliased_partly, f32(16), "pairing `x0` with `o0` (the kernel may leave elements of `o0` unwritten"),
+        ("aliased_masked", aliased_masked, f32(16), "pairing `x0` with `o0` (the kernel may leave elements of `o0` unwritten"),
+        ("aliased_read_after", aliased_read_after, f32(16), "(the kernel reads `x0` where it could see what it stored into `o0`"),
+        ("aliased_seq", aliased_seq, f32(16), "(the kernel reads `x0` where it could see what it stored into `o0`"),
+        ("aliased_blocks", aliased_blocks, f32(16), "`input_output_aliases` pairing `x0` with `o0` in Pallas kernel `aliased_blocks`"),
+        ("prefetch_map", prefetch_map, f32(16), "the index map of `x1` in Pallas kernel `prefetch_map` reads the scalar-prefetch operands"),
         ("strided", strided, f32(16), "a strided slice in Pallas kernel `strided` (at "),
         ("batched", batched, f32(4, 8, 8), "`dot_general` other than a 2-D matrix product in Pallas kernel `batched`"),
         ("int8", int8, np.arange(16, dtype=np.int8), "dtype int8 in Pallas kernel `int8`"),
@@ -416,7 +500,7 @@ def test_every_refusal_says_what_and_where(name, fn, arg, message):
     with pytest.raises(tessel.UnsupportedError) as e:
         tp.run(fn, arg, backend="interpret")
     assert message in str(e.value), str(e.value)
-    assert "has no tessel translation" in str(e.value) or "not affine" in str(e.value)
+    assert any(s in str(e.value) for s in ("has no tessel translation", "not affine", "reads the scalar-prefetch")), str(e.value)
 
 
 def test_explain_shows_the_backend_choice(capfd):
