@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 import math
 import re
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
@@ -39,6 +40,8 @@ _BINARY = {
 }
 _COMPARE = {"eq": "eq", "ne": "ne", "lt": "lt", "le": "le", "gt": "gt", "ge": "ge"}
 _REDUCE = {"reduce_sum": "sum", "reduce_max": "max", "reduce_min": "min", "reduce_prod": "prod"}
+#: Primitives written whether or not anything reads their results.
+_EFFECTS = {"swap", "masked_swap", "cond", "scan", "while", "run_scoped", "debug_print", "debug_callback"}
 _INLINE = {"pjit", "jit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call", "remat", "checkpoint"}
 
 
@@ -135,6 +138,8 @@ class _Writer:
         self.transposed: Dict[Any, Any] = {}
         #: The user's line of the equation being written, for errors inside jnp's functions.
         self.place = ""
+        #: The `scratch` lines of `run_scoped` allocations (`r0`, `r1`, ...).
+        self.scoped: List[str] = []
 
     # ---- operands ----
 
@@ -236,7 +241,7 @@ class _Writer:
             if not isinstance(a, core.Literal):
                 self.uses.setdefault(a, set()).add("yield")
         for eqn in jaxpr.eqns:
-            effects = eqn.primitive.name in ("swap", "masked_swap", "cond", "scan", "while") or eqn.primitive.name in _INLINE
+            effects = eqn.primitive.name in _EFFECTS or eqn.primitive.name in _INLINE
             if effects or any(o in self.uses for o in eqn.outvars):
                 self.eqn(eqn)
 
@@ -349,6 +354,11 @@ class _Writer:
             self.fori_while(eqn)
         elif name in _INLINE:
             self.inline(eqn)
+        elif name == "run_scoped":
+            self.run_scoped(eqn)
+        elif name in ("debug_print", "debug_callback"):
+            # No effect on any result; tessel kernels do not print.
+            warnings.warn(f"`{name}` in Pallas kernel `{k}`{f' (at {self.place})' if self.place else ''} is dropped: tessel kernels do not print", stacklevel=2)
         else:
             raise self.refuse(f"primitive `{name}`", eqn, "docs/pallas.md lists the primitives tessel translates")
 
@@ -485,6 +495,27 @@ class _Writer:
         if getattr(closed, "consts", None):
             raise self.refuse(f"`{eqn.primitive.name}` with captured constants", eqn)
         self.sub(jaxpr, eqn.invars, eqn)
+        self.eqns(jaxpr)
+        for out, res in zip(eqn.outvars, jaxpr.outvars):
+            self.env[out] = _literal(res.val) if isinstance(res, core.Literal) else self.env[res]
+
+    def run_scoped(self, eqn) -> None:
+        """`pl.run_scoped(f, *allocations)`: each allocation is a kernel `scratch` (its contents
+        are undefined on entry in Pallas, so memory that persists is as good), then `f` inline."""
+        _, core, _ = _jax()
+        jaxpr = eqn.params["jaxpr"]
+        if any(t for t in eqn.params.get("ref_transforms") or ()):
+            raise self.refuse("a `run_scoped` allocation with transforms", eqn)
+        # What the scope captures (the kernel's refs, values) comes in as its constants.
+        for var, a in zip(jaxpr.constvars, eqn.invars):
+            self.env[var] = self.read(a) if isinstance(a, core.Literal) else self.env[a]
+        for var in jaxpr.invars:
+            inner = getattr(var.aval, "inner_aval", var.aval)
+            if not hasattr(inner, "shape") or not hasattr(inner, "dtype") or "sem" in str(var.aval).lower():
+                raise self.refuse(f"the `run_scoped` allocation {var.aval}", eqn, "tessel's scratch is an array of one dtype")
+            arg = f"r{len(self.scoped)}"
+            self.scoped.append(f"  scratch {arg}: {_ty(inner, self.kernel, eqn)}")
+            self.env[var] = ("ref", arg)
         self.eqns(jaxpr)
         for out, res in zip(eqn.outvars, jaxpr.outvars):
             self.env[out] = _literal(res.val) if isinstance(res, core.Literal) else self.env[res]
@@ -750,7 +781,7 @@ def _translate(eqn, name: str) -> Translated:
     w.eqns(jaxpr)
     for i, o in p.get("input_output_aliases") or ():
         _aliased(name, eqn, ins[i], outs[o], specs, grid, used_by_outputs, w.body.lines)
-    text = "\n".join([f"kernel {name}"] + header + lines_in + lines_out + lines_scratch + ["{"] + w.body.lines + ["}"]) + "\n"
+    text = "\n".join([f"kernel {name}"] + header + lines_in + lines_out + lines_scratch + w.scoped + ["{"] + w.body.lines + ["}"]) + "\n"
     return Translated(name, text, ins, outs)
 
 

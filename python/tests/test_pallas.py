@@ -269,6 +269,22 @@ def prefetched(scale, x, interpret=False):
     return pl.pallas_call(body, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), grid_spec=grid_spec, interpret=interpret)(scale, x)
 
 
+def scoped(x, interpret=False):
+    """`pl.run_scoped` memory: a block staged in scoped scratch, then read back in halves."""
+    from jax.experimental.pallas import tpu as pltpu
+
+    def body(x_ref, o_ref):
+        def stage(tmp_ref):
+            tmp_ref[...] = jnp.exp(x_ref[...])
+            o_ref[pl.ds(0, 4), :] = tmp_ref[pl.ds(4, 4), :] - 1.0
+            o_ref[pl.ds(4, 4), :] = tmp_ref[pl.ds(0, 4), :] * 2.0
+
+        pl.run_scoped(stage, pltpu.VMEM((8, 128), jnp.float32))
+
+    spec = pl.BlockSpec((8, 128), lambda i: (i, 0))
+    return call(body, jax.ShapeDtypeStruct(x.shape, x.dtype), (x.shape[0] // 8,), [spec], spec, interpret)(x)
+
+
 f32 = lambda *shape: RNG.standard_normal(shape).astype(np.float32)  # noqa: E731
 
 CASES = [
@@ -285,6 +301,7 @@ CASES = [
     ("accumulate", accumulate, lambda: (f32(64, 128),), 1e-5),
     ("batched_rows", batched_rows, lambda: (f32(3, 16, 32),), 1e-6),
     ("around", around, lambda: (f32(512), f32(512)), 1e-5),
+    ("scoped", scoped, lambda: (f32(24, 128),), 1e-6),
     ("in_place", in_place, lambda: (f32(32, 128), f32(32, 128)), 1e-6),
     ("prefetched", prefetched, lambda: (RNG.integers(-5, 5, 4).astype(np.int32), f32(256)), 1e-6),
 ]
@@ -501,6 +518,21 @@ def test_every_refusal_says_what_and_where(name, fn, arg, message):
         tp.run(fn, arg, backend="interpret")
     assert message in str(e.value), str(e.value)
     assert any(s in str(e.value) for s in ("has no tessel translation", "not affine", "reads the scalar-prefetch")), str(e.value)
+
+
+def test_a_debug_print_is_dropped_with_a_warning():
+    def printed(x, interpret=False):
+        def body(x_ref, o_ref):
+            pl.debug_print("program {}", pl.program_id(0))
+            o_ref[...] = x_ref[...] + 1.0
+
+        spec = pl.BlockSpec((8,), lambda i: (i,))
+        return call(body, jax.ShapeDtypeStruct(x.shape, x.dtype), (2,), [spec], spec, interpret)(x)
+
+    x = f32(16)
+    with pytest.warns(UserWarning, match=r"`debug_print` in Pallas kernel `printed` \(at .*\) is dropped"):
+        got = tp.run(printed, x, backend="interpret")
+    np.testing.assert_array_equal(got, x + 1.0)
 
 
 def test_explain_shows_the_backend_choice(capfd):
