@@ -40,6 +40,8 @@ _BINARY = {
 }
 _COMPARE = {"eq": "eq", "ne": "ne", "lt": "lt", "le": "le", "gt": "gt", "ge": "ge"}
 _REDUCE = {"reduce_sum": "sum", "reduce_max": "max", "reduce_min": "min", "reduce_prod": "prod"}
+#: The primitives of a Pallas kernel launch: `pl.pallas_call`, and `pl.kernel(mesh=...)`.
+_CALLS = {"pallas_call", "mpmd_map"}
 #: Primitives written whether or not anything reads their results.
 _EFFECTS = {"swap", "masked_swap", "cond", "scan", "while", "run_scoped", "debug_print", "debug_callback"}
 _INLINE = {"pjit", "jit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call", "remat", "checkpoint"}
@@ -103,6 +105,10 @@ class Translated:
     #: The `.tk` names of the inputs and outputs, in the pallas_call's operand order.
     inputs: List[str]
     outputs: List[str]
+    #: The launch's mesh (`pl.kernel(mesh=...)`, as tessel's mesh text), or None for a grid.
+    mesh: Optional[str] = None
+    #: The meshes around the launch (`external_meshes`), as tessel's mesh text.
+    external_meshes: List[str] = field(default_factory=list)
 
 
 @dataclass
@@ -281,6 +287,14 @@ class _Writer:
         elif name in ("program_id", "num_programs"):
             axis = p["axis"]
             self.op(eqn, f"{name} {self.axes[axis]}")
+        elif name == "axis_index":
+            # A mesh axis's index (`jax.lax.axis_index` under `pl.kernel(mesh=...)`).
+            axis = p["axis_name"]
+            if not isinstance(axis, str):
+                axis = axis[0] if isinstance(axis, tuple) and len(axis) == 1 else None
+            if axis is None or axis not in self.axes:
+                raise self.refuse(f"`axis_index` of {p['axis_name']!r}, which is not an axis of the kernel's mesh", eqn)
+            self.op(eqn, f"program_id {axis}")
         elif name in _UNARY:
             self.op(eqn, f"{_UNARY[name]} {self.value(eqn.invars[0], eqn)}")
         elif name == "multiple_of":
@@ -716,6 +730,8 @@ def _affine(index_map, grid: Sequence[int], kernel: str, operand: str, scalars: 
 
 
 def _translate(eqn, name: str) -> Translated:
+    if eqn.primitive.name == "mpmd_map":
+        return _translate_mesh(eqn, name)
     jax, core, _ = _jax()
     p = eqn.params
     gm = p["grid_mapping"]
@@ -826,9 +842,61 @@ def _aliased(name: str, eqn, x: str, o: str, specs, grid, parallel, lines: List[
         )
 
 
+def _mesh_text(mesh, kernel: str, eqn, kind: str = "mesh") -> str:
+    """A Pallas mesh as tessel's mesh text: a Mosaic GPU mesh (`plgpu.Mesh`) as `mosaic_gpu(...)`
+    with its cluster and thread axes, a device mesh (`jax.sharding.Mesh`) as `device(...)`, and
+    any other (a TPU core mesh, ...) as the portable `grid(...)` of its named axes."""
+    cls = type(mesh).__name__
+    module = type(mesh).__module__
+    if cls == "Mesh" and "mosaic_gpu" in module:
+        names = list(mesh.grid_names or [f"i{a}" for a in range(len(mesh.grid))])
+        axes = [f"{n}: {s}" for n, s in zip(names, mesh.grid)]
+        axes += [f"{n}: {s} cluster" for n, s in zip(mesh.cluster_names or (), mesh.cluster or ())]
+        if mesh.num_threads is not None:
+            axes.append(f"{mesh.thread_name}: {mesh.num_threads} thread")
+        return f"mosaic_gpu({', '.join(axes)})"
+    shape = getattr(mesh, "shape", None)
+    if not hasattr(shape, "items"):
+        raise _refuse(f"the {kind} {mesh!r}", kernel, eqn, "tessel reads a mesh's named axes (its `shape`)")
+    axes = ", ".join(f"{n}: {s}" for n, s in shape.items())
+    return f"{'device' if 'jax._src.mesh' in module or cls == 'AbstractMesh' else 'grid'}({axes})"
+
+
+def _translate_mesh(eqn, name: str) -> Translated:
+    """`pl.kernel(body, mesh=...)` (`mpmd_map` with one mesh): the body runs once per point of
+    the mesh on whole arrays, each `jax.lax.axis_index` a `program_id` of the mesh's axis; the
+    mesh and the external meshes go to the launch, where each backend takes or refuses them."""
+    _, core, _ = _jax()
+    p = eqn.params
+    if len(p["jaxprs"]) != 1:
+        raise _refuse("`mpmd_map` of several mesh/function pairs", name, eqn, "pass one body and one mesh to pl.kernel")
+    if p.get("input_output_aliases"):
+        raise _refuse("`input_output_aliases` of a kernel on a mesh", name, eqn, "pass the refs' values and return new outputs")
+    (closed,), (mesh,) = p["jaxprs"], p["meshes"]
+    jaxpr = closed.jaxpr if hasattr(closed, "jaxpr") else closed
+    mesh_text = _mesh_text(mesh, name, eqn)
+    external = [_mesh_text(m, name, eqn, "external mesh") for m in p.get("external_meshes") or ()]
+    nin, nout = len(eqn.invars), len(p["out_avals"])
+    ins = [f"x{i}" for i in range(nin)]
+    outs = [f"o{i}" for i in range(nout)]
+    scratch = [f"s{i}" for i in range(len(jaxpr.invars) - nin - nout)]
+    lines = [f"  in  {a}: {_ty(v.aval, name, eqn)}" for a, v in zip(ins, eqn.invars)]
+    lines += [f"  out {a}: {_ty(v, name, eqn)}" for a, v in zip(outs, p["out_avals"])]
+    for a, var in zip(scratch, jaxpr.invars[nin + nout:]):
+        inner = getattr(var.aval, "inner_aval", var.aval)
+        lines.append(f"  scratch {a}: {_ty(inner, name, eqn)}")
+    axes = [t.split(":")[0].strip() for t in mesh_text[mesh_text.index("(") + 1:-1].split(",") if t.strip()]
+    w = _Writer(name, axes)
+    for var, arg in zip(jaxpr.invars, ins + outs + scratch):
+        w.env[var] = ("ref", arg)
+    w.eqns(jaxpr)
+    text = "\n".join([f"kernel {name}"] + lines + w.scoped + ["{"] + w.body.lines + ["}"]) + "\n"
+    return Translated(name, text, ins, outs, mesh_text, external)
+
+
 def _pallas_calls(jaxpr, found: List[Any]) -> None:
     for eqn in jaxpr.eqns:
-        if eqn.primitive.name == "pallas_call":
+        if eqn.primitive.name in _CALLS:
             found.append(eqn)
         elif eqn.primitive.name in _INLINE:
             closed = eqn.params.get("jaxpr") or eqn.params.get("call_jaxpr")
@@ -883,11 +951,12 @@ def run(fn: Callable, *args, backend: str = "auto", explain: bool = False, **kwa
         for eqn in jaxpr.eqns:
             ins = [read(a) for a in eqn.invars]
             name = eqn.primitive.name
-            if name == "pallas_call":
+            if name in _CALLS:
                 t = _translate(eqn, _name(eqn, fn, next(counter)))
                 k = tessel.compile(t.text)
                 arrays = {n: np.asarray(x) for n, x in zip(t.inputs, ins)}
-                res = k.run(backend=backend, explain=explain, **arrays)
+                meshes = {"mesh": t.mesh, "external_meshes": t.external_meshes} if t.mesh else {}
+                res = k.run(backend=backend, explain=explain, **meshes, **arrays)
                 outs = [res.outputs[o] for o in t.outputs]
             elif name in ("pjit", "jit", "closed_call") and "jaxpr" in eqn.params:
                 sub = eqn.params["jaxpr"]

@@ -520,6 +520,56 @@ def test_every_refusal_says_what_and_where(name, fn, arg, message):
     assert any(s in str(e.value) for s in ("has no tessel translation", "not affine", "reads the scalar-prefetch")), str(e.value)
 
 
+def test_a_kernel_on_a_mosaic_gpu_mesh_runs_on_every_backend():
+    """`pl.kernel` on a `plgpu.Mesh` (grid and warpgroup axes): `axis_index` is the mesh axis's
+    program id, the mesh goes to the launch, and Mosaic GPU lowers it (no GPU needed)."""
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    def shifted(x):
+        mesh = plgpu.Mesh(grid=(2,), grid_names=("i",), num_threads=2, thread_name="wg")
+
+        @pl.kernel(out_type=jax.ShapeDtypeStruct(x.shape, x.dtype), mesh=mesh)
+        def k(x_ref, o_ref):
+            s = (jax.lax.axis_index("i") * 2 + jax.lax.axis_index("wg")) * 128
+            o_ref[pl.ds(s, 128)] = x_ref[pl.ds(s, 128)] * 3.0 + jax.lax.axis_index("wg").astype(jnp.float32)
+
+        return k(x)
+
+    x = f32(512)
+    # Pallas's interpret mode cannot run a Mosaic GPU mesh on the CPU: the expected values come from numpy.
+    want = x * 3.0 + np.repeat(np.tile([0.0, 1.0], 2), 128).astype(np.float32)
+    (t,) = tp.translate(shifted, x)
+    assert t.mesh == "mosaic_gpu(i: 2, wg: 2 thread)" and t.external_meshes == [], t
+    assert "program_id wg" in t.text and "grid" not in t.text, t.text
+    assert ".target sm_90a" in tessel.compile(t.text).lower("mosaic-gpu", mesh=t.mesh)
+    for backend in backends():
+        np.testing.assert_allclose(tp.run(shifted, x, backend=backend), want, rtol=1e-6, err_msg=backend)
+
+
+def test_a_tpu_core_mesh_is_refused_by_mosaic_gpu_in_pallas_words_and_runs_elsewhere():
+    """The seed problem, from Pallas: a kernel written for a TPU core mesh. Mosaic GPU refuses the
+    mesh with Pallas's sentence; the interpreter and wgpu run it."""
+    from jax.experimental.pallas import tpu as pltpu
+
+    def doubled(x):
+        @pl.kernel(out_type=jax.ShapeDtypeStruct(x.shape, x.dtype), mesh=pltpu.create_tensorcore_mesh("core", num_cores=2))
+        def k(x_ref, o_ref):
+            c = jax.lax.axis_index("core")
+            o_ref[pl.ds(c * 256, 256)] = x_ref[pl.ds(c * 256, 256)] * 2.0
+
+        return k(x)
+
+    x = f32(512)
+    (t,) = tp.translate(doubled, x)
+    assert t.mesh == "grid(core: 2)", t.mesh
+    with pytest.raises(tessel.UnsupportedError) as e:
+        tessel.compile(t.text).lower("mosaic-gpu", mesh=t.mesh)
+    assert str(e.value).splitlines()[0] == "Mesh grid(core: 2) is not supported by the Mosaic GPU backend", str(e.value)
+    assert e.value.backend == "mosaic-gpu" and "mosaic_gpu(" in (e.value.hint or ""), e.value.hint
+    for backend in backends():
+        np.testing.assert_array_equal(tp.run(doubled, x, backend=backend), x * 2.0, err_msg=backend)
+
+
 def test_a_debug_print_is_dropped_with_a_warning():
     def printed(x, interpret=False):
         def body(x_ref, o_ref):
