@@ -9,7 +9,7 @@ use tessel::LaunchArgs;
 
 #[test]
 fn fused_programs_give_the_bits_of_their_statements() {
-    let (mut compared, mut fused) = (0, 0);
+    let (mut compared, mut fused, mut merged) = (0, 0, 0);
     for path in &kernel_files() {
         let Ok(kernels) = tessel::load_file(path) else { continue };
         for k in &kernels {
@@ -18,6 +18,7 @@ fn fused_programs_give_the_bits_of_their_statements() {
             }
             let (with, without) = (tessel_interpret::compile(k), tessel_interpret::compile_unfused(k));
             fused += usize::from(with.fused_runs() > 0);
+            merged += usize::from(with.merged_programs() > 1);
             for seed in 1..=3 {
                 let args = LaunchArgs { inputs: tessel::inputs::random_inputs(k.kernel(), seed), grid: Default::default() };
                 let (a, b) = (with.run(&args).expect("runs"), without.run(&args).expect("runs"));
@@ -28,7 +29,31 @@ fn fused_programs_give_the_bits_of_their_statements() {
             }
         }
     }
-    assert!(compared >= 60 && fused >= 15, "{compared} launches compared, {fused} kernels with fused runs");
+    assert!(
+        compared >= 60 && fused >= 15 && merged >= 2,
+        "{compared} launches compared, {fused} kernels with fused runs, {merged} with programs merged"
+    );
+}
+
+#[test]
+fn merged_programs_write_what_their_programs_would_and_nothing_else() {
+    // 64 programs of 64 elements over an array of 4100: the grid leaves the last 4 elements
+    // unwritten (zeros), and the programs merge 8 at a time (on 2 threads) or more.
+    let src = "kernel k\n  grid (i: 64)\n  in  x: f32[4100] block [64] at (i)\n  in  y: f32[4100] block [64] at (i)\n  out o: f32[4100] block [64] at (i)\n{\n  %a = load x\n  %b = load y\n  %c = mul %a, %b\n  %d = add %c, 1.5\n  store o, %d\n}\n";
+    let k = &tessel::load_source("merged.tk", src).unwrap_or_else(|e| panic!("{e}"))[0];
+    let c = tessel_interpret::compile(k);
+    assert!(c.merged_programs() > 1, "merged");
+    let x: Vec<f32> = (0..4100).map(|n| n as f32 * 0.25).collect();
+    let y: Vec<f32> = (0..4100).map(|n| 3.0 - n as f32 / 64.0).collect();
+    let args = LaunchArgs {
+        inputs: [("x".to_string(), common::f32_array(&[4100], x.clone())), ("y".to_string(), common::f32_array(&[4100], y.clone()))].into(),
+        grid: Default::default(),
+    };
+    let got: Vec<f64> = c.run(&args).expect("runs").remove(0).1.to_f64();
+    for n in 0..4100 {
+        let want = if n < 64 * 64 { f64::from(x[n] * y[n] + 1.5) } else { 0.0 };
+        assert_eq!(got[n], want, "element {n}");
+    }
 }
 
 #[test]

@@ -379,20 +379,20 @@ struct Pair<'a, T> {
 
 impl<T: Copy> Pair<'_, T> {
     /// `f` of each pair of elements broadcasting makes, in row-major order over `out`.
-    fn zip<R>(&self, f: impl Fn(T, T) -> R) -> Vec<R> {
+    fn zip<R: Copy>(&self, f: impl Fn(T, T) -> R) -> Vec<R> {
         collected(self.out.iter().product(), |v| self.zip_to(f, v))
     }
 
     /// [`Pair::zip`] into `dst`. A scalar and a column (`[..., 1]`, one element a row, as a
     /// reduction with `keepdims` makes it) are read where they are, not stretched into a block
     /// first; other shapes are.
-    fn zip_to<R>(&self, f: impl Fn(T, T) -> R, dst: &mut impl Extend<R>) {
+    fn zip_to<R: Copy>(&self, f: impl Fn(T, T) -> R, dst: &mut impl Sink<R>) {
         let (x, y, out) = (self.x, self.y, self.out);
         let row = out.last().copied().unwrap_or(1);
         let column =
             |s: &[usize]| row > 0 && s.len() == out.len() && s.last() == Some(&1) && s[..s.len() - 1] == out[..out.len() - 1];
         match (self.xs == out, self.ys == out) {
-            (true, true) => dst.extend(x.iter().zip(y).map(|(&a, &b)| f(a, b))),
+            (true, true) => dst.zip2(x, y, f),
             (true, false) if y.len() == 1 => dst.extend(x.iter().map(|&a| f(a, y[0]))),
             (false, true) if x.len() == 1 => dst.extend(y.iter().map(|&b| f(x[0], b))),
             (true, false) if column(self.ys) => per_row(x, y, row, f, dst),
@@ -425,6 +425,43 @@ fn collected<R>(n: usize, fill: impl FnOnce(&mut Vec<R>)) -> Vec<R> {
 struct Filler<'o, R> {
     out: &'o mut [R],
     at: usize,
+}
+
+/// Where elementwise results go: a fresh vector, or an output's memory ([`Filler`]).
+pub(crate) trait Sink<R: Copy>: Extend<R> {
+    /// `f` of each pair of `x[i]` and `y[i]` (of one length), appended.
+    fn zip2<T: Copy>(&mut self, x: &[T], y: &[T], f: impl Fn(T, T) -> R);
+}
+
+impl<R: Copy> Sink<R> for Vec<R> {
+    fn zip2<T: Copy>(&mut self, x: &[T], y: &[T], f: impl Fn(T, T) -> R) {
+        let n = x.len().min(y.len());
+        self.reserve(n);
+        let start = self.len();
+        zip_slices(x, y, &mut self.spare_capacity_mut()[..n], |a, b| std::mem::MaybeUninit::new(f(a, b)));
+        // SAFETY: `zip_slices` wrote each of the `n` spare elements after `start`.
+        #[allow(unsafe_code)]
+        unsafe {
+            self.set_len(start + n)
+        };
+    }
+}
+
+impl<R: Copy> Sink<R> for Filler<'_, R> {
+    fn zip2<T: Copy>(&mut self, x: &[T], y: &[T], f: impl Fn(T, T) -> R) {
+        let n = x.len().min(y.len()).min(self.out.len() - self.at);
+        zip_slices(x, y, &mut self.out[self.at..self.at + n], f);
+        self.at += n;
+    }
+}
+
+/// `out[i] = f(x[i], y[i])`, compiled for the vector units the CPU has (AVX-512, AVX2, NEON) and
+/// chosen when first called: the elementwise loop every same-shape binary op runs.
+#[multiversion::multiversion(targets("x86_64+avx512f+avx512dq+avx512vl+avx512bw", "x86_64+avx2+fma", "aarch64+neon"))]
+fn zip_slices<T: Copy, R>(x: &[T], y: &[T], out: &mut [R], f: impl Fn(T, T) -> R) {
+    for ((o, &a), &b) in out.iter_mut().zip(x).zip(y) {
+        *o = f(a, b);
+    }
 }
 
 impl<R> Extend<R> for Filler<'_, R> {
@@ -488,7 +525,7 @@ pub(crate) fn binary_into(op: BinaryOp, a: View<'_>, b: View<'_>, out: &mut [u32
     true
 }
 
-fn binary_f32(op: BinaryOp, p: &Pair<'_, f32>, dst: &mut impl Extend<f32>) {
+fn binary_f32(op: BinaryOp, p: &Pair<'_, f32>, dst: &mut impl Sink<f32>) {
     use BinaryOp as B;
     match op {
         B::Add => p.zip_to(|x, y| x + y, dst),
@@ -503,7 +540,7 @@ fn binary_f32(op: BinaryOp, p: &Pair<'_, f32>, dst: &mut impl Extend<f32>) {
     }
 }
 
-fn binary_i32(op: BinaryOp, p: &Pair<'_, i32>, dst: &mut impl Extend<i32>) {
+fn binary_i32(op: BinaryOp, p: &Pair<'_, i32>, dst: &mut impl Sink<i32>) {
     use BinaryOp as B;
     match op {
         B::Add => p.zip_to(i32::wrapping_add, dst),
@@ -522,7 +559,7 @@ fn binary_i32(op: BinaryOp, p: &Pair<'_, i32>, dst: &mut impl Extend<i32>) {
     }
 }
 
-fn binary_u32(op: BinaryOp, p: &Pair<'_, u32>, dst: &mut impl Extend<u32>) {
+fn binary_u32(op: BinaryOp, p: &Pair<'_, u32>, dst: &mut impl Sink<u32>) {
     use BinaryOp as B;
     match op {
         B::Add => p.zip_to(u32::wrapping_add, dst),
@@ -541,7 +578,7 @@ fn binary_u32(op: BinaryOp, p: &Pair<'_, u32>, dst: &mut impl Extend<u32>) {
     }
 }
 
-fn binary_bool(op: BinaryOp, p: &Pair<'_, bool>, dst: &mut impl Extend<bool>) {
+fn binary_bool(op: BinaryOp, p: &Pair<'_, bool>, dst: &mut impl Sink<bool>) {
     use BinaryOp as B;
     match op {
         B::And => p.zip_to(|x, y| x & y, dst),

@@ -20,7 +20,7 @@ use crate::eval::{Data, Val, strides};
 use crate::lower::{DotArg, Instr, Ix, MemRef, Src};
 
 /// Elements a chunk holds, about: a few such blocks of `f32` stay in the L1 cache.
-pub(crate) const CHUNK: usize = 1024;
+pub(crate) const CHUNK: usize = 8192;
 
 /// An operand inside a run.
 #[derive(Clone, Debug)]

@@ -5,6 +5,7 @@
 //! over numbered slots (there is no text to emit, so no `emit.rs`); `eval.rs` computes whole
 //! block values; `runtime.rs` binds memory and runs the grid, parallel programs on all cores.
 
+mod coarsen;
 mod eval;
 mod fastmath;
 mod fuse;
@@ -82,22 +83,35 @@ pub enum Error {
 /// A kernel lowered once, to be run many times.
 #[derive(Clone, Debug)]
 pub struct Compiled {
+    /// The kernel the program runs: the one given, or it with programs merged (`coarsen.rs`).
     kernel: Verified,
     program: lower::Program,
+    /// How programs were merged, if they were.
+    merged: Option<coarsen::Merged>,
 }
 
-/// Lowers a verified kernel for the interpreter.
+/// Lowers a verified kernel for the interpreter: programs merged where that changes no result
+/// (`coarsen.rs`), elementwise runs fused.
 pub fn compile(kernel: &Verified) -> Compiled {
-    Compiled { kernel: kernel.clone(), program: lower::lower(kernel, true) }
+    match coarsen::coarsen(kernel, rayon::current_num_threads()) {
+        Some((merged, how)) => Compiled { program: lower::lower(&merged, true), kernel: merged, merged: Some(how) },
+        None => Compiled { kernel: kernel.clone(), program: lower::lower(kernel, true), merged: None },
+    }
 }
 
-/// Lowers without fusing elementwise runs: every statement on its whole block, the definition
-/// the fused program must match bit for bit (the tests compare the two).
+/// Lowers as written: no programs merged, no elementwise runs fused, every statement on its
+/// whole block — the definition the compiled program must match bit for bit (the tests compare
+/// the two).
 pub fn compile_unfused(kernel: &Verified) -> Compiled {
-    Compiled { kernel: kernel.clone(), program: lower::lower(kernel, false) }
+    Compiled { kernel: kernel.clone(), program: lower::lower(kernel, false), merged: None }
 }
 
 impl Compiled {
+    /// How many programs run as one (`coarsen.rs`); 1 where none were merged.
+    pub fn merged_programs(&self) -> u64 {
+        self.merged.as_ref().map_or(1, |m| m.factor)
+    }
+
     /// How many fused runs the program has (`fuse.rs`), nested bodies included.
     pub fn fused_runs(&self) -> usize {
         self.program.fused_runs()
@@ -231,7 +245,14 @@ impl BackendImpl for Interpreter {
     fn stages(&self, compiled: &Vec<Compiled>) -> Vec<(String, String)> {
         let mut stages = Vec::new();
         for c in compiled {
-            stages.push((format!("{}.tk", c.kernel.name()), print_kernel(c.kernel.kernel())));
+            let header = match &c.merged {
+                Some(m) => format!(
+                    "# interpret: programs merged {} at a time along `{}` (blocks {}× longer in dimension {})\n",
+                    m.factor, m.axis, m.factor, m.dim
+                ),
+                None => String::new(),
+            };
+            stages.push((format!("{}.tk", c.kernel.name()), header + &print_kernel(c.kernel.kernel())));
             stages.push((format!("{}.program", c.kernel.name()), format!("{:#?}", c.program)));
         }
         stages
