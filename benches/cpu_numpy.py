@@ -25,16 +25,19 @@ import tessel  # noqa: E402
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-def alternating_ms(f, g, rounds=4, calls=10):
+def alternating_ms(f, g, rounds=6, calls=10, warm_s=0.05):
     """Medians (ms) of timed calls of `f` and of `g` in alternating rounds of `calls` each, so that
-    the machine's drift over seconds reaches both alike. Each round starts after a pause and an
-    untimed call: the other side's threads (OpenBLAS's, rayon's) spin for a while after their
-    last call and would otherwise be timed as this side's cost."""
+    the machine's drift over seconds reaches both alike. Each round starts after a pause and
+    `warm_s` of untimed calls: the other side's threads (OpenBLAS's, rayon's) spin for a while
+    after their last call and would otherwise be timed as this side's cost, and the cores (a
+    virtual machine's above all) take a few milliseconds of work to come back from idle."""
     tf, tg = [], []
     for _ in range(rounds):
         for fn, times in ((f, tf), (g, tg)):
             time.sleep(0.5)
-            fn()
+            start = time.perf_counter()
+            while time.perf_counter() - start < warm_s:
+                fn()
             for _ in range(calls):
                 t = time.perf_counter()
                 fn()
