@@ -180,11 +180,18 @@ pub fn write_to<W: Write>(mut w: W, a: &HostArray) -> std::io::Result<()> {
 }
 
 /// Writes a host array to `path` atomically: a temporary file in the same folder, renamed into
-/// place when complete, so a failure never leaves a half-written `.npy`.
+/// place when complete, so a failure never leaves a half-written `.npy`. A file already at
+/// `path` is removed just before the rename: renamed over, ext4 (`auto_da_alloc`) would write
+/// the new file back to disk at once, milliseconds for a few megabytes. A reader sees the old
+/// file, then none for an instant, then the whole new one — never part of either.
 pub fn write(path: &Path, a: &HostArray) -> std::io::Result<()> {
     let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
     write_to(BufWriter::new(tmp.as_file_mut()), a)?;
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
     tmp.persist(path).map_err(|e| e.error)?;
     Ok(())
 }
