@@ -245,11 +245,11 @@ const HELPERS: &[(&str, &str)] = &[
     ("tk_isnan", "fn tk_isnan(x: f32) -> bool { return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u; }"),
     (
         "tk_max",
-        "fn tk_max(a: f32, b: f32) -> f32 { if (tk_isnan(a) || tk_isnan(b)) { return tk_f32_bits(0x7fc00000u); } return max(a, b); }",
+        "fn tk_max(a: f32, b: f32) -> f32 { return select(max(a, b), tk_f32_bits(0x7fc00000u), tk_isnan(a) | tk_isnan(b)); }",
     ),
     (
         "tk_min",
-        "fn tk_min(a: f32, b: f32) -> f32 { if (tk_isnan(a) || tk_isnan(b)) { return tk_f32_bits(0x7fc00000u); } return min(a, b); }",
+        "fn tk_min(a: f32, b: f32) -> f32 { return select(min(a, b), tk_f32_bits(0x7fc00000u), tk_isnan(a) | tk_isnan(b)); }",
     ),
     (
         "tk_round_f16",
