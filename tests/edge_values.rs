@@ -528,3 +528,50 @@ fn mosaic_gpu_meets_the_reference_at_every_edge() {
         skip("edge values on mosaic-gpu", &format!("mosaic-gpu: {why}"), "TESSEL_REQUIRE_GPU");
     }
 }
+
+/// Row reductions at the edges, on every executor: a NaN anywhere in a row (first, middle, last
+/// element) makes its `max` and `min` NaN; infinities win or lose as they should; rows of signed
+/// zeros give a zero. The rows are long enough (8 × 64) that wgpu reduces them in its row layout,
+/// a `vec4` at a time.
+#[test]
+fn row_reductions_propagate_nan_on_every_executor() {
+    let src = "kernel rows\n  in  x: f32[8, 64]\n  out mx: f32[8, 1]\n  out mn: f32[8, 1]\n{\n  %x = load x\n  %a = max %x axis 1 keepdims\n  %b = min %x axis 1 keepdims\n  store mx, %a\n  store mn, %b\n}\n";
+    let mut x: Vec<f64> = (0..8 * 64).map(|i| f64::from(((i * 37) % 101) as f32 / 7.0 - 6.0)).collect();
+    x[37] = f64::NAN; // row 0, inside
+    x[64] = f64::INFINITY; // row 1
+    x[2 * 64 + 5] = f64::NEG_INFINITY; // row 2
+    x[3 * 64] = f64::NAN; // row 3, first
+    x[3 * 64 + 1] = f64::INFINITY;
+    for (j, v) in x[4 * 64..5 * 64].iter_mut().enumerate() {
+        *v = if j % 2 == 0 { 0.0 } else { -0.0 }; // row 4
+    }
+    x[6 * 64 - 1] = f64::NAN; // row 5, last
+    let fold = |row: &[f64], f: fn(f64, f64) -> f64| row.iter().fold(row[0], |a, &v| if a.is_nan() || v.is_nan() { f64::NAN } else { f(a, v) });
+    let want_max: Vec<f64> = x.chunks(64).map(|r| fold(r, f64::max)).collect();
+    let want_min: Vec<f64> = x.chunks(64).map(|r| fold(r, f64::min)).collect();
+    let kernel = tessel::load_source("rows.tk", src).unwrap_or_else(|e| panic!("{e}")).remove(0);
+    let x_array = HostArray::from_bits(DType::F32, &[8, 64], x.iter().map(|&v| bits_of(DType::F32, v)).collect());
+    let args = LaunchArgs { inputs: [("x".to_string(), x_array)].into(), grid: Default::default() };
+    let rt = tessel::Runtime::new(&[]).expect("runtime");
+    let mut execs = vec!["interpret", "mosaic-emu"];
+    if wgpu_adapter("wgpu row reductions").is_some() {
+        execs.push("wgpu");
+    }
+    let same = |g: f64, w: f64| (g.is_nan() && w.is_nan()) || g == w;
+    for exec in execs {
+        let call = [tessel::KernelLaunch { kernel: &kernel, mesh: None }];
+        let outputs = match exec {
+            "mosaic-emu" => {
+                let (_, ptx) = rt.lower("mosaic-gpu", &call, &[], &Default::default()).expect("lowers").remove(0);
+                emulate(&ptx, &kernel, &args, false).expect("emulates")
+            }
+            backend => rt.launch(backend, &call, &[], &args).expect("runs"),
+        };
+        for (name, want) in [("mx", &want_max), ("mn", &want_min)] {
+            let got = outputs.iter().find(|(n, _)| n == name).expect("output").1.to_f64();
+            for (r, (g, w)) in got.iter().zip(want.iter()).enumerate() {
+                assert!(same(*g, *w), "{exec}: {name} of row {r} is {g}, want {w}");
+            }
+        }
+    }
+}

@@ -244,6 +244,10 @@ const HELPERS: &[(&str, &str)] = &[
     ("tk_f32_bits", "fn tk_f32_bits(b: u32) -> f32 { return bitcast<f32>(b | tk_zero); }"),
     ("tk_isnan", "fn tk_isnan(x: f32) -> bool { return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u; }"),
     (
+        "tk_isnan4",
+        "fn tk_isnan4(q: vec4<f32>) -> bool { return any((bitcast<vec4<u32>>(q) & vec4<u32>(0x7fffffffu)) > vec4<u32>(0x7f800000u)); }",
+    ),
+    (
         "tk_max",
         "fn tk_max(a: f32, b: f32) -> f32 { return select(max(a, b), tk_f32_bits(0x7fc00000u), tk_isnan(a) | tk_isnan(b)); }",
     ),
@@ -1180,10 +1184,25 @@ impl<'k> Writer<'k> {
             let lanes = if exact && n.is_multiple_of(4) && n >= 8 { 4 } else { 1 };
             // Rows held as `vec4`s are read a quad at a time.
             let quads = self.quad_value(&shape);
+            // A float `max`/`min` over quads: the builtin on each element, and whether any
+            // quad held a NaN, one test of the whole quad; NaN at the end where one did (what
+            // `tk_max` at every step gives, for a fraction of its work).
+            let nan_flag = quads && float && matches!(op, ReduceOp::Max | ReduceOp::Min);
+            let combine = move |w: &mut Self, acc: &str, x: &str| {
+                if nan_flag {
+                    format!("{}({acc}, {x})", if op == ReduceOp::Max { "max" } else { "min" })
+                } else {
+                    w.reduce_combine(op, d, acc, x)
+                }
+            };
             self.each(&rshape, |w| {
                 let acc = w.t();
                 for l in 0..lanes {
                     w.line(format!("var {acc}_{l}: {acc_ty} = {init};"));
+                }
+                if nan_flag {
+                    w.helper("tk_isnan4");
+                    w.line(format!("var {acc}_nan = false;"));
                 }
                 if quads {
                     w.open(format!("for (var r = 0u; r < {}u; r++)", n / 4));
@@ -1192,6 +1211,9 @@ impl<'k> Writer<'k> {
                         None => format!("{sid}[k * {}u + r]", n / 4),
                     };
                     w.line(format!("let q = {q};"));
+                    if nan_flag {
+                        w.line(format!("{acc}_nan = {acc}_nan | tk_isnan4(q);"));
+                    }
                     for (t, c) in ["x", "y", "z", "w"].iter().enumerate() {
                         let l = t % lanes;
                         let x = combine(w, &format!("{acc}_{l}"), &format!("q.{c}"));
@@ -1213,6 +1235,12 @@ impl<'k> Writer<'k> {
                     combine(w, &lo, &hi)
                 } else {
                     format!("{acc}_0")
+                };
+                let all = if nan_flag {
+                    w.helper("tk_f32_bits");
+                    format!("select({all}, tk_f32_bits(0x7fc00000u), {acc}_nan)")
+                } else {
+                    all
                 };
                 w.line(format!("let {acc} = {all};"));
                 let v = w.round16(d, &acc);
