@@ -540,13 +540,24 @@ impl<'k> Writer<'k> {
         }
     }
 
+    /// In the row layout, which of the invocation's rows slot `k` of a value of shape `res`
+    /// (rows of `len`) lies in: `0u` where each invocation owns at most one row, so that the
+    /// driver sees a constant index and keeps the row's `[R, 1]` values in registers.
+    fn row_of_slot(&self, res: &[usize], len: usize) -> String {
+        let rows = res.iter().product::<usize>() / len.max(1);
+        if rows <= self.plan.wg as usize { "0u".to_string() } else { format!("k / {len}u") }
+    }
+
     /// The expression reading `r` (as `dtype` for literals) for result element `e` of `res`.
     fn read(&mut self, r: &Read, dtype: DType, res: &[usize]) -> String {
         match r {
             Read::Lit(l) => literal(*l, dtype),
             Read::Scalar(id) => id.clone(),
             Read::Own(id) => self.at(id, res),
-            Read::RowOwn(id, c) => format!("{id}[k / {c}u]"),
+            Read::RowOwn(id, c) => {
+                let row = self.row_of_slot(res, *c);
+                format!("{id}[{row}]")
+            }
             Read::Row(name) => match self.quad_lane {
                 Some(t) if self.hoisted.contains(name) => format!("{}_q.{}", self.ident(name), ["x", "y", "z", "w"][t]),
                 // Slot `k` on its own: its element of the `vec4` of its quad.
@@ -973,8 +984,9 @@ impl<'k> Writer<'k> {
             }
             let x = w.t();
             w.line(format!("let {x} = {v};"));
+            let row = w.row_of_slot(&res, c);
             for (rid, op, _) in &fused {
-                let cell = format!("{rid}[k / {c}u]");
+                let cell = format!("{rid}[{row}]");
                 let y = w.reduce_combine(*op, d, &cell, &x);
                 w.line(format!("{cell} = {y};"));
             }
