@@ -35,6 +35,14 @@ pub fn random_inputs(kernel: &Kernel, seed: u64) -> BTreeMap<String, HostArray> 
         .collect()
 }
 
+/// The generator of chunk `chunk` of argument `array`: ChaCha8 seeded with `seed` on stream
+/// `array << 32 | chunk`.
+fn stream(seed: u64, array: usize, chunk: usize) -> ChaCha8Rng {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    rng.set_stream((array as u64) << 32 | chunk as u64);
+    rng
+}
+
 /// `n` floats uniform in [-1, 1), a chunk of [`CHUNK`] per task: the values
 /// `random_range(-1.0f32..1.0)` draws, one `u32` of the stream each, made from the stream's words
 /// in bulk (the words as one fill, then one vectorised loop from words to floats).
@@ -42,9 +50,7 @@ fn uniform(n: usize, seed: u64, array: usize) -> Vec<f32> {
     use rayon::prelude::*;
     let mut v = vec![0u32; n];
     v.par_chunks_mut(CHUNK).enumerate().for_each(|(c, chunk)| {
-        let mut rng = ChaCha8Rng::seed_from_u64(seed);
-        rng.set_stream((array as u64) << 32 | c as u64);
-        rng.fill(chunk);
+        stream(seed, array, c).fill(chunk);
         // rand's `UniformFloat`: 23 random bits as a float in [1, 2), less 1, scaled by the
         // range's width (2) and moved to its start (-1).
         chunk.iter_mut().for_each(|w| *w = ((f32::from_bits(*w >> 9 | 0x3F80_0000) - 1.0) * 2.0 - 1.0).to_bits());
@@ -57,8 +63,7 @@ fn fill<T: Send + Default + Clone>(n: usize, seed: u64, array: usize, draw: impl
     use rayon::prelude::*;
     let mut v = vec![T::default(); n];
     v.par_chunks_mut(CHUNK).enumerate().for_each(|(c, chunk)| {
-        let mut rng = ChaCha8Rng::seed_from_u64(seed);
-        rng.set_stream((array as u64) << 32 | c as u64);
+        let mut rng = stream(seed, array, c);
         chunk.iter_mut().for_each(|x| *x = draw(&mut rng));
     });
     v

@@ -188,9 +188,10 @@ pub fn write(path: &Path, a: &HostArray) -> std::io::Result<()> {
     let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
     write_to(BufWriter::new(tmp.as_file_mut()), a)?;
-    match std::fs::remove_file(path) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
-        _ => {}
+    if let Err(e) = std::fs::remove_file(path)
+        && e.kind() != std::io::ErrorKind::NotFound
+    {
+        return Err(e);
     }
     tmp.persist(path).map_err(|e| e.error)?;
     Ok(())

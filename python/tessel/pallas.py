@@ -82,6 +82,15 @@ def _ty(aval, kernel: str, eqn=None) -> str:
     return f"{dt}[{', '.join(str(d) for d in aval.shape)}]"
 
 
+def _scratch(arg: str, aval, kernel: str, eqn, what: str = "scratch operand") -> str:
+    """The `scratch` line of a Pallas scratch buffer (`pltpu.VMEM(shape, dtype)` and the like);
+    a semaphore or other non-array allocation is refused."""
+    inner = getattr(aval, "inner_aval", aval)
+    if not hasattr(inner, "shape") or not hasattr(inner, "dtype") or "sem" in str(aval).lower():
+        raise _refuse(f"the {what} {aval}", kernel, eqn, "tessel's scratch is an array of one dtype")
+    return f"  scratch {arg}: {_ty(inner, kernel, eqn)}"
+
+
 def _literal(v) -> str:
     v = np.asarray(v).item()
     if isinstance(v, bool):
@@ -510,6 +519,11 @@ class _Writer:
             raise self.refuse(f"`{eqn.primitive.name}` with captured constants", eqn)
         self.sub(jaxpr, eqn.invars, eqn)
         self.eqns(jaxpr)
+        self.results(eqn, jaxpr)
+
+    def results(self, eqn, jaxpr) -> None:
+        """The results of an inlined sub-jaxpr become `eqn`'s."""
+        _, core, _ = _jax()
         for out, res in zip(eqn.outvars, jaxpr.outvars):
             self.env[out] = _literal(res.val) if isinstance(res, core.Literal) else self.env[res]
 
@@ -524,15 +538,11 @@ class _Writer:
         for var, a in zip(jaxpr.constvars, eqn.invars):
             self.env[var] = self.read(a) if isinstance(a, core.Literal) else self.env[a]
         for var in jaxpr.invars:
-            inner = getattr(var.aval, "inner_aval", var.aval)
-            if not hasattr(inner, "shape") or not hasattr(inner, "dtype") or "sem" in str(var.aval).lower():
-                raise self.refuse(f"the `run_scoped` allocation {var.aval}", eqn, "tessel's scratch is an array of one dtype")
             arg = f"r{len(self.scoped)}"
-            self.scoped.append(f"  scratch {arg}: {_ty(inner, self.kernel, eqn)}")
+            self.scoped.append(_scratch(arg, var.aval, self.kernel, eqn, "`run_scoped` allocation"))
             self.env[var] = ("ref", arg)
         self.eqns(jaxpr)
-        for out, res in zip(eqn.outvars, jaxpr.outvars):
-            self.env[out] = _literal(res.val) if isinstance(res, core.Literal) else self.env[res]
+        self.results(eqn, jaxpr)
 
     def cond(self, eqn) -> None:
         """`pl.when(c)`: a `cond` on `convert_element_type(c)` whose false branch does nothing."""
@@ -783,12 +793,7 @@ def _translate(eqn, name: str) -> Translated:
     # `scratch_shapes`: per-program memory that persists across the `seq` steps, as tessel's
     # `scratch` does.
     scratch = [f"s{i}" for i in range(getattr(gm, "num_scratch_operands", 0))]
-    lines_scratch = []
-    for arg, aval in zip(scratch, gm.scratch_avals):
-        inner = getattr(aval, "inner_aval", aval)
-        if not hasattr(inner, "shape"):
-            raise _refuse(f"the scratch operand {aval}", name, eqn, "tessel's scratch is an array of one dtype")
-        lines_scratch.append(f"  scratch {arg}: {_ty(inner, name, eqn)}")
+    lines_scratch = [_scratch(arg, aval, name, eqn) for arg, aval in zip(scratch, gm.scratch_avals)]
     w = _Writer(name, [f"i{a}" for a in range(len(grid))])
     w.squeezed = squeezed
     jaxpr = body.jaxpr if hasattr(body, "jaxpr") else body
@@ -819,7 +824,7 @@ def _aliased(name: str, eqn, x: str, o: str, specs, grid, parallel, lines: List[
             eqn,
             f"store all of `{o}` at the kernel's top level (o_ref[...] = ...) with blocks covering it, or drop the alias",
         )
-    stored = next(n for n, line in enumerate(lines) if re.match(rf"^\s*store {o}\b", line))
+    stores = [n for n, line in enumerate(lines) if re.match(rf"^\s*store {o}\b", line)]
     read = [n for n, line in enumerate(lines) if re.search(rf"= load {x}\b", line)]
     revisits = any(size > 1 and a not in parallel for a, size in enumerate(grid))
     # The `for` loops of the body, as line ranges: a store in one, then a read in the next turn.
@@ -831,9 +836,8 @@ def _aliased(name: str, eqn, x: str, o: str, specs, grid, parallel, lines: List[
             start, is_for = open_.pop()
             if is_for:
                 loops.append(range(start, n + 1))
-    stores = [n for n, line in enumerate(lines) if re.match(rf"^\s*store {o}\b", line)]
     looped = any(any(n in r for n in stores) and any(n in r for n in read) for r in loops)
-    if any(n > stored for n in read) or (read and revisits) or looped:
+    if any(n > stores[0] for n in read) or (read and revisits) or looped:
         raise _refuse(
             f"{what} (the kernel reads `{x}` where it could see what it stored into `{o}`: after the store, in a loop or across `seq` steps)",
             name,
@@ -842,24 +846,28 @@ def _aliased(name: str, eqn, x: str, o: str, specs, grid, parallel, lines: List[
         )
 
 
-def _mesh_text(mesh, kernel: str, eqn, kind: str = "mesh") -> str:
-    """A Pallas mesh as tessel's mesh text: a Mosaic GPU mesh (`plgpu.Mesh`) as `mosaic_gpu(...)`
-    with its cluster and thread axes, a device mesh (`jax.sharding.Mesh`) as `device(...)`, and
-    any other (a TPU core mesh, ...) as the portable `grid(...)` of its named axes."""
+def _mesh(mesh, kernel: str, eqn, kind: str = "mesh"):
+    """A Pallas mesh as tessel's mesh text and its axis names: a Mosaic GPU mesh (`plgpu.Mesh`)
+    as `mosaic_gpu(...)` with its cluster and thread axes, a device mesh (`jax.sharding.Mesh`)
+    as `device(...)`, and any other (a TPU core mesh, ...) as the portable `grid(...)` of its
+    named axes."""
     cls = type(mesh).__name__
     module = type(mesh).__module__
     if cls == "Mesh" and "mosaic_gpu" in module:
         names = list(mesh.grid_names or [f"i{a}" for a in range(len(mesh.grid))])
-        axes = [f"{n}: {s}" for n, s in zip(names, mesh.grid)]
-        axes += [f"{n}: {s} cluster" for n, s in zip(mesh.cluster_names or (), mesh.cluster or ())]
+        axes = [(n, s, "") for n, s in zip(names, mesh.grid)]
+        axes += [(n, s, " cluster") for n, s in zip(mesh.cluster_names or (), mesh.cluster or ())]
         if mesh.num_threads is not None:
-            axes.append(f"{mesh.thread_name}: {mesh.num_threads} thread")
-        return f"mosaic_gpu({', '.join(axes)})"
-    shape = getattr(mesh, "shape", None)
-    if not hasattr(shape, "items"):
-        raise _refuse(f"the {kind} {mesh!r}", kernel, eqn, "tessel reads a mesh's named axes (its `shape`)")
-    axes = ", ".join(f"{n}: {s}" for n, s in shape.items())
-    return f"{'device' if 'jax._src.mesh' in module or cls == 'AbstractMesh' else 'grid'}({axes})"
+            axes.append((mesh.thread_name, mesh.num_threads, " thread"))
+        kind_text = "mosaic_gpu"
+    else:
+        shape = getattr(mesh, "shape", None)
+        if not hasattr(shape, "items"):
+            raise _refuse(f"the {kind} {mesh!r}", kernel, eqn, "tessel reads a mesh's named axes (its `shape`)")
+        axes = [(n, s, "") for n, s in shape.items()]
+        kind_text = "device" if "jax._src.mesh" in module or cls == "AbstractMesh" else "grid"
+    text = f"{kind_text}({', '.join(f'{n}: {s}{k}' for n, s, k in axes)})"
+    return text, [n for n, _, _ in axes]
 
 
 def _translate_mesh(eqn, name: str) -> Translated:
@@ -874,18 +882,15 @@ def _translate_mesh(eqn, name: str) -> Translated:
         raise _refuse("`input_output_aliases` of a kernel on a mesh", name, eqn, "pass the refs' values and return new outputs")
     (closed,), (mesh,) = p["jaxprs"], p["meshes"]
     jaxpr = closed.jaxpr if hasattr(closed, "jaxpr") else closed
-    mesh_text = _mesh_text(mesh, name, eqn)
-    external = [_mesh_text(m, name, eqn, "external mesh") for m in p.get("external_meshes") or ()]
+    mesh_text, axes = _mesh(mesh, name, eqn)
+    external = [_mesh(m, name, eqn, "external mesh")[0] for m in p.get("external_meshes") or ()]
     nin, nout = len(eqn.invars), len(p["out_avals"])
     ins = [f"x{i}" for i in range(nin)]
     outs = [f"o{i}" for i in range(nout)]
     scratch = [f"s{i}" for i in range(len(jaxpr.invars) - nin - nout)]
     lines = [f"  in  {a}: {_ty(v.aval, name, eqn)}" for a, v in zip(ins, eqn.invars)]
     lines += [f"  out {a}: {_ty(v, name, eqn)}" for a, v in zip(outs, p["out_avals"])]
-    for a, var in zip(scratch, jaxpr.invars[nin + nout:]):
-        inner = getattr(var.aval, "inner_aval", var.aval)
-        lines.append(f"  scratch {a}: {_ty(inner, name, eqn)}")
-    axes = [t.split(":")[0].strip() for t in mesh_text[mesh_text.index("(") + 1:-1].split(",") if t.strip()]
+    lines += [_scratch(a, var.aval, name, eqn) for a, var in zip(scratch, jaxpr.invars[nin + nout:])]
     w = _Writer(name, axes)
     for var, arg in zip(jaxpr.invars, ins + outs + scratch):
         w.env[var] = ("ref", arg)

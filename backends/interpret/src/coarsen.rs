@@ -14,7 +14,8 @@
 //! dimension, each value of rank `r` with `b` in dimension `d`, or a scalar. The rewritten kernel
 //! is verified again; if it does not verify, the kernel runs as written.
 
-use tessel_plugin_api::ir::{Affine, AxisSize, Op, Operand, ParamKind, Stmt, Verified, verify};
+use tessel_plugin_api::ir::analysis::reads;
+use tessel_plugin_api::ir::{Affine, AxisSize, Op, ParamKind, Stmt, Verified, verify};
 
 /// Elements a merged program's blocks aim at: enough that the bookkeeping is noise, few enough
 /// that the programs still spread over the cores.
@@ -123,19 +124,8 @@ fn values_fit(v: &Verified, body: &[Stmt], rank: usize, dim: usize, size: usize)
             Op::Reduce { axis, .. } => *axis == dim,
             _ => false,
         };
-        !along && s.results.iter().all(|r| fits(r)) && operands(&s.op).iter().all(|o| !matches!(o, Operand::Value(n) if !fits(n)))
+        !along && s.results.iter().all(|r| fits(r)) && reads(&s.op).into_iter().all(fits)
     })
-}
-
-/// The value operands of a straight-line statement.
-fn operands(op: &Op) -> Vec<&Operand> {
-    match op {
-        Op::Store { value, .. } => vec![value],
-        Op::Unary(_, a) | Op::Cast(a) | Op::Bitcast(a) | Op::Reduce { arg: a, .. } => vec![a],
-        Op::Binary(_, a, b) | Op::Compare(_, a, b) => vec![a, b],
-        Op::Select(c, a, b) => vec![c, a, b],
-        _ => Vec::new(),
-    }
 }
 
 /// The written and inferred result types of the merged body: dimension `dim` of each value of
