@@ -194,19 +194,52 @@ pub fn emulate_counted(
         params.push(mem.alloc(ctas as usize * per_cta));
     }
     let mut outputs = Vec::new();
+    let mut arrays = std::collections::HashMap::new();
+    // Arrays as the runtime lays them out: 16-bit floats 2 bytes an element, the rest 4.
+    let half = |ty: &tessel_plugin_api::ir::Type| ty.dtype.bits() == 16;
     for p in kernel.kernel().params.iter().filter(|p| p.kind != ParamKind::Scratch) {
-        let addr = mem.alloc(p.ty.numel() * 4);
+        let addr = mem.alloc(p.ty.numel() * if half(&p.ty) { 2 } else { 4 });
         if p.kind == ParamKind::In {
-            mem.write_words(addr, &inputs.inputs[&p.name].to_bits());
+            let bits = inputs.inputs[&p.name].to_bits();
+            if half(&p.ty) {
+                mem.write_halves(addr, &bits.iter().map(|&b| b as u16).collect::<Vec<_>>());
+            } else {
+                mem.write_words(addr, &bits);
+            }
         } else {
             outputs.push((p.name.clone(), p.ty.clone(), addr));
         }
+        arrays.insert(p.name.clone(), (addr, p.ty.clone()));
         params.push(addr);
     }
-    let counts = module.launch(&mut mem, &params, ctas, threads, if shared { per_cta } else { 0 }, reverse)?;
+    // The tensor maps the runtime would encode, from the PTX's header ("// tensor map PARAM: ARRAY,
+    // box X x Y, swizzle S"), in the entry's order.
+    let mut maps = Vec::new();
+    for line in ptx.lines().filter_map(|l| l.strip_prefix("// tensor map ")) {
+        let words: Vec<&str> = line.split([' ', ',', ':']).filter(|w| !w.is_empty()).collect();
+        let (addr, ty) = &arrays[words[1]];
+        let elem = if half(ty) { 2 } else { 4 };
+        maps.push(tessel_ptx_emu::TensorMap {
+            address: *addr,
+            dims: [ty.shape[1] as u64, ty.shape[0] as u64],
+            row_bytes: ty.shape[1] as u64 * elem,
+            elem_bytes: elem as u32,
+            boxes: [words[3].parse().expect("box"), words[5].parse().expect("box")],
+            swizzle: words[7].parse().expect("swizzle"),
+        });
+    }
+    let shared_bytes = if shared { per_cta } else { 0 };
+    let counts = module.launch_with_maps(&mut mem, &params, &maps, ctas, threads, shared_bytes, reverse)?;
     let outputs = outputs
         .into_iter()
-        .map(|(name, ty, addr)| (name, tessel::HostArray::from_bits(ty.dtype, &ty.shape, mem.read_words(addr, ty.numel()))))
+        .map(|(name, ty, addr)| {
+            let bits = if half(&ty) {
+                mem.read_halves(addr, ty.numel()).into_iter().map(u32::from).collect()
+            } else {
+                mem.read_words(addr, ty.numel())
+            };
+            (name, tessel::HostArray::from_bits(ty.dtype, &ty.shape, bits))
+        })
         .collect();
     Ok((outputs, counts))
 }

@@ -12,6 +12,8 @@ use tessel_plugin_api::libm;
 
 use crate::lower::{Plan, THREADS, Use, uses};
 
+mod wgmma;
+
 /// The dynamic shared memory of a CTA: its workspace when it fits.
 const SHARED: &str = "tessel_smem";
 
@@ -86,6 +88,11 @@ fn lit_bits(lit: Literal, dtype: DType) -> u32 {
         DType::BF16 => half::bf16::from_f32(lit.as_f64() as f32).to_f32().to_bits(),
         DType::F32 => (lit.as_f64() as f32).to_bits(),
     }
+}
+
+/// Whether elements of `d` are 16-bit floats, which arrays hold as 2 bytes an element.
+pub fn half_bits(d: DType) -> bool {
+    d.bits() == 16
 }
 
 /// The PTX type name of a 16-bit float.
@@ -329,15 +336,48 @@ impl<'p> Writer<'p> {
             self.plan.workspace_per_cta,
             if self.plan.shared { "shared memory" } else { "global workspace" }
         );
+        let gemm = self.plan.gemm.as_ref();
+        if let Some(g) = gemm {
+            let _ = writeln!(
+                head,
+                "// hopper: dot of {} [{}, {}] x {} on wgmma m64n{}k16 ({} warpgroups), operands by TMA with {}-byte swizzle, {} stages over {} steps",
+                g.dtype,
+                g.bm,
+                g.bk,
+                if g.b_k_major { format!("[{}, {}]^T", g.bn, g.bk) } else { format!("[{}, {}]", g.bk, g.bn) },
+                g.bn,
+                g.warpgroups(),
+                crate::wgmma::SWIZZLE,
+                g.stages,
+                g.steps
+            );
+            for m in &g.maps {
+                let _ = writeln!(
+                    head,
+                    "// tensor map {}_{}_map: {}, box {} x {}, swizzle {}",
+                    self.plan.entry,
+                    m.array,
+                    m.array,
+                    m.boxes[0],
+                    m.boxes[1],
+                    crate::wgmma::SWIZZLE
+                );
+            }
+        }
         let _ = writeln!(head, ".version 8.0\n.target sm_90a\n.address_size 64\n");
         let mut params = Vec::new();
         if self.plan.shared {
-            let _ = writeln!(head, ".extern .shared .align 16 .b8 {SHARED}[];\n");
+            // The 128-byte swizzle repeats every 1024 bytes: its stages start on that boundary.
+            let align = if gemm.is_some() { 1024 } else { 16 };
+            let _ = writeln!(head, ".extern .shared .align {align} .b8 {SHARED}[];\n");
         } else {
             params.push(format!("\t.param .u64 {}_workspace", self.plan.entry));
         }
         for p in k.params.iter().filter(|p| p.kind != ParamKind::Scratch) {
             params.push(format!("\t.param .u64 {}_{}", self.plan.entry, p.name));
+        }
+        for m in gemm.iter().flat_map(|g| &g.maps) {
+            params.push(format!("\t.param .align 64 .b8 {}_{}_map[128]", self.plan.entry, m.array));
         }
         let _ = writeln!(
             head,
@@ -349,7 +389,11 @@ impl<'p> Writer<'p> {
         let _ = writeln!(head, "\t.reg .pred %p<{}>;", self.preds + 1);
         let _ = writeln!(head, "\t.reg .b16 %h<{}>;", self.regs16 + 1);
         let _ = writeln!(head, "\t.reg .b32 %r<{}>;", self.regs + 1);
-        let _ = writeln!(head, "\t.reg .b64 %rd<{}>;\n", self.regs64 + 1);
+        let _ = writeln!(head, "\t.reg .b64 %rd<{}>;", self.regs64 + 1);
+        if let Some(g) = gemm {
+            let _ = writeln!(head, "\t.reg .f32 %f<{}>;", g.bn / 2 + 1);
+        }
+        head.push('\n');
         head + &self.out + "\tret;\n}\n"
     }
 
@@ -357,6 +401,9 @@ impl<'p> Writer<'p> {
 
     fn write_kernel(&mut self) {
         let plan = self.plan;
+        if let Some(g) = &plan.gemm {
+            return self.write_gemm(g);
+        }
         let k = plan.kernel.kernel();
         let entry = plan.entry.clone();
         // Warpgroup w = tid.x / 128 runs point w of the thread axis; lanes are tid.x % 128.
@@ -413,19 +460,9 @@ impl<'p> Writer<'p> {
             AxisSize::Fixed(n) => n,
             AxisSize::Dyn => unreachable!("plan refuses dyn axes"),
         };
-        let decode = |w: &mut Writer<'_>, counter: &str, axes: &[usize]| {
-            let mut stride: u64 = 1;
-            for &a in axes.iter().rev() {
-                let c = w.r();
-                w.ins(format!("div.u32 {c}, {counter}, {stride}"));
-                w.ins(format!("rem.u32 {c}, {c}, {}", size(&grid[a])));
-                w.coords[a] = c;
-                stride *= size(&grid[a]);
-            }
-        };
         let par: Vec<usize> = (0..grid.len()).filter(|&a| !grid[a].seq && Some(a) != plan.thread_axis).collect();
         let seq: Vec<usize> = (0..grid.len()).filter(|&a| grid[a].seq).collect();
-        decode(self, &cta, &par);
+        self.decode(&cta, &par);
         let steps: u64 = seq.iter().map(|&a| size(&grid[a])).product();
         // The `seq` steps of one program: `refill` when a later thread-axis point runs them again.
         let seq_loop = |w: &mut Writer<'_>, refill: bool| {
@@ -433,7 +470,7 @@ impl<'p> Writer<'p> {
             w.ins(format!("mov.u32 {step}, 0"));
             let top = w.label("seq");
             w.place_label(&top);
-            decode(w, &step, &seq);
+            w.decode(&step, &seq);
             w.write_origins();
             // In name order, so that the PTX is the same from run to run.
             let mut names: Vec<&String> = w.plan.in_registers.iter().collect();
@@ -468,6 +505,20 @@ impl<'p> Writer<'p> {
                 seq_loop(self, false);
             }
             None => seq_loop(self, false),
+        }
+    }
+
+    /// The coordinates of grid `axes` from the row-major `counter` over them (the last fastest).
+    fn decode(&mut self, counter: &str, axes: &[usize]) {
+        let grid = self.plan.kernel.grid();
+        let mut stride: u64 = 1;
+        for &a in axes.iter().rev() {
+            let AxisSize::Fixed(n) = grid[a].size else { unreachable!("plan refuses dyn axes") };
+            let c = self.r();
+            self.ins(format!("div.u32 {c}, {counter}, {stride}"));
+            self.ins(format!("rem.u32 {c}, {c}, {n}"));
+            self.coords[a] = c;
+            stride *= n;
         }
     }
 
@@ -1208,6 +1259,10 @@ impl<'p> Writer<'p> {
             }
         };
         let dtype = p.ty.dtype;
+        // Arrays hold 16-bit floats as 2 bytes an element (as numpy and TMA have them); the
+        // workspace holds every element as 4 bytes.
+        let array = self.args.iter().any(|(a, _)| a == name);
+        let (bytes, width) = if array && half_bits(dtype) { (2, "u16") } else { (4, "b32") };
         let mask_shape = mask.map(|m| self.shape_of(m));
         self.each(n, |w, e| {
             let ok = w.p();
@@ -1232,12 +1287,12 @@ impl<'p> Writer<'p> {
                 w.ins(format!("and.pred {ok}, {ok}, {on}"));
             }
             let (wide, addr) = (w.rd(), w.rd());
-            w.ins(format!("mul.wide.u32 {wide}, {flat}, 4"));
+            w.ins(format!("mul.wide.u32 {wide}, {flat}, {bytes}"));
             w.ins(format!("add.u64 {addr}, {base}, {wide}"));
             match access {
                 Access::Load { dst, other } => {
                     let (raw, v) = (w.imm(0), w.imm(lit_bits(other.unwrap_or(Literal::Int(0)), dtype)));
-                    w.ins(format!("@{ok} ld.{space}.b32 {raw}, [{addr}]"));
+                    w.ins(format!("@{ok} ld.{space}.{width} {raw}, [{addr}]"));
                     w.widen16(dtype, &raw);
                     w.ins(format!("selp.b32 {v}, {raw}, {v}, {ok}"));
                     w.store_slot(dst, e, &v);
@@ -1247,7 +1302,7 @@ impl<'p> Writer<'p> {
                     let bits = w.r();
                     w.ins(format!("mov.b32 {bits}, {v}"));
                     w.narrow16(dtype, &bits);
-                    w.ins(format!("@{ok} st.{space}.b32 [{addr}], {bits}"));
+                    w.ins(format!("@{ok} st.{space}.{width} [{addr}], {bits}"));
                 }
             }
         });

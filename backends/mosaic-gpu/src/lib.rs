@@ -8,6 +8,7 @@ pub mod emit;
 pub mod lower;
 pub mod mesh;
 pub mod runtime;
+pub mod wgmma;
 
 use std::collections::{BTreeMap, HashMap};
 

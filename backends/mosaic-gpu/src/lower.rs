@@ -83,6 +83,9 @@ pub struct Plan {
     /// Whether the workspace is the CTA's dynamic shared memory (else a global buffer of
     /// `ctas * workspace_per_cta` bytes, the entry's first parameter).
     pub shared: bool,
+    /// The Hopper path (`crate::wgmma`), when the kernel takes it: then the workspace is its
+    /// shared-memory stages and the entry takes a tensor map per operand after the arrays.
+    pub gemm: Option<crate::wgmma::Gemm>,
 }
 
 impl Plan {
@@ -185,6 +188,26 @@ pub fn plan(kernel: &Verified, thread_axis: Option<&str>) -> Result<Plan, Backen
     for p in &k.params {
         check_dtype(p.ty.dtype)?;
     }
+    let parallel = || kernel.grid().iter().filter(|a| !a.seq).map(|a| if let AxisSize::Fixed(n) = a.size { n } else { 1 });
+    let ctas = parallel().fold(1u64, u64::saturating_mul);
+    if let Some(g) = crate::wgmma::recognize(kernel, thread_axis).filter(|_| ctas <= MAX_CTAS) {
+        return Ok(Plan {
+            kernel: kernel.clone(),
+            entry: format!("tessel_{}", k.name),
+            values: HashMap::new(),
+            scratch: HashMap::new(),
+            workspace_per_cta: g.shared_bytes(),
+            scratch_bytes: 0,
+            value_bytes: 0,
+            ctas,
+            warpgroups: g.warpgroups(),
+            thread_points: 1,
+            thread_axis: None,
+            in_registers: HashSet::new(),
+            shared: true,
+            gemm: Some(g),
+        });
+    }
     let registers = in_registers(kernel);
     let mut planner = Planner { values: HashMap::new(), next: 0, in_registers: registers };
     let mut scratch = HashMap::new();
@@ -236,6 +259,7 @@ pub fn plan(kernel: &Verified, thread_axis: Option<&str>) -> Result<Plan, Backen
         thread_axis,
         in_registers: planner.in_registers,
         shared: workspace_per_cta <= MAX_SHARED_BYTES,
+        gemm: None,
     })
 }
 

@@ -6,20 +6,33 @@ use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
-use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::driver::sys::{self, CUdevice_attribute, CUfunction_attribute};
+use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
 use tessel_plugin_api::abi::{BackendError, ErrorKind};
 use tessel_plugin_api::array::HostArray;
 use tessel_plugin_api::ir::{ParamKind, Type};
 
 use crate::lower::Plan;
 
-/// A device buffer: 4 bytes an element (`bool` as 0 or 1).
+/// A device buffer: 2 bytes an element for 16-bit floats, else 4 (`bool` as 0 or 1).
 pub struct DeviceBuffer {
     /// Its type.
     pub ty: Type,
-    data: CudaSlice<u32>,
+    data: CudaSlice<u8>,
 }
+
+/// Bytes of one element of `ty` in a device buffer.
+fn element_bytes(ty: &Type) -> usize {
+    if ty.dtype.bits() == 16 { 2 } else { 4 }
+}
+
+/// A `CUtensorMap` passed by value as a kernel parameter (`.param .align 64 .b8 NAME[128]`).
+#[repr(transparent)]
+struct TensorMapArg(sys::CUtensorMap);
+
+// SAFETY: a `CUtensorMap` is 128 plain bytes the driver reads as the parameter's value.
+#[allow(unsafe_code, reason = "a kernel parameter type")]
+unsafe impl DeviceRepr for TensorMapArg {}
 
 /// One GPU: context, stream, and the functions loaded so far (by PTX text).
 pub struct Gpu {
@@ -91,19 +104,30 @@ fn unavailable(why: String) -> BackendError {
 impl Gpu {
     /// A zeroed buffer.
     pub fn alloc(&self, ty: &Type) -> Result<DeviceBuffer, BackendError> {
-        let data = self.stream.alloc_zeros::<u32>(ty.numel().max(1)).map_err(|e| device_error("alloc", e))?;
+        let bytes = ty.numel().max(1) * element_bytes(ty);
+        let data = self.stream.alloc_zeros::<u8>(bytes).map_err(|e| device_error("alloc", e))?;
         Ok(DeviceBuffer { ty: ty.clone(), data })
     }
 
     /// Host to device.
     pub fn upload(&self, b: &mut DeviceBuffer, a: &HostArray) -> Result<(), BackendError> {
         let bits = a.to_bits();
-        self.stream.memcpy_htod(&bits, &mut b.data).map_err(|e| device_error("upload", e))
+        let bytes: Vec<u8> = if element_bytes(&b.ty) == 2 {
+            bits.iter().flat_map(|&x| (x as u16).to_le_bytes()).collect()
+        } else {
+            bits.iter().flat_map(|&x| x.to_le_bytes()).collect()
+        };
+        self.stream.memcpy_htod(&bytes, &mut b.data).map_err(|e| device_error("upload", e))
     }
 
     /// Device to host.
     pub fn download(&self, b: &DeviceBuffer) -> Result<HostArray, BackendError> {
-        let mut bits = self.stream.clone_dtoh(&b.data).map_err(|e| device_error("download", e))?;
+        let bytes = self.stream.clone_dtoh(&b.data).map_err(|e| device_error("download", e))?;
+        let mut bits: Vec<u32> = if element_bytes(&b.ty) == 2 {
+            bytes.chunks_exact(2).map(|c| u32::from(u16::from_le_bytes([c[0], c[1]]))).collect()
+        } else {
+            bytes.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+        };
         bits.truncate(b.ty.numel());
         Ok(HostArray::from_bits(b.ty.dtype, &b.ty.shape, bits))
     }
@@ -162,6 +186,13 @@ impl Gpu {
             }
             b.arg(&buf.data);
         }
+        let maps = match &plan.gemm {
+            Some(g) => self.tensor_maps(g, buffers)?,
+            None => Vec::new(),
+        };
+        for m in &maps {
+            b.arg(m);
+        }
         let cfg = LaunchConfig {
             grid_dim: (plan.ctas as u32, 1, 1),
             block_dim: (plan.threads(), 1, 1),
@@ -174,6 +205,59 @@ impl Gpu {
         #[allow(unsafe_code, reason = "launching a kernel")]
         unsafe { b.launch(cfg) }.map_err(|e| device_error("launch", e))?;
         self.stream.synchronize().map_err(|e| device_error("kernel run", e))
+    }
+}
+
+impl Gpu {
+    /// The tensor maps of the Hopper path's operands (`crate::wgmma`): 2-D, 16-bit floats, the
+    /// plan's boxes, 128-byte swizzle, zeros outside the array.
+    fn tensor_maps(
+        &self,
+        g: &crate::wgmma::Gemm,
+        buffers: &HashMap<String, DeviceBuffer>,
+    ) -> Result<Vec<TensorMapArg>, BackendError> {
+        use sys::{
+            CUtensorMapDataType as T, CUtensorMapFloatOOBfill as Fill, CUtensorMapInterleave as Interleave,
+            CUtensorMapL2promotion as L2, CUtensorMapSwizzle as Swizzle,
+        };
+        let dtype = if g.dtype == tessel_plugin_api::ir::DType::BF16 {
+            T::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+        } else {
+            T::CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+        };
+        g.maps
+            .iter()
+            .map(|m| {
+                let buf = &buffers[&m.array];
+                let (rows, cols) = (buf.ty.shape[0] as u64, buf.ty.shape[1] as u64);
+                let (ptr, _sync) = buf.data.device_ptr(&self.stream);
+                let dims = [cols, rows];
+                let strides = [cols * 2];
+                let element_strides = [1u32, 1];
+                let mut map = sys::CUtensorMap { opaque: [0; 16] };
+                // SAFETY: every pointer is to a live array of the rank (2) the call is given,
+                // or of rank - 1 for the strides; the global address is the buffer's.
+                #[allow(unsafe_code, reason = "encoding a tensor map")]
+                let r = unsafe {
+                    sys::cuTensorMapEncodeTiled(
+                        &mut map,
+                        dtype,
+                        2,
+                        ptr as *mut std::ffi::c_void,
+                        dims.as_ptr(),
+                        strides.as_ptr(),
+                        m.boxes.as_ptr(),
+                        element_strides.as_ptr(),
+                        Interleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+                        Swizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+                        L2::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                        Fill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+                    )
+                };
+                r.result().map_err(|e| device_error(&format!("encoding the tensor map of `{}`", m.array), e))?;
+                Ok(TensorMapArg(map))
+            })
+            .collect()
     }
 }
 

@@ -20,6 +20,11 @@
 
 use std::collections::HashMap;
 
+mod hopper;
+
+use hopper::{Async, Descriptor, Mbarrier, Pending, Wgmma};
+pub use hopper::{TensorMap, swizzle};
+
 /// One operand.
 #[derive(Clone, Debug)]
 enum Arg {
@@ -40,6 +45,10 @@ enum Arg {
     Shared,
     /// `{%a, %b, ...}`: registers of a vector operand.
     Vec(Vec<usize>),
+    /// A tensor-map parameter's address (`mov.b64 %rd, name`).
+    TensorMap(usize),
+    /// `[%rd, {%r, %r}]`: a tensor map and the coordinates of a tensor copy.
+    Tensor(usize, Vec<usize>),
 }
 
 /// How an instruction affects scheduling.
@@ -50,6 +59,10 @@ enum Kind {
     Bar,
     /// `mma.sync`: wait for the warp's 32 lanes.
     Mma(Mma),
+    /// `wgmma.mma_async`: wait for the warpgroup's 128 threads.
+    Wgmma(Wgmma),
+    /// `mbarrier.try_wait.parity`: wait until the phase of that parity has completed.
+    MbarWait,
     Ret,
 }
 
@@ -79,6 +92,8 @@ struct Instr {
 enum Space {
     Global,
     Shared,
+    /// A tensor copy from global to shared memory.
+    Tensor,
 }
 
 /// The emulated instructions, by name; `exec` matches on the index.
@@ -160,27 +175,44 @@ const OPS: &[&str] = &[
     "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32",
     "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
     "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32",
+    "ld.global.u16",
+    "st.global.u16",
+    "cvt.u64.u32",
+    "or.b64",
+    "mov.b64",
+    "cvta.param.u64",
+    "mbarrier.init.shared::cta.b64",
+    "mbarrier.arrive.expect_tx.shared::cta.b64",
+    "mbarrier.try_wait.parity.shared::cta.b64",
+    "fence.mbarrier_init.release.cluster",
+    "fence.proxy.async.shared::cta",
+    "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes",
+    "wgmma.fence.sync.aligned",
+    "wgmma.commit_group.sync.aligned",
+    "wgmma.wait_group.sync.aligned",
 ];
 
 /// A parsed kernel.
 pub struct Module {
     /// Entry name.
     pub entry: String,
-    /// Parameter names in order.
+    /// Names of the `.u64` parameters in order.
     pub params: Vec<String>,
+    /// Names of the tensor-map parameters (`.param .align 64 .b8 NAME[128]`) in order.
+    pub tensor_maps: Vec<String>,
     code: Vec<Instr>,
     registers: usize,
     /// The name of the `.extern .shared` array, if any.
     shared: Option<String>,
 }
 
-/// Splits operands at the commas outside `{...}`.
+/// Splits operands at the commas outside `{...}` and `[...]`.
 fn operands(s: &str) -> Vec<&str> {
     let (mut out, mut depth, mut start) = (Vec::new(), 0, 0);
     for (i, c) in s.char_indices() {
         match c {
-            '{' => depth += 1,
-            '}' => depth -= 1,
+            '{' | '[' => depth += 1,
+            '}' | ']' => depth -= 1,
             ',' if depth == 0 => {
                 out.push(s[start..i].trim());
                 start = i + 1;
@@ -196,6 +228,9 @@ fn parse_imm(s: &str) -> Option<u64> {
     if let Some(hex) = s.strip_prefix("0f") {
         return u32::from_str_radix(hex, 16).ok().map(u64::from);
     }
+    if let Some(hex) = s.strip_prefix("0x") {
+        return u64::from_str_radix(hex, 16).ok();
+    }
     s.parse::<i64>().ok().map(|v| v as u64)
 }
 
@@ -204,6 +239,7 @@ pub fn parse(ptx: &str) -> Result<Module, String> {
     let mut regs: HashMap<String, usize> = HashMap::new();
     let mut labels: HashMap<String, usize> = HashMap::new();
     let mut params = Vec::new();
+    let mut tensor_maps: Vec<String> = Vec::new();
     let mut entry = String::new();
     let mut shared = None;
     let mut raw: Vec<(usize, String)> = Vec::new();
@@ -221,9 +257,14 @@ pub fn parse(ptx: &str) -> Result<Module, String> {
         {
             continue;
         }
-        if let Some(rest) = line.strip_prefix(".extern .shared .align 16 .b8 ") {
-            let name = rest.trim_end_matches(';').trim_end_matches("[]");
-            shared = Some(name.to_string());
+        if let Some(rest) = line.strip_prefix(".extern .shared .align ") {
+            let name = rest.split_whitespace().last().unwrap_or_default();
+            shared = Some(name.trim_end_matches(';').trim_end_matches("[]").to_string());
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix(".param .align 64 .b8 ") {
+            let name = rest.trim_end_matches(',').strip_suffix("[128]").ok_or(format!("line {}: {line}", n + 1))?;
+            tensor_maps.push(name.to_string());
             continue;
         }
         if let Some(rest) = line.strip_prefix(".visible .entry ") {
@@ -265,7 +306,11 @@ pub fn parse(ptx: &str) -> Result<Module, String> {
             } else if a == "%ctaid.x" {
                 Arg::Ctaid
             } else if let Some(inner) = a.strip_prefix('[').and_then(|a| a.strip_suffix(']')) {
-                if inner.starts_with('%') {
+                if let Some((map, coords)) = inner.split_once(',') {
+                    let coords = coords.trim().strip_prefix('{').and_then(|c| c.strip_suffix('}'));
+                    let coords = coords.ok_or(format!("line {line}: cannot read operand `{a}` of `{op}`"))?;
+                    Arg::Tensor(reg(map.trim()), coords.split(',').map(|r| reg(r.trim())).collect())
+                } else if inner.starts_with('%') {
                     Arg::Mem(reg(inner))
                 } else {
                     Arg::Param(params.iter().position(|p| p == inner).ok_or(format!("line {line}: unknown param {inner}"))?)
@@ -274,6 +319,8 @@ pub fn parse(ptx: &str) -> Result<Module, String> {
                 Arg::Vec(inner.split(',').map(|r| reg(r.trim())).collect())
             } else if Some(a) == shared.as_deref() {
                 Arg::Shared
+            } else if let Some(i) = tensor_maps.iter().position(|t| t == a) {
+                Arg::TensorMap(i)
             } else if a.starts_with('%') {
                 Arg::Reg(reg(a))
             } else if let Some(v) = parse_imm(a) {
@@ -284,12 +331,24 @@ pub fn parse(ptx: &str) -> Result<Module, String> {
                 return Err(format!("line {line}: cannot read operand `{a}` of `{op}`"));
             });
         }
-        if !OPS.contains(&op) && !op.starts_with("setp.") {
+        let wgmma = Wgmma::parse(op);
+        if !OPS.contains(&op) && !op.starts_with("setp.") && wgmma.is_none() {
             return Err(format!("line {line}: `{op}` is not in the emulated subset"));
+        }
+        if let Some(w) = wgmma {
+            let ok = matches!(&args[..], [Arg::Vec(d), Arg::Reg(_), Arg::Reg(_), Arg::Reg(_), Arg::Imm(_), Arg::Imm(_), Arg::Imm(_), Arg::Imm(_)] if d.len() == w.n as usize / 2);
+            if !ok {
+                return Err(format!(
+                    "line {line}: `{op}` takes {{{} registers}}, two descriptors, scale-d and four immediates",
+                    w.n / 2
+                ));
+            }
         }
         let kind = match op {
             "bar.sync" => Kind::Bar,
             "ret" => Kind::Ret,
+            "mbarrier.try_wait.parity.shared::cta.b64" => Kind::MbarWait,
+            _ if wgmma.is_some() => Kind::Wgmma(wgmma.expect("parsed")),
             "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" => Kind::Mma(Mma::Tf32),
             "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" => Kind::Mma(Mma::F16),
             "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" => Kind::Mma(Mma::Bf16),
@@ -303,6 +362,7 @@ pub fn parse(ptx: &str) -> Result<Module, String> {
             }
         }
         let space = match op.split('.').take(2).collect::<Vec<_>>()[..] {
+            ["cp", "async"] => Some(Space::Tensor),
             ["ld" | "st", "global"] => Some(Space::Global),
             ["ld" | "st", "shared"] => Some(Space::Shared),
             _ => None,
@@ -310,7 +370,7 @@ pub fn parse(ptx: &str) -> Result<Module, String> {
         code.push(Instr { pred, op: op.to_string(), kind, space, args, line });
     }
     let registers = regs.len();
-    Ok(Module { entry, params, code, registers, shared })
+    Ok(Module { entry, params, tensor_maps, code, registers, shared })
 }
 
 /// The bytes of one state space: global memory (one growing array, addresses from 4096) or a
@@ -357,27 +417,48 @@ impl Memory {
         (0..n).map(|i| self.load(addr + 4 * i as u64).expect("in bounds")).collect()
     }
 
-    fn index(&self, addr: u64) -> Result<usize, String> {
+    /// Writes 16-bit halves at `addr`.
+    pub fn write_halves(&mut self, addr: u64, halves: &[u16]) {
+        for (i, h) in halves.iter().enumerate() {
+            self.store_n(addr + 2 * i as u64, 2, u32::from(*h)).expect("in bounds");
+        }
+    }
+
+    /// Reads `n` 16-bit halves at `addr`.
+    pub fn read_halves(&self, addr: u64, n: usize) -> Vec<u16> {
+        (0..n).map(|i| self.load_n(addr + 2 * i as u64, 2).expect("in bounds") as u16).collect()
+    }
+
+    fn index(&self, addr: u64, size: usize) -> Result<usize, String> {
         let space = self.space;
         let i = addr.checked_sub(self.base).ok_or(format!("{space} access below its memory at {addr:#x}"))?;
         let i = usize::try_from(i).map_err(|_| format!("{space} access at {addr:#x}"))?;
-        if i + 4 > self.bytes.len() {
+        if i + size > self.bytes.len() {
             return Err(format!("{space} access at {addr:#x}, past the {} bytes of {space} memory", self.bytes.len()));
         }
-        if !i.is_multiple_of(4) {
+        if !i.is_multiple_of(size) {
             return Err(format!("misaligned {space} access at {addr:#x}"));
         }
         Ok(i)
     }
 
     fn load(&self, addr: u64) -> Result<u32, String> {
-        let i = self.index(addr)?;
-        Ok(u32::from_le_bytes(self.bytes[i..i + 4].try_into().expect("4 bytes")))
+        self.load_n(addr, 4)
     }
 
     fn store(&mut self, addr: u64, v: u32) -> Result<(), String> {
-        let i = self.index(addr)?;
-        self.bytes[i..i + 4].copy_from_slice(&v.to_le_bytes());
+        self.store_n(addr, 4, v)
+    }
+
+    /// `size` (1, 2 or 4) little-endian bytes at `addr`.
+    fn load_n(&self, addr: u64, size: usize) -> Result<u32, String> {
+        let i = self.index(addr, size)?;
+        Ok(self.bytes[i..i + size].iter().rev().fold(0, |acc, b| (acc << 8) | u32::from(*b)))
+    }
+
+    fn store_n(&mut self, addr: u64, size: usize, v: u32) -> Result<(), String> {
+        let i = self.index(addr, size)?;
+        self.bytes[i..i + size].copy_from_slice(&v.to_le_bytes()[..size]);
         Ok(())
     }
 }
@@ -391,6 +472,10 @@ enum Wait {
     Bar { id: u64, count: u64 },
     /// At the `mma.sync` at this pc, for the warp.
     Mma(usize),
+    /// At the `wgmma.mma_async` at this pc, for the warpgroup.
+    Wgmma(usize),
+    /// At an `mbarrier.try_wait.parity` on the barrier at this address for the phase of this parity.
+    Mbar { addr: u64, parity: u32 },
     /// Ended.
     Done,
 }
@@ -399,6 +484,8 @@ struct Thread {
     regs: Vec<u64>,
     pc: usize,
     wait: Wait,
+    /// `wgmma` results not yet retired.
+    pending: Pending,
 }
 
 fn f(v: u64) -> f32 {
@@ -423,6 +510,22 @@ pub struct Counts {
     pub barriers: u64,
     /// Warp-wide `mma.sync`s.
     pub mma: u64,
+    /// Warpgroup-wide `wgmma.mma_async`s.
+    pub wgmma: u64,
+    /// Bytes brought into shared memory by tensor copies (`cp.async.bulk.tensor`).
+    pub tensor_bytes: u64,
+}
+
+impl std::ops::AddAssign for Counts {
+    fn add_assign(&mut self, c: Counts) {
+        self.instructions += c.instructions;
+        self.global += c.global;
+        self.shared += c.shared;
+        self.barriers += c.barriers;
+        self.mma += c.mma;
+        self.wgmma += c.wgmma;
+        self.tensor_bytes += c.tensor_bytes;
+    }
 }
 
 /// The state one CTA's threads share.
@@ -430,8 +533,37 @@ struct Cta<'m> {
     mem: &'m mut Memory,
     shared: Memory,
     params: &'m [u64],
+    tensor_maps: &'m [TensorMap],
     id: u32,
     counts: Counts,
+    /// Its mbarriers and tensor copies in flight.
+    asynchronous: Async,
+}
+
+/// A tensor-map parameter's address as the emulator hands it out: a tag and the parameter's index.
+const TENSOR_MAP_TAG: u64 = 0x7E45_0000_0000_0000;
+
+impl Cta<'_> {
+    /// Lands the tensor copies in flight on the mbarrier at `addr` (a thread waits on it), then
+    /// whether the phase of `parity` has completed.
+    fn phase_done(&mut self, addr: u64, parity: u32) -> Result<bool, String> {
+        let (mine, rest): (Vec<_>, Vec<_>) =
+            std::mem::take(&mut self.asynchronous.copies).into_iter().partition(|c| c.bar == addr);
+        self.asynchronous.copies = rest;
+        let bar = self
+            .asynchronous
+            .barriers
+            .get_mut(&addr)
+            .ok_or(format!("wait on shared address {addr:#x}, which holds no mbarrier"))?;
+        for copy in mine {
+            for (at, v) in &copy.writes {
+                self.shared.store_n(*at, 1, u32::from(*v))?;
+            }
+            bar.tx -= copy.writes.len() as i64;
+            bar.settle();
+        }
+        Ok(bar.phase % 2 != parity % 2)
+    }
 }
 
 impl Module {
@@ -453,11 +585,31 @@ impl Module {
             match ins.space {
                 Some(Space::Global) => cta.counts.global += 1,
                 Some(Space::Shared) => cta.counts.shared += 1,
-                None => {}
+                Some(Space::Tensor) | None => {}
             }
             match ins.kind {
                 Kind::Ret => th.wait = Wait::Done,
                 Kind::Mma(_) => th.wait = Wait::Mma(th.pc),
+                Kind::Wgmma(_) => th.wait = Wait::Wgmma(th.pc),
+                Kind::MbarWait => {
+                    let (Some(Arg::Reg(p)), Some(Arg::Mem(a)), Some(parity)) =
+                        (ins.args.first(), ins.args.get(1), ins.args.get(2))
+                    else {
+                        return Err(format!("line {}: mbarrier.try_wait.parity takes a predicate, [address], parity", ins.line));
+                    };
+                    let parity = match parity {
+                        Arg::Imm(v) => *v as u32,
+                        Arg::Reg(r) => th.regs[*r] as u32,
+                        _ => return Err(format!("line {}: the parity is a register or an immediate", ins.line)),
+                    };
+                    let addr = th.regs[*a] & 0xFFFF_FFFF;
+                    if cta.phase_done(addr, parity).map_err(|e| format!("line {}: {e}", ins.line))? {
+                        th.regs[*p] = 1;
+                        th.pc += 1;
+                    } else {
+                        th.wait = Wait::Mbar { addr, parity };
+                    }
+                }
                 Kind::Bar => {
                     th.pc += 1;
                     let val = |a: Option<&Arg>| match a {
@@ -479,8 +631,9 @@ impl Module {
     }
 
     fn run_cta(&self, cta: &mut Cta<'_>, block: u32, reverse: bool) -> Result<(), String> {
-        let mut threads: Vec<Thread> =
-            (0..block).map(|_| Thread { regs: vec![0; self.registers], pc: 0, wait: Wait::No }).collect();
+        let mut threads: Vec<Thread> = (0..block)
+            .map(|_| Thread { regs: vec![0; self.registers], pc: 0, wait: Wait::No, pending: Pending::default() })
+            .collect();
         let order: Vec<u32> = if reverse { (0..block).rev().collect() } else { (0..block).collect() };
         let mut steps: u64 = 0;
         loop {
@@ -503,6 +656,31 @@ impl Module {
                         t.pc += 1;
                         t.wait = Wait::No;
                     }
+                    moved = true;
+                }
+            }
+            // Warpgroups whose 128 threads all wait at the same `wgmma.mma_async`.
+            for group in threads.chunks_mut(128) {
+                let Wait::Wgmma(pc) = group[0].wait else { continue };
+                if group.len() == 128 && group.iter().all(|t| t.wait == Wait::Wgmma(pc)) {
+                    let ins = &self.code[pc];
+                    wgmma(ins, group, &cta.shared).map_err(|e| format!("line {} `{}`: {e}", ins.line, ins.op))?;
+                    cta.counts.wgmma += 1;
+                    for t in group.iter_mut() {
+                        t.pc += 1;
+                        t.wait = Wait::No;
+                    }
+                    moved = true;
+                }
+            }
+            // Threads waiting on an mbarrier whose phase has completed.
+            for th in threads.iter_mut() {
+                let Wait::Mbar { addr, parity } = th.wait else { continue };
+                if cta.phase_done(addr, parity)? {
+                    let Some(Arg::Reg(p)) = self.code[th.pc].args.first() else { unreachable!("parse checks") };
+                    th.regs[*p] = 1;
+                    th.pc += 1;
+                    th.wait = Wait::No;
                     moved = true;
                 }
             }
@@ -566,22 +744,46 @@ impl Module {
         shared: usize,
         reverse: bool,
     ) -> Result<Counts, String> {
+        self.launch_with_maps(mem, params, &[], grid, block, shared, reverse)
+    }
+
+    /// [`Module::launch`] with the tensor maps of the entry's tensor-map parameters, in order.
+    #[allow(clippy::too_many_arguments, reason = "a launch's configuration")]
+    pub fn launch_with_maps(
+        &self,
+        mem: &mut Memory,
+        params: &[u64],
+        tensor_maps: &[TensorMap],
+        grid: u32,
+        block: u32,
+        shared: usize,
+        reverse: bool,
+    ) -> Result<Counts, String> {
         if params.len() != self.params.len() {
             return Err(format!("{} takes {} parameters, got {}", self.entry, self.params.len(), params.len()));
+        }
+        if tensor_maps.len() != self.tensor_maps.len() {
+            return Err(format!("{} takes {} tensor maps, got {}", self.entry, self.tensor_maps.len(), tensor_maps.len()));
         }
         if self.shared.is_some() && shared == 0 {
             return Err(format!("{} uses dynamic shared memory, but the launch gives it none", self.entry));
         }
         let mut counts = Counts::default();
         for id in 0..grid {
-            let mut cta = Cta { mem, shared: Memory::shared(shared), params, id, counts: Counts::default() };
+            let mut cta = Cta {
+                mem,
+                shared: Memory::shared(shared),
+                params,
+                tensor_maps,
+                id,
+                counts: Counts::default(),
+                asynchronous: Async::default(),
+            };
             self.run_cta(&mut cta, block, reverse)?;
-            let c = cta.counts;
-            counts.instructions += c.instructions;
-            counts.global += c.global;
-            counts.shared += c.shared;
-            counts.barriers += c.barriers;
-            counts.mma += c.mma;
+            if !cta.asynchronous.copies.is_empty() {
+                return Err(format!("CTA {id} ended with {} tensor copies nobody waited for", cta.asynchronous.copies.len()));
+            }
+            counts += cta.counts;
         }
         Ok(counts)
     }
@@ -655,6 +857,42 @@ fn mma(kind: Mma, args: &[Arg], warp: &mut [Thread]) {
     }
 }
 
+/// One warpgroup's `wgmma.mma_async`: descriptors, scale-d and immediates are the same in every
+/// thread (the instruction is `.aligned`). The accumulator it reads is what the registers will
+/// hold once the `wgmma`s before it retire; what it writes waits in each thread's [`Pending`].
+fn wgmma(ins: &Instr, group: &mut [Thread], shared: &Memory) -> Result<(), String> {
+    let Kind::Wgmma(w) = ins.kind else { unreachable!("waits at a wgmma") };
+    let [Arg::Vec(d), Arg::Reg(da), Arg::Reg(db), Arg::Reg(scale), Arg::Imm(sa), Arg::Imm(sb), Arg::Imm(ta), Arg::Imm(tb)] =
+        &ins.args[..]
+    else {
+        unreachable!("parse checks the operands")
+    };
+    let uniform = |r: usize| {
+        let v = group[0].regs[r];
+        if group.iter().all(|t| t.regs[r] == v) {
+            Ok(v)
+        } else {
+            Err("the warpgroup's threads give different operands".to_string())
+        }
+    };
+    let (a, b) = (Descriptor::decode(uniform(*da)?)?, Descriptor::decode(uniform(*db)?)?);
+    let accumulate = uniform(*scale)? != 0;
+    let negate = |v: u64| match v as i64 {
+        1 => Ok(false),
+        -1 => Ok(true),
+        _ => Err(format!("scale {} is not 1 or -1", v as i64)),
+    };
+    let mut acc: Vec<Vec<u64>> =
+        group.iter().map(|t| d.iter().map(|&r| t.pending.latest(r).unwrap_or(t.regs[r])).collect()).collect();
+    w.run(a, b, (negate(*sa)?, negate(*sb)?), (*ta != 0, *tb != 0), accumulate, &mut acc, |at| {
+        shared.load_n(at, 2).map(|v| v as u16)
+    })?;
+    for (t, values) in group.iter_mut().zip(acc) {
+        t.pending.open.extend(d.iter().copied().zip(values));
+    }
+    Ok(())
+}
+
 fn exec(ins: &Instr, th: &mut Thread, cta: &mut Cta<'_>, tid: u32) -> Result<(), String> {
     let (params, id) = (cta.params, cta.id);
     let val = |a: &Arg, th: &Thread| -> u64 {
@@ -670,6 +908,8 @@ fn exec(ins: &Instr, th: &mut Thread, cta: &mut Cta<'_>, tid: u32) -> Result<(),
             Arg::Shared => 0,
             // `{lo, hi}`: 16-bit halves packed into 32 bits, the first in the low half.
             Arg::Vec(v) => v.iter().rev().fold(0, |acc, r| (acc << 16) | (th.regs[*r] & 0xFFFF)),
+            Arg::TensorMap(i) => TENSOR_MAP_TAG | *i as u64,
+            Arg::Tensor(r, _) => th.regs[*r],
         }
     };
     let a = &ins.args;
@@ -694,6 +934,57 @@ fn exec(ins: &Instr, th: &mut Thread, cta: &mut Cta<'_>, tid: u32) -> Result<(),
             return Ok(());
         }
         "ld.global.b32" => u64::from(cta.mem.load(x(1, th))?),
+        "ld.global.u16" => u64::from(cta.mem.load_n(x(1, th), 2)?),
+        "st.global.u16" => {
+            cta.mem.store_n(x(0, th), 2, u(x(1, th)) & 0xFFFF)?;
+            return Ok(());
+        }
+        "cvt.u64.u32" => x(1, th) & 0xFFFF_FFFF,
+        "or.b64" => x(1, th) | x(2, th),
+        "mov.b64" | "cvta.param.u64" => x(1, th),
+        "fence.mbarrier_init.release.cluster" | "fence.proxy.async.shared::cta" | "wgmma.fence.sync.aligned" => return Ok(()),
+        "mbarrier.init.shared::cta.b64" => {
+            let n = u(x(1, th));
+            let bar = Mbarrier { expected: n, pending: n, tx: 0, phase: 0 };
+            cta.asynchronous.barriers.insert(x(0, th) & 0xFFFF_FFFF, bar);
+            return Ok(());
+        }
+        "mbarrier.arrive.expect_tx.shared::cta.b64" => {
+            let addr = x(1, th) & 0xFFFF_FFFF;
+            let bar = cta.asynchronous.barriers.get_mut(&addr).ok_or(format!("arrive on {addr:#x}, which holds no mbarrier"))?;
+            bar.tx += i64::from(u(x(2, th)));
+            bar.pending = bar.pending.checked_sub(1).ok_or("more arrivals than the mbarrier expects")?;
+            bar.settle();
+            // The state operand: the phase arrived on.
+            u64::from(bar.phase)
+        }
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes" => {
+            let (Arg::Tensor(map, coords), Arg::Mem(bar)) = (&a[1], &a[2]) else {
+                return Err("takes [dst], [tensor map, {x, y}], [mbarrier]".into());
+            };
+            let handle = th.regs[*map];
+            let map = (handle & !0xFFFF == TENSOR_MAP_TAG)
+                .then(|| cta.tensor_maps.get((handle & 0xFFFF) as usize))
+                .flatten()
+                .ok_or(format!("{handle:#x} is not the address of a tensor-map parameter"))?;
+            let c = [s(th.regs[coords[0]]).into(), s(th.regs[coords[1]]).into()];
+            let dst = x(0, th) & 0xFFFF_FFFF;
+            let mem = &*cta.mem;
+            let writes = hopper::box_writes(map, dst, c, |at| mem.load_n(at, 1).map(|b| b as u8))?;
+            cta.counts.tensor_bytes += writes.len() as u64;
+            cta.asynchronous.copies.push(hopper::Copy { bar: th.regs[*bar] & 0xFFFF_FFFF, writes });
+            return Ok(());
+        }
+        "wgmma.commit_group.sync.aligned" => {
+            th.pending.commit();
+            return Ok(());
+        }
+        "wgmma.wait_group.sync.aligned" => {
+            for (r, v) in th.pending.wait(x(0, th) as usize) {
+                th.regs[r] = v;
+            }
+            return Ok(());
+        }
         "st.global.b32" => {
             cta.mem.store(x(0, th), u(x(1, th)))?;
             return Ok(());
@@ -897,7 +1188,7 @@ mod tests {
                 for (i, (r, c)) in [(g, 2 * t), (g, 2 * t + 1), (g + 8, 2 * t), (g + 8, 2 * t + 1)].into_iter().enumerate() {
                     regs[rc[i]] = b(cm(r, c));
                 }
-                Thread { regs, pc: 0, wait: Wait::No }
+                Thread { regs, pc: 0, wait: Wait::No, pending: Pending::default() }
             })
             .collect();
         let args = [Arg::Vec(d.to_vec()), Arg::Vec(ra.to_vec()), Arg::Vec(rb.to_vec()), Arg::Vec(rc.to_vec())];

@@ -1,0 +1,233 @@
+//! The PTX of the Hopper path (`crate::wgmma` says which kernels take it and the model): tensor
+//! copies into swizzled shared-memory stages, an mbarrier per stage, `wgmma.mma_async` from
+//! shared-memory descriptors into `f32` registers, and the epilogue from registers.
+
+use super::*;
+use crate::wgmma::{Gemm, Init, ROW, SWIZZLE, WG_ROWS};
+
+/// Bytes from one 8-row group of a swizzle atom to the next: 8 rows of 128 bytes.
+const ATOM: u64 = 8 * SWIZZLE as u64;
+
+/// The constant bits of a shared-memory matrix descriptor (PTX ISA "Matrix Descriptor Format"):
+/// leading and stride byte offsets (>> 4, bits 16 and 32) and the 128-byte swizzle mode (1 in
+/// bits 62-63). The start address (>> 4, bits 0-13) is added per use.
+fn descriptor_bits(lbo: u64, sbo: u64) -> u64 {
+    ((lbo >> 4) << 16) | ((sbo >> 4) << 32) | (1 << 62)
+}
+
+impl Writer<'_> {
+    pub(super) fn write_gemm(&mut self, g: &Gemm) {
+        let plan = self.plan;
+        let entry = plan.entry.clone();
+        let tid_x = self.r();
+        self.ins(format!("mov.u32 {tid_x}, %tid.x"));
+        self.tid = self.r();
+        self.warpgroup = self.r();
+        let (lane, wg) = (self.tid.clone(), self.warpgroup.clone());
+        self.ins(format!("rem.u32 {lane}, {tid_x}, {THREADS}"));
+        self.ins(format!("div.u32 {wg}, {tid_x}, {THREADS}"));
+        let cta = self.r();
+        self.ins(format!("mov.u32 {cta}, %ctaid.x"));
+        let out = self.rd();
+        self.ins(format!("ld.param.u64 {out}, [{entry}_{}]", g.c));
+        self.ins(format!("cvta.to.global.u64 {out}, {out}"));
+        let maps: Vec<String> = (g.maps.iter())
+            .map(|m| {
+                let r = self.rd();
+                self.ins(format!("mov.b64 {r}, {entry}_{}_map", m.array));
+                self.ins(format!("cvta.param.u64 {r}, {r}"));
+                r
+            })
+            .collect();
+        let grid = plan.kernel.grid().to_vec();
+        let par: Vec<usize> = (0..grid.len()).filter(|&a| !grid[a].seq).collect();
+        let seq: Vec<usize> = (0..grid.len()).filter(|&a| grid[a].seq).collect();
+        self.coords = grid.iter().map(|_| String::new()).collect();
+        self.decode(&cta, &par);
+        for &a in &seq {
+            self.coords[a] = self.imm(0);
+        }
+        // The output block is the same at every step: its origin once.
+        self.write_origins();
+        let origin = self.origins.iter().find(|(n, _)| n == &g.c).map(|(_, o)| o.clone()).expect("origins computed");
+        self.comment(&format!("{} stages of {} bytes, then an mbarrier per stage", g.stages, g.stage_bytes()));
+        let smem = self.r();
+        self.ins(format!("mov.u32 {smem}, {SHARED}"));
+        let bars = self.r();
+        self.ins(format!("add.u32 {bars}, {smem}, {}", g.stages * g.stage_bytes()));
+        let leader = self.p();
+        self.ins(format!("setp.eq.u32 {leader}, {tid_x}, 0"));
+        let skip = self.label("init");
+        self.ins(format!("@!{leader} bra {skip}"));
+        for s in 0..g.stages {
+            let bar = self.r();
+            self.ins(format!("add.u32 {bar}, {bars}, {}", 8 * s));
+            self.ins(format!("mbarrier.init.shared::cta.b64 [{bar}], 1"));
+        }
+        self.ins("fence.mbarrier_init.release.cluster");
+        self.ins("fence.proxy.async.shared::cta");
+        self.place_label(&skip);
+        self.ins("bar.sync 0");
+        self.comment(&format!("thread 0 starts the copies of steps 0..{}", g.stages));
+        let skip = self.label("prologue");
+        self.ins(format!("@!{leader} bra {skip}"));
+        for s in 0..g.stages {
+            let (stage, step) = (self.imm(s as u32), self.imm(s as u32));
+            self.issue(g, &maps, &seq, (&stage, &step), (&smem, &bars));
+        }
+        self.place_label(&skip);
+        // The accumulator: register i of a thread is the element `Wgmma` fragment i says.
+        let acc: Vec<String> = (1..=g.bn / 2).map(|i| format!("%f{i}")).collect();
+        for f in &acc {
+            self.ins(format!("mov.b32 {f}, 0f00000000"));
+        }
+        if g.init == Init::Output {
+            self.comment("the accumulator starts from the output block");
+            self.fragment(g, &out, &origin, |w, ok, addr, f| w.ins(format!("@{ok} ld.global.b32 {f}, [{addr}]")));
+        }
+        let (step, top) = (self.r(), self.label("step"));
+        self.ins(format!("mov.u32 {step}, 0"));
+        self.place_label(&top);
+        let (stage, parity) = (self.r(), self.r());
+        self.ins(format!("rem.u32 {stage}, {step}, {}", g.stages));
+        self.ins(format!("div.u32 {parity}, {step}, {}", g.stages));
+        self.ins(format!("and.b32 {parity}, {parity}, 1"));
+        let (bar, base) = (self.r(), self.r());
+        self.ins(format!("mad.lo.u32 {bar}, {stage}, 8, {bars}"));
+        self.ins(format!("mad.lo.u32 {base}, {stage}, {}, {smem}", g.stage_bytes()));
+        self.comment("wait for this step's operands");
+        let (wait, ready) = (self.label("wait"), self.p());
+        self.place_label(&wait);
+        self.ins(format!("mbarrier.try_wait.parity.shared::cta.b64 {ready}, [{bar}], {parity}"));
+        self.ins(format!("@!{ready} bra {wait}"));
+        self.write_wgmmas(g, &base, &acc);
+        self.comment("this step's wgmmas stay in flight; the previous step's are done, so once every");
+        self.comment("warpgroup is past them thread 0 refills their stage with the step `stages` later");
+        self.ins("wgmma.wait_group.sync.aligned 1");
+        self.ins("bar.sync 0");
+        let (next, more, started) = (self.r(), self.p(), self.p());
+        self.ins(format!("add.u32 {next}, {step}, {}", g.stages - 1));
+        self.ins(format!("setp.lt.u32 {more}, {next}, {}", g.steps));
+        self.ins(format!("setp.ne.u32 {started}, {step}, 0"));
+        self.ins(format!("and.pred {more}, {more}, {started}"));
+        self.ins(format!("and.pred {more}, {more}, {leader}"));
+        let skip = self.label("refill");
+        self.ins(format!("@!{more} bra {skip}"));
+        let previous = self.r();
+        self.ins(format!("rem.u32 {previous}, {next}, {}", g.stages));
+        self.issue(g, &maps, &seq, (&previous, &next), (&smem, &bars));
+        self.place_label(&skip);
+        self.ins(format!("add.u32 {step}, {step}, 1"));
+        let again = self.p();
+        self.ins(format!("setp.lt.u32 {again}, {step}, {}", g.steps));
+        self.ins(format!("@{again} bra.uni {top}"));
+        self.ins("wgmma.wait_group.sync.aligned 0");
+        self.comment("the epilogue: the accumulator to the output, from registers");
+        self.fragment(g, &out, &origin, |w, ok, addr, f| w.ins(format!("@{ok} st.global.b32 [{addr}], {f}")));
+    }
+
+    /// Thread 0's copies of step `step`'s operand blocks into stage `stage`, announced to the
+    /// stage's mbarrier as the bytes it will receive.
+    fn issue(&mut self, g: &Gemm, maps: &[String], seq: &[usize], (stage, step): (&str, &str), (smem, bars): (&str, &str)) {
+        self.decode(step, seq);
+        self.write_origins();
+        let (bar, base) = (self.r(), self.r());
+        self.ins(format!("mad.lo.u32 {bar}, {stage}, 8, {bars}"));
+        self.ins(format!("mad.lo.u32 {base}, {stage}, {}, {smem}", g.stage_bytes()));
+        let state = self.rd();
+        self.ins(format!("mbarrier.arrive.expect_tx.shared::cta.b64 {state}, [{bar}], {}", g.stage_bytes()));
+        let k = self.plan.kernel.kernel();
+        let (na, nb) = g.boxes();
+        for (map, (array, boxes, offset)) in maps.iter().zip([(&g.a, na, 0), (&g.b, nb, g.a_bytes())]) {
+            let rows = k.param(array).expect("verified argument").block_shape()[0] as u64;
+            let origin = self.origins.iter().find(|(n, _)| n == array).map(|(_, o)| o.clone()).expect("origins computed");
+            for j in 0..boxes as u64 {
+                let (dst, x) = (self.r(), self.r());
+                self.ins(format!("add.u32 {dst}, {base}, {}", offset + j * rows * SWIZZLE as u64));
+                self.ins(format!("add.s32 {x}, {}, {}", origin[1], j * ROW as u64));
+                self.ins(format!(
+                    "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [{dst}], [{map}, {{{x}, {}}}], [{bar}]",
+                    origin[0]
+                ));
+            }
+        }
+    }
+
+    /// One step's `wgmma`s: the warpgroup's 64 rows of `a` times the stage's `b`, 16 of the
+    /// contraction each, committed as one group.
+    fn write_wgmmas(&mut self, g: &Gemm, base: &str, acc: &[String]) {
+        let (abase, bbase) = (self.r(), self.r());
+        let wg = self.warpgroup.clone();
+        // A warpgroup's rows start 64 rows (8 atoms) into every box of `a`.
+        self.ins(format!("mad.lo.u32 {abase}, {wg}, {}, {base}", WG_ROWS as u64 / 8 * ATOM));
+        self.ins(format!("add.u32 {bbase}, {base}, {}", g.a_bytes()));
+        let one = self.p();
+        self.ins(format!("setp.eq.u32 {one}, {wg}, {wg}"));
+        self.ins("wgmma.fence.sync.aligned");
+        let ty = half_ty(g.dtype);
+        let (bm, bn, bk) = (g.bm as u64, g.bn as u64, g.bk as u64);
+        for kk in (0..bk).step_by(16) {
+            // K-major `a`: box kk / 64 of `bm` rows, kk % 64 elements into each 128-byte row.
+            let a = self.descriptor(&abase, (kk / ROW as u64) * bm * SWIZZLE as u64 + (kk % ROW as u64) * 2, 16, ATOM);
+            let b = if g.b_k_major {
+                self.descriptor(&bbase, (kk / ROW as u64) * bn * SWIZZLE as u64 + (kk % ROW as u64) * 2, 16, ATOM)
+            } else {
+                // N-major `b`: K rows of 128 bytes; the boxes of 64 columns `bk` rows apart.
+                self.descriptor(&bbase, kk * SWIZZLE as u64, bk * SWIZZLE as u64, ATOM)
+            };
+            let trans_b = u8::from(!g.b_k_major);
+            self.ins(format!(
+                "wgmma.mma_async.sync.aligned.m64n{bn}k16.f32.{ty}.{ty} {{{}}}, {a}, {b}, {one}, 1, 1, 0, {trans_b}",
+                acc.join(", ")
+            ));
+        }
+        self.ins("wgmma.commit_group.sync.aligned");
+    }
+
+    /// A descriptor of the matrix at shared address `base + offset`.
+    fn descriptor(&mut self, base: &str, offset: u64, lbo: u64, sbo: u64) -> String {
+        let (addr, d) = (self.r(), self.rd());
+        self.ins(format!("add.u32 {addr}, {base}, {offset}"));
+        self.ins(format!("shr.u32 {addr}, {addr}, 4"));
+        self.ins(format!("cvt.u64.u32 {d}, {addr}"));
+        self.ins(format!("or.b64 {d}, {d}, {:#018x}", descriptor_bits(lbo, sbo)));
+        d
+    }
+
+    /// `f(ok, address, register)` for each accumulator register of the thread: its element of the
+    /// output block (warp `w` of the warpgroup: rows 16w + lane/4, +8; columns 2 (lane % 4) + 8j,
+    /// +1), `ok` where it lies inside the array.
+    fn fragment(&mut self, g: &Gemm, out: &str, origin: &[String], f: impl Fn(&mut Self, &str, &str, &str)) {
+        let k = self.plan.kernel.kernel();
+        let dims = k.param(&g.c).expect("verified argument").ty.shape.clone();
+        let (lane, wg) = (self.tid.clone(), self.warpgroup.clone());
+        let (row, col, t) = (self.r(), self.r(), self.r());
+        self.ins(format!("mad.lo.u32 {row}, {wg}, {WG_ROWS}, {}", origin[0]));
+        self.ins(format!("div.u32 {t}, {lane}, 32"));
+        self.ins(format!("mad.lo.u32 {row}, {t}, 16, {row}"));
+        self.ins(format!("rem.u32 {t}, {lane}, 32"));
+        self.ins(format!("div.u32 {t}, {t}, 4"));
+        self.ins(format!("add.u32 {row}, {row}, {t}"));
+        self.ins(format!("rem.u32 {t}, {lane}, 4"));
+        self.ins(format!("mad.lo.u32 {col}, {t}, 2, {}", origin[1]));
+        let mut rows = Vec::new();
+        for half in 0..2 {
+            let (r, inside, at) = (self.r(), self.p(), self.rd());
+            self.ins(format!("add.u32 {r}, {row}, {}", 8 * half));
+            self.ins(format!("setp.lt.u32 {inside}, {r}, {}", dims[0]));
+            self.ins(format!("mul.wide.u32 {at}, {r}, {}", dims[1] * 4));
+            self.ins(format!("add.u64 {at}, {out}, {at}"));
+            rows.push((inside, at));
+        }
+        for i in 0..g.bn / 2 {
+            let (inside, at) = rows[(i / 2) % 2].clone();
+            let (c, ok, wide, addr) = (self.r(), self.p(), self.rd(), self.rd());
+            self.ins(format!("add.u32 {c}, {col}, {}", 8 * (i / 4) + i % 2));
+            self.ins(format!("setp.lt.u32 {ok}, {c}, {}", dims[1]));
+            self.ins(format!("and.pred {ok}, {ok}, {inside}"));
+            self.ins(format!("mul.wide.u32 {wide}, {c}, 4"));
+            self.ins(format!("add.u64 {addr}, {at}, {wide}"));
+            f(self, &ok, &addr, &format!("%f{}", i + 1));
+        }
+    }
+}

@@ -1,0 +1,278 @@
+//! The Hopper path for `dot` of 16-bit float blocks: which kernels take it and how (emit/wgmma.rs
+//! writes it).
+//!
+//! A kernel takes it when its body is a matrix product accumulated over the `seq` steps, the way
+//! Pallas's Mosaic GPU matmuls are written: `load a; load b; dot` of `f16`/`bf16` blocks into an
+//! `f32` output block that is the same at every step (`load c; add; store c`, optionally zeroed
+//! by `when program_id(k) == 0`), or, without `seq` steps, `store c, dot`. Nothing else may be in
+//! the body; any other kernel takes the general path (`lower.rs`), which runs every kernel.
+//!
+//! On this path a CTA of one to four warpgroups owns a `BM x BN` output block, each warpgroup 64
+//! rows of it in `f32` registers (the `wgmma` accumulator layout), across the `seq` steps. One
+//! thread brings the operand blocks of each step into shared memory with tensor copies (TMA,
+//! 128-byte swizzle, boxes of 64 elements along the contiguous dimension) tracked by an mbarrier
+//! per stage; `stages` steps are in flight, so the copies for the next steps overlap this step's
+//! `wgmma.mma_async` (m64nBNk16, both operands from shared memory through descriptors). After the
+//! last step the accumulator goes to the output from registers, bounds-checked like any store.
+//! Copies past the array edges read zeros (the tensor map's fill), as `load` does.
+
+use tessel_plugin_api::ir::*;
+
+use crate::lower::{MAX_SHARED_BYTES, THREADS};
+
+/// Elements of a 16-bit float in one 128-byte swizzle row: the box width along the contiguous
+/// dimension, and the granule of `BK` (and of `BN` when `b` is `[K, N]`).
+pub const ROW: usize = 64;
+/// The swizzle span of every tensor map and descriptor, in bytes.
+pub const SWIZZLE: u32 = 128;
+/// The most steps in flight.
+pub const MAX_STAGES: u64 = 4;
+/// The most `f32` accumulator elements of one CTA: 128 registers a thread over two warpgroups
+/// (the 128x256 tile of Hopper GEMMs) or 64 over four.
+pub const MAX_ACCUMULATOR: usize = 128 * 256;
+/// Rows of the output one warpgroup's `wgmma` covers.
+pub const WG_ROWS: usize = 64;
+
+/// A tensor map the runtime encodes for one operand: a 2-D array of 16-bit floats, boxes of
+/// `boxes[0]` contiguous elements by `boxes[1]` rows, 128-byte swizzle, zero fill.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TensorMapSpec {
+    /// The operand (an `in` argument).
+    pub array: String,
+    /// Box size, the contiguous dimension first.
+    pub boxes: [u32; 2],
+}
+
+/// How the accumulator starts.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Init {
+    /// At zero: the kernel zeroes the output block at the first step, or stores the product.
+    Zero,
+    /// From the output block: the kernel adds into what the output holds.
+    Output,
+}
+
+/// A kernel on the Hopper path.
+#[derive(Clone, Debug)]
+pub struct Gemm {
+    /// The operands and the output.
+    pub a: String,
+    pub b: String,
+    pub c: String,
+    /// `f16` or `bf16`.
+    pub dtype: DType,
+    /// Block sizes: the output is `bm x bn`, the contraction `bk` a step.
+    pub bm: usize,
+    pub bn: usize,
+    pub bk: usize,
+    /// `b` is given as `[N, K]` (`trans_b`): K-major in shared memory; else `[K, N]`, N-major.
+    pub b_k_major: bool,
+    /// The `seq` steps each CTA runs (1 without `seq` axes).
+    pub steps: u64,
+    /// Steps in flight (shared-memory stages).
+    pub stages: u64,
+    pub init: Init,
+    /// Tensor maps: `a`'s, then `b`'s.
+    pub maps: [TensorMapSpec; 2],
+}
+
+impl Gemm {
+    /// Warpgroups per CTA: one per 64 rows.
+    pub fn warpgroups(&self) -> u32 {
+        (self.bm / WG_ROWS) as u32
+    }
+
+    /// Bytes of one stage: the `a` block then the `b` block, 2 bytes an element.
+    pub fn stage_bytes(&self) -> u64 {
+        ((self.bm * self.bk + self.bk * self.bn) * 2) as u64
+    }
+
+    /// Bytes of the `a` block in a stage.
+    pub fn a_bytes(&self) -> u64 {
+        (self.bm * self.bk * 2) as u64
+    }
+
+    /// Dynamic shared memory per CTA: the stages (each 1024-byte aligned, as the 128-byte swizzle
+    /// needs), then one 8-byte mbarrier per stage.
+    pub fn shared_bytes(&self) -> u64 {
+        self.stages * self.stage_bytes() + 8 * self.stages
+    }
+
+    /// Tensor copies of each operand per step.
+    pub fn boxes(&self) -> (usize, usize) {
+        (self.bk / ROW, if self.b_k_major { self.bk / ROW } else { self.bn / ROW })
+    }
+}
+
+/// The one statement of `body` that defines `value`.
+fn def<'b>(body: &'b [Stmt], value: &str) -> Option<&'b Stmt> {
+    body.iter().find(|s| s.results.iter().any(|r| r == value))
+}
+
+/// `load P` of a whole block, no mask, zeros outside the array.
+fn whole_load<'b>(s: &'b Stmt) -> Option<&'b str> {
+    match &s.op {
+        Op::Load { src, index: None, mask: None, other } if other.is_none_or(|o| o.as_f64() == 0.0) => Some(src),
+        _ => None,
+    }
+}
+
+/// The value a whole, unmasked `store P, %v` writes.
+fn whole_store<'b>(s: &'b Stmt, p: &str) -> Option<&'b str> {
+    match &s.op {
+        Op::Store { dst, index: None, value: Operand::Value(v), mask: None } if dst == p => Some(v),
+        _ => None,
+    }
+}
+
+/// `when program_id(seq) == 0 { %z = zeros; store c, %z }`: the statements it takes (the
+/// `when`, the `program_id` and the comparison).
+fn zero_init<'b>(v: &Verified, body: &'b [Stmt], c: &str) -> Option<[&'b Stmt; 3]> {
+    let w = body.iter().find(|s| matches!(s.op, Op::When { .. }))?;
+    let Op::When { cond: Operand::Value(f), body: inner } = &w.op else { return None };
+    let [z, st] = inner.as_slice() else { return None };
+    if !matches!(z.op, Op::Zeros) || whole_store(st, c) != Some(z.results[0].as_str()) {
+        return None;
+    }
+    let cmp = def(body, f)?;
+    let Op::Compare(CmpOp::Eq, x, y) = &cmp.op else { return None };
+    let pid = match (x, y) {
+        (Operand::Value(p), Operand::Lit(l)) | (Operand::Lit(l), Operand::Value(p)) if l.as_f64() == 0.0 => p,
+        _ => return None,
+    };
+    let id = def(body, pid)?;
+    let Op::ProgramId(axis) = &id.op else { return None };
+    let grid = v.grid();
+    let axis = match axis {
+        AxisRef::Name(n) => grid.iter().position(|a| &a.name == n)?,
+        AxisRef::Pos(p) => *p,
+    };
+    // The first step of the only `seq` axis.
+    (grid[axis].seq && grid.iter().filter(|a| a.seq).count() == 1).then_some([w, cmp, id])
+}
+
+fn fixed(a: &GridAxis) -> u64 {
+    match a.size {
+        AxisSize::Fixed(n) => n,
+        AxisSize::Dyn => 0,
+    }
+}
+
+/// The Hopper plan of `v`, when it has the form this path takes (see the module's text).
+pub fn recognize(v: &Verified, thread_axis: Option<&str>) -> Option<Gemm> {
+    let k = v.kernel();
+    if thread_axis.is_some() || v.grid().iter().any(|a| a.size == AxisSize::Dyn) {
+        return None;
+    }
+    let body = &k.body;
+    let dot = body.iter().find(|s| matches!(s.op, Op::Dot { .. }))?;
+    let Op::Dot { a: Operand::Value(av), b: Operand::Value(bv), trans_a: false, trans_b } = &dot.op else { return None };
+    let p = dot.results[0].as_str();
+    let (la, lb) = (def(body, av)?, def(body, bv)?);
+    let (a, b) = (whole_load(la)?, whole_load(lb)?);
+    let (pa, pb) = (k.param(a)?, k.param(b)?);
+    let dtype = pa.ty.dtype;
+    if pa.kind != ParamKind::In || pb.kind != ParamKind::In || dtype.bits() != 16 || pb.ty.dtype != dtype {
+        return None;
+    }
+    let single = |x: &str| match analysis::readers(body, x).as_slice() {
+        [s] => Some(*s),
+        _ => None,
+    };
+    if !std::ptr::eq(single(av)?, dot) || !std::ptr::eq(single(bv)?, dot) {
+        return None;
+    }
+    // The product's one reader: a store of it, or the add of `load c; add; store c`.
+    let reader = single(p)?;
+    let grid = v.grid();
+    let steps: u64 = grid.iter().filter(|g| g.seq).map(fixed).product();
+    let (c, mut taken, accumulates) = if let Op::Store { dst, .. } = &reader.op {
+        (whole_store(reader, dst).filter(|x| *x == p).map(|_| dst.as_str())?, vec![la, lb, dot, reader], false)
+    } else {
+        let Op::Binary(BinaryOp::Add, Operand::Value(x), Operand::Value(y)) = &reader.op else { return None };
+        let acc = if x == p { y } else { x };
+        let load = def(body, acc)?;
+        let c = whole_load(load)?;
+        let store = single(&reader.results[0])?;
+        if x == y || whole_store(store, c) != Some(reader.results[0].as_str()) || !std::ptr::eq(single(acc)?, reader) {
+            return None;
+        }
+        (c, vec![la, lb, dot, load, reader, store], true)
+    };
+    let pc = k.param(c)?;
+    if pc.kind != ParamKind::Out || pc.ty.dtype != DType::F32 || (steps > 1 && !accumulates) {
+        return None;
+    }
+    let init = match zero_init(v, body, c) {
+        Some(z) if accumulates => {
+            taken.extend(z);
+            Init::Zero
+        }
+        Some(_) => return None,
+        None if accumulates => Init::Output,
+        None => Init::Zero,
+    };
+    // Nothing else in the body; the accumulator's loads and stores of `c` come in that order.
+    let at = |s: &Stmt| body.iter().position(|t| std::ptr::eq(t, s));
+    if body.len() != taken.len() || taken.iter().any(|s| at(s).is_none()) {
+        return None;
+    }
+    if accumulates && init == Init::Zero && at(taken[6]) > at(taken[3]) {
+        return None;
+    }
+    // Shapes: 2-D arrays, blocks the instruction and the swizzle tile.
+    let (ba, bb, bc) = (pa.block_shape(), pb.block_shape(), pc.block_shape());
+    if pa.ty.shape.len() != 2 || pb.ty.shape.len() != 2 || pc.ty.shape.len() != 2 {
+        return None;
+    }
+    let (bm, bk) = (ba[0], ba[1]);
+    let (bkb, bn) = if *trans_b { (bb[1], bb[0]) } else { (bb[0], bb[1]) };
+    let b_granule = if *trans_b { 8 } else { ROW };
+    let shapes_fit = bkb == bk
+        && bc == [bm, bn]
+        && bm % WG_ROWS == 0
+        && (1..=4).contains(&(bm / WG_ROWS))
+        && bn % b_granule == 0
+        && (8..=256).contains(&bn)
+        && bk % ROW == 0
+        && bk <= 256
+        && bm * bn <= MAX_ACCUMULATOR;
+    // A tensor map's rows must be 16-byte multiples apart.
+    let strides_fit = pa.ty.shape[1] % 8 == 0 && pb.ty.shape[1] % 8 == 0;
+    if !shapes_fit || !strides_fit {
+        return None;
+    }
+    // The output block: the same at every step, and no two programs share one.
+    let cb = pc.block.as_ref();
+    let seq_free =
+        cb.is_none_or(|b| b.index.iter().all(|e| e.terms.iter().all(|(_, n)| grid.iter().any(|g| &g.name == n && !g.seq))));
+    let told_apart = grid
+        .iter()
+        .filter(|g| !g.seq && fixed(g) > 1)
+        .all(|g| cb.is_some_and(|b| b.index.iter().any(|e| matches!(e.terms.as_slice(), [(c, n)] if *c != 0 && n == &g.name))));
+    if !seq_free || !told_apart {
+        return None;
+    }
+    let mut g = Gemm {
+        a: a.to_string(),
+        b: b.to_string(),
+        c: c.to_string(),
+        dtype,
+        bm,
+        bn,
+        bk,
+        b_k_major: *trans_b,
+        steps,
+        stages: steps.min(MAX_STAGES),
+        init,
+        maps: [
+            TensorMapSpec { array: a.to_string(), boxes: [ROW as u32, bm as u32] },
+            TensorMapSpec { array: b.to_string(), boxes: [ROW as u32, if *trans_b { bn } else { bk } as u32] },
+        ],
+    };
+    while g.shared_bytes() > MAX_SHARED_BYTES && g.stages > 1 {
+        g.stages -= 1;
+    }
+    let threads = g.warpgroups() * THREADS;
+    (g.shared_bytes() <= MAX_SHARED_BYTES && (g.stages >= 2 || steps == 1) && threads <= 1024).then_some(g)
+}

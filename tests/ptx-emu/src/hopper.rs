@@ -1,0 +1,330 @@
+//! The Hopper asynchronous instructions: tensor-memory-access copies (`cp.async.bulk.tensor`),
+//! mbarriers and warpgroup MMA (`wgmma.mma_async`), written from the PTX ISA's text apart from
+//! the backend's emitter.
+//!
+//! Asynchrony is modelled so that a missing wait shows: a tensor copy lands in shared memory only
+//! when a thread waits on its mbarrier (until then the destination keeps its NaN pattern), and a
+//! `wgmma`'s accumulator reaches the registers only at the `wgmma.wait_group` that retires its
+//! group (until then the registers keep their old values; a later `wgmma` of the same group
+//! chain reads the pending value, as the hardware's in-order accumulation does).
+
+use std::collections::HashMap;
+
+/// A tensor map as `cuTensorMapEncodeTiled` describes it, for a 2-D tensor: what the runtime
+/// encodes into the 128 opaque bytes of a `CUtensorMap`, here given to the emulator directly.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TensorMap {
+    /// Global address of element (0, 0).
+    pub address: u64,
+    /// Elements per dimension, the contiguous one first.
+    pub dims: [u64; 2],
+    /// Bytes from one row (dimension 1) to the next.
+    pub row_bytes: u64,
+    /// Bytes of one element.
+    pub elem_bytes: u32,
+    /// The box copied, in elements, the contiguous dimension first.
+    pub boxes: [u32; 2],
+    /// The shared-memory swizzle span in bytes: 0 (none), 32, 64 or 128.
+    pub swizzle: u32,
+}
+
+/// The shared-memory address a swizzle mode puts byte address `addr` at: bits 4..7 of the
+/// address XORed with bits 7..10 (`Swizzle<3,4,3>` for 128 bytes; 2 and 1 bits for 64 and 32).
+pub fn swizzle(addr: u64, span: u32) -> u64 {
+    let mask = match span {
+        128 => 7,
+        64 => 3,
+        32 => 1,
+        _ => 0,
+    };
+    addr ^ (((addr >> 7) & mask) << 4)
+}
+
+/// One tensor copy in flight: the bytes it will write, by shared address.
+#[derive(Clone, Debug)]
+pub(crate) struct Copy {
+    pub bar: u64,
+    pub writes: Vec<(u64, u8)>,
+}
+
+/// An mbarrier's state (PTX ISA "mbarrier"): the arrivals it expects per phase, those still
+/// pending, the transaction bytes still pending, and the phase number.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Mbarrier {
+    pub expected: u32,
+    pub pending: u32,
+    pub tx: i64,
+    pub phase: u32,
+}
+
+impl Mbarrier {
+    /// Completes the current phase when no arrivals and no transaction bytes are pending.
+    pub fn settle(&mut self) {
+        if self.pending == 0 && self.tx == 0 {
+            self.phase += 1;
+            self.pending = self.expected;
+        }
+    }
+}
+
+/// The box a tensor copy reads at coordinates `c`: (shared address, byte) pairs, with zeros where
+/// the box leaves the tensor (out-of-bounds fill "none": zeros) and the map's swizzle applied.
+pub(crate) fn box_writes(
+    map: &TensorMap,
+    dst: u64,
+    c: [i64; 2],
+    read: impl Fn(u64) -> Result<u8, String>,
+) -> Result<Vec<(u64, u8)>, String> {
+    let row = u64::from(map.boxes[0]) * u64::from(map.elem_bytes);
+    if map.swizzle != 0 && row > u64::from(map.swizzle) {
+        return Err(format!("a box row of {row} bytes is wider than its {}-byte swizzle", map.swizzle));
+    }
+    let align = if map.swizzle == 0 { 128 } else { 8 * u64::from(map.swizzle) };
+    if !dst.is_multiple_of(align) {
+        return Err(format!("tensor copy to shared address {dst:#x}, which is not {align}-byte aligned"));
+    }
+    let mut out = Vec::with_capacity((row * u64::from(map.boxes[1])) as usize);
+    for r in 0..i64::from(map.boxes[1]) {
+        for e in 0..i64::from(map.boxes[0]) {
+            let (x, y) = (c[0] + e, c[1] + r);
+            let inside = x >= 0 && y >= 0 && (x as u64) < map.dims[0] && (y as u64) < map.dims[1];
+            for byte in 0..u64::from(map.elem_bytes) {
+                let v = if inside {
+                    read(map.address + y as u64 * map.row_bytes + x as u64 * u64::from(map.elem_bytes) + byte)?
+                } else {
+                    0
+                };
+                let at = dst + r as u64 * row + e as u64 * u64::from(map.elem_bytes) + byte;
+                out.push((swizzle(at, map.swizzle), v));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// A shared-memory matrix descriptor (PTX ISA "Matrix Descriptor Format"): start address, leading
+/// and stride byte offsets (each stored >> 4 in 14 bits), base offset, swizzle mode.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Descriptor {
+    pub start: u64,
+    pub lbo: u64,
+    pub sbo: u64,
+    /// Swizzle span in bytes (0 for none).
+    pub swizzle: u32,
+}
+
+impl Descriptor {
+    pub fn decode(d: u64) -> Result<Descriptor, String> {
+        let field = |at: u32| ((d >> at) & 0x3FFF) << 4;
+        if (d >> 49) & 7 != 0 {
+            return Err(format!("descriptor {d:#x} has a base offset, which the emulator does not model"));
+        }
+        let swizzle = match d >> 62 {
+            0 => 0,
+            1 => 128,
+            2 => 64,
+            _ => 32,
+        };
+        Ok(Descriptor { start: field(0), lbo: field(16), sbo: field(32), swizzle })
+    }
+
+    /// The shared address of element (`mn`, `k`) of a matrix of 2-byte elements in the canonical
+    /// layout of the ISA's "Shared Memory Matrix Layout", K-major or MN-major: swizzle atoms of 8
+    /// rows of the swizzle span (16 bytes without swizzle), rows along the strided dimension.
+    /// K-major: rows are M/N, 8-row groups `sbo` apart; without swizzle, the two 8-element halves
+    /// of K are `lbo` apart. MN-major: rows are K, 8-row groups `sbo` apart (without swizzle
+    /// `lbo`), atoms along M/N `lbo` apart (without swizzle `sbo`).
+    pub fn address(&self, mn: u64, k: u64, k_major: bool) -> u64 {
+        let span = u64::from(self.swizzle);
+        let offset = match (k_major, span) {
+            (true, 0) => (mn % 8) * 16 + (mn / 8) * self.sbo + (k % 8) * 2 + (k / 8) * self.lbo,
+            (true, _) => (mn % 8) * span + (mn / 8) * self.sbo + k * 2,
+            (false, 0) => (mn % 8) * 2 + (mn / 8) * self.sbo + (k % 8) * 16 + (k / 8) * self.lbo,
+            (false, _) => (mn % (span / 2)) * 2 + (mn / (span / 2)) * self.lbo + (k % 8) * span + (k / 8) * self.sbo,
+        };
+        swizzle(self.start + offset, self.swizzle)
+    }
+}
+
+/// The `wgmma.mma_async` shapes and types emulated: `m64nNk16` with `f16`/`bf16` inputs read
+/// from shared memory through descriptors and an `f32` accumulator.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Wgmma {
+    pub n: u32,
+    pub bf16: bool,
+}
+
+impl Wgmma {
+    pub fn parse(op: &str) -> Option<Wgmma> {
+        let rest = op.strip_prefix("wgmma.mma_async.sync.aligned.m64n")?;
+        let (n, types) = rest.split_once("k16.f32.")?;
+        let n: u32 = n.parse().ok()?;
+        let bf16 = match types {
+            "bf16.bf16" => true,
+            "f16.f16" => false,
+            _ => return None,
+        };
+        (n % 8 == 0 && (8..=256).contains(&n)).then_some(Wgmma { n, bf16 })
+    }
+
+    /// The accumulator element of register `i` of thread `t` of the warpgroup (PTX ISA "Matrix
+    /// Fragments for wgmma.mma_async.m64nNk16", accumulator D): warp `t / 32` owns rows 16w..16w+16;
+    /// row `lane / 4` (+8 for the second pair of each four), column `8 (i / 4) + 2 (lane % 4) + i % 2`.
+    pub fn fragment(t: usize, i: usize) -> (usize, usize) {
+        let (w, lane) = (t / 32, t % 32);
+        (16 * w + lane / 4 + 8 * ((i / 2) % 2), 8 * (i / 4) + 2 * (lane % 4) + i % 2)
+    }
+
+    /// D = A B (+ D where `accumulate`): A 64x16 and B 16xN read from shared memory, summed in
+    /// `f64` and rounded once, as the `mma.sync` emulation does. `d` holds the warpgroup's 128
+    /// threads' accumulator registers (N/2 each), read and written in place.
+    #[allow(clippy::too_many_arguments, reason = "the instruction's operands")]
+    pub fn run(
+        &self,
+        a: Descriptor,
+        b: Descriptor,
+        (neg_a, neg_b): (bool, bool),
+        (trans_a, trans_b): (bool, bool),
+        accumulate: bool,
+        d: &mut [Vec<u64>],
+        load: impl Fn(u64) -> Result<u16, String>,
+    ) -> Result<(), String> {
+        let n = self.n as usize;
+        let value = |bits: u16| {
+            if self.bf16 {
+                f64::from(half::bf16::from_bits(bits).to_f32())
+            } else {
+                f64::from(half::f16::from_bits(bits).to_f32())
+            }
+        };
+        let mut am = vec![[0f64; 16]; 64];
+        for (m, row) in am.iter_mut().enumerate() {
+            for (k, x) in row.iter_mut().enumerate() {
+                let v = value(load(a.address(m as u64, k as u64, !trans_a))?);
+                *x = if neg_a { -v } else { v };
+            }
+        }
+        let mut bm = vec![vec![0f64; n]; 16];
+        for (k, row) in bm.iter_mut().enumerate() {
+            for (col, x) in row.iter_mut().enumerate() {
+                let v = value(load(b.address(col as u64, k as u64, !trans_b))?);
+                *x = if neg_b { -v } else { v };
+            }
+        }
+        for (t, regs) in d.iter_mut().enumerate() {
+            for (i, r) in regs.iter_mut().enumerate() {
+                let (row, col) = Wgmma::fragment(t, i);
+                let c = if accumulate { f64::from(f32::from_bits(*r as u32)) } else { 0.0 };
+                let sum: f64 = (0..16).map(|k| am[row][k] * bm[k][col]).sum();
+                *r = u64::from(((sum + c) as f32).to_bits());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A thread's `wgmma` results not yet retired: by committed group (oldest first), then the
+/// uncommitted ones, each a list of (register, value).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Pending {
+    pub committed: Vec<Vec<(usize, u64)>>,
+    pub open: Vec<(usize, u64)>,
+}
+
+impl Pending {
+    /// The value register `r` will have when everything pending retires, if anything pending writes it.
+    pub fn latest(&self, r: usize) -> Option<u64> {
+        let newest_first = self.open.iter().rev().chain(self.committed.iter().rev().flat_map(|g| g.iter().rev()));
+        newest_first.filter(|(x, _)| *x == r).map(|(_, v)| *v).next()
+    }
+
+    pub fn commit(&mut self) {
+        let open = std::mem::take(&mut self.open);
+        self.committed.push(open);
+    }
+
+    /// Retires the oldest groups until at most `keep` are pending; what to write to the registers.
+    pub fn wait(&mut self, keep: usize) -> Vec<(usize, u64)> {
+        let n = self.committed.len().saturating_sub(keep);
+        self.committed.drain(..n).flatten().collect()
+    }
+}
+
+/// The mbarriers of a CTA, by shared address, and the tensor copies in flight.
+#[derive(Default)]
+pub(crate) struct Async {
+    pub barriers: HashMap<u64, Mbarrier>,
+    pub copies: Vec<Copy>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn swizzle_128_xors_the_16_byte_chunk_with_the_row_in_its_1024_byte_atom() {
+        // Row 3, chunk 5, byte 2 of an atom at 2048: chunk 5 ^ 3 = 6.
+        assert_eq!(swizzle(2048 + 3 * 128 + 5 * 16 + 2, 128), 2048 + 3 * 128 + 6 * 16 + 2);
+        assert_eq!(swizzle(2048 + 3 * 128 + 5 * 16 + 2, 0), 2048 + 3 * 128 + 5 * 16 + 2);
+        // 64 bytes: two bits of the row (row 3 of a 512-byte atom is 3 * 64 = bits 7..9 = 1).
+        assert_eq!(swizzle(3 * 64 + 16, 64), (3 * 64 + 16) ^ (1 << 4));
+    }
+
+    #[test]
+    fn a_descriptor_decodes_its_fields() {
+        let d = (0x400u64 >> 4) | ((8192u64 >> 4) << 16) | ((1024u64 >> 4) << 32) | (1 << 62);
+        assert_eq!(Descriptor::decode(d).unwrap(), Descriptor { start: 0x400, lbo: 8192, sbo: 1024, swizzle: 128 });
+        assert!(Descriptor::decode(d | (1 << 49)).is_err());
+    }
+
+    #[test]
+    fn canonical_128b_layouts_put_k_major_rows_and_mn_major_atoms_where_the_isa_says() {
+        let d = Descriptor { start: 0, lbo: 8192, sbo: 1024, swizzle: 128 };
+        // K-major: row mn at mn * 128 within 8 rows, then sbo; k contiguous; then swizzled.
+        assert_eq!(d.address(9, 3, true), swizzle(1024 + 128 + 6, 128));
+        // MN-major: 64 elements of M/N a row, k rows 128 apart, the next 64 of M/N lbo away.
+        assert_eq!(d.address(70, 9, false), swizzle(8192 + 6 * 2 + 1024 + 128, 128));
+    }
+
+    #[test]
+    fn fragments_cover_the_64xn_tile_once() {
+        let n = 24;
+        let mut seen = vec![0; 64 * n];
+        for t in 0..128 {
+            for i in 0..n / 2 {
+                let (r, c) = Wgmma::fragment(t, i);
+                seen[r * n + c] += 1;
+            }
+        }
+        assert!(seen.iter().all(|&s| s == 1));
+        assert_eq!(Wgmma::fragment(37, 6), (16 + 1 + 8, 8 + 2 + 0));
+    }
+
+    #[test]
+    fn pending_wgmma_results_retire_oldest_first_and_chain_newest_first() {
+        let mut p = Pending::default();
+        p.open.extend([(3, 10), (3, 11)]);
+        p.commit();
+        p.open.push((3, 12));
+        assert_eq!(p.latest(3), Some(12));
+        p.commit();
+        assert_eq!(p.latest(3), Some(12));
+        // Keep the newest group: the first retires, its last write last.
+        assert_eq!(p.wait(1), vec![(3, 10), (3, 11)]);
+        assert_eq!(p.latest(3), Some(12));
+        assert_eq!(p.wait(0), vec![(3, 12)]);
+        assert_eq!(p.latest(3), None);
+    }
+
+    #[test]
+    fn boxes_fill_zeros_outside_the_tensor_and_refuse_misaligned_swizzled_copies() {
+        let map = TensorMap { address: 0, dims: [3, 2], row_bytes: 16, elem_bytes: 2, boxes: [4, 2], swizzle: 0 };
+        let w = box_writes(&map, 0, [1, 1], |a| Ok(a as u8 + 1)).unwrap();
+        // Row 0 of the box is tensor row 1: elements 1, 2 inside, 3, 4 outside; row 1 outside.
+        let bytes: Vec<u8> = w.iter().map(|(_, v)| *v).collect();
+        assert_eq!(&bytes[..8], &[19, 20, 21, 22, 0, 0, 0, 0]);
+        assert!(bytes[8..].iter().all(|&v| v == 0));
+        let map = TensorMap { swizzle: 128, boxes: [64, 8], ..map };
+        assert!(box_writes(&map, 128, [0, 0], |_| Ok(0)).unwrap_err().contains("not 1024-byte aligned"));
+    }
+}
