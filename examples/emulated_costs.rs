@@ -1,6 +1,8 @@
 //! What the Mosaic GPU PTX of every example executes on the PTX emulator, per CTA: instructions,
-//! global and shared memory accesses, barriers, tensor-core `mma.sync`s. A cost model for
-//! comparing lowerings on a machine without a GPU, not a timing.
+//! global and shared memory accesses, barriers, tensor-core `mma.sync`s and `wgmma`s, bytes of
+//! tensor copies (TMA). A kernel on the Hopper path is also shown on the general path (`general`),
+//! as it ran before that path. A cost model for comparing lowerings on a machine without a GPU,
+//! not a timing.
 //!
 //!     cargo run -p tessel-suite --example emulated_costs
 
@@ -18,8 +20,8 @@ fn main() {
         .collect();
     files.sort();
     println!(
-        "{:<16} {:>5} {:>14} {:>10} {:>10} {:>9} {:>6}",
-        "kernel", "CTAs", "instr/thread", "global", "shared", "barriers", "mma"
+        "{:<24} {:>5} {:>14} {:>10} {:>10} {:>9} {:>6} {:>6} {:>10}",
+        "kernel", "CTAs", "instr/thread", "global", "shared", "barriers", "mma", "wgmma", "TMA bytes"
     );
     for path in files {
         let kernels = tessel::load_file(&path).expect("kernel file");
@@ -32,18 +34,29 @@ fn main() {
         let Ok(mut lowered) = rt.lower("mosaic-gpu", &call, &[], &Default::default()) else { continue };
         let (_, ptx) = lowered.remove(0);
         let args = LaunchArgs { inputs: tessel::inputs::random_inputs(k.kernel(), 1), grid: Default::default() };
-        let (_, c) = common::emulate_counted(&ptx, k, &args, false).expect("emulates");
-        let shape = common::launch_shape(&ptx);
-        let (ctas, threads) = (u64::from(shape.ctas), u64::from(shape.threads));
-        println!(
-            "{:<16} {:>5} {:>14} {:>10} {:>10} {:>9} {:>6}",
-            k.name(),
-            ctas,
-            c.instructions / (ctas * threads),
-            c.global / ctas,
-            c.shared / ctas,
-            c.barriers / ctas,
-            c.mma / ctas
-        );
+        row(k.name(), &ptx, k, &args);
+        if ptx.contains("// hopper:") {
+            // The same kernel as the general path lowers it (mma.sync, values in the workspace).
+            let general = tessel_mosaic_gpu::lower::plan_general(k, None).expect("the general path plans it");
+            row(&format!("{} (general)", k.name()), &tessel_mosaic_gpu::emit::emit(&general), k, &args);
+        }
     }
+}
+
+fn row(name: &str, ptx: &str, k: &tessel_plugin_api::ir::Verified, args: &LaunchArgs) {
+    let (_, c) = common::emulate_counted(ptx, k, args, false).expect("emulates");
+    let shape = common::launch_shape(ptx);
+    let (ctas, threads) = (u64::from(shape.ctas), u64::from(shape.threads));
+    println!(
+        "{:<24} {:>5} {:>14} {:>10} {:>10} {:>9} {:>6} {:>6} {:>10}",
+        name,
+        ctas,
+        c.instructions / (ctas * threads),
+        c.global / ctas,
+        c.shared / ctas,
+        c.barriers / ctas,
+        c.mma / ctas,
+        c.wgmma / ctas,
+        c.tensor_bytes / ctas
+    );
 }

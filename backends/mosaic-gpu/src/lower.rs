@@ -182,31 +182,45 @@ impl Planner {
 }
 
 /// Plans one verified kernel, or refuses it (dtypes, ops, sizes). `thread_axis` names the mesh's
-/// thread axis, whose points run as the warpgroups of one CTA and share its scratch.
+/// thread axis, whose points run as the warpgroups of one CTA and share its scratch. A kernel of
+/// the form `crate::wgmma` describes takes the Hopper path; every other the general one.
 pub fn plan(kernel: &Verified, thread_axis: Option<&str>) -> Result<Plan, BackendError> {
+    match hopper(kernel, thread_axis) {
+        Some(p) => Ok(p),
+        None => plan_general(kernel, thread_axis),
+    }
+}
+
+/// The Hopper path's plan, where the kernel takes it.
+fn hopper(kernel: &Verified, thread_axis: Option<&str>) -> Option<Plan> {
+    let k = kernel.kernel();
+    let parallel = kernel.grid().iter().filter(|a| !a.seq).map(|a| if let AxisSize::Fixed(n) = a.size { n } else { 1 });
+    let ctas = parallel.fold(1u64, u64::saturating_mul);
+    let g = crate::wgmma::recognize(kernel, thread_axis).filter(|_| ctas <= MAX_CTAS)?;
+    Some(Plan {
+        kernel: kernel.clone(),
+        entry: format!("tessel_{}", k.name),
+        values: HashMap::new(),
+        scratch: HashMap::new(),
+        workspace_per_cta: g.shared_bytes(),
+        scratch_bytes: 0,
+        value_bytes: 0,
+        ctas,
+        warpgroups: g.warpgroups(),
+        thread_points: 1,
+        thread_axis: None,
+        in_registers: HashSet::new(),
+        shared: true,
+        gemm: Some(g),
+    })
+}
+
+/// The general path's plan (every kernel the backend lowers), even where the Hopper path would
+/// take the kernel: how a kernel did before that path, for comparisons.
+pub fn plan_general(kernel: &Verified, thread_axis: Option<&str>) -> Result<Plan, BackendError> {
     let k = kernel.kernel();
     for p in &k.params {
         check_dtype(p.ty.dtype)?;
-    }
-    let parallel = || kernel.grid().iter().filter(|a| !a.seq).map(|a| if let AxisSize::Fixed(n) = a.size { n } else { 1 });
-    let ctas = parallel().fold(1u64, u64::saturating_mul);
-    if let Some(g) = crate::wgmma::recognize(kernel, thread_axis).filter(|_| ctas <= MAX_CTAS) {
-        return Ok(Plan {
-            kernel: kernel.clone(),
-            entry: format!("tessel_{}", k.name),
-            values: HashMap::new(),
-            scratch: HashMap::new(),
-            workspace_per_cta: g.shared_bytes(),
-            scratch_bytes: 0,
-            value_bytes: 0,
-            ctas,
-            warpgroups: g.warpgroups(),
-            thread_points: 1,
-            thread_axis: None,
-            in_registers: HashSet::new(),
-            shared: true,
-            gemm: Some(g),
-        });
     }
     let registers = in_registers(kernel);
     let mut planner = Planner { values: HashMap::new(), next: 0, in_registers: registers };

@@ -14,9 +14,11 @@ fn planned(text: &str) -> tessel_mosaic_gpu::lower::Plan {
 }
 
 fn matmul(dtype: &str, blocks: (usize, usize, usize), body: &str) -> String {
+    // Two blocks of rows and of columns, four steps: the grid covers the arrays.
     let (bm, bn, bk) = blocks;
+    let (m, n, k) = (2 * bm, 2 * bn, 4 * bk);
     format!(
-        "kernel mm\n  grid (i: 2, j: 2, k: 4 seq)\n  in a: {dtype}[256, 512] block [{bm}, {bk}] at (i, k)\n  in b: {dtype}[512, 512] block [{bk}, {bn}] at (k, j)\n  out c: f32[256, 512] block [{bm}, {bn}] at (i, j)\n{{\n{body}}}\n"
+        "kernel mm\n  grid (i: 2, j: 2, k: 4 seq)\n  in a: {dtype}[{m}, {k}] block [{bm}, {bk}] at (i, k)\n  in b: {dtype}[{k}, {n}] block [{bk}, {bn}] at (k, j)\n  out c: f32[{m}, {n}] block [{bm}, {bn}] at (i, j)\n{{\n{body}}}\n"
     )
 }
 
@@ -134,7 +136,11 @@ struct Case {
 /// A kernel file of tests/in, its plan and PTX, operands and the product they should give.
 fn case(file: &str, trans_b: bool) -> Case {
     let text = std::fs::read_to_string(format!("{}/../../tests/in/{file}.tk", env!("CARGO_MANIFEST_DIR"))).expect("kernel file");
-    let plan = planned(&text);
+    case_of(&text, trans_b)
+}
+
+fn case_of(text: &str, trans_b: bool) -> Case {
+    let plan = planned(text);
     let k = plan.kernel.kernel();
     let (sa, sb) = (k.param("a").unwrap().ty.clone(), k.param("b").unwrap().ty.clone());
     let (a, av) = operand(sa.numel(), 1, sa.dtype);
@@ -155,6 +161,19 @@ fn the_hopper_path_agrees_with_an_f64_product_in_both_thread_orders() {
         for reverse in [false, true] {
             let got = emulate(&c.plan, &c.ptx, &c.a, &c.b, reverse).unwrap_or_else(|e| panic!("{file}: {e}"));
             agrees(&got, &c.want).unwrap_or_else(|e| panic!("{file} (reverse: {reverse}): {e}"));
+        }
+    }
+}
+
+#[test]
+fn f16_and_bf16_in_128x128_and_128x256_tiles_agree() {
+    for dtype in ["f16", "bf16"] {
+        for bn in [128, 256] {
+            let c = case_of(&matmul(dtype, (128, bn, 64), &accumulate(128, bn)), false);
+            let g = c.plan.gemm.as_ref().expect("the Hopper path");
+            assert_eq!((g.bm, g.bn, g.warpgroups()), (128, bn, 2));
+            let got = emulate(&c.plan, &c.ptx, &c.a, &c.b, bn == 256).unwrap_or_else(|e| panic!("{dtype} 128x{bn}: {e}"));
+            agrees(&got, &c.want).unwrap_or_else(|e| panic!("{dtype} 128x{bn}: {e}"));
         }
     }
 }
