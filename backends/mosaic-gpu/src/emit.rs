@@ -340,13 +340,14 @@ impl<'p> Writer<'p> {
         if let Some(g) = gemm {
             let _ = writeln!(
                 head,
-                "// hopper: dot of {} [{}, {}] x {} on wgmma m64n{}k16 ({} warpgroups), operands by TMA with {}-byte swizzle, {} stages over {} steps",
+                "// hopper: dot of {} [{}, {}] x {} on wgmma m64n{}k16 ({} warpgroup{}), operands by TMA with {}-byte swizzle, {} stages over {} steps",
                 g.dtype,
                 g.bm,
                 g.bk,
                 if g.b_k_major { format!("[{}, {}]^T", g.bn, g.bk) } else { format!("[{}, {}]", g.bk, g.bn) },
                 g.bn,
                 g.warpgroups(),
+                if g.warpgroups() == 1 { "" } else { "s" },
                 crate::wgmma::SWIZZLE,
                 g.stages,
                 g.steps
