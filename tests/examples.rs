@@ -93,6 +93,23 @@ fn matmul() {
     assert_close("c", &read_output(d.path(), "c"), &want, DType::F32);
 }
 
+#[test]
+fn matmul_bf16() {
+    let mut g = rng(10);
+    let n = 256;
+    let bf16s = |g: &mut _| floats(g, n * n).into_iter().map(half::bf16::from_f32).collect::<Vec<_>>();
+    let (a, b) = (bf16s(&mut g), bf16s(&mut g));
+    let mut want = vec![0.0f64; n * n];
+    for i in 0..n {
+        for j in 0..n {
+            want[i * n + j] = (0..n).map(|k| a[i * n + k].to_f64() * b[k * n + j].to_f64()).sum();
+        }
+    }
+    let array = |v| tessel::HostArray { shape: vec![n, n], data: tessel_plugin_api::array::ArrayData::BF16(v) };
+    let d = run_example("matmul_bf16", &[("a", array(a)), ("b", array(b))]);
+    assert_close("c", &read_output(d.path(), "c"), &want, DType::F32);
+}
+
 fn softmax_rows(x: &[f64], cols: usize) -> Vec<f64> {
     x.chunks(cols)
         .flat_map(|row| {
@@ -158,7 +175,8 @@ fn flash_attention() {
 
 #[test]
 fn every_example_is_tested_here() {
-    let tested = ["add", "fused", "transpose_bias", "row_reduce", "matmul", "softmax", "masked", "ragged", "flash_attention"];
+    let tested =
+        ["add", "fused", "transpose_bias", "row_reduce", "matmul", "matmul_bf16", "softmax", "masked", "ragged", "flash_attention"];
     let mut found: Vec<String> = std::fs::read_dir(root().join("examples"))
         .expect("examples/")
         .filter_map(|e| e.ok()?.path().file_stem()?.to_str().map(String::from))
