@@ -110,7 +110,7 @@ fn def<'b>(body: &'b [Stmt], value: &str) -> Option<&'b Stmt> {
 }
 
 /// `load P` of a whole block, no mask, zeros outside the array.
-fn whole_load<'b>(s: &'b Stmt) -> Option<&'b str> {
+fn whole_load(s: &Stmt) -> Option<&str> {
     match &s.op {
         Op::Load { src, index: None, mask: None, other } if other.is_none_or(|o| o.as_f64() == 0.0) => Some(src),
         _ => None,

@@ -164,7 +164,7 @@ impl Wgmma {
             "f16.f16" => false,
             _ => return None,
         };
-        (n % 8 == 0 && (8..=256).contains(&n)).then_some(Wgmma { n, bf16 })
+        (n.is_multiple_of(8) && (8..=256).contains(&n)).then_some(Wgmma { n, bf16 })
     }
 
     /// The accumulator element of register `i` of thread `t` of the warpgroup (PTX ISA "Matrix
@@ -297,7 +297,8 @@ mod tests {
             }
         }
         assert!(seen.iter().all(|&s| s == 1));
-        assert_eq!(Wgmma::fragment(37, 6), (16 + 1 + 8, 8 + 2 + 0));
+        // Thread 37: warp 1, lane 5 (row 1, column pair 1); register 6: the second row half, columns 8..16.
+        assert_eq!(Wgmma::fragment(37, 6), (16 + 1 + 8, 8 + 2));
     }
 
     #[test]
