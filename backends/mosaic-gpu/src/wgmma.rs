@@ -125,13 +125,19 @@ fn whole_store<'b>(s: &'b Stmt, p: &str) -> Option<&'b str> {
     }
 }
 
-/// `when program_id(seq) == 0 { %z = zeros; store c, %z }`: the statements it takes (the
-/// `when`, the `program_id` and the comparison).
+/// `when program_id(seq) == 0 { %z = zeros; store c, %z }` (or `full 0.0`): the statements it
+/// takes (the `when`, the `program_id` and the comparison).
 fn zero_init<'b>(v: &Verified, body: &'b [Stmt], c: &str) -> Option<[&'b Stmt; 3]> {
     let w = body.iter().find(|s| matches!(s.op, Op::When { .. }))?;
     let Op::When { cond: Operand::Value(f), body: inner } = &w.op else { return None };
     let [z, st] = inner.as_slice() else { return None };
-    if !matches!(z.op, Op::Zeros) || whole_store(st, c) != Some(z.results[0].as_str()) {
+    let zeros = match &z.op {
+        Op::Zeros => true,
+        // `full 0.0`: positive zero only, the accumulator's first value (-0 + -0 stays -0).
+        Op::Full(l) => l.as_f64() == 0.0 && l.as_f64().is_sign_positive(),
+        _ => false,
+    };
+    if !zeros || whole_store(st, c) != Some(z.results[0].as_str()) {
         return None;
     }
     let cmp = def(body, f)?;

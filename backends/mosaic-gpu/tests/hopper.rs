@@ -48,6 +48,15 @@ fn without_the_zeroing_the_accumulator_starts_from_the_output() {
 }
 
 #[test]
+fn a_full_of_zeros_zeroes_the_accumulator_as_zeros_does() {
+    let body = accumulate(128, 128).replace("zeros : f32[128, 128]", "full 0.0 : f32[128, 128]");
+    assert_eq!(planned(&matmul("bf16", (128, 128, 64), &body)).gemm.expect("the Hopper path").init, Init::Zero);
+    // Negative zero is not the accumulator's +0.0 (-0 + -0 stays -0): not a zeroing.
+    let body = accumulate(128, 128).replace("zeros : f32[128, 128]", "full -0.0 : f32[128, 128]");
+    assert!(planned(&matmul("bf16", (128, 128, 64), &body)).gemm.is_none());
+}
+
+#[test]
 fn other_kernels_take_the_general_path() {
     // f32 operands: the accurate mma.sync path.
     assert!(planned(&matmul("f32", (64, 64, 64), &accumulate(64, 64))).gemm.is_none());
