@@ -329,6 +329,22 @@ def test_bf16_kernels_cross_as_ml_dtypes():
         np.testing.assert_array_equal(got.astype(np.float32), want.astype(np.float32))
 
 
+def test_a_pallas_bf16_matmul_takes_the_mosaic_gpu_hopper_path():
+    # Pallas's matmul as people write it (`o_ref[...] += jnp.dot(...)`, zeroed under `pl.when`),
+    # on bf16 operands in 128x128 tiles: Mosaic GPU lowers it with TMA, mbarriers and wgmma.
+    a = jnp.asarray(RNG.standard_normal((256, 192), dtype=np.float32)).astype(jnp.bfloat16)
+    b = jnp.asarray(RNG.standard_normal((192, 256), dtype=np.float32)).astype(jnp.bfloat16)
+    (t,) = tp.translate(matmul, a, b, bm=128, bn=128, bk=64)
+    ptx = tessel.compile(t.text).lower("mosaic-gpu")
+    assert "// hopper: dot of bf16 [128, 64] x [64, 128] on wgmma m64n128k16" in ptx, ptx[:600]
+    assert "cp.async.bulk.tensor.2d" in ptx and "mbarrier.try_wait.parity" in ptx and "wgmma.mma_async" in ptx
+    # And it computes the product on every backend here (against f64, from the bf16 values).
+    want = np.asarray(a, dtype=np.float64) @ np.asarray(b, dtype=np.float64)
+    for backend in backends():
+        got = tp.run(matmul, a, b, bm=128, bn=128, bk=64, backend=backend)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
 def test_the_text_is_tessel_kernel_language():
     text = tp.to_tk(matmul, f32(64, 48), f32(48, 96))
     assert text.startswith("kernel matmul\n  grid (i0: 2, i1: 3, i2: 3 seq)\n"), text
