@@ -408,15 +408,7 @@ impl<'p> Writer<'p> {
         let k = plan.kernel.kernel();
         let entry = plan.entry.clone();
         // Warpgroup w = tid.x / 128 runs point w of the thread axis; lanes are tid.x % 128.
-        let tid_x = self.r();
-        self.ins(format!("mov.u32 {tid_x}, %tid.x"));
-        self.tid = self.r();
-        self.warpgroup = self.r();
-        let (tid, wg) = (self.tid.clone(), self.warpgroup.clone());
-        self.ins(format!("rem.u32 {tid}, {tid_x}, {THREADS}"));
-        self.ins(format!("div.u32 {wg}, {tid_x}, {THREADS}"));
-        let cta = self.r();
-        self.ins(format!("mov.u32 {cta}, %ctaid.x"));
+        let (tid_x, cta) = self.write_ids();
         self.workspace = self.rd();
         let ws = self.workspace.clone();
         if plan.shared {
@@ -445,7 +437,7 @@ impl<'p> Writer<'p> {
             self.ins(format!("add.u64 {ws}, {base}, {off}"));
         }
         let voff = self.rd();
-        self.ins(format!("mul.wide.u32 {voff}, {wg}, {}", plan.value_bytes));
+        self.ins(format!("mul.wide.u32 {voff}, {}, {}", self.warpgroup, plan.value_bytes));
         self.values = self.rd();
         self.ins(format!("add.u64 {}, {}, {voff}", self.values, self.workspace));
         for p in k.params.iter().filter(|p| p.kind != ParamKind::Scratch) {
@@ -507,6 +499,21 @@ impl<'p> Writer<'p> {
             }
             None => seq_loop(self, false),
         }
+    }
+
+    /// `%tid.x`, the thread's lane in its warpgroup (`self.tid`) and its warpgroup
+    /// (`self.warpgroup`), `%ctaid.x`: the registers of `%tid.x` and `%ctaid.x`.
+    fn write_ids(&mut self) -> (String, String) {
+        let tid_x = self.r();
+        self.ins(format!("mov.u32 {tid_x}, %tid.x"));
+        self.tid = self.r();
+        self.warpgroup = self.r();
+        let (tid, wg) = (self.tid.clone(), self.warpgroup.clone());
+        self.ins(format!("rem.u32 {tid}, {tid_x}, {THREADS}"));
+        self.ins(format!("div.u32 {wg}, {tid_x}, {THREADS}"));
+        let cta = self.r();
+        self.ins(format!("mov.u32 {cta}, %ctaid.x"));
+        (tid_x, cta)
     }
 
     /// The coordinates of grid `axes` from the row-major `counter` over them (the last fastest).

@@ -19,15 +19,7 @@ impl Writer<'_> {
     pub(super) fn write_gemm(&mut self, g: &Gemm) {
         let plan = self.plan;
         let entry = plan.entry.clone();
-        let tid_x = self.r();
-        self.ins(format!("mov.u32 {tid_x}, %tid.x"));
-        self.tid = self.r();
-        self.warpgroup = self.r();
-        let (lane, wg) = (self.tid.clone(), self.warpgroup.clone());
-        self.ins(format!("rem.u32 {lane}, {tid_x}, {THREADS}"));
-        self.ins(format!("div.u32 {wg}, {tid_x}, {THREADS}"));
-        let cta = self.r();
-        self.ins(format!("mov.u32 {cta}, %ctaid.x"));
+        let (tid_x, cta) = self.write_ids();
         let out = self.rd();
         self.ins(format!("ld.param.u64 {out}, [{entry}_{}]", g.c));
         self.ins(format!("cvta.to.global.u64 {out}, {out}"));
