@@ -345,6 +345,47 @@ def test_a_pallas_bf16_matmul_takes_the_mosaic_gpu_hopper_path():
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
+def scratch_matmul(a, b, interpret=False, bm=128, bn=128, bk=64):
+    """Pallas's other matmul: an f32 scratch accumulator, cast into a bf16 output at the last step."""
+    from jax.experimental.pallas import tpu as pltpu
+
+    def body(a_ref, b_ref, o_ref, acc_ref):
+        @pl.when(pl.program_id(2) == 0)
+        def _():
+            acc_ref[...] = jnp.zeros_like(acc_ref)
+
+        acc_ref[...] += jnp.dot(a_ref[...], b_ref[...], preferred_element_type=jnp.float32)
+
+        @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)
+        def _():
+            o_ref[...] = acc_ref[...].astype(o_ref.dtype)
+
+    (m, k), n = a.shape, b.shape[1]
+    return pl.pallas_call(
+        body,
+        out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
+        grid=(m // bm, n // bn, k // bk),
+        in_specs=[pl.BlockSpec((bm, bk), lambda i, j, kk: (i, kk)), pl.BlockSpec((bk, bn), lambda i, j, kk: (kk, j))],
+        out_specs=pl.BlockSpec((bm, bn), lambda i, j, kk: (i, j)),
+        scratch_shapes=[pltpu.VMEM((bm, bn), jnp.float32)],
+        interpret=interpret,
+    )(a, b)
+
+
+def test_a_pallas_matmul_with_a_scratch_accumulator_takes_the_hopper_path_too():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    a = jnp.asarray(RNG.standard_normal((256, 192), dtype=np.float32)).astype(jnp.bfloat16)
+    b = jnp.asarray(RNG.standard_normal((192, 128), dtype=np.float32)).astype(jnp.bfloat16)
+    (t,) = tp.translate(scratch_matmul, a, b)
+    ptx = tessel.compile(t.text).lower("mosaic-gpu")
+    assert "on wgmma m64n128k16" in ptx and "into o0 (bf16)" in ptx, ptx[:600]
+    want = np.asarray(scratch_matmul(a, b, interpret=True)).astype(np.float32)
+    for backend in backends():
+        got = tp.run(scratch_matmul, a, b, backend=backend)
+        assert got.dtype == ml_dtypes.bfloat16
+        np.testing.assert_allclose(got.astype(np.float32), want, rtol=1e-2, atol=1e-2)
+
+
 def test_the_text_is_tessel_kernel_language():
     text = tp.to_tk(matmul, f32(64, 48), f32(48, 96))
     assert text.startswith("kernel matmul\n  grid (i0: 2, i1: 3, i2: 3 seq)\n"), text

@@ -340,7 +340,7 @@ impl<'p> Writer<'p> {
         if let Some(g) = gemm {
             let _ = writeln!(
                 head,
-                "// hopper: dot of {} [{}, {}] x {} on wgmma m64n{}k16 ({} warpgroup{}), operands by TMA with {}-byte swizzle, {} stages over {} steps",
+                "// hopper: dot of {} [{}, {}] x {} on wgmma m64n{}k16 ({} warpgroup{}), operands by TMA with {}-byte swizzle, {} stages over {} steps, into {} ({})",
                 g.dtype,
                 g.bm,
                 g.bk,
@@ -350,7 +350,9 @@ impl<'p> Writer<'p> {
                 if g.warpgroups() == 1 { "" } else { "s" },
                 crate::wgmma::SWIZZLE,
                 g.stages,
-                g.steps
+                g.steps,
+                g.out,
+                g.out_dtype
             );
             for m in &g.maps {
                 let _ = writeln!(

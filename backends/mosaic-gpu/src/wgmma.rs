@@ -4,8 +4,10 @@
 //! A kernel takes it when its body is a matrix product accumulated over the `seq` steps, the way
 //! Pallas's Mosaic GPU matmuls are written: `load a; load b; dot` of `f16`/`bf16` blocks into an
 //! `f32` output block that is the same at every step (`load c; add; store c`, optionally zeroed
-//! by `when program_id(k) == 0`), or, without `seq` steps, `store c, dot`. Nothing else may be in
-//! the body; any other kernel takes the general path (`lower.rs`), which runs every kernel.
+//! by `when program_id(k) == 0`), or, without `seq` steps, `store c, dot`; or the same into `f32`
+//! scratch that a `when` at the last step stores, cast or not, to an output (Pallas's `acc_ref`
+//! matmul). Nothing else may be in the body; any other kernel takes the general path
+//! (`lower.rs`), which runs every kernel.
 //!
 //! On this path a CTA of one to four warpgroups owns a `BM x BN` output block, each warpgroup 64
 //! rows of it in `f32` registers (the `wgmma` accumulator layout), across the `seq` steps. One
@@ -55,10 +57,15 @@ pub enum Init {
 /// A kernel on the Hopper path.
 #[derive(Clone, Debug)]
 pub struct Gemm {
-    /// The operands and the output.
+    /// The operands, and what the kernel accumulates into: an `f32` output, or `f32` scratch
+    /// whose block a `when` at the last step writes to `out`.
     pub a: String,
     pub b: String,
     pub c: String,
+    /// What the epilogue writes: `c` itself, or the output the last step's `when` stores the
+    /// scratch accumulator to, cast to its dtype (`f32`, `f16` or `bf16`).
+    pub out: String,
+    pub out_dtype: DType,
     /// `f16` or `bf16`.
     pub dtype: DType,
     /// Block sizes: the output is `bm x bn`, the contraction `bk` a step.
@@ -125,36 +132,63 @@ fn whole_store<'b>(s: &'b Stmt, p: &str) -> Option<&'b str> {
     }
 }
 
+/// The `when program_id(seq) == step { ... }` of `body` (the only `seq` axis of more than one
+/// point): its statements
+/// (the `when`, the comparison, the `program_id`) and its body.
+fn seq_when<'b>(v: &Verified, body: &'b [Stmt], step: u64) -> Option<([&'b Stmt; 3], &'b [Stmt])> {
+    body.iter().find_map(|w| {
+        let Op::When { cond: Operand::Value(f), body: inner } = &w.op else { return None };
+        let cmp = def(body, f)?;
+        let Op::Compare(CmpOp::Eq, x, y) = &cmp.op else { return None };
+        let pid = match (x, y) {
+            (Operand::Value(p), Operand::Lit(l)) | (Operand::Lit(l), Operand::Value(p)) if l.as_i64() as u64 == step => p,
+            _ => return None,
+        };
+        let id = def(body, pid)?;
+        let Op::ProgramId(axis) = &id.op else { return None };
+        let grid = v.grid();
+        let axis = match axis {
+            AxisRef::Name(n) => grid.iter().position(|a| &a.name == n)?,
+            AxisRef::Pos(p) => *p,
+        };
+        // The only `seq` axis of more than one point (Pallas's translation makes an axis no output
+        // uses `seq`, of one point where the output block covers its dimension).
+        let only = grid.iter().enumerate().all(|(i, a)| i == axis || !a.seq || fixed(a) == 1);
+        (grid[axis].seq && only).then_some(([w, cmp, id], inner.as_slice()))
+    })
+}
+
 /// `when program_id(seq) == 0 { %z = zeros; store c, %z }` (or `full 0.0`): the statements it
-/// takes (the `when`, the `program_id` and the comparison).
+/// takes (the `when`, the comparison and the `program_id`).
 fn zero_init<'b>(v: &Verified, body: &'b [Stmt], c: &str) -> Option<[&'b Stmt; 3]> {
-    let w = body.iter().find(|s| matches!(s.op, Op::When { .. }))?;
-    let Op::When { cond: Operand::Value(f), body: inner } = &w.op else { return None };
-    let [z, st] = inner.as_slice() else { return None };
+    let (taken, inner) = seq_when(v, body, 0)?;
+    let [z, st] = inner else { return None };
     let zeros = match &z.op {
         Op::Zeros => true,
         // `full 0.0`: positive zero only, the accumulator's first value (-0 + -0 stays -0).
         Op::Full(l) => l.as_f64() == 0.0 && l.as_f64().is_sign_positive(),
         _ => false,
     };
-    if !zeros || whole_store(st, c) != Some(z.results[0].as_str()) {
+    (zeros && whole_store(st, c) == Some(z.results[0].as_str())).then_some(taken)
+}
+
+/// `when program_id(seq) == last { %v = load acc; [%w = cast %v;] store out, %w }`: the
+/// statements it takes and the output it writes.
+fn last_store<'b>(v: &Verified, body: &'b [Stmt], acc: &str, last: u64) -> Option<([&'b Stmt; 3], &'b str)> {
+    let (taken, inner) = seq_when(v, body, last)?;
+    let (load, rest) = inner.split_first()?;
+    if whole_load(load) != Some(acc) {
         return None;
     }
-    let cmp = def(body, f)?;
-    let Op::Compare(CmpOp::Eq, x, y) = &cmp.op else { return None };
-    let pid = match (x, y) {
-        (Operand::Value(p), Operand::Lit(l)) | (Operand::Lit(l), Operand::Value(p)) if l.as_f64() == 0.0 => p,
+    let (stored, store) = match rest {
+        [store] => (load.results[0].as_str(), store),
+        [cast, store] if matches!(&cast.op, Op::Cast(Operand::Value(x)) if x == &load.results[0]) => {
+            (cast.results[0].as_str(), store)
+        }
         _ => return None,
     };
-    let id = def(body, pid)?;
-    let Op::ProgramId(axis) = &id.op else { return None };
-    let grid = v.grid();
-    let axis = match axis {
-        AxisRef::Name(n) => grid.iter().position(|a| &a.name == n)?,
-        AxisRef::Pos(p) => *p,
-    };
-    // The first step of the only `seq` axis.
-    (grid[axis].seq && grid.iter().filter(|a| a.seq).count() == 1).then_some([w, cmp, id])
+    let Op::Store { dst, .. } = &store.op else { return None };
+    (whole_store(store, dst) == Some(stored)).then_some((taken, dst.as_str()))
 }
 
 fn fixed(a: &GridAxis) -> u64 {
@@ -206,29 +240,45 @@ pub fn recognize(v: &Verified, thread_axis: Option<&str>) -> Option<Gemm> {
         (c, vec![la, lb, dot, load, reader, store], true)
     };
     let pc = k.param(c)?;
-    if pc.kind != ParamKind::Out || pc.ty.dtype != DType::F32 || (steps > 1 && !accumulates) {
+    let scratch = pc.kind == ParamKind::Scratch;
+    if !matches!(pc.kind, ParamKind::Out | ParamKind::Scratch) || pc.ty.dtype != DType::F32 || (steps > 1 && !accumulates) {
         return None;
     }
+    let at = |s: &Stmt| body.iter().position(|t| std::ptr::eq(t, s));
+    // Scratch (zeroed at the start, docs/language.md) accumulates for a `when` at the last step,
+    // after the accumulation, that stores it to an output.
+    let out = if scratch {
+        let (last, out) = last_store(v, body, c, steps.checked_sub(1)?).filter(|_| accumulates && steps > 1)?;
+        if at(last[0])? < at(taken[5])? {
+            return None;
+        }
+        taken.extend(last);
+        out
+    } else {
+        c
+    };
     let init = match zero_init(v, body, c) {
-        Some(z) if accumulates => {
+        Some(z) if accumulates && at(z[0])? < at(taken[3])? => {
             taken.extend(z);
             Init::Zero
         }
         Some(_) => return None,
-        None if accumulates => Init::Output,
+        None if accumulates && !scratch => Init::Output,
         None => Init::Zero,
     };
-    // Nothing else in the body; the accumulator's loads and stores of `c` come in that order.
-    let at = |s: &Stmt| body.iter().position(|t| std::ptr::eq(t, s));
+    // Nothing else in the body (the two `when`s may share their `program_id`).
+    taken.sort_by_key(|s| *s as *const Stmt as usize);
+    taken.dedup_by(|x, y| std::ptr::eq(*x, *y));
     if body.len() != taken.len() || taken.iter().any(|s| at(s).is_none()) {
         return None;
     }
-    if accumulates && init == Init::Zero && at(taken[6]) > at(taken[3]) {
+    let po = k.param(out)?;
+    if po.kind != ParamKind::Out || po.ty.shape.len() != 2 || !po.ty.dtype.is_float() {
         return None;
     }
     // Shapes: 2-D arrays, blocks the instruction and the swizzle tile.
     let (ba, bb, bc) = (pa.block_shape(), pb.block_shape(), pc.block_shape());
-    if pa.ty.shape.len() != 2 || pb.ty.shape.len() != 2 || pc.ty.shape.len() != 2 {
+    if pa.ty.shape.len() != 2 || pb.ty.shape.len() != 2 || po.block_shape() != bc {
         return None;
     }
     let (bm, bk) = (ba[0], ba[1]);
@@ -249,7 +299,7 @@ pub fn recognize(v: &Verified, thread_axis: Option<&str>) -> Option<Gemm> {
         return None;
     }
     // The output block: the same at every step, and no two programs share one.
-    let cb = pc.block.as_ref();
+    let cb = po.block.as_ref();
     let seq_free =
         cb.is_none_or(|b| b.index.iter().all(|e| e.terms.iter().all(|(_, n)| grid.iter().any(|g| &g.name == n && !g.seq))));
     let told_apart = grid
@@ -263,6 +313,8 @@ pub fn recognize(v: &Verified, thread_axis: Option<&str>) -> Option<Gemm> {
         a: a.to_string(),
         b: b.to_string(),
         c: c.to_string(),
+        out: out.to_string(),
+        out_dtype: po.ty.dtype,
         dtype,
         bm,
         bn,

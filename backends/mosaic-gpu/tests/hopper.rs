@@ -96,11 +96,13 @@ fn emulate(p: &Plan, ptx: &str, a: &[u16], b: &[u16], reverse: bool) -> Result<V
     let module = tessel_ptx_emu::parse(ptx)?;
     let mut mem = Memory::default();
     let shape = |n: &str| k.param(n).expect("argument").ty.shape.clone();
-    let (sa, sb, sc) = (shape(&g.a), shape(&g.b), shape(&g.c));
+    let (sa, sb) = (shape(&g.a), shape(&g.b));
     let (pa, pb) = (mem.alloc(a.len() * 2), mem.alloc(b.len() * 2));
     mem.write_halves(pa, a);
     mem.write_halves(pb, b);
-    let pc = mem.alloc(sc[0] * sc[1] * 4);
+    let so = shape(&g.out);
+    let half = g.out_dtype != DType::F32;
+    let pc = mem.alloc(so[0] * so[1] * if half { 2 } else { 4 });
     let map = |address: u64, s: &[usize], i: usize| TensorMap {
         address,
         dims: [s[1] as u64, s[0] as u64],
@@ -111,7 +113,12 @@ fn emulate(p: &Plan, ptx: &str, a: &[u16], b: &[u16], reverse: bool) -> Result<V
     };
     let maps = [map(pa, &sa, 0), map(pb, &sb, 1)];
     module.launch_with_maps(&mut mem, &[pa, pb, pc], &maps, p.ctas as u32, p.threads(), p.shared_bytes() as usize, reverse)?;
-    Ok(mem.read_words(pc, sc[0] * sc[1]).into_iter().map(f32::from_bits).collect())
+    let n = so[0] * so[1];
+    Ok(match g.out_dtype {
+        DType::BF16 => mem.read_halves(pc, n).into_iter().map(|h| half::bf16::from_bits(h).to_f32()).collect(),
+        DType::F16 => mem.read_halves(pc, n).into_iter().map(|h| half::f16::from_bits(h).to_f32()).collect(),
+        _ => mem.read_words(pc, n).into_iter().map(f32::from_bits).collect(),
+    })
 }
 
 /// c = a b (b given [N, K] when `trans_b`) in `f64`.
@@ -125,9 +132,14 @@ fn product(a: &[f64], b: &[f64], (m, n, k): (usize, usize, usize), trans_b: bool
     c
 }
 
+/// Within `f32`'s tolerance, or a `bf16` output's (8 bits: one rounding of the sum).
 fn agrees(got: &[f32], want: &[f64]) -> Result<(), String> {
+    agrees_within(got, want, 1e-4)
+}
+
+fn agrees_within(got: &[f32], want: &[f64], rel: f64) -> Result<(), String> {
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        if (f64::from(*g) - w).abs() > 1e-4 + 1e-4 * w.abs() || g.is_nan() {
+        if (f64::from(*g) - w).abs() > 1e-4 + rel * w.abs() || g.is_nan() {
             return Err(format!("element {i}: {g} against {w}"));
         }
     }
@@ -172,6 +184,22 @@ fn the_hopper_path_agrees_with_an_f64_product_in_both_thread_orders() {
             agrees(&got, &c.want).unwrap_or_else(|e| panic!("{file} (reverse: {reverse}): {e}"));
         }
     }
+}
+
+#[test]
+fn a_scratch_accumulator_written_at_the_last_step_takes_the_path_and_agrees() {
+    let c = case("wgmma_scratch", false);
+    let g = c.plan.gemm.as_ref().expect("the Hopper path");
+    assert_eq!((g.c.as_str(), g.out.as_str(), g.out_dtype, g.init), ("acc", "o", DType::BF16, Init::Zero));
+    for reverse in [false, true] {
+        let got = emulate(&c.plan, &c.ptx, &c.a, &c.b, reverse).expect("emulates");
+        // The f32 sum rounded once to bf16: within 2^-8 of the product.
+        agrees_within(&got, &c.want, 1.0 / 256.0).unwrap_or_else(|e| panic!("reverse: {reverse}: {e}"));
+    }
+    // Without the `when` at the last step the scratch goes nowhere: the general path.
+    let text = std::fs::read_to_string(format!("{}/../../tests/in/wgmma_scratch.tk", env!("CARGO_MANIFEST_DIR"))).unwrap();
+    let cut = text.replace("%last = eq %k, 2", "%last = eq %k, 1");
+    assert!(planned(&cut).gemm.is_none());
 }
 
 #[test]

@@ -177,6 +177,7 @@ const OPS: &[&str] = &[
     "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32",
     "ld.global.u16",
     "st.global.u16",
+    "st.global.b16",
     "cvt.u64.u32",
     "or.b64",
     "mov.b64",
@@ -935,7 +936,7 @@ fn exec(ins: &Instr, th: &mut Thread, cta: &mut Cta<'_>, tid: u32) -> Result<(),
         }
         "ld.global.b32" => u64::from(cta.mem.load(x(1, th))?),
         "ld.global.u16" => u64::from(cta.mem.load_n(x(1, th), 2)?),
-        "st.global.u16" => {
+        "st.global.u16" | "st.global.b16" => {
             cta.mem.store_n(x(0, th), 2, u(x(1, th)) & 0xFFFF)?;
             return Ok(());
         }

@@ -21,7 +21,7 @@ impl Writer<'_> {
         let entry = plan.entry.clone();
         let (tid_x, cta) = self.write_ids();
         let out = self.rd();
-        self.ins(format!("ld.param.u64 {out}, [{entry}_{}]", g.c));
+        self.ins(format!("ld.param.u64 {out}, [{entry}_{}]", g.out));
         self.ins(format!("cvta.to.global.u64 {out}, {out}"));
         let maps: Vec<String> = (g.maps.iter())
             .map(|m| {
@@ -41,7 +41,7 @@ impl Writer<'_> {
         }
         // The output block is the same at every step: its origin once.
         self.write_origins();
-        let origin = self.origins.iter().find(|(n, _)| n == &g.c).map(|(_, o)| o.clone()).expect("origins computed");
+        let origin = self.origins.iter().find(|(n, _)| n == &g.out).map(|(_, o)| o.clone()).expect("origins computed");
         self.comment(&format!("{} stages of {} bytes, then an mbarrier per stage", g.stages, g.stage_bytes()));
         let smem = self.r();
         self.ins(format!("mov.u32 {smem}, {SHARED}"));
@@ -115,7 +115,16 @@ impl Writer<'_> {
         self.ins(format!("@{again} bra.uni {top}"));
         self.ins("wgmma.wait_group.sync.aligned 0");
         self.comment("the epilogue: the accumulator to the output, from registers");
-        self.fragment(g, &out, &origin, |w, ok, addr, f| w.ins(format!("@{ok} st.global.b32 [{addr}], {f}")));
+        let dtype = g.out_dtype;
+        self.fragment(g, &out, &origin, |w, ok, addr, f| {
+            if half_bits(dtype) {
+                let h = w.h();
+                w.ins(format!("cvt.rn.{}.f32 {h}, {f}", half_ty(dtype)));
+                w.ins(format!("@{ok} st.global.b16 [{addr}], {h}"));
+            } else {
+                w.ins(format!("@{ok} st.global.b32 [{addr}], {f}"));
+            }
+        });
     }
 
     /// Thread 0's copies of step `step`'s operand blocks into stage `stage`, announced to the
@@ -191,7 +200,8 @@ impl Writer<'_> {
     /// +1), `ok` where it lies inside the array.
     fn fragment(&mut self, g: &Gemm, out: &str, origin: &[String], f: impl Fn(&mut Self, &str, &str, &str)) {
         let k = self.plan.kernel.kernel();
-        let dims = k.param(&g.c).expect("verified argument").ty.shape.clone();
+        let dims = k.param(&g.out).expect("verified argument").ty.shape.clone();
+        let bytes = if half_bits(g.out_dtype) { 2 } else { 4 };
         let (lane, wg) = (self.tid.clone(), self.warpgroup.clone());
         let (row, col, t) = (self.r(), self.r(), self.r());
         self.ins(format!("mad.lo.u32 {row}, {wg}, {WG_ROWS}, {}", origin[0]));
@@ -207,7 +217,7 @@ impl Writer<'_> {
             let (r, inside, at) = (self.r(), self.p(), self.rd());
             self.ins(format!("add.u32 {r}, {row}, {}", 8 * half));
             self.ins(format!("setp.lt.u32 {inside}, {r}, {}", dims[0]));
-            self.ins(format!("mul.wide.u32 {at}, {r}, {}", dims[1] * 4));
+            self.ins(format!("mul.wide.u32 {at}, {r}, {}", dims[1] * bytes));
             self.ins(format!("add.u64 {at}, {out}, {at}"));
             rows.push((inside, at));
         }
@@ -217,7 +227,7 @@ impl Writer<'_> {
             self.ins(format!("add.u32 {c}, {col}, {}", 8 * (i / 4) + i % 2));
             self.ins(format!("setp.lt.u32 {ok}, {c}, {}", dims[1]));
             self.ins(format!("and.pred {ok}, {ok}, {inside}"));
-            self.ins(format!("mul.wide.u32 {wide}, {c}, 4"));
+            self.ins(format!("mul.wide.u32 {wide}, {c}, {bytes}"));
             self.ins(format!("add.u64 {addr}, {at}, {wide}"));
             f(self, &ok, &addr, &format!("%f{}", i + 1));
         }
