@@ -178,6 +178,8 @@ const OPS: &[&str] = &[
     "ld.global.u16",
     "st.global.u16",
     "st.global.b16",
+    "ld.global.v2.b32",
+    "st.global.v2.b32",
     "cvt.u64.u32",
     "or.b64",
     "mov.b64",
@@ -936,6 +938,29 @@ fn exec(ins: &Instr, th: &mut Thread, cta: &mut Cta<'_>, tid: u32) -> Result<(),
         }
         "ld.global.b32" => u64::from(cta.mem.load(x(1, th))?),
         "ld.global.u16" => u64::from(cta.mem.load_n(x(1, th), 2)?),
+        // Two 32-bit registers at an 8-byte-aligned address.
+        "st.global.v2.b32" => {
+            let Arg::Vec(v) = &a[1] else { return Err("takes [address], {a, b}".into()) };
+            let addr = x(0, th);
+            if !addr.is_multiple_of(8) {
+                return Err(format!("misaligned 8-byte access at {addr:#x}"));
+            }
+            for (i, r) in v.iter().enumerate() {
+                cta.mem.store(addr + 4 * i as u64, th.regs[*r] as u32)?;
+            }
+            return Ok(());
+        }
+        "ld.global.v2.b32" => {
+            let Arg::Vec(v) = &a[0] else { return Err("takes {a, b}, [address]".into()) };
+            let addr = x(1, th);
+            if !addr.is_multiple_of(8) {
+                return Err(format!("misaligned 8-byte access at {addr:#x}"));
+            }
+            for (i, r) in v.iter().enumerate() {
+                th.regs[*r] = u64::from(cta.mem.load(addr + 4 * i as u64)?);
+            }
+            return Ok(());
+        }
         "st.global.u16" | "st.global.b16" => {
             cta.mem.store_n(x(0, th), 2, u(x(1, th)) & 0xFFFF)?;
             return Ok(());

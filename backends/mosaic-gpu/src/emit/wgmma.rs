@@ -75,7 +75,10 @@ impl Writer<'_> {
         }
         if g.init == Init::Output {
             self.comment("the accumulator starts from the output block");
-            self.fragment(g, &out, &origin, |w, ok, addr, f| w.ins(format!("@{ok} ld.global.b32 {f}, [{addr}]")));
+            self.fragment(g, &out, &origin, |w, ok, addr, f| match f {
+                [x, y] => w.ins(format!("@{ok} ld.global.v2.b32 {{{x}, {y}}}, [{addr}]")),
+                _ => w.ins(format!("@{ok} ld.global.b32 {}, [{addr}]", f[0])),
+            });
         }
         let (step, top) = (self.r(), self.label("step"));
         self.ins(format!("mov.u32 {step}, 0"));
@@ -118,11 +121,23 @@ impl Writer<'_> {
         let dtype = g.out_dtype;
         self.fragment(g, &out, &origin, |w, ok, addr, f| {
             if half_bits(dtype) {
-                let h = w.h();
-                w.ins(format!("cvt.rn.{}.f32 {h}, {f}", half_ty(dtype)));
-                w.ins(format!("@{ok} st.global.b16 [{addr}], {h}"));
+                let h: Vec<String> = f.iter().map(|_| w.h()).collect();
+                for (h, x) in h.iter().zip(f) {
+                    w.ins(format!("cvt.rn.{}.f32 {h}, {x}", half_ty(dtype)));
+                }
+                match &h[..] {
+                    [lo, hi] => {
+                        let pair = w.r();
+                        w.ins(format!("mov.b32 {pair}, {{{lo}, {hi}}}"));
+                        w.ins(format!("@{ok} st.global.b32 [{addr}], {pair}"));
+                    }
+                    _ => w.ins(format!("@{ok} st.global.b16 [{addr}], {}", h[0])),
+                }
             } else {
-                w.ins(format!("@{ok} st.global.b32 [{addr}], {f}"));
+                match f {
+                    [x, y] => w.ins(format!("@{ok} st.global.v2.b32 [{addr}], {{{x}, {y}}}")),
+                    _ => w.ins(format!("@{ok} st.global.b32 [{addr}], {}", f[0])),
+                }
             }
         });
     }
@@ -195,10 +210,12 @@ impl Writer<'_> {
         d
     }
 
-    /// `f(ok, address, register)` for each accumulator register of the thread: its element of the
-    /// output block (warp `w` of the warpgroup: rows 16w + lane/4, +8; columns 2 (lane % 4) + 8j,
-    /// +1), `ok` where it lies inside the array.
-    fn fragment(&mut self, g: &Gemm, out: &str, origin: &[String], f: impl Fn(&mut Self, &str, &str, &str)) {
+    /// `f(ok, address, registers)` for the accumulator registers of the thread: their elements of
+    /// the output block (warp `w` of the warpgroup: rows 16w + lane/4, +8; columns 2 (lane % 4) +
+    /// 8j, +1), `ok` where they lie inside the array. Where rows have an even number of elements,
+    /// the two registers of each column pair together (one 8- or 4-byte access, aligned: the pair
+    /// starts on an even column, and both are inside the array or neither); else one at a time.
+    fn fragment(&mut self, g: &Gemm, out: &str, origin: &[String], f: impl Fn(&mut Self, &str, &str, &[String])) {
         let k = self.plan.kernel.kernel();
         let dims = k.param(&g.out).expect("verified argument").ty.shape.clone();
         let bytes = if half_bits(g.out_dtype) { 2 } else { 4 };
@@ -221,7 +238,8 @@ impl Writer<'_> {
             self.ins(format!("add.u64 {at}, {out}, {at}"));
             rows.push((inside, at));
         }
-        for i in 0..g.bn / 2 {
+        let together = if dims[1] % 2 == 0 { 2 } else { 1 };
+        for i in (0..g.bn / 2).step_by(together) {
             let (inside, at) = rows[(i / 2) % 2].clone();
             let (c, ok, wide, addr) = (self.r(), self.p(), self.rd(), self.rd());
             self.ins(format!("add.u32 {c}, {col}, {}", 8 * (i / 4) + i % 2));
@@ -229,7 +247,8 @@ impl Writer<'_> {
             self.ins(format!("and.pred {ok}, {ok}, {inside}"));
             self.ins(format!("mul.wide.u32 {wide}, {c}, {bytes}"));
             self.ins(format!("add.u64 {addr}, {at}, {wide}"));
-            f(self, &ok, &addr, &format!("%f{}", i + 1));
+            let regs: Vec<String> = (i..i + together).map(|j| format!("%f{}", j + 1)).collect();
+            f(self, &ok, &addr, &regs);
         }
     }
 }
