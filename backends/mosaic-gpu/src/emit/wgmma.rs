@@ -238,7 +238,7 @@ impl Writer<'_> {
             self.ins(format!("add.u64 {at}, {out}, {at}"));
             rows.push((inside, at));
         }
-        let together = if dims[1] % 2 == 0 { 2 } else { 1 };
+        let together = if dims[1].is_multiple_of(2) { 2 } else { 1 };
         for i in (0..g.bn / 2).step_by(together) {
             let (inside, at) = rows[(i / 2) % 2].clone();
             let (c, ok, wide, addr) = (self.r(), self.p(), self.rd(), self.rd());
