@@ -532,6 +532,11 @@ impl<'p> Writer<'p> {
         }
     }
 
+    /// The origin registers [`Writer::write_origins`] made for argument `name`.
+    fn origin_of(&self, name: &str) -> Vec<String> {
+        self.origins.iter().find(|(n, _)| n == name).map(|(_, o)| o.clone()).expect("origins computed")
+    }
+
     /// Element origin of every argument's block at this grid point: `E_d * B_d`.
     fn write_origins(&mut self) {
         let k = self.plan.kernel.kernel();
@@ -1232,7 +1237,7 @@ impl<'p> Writer<'p> {
         let p = k.param(name).expect("verified argument").clone();
         let block = p.block_shape().to_vec();
         let dims = p.ty.shape.clone();
-        let origin = self.origins.iter().find(|(n, _)| n == name).map(|(_, o)| o.clone()).expect("origins computed");
+        let origin = self.origin_of(name);
         // Region: a start register and a length per array dimension; which dimensions stay.
         let mut starts = Vec::new();
         let mut lens = Vec::new();

@@ -194,9 +194,12 @@ pub fn plan(kernel: &Verified, thread_axis: Option<&str>) -> Result<Plan, Backen
 /// The Hopper path's plan, where the kernel takes it.
 fn hopper(kernel: &Verified, thread_axis: Option<&str>) -> Option<Plan> {
     let k = kernel.kernel();
-    let parallel = kernel.grid().iter().filter(|a| !a.seq).map(|a| if let AxisSize::Fixed(n) = a.size { n } else { 1 });
-    let ctas = parallel.fold(1u64, u64::saturating_mul);
-    let g = crate::wgmma::recognize(kernel, thread_axis).filter(|_| ctas <= MAX_CTAS)?;
+    let g = crate::wgmma::recognize(kernel, thread_axis)?;
+    // `recognize` takes fixed grids only.
+    let ctas = kernel.grid().iter().filter(|a| !a.seq).map(crate::wgmma::fixed).fold(1u64, u64::saturating_mul);
+    if ctas > MAX_CTAS {
+        return None;
+    }
     Some(Plan {
         kernel: kernel.clone(),
         entry: format!("tessel_{}", k.name),

@@ -21,9 +21,9 @@ pub struct DeviceBuffer {
     data: CudaSlice<u8>,
 }
 
-/// Bytes of one element of `ty` in a device buffer.
+/// Bytes of one element of `ty` in a device buffer (as the PTX addresses arrays).
 fn element_bytes(ty: &Type) -> usize {
-    if ty.dtype.bits() == 16 { 2 } else { 4 }
+    if crate::emit::half_bits(ty.dtype) { 2 } else { 4 }
 }
 
 /// A `CUtensorMap` passed by value as a kernel parameter (`.param .align 64 .b8 NAME[128]`).

@@ -191,7 +191,8 @@ fn last_store<'b>(v: &Verified, body: &'b [Stmt], acc: &str, last: u64) -> Optio
     (whole_store(store, dst) == Some(stored)).then_some((taken, dst.as_str()))
 }
 
-fn fixed(a: &GridAxis) -> u64 {
+/// A grid axis's size (0 for a `dyn` one, which this path does not take).
+pub(crate) fn fixed(a: &GridAxis) -> u64 {
     match a.size {
         AxisSize::Fixed(n) => n,
         AxisSize::Dyn => 0,

@@ -941,23 +941,15 @@ fn exec(ins: &Instr, th: &mut Thread, cta: &mut Cta<'_>, tid: u32) -> Result<(),
         // Two 32-bit registers at an 8-byte-aligned address.
         "st.global.v2.b32" => {
             let Arg::Vec(v) = &a[1] else { return Err("takes [address], {a, b}".into()) };
-            let addr = x(0, th);
-            if !addr.is_multiple_of(8) {
-                return Err(format!("misaligned 8-byte access at {addr:#x}"));
-            }
-            for (i, r) in v.iter().enumerate() {
-                cta.mem.store(addr + 4 * i as u64, th.regs[*r] as u32)?;
+            for (at, r) in vector(x(0, th), v)? {
+                cta.mem.store(at, th.regs[*r] as u32)?;
             }
             return Ok(());
         }
         "ld.global.v2.b32" => {
             let Arg::Vec(v) = &a[0] else { return Err("takes {a, b}, [address]".into()) };
-            let addr = x(1, th);
-            if !addr.is_multiple_of(8) {
-                return Err(format!("misaligned 8-byte access at {addr:#x}"));
-            }
-            for (i, r) in v.iter().enumerate() {
-                th.regs[*r] = u64::from(cta.mem.load(addr + 4 * i as u64)?);
+            for (at, r) in vector(x(1, th), v)? {
+                th.regs[*r] = u64::from(cta.mem.load(at)?);
             }
             return Ok(());
         }
@@ -1112,6 +1104,16 @@ fn exec(ins: &Instr, th: &mut Thread, cta: &mut Cta<'_>, tid: u32) -> Result<(),
     let d = dst.ok_or("no destination register")?;
     th.regs[d] = out;
     Ok(())
+}
+
+/// The addresses of a vector access's 32-bit elements, each with its register; the access is
+/// aligned to its whole size.
+fn vector(addr: u64, regs: &[usize]) -> Result<impl Iterator<Item = (u64, &usize)>, String> {
+    let size = 4 * regs.len() as u64;
+    if !addr.is_multiple_of(size) {
+        return Err(format!("misaligned {size}-byte access at {addr:#x}"));
+    }
+    Ok(regs.iter().enumerate().map(move |(i, r)| (addr + 4 * i as u64, r)))
 }
 
 fn cmp_int<T: PartialOrd>(cmp: &str, p: T, q: T) -> Result<bool, String> {

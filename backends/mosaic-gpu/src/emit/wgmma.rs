@@ -41,7 +41,7 @@ impl Writer<'_> {
         }
         // The output block is the same at every step: its origin once.
         self.write_origins();
-        let origin = self.origins.iter().find(|(n, _)| n == &g.out).map(|(_, o)| o.clone()).expect("origins computed");
+        let origin = self.origin_of(&g.out);
         self.comment(&format!("{} stages of {} bytes, then an mbarrier per stage", g.stages, g.stage_bytes()));
         let smem = self.r();
         self.ins(format!("mov.u32 {smem}, {SHARED}"));
@@ -152,11 +152,11 @@ impl Writer<'_> {
         self.ins(format!("mad.lo.u32 {base}, {stage}, {}, {smem}", g.stage_bytes()));
         let state = self.rd();
         self.ins(format!("mbarrier.arrive.expect_tx.shared::cta.b64 {state}, [{bar}], {}", g.stage_bytes()));
-        let k = self.plan.kernel.kernel();
         let (na, nb) = g.boxes();
-        for (map, (array, boxes, offset)) in maps.iter().zip([(&g.a, na, 0), (&g.b, nb, g.a_bytes())]) {
-            let rows = k.param(array).expect("verified argument").block_shape()[0] as u64;
-            let origin = self.origins.iter().find(|(n, _)| n == array).map(|(_, o)| o.clone()).expect("origins computed");
+        for (map, (spec, boxes, offset)) in maps.iter().zip([(&g.maps[0], na, 0), (&g.maps[1], nb, g.a_bytes())]) {
+            // A box is the block's rows by 64 elements; the block's boxes lie one after another.
+            let rows = u64::from(spec.boxes[1]);
+            let origin = self.origin_of(&spec.array);
             for j in 0..boxes as u64 {
                 let (dst, x) = (self.r(), self.r());
                 self.ins(format!("add.u32 {dst}, {base}, {}", offset + j * rows * SWIZZLE as u64));
