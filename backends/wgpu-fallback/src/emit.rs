@@ -676,6 +676,27 @@ impl<'k> Writer<'k> {
                 }
             }
         }
+        let forwarded: BTreeSet<usize> = self.plan.row_forwarded.values().copied().collect();
+        for pi in forwarded.union(&self.plan.quad_outputs).copied().collect::<Vec<_>>() {
+            if let Some(start) = self.row_start(pi) {
+                let p = &k.params[pi];
+                let origin = |d: usize| if p.block.is_some() { format!("o{pi}_{d}") } else { "0i".to_string() };
+                let first = format!("u32({} + i32(lid)) * {}u + u32({})", origin(0), p.ty.shape[1], origin(1));
+                self.line(format!("let {start} = ({first}) / 4u;"));
+            }
+        }
+    }
+
+    /// In the row layout, where each invocation owns at most one row of the `vec4`-bound block of
+    /// argument `pi` (it has no more rows than the workgroup has invocations): the name of the
+    /// `vec4` where the invocation's row starts, so that quad `j` of the row is `{start} + j`
+    /// (array rows and block columns are multiples of 4, [`crate::lower::quad_able`]).
+    fn row_start(&self, pi: usize) -> Option<String> {
+        let p = &self.v.kernel().params[pi];
+        let c = self.plan.row_len().filter(|c| c.is_multiple_of(4))?;
+        let bound = self.plan.quad_outputs.contains(&pi) || self.plan.quad_inputs.contains(&pi);
+        let block = p.block_shape();
+        (bound && p.ty.shape.len() == 2 && block[1] == c && block[0] <= self.plan.wg as usize).then(|| format!("rq{pi}"))
     }
 
     /// Whether values of `shape` are held four elements to a `vec4` (`array<vec4<T>, slots / 4>`,
@@ -843,6 +864,9 @@ impl<'k> Writer<'k> {
     /// The `vec4` of argument `pi`'s buffer that holds quad `j` (an expression) of its
     /// row-forwarded block: row `lid + wg (4j / c)` of the block, from column `(4j) % c`.
     fn row_quad(&self, pi: usize, j: &str) -> String {
+        if let Some(start) = self.row_start(pi) {
+            return format!("a{pi}[{start} + {j}]");
+        }
         let p = &self.v.kernel().params[pi];
         let c = self.plan.row_len().expect("row layout");
         let origin = |d: usize| if p.block.is_some() { format!("o{pi}_{d}") } else { "0i".to_string() };
@@ -1829,8 +1853,14 @@ impl<'k> Writer<'k> {
         if self.plan.quad_outputs.contains(&pi) {
             // Four adjacent elements as one write, to the argument bound as `vec4`s.
             let rt = reg_ty(d);
+            let start = self.row_start(pi).filter(|_| self.quad_value(&sel) && index.is_none());
             self.each_quad(&sel, |w, slot| {
-                let (_, flat) = w.address(&region, &p.ty.shape);
+                // The invocation's row from its start, or the element's address (inside the
+                // array: `quad_able`).
+                let cell = match &start {
+                    Some(start) => format!("{start} + j"),
+                    None => format!("{} / 4u", w.address(&region, &p.ty.shape).1),
+                };
                 let q = match &vread {
                     Read::Own(id) if w.quad_value(&sel) => format!("{id}[j]"),
                     Read::Row(name) if w.quad_value(&sel) => w.row_quad(w.plan.row_forwarded[name], "j"),
@@ -1859,7 +1889,7 @@ impl<'k> Writer<'k> {
                         q
                     }
                 };
-                w.line(format!("a{pi}[{flat} / 4u] = {q};"));
+                w.line(format!("a{pi}[{cell}] = {q};"));
             });
             self.pending_store = true;
             return;
