@@ -447,16 +447,45 @@ impl<'k> Writer<'k> {
         g * n.div_ceil(g * self.plan.wg as usize)
     }
 
+    /// The header's account of the values owned in runs of rows ([`Plan::row_runs`]), if any.
+    fn runs(&self) -> String {
+        let mut shapes = BTreeSet::new();
+        tessel_plugin_api::ir::analysis::visit(&self.v.kernel().body, &mut |s| {
+            for r in &s.results {
+                let shape = &self.v.value_type(r).shape;
+                if let Some((_, rows)) = self.plan.row_runs(shape) {
+                    shapes.insert((shape.clone(), rows));
+                }
+            }
+        });
+        let runs: Vec<String> = shapes.iter().map(|(s, rows)| format!("{s:?} in runs of {rows} rows")).collect();
+        if runs.is_empty() { String::new() } else { format!("; {}", runs.join(", ")) }
+    }
+
     /// The element of slot `k` (a constant) of a value of `shape`, as a WGSL expression of `lid`.
     fn element(&self, shape: &[usize], k: usize) -> String {
         let wg = self.plan.wg as usize;
         let g = self.group_of(shape);
+        if self.plan.row_runs(shape).is_some() {
+            return self.run_element(shape, &format!("{}u", k / g), &format!("{}u", k % g));
+        }
         if g > 1 { format!("{g}u * lid + {}u", g * wg * (k / g) + k % g) } else { format!("lid + {}u", k * wg) }
+    }
+
+    /// Where invocations own runs of rows of `shape` ([`Plan::row_runs`]): the element of the
+    /// invocation's group `j` (its `j`-th row), column `t` of the group (WGSL expressions).
+    fn run_element(&self, shape: &[usize], j: &str, t: &str) -> String {
+        let (groups, rows) = self.plan.row_runs(shape).expect("values owned in runs of rows");
+        let (g, n) = (self.group_of(shape), shape[1]);
+        format!("{n}u * ({rows}u * (lid / {groups}u) + {j}) + {g}u * (lid % {groups}u) + {t}")
     }
 
     /// The element of the slot in the WGSL variable `k`, of a value of `shape`.
     fn element_of_var(&self, shape: &[usize]) -> String {
         let g = self.group_of(shape);
+        if self.plan.row_runs(shape).is_some() {
+            return self.run_element(shape, &format!("k / {g}u"), &format!("k % {g}u"));
+        }
         if g > 1 {
             format!("{g}u * (lid + {}u * (k / {g}u)) + k % {g}u", self.plan.wg)
         } else {
@@ -847,7 +876,11 @@ impl<'k> Writer<'k> {
                 Box::new(move |t| format!("{}u", 4 * q + t))
             } else {
                 self.open(format!("for (var j = 0u; j < {quads}u; j++)"));
-                self.line(format!("let e = {g}u * (lid + {wg}u * (4u * j / {g}u)) + (4u * j) % {g}u;"));
+                let e = match self.plan.row_runs(shape) {
+                    Some(_) => self.run_element(shape, &format!("4u * j / {g}u"), &format!("(4u * j) % {g}u")),
+                    None => format!("{g}u * (lid + {wg}u * (4u * j / {g}u)) + (4u * j) % {g}u"),
+                };
+                self.line(format!("let e = {e};"));
                 Box::new(|t| format!("4u * j + {t}u"))
             };
             if guard {
@@ -1396,7 +1429,8 @@ impl<'k> Writer<'k> {
             for j in 0..slots / g {
                 let e = self.element(&[m, n], g * j);
                 self.open_group(&e, total, guard);
-                self.line(format!("let aq = {};", qa(&format!("(({e}) / {n}u)"), "r")));
+                let row = self.tile_row(&[m, n], j, &e);
+                self.line(format!("let aq = {};", qa(&row, "r")));
                 // Ascending in the contraction, as the interpreter sums.
                 for (t, c) in ["x", "y", "z", "w"].iter().enumerate() {
                     for q in 0..quads {
@@ -1481,7 +1515,8 @@ impl<'k> Writer<'k> {
         for j in 0..slots / g {
             let e = self.element(&shape, g * j);
             self.open_group(&e, m * n, guard);
-            self.line(format!("let av = {};", a_of(&format!("(({e}) / {n}u)"))));
+            let row = self.tile_row(&shape, j, &e);
+            self.line(format!("let av = {};", a_of(&row)));
             for t in 0..g {
                 let s = g * j + t;
                 self.line(format!("acc{s} = acc{s} + av * b{t};"));
@@ -1500,6 +1535,15 @@ impl<'k> Writer<'k> {
         }
         self.close();
         self.defined(dst);
+    }
+
+    /// The row of a register tile's group `j`, whose first element is `e`, in a `dot` result of
+    /// `shape`: its place in the invocation's run of rows where there is one.
+    fn tile_row(&self, shape: &[usize], j: usize, e: &str) -> String {
+        match self.plan.row_runs(shape) {
+            Some((groups, rows)) => format!("({rows}u * (lid / {groups}u) + {j}u)"),
+            None => format!("(({e}) / {}u)", shape[1]),
+        }
     }
 
     /// Opens the block of a register tile's group at element `e`: an `if` where the group may lie
@@ -2092,7 +2136,7 @@ impl<'k> Writer<'k> {
             if let Some(c) = self.plan.row_len() {
                 format!("whole rows of {c} per invocation (row layout: reductions along rows stay in the invocation)")
             } else if self.plan.group > 1 && self.plan.dots {
-                format!("each invocation owns groups of {} adjacent ones (register tiles for dot)", self.plan.group)
+                format!("each invocation owns groups of {} adjacent ones (register tiles for dot){}", self.plan.group, self.runs())
             } else if self.plan.group > 1 {
                 format!("each invocation owns groups of {} adjacent ones (vec4 reads and writes)", self.plan.group)
             } else {

@@ -253,7 +253,13 @@ impl Plan {
     /// (the same elements; `reshape` (`linear`) of values owned in the same groups; in the row
     /// layout, an `[R, 1]` value broadcast over its rows).
     pub fn crosses(&self, shape: &[usize], res: &[usize], linear: bool) -> bool {
-        let own = !res.is_empty() && (shape == res || (linear && self.group_of(shape) == self.group_of(res)));
+        // Runs of rows depend on the workgroup size, not known yet when the survey asks: a 2-D
+        // value that may be owned in runs is taken as owned differently from any other shape.
+        let may_run = |s: &[usize]| {
+            self.strategy == Strategy::Cpu && self.dots && self.row_layout.is_none() && self.group > 1 && s.len() == 2
+        };
+        let same_groups = self.group_of(shape) == self.group_of(res) && !may_run(shape) && !may_run(res);
+        let own = !res.is_empty() && (shape == res || (linear && same_groups));
         let row = self
             .row_len()
             .is_some_and(|c| res.len() == 2 && shape.len() == 2 && shape[0] == res[0] && shape[1] == 1 && res[1] == c);
@@ -301,6 +307,22 @@ impl Plan {
             Some(_) => 1,
             None => self.group,
         }
+    }
+
+    /// In a kernel with `dot`s under the `cpu` strategy, outside the row layout (a hardware
+    /// adapter keeps rows `wg / (n / g)` apart, which spreads a staged tile's reads over the
+    /// banks of workgroup memory): whether invocations own a run of
+    /// adjacent rows of a 2-D value of `shape` (`[m, n]`, `n / g` column groups dividing the
+    /// workgroup, no slot past the end), as `(column groups, rows)`: invocation `lid` owns group
+    /// `lid % column groups` of rows `rows * (lid / column groups)` and the `rows - 1` after, so
+    /// that a register tile of `dot` reads `a` in adjacent rows. Other values keep groups `g`
+    /// elements apart in `lid` and `wg g` apart in the slot ([`Plan::group`]).
+    pub fn row_runs(&self, shape: &[usize]) -> Option<(usize, usize)> {
+        let (g, wg) = (self.group, self.wg as usize);
+        let &[m, n] = shape else { return None };
+        let (groups, per) = (n / g.max(1), g * wg);
+        let fits = self.strategy == Strategy::Cpu && self.dots && self.row_layout.is_none() && g > 1 && n.is_multiple_of(g) && groups > 0;
+        (fits && wg.is_multiple_of(groups) && (m * n).is_multiple_of(per) && m * n > per).then(|| (groups, m * n / per))
     }
 }
 
