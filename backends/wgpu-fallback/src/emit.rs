@@ -2136,7 +2136,11 @@ impl<'k> Writer<'k> {
             if let Some(c) = self.plan.row_len() {
                 format!("whole rows of {c} per invocation (row layout: reductions along rows stay in the invocation)")
             } else if self.plan.group > 1 && self.plan.dots {
-                format!("each invocation owns groups of {} adjacent ones (register tiles for dot){}", self.plan.group, self.runs())
+                format!(
+                    "each invocation owns groups of {} adjacent ones (register tiles for dot){}",
+                    self.plan.group,
+                    self.runs()
+                )
             } else if self.plan.group > 1 {
                 format!("each invocation owns groups of {} adjacent ones (vec4 reads and writes)", self.plan.group)
             } else {

@@ -309,19 +309,24 @@ impl Plan {
         }
     }
 
-    /// In a kernel with `dot`s under the `cpu` strategy, outside the row layout (a hardware
-    /// adapter keeps rows `wg / (n / g)` apart, which spreads a staged tile's reads over the
-    /// banks of workgroup memory): whether invocations own a run of
-    /// adjacent rows of a 2-D value of `shape` (`[m, n]`, `n / g` column groups dividing the
-    /// workgroup, no slot past the end), as `(column groups, rows)`: invocation `lid` owns group
-    /// `lid % column groups` of rows `rows * (lid / column groups)` and the `rows - 1` after, so
-    /// that a register tile of `dot` reads `a` in adjacent rows. Other values keep groups `g`
-    /// elements apart in `lid` and `wg g` apart in the slot ([`Plan::group`]).
+    /// In a kernel with `dot`s under the `cpu` strategy, outside the row layout: whether
+    /// invocations own a run of adjacent rows of a 2-D value of `shape` (`[m, n]`, its `n / g`
+    /// column groups dividing the workgroup, no slot past the end), as `(column groups, rows)`:
+    /// invocation `lid` owns group `lid % column groups` of rows `rows * (lid / column groups)`
+    /// and the `rows - 1` after, so that a register tile of `dot` reads `a` in adjacent rows.
+    /// Other values, and every value on a hardware adapter (where rows apart spread a staged
+    /// tile's reads over the banks of workgroup memory), keep groups `g` elements apart in `lid`
+    /// and `wg g` apart in the slot ([`Plan::group`]).
     pub fn row_runs(&self, shape: &[usize]) -> Option<(usize, usize)> {
         let (g, wg) = (self.group, self.wg as usize);
         let &[m, n] = shape else { return None };
         let (groups, per) = (n / g.max(1), g * wg);
-        let fits = self.strategy == Strategy::Cpu && self.dots && self.row_layout.is_none() && g > 1 && n.is_multiple_of(g) && groups > 0;
+        let fits = self.strategy == Strategy::Cpu
+            && self.dots
+            && self.row_layout.is_none()
+            && g > 1
+            && n.is_multiple_of(g)
+            && groups > 0;
         (fits && wg.is_multiple_of(groups) && (m * n).is_multiple_of(per) && m * n > per).then(|| (groups, m * n / per))
     }
 }
