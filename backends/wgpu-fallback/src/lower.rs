@@ -744,6 +744,51 @@ fn accumulating_dots(v: &Verified, resident: &HashMap<String, usize>) -> HashMap
 mod tests {
     use super::*;
 
+    fn planned(text: &str, strategy: Strategy) -> Plan {
+        let v = verify(&parse(text).expect("parses").kernels.remove(0)).expect("verifies");
+        let grid = tessel_plugin_api::launch::resolve_grid(&v, &Default::default()).expect("a fixed grid");
+        plan(v, grid, strategy).expect("plans")
+    }
+
+    /// Invocations own runs of adjacent rows only where the column groups divide the workgroup
+    /// and the groups fill every slot, only in `dot` kernels, and only on a CPU adapter; the
+    /// element of every slot is then still a different element (the mapping is a bijection).
+    #[test]
+    fn dot_values_are_owned_in_runs_of_rows_only_where_they_fill_them_on_a_cpu_adapter() {
+        let matmul = |m: usize, n: usize| {
+            format!(
+                "kernel k\n  grid (i: 2)\n  in  a: f32[{}, 64] block [{m}, 64] at (i, 0)\n  in  b: f32[64, {n}] block [64, {n}] at (0, 0)\n  out c: f32[{}, {n}] block [{m}, {n}] at (i, 0)\n{{\n  %a = load a\n  %b = load b\n  %p = dot %a, %b\n  store c, %p\n}}\n",
+                2 * m,
+                2 * m
+            )
+        };
+        let p = planned(&matmul(64, 64), Strategy::Cpu);
+        assert_eq!((p.group, p.wg), (8, 32));
+        // 8 column groups of 8; 32 invocations take 4 rows a pass, 16 passes: runs of 16 rows.
+        assert_eq!(p.row_runs(&[64, 64]), Some((8, 16)));
+        let (groups, rows) = p.row_runs(&[64, 64]).unwrap();
+        let mut seen = BTreeSet::new();
+        for lid in 0..p.wg as usize {
+            for j in 0..rows {
+                for t in 0..p.group {
+                    let e = 64 * (rows * (lid / groups) + j) + p.group * (lid % groups) + t;
+                    assert!(e < 64 * 64 && seen.insert(e), "element {e} owned twice or past the end");
+                }
+            }
+        }
+        assert_eq!(seen.len(), 64 * 64);
+        // Shapes whose groups do not fill every invocation's slots, or whose column groups do not
+        // divide the workgroup, keep groups apart; so do 1-D
+        // values, kernels without `dot`, and every value on a hardware adapter.
+        assert_eq!(p.row_runs(&[60, 64]), Some((8, 15)));
+        assert_eq!(p.row_runs(&[62, 64]), None, "the last pass has half its rows");
+        assert_eq!(p.row_runs(&[64, 24]), None, "3 column groups do not divide 32 invocations");
+        assert_eq!(p.row_runs(&[4096]), None);
+        assert_eq!(planned(&matmul(64, 64), Strategy::Gpu).row_runs(&[64, 64]), None);
+        let add = "kernel k\n  grid (i: 2)\n  in  x: f32[128, 64] block [64, 64] at (i, 0)\n  out o: f32[128, 64] block [64, 64] at (i, 0)\n{\n  %x = load x\n  %y = add %x, 1.0\n  store o, %y\n}\n";
+        assert_eq!(planned(add, Strategy::Cpu).row_runs(&[64, 64]), None);
+    }
+
     #[test]
     fn strategies_parse_by_name_and_a_bad_name_says_what_would_work() {
         assert_eq!(Strategy::parse("cpu").unwrap(), Strategy::Cpu);
