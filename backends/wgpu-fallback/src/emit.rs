@@ -709,11 +709,16 @@ impl<'k> Writer<'k> {
         for pi in forwarded.union(&self.plan.quad_outputs).copied().collect::<Vec<_>>() {
             if let Some(start) = self.row_start(pi) {
                 let p = &k.params[pi];
-                let origin = |d: usize| if p.block.is_some() { format!("o{pi}_{d}") } else { "0i".to_string() };
+                let origin = |d: usize| self.origin(pi, d);
                 let first = format!("u32({} + i32(lid)) * {}u + u32({})", origin(0), p.ty.shape[1], origin(1));
                 self.line(format!("let {start} = ({first}) / 4u;"));
             }
         }
+    }
+
+    /// The element origin of argument `pi`'s block along dimension `d` (`0i` for a whole array).
+    fn origin(&self, pi: usize, d: usize) -> String {
+        if self.v.kernel().params[pi].block.is_some() { format!("o{pi}_{d}") } else { "0i".to_string() }
     }
 
     /// In the row layout, where each invocation owns at most one row of the `vec4`-bound block of
@@ -902,7 +907,7 @@ impl<'k> Writer<'k> {
         }
         let p = &self.v.kernel().params[pi];
         let c = self.plan.row_len().expect("row layout");
-        let origin = |d: usize| if p.block.is_some() { format!("o{pi}_{d}") } else { "0i".to_string() };
+        let origin = |d: usize| self.origin(pi, d);
         let (row, col) = (format!("lid + {}u * (4u * {j} / {c}u)", self.plan.wg), format!("(4u * {j}) % {c}u"));
         format!("a{pi}[(u32({} + i32({row})) * {}u + u32({}) + {col}) / 4u]", origin(0), p.ty.shape[1], origin(1))
     }
@@ -1577,7 +1582,7 @@ impl<'k> Writer<'k> {
         if !quad_able(self.grid, p) || !self.view(pi) {
             return None;
         }
-        let origin = |d: usize| if p.block.is_some() { format!("o{pi}_{d}") } else { "0i".to_string() };
+        let origin = |d: usize| self.origin(pi, d);
         let (o0, o1) = (origin(0), origin(1));
         Some(Box::new(move |row: &str, col: &str| {
             format!("a{pi}v[(u32({o0} + i32({row})) * {}u + u32({o1} + i32({col}))) / 4u]", dims[1])
@@ -1596,7 +1601,7 @@ impl<'k> Writer<'k> {
         let p = &self.v.kernel().params[pi];
         let dims = p.ty.shape.clone();
         let inside: Vec<bool> = (0..2).map(|d| self.block_inside(pi, d)).collect();
-        let origin = |d: usize| if p.block.is_some() { format!("o{pi}_{d}") } else { "0i".to_string() };
+        let origin = |d: usize| self.origin(pi, d);
         let (o0, o1) = (origin(0), origin(1));
         let zero = literal(Literal::Int(0), p.ty.dtype);
         Box::new(move |row: &str, col: &str| {

@@ -255,9 +255,7 @@ impl Plan {
     pub fn crosses(&self, shape: &[usize], res: &[usize], linear: bool) -> bool {
         // Runs of rows depend on the workgroup size, not known yet when the survey asks: a 2-D
         // value that may be owned in runs is taken as owned differently from any other shape.
-        let may_run = |s: &[usize]| {
-            self.strategy == Strategy::Cpu && self.dots && self.row_layout.is_none() && self.group > 1 && s.len() == 2
-        };
+        let may_run = |s: &[usize]| self.runs_possible() && s.len() == 2;
         let same_groups = self.group_of(shape) == self.group_of(res) && !may_run(shape) && !may_run(res);
         let own = !res.is_empty() && (shape == res || (linear && same_groups));
         let row = self
@@ -309,6 +307,12 @@ impl Plan {
         }
     }
 
+    /// Whether any value may be owned in runs of rows ([`Plan::row_runs`]): a kernel with `dot`s
+    /// in groups, under the `cpu` strategy, outside the row layout.
+    fn runs_possible(&self) -> bool {
+        self.strategy == Strategy::Cpu && self.dots && self.row_layout.is_none() && self.group > 1
+    }
+
     /// In a kernel with `dot`s under the `cpu` strategy, outside the row layout: whether
     /// invocations own a run of adjacent rows of a 2-D value of `shape` (`[m, n]`, its `n / g`
     /// column groups dividing the workgroup, no slot past the end), as `(column groups, rows)`:
@@ -321,12 +325,7 @@ impl Plan {
         let (g, wg) = (self.group, self.wg as usize);
         let &[m, n] = shape else { return None };
         let (groups, per) = (n / g.max(1), g * wg);
-        let fits = self.strategy == Strategy::Cpu
-            && self.dots
-            && self.row_layout.is_none()
-            && g > 1
-            && n.is_multiple_of(g)
-            && groups > 0;
+        let fits = self.runs_possible() && n.is_multiple_of(g) && groups > 0;
         (fits && wg.is_multiple_of(groups) && (m * n).is_multiple_of(per) && m * n > per).then(|| (groups, m * n / per))
     }
 }
