@@ -828,15 +828,25 @@ fn random_inputs(p: &Prepared, seed: u64) -> Result<BTreeMap<String, HostArray>>
 }
 
 fn run(rt: &Runtime, flags: &LaunchFlags, opts: &RunOptions, out: &mut dyn Write, err: &mut dyn Write) -> Result<()> {
+    // `TESSEL_LOG=debug` times each phase of the process.
+    let mut phase = Instant::now();
+    let mut lap = |what: &str| {
+        log::debug!("{what}: {:.2} ms", phase.elapsed().as_secs_f64() * 1e3);
+        phase = Instant::now();
+    };
     let given = read_inputs(&opts.inputs)?;
+    lap("read the inputs");
     let p = prepare(rt, flags, RUN_DEFAULT, &given)?;
+    lap("parsed, verified and chose the backend");
     p.warn(err);
     explain(&p, flags, out);
     let inputs = if given.is_empty() { random_inputs(&p, opts.seed)? } else { given };
+    lap("made the random inputs");
     let launch = LaunchArgs { inputs, grid: p.grid.clone() };
     let start = Instant::now();
     let outputs = rt.launch(&p.backend, &p.launches(), &p.externals(), &launch)?;
     let elapsed = start.elapsed();
+    lap("launched");
     let names: Vec<&str> = p.kernels.iter().map(Verified::name).collect();
     let _ = writeln!(out, "ran `{}` on {} in {:.2} ms", names.join("`, `"), p.backend, elapsed.as_secs_f64() * 1e3);
     let report = if opts.check {
@@ -856,6 +866,9 @@ fn run(rt: &Runtime, flags: &LaunchFlags, opts: &RunOptions, out: &mut dyn Write
     } else {
         None
     };
+    if opts.check {
+        lap("ran the interpreter for --check");
+    }
     let dir = opts.out_dir.clone().unwrap_or_else(|| PathBuf::from("tessel-out").join(names.join("+")));
     std::fs::create_dir_all(&dir).map_err(|source| Error::Write { path: dir.clone(), source })?;
     for (name, array) in &outputs {
@@ -863,6 +876,7 @@ fn run(rt: &Runtime, flags: &LaunchFlags, opts: &RunOptions, out: &mut dyn Write
         crate::npy::write(&path, array).map_err(|source| Error::Write { path: path.clone(), source })?;
         let _ = writeln!(out, "  {name}: {} -> {}", array.ty(), path.display());
     }
+    lap("wrote the outputs");
     if let Some((lines, failed)) = report {
         for l in lines {
             let _ = writeln!(out, "{l}");
