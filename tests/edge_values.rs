@@ -546,7 +546,9 @@ fn row_reductions_propagate_nan_on_every_executor() {
         *v = if j % 2 == 0 { 0.0 } else { -0.0 }; // row 4
     }
     x[6 * 64 - 1] = f64::NAN; // row 5, last
-    let fold = |row: &[f64], f: fn(f64, f64) -> f64| row.iter().fold(row[0], |a, &v| if a.is_nan() || v.is_nan() { f64::NAN } else { f(a, v) });
+    let fold = |row: &[f64], f: fn(f64, f64) -> f64| {
+        row.iter().fold(row[0], |a, &v| if a.is_nan() || v.is_nan() { f64::NAN } else { f(a, v) })
+    };
     let want_max: Vec<f64> = x.chunks(64).map(|r| fold(r, f64::max)).collect();
     let want_min: Vec<f64> = x.chunks(64).map(|r| fold(r, f64::min)).collect();
     let kernel = tessel::load_source("rows.tk", src).unwrap_or_else(|e| panic!("{e}")).remove(0);

@@ -175,8 +175,18 @@ fn flash_attention() {
 
 #[test]
 fn every_example_is_tested_here() {
-    let tested =
-        ["add", "fused", "transpose_bias", "row_reduce", "matmul", "matmul_bf16", "softmax", "masked", "ragged", "flash_attention"];
+    let tested = [
+        "add",
+        "fused",
+        "transpose_bias",
+        "row_reduce",
+        "matmul",
+        "matmul_bf16",
+        "softmax",
+        "masked",
+        "ragged",
+        "flash_attention",
+    ];
     let mut found: Vec<String> = std::fs::read_dir(root().join("examples"))
         .expect("examples/")
         .filter_map(|e| e.ok()?.path().file_stem()?.to_str().map(String::from))

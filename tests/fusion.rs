@@ -52,7 +52,8 @@ fn merged_programs_write_what_their_programs_would_and_nothing_else() {
     let x: Vec<f32> = (0..n).map(|i| (i % 1000) as f32 * 0.25).collect();
     let y: Vec<f32> = (0..n).map(|i| 3.0 - (i % 777) as f32 / 64.0).collect();
     let args = LaunchArgs {
-        inputs: [("x".to_string(), common::f32_array(&[n], x.clone())), ("y".to_string(), common::f32_array(&[n], y.clone()))].into(),
+        inputs: [("x".to_string(), common::f32_array(&[n], x.clone())), ("y".to_string(), common::f32_array(&[n], y.clone()))]
+            .into(),
         grid: Default::default(),
     };
     let got: Vec<f64> = c.run(&args).expect("runs").remove(0).1.to_f64();

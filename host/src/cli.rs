@@ -834,6 +834,9 @@ fn run(rt: &Runtime, flags: &LaunchFlags, opts: &RunOptions, out: &mut dyn Write
         log::debug!("{what}: {:.2} ms", phase.elapsed().as_secs_f64() * 1e3);
         phase = Instant::now();
     };
+    // Random inputs and the interpreter run on rayon's pool: its threads start (about a third of
+    // a millisecond each) while this one reads and parses.
+    rayon::spawn(|| ());
     let given = read_inputs(&opts.inputs)?;
     lap("read the inputs");
     let p = prepare(rt, flags, RUN_DEFAULT, &given)?;
