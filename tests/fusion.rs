@@ -64,6 +64,36 @@ fn merged_programs_write_what_their_programs_would_and_nothing_else() {
 }
 
 #[test]
+fn a_matmul_merged_along_its_rows_gives_the_unmerged_bits() {
+    // 64 programs of 16×16 blocks, `k` in 4 steps; compiled for two threads the programs merge
+    // along `i` and share `b`'s block. The bits are those of the program as written, statement
+    // by statement, and the products those of an f64 reference within f32 rounding.
+    let src = "kernel mm\n  grid (i: 16, j: 4, k: 4 seq)\n  in  a: f32[256, 64] block [16, 16] at (i, k)\n  in  b: f32[64, 64] block [16, 16] at (k, j)\n  out c: f32[256, 64] block [16, 16] at (i, j)\n{\n  %a = load a\n  %b = load b\n  %p = dot %a, %b\n  %acc = load c\n  %sum = add %acc, %p\n  store c, %sum\n}\n";
+    let k = &tessel::load_source("mm.tk", src).unwrap_or_else(|e| panic!("{e}"))[0];
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().expect("a pool");
+    let merged = pool.install(|| tessel_interpret::compile(k));
+    assert!(merged.merged_programs() > 1, "merged");
+    let a: Vec<f32> = (0..256 * 64).map(|n| ((n * 37) % 101) as f32 / 16.0 - 3.0).collect();
+    let b: Vec<f32> = (0..64 * 64).map(|n| ((n * 53) % 89) as f32 / 32.0 - 1.25).collect();
+    let args = LaunchArgs {
+        inputs: [
+            ("a".to_string(), common::f32_array(&[256, 64], a.clone())),
+            ("b".to_string(), common::f32_array(&[64, 64], b.clone())),
+        ]
+        .into(),
+        grid: Default::default(),
+    };
+    let got = pool.install(|| merged.run(&args)).expect("runs").remove(0).1;
+    let want = pool.install(|| tessel_interpret::compile_unfused(k).run(&args)).expect("runs").remove(0).1;
+    assert_eq!(got.to_bits(), want.to_bits());
+    for (n, g) in got.to_f64().into_iter().enumerate() {
+        let (r, c) = (n / 64, n % 64);
+        let exact: f64 = (0..64).map(|q| f64::from(a[r * 64 + q]) * f64::from(b[q * 64 + c])).sum();
+        assert!((g - exact).abs() <= 1e-5 * (1.0 + exact.abs()), "c[{r}, {c}] = {g}, want {exact}");
+    }
+}
+
+#[test]
 fn a_row_softmax_is_one_fused_run() {
     // `x - max(x)` and `e / sum(e)` read their row's reduction within the chunk that made it
     // (keepdims), so load, max, sub, exp, sum, div and store make one run, not three.
