@@ -99,16 +99,18 @@ mod tests {
         assert_eq!(one, four);
         assert_ne!(one, random_inputs(&k, 10));
         let ArrayData::F32(x) = &one["x"].data else { panic!("f32") };
-        let key: Vec<u8> = [9u64, 0, 1].iter().flat_map(|p| p.to_le_bytes()).collect();
-        let word = Xoshiro256PlusPlus::from_seed(*blake3::hash(&key).as_bytes()).next_u64();
+        // Chunk `c` of argument `a`: the generator keyed by BLAKE3 of (9, a, c) as little-endian u64s.
+        let keyed = |a: u64, c: u64| {
+            let key: Vec<u8> = [9u64, a, c].iter().flat_map(|p| p.to_le_bytes()).collect();
+            Xoshiro256PlusPlus::from_seed(*blake3::hash(&key).as_bytes())
+        };
+        let word = keyed(0, 1).next_u64();
         // The low word first, as a float in [-1, 1): 23 bits, an exponent of 0, less 1, times 2,
         // less 1 (what rand's `UniformFloat` makes of a `u32`).
         let float = |w: u64| (f32::from_bits((w as u32) >> 9 | 0x3F80_0000) - 1.0) * 2.0 - 1.0;
         assert_eq!(x[CHUNK..CHUNK + 2], [float(word), float(word >> 32)], "chunk 1 of argument 0");
         let ArrayData::I32(y) = &one["y"].data else { panic!("i32") };
-        let key: Vec<u8> = [9u64, 1, 0].iter().flat_map(|p| p.to_le_bytes()).collect();
-        let mut rng = Xoshiro256PlusPlus::from_seed(*blake3::hash(&key).as_bytes());
-        assert_eq!(y[0], rng.random_range(-100..100), "chunk 0 of argument 1");
+        assert_eq!(y[0], keyed(1, 0).random_range(-100..100), "chunk 0 of argument 1");
         assert!(x.iter().all(|v| (-1.0..1.0).contains(v)));
     }
 }

@@ -72,10 +72,10 @@ pub(crate) fn coarsen(v: &Verified, threads: usize) -> Option<(Verified, Merged)
             })
         });
         let block: usize = first.shape.iter().product();
-        let Some(growing) = fits.then(|| varying(v, &k.body, &shared, rank, dim, size)).flatten() else { continue };
-        if block == 0 {
+        if !fits || block == 0 {
             continue;
         }
+        let Some(growing) = varying(v, &k.body, &shared, rank, dim, size) else { continue };
         // The programs along the other parallel axes spread over the cores too.
         let others: u64 = grid
             .iter()

@@ -703,6 +703,11 @@ pub(crate) fn transpose(a: &Val, perm: &[usize]) -> Val {
     a.with(shape, data)
 }
 
+/// `f` over one row, left to right from its first element.
+fn fold_row<T: Copy>(row: &[T], f: impl Fn(T, T) -> T) -> T {
+    row[1..].iter().fold(row[0], |acc, &x| f(acc, x))
+}
+
 /// Folds `[outer, n, inner]` along the middle dimension, in order.
 fn fold_axis<T: Copy>(v: &[T], outer: usize, n: usize, inner: usize, f: impl Fn(T, T) -> T) -> Vec<T> {
     if inner == 1 {
@@ -723,7 +728,7 @@ fn fold_axis<T: Copy>(v: &[T], outer: usize, n: usize, inner: usize, f: impl Fn(
             }
             out.extend_from_slice(&acc);
         }
-        out.extend(groups.remainder().chunks_exact(n).map(|row| row[1..].iter().fold(row[0], |acc, &x| f(acc, x))));
+        out.extend(groups.remainder().chunks_exact(n).map(|row| fold_row(row, &f)));
         return out;
     }
     let mut out = Vec::with_capacity(outer * inner);
@@ -761,11 +766,8 @@ fn extreme_rows<const MAX: bool>(v: &[f32], n: usize) -> Vec<f32> {
             }
             let rest = lanes.remainder();
             let m = best.iter().chain(rest).fold(row[0], |m, &x| if better(x, m) { x } else { m });
-            if m == 0.0 || nan.contains(&true) || rest.iter().any(|x| x.is_nan()) || m.is_nan() {
-                row[1..].iter().fold(row[0], |acc, &x| fold(acc, x))
-            } else {
-                m
-            }
+            // A NaN anywhere, `row[0]` included, is in a lane or the rest.
+            if m == 0.0 || nan.contains(&true) || rest.iter().any(|x| x.is_nan()) { fold_row(row, fold) } else { m }
         })
         .collect()
 }
