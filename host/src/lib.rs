@@ -5,6 +5,7 @@
 //! `tessel-plugin-api`; the reference interpreter in `tessel-interpret`.
 #![deny(missing_docs)]
 
+pub mod alloc;
 pub mod cache;
 pub mod cli;
 pub mod conformance;

@@ -1,9 +1,8 @@
 //! The `tessel` command. Exit codes: 0 success, 1 user error, 2 bad command line.
 
-// Launches move large arrays through several buffers; mimalloc reuses their memory instead of
-// returning it to the kernel and faulting it in again (a third of a large run's time with glibc).
+// mimalloc for small blocks, huge-page mappings kept for reuse for large arrays: see `tessel::alloc`.
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: tessel::alloc::Allocator = tessel::alloc::Allocator;
 
 fn main() -> std::process::ExitCode {
     // SAFETY: the first statement of `main`: no other thread exists yet.

@@ -4,11 +4,11 @@
 //! and outputs, and every error is one of `tessel._errors`' exceptions carrying the command
 //! line's message. The GIL is released while a kernel compiles and runs.
 
-// The interpreter's programs make and drop small vectors all the time; mimalloc's thread caches
-// take that at a fraction of glibc's cost, as in the `tessel` command. Only Rust's own
-// allocations go through it: numpy and Python keep their allocators.
+// The `tessel` command's allocator (`tessel::alloc`): the interpreter's programs make and drop
+// small vectors all the time, which mimalloc's thread caches take at a fraction of glibc's cost.
+// Only Rust's own allocations go through it: numpy and Python keep their allocators.
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: tessel::alloc::Allocator = tessel::alloc::Allocator;
 
 use std::collections::{BTreeMap, HashMap};
 use std::panic::{AssertUnwindSafe, catch_unwind};
