@@ -848,28 +848,29 @@ struct Strided<'a> {
 /// GEMM blocks them, with a fused multiply-add where the CPU has one (docs/language.md §8).
 fn sgemm(a: Strided<'_>, b: Strided<'_>, m: usize, k: usize, n: usize) -> Vec<f32> {
     use rayon::prelude::*;
-    let mut c = vec![0.0f32; m * n];
-    if m == 0 || n == 0 {
-        return c;
+    if m == 0 || n == 0 || k == 0 {
+        return vec![0.0f32; m * n];
     }
+    // The GEMM writes every element without reading it (`read_dst` false): no zeroing first.
+    let mut c = Vec::<f32>::with_capacity(m * n);
     let rows_per_task = if m * n * k >= SPLIT_MACS { m.div_ceil(4 * rayon::current_num_threads()).max(8) } else { m };
-    c.par_chunks_mut(rows_per_task * n).enumerate().for_each(|(t, c)| {
+    c.spare_capacity_mut()[..m * n].par_chunks_mut(rows_per_task * n).enumerate().for_each(|(t, c)| {
         let rows = c.len() / n;
         let a_task = &a.data[t * rows_per_task * a.rows as usize..];
         // The last element either operand is read at, which must lie inside its slice.
         let last = |s: Strided<'_>, r: usize, q: usize| (r - 1) * s.rows as usize + (q - 1) * s.cols as usize;
-        assert!(k == 0 || (last(Strided { data: a_task, ..a }, rows, k) < a_task.len() && last(b, k, n) < b.data.len()));
+        assert!(last(Strided { data: a_task, ..a }, rows, k) < a_task.len() && last(b, k, n) < b.data.len());
         // SAFETY: the GEMM reads `rows × k` elements of `a_task` and `k × n` of `b` at their
         // (positive) strides, all inside the slices (the assert above), and writes `rows × n`
-        // elements of `c` contiguously, which is this task's own chunk; it does not read `c`
-        // (`read_dst` false).
+        // elements of `c` contiguously, which is this task's own chunk of the spare capacity;
+        // it does not read `c` (`read_dst` false), so the chunk may start uninitialized.
         #[allow(unsafe_code)]
         unsafe {
             gemm::gemm(
                 rows,
                 n,
                 k,
-                c.as_mut_ptr(),
+                c.as_mut_ptr().cast::<f32>(),
                 1,
                 n as isize,
                 false,
@@ -888,6 +889,11 @@ fn sgemm(a: Strided<'_>, b: Strided<'_>, m: usize, k: usize, n: usize) -> Vec<f3
             );
         }
     });
+    // SAFETY: the tasks above wrote all `m × n` elements.
+    #[allow(unsafe_code)]
+    unsafe {
+        c.set_len(m * n)
+    };
     c
 }
 
