@@ -47,9 +47,10 @@ fn stream(seed: u64, array: usize, chunk: usize) -> Xoshiro256PlusPlus {
 }
 
 /// `n` floats uniform in [-1, 1), a chunk of [`CHUNK`] per task: one float per 32-bit word of the
-/// stream's bytes (each 64-bit output gives two, its low half first), mapped as rand's
-/// `UniformFloat` maps a word, in bulk (the words as one fill, then one vectorised loop from
-/// words to floats).
+/// stream's bytes (each 64-bit output gives two, its low half first; an odd last one is the
+/// high half of one more), mapped as rand's `UniformFloat` maps a word, in bulk (the words as
+/// one fill, then one vectorised loop from words to floats: faster here than one loop doing
+/// both).
 fn uniform(n: usize, seed: u64, array: usize) -> Vec<f32> {
     use rayon::prelude::*;
     let mut v = vec![0u32; n];
@@ -89,7 +90,7 @@ mod tests {
     #[test]
     fn random_inputs_do_not_depend_on_the_threads() {
         let k = tessel_plugin_api::ir::parse(
-            "kernel k\n  in x: f32[200000]\n  in y: i32[70000]\n  out o: f32[200000]\n{\n  %x = load x\n  store o, %x\n}\n",
+            "kernel k\n  in x: f32[200000]\n  in y: i32[70000]\n  in z: f32[3]\n  out o: f32[200000]\n{\n  %x = load x\n  store o, %x\n}\n",
         )
         .expect("parses")
         .kernels
@@ -111,6 +112,12 @@ mod tests {
         assert_eq!(x[CHUNK..CHUNK + 2], [float(word), float(word >> 32)], "chunk 1 of argument 0");
         let ArrayData::I32(y) = &one["y"].data else { panic!("i32") };
         assert_eq!(y[0], keyed(1, 0).random_range(-100..100), "chunk 0 of argument 1");
+        // An odd count: the last float is the stream's next `u32` (in Xoshiro256++ the high half
+        // of one more word), as rand's `fill` makes it.
+        let ArrayData::F32(z) = &one["z"].data else { panic!("f32") };
+        let mut rng = keyed(2, 0);
+        let (w0, w1) = (rng.next_u64(), rng.next_u32());
+        assert_eq!(z[..], [float(w0), float(w0 >> 32), float(w1.into())], "argument 2, three floats");
         assert!(x.iter().all(|v| (-1.0..1.0).contains(v)));
     }
 }
