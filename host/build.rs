@@ -18,6 +18,15 @@ fn files(dir: &Path, out: &mut Vec<PathBuf>) {
 }
 
 fn main() {
+    // The `tessel` command as a position-dependent executable on Linux: a PIE's 18,000 relative
+    // relocations write to some 90 pages of `.data.rel.ro` and the GOT at every start, each a
+    // copy-on-write fault. Without them the command starts 0.37 ms sooner (2.53 -> 2.16 ms for
+    // `tessel --version`, 300 alternating runs), a sixth of its start-up. The shared libraries,
+    // heap and stack are still placed at random; the executable's own image is not.
+    let target = |v: &str| std::env::var(v).unwrap_or_default();
+    if target("CARGO_CFG_TARGET_OS") == "linux" && target("CARGO_CFG_TARGET_ENV") == "gnu" {
+        println!("cargo:rustc-link-arg-bin=tessel=-no-pie");
+    }
     let host = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets it"));
     let root = host.parent().expect("host/ is in the workspace").to_path_buf();
     let dirs = [host.join("src"), root.join("plugin-api/src"), root.join("backends")];
