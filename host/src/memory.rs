@@ -80,10 +80,9 @@ pub fn check(what: impl FnOnce() -> String, need: Need) -> crate::Result<()> {
     }
 }
 
-/// The threads that run programs at once (the interpreter's pool is one per core). Asked once
-/// a process: the standard library reads the cgroup's CPU quota from `/proc` and `/sys` each
-/// time, which took a third of a tiny launch.
+/// The threads that run programs at once: the interpreter's pool, rayon's global one. rayon
+/// asked the standard library once when it built the pool; asking again would read the
+/// cgroup's CPU quota from `/proc` and `/sys` once more (a third of a tiny launch).
 pub fn threads() -> u64 {
-    static THREADS: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    *THREADS.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get() as u64))
+    rayon::current_num_threads() as u64
 }
