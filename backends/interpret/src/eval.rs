@@ -969,6 +969,51 @@ mod tests {
         }
     }
 
+    /// `f32` dots against an `f64` reference, for shapes that take each of the GEMM crate's
+    /// paths (a vector on either side, tiny products, blocked ones, a split over the pool) and
+    /// each transposition. The result's memory starts uninitialized, so each product is made
+    /// right after freeing a buffer of its size full of NaNs: were any element left unwritten,
+    /// or read before written, the allocator's reuse of that buffer would show.
+    #[test]
+    fn f32_dots_write_every_element_of_the_product() {
+        let mut state = 3u32;
+        let mut next = move || {
+            state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            (state >> 8) as f32 / (1 << 23) as f32 - 1.0
+        };
+        for (m, k, n) in
+            [(1, 5, 1), (1, 7, 9), (9, 7, 1), (3, 4, 5), (16, 16, 16), (17, 33, 19), (100, 3, 70), (512, 64, 128), (4, 0, 3)]
+        {
+            for (trans_a, trans_b) in [(false, false), (true, false), (false, true), (true, true)] {
+                let a: Vec<f32> = (0..m * k).map(|_| next()).collect();
+                let b: Vec<f32> = (0..k * n).map(|_| next()).collect();
+                let (ar, ac) = if trans_a { (k, m) } else { (m, k) };
+                let (br, bc) = if trans_b { (n, k) } else { (k, n) };
+                let at = |i: usize, p: usize| f64::from(if trans_a { a[p * m + i] } else { a[i * k + p] });
+                let bt = |p: usize, j: usize| f64::from(if trans_b { b[j * k + p] } else { b[p * n + j] });
+                drop(std::hint::black_box(vec![f32::NAN; m * n]));
+                let got = dot_f32(
+                    Matrix { data: &a, rows: ar, cols: ac, stride: ac },
+                    Matrix { data: &b, rows: br, cols: bc, stride: bc },
+                    trans_a,
+                    trans_b,
+                );
+                assert_eq!(got.shape, [m, n]);
+                let Data::F(c) = &got.data else { panic!("an f32 product") };
+                for i in 0..m {
+                    for j in 0..n {
+                        let want: f64 = (0..k).map(|p| at(i, p) * bt(p, j)).sum();
+                        let g = f64::from(c[i * n + j]);
+                        assert!(
+                            (g - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                            "{m}x{k}x{n} {trans_a} {trans_b} at ({i}, {j}): {g} against {want}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
     /// Row maxima and minima in lanes give the in-order fold's bits: rows of distinct values,
     /// rows whose extreme is a tie of `-0.0` and `0.0` in either order, NaNs (with payloads)
     /// anywhere, infinities, and rows shorter and longer than the lanes.
