@@ -841,6 +841,9 @@ fn run(rt: &Runtime, flags: &LaunchFlags, opts: &RunOptions, out: &mut dyn Write
     lap("read the inputs");
     let p = prepare(rt, flags, RUN_DEFAULT, &given)?;
     lap("parsed, verified and chose the backend");
+    if p.backend == tessel_interpret::NAME {
+        tessel_interpret::warm_up(&p.kernels.iter().collect::<Vec<_>>());
+    }
     p.warn(err);
     explain(&p, flags, out);
     let inputs = if given.is_empty() { random_inputs(&p, opts.seed)? } else { given };

@@ -897,6 +897,14 @@ fn sgemm(a: Strided<'_>, b: Strided<'_>, m: usize, k: usize, n: usize) -> Vec<f3
     c
 }
 
+/// One small blocked product (16 × 16 × 16: neither a vector nor small enough for the gemm
+/// crate's unblocked kernels), so that the crate's one-time set-up is done (see `warm_up`).
+pub(crate) fn warm_gemm() {
+    let x = [1.0f32; 256];
+    let m = Strided { data: &x, rows: 16, cols: 1 };
+    std::hint::black_box(sgemm(m, m, 16, 16, 16));
+}
+
 /// A row-major `f32` matrix in memory: `rows × cols`, rows `stride` elements apart (a block of
 /// a larger array, read in place).
 #[derive(Clone, Copy)]

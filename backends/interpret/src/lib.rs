@@ -90,6 +90,23 @@ pub struct Compiled {
     merged: Option<coarsen::Merged>,
 }
 
+/// Starts, on rayon's pool, what the first `f32` GEMM of the process would otherwise do inside
+/// a launch: the gemm crate reads the CPU's cache sizes from sysfs (some 80 files, about 0.4 ms
+/// here) before its first blocked product, while the pool's other threads wait for it. Called as
+/// soon as a kernel is known to run here, it overlaps with making or reading the inputs. Does
+/// nothing for kernels without a `dot`.
+pub fn warm_up(kernels: &[&Verified]) {
+    let mut dot = false;
+    for k in kernels {
+        tessel_plugin_api::ir::analysis::visit(&k.kernel().body, &mut |s| {
+            dot |= matches!(s.op, tessel_plugin_api::ir::Op::Dot { .. });
+        });
+    }
+    if dot {
+        rayon::spawn(eval::warm_gemm);
+    }
+}
+
 /// Lowers a verified kernel for the interpreter: programs merged where that changes no result
 /// (`coarsen.rs`), elementwise runs fused.
 pub fn compile(kernel: &Verified) -> Compiled {
