@@ -43,8 +43,10 @@ mod large {
         size.div_ceil(HUGE_PAGE) * HUGE_PAGE
     }
 
-    /// A mapping of `len` bytes aligned to a huge page, and whether it is fresh (zeroed).
-    pub fn map(len: usize) -> Option<(*mut u8, bool)> {
+    /// A mapping for `size` bytes ([`mapped_len`] of them) aligned to a huge page, and whether
+    /// it is fresh (zeroed).
+    pub fn map(size: usize) -> Option<(*mut u8, bool)> {
+        let len = mapped_len(size);
         if let Some(p) = take_cached(len) {
             return Some((p, false));
         }
@@ -82,16 +84,16 @@ mod large {
         Some((aligned as *mut u8, true))
     }
 
-    /// Returns a mapping from [`map`] to the cache, or to the kernel when the cache is full.
-    pub fn unmap(ptr: *mut u8, len: usize) {
+    /// Returns the mapping [`map`] gave for `size` bytes to the cache, or to the kernel when it
+    /// is larger than the cache.
+    pub fn unmap(ptr: *mut u8, size: usize) {
+        let len = mapped_len(size);
         if len <= CACHE_BYTES {
             let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
             let mut total: usize = cache.iter().map(|&(_, l)| l).sum();
             // Make room by dropping the oldest mappings.
             while total + len > CACHE_BYTES || cache[CACHE_SLOTS - 1].1 != 0 {
-                let (p, l) = cache[0];
-                cache.copy_within(1.., 0);
-                cache[CACHE_SLOTS - 1] = (0, 0);
+                let (p, l) = remove(&mut cache, 0);
                 total -= l;
                 // SAFETY: a cached mapping, owned by the cache alone.
                 unsafe { libc::munmap(p as *mut libc::c_void, l) };
@@ -108,10 +110,15 @@ mod large {
     fn take_cached(len: usize) -> Option<*mut u8> {
         let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
         let i = cache.iter().rposition(|&(_, l)| l == len)?;
-        let (p, _) = cache[i];
+        Some(remove(&mut cache, i).0 as *mut u8)
+    }
+
+    /// Slot `i`'s mapping, the later ones moved up over it.
+    fn remove(cache: &mut [(usize, usize); CACHE_SLOTS], i: usize) -> (usize, usize) {
+        let taken = cache[i];
         cache.copy_within(i + 1.., i);
         cache[CACHE_SLOTS - 1] = (0, 0);
-        Some(p as *mut u8)
+        taken
     }
 
     /// The cache's mappings, for tests.
@@ -143,7 +150,7 @@ unsafe impl GlobalAlloc for Allocator {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         #[cfg(target_os = "linux")]
         if is_large(layout) {
-            return large::map(large::mapped_len(layout.size())).map_or(std::ptr::null_mut(), |(p, _)| p);
+            return large::map(layout.size()).map_or(std::ptr::null_mut(), |(p, _)| p);
         }
         // SAFETY: forwarded with the caller's guarantees.
         unsafe { mimalloc::MiMalloc.alloc(layout) }
@@ -152,7 +159,7 @@ unsafe impl GlobalAlloc for Allocator {
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         #[cfg(target_os = "linux")]
         if is_large(layout) {
-            return match large::map(large::mapped_len(layout.size())) {
+            return match large::map(layout.size()) {
                 Some((p, true)) => p,
                 Some((p, false)) => {
                     // SAFETY: a reused mapping of at least `size` bytes.
@@ -169,7 +176,7 @@ unsafe impl GlobalAlloc for Allocator {
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         #[cfg(target_os = "linux")]
         if is_large(layout) {
-            large::unmap(ptr, large::mapped_len(layout.size()));
+            large::unmap(ptr, layout.size());
             return;
         }
         // SAFETY: forwarded with the caller's guarantees.

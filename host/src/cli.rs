@@ -842,7 +842,7 @@ fn run(rt: &Runtime, flags: &LaunchFlags, opts: &RunOptions, out: &mut dyn Write
     let p = prepare(rt, flags, RUN_DEFAULT, &given)?;
     lap("parsed, verified and chose the backend");
     if p.backend == tessel_interpret::NAME {
-        tessel_interpret::warm_up(&p.kernels.iter().collect::<Vec<_>>());
+        tessel_interpret::warm_up(&p.kernels);
     }
     p.warn(err);
     explain(&p, flags, out);

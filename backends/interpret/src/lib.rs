@@ -95,14 +95,15 @@ pub struct Compiled {
 /// here) before its first blocked product, while the pool's other threads wait for it. Called as
 /// soon as a kernel is known to run here, it overlaps with making or reading the inputs. Does
 /// nothing for kernels without a `dot`.
-pub fn warm_up(kernels: &[&Verified]) {
-    let mut dot = false;
-    for k in kernels {
+pub fn warm_up<'k>(kernels: impl IntoIterator<Item = &'k Verified>) {
+    let has_dot = |k: &Verified| {
+        let mut dot = false;
         tessel_plugin_api::ir::analysis::visit(&k.kernel().body, &mut |s| {
             dot |= matches!(s.op, tessel_plugin_api::ir::Op::Dot { .. });
         });
-    }
-    if dot {
+        dot
+    };
+    if kernels.into_iter().any(has_dot) {
         rayon::spawn(eval::warm_gemm);
     }
 }
