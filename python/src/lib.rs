@@ -10,6 +10,8 @@
 #[global_allocator]
 static ALLOCATOR: tessel::alloc::Allocator = tessel::alloc::Allocator;
 
+mod ffi;
+
 use std::collections::{BTreeMap, HashMap};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::PathBuf;
@@ -547,6 +549,38 @@ impl Kernel {
         })
     }
 
+    /// For `tessel.jax.call`: the kernel specialized for inputs of `shapes` (by name) and
+    /// `params`, with a backend named (not `auto`) its tuning record's values. Returns its text
+    /// and its `in` and `out` arguments in declared order as (name, dtype name, shape).
+    #[pyo3(signature = (shapes, params = None, backend = "auto"))]
+    fn _specialize(
+        &self,
+        py: Python<'_>,
+        shapes: BTreeMap<String, Vec<usize>>,
+        params: Option<BTreeMap<String, i64>>,
+        backend: &str,
+    ) -> PyResult<(String, Vec<Signature>, Vec<Signature>)> {
+        let params = params.unwrap_or_default();
+        let kernel = detached(py, || {
+            let (kernel, _) = self.specialize(&params, &shapes, backend)?;
+            let types: BTreeMap<String, Type> = kernel
+                .kernel()
+                .params_of(ParamKind::In)
+                .filter_map(|p| shapes.get(&p.name).map(|s| (p.name.clone(), Type::array(p.ty.dtype, s.clone()))))
+                .collect();
+            tessel_plugin_api::launch::check_input_types(kernel.kernel(), &types, true).map_err(Error::from)?;
+            Ok(kernel)
+        })?;
+        let sig = |kind| {
+            kernel
+                .kernel()
+                .params_of(kind)
+                .map(|p| (p.name.clone(), numpy_name(p.ty.dtype).to_string(), p.ty.shape.clone()))
+                .collect()
+        };
+        Ok((kernel.text().to_string(), sig(ParamKind::In), sig(ParamKind::Out)))
+    }
+
     fn __repr__(&self) -> String {
         let args = |kind| self.args_of(kind).map(|a| format!("{}: {a}", a.name)).collect::<Vec<_>>().join(", ");
         let params = match self.generic().params() {
@@ -606,6 +640,58 @@ fn load_plugin(py: Python<'_>, path: PathBuf) -> PyResult<()> {
     })
 }
 
+/// An argument as `tessel.jax` sees it: name, numpy dtype name, shape.
+type Signature = (String, String, Vec<usize>);
+
+/// The XLA FFI handlers as capsules: `tessel_call`, and `tessel_empty` (does nothing: the
+/// baseline of the per-call overhead benchmark).
+#[pyfunction]
+fn _ffi_capsules(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    let d = PyDict::new(py);
+    for (name, ptr) in [("tessel_call", ffi::handler()), ("tessel_empty", ffi::empty_handler())] {
+        let ptr = std::ptr::NonNull::new(ptr).expect("a function's address");
+        // SAFETY: the address of an `extern "C"` XLA FFI handler of this module, which lives as
+        // long as the process (the module is never unloaded).
+        #[allow(unsafe_code)]
+        let capsule = unsafe { pyo3::types::PyCapsule::new_with_pointer(py, ptr, c"xla._CUSTOM_CALL_TARGET")? };
+        d.set_item(name, capsule)?;
+    }
+    Ok(d)
+}
+
+/// The XLA FFI structs as declared here: (C name, size, [(C field, offset)]), for the tests
+/// that compare them with jaxlib's header.
+#[pyfunction]
+fn _ffi_layout() -> Vec<(&'static str, usize, Vec<(&'static str, usize)>)> {
+    ffi::c_api::layout()
+}
+
+/// The handler's counters: calls, prepared-launch cache hits and misses, failures, and
+/// launches by backend.
+#[pyfunction]
+fn _ffi_stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    let (calls, hits, misses, failures, launches) = ffi::stats();
+    let d = PyDict::new(py);
+    d.set_item("calls", calls)?;
+    d.set_item("hits", hits)?;
+    d.set_item("misses", misses)?;
+    d.set_item("failures", failures)?;
+    d.set_item("launches", launches.into_iter().collect::<BTreeMap<_, _>>())?;
+    Ok(d)
+}
+
+/// Prepares the launch a `tessel_call` of these attributes makes (at lowering time, so that a
+/// refusal is a Python exception then): parsed, verified, its backend chosen (or asked, when
+/// named) and kept for the handler. Returns the backend and why.
+#[pyfunction]
+#[pyo3(signature = (text, backend = "auto", mesh = "", externals = ""))]
+fn _ffi_prepare(py: Python<'_>, text: &str, backend: &str, mesh: &str, externals: &str) -> PyResult<(String, Vec<String>)> {
+    detached(py, || {
+        let p = ffi::prepared(&*runtime()?, text, backend, mesh, externals)?;
+        Ok((p.backend.clone(), p.decisions.clone()))
+    })
+}
+
 #[pymodule]
 fn _tessel(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
@@ -616,5 +702,9 @@ fn _tessel(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(compile, m)?)?;
     m.add_function(wrap_pyfunction!(check, m)?)?;
     m.add_function(wrap_pyfunction!(load_plugin, m)?)?;
+    m.add_function(wrap_pyfunction!(_ffi_capsules, m)?)?;
+    m.add_function(wrap_pyfunction!(_ffi_layout, m)?)?;
+    m.add_function(wrap_pyfunction!(_ffi_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(_ffi_prepare, m)?)?;
     Ok(())
 }

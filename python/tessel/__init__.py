@@ -19,6 +19,17 @@ if not _os.environ.get("XDG_RUNTIME_DIR"):
 from ._errors import BackendUnavailable, InputError, KernelError, TesselError, UnsupportedError  # noqa: E402
 from ._tessel import Kernel, RunResult, __version__, backends, check, compile, load, load_plugin  # noqa: E402
 
+
+
+def __getattr__(name):
+    # `tessel.jax` and `tessel.pallas` import jax (a second or more): only when first used.
+    if name in ("jax", "pallas"):
+        import importlib
+
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "BackendUnavailable",
     "InputError",

@@ -13,9 +13,11 @@ what is supported and where tessel and Pallas's interpret mode differ by design.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import re
+import threading
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence
@@ -24,7 +26,7 @@ import numpy as np
 
 from ._errors import UnsupportedError
 
-__all__ = ["to_tk", "run", "translate", "Translated"]
+__all__ = ["to_tk", "run", "translate", "Translated", "install", "uninstall", "installed", "CompilerParams"]
 
 _DTYPES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "int32": "i32", "uint32": "u32", "bool": "bool"}
 
@@ -933,47 +935,197 @@ def to_tk(fn: Callable, *args, **kwargs) -> str:
     return "\n".join(t.text for t in translate(fn, *args, **kwargs))
 
 
+class _Lowered:
+    """A `pallas_call` or `mpmd_map` seen from its lowering rule, shaped as the equation the
+    translator reads: its primitive, operands (their avals), parameters and source line."""
+
+    def __init__(self, primitive, ctx, params):
+        _, _, siu = _jax()
+        self.primitive = primitive
+        self.params = params
+        self.invars = [_Aval(a) for a in ctx.avals_in]
+        self.source_info = siu.current()
+
+
+@dataclass
+class _Aval:
+    aval: Any
+
+
+#: What `run` sets while it lowers `fn`: the kernels' names, `fn`'s as `translate` gives them.
+_naming = threading.local()
+
+
+def _lowered_name(params) -> str:
+    """The name a lowered `pallas_call` gets: inside `run`, `fn`'s (`_n` for the n-th call), as
+    `translate` names it; else its `name=`, else its body function's."""
+    named = getattr(_naming, "fn", None)
+    if named is not None:
+        fn, counter = named
+        return _name(_Named(params), fn, next(counter))
+    base = params.get("name")
+    if not base:
+        jaxprs = params.get("jaxprs") or [params.get("jaxpr")]
+        info = getattr(jaxprs[0], "debug_info", None)
+        base = getattr(info, "func_name", None) or "kernel"
+    return "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in str(base)) or "kernel"
+
+
+@dataclass
+class _Named:
+    params: Dict[str, Any]
+
+
+def _rules():
+    """Pallas's two launch primitives, and JAX's table of lowering rules by platform."""
+    from jax._src.interpreters import mlir
+    from jax._src.pallas.mpmd import mpmd_map_p
+    from jax._src.pallas.pallas_call import pallas_call_p
+
+    return mlir, (pallas_call_p, mpmd_map_p)
+
+
+def _rule(primitive, backend: str, explain: bool):
+    """The CPU lowering of `primitive` on tessel's `backend`: the call translated to `.tk` and
+    emitted as a `tessel_call` custom call. An interpreted call keeps Pallas's own lowering."""
+    from . import jax as tj
+
+    mlir, _ = _rules()
+    generic = mlir._lowerings[primitive]
+
+    def lower(ctx, *operands, **params):
+        if params.get("interpret"):
+            return generic.rule(ctx, *operands, **params)
+        eqn = _Lowered(primitive, ctx, params)
+        t = _translate(eqn, _lowered_name(params))
+        return tj.lowering(ctx, *operands, text=t.text, backend=backend, mesh=t.mesh,
+                           external_meshes=t.external_meshes, explain=explain)
+
+    lower.tessel_backend = (backend, explain)
+    return lower
+
+
+#: What `install` replaced: the CPU rules there were before the first install.
+_before: Dict[Any, Any] = {}
+
+
+def _current():
+    mlir, prims = _rules()
+    table = mlir._platform_specific_lowerings["cpu"]
+    return {p: table.get(p) for p in prims}
+
+
+def _restore(saved) -> None:
+    import jax
+
+    mlir, _ = _rules()
+    table = mlir._platform_specific_lowerings["cpu"]
+    changed = False
+    for p, entry in saved.items():
+        if table.get(p) is not entry:
+            changed = True
+        if entry is None:
+            table.pop(p, None)
+        else:
+            table[p] = entry
+    if changed:
+        # Executables JAX compiled under the rules being replaced must not run again.
+        jax.clear_caches()
+
+
+def install(backend: str = "auto", explain: bool = False) -> None:
+    """From now on, a `pl.pallas_call` (and `pl.kernel`'s `mpmd_map`) that JAX lowers for the CPU
+    runs on tessel's `backend` ("auto": the first that takes it, chosen when lowered), wherever
+    it is: inside `jax.jit`, under `grad`, `vmap`, `lax.scan`, `lax.cond` and `shard_map`. A call
+    with `interpret=True` keeps Pallas's interpreter. What tessel cannot translate raises
+    `tessel.UnsupportedError` when the function is lowered. `explain` prints the backend's choice
+    as each call is lowered. JAX's caches are cleared when the rules change, so no executable
+    compiled before runs on the old ones."""
+    import jax
+
+    from . import jax as tj
+
+    tj.register("cpu")
+    mlir, prims = _rules()
+    now = _current()
+    if not _before:
+        _before.update({p: e for p, e in now.items() if not hasattr(getattr(e, "rule", None), "tessel_backend")})
+    if all(getattr(getattr(e, "rule", None), "tessel_backend", None) == (backend, explain) for e in now.values()):
+        return
+    for p in prims:
+        mlir.register_lowering(p, _rule(p, backend, explain), platform="cpu")
+    jax.clear_caches()
+
+
+def uninstall() -> None:
+    """Puts back the CPU lowerings there were before `install` (Pallas's, which raise `Only
+    interpret mode is supported on CPU backend.`)."""
+    mlir, prims = _rules()
+    _restore({p: _before.get(p) for p in prims})
+    _before.clear()
+
+
+@contextlib.contextmanager
+def installed(backend: str = "auto", explain: bool = False):
+    """`install(backend)` for a block; the rules there were before come back after it."""
+    saved = _current()
+    first = not _before
+    install(backend, explain)
+    try:
+        yield
+    finally:
+        _restore(saved)
+        if first:
+            _before.clear()
+
+
+@dataclass(frozen=True)
+class CompilerParams:
+    """`compiler_params=tp.CompilerParams(backend="mosaic-gpu")` on a `pallas_call`: when JAX
+    lowers it for a GPU, tessel lowers it (registered with
+    `jax.extend.pallas.register_lowering_rule`); without it Pallas's own GPU lowering stays.
+    On the CPU the call runs where `install` sends it, as any other."""
+
+    backend: str = "mosaic-gpu"
+
+    def __post_init__(self):
+        _register_gpu_rule()
+
+
+_gpu_rule_registered = False
+
+
+def _register_gpu_rule() -> None:
+    global _gpu_rule_registered
+    if _gpu_rule_registered:
+        return
+    from jax.extend import pallas as jex_pallas
+
+    def lower(ctx, *operands, compiler_params, **params):
+        from . import jax as tj
+
+        eqn = _Lowered(ctx.primitive, ctx, params)
+        t = _translate(eqn, _lowered_name(params))
+        return tj.lowering(ctx, *operands, text=t.text, backend=compiler_params.backend, mesh=t.mesh,
+                           external_meshes=t.external_meshes)
+
+    jex_pallas.register_lowering_rule(CompilerParams, lower, "gpu")
+    _gpu_rule_registered = True
+
+
 def run(fn: Callable, *args, backend: str = "auto", explain: bool = False, **kwargs):
-    """`fn(*args)` with every `pallas_call` run on tessel's `backend` and the code around it on
-    JAX; returns `fn`'s outputs, with its structure, as numpy arrays."""
-    import tessel
+    """`fn(*args)` in `jax.jit` with every `pallas_call` on tessel's `backend` (`installed`);
+    returns `fn`'s outputs, with its structure, as numpy arrays. `explain` prints why each
+    call's backend was chosen."""
+    import jax
 
-    jax, core, _ = _jax()
-    closed, shapes = jax.make_jaxpr(lambda *a: fn(*a, **kwargs), return_shape=True)(*args)
-    tree = jax.tree_util.tree_structure(shapes)
-    counter = itertools.count()
+    def traced(*a):
+        return fn(*a, **kwargs)
 
-    def evaluate(jaxpr, consts, *vals):
-        env: Dict[Any, Any] = {}
-
-        def read(a):
-            return a.val if isinstance(a, core.Literal) else env[a]
-
-        for v, c in zip(jaxpr.constvars, consts):
-            env[v] = c
-        for v, x in zip(jaxpr.invars, vals):
-            env[v] = x
-        for eqn in jaxpr.eqns:
-            ins = [read(a) for a in eqn.invars]
-            name = eqn.primitive.name
-            if name in _CALLS:
-                t = _translate(eqn, _name(eqn, fn, next(counter)))
-                k = tessel.compile(t.text)
-                arrays = {n: np.asarray(x) for n, x in zip(t.inputs, ins)}
-                meshes = {"mesh": t.mesh, "external_meshes": t.external_meshes} if t.mesh else {}
-                res = k.run(backend=backend, explain=explain, **meshes, **arrays)
-                outs = [res.outputs[o] for o in t.outputs]
-            elif name in ("pjit", "jit", "closed_call") and "jaxpr" in eqn.params:
-                sub = eqn.params["jaxpr"]
-                outs = evaluate(sub.jaxpr, sub.consts, *ins)
-            else:
-                with eqn.ctx.manager:
-                    outs = eqn.primitive.bind(*ins, **eqn.primitive.get_bind_params(eqn.params))
-                outs = outs if eqn.primitive.multiple_results else [outs]
-            for v, x in zip(eqn.outvars, outs):
-                env[v] = x
-        return [read(a) for a in jaxpr.outvars]
-
-    flat = jax.tree_util.tree_leaves(args)
-    outs = evaluate(closed.jaxpr, closed.consts, *flat)
-    return jax.tree_util.tree_unflatten(tree, [np.asarray(o) for o in outs])
+    with installed(backend, explain):
+        _naming.fn = (fn, itertools.count())
+        try:
+            out = jax.jit(traced)(*args)
+        finally:
+            _naming.fn = None
+    return jax.tree_util.tree_map(np.asarray, out)

@@ -1,0 +1,631 @@
+//! `tessel_call`: tessel as an XLA FFI handler, so that a kernel runs inside a program JAX
+//! compiles (`jax.jit`, `grad`, `vmap`, `scan`, `shard_map`). docs/jax.md is the user's side.
+//!
+//! XLA calls the handler with a call frame (`xla/ffi/api/c_api.h` in jaxlib's
+//! `jax.ffi.include_dir()`): the operands' and results' buffers in XLA's memory, and the custom
+//! call's attributes: `text` (the specialized kernel, `.tk`), `backend` (a backend's name, or
+//! `auto`), `mesh` (its mesh text, or empty) and `externals` (external meshes, one a line). The
+//! handler prepares each distinct launch once (parse, verify, choose the backend, make the meshes)
+//! into a bounded cache shared by every thread, then launches it in place: the interpreter reads
+//! XLA's input buffers and writes its output buffers where they are; a device backend uploads
+//! from and downloads into them. Operands with more leading dimensions than the kernel declares
+//! are a batch (`vmap`): one launch per element, on that element's slice of each buffer.
+//!
+//! It never touches Python, never unwinds into XLA (every panic is caught), and turns every
+//! failure into an XLA FFI error carrying tessel's message, which JAX raises as
+//! `JaxRuntimeError`.
+#![allow(unsafe_code)]
+
+use std::collections::HashMap;
+use std::ffi::{CString, c_void};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tessel::{BytesMut, BytesRef, Error, InPlace, KernelLaunch, Runtime};
+use tessel_plugin_api::abi::MeshBox;
+use tessel_plugin_api::ir::{DType, ParamKind, Type, Verified};
+
+/// The structs of XLA's FFI C API that the handler reads, declared by hand from `c_api.h`
+/// (API version 0.3; every field the handler touches is in 0.1 already). Their sizes and field
+/// offsets are pinned by `python/tests/test_jax.py`, which compiles the header.
+pub mod c_api {
+    use std::ffi::{c_char, c_void};
+
+    /// `XLA_FFI_Extension_Type`: the one kind of extension a handler is handed.
+    pub const EXTENSION_METADATA: i32 = 1;
+    /// `XLA_FFI_ExecutionStage_EXECUTE`.
+    pub const STAGE_EXECUTE: i32 = 3;
+    /// `XLA_FFI_ArgType_BUFFER` and `XLA_FFI_RetType_BUFFER`.
+    pub const BUFFER: i32 = 1;
+    /// `XLA_FFI_AttrType_STRING`.
+    pub const ATTR_STRING: i32 = 4;
+    /// `XLA_FFI_Error_Code_INVALID_ARGUMENT`, `_UNIMPLEMENTED`, `_INTERNAL`.
+    pub const INVALID_ARGUMENT: i32 = 3;
+    pub const UNIMPLEMENTED: i32 = 12;
+    pub const INTERNAL: i32 = 13;
+    /// The API version the handler declares: the oldest with everything it uses.
+    pub const API_MAJOR: i32 = 0;
+    pub const API_MINOR: i32 = 1;
+
+    #[repr(C)]
+    pub struct ExtensionBase {
+        pub struct_size: usize,
+        pub ty: i32,
+        pub next: *mut ExtensionBase,
+    }
+
+    #[repr(C)]
+    pub struct ApiVersion {
+        pub struct_size: usize,
+        pub extension_start: *mut ExtensionBase,
+        pub major_version: i32,
+        pub minor_version: i32,
+    }
+
+    #[repr(C)]
+    pub struct ErrorCreateArgs {
+        pub struct_size: usize,
+        pub extension_start: *mut ExtensionBase,
+        pub message: *const c_char,
+        pub errc: i32,
+    }
+
+    /// An opaque `XLA_FFI_Error`.
+    pub type FfiError = c_void;
+
+    #[repr(C)]
+    pub struct Buffer {
+        pub struct_size: usize,
+        pub extension_start: *mut ExtensionBase,
+        pub dtype: i32,
+        pub data: *mut c_void,
+        pub rank: i64,
+        pub dims: *const i64,
+    }
+
+    #[repr(C)]
+    pub struct ByteSpan {
+        pub ptr: *const c_char,
+        pub len: usize,
+    }
+
+    /// `XLA_FFI_Args` and `XLA_FFI_Rets`: the same layout.
+    #[repr(C)]
+    pub struct Buffers {
+        pub struct_size: usize,
+        pub extension_start: *mut ExtensionBase,
+        pub size: i64,
+        pub types: *const i32,
+        pub buffers: *const *mut Buffer,
+    }
+
+    #[repr(C)]
+    pub struct Attrs {
+        pub struct_size: usize,
+        pub extension_start: *mut ExtensionBase,
+        pub size: i64,
+        pub types: *const i32,
+        pub names: *const *const ByteSpan,
+        pub attrs: *const *const c_void,
+    }
+
+    #[repr(C)]
+    pub struct CallFrame {
+        pub struct_size: usize,
+        pub extension_start: *mut ExtensionBase,
+        pub api: *const Api,
+        pub ctx: *mut c_void,
+        pub stage: i32,
+        pub args: Buffers,
+        pub rets: Buffers,
+        pub attrs: Attrs,
+        pub future: *mut c_void,
+    }
+
+    /// The head of `XLA_FFI_Api`, up to the functions the handler calls.
+    #[repr(C)]
+    pub struct Api {
+        pub struct_size: usize,
+        pub extension_start: *mut ExtensionBase,
+        pub api_version: ApiVersion,
+        pub internal_api: *const c_void,
+        pub error_create: Option<unsafe extern "C" fn(*mut ErrorCreateArgs) -> *mut FfiError>,
+        pub error_get_message: *const c_void,
+        pub error_destroy: *const c_void,
+        pub handler_register: *const c_void,
+        pub stream_get: *const c_void,
+    }
+
+    #[repr(C)]
+    pub struct Metadata {
+        pub struct_size: usize,
+        pub api_version: ApiVersion,
+        pub traits: u32,
+        pub state_type_id: i64,
+    }
+
+    #[repr(C)]
+    pub struct MetadataExtension {
+        pub extension_base: ExtensionBase,
+        pub metadata: *mut Metadata,
+    }
+
+    /// XLA's `XLA_FFI_DataType` of each dtype tessel has.
+    pub fn dtype(code: i32) -> Option<tessel_plugin_api::ir::DType> {
+        use tessel_plugin_api::ir::DType;
+        Some(match code {
+            1 => DType::Bool,
+            4 => DType::I32,
+            8 => DType::U32,
+            10 => DType::F16,
+            11 => DType::F32,
+            16 => DType::BF16,
+            _ => return None,
+        })
+    }
+
+    /// Every struct above, by its name in `c_api.h`: its size and each field's offset, which
+    /// the tests compare with what a C compiler makes of the header.
+    pub fn layout() -> Vec<(&'static str, usize, Vec<(&'static str, usize)>)> {
+        use std::mem::{offset_of, size_of};
+        macro_rules! s {
+            ($c:literal, $t:ty, [$($cf:literal = $f:ident),*]) => {
+                ($c, size_of::<$t>(), vec![$(($cf, offset_of!($t, $f))),*])
+            };
+        }
+        vec![
+            s!("XLA_FFI_Extension_Base", ExtensionBase, ["struct_size" = struct_size, "type" = ty, "next" = next]),
+            s!(
+                "XLA_FFI_Api_Version",
+                ApiVersion,
+                [
+                    "struct_size" = struct_size,
+                    "extension_start" = extension_start,
+                    "major_version" = major_version,
+                    "minor_version" = minor_version
+                ]
+            ),
+            s!(
+                "XLA_FFI_Error_Create_Args",
+                ErrorCreateArgs,
+                ["struct_size" = struct_size, "extension_start" = extension_start, "message" = message, "errc" = errc]
+            ),
+            s!(
+                "XLA_FFI_Buffer",
+                Buffer,
+                [
+                    "struct_size" = struct_size,
+                    "extension_start" = extension_start,
+                    "dtype" = dtype,
+                    "data" = data,
+                    "rank" = rank,
+                    "dims" = dims
+                ]
+            ),
+            s!("XLA_FFI_ByteSpan", ByteSpan, ["ptr" = ptr, "len" = len]),
+            s!(
+                "XLA_FFI_Args",
+                Buffers,
+                [
+                    "struct_size" = struct_size,
+                    "extension_start" = extension_start,
+                    "size" = size,
+                    "types" = types,
+                    "args" = buffers
+                ]
+            ),
+            s!(
+                "XLA_FFI_Rets",
+                Buffers,
+                [
+                    "struct_size" = struct_size,
+                    "extension_start" = extension_start,
+                    "size" = size,
+                    "types" = types,
+                    "rets" = buffers
+                ]
+            ),
+            s!(
+                "XLA_FFI_Attrs",
+                Attrs,
+                [
+                    "struct_size" = struct_size,
+                    "extension_start" = extension_start,
+                    "size" = size,
+                    "types" = types,
+                    "names" = names,
+                    "attrs" = attrs
+                ]
+            ),
+            s!(
+                "XLA_FFI_CallFrame",
+                CallFrame,
+                [
+                    "struct_size" = struct_size,
+                    "extension_start" = extension_start,
+                    "api" = api,
+                    "ctx" = ctx,
+                    "stage" = stage,
+                    "args" = args,
+                    "rets" = rets,
+                    "attrs" = attrs,
+                    "future" = future
+                ]
+            ),
+            s!(
+                "XLA_FFI_Metadata",
+                Metadata,
+                ["struct_size" = struct_size, "api_version" = api_version, "traits" = traits, "state_type_id" = state_type_id]
+            ),
+            s!("XLA_FFI_Metadata_Extension", MetadataExtension, ["extension_base" = extension_base, "metadata" = metadata]),
+            // Only the head of XLA_FFI_Api is declared: its fields' offsets are what matter.
+            (
+                "XLA_FFI_Api",
+                0,
+                vec![
+                    ("struct_size", offset_of!(Api, struct_size)),
+                    ("api_version", offset_of!(Api, api_version)),
+                    ("internal_api", offset_of!(Api, internal_api)),
+                    ("XLA_FFI_Error_Create", offset_of!(Api, error_create)),
+                    ("XLA_FFI_Stream_Get", offset_of!(Api, stream_get)),
+                ],
+            ),
+        ]
+    }
+}
+
+use c_api::*;
+
+/// A launch prepared once: the kernel verified, its backend chosen, its meshes made.
+pub struct Prepared {
+    pub kernel: Verified,
+    /// The backend that runs it (never `auto`: chosen when prepared).
+    pub backend: String,
+    /// Why: one line per backend `auto` tried, or that it was named.
+    pub decisions: Vec<String>,
+    mesh: Option<MeshBox>,
+    externals: Vec<MeshBox>,
+    /// `in` and `out` arguments in declared order: the custom call's operands and results.
+    pub inputs: Vec<(String, Type)>,
+    pub outputs: Vec<(String, Type)>,
+}
+
+/// The most prepared launches kept; the cache starts afresh when full.
+const KEPT: usize = 256;
+
+#[derive(Default)]
+struct Cache {
+    entries: HashMap<[u8; 32], Arc<Prepared>>,
+}
+
+static CACHE: Mutex<Option<Cache>> = Mutex::new(None);
+static CALLS: AtomicU64 = AtomicU64::new(0);
+static HITS: AtomicU64 = AtomicU64::new(0);
+static MISSES: AtomicU64 = AtomicU64::new(0);
+static FAILURES: AtomicU64 = AtomicU64::new(0);
+/// Launches by backend name (the tests check that a kernel ran where it was sent).
+static LAUNCHES: Mutex<Vec<(String, u64)>> = Mutex::new(Vec::new());
+
+/// Handler calls, cache hits and misses, failures, and launches by backend.
+pub fn stats() -> (u64, u64, u64, u64, Vec<(String, u64)>) {
+    let launches = LAUNCHES.lock().map(|l| l.clone()).unwrap_or_default();
+    let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    (load(&CALLS), load(&HITS), load(&MISSES), load(&FAILURES), launches)
+}
+
+fn key(text: &[u8], backend: &[u8], mesh: &[u8], externals: &[u8]) -> [u8; 32] {
+    let mut h = blake3::Hasher::new();
+    for part in [text, backend, mesh, externals] {
+        h.update(&(part.len() as u64).to_le_bytes());
+        h.update(part);
+    }
+    *h.finalize().as_bytes()
+}
+
+/// The launch of kernel `text` on `backend` with `mesh` and `externals` (one mesh a line), from
+/// the cache or prepared now (and kept).
+pub fn prepared(rt: &Runtime, text: &str, backend: &str, mesh: &str, externals: &str) -> Result<Arc<Prepared>, Error> {
+    let k = key(text.as_bytes(), backend.as_bytes(), mesh.as_bytes(), externals.as_bytes());
+    if let Some(p) = CACHE.lock().ok().and_then(|c| c.as_ref().and_then(|c| c.entries.get(&k).cloned())) {
+        HITS.fetch_add(1, Ordering::Relaxed);
+        return Ok(p);
+    }
+    MISSES.fetch_add(1, Ordering::Relaxed);
+    let p = Arc::new(prepare(rt, text, backend, mesh, externals)?);
+    if let Ok(mut c) = CACHE.lock() {
+        let c = c.get_or_insert_with(Cache::default);
+        if c.entries.len() >= KEPT {
+            c.entries.clear();
+        }
+        c.entries.insert(k, Arc::clone(&p));
+        // `auto` resolved: the handler's calls name the backend chosen, and find it too.
+        if backend != p.backend {
+            c.entries.insert(key(text.as_bytes(), p.backend.as_bytes(), mesh.as_bytes(), externals.as_bytes()), Arc::clone(&p));
+        }
+    }
+    Ok(p)
+}
+
+fn prepare(rt: &Runtime, text: &str, backend: &str, mesh: &str, externals: &str) -> Result<Prepared, Error> {
+    let file = tessel::parse_kernels("<tessel_call>", text)?;
+    let [generic] = file.kernels() else {
+        return Err(Error::Kernel(format!("tessel_call takes one kernel; its text defines {}", file.kernels().len())));
+    };
+    let none = std::collections::BTreeMap::new();
+    let binding = generic.bind(&none, &none, &Default::default())?;
+    let kernel = file.specialize(generic, &binding)?;
+    let maker = if backend == "auto" { "" } else { backend };
+    let mesh = (!mesh.is_empty()).then(|| rt.mesh(maker, mesh)).transpose()?;
+    let externals: Vec<MeshBox> =
+        externals.lines().filter(|l| !l.trim().is_empty()).map(|m| rt.mesh(maker, m)).collect::<Result<_, _>>()?;
+    let grid = Default::default();
+    let (backend, decisions) = {
+        let ext: Vec<&MeshBox> = externals.iter().collect();
+        let calls = [KernelLaunch { kernel: &kernel, mesh: mesh.as_ref() }];
+        if backend == "auto" {
+            rt.choose(&calls, &ext, &grid)?
+        } else {
+            rt.supports(backend, &calls, &ext, &grid)?;
+            (backend.to_string(), vec![format!("{backend}: chosen by name")])
+        }
+    };
+    let args = |kind| kernel.kernel().params_of(kind).map(|p| (p.name.clone(), p.ty.clone())).collect();
+    let (inputs, outputs) = (args(ParamKind::In), args(ParamKind::Out));
+    Ok(Prepared { kernel, backend, decisions, mesh, externals, inputs, outputs })
+}
+
+/// A failure and the XLA error code it becomes.
+struct Failure {
+    code: i32,
+    message: String,
+}
+
+impl From<Error> for Failure {
+    fn from(e: Error) -> Failure {
+        let code = match &e {
+            Error::Backend { kind: tessel_plugin_api::abi::ErrorKind::Unsupported, .. } => UNIMPLEMENTED,
+            Error::Backend { kind: tessel_plugin_api::abi::ErrorKind::Internal, .. } => INTERNAL,
+            _ => INVALID_ARGUMENT,
+        };
+        Failure { code, message: format!("tessel_call: {e}") }
+    }
+}
+
+fn invalid(message: String) -> Failure {
+    Failure { code: INVALID_ARGUMENT, message: format!("tessel_call: {message}") }
+}
+
+/// The handler XLA calls. Every call returns: a panic becomes an error, never an unwind.
+///
+/// # Safety
+/// `frame` is a call frame XLA made for a custom call of this handler.
+pub unsafe extern "C" fn tessel_call(frame: *mut CallFrame) -> *mut FfiError {
+    let result = catch_unwind(AssertUnwindSafe(|| unsafe { handle(frame) }));
+    let failure = match result {
+        Ok(Ok(())) => return std::ptr::null_mut(),
+        Ok(Err(f)) => f,
+        Err(p) => {
+            let what = p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()));
+            Failure { code: INTERNAL, message: format!("tessel_call: tessel panicked: {}", what.unwrap_or_default()) }
+        }
+    };
+    FAILURES.fetch_add(1, Ordering::Relaxed);
+    // SAFETY: XLA's call frame holds its API table.
+    unsafe { error(frame, failure) }
+}
+
+/// An empty handler: the baseline of the per-call overhead benchmark.
+///
+/// # Safety
+/// As [`tessel_call`].
+pub unsafe extern "C" fn empty_call(frame: *mut CallFrame) -> *mut FfiError {
+    // SAFETY: as tessel_call's.
+    let _ = unsafe { metadata(frame) };
+    std::ptr::null_mut()
+}
+
+/// The API version and traits, where XLA asks for them (at registration); true if it did.
+unsafe fn metadata(frame: *mut CallFrame) -> bool {
+    // SAFETY: XLA's frame, whose extension list (if any) starts at `extension_start`.
+    unsafe {
+        let ext = (*frame).extension_start;
+        if ext.is_null() || (*ext).ty != EXTENSION_METADATA {
+            return false;
+        }
+        let m = (*(ext as *mut MetadataExtension)).metadata;
+        (*m).api_version = ApiVersion {
+            struct_size: std::mem::size_of::<ApiVersion>(),
+            extension_start: std::ptr::null_mut(),
+            major_version: API_MAJOR,
+            minor_version: API_MINOR,
+        };
+        (*m).traits = 0;
+        true
+    }
+}
+
+unsafe fn error(frame: *mut CallFrame, f: Failure) -> *mut FfiError {
+    let message = CString::new(f.message.replace('\0', " ")).unwrap_or_default();
+    let mut args = ErrorCreateArgs {
+        struct_size: std::mem::size_of::<ErrorCreateArgs>(),
+        extension_start: std::ptr::null_mut(),
+        message: message.as_ptr(),
+        errc: f.code,
+    };
+    // SAFETY: XLA's API table; Error_Create copies the message.
+    unsafe {
+        match (*(*frame).api).error_create {
+            Some(create) => create(&mut args),
+            None => std::ptr::null_mut(),
+        }
+    }
+}
+
+/// The attribute `name` as a string, or "" where the call has none.
+unsafe fn string_attr<'a>(frame: &'a CallFrame, name: &str) -> Result<&'a str, Failure> {
+    let a = &frame.attrs;
+    for i in 0..a.size.max(0) as usize {
+        // SAFETY: `size` entries in each of XLA's arrays.
+        let (ty, n, v) = unsafe { (*a.types.add(i), &**a.names.add(i), *a.attrs.add(i)) };
+        // SAFETY: a byte span XLA owns for the call.
+        let n = unsafe { std::slice::from_raw_parts(n.ptr as *const u8, n.len) };
+        if n != name.as_bytes() {
+            continue;
+        }
+        if ty != ATTR_STRING {
+            return Err(invalid(format!("attribute `{name}` is not a string")));
+        }
+        // SAFETY: a string attribute is a byte span.
+        let s = unsafe { &*(v as *const ByteSpan) };
+        let bytes = if s.len == 0 { &[][..] } else { unsafe { std::slice::from_raw_parts(s.ptr as *const u8, s.len) } };
+        return std::str::from_utf8(bytes).map_err(|_| invalid(format!("attribute `{name}` is not UTF-8")));
+    }
+    Ok("")
+}
+
+/// One of XLA's buffers: its dtype, dimensions and bytes.
+struct Raw {
+    dtype: i32,
+    dims: Vec<usize>,
+    data: *mut u8,
+}
+
+unsafe fn buffers(b: &Buffers, what: &str) -> Result<Vec<Raw>, Failure> {
+    (0..b.size.max(0) as usize)
+        .map(|i| {
+            // SAFETY: `size` entries; each a buffer, checked by its type.
+            unsafe {
+                if *b.types.add(i) != BUFFER {
+                    return Err(invalid(format!("{what} {i} is not a buffer")));
+                }
+                let buf = &**b.buffers.add(i);
+                let dims = if buf.rank == 0 { &[][..] } else { std::slice::from_raw_parts(buf.dims, buf.rank as usize) };
+                Ok(Raw { dtype: buf.dtype, dims: dims.iter().map(|&d| d.max(0) as usize).collect(), data: buf.data as *mut u8 })
+            }
+        })
+        .collect()
+}
+
+/// How many launches `raws` hold for arguments of `decl` types: the product of the leading
+/// dimensions each has beyond its declared rank, the same for all.
+fn batch(
+    what: &str,
+    raws: &[Raw],
+    decl: &[(String, Type)],
+    kernel: &str,
+    batch: &mut Option<(Vec<usize>, String)>,
+) -> Result<(), Failure> {
+    for (raw, (name, ty)) in raws.iter().zip(decl) {
+        let dtype = c_api::dtype(raw.dtype);
+        let lead = raw.dims.len().checked_sub(ty.shape.len());
+        let ok = dtype == Some(ty.dtype) && lead.is_some_and(|l| raw.dims[l..] == ty.shape[..]);
+        if !ok {
+            let got = dtype.map_or_else(|| format!("XLA dtype {}", raw.dtype), |d| d.name().to_string());
+            let dims: Vec<String> = raw.dims.iter().map(usize::to_string).collect();
+            return Err(invalid(format!(
+                "{what} `{name}` of kernel `{kernel}` is {got}[{}], but the kernel declares {ty}\n  trace the call again (tessel.jax.call specializes the kernel for its arrays)",
+                dims.join(", ")
+            )));
+        }
+        let lead = raw.dims[..lead.unwrap_or(0)].to_vec();
+        match batch {
+            None => *batch = Some((lead, name.clone())),
+            Some((b, first)) if *b != lead => {
+                return Err(invalid(format!(
+                    "`{name}` of kernel `{kernel}` is batched as {lead:?} but `{first}` as {b:?}\n  give every array the same leading (batch) dimensions"
+                )));
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(())
+}
+
+fn bytes_of(ty: &Type) -> usize {
+    let elem = match ty.dtype {
+        DType::F32 | DType::I32 | DType::U32 => 4,
+        DType::F16 | DType::BF16 => 2,
+        DType::Bool => 1,
+    };
+    elem * ty.shape.iter().product::<usize>()
+}
+
+unsafe fn handle(frame: *mut CallFrame) -> Result<(), Failure> {
+    // SAFETY: XLA's frame.
+    if unsafe { metadata(frame) } {
+        return Ok(());
+    }
+    let frame = unsafe { &*frame };
+    if frame.stage != STAGE_EXECUTE {
+        return Ok(());
+    }
+    CALLS.fetch_add(1, Ordering::Relaxed);
+    let (text, backend, mesh, externals) = unsafe {
+        (
+            string_attr(frame, "text")?,
+            string_attr(frame, "backend")?,
+            string_attr(frame, "mesh")?,
+            string_attr(frame, "externals")?,
+        )
+    };
+    if text.is_empty() {
+        return Err(invalid("the custom call has no `text` attribute (the kernel)\n  call kernels through tessel.jax.call or tessel.pallas.install".into()));
+    }
+    let backend = if backend.is_empty() { "auto" } else { backend };
+    let rt = crate::runtime()?;
+    let p = prepared(&rt, text, backend, mesh, externals)?;
+    let name = p.kernel.name();
+    let (ins, outs) = unsafe { (buffers(&frame.args, "operand")?, buffers(&frame.rets, "result")?) };
+    if ins.len() != p.inputs.len() || outs.len() != p.outputs.len() {
+        return Err(invalid(format!(
+            "kernel `{name}` takes {} inputs and {} outputs; the custom call has {} operands and {} results",
+            p.inputs.len(),
+            p.outputs.len(),
+            ins.len(),
+            outs.len()
+        )));
+    }
+    let mut lead = None;
+    batch("input", &ins, &p.inputs, name, &mut lead)?;
+    batch("output", &outs, &p.outputs, name, &mut lead)?;
+    let count: usize = lead.map_or(1, |(b, _)| b.iter().product());
+    let ext: Vec<&MeshBox> = p.externals.iter().collect();
+    let calls = [KernelLaunch { kernel: &p.kernel, mesh: p.mesh.as_ref() }];
+    for n in 0..count {
+        let mut args = InPlace::default();
+        for (raw, (arg, ty)) in ins.iter().zip(&p.inputs) {
+            let len = bytes_of(ty);
+            // SAFETY: XLA's buffer holds `count` elements of `len` bytes, alive for the call;
+            // XLA does not write an operand during the call.
+            let bytes = if len == 0 { &[][..] } else { unsafe { std::slice::from_raw_parts(raw.data.add(n * len), len) } };
+            args.inputs.insert(arg.clone(), BytesRef { ty: ty.clone(), bytes });
+        }
+        for (raw, (arg, ty)) in outs.iter().zip(&p.outputs) {
+            let len = bytes_of(ty);
+            // SAFETY: a result buffer of the call, `count` elements of `len` bytes, that nothing
+            // else reads or writes during the call (tessel's lowering asks XLA for no aliasing).
+            let bytes =
+                if len == 0 { &mut [][..] } else { unsafe { std::slice::from_raw_parts_mut(raw.data.add(n * len), len) } };
+            args.outputs.insert(arg.clone(), BytesMut { ty: ty.clone(), bytes });
+        }
+        rt.launch_in_place(&p.backend, &calls, &ext, &mut args)?;
+    }
+    if let Ok(mut l) = LAUNCHES.lock() {
+        match l.iter_mut().find(|(b, _)| *b == p.backend) {
+            Some((_, c)) => *c += count as u64,
+            None => l.push((p.backend.clone(), count as u64)),
+        }
+    }
+    Ok(())
+}
+
+/// The handler's address, for a capsule.
+pub fn handler() -> *mut c_void {
+    tessel_call as *mut c_void
+}
+
+/// The empty handler's address.
+pub fn empty_handler() -> *mut c_void {
+    empty_call as *mut c_void
+}
