@@ -304,14 +304,51 @@ static CALLS: AtomicU64 = AtomicU64::new(0);
 static HITS: AtomicU64 = AtomicU64::new(0);
 static MISSES: AtomicU64 = AtomicU64::new(0);
 static FAILURES: AtomicU64 = AtomicU64::new(0);
+/// Calls running now, and the most that ever ran at once (XLA calls the handler from a thread
+/// per device under `shard_map`).
+static IN_FLIGHT: AtomicU64 = AtomicU64::new(0);
+static MOST_IN_FLIGHT: AtomicU64 = AtomicU64::new(0);
 /// Launches by backend name (the tests check that a kernel ran where it was sent).
 static LAUNCHES: Mutex<Vec<(String, u64)>> = Mutex::new(Vec::new());
 
-/// Handler calls, cache hits and misses, failures, and launches by backend.
-pub fn stats() -> (u64, u64, u64, u64, Vec<(String, u64)>) {
-    let launches = LAUNCHES.lock().map(|l| l.clone()).unwrap_or_default();
+/// The handler's counters.
+pub struct Stats {
+    pub calls: u64,
+    pub hits: u64,
+    pub misses: u64,
+    pub failures: u64,
+    pub most_in_flight: u64,
+    pub launches: Vec<(String, u64)>,
+}
+
+/// Handler calls, cache hits and misses, failures, the most calls at once, launches by backend.
+pub fn stats() -> Stats {
     let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
-    (load(&CALLS), load(&HITS), load(&MISSES), load(&FAILURES), launches)
+    Stats {
+        calls: load(&CALLS),
+        hits: load(&HITS),
+        misses: load(&MISSES),
+        failures: load(&FAILURES),
+        most_in_flight: load(&MOST_IN_FLIGHT),
+        launches: LAUNCHES.lock().map(|l| l.clone()).unwrap_or_default(),
+    }
+}
+
+/// Counts a call in flight while it lives.
+struct InFlight;
+
+impl InFlight {
+    fn enter() -> InFlight {
+        let now = IN_FLIGHT.fetch_add(1, Ordering::Relaxed) + 1;
+        MOST_IN_FLIGHT.fetch_max(now, Ordering::Relaxed);
+        InFlight
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        IN_FLIGHT.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 fn key(text: &[u8], backend: &[u8], mesh: &[u8], externals: &[u8]) -> [u8; 32] {
@@ -561,6 +598,7 @@ unsafe fn handle(frame: *mut CallFrame) -> Result<(), Failure> {
         return Ok(());
     }
     CALLS.fetch_add(1, Ordering::Relaxed);
+    let _in_flight = InFlight::enter();
     let (text, backend, mesh, externals) = unsafe {
         (
             string_attr(frame, "text")?,

@@ -666,17 +666,18 @@ fn _ffi_layout() -> Vec<(&'static str, usize, Vec<(&'static str, usize)>)> {
     ffi::c_api::layout()
 }
 
-/// The handler's counters: calls, prepared-launch cache hits and misses, failures, and
-/// launches by backend.
+/// The handler's counters: calls, prepared-launch cache hits and misses, failures, the most
+/// calls that ran at once, and launches by backend.
 #[pyfunction]
 fn _ffi_stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
-    let (calls, hits, misses, failures, launches) = ffi::stats();
+    let s = ffi::stats();
     let d = PyDict::new(py);
-    d.set_item("calls", calls)?;
-    d.set_item("hits", hits)?;
-    d.set_item("misses", misses)?;
-    d.set_item("failures", failures)?;
-    d.set_item("launches", launches.into_iter().collect::<BTreeMap<_, _>>())?;
+    d.set_item("calls", s.calls)?;
+    d.set_item("hits", s.hits)?;
+    d.set_item("misses", s.misses)?;
+    d.set_item("failures", s.failures)?;
+    d.set_item("most_in_flight", s.most_in_flight)?;
+    d.set_item("launches", s.launches.into_iter().collect::<BTreeMap<_, _>>())?;
     Ok(d)
 }
 
