@@ -19,7 +19,7 @@ import numpy as np
 from jax.experimental import pallas as pl
 
 
-def matmul_512():
+def matmul_512(interpret=True):
     """c = a @ b in 64×64 blocks, the contraction (`k`, the last grid axis) accumulated into c."""
 
     def body(a_ref, b_ref, c_ref):
@@ -35,12 +35,12 @@ def matmul_512():
         grid=(8, 8, 8),
         in_specs=[pl.BlockSpec((64, 64), lambda i, j, k: (i, k)), pl.BlockSpec((64, 64), lambda i, j, k: (k, j))],
         out_specs=pl.BlockSpec((64, 64), lambda i, j, k: (i, j)),
-        interpret=True,
+        interpret=interpret,
     )
     return f, [(512, 512), (512, 512)]
 
 
-def softmax_4096(rows=16):
+def softmax_4096(rows=16, interpret=True):
     """Row softmax of 4096×256 in blocks of 16 rows."""
 
     def body(x_ref, o_ref):
@@ -50,12 +50,12 @@ def softmax_4096(rows=16):
 
     spec = pl.BlockSpec((rows, 256), lambda i: (i, 0))
     f = pl.pallas_call(
-        body, out_shape=jax.ShapeDtypeStruct((4096, 256), jnp.float32), grid=(4096 // rows,), in_specs=[spec], out_specs=spec, interpret=True
+        body, out_shape=jax.ShapeDtypeStruct((4096, 256), jnp.float32), grid=(4096 // rows,), in_specs=[spec], out_specs=spec, interpret=interpret
     )
     return f, [(4096, 256)]
 
 
-def matmul_512_fullk():
+def matmul_512_fullk(interpret=True):
     """The same product in 64 grid steps: 64-row and 64-column blocks over the whole of K."""
 
     def body(a_ref, b_ref, c_ref):
@@ -67,7 +67,7 @@ def matmul_512_fullk():
         grid=(8, 8),
         in_specs=[pl.BlockSpec((64, 512), lambda i, j: (i, 0)), pl.BlockSpec((512, 64), lambda i, j: (0, j))],
         out_specs=pl.BlockSpec((64, 64), lambda i, j: (i, j)),
-        interpret=True,
+        interpret=interpret,
     )
     return f, [(512, 512), (512, 512)]
 
@@ -77,7 +77,7 @@ def softmax_4096_rows64():
     return softmax_4096(rows=64)
 
 
-def add_4m():
+def add_4m(interpret=True):
     """o = x + y over 4M in blocks of 1024."""
 
     def body(x_ref, y_ref, o_ref):
@@ -85,7 +85,7 @@ def add_4m():
 
     spec = pl.BlockSpec((1024,), lambda i: (i,))
     f = pl.pallas_call(
-        body, out_shape=jax.ShapeDtypeStruct((4194304,), jnp.float32), grid=(4096,), in_specs=[spec, spec], out_specs=spec, interpret=True
+        body, out_shape=jax.ShapeDtypeStruct((4194304,), jnp.float32), grid=(4096,), in_specs=[spec, spec], out_specs=spec, interpret=interpret
     )
     return f, [(4194304,), (4194304,)]
 

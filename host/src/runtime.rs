@@ -346,6 +346,32 @@ impl Runtime {
         externals: &[&MeshBox],
         args: &mut InPlace<'_>,
     ) -> Result<()> {
+        self.in_place(backend, kernels, externals, args, true)
+    }
+
+    /// [`Runtime::launch_in_place`] of a launch the backend accepted before ([`Runtime::supports`]
+    /// said yes to the same kernels, meshes and grid): not asked again, so a launch found in
+    /// the backend's compile cache costs no planning. One that is not there is planned (and may
+    /// still be refused) when it is compiled, as any launch is. For callers that launch the same
+    /// thing many times, such as the XLA FFI handler.
+    pub fn relaunch_in_place(
+        &self,
+        backend: &str,
+        kernels: &[KernelLaunch<'_>],
+        externals: &[&MeshBox],
+        args: &mut InPlace<'_>,
+    ) -> Result<()> {
+        self.in_place(backend, kernels, externals, args, false)
+    }
+
+    fn in_place(
+        &self,
+        backend: &str,
+        kernels: &[KernelLaunch<'_>],
+        externals: &[&MeshBox],
+        args: &mut InPlace<'_>,
+        ask: bool,
+    ) -> Result<()> {
         let b = self.backend(backend)?;
         let fail = |e: BackendError| backend_error(b, e);
         let types: BTreeMap<String, Type> = args.inputs.iter().map(|(n, a)| (n.clone(), a.ty.clone())).collect();
@@ -373,7 +399,9 @@ impl Runtime {
             }
         };
         with_request(kernels, externals, &args.grid, |req| {
-            b.backend.supports(req).into_result().map_err(fail)?;
+            if ask {
+                b.backend.supports(req).into_result().map_err(fail)?;
+            }
             let inputs: Vec<HostInput<'_>> =
                 args.inputs.keys().map(|n| HostInput { name: RStr::from_str(n), array: lend(n) }).collect();
             let mut outputs: Vec<HostOutput<'_>> = args

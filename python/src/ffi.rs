@@ -647,7 +647,7 @@ unsafe fn handle(frame: *mut CallFrame) -> Result<(), Failure> {
                 if len == 0 { &mut [][..] } else { unsafe { std::slice::from_raw_parts_mut(raw.data.add(n * len), len) } };
             args.outputs.insert(arg.clone(), BytesMut { ty: ty.clone(), bytes });
         }
-        rt.launch_in_place(&p.backend, &calls, &ext, &mut args)?;
+        rt.relaunch_in_place(&p.backend, &calls, &ext, &mut args)?;
     }
     if let Ok(mut l) = LAUNCHES.lock() {
         match l.iter_mut().find(|(b, _)| *b == p.backend) {

@@ -151,6 +151,12 @@ class _Writer:
         self.uses: Dict[Any, set] = {}
         #: argument -> its block dimensions Pallas squeezes away (`None`, `pl.squeezed`).
         self.squeezed: Dict[str, List[int]] = {}
+        #: How many equations read each jaxpr var.
+        self.count: Dict[Any, int] = {}
+        #: A one-axis reduction whose only reader reshapes it: its `%value` -> (the index of its
+        #: line, the line with `keepdims`, the kept shape), so the reshape can become `keepdims`
+        #: (the interpreter and wgpu fuse `max`/`sum ... keepdims` rows with what follows).
+        self.keepable: Dict[str, Any] = {}
         #: a 2-D transpose only a `dot` reads -> the operand it transposes.
         self.transposed: Dict[Any, Any] = {}
         #: The user's line of the equation being written, for errors inside jnp's functions.
@@ -254,6 +260,7 @@ class _Writer:
             for a in eqn.invars:
                 if not isinstance(a, core.Literal):
                     self.uses.setdefault(a, set()).add(eqn.primitive.name)
+                    self.count[a] = self.count.get(a, 0) + 1
         for a in jaxpr.outvars:
             if not isinstance(a, core.Literal):
                 self.uses.setdefault(a, set()).add("yield")
@@ -351,7 +358,8 @@ class _Writer:
         elif name == "broadcast_in_dim":
             self.broadcast(eqn)
         elif name in ("reshape", "squeeze", "expand_dims"):
-            self.op(eqn, f"reshape {self.value(eqn.invars[0], eqn)}")
+            out = eqn.outvars[0]
+            self.define(out, self.reshaped(self.value(eqn.invars[0], eqn), out.aval.shape, _ty(out.aval, self.kernel, eqn)))
         elif name == "transpose":
             if tuple(p["permutation"]) == (1, 0) and self.uses.get(eqn.outvars[0]) == {"dot_general"}:
                 # Only a `dot` reads it: the dot reads the operand transposed (`trans_a`/`trans_b`).
@@ -454,9 +462,7 @@ class _Writer:
         cur = self.value(x, eqn)
         dt = ty.split("[")[0]
         if tuple(middle) != tuple(x.aval.shape):
-            v = self.body.fresh()
-            self.body.emit(f"{v} = reshape {cur} : {dt}[{', '.join(str(d) for d in middle)}]")
-            cur = v
+            cur = self.reshaped(cur, middle, f"{dt}[{', '.join(str(d) for d in middle)}]")
         if tuple(middle) != tuple(out.aval.shape):
             v = self.body.fresh()
             self.body.emit(f"{v} = broadcast {cur} : {ty}")
@@ -469,13 +475,30 @@ class _Writer:
         cur = self.value(x, eqn)
         shape = list(x.aval.shape)
         dt = _ty(eqn.outvars[0].aval, self.kernel, eqn).split("[")[0]
+        out = eqn.outvars[0]
         for a in axes:
+            kept = shape.copy()
+            kept[a] = 1
             shape.pop(a)
             v = self.body.fresh()
             rest = f"[{', '.join(str(d) for d in shape)}]" if shape else ""
+            if len(axes) == 1 and self.count.get(out) == 1 and self.uses.get(out, set()) <= {"broadcast_in_dim", "reshape", "expand_dims"}:
+                keep = f"{v} = {op} {cur} axis {a} keepdims : {dt}[{', '.join(str(d) for d in kept)}]"
+                self.keepable[v] = (len(self.body.lines), "  " * self.body.depth + keep, tuple(kept))
             self.body.emit(f"{v} = {op} {cur} axis {a} : {dt}{rest}")
             cur = v
-        self.define(eqn.outvars[0], cur)
+        self.define(out, cur)
+
+    def reshaped(self, value: str, shape, ty: str) -> str:
+        """`value` reshaped to `shape` (of type `ty`): a reduction that only this reshape reads,
+        restoring its axis as 1, is rewritten with `keepdims` instead."""
+        kept = self.keepable.pop(value, None)
+        if kept is not None and kept[2] == tuple(shape):
+            self.body.lines[kept[0]] = kept[1]
+            return value
+        v = self.body.fresh()
+        self.body.emit(f"{v} = reshape {value} : {ty}")
+        return v
 
     def dot(self, eqn) -> None:
         (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]

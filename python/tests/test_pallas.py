@@ -400,6 +400,24 @@ def test_the_text_is_tessel_kernel_language():
     assert tessel.check(p).splitlines()[:4] == p.splitlines()[:4]
     t = tp.to_tk(transpose, f32(64, 48))
     assert "out o0: f32[48, 64] block [16, 32] at (i1, i0)" in t and "seq" not in t
+    # A row reduction whose axis jnp's keepdims restores is one `keepdims` reduction (what the
+    # interpreter and wgpu fuse with the row's other operations), not a reduction and a reshape.
+    s = tp.to_tk(softmax, f32(32, 256))
+    assert "= max %v0 axis 1 keepdims : f32[8, 1]" in s and "axis 1 keepdims : f32[8, 1]\n  %v5 = div" in s, s
+    assert "reshape" not in s, s
+    # One whose reduced value is read elsewhere too keeps its reshape, and its value.
+    def twice(x, interpret=False):
+        def body(x_ref, o_ref):
+            v = x_ref[...]
+            m = jnp.max(v, axis=1)
+            o_ref[...] = v - m[:, None] + jnp.sum(m)
+
+        return call(body, jax.ShapeDtypeStruct(x.shape, x.dtype), (1,), [pl.BlockSpec(x.shape, lambda i: (0, 0))], pl.BlockSpec(x.shape, lambda i: (0, 0)), interpret)(x)
+
+    x = f32(8, 128)
+    t2 = tp.to_tk(twice, x)
+    assert "keepdims" not in t2 and "reshape" in t2, t2
+    np.testing.assert_allclose(tp.run(twice, x, backend="interpret"), np.asarray(twice(x, interpret=True)), rtol=1e-6)
 
 
 def test_what_cannot_be_translated_names_the_primitive_the_kernel_and_the_line():
