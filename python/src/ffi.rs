@@ -9,7 +9,9 @@
 //! into a bounded cache shared by every thread, then launches it in place: the interpreter reads
 //! XLA's input buffers and writes its output buffers where they are; a device backend uploads
 //! from and downloads into them. Operands with more leading dimensions than the kernel declares
-//! are a batch (`vmap`): one launch per element, on that element's slice of each buffer.
+//! are a batch (`vmap`): one launch of the kernel batched over a new grid axis
+//! (`ir::batch::batched`), or, where it cannot be (a kernel on a mesh, a backend that refuses),
+//! one launch per element on that element's slice of each buffer.
 //!
 //! It never touches Python, never unwinds into XLA (every panic is caught), and turns every
 //! failure into an XLA FFI error carrying tessel's message, which JAX raises as
@@ -24,7 +26,7 @@ use std::sync::{Arc, Mutex};
 
 use tessel::{BytesMut, BytesRef, Error, InPlace, KernelLaunch, Runtime};
 use tessel_plugin_api::abi::MeshBox;
-use tessel_plugin_api::ir::{DType, ParamKind, Type, Verified};
+use tessel_plugin_api::ir::{DType, ParamKind, Type, Verified, batch};
 
 /// The structs of XLA's FFI C API that the handler reads, declared by hand from `c_api.h`
 /// (API version 0.3; every field the handler touches is in 0.1 already). Their sizes and field
@@ -289,6 +291,40 @@ pub struct Prepared {
     /// `in` and `out` arguments in declared order: the custom call's operands and results.
     pub inputs: Vec<(String, Type)>,
     pub outputs: Vec<(String, Type)>,
+    /// The kernel batched over a grid axis, by batch size (`None`: it cannot be, or the
+    /// backend refuses it).
+    batches: Mutex<Vec<(usize, Option<Arc<Verified>>)>>,
+}
+
+/// The most batch sizes kept per launch.
+const BATCHES_KEPT: usize = 8;
+
+impl Prepared {
+    /// The kernel batched over `count` elements in one launch ([`batch::batched`]), asked of
+    /// the backend once per size; `None` where it has a mesh (whose axes the batch axis would not
+    /// be among), cannot be batched, or the backend refuses the batched launch.
+    fn batched(&self, rt: &Runtime, count: usize) -> Option<Arc<Verified>> {
+        if self.mesh.is_some() || !self.externals.is_empty() {
+            return None;
+        }
+        let mut kept = self.batches.lock().ok()?;
+        if let Some((_, v)) = kept.iter().find(|(c, _)| *c == count) {
+            return v.clone();
+        }
+        let v = batch::batched(self.kernel.kernel(), count as u64)
+            .ok()
+            .and_then(|k| tessel_plugin_api::ir::verify(&k).ok())
+            .filter(|v| {
+                let calls = [KernelLaunch { kernel: v, mesh: None }];
+                rt.supports(&self.backend, &calls, &[], &Default::default()).is_ok()
+            });
+        let v = v.map(Arc::new);
+        if kept.len() >= BATCHES_KEPT {
+            kept.clear();
+        }
+        kept.push((count, v.clone()));
+        v
+    }
 }
 
 /// The most prepared launches kept; the cache starts afresh when full.
@@ -409,7 +445,7 @@ fn prepare(rt: &Runtime, text: &str, backend: &str, mesh: &str, externals: &str)
     };
     let args = |kind| kernel.kernel().params_of(kind).map(|p| (p.name.clone(), p.ty.clone())).collect();
     let (inputs, outputs) = (args(ParamKind::In), args(ParamKind::Out));
-    Ok(Prepared { kernel, backend, decisions, mesh, externals, inputs, outputs })
+    Ok(Prepared { kernel, backend, decisions, mesh, externals, inputs, outputs, batches: Mutex::new(Vec::new()) })
 }
 
 /// A failure and the XLA error code it becomes.
@@ -628,31 +664,43 @@ unsafe fn handle(frame: *mut CallFrame) -> Result<(), Failure> {
     batch("input", &ins, &p.inputs, name, &mut lead)?;
     batch("output", &outs, &p.outputs, name, &mut lead)?;
     let count: usize = lead.map_or(1, |(b, _)| b.iter().product());
+    // A batch (`vmap`) is one launch of the kernel batched over a new grid axis where it can be,
+    // else one launch per element on that element's slice of each buffer.
+    let batched = if count > 1 { p.batched(&rt, count) } else { None };
+    let (kernel, launches, per): (&Verified, usize, usize) = match &batched {
+        Some(b) => (b, 1, count),
+        None => (&p.kernel, count, 1),
+    };
+    let ty_of = |ty: &Type| Type {
+        dtype: ty.dtype,
+        shape: std::iter::repeat_n(per, (per > 1) as usize).chain(ty.shape.iter().copied()).collect(),
+    };
     let ext: Vec<&MeshBox> = p.externals.iter().collect();
-    let calls = [KernelLaunch { kernel: &p.kernel, mesh: p.mesh.as_ref() }];
-    for n in 0..count {
+    let calls = [KernelLaunch { kernel, mesh: p.mesh.as_ref() }];
+    for n in 0..launches {
         let mut args = InPlace::default();
         for (raw, (arg, ty)) in ins.iter().zip(&p.inputs) {
-            let len = bytes_of(ty);
-            // SAFETY: XLA's buffer holds `count` elements of `len` bytes, alive for the call;
-            // XLA does not write an operand during the call.
+            let len = bytes_of(ty) * per;
+            // SAFETY: XLA's buffer holds `count` elements of the declared type, alive for the
+            // call, which are `launches` runs of `len` bytes; XLA does not write an operand
+            // during the call.
             let bytes = if len == 0 { &[][..] } else { unsafe { std::slice::from_raw_parts(raw.data.add(n * len), len) } };
-            args.inputs.insert(arg.clone(), BytesRef { ty: ty.clone(), bytes });
+            args.inputs.insert(arg.clone(), BytesRef { ty: ty_of(ty), bytes });
         }
         for (raw, (arg, ty)) in outs.iter().zip(&p.outputs) {
-            let len = bytes_of(ty);
-            // SAFETY: a result buffer of the call, `count` elements of `len` bytes, that nothing
-            // else reads or writes during the call (tessel's lowering asks XLA for no aliasing).
+            let len = bytes_of(ty) * per;
+            // SAFETY: a result buffer of the call, as above, that nothing else reads or writes
+            // during the call (tessel's lowering asks XLA for no aliasing).
             let bytes =
                 if len == 0 { &mut [][..] } else { unsafe { std::slice::from_raw_parts_mut(raw.data.add(n * len), len) } };
-            args.outputs.insert(arg.clone(), BytesMut { ty: ty.clone(), bytes });
+            args.outputs.insert(arg.clone(), BytesMut { ty: ty_of(ty), bytes });
         }
         rt.relaunch_in_place(&p.backend, &calls, &ext, &mut args)?;
     }
     if let Ok(mut l) = LAUNCHES.lock() {
         match l.iter_mut().find(|(b, _)| *b == p.backend) {
-            Some((_, c)) => *c += count as u64,
-            None => l.push((p.backend.clone(), count as u64)),
+            Some((_, c)) => *c += launches as u64,
+            None => l.push((p.backend.clone(), launches as u64)),
         }
     }
     Ok(())

@@ -216,11 +216,40 @@ def test_a_failing_launch_is_a_jax_runtime_error_with_tesselss_message():
     np.testing.assert_array_equal(np.asarray(jax.jit(lambda x: tj.call(EXAMPLES / "masked.tk", x))(f32(1000) * 0)), np.ones(1000))
 
 
-def test_vmap_launches_the_kernel_per_batch_element():
+def test_vmap_batches_the_kernel_over_a_grid_axis_in_one_launch():
     k = tessel.load(EXAMPLES / "softmax.tk")
     x = f32(5, 32, 256)
-    got = jax.jit(jax.vmap(lambda x: tj.call(k, x)))(x)
-    np.testing.assert_allclose(np.asarray(got), np.stack([_softmax(a.astype(np.float64)) for a in x]), rtol=1e-6, atol=1e-7)
+    want = np.stack([_softmax(a.astype(np.float64)) for a in x])
+    for backend in backends():
+        before = launches(backend)
+        got = jax.block_until_ready(jax.jit(jax.vmap(lambda x: tj.call(k, x, backend=backend)))(x))
+        assert launches(backend) == before + 1, f"{backend}: 5 elements in one launch"
+        np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6, atol=1e-7, err_msg=backend)
+    # Nested vmap: the batch dimensions are one run of elements.
+    x2 = f32(2, 3, 16, 256)
+    got = jax.jit(jax.vmap(jax.vmap(lambda x: tj.call(k, x))))(x2)
+    np.testing.assert_allclose(np.asarray(got), _softmax(x2.reshape(-1, 256).astype(np.float64)).reshape(x2.shape), rtol=1e-6, atol=1e-7)
+    # A kernel that accumulates over a `seq` axis keeps each element's accumulation apart.
+    mm = tessel.load(EXAMPLES / "matmul.tk")
+    a, b = f32(3, 64, 128), f32(3, 128, 64)
+    got = jax.jit(jax.vmap(lambda a, b: tj.call(mm, a, b)))(a, b)
+    np.testing.assert_allclose(np.asarray(got), np.einsum("bij,bjk->bik", a.astype(np.float64), b), rtol=1e-4, atol=1e-4)
+
+
+def test_vmap_of_a_launch_on_a_mesh_is_one_launch_per_element():
+    """A kernel whose programs come from a mesh is not batched over a grid axis (the mesh's axes
+    would not include it): the handler launches it once per element, on that element's slice."""
+    tj.register("cpu")
+    text = (
+        "kernel meshed\n  in  x: f32[512]\n  out o: f32[512]\n{\n  %i = program_id i\n  %s = mul %i, 128\n"
+        "  %v = load x[ds(%s, 128)]\n  %y = mul %v, 3.0\n  store o[ds(%s, 128)], %y\n}\n"
+    )
+    f = jax.ffi.ffi_call("tessel_call", jax.ShapeDtypeStruct((512,), jnp.float32), vmap_method="broadcast_all")
+    x = f32(3, 512)
+    before = launches("interpret")
+    got = jax.block_until_ready(jax.jit(jax.vmap(lambda x: f(x, text=text, backend="interpret", mesh="grid(i: 4)", externals="")))(x))
+    assert launches("interpret") == before + 3
+    np.testing.assert_array_equal(np.asarray(got), x * 3.0)
     # in_axes other than 0 and an unbatched operand broadcast by JAX.
     a, y = f32(1024), f32(1024, 3)
     add = tessel.load(EXAMPLES / "add.tk")

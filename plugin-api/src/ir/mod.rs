@@ -95,6 +95,7 @@ mod diag;
 mod lexer;
 
 pub mod analysis;
+pub mod batch;
 pub mod builder;
 pub mod generic;
 pub mod parse;
