@@ -146,6 +146,32 @@ def test_call_runs_every_example_kernel_inside_jit(name):
             np.testing.assert_allclose(np.asarray(g, np.float64), w, rtol=tol, atol=tol, err_msg=f"{name} on {backend}")
 
 
+def test_every_dtype_crosses_the_handler_in_declared_output_order():
+    import ml_dtypes
+
+    k = tessel.compile(
+        "kernel dtypes\n"
+        + "".join(f"  in  {n}: {t}[64]\n" for n, t in zip("abcde", ("f16", "bf16", "i32", "u32", "bool")))
+        + "".join(f"  out o{n}: {t}[64]\n" for n, t in zip("abcde", ("f16", "bf16", "i32", "u32", "bool")))
+        + "{\n  %a = load a\n  %a2 = add %a, %a\n  store oa, %a2\n  %b = load b\n  %b2 = mul %b, %b\n  store ob, %b2\n"
+        + "  %c = load c\n  %c2 = sub %c, 7\n  store oc, %c2\n  %d = load d\n  %d2 = mul %d, 3\n  store od, %d2\n"
+        + "  %e = load e\n  %e2 = not %e\n  store oe, %e2\n}\n"
+    )
+    a = RNG.standard_normal(64).astype(np.float16)
+    b = RNG.standard_normal(64).astype(ml_dtypes.bfloat16)
+    c = RNG.integers(-1000, 1000, 64).astype(np.int32)
+    d = RNG.integers(0, 1000, 64).astype(np.uint32)
+    e = RNG.integers(0, 2, 64).astype(bool)
+    for backend in backends():
+        got = jax.jit(lambda *xs: tj.call(k, *xs, backend=backend))(a, b, c, d, e)
+        assert [np.asarray(g).dtype.name for g in got] == ["float16", "bfloat16", "int32", "uint32", "bool"], backend
+        np.testing.assert_array_equal(np.asarray(got[0]), a + a, err_msg=backend)
+        np.testing.assert_array_equal(np.asarray(got[1]).astype(np.float32), (b * b).astype(np.float32), err_msg=backend)
+        np.testing.assert_array_equal(np.asarray(got[2]), c - 7, err_msg=backend)
+        np.testing.assert_array_equal(np.asarray(got[3]), d * np.uint32(3), err_msg=backend)
+        np.testing.assert_array_equal(np.asarray(got[4]), ~e, err_msg=backend)
+
+
 def test_call_takes_inputs_by_name_and_params():
     k = tessel.load(EXAMPLES / "add.tk")
     x, y = f32(2048), f32(2048)
@@ -283,11 +309,14 @@ def test_mosaic_gpu_lowers_for_cuda_on_this_machine():
     assert "stablehlo.custom_call @tessel_call" in text and 'backend = "mosaic-gpu"' in text, text[:2000]
 
 
-def test_concurrent_calls_equal_a_serial_run_bit_for_bit():
+@pytest.mark.parametrize("backend", ["interpret", "wgpu"])
+def test_concurrent_calls_equal_a_serial_run_bit_for_bit(backend):
     """200 calls from 4 threads at once, each equal bit for bit to the same call made alone."""
+    if backend not in backends():
+        pytest.skip("no wgpu adapter")
     k = tessel.load(EXAMPLES / "softmax.tk")
     mm = tessel.load(EXAMPLES / "matmul.tk")
-    f = jax.jit(lambda x, a, b: (tj.call(k, x), tj.call(mm, a, b)))
+    f = jax.jit(lambda x, a, b: (tj.call(k, x, backend=backend), tj.call(mm, a, b, backend=backend)))
     inputs = [(f32(64, 256), f32(64, 64), f32(64, 64)) for _ in range(8)]
     serial = [[np.asarray(o) for o in f(*i)] for i in inputs]
     failures = []
