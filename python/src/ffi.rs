@@ -22,7 +22,7 @@ use std::collections::HashMap;
 use std::ffi::{CString, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, LazyLock, Mutex};
 
 use tessel::{BytesMut, BytesRef, Error, InPlace, KernelLaunch, Runtime};
 use tessel_plugin_api::abi::MeshBox;
@@ -330,12 +330,8 @@ impl Prepared {
 /// The most prepared launches kept; the cache starts afresh when full.
 const KEPT: usize = 256;
 
-#[derive(Default)]
-struct Cache {
-    entries: HashMap<[u8; 32], Arc<Prepared>>,
-}
-
-static CACHE: Mutex<Option<Cache>> = Mutex::new(None);
+/// Prepared launches by [`key`], shared by every thread.
+static CACHE: LazyLock<Mutex<HashMap<[u8; 32], Arc<Prepared>>>> = LazyLock::new(Default::default);
 static CALLS: AtomicU64 = AtomicU64::new(0);
 static HITS: AtomicU64 = AtomicU64::new(0);
 static MISSES: AtomicU64 = AtomicU64::new(0);
@@ -400,21 +396,20 @@ fn key(text: &[u8], backend: &[u8], mesh: &[u8], externals: &[u8]) -> [u8; 32] {
 /// the cache or prepared now (and kept).
 pub fn prepared(rt: &Runtime, text: &str, backend: &str, mesh: &str, externals: &str) -> Result<Arc<Prepared>, Error> {
     let k = key(text.as_bytes(), backend.as_bytes(), mesh.as_bytes(), externals.as_bytes());
-    if let Some(p) = CACHE.lock().ok().and_then(|c| c.as_ref().and_then(|c| c.entries.get(&k).cloned())) {
+    if let Some(p) = CACHE.lock().ok().and_then(|c| c.get(&k).cloned()) {
         HITS.fetch_add(1, Ordering::Relaxed);
         return Ok(p);
     }
     MISSES.fetch_add(1, Ordering::Relaxed);
     let p = Arc::new(prepare(rt, text, backend, mesh, externals)?);
     if let Ok(mut c) = CACHE.lock() {
-        let c = c.get_or_insert_with(Cache::default);
-        if c.entries.len() >= KEPT {
-            c.entries.clear();
+        if c.len() >= KEPT {
+            c.clear();
         }
-        c.entries.insert(k, Arc::clone(&p));
+        c.insert(k, Arc::clone(&p));
         // `auto` resolved: the handler's calls name the backend chosen, and find it too.
         if backend != p.backend {
-            c.entries.insert(key(text.as_bytes(), p.backend.as_bytes(), mesh.as_bytes(), externals.as_bytes()), Arc::clone(&p));
+            c.insert(key(text.as_bytes(), p.backend.as_bytes(), mesh.as_bytes(), externals.as_bytes()), Arc::clone(&p));
         }
     }
     Ok(p)

@@ -1002,9 +1002,12 @@ class _Named:
 def _rules():
     """Pallas's two launch primitives, and JAX's table of lowering rules by platform."""
     from jax._src.interpreters import mlir
-    from jax._src.pallas.mpmd import mpmd_map_p
     from jax._src.pallas.pallas_call import pallas_call_p
 
+    try:
+        from jax._src.pallas.mpmd import mpmd_map_p
+    except ImportError:  # a JAX without `pl.kernel`'s mpmd_map
+        return mlir, (pallas_call_p,)
     return mlir, (pallas_call_p, mpmd_map_p)
 
 

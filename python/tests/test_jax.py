@@ -309,6 +309,29 @@ def test_mosaic_gpu_lowers_for_cuda_on_this_machine():
     assert "stablehlo.custom_call @tessel_call" in text and 'backend = "mosaic-gpu"' in text, text[:2000]
 
 
+@pytest.mark.filterwarnings("ignore:Using ``pl.pallas_call`` for Mosaic GPU kernels is deprecated")
+def test_compiler_params_route_a_pallas_call_to_tessel_when_lowered_for_cuda():
+    """Opt-in only: a `pallas_call` with `tp.CompilerParams(backend="mosaic-gpu")` lowers to a
+    tessel call for CUDA; the same call without it keeps Pallas's own GPU lowering."""
+
+    def scaled(x, params=None):
+        spec = pl.BlockSpec((128,), lambda i: (i,))
+        return pl.pallas_call(
+            _double_kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), grid=(4,), in_specs=[spec], out_specs=spec,
+            compiler_params=params,
+        )(x)
+
+    x = f32(512)
+    ours = jax.jit(lambda x: scaled(x, tp.CompilerParams(backend="mosaic-gpu"))).trace(x).lower(lowering_platforms=("cuda",))
+    assert "stablehlo.custom_call @tessel_call" in ours.as_text() and 'backend = "mosaic-gpu"' in ours.as_text()
+    theirs = jax.jit(scaled).trace(x).lower(lowering_platforms=("cuda",))
+    assert "tessel_call" not in theirs.as_text()
+    # On the CPU the call goes where `install` sends it, as any other.
+    with tp.installed(backend="interpret"):
+        got = jax.jit(lambda x: scaled(x, tp.CompilerParams()))(x)
+    np.testing.assert_array_equal(np.asarray(got), x * 2.0 + 1.0)
+
+
 @pytest.mark.parametrize("backend", ["interpret", "wgpu"])
 def test_concurrent_calls_equal_a_serial_run_bit_for_bit(backend):
     """200 calls from 4 threads at once, each equal bit for bit to the same call made alone."""
@@ -548,3 +571,29 @@ def test_a_pallas_kernel_under_shard_map():
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0 and "ok 4" in r.stdout, r.stdout + r.stderr
+
+
+def test_an_exported_program_carries_its_kernel_to_another_process(tmp_path):
+    """`jax.export` of a program with a tessel call (tessel's target named as a custom call the
+    exporter may keep): the serialized program runs in a fresh process that registered the
+    handler, from the kernel text in its attributes."""
+    k = tessel.load(EXAMPLES / "add.tk")
+    x = f32(1024)
+    exported = jax.export.export(
+        jax.jit(lambda x, y: tj.call(k, x, y, backend="interpret") * 2),
+        disabled_checks=[jax.export.DisabledSafetyCheck.custom_call("tessel_call")],
+    )(x, x)
+    (tmp_path / "program.bin").write_bytes(exported.serialize())
+    np.save(tmp_path / "x.npy", x)
+    code = textwrap.dedent(
+        f"""
+        import numpy as np, jax, tessel.jax as tj
+        tj.register("cpu")
+        program = jax.export.deserialize(bytearray(open({str(tmp_path / 'program.bin')!r}, "rb").read()))
+        x = np.load({str(tmp_path / 'x.npy')!r})
+        np.testing.assert_array_equal(np.asarray(program.call(x, x)), (x + x) * 2)
+        print("ok", tj.stats()["launches"])
+        """
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=300)
+    assert r.returncode == 0 and "ok {'interpret': 1}" in r.stdout, r.stdout + r.stderr
