@@ -21,18 +21,13 @@ import tessel  # noqa: E402
 import tessel.jax as tj  # noqa: E402
 from tessel import pallas as tp  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).parent))
+import test_pallas  # noqa: E402
+from test_pallas import backends  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 RNG = np.random.default_rng(7)
-
-
-def backends():
-    b = next(b for b in tessel.backends() if b["name"] == "wgpu")
-    if b["available"]:
-        return ["interpret", "wgpu"]
-    if os.environ.get("TESSEL_REQUIRE_ADAPTER") == "1":
-        pytest.fail(f"wgpu is required here but unavailable: {b['reason']}")
-    return ["interpret"]
 
 
 def f32(*shape):
@@ -363,14 +358,7 @@ def test_concurrent_calls_equal_a_serial_run_bit_for_bit(backend):
 # ---- Pallas kernels under install ----
 
 
-def _pallas_cases():
-    sys.path.insert(0, str(Path(__file__).parent))
-    import test_pallas
-
-    return test_pallas.CASES
-
-
-@pytest.mark.parametrize("case", _pallas_cases(), ids=[c[0] for c in _pallas_cases()])
+@pytest.mark.parametrize("case", test_pallas.CASES, ids=[c[0] for c in test_pallas.CASES])
 def test_every_pallas_test_kernel_runs_unchanged_in_jit_under_installed(case):
     name, fn, make, tol = case
     args = make()
