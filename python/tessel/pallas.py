@@ -1125,7 +1125,16 @@ def _register_gpu_rule() -> None:
     global _gpu_rule_registered
     if _gpu_rule_registered:
         return
-    from jax.extend import pallas as jex_pallas
+    import jax
+
+    try:
+        from jax.extend import pallas as jex_pallas
+    except ImportError:
+        raise UnsupportedError(
+            f"tp.CompilerParams needs jax.extend.pallas.register_lowering_rule, which jax {jax.__version__} lacks",
+            None,
+            "pip install -U 'jax>=0.10'; on the CPU, tp.install() runs the pallas_call on tessel without CompilerParams",
+        ) from None
 
     def lower(ctx, *operands, compiler_params, **params):
         from . import jax as tj

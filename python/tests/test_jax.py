@@ -197,6 +197,7 @@ def test_an_unknown_backend_is_an_input_error_when_traced():
         jax.jit(lambda x, y: tj.call(k, x, y, backend="no-such-backend")).trace(f32(1024), f32(1024))
 
 
+@test_pallas.needs_mpmd
 def test_the_seed_refusal_inside_jit_in_pallas_words():
     """A kernel on a TPU core mesh sent to Mosaic GPU inside `jax.jit`: refused when lowered,
     with Pallas's sentence and what would work; `auto` runs it elsewhere."""
@@ -317,6 +318,12 @@ def test_compiler_params_route_a_pallas_call_to_tessel_when_lowered_for_cuda():
         )(x)
 
     x = f32(512)
+    try:
+        from jax.extend import pallas as _  # noqa: F401
+    except ImportError:
+        with pytest.raises(tessel.UnsupportedError, match="tp.CompilerParams needs jax.extend.pallas.register_lowering_rule"):
+            tp.CompilerParams()
+        return
     ours = jax.jit(lambda x: scaled(x, tp.CompilerParams(backend="mosaic-gpu"))).trace(x).lower(lowering_platforms=("cuda",))
     assert "stablehlo.custom_call @tessel_call" in ours.as_text() and 'backend = "mosaic-gpu"' in ours.as_text()
     theirs = jax.jit(scaled).trace(x).lower(lowering_platforms=("cuda",))
