@@ -1,14 +1,17 @@
 """JAX Pallas kernels on tessel: `to_tk(fn, *args)` writes every `pl.pallas_call` that `fn` makes
-as `.tk` text, and `run(fn, *args, backend=...)` runs `fn` with each `pallas_call` on tessel and
-the jnp code around it on JAX (on the CPU).
+as `.tk` text; `install(backend=...)` (or `with installed(backend=...):`) makes JAX lower every
+`pallas_call` (and `pl.kernel`'s `mpmd_map`) for the CPU to a call of tessel's XLA FFI handler,
+so unchanged Pallas kernels run on tessel inside `jax.jit`, `grad`, `vmap`, `scan` and
+`shard_map` (docs/jax.md); `run(fn, *args, backend=...)` is `jax.jit(fn)` under `installed`.
 
-`fn` is traced with `jax.make_jaxpr`; each `pallas_call` is read from the jaxpr: its grid, the
-block shape and index map of every operand, and its body. Index maps are proved affine in the
-program ids by evaluating them (at the origin, at each unit vector, then checked at other grid
-points), never assumed. Grid axes that no output's index map uses become `seq` (they revisit the
-outputs); the others are parallel. What the language cannot say is a `tessel.UnsupportedError`
-naming the primitive, the kernel and the Python source line it came from. docs/pallas.md lists
-what is supported and where tessel and Pallas's interpret mode differ by design.
+Each `pallas_call` is read from its equation (a jaxpr's for `to_tk`, the lowering rule's
+parameters for `install`): its grid, the block shape and index map of every operand, and its
+body. Index maps are proved affine in the program ids by evaluating them (at the origin, at each
+unit vector, then checked at other grid points), never assumed. Grid axes that no output's index
+map uses become `seq` (they revisit the outputs); the others are parallel. What the language
+cannot say is a `tessel.UnsupportedError` naming the primitive, the kernel and the Python source
+line it came from. docs/pallas.md lists what is supported and where tessel and Pallas's
+interpret mode differ by design.
 """
 
 from __future__ import annotations
