@@ -201,16 +201,7 @@ def test_an_unknown_backend_is_an_input_error_when_traced():
 def test_the_seed_refusal_inside_jit_in_pallas_words():
     """A kernel on a TPU core mesh sent to Mosaic GPU inside `jax.jit`: refused when lowered,
     with Pallas's sentence and what would work; `auto` runs it elsewhere."""
-    from jax.experimental.pallas import tpu as pltpu
-
-    def doubled_on_cores(x):
-        @pl.kernel(out_type=jax.ShapeDtypeStruct(x.shape, x.dtype), mesh=pltpu.create_tensorcore_mesh("core", num_cores=2))
-        def k(x_ref, o_ref):
-            c = jax.lax.axis_index("core")
-            o_ref[pl.ds(c * 256, 256)] = x_ref[pl.ds(c * 256, 256)] * 2.0
-
-        return k(x)
-
+    doubled_on_cores = test_pallas.doubled_on_cores
     x = f32(512)
     with tp.installed(backend="mosaic-gpu"):
         with pytest.raises(tessel.UnsupportedError) as e:

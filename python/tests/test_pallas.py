@@ -631,20 +631,23 @@ def test_a_kernel_on_a_mosaic_gpu_mesh_runs_on_every_backend():
         np.testing.assert_allclose(tp.run(shifted, x, backend=backend), want, rtol=1e-6, err_msg=backend)
 
 
+def doubled_on_cores(x):
+    """x * 2 by a `pl.kernel` on a TPU core mesh of two cores, each doubling its half of 512."""
+    from jax.experimental.pallas import tpu as pltpu
+
+    @pl.kernel(out_type=jax.ShapeDtypeStruct(x.shape, x.dtype), mesh=pltpu.create_tensorcore_mesh("core", num_cores=2))
+    def k(x_ref, o_ref):
+        c = jax.lax.axis_index("core")
+        o_ref[pl.ds(c * 256, 256)] = x_ref[pl.ds(c * 256, 256)] * 2.0
+
+    return k(x)
+
+
 @needs_mpmd
 def test_a_tpu_core_mesh_is_refused_by_mosaic_gpu_in_pallas_words_and_runs_elsewhere():
     """The seed problem, from Pallas: a kernel written for a TPU core mesh. Mosaic GPU refuses the
     mesh with Pallas's sentence; the interpreter and wgpu run it."""
-    from jax.experimental.pallas import tpu as pltpu
-
-    def doubled(x):
-        @pl.kernel(out_type=jax.ShapeDtypeStruct(x.shape, x.dtype), mesh=pltpu.create_tensorcore_mesh("core", num_cores=2))
-        def k(x_ref, o_ref):
-            c = jax.lax.axis_index("core")
-            o_ref[pl.ds(c * 256, 256)] = x_ref[pl.ds(c * 256, 256)] * 2.0
-
-        return k(x)
-
+    doubled = doubled_on_cores
     x = f32(512)
     (t,) = tp.translate(doubled, x)
     assert t.mesh == "grid(core: 2)", t.mesh
