@@ -60,6 +60,15 @@ def register(platform: str = "cpu") -> None:
     """Registers tessel's XLA FFI handlers (`tessel_call`, and the empty `tessel_empty` the
     benchmarks measure against) for `platform`, once. `call` and `tessel.pallas.install` do it
     on first use."""
+    if platform.lower() not in ("cpu", "host"):
+        # The handler reads and writes host memory: on a GPU's buffers it would corrupt them.
+        from ._errors import UnsupportedError
+
+        raise UnsupportedError(
+            f"tessel's XLA FFI handler runs on the CPU platform only, not {platform!r}",
+            None,
+            "lower for the CPU (JAX_PLATFORMS=cpu, or jax.default_device(jax.devices('cpu')[0])); the CUDA handler is not built yet",
+        )
     with _lock:
         if platform in _registered:
             return

@@ -17,6 +17,7 @@ interpret mode differ by design.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import math
 import re
@@ -1036,6 +1037,8 @@ def _rule(primitive, backend: str, explain: bool):
 
 #: What `install` replaced: the CPU rules there were before the first install.
 _before: Dict[Any, Any] = {}
+#: JAX's table of lowering rules is global: installs, restores and `run`'s lowering take turns.
+_rules_lock = threading.RLock()
 
 
 def _current():
@@ -1062,6 +1065,16 @@ def _restore(saved) -> None:
         jax.clear_caches()
 
 
+def _locked(f):
+    @functools.wraps(f)
+    def under_lock(*a, **k):
+        with _rules_lock:
+            return f(*a, **k)
+
+    return under_lock
+
+
+@_locked
 def install(backend: str = "auto", explain: bool = False) -> None:
     """From now on, a `pl.pallas_call` (and `pl.kernel`'s `mpmd_map`) that JAX lowers for the CPU
     runs on tessel's `backend` ("auto": the first that takes it, chosen when lowered), wherever
@@ -1086,6 +1099,7 @@ def install(backend: str = "auto", explain: bool = False) -> None:
     jax.clear_caches()
 
 
+@_locked
 def uninstall() -> None:
     """Puts back the CPU lowerings there were before `install` (Pallas's, which raise `Only
     interpret mode is supported on CPU backend.`)."""
@@ -1097,15 +1111,18 @@ def uninstall() -> None:
 @contextlib.contextmanager
 def installed(backend: str = "auto", explain: bool = False):
     """`install(backend)` for a block; the rules there were before come back after it."""
-    saved = _current()
-    first = not _before
-    install(backend, explain)
+    with _rules_lock:
+        saved = _current()
+        first = not _before
     try:
+        with _rules_lock:
+            install(backend, explain)
         yield
     finally:
-        _restore(saved)
-        if first:
-            _before.clear()
+        with _rules_lock:
+            _restore(saved)
+            if first:
+                _before.clear()
 
 
 @dataclass(frozen=True)
@@ -1160,10 +1177,14 @@ def run(fn: Callable, *args, backend: str = "auto", explain: bool = False, **kwa
     def traced(*a):
         return fn(*a, **kwargs)
 
-    with installed(backend, explain):
+    # tessel's rules are the CPU's: the program is lowered for the CPU whatever JAX's default
+    # device is, under the lock (another thread's `run` may want other rules), and runs after.
+    cpu = jax.devices("cpu")[0]
+    with _rules_lock, installed(backend, explain), jax.default_device(cpu):
         _naming.fn = (fn, itertools.count())
         try:
-            out = jax.jit(traced)(*args)
+            compiled = jax.jit(traced).lower(*args).compile()
         finally:
             _naming.fn = None
+    out = compiled(*jax.device_put(args, cpu))
     return jax.tree_util.tree_map(np.asarray, out)
