@@ -616,7 +616,7 @@ fn bytes_of(ty: &Type) -> usize {
         DType::F16 | DType::BF16 => 2,
         DType::Bool => 1,
     };
-    elem * ty.shape.iter().product::<usize>()
+    elem * ty.numel()
 }
 
 unsafe fn handle(frame: *mut CallFrame) -> Result<(), Failure> {
