@@ -16,6 +16,7 @@ use crate::abi::*;
 use crate::array::{DataRef, HostArray};
 use crate::ir::{self, AxisSize, DType, GridAxis, Kernel, Span, Type, Verified};
 use crate::mesh::{AxisRole, MeshAxis, MeshSpec};
+use crate::refusal::MeshRefusal;
 
 /// One (kernel, mesh) pair of a decoded launch.
 pub struct Call<'a> {
@@ -344,14 +345,13 @@ pub fn verify_with_mesh(kernel: &Kernel, mesh: Option<&MeshSpec>) -> Result<Veri
                 if let Ok(v) = ir::verify(&kernel)
                     && let Some(missing) = v.mesh_axes().iter().find(|a| !m.axes.iter().any(|x| &x.name == *a))
                 {
-                    return Err(BackendError::new(
-                        ErrorKind::Unsupported,
-                        format!(
-                            "kernel `{}` uses axis `{missing}`, which the mesh {m} does not name\n  give the mesh every axis the kernel uses: {}",
-                            kernel.name,
-                            v.mesh_axes().join(", ")
-                        ),
-                    ));
+                    return Err(MeshRefusal::MissingAxis {
+                        kernel: kernel.name.clone(),
+                        axis: missing.to_string(),
+                        mesh: m.to_string(),
+                        uses: v.mesh_axes().iter().map(|a| a.to_string()).collect(),
+                    }
+                    .into());
                 }
                 let axes = m.axes.iter().map(|a| GridAxis {
                     name: a.name.clone(),
@@ -366,13 +366,13 @@ pub fn verify_with_mesh(kernel: &Kernel, mesh: Option<&MeshSpec>) -> Result<Veri
                     let matches =
                         m.axes.iter().any(|x| x.name == a.name && (a.size == AxisSize::Fixed(x.size) || a.size == AxisSize::Dyn));
                     if !matches {
-                        return Err(BackendError::new(
-                            ErrorKind::Unsupported,
-                            format!(
-                                "{} mixes mesh and grid axes\n  kernel `{}` declares `{}: {}` but the mesh is {m}; give every grid axis the mesh's name and size, or leave out `grid` to take the mesh's",
-                                a.name, kernel.name, a.name, a.size
-                            ),
-                        ));
+                        return Err(MeshRefusal::MixesMeshAndGrid {
+                            kernel: kernel.name.clone(),
+                            axis: a.name.clone(),
+                            size: a.size.to_string(),
+                            mesh: m.to_string(),
+                        }
+                        .into());
                     }
                 }
             }

@@ -9,3 +9,4 @@ pub mod ir;
 pub mod launch;
 pub mod libm;
 pub mod mesh;
+pub mod refusal;

@@ -6,12 +6,15 @@
 //! block values; `runtime.rs` binds memory and runs the grid, parallel programs on all cores.
 
 mod coarsen;
+pub mod error;
 mod eval;
 mod fastmath;
 mod fuse;
 mod lower;
 pub mod mesh;
 mod runtime;
+
+pub use error::Refusal;
 
 use std::collections::BTreeMap;
 
@@ -33,22 +36,11 @@ pub const MAX_ARRAY_ELEMENTS: usize = 1 << 32;
 
 /// Refuses kernels whose block values or arrays exceed the interpreter's limits.
 fn check_limits(v: &Verified) -> Result<(), BackendError> {
-    let too_big = |what: String, n: usize, limit: usize| {
-        BackendError::new(
-            ErrorKind::Unsupported,
-            format!(
-                "{what} has {n} elements, more than the {limit} the interpret backend runs\n  use smaller blocks (or arrays)"
-            ),
-        )
-    };
     let k = v.kernel();
     for p in &k.params {
         if p.ty.shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d)).is_none_or(|n| n > MAX_ARRAY_ELEMENTS) {
-            return Err(too_big(
-                format!("argument `{}` ({})", p.name, p.ty),
-                p.ty.shape.iter().fold(1usize, |a, &d| a.saturating_mul(d)),
-                MAX_ARRAY_ELEMENTS,
-            ));
+            let elements = p.ty.shape.iter().fold(1usize, |a, &d| a.saturating_mul(d));
+            return Err(Refusal::ArrayTooLarge { name: p.name.clone(), ty: p.ty.to_string(), elements }.into());
         }
     }
     fn walk(
@@ -68,7 +60,11 @@ fn check_limits(v: &Verified) -> Result<(), BackendError> {
     }
     walk(v, &k.body, &mut |name, ty| {
         let n = ty.shape.iter().fold(1usize, |a, &d| a.saturating_mul(d));
-        if n > MAX_BLOCK_ELEMENTS { Err(too_big(format!("block value %{name} ({ty})"), n, MAX_BLOCK_ELEMENTS)) } else { Ok(()) }
+        if n > MAX_BLOCK_ELEMENTS {
+            Err(Refusal::BlockTooLarge { value: name.to_string(), ty: ty.to_string(), elements: n }.into())
+        } else {
+            Ok(())
+        }
     })
 }
 
@@ -196,7 +192,7 @@ impl Interpreter {
             .map(|c| {
                 let spec = c.mesh.map(mesh_spec);
                 if let Some(s) = spec.as_ref().filter(|s| s.kind == "device") {
-                    return Err(mesh::refuse_device(s));
+                    return Err(Refusal::DeviceMesh { mesh: s.to_string() }.into());
                 }
                 let v = verify_with_mesh(&c.kernel, spec.as_ref())?;
                 check_limits(&v)?;

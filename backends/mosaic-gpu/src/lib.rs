@@ -5,6 +5,7 @@
 //! (`runtime.rs`) where a Hopper GPU and its driver exist.
 
 pub mod emit;
+pub mod error;
 pub mod lower;
 pub mod mesh;
 pub mod runtime;
@@ -19,14 +20,11 @@ use tessel_plugin_api::ir::{AxisSize, ParamKind, Type};
 use tessel_plugin_api::launch::resolve_grid;
 use tessel_plugin_api::mesh::{AxisRole, MeshSpec};
 
+pub use error::Refusal;
 pub use mesh::MosaicGpuMesh;
 
 /// The backend's name.
 pub const NAME: &str = "mosaic-gpu";
-
-fn refuse(first_line: &str, hint: &str) -> BackendError {
-    BackendError::new(ErrorKind::Unsupported, format!("{first_line}\n  {hint}"))
-}
 
 /// The Mosaic GPU backend.
 #[derive(Debug, Default)]
@@ -42,21 +40,12 @@ impl MosaicGpu {
     pub fn plan(&self, launch: &Launch<'_>) -> Result<Vec<lower::Plan>, BackendError> {
         if launch.calls.len() > 1 {
             if launch.calls.iter().any(|c| c.kernel.params_of(ParamKind::Scratch).next().is_some()) {
-                return Err(refuse(
-                    "Scratch operands are not supported by the Mosaic GPU mpmd_map lowering",
-                    "launch each kernel on its own, or move its scratch into an output; wgpu and interpret run several kernels with scratch",
-                ));
+                return Err(Refusal::ScratchInMpmd.into());
             }
-            return Err(refuse(
-                "Lowering multiple mesh/function pairs is not supported by the Mosaic GPU backend",
-                "launch one kernel at a time, or run on wgpu or interpret, which take several (mesh, kernel) pairs",
-            ));
+            return Err(Refusal::MultipleKernels.into());
         }
         if !launch.external_meshes.is_empty() {
-            return Err(refuse(
-                "External meshes are not supported by the Mosaic GPU backend",
-                "leave out --external-mesh, or run on wgpu, which takes external meshes whose portable view fits",
-            ));
+            return Err(Refusal::ExternalMeshes.into());
         }
         launch
             .calls
@@ -67,18 +56,12 @@ impl MosaicGpu {
                     Some(m) => match m.obj.downcast_as::<MosaicGpuMesh>() {
                         Ok(own) => Some(own.clone()),
                         Err(_) => {
-                            return Err(refuse(
-                                &format!("Mesh {} is not supported by the Mosaic GPU backend", m.display()),
-                                "build the mesh with mosaic_gpu(...) (Runtime::mesh(\"mosaic-gpu\", spec) makes one from any portable spec), or pass none",
-                            ));
+                            return Err(Refusal::ForeignMesh { mesh: m.display().to_string() }.into());
                         }
                     },
                 };
                 if call.kernel.grid.iter().flatten().any(|a| a.size == AxisSize::Dyn) {
-                    return Err(refuse(
-                        "dynamic grid bounds not supported in the Mosaic GPU backend",
-                        "give every grid axis a fixed size, or run on wgpu or interpret, which take `--grid AXIS=N`",
-                    ));
+                    return Err(Refusal::DynamicGrid.into());
                 }
                 let spec = own.as_ref().map(MosaicGpuMesh::spec);
                 let verified = verify_with_mesh(&call.kernel, spec.as_ref())?;
@@ -124,21 +107,17 @@ impl BackendImpl for MosaicGpu {
         match spec.kind.as_str() {
             // A portable grid spec becomes a Mosaic mesh with the same grid axes.
             "mosaic_gpu" | "grid" => Ok(make_mesh_object(MosaicGpuMesh::from_spec(spec)?)),
-            "device" => Err(refuse(
-                &format!("Mesh {spec} is not supported by the Mosaic GPU backend"),
-                "a device(...) mesh describes GPUs for sharding, not a kernel's grid; build the kernel mesh with mosaic_gpu(...)",
-            )),
-            other => Err(refuse(
-                &format!("the Mosaic GPU backend makes mosaic_gpu(...) meshes, not {other}(...)"),
-                &format!(
-                    "write mosaic_gpu({})",
-                    spec.axes
-                        .iter()
-                        .map(|a| format!("{}: {}{}", a.name, a.size, if a.role == AxisRole::Grid { "" } else { " ?" }))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
-            )),
+            "device" => Err(Refusal::DeviceMesh { mesh: spec.to_string() }.into()),
+            other => Err(Refusal::MeshKind {
+                kind: other.to_string(),
+                axes: spec
+                    .axes
+                    .iter()
+                    .map(|a| format!("{}: {}{}", a.name, a.size, if a.role == AxisRole::Grid { "" } else { " ?" }))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            }
+            .into()),
         }
     }
 

@@ -18,8 +18,10 @@
 
 use std::collections::{HashMap, HashSet};
 
-use tessel_plugin_api::abi::{BackendError, ErrorKind};
+use tessel_plugin_api::abi::BackendError;
 use tessel_plugin_api::ir::*;
+
+use crate::error::Refusal;
 
 /// CUDA threads per warpgroup.
 pub const THREADS: u32 = 128;
@@ -105,31 +107,13 @@ impl Plan {
     }
 }
 
-fn unsupported(msg: String) -> BackendError {
-    BackendError::new(ErrorKind::Unsupported, msg)
-}
-
-/// The dtypes this backend lowers.
+/// The dtypes this backend lowers: all of them.
 pub const DTYPES: [DType; 6] = [DType::F32, DType::I32, DType::U32, DType::Bool, DType::F16, DType::BF16];
 
-fn check_dtype(d: DType) -> Result<(), BackendError> {
-    if DTYPES.contains(&d) {
-        Ok(())
-    } else {
-        Err(unsupported(format!(
-            "Unsupported dtype: {d}\n  the Mosaic GPU backend lowers f32, i32, u32 and bool; `cast` to f32, or run on wgpu or interpret"
-        )))
-    }
-}
-
-/// A value's dtype and size must be ones the backend lowers.
+/// A value's size must be one the backend lowers.
 fn check_value(name: &str, ty: &Type) -> Result<(), BackendError> {
-    check_dtype(ty.dtype)?;
     if ty.numel() > MAX_BLOCK_ELEMENTS {
-        return Err(unsupported(format!(
-            "block value %{name} has {} elements ({ty}), more than the {MAX_BLOCK_ELEMENTS} the Mosaic GPU backend lowers\n  use smaller blocks",
-            ty.numel()
-        )));
+        return Err(Refusal::BlockTooLarge { value: name.to_string(), elements: ty.numel(), ty: ty.to_string() }.into());
     }
     Ok(())
 }
@@ -222,9 +206,6 @@ fn hopper(kernel: &Verified, thread_axis: Option<&str>) -> Option<Plan> {
 /// take the kernel: how a kernel did before that path, for comparisons.
 pub fn plan_general(kernel: &Verified, thread_axis: Option<&str>) -> Result<Plan, BackendError> {
     let k = kernel.kernel();
-    for p in &k.params {
-        check_dtype(p.ty.dtype)?;
-    }
     let registers = in_registers(kernel);
     let mut planner = Planner { values: HashMap::new(), next: 0, in_registers: registers };
     let mut scratch = HashMap::new();
@@ -241,7 +222,7 @@ pub fn plan_general(kernel: &Verified, thread_axis: Option<&str>) -> Result<Plan
     let mut thread_points: u32 = 1;
     for (i, a) in kernel.grid().iter().enumerate().filter(|(_, a)| !a.seq) {
         let AxisSize::Fixed(n) = a.size else {
-            return Err(unsupported("dynamic grid bounds not supported in the Mosaic GPU backend\n  give the axis a fixed size, or run on wgpu or interpret, which take `--grid AXIS=N`".into()));
+            return Err(Refusal::DynamicGrid.into());
         };
         if Some(i) == thread_axis {
             thread_points = n as u32;
@@ -251,16 +232,11 @@ pub fn plan_general(kernel: &Verified, thread_axis: Option<&str>) -> Result<Plan
         }
     }
     if ctas > MAX_CTAS {
-        return Err(unsupported(format!(
-            "the parallel grid has {ctas} programs, more than the {MAX_CTAS} CTAs of one Mosaic GPU launch\n  use larger blocks or make an axis `seq`"
-        )));
+        return Err(Refusal::TooManyCtas { ctas }.into());
     }
     let workspace_per_cta = (scratch_bytes + u64::from(warpgroups) * value_bytes).max(16);
     if workspace_per_cta >= u64::from(u32::MAX) {
-        return Err(unsupported(format!(
-            "kernel `{}` needs {workspace_per_cta} bytes of workspace per program\n  use smaller blocks",
-            k.name
-        )));
+        return Err(Refusal::Workspace { kernel: k.name.clone(), bytes: workspace_per_cta }.into());
     }
     Ok(Plan {
         kernel: kernel.clone(),

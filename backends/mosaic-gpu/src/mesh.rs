@@ -5,9 +5,11 @@
 use std::fmt;
 
 use abi_stable::std_types::RString;
-use tessel_plugin_api::abi::{BackendError, ErrorKind, Mesh, RMeshView};
+use tessel_plugin_api::abi::{BackendError, Mesh, RMeshView};
 use tessel_plugin_api::backend::mesh_view;
 use tessel_plugin_api::mesh::{AxisRole, MeshAxis, MeshSpec};
+
+use crate::error::Refusal;
 
 /// CUDA threads per Mosaic thread (one warpgroup).
 pub const THREADS_PER_WARPGROUP: u64 = 128;
@@ -52,10 +54,6 @@ impl fmt::Display for MosaicGpuMesh {
     }
 }
 
-fn unsupported(msg: String) -> BackendError {
-    BackendError::new(ErrorKind::Unsupported, msg)
-}
-
 impl MosaicGpuMesh {
     /// Checks a mesh as Pallas's `plgpu.Mesh.__post_init__` does, with its words.
     pub fn new(
@@ -66,17 +64,13 @@ impl MosaicGpuMesh {
     ) -> Result<MosaicGpuMesh, BackendError> {
         let mesh = MosaicGpuMesh { grid, cluster, num_threads, thread_name };
         if mesh.cluster.len() > 3 {
-            return Err(unsupported(format!("cluster= must be at most 3D, got {mesh}.\n  give at most three `cluster` axes")));
+            return Err(Refusal::ClusterRank { mesh: mesh.to_string() }.into());
         }
         if mesh.num_threads.is_some() != mesh.thread_name.is_some() {
-            return Err(unsupported(format!(
-                "num_threads and thread_name must be either both set or both None, got {mesh}\n  write one `NAME: N thread` axis, or none"
-            )));
+            return Err(Refusal::ThreadsUnpaired { mesh: mesh.to_string() }.into());
         }
         if mesh.num_threads.is_some_and(|n| n > MAX_NUM_THREADS) {
-            return Err(unsupported(format!(
-                "Requested too many CUDA threads per block. Each Mosaic thread corresponds to {THREADS_PER_WARPGROUP} CUDA threads. At most {MAX_NUM_THREADS} are supported, got {mesh}\n  use at most {MAX_NUM_THREADS} warpgroups in the `thread` axis"
-            )));
+            return Err(Refusal::TooManyThreads { mesh: mesh.to_string() }.into());
         }
         Ok(mesh)
     }
@@ -86,9 +80,7 @@ impl MosaicGpuMesh {
         let pick = |role| spec.axes_of(role).map(|a: &MeshAxis| (a.name.clone(), a.size)).collect::<Vec<_>>();
         let threads = pick(AxisRole::Thread);
         if threads.len() > 1 {
-            return Err(unsupported(format!(
-                "num_threads and thread_name must be either both set or both None, got {spec}\n  a Mosaic GPU mesh has at most one `thread` axis"
-            )));
+            return Err(Refusal::SeveralThreadAxes { mesh: spec.to_string() }.into());
         }
         let (num_threads, thread_name) = match threads.into_iter().next() {
             Some((n, s)) => (Some(s), Some(n)),

@@ -12,6 +12,7 @@ use tessel_plugin_api::abi::{BackendError, ErrorKind};
 use tessel_plugin_api::array::HostArray;
 use tessel_plugin_api::ir::{ParamKind, Type};
 
+use crate::error::Refusal;
 use crate::lower::Plan;
 
 /// A device buffer: 2 bytes an element for 16-bit floats, else 4 (`bool` as 0 or 1).
@@ -142,16 +143,13 @@ impl Gpu {
             self.ctx.load_module(cudarc::nvrtc::Ptx::from_src(ptx)).map_err(|e| device_error("module load (PTX JIT)", e))?;
         let f = module.load_function(&plan.entry).map_err(|e| device_error("function lookup", e))?;
         if plan.shared_bytes() > self.max_shared {
-            return Err(BackendError::new(
-                ErrorKind::Unsupported,
-                format!(
-                    "kernel `{}` needs {} bytes of shared memory per CTA; {} allows {}\n  use smaller blocks",
-                    plan.kernel.name(),
-                    plan.shared_bytes(),
-                    self.description,
-                    self.max_shared
-                ),
-            ));
+            return Err(Refusal::SharedMemory {
+                kernel: plan.kernel.name().to_string(),
+                bytes: plan.shared_bytes(),
+                device: self.description.clone(),
+                limit: self.max_shared,
+            }
+            .into());
         }
         if plan.shared_bytes() > crate::lower::DEFAULT_SHARED_BYTES {
             let bytes = i32::try_from(plan.shared_bytes()).unwrap_or(i32::MAX);

@@ -7,6 +7,7 @@
 //! `device(...)` is refused in its own words.
 
 pub mod emit;
+pub mod error;
 mod libm;
 pub mod lower;
 pub mod mesh;
@@ -23,6 +24,7 @@ use tessel_plugin_api::ir::{AxisSize, Op, ParamKind, Stmt, Type, Verified};
 use tessel_plugin_api::launch::{LaunchAxis, resolve_grid};
 use tessel_plugin_api::mesh::MeshSpec;
 
+pub use error::Refusal;
 pub use mesh::WgpuMesh;
 
 /// The backend's name.
@@ -58,10 +60,6 @@ fn strategy() -> Result<lower::Strategy, BackendError> {
     }))
 }
 
-fn unsupported(msg: String) -> BackendError {
-    BackendError::new(ErrorKind::Unsupported, msg)
-}
-
 /// Every value and scratch buffer of a kernel is small enough, of a dtype it lowers.
 fn check_values(v: &Verified) -> Result<(), BackendError> {
     fn walk(v: &Verified, body: &[Stmt]) -> Result<(), BackendError> {
@@ -83,9 +81,6 @@ fn check_values(v: &Verified) -> Result<(), BackendError> {
         Ok(())
     }
     for p in &v.kernel().params {
-        if !emit::DTYPES.contains(&p.ty.dtype) {
-            return Err(unsupported(format!("Unsupported dtype: {}", p.ty.dtype)));
-        }
         if p.kind == ParamKind::Scratch {
             check_type(&format!("scratch `{}`", p.name), &p.ty)?;
         }
@@ -94,15 +89,8 @@ fn check_values(v: &Verified) -> Result<(), BackendError> {
 }
 
 fn check_type(what: &str, ty: &Type) -> Result<(), BackendError> {
-    if !emit::DTYPES.contains(&ty.dtype) {
-        return Err(unsupported(format!("Unsupported dtype: {}", ty.dtype)));
-    }
     if ty.numel() > emit::MAX_BLOCK_ELEMENTS {
-        return Err(unsupported(format!(
-            "{what} has {} elements ({ty}), more than the {} the wgpu backend lowers\n  use smaller blocks",
-            ty.numel(),
-            emit::MAX_BLOCK_ELEMENTS
-        )));
+        return Err(Refusal::BlockTooLarge { what: what.to_string(), elements: ty.numel(), ty: ty.to_string() }.into());
     }
     Ok(())
 }
@@ -122,7 +110,7 @@ impl Wgpu {
             .map(|c| {
                 let spec = c.mesh.map(mesh_spec);
                 if let Some(s) = spec.as_ref().filter(|s| s.kind == "device") {
-                    return Err(mesh::refuse_device(s));
+                    return Err(Refusal::DeviceMesh { mesh: s.to_string() }.into());
                 }
                 let v = verify_with_mesh(&c.kernel, spec.as_ref())?;
                 let names: Vec<String> = v.grid().iter().map(|a| a.name.clone()).collect();

@@ -14,8 +14,9 @@ use tessel_plugin_api::ir::*;
 use tessel_plugin_api::launch::LaunchAxis;
 
 use crate::emit::{
-    DTYPES, MAX_BLOCK_ELEMENTS, MAX_GROUPS, MAX_PROGRAMS, MAX_STAGED_WORDS, MAX_STORAGE_BINDINGS, MAX_WORKGROUP, WORKSPACE_BUDGET,
+    MAX_BLOCK_ELEMENTS, MAX_GROUPS, MAX_PROGRAMS, MAX_STAGED_WORDS, MAX_STORAGE_BINDINGS, MAX_WORKGROUP, WORKSPACE_BUDGET,
 };
+use crate::error::Refusal;
 
 /// How the lowering uses the adapter; the WGSL header names it. `TESSEL_WGPU_STRATEGY=cpu|gpu`
 /// forces one (so the tests run both on one adapter), else the adapter's device type decides.
@@ -131,17 +132,8 @@ pub struct Plan {
 pub fn plan(kernel: Verified, grid: Vec<LaunchAxis>, strategy: Strategy) -> Result<Plan, BackendError> {
     let k = kernel.kernel();
     for p in &k.params {
-        if !DTYPES.contains(&p.ty.dtype) {
-            return Err(unsupported(format!("Unsupported dtype: {}", p.ty.dtype)));
-        }
         if p.ty.numel() > i32::MAX as usize {
-            return Err(unsupported(format!(
-                "argument `{}` ({}) has {} elements, more than the {} the wgpu backend indexes\n  split the array",
-                p.name,
-                p.ty,
-                p.ty.numel(),
-                i32::MAX
-            )));
+            return Err(Refusal::ArrayTooLarge { name: p.name.clone(), ty: p.ty.to_string(), elements: p.ty.numel() }.into());
         }
     }
     let programs: u64 =
@@ -149,10 +141,7 @@ pub fn plan(kernel: Verified, grid: Vec<LaunchAxis>, strategy: Strategy) -> Resu
     let steps: u64 = grid.iter().filter(|a| a.seq).map(|a| a.size).try_fold(1u64, |a, b| a.checked_mul(b)).unwrap_or(u64::MAX);
     for (what, n) in [("parallel programs", programs), ("`seq` steps per program", steps)] {
         if n > MAX_PROGRAMS {
-            return Err(unsupported(format!(
-                "kernel `{}` has {n} {what}, more than the {MAX_PROGRAMS} the wgpu backend runs in one launch\n  use larger blocks, or split the launch",
-                k.name
-            )));
+            return Err(Refusal::TooManyPrograms { kernel: k.name.clone(), count: n, what }.into());
         }
     }
     let v = &kernel;
@@ -219,11 +208,7 @@ pub fn plan(kernel: Verified, grid: Vec<LaunchAxis>, strategy: Strategy) -> Resu
     let words = survey.publish.iter().map(|n| plan.kernel.value_type(n).numel() as u64).sum::<u64>()
         + plan.kernel.kernel().params_of(ParamKind::Scratch).map(|p| p.ty.numel() as u64).sum::<u64>();
     if words * 4 > WORKSPACE_BUDGET {
-        return Err(unsupported(format!(
-            "kernel `{}` needs {} bytes of workspace per program, more than the {WORKSPACE_BUDGET} of a storage binding\n  use smaller blocks",
-            plan.kernel.kernel().name,
-            words * 4
-        )));
+        return Err(Refusal::Workspace { kernel: plan.kernel.kernel().name.clone(), bytes: words * 4 }.into());
     }
     // One workgroup per program where the workspace of all of them fits a storage binding: a
     // 2-D dispatch past 65,535. Otherwise fewer workgroups that each walk the programs with a
@@ -364,10 +349,9 @@ fn survey(plan: &Plan) -> Result<Survey, BackendError> {
         for r in st.results.iter().chain(iters) {
             let ty = v.value_type(r);
             if ty.numel() > MAX_BLOCK_ELEMENTS {
-                refusal = Some(unsupported(format!(
-                    "block value %{r} has {} elements ({ty}), more than the {MAX_BLOCK_ELEMENTS} the wgpu backend lowers\n  use smaller blocks",
-                    ty.numel()
-                )));
+                refusal = Some(
+                    Refusal::BlockTooLarge { what: format!("block value %{r}"), elements: ty.numel(), ty: ty.to_string() }.into(),
+                );
                 return;
             }
             if !ty.is_scalar() && !plan.dot_only.contains(r) && !plan.row_forwarded.contains_key(r) {
@@ -475,10 +459,6 @@ fn dot_views(plan: &Plan) -> BTreeSet<usize> {
         }
     });
     out
-}
-
-fn unsupported(msg: String) -> BackendError {
-    BackendError::new(ErrorKind::Unsupported, msg)
 }
 
 /// Whether every element of output `p` is stored at some grid point before anything could read

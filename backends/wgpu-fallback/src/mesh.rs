@@ -3,17 +3,19 @@
 //! become parallel workgroup axes and its thread axis extra programs (docs/language.md §8).
 //! `device(...)` meshes are refused.
 
-use tessel_plugin_api::abi::{BackendError, ErrorKind, MeshBox};
+use tessel_plugin_api::abi::{BackendError, MeshBox};
 /// A mesh made by this backend (its spec, nothing more).
 pub use tessel_plugin_api::backend::SpecMesh as WgpuMesh;
 use tessel_plugin_api::backend::make_mesh_object;
 use tessel_plugin_api::mesh::{AxisRole, MeshSpec};
 
+use crate::error::Refusal;
+
 /// `make_mesh`: a `grid(...)` or `wgpu(...)` spec as it is; any other kernel mesh spec becomes a
 /// `wgpu(...)` mesh whose axes are all grid axes.
 pub fn make(spec: &MeshSpec) -> Result<MeshBox, BackendError> {
     match spec.kind.as_str() {
-        "device" => return Err(refuse_device(spec)),
+        "device" => return Err(Refusal::DeviceMesh { mesh: spec.to_string() }.into()),
         "grid" | "wgpu" => return Ok(make_mesh_object(WgpuMesh(spec.clone()))),
         _ => {}
     }
@@ -21,32 +23,15 @@ pub fn make(spec: &MeshSpec) -> Result<MeshBox, BackendError> {
     Ok(make_mesh_object(WgpuMesh(MeshSpec { kind: "wgpu".into(), axes })))
 }
 
-/// The wgpu backend's words for a `device(...)` mesh given as a kernel mesh.
-pub fn refuse_device(spec: &MeshSpec) -> BackendError {
-    BackendError::new(
-        ErrorKind::Unsupported,
-        format!(
-            "{spec} is a mesh of devices, not a kernel grid: the wgpu backend runs a kernel on one adapter\n  pass a grid(...) or wgpu(...) mesh as the kernel's mesh, and the device mesh as --external-mesh"
-        ),
-    )
-}
-
 /// Whether an external mesh fits a launch on one adapter: its axes must be grid or device axes
 /// (a thread or cluster axis belongs to a kernel mesh) and must not reuse a grid axis name.
 pub fn check_external(spec: &MeshSpec, grid_axes: &[String]) -> Result<(), BackendError> {
-    let refuse = |why: String| BackendError::new(ErrorKind::Unsupported, why);
     if let Some(a) = spec.axes.iter().find(|a| a.role != AxisRole::Grid) {
-        return Err(refuse(format!(
-            "external mesh {spec} has the {} axis `{}`, which only a kernel mesh can have\n  pass it as the kernel's --mesh, or drop the axis",
-            if a.role == AxisRole::Thread { "thread" } else { "cluster" },
-            a.name
-        )));
+        let role = if a.role == AxisRole::Thread { "thread" } else { "cluster" };
+        return Err(Refusal::ExternalAxisRole { mesh: spec.to_string(), role, axis: a.name.clone() }.into());
     }
     if let Some(a) = spec.axes.iter().find(|a| grid_axes.contains(&a.name)) {
-        return Err(refuse(format!(
-            "external mesh {spec} names `{}`, which is also a grid axis of the kernel\n  rename the external axis",
-            a.name
-        )));
+        return Err(Refusal::ExternalAxisName { mesh: spec.to_string(), axis: a.name.clone() }.into());
     }
     Ok(())
 }

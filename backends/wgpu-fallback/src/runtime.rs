@@ -16,6 +16,7 @@ use tessel_plugin_api::array::{ArrayData, HostArray};
 use tessel_plugin_api::ir::{DType, ParamKind, Type};
 
 use crate::emit::Lowered;
+use crate::error::Refusal;
 
 /// The adapter this process uses.
 pub struct Adapter {
@@ -270,12 +271,11 @@ impl Gpu {
     }
 
     /// `need` against the adapter's limit `name`; `what` (described only on failure) needs it.
-    fn limit(&self, what: impl FnOnce() -> String, need: u64, name: &str, limit: u64) -> Result<(), BackendError> {
+    fn limit(&self, what: impl FnOnce() -> String, need: u64, name: &'static str, limit: u64) -> Result<(), BackendError> {
         if need > limit {
-            return Err(err(
-                ErrorKind::Unsupported,
-                format!("{} needs {need}, more than this adapter's {name} of {limit} ({})", what(), self.description),
-            ));
+            return Err(
+                Refusal::AdapterLimit { what: what(), need, limit_name: name, limit, adapter: self.description.clone() }.into()
+            );
         }
         Ok(())
     }

@@ -1,0 +1,115 @@
+//! Every way the wgpu backend says no: the first line (`Display`) says what it will not run,
+//! [`Refusal::hint`] what would work. Nothing else in the crate builds an `Unsupported` error.
+
+use tessel_plugin_api::abi::BackendError;
+use tessel_plugin_api::refusal::Refusal as Refuse;
+
+use crate::emit::{MAX_BLOCK_ELEMENTS, MAX_PROGRAMS, WORKSPACE_BUDGET};
+
+/// What the wgpu backend refuses.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, strum::EnumDiscriminants)]
+#[strum_discriminants(name(RefusalKind), derive(strum::EnumIter, Hash))]
+pub enum Refusal {
+    /// A `device(...)` spec as a kernel mesh.
+    #[error("{mesh} is a mesh of devices, not a kernel grid: the wgpu backend runs a kernel on one adapter")]
+    DeviceMesh {
+        /// The spec's `Display`.
+        mesh: String,
+    },
+    /// An external mesh with a thread or cluster axis.
+    #[error("external mesh {mesh} has the {role} axis `{axis}`, which only a kernel mesh can have")]
+    ExternalAxisRole {
+        /// The mesh's `Display`.
+        mesh: String,
+        /// `thread` or `cluster`.
+        role: &'static str,
+        /// The axis.
+        axis: String,
+    },
+    /// An external mesh axis named like a grid axis of the kernel.
+    #[error("external mesh {mesh} names `{axis}`, which is also a grid axis of the kernel")]
+    ExternalAxisName {
+        /// The mesh's `Display`.
+        mesh: String,
+        /// The axis.
+        axis: String,
+    },
+    /// A block value (or scratch buffer) past what one invocation holds.
+    #[error("{what} has {elements} elements ({ty}), more than the {MAX_BLOCK_ELEMENTS} the wgpu backend lowers")]
+    BlockTooLarge {
+        /// `block value %x` or ``scratch `s` ``.
+        what: String,
+        /// Its element count.
+        elements: usize,
+        /// Its type.
+        ty: String,
+    },
+    /// An argument past 32-bit signed indexing.
+    #[error("argument `{name}` ({ty}) has {elements} elements, more than the {} the wgpu backend indexes", i32::MAX)]
+    ArrayTooLarge {
+        /// The argument.
+        name: String,
+        /// Its type.
+        ty: String,
+        /// Its element count.
+        elements: usize,
+    },
+    /// More parallel programs or `seq` steps than one launch runs.
+    #[error("kernel `{kernel}` has {count} {what}, more than the {MAX_PROGRAMS} the wgpu backend runs in one launch")]
+    TooManyPrograms {
+        /// The kernel.
+        kernel: String,
+        /// How many.
+        count: u64,
+        /// `parallel programs` or ``seq` steps per program``.
+        what: &'static str,
+    },
+    /// A workspace per program past one storage binding.
+    #[error(
+        "kernel `{kernel}` needs {bytes} bytes of workspace per program, more than the {WORKSPACE_BUDGET} of a storage binding"
+    )]
+    Workspace {
+        /// The kernel.
+        kernel: String,
+        /// Its workspace per program.
+        bytes: u64,
+    },
+    /// A limit of this adapter (known only with the adapter).
+    #[error("{what} needs {need}, more than this adapter's {limit_name} of {limit} ({adapter})")]
+    AdapterLimit {
+        /// What needs it.
+        what: String,
+        /// How much.
+        need: u64,
+        /// The WebGPU limit's name.
+        limit_name: &'static str,
+        /// The adapter's value of it.
+        limit: u64,
+        /// The adapter.
+        adapter: String,
+    },
+}
+
+impl Refuse for Refusal {
+    fn hint(&self) -> String {
+        match self {
+            Refusal::DeviceMesh { .. } => {
+                "pass a grid(...) or wgpu(...) mesh as the kernel's mesh, and the device mesh as --external-mesh".into()
+            }
+            Refusal::ExternalAxisRole { .. } => "pass it as the kernel's --mesh, or drop the axis".into(),
+            Refusal::ExternalAxisName { .. } => "rename the external axis".into(),
+            Refusal::BlockTooLarge { .. } | Refusal::Workspace { .. } => "use smaller blocks".into(),
+            Refusal::ArrayTooLarge { .. } => "split the array".into(),
+            Refusal::TooManyPrograms { .. } => "use larger blocks, or split the launch".into(),
+            Refusal::AdapterLimit { .. } => {
+                "use smaller blocks or arrays, or run on interpret, which has no adapter limits".into()
+            }
+        }
+    }
+}
+
+impl From<Refusal> for BackendError {
+    fn from(r: Refusal) -> BackendError {
+        r.into_error()
+    }
+}
