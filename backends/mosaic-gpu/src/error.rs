@@ -5,8 +5,7 @@
 use tessel_plugin_api::abi::BackendError;
 use tessel_plugin_api::refusal::Refusal as Refuse;
 
-use crate::lower::{MAX_BLOCK_ELEMENTS, MAX_CTAS};
-use crate::mesh::{MAX_NUM_THREADS, THREADS_PER_WARPGROUP};
+use crate::limits::{MAX_BLOCK_ELEMENTS, MAX_CTAS, MAX_NUM_THREADS, THREADS};
 
 /// What the Mosaic GPU backend refuses.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, strum::EnumDiscriminants)]
@@ -64,7 +63,7 @@ pub enum Refusal {
     },
     /// More warpgroups per CTA than Pallas allows.
     #[error(
-        "Requested too many CUDA threads per block. Each Mosaic thread corresponds to {THREADS_PER_WARPGROUP} CUDA threads. At most {MAX_NUM_THREADS} are supported, got {mesh}"
+        "Requested too many CUDA threads per block. Each Mosaic thread corresponds to {THREADS} CUDA threads. At most {MAX_NUM_THREADS} are supported, got {mesh}"
     )]
     TooManyThreads {
         /// The mesh's `Display`.

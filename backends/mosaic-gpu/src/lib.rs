@@ -1,11 +1,12 @@
 //! The Mosaic GPU backend: JAX Pallas's Mosaic GPU lowering as a tessel backend. It accepts only its
 //! own mesh (`MosaicGpuMesh`, made by `make_mesh`, recognised by downcasting) and refuses what
 //! Pallas's Mosaic GPU backend refuses, in Pallas's words; it lowers kernels to PTX for `sm_90a`
-//! (`lower.rs` plans, `emit.rs` writes) without a device, and runs them through cudarc
+//! (`lower.rs` plans, `emit/` writes) without a device, and runs them through cudarc
 //! (`runtime.rs`) where a Hopper GPU and its driver exist.
 
 pub mod emit;
 pub mod error;
+pub mod limits;
 pub mod lower;
 pub mod mesh;
 pub mod runtime;
@@ -99,7 +100,7 @@ impl BackendImpl for MosaicGpu {
             multiple_kernels: false,
             external_meshes: false,
             targets: vec!["sm_90a".into()].into(),
-            max_block_elements: lower::MAX_BLOCK_ELEMENTS as u64,
+            max_block_elements: limits::MAX_BLOCK_ELEMENTS as u64,
         }
     }
 

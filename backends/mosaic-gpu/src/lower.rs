@@ -11,8 +11,8 @@
 //! it are unrolled); every other block value lives in the CTA's workspace, 4 bytes an element: in
 //! shared memory when the CTA's values and scratch fit the 227 KiB a Hopper CTA may have
 //! ([`MAX_SHARED_BYTES`]), else in the CTA's region of a global buffer. A barrier stands only
-//! where an operation meets another thread's elements (emit.rs). Reductions give each output element to one thread, which accumulates in the
-//! interpreter's order; float `dot` runs on the tensor cores (`mma.sync`, see emit.rs), integer
+//! where an operation meets another thread's elements (emit/writer.rs). Reductions give each output element to one thread, which accumulates in the
+//! interpreter's order; float `dot` runs on the tensor cores (`mma.sync`, see emit/dot.rs), integer
 //! `dot` like a reduction. Loads and stores check the array bounds and masks lane by lane
 //! (docs/language.md §5).
 
@@ -22,24 +22,8 @@ use tessel_plugin_api::abi::BackendError;
 use tessel_plugin_api::ir::*;
 
 use crate::error::Refusal;
-
-/// CUDA threads per warpgroup.
-pub const THREADS: u32 = 128;
-/// The most warpgroups of one CTA: CUDA launches at most 1,024 threads per block. A mesh's
-/// thread axis may have up to 16 points (as Pallas allows); past 8, each warpgroup runs several
-/// points in turn.
-pub const MAX_WARPGROUPS: u32 = 8;
-/// The most registers one value may take in a thread (a 64x64 block over 128 threads).
-pub const MAX_REGISTERS_PER_VALUE: usize = 32;
-/// The largest block value lowered, in elements (docs/language.md §5).
-pub const MAX_BLOCK_ELEMENTS: usize = 16_384;
-/// The most dynamic shared memory one CTA may have on sm_90 (227 KiB, opted into per function
-/// above 48 KiB). A CTA whose workspace is larger keeps it in global memory.
-pub const MAX_SHARED_BYTES: u64 = 227 * 1024;
-/// The dynamic shared memory a function may use without opting in.
-pub const DEFAULT_SHARED_BYTES: u64 = 48 * 1024;
-/// The most CTAs one launch may have (`gridDim.x`).
-pub const MAX_CTAS: u64 = i32::MAX as u64;
+use crate::limits::{MAX_BLOCK_ELEMENTS, MAX_CTAS, MAX_REGISTERS_PER_VALUE, MAX_SHARED_BYTES, MAX_WARPGROUPS, THREADS};
+use crate::wgmma::{self, Gemm};
 
 /// Where a value or a scratch buffer lives in a CTA's workspace region.
 #[derive(Clone, Debug)]
@@ -87,7 +71,7 @@ pub struct Plan {
     pub shared: bool,
     /// The Hopper path (`crate::wgmma`), when the kernel takes it: then the workspace is its
     /// shared-memory stages and the entry takes a tensor map per operand after the arrays.
-    pub gemm: Option<crate::wgmma::Gemm>,
+    pub gemm: Option<Gemm>,
 }
 
 impl Plan {
@@ -178,9 +162,9 @@ pub fn plan(kernel: &Verified, thread_axis: Option<&str>) -> Result<Plan, Backen
 /// The Hopper path's plan, where the kernel takes it.
 fn hopper(kernel: &Verified, thread_axis: Option<&str>) -> Option<Plan> {
     let k = kernel.kernel();
-    let g = crate::wgmma::recognize(kernel, thread_axis)?;
+    let g = wgmma::recognize(kernel, thread_axis)?;
     // `recognize` takes fixed grids only.
-    let ctas = kernel.grid().iter().filter(|a| !a.seq).map(crate::wgmma::fixed).fold(1u64, u64::saturating_mul);
+    let ctas = kernel.grid().iter().filter(|a| !a.seq).map(wgmma::fixed).fold(1u64, u64::saturating_mul);
     if ctas > MAX_CTAS {
         return None;
     }

@@ -10,11 +10,7 @@ use tessel_plugin_api::backend::mesh_view;
 use tessel_plugin_api::mesh::{AxisRole, MeshAxis, MeshSpec};
 
 use crate::error::Refusal;
-
-/// CUDA threads per Mosaic thread (one warpgroup).
-pub const THREADS_PER_WARPGROUP: u64 = 128;
-/// The most warpgroups one program may have.
-pub const MAX_NUM_THREADS: u64 = 16;
+use crate::limits::MAX_NUM_THREADS;
 
 /// The Mosaic GPU mesh.
 #[derive(Clone, Debug, PartialEq, Eq)]

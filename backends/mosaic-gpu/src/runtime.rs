@@ -12,8 +12,11 @@ use tessel_plugin_api::abi::{BackendError, ErrorKind};
 use tessel_plugin_api::array::HostArray;
 use tessel_plugin_api::ir::{ParamKind, Type};
 
+use crate::emit::half_bits;
 use crate::error::Refusal;
+use crate::limits::DEFAULT_SHARED_BYTES;
 use crate::lower::Plan;
+use crate::wgmma::Gemm;
 
 /// A device buffer: 2 bytes an element for 16-bit floats, else 4 (`bool` as 0 or 1).
 pub struct DeviceBuffer {
@@ -24,7 +27,7 @@ pub struct DeviceBuffer {
 
 /// Bytes of one element of `ty` in a device buffer (as the PTX addresses arrays).
 fn element_bytes(ty: &Type) -> usize {
-    if crate::emit::half_bits(ty.dtype) { 2 } else { 4 }
+    if half_bits(ty.dtype) { 2 } else { 4 }
 }
 
 /// A `CUtensorMap` passed by value as a kernel parameter (`.param .align 64 .b8 NAME[128]`).
@@ -151,7 +154,7 @@ impl Gpu {
             }
             .into());
         }
-        if plan.shared_bytes() > crate::lower::DEFAULT_SHARED_BYTES {
+        if plan.shared_bytes() > DEFAULT_SHARED_BYTES {
             let bytes = i32::try_from(plan.shared_bytes()).unwrap_or(i32::MAX);
             f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes)
                 .map_err(|e| device_error("opting into shared memory", e))?;
@@ -209,11 +212,7 @@ impl Gpu {
 impl Gpu {
     /// The tensor maps of the Hopper path's operands (`crate::wgmma`): 2-D, 16-bit floats, the
     /// plan's boxes, 128-byte swizzle, zeros outside the array.
-    fn tensor_maps(
-        &self,
-        g: &crate::wgmma::Gemm,
-        buffers: &HashMap<String, DeviceBuffer>,
-    ) -> Result<Vec<TensorMapArg>, BackendError> {
+    fn tensor_maps(&self, g: &Gemm, buffers: &HashMap<String, DeviceBuffer>) -> Result<Vec<TensorMapArg>, BackendError> {
         use sys::{
             CUtensorMapDataType as T, CUtensorMapFloatOOBfill as Fill, CUtensorMapInterleave as Interleave,
             CUtensorMapL2promotion as L2, CUtensorMapSwizzle as Swizzle,

@@ -20,7 +20,7 @@
 
 use tessel_plugin_api::ir::*;
 
-use crate::lower::{MAX_SHARED_BYTES, THREADS};
+use crate::limits::{MAX_SHARED_BYTES, THREADS};
 
 /// Elements of a 16-bit float in one 128-byte swizzle row: the box width along the contiguous
 /// dimension, and the granule of `BK` (and of `BN` when `b` is `[K, N]`).

@@ -2,7 +2,9 @@
 //! copies into swizzled shared-memory stages, an mbarrier per stage, `wgmma.mma_async` from
 //! shared-memory descriptors into `f32` registers, and the epilogue from registers.
 
-use super::*;
+use super::conv::{half_bits, half_ty};
+use super::header::SHARED;
+use super::writer::Writer;
 use crate::wgmma::{Gemm, Init, ROW, SWIZZLE, WG_ROWS};
 
 /// Bytes from one 8-row group of a swizzle atom to the next: 8 rows of 128 bytes.

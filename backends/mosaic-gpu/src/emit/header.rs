@@ -1,0 +1,86 @@
+//! The PTX around the body, written last because it declares what the body used: the comment
+//! lines saying what the kernel became, `.version`/`.target`, the dynamic shared memory, the
+//! entry's parameters (workspace, arrays, tensor maps) and the register declarations.
+
+use std::fmt::Write as _;
+
+use tessel_plugin_api::ir::ParamKind;
+
+use super::writer::Writer;
+use crate::wgmma::SWIZZLE;
+
+/// The dynamic shared memory of a CTA: its workspace when it fits.
+pub(super) const SHARED: &str = "tessel_smem";
+
+impl Writer<'_> {
+    pub(super) fn finish(self) -> String {
+        let k = self.plan.kernel.kernel();
+        let mut head = String::new();
+        let _ = writeln!(head, "// tessel: kernel `{}` for the Mosaic GPU backend", k.name);
+        let _ = writeln!(
+            head,
+            "// {} CTAs of {} threads, {} bytes of {} per CTA",
+            self.plan.ctas,
+            self.plan.threads(),
+            self.plan.workspace_per_cta,
+            if self.plan.shared { "shared memory" } else { "global workspace" }
+        );
+        let gemm = self.plan.gemm.as_ref();
+        if let Some(g) = gemm {
+            let _ = writeln!(
+                head,
+                "// hopper: dot of {} [{}, {}] x {} on wgmma m64n{}k16 ({} warpgroup{}), operands by TMA with {}-byte swizzle, {} stages over {} steps, into {} ({})",
+                g.dtype,
+                g.bm,
+                g.bk,
+                if g.b_k_major { format!("[{}, {}]^T", g.bn, g.bk) } else { format!("[{}, {}]", g.bk, g.bn) },
+                g.bn,
+                g.warpgroups(),
+                if g.warpgroups() == 1 { "" } else { "s" },
+                SWIZZLE,
+                g.stages,
+                g.steps,
+                g.out,
+                g.out_dtype
+            );
+            for m in &g.maps {
+                let _ = writeln!(
+                    head,
+                    "// tensor map {}_{}_map: {}, box {} x {}, swizzle {}",
+                    self.plan.entry, m.array, m.array, m.boxes[0], m.boxes[1], SWIZZLE
+                );
+            }
+        }
+        let _ = writeln!(head, ".version 8.0\n.target sm_90a\n.address_size 64\n");
+        let mut params = Vec::new();
+        if self.plan.shared {
+            // The 128-byte swizzle repeats every 1024 bytes: its stages start on that boundary.
+            let align = if gemm.is_some() { 1024 } else { 16 };
+            let _ = writeln!(head, ".extern .shared .align {align} .b8 {SHARED}[];\n");
+        } else {
+            params.push(format!("\t.param .u64 {}_workspace", self.plan.entry));
+        }
+        for p in k.params.iter().filter(|p| p.kind != ParamKind::Scratch) {
+            params.push(format!("\t.param .u64 {}_{}", self.plan.entry, p.name));
+        }
+        for m in gemm.iter().flat_map(|g| &g.maps) {
+            params.push(format!("\t.param .align 64 .b8 {}_{}_map[128]", self.plan.entry, m.array));
+        }
+        let _ = writeln!(
+            head,
+            ".visible .entry {}(\n{}\n)\n.maxntid {}, 1, 1\n{{",
+            self.plan.entry,
+            params.join(",\n"),
+            self.plan.threads()
+        );
+        let _ = writeln!(head, "\t.reg .pred %p<{}>;", self.preds + 1);
+        let _ = writeln!(head, "\t.reg .b16 %h<{}>;", self.regs16 + 1);
+        let _ = writeln!(head, "\t.reg .b32 %r<{}>;", self.regs + 1);
+        let _ = writeln!(head, "\t.reg .b64 %rd<{}>;", self.regs64 + 1);
+        if let Some(g) = gemm {
+            let _ = writeln!(head, "\t.reg .f32 %f<{}>;", g.bn / 2 + 1);
+        }
+        head.push('\n');
+        head + &self.out + "\tret;\n}\n"
+    }
+}

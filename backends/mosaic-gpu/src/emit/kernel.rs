@@ -1,0 +1,344 @@
+//! The general path (every kernel that does not take the Hopper path): the kernel's frame — its
+//! workspace (zeroed scratch in shared memory, or its region of the global buffer), argument
+//! pointers, the `seq` loop and the thread-axis points — and its statements, one after another,
+//! each a loop of the warpgroup's threads over the elements of its result. Loads and stores are
+//! `memory.rs`, element operations `ops.rs`, `reduce` and `dot` their own files.
+
+use tessel_plugin_api::ir::*;
+
+use super::conv::{lit_bits, strides};
+use super::header::SHARED;
+use super::memory::Access;
+use super::writer::Writer;
+use crate::limits::THREADS;
+use crate::lower::{Use, uses};
+
+impl Writer<'_> {
+    /// The general path's kernel (`emit` gives a Hopper plan to `write_gemm` instead).
+    pub(super) fn write_kernel(&mut self) {
+        let plan = self.plan;
+        let k = plan.kernel.kernel();
+        let entry = plan.entry.clone();
+        // Warpgroup w = tid.x / 128 runs point w of the thread axis; lanes are tid.x % 128.
+        let (tid_x, cta) = self.write_ids();
+        self.workspace = self.rd();
+        let ws = self.workspace.clone();
+        if plan.shared {
+            self.comment("the CTA's workspace: its dynamic shared memory");
+            self.ins(format!("mov.u64 {ws}, {SHARED}"));
+            if plan.scratch_bytes > 0 {
+                // Scratch starts zeroed (docs/language.md §8); shared memory does not. Every
+                // thread of the CTA clears words, then the whole CTA waits.
+                self.comment("zero the scratch");
+                let (zero, words) = (self.imm(0), (plan.scratch_bytes / 4) as usize);
+                self.count(&tid_x, words, plan.threads(), false, ("zero", "zeroed"), |w, i| {
+                    let addr = w.rd();
+                    w.ins(format!("mul.wide.u32 {addr}, {i}, 4"));
+                    w.ins(format!("add.u64 {addr}, {ws}, {addr}"));
+                    w.ins(format!("st.shared.b32 [{addr}], {zero}"));
+                });
+                self.ins("bar.sync 0");
+            }
+        } else {
+            self.comment("the CTA's workspace region: workspace + ctaid.x * bytes per CTA");
+            let base = self.rd();
+            self.ins(format!("ld.param.u64 {base}, [{entry}_workspace]"));
+            self.ins(format!("cvta.to.global.u64 {base}, {base}"));
+            let off = self.rd();
+            self.ins(format!("mul.wide.u32 {off}, {cta}, {}", plan.workspace_per_cta));
+            self.ins(format!("add.u64 {ws}, {base}, {off}"));
+        }
+        let voff = self.rd();
+        self.ins(format!("mul.wide.u32 {voff}, {}, {}", self.warpgroup, plan.value_bytes));
+        self.values = self.rd();
+        self.ins(format!("add.u64 {}, {}, {voff}", self.values, self.workspace));
+        for p in k.params.iter().filter(|p| p.kind != ParamKind::Scratch) {
+            let r = self.rd();
+            self.ins(format!("ld.param.u64 {r}, [{entry}_{}]", p.name));
+            self.ins(format!("cvta.to.global.u64 {r}, {r}"));
+            self.args.push((p.name.clone(), r));
+        }
+        // Program coordinates of the parallel axes: row-major in ctaid.x, the last axis fastest.
+        let grid = plan.kernel.grid().to_vec();
+        self.coords = grid.iter().map(|_| String::new()).collect();
+        let size = |a: &GridAxis| match a.size {
+            AxisSize::Fixed(n) => n,
+            AxisSize::Dyn => unreachable!("plan refuses dyn axes"),
+        };
+        let par: Vec<usize> = (0..grid.len()).filter(|&a| !grid[a].seq && Some(a) != plan.thread_axis).collect();
+        let seq: Vec<usize> = (0..grid.len()).filter(|&a| grid[a].seq).collect();
+        self.decode(&cta, &par);
+        let steps: u64 = seq.iter().map(|&a| size(&grid[a])).product();
+        // The `seq` steps of one program: `refill` when a later thread-axis point runs them again.
+        let seq_loop = |w: &mut Writer<'_>, refill: bool| {
+            let step = w.r();
+            w.ins(format!("mov.u32 {step}, 0"));
+            let top = w.label("seq");
+            w.place_label(&top);
+            w.decode(&step, &seq);
+            w.write_origins();
+            // In name order, so that the PTX is the same from run to run.
+            let mut names: Vec<&String> = w.plan.in_registers.iter().collect();
+            names.sort();
+            for v in names {
+                let n: usize = w.plan.kernel.value_type(v).numel();
+                let regs = (0..n.div_ceil(THREADS as usize)).map(|_| w.r()).collect();
+                w.in_registers.insert(v.clone(), regs);
+            }
+            w.write_body(&k.body);
+            // The next step (or the next thread-axis point) writes every slot again.
+            if steps > 1 || refill {
+                w.barrier();
+            }
+            w.ins(format!("add.u32 {step}, {step}, 1"));
+            let more = w.p();
+            w.ins(format!("setp.lt.u32 {more}, {step}, {steps}"));
+            w.ins(format!("@{more} bra.uni {top}"));
+        };
+        match plan.thread_axis {
+            // More points of the thread axis than warpgroups: each warpgroup walks its points.
+            Some(t) if plan.thread_points > plan.warpgroups => {
+                self.comment(&format!("{} thread-axis points on {} warpgroups", plan.thread_points, plan.warpgroups));
+                let wg = self.warpgroup.clone();
+                self.count(&wg, plan.thread_points as usize, plan.warpgroups, true, ("point", "points"), |w, point| {
+                    w.coords[t] = point.to_string();
+                    seq_loop(w, true);
+                });
+            }
+            Some(t) => {
+                self.coords[t] = self.warpgroup.clone();
+                seq_loop(self, false);
+            }
+            None => seq_loop(self, false),
+        }
+    }
+
+    fn write_body(&mut self, body: &[Stmt]) {
+        for s in body {
+            let head = tessel_plugin_api::ir::print::print_stmt_head(s);
+            self.comment(&head);
+            self.write_stmt(s);
+        }
+    }
+
+    fn write_stmt(&mut self, s: &Stmt) {
+        let dst = s.results.first().cloned().unwrap_or_default();
+        let ty = s.ty.clone();
+        let out_shape = ty.as_ref().map(|t| t.shape.clone()).unwrap_or_default();
+        let n = out_shape.iter().product::<usize>();
+        let (reads, writes) = uses(&self.plan.kernel, s, &out_shape);
+        self.sync(&reads, &writes);
+        self.unroll = reads.iter().chain(&writes).any(|u| self.in_registers.contains_key(&u.name));
+        match &s.op {
+            Op::Load { src, index, mask, other } => {
+                self.write_access(src, index.as_deref(), mask.as_deref(), Access::Load { dst: &dst, other: *other })
+            }
+            Op::Store { dst: d, index, value, mask } => {
+                self.write_access(d, index.as_deref(), mask.as_deref(), Access::Store { value })
+            }
+            Op::ProgramId(a) | Op::NumPrograms(a) => {
+                let grid = self.plan.kernel.grid().to_vec();
+                let axis = match a {
+                    AxisRef::Pos(p) => *p,
+                    AxisRef::Name(nm) => grid.iter().position(|g| &g.name == nm).expect("verified axis"),
+                };
+                let is_id = matches!(s.op, Op::ProgramId(_));
+                self.each(1, |w, e| {
+                    let v = if is_id {
+                        w.coords[axis].clone()
+                    } else {
+                        let AxisSize::Fixed(n) = grid[axis].size else { unreachable!("plan refuses dyn axes") };
+                        w.imm(n as u32)
+                    };
+                    w.store_slot(&dst, e, &v);
+                });
+            }
+            Op::Iota { dim } => {
+                let st = strides(&out_shape)[*dim];
+                let size = out_shape[*dim];
+                self.each(n, |w, e| {
+                    let v = w.r();
+                    w.ins(format!("div.u32 {v}, {e}, {st}"));
+                    w.ins(format!("rem.u32 {v}, {v}, {size}"));
+                    w.store_slot(&dst, e, &v);
+                });
+            }
+            Op::Full(l) => {
+                let bits = lit_bits(*l, ty.as_ref().expect("typed").dtype);
+                self.each(n, |w, e| {
+                    let v = w.imm(bits);
+                    w.store_slot(&dst, e, &v);
+                });
+            }
+            Op::Zeros => self.each(n, |w, e| {
+                let v = w.imm(0);
+                w.store_slot(&dst, e, &v);
+            }),
+            Op::Unary(op, a) => {
+                let d = self.dtype_of(&[a]);
+                self.each(n, |w, e| {
+                    let x = w.operand(a, d, e, &out_shape);
+                    let v = w.unary(*op, d, &x);
+                    w.store_slot(&dst, e, &v);
+                });
+            }
+            Op::Binary(op, a, b) => {
+                let d = self.dtype_of(&[a, b]);
+                self.each(n, |w, e| {
+                    let (x, y) = (w.operand(a, d, e, &out_shape), w.operand(b, d, e, &out_shape));
+                    let v = w.binary(*op, d, &x, &y);
+                    w.store_slot(&dst, e, &v);
+                });
+            }
+            Op::Compare(op, a, b) => {
+                let d = self.dtype_of(&[a, b]);
+                self.each(n, |w, e| {
+                    let (x, y) = (w.operand(a, d, e, &out_shape), w.operand(b, d, e, &out_shape));
+                    let v = w.compare(*op, d, &x, &y);
+                    w.store_slot(&dst, e, &v);
+                });
+            }
+            Op::Select(c, a, b) => {
+                let d = self.dtype_of(&[a, b]);
+                self.each(n, |w, e| {
+                    let cv = w.operand(c, DType::Bool, e, &out_shape);
+                    let (x, y) = (w.operand(a, d, e, &out_shape), w.operand(b, d, e, &out_shape));
+                    let (p, v) = (w.p(), w.r());
+                    w.ins(format!("setp.ne.u32 {p}, {cv}, 0"));
+                    w.ins(format!("selp.b32 {v}, {x}, {y}, {p}"));
+                    w.store_slot(&dst, e, &v);
+                });
+            }
+            Op::Cast(a) => {
+                let from = self.dtype_of(&[a]);
+                let to = ty.as_ref().expect("typed").dtype;
+                self.each(n, |w, e| {
+                    let x = w.operand(a, from, e, &out_shape);
+                    let v = w.cast(from, to, &x);
+                    w.store_slot(&dst, e, &v);
+                });
+            }
+            Op::Bitcast(a) => {
+                let from = self.dtype_of(&[a]);
+                let to = ty.as_ref().expect("typed").dtype;
+                self.each(n, |w, e| {
+                    let x = w.operand(a, from, e, &out_shape);
+                    let v = if from.bits() == 16 && from != to { w.bitcast16(from, to, &x) } else { x };
+                    w.store_slot(&dst, e, &v);
+                });
+            }
+            Op::Broadcast(a) => self.each(n, |w, e| {
+                let x = w.operand(a, DType::U32, e, &out_shape);
+                w.store_slot(&dst, e, &x);
+            }),
+            Op::Reshape(a) => {
+                let Operand::Value(src) = a else { unreachable!("verifier: reshape of a value") };
+                self.each(n, |w, e| {
+                    let x = w.load_slot(src, e);
+                    w.store_slot(&dst, e, &x);
+                });
+            }
+            Op::Transpose { arg, perm } => {
+                let Operand::Value(src) = arg else { unreachable!("verifier: transpose of a value") };
+                let in_st = strides(&self.shape_of(src));
+                let out_st = strides(&out_shape);
+                self.each(n, |w, e| {
+                    let acc = w.imm(0);
+                    for (d, &p) in perm.iter().enumerate() {
+                        let t = w.r();
+                        w.ins(format!("div.u32 {t}, {e}, {}", out_st[d]));
+                        w.ins(format!("rem.u32 {t}, {t}, {}", out_shape[d]));
+                        w.ins(format!("mad.lo.u32 {acc}, {t}, {}, {acc}", in_st[p]));
+                    }
+                    let x = w.load_slot(src, &acc);
+                    w.store_slot(&dst, e, &x);
+                });
+            }
+            Op::Reduce { op, arg, axis, .. } => self.write_reduce(*op, arg, *axis, &dst, n),
+            Op::Dot { a, b, trans_a, trans_b } => self.write_dot(a, b, *trans_a, *trans_b, &dst, &out_shape),
+            Op::When { cond, body } => {
+                let c = self.scalar(cond);
+                let (p, end) = (self.p(), self.label("when"));
+                self.ins(format!("setp.eq.u32 {p}, {c}, 0"));
+                self.ins(format!("@{p} bra.uni {end}"));
+                // After the body: what it left, or (skipped) what was before it.
+                let before = self.hazards.clone();
+                self.write_body(body);
+                self.place_label(&end);
+                self.hazards.union(before);
+            }
+            Op::For { var, lo, hi, step, iters, body } => self.write_for(var, lo, hi, step.as_ref(), iters, body, &s.results),
+            Op::Yield(_) => {}
+        }
+    }
+
+    fn copy_value(&mut self, from: &str, to: &str) {
+        self.sync(&[Use::own(from)], &[Use::own(to)]);
+        self.unroll = [from, to].iter().any(|n| self.in_registers.contains_key(*n));
+        let n: usize = self.shape_of(from).iter().product();
+        let (from, to) = (from.to_string(), to.to_string());
+        self.each(n, |w, e| {
+            let v = w.load_slot(&from, e);
+            w.store_slot(&to, e, &v);
+        });
+    }
+
+    #[allow(clippy::too_many_arguments, reason = "the parts of one `for` statement")]
+    fn write_for(
+        &mut self,
+        var: &str,
+        lo: &Operand,
+        hi: &Operand,
+        step: Option<&Operand>,
+        iters: &[(String, Operand)],
+        body: &[Stmt],
+        results: &[String],
+    ) {
+        for (name, init) in iters {
+            match init {
+                Operand::Value(v) => self.copy_value(v, name),
+                Operand::Lit(_) => unreachable!("verifier: iter initial values are values"),
+            }
+        }
+        let (lo, hi) = (self.scalar(lo), self.scalar(hi));
+        let step = match step {
+            Some(s) => self.scalar(s),
+            None => self.imm(1),
+        };
+        let i = self.r();
+        self.ins(format!("mov.b32 {i}, {lo}"));
+        let (top, end) = (self.label("for"), self.label("endfor"));
+        let never = self.p();
+        self.ins(format!("setp.le.s32 {never}, {step}, 0"));
+        self.ins(format!("@{never} bra.uni {end}"));
+        // Every iteration ends with a barrier, so the loop's top and its exit see only what
+        // came before the loop.
+        let before = self.hazards.clone();
+        self.place_label(&top);
+        let done = self.p();
+        self.ins(format!("setp.ge.s32 {done}, {i}, {hi}"));
+        self.ins(format!("@{done} bra.uni {end}"));
+        let var = var.to_string();
+        let iv = i.clone();
+        self.sync(&[], &[Use::own(&var)]);
+        self.each(1, |w, e| w.store_slot(&var, e, &iv));
+        self.write_body(body);
+        if let Some(Stmt { op: Op::Yield(vals), .. }) = body.last() {
+            for (v, (name, _)) in vals.iter().zip(iters) {
+                let Operand::Value(v) = v else { unreachable!("verifier: yields are values") };
+                self.copy_value(v, &format!("{name}.next"));
+            }
+            for (name, _) in iters {
+                self.copy_value(&format!("{name}.next"), name);
+            }
+        }
+        self.barrier();
+        self.ins(format!("add.s32 {i}, {i}, {step}"));
+        self.ins(format!("bra.uni {top}"));
+        self.place_label(&end);
+        self.hazards = before;
+        for ((name, _), r) in iters.iter().zip(results) {
+            self.copy_value(name, r);
+        }
+    }
+}

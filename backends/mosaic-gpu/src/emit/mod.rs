@@ -1,0 +1,43 @@
+//! A [`Plan`] to PTX text (`.version 8.0`, `.target sm_90a`). See `lower.rs` for the model.
+//!
+//! One `Writer` (`writer.rs`) writes a kernel's body in one pass, then its header. Its files,
+//! each built only on those before it:
+//! - `conv.rs`: pure mappings (PTX type names, literal bits, strides);
+//! - `writer.rs`: the writer's state, registers, labels, element loops and barriers;
+//! - `header.rs`: the PTX header, entry parameters and register declarations;
+//! - `grid.rs`: thread, warpgroup and CTA ids, grid coordinates, argument block origins;
+//! - `ops.rs`: element operations and the inline maths functions;
+//! - `memory.rs`: workspace slots, operands, `load` and `store`;
+//! - `reduce.rs`, `dot.rs`: `reduce` and `dot` (`mma.sync`) on the general path;
+//! - `kernel.rs`: the general path's kernel frame and statements;
+//! - `wgmma.rs`: the Hopper path (`crate::wgmma`): TMA, mbarriers, `wgmma.mma_async`.
+//!
+//! Registers are PTX virtual registers (`%r` 32-bit, `%rd` 64-bit, `%p` predicates) numbered in
+//! emission order, as nvcc numbers its own; every 32-bit value uses a `.b32` register, which PTX
+//! accepts for `.f32`, `.s32` and `.u32` instructions alike.
+
+mod conv;
+mod dot;
+mod grid;
+mod header;
+mod kernel;
+mod memory;
+mod ops;
+mod reduce;
+mod wgmma;
+mod writer;
+
+pub use conv::half_bits;
+
+use crate::lower::Plan;
+use writer::Writer;
+
+/// The PTX module of one planned kernel.
+pub fn emit(plan: &Plan) -> String {
+    let mut w = Writer::new(plan);
+    match &plan.gemm {
+        Some(g) => w.write_gemm(g),
+        None => w.write_kernel(),
+    }
+    w.finish()
+}

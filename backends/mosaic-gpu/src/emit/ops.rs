@@ -1,0 +1,264 @@
+//! Element operations: `unary`, `binary`, `compare`, `cast` and `bitcast` on one element in
+//! registers, 16-bit floats computed in `f32` and rounded once; the accurate maths functions of
+//! `tessel_plugin_api::libm` written inline.
+
+use tessel_plugin_api::ir::{BinaryOp, CmpOp, DType, UnaryOp};
+use tessel_plugin_api::libm;
+
+use super::conv::{f32_imm, half_ty, int_ty};
+use super::writer::Writer;
+
+/// One instruction of an accurate maths function.
+fn libm_ins(f: &libm::Func, dst: libm::Var, op: libm::Op, regs: &[String]) -> String {
+    use libm::{Op, Ty};
+    let t = f.types[dst.0];
+    let d = &regs[dst.0];
+    let r = |v: libm::Var| regs[v.0].as_str();
+    let ty = |v: libm::Var| f.types[v.0];
+    // Integer instruction suffixes by the operand's type.
+    let int = |v: libm::Var| if ty(v) == Ty::I32 { "s32" } else { "u32" };
+    match op {
+        Op::Const(bits) if t == Ty::F32 => format!("mov.b32 {d}, {}", f32_imm(f32::from_bits(bits))),
+        Op::Const(bits) => format!("mov.b32 {d}, {bits}"),
+        Op::Copy(a) if t == Ty::Bool => format!("mov.pred {d}, {}", r(a)),
+        Op::Copy(a) | Op::Bits(a) => format!("mov.b32 {d}, {}", r(a)),
+        Op::Add(a, b) if t == Ty::F32 => format!("add.rn.f32 {d}, {}, {}", r(a), r(b)),
+        Op::Sub(a, b) if t == Ty::F32 => format!("sub.rn.f32 {d}, {}, {}", r(a), r(b)),
+        Op::Mul(a, b) if t == Ty::F32 => format!("mul.rn.f32 {d}, {}, {}", r(a), r(b)),
+        Op::Add(a, b) => format!("add.u32 {d}, {}, {}", r(a), r(b)),
+        Op::Sub(a, b) => format!("sub.u32 {d}, {}, {}", r(a), r(b)),
+        Op::Mul(a, b) => format!("mul.lo.u32 {d}, {}, {}", r(a), r(b)),
+        Op::Div(a, b) => format!("div.rn.f32 {d}, {}, {}", r(a), r(b)),
+        Op::Fma(a, b, c) => format!("fma.rn.f32 {d}, {}, {}, {}", r(a), r(b), r(c)),
+        Op::Neg(a) => format!("neg.f32 {d}, {}", r(a)),
+        Op::Abs(a) => format!("abs.f32 {d}, {}", r(a)),
+        Op::Rint(a) => format!("cvt.rni.f32.f32 {d}, {}", r(a)),
+        Op::Trunc(a) => format!("cvt.rzi.f32.f32 {d}, {}", r(a)),
+        Op::Lt(a, b) if ty(a) == Ty::F32 => format!("setp.lt.f32 {d}, {}, {}", r(a), r(b)),
+        Op::Eq(a, b) if ty(a) == Ty::F32 => format!("setp.eq.f32 {d}, {}, {}", r(a), r(b)),
+        Op::Lt(a, b) => format!("setp.lt.{} {d}, {}, {}", int(a), r(a), r(b)),
+        Op::Eq(a, b) => format!("setp.eq.u32 {d}, {}, {}", r(a), r(b)),
+        Op::Convert(a) if t == Ty::F32 => format!("cvt.rn.f32.{} {d}, {}", int(a), r(a)),
+        Op::Convert(a) => format!("cvt.rzi.{}.f32 {d}, {}", int(dst), r(a)),
+        Op::MulHi(a, b) => format!("mul.hi.u32 {d}, {}, {}", r(a), r(b)),
+        Op::Shl(a, b) => format!("shl.b32 {d}, {}, {}", r(a), r(b)),
+        Op::Shr(a, b) => format!("shr.{} {d}, {}, {}", int(a), r(a), r(b)),
+        Op::And(a, b) if t == Ty::Bool => format!("and.pred {d}, {}, {}", r(a), r(b)),
+        Op::Or(a, b) if t == Ty::Bool => format!("or.pred {d}, {}, {}", r(a), r(b)),
+        Op::Xor(a, b) if t == Ty::Bool => format!("xor.pred {d}, {}, {}", r(a), r(b)),
+        Op::And(a, b) => format!("and.b32 {d}, {}, {}", r(a), r(b)),
+        Op::Or(a, b) => format!("or.b32 {d}, {}, {}", r(a), r(b)),
+        Op::Xor(a, b) => format!("xor.b32 {d}, {}, {}", r(a), r(b)),
+        Op::Rem(a, b) => format!("rem.u32 {d}, {}, {}", r(a), r(b)),
+        Op::Clz(a) => format!("clz.b32 {d}, {}", r(a)),
+        Op::Not(a) => format!("not.pred {d}, {}", r(a)),
+        Op::Select(c, a, b) => format!("selp.b32 {d}, {}, {}, {}", r(a), r(b), r(c)),
+    }
+}
+
+impl Writer<'_> {
+    /// Rounds an `f32` held in `v` to the 16-bit float `d` (in place); no-op for other dtypes.
+    pub(super) fn round16(&mut self, d: DType, v: &str) {
+        if matches!(d, DType::F16 | DType::BF16) {
+            let (h, t) = (self.h(), half_ty(d));
+            self.ins(format!("cvt.rn.{t}.f32 {h}, {v}"));
+            self.ins(format!("cvt.f32.{t} {v}, {h}"));
+        }
+    }
+
+    /// `v = f(args)`, the accurate maths function `f` (`tessel_plugin_api::libm`) written
+    /// inline: a register per variable, branches for its `if` and `while`.
+    fn maths(&mut self, v: &str, f: fn() -> &'static libm::Func, args: &[&str]) {
+        let func = f();
+        let mut regs: Vec<String> = Vec::with_capacity(func.types.len());
+        for (i, &t) in func.types.iter().enumerate() {
+            regs.push(match func.params.iter().position(|p| p.0 == i) {
+                Some(a) => args[a].to_string(),
+                None if t == libm::Ty::Bool => self.p(),
+                None => self.r(),
+            });
+        }
+        self.comment(func.name);
+        self.libm_body(func, &func.body, &regs);
+        self.ins(format!("mov.b32 {v}, {}", regs[func.result.0]));
+    }
+
+    fn libm_body(&mut self, f: &libm::Func, body: &[libm::Stmt], regs: &[String]) {
+        for s in body {
+            match s {
+                libm::Stmt::Set(v, op) => {
+                    let ins = libm_ins(f, *v, *op, regs);
+                    self.ins(ins);
+                }
+                libm::Stmt::If(c, inner) => {
+                    let end = self.label("fi");
+                    self.ins(format!("@!{} bra {end}", regs[c.0]));
+                    self.libm_body(f, inner, regs);
+                    self.place_label(&end);
+                }
+                libm::Stmt::While(c, inner) => {
+                    let (top, end) = (self.label("while"), self.label("wend"));
+                    self.place_label(&top);
+                    self.ins(format!("@!{} bra {end}", regs[c.0]));
+                    self.libm_body(f, inner, regs);
+                    self.ins(format!("bra {top}"));
+                    self.place_label(&end);
+                }
+            }
+        }
+    }
+
+    pub(super) fn unary(&mut self, op: UnaryOp, d: DType, x: &str) -> String {
+        let v = self.unary32(op, d, x);
+        self.round16(d, &v);
+        v
+    }
+
+    fn unary32(&mut self, op: UnaryOp, d: DType, x: &str) -> String {
+        let d = if d.is_float() { DType::F32 } else { d };
+        let v = self.r();
+        match (op, d) {
+            (UnaryOp::Neg, DType::F32) => self.ins(format!("neg.f32 {v}, {x}")),
+            (UnaryOp::Neg, _) => self.ins(format!("neg.s32 {v}, {x}")),
+            (UnaryOp::Abs, DType::F32) => self.ins(format!("abs.f32 {v}, {x}")),
+            (UnaryOp::Abs, DType::I32) => self.ins(format!("abs.s32 {v}, {x}")),
+            (UnaryOp::Abs, _) => self.ins(format!("mov.b32 {v}, {x}")),
+            (UnaryOp::Not, DType::Bool) => self.ins(format!("xor.b32 {v}, {x}, 1")),
+            (UnaryOp::Not, _) => self.ins(format!("not.b32 {v}, {x}")),
+            (UnaryOp::Exp, _) => self.maths(&v, libm::exp, &[x]),
+            (UnaryOp::Exp2, _) => self.maths(&v, libm::exp2, &[x]),
+            (UnaryOp::Log, _) => self.maths(&v, libm::log, &[x]),
+            (UnaryOp::Log2, _) => self.maths(&v, libm::log2, &[x]),
+            (UnaryOp::Sqrt, _) => self.ins(format!("sqrt.rn.f32 {v}, {x}")),
+            (UnaryOp::Rsqrt, _) => {
+                self.ins(format!("sqrt.rn.f32 {v}, {x}"));
+                self.ins(format!("rcp.rn.f32 {v}, {v}"));
+            }
+            (UnaryOp::Sin, _) => self.maths(&v, libm::sin, &[x]),
+            (UnaryOp::Cos, _) => self.maths(&v, libm::cos, &[x]),
+            (UnaryOp::Tanh, _) => self.maths(&v, libm::tanh, &[x]),
+            (UnaryOp::Logistic, _) => self.maths(&v, libm::logistic, &[x]),
+            (UnaryOp::Floor, _) => self.ins(format!("cvt.rmi.f32.f32 {v}, {x}")),
+            (UnaryOp::Ceil, _) => self.ins(format!("cvt.rpi.f32.f32 {v}, {x}")),
+        }
+        v
+    }
+
+    pub(super) fn binary(&mut self, op: BinaryOp, d: DType, x: &str, y: &str) -> String {
+        let v = self.binary32(op, d, x, y);
+        self.round16(d, &v);
+        v
+    }
+
+    pub(super) fn binary32(&mut self, op: BinaryOp, d: DType, x: &str, y: &str) -> String {
+        let v = self.r();
+        let it = int_ty(d);
+        let float = d.is_float();
+        match op {
+            BinaryOp::Add if float => self.ins(format!("add.rn.f32 {v}, {x}, {y}")),
+            BinaryOp::Sub if float => self.ins(format!("sub.rn.f32 {v}, {x}, {y}")),
+            BinaryOp::Mul if float => self.ins(format!("mul.rn.f32 {v}, {x}, {y}")),
+            BinaryOp::Div if float => self.ins(format!("div.rn.f32 {v}, {x}, {y}")),
+            BinaryOp::Rem if float => self.maths(&v, libm::fmod, &[x, y]),
+            BinaryOp::Max if float => self.ins(format!("max.NaN.f32 {v}, {x}, {y}")),
+            BinaryOp::Min if float => self.ins(format!("min.NaN.f32 {v}, {x}, {y}")),
+            BinaryOp::Add => self.ins(format!("add.u32 {v}, {x}, {y}")),
+            BinaryOp::Sub => self.ins(format!("sub.u32 {v}, {x}, {y}")),
+            BinaryOp::Mul => self.ins(format!("mul.lo.u32 {v}, {x}, {y}")),
+            BinaryOp::Div | BinaryOp::Rem => {
+                // Zero divisors give 0; for i32, x / -1 is -x (wrapping) and x rem -1 is 0.
+                let name = if op == BinaryOp::Div { "div" } else { "rem" };
+                let (zero, z) = (self.p(), self.imm(0));
+                self.ins(format!("{name}.{it} {v}, {x}, {y}"));
+                if d == DType::I32 {
+                    let minus = self.p();
+                    self.ins(format!("setp.eq.s32 {minus}, {y}, -1"));
+                    let alt = self.r();
+                    if op == BinaryOp::Div {
+                        self.ins(format!("neg.s32 {alt}, {x}"))
+                    } else {
+                        self.ins(format!("mov.b32 {alt}, 0"))
+                    }
+                    self.ins(format!("selp.b32 {v}, {alt}, {v}, {minus}"));
+                }
+                self.ins(format!("setp.eq.u32 {zero}, {y}, 0"));
+                self.ins(format!("selp.b32 {v}, {z}, {v}, {zero}"));
+            }
+            BinaryOp::Max => self.ins(format!("max.{it} {v}, {x}, {y}")),
+            BinaryOp::Min => self.ins(format!("min.{it} {v}, {x}, {y}")),
+            BinaryOp::And => self.ins(format!("and.b32 {v}, {x}, {y}")),
+            BinaryOp::Or => self.ins(format!("or.b32 {v}, {x}, {y}")),
+            BinaryOp::Xor => self.ins(format!("xor.b32 {v}, {x}, {y}")),
+            BinaryOp::Shl | BinaryOp::Shr => {
+                let s = self.r();
+                self.ins(format!("and.b32 {s}, {y}, 31"));
+                if op == BinaryOp::Shl {
+                    self.ins(format!("shl.b32 {v}, {x}, {s}"))
+                } else {
+                    self.ins(format!("shr.{it} {v}, {x}, {s}"))
+                }
+            }
+            BinaryOp::Pow => self.maths(&v, libm::pow, &[x, y]),
+        }
+        v
+    }
+
+    pub(super) fn compare(&mut self, op: CmpOp, d: DType, x: &str, y: &str) -> String {
+        let (p, v) = (self.p(), self.r());
+        let ty = match d {
+            d if d.is_float() => "f32",
+            DType::I32 => "s32",
+            _ => "u32",
+        };
+        // Float `ne` is unordered (true for NaN), the others ordered, as in IEEE and Rust.
+        let cmp = match (op, d.is_float()) {
+            (CmpOp::Ne, true) => "neu",
+            (CmpOp::Eq, _) => "eq",
+            (CmpOp::Ne, _) => "ne",
+            (CmpOp::Lt, _) => "lt",
+            (CmpOp::Le, _) => "le",
+            (CmpOp::Gt, _) => "gt",
+            (CmpOp::Ge, _) => "ge",
+        };
+        self.ins(format!("setp.{cmp}.{ty} {p}, {x}, {y}"));
+        self.ins(format!("selp.u32 {v}, 1, 0, {p}"));
+        v
+    }
+
+    pub(super) fn cast(&mut self, from: DType, to: DType, x: &str) -> String {
+        let v = self.cast32(if from.is_float() { DType::F32 } else { from }, if to.is_float() { DType::F32 } else { to }, x);
+        self.round16(to, &v);
+        v
+    }
+
+    /// `bitcast` between the 16-bit floats: through their bits.
+    pub(super) fn bitcast16(&mut self, from: DType, to: DType, x: &str) -> String {
+        let (v, h) = (self.r(), self.h());
+        self.ins(format!("cvt.rn.{}.f32 {h}, {x}", half_ty(from)));
+        self.ins(format!("cvt.f32.{} {v}, {h}", half_ty(to)));
+        v
+    }
+
+    fn cast32(&mut self, from: DType, to: DType, x: &str) -> String {
+        let v = self.r();
+        match (from, to) {
+            (a, b) if a == b => self.ins(format!("mov.b32 {v}, {x}")),
+            (DType::F32, DType::I32) => self.ins(format!("cvt.rzi.s32.f32 {v}, {x}")),
+            (DType::F32, DType::U32) => self.ins(format!("cvt.rzi.u32.f32 {v}, {x}")),
+            (DType::F32, DType::Bool) => {
+                let p = self.p();
+                self.ins(format!("setp.neu.f32 {p}, {x}, {}", f32_imm(0.0)));
+                self.ins(format!("selp.u32 {v}, 1, 0, {p}"));
+            }
+            (DType::I32, DType::F32) => self.ins(format!("cvt.rn.f32.s32 {v}, {x}")),
+            (DType::U32 | DType::Bool, DType::F32) => self.ins(format!("cvt.rn.f32.u32 {v}, {x}")),
+            (_, DType::Bool) => {
+                let p = self.p();
+                self.ins(format!("setp.ne.u32 {p}, {x}, 0"));
+                self.ins(format!("selp.u32 {v}, 1, 0, {p}"));
+            }
+            _ => self.ins(format!("mov.b32 {v}, {x}")),
+        }
+        v
+    }
+}

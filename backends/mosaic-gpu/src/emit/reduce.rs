@@ -1,0 +1,48 @@
+//! `reduce`: each output element is one thread's, which accumulates along the axis in the
+//! interpreter's order (16-bit floats in `f32`, rounded once).
+
+use tessel_plugin_api::ir::{BinaryOp, Operand, ReduceOp};
+
+use super::writer::Writer;
+
+impl Writer<'_> {
+    pub(super) fn write_reduce(&mut self, op: ReduceOp, arg: &Operand, axis: usize, dst: &str, n: usize) {
+        let Operand::Value(src) = arg else { unreachable!("verifier: reduce of a value") };
+        let shape = self.shape_of(src);
+        let d = self.plan.kernel.value_type(src).dtype;
+        let len = shape[axis];
+        let inner: usize = shape[axis + 1..].iter().product();
+        let (src, dst) = (src.to_string(), dst.to_string());
+        self.each(n, |w, e| {
+            // Output element e = (outer, in): inputs at outer*len*inner + r*inner + in, r ascending.
+            let (outer, inn, base) = (w.r(), w.r(), w.r());
+            w.ins(format!("div.u32 {outer}, {e}, {inner}"));
+            w.ins(format!("rem.u32 {inn}, {e}, {inner}"));
+            w.ins(format!("mad.lo.u32 {base}, {outer}, {}, {inn}", len * inner));
+            let acc = w.load_slot(&src, &base);
+            let r = w.imm(1);
+            let (top, end) = (w.label("red"), w.label("endred"));
+            w.place_label(&top);
+            let done = w.p();
+            w.ins(format!("setp.ge.u32 {done}, {r}, {len}"));
+            w.ins(format!("@{done} bra {end}"));
+            let idx = w.r();
+            w.ins(format!("mad.lo.u32 {idx}, {r}, {inner}, {base}"));
+            let x = w.load_slot(&src, &idx);
+            let bop = match op {
+                ReduceOp::Sum => BinaryOp::Add,
+                ReduceOp::Prod => BinaryOp::Mul,
+                ReduceOp::Max => BinaryOp::Max,
+                ReduceOp::Min => BinaryOp::Min,
+            };
+            // 16-bit floats accumulate in f32 and round once, as the interpreter does.
+            let v = w.binary32(bop, d, &acc, &x);
+            w.ins(format!("mov.b32 {acc}, {v}"));
+            w.ins(format!("add.u32 {r}, {r}, 1"));
+            w.ins(format!("bra {top}"));
+            w.place_label(&end);
+            w.round16(d, &acc);
+            w.store_slot(&dst, e, &acc);
+        });
+    }
+}

@@ -1,0 +1,233 @@
+//! The `Writer`: the state of one kernel's emission and the primitives every other file writes
+//! with. Virtual registers (`%r` 32-bit, `%rd` 64-bit, `%h` 16-bit, `%p` predicates) and labels
+//! are numbered in emission order; `header.rs` declares as many as were used. The warpgroup's
+//! element loops (`each`, `count`) and its barriers live here too: a barrier is written only
+//! where an access meets another thread's since the last one ([`Hazards`]).
+
+use std::collections::{HashMap, HashSet};
+use std::fmt::Write as _;
+
+use crate::limits::THREADS;
+use crate::lower::{Plan, Use};
+
+/// One kernel's emission: the plan, the text so far and the registers that name things in it.
+pub(super) struct Writer<'p> {
+    pub(super) plan: &'p Plan,
+    pub(super) out: String,
+    pub(super) regs: u32,
+    pub(super) regs64: u32,
+    pub(super) regs16: u32,
+    pub(super) preds: u32,
+    pub(super) labels: u32,
+    /// The thread's index in its warpgroup (0..128).
+    pub(super) tid: String,
+    /// The thread's warpgroup: the thread axis coordinate and its named barrier.
+    pub(super) warpgroup: String,
+    /// The CTA's workspace region (scratch).
+    pub(super) workspace: String,
+    /// This warpgroup's values.
+    pub(super) values: String,
+    /// Pointer register of each `in`/`out` argument.
+    pub(super) args: Vec<(String, String)>,
+    /// Coordinate register of each grid axis.
+    pub(super) coords: Vec<String>,
+    /// Element origin registers of each argument's block.
+    pub(super) origins: Vec<(String, Vec<String>)>,
+    /// What the warpgroup touched since its last barrier.
+    pub(super) hazards: Hazards,
+    /// Values that live in registers: element `t + 128 j` of such a value is register `j` of
+    /// thread `t` (see [`crate::lower::in_registers`]).
+    pub(super) in_registers: HashMap<String, Vec<String>>,
+    /// Whether the next element loop touches a value in registers, so must be unrolled.
+    pub(super) unroll: bool,
+    /// Inside an unrolled element loop: the element register and its `j`.
+    pub(super) element: Option<(String, usize)>,
+}
+
+/// The slots and arrays a warpgroup's threads wrote and read since their last barrier, by
+/// whether each thread touched only its own elements (element `e` is thread `e % 128`'s in every
+/// loop over a value) or other threads' too. A barrier is needed only where an access meets one
+/// of another thread's: reading what another thread wrote, or writing what another thread read
+/// or wrote. Elementwise chains, loads and stores of whole blocks need none between them.
+#[derive(Clone, Default)]
+pub(super) struct Hazards {
+    written_own: HashSet<String>,
+    written_across: HashSet<String>,
+    read_own: HashSet<String>,
+    read_across: HashSet<String>,
+}
+
+impl Hazards {
+    /// Whether an access would meet another thread's since the barrier.
+    fn conflicts(&self, u: &Use, write: bool) -> bool {
+        let n = &u.name;
+        let written = self.written_across.contains(n) || (!u.own && self.written_own.contains(n));
+        let read = write && (self.read_across.contains(n) || (!u.own && self.read_own.contains(n)));
+        written || read
+    }
+
+    fn record(&mut self, u: &Use, write: bool) {
+        let set = match (write, u.own) {
+            (true, true) => &mut self.written_own,
+            (true, false) => &mut self.written_across,
+            (false, true) => &mut self.read_own,
+            (false, false) => &mut self.read_across,
+        };
+        set.insert(u.name.clone());
+    }
+
+    /// What either of two paths may have left.
+    pub(super) fn union(&mut self, other: Hazards) {
+        self.written_own.extend(other.written_own);
+        self.written_across.extend(other.written_across);
+        self.read_own.extend(other.read_own);
+        self.read_across.extend(other.read_across);
+    }
+}
+
+impl<'p> Writer<'p> {
+    pub(super) fn new(plan: &'p Plan) -> Writer<'p> {
+        Writer {
+            plan,
+            out: String::new(),
+            regs: 0,
+            regs64: 0,
+            regs16: 0,
+            preds: 0,
+            labels: 0,
+            tid: String::new(),
+            warpgroup: String::new(),
+            workspace: String::new(),
+            values: String::new(),
+            args: Vec::new(),
+            coords: Vec::new(),
+            origins: Vec::new(),
+            hazards: Hazards::default(),
+            in_registers: HashMap::new(),
+            unroll: false,
+            element: None,
+        }
+    }
+
+    pub(super) fn r(&mut self) -> String {
+        self.regs += 1;
+        format!("%r{}", self.regs)
+    }
+
+    pub(super) fn rd(&mut self) -> String {
+        self.regs64 += 1;
+        format!("%rd{}", self.regs64)
+    }
+
+    pub(super) fn h(&mut self) -> String {
+        self.regs16 += 1;
+        format!("%h{}", self.regs16)
+    }
+
+    pub(super) fn p(&mut self) -> String {
+        self.preds += 1;
+        format!("%p{}", self.preds)
+    }
+
+    pub(super) fn label(&mut self, what: &str) -> String {
+        self.labels += 1;
+        format!("$L_{what}_{}", self.labels)
+    }
+
+    pub(super) fn ins(&mut self, s: impl AsRef<str>) {
+        let _ = writeln!(self.out, "\t{};", s.as_ref());
+    }
+
+    pub(super) fn place_label(&mut self, l: &str) {
+        let _ = writeln!(self.out, "{l}:");
+    }
+
+    pub(super) fn comment(&mut self, s: &str) {
+        let _ = writeln!(self.out, "\t// {s}");
+    }
+
+    /// A 32-bit register holding `imm`.
+    pub(super) fn imm(&mut self, imm: u32) -> String {
+        let r = self.r();
+        self.ins(format!("mov.b32 {r}, {imm}"));
+        r
+    }
+
+    /// A loop of the warpgroup's threads over `n` elements: thread `t` takes elements `t`,
+    /// `t + 128`, ... `f` writes one element `e`. Barriers come from [`Writer::sync`].
+    pub(super) fn each(&mut self, n: usize, f: impl Fn(&mut Self, &str)) {
+        let tid = self.tid.clone();
+        if !std::mem::take(&mut self.unroll) {
+            return self.count(&tid, n, THREADS, false, ("each", "done"), f);
+        }
+        // Unrolled, so that element `t + 128 j` is register `j` of a value in registers.
+        for j in 0..n.div_ceil(THREADS as usize) {
+            let e = self.r();
+            self.ins(format!("add.u32 {e}, {tid}, {}", j * THREADS as usize));
+            let skip = ((j + 1) * THREADS as usize > n).then(|| self.label("past"));
+            if let Some(skip) = &skip {
+                let past = self.p();
+                self.ins(format!("setp.ge.u32 {past}, {e}, {n}"));
+                self.ins(format!("@{past} bra {skip}"));
+            }
+            self.element = Some((e.clone(), j));
+            f(self, &e);
+            self.element = None;
+            if let Some(skip) = skip {
+                self.place_label(&skip);
+            }
+        }
+    }
+
+    /// A counted loop: `i` from `from` while below `below`, by `by`; `uniform` when the threads of
+    /// a warp all take the same branches (`bra.uni`). `labels` are the loop's label stems.
+    pub(super) fn count(
+        &mut self,
+        from: &str,
+        below: usize,
+        by: u32,
+        uniform: bool,
+        labels: (&str, &str),
+        body: impl FnOnce(&mut Self, &str),
+    ) {
+        let i = self.r();
+        self.ins(format!("mov.u32 {i}, {from}"));
+        let (top, end) = (self.label(labels.0), self.label(labels.1));
+        self.place_label(&top);
+        let done = self.p();
+        let bra = if uniform { "bra.uni" } else { "bra" };
+        self.ins(format!("setp.ge.u32 {done}, {i}, {below}"));
+        self.ins(format!("@{done} {bra} {end}"));
+        body(self, &i);
+        self.ins(format!("add.u32 {i}, {i}, {by}"));
+        self.ins(format!("{bra} {top}"));
+        self.place_label(&end);
+    }
+
+    /// A barrier before an operation whose accesses meet another thread's since the last one;
+    /// then the accesses are recorded.
+    pub(super) fn sync(&mut self, reads: &[Use], writes: &[Use]) {
+        let h = &self.hazards;
+        if reads.iter().any(|u| h.conflicts(u, false)) || writes.iter().any(|u| h.conflicts(u, true)) {
+            self.barrier();
+        }
+        for u in reads {
+            self.hazards.record(u, false);
+        }
+        for u in writes {
+            self.hazards.record(u, true);
+        }
+    }
+
+    /// The warpgroup's barrier: its threads wait for each other.
+    pub(super) fn barrier(&mut self) {
+        self.hazards = Hazards::default();
+        if self.plan.warpgroups == 1 {
+            self.ins("bar.sync 0");
+        } else {
+            // Each warpgroup synchronises its own 128 threads (named barrier = warpgroup).
+            let wg = self.warpgroup.clone();
+            self.ins(format!("bar.sync {wg}, {THREADS}"));
+        }
+    }
+}
