@@ -1,13 +1,17 @@
-//! The wgpu backend: kernels lowered to WGSL (`emit.rs`) and run with wgpu on any adapter —
-//! Vulkan, Metal, DX12 or GL, and Mesa's lavapipe on a machine without a GPU (`runtime.rs`).
+//! The wgpu backend: kernels planned (`lower/`), written as WGSL (`emit/`) and run with wgpu on
+//! any adapter — Vulkan, Metal, DX12 or GL, and Mesa's lavapipe on a machine without a GPU
+//! (`runtime.rs`). The limits the plan and the writer hold to are `limits.rs`; the WGSL spellings
+//! of dtypes and literals that the writer and the maths functions (`libm.rs`) share, `conv.rs`.
 //!
 //! It runs what Mosaic GPU refuses: `dyn` grid bounds (`--grid AXIS=N`), several (mesh, kernel)
 //! pairs in one launch (one submission, in order), and external meshes that fit one adapter. It
 //! takes `grid(...)` and `wgpu(...)` meshes and the portable view of any other kernel mesh;
 //! `device(...)` is refused in its own words.
 
+mod conv;
 pub mod emit;
 mod libm;
+mod limits;
 pub mod lower;
 pub mod mesh;
 pub mod runtime;
@@ -83,7 +87,7 @@ fn check_values(v: &Verified) -> Result<(), BackendError> {
         Ok(())
     }
     for p in &v.kernel().params {
-        if !emit::DTYPES.contains(&p.ty.dtype) {
+        if !limits::DTYPES.contains(&p.ty.dtype) {
             return Err(unsupported(format!("Unsupported dtype: {}", p.ty.dtype)));
         }
         if p.kind == ParamKind::Scratch {
@@ -94,14 +98,14 @@ fn check_values(v: &Verified) -> Result<(), BackendError> {
 }
 
 fn check_type(what: &str, ty: &Type) -> Result<(), BackendError> {
-    if !emit::DTYPES.contains(&ty.dtype) {
+    if !limits::DTYPES.contains(&ty.dtype) {
         return Err(unsupported(format!("Unsupported dtype: {}", ty.dtype)));
     }
-    if ty.numel() > emit::MAX_BLOCK_ELEMENTS {
+    if ty.numel() > limits::MAX_BLOCK_ELEMENTS {
         return Err(unsupported(format!(
             "{what} has {} elements ({ty}), more than the {} the wgpu backend lowers\n  use smaller blocks",
             ty.numel(),
-            emit::MAX_BLOCK_ELEMENTS
+            limits::MAX_BLOCK_ELEMENTS
         )));
     }
     Ok(())
@@ -175,12 +179,12 @@ impl BackendImpl for Wgpu {
         Capabilities {
             mesh_kinds: vec!["grid".into(), "wgpu".into()].into(),
             portable_meshes: true,
-            dtypes: emit::DTYPES.iter().map(|d| d.name().into()).collect(),
+            dtypes: limits::DTYPES.iter().map(|d| d.name().into()).collect(),
             dynamic_grid: true,
             multiple_kernels: true,
             external_meshes: true,
             targets: vec!["wgsl".into()].into(),
-            max_block_elements: emit::MAX_BLOCK_ELEMENTS as u64,
+            max_block_elements: limits::MAX_BLOCK_ELEMENTS as u64,
         }
     }
 
