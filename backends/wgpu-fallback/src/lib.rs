@@ -32,7 +32,7 @@ pub use mesh::WgpuMesh;
 /// The backend's name.
 pub const NAME: &str = "wgpu";
 
-/// The WGSL function `tk_exp` the backend writes for `exp` (1 ulp; `plugin-api/src/libm.rs`):
+/// The WGSL function `tk_exp` the backend writes for `exp` (1 ulp; `plugin-api/src/libm/`):
 /// for hand-written baselines held to the same accuracy as tessel's kernels.
 pub fn exp_wgsl() -> String {
     libm::function(tessel_plugin_api::libm::exp())
