@@ -4,7 +4,7 @@
 use tessel_plugin_api::abi::BackendError;
 use tessel_plugin_api::refusal::Refusal as Refuse;
 
-use crate::emit::{MAX_BLOCK_ELEMENTS, MAX_PROGRAMS, WORKSPACE_BUDGET};
+use crate::limits::{MAX_BLOCK_ELEMENTS, MAX_PROGRAMS, WORKSPACE_BUDGET};
 
 /// What the wgpu backend refuses.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, strum::EnumDiscriminants)]

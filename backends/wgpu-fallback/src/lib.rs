@@ -1,14 +1,18 @@
-//! The wgpu backend: kernels lowered to WGSL (`emit.rs`) and run with wgpu on any adapter —
-//! Vulkan, Metal, DX12 or GL, and Mesa's lavapipe on a machine without a GPU (`runtime.rs`).
+//! The wgpu backend: kernels planned (`lower/`), written as WGSL (`emit/`) and run with wgpu on
+//! any adapter — Vulkan, Metal, DX12 or GL, and Mesa's lavapipe on a machine without a GPU
+//! (`runtime.rs`). The limits the plan and the writer hold to are `limits.rs`; the WGSL spellings
+//! of dtypes and literals that the writer and the maths functions (`libm.rs`) share, `conv.rs`.
 //!
 //! It runs what Mosaic GPU refuses: `dyn` grid bounds (`--grid AXIS=N`), several (mesh, kernel)
 //! pairs in one launch (one submission, in order), and external meshes that fit one adapter. It
 //! takes `grid(...)` and `wgpu(...)` meshes and the portable view of any other kernel mesh;
 //! `device(...)` is refused in its own words.
 
+mod conv;
 pub mod emit;
 pub mod error;
 mod libm;
+mod limits;
 pub mod lower;
 pub mod mesh;
 pub mod runtime;
@@ -30,7 +34,7 @@ pub use mesh::WgpuMesh;
 /// The backend's name.
 pub const NAME: &str = "wgpu";
 
-/// The WGSL function `tk_exp` the backend writes for `exp` (1 ulp; `plugin-api/src/libm.rs`):
+/// The WGSL function `tk_exp` the backend writes for `exp` (1 ulp; `plugin-api/src/libm/`):
 /// for hand-written baselines held to the same accuracy as tessel's kernels.
 pub fn exp_wgsl() -> String {
     libm::function(tessel_plugin_api::libm::exp())
@@ -89,7 +93,7 @@ fn check_values(v: &Verified) -> Result<(), BackendError> {
 }
 
 fn check_type(what: &str, ty: &Type) -> Result<(), BackendError> {
-    if ty.numel() > emit::MAX_BLOCK_ELEMENTS {
+    if ty.numel() > limits::MAX_BLOCK_ELEMENTS {
         return Err(Refusal::BlockTooLarge { what: what.to_string(), elements: ty.numel(), ty: ty.to_string() }.into());
     }
     Ok(())
@@ -163,12 +167,12 @@ impl BackendImpl for Wgpu {
         Capabilities {
             mesh_kinds: vec!["grid".into(), "wgpu".into()].into(),
             portable_meshes: true,
-            dtypes: emit::DTYPES.iter().map(|d| d.name().into()).collect(),
+            dtypes: limits::DTYPES.iter().map(|d| d.name().into()).collect(),
             dynamic_grid: true,
             multiple_kernels: true,
             external_meshes: true,
             targets: vec!["wgsl".into()].into(),
-            max_block_elements: emit::MAX_BLOCK_ELEMENTS as u64,
+            max_block_elements: limits::MAX_BLOCK_ELEMENTS as u64,
         }
     }
 

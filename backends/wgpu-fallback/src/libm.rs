@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 
 use tessel_plugin_api::libm::{Func, Op, Stmt, Ty, Var};
 
-use crate::emit::float_lit;
+use crate::conv::float_lit;
 
 /// The WGSL function of `f` (`fn tk_exp(v0: f32) -> f32 { ... }`).
 pub fn function(f: &Func) -> String {
@@ -74,6 +74,7 @@ fn expr(f: &Func, dst: Var, op: Op) -> String {
         Op::Eq(a, b) => format!("{} == {}", v(a), v(b)),
         Op::Bits(a) => format!("bitcast<{}>({})", ty(t), v(a)),
         Op::Convert(a) => format!("{}({})", ty(t), v(a)),
+        // `tk_mulhi`: a helper of the writer's (`emit/helpers/tk_mulhi.wgsl`).
         Op::MulHi(a, b) => format!("tk_mulhi({}, {})", v(a), v(b)),
         Op::Shl(a, b) => format!("{} << {}", v(a), v(b)),
         Op::Shr(a, b) => format!("{} >> {}", v(a), v(b)),
@@ -86,16 +87,3 @@ fn expr(f: &Func, dst: Var, op: Op) -> String {
         Op::Select(c, a, b) => format!("select({}, {}, {c})", v(b), v(a), c = v(c)),
     }
 }
-
-/// WGSL has no high half of a product: four 16-bit partial products.
-pub const MULHI: &str = "// The high 32 bits of the 64-bit product a * b.
-fn tk_mulhi(a: u32, b: u32) -> u32 {
-    let al = a & 0xffffu;
-    let ah = a >> 16u;
-    let bl = b & 0xffffu;
-    let bh = b >> 16u;
-    let lh = al * bh;
-    let hl = ah * bl;
-    let mid = ((al * bl) >> 16u) + (lh & 0xffffu) + (hl & 0xffffu);
-    return ah * bh + (lh >> 16u) + (hl >> 16u) + (mid >> 16u);
-}";

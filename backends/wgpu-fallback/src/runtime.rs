@@ -27,7 +27,7 @@ pub struct Adapter {
     pub software: bool,
 }
 
-/// A device buffer: every element takes a 32-bit word (see `emit.rs`).
+/// A device buffer: every element takes a 32-bit word (see `emit/mod.rs`).
 pub struct DeviceBuffer {
     /// The array type it holds.
     pub ty: Type,

@@ -3,20 +3,23 @@
 //! stay in registers across `seq` steps, which loads are read straight from their buffers, which
 //! values are computed where they are read, which `dot`s add into a resident output, which
 //! arguments are bound as `vec4`s. The backend's `supports` makes the plan and its `compile`
-//! hands it to `emit.rs`, which writes it.
+//! hands it to `emit/`, which writes it. `values.rs` decides where values live and when they are
+//! made; this file holds the plan, its layout and the refusals.
+
+mod values;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 
 use tessel_plugin_api::abi::{BackendError, ErrorKind};
-use tessel_plugin_api::ir::analysis::resident;
-pub(crate) use tessel_plugin_api::ir::analysis::{inside, origin_range};
+use tessel_plugin_api::ir::analysis::{inside, resident};
 use tessel_plugin_api::ir::*;
 use tessel_plugin_api::launch::LaunchAxis;
 
-use crate::emit::{
+use crate::error::Refusal;
+use crate::limits::{
     MAX_BLOCK_ELEMENTS, MAX_GROUPS, MAX_PROGRAMS, MAX_STAGED_WORDS, MAX_STORAGE_BINDINGS, MAX_WORKGROUP, WORKSPACE_BUDGET,
 };
-use crate::error::Refusal;
+use values::{accumulating_dots, forwarded_loads, fused_reductions, inlined_values, row_forwarded};
 
 /// How the lowering uses the adapter; the WGSL header names it. `TESSEL_WGPU_STRATEGY=cpu|gpu`
 /// forces one (so the tests run both on one adapter), else the adapter's device type decides.
@@ -64,7 +67,7 @@ impl Strategy {
     }
 }
 
-/// One kernel's plan: what `emit.rs` writes.
+/// One kernel's plan: what `emit/` writes.
 pub struct Plan {
     /// The kernel, verified with its mesh.
     pub kernel: Verified,
@@ -503,20 +506,6 @@ fn quad_args(v: &Verified, grid: &[LaunchAxis], kind: ParamKind) -> BTreeSet<usi
         .collect()
 }
 
-/// The values that are whole blocks of `in` arrays (`load x`, no index, mask or `other`), by
-/// name, with the argument's position: a `dot` reads them straight from the argument's buffer.
-fn forwarded_loads(k: &Kernel) -> HashMap<String, usize> {
-    let mut out = HashMap::new();
-    analysis::visit(&k.body, &mut |s| {
-        if let Op::Load { src, index: None, mask: None, other: None } = &s.op
-            && let Some(pi) = k.params.iter().position(|p| &p.name == src && p.kind == ParamKind::In && !p.ty.is_scalar())
-        {
-            out.insert(s.results[0].clone(), pi);
-        }
-    });
-    out
-}
-
 /// How many adjacent elements an invocation owns together ([`Writer::group`]). With a `dot`, 8
 /// where every `dot`'s result has a multiple of 8 columns, else 4 (its register tiles). Without
 /// one, 4 where some input block is loaded whole or some output written only whole as `vec4`s
@@ -562,161 +551,6 @@ fn row_layout(v: &Verified) -> Option<(usize, u32)> {
         g * sh.iter().product::<usize>().div_ceil(g * wg as usize) <= MAX_ROW_SLOTS
     });
     (wg >= 8 && fits).then_some((c, wg))
-}
-
-/// Whether `op` makes each element of its result from the same element of its operands (or from
-/// none): the operations the writer computes element by element in one loop.
-fn elementwise(op: &Op) -> bool {
-    matches!(
-        op,
-        Op::Unary(..)
-            | Op::Binary(..)
-            | Op::Compare(..)
-            | Op::Select(..)
-            | Op::Cast(_)
-            | Op::Bitcast(_)
-            | Op::Full(_)
-            | Op::Zeros
-            | Op::Iota { .. }
-    )
-}
-
-/// In the row layout (rows of `c`, a multiple of 4): the whole `in` blocks (`forwarded`) bound as
-/// `vec4`s (`quad_inputs`) whose rows are that long and whose every reader reads them at their own
-/// elements (elementwise operations of the same shape, whole stores) or along their rows
-/// (`reduce` on axis 1): each reader reads the buffer itself, a `vec4` per quad, so the block is
-/// never copied into private arrays.
-fn row_forwarded(
-    v: &Verified,
-    row_layout: Option<(usize, u32)>,
-    quad_inputs: &BTreeSet<usize>,
-    forwarded: &HashMap<String, usize>,
-) -> HashMap<String, usize> {
-    let Some((c, _)) = row_layout.filter(|r| r.0.is_multiple_of(4)) else { return HashMap::new() };
-    let k = v.kernel();
-    let reads_own = |x: &str, shape: &[usize]| {
-        analysis::readers(&k.body, x).iter().all(|r| match &r.op {
-            Op::Reduce { axis: 1, .. } => true,
-            Op::Store { index: None, mask: None, value: Operand::Value(val), dst } => {
-                val == x && k.param(dst).is_some_and(|p| p.block_shape() == shape)
-            }
-            op => elementwise(op) && r.results.first().is_some_and(|y| v.value_type(y).shape == shape),
-        })
-    };
-    (forwarded.iter())
-        .filter(|(x, pi)| {
-            let shape = &v.value_type(x).shape;
-            quad_inputs.contains(pi) && shape.len() == 2 && shape[1] == c && reads_own(x, shape)
-        })
-        .map(|(x, &pi)| (x.clone(), pi))
-        .collect()
-}
-
-/// In the row layout: reductions along the rows (`reduce` on axis 1 of a 2-D value whose rows
-/// have the layout's length) of a value made by an elementwise operation of the same body and kept
-/// in private arrays (not [`inlined_values`]: a reduction is not an elementwise reader). The loop
-/// that makes the operand also accumulates the reduction, element by element in ascending order
-/// along each row, as the reduction's own loop would: the operand is not read a second time.
-fn fused_reductions(v: &Verified, row_layout: Option<(usize, u32)>) -> HashMap<String, (ReduceOp, String)> {
-    fn walk(v: &Verified, body: &[Stmt], c: usize, out: &mut HashMap<String, (ReduceOp, String)>) {
-        for s in body {
-            if let Op::When { body: b, .. } | Op::For { body: b, .. } = &s.op {
-                walk(v, b, c, out);
-            }
-            let Op::Reduce { op, arg: Operand::Value(x), axis: 1, .. } = &s.op else { continue };
-            let ty = v.value_type(x);
-            let made_here = body.iter().any(|t| t.results.first() == Some(x) && elementwise(&t.op));
-            if made_here && ty.shape.len() == 2 && ty.shape[1] == c && ty.dtype != DType::Bool {
-                out.insert(s.results[0].clone(), (*op, x.clone()));
-            }
-        }
-    }
-    let mut out = HashMap::new();
-    if let Some((c, _)) = row_layout {
-        walk(v, &v.kernel().body, c, &mut out);
-    }
-    out
-}
-
-/// Elementwise block values that need no private array: made by an elementwise operation and
-/// read once, at its own elements, by an elementwise operation or a whole `store` of the same body
-/// (so they are computed inside their reader's loop, element by element).
-fn inlined_values(v: &Verified) -> HashSet<String> {
-    fn walk(v: &Verified, body: &[Stmt], out: &mut HashSet<String>) {
-        let all = &v.kernel().body;
-        for s in body {
-            if let Op::When { body: b, .. } | Op::For { body: b, .. } = &s.op {
-                walk(v, b, out);
-            }
-            let Some(x) = s.results.first().filter(|x| elementwise(&s.op) && !v.value_type(x).is_scalar()) else { continue };
-            let [r] = analysis::readers(all, x)[..] else { continue };
-            let in_body = body.iter().any(|t| std::ptr::eq(t, r));
-            let once = analysis::reads(&r.op).iter().filter(|n| **n == x.as_str()).count() == 1;
-            let shape = &v.value_type(x).shape;
-            let fits = match &r.op {
-                Op::Store { index: None, mask, value: Operand::Value(val), dst } => {
-                    val == x
-                        && mask.as_deref() != Some(x.as_str())
-                        && v.kernel().param(dst).is_some_and(|p| p.block_shape() == shape.as_slice())
-                }
-                op => elementwise(op) && r.results.first().is_some_and(|y| &v.value_type(y).shape == shape),
-            };
-            if in_body && once && fits {
-                out.insert(x.clone());
-            }
-        }
-    }
-    let mut out = HashSet::new();
-    walk(v, &v.kernel().body, &mut out);
-    out
-}
-
-/// `dot`s whose result is added into a [`resident`] output and stored back (`%acc = load c`,
-/// `%s = add %acc, %p`, `store c, %s`, each value read once, nothing else touching `c` between
-/// them in the same body): the dot adds its tile into the resident block itself. By the `dot`'s
-/// result: the output's position and the names of the load's and the add's results.
-fn accumulating_dots(v: &Verified, resident: &HashMap<String, usize>) -> HashMap<String, (usize, String, String)> {
-    fn walk(v: &Verified, body: &[Stmt], resident: &HashMap<String, usize>, out: &mut HashMap<String, (usize, String, String)>) {
-        let all = &v.kernel().body;
-        let single = |x: &str| match analysis::readers(all, x).as_slice() {
-            [s] => Some(*s),
-            _ => None,
-        };
-        let at = |s: &Stmt| body.iter().position(|t| std::ptr::eq(t, s));
-        for (i, s) in body.iter().enumerate() {
-            if let Op::When { body: b, .. } | Op::For { body: b, .. } = &s.op {
-                walk(v, b, resident, out);
-            }
-            let Op::Dot { .. } = s.op else { continue };
-            let p = &s.results[0];
-            let Some(add) = single(p) else { continue };
-            let Op::Binary(BinaryOp::Add, Operand::Value(x), Operand::Value(y)) = &add.op else { continue };
-            let acc = if x == p { y } else { x };
-            let Some(load) = body.iter().find(|t| t.results.first() == Some(acc)) else { continue };
-            let Op::Load { src, .. } = &load.op else { continue };
-            let Some(&pi) = resident.get(src) else { continue };
-            let (Some(sum), true) = (add.results.first(), single(acc).is_some()) else { continue };
-            let Some(store) = single(sum) else { continue };
-            let Op::Store { dst, value: Operand::Value(sv), .. } = &store.op else { continue };
-            let (Some(il), Some(ia), Some(is)) = (at(load), at(add), at(store)) else { continue };
-            let (lo, hi) = (i.min(il), is);
-            let others = body[lo..=hi].iter().filter(|t| {
-                !std::ptr::eq(*t, load) && !std::ptr::eq(*t, store) && {
-                    let mut touches = false;
-                    analysis::visit(std::slice::from_ref(*t), &mut |u| {
-                        touches |= matches!(&u.op, Op::Load { src: r, .. } | Op::Store { dst: r, .. } if r == src)
-                    });
-                    touches
-                }
-            });
-            if dst == src && sv == sum && ia < is && il < ia && i < ia && others.count() == 0 {
-                out.insert(p.clone(), (pi, acc.clone(), sum.clone()));
-            }
-        }
-    }
-    let mut out = HashMap::new();
-    walk(v, &v.kernel().body, resident, &mut out);
-    out
 }
 
 #[cfg(test)]

@@ -1,0 +1,286 @@
+//! `dot`: register tiles of the plan's groups, their operands read straight from the buffers of
+//! loaded input blocks (as `vec4`s where they can be) or from the workspace, and on a hardware
+//! adapter staged in workgroup memory a chunk of the contraction at a time.
+
+use tessel_plugin_api::ir::analysis::inside;
+use tessel_plugin_api::ir::*;
+
+use super::Writer;
+use crate::conv::{from_word, literal, reg_ty, to_word};
+use crate::lower::{Strategy, dot_tiling, quad_able, staged_chunk};
+
+/// Writes the WGSL expression of element (row, col) of an operand block.
+type Reader = Box<dyn Fn(&str, &str) -> String>;
+
+impl<'k> Writer<'k> {
+    /// `dot`: each invocation accumulates its own output elements in the result's private array
+    /// (zero-initialised), the contraction index outermost, so that the operand element all its
+    /// outputs share (the column of `b`, when the workgroup size is a multiple of `N`) is read
+    /// once per step. Each output sums in ascending order, as the interpreter does.
+    pub(super) fn write_dot(&mut self, s: &Stmt, dst: &str, a: &str, b: &str, trans_a: bool, trans_b: bool) {
+        let (ash, bsh) = (self.ty(a).shape.clone(), self.ty(b).shape.clone());
+        let (m, kk) = if trans_a { (ash[1], ash[0]) } else { (ash[0], ash[1]) };
+        let n = if trans_b { bsh[0] } else { bsh[1] };
+        let da = self.ty(a).dtype;
+        let published: Vec<&str> = [a, b].into_iter().filter(|v| !self.plan.forwarded.contains_key(*v)).collect();
+        let offs = self.read_published(&published);
+        let total = m * n;
+        let id = self.declare_block(dst);
+        let slots = self.slots(&[m, n]);
+        // Where the tile goes: the result's slot, or added into the resident output's.
+        let fused = self.plan.accumulating.get(dst).map(|a| a.0);
+        let into = |slot: usize, x: &str| match fused {
+            Some(ri) => format!("r{ri}[{slot}] = r{ri}[{slot}] + {x};"),
+            None => format!("{id}[{slot}] = {x};"),
+        };
+        // Element (row, col) of an operand block: from its argument's buffer where it is a
+        // loaded input block (no copy, no barrier), else from the workspace where it was
+        // published.
+        let reader = |w: &Self, v: &str, cols: usize| -> Reader {
+            match w.plan.forwarded.get(v) {
+                Some(&pi) => w.direct_reader(pi),
+                None => {
+                    let off = offs[published.iter().position(|p| *p == v).expect("published")];
+                    Box::new(move |row: &str, col: &str| {
+                        from_word(da, &format!("tk_ws[wsb + {off}u + ({row}) * {cols}u + {col}]"))
+                    })
+                }
+            }
+        };
+        let (ra, rb) = (reader(self, a, ash[1]), reader(self, b, bsh[1]));
+        let a_at = |i: &str| if trans_a { ra("r", i) } else { ra(i, "r") };
+        let b_at = |j: &str| if trans_b { rb(j, "r") } else { rb("r", j) };
+        let wg = self.plan.wg as usize;
+        let g = self.plan.group;
+        let tiled = dot_tiling(self.plan, s).is_some_and(|t| t.0);
+        // On hardware, operand chunks of `kc` contraction steps go through workgroup memory.
+        let kc = staged_chunk(m, n, kk);
+        if let (true, Strategy::Gpu, Some(kc)) = (tiled, self.plan.strategy, kc) {
+            let at_a = |row: &str, q: &str| if trans_a { ra(q, row) } else { ra(row, q) };
+            let at_b = |q: &str, col: &str| if trans_b { rb(col, q) } else { rb(q, col) };
+            self.staged = (self.staged.0.max(m * kc), self.staged.1.max(kc * n));
+            self.tile_begin(dst, slots, n, &format!("; operands staged in workgroup memory, {kc} steps at a time"));
+            self.open(format!("for (var r0 = 0u; r0 < {kk}u; r0 += {kc}u)"));
+            // The previous chunk's reads are done before this one overwrites it.
+            self.line("workgroupBarrier();");
+            self.open(format!("for (var i = lid; i < {}u; i += {wg}u)", m * kc));
+            let x = at_a(&format!("i / {kc}u"), &format!("r0 + i % {kc}u"));
+            self.line(format!("tk_sa[i] = {};", to_word(da, &x)));
+            self.close();
+            let db = self.ty(b).dtype;
+            self.open(format!("for (var i = lid; i < {}u; i += {wg}u)", kc * n));
+            let x = at_b(&format!("r0 + i / {n}u"), &format!("i % {n}u"));
+            self.line(format!("tk_sb[i] = {};", to_word(db, &x)));
+            self.close();
+            self.line("workgroupBarrier();");
+            self.open(format!("for (var q = 0u; q < {kc}u; q++)"));
+            self.tile_step(
+                [m, n],
+                slots,
+                |t| from_word(db, &format!("tk_sb[q * {n}u + tc0 + {t}u]")),
+                |row| from_word(da, &format!("tk_sa[{row} * {kc}u + q]")),
+            );
+            self.close();
+            self.tile_end(dst, slots, into);
+            return;
+        }
+        let quads = (tiled && !trans_a && !trans_b && kk.is_multiple_of(4))
+            .then(|| Some((self.vec4_reader(a)?, self.vec4_reader(b)?)))
+            .flatten();
+        if let Some((qa, qb)) = quads {
+            // The register tile with `vec4` reads: four steps of the contraction at once, a row
+            // of the tile's `a` and four rows of its `b` columns as one read each.
+            self.line(format!("// a register tile of {} rows x {g} columns per invocation, vec4 reads", slots / g));
+            self.line("{");
+            self.indent += 1;
+            self.line(format!("let tc0 = ({g}u * lid) % {n}u;"));
+            let acc_ty = reg_ty(self.ty(dst).dtype);
+            let quads = g / 4;
+            for j in 0..slots / g {
+                for q in 0..quads {
+                    self.line(format!("var acc{j}_{q}: vec4<{acc_ty}>;"));
+                }
+            }
+            self.open(format!("for (var r = 0u; r < {kk}u; r += 4u)"));
+            for t in 0..4 {
+                for q in 0..quads {
+                    self.line(format!("let bq{t}_{q} = {};", qb(&format!("r + {t}u"), &format!("tc0 + {}u", 4 * q))));
+                }
+            }
+            let guard = self.ragged(&[m, n]);
+            for j in 0..slots / g {
+                let e = self.element(&[m, n], g * j);
+                self.open_group(&e, total, guard);
+                let row = self.tile_row(&[m, n], j, &e);
+                self.line(format!("let aq = {};", qa(&row, "r")));
+                // Ascending in the contraction, as the interpreter sums.
+                for (t, c) in ["x", "y", "z", "w"].iter().enumerate() {
+                    for q in 0..quads {
+                        self.line(format!("acc{j}_{q} = acc{j}_{q} + aq.{c} * bq{t}_{q};"));
+                    }
+                }
+                self.close();
+            }
+            self.close();
+            for j in 0..slots / g {
+                for q in 0..quads {
+                    for (t, c) in ["x", "y", "z", "w"].iter().enumerate() {
+                        let line = into(g * j + 4 * q + t, &format!("acc{j}_{q}.{c}"));
+                        self.line(line);
+                    }
+                }
+            }
+            self.close();
+            self.defined(dst);
+            return;
+        }
+        if tiled {
+            // A register tile: the invocation's groups are `g` adjacent columns of rows `g wg / n`
+            // apart, so each step reads `g` elements of `b` and one of `a` per row.
+            self.tile_begin(dst, slots, n, "");
+            self.open(format!("for (var r = 0u; r < {kk}u; r++)"));
+            self.tile_step([m, n], slots, |t| b_at(&format!("(tc0 + {t}u)")), |row| a_at(row));
+            self.tile_end(dst, slots, into);
+            return;
+        }
+        let shared_col = g == 1 && wg.is_multiple_of(n);
+        self.open(format!("for (var r = 0u; r < {kk}u; r++)"));
+        if shared_col {
+            self.line(format!("let bv = {};", b_at(&format!("lid % {n}u"))));
+        }
+        self.open(format!("for (var k = 0u; k < {slots}u; k++)"));
+        let e = self.element_of_var(&[m, n]);
+        self.line(format!("let e = {e};"));
+        let guard = self.ragged(&[m, n]);
+        if guard {
+            self.open(format!("if (e < {total}u)"));
+        }
+        if !shared_col {
+            self.line(format!("let bv = {};", b_at(&format!("e % {n}u"))));
+        }
+        self.line(format!("{id}[k] = {id}[k] + {} * bv;", a_at(&format!("e / {n}u"))));
+        if guard {
+            self.close();
+        }
+        self.close();
+        self.close();
+        if let Some(ri) = fused {
+            self.each(&[m, n], |w| w.line(format!("r{ri}[k] = r{ri}[k] + {id}[k];")));
+        }
+        self.defined(dst);
+    }
+
+    /// Opens a scalar register tile of `dot` result `dst` (`n` columns): the tile's first
+    /// column and its accumulators, in scalars (registers), not in the value's array (memory).
+    fn tile_begin(&mut self, dst: &str, slots: usize, n: usize, how: &str) {
+        let g = self.plan.group;
+        self.line(format!("// a register tile of {} rows x {g} columns per invocation{how}", slots / g));
+        self.line("{");
+        self.indent += 1;
+        self.line(format!("let tc0 = ({g}u * lid) % {n}u;"));
+        let acc_ty = reg_ty(self.ty(dst).dtype);
+        for s in 0..slots {
+            self.line(format!("var acc{s}: {acc_ty};"));
+        }
+    }
+
+    /// One step of the contraction of a scalar register tile over a `dot` result of `shape`: the
+    /// `g` values of `b` for the tile's columns (`b_of(t)`), then for each of the invocation's
+    /// rows the value of `a` (`a_of(row)`, `row` a WGSL expression) times them into the
+    /// accumulators `acc{slot}`.
+    fn tile_step(&mut self, shape: [usize; 2], slots: usize, b_of: impl Fn(usize) -> String, a_of: impl Fn(&str) -> String) {
+        let (g, [m, n]) = (self.plan.group, shape);
+        for t in 0..g {
+            self.line(format!("let b{t} = {};", b_of(t)));
+        }
+        let guard = self.ragged(&shape);
+        for j in 0..slots / g {
+            let e = self.element(&shape, g * j);
+            self.open_group(&e, m * n, guard);
+            let row = self.tile_row(&shape, j, &e);
+            self.line(format!("let av = {};", a_of(&row)));
+            for t in 0..g {
+                let s = g * j + t;
+                self.line(format!("acc{s} = acc{s} + av * b{t};"));
+            }
+            self.close();
+        }
+    }
+
+    /// Closes a scalar register tile's contraction loop and block: each accumulator goes where
+    /// `into(slot, accumulator)` says.
+    fn tile_end(&mut self, dst: &str, slots: usize, into: impl Fn(usize, &str) -> String) {
+        self.close();
+        for s in 0..slots {
+            let line = into(s, &format!("acc{s}"));
+            self.line(line);
+        }
+        self.close();
+        self.defined(dst);
+    }
+
+    /// The row of a register tile's group `j`, whose first element is `e`, in a `dot` result of
+    /// `shape`: its place in the invocation's run of rows where there is one.
+    fn tile_row(&self, shape: &[usize], j: usize, e: &str) -> String {
+        match self.plan.row_runs(shape) {
+            Some((groups, rows)) => format!("({rows}u * (lid / {groups}u) + {j}u)"),
+            None => format!("(({e}) / {}u)", shape[1]),
+        }
+    }
+
+    /// Opens the block of a register tile's group at element `e`: an `if` where the group may lie
+    /// past the `total` elements (`guard`), a plain block otherwise.
+    fn open_group(&mut self, e: &str, total: usize, guard: bool) {
+        if guard {
+            self.open(format!("if ({e} < {total}u)"));
+        } else {
+            self.line("{");
+            self.indent += 1;
+        }
+    }
+
+    /// Where `v` is a forwarded input block that lies inside its array at every grid point, with
+    /// rows of a multiple of 4 elements at column origins of a multiple of 4: reads the four
+    /// elements (row, col ..= col + 3) of its block (`col` a multiple of 4) as one `vec4`, from a
+    /// second binding of the argument's buffer as `array<vec4<T>>`.
+    fn vec4_reader(&mut self, v: &str) -> Option<Reader> {
+        let &pi = self.plan.forwarded.get(v)?;
+        let p = &self.v.kernel().params[pi];
+        let dims = p.ty.shape.clone();
+        if !quad_able(self.grid, p) || !self.view(pi) {
+            return None;
+        }
+        let origin = |d: usize| self.origin(pi, d);
+        let (o0, o1) = (origin(0), origin(1));
+        Some(Box::new(move |row: &str, col: &str| {
+            format!("a{pi}v[(u32({o0} + i32({row})) * {}u + u32({o1} + i32({col}))) / 4u]", dims[1])
+        }))
+    }
+
+    /// Whether every block of argument `pi` lies inside the array in dimension `d`, at every
+    /// point of the grid.
+    fn block_inside(&self, pi: usize, d: usize) -> bool {
+        inside(self.grid, &self.v.kernel().params[pi], d)
+    }
+
+    /// Reads element (row, col) of argument `pi`'s block from its buffer: 0 outside the array,
+    /// the check dropped in each dimension where every block of the grid is inside.
+    fn direct_reader(&self, pi: usize) -> Reader {
+        let p = &self.v.kernel().params[pi];
+        let dims = p.ty.shape.clone();
+        let inside: Vec<bool> = (0..2).map(|d| self.block_inside(pi, d)).collect();
+        let origin = |d: usize| self.origin(pi, d);
+        let (o0, o1) = (origin(0), origin(1));
+        let zero = literal(Literal::Int(0), p.ty.dtype);
+        Box::new(move |row: &str, col: &str| {
+            let (gr, gc) = (format!("({o0} + i32({row}))"), format!("({o1} + i32({col}))"));
+            let cell = format!("a{pi}[u32({gr}) * {}u + u32({gc})]", dims[1]);
+            let checks: Vec<String> = [(inside[0], &gr, dims[0]), (inside[1], &gc, dims[1])]
+                .into_iter()
+                .filter(|(inside, _, _)| !inside)
+                .map(|(_, g, dim)| format!("u32({g}) < {dim}u"))
+                .collect();
+            if checks.is_empty() { cell } else { format!("select({zero}, {cell}, {})", checks.join(" && ")) }
+        })
+    }
+}

@@ -1,0 +1,322 @@
+//! The program's structure: the loop over the programs and the `seq` steps, the grid
+//! coordinates and block origins, the outputs kept in registers across the steps, the body
+//! statement by statement (each op a call into the file that writes it), `when` and `for`.
+
+use std::collections::BTreeSet;
+
+use tessel_plugin_api::ir::*;
+
+use super::Writer;
+use super::layout::strides;
+use super::ops::compare;
+use crate::conv::{from_word, literal, reg_ty};
+
+impl<'k> Writer<'k> {
+    pub(super) fn write_main(&mut self) {
+        let k = self.v.kernel();
+        let par: Vec<usize> = (0..self.grid.len()).filter(|&a| !self.grid[a].seq).collect();
+        let seq: Vec<usize> = (0..self.grid.len()).filter(|&a| self.grid[a].seq).collect();
+        if self.plan.strided {
+            self.open("for (var prog = gid; prog < PROGRAMS; prog += GROUPS)");
+            if self.plan.shares {
+                // The workspace and scratch of the previous program are done with.
+                self.storage_barrier();
+            }
+        } else if u64::from(self.plan.groups[0]) * u64::from(self.plan.groups[1]) == self.plan.programs {
+            self.open("");
+            self.line("let prog = gid;");
+        } else {
+            self.line("let prog = gid;");
+            self.open("if (prog < PROGRAMS)");
+        }
+        self.decode("prog", &par);
+        let scratch: Vec<Param> = k.params_of(ParamKind::Scratch).cloned().collect();
+        for p in &scratch {
+            let n = p.ty.numel();
+            let off = self.alloc_words(&p.name, n);
+            self.line(format!("// scratch {}: {}", p.name, p.ty));
+            self.each(&[n], |w| w.line(format!("tk_ws[wsb + {off}u + e] = 0u;")));
+            self.pending_store = true;
+        }
+        let looped = self.plan.steps > 1;
+        let mut resident: Vec<(String, usize)> = self.plan.resident.iter().map(|(n, &pi)| (n.clone(), pi)).collect();
+        resident.sort_by_key(|r| r.1);
+        for (name, pi) in &resident {
+            let ty = &k.params[*pi].ty;
+            let slots = self.slots(k.params[*pi].block_shape());
+            self.line(format!("// the block of {name} ({ty}), in registers across the seq steps, written back at the last"));
+            self.line(format!("var r{pi}: array<{}, {slots}>;", reg_ty(ty.dtype)));
+        }
+        if looped {
+            self.open(format!("for (var step = 0u; step < {}u; step++)", self.plan.steps));
+            self.loop_barrier();
+        }
+        if !looped && !seq.is_empty() {
+            self.line("let step = 0u;");
+        }
+        self.decode("step", &seq);
+        self.write_origins();
+        let body = k.body.clone();
+        self.write_body(&body);
+        for (name, pi) in resident {
+            self.line(format!("// write back the block of {name}"));
+            self.open(format!("if (step == {}u)", self.plan.steps - 1));
+            let p = k.params[pi].clone();
+            let region = self.region(pi, &p, None);
+            self.store_cells(pi, &p, &region, p.block_shape(), None, |_| format!("r{pi}[k]"));
+            self.close();
+        }
+        if looped {
+            self.close();
+        }
+        self.close();
+    }
+
+    /// Row-major decoding of `counter` into the coordinates of `axes` (the last fastest).
+    fn decode(&mut self, counter: &str, axes: &[usize]) {
+        let mut stride: u64 = 1;
+        for &a in axes.iter().rev() {
+            let size = self.grid[a].size;
+            self.line(format!("let c{a} = i32(({counter} / {stride}u) % {size}u);"));
+            stride *= size;
+        }
+    }
+
+    /// Element origin of every argument's block at this grid point: `E_d * B_d`.
+    fn write_origins(&mut self) {
+        let k = self.v.kernel();
+        for (pi, p) in k.params.iter().enumerate() {
+            if let Some(b) = &p.block {
+                for (d, (e, &bs)) in b.index.iter().zip(&b.shape).enumerate() {
+                    let mut expr = format!("{}i", e.constant as i32);
+                    for (c, name) in &e.terms {
+                        let a = self.grid.iter().position(|g| &g.name == name).expect("verified axis");
+                        expr = format!("{expr} + {}i * c{a}", *c as i32);
+                    }
+                    self.line(format!("let o{pi}_{d} = ({expr}) * {bs}i;"));
+                }
+            }
+        }
+        let forwarded: BTreeSet<usize> = self.plan.row_forwarded.values().copied().collect();
+        for pi in forwarded.union(&self.plan.quad_outputs).copied().collect::<Vec<_>>() {
+            if let Some(start) = self.row_start(pi) {
+                let p = &k.params[pi];
+                let origin = |d: usize| self.origin(pi, d);
+                let first = format!("u32({} + i32(lid)) * {}u + u32({})", origin(0), p.ty.shape[1], origin(1));
+                self.line(format!("let {start} = ({first}) / 4u;"));
+            }
+        }
+    }
+
+    /// The element origin of argument `pi`'s block along dimension `d` (`0i` for a whole array).
+    pub(super) fn origin(&self, pi: usize, d: usize) -> String {
+        if self.v.kernel().params[pi].block.is_some() { format!("o{pi}_{d}") } else { "0i".to_string() }
+    }
+
+    fn write_body(&mut self, body: &[Stmt]) {
+        for s in body {
+            let head = tessel_plugin_api::ir::print::print_stmt_head(s);
+            self.line(format!("// {head}"));
+            self.write_stmt(s);
+        }
+    }
+
+    fn write_stmt(&mut self, s: &Stmt) {
+        if self.plan.folded(s) {
+            self.line("// done by the dot, which adds into the resident block");
+            return;
+        }
+        let dst = s.results.first().cloned().unwrap_or_default();
+        match &s.op {
+            Op::Load { src, index, mask, other } => self.write_load(&dst, src, index.as_deref(), mask.as_deref(), *other),
+            Op::Store { dst: d, index, value, mask } => self.write_store(d, index.as_deref(), value, mask.as_deref()),
+            Op::ProgramId(a) | Op::NumPrograms(a) => {
+                let axis = match a {
+                    AxisRef::Pos(p) => *p,
+                    AxisRef::Name(nm) => self.grid.iter().position(|g| &g.name == nm).expect("verified axis"),
+                };
+                let v = if matches!(s.op, Op::ProgramId(_)) { format!("c{axis}") } else { format!("{}i", self.grid[axis].size) };
+                let id = self.ident(&dst);
+                self.line(format!("let {id}: i32 = {v};"));
+            }
+            Op::Iota { dim } => {
+                let ty = self.ty(&dst);
+                let (st, size) = (strides(&ty.shape)[*dim], ty.shape[*dim]);
+                let cast = reg_ty(ty.dtype);
+                self.elementwise(&dst, &[], false, move |_, _| format!("{cast}((e / {st}u) % {size}u)"));
+            }
+            Op::Full(l) => {
+                let d = self.ty(&dst).dtype;
+                let v = literal(*l, d);
+                self.elementwise(&dst, &[], false, move |_, _| v.clone());
+            }
+            Op::Zeros => {
+                let d = self.ty(&dst).dtype;
+                let v = literal(Literal::Int(0), d);
+                self.elementwise(&dst, &[], false, move |_, _| v.clone());
+            }
+            Op::Unary(op, a) => {
+                let (d, op) = (self.dtype_of(&[a]), *op);
+                self.elementwise(&dst, &[a], false, move |w, x| w.unary(op, d, &x[0]));
+            }
+            Op::Binary(op, a, b) => {
+                let (d, op) = (self.dtype_of(&[a, b]), *op);
+                self.elementwise(&dst, &[a, b], false, move |w, x| w.binary(op, d, &x[0], &x[1]));
+            }
+            Op::Compare(op, a, b) => {
+                let (d, op) = (self.dtype_of(&[a, b]), *op);
+                self.elementwise(&dst, &[a, b], false, move |_, x| compare(op, d, &x[0], &x[1]));
+            }
+            Op::Select(c, a, b) => {
+                self.elementwise(&dst, &[c, a, b], false, |_, x| format!("select({}, {}, {})", x[2], x[1], x[0]))
+            }
+            Op::Cast(a) => {
+                let (from, to) = (self.dtype_of(&[a]), self.ty(&dst).dtype);
+                self.elementwise(&dst, &[a], false, move |w, x| w.cast(from, to, &x[0]));
+            }
+            Op::Bitcast(a) => {
+                let (from, to) = (self.dtype_of(&[a]), self.ty(&dst).dtype);
+                self.elementwise(&dst, &[a], false, move |w, x| w.bitcast(from, to, &x[0]));
+            }
+            Op::Broadcast(a) => self.elementwise(&dst, &[a], false, |_, x| x[0].clone()),
+            Op::Reshape(a) => self.elementwise(&dst, &[a], true, |_, x| x[0].clone()),
+            Op::Transpose { arg, perm } => {
+                let Operand::Value(src) = arg else { unreachable!("verifier: transpose of a value") };
+                let in_st = strides(&self.ty(src).shape);
+                let out_shape = self.ty(&dst).shape.clone();
+                let out_st = strides(&out_shape);
+                let idx = perm
+                    .iter()
+                    .enumerate()
+                    .map(|(d, &p)| format!("((e / {}u) % {}u) * {}u", out_st[d], out_shape[d], in_st[p]))
+                    .collect::<Vec<_>>()
+                    .join(" + ");
+                self.gather(&dst, &[src], move |w, offs| {
+                    let d = w.ty(src).dtype;
+                    from_word(d, &format!("tk_ws[wsb + {}u + {idx}]", offs[0]))
+                });
+            }
+            Op::Reduce { op, arg, axis, .. } => {
+                let Operand::Value(src) = arg else { unreachable!("verifier: reduce of a value") };
+                if self.plan.fused.contains_key(&dst) {
+                    self.line(format!("// made in the loop that makes %{src}"));
+                    self.defined(&dst);
+                } else {
+                    self.write_reduce(&dst, *op, src, *axis);
+                }
+            }
+            Op::Dot { a, b, trans_a, trans_b } => {
+                let (Operand::Value(a), Operand::Value(b)) = (a, b) else { unreachable!("verifier: dot of values") };
+                self.write_dot(s, &dst, a, b, *trans_a, *trans_b);
+            }
+            Op::When { cond, body } => {
+                let c = match cond {
+                    Operand::Lit(l) => literal(*l, DType::Bool),
+                    Operand::Value(v) => self.ident(v),
+                };
+                let before = self.flags();
+                self.open(format!("if ({c})"));
+                self.write_body(body);
+                self.close();
+                self.merge_flags(before);
+            }
+            Op::For { var, lo, hi, step, iters, body } => self.write_for(s, var, lo, hi, step.as_ref(), iters, body),
+            Op::Yield(_) => unreachable!("yield is written by its for"),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn write_for(
+        &mut self,
+        s: &Stmt,
+        var: &str,
+        lo: &Operand,
+        hi: &Operand,
+        step: Option<&Operand>,
+        iters: &[(String, Operand)],
+        body: &[Stmt],
+    ) {
+        let scalar = |w: &mut Self, o: &Operand| match o {
+            Operand::Lit(l) => literal(*l, DType::I32),
+            Operand::Value(v) => w.ident(v),
+        };
+        let (lo, hi) = (scalar(self, lo), scalar(self, hi));
+        let step = step.map(|o| scalar(self, o)).unwrap_or_else(|| "1i".into());
+        // The carried values: one variable each, assigned at the start and by `yield`.
+        for (name, init) in iters {
+            let ty = self.ty(name);
+            let id = self.ident(name);
+            let reg = reg_ty(ty.dtype);
+            if ty.is_scalar() {
+                let v = match init {
+                    Operand::Lit(l) => literal(*l, ty.dtype),
+                    Operand::Value(x) => self.ident(x),
+                };
+                self.line(format!("var {id}: {reg} = {v};"));
+            } else {
+                match init {
+                    Operand::Value(x) => {
+                        let x = self.ident(x);
+                        self.line(format!("var {id} = {x};"));
+                    }
+                    Operand::Lit(l) => {
+                        let l = literal(*l, ty.dtype);
+                        let arr = self.array_ty(&ty.shape, ty.dtype);
+                        self.line(format!("var {id}: {arr};"));
+                        self.each_into(&ty.shape, &id, ty.dtype, |_| l.clone());
+                    }
+                }
+            }
+        }
+        let i = self.ident(var);
+        let go = self.t();
+        self.line(format!("var {i}: i32 = {lo};"));
+        self.line(format!("var {go} = {step} > 0i && {lo} < {hi};"));
+        let before = self.flags();
+        self.open("loop");
+        self.line(format!("if (!{go}) {{ break; }}"));
+        self.loop_barrier();
+        for (name, _) in iters {
+            self.defined(name);
+        }
+        let (last, rest) = match body.split_last() {
+            Some((l, r)) if matches!(l.op, Op::Yield(_)) => (Some(l), r),
+            _ => (None, body),
+        };
+        self.write_body(rest);
+        if let Some(Stmt { op: Op::Yield(values), .. }) = last {
+            self.line("// yield");
+            let tmps: Vec<String> = values
+                .iter()
+                .zip(iters)
+                .map(|(v, (name, _))| {
+                    let t = self.t();
+                    let d = self.ty(name).dtype;
+                    let x = match v {
+                        Operand::Lit(l) => literal(*l, d),
+                        Operand::Value(x) => self.ident(x),
+                    };
+                    self.line(format!("let {t} = {x};"));
+                    t
+                })
+                .collect();
+            for ((name, _), t) in iters.iter().zip(tmps) {
+                let id = self.ident(name);
+                self.line(format!("{id} = {t};"));
+            }
+        }
+        let next = self.t();
+        self.line(format!("let {next} = {i} + {step};"));
+        self.line(format!("{go} = {next} > {i} && {next} < {hi};"));
+        self.line(format!("{i} = {next};"));
+        self.close();
+        self.merge_flags(before);
+        for (r, (name, _)) in s.results.iter().zip(iters) {
+            let (rid, id) = (self.ident(r), self.ident(name));
+            // Blocks are `var`s, which may be indexed by a variable.
+            let kw = if self.ty(r).is_scalar() { "let" } else { "var" };
+            self.line(format!("{kw} {rid} = {id};"));
+            self.defined(r);
+        }
+    }
+}
