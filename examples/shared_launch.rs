@@ -7,14 +7,16 @@
 //! The JAX Pallas version of this code needs a branch per backend: Mosaic GPU refuses a mesh it
 //! did not make (`Mesh ... is not supported by the Mosaic GPU backend`).
 
-use tessel::{KernelLaunch, LaunchArgs, Runtime};
+use tessel::{Choice, KernelLaunch, Launch, LaunchArgs, Runtime};
 use tessel_plugin_api::ir::Verified;
 
 /// The shared launch code: one kernel, one portable mesh spec, any backend.
 fn launch(rt: &Runtime, backend: &str, kernel: &Verified, mesh: &str, args: &LaunchArgs) -> Result<String, String> {
     let mesh = rt.mesh_for(backend, mesh).map_err(|e| format!("cannot make its mesh: {e}"))?;
     let call = [KernelLaunch { kernel, mesh: Some(&mesh) }];
-    rt.supports(backend, &call, &[], &args.grid)
+    let launch = Launch::new(&call, &[], &args.grid);
+    let planned = rt
+        .plan(Choice::Named(backend), &launch)
         .map_err(|e| format!("refuses the launch: {}", e.to_string().lines().next().unwrap_or("")))?;
     let b = rt.backend(backend).map_err(|e| e.to_string())?;
     let availability = b.backend.availability();
@@ -22,7 +24,7 @@ fn launch(rt: &Runtime, backend: &str, kernel: &Verified, mesh: &str, args: &Lau
         return Err(format!("takes the launch, but is unavailable here: {}", availability.reason));
     }
     let start = std::time::Instant::now();
-    let got = rt.launch(backend, &call, &[], args).map_err(|e| e.to_string())?;
+    let got = planned.launch(args).map_err(|e| e.to_string())?;
     let took = start.elapsed();
     let want = rt.launch("interpret", &call, &[], args).map_err(|e| e.to_string())?;
     let (name, g) = &got[0];
@@ -48,7 +50,7 @@ fn main() {
     let args = LaunchArgs { inputs: tessel::inputs::random_inputs(kernel.kernel(), 1), grid: Default::default() };
     let mesh = "grid(i: 4, j: 2)";
     println!("kernel `{}` with the portable mesh {mesh}, on every backend:", kernel.name());
-    for b in rt.ranked() {
+    for (b, _) in rt.ranked() {
         match launch(&rt, &b.name, kernel, mesh, &args) {
             Ok(report) => println!("  {}: {report}", b.name),
             Err(why) => println!("  {}: skipped, {why}", b.name),

@@ -341,7 +341,7 @@ fn auto_explains_every_skip_and_the_choice() {
             assert_eq!(backend, "interpret", "{}", r.stdout);
             let skip = lines.iter().find(|l| l.starts_with("auto: wgpu: ")).expect("wgpu is named");
             assert!(
-                skip.starts_with(&format!("auto: wgpu: skipped, software adapter ({adapter}): the interpreter is faster here")),
+                skip.starts_with(&format!("auto: wgpu: skipped, software device ({adapter}): the CPU is faster here")),
                 "{skip}"
             );
             assert!(skip.ends_with("--backend wgpu to use it"), "{skip}");

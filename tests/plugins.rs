@@ -138,7 +138,7 @@ fn plugin_built_against_an_older_plugin_api() {
     assert_refused(
         &out,
         "libtessel_fixture_old_api",
-        &["built against tessel-plugin-api 0.0.1", "this tessel has tessel-plugin-api 0.1.0", "rebuild the plugin"],
+        &["built against tessel-plugin-api 0.1.0", "this tessel has tessel-plugin-api 0.2.0", "rebuild the plugin"],
     );
 }
 
@@ -146,7 +146,7 @@ fn plugin_built_against_an_older_plugin_api() {
 fn plugin_with_a_changed_layout() {
     let l = lib("tessel_fixture_bad_layout");
     let out = tessel(&["--plugin", l.to_str().unwrap(), "backends"], None, &[]);
-    assert_refused(&out, "libtessel_fixture_bad_layout", &["root module layout differs", "version 0.1.0", "rebuild the plugin"]);
+    assert_refused(&out, "libtessel_fixture_bad_layout", &["root module layout differs", "version 0.2.0", "rebuild the plugin"]);
     let debug = tessel(&["--plugin", l.to_str().unwrap(), "backends"], None, &[("TESSEL_LOG", "debug")]);
     assert!(text(&debug.stderr).contains("abi_stable layout report"), "the full report goes to the debug log");
 }
@@ -160,7 +160,12 @@ fn failed_plugins_on_the_path_are_listed_and_the_rest_works() {
     let stdout = text(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     assert!(stdout.contains("interpret 0.1.0 (built-in)"), "{stdout}");
-    assert!(stdout.contains("failed plugin") && stdout.contains("libold.so") && stdout.contains("0.0.1"), "{stdout}");
+    assert!(
+        stdout.contains("failed plugin")
+            && stdout.contains("libold.so")
+            && stdout.contains("built against tessel-plugin-api 0.1.0"),
+        "{stdout}"
+    );
     assert!(stdout.contains("libjunk.so") && stdout.contains("not a shared library"), "{stdout}");
 }
 

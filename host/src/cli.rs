@@ -13,7 +13,7 @@ use tessel_plugin_api::array::agreement;
 use tessel_plugin_api::ir::Verified;
 use tessel_plugin_api::ir::generic::Generic;
 
-use crate::{Error, HostArray, KernelLaunch, LaunchArgs, Result, Runtime};
+use crate::{Choice, Error, HostArray, KernelLaunch, Launch, LaunchArgs, Plan, Planned, Result, Runtime};
 
 /// tessel: block-level kernels, written once, launched on any backend.
 #[derive(Debug, Parser)]
@@ -256,16 +256,19 @@ fn bench(
         explain(&p, flags, out);
     }
     let launch = LaunchArgs { inputs: random_inputs(&p, seed)?, grid: p.grid.clone() };
-    let start = Instant::now();
-    rt.lower(&p.backend, &p.launches(), &p.externals(), &p.grid)?;
-    let compile = start.elapsed();
-    rt.launch(&p.backend, &p.launches(), &p.externals(), &launch)?;
-    let mut times: Vec<f64> = (0..runs.max(1))
-        .map(|_| {
-            let t = Instant::now();
-            rt.launch(&p.backend, &p.launches(), &p.externals(), &launch).map(|_| t.elapsed().as_secs_f64())
-        })
-        .collect::<Result<_>>()?;
+    let (compile, mut times) = p.planned(rt, |planned| {
+        let start = Instant::now();
+        planned.lower()?;
+        let compile = start.elapsed();
+        planned.launch(&launch)?;
+        let times: Vec<f64> = (0..runs.max(1))
+            .map(|_| {
+                let t = Instant::now();
+                planned.launch(&launch).map(|_| t.elapsed().as_secs_f64())
+            })
+            .collect::<Result<_>>()?;
+        Ok((compile, times))
+    })?;
     times.sort_by(f64::total_cmp);
     let median = middle(&times);
     let resident = resident_times(rt, &p, &launch, runs.max(1));
@@ -383,17 +386,20 @@ fn resident_times(rt: &Runtime, p: &Prepared, launch: &LaunchArgs, runs: usize) 
             }
         }
         let bound: Vec<(&str, &crate::DeviceArray)> = arrays.iter().map(|(n, a)| (n.as_str(), a)).collect();
-        rt.launch_resident(&p.backend, &p.launches(), &p.externals(), &p.grid, &bound)?;
-        let mut host: Vec<f64> = (0..runs)
-            .map(|_| {
-                let t = Instant::now();
-                rt.launch_resident(&p.backend, &p.launches(), &p.externals(), &p.grid, &bound).map(|_| t.elapsed().as_secs_f64())
-            })
-            .collect::<Result<_>>()?;
+        let (mut host, device) = p.planned(rt, |planned| {
+            planned.launch_resident(&bound, false)?;
+            let host: Vec<f64> = (0..runs)
+                .map(|_| {
+                    let t = Instant::now();
+                    planned.launch_resident(&bound, false).map(|_| t.elapsed().as_secs_f64())
+                })
+                .collect::<Result<_>>()?;
+            let timed = |_| planned.launch_resident(&bound, true);
+            let device: Option<Vec<f64>> =
+                (0..runs).map(timed).collect::<Result<Vec<_>>>()?.into_iter().map(|d| d.map(|d| d.as_secs_f64())).collect();
+            Ok((host, device))
+        })?;
         host.sort_by(f64::total_cmp);
-        let timed = |_| rt.launch_resident_timed(&p.backend, &p.launches(), &p.externals(), &p.grid, &bound);
-        let device: Option<Vec<f64>> =
-            (0..runs).map(timed).collect::<Result<Vec<_>>>()?.into_iter().map(|d| d.map(|d| d.as_secs_f64())).collect();
         let device = device.map(|mut d| {
             d.sort_by(f64::total_cmp);
             d
@@ -459,6 +465,9 @@ struct BackendReport {
     platform: String,
     available: bool,
     reason: String,
+    /// The device class `auto` ranks by (`native`, `hardware`, `cpu`, `software`); absent when
+    /// unavailable.
+    class: Option<&'static str>,
     note: Option<String>,
     capabilities: CapabilityReport,
 }
@@ -506,7 +515,14 @@ fn backends(rt: &Runtime, json: bool, out: &mut dyn Write) -> Result<()> {
     for b in &report.backends {
         let state = if b.available { "available" } else { "unavailable" };
         let _ = writeln!(out, "{} {} ({})", b.name, b.version, b.source);
-        let _ = writeln!(out, "  {state}: {}", b.reason);
+        match b.class {
+            Some(class) => {
+                let _ = writeln!(out, "  {state} ({class}): {}", b.reason);
+            }
+            None => {
+                let _ = writeln!(out, "  {state}: {}", b.reason);
+            }
+        }
         if let Some(n) = &b.note {
             let _ = writeln!(out, "  note: {n}");
         }
@@ -549,6 +565,7 @@ fn backends_report(rt: &Runtime) -> BackendsReport {
                     version: b.backend.version().into_string(),
                     platform: b.backend.platform().into_string(),
                     available: a.available,
+                    class: a.available.then(|| a.class.name()),
                     reason: a.reason.into_string(),
                     note: b.note.clone(),
                     capabilities: CapabilityReport {
@@ -575,6 +592,8 @@ fn backends_report(rt: &Runtime) -> BackendsReport {
 /// A launch resolved from the flags: the kernels and meshes, ready for the runtime.
 struct Prepared {
     backend: String,
+    /// The backend's acceptance of the launch, asked once ([`Runtime::plan`]).
+    plan: Option<Plan>,
     /// How `auto` chose, one line per backend tried.
     explanation: Vec<String>,
     /// How each generic kernel's parameters were bound, one line each.
@@ -596,6 +615,17 @@ impl Prepared {
 
     fn externals(&self) -> Vec<&MeshBox> {
         self.externals.iter().collect()
+    }
+
+    fn launch(&self) -> Launch<'_> {
+        Launch::new(&self.launches(), &self.externals(), &self.grid)
+    }
+
+    /// `f` on the launch as planned: the backend is not asked again.
+    fn planned<T>(&self, rt: &Runtime, f: impl FnOnce(&Planned<'_, '_>) -> Result<T>) -> Result<T> {
+        let launch = self.launch();
+        let plan = self.plan.clone().expect("a prepared launch is planned");
+        f(&rt.resume(plan, &launch)?)
     }
 
     fn warn(&self, err: &mut dyn Write) {
@@ -698,6 +728,7 @@ fn prepare_with(
     }
     let mut p = Prepared {
         backend,
+        plan: None,
         explanation: Vec::new(),
         bound: bound.lines,
         values: bound.values,
@@ -707,18 +738,42 @@ fn prepare_with(
         externals,
         grid,
     };
+    let plan = rt.plan(Choice::of(asked), &p.launch())?.into_plan();
     if auto {
-        let (chosen, lines) = rt.choose(&p.launches(), &p.externals(), &p.grid)?;
-        p.backend = chosen;
-        p.explanation = lines;
-        // Now that the backend is known, its tuning records may give other values.
-        if records {
-            let (kernels, bound) = specialize(rt, file, &generics, given, inputs, Some(&p.backend))?;
-            p.kernels = kernels;
-            (p.bound, p.values, p.warnings) = (bound.lines, bound.values, bound.warnings);
-        }
+        p.backend = plan.backend().to_string();
+        p.explanation = plan.decisions().to_vec();
+    }
+    p.plan = Some(plan);
+    // Now that the backend is known, its tuning records may give other values: specialize and
+    // plan again only then.
+    if auto && records && retuned(rt, &generics, given, inputs, &p)? {
+        let (kernels, bound) = specialize(rt, file, &generics, given, inputs, Some(&p.backend))?;
+        p.kernels = kernels;
+        (p.bound, p.values, p.warnings) = (bound.lines, bound.values, bound.warnings);
+        let explanation = std::mem::take(&mut p.explanation);
+        p.plan = Some(rt.plan(Choice::Named(&p.backend), &p.launch())?.into_plan());
+        p.explanation = explanation;
     }
     Ok(p)
+}
+
+/// Whether the chosen backend's tuning records bind any kernel's parameters to other values
+/// than the launch was specialized with.
+fn retuned(
+    rt: &Runtime,
+    generics: &[&Generic],
+    given: &BTreeMap<String, i64>,
+    inputs: &BTreeMap<String, HostArray>,
+    p: &Prepared,
+) -> Result<bool> {
+    let shapes = inputs.iter().map(|(n, a)| (n.clone(), a.shape.clone())).collect();
+    for g in generics.iter().filter(|g| g.is_generic()) {
+        let (binding, tuned) = rt.bind(g, &crate::given_for(g, given), &shapes, Some(&p.backend))?;
+        if tuned.record.is_some() && binding.values.iter().any(|(n, v)| p.values.get(n) != Some(v)) {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
 
 /// How the kernels of a launch were bound.
@@ -776,7 +831,7 @@ fn lower(rt: &Runtime, flags: &LaunchFlags, out: &mut dyn Write, err: &mut dyn W
     let p = prepare(rt, flags, LOWER_DEFAULT, &BTreeMap::new())?;
     p.warn(err);
     explain(&p, flags, out);
-    let (stages, cache) = rt.lower_cached(&p.backend, &p.launches(), &p.externals(), &p.grid)?;
+    let (stages, cache) = p.planned(rt, |planned| planned.lower_cached())?;
     if flags.explain {
         let _ = writeln!(out, "cache: {cache}");
     }
@@ -850,7 +905,7 @@ fn run(rt: &Runtime, flags: &LaunchFlags, opts: &RunOptions, out: &mut dyn Write
     lap("made the random inputs");
     let launch = LaunchArgs { inputs, grid: p.grid.clone() };
     let start = Instant::now();
-    let outputs = rt.launch(&p.backend, &p.launches(), &p.externals(), &launch)?;
+    let outputs = p.planned(rt, |planned| planned.launch(&launch))?;
     let elapsed = start.elapsed();
     lap("launched");
     let names: Vec<&str> = p.kernels.iter().map(Verified::name).collect();
@@ -951,7 +1006,7 @@ fn tune(rt: &Runtime, flags: &LaunchFlags, input_flags: &[String], runs: usize, 
                 inputs: if inputs.is_empty() { random_inputs(&p, seed)? } else { inputs.clone() },
                 grid: p.grid.clone(),
             };
-            let got = rt.launch(backend, &p.launches(), &p.externals(), &launch)?;
+            let got = p.planned(rt, |planned| planned.launch(&launch))?;
             let want = rt.launch(tessel_interpret::NAME, &p.launches(), &p.externals(), &launch)?;
             let (lines, failed) = compare(&got, &want);
             if !failed.is_empty() {

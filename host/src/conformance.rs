@@ -19,7 +19,7 @@ use tessel_plugin_api::mesh::MeshSpec;
 
 use tessel_plugin_api::array::agreement;
 
-use crate::{KernelLaunch, LaunchArgs, Runtime};
+use crate::{Choice, KernelLaunch, Launch, LaunchArgs, Runtime};
 
 /// The suite's kernels: (name, text, the mesh a kernel without grid needs).
 pub const KERNELS: &[(&str, &str, Option<&str>)] = &[
@@ -91,13 +91,17 @@ pub fn run(rt: &Runtime, backend: &str) -> crate::Result<Vec<Row>> {
             .filter(|a| a.size == tessel_plugin_api::ir::AxisSize::Dyn)
             .map(|a| (a.name.clone(), 4))
             .collect();
-        if let Err(e) = rt.supports(backend, &call, &[], &grid) {
-            let reason = format!("refused: {}", first_line(&e));
-            rows.push(row("lower", name, Verdict::Skip(reason.clone()), ""));
-            rows.push(row("run", name, Verdict::Skip(reason), ""));
-            continue;
-        }
-        match rt.lower(backend, &call, &[], &grid) {
+        let launch = Launch::new(&call, &[], &grid);
+        let planned = match rt.plan(Choice::Named(backend), &launch) {
+            Ok(p) => p,
+            Err(e) => {
+                let reason = format!("refused: {}", first_line(&e));
+                rows.push(row("lower", name, Verdict::Skip(reason.clone()), ""));
+                rows.push(row("run", name, Verdict::Skip(reason), ""));
+                continue;
+            }
+        };
+        match planned.lower() {
             Ok(stages) => {
                 let bytes: usize = stages.iter().map(|(_, t)| t.len()).sum();
                 rows.push(row("lower", name, Verdict::Pass, format!("{} stage(s), {bytes} bytes", stages.len())));
@@ -108,8 +112,8 @@ pub fn run(rt: &Runtime, backend: &str) -> crate::Result<Vec<Row>> {
             rows.push(row("run", name, Verdict::Skip(format!("unavailable: {}", availability.reason)), ""));
             continue;
         }
-        let args = LaunchArgs { inputs: crate::inputs::random_inputs(kernel.kernel(), 1), grid };
-        let got = rt.launch(backend, &call, &[], &args);
+        let args = LaunchArgs { inputs: crate::inputs::random_inputs(kernel.kernel(), 1), grid: grid.clone() };
+        let got = planned.launch(&args);
         let want = rt.launch(tessel_interpret::NAME, &call, &[], &args);
         rows.push(match (got, want) {
             (Err(e), _) => row("run", name, Verdict::Fail(first_line(&e)), ""),

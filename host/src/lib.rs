@@ -10,6 +10,7 @@ pub mod cache;
 pub mod cli;
 pub mod conformance;
 pub mod inputs;
+pub mod launch;
 pub mod memory;
 pub mod npy;
 pub mod registry;
@@ -24,7 +25,8 @@ use tessel_plugin_api::ir::generic::{BindError, Binding, Generic, Source};
 use tessel_plugin_api::ir::{self, Verified};
 use tessel_plugin_api::launch::LaunchError;
 
-pub use runtime::{BytesMut, BytesRef, DeviceArray, InPlace, KernelLaunch, Report, Runtime, Specialized};
+pub use launch::{BytesMut, BytesRef, Choice, InPlace, Launch, Plan, Planned, Report};
+pub use runtime::{DeviceArray, KernelLaunch, Runtime, Specialized};
 pub use tessel_plugin_api::array::{HostArray, Tolerance};
 pub use tessel_plugin_api::launch::LaunchArgs;
 
@@ -234,8 +236,7 @@ pub fn load_source(name: &str, source: &str) -> Result<Vec<Verified>> {
 pub fn run_kernel(backend: &str, kernel: &Verified, args: &LaunchArgs) -> Result<Vec<(String, HostArray)>> {
     let rt = Runtime::new(&[])?;
     let call = [KernelLaunch { kernel, mesh: None }];
-    let backend = if backend == "auto" { rt.choose(&call, &[], &args.grid)?.0 } else { backend.to_string() };
-    rt.launch(&backend, &call, &[], args)
+    rt.plan(Choice::of(backend), &Launch::new(&call, &[], &args.grid))?.launch(args)
 }
 
 /// The kernels of a `.tk` file, generic (docs/language.md §9) or not, with the text and the name

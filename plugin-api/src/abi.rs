@@ -71,6 +71,35 @@ impl std::fmt::Display for BackendError {
 
 impl std::error::Error for BackendError {}
 
+/// What kind of device an available backend runs on, as the backend declares it. `auto` tries
+/// backends in this order (`Native` first); a tuning record with measured times overrides it.
+#[repr(u8)]
+#[derive(StableAbi, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum DeviceClass {
+    /// A hardware accelerator, through its vendor's own compiler for this exact chip (PTX for
+    /// `sm_90a`).
+    Native,
+    /// A hardware accelerator, through a portable API (wgpu on a GPU adapter).
+    Hardware,
+    /// The host CPU, run natively.
+    Cpu,
+    /// A device emulated in software (wgpu on Mesa's lavapipe or llvmpipe): slower than running
+    /// on the CPU directly.
+    Software,
+}
+
+impl DeviceClass {
+    /// Lower case, as `tessel backends` prints it.
+    pub fn name(self) -> &'static str {
+        match self {
+            DeviceClass::Native => "native",
+            DeviceClass::Hardware => "hardware",
+            DeviceClass::Cpu => "cpu",
+            DeviceClass::Software => "software",
+        }
+    }
+}
+
 /// Whether a backend can run here, and if not, why.
 #[repr(C)]
 #[derive(StableAbi, Clone, Debug, PartialEq, Eq)]
@@ -79,6 +108,8 @@ pub struct Availability {
     pub available: bool,
     /// Why not (or what it runs on, when it can).
     pub reason: RString,
+    /// What it runs on, when it can (meaningless when it cannot).
+    pub class: DeviceClass,
 }
 
 /// What a backend takes, readable without a device.
@@ -129,6 +160,10 @@ pub struct CacheStats {
     pub misses: u64,
     /// Compiled launches held.
     pub entries: u64,
+    /// Times the backend planned a launch (its `supports`), whether it then took it or not.
+    pub plans: u64,
+    /// Nanoseconds spent compiling, in all: a launch's compile time is the difference.
+    pub compile_ns: u64,
 }
 
 /// The role of a mesh axis, across the boundary.

@@ -40,6 +40,16 @@ pub struct Launch<'a> {
     pub key: [u8; 32],
 }
 
+/// An available backend: the class of device it runs on (which ranks it under `auto`) and what
+/// that device is, in words.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Available {
+    /// The class `auto` ranks by.
+    pub class: DeviceClass,
+    /// What it runs on (`NVIDIA H200 (sm_90)`, `llvmpipe (software, Vulkan)`).
+    pub on: String,
+}
+
 /// A backend in plain Rust. [`export`] turns it into the ABI-stable object the host loads.
 pub trait BackendImpl: Send + Sync + 'static {
     /// A device buffer.
@@ -50,9 +60,9 @@ pub trait BackendImpl: Send + Sync + 'static {
     fn version(&self) -> &str;
     /// What it runs on, in words.
     fn platform(&self) -> String;
-    /// `Ok(what it runs on)` or `Err(why it cannot run here)`. Must not touch a device it has not
-    /// been asked to use, and must be cheap.
-    fn availability(&self) -> Result<String, String>;
+    /// `Ok` with the class of device it runs on and what that is, or `Err(why it cannot run
+    /// here)`. Must not touch a device it has not been asked to use, and must be cheap.
+    fn availability(&self) -> Result<Available, String>;
     /// What it takes, readable without a device.
     fn capabilities(&self) -> Capabilities;
     /// Builds this backend's own mesh from a portable spec.
@@ -123,6 +133,8 @@ pub fn export<B: BackendImpl>(backend: B) -> BackendBox {
         decoded: Mutex::new(HashMap::new()),
         hits: AtomicU64::new(0),
         misses: AtomicU64::new(0),
+        plans: AtomicU64::new(0),
+        compile_ns: AtomicU64::new(0),
     };
     Backend_TO::from_value(exported, TD_Opaque)
 }
@@ -194,6 +206,10 @@ struct Exported<B: BackendImpl> {
     decoded: Mutex<HashMap<[u8; 32], ParsedKernels>>,
     hits: AtomicU64,
     misses: AtomicU64,
+    /// Calls of `BackendImpl::supports`.
+    plans: AtomicU64,
+    /// Time in `BackendImpl::compile` (and `supports` when no plan was kept), in nanoseconds.
+    compile_ns: AtomicU64,
 }
 
 /// What identifies a launch request whatever the backend: the plugin-api and kernel text format
@@ -412,6 +428,13 @@ impl<B: BackendImpl> Exported<B> {
         Ok(launch)
     }
 
+    /// `BackendImpl::supports`, counted.
+    fn plan(&self, launch: &Launch<'_>) -> Result<B::Plan, BackendError> {
+        self.plans.fetch_add(1, Ordering::Relaxed);
+        ir::counters::planned();
+        self.backend.supports(launch)
+    }
+
     /// The key of `launch` in the compile cache (and the lowered-text cache beside it).
     fn cache_key(&self, launch: &Launch<'_>) -> [u8; 32] {
         keyed(self.backend.name(), self.backend.version(), &launch.key)
@@ -429,11 +452,13 @@ impl<B: BackendImpl> Exported<B> {
             return Ok(Arc::clone(c));
         }
         self.misses.fetch_add(1, Ordering::Relaxed);
+        let start = std::time::Instant::now();
         let plan = match earlier {
             Some(p) => p,
-            None => self.backend.supports(launch)?,
+            None => self.plan(launch)?,
         };
         let c = Arc::new(self.backend.compile(launch, plan)?);
+        self.compile_ns.fetch_add(start.elapsed().as_nanos().try_into().unwrap_or(u64::MAX), Ordering::Relaxed);
         self.compiled.lock().map_err(|_| poisoned())?.insert(key, Arc::clone(&c));
         Ok(c)
     }
@@ -513,9 +538,9 @@ impl<B: BackendImpl> Backend for Exported<B> {
 
     fn availability(&self) -> Availability {
         match guard("availability", || Ok(self.backend.availability())) {
-            RResult::ROk(Ok(what)) => Availability { available: true, reason: what.into() },
-            RResult::ROk(Err(why)) => Availability { available: false, reason: why.into() },
-            RResult::RErr(e) => Availability { available: false, reason: e.message },
+            RResult::ROk(Ok(Available { class, on })) => Availability { available: true, reason: on.into(), class },
+            RResult::ROk(Err(why)) => Availability { available: false, reason: why.into(), class: DeviceClass::Software },
+            RResult::RErr(e) => Availability { available: false, reason: e.message, class: DeviceClass::Software },
         }
     }
 
@@ -536,7 +561,7 @@ impl<B: BackendImpl> Backend for Exported<B> {
     fn supports(&self, req: &LaunchRequest<'_>) -> RResult<(), BackendError> {
         guard("supports", || {
             let launch = self.decode(req)?;
-            let plan = self.backend.supports(&launch)?;
+            let plan = self.plan(&launch)?;
             let mut planned =
                 self.planned.lock().map_err(|_| BackendError::new(ErrorKind::Internal, "the plan table is poisoned"))?;
             // Plans no launch took (the host asked and went elsewhere) do not pile up.
@@ -608,7 +633,13 @@ impl<B: BackendImpl> Backend for Exported<B> {
 
     fn cache_stats(&self) -> CacheStats {
         let entries = self.compiled.lock().map_or(0, |c| c.len() as u64);
-        CacheStats { hits: self.hits.load(Ordering::Relaxed), misses: self.misses.load(Ordering::Relaxed), entries }
+        CacheStats {
+            hits: self.hits.load(Ordering::Relaxed),
+            misses: self.misses.load(Ordering::Relaxed),
+            entries,
+            plans: self.plans.load(Ordering::Relaxed),
+            compile_ns: self.compile_ns.load(Ordering::Relaxed),
+        }
     }
 
     fn launch(&self, req: &LaunchRequest<'_>, args: RSlice<'_, BufferArg<'_>>) -> RResult<(), BackendError> {
@@ -776,8 +807,8 @@ mod tests {
         fn platform(&self) -> String {
             "nowhere".into()
         }
-        fn availability(&self) -> Result<String, String> {
-            Ok("here".into())
+        fn availability(&self) -> Result<Available, String> {
+            Ok(Available { class: DeviceClass::Cpu, on: "here".into() })
         }
         fn capabilities(&self) -> Capabilities {
             Capabilities::none()
@@ -831,8 +862,8 @@ mod tests {
         fn platform(&self) -> String {
             "the host".into()
         }
-        fn availability(&self) -> Result<String, String> {
-            Ok("here".into())
+        fn availability(&self) -> Result<Available, String> {
+            Ok(Available { class: DeviceClass::Cpu, on: "here".into() })
         }
         fn capabilities(&self) -> Capabilities {
             Capabilities::none()

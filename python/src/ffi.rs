@@ -24,7 +24,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
 
-use tessel::{BytesMut, BytesRef, Error, InPlace, KernelLaunch, Runtime};
+use tessel::{BytesMut, BytesRef, Choice, Error, InPlace, KernelLaunch, Launch, Plan, Runtime};
 use tessel_plugin_api::abi::MeshBox;
 use tessel_plugin_api::ir::{DType, ParamKind, Type, Verified, batch};
 
@@ -286,6 +286,8 @@ pub struct Prepared {
     pub backend: String,
     /// Why: one line per backend `auto` tried, or that it was named.
     pub decisions: Vec<String>,
+    /// The backend's acceptance of the launch, asked once.
+    plan: Plan,
     mesh: Option<MeshBox>,
     externals: Vec<MeshBox>,
     /// `in` and `out` arguments in declared order: the custom call's operands and results.
@@ -293,8 +295,11 @@ pub struct Prepared {
     pub outputs: Vec<(String, Type)>,
     /// The kernel batched over a grid axis, by batch size (`None`: it cannot be, or the
     /// backend refuses it).
-    batches: Mutex<Vec<(usize, Option<Arc<Verified>>)>>,
+    batches: Mutex<Vec<(usize, Option<Batched>)>>,
 }
+
+/// A kernel batched over a grid axis and the backend's acceptance of it.
+type Batched = Arc<(Verified, Plan)>;
 
 /// The most batch sizes kept per launch.
 const BATCHES_KEPT: usize = 8;
@@ -303,7 +308,7 @@ impl Prepared {
     /// The kernel batched over `count` elements in one launch ([`batch::batched`]), asked of
     /// the backend once per size; `None` where it has a mesh (whose axes the batch axis would not
     /// be among), cannot be batched, or the backend refuses the batched launch.
-    fn batched(&self, rt: &Runtime, count: usize) -> Option<Arc<Verified>> {
+    fn batched(&self, rt: &Runtime, count: usize) -> Option<Batched> {
         if self.mesh.is_some() || !self.externals.is_empty() {
             return None;
         }
@@ -314,11 +319,10 @@ impl Prepared {
         let v = batch::batched(self.kernel.kernel(), count as u64)
             .ok()
             .and_then(|k| tessel_plugin_api::ir::verify(&k).ok())
-            .filter(|v| {
-                let calls = [KernelLaunch { kernel: v, mesh: None }];
-                rt.supports(&self.backend, &calls, &[], &Default::default()).is_ok()
+            .and_then(|v| {
+                let plan = rt.plan(Choice::Named(&self.backend), &Launch::one(&v)).ok()?.into_plan();
+                Some(Arc::new((v, plan)))
             });
-        let v = v.map(Arc::new);
         if kept.len() >= BATCHES_KEPT {
             kept.clear();
         }
@@ -428,19 +432,15 @@ fn prepare(rt: &Runtime, text: &str, backend: &str, mesh: &str, externals: &str)
     let externals: Vec<MeshBox> =
         externals.lines().filter(|l| !l.trim().is_empty()).map(|m| rt.mesh(maker, m)).collect::<Result<_, _>>()?;
     let grid = Default::default();
-    let (backend, decisions) = {
+    let plan = {
         let ext: Vec<&MeshBox> = externals.iter().collect();
         let calls = [KernelLaunch { kernel: &kernel, mesh: mesh.as_ref() }];
-        if backend == "auto" {
-            rt.choose(&calls, &ext, &grid)?
-        } else {
-            rt.supports(backend, &calls, &ext, &grid)?;
-            (backend.to_string(), vec![format!("{backend}: chosen by name")])
-        }
+        rt.plan(Choice::of(backend), &Launch::new(&calls, &ext, &grid))?.into_plan()
     };
+    let (backend, decisions) = (plan.backend().to_string(), plan.decisions().to_vec());
     let args = |kind| kernel.kernel().params_of(kind).map(|p| (p.name.clone(), p.ty.clone())).collect();
     let (inputs, outputs) = (args(ParamKind::In), args(ParamKind::Out));
-    Ok(Prepared { kernel, backend, decisions, mesh, externals, inputs, outputs, batches: Mutex::new(Vec::new()) })
+    Ok(Prepared { kernel, backend, decisions, plan, mesh, externals, inputs, outputs, batches: Mutex::new(Vec::new()) })
 }
 
 /// A failure and the XLA error code it becomes.
@@ -662,9 +662,9 @@ unsafe fn handle(frame: *mut CallFrame) -> Result<(), Failure> {
     // A batch (`vmap`) is one launch of the kernel batched over a new grid axis where it can be,
     // else one launch per element on that element's slice of each buffer.
     let batched = if count > 1 { p.batched(&rt, count) } else { None };
-    let (kernel, launches, per): (&Verified, usize, usize) = match &batched {
-        Some(b) => (b, 1, count),
-        None => (&p.kernel, count, 1),
+    let (kernel, plan, launches, per): (&Verified, &Plan, usize, usize) = match &batched {
+        Some(b) => (&b.0, &b.1, 1, count),
+        None => (&p.kernel, &p.plan, count, 1),
     };
     let ty_of = |ty: &Type| Type {
         dtype: ty.dtype,
@@ -672,6 +672,8 @@ unsafe fn handle(frame: *mut CallFrame) -> Result<(), Failure> {
     };
     let ext: Vec<&MeshBox> = p.externals.iter().collect();
     let calls = [KernelLaunch { kernel, mesh: p.mesh.as_ref() }];
+    let launch = Launch::new(&calls, &ext, &Default::default());
+    let planned = rt.resume(plan.clone(), &launch)?;
     for n in 0..launches {
         let mut args = InPlace::default();
         for (raw, (arg, ty)) in ins.iter().zip(&p.inputs) {
@@ -690,7 +692,7 @@ unsafe fn handle(frame: *mut CallFrame) -> Result<(), Failure> {
                 if len == 0 { &mut [][..] } else { unsafe { std::slice::from_raw_parts_mut(raw.data.add(n * len), len) } };
             args.outputs.insert(arg.clone(), BytesMut { ty: ty_of(ty), bytes });
         }
-        rt.relaunch_in_place(&p.backend, &calls, &ext, &mut args)?;
+        planned.launch_in_place(&mut args)?;
     }
     if let Ok(mut l) = LAUNCHES.lock() {
         match l.iter_mut().find(|(b, _)| *b == p.backend) {

@@ -543,8 +543,9 @@ impl Kernel {
             let externals: Vec<&MeshBox> = externals.iter().collect();
             let calls = [KernelLaunch { kernel: &kernel.0, mesh: mesh.as_ref() }];
             let grid = &how.grid;
-            let backend = if backend == "auto" { rt.choose(&calls, &externals, grid)?.0 } else { backend.to_string() };
-            let stages = rt.lower(&backend, &calls, &externals, grid)?;
+            let launch = tessel::Launch::new(&calls, &externals, grid);
+            let planned = rt.plan(tessel::Choice::of(backend), &launch)?;
+            let (stages, backend) = (planned.lower()?, planned.backend());
             Ok(stages.into_iter().map(|(name, text)| format!("// ---- {name} ({backend}) ----\n{text}\n")).collect())
         })
     }

@@ -21,7 +21,7 @@
 use std::collections::HashSet;
 
 use tessel_plugin_api::ir::analysis::reads;
-use tessel_plugin_api::ir::{Affine, AxisSize, Op, Operand, ParamKind, Stmt, Verified, verify};
+use tessel_plugin_api::ir::{Affine, AxisSize, Op, Operand, ParamKind, Stmt, Verified, verify_derived};
 
 /// Elements a merged program's blocks aim at: enough that the bookkeeping is noise, few enough
 /// that the programs still spread over the cores.
@@ -96,7 +96,7 @@ pub(crate) fn coarsen(v: &Verified, threads: usize) -> Option<(Verified, Merged)
             }
         }
         grow_types(&mut merged.body, &growing, dim, factor as usize);
-        let merged = verify(&merged).ok()?;
+        let merged = verify_derived(&merged).ok()?;
         return Some((merged, Merged { axis: axis.name.clone(), factor, dim }));
     }
     None
@@ -201,7 +201,7 @@ mod tests {
     use super::*;
 
     fn verified(text: &str) -> Verified {
-        verify(&tessel_plugin_api::ir::parse(text).expect("parses").kernels.remove(0)).expect("verifies")
+        tessel_plugin_api::ir::verify(&tessel_plugin_api::ir::parse(text).expect("parses").kernels.remove(0)).expect("verifies")
     }
 
     #[test]

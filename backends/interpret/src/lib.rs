@@ -18,9 +18,9 @@ pub use error::Refusal;
 
 use std::collections::BTreeMap;
 
-use tessel_plugin_api::abi::{BackendError, BuiltinBackend, Capabilities, ErrorKind, MeshBox};
+use tessel_plugin_api::abi::{BackendError, BuiltinBackend, Capabilities, DeviceClass, ErrorKind, MeshBox};
 use tessel_plugin_api::array::{DataRef, HostArray};
-use tessel_plugin_api::backend::{BackendImpl, Launch, export, mesh_spec, verify_with_mesh};
+use tessel_plugin_api::backend::{Available, BackendImpl, Launch, export, mesh_spec, verify_with_mesh};
 use tessel_plugin_api::ir::{DType, ParamKind, Type, Verified, print_kernel};
 use tessel_plugin_api::launch::{self, LaunchArgs, LaunchError};
 use tessel_plugin_api::mesh::MeshSpec;
@@ -221,8 +221,8 @@ impl BackendImpl for Interpreter {
         format!("CPU, {} threads", rayon::current_num_threads())
     }
 
-    fn availability(&self) -> Result<String, String> {
-        Ok("always: runs on the CPU".to_string())
+    fn availability(&self) -> Result<Available, String> {
+        Ok(Available { class: DeviceClass::Cpu, on: "always: runs on the CPU".to_string() })
     }
 
     fn capabilities(&self) -> Capabilities {

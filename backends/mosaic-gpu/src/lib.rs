@@ -14,9 +14,9 @@ pub mod wgmma;
 
 use std::collections::{BTreeMap, HashMap};
 
-use tessel_plugin_api::abi::{BackendError, BuiltinBackend, Capabilities, ErrorKind, MeshBox};
+use tessel_plugin_api::abi::{BackendError, BuiltinBackend, Capabilities, DeviceClass, ErrorKind, MeshBox};
 use tessel_plugin_api::array::HostArray;
-use tessel_plugin_api::backend::{BackendImpl, Launch, export, make_mesh_object, verify_with_mesh};
+use tessel_plugin_api::backend::{Available, BackendImpl, Launch, export, make_mesh_object, verify_with_mesh};
 use tessel_plugin_api::ir::{AxisSize, ParamKind, Type};
 use tessel_plugin_api::launch::resolve_grid;
 use tessel_plugin_api::mesh::{AxisRole, MeshSpec};
@@ -87,8 +87,8 @@ impl BackendImpl for MosaicGpu {
         "NVIDIA Hopper (sm_90a) through the CUDA driver API (cudarc)".into()
     }
 
-    fn availability(&self) -> Result<String, String> {
-        runtime::gpu().map(|g| g.description.clone())
+    fn availability(&self) -> Result<Available, String> {
+        runtime::gpu().map(|g| Available { class: DeviceClass::Native, on: g.description.clone() })
     }
 
     fn capabilities(&self) -> Capabilities {

@@ -21,9 +21,9 @@ mod spirv;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use tessel_plugin_api::abi::{BackendError, BuiltinBackend, Capabilities, ErrorKind, MeshBox};
+use tessel_plugin_api::abi::{BackendError, BuiltinBackend, Capabilities, DeviceClass, ErrorKind, MeshBox};
 use tessel_plugin_api::array::HostArray;
-use tessel_plugin_api::backend::{BackendImpl, Launch, export, mesh_spec, verify_with_mesh};
+use tessel_plugin_api::backend::{Available, BackendImpl, Launch, export, mesh_spec, verify_with_mesh};
 use tessel_plugin_api::ir::{AxisSize, Op, ParamKind, Stmt, Type, Verified};
 use tessel_plugin_api::launch::{LaunchAxis, resolve_grid};
 use tessel_plugin_api::mesh::MeshSpec;
@@ -159,8 +159,11 @@ impl BackendImpl for Wgpu {
         }
     }
 
-    fn availability(&self) -> Result<String, String> {
-        runtime::adapter().map(|a| a.description.clone())
+    fn availability(&self) -> Result<Available, String> {
+        runtime::adapter().map(|a| Available {
+            class: if a.software { DeviceClass::Software } else { DeviceClass::Hardware },
+            on: a.description.clone(),
+        })
     }
 
     fn capabilities(&self) -> Capabilities {

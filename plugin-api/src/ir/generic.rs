@@ -46,8 +46,9 @@ pub type BuildFn = dyn Fn(&BTreeMap<String, i64>) -> Kernel + Send + Sync;
 /// Where a generic kernel's ordinary kernels come from.
 #[derive(Clone)]
 enum Origin {
-    /// Its text, parsed again with the values bound (its `kernel` token's index).
-    Text(Arc<Text>, usize),
+    /// Its text, parsed again with the values bound (its `kernel` token's index); a kernel
+    /// without parameters keeps what the first parse made, and is not parsed again.
+    Text(Arc<Text>, usize, Option<Arc<Kernel>>),
     /// A Rust function of the values ([`crate::ir::builder::GenericBuilder`]).
     Built(Arc<BuildFn>),
 }
@@ -55,7 +56,7 @@ enum Origin {
 impl fmt::Debug for Origin {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Origin::Text(_, first) => write!(f, "Text(token {first})"),
+            Origin::Text(_, first, _) => write!(f, "Text(token {first})"),
             Origin::Built(_) => f.write_str("Built"),
         }
     }
@@ -259,7 +260,8 @@ impl Generic {
         if !p.params.is_empty() {
             template = with_params(&fill_holes(&template, base, &p.holes), &p.kernel.name, &p.params);
         }
-        let origin = Origin::Text(Arc::clone(text), p.first_tok);
+        let parsed = p.params.is_empty().then(|| Arc::new(p.kernel.clone()));
+        let origin = Origin::Text(Arc::clone(text), p.first_tok, parsed);
         Generic { name: p.kernel.name, params: p.params, args: p.args, origin, template }
     }
 
@@ -278,7 +280,7 @@ impl Generic {
     /// `errors` of this kernel as a message: against its text (named `file`) where it has one.
     pub fn render(&self, errors: &Diagnostics, file: &str) -> String {
         match &self.origin {
-            Origin::Text(text, _) => errors.render(file, &text.text),
+            Origin::Text(text, _, _) => errors.render(file, &text.text),
             Origin::Built(_) => errors.to_string(),
         }
     }
@@ -287,7 +289,8 @@ impl Generic {
     /// a kernel from text point at its generic text; every error names the values.
     pub fn specialize(&self, values: &BTreeMap<String, i64>) -> Result<Verified, Diagnostics> {
         let result = match &self.origin {
-            Origin::Text(text, first) => parse_kernel_at(&text.text, &text.toks, *first, values).and_then(|k| verify(&k)),
+            Origin::Text(_, _, Some(kernel)) => verify(kernel),
+            Origin::Text(text, first, None) => parse_kernel_at(&text.text, &text.toks, *first, values).and_then(|k| verify(&k)),
             Origin::Built(build) => verify(&build(values)),
         };
         result.map_err(|mut d| {

@@ -97,6 +97,7 @@ mod lexer;
 pub mod analysis;
 pub mod batch;
 pub mod builder;
+pub mod counters;
 pub mod generic;
 pub mod parse;
 pub mod print;
@@ -108,7 +109,7 @@ use std::fmt;
 pub use diag::{Diagnostic, Diagnostics, SourceMap, Span};
 pub use parse::{ArgDecl, SizeParam, parse};
 pub use print::{print_kernel, print_module};
-pub use verify::{Verified, verify};
+pub use verify::{Verified, verify, verify_derived};
 
 /// Element types.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -161,6 +161,7 @@ struct Parser<'t> {
 
 impl<'t> Parser<'t> {
     fn new(source: &str, toks: &'t [(Tok, Span)], sizes: Sizes<'t>, hole_base: i64) -> Parser<'t> {
+        super::counters::parsed();
         Parser {
             toks,
             pos: 0,

@@ -73,6 +73,18 @@ pub fn verify_module(module: &Module) -> Result<Vec<Verified>, Diagnostics> {
 
 /// Verifies one kernel.
 pub fn verify(kernel: &Kernel) -> Result<Verified, Diagnostics> {
+    super::counters::verified();
+    check(kernel)
+}
+
+/// Verifies a kernel a backend derived from a verified one (the interpreter's merged programs),
+/// counted apart from the launch's own kernels ([`super::counters::Counts::derived`]).
+pub fn verify_derived(kernel: &Kernel) -> Result<Verified, Diagnostics> {
+    super::counters::derived();
+    check(kernel)
+}
+
+fn check(kernel: &Kernel) -> Result<Verified, Diagnostics> {
     let mut kernel = kernel.clone();
     let mut body = std::mem::take(&mut kernel.body);
     let mut c = Checker {

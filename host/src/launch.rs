@@ -1,0 +1,642 @@
+//! One launch, planned once. A [`Launch`] names the kernels (each with its mesh), the external
+//! meshes and the `dyn` grid sizes; [`Runtime::plan`] is the only place that asks a backend's
+//! `supports`: by name, or under `auto` each backend in [`Runtime::ranked`] order until one takes
+//! it, keeping a line per backend asked. The [`Planned`] launch holds the choice and the request
+//! text (printed once) and lowers, launches in place, launches on resident arrays or runs with a
+//! report, never asking again. Callers that keep a launch across calls (the CLI, the XLA FFI
+//! handler) keep its owned [`Plan`] and [`Runtime::resume`] it.
+//!
+//! ```text
+//! Launch ──plan(Auto | Named)──▶ Planned ──lower ─────────────▶ stages (cache::lowered)
+//!            │ supports, once     │        launch / launch_in_place ─▶ launch_host, else
+//!            │ per backend asked  │            buffers: alloc, upload, launch, download
+//!            ▼                    │        launch_resident ─────────▶ launch(_timed)
+//!      decisions, text            ▼
+//!                            into_plan ──▶ Plan ──resume──▶ Planned (no supports)
+//! ```
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use abi_stable::std_types::{ROption, RSlice, RSliceMut, RStr};
+use tessel_plugin_api::abi::{
+    BackendError, BufferArg, DeviceClass, ErrorKind, GridSize, HostInput, HostOutput, IR_FORMAT_VERSION, KernelCall,
+    LaunchRequest, MeshBox, RArrayMut, RArrayRef,
+};
+use tessel_plugin_api::backend::{cache_key, request_key};
+use tessel_plugin_api::ir::{DType, ParamKind, Type, Verified};
+use tessel_plugin_api::launch::{check_input_types, check_inputs};
+
+use crate::registry::Loaded;
+use crate::runtime::{DeviceArray, KernelLaunch, Runtime, backend_error, build_identity};
+use crate::{Error, HostArray, LaunchArgs, Result};
+
+/// What one launch runs: kernels with their meshes, external meshes, `dyn` grid sizes.
+pub struct Launch<'a> {
+    /// The kernels, in launch order.
+    pub kernels: Vec<KernelLaunch<'a>>,
+    /// External meshes (devices around the launch).
+    pub externals: Vec<&'a MeshBox>,
+    /// The size of each `dyn` grid axis, by name.
+    pub grid: BTreeMap<String, u64>,
+}
+
+impl<'a> Launch<'a> {
+    /// A launch of `kernels` with `externals` and `grid`.
+    pub fn new(kernels: &[KernelLaunch<'a>], externals: &[&'a MeshBox], grid: &BTreeMap<String, u64>) -> Launch<'a> {
+        Launch { kernels: kernels.to_vec(), externals: externals.to_vec(), grid: grid.clone() }
+    }
+
+    /// One kernel without a mesh.
+    pub fn one(kernel: &'a Verified) -> Launch<'a> {
+        Launch { kernels: vec![KernelLaunch { kernel, mesh: None }], externals: Vec::new(), grid: BTreeMap::new() }
+    }
+}
+
+/// Which backend a launch is planned on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Choice<'n> {
+    /// `TESSEL_BACKEND` if set, else the first of [`Runtime::ranked`] that takes it.
+    Auto,
+    /// This one.
+    Named(&'n str),
+}
+
+impl<'n> Choice<'n> {
+    /// `auto` or a backend's name.
+    pub fn of(name: &'n str) -> Choice<'n> {
+        if name == "auto" { Choice::Auto } else { Choice::Named(name) }
+    }
+}
+
+/// What planning decided, owned and cheap to clone: kept by callers that launch the same thing
+/// again.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    backend: Arc<str>,
+    decisions: Arc<[String]>,
+    /// The request's key: [`Runtime::resume`] is for the launch that was planned.
+    key: [u8; 32],
+}
+
+impl Plan {
+    /// The backend chosen.
+    pub fn backend(&self) -> &str {
+        &self.backend
+    }
+
+    /// One line per backend asked: why it was skipped, or that it was chosen.
+    pub fn decisions(&self) -> &[String] {
+        &self.decisions
+    }
+}
+
+/// A launch a backend has accepted.
+pub struct Planned<'r, 'a> {
+    b: &'r Loaded,
+    launch: &'a Launch<'a>,
+    /// The request text: every kernel's canonical text, printed once.
+    source: Cow<'a, str>,
+    plan: Plan,
+}
+
+/// The request text of a launch: one kernel's own (printed once and kept by its `Verified`), or
+/// the kernels' joined.
+fn source_of<'a>(kernels: &[KernelLaunch<'a>]) -> Cow<'a, str> {
+    match kernels {
+        [one] => Cow::Borrowed(one.kernel.text()),
+        _ => Cow::Owned(kernels.iter().map(|k| k.kernel.text()).collect::<Vec<_>>().join("\n")),
+    }
+}
+
+/// Builds the boundary's view of a launch (borrowing everything) and hands it to `f`.
+fn with_request<T>(launch: &Launch<'_>, source: &str, f: impl FnOnce(&LaunchRequest<'_>) -> T) -> T {
+    let calls: Vec<KernelCall<'_>> = launch
+        .kernels
+        .iter()
+        .map(|k| KernelCall { kernel: RStr::from_str(k.kernel.name()), mesh: k.mesh.map_or(ROption::RNone, ROption::RSome) })
+        .collect();
+    let sizes: Vec<GridSize<'_>> =
+        launch.grid.iter().map(|(axis, &size)| GridSize { axis: RStr::from_str(axis), size }).collect();
+    f(&LaunchRequest {
+        ir_format: IR_FORMAT_VERSION,
+        source: RStr::from_str(source),
+        calls: RSlice::from_slice(&calls),
+        external_meshes: RSlice::from_slice(&launch.externals),
+        grid: RSlice::from_slice(&sizes),
+    })
+}
+
+impl Runtime {
+    /// Plans `launch` on the backend `choice` names, or under `auto` on the first available one
+    /// (by [`Runtime::ranked`]) whose `supports` says yes. The only caller of `supports`: each
+    /// backend asked is asked once. `TESSEL_BACKEND` overrides `auto`.
+    pub fn plan<'r, 'a>(&'r self, choice: Choice<'_>, launch: &'a Launch<'a>) -> Result<Planned<'r, 'a>> {
+        let source = source_of(&launch.kernels);
+        let key = with_request(launch, &source, request_key);
+        let ask = |b: &Loaded| with_request(launch, &source, |req| b.backend.supports(req).into_result());
+        let forced = std::env::var("TESSEL_BACKEND").ok().filter(|f| !f.is_empty());
+        let (b, decisions) = match (choice, forced.as_deref()) {
+            (Choice::Named(name), _) | (Choice::Auto, Some(name)) => {
+                let b = self.backend(name)?;
+                ask(b).map_err(|e| backend_error(b, e))?;
+                let why = if choice == Choice::Auto { "chosen by TESSEL_BACKEND" } else { "chosen by name" };
+                (b, vec![format!("{name}: {why}")])
+            }
+            (Choice::Auto, None) => {
+                let mut lines = Vec::new();
+                let ranked = self.ranked();
+                let mut chosen = None;
+                for (n, (b, a)) in ranked.iter().enumerate() {
+                    if !a.available {
+                        lines.push(format!("{}: skipped, unavailable: {}", b.name, a.reason));
+                        continue;
+                    }
+                    match ask(b) {
+                        Ok(()) => {
+                            // A software device ranks below the CPU: say so where one is passed over.
+                            if a.class == DeviceClass::Cpu {
+                                for (later, l) in
+                                    ranked[n + 1..].iter().filter(|(_, l)| l.available && l.class == DeviceClass::Software)
+                                {
+                                    lines.push(format!(
+                                        "{}: skipped, software device ({}): the CPU is faster here; --backend {} to use it",
+                                        later.name, l.reason, later.name
+                                    ));
+                                }
+                            }
+                            lines.push(format!("{}: chosen ({})", b.name, a.reason));
+                            chosen = Some(*b);
+                            break;
+                        }
+                        // The refusal's hint lines stay, indented under it: they say what would work.
+                        Err(e) => lines.push(format!(
+                            "{}: skipped, refuses the launch: {}",
+                            b.name,
+                            e.to_string().lines().map(str::trim).collect::<Vec<_>>().join("\n      ")
+                        )),
+                    }
+                }
+                (chosen.ok_or_else(|| Error::NoBackend { reasons: lines.join("\n  ") })?, lines)
+            }
+        };
+        Ok(Planned { b, launch, source, plan: Plan { backend: b.name.as_str().into(), decisions: decisions.into(), key } })
+    }
+
+    /// A launch planned before ([`Planned::into_plan`]), not asked again: a launch found in the
+    /// backend's compile cache costs no planning; one that is not there is planned (and may
+    /// still be refused) when it is compiled, as any launch is. `launch` must be the one planned.
+    pub fn resume<'r, 'a>(&'r self, plan: Plan, launch: &'a Launch<'a>) -> Result<Planned<'r, 'a>> {
+        let source = source_of(&launch.kernels);
+        debug_assert_eq!(with_request(launch, &source, request_key), plan.key, "resume the launch that was planned");
+        Ok(Planned { b: self.backend(&plan.backend)?, launch, source, plan })
+    }
+}
+
+/// Arrays of a launch on memory the caller owns ([`Planned::launch_in_place`]).
+#[derive(Debug, Default)]
+pub struct InPlace<'a> {
+    /// Inputs by name, read where they are.
+    pub inputs: BTreeMap<String, BytesRef<'a>>,
+    /// Outputs by name, each the caller's memory of the output's type; every element is written.
+    pub outputs: BTreeMap<String, BytesMut<'a>>,
+    /// The size of each `dyn` grid axis, by name (ignored by [`Planned`], whose launch has them).
+    pub grid: BTreeMap<String, u64>,
+}
+
+/// An array's type and its elements as little-endian bytes, borrowed.
+#[derive(Debug)]
+pub struct BytesRef<'a> {
+    /// Its type.
+    pub ty: Type,
+    /// Its elements.
+    pub bytes: &'a [u8],
+}
+
+/// An array's type and the memory its little-endian elements go to, borrowed.
+#[derive(Debug)]
+pub struct BytesMut<'a> {
+    /// Its type.
+    pub ty: Type,
+    /// Where its elements go.
+    pub bytes: &'a mut [u8],
+}
+
+/// What [`Planned::run`] did: its outputs and the report shared launch code logs.
+#[derive(Debug)]
+pub struct Report {
+    /// Every output of every kernel, in launch order.
+    pub outputs: Vec<(String, HostArray)>,
+    /// The backend that ran it.
+    pub backend: String,
+    /// One line per backend `auto` tried: why it was skipped, or that it was chosen.
+    pub decisions: Vec<String>,
+    /// Time to compile (zero when the backend's compile cache had it), from the backend's
+    /// cache counters.
+    pub compile: Duration,
+    /// Time of the launch itself, less the compile: uploads, run, downloads.
+    pub run: Duration,
+    /// Whether the backend's in-memory compile cache held the launch already.
+    pub cache_hit: bool,
+}
+
+impl Planned<'_, '_> {
+    /// The backend chosen.
+    pub fn backend(&self) -> &str {
+        &self.plan.backend
+    }
+
+    /// One line per backend asked: why it was skipped, or that it was chosen.
+    pub fn decisions(&self) -> &[String] {
+        &self.plan.decisions
+    }
+
+    /// The owned decision, for [`Runtime::resume`].
+    pub fn into_plan(self) -> Plan {
+        self.plan
+    }
+
+    fn request<T>(&self, f: impl FnOnce(&LaunchRequest<'_>) -> T) -> T {
+        with_request(self.launch, &self.source, f)
+    }
+
+    fn fail(&self) -> impl Fn(BackendError) -> Error + '_ {
+        |e| backend_error(self.b, e)
+    }
+
+    /// Each stage of the lowering (name, text), through the on-disk cache of lowered text (see
+    /// [`crate::cache`]); whether that cache had it.
+    pub fn lower_cached(&self) -> Result<(Vec<(String, String)>, crate::cache::Outcome)> {
+        let b = self.b;
+        self.request(|req| {
+            // The build as well as the version: a rebuilt backend of the same version may lower
+            // differently, and must not read what its predecessor wrote.
+            let version = format!("{} {}", b.backend.version(), build_identity(&b.source));
+            let key = cache_key(&b.name, &version, req);
+            crate::cache::lowered(&key, || {
+                let stages = b.backend.lower(req).into_result()?;
+                Ok(stages.into_iter().map(|s| (s.name.into_string(), s.text.into_string())).collect())
+            })
+        })
+        .map_err(self.fail())
+    }
+
+    /// Each stage of the lowering (name, text).
+    pub fn lower(&self) -> Result<Vec<(String, String)>> {
+        self.lower_cached().map(|(stages, _)| stages)
+    }
+
+    /// Runs the launch and returns every output of every kernel (in launch order, each name
+    /// once): [`Planned::launch_in_place`] on the inputs' memory and on fresh output arrays.
+    pub fn launch(&self, args: &LaunchArgs) -> Result<Vec<(String, HostArray)>> {
+        let kernels = &self.launch.kernels;
+        // Every kernel's inputs must be given; names are shared across the kernels of a launch.
+        for k in kernels {
+            check_inputs(k.kernel.kernel(), &args.inputs, kernels.len() == 1)?;
+        }
+        let verified: Vec<&Verified> = kernels.iter().map(|k| k.kernel).collect();
+        let need = crate::memory::Need { inputs: 0, ..crate::memory::Need::of(&verified, crate::memory::threads()) };
+        crate::memory::check(
+            || format!("the outputs of `{}`", verified.iter().map(|k| k.name()).collect::<Vec<_>>().join("`, `")),
+            need,
+        )?;
+        let mut outputs: Vec<(String, HostArray)> = Vec::new();
+        for k in kernels {
+            for p in k.kernel.kernel().params_of(ParamKind::Out) {
+                if !outputs.iter().any(|(n, _)| *n == p.name) {
+                    outputs.push((p.name.clone(), HostArray::zeros(p.ty.dtype, &p.ty.shape)));
+                }
+            }
+        }
+        let input_bytes: Vec<(&String, Type, Cow<'_, [u8]>)> =
+            args.inputs.iter().map(|(n, a)| (n, a.ty(), a.le_bytes())).collect();
+        // `bool` arrays are not bytes in place: they are written into bytes and converted after.
+        let mut bool_bytes: BTreeMap<String, Vec<u8>> =
+            outputs.iter().filter(|(_, a)| a.dtype() == DType::Bool).map(|(n, a)| (n.clone(), vec![0u8; a.len()])).collect();
+        let types: Vec<Type> = outputs.iter().map(|(_, a)| a.ty()).collect();
+        {
+            let mut in_place = InPlace {
+                inputs: input_bytes.iter().map(|(n, ty, b)| ((*n).clone(), BytesRef { ty: ty.clone(), bytes: b })).collect(),
+                outputs: BTreeMap::new(),
+                grid: BTreeMap::new(),
+            };
+            let mut bool_slots: BTreeMap<&str, &mut Vec<u8>> = bool_bytes.iter_mut().map(|(n, b)| (n.as_str(), b)).collect();
+            for ((name, array), ty) in outputs.iter_mut().zip(types) {
+                let bytes = match array.le_bytes_mut() {
+                    Some(b) => b,
+                    None => bool_slots.remove(name.as_str()).expect("bool outputs have bytes").as_mut_slice(),
+                };
+                in_place.outputs.insert(name.clone(), BytesMut { ty, bytes });
+            }
+            self.launch_in_place(&mut in_place)?;
+        }
+        for (name, array) in &mut outputs {
+            if let Some(bytes) = bool_bytes.get(name.as_str()) {
+                *array = HostArray::from_le_bytes(DType::Bool, &array.shape, bytes).expect("one byte per element");
+            }
+        }
+        Ok(outputs)
+    }
+
+    /// The launch on memory the caller owns: inputs read where they are, outputs written into the
+    /// caller's arrays. A backend that computes in host memory (the interpreter) reads the inputs
+    /// in place and writes the outputs once; a device backend uploads from them and downloads
+    /// into them, one copy each way.
+    pub fn launch_in_place(&self, args: &mut InPlace<'_>) -> Result<()> {
+        let b = self.b;
+        let kernels = &self.launch.kernels;
+        let fail = self.fail();
+        let types: BTreeMap<String, Type> = args.inputs.iter().map(|(n, a)| (n.clone(), a.ty.clone())).collect();
+        for k in kernels {
+            check_input_types(k.kernel.kernel(), &types, kernels.len() == 1)?;
+            for p in k.kernel.kernel().params_of(ParamKind::Out) {
+                if args.outputs.get(&p.name).map(|o| &o.ty) != Some(&p.ty) {
+                    return Err(Error::Backend {
+                        backend: b.name.clone(),
+                        kind: ErrorKind::InvalidInput,
+                        message: format!("output `{}` has no array of its type {} to be written into", p.name, p.ty),
+                    });
+                }
+            }
+        }
+        let shapes = |ty: &Type| ty.shape.iter().map(|&d| d as u64).collect::<Vec<u64>>();
+        let in_shapes: BTreeMap<&str, Vec<u64>> = args.inputs.iter().map(|(n, a)| (n.as_str(), shapes(&a.ty))).collect();
+        let out_shapes: BTreeMap<String, Vec<u64>> = args.outputs.iter().map(|(n, a)| (n.clone(), shapes(&a.ty))).collect();
+        let lend = |name: &'_ str| -> RArrayRef<'_> {
+            let a = &args.inputs[name];
+            RArrayRef {
+                dtype: RStr::from_str(a.ty.dtype.name()),
+                shape: RSlice::from_slice(&in_shapes[name]),
+                bytes: RSlice::from_slice(a.bytes),
+            }
+        };
+        self.request(|req| {
+            let inputs: Vec<HostInput<'_>> =
+                args.inputs.keys().map(|n| HostInput { name: RStr::from_str(n), array: lend(n) }).collect();
+            let mut outputs: Vec<HostOutput<'_>> = args
+                .outputs
+                .iter_mut()
+                .map(|(n, a)| HostOutput {
+                    name: RStr::from_str(n),
+                    array: RArrayMut {
+                        dtype: RStr::from_str(a.ty.dtype.name()),
+                        shape: RSlice::from_slice(&out_shapes[n]),
+                        bytes: RSliceMut::from_mut_slice(a.bytes),
+                    },
+                })
+                .collect();
+            let ran = b
+                .backend
+                .launch_host(req, RSlice::from_slice(&inputs), RSliceMut::from_mut_slice(&mut outputs))
+                .into_result()
+                .map_err(&fail)?;
+            if ran {
+                return Ok(());
+            }
+            let upload = |name: &str, id: u64| b.backend.upload(id, lend(name)).into_result();
+            let mut outputs: BTreeMap<&str, &mut HostOutput<'_>> = outputs.iter_mut().map(|o| (o.name.as_str(), o)).collect();
+            with_buffers(b, req, kernels, upload, |name, id| {
+                let o = outputs.get_mut(name).expect("every output has an array (checked above)");
+                let into = RArrayMut {
+                    dtype: o.array.dtype,
+                    shape: o.array.shape,
+                    bytes: RSliceMut::from_mut_slice(o.array.bytes.as_mut_slice()),
+                };
+                b.backend.download_into(id, into).into_result().map_err(&fail)
+            })
+            .map(drop)
+        })
+    }
+
+    /// The launch on arrays already in the backend's memory, bound by argument name; outputs are
+    /// written in place. Nothing is copied between host and device. With `timed`, how long its
+    /// dispatches took on the device's own clock (GPU timestamp queries), or `None` where the
+    /// backend cannot tell.
+    pub fn launch_resident(&self, arrays: &[(&str, &DeviceArray)], timed: bool) -> Result<Option<Duration>> {
+        let b = self.b;
+        for k in &self.launch.kernels {
+            for p in k.kernel.kernel().params.iter().filter(|p| p.kind != ParamKind::Scratch) {
+                let bound = arrays.iter().find(|(n, _)| *n == p.name).map(|(_, a)| a);
+                let message = match bound {
+                    None => format!("kernel `{}`: no array is bound to argument `{}` ({})", k.kernel.name(), p.name, p.ty),
+                    Some(a) if a.backend != b.name || a.ty != p.ty => format!(
+                        "kernel `{}`: argument `{}` is {} on {}, but the array bound to it is {} on {}",
+                        k.kernel.name(),
+                        p.name,
+                        p.ty,
+                        b.name,
+                        a.ty,
+                        a.backend
+                    ),
+                    Some(_) => continue,
+                };
+                return Err(Error::Backend { backend: b.name.clone(), kind: ErrorKind::InvalidInput, message });
+            }
+        }
+        let args: Vec<BufferArg<'_>> = arrays.iter().map(|(n, a)| BufferArg { name: RStr::from_str(n), buffer: a.id }).collect();
+        let args = RSlice::from_slice(&args);
+        self.request(|req| {
+            let r = if timed {
+                b.backend.launch_timed(req, args).into_result().map(|ns| ns.into_option().map(Duration::from_nanos))
+            } else {
+                b.backend.launch(req, args).into_result().map(|()| None)
+            };
+            r.map_err(self.fail())
+        })
+    }
+
+    /// [`Planned::launch`], reporting what ran where, why, and how long compiling (from the
+    /// backend's cache counters) and running took.
+    pub fn run(&self, args: &LaunchArgs) -> Result<Report> {
+        let mut outputs = Vec::new();
+        let mut report = self.timed(|| {
+            outputs = self.launch(args)?;
+            Ok(())
+        })?;
+        report.outputs = outputs;
+        Ok(report)
+    }
+
+    /// [`Planned::run`] on memory the caller owns ([`Planned::launch_in_place`]): the report's
+    /// `outputs` are empty, the caller's arrays hold them.
+    pub fn run_in_place(&self, args: &mut InPlace<'_>) -> Result<Report> {
+        self.timed(|| self.launch_in_place(args))
+    }
+
+    fn timed(&self, launch: impl FnOnce() -> Result<()>) -> Result<Report> {
+        let before = self.b.backend.cache_stats();
+        let start = Instant::now();
+        launch()?;
+        let took = start.elapsed();
+        let after = self.b.backend.cache_stats();
+        let compile = Duration::from_nanos(after.compile_ns.saturating_sub(before.compile_ns));
+        Ok(Report {
+            outputs: Vec::new(),
+            backend: self.plan.backend.to_string(),
+            decisions: self.plan.decisions.to_vec(),
+            compile,
+            run: took.saturating_sub(compile),
+            cache_hit: after.misses == before.misses,
+        })
+    }
+}
+
+/// Allocates a buffer per argument of `kernels` (each name once), fills the inputs with
+/// `upload`, launches, hands every output to `finish` (launch order), and frees every buffer.
+fn with_buffers<T>(
+    b: &Loaded,
+    req: &LaunchRequest<'_>,
+    kernels: &[KernelLaunch<'_>],
+    upload: impl Fn(&str, u64) -> std::result::Result<(), BackendError>,
+    mut finish: impl FnMut(&str, u64) -> Result<T>,
+) -> Result<Vec<(String, T)>> {
+    let fail = |e: BackendError| backend_error(b, e);
+    let mut bound: Vec<(String, u64)> = Vec::new();
+    let mut outputs: Vec<String> = Vec::new();
+    let result = (|| {
+        for k in kernels {
+            for p in &k.kernel.kernel().params {
+                if p.kind == ParamKind::Scratch || bound.iter().any(|(n, _)| *n == p.name) {
+                    continue;
+                }
+                let shape: Vec<u64> = p.ty.shape.iter().map(|&d| d as u64).collect();
+                let id =
+                    b.backend.alloc(RStr::from_str(p.ty.dtype.name()), RSlice::from_slice(&shape)).into_result().map_err(fail)?;
+                bound.push((p.name.clone(), id));
+                match p.kind {
+                    ParamKind::In => upload(&p.name, id).map_err(fail)?,
+                    _ => outputs.push(p.name.clone()),
+                }
+            }
+        }
+        let buffer_args: Vec<BufferArg<'_>> =
+            bound.iter().map(|(n, id)| BufferArg { name: RStr::from_str(n), buffer: *id }).collect();
+        b.backend.launch(req, RSlice::from_slice(&buffer_args)).into_result().map_err(fail)?;
+        outputs
+            .iter()
+            .map(|name| {
+                let id = bound.iter().find(|(n, _)| n == name).map(|(_, id)| *id).expect("outputs are bound");
+                Ok((name.clone(), finish(name, id)?))
+            })
+            .collect::<Result<Vec<_>>>()
+    })();
+    for (_, id) in &bound {
+        // A buffer that cannot be freed is the backend's problem; the launch result stands.
+        let _ = b.backend.free(*id);
+    }
+    result
+}
+
+/// The entry points that plan and act in one call, for callers that launch once: each plans
+/// (so asks `supports` once) and then acts on the plan.
+impl Runtime {
+    /// [`Runtime::plan`] under `auto`: the backend chosen and a line per backend asked.
+    pub fn choose(
+        &self,
+        kernels: &[KernelLaunch<'_>],
+        externals: &[&MeshBox],
+        grid: &BTreeMap<String, u64>,
+    ) -> Result<(String, Vec<String>)> {
+        let launch = Launch::new(kernels, externals, grid);
+        self.plan(Choice::Auto, &launch).map(|p| (p.plan.backend.to_string(), p.plan.decisions.to_vec()))
+    }
+
+    /// Whether `backend` takes this launch, without a device.
+    pub fn supports(
+        &self,
+        backend: &str,
+        kernels: &[KernelLaunch<'_>],
+        externals: &[&MeshBox],
+        grid: &BTreeMap<String, u64>,
+    ) -> Result<()> {
+        self.plan(Choice::Named(backend), &Launch::new(kernels, externals, grid)).map(drop)
+    }
+
+    /// [`Planned::lower`] on `backend`.
+    pub fn lower(
+        &self,
+        backend: &str,
+        kernels: &[KernelLaunch<'_>],
+        externals: &[&MeshBox],
+        grid: &BTreeMap<String, u64>,
+    ) -> Result<Vec<(String, String)>> {
+        self.plan(Choice::Named(backend), &Launch::new(kernels, externals, grid))?.lower()
+    }
+
+    /// [`Planned::lower_cached`] on `backend`.
+    pub fn lower_cached(
+        &self,
+        backend: &str,
+        kernels: &[KernelLaunch<'_>],
+        externals: &[&MeshBox],
+        grid: &BTreeMap<String, u64>,
+    ) -> Result<(Vec<(String, String)>, crate::cache::Outcome)> {
+        self.plan(Choice::Named(backend), &Launch::new(kernels, externals, grid))?.lower_cached()
+    }
+
+    /// [`Planned::launch`] on `backend`.
+    pub fn launch(
+        &self,
+        backend: &str,
+        kernels: &[KernelLaunch<'_>],
+        externals: &[&MeshBox],
+        args: &LaunchArgs,
+    ) -> Result<Vec<(String, HostArray)>> {
+        self.plan(Choice::Named(backend), &Launch::new(kernels, externals, &args.grid))?.launch(args)
+    }
+
+    /// [`Planned::launch_in_place`] on `backend`.
+    pub fn launch_in_place(
+        &self,
+        backend: &str,
+        kernels: &[KernelLaunch<'_>],
+        externals: &[&MeshBox],
+        args: &mut InPlace<'_>,
+    ) -> Result<()> {
+        let launch = Launch::new(kernels, externals, &args.grid);
+        self.plan(Choice::Named(backend), &launch)?.launch_in_place(args)
+    }
+
+    /// [`Planned::run`] on `backend`, or under `auto` (`backend` = `"auto"`).
+    pub fn run(&self, backend: &str, kernels: &[KernelLaunch<'_>], externals: &[&MeshBox], args: &LaunchArgs) -> Result<Report> {
+        self.plan(Choice::of(backend), &Launch::new(kernels, externals, &args.grid))?.run(args)
+    }
+
+    /// [`Planned::run_in_place`] on `backend`, or under `auto`.
+    pub fn run_in_place(
+        &self,
+        backend: &str,
+        kernels: &[KernelLaunch<'_>],
+        externals: &[&MeshBox],
+        args: &mut InPlace<'_>,
+    ) -> Result<Report> {
+        let launch = Launch::new(kernels, externals, &args.grid);
+        self.plan(Choice::of(backend), &launch)?.run_in_place(args)
+    }
+
+    /// [`Planned::launch_resident`] on `backend`.
+    pub fn launch_resident(
+        &self,
+        backend: &str,
+        kernels: &[KernelLaunch<'_>],
+        externals: &[&MeshBox],
+        grid: &BTreeMap<String, u64>,
+        arrays: &[(&str, &DeviceArray)],
+    ) -> Result<()> {
+        self.plan(Choice::Named(backend), &Launch::new(kernels, externals, grid))?.launch_resident(arrays, false).map(drop)
+    }
+
+    /// [`Planned::launch_resident`] on `backend`, timed on the device.
+    pub fn launch_resident_timed(
+        &self,
+        backend: &str,
+        kernels: &[KernelLaunch<'_>],
+        externals: &[&MeshBox],
+        grid: &BTreeMap<String, u64>,
+        arrays: &[(&str, &DeviceArray)],
+    ) -> Result<Option<Duration>> {
+        self.plan(Choice::Named(backend), &Launch::new(kernels, externals, grid))?.launch_resident(arrays, true)
+    }
+}
