@@ -98,12 +98,39 @@ pub fn lowered(
     }
     let stages = lower()?;
     let written = write(&dir, &path, &encode(&key, &stages));
+    if written && !existed {
+        prune(&dir);
+    }
     let outcome = match (existed, written) {
         (true, true) => Outcome::Rewritten(path),
         (false, true) => Outcome::Miss(Some(path)),
         (_, false) => Outcome::Miss(None),
     };
     Ok((stages, outcome))
+}
+
+/// Entries kept on disk: past it, the least recently written go (oldest modification first).
+pub const ENTRIES_KEPT: usize = 4096;
+
+/// Removes the oldest entries of `dir` past [`ENTRIES_KEPT`]; a file that cannot be read or
+/// removed is left (another process may be pruning too).
+fn prune(dir: &std::path::Path) {
+    let Ok(read) = std::fs::read_dir(dir) else { return };
+    let mut entries: Vec<(std::time::SystemTime, std::path::PathBuf)> = read
+        .filter_map(|e| {
+            let e = e.ok()?;
+            let path = e.path();
+            (path.extension()? == "lowered").then_some(())?;
+            Some((e.metadata().ok()?.modified().ok()?, path))
+        })
+        .collect();
+    if entries.len() <= ENTRIES_KEPT {
+        return;
+    }
+    entries.sort();
+    for (_, path) in &entries[..entries.len() - ENTRIES_KEPT] {
+        let _ = std::fs::remove_file(path);
+    }
 }
 
 fn write(dir: &std::path::Path, path: &std::path::Path, text: &str) -> bool {
@@ -126,6 +153,20 @@ fn write(dir: &std::path::Path, path: &std::path::Path, text: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_disk_cache_keeps_its_bound_and_only_its_own_files() {
+        let dir = tempfile::tempdir().unwrap();
+        for n in 0..ENTRIES_KEPT + 3 {
+            std::fs::write(dir.path().join(format!("{n:05}.lowered")), "x").unwrap();
+        }
+        std::fs::write(dir.path().join("notes.txt"), "mine").unwrap();
+        prune(dir.path());
+        let left: Vec<String> =
+            std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        assert_eq!(left.iter().filter(|n| n.ends_with(".lowered")).count(), ENTRIES_KEPT);
+        assert!(left.iter().any(|n| n == "notes.txt"));
+    }
 
     #[test]
     fn entries_round_trip_and_damage_is_detected() {

@@ -253,6 +253,11 @@ impl Planned<'_, '_> {
         &self.plan.decisions
     }
 
+    /// The decision, to keep for [`Runtime::resume`].
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
     /// The owned decision, for [`Runtime::resume`].
     pub fn into_plan(self) -> Plan {
         self.plan

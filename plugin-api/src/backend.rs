@@ -410,6 +410,8 @@ type ParsedKernels = Arc<Vec<Arc<Kernel>>>;
 const DECODED_KEPT: usize = 256;
 /// Plans kept for the launch that follows their `supports`.
 const PLANS_KEPT: usize = 64;
+/// Compiled launches kept (each cache starts afresh when full, as every cache here does).
+const COMPILED_KEPT: usize = 256;
 
 impl<B: BackendImpl> Exported<B> {
     /// [`decode`], reusing the kernels parsed for the same request before.
@@ -459,7 +461,11 @@ impl<B: BackendImpl> Exported<B> {
         };
         let c = Arc::new(self.backend.compile(launch, plan)?);
         self.compile_ns.fetch_add(start.elapsed().as_nanos().try_into().unwrap_or(u64::MAX), Ordering::Relaxed);
-        self.compiled.lock().map_err(|_| poisoned())?.insert(key, Arc::clone(&c));
+        let mut compiled = self.compiled.lock().map_err(|_| poisoned())?;
+        if compiled.len() >= COMPILED_KEPT {
+            compiled.clear();
+        }
+        compiled.insert(key, Arc::clone(&c));
         Ok(c)
     }
 
@@ -585,7 +591,11 @@ impl<B: BackendImpl> Backend for Exported<B> {
             let stages: RVec<Stage> = (self.backend.stages(&compiled).into_iter())
                 .map(|(name, text)| Stage { name: name.into(), text: text.into() })
                 .collect();
-            self.lowered.lock().map_err(|_| poisoned())?.insert(key, stages.clone());
+            let mut lowered = self.lowered.lock().map_err(|_| poisoned())?;
+            if lowered.len() >= COMPILED_KEPT {
+                lowered.clear();
+            }
+            lowered.insert(key, stages.clone());
             Ok(stages)
         })
     }

@@ -216,7 +216,17 @@ struct Kernel {
     index: usize,
     /// Specializations by their parameter values (`{}` for a kernel without parameters).
     specialized: Mutex<HashMap<BTreeMap<String, i64>, Arc<Verified>>>,
+    /// Each launch's plan (the backend's acceptance, asked once) by what decides it.
+    plans: Mutex<HashMap<PlanKey, tessel::Plan>>,
 }
+
+/// What decides a launch's plan: the runtime's generation (a plugin loaded since makes a new
+/// one), the parameter values, the backend asked, the mesh and external meshes as written and
+/// the grid.
+type PlanKey = (u64, BTreeMap<String, i64>, String, Option<String>, Vec<String>, BTreeMap<String, u64>);
+
+/// Bumped by every `load_plugin`: plans kept for the runtime before it are not used after.
+static GENERATION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// The most specializations one kernel keeps.
 const KEPT: usize = 64;
@@ -281,7 +291,8 @@ impl Kernel {
                 return Err(raise(py, Failure::Kernel(m)));
             }
         };
-        let k = Kernel { file: Arc::new(file), index, specialized: Mutex::new(HashMap::new()) };
+        let k =
+            Kernel { file: Arc::new(file), index, specialized: Mutex::new(HashMap::new()), plans: Mutex::new(HashMap::new()) };
         if k.generic().params().iter().all(|p| p.default.is_some()) {
             detached(py, || k.specialize(&BTreeMap::new(), &BTreeMap::new(), "auto").map(drop))?;
         }
@@ -398,11 +409,36 @@ impl Kernel {
         for (n, ty, w) in &mut writers {
             args.outputs.insert(n.clone(), BytesMut { ty: ty.clone(), bytes: w.as_slice_mut()? });
         }
-        let report = detached(py, move || {
+        let report = detached(py, || {
             let rt = runtime()?;
             let (mesh, externals) = how.meshes(&rt)?;
             let calls = [KernelLaunch { kernel: &kernel, mesh: mesh.as_ref() }];
-            Ok(rt.run_in_place(how.backend, &calls, &externals.iter().collect::<Vec<_>>(), &mut args)?)
+            let externals: Vec<&MeshBox> = externals.iter().collect();
+            let launch = tessel::Launch::new(&calls, &externals, &how.grid);
+            // A launch planned before is not asked again (one plan per distinct launch).
+            let key: PlanKey = (
+                GENERATION.load(std::sync::atomic::Ordering::Relaxed),
+                values.clone(),
+                how.backend.to_string(),
+                how.mesh.clone(),
+                how.external_meshes.clone(),
+                how.grid.clone(),
+            );
+            let known = self.plans.lock().ok().and_then(|m| m.get(&key).cloned());
+            let planned = match known {
+                Some(plan) => rt.resume(plan, &launch)?,
+                None => {
+                    let planned = rt.plan(tessel::Choice::of(how.backend), &launch)?;
+                    if let Ok(mut m) = self.plans.lock() {
+                        if m.len() >= KEPT {
+                            m.clear();
+                        }
+                        m.insert(key, planned.plan().clone());
+                    }
+                    planned
+                }
+            };
+            Ok(planned.run_in_place(&mut args)?)
         })?;
         drop(writers);
         let d = PyDict::new(py);
@@ -635,6 +671,7 @@ fn load_plugin(py: Python<'_>, path: PathBuf) -> PyResult<()> {
             plugins.push(path);
         }
         let rt = Runtime::new(&plugins)?;
+        GENERATION.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         s.plugins = plugins;
         s.runtime = Some(Arc::new(rt));
         Ok(())
@@ -682,6 +719,20 @@ fn _ffi_stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     Ok(d)
 }
 
+/// How often this process has parsed kernel text, verified kernels (and kernels a backend
+/// derived), and had a backend plan a launch (`tessel_plugin_api::ir::counters`): what the
+/// launch-path tests pin.
+#[pyfunction]
+fn _counts(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    let c = tessel_plugin_api::ir::counters::counts();
+    let d = PyDict::new(py);
+    d.set_item("parses", c.parses)?;
+    d.set_item("verifies", c.verifies)?;
+    d.set_item("plans", c.plans)?;
+    d.set_item("derived", c.derived)?;
+    Ok(d)
+}
+
 /// Prepares the launch a `tessel_call` of these attributes makes (at lowering time, so that a
 /// refusal is a Python exception then): parsed, verified, its backend chosen (or asked, when
 /// named) and kept for the handler. Returns the backend and why.
@@ -708,5 +759,6 @@ fn _tessel(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_ffi_layout, m)?)?;
     m.add_function(wrap_pyfunction!(_ffi_stats, m)?)?;
     m.add_function(wrap_pyfunction!(_ffi_prepare, m)?)?;
+    m.add_function(wrap_pyfunction!(_counts, m)?)?;
     Ok(())
 }

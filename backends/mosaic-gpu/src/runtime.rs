@@ -137,6 +137,8 @@ impl Gpu {
     }
 
     fn function(&self, plan: &Plan, ptx: &str) -> Result<CudaFunction, BackendError> {
+        /// Loaded functions kept, by their PTX.
+        const FUNCTIONS_KEPT: usize = 256;
         let mut cache =
             self.functions.lock().map_err(|_| BackendError::new(ErrorKind::Internal, "the function cache is poisoned"))?;
         if let Some(f) = cache.get(ptx) {
@@ -158,6 +160,11 @@ impl Gpu {
             let bytes = i32::try_from(plan.shared_bytes()).unwrap_or(i32::MAX);
             f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes)
                 .map_err(|e| device_error("opting into shared memory", e))?;
+        }
+        // Bounded as every cache is: a full one starts afresh (modules stay loaded by their
+        // functions that are still in use).
+        if cache.len() >= FUNCTIONS_KEPT {
+            cache.clear();
         }
         cache.insert(ptx.to_string(), f.clone());
         Ok(f)

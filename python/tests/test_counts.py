@@ -1,0 +1,64 @@
+"""One plan per launch through Python and the XLA FFI handler: a cold call parses the kernel text
+once in the host and once in each backend asked, verifies once in each, and plans once on each
+backend asked; a repeated call parses, verifies and plans nothing. Counted by
+`tessel._tessel._counts()` (tessel_plugin_api::ir::counters, shared by the built-in backends).
+"""
+
+import pathlib
+
+import numpy as np
+import pytest
+
+import tessel
+from tessel import _tessel
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+# Not generic: a generic kernel is parsed twice in the host (its template, then bound).
+FUSED = ROOT / "examples" / "fused.tk"
+
+
+def counted(f):
+    before = _tessel._counts()
+    out = f()
+    after = _tessel._counts()
+    return out, {k: after[k] - before[k] for k in before}
+
+
+def fused_inputs(kernel):
+    rng = np.random.default_rng(3)
+    # Every input of `fused` is f32.
+    return {name: rng.standard_normal(shape).astype(np.float32) for name, (_, shape) in kernel.inputs.items()}
+
+
+def test_a_cold_call_parses_once_per_side_verifies_once_per_backend_and_plans_once():
+    k, c = counted(lambda: tessel.load(FUSED))
+    assert (c["parses"], c["verifies"], c["plans"]) == (1, 1, 0), c
+    inputs = fused_inputs(k)
+    result, c = counted(lambda: k.run(backend="interpret", **inputs))
+    assert result.backend == "interpret"
+    assert (c["parses"], c["verifies"], c["plans"]) == (1, 1, 1), c
+    # The same launch again: planned before, so no backend is asked.
+    _, c = counted(lambda: k.run(backend="interpret", **inputs))
+    assert (c["parses"], c["verifies"], c["plans"]) == (0, 0, 0), c
+    # Under auto, each backend asked once (the explanation names them), the chosen one not again;
+    # one that saw the same request before (the interpreter, above) does not parse it again.
+    result, c = counted(lambda: k.run(backend="auto", **inputs))
+    asked = sum(1 for line in result.decisions if ": chosen (" in line or "refuses the launch" in line)
+    assert asked >= 1, result.decisions
+    assert (c["verifies"], c["plans"]) == (asked, asked) and c["parses"] <= asked, (c, result.decisions)
+
+
+def test_the_ffi_handler_prepares_once_and_then_parses_verifies_and_plans_nothing():
+    jax = pytest.importorskip("jax")
+    import tessel.jax as tj
+
+    k = tessel.load(FUSED)
+    inputs = fused_inputs(k)
+    f = jax.jit(lambda *xs: tj.call(k, *xs, backend="interpret"))
+    args = [inputs[name] for name in k.inputs]
+    # Tracing specializes (its kernel is kept) and prepares the handler's launch: one parse of
+    # the call's text in the host, one in the interpreter; one verify each; one plan.
+    _, c = counted(lambda: jax.block_until_ready(f(*args)))
+    assert c["plans"] == 1 and c["parses"] <= 2 and c["verifies"] <= 2, c
+    _, c = counted(lambda: jax.block_until_ready(f(*args)))
+    assert (c["parses"], c["verifies"], c["plans"]) == (0, 0, 0), c
