@@ -1,6 +1,8 @@
 //! Helpers shared by the workspace tests: the CLI in-process, `.npy` files, seeded data, closeness.
 #![allow(dead_code, reason = "each test binary uses a different subset")]
 
+pub mod exec;
+
 use std::path::{Path, PathBuf};
 
 use rand::{Rng, SeedableRng};
