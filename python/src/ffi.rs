@@ -42,10 +42,13 @@ pub mod c_api {
     pub const BUFFER: i32 = 1;
     /// `XLA_FFI_AttrType_STRING`.
     pub const ATTR_STRING: i32 = 4;
-    /// `XLA_FFI_Error_Code_INVALID_ARGUMENT`, `_UNIMPLEMENTED`, `_INTERNAL`.
+    /// `XLA_FFI_Error_Code_INVALID_ARGUMENT`, `_RESOURCE_EXHAUSTED`, `_UNIMPLEMENTED`,
+    /// `_INTERNAL`, `_UNAVAILABLE` (absl's status codes).
     pub const INVALID_ARGUMENT: i32 = 3;
+    pub const RESOURCE_EXHAUSTED: i32 = 8;
     pub const UNIMPLEMENTED: i32 = 12;
     pub const INTERNAL: i32 = 13;
+    pub const UNAVAILABLE: i32 = 14;
     /// The API version the handler declares: the oldest with everything it uses.
     pub const API_MAJOR: i32 = 0;
     pub const API_MINOR: i32 = 1;
@@ -312,10 +315,11 @@ impl Prepared {
         if self.mesh.is_some() || !self.externals.is_empty() {
             return None;
         }
-        let mut kept = self.batches.lock().ok()?;
-        if let Some((_, v)) = kept.iter().find(|(c, _)| *c == count) {
+        if let Some((_, v)) = locked(&self.batches).iter().find(|(c, _)| *c == count) {
             return v.clone();
         }
+        // Planned outside the lock: another thread batching another size does not wait on it
+        // (two threads with the same new size both plan it, and one result is kept).
         let v = batch::batched(self.kernel.kernel(), count as u64)
             .ok()
             .and_then(|k| tessel_plugin_api::ir::verify(&k).ok())
@@ -323,12 +327,27 @@ impl Prepared {
                 let plan = rt.plan(Choice::Named(&self.backend), &Launch::one(&v)).ok()?.into_plan();
                 Some(Arc::new((v, plan)))
             });
+        let mut kept = locked(&self.batches);
         if kept.len() >= BATCHES_KEPT {
             kept.clear();
         }
-        kept.push((count, v.clone()));
+        if !kept.iter().any(|(c, _)| *c == count) {
+            kept.push((count, v.clone()));
+        }
         v
     }
+}
+
+/// `m` locked; a lock a panicking thread held is taken as it is: each of the handler's tables is
+/// whole between its statements (an entry is inserted or not), so a panic leaves none half-made.
+fn locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Forgets every prepared launch: their plans and meshes belong to the runtime they were made
+/// with (`tessel.load_plugin` makes a new one).
+pub fn forget() {
+    locked(&CACHE).clear();
 }
 
 /// The most prepared launches kept; the cache starts afresh when full.
@@ -366,7 +385,7 @@ pub fn stats() -> Stats {
         misses: load(&MISSES),
         failures: load(&FAILURES),
         most_in_flight: load(&MOST_IN_FLIGHT),
-        launches: LAUNCHES.lock().map(|l| l.clone()).unwrap_or_default(),
+        launches: locked(&LAUNCHES).clone(),
     }
 }
 
@@ -400,13 +419,14 @@ fn key(text: &[u8], backend: &[u8], mesh: &[u8], externals: &[u8]) -> [u8; 32] {
 /// the cache or prepared now (and kept).
 pub fn prepared(rt: &Runtime, text: &str, backend: &str, mesh: &str, externals: &str) -> Result<Arc<Prepared>, Error> {
     let k = key(text.as_bytes(), backend.as_bytes(), mesh.as_bytes(), externals.as_bytes());
-    if let Some(p) = CACHE.lock().ok().and_then(|c| c.get(&k).cloned()) {
+    if let Some(p) = locked(&CACHE).get(&k).cloned() {
         HITS.fetch_add(1, Ordering::Relaxed);
         return Ok(p);
     }
     MISSES.fetch_add(1, Ordering::Relaxed);
     let p = Arc::new(prepare(rt, text, backend, mesh, externals)?);
-    if let Ok(mut c) = CACHE.lock() {
+    {
+        let mut c = locked(&CACHE);
         if c.len() >= KEPT {
             c.clear();
         }
@@ -451,9 +471,14 @@ struct Failure {
 
 impl From<Error> for Failure {
     fn from(e: Error) -> Failure {
+        use tessel_plugin_api::abi::ErrorKind;
+        // The status XLA reports names the kind of failure: what tessel will not run, what it
+        // cannot run here, memory, a fault of tessel or the device, or a bad call.
         let code = match &e {
-            Error::Backend { kind: tessel_plugin_api::abi::ErrorKind::Unsupported, .. } => UNIMPLEMENTED,
-            Error::Backend { kind: tessel_plugin_api::abi::ErrorKind::Internal, .. } => INTERNAL,
+            Error::Backend { kind: ErrorKind::Unsupported, .. } | Error::NoBackend { .. } => UNIMPLEMENTED,
+            Error::Backend { kind: ErrorKind::Unavailable, .. } => UNAVAILABLE,
+            Error::Backend { kind: ErrorKind::Device | ErrorKind::Panic | ErrorKind::Internal, .. } => INTERNAL,
+            Error::Memory { .. } => RESOURCE_EXHAUSTED,
             _ => INVALID_ARGUMENT,
         };
         Failure { code, message: format!("tessel_call: {e}") }
@@ -694,7 +719,8 @@ unsafe fn handle(frame: *mut CallFrame) -> Result<(), Failure> {
         }
         planned.launch_in_place(&mut args)?;
     }
-    if let Ok(mut l) = LAUNCHES.lock() {
+    {
+        let mut l = locked(&LAUNCHES);
         match l.iter_mut().find(|(b, _)| *b == p.backend) {
             Some((_, c)) => *c += launches as u64,
             None => l.push((p.backend.clone(), launches as u64)),

@@ -672,6 +672,7 @@ fn load_plugin(py: Python<'_>, path: PathBuf) -> PyResult<()> {
         }
         let rt = Runtime::new(&plugins)?;
         GENERATION.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        ffi::forget();
         s.plugins = plugins;
         s.runtime = Some(Arc::new(rt));
         Ok(())
