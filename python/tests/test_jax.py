@@ -143,6 +143,25 @@ def test_call_runs_every_example_kernel_inside_jit(name):
             np.testing.assert_allclose(np.asarray(g, np.float64), w, rtol=tol, atol=tol, err_msg=f"{name} on {backend}")
 
 
+@pytest.mark.parametrize("name", sorted(EXAMPLE_CASES))
+def test_vmap_of_every_example_kernel_is_one_launch_equal_to_numpy_per_element(name):
+    make, reference, tol = EXAMPLE_CASES[name]
+    batch = [make() for _ in range(3)]
+    stacked = [np.stack(xs) for xs in zip(*batch)]
+    kernel = tessel.load(EXAMPLES / f"{name}.tk")
+    for backend in backends():
+        before = launches(backend)
+        got = jax.block_until_ready(jax.jit(jax.vmap(lambda *a: tj.call(kernel, *a, backend=backend)))(*stacked))
+        # One launch of the kernel batched over a new grid axis, not one per element.
+        assert launches(backend) == before + 1, (name, backend)
+        got = jax.tree_util.tree_leaves(got)
+        for i, args in enumerate(batch):
+            for g, w in zip(got, reference(*args)):
+                np.testing.assert_allclose(
+                    np.asarray(g[i], np.float64), w, rtol=tol, atol=tol, err_msg=f"{name} on {backend}, element {i}"
+                )
+
+
 def test_every_dtype_crosses_the_handler_in_declared_output_order():
     import ml_dtypes
 

@@ -1,11 +1,15 @@
 //! A kernel batched over a new grid axis: what `jax.vmap` of a kernel launch becomes in one
 //! launch. Every `in` and `out` array gains a leading dimension of the batch's size; each program
 //! of the new (last, parallel) axis sees its own element of it as the original kernel saw the
-//! whole array, through a block of one in that dimension that every `load` and `store` indexes at 0.
+//! whole array: an array with a block through a block of one in that dimension that every `load`
+//! and `store` indexes at 0, a whole-array reference (no block) by indexing that dimension at the
+//! program's id on the new axis.
 //! Scratch arrays, the body's maths and the other axes are unchanged, so each batch element gets
 //! exactly the original kernel's results.
 
-use super::{Affine, AxisSize, BlockSpec, GridAxis, Index, Kernel, Literal, Op, Operand, ParamKind, Stmt};
+use std::collections::HashSet;
+
+use super::{Affine, AxisRef, AxisSize, BlockSpec, GridAxis, Index, Kernel, Literal, Op, Operand, ParamKind, Stmt};
 
 /// `kernel` over `size` batch elements, or why it cannot be (a `dyn` grid axis). A kernel whose
 /// programs come from a mesh at launch is the caller's to keep unbatched: the mesh's axes would
@@ -23,37 +27,65 @@ pub fn batched(kernel: &Kernel, size: u64) -> Result<Kernel, String> {
     // Last: `program_id` and `num_programs` by position keep their meaning.
     axes.push(GridAxis { name: name.clone(), size: AxisSize::Fixed(size), seq: false, span: k.span });
     k.grid = Some(axes);
+    // The program's id on the new axis, for whole-array references: a name no value has.
+    let mut taken = HashSet::new();
+    results(&k.body, &mut taken);
+    let mut id = "batch_id".to_string();
+    while taken.contains(&id) {
+        id.push('_');
+    }
     let mut arrays = Vec::new();
     for p in k.params.iter_mut().filter(|p| p.kind != ParamKind::Scratch) {
-        let block = p
-            .block
-            .take()
-            .unwrap_or_else(|| BlockSpec { shape: p.ty.shape.clone(), index: vec![Affine::constant(0); p.ty.shape.len()] });
-        p.block = Some(BlockSpec {
-            shape: std::iter::once(1).chain(block.shape).collect(),
-            index: std::iter::once(Affine::axis(&name)).chain(block.index).collect(),
-        });
+        let at = match p.block.take() {
+            Some(block) => {
+                p.block = Some(BlockSpec {
+                    shape: std::iter::once(1).chain(block.shape).collect(),
+                    index: std::iter::once(Affine::axis(&name)).chain(block.index).collect(),
+                });
+                Operand::Lit(Literal::Int(0))
+            }
+            // Still a whole-array reference, which each program indexes itself.
+            None => Operand::Value(id.clone()),
+        };
+        arrays.push((p.name.clone(), p.ty.shape.len(), at));
         p.ty.shape.insert(0, size as usize);
-        arrays.push((p.name.clone(), p.ty.shape.len() - 1));
     }
-    index_at_zero(&mut k.body, &arrays);
+    if arrays.iter().any(|(_, _, at)| matches!(at, Operand::Value(_))) {
+        let program_id = Stmt { results: vec![id], op: Op::ProgramId(AxisRef::Name(name)), ty: None, span: k.span };
+        k.body.insert(0, program_id);
+    }
+    index_batch(&mut k.body, &arrays);
     Ok(k)
 }
 
-/// Every `load` and `store` of the batched `arrays` (name, original rank) indexes the new
-/// leading dimension at 0.
-fn index_at_zero(body: &mut [Stmt], arrays: &[(String, usize)]) {
-    let rank = |name: &str| arrays.iter().find(|(n, _)| n == name).map(|(_, r)| *r);
-    let zero = || Index::At(Operand::Lit(Literal::Int(0)));
+/// Every value name `body` defines, nested bodies' too.
+fn results(body: &[Stmt], into: &mut HashSet<String>) {
+    for s in body {
+        into.extend(s.results.iter().cloned());
+        match &s.op {
+            Op::When { body, .. } => results(body, into),
+            Op::For { body, iters, var, .. } => {
+                into.extend(iters.iter().map(|(n, _)| n.clone()));
+                into.insert(var.clone());
+                results(body, into);
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Every `load` and `store` of the batched `arrays` (name, original rank, index of the new
+/// leading dimension) indexes that dimension.
+fn index_batch(body: &mut [Stmt], arrays: &[(String, usize, Operand)]) {
     for s in body {
         match &mut s.op {
             Op::Load { src: name, index, .. } | Op::Store { dst: name, index, .. } => {
-                if let Some(r) = rank(name) {
-                    let rest = index.take().unwrap_or_else(|| vec![Index::Full; r]);
-                    *index = Some(std::iter::once(zero()).chain(rest).collect());
+                if let Some((_, r, at)) = arrays.iter().find(|(n, _, _)| n == name) {
+                    let rest = index.take().unwrap_or_else(|| vec![Index::Full; *r]);
+                    *index = Some(std::iter::once(Index::At(at.clone())).chain(rest).collect());
                 }
             }
-            Op::When { body, .. } | Op::For { body, .. } => index_at_zero(body, arrays),
+            Op::When { body, .. } | Op::For { body, .. } => index_batch(body, arrays),
             _ => {}
         }
     }
@@ -93,8 +125,24 @@ mod tests {
         let b = batched(&k, 5).expect("batches");
         let text = print_kernel(&b);
         assert!(text.contains("grid (batch: 2 seq, batch_: 5)"), "{text}");
-        assert!(text.contains("in  x: f32[5, 4, 8] block [1, 4, 8] at (batch_, 0, 0)"), "{text}");
-        assert!(text.contains("    %a = load x[0, :, :]") && text.contains("    store o[0, :, :], %a"), "{text}");
+        // Whole-array references stay so, indexed at the program's id on the new axis.
+        assert!(text.contains("in  x: f32[5, 4, 8]\n"), "{text}");
+        assert!(text.contains("%batch_id = program_id batch_"), "{text}");
+        assert!(text.contains("    %a = load x[%batch_id, :, :]") && text.contains("    store o[%batch_id, :, :], %a"), "{text}");
+        verify::verify(&b).expect("verifies");
+    }
+
+    #[test]
+    fn whole_arrays_written_by_every_program_stay_whole_array_references() {
+        // Each program writes its own slice of a whole-array output: a block would make the
+        // output one that every program of `i` writes, which the verifier refuses.
+        let k = one(
+            "kernel masked\n  grid (i: 8)\n  in  x: f32[1000]\n  out o: f32[1000]\n{\n  %i = program_id i\n  %start = mul %i, 128\n  %lane = iota 0 : i32[128]\n  %pos = add %lane, %start\n  %ok = lt %pos, 1000\n  %v = load x[ds(%start, 128)] mask %ok other 0.0\n  store o[ds(%start, 128)], %v mask %ok\n}\n",
+        );
+        let b = batched(&k, 3).expect("batches");
+        let text = print_kernel(&b);
+        assert!(text.contains("out o: f32[3, 1000]\n"), "{text}");
+        assert!(text.contains("store o[%batch_id, ds(%start, 128)], %v mask %ok"), "{text}");
         verify::verify(&b).expect("verifies");
     }
 
