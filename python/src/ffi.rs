@@ -645,6 +645,15 @@ fn bytes_of(ty: &Type) -> usize {
 }
 
 unsafe fn handle(frame: *mut CallFrame) -> Result<(), Failure> {
+    // A frame older (smaller) than the one declared here would be read past its end: refuse it
+    // before reading anything after its size. SAFETY: every XLA call frame starts with its size.
+    let size = unsafe { (*frame).struct_size };
+    if size < std::mem::size_of::<CallFrame>() {
+        return Err(invalid(format!(
+            "XLA's FFI call frame is {size} bytes, older than the {} this handler reads\n  use a jax and jaxlib of version 0.8 or newer",
+            std::mem::size_of::<CallFrame>()
+        )));
+    }
     // SAFETY: XLA's frame.
     if unsafe { metadata(frame) } {
         return Ok(());
