@@ -1,199 +1,27 @@
-//! Writing a backend: implement [`BackendImpl`] with plain Rust types and call [`export`]. The
-//! exported object runs every method under `catch_unwind` (a panic becomes an
-//! [`ErrorKind::Panic`] error and the panic message is kept out of the terminal), decodes launch
-//! requests, and keeps the table of device buffers. See `docs/writing-a-backend.md`.
+//! The ABI adapter [`export`](super::export) makes of a [`BackendImpl`]: `Exported<B>` runs every
+//! method under [`guard`], decodes requests, keeps the table of device buffers, and keeps four
+//! bounded caches (parsed kernels, plans, compiled launches, lowered text).
 
-use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashMap};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Once};
+use std::sync::{Arc, Mutex};
 
-use abi_stable::sabi_trait::TD_Opaque;
 use abi_stable::std_types::{ROption, RResult, RSlice, RSliceMut, RStr, RString, RVec};
 
+use super::guard::guard;
+use super::keys::{decode_keyed, keyed, request_key};
+use super::{Available, BackendImpl, Launch, invalid};
 use crate::abi::*;
 use crate::array::{DataRef, HostArray};
-use crate::ir::{self, AxisSize, DType, GridAxis, Kernel, Span, Type, Verified};
-use crate::mesh::{AxisRole, MeshAxis, MeshSpec};
-use crate::refusal::MeshRefusal;
+use crate::ir::{self, DType, Kernel, Type};
+use crate::mesh::MeshSpec;
 
-/// One (kernel, mesh) pair of a decoded launch.
-pub struct Call<'a> {
-    /// The kernel as parsed from the request (not yet verified: its grid may come from the mesh).
-    pub kernel: Arc<Kernel>,
-    /// Its mesh, if the launch gave one.
-    pub mesh: Option<&'a MeshBox>,
-}
-
-/// A launch request decoded into Rust types.
-pub struct Launch<'a> {
-    /// The (kernel, mesh) pairs in order.
-    pub calls: Vec<Call<'a>>,
-    /// External meshes.
-    pub external_meshes: Vec<&'a MeshBox>,
-    /// Sizes of `dyn` grid axes.
-    pub grid: BTreeMap<String, u64>,
-    /// What identifies this launch for any backend ([`request_key`]): the kernel text, each
-    /// call's kernel and mesh (its text and portable view), the external meshes, the grid sizes.
-    /// A backend whose answers depend on nothing else may remember them by it.
-    pub key: [u8; 32],
-}
-
-/// An available backend: the class of device it runs on (which ranks it under `auto`) and what
-/// that device is, in words.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Available {
-    /// The class `auto` ranks by.
-    pub class: DeviceClass,
-    /// What it runs on (`NVIDIA H200 (sm_90)`, `llvmpipe (software, Vulkan)`).
-    pub on: String,
-}
-
-/// A backend in plain Rust. [`export`] turns it into the ABI-stable object the host loads.
-pub trait BackendImpl: Send + Sync + 'static {
-    /// A device buffer.
-    type Buffer: Send + 'static;
-    /// Registry name.
-    fn name(&self) -> &str;
-    /// Backend version.
-    fn version(&self) -> &str;
-    /// What it runs on, in words.
-    fn platform(&self) -> String;
-    /// `Ok` with the class of device it runs on and what that is, or `Err(why it cannot run
-    /// here)`. Must not touch a device it has not been asked to use, and must be cheap.
-    fn availability(&self) -> Result<Available, String>;
-    /// What it takes, readable without a device.
-    fn capabilities(&self) -> Capabilities;
-    /// Builds this backend's own mesh from a portable spec.
-    fn make_mesh(&self, spec: &MeshSpec) -> Result<MeshBox, BackendError>;
-    /// What `supports` decided and `compile` consumes (verified kernels, their grids, the
-    /// lowering's plan), so that a launch is checked and planned once.
-    type Plan: Send + 'static;
-    /// The plan, or the refusal: cheap, no lowering, no device. Runs once before every launch,
-    /// even when the compiled launch is cached (it is where a backend checks that a mesh is its
-    /// own).
-    fn supports(&self, launch: &Launch<'_>) -> Result<Self::Plan, BackendError>;
-    /// A launch lowered for this backend: what [`BackendImpl::compile`] makes and
-    /// [`BackendImpl::run`] runs. [`export`] caches it, keyed by the launch.
-    type Compiled: Send + Sync + 'static;
-    /// Lowers a launch from the plan `supports` made for it. No device.
-    fn compile(&self, launch: &Launch<'_>, plan: Self::Plan) -> Result<Self::Compiled, BackendError>;
-    /// Named stages of lowered text (`ptx`, `wgsl`, ...).
-    fn stages(&self, compiled: &Self::Compiled) -> Vec<(String, String)>;
-    /// A zeroed buffer of `ty`.
-    fn alloc(&self, ty: &Type) -> Result<Self::Buffer, BackendError>;
-    /// Copies host data in (same type as allocated).
-    fn upload(&self, buffer: &mut Self::Buffer, data: HostArray) -> Result<(), BackendError>;
-    /// Copies a buffer out (a host-memory backend lends it instead).
-    fn download<'b>(&self, buffer: &'b Self::Buffer) -> Result<std::borrow::Cow<'b, HostArray>, BackendError>;
-    /// Runs a compiled launch; `buffers` holds the bound arguments by name.
-    fn run(
-        &self,
-        compiled: &Self::Compiled,
-        launch: &Launch<'_>,
-        buffers: &mut BTreeMap<String, Self::Buffer>,
-    ) -> Result<(), BackendError>;
-    /// [`BackendImpl::run`], timed on the device where the backend can: the nanoseconds its
-    /// dispatches took on the device's own clock, else `None` (the default: the host times it).
-    fn run_timed(
-        &self,
-        compiled: &Self::Compiled,
-        launch: &Launch<'_>,
-        buffers: &mut BTreeMap<String, Self::Buffer>,
-    ) -> Result<Option<u64>, BackendError> {
-        self.run(compiled, launch, buffers).map(|()| None)
-    }
-    /// Runs a compiled launch on memory the caller owns, for a backend that computes in host
-    /// memory: `inputs` borrowed by argument name, every element of each output written as
-    /// little-endian bytes into `outputs` (the caller's arrays of the outputs' types). `None`, the
-    /// default, where the backend does not (the host then uses buffers).
-    fn run_host(
-        &self,
-        compiled: &Self::Compiled,
-        launch: &Launch<'_>,
-        inputs: &BTreeMap<String, DataRef<'_>>,
-        outputs: &mut BTreeMap<String, &mut [u8]>,
-    ) -> Option<Result<(), BackendError>> {
-        let _ = (compiled, launch, inputs, outputs);
-        None
-    }
-}
-
-/// Wraps a backend into the object a plugin's root module returns and a built-in submits.
-pub fn export<B: BackendImpl>(backend: B) -> BackendBox {
-    install_quiet_panic_hook();
-    let exported = Exported {
-        backend,
-        buffers: Mutex::new(HashMap::new()),
-        next: AtomicU64::new(1),
-        compiled: Mutex::new(HashMap::new()),
-        lowered: Mutex::new(HashMap::new()),
-        planned: Mutex::new(HashMap::new()),
-        decoded: Mutex::new(HashMap::new()),
-        hits: AtomicU64::new(0),
-        misses: AtomicU64::new(0),
-        plans: AtomicU64::new(0),
-        compile_ns: AtomicU64::new(0),
-    };
-    Backend_TO::from_value(exported, TD_Opaque)
-}
-
-/// Runs `f` as an exported function body: a panic becomes an [`ErrorKind::Panic`] error.
-pub fn guard<T>(what: &str, f: impl FnOnce() -> Result<T, BackendError>) -> RResult<T, BackendError> {
-    install_quiet_panic_hook();
-    GUARDED.with(|g| g.set(g.get() + 1));
-    let result = catch_unwind(AssertUnwindSafe(f));
-    GUARDED.with(|g| g.set(g.get() - 1));
-    match result {
-        Ok(r) => r.into(),
-        Err(payload) => {
-            let msg = LAST_PANIC.with(|p| p.borrow_mut().take()).unwrap_or_else(|| panic_text(&*payload));
-            RResult::RErr(BackendError::new(
-                ErrorKind::Panic,
-                format!(
-                    "the backend panicked in `{what}`: {msg}\n  this is a bug in the backend; the host caught it and goes on"
-                ),
-            ))
-        }
-    }
-}
-
-thread_local! {
-    static GUARDED: Cell<u32> = const { Cell::new(0) };
-    static LAST_PANIC: RefCell<Option<String>> = const { RefCell::new(None) };
-}
-
-fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
-    payload
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a non-text panic payload".to_string())
-}
-
-/// Inside [`guard`], panics are recorded instead of printed; elsewhere the previous hook runs.
-fn install_quiet_panic_hook() {
-    static ONCE: Once = Once::new();
-    ONCE.call_once(|| {
-        let previous = std::panic::take_hook();
-        std::panic::set_hook(Box::new(move |info| {
-            if GUARDED.with(Cell::get) > 0 {
-                let where_ = info.location().map(|l| format!(" at {}:{}", l.file(), l.line())).unwrap_or_default();
-                let text = format!("{}{where_}", panic_text(info.payload()));
-                LAST_PANIC.with(|p| *p.borrow_mut() = Some(text));
-            } else {
-                previous(info);
-            }
-        }));
-    });
-}
-
-struct Exported<B: BackendImpl> {
+pub(super) struct Exported<B: BackendImpl> {
     backend: B,
     buffers: Mutex<HashMap<u64, B::Buffer>>,
     next: AtomicU64,
-    /// Compiled launches by [`cache_key`].
+    /// Compiled launches by [`cache_key`](super::cache_key).
     compiled: Mutex<HashMap<[u8; 32], Arc<B::Compiled>>>,
     /// The lowered text of each compiled launch, by the same key: made once, since every run
     /// through the host lowers first (the interpreter's text is its whole program, printed).
@@ -212,197 +40,6 @@ struct Exported<B: BackendImpl> {
     compile_ns: AtomicU64,
 }
 
-/// What identifies a launch request whatever the backend: the plugin-api and kernel text format
-/// versions, the kernel text, each call's kernel and mesh (its text and portable view), the
-/// external meshes, and the dynamic grid sizes.
-pub fn request_key(req: &LaunchRequest<'_>) -> [u8; 32] {
-    let mut h = blake3::Hasher::new();
-    let mut field = |bytes: &[u8]| {
-        h.update(&(bytes.len() as u64).to_le_bytes());
-        h.update(bytes);
-    };
-    field(PLUGIN_API_VERSION.as_bytes());
-    field(&req.ir_format.to_le_bytes());
-    field(req.source.as_str().as_bytes());
-    let mesh_text = |m: &MeshBox| format!("{} {}", m.display(), mesh_spec(m));
-    for c in req.calls.iter() {
-        field(c.kernel.as_str().as_bytes());
-        field(c.mesh.into_option().map(mesh_text).unwrap_or_default().as_bytes());
-    }
-    for m in req.external_meshes.iter() {
-        field(mesh_text(m).as_bytes());
-    }
-    for g in req.grid.iter() {
-        field(g.axis.as_str().as_bytes());
-        field(&g.size.to_le_bytes());
-    }
-    *h.finalize().as_bytes()
-}
-
-/// What identifies a compiled launch: the backend, its version, and the [`request_key`].
-pub fn cache_key(backend: &str, version: &str, req: &LaunchRequest<'_>) -> [u8; 32] {
-    keyed(backend, version, &request_key(req))
-}
-
-fn keyed(backend: &str, version: &str, request: &[u8; 32]) -> [u8; 32] {
-    let mut h = blake3::Hasher::new();
-    for bytes in [backend.as_bytes(), version.as_bytes()] {
-        h.update(&(bytes.len() as u64).to_le_bytes());
-        h.update(bytes);
-    }
-    h.update(request);
-    *h.finalize().as_bytes()
-}
-
-fn invalid(msg: impl Into<String>) -> BackendError {
-    BackendError::new(ErrorKind::InvalidInput, msg)
-}
-
-/// Decodes a request: format version, kernel text, kernels by name.
-pub fn decode<'a>(req: &LaunchRequest<'a>) -> Result<Launch<'a>, BackendError> {
-    decode_keyed(req, request_key(req), None)
-}
-
-/// [`decode`] with the request's key known, and the kernels when an earlier decoding of the same
-/// request made them.
-fn decode_keyed<'a>(req: &LaunchRequest<'a>, key: [u8; 32], known: Option<&[Arc<Kernel>]>) -> Result<Launch<'a>, BackendError> {
-    if req.ir_format != IR_FORMAT_VERSION {
-        return Err(invalid(format!(
-            "the host sent kernel text format {}, this backend reads format {IR_FORMAT_VERSION}\n  rebuild the plugin against the host's tessel-plugin-api",
-            req.ir_format
-        )));
-    }
-    let calls = match known {
-        Some(kernels) => {
-            req.calls.iter().zip(kernels).map(|(c, k)| Call { kernel: Arc::clone(k), mesh: c.mesh.into_option() }).collect()
-        }
-        None => {
-            let module = ir::parse(req.source.as_str()).map_err(|d| invalid(format!("the kernel text does not parse:\n{d}")))?;
-            req.calls
-                .iter()
-                .map(|c| {
-                    let kernel = module.kernels.iter().find(|k| k.name == c.kernel.as_str()).cloned().ok_or_else(|| {
-                        invalid(format!("the request names kernel `{}`, which its source does not define", c.kernel))
-                    })?;
-                    Ok(Call { kernel: Arc::new(kernel), mesh: c.mesh.into_option() })
-                })
-                .collect::<Result<Vec<_>, BackendError>>()?
-        }
-    };
-    let grid = req.grid.iter().map(|g| (g.axis.to_string(), g.size)).collect();
-    Ok(Launch { calls, external_meshes: req.external_meshes.iter().copied().collect(), grid, key })
-}
-
-/// The portable view of a mesh object as a [`MeshSpec`].
-pub fn mesh_spec(mesh: &MeshBox) -> MeshSpec {
-    let v = mesh.view();
-    MeshSpec {
-        kind: v.kind.to_string(),
-        axes: v
-            .axes
-            .iter()
-            .map(|a| MeshAxis {
-                name: a.name.to_string(),
-                size: a.size,
-                role: match a.role {
-                    RAxisRole::Grid => AxisRole::Grid,
-                    RAxisRole::Cluster => AxisRole::Cluster,
-                    RAxisRole::Thread => AxisRole::Thread,
-                },
-            })
-            .collect(),
-    }
-}
-
-/// A mesh that is its portable spec and nothing more: what the host makes from `grid(...)` and
-/// `device(...)` text, and what backends that read portable views make for themselves.
-#[derive(Clone, Debug)]
-pub struct SpecMesh(pub MeshSpec);
-
-impl Mesh for SpecMesh {
-    fn view(&self) -> RMeshView {
-        mesh_view(&self.0)
-    }
-
-    fn display(&self) -> RString {
-        self.0.to_string().into()
-    }
-}
-
-/// The portable view of a [`MeshSpec`], for `Mesh::view`.
-pub fn mesh_view(spec: &MeshSpec) -> RMeshView {
-    RMeshView {
-        kind: spec.kind.as_str().into(),
-        axes: spec
-            .axes
-            .iter()
-            .map(|a| RMeshAxis {
-                name: a.name.as_str().into(),
-                size: a.size,
-                role: match a.role {
-                    AxisRole::Grid => RAxisRole::Grid,
-                    AxisRole::Cluster => RAxisRole::Cluster,
-                    AxisRole::Thread => RAxisRole::Thread,
-                },
-            })
-            .collect(),
-    }
-}
-
-/// Gives a kernel the grid of its mesh (docs/language.md §4): a kernel without `grid` takes the
-/// mesh's axes as parallel grid axes; a kernel with one must match the mesh axis for axis, else
-/// `AXIS mixes mesh and grid axes`. Then verifies it.
-pub fn verify_with_mesh(kernel: &Kernel, mesh: Option<&MeshSpec>) -> Result<Verified, BackendError> {
-    let mut kernel = kernel.clone();
-    if let Some(m) = mesh {
-        match &kernel.grid {
-            None => {
-                // Every axis the kernel uses must be one of the mesh's.
-                if let Ok(v) = ir::verify(&kernel)
-                    && let Some(missing) = v.mesh_axes().iter().find(|a| !m.axes.iter().any(|x| &x.name == *a))
-                {
-                    return Err(MeshRefusal::MissingAxis {
-                        kernel: kernel.name.clone(),
-                        axis: missing.to_string(),
-                        mesh: m.to_string(),
-                        uses: v.mesh_axes().iter().map(|a| a.to_string()).collect(),
-                    }
-                    .into());
-                }
-                let axes = m.axes.iter().map(|a| GridAxis {
-                    name: a.name.clone(),
-                    size: AxisSize::Fixed(a.size),
-                    seq: false,
-                    span: Span::NONE,
-                });
-                kernel.grid = Some(axes.collect());
-            }
-            Some(grid) => {
-                for a in grid {
-                    let matches =
-                        m.axes.iter().any(|x| x.name == a.name && (a.size == AxisSize::Fixed(x.size) || a.size == AxisSize::Dyn));
-                    if !matches {
-                        return Err(MeshRefusal::MixesMeshAndGrid {
-                            kernel: kernel.name.clone(),
-                            axis: a.name.clone(),
-                            size: a.size.to_string(),
-                            mesh: m.to_string(),
-                        }
-                        .into());
-                    }
-                }
-            }
-        }
-    }
-    let v = ir::verify(&kernel).map_err(|d| invalid(format!("kernel `{}` does not verify:\n{d}", kernel.name)))?;
-    if !v.mesh_axes().is_empty() {
-        // No mesh gave the axes the kernel uses.
-        let e = crate::launch::resolve_grid(&v, &BTreeMap::new()).expect_err("a kernel with mesh axes needs a mesh");
-        return Err(invalid(e.to_string()));
-    }
-    Ok(v)
-}
-
 /// The kernels of one request, parsed.
 type ParsedKernels = Arc<Vec<Arc<Kernel>>>;
 
@@ -414,7 +51,24 @@ const PLANS_KEPT: usize = 64;
 const COMPILED_KEPT: usize = 256;
 
 impl<B: BackendImpl> Exported<B> {
-    /// [`decode`], reusing the kernels parsed for the same request before.
+    /// A backend with no buffers and empty caches.
+    pub(super) fn new(backend: B) -> Exported<B> {
+        Exported {
+            backend,
+            buffers: Mutex::new(HashMap::new()),
+            next: AtomicU64::new(1),
+            compiled: Mutex::new(HashMap::new()),
+            lowered: Mutex::new(HashMap::new()),
+            planned: Mutex::new(HashMap::new()),
+            decoded: Mutex::new(HashMap::new()),
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+            plans: AtomicU64::new(0),
+            compile_ns: AtomicU64::new(0),
+        }
+    }
+
+    /// [`decode`](super::decode), reusing the kernels parsed for the same request before.
     fn decode<'a>(&self, req: &LaunchRequest<'a>) -> Result<Launch<'a>, BackendError> {
         let key = request_key(req);
         let known = self.decoded.lock().ok().and_then(|m| m.get(&key).cloned());
@@ -741,53 +395,6 @@ fn check_host_arrays(launch: &Launch<'_>, inputs: &[HostInput<'_>], outputs: &[H
     Ok(())
 }
 
-/// The refusal of an upload whose array is not of the buffer's type (for [`BackendImpl::upload`]).
-pub fn check_upload(buffer: &Type, data: &HostArray) -> Result<(), BackendError> {
-    if data.ty() != *buffer {
-        return Err(invalid(format!("cannot upload {} into a buffer of {buffer}", data.ty())));
-    }
-    Ok(())
-}
-
-/// Makes a mesh object from a value owned by the caller's library (`TD_CanDowncast`), so that
-/// only that library can downcast it back.
-pub fn make_mesh_object<M: Mesh + 'static>(mesh: M) -> MeshBox {
-    Mesh_TO::from_value(mesh, abi_stable::sabi_trait::TD_CanDowncast)
-}
-
-/// Wraps the result of a root-module constructor, catching a panic.
-pub fn new_backend_guarded(make: impl FnOnce() -> BackendBox) -> RResult<BackendBox, BackendError> {
-    guard("new_backend", || Ok(make()))
-}
-
-/// Exports a backend as a plugin: defines the root module of a `cdylib`. Put it behind a cargo
-/// feature (`plugin`), so that two backends linked into one host do not both define the root
-/// module symbol:
-///
-/// ```ignore
-/// #[cfg(feature = "plugin")]
-/// tessel_plugin_api::export_plugin!(MyBackend::new());
-/// ```
-#[macro_export]
-macro_rules! export_plugin {
-    ($make:expr) => {
-        #[allow(unsafe_code, reason = "the loader static #[export_root_module] generates")]
-        #[::abi_stable::export_root_module]
-        pub fn tessel_plugin_root() -> $crate::abi::TesselPluginRef {
-            use ::abi_stable::prefix_type::PrefixTypeTrait;
-            extern "C" fn new_backend() -> ::abi_stable::std_types::RResult<$crate::abi::BackendBox, $crate::abi::BackendError> {
-                $crate::backend::new_backend_guarded(|| $crate::backend::export($make))
-            }
-            $crate::abi::TesselPlugin {
-                plugin_api_version: ::abi_stable::std_types::RStr::from_str($crate::abi::PLUGIN_API_VERSION),
-                ir_format: $crate::abi::IR_FORMAT_VERSION,
-                new_backend,
-            }
-            .leak_into_prefix()
-        }
-    };
-}
-
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
@@ -796,6 +403,7 @@ mod tests {
 
     use super::*;
     use crate::abi::{IR_FORMAT_VERSION, KernelCall};
+    use crate::backend::export;
 
     /// A backend that counts its plans and compilations and runs nothing.
     #[derive(Default)]

@@ -1,0 +1,130 @@
+//! Meshes as the host and backends share them: the portable view of a mesh object
+//! ([`mesh_spec`], [`mesh_view`], [`SpecMesh`]), a kernel given the grid of its mesh
+//! ([`verify_with_mesh`]), and mesh objects only their own library downcasts
+//! ([`make_mesh_object`]).
+
+use std::collections::BTreeMap;
+
+use abi_stable::std_types::RString;
+
+use super::invalid;
+use crate::abi::*;
+use crate::ir::{self, AxisSize, GridAxis, Kernel, Span, Verified};
+use crate::mesh::{AxisRole, MeshAxis, MeshSpec};
+use crate::refusal::MeshRefusal;
+
+/// The portable view of a mesh object as a [`MeshSpec`].
+pub fn mesh_spec(mesh: &MeshBox) -> MeshSpec {
+    let v = mesh.view();
+    MeshSpec {
+        kind: v.kind.to_string(),
+        axes: v
+            .axes
+            .iter()
+            .map(|a| MeshAxis {
+                name: a.name.to_string(),
+                size: a.size,
+                role: match a.role {
+                    RAxisRole::Grid => AxisRole::Grid,
+                    RAxisRole::Cluster => AxisRole::Cluster,
+                    RAxisRole::Thread => AxisRole::Thread,
+                },
+            })
+            .collect(),
+    }
+}
+
+/// A mesh that is its portable spec and nothing more: what the host makes from `grid(...)` and
+/// `device(...)` text, and what backends that read portable views make for themselves.
+#[derive(Clone, Debug)]
+pub struct SpecMesh(pub MeshSpec);
+
+impl Mesh for SpecMesh {
+    fn view(&self) -> RMeshView {
+        mesh_view(&self.0)
+    }
+
+    fn display(&self) -> RString {
+        self.0.to_string().into()
+    }
+}
+
+/// The portable view of a [`MeshSpec`], for `Mesh::view`.
+pub fn mesh_view(spec: &MeshSpec) -> RMeshView {
+    RMeshView {
+        kind: spec.kind.as_str().into(),
+        axes: spec
+            .axes
+            .iter()
+            .map(|a| RMeshAxis {
+                name: a.name.as_str().into(),
+                size: a.size,
+                role: match a.role {
+                    AxisRole::Grid => RAxisRole::Grid,
+                    AxisRole::Cluster => RAxisRole::Cluster,
+                    AxisRole::Thread => RAxisRole::Thread,
+                },
+            })
+            .collect(),
+    }
+}
+
+/// Gives a kernel the grid of its mesh (docs/language.md §4): a kernel without `grid` takes the
+/// mesh's axes as parallel grid axes; a kernel with one must match the mesh axis for axis, else
+/// `AXIS mixes mesh and grid axes`. Then verifies it.
+pub fn verify_with_mesh(kernel: &Kernel, mesh: Option<&MeshSpec>) -> Result<Verified, BackendError> {
+    let mut kernel = kernel.clone();
+    if let Some(m) = mesh {
+        match &kernel.grid {
+            None => {
+                // Every axis the kernel uses must be one of the mesh's.
+                if let Ok(v) = ir::verify(&kernel)
+                    && let Some(missing) = v.mesh_axes().iter().find(|a| !m.axes.iter().any(|x| &x.name == *a))
+                {
+                    return Err(MeshRefusal::MissingAxis {
+                        kernel: kernel.name.clone(),
+                        axis: missing.to_string(),
+                        mesh: m.to_string(),
+                        uses: v.mesh_axes().iter().map(|a| a.to_string()).collect(),
+                    }
+                    .into());
+                }
+                let axes = m.axes.iter().map(|a| GridAxis {
+                    name: a.name.clone(),
+                    size: AxisSize::Fixed(a.size),
+                    seq: false,
+                    span: Span::NONE,
+                });
+                kernel.grid = Some(axes.collect());
+            }
+            Some(grid) => {
+                for a in grid {
+                    let matches =
+                        m.axes.iter().any(|x| x.name == a.name && (a.size == AxisSize::Fixed(x.size) || a.size == AxisSize::Dyn));
+                    if !matches {
+                        return Err(MeshRefusal::MixesMeshAndGrid {
+                            kernel: kernel.name.clone(),
+                            axis: a.name.clone(),
+                            size: a.size.to_string(),
+                            mesh: m.to_string(),
+                        }
+                        .into());
+                    }
+                }
+            }
+        }
+    }
+    let v = ir::verify(&kernel).map_err(|d| invalid(format!("kernel `{}` does not verify:\n{d}", kernel.name)))?;
+    if !v.mesh_axes().is_empty() {
+        // No mesh gave the axes the kernel uses.
+        let e = crate::launch::resolve_grid(&v, &BTreeMap::new()).expect_err("a kernel with mesh axes needs a mesh");
+        return Err(invalid(e.to_string()));
+    }
+    Ok(v)
+}
+
+/// Makes a mesh object from a value owned by the caller's library (`TD_CanDowncast`), so that
+/// only that library can downcast it back.
+pub fn make_mesh_object<M: Mesh + 'static>(mesh: M) -> MeshBox {
+    Mesh_TO::from_value(mesh, abi_stable::sabi_trait::TD_CanDowncast)
+}

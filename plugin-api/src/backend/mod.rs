@@ -1,0 +1,178 @@
+//! Writing a backend: implement [`BackendImpl`] with plain Rust types and call [`export`]. The
+//! exported object runs every method under `catch_unwind` (a panic becomes an
+//! [`ErrorKind::Panic`] error and the panic message is kept out of the terminal), decodes launch
+//! requests, and keeps the table of device buffers. See `docs/writing-a-backend.md`.
+//!
+//! The files of this folder: this one holds what a backend author writes against
+//! ([`BackendImpl`] and the types it is handed, [`export`], [`check_upload`],
+//! [`export_plugin!`](crate::export_plugin)); `exported.rs` the ABI adapter [`export`] makes and
+//! its caches; `guard.rs` the panic guard; `keys.rs` what identifies a launch and how a request is
+//! decoded; `mesh.rs` the portable view of meshes and a kernel's grid from its mesh.
+
+mod exported;
+mod guard;
+mod keys;
+mod mesh;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use abi_stable::sabi_trait::TD_Opaque;
+
+use crate::abi::*;
+use crate::array::{DataRef, HostArray};
+use crate::ir::{Kernel, Type};
+use crate::mesh::MeshSpec;
+use exported::Exported;
+use guard::install_quiet_panic_hook;
+pub use guard::{guard, new_backend_guarded};
+pub use keys::{cache_key, decode, request_key};
+pub use mesh::{SpecMesh, make_mesh_object, mesh_spec, mesh_view, verify_with_mesh};
+
+/// One (kernel, mesh) pair of a decoded launch.
+pub struct Call<'a> {
+    /// The kernel as parsed from the request (not yet verified: its grid may come from the mesh).
+    pub kernel: Arc<Kernel>,
+    /// Its mesh, if the launch gave one.
+    pub mesh: Option<&'a MeshBox>,
+}
+
+/// A launch request decoded into Rust types.
+pub struct Launch<'a> {
+    /// The (kernel, mesh) pairs in order.
+    pub calls: Vec<Call<'a>>,
+    /// External meshes.
+    pub external_meshes: Vec<&'a MeshBox>,
+    /// Sizes of `dyn` grid axes.
+    pub grid: BTreeMap<String, u64>,
+    /// What identifies this launch for any backend ([`request_key`]): the kernel text, each
+    /// call's kernel and mesh (its text and portable view), the external meshes, the grid sizes.
+    /// A backend whose answers depend on nothing else may remember them by it.
+    pub key: [u8; 32],
+}
+
+/// An available backend: the class of device it runs on (which ranks it under `auto`) and what
+/// that device is, in words.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Available {
+    /// The class `auto` ranks by.
+    pub class: DeviceClass,
+    /// What it runs on (`NVIDIA H200 (sm_90)`, `llvmpipe (software, Vulkan)`).
+    pub on: String,
+}
+
+/// A backend in plain Rust. [`export`] turns it into the ABI-stable object the host loads.
+pub trait BackendImpl: Send + Sync + 'static {
+    /// A device buffer.
+    type Buffer: Send + 'static;
+    /// Registry name.
+    fn name(&self) -> &str;
+    /// Backend version.
+    fn version(&self) -> &str;
+    /// What it runs on, in words.
+    fn platform(&self) -> String;
+    /// `Ok` with the class of device it runs on and what that is, or `Err(why it cannot run
+    /// here)`. Must not touch a device it has not been asked to use, and must be cheap.
+    fn availability(&self) -> Result<Available, String>;
+    /// What it takes, readable without a device.
+    fn capabilities(&self) -> Capabilities;
+    /// Builds this backend's own mesh from a portable spec.
+    fn make_mesh(&self, spec: &MeshSpec) -> Result<MeshBox, BackendError>;
+    /// What `supports` decided and `compile` consumes (verified kernels, their grids, the
+    /// lowering's plan), so that a launch is checked and planned once.
+    type Plan: Send + 'static;
+    /// The plan, or the refusal: cheap, no lowering, no device. Runs once before every launch,
+    /// even when the compiled launch is cached (it is where a backend checks that a mesh is its
+    /// own).
+    fn supports(&self, launch: &Launch<'_>) -> Result<Self::Plan, BackendError>;
+    /// A launch lowered for this backend: what [`BackendImpl::compile`] makes and
+    /// [`BackendImpl::run`] runs. [`export`] caches it, keyed by the launch.
+    type Compiled: Send + Sync + 'static;
+    /// Lowers a launch from the plan `supports` made for it. No device.
+    fn compile(&self, launch: &Launch<'_>, plan: Self::Plan) -> Result<Self::Compiled, BackendError>;
+    /// Named stages of lowered text (`ptx`, `wgsl`, ...).
+    fn stages(&self, compiled: &Self::Compiled) -> Vec<(String, String)>;
+    /// A zeroed buffer of `ty`.
+    fn alloc(&self, ty: &Type) -> Result<Self::Buffer, BackendError>;
+    /// Copies host data in (same type as allocated).
+    fn upload(&self, buffer: &mut Self::Buffer, data: HostArray) -> Result<(), BackendError>;
+    /// Copies a buffer out (a host-memory backend lends it instead).
+    fn download<'b>(&self, buffer: &'b Self::Buffer) -> Result<std::borrow::Cow<'b, HostArray>, BackendError>;
+    /// Runs a compiled launch; `buffers` holds the bound arguments by name.
+    fn run(
+        &self,
+        compiled: &Self::Compiled,
+        launch: &Launch<'_>,
+        buffers: &mut BTreeMap<String, Self::Buffer>,
+    ) -> Result<(), BackendError>;
+    /// [`BackendImpl::run`], timed on the device where the backend can: the nanoseconds its
+    /// dispatches took on the device's own clock, else `None` (the default: the host times it).
+    fn run_timed(
+        &self,
+        compiled: &Self::Compiled,
+        launch: &Launch<'_>,
+        buffers: &mut BTreeMap<String, Self::Buffer>,
+    ) -> Result<Option<u64>, BackendError> {
+        self.run(compiled, launch, buffers).map(|()| None)
+    }
+    /// Runs a compiled launch on memory the caller owns, for a backend that computes in host
+    /// memory: `inputs` borrowed by argument name, every element of each output written as
+    /// little-endian bytes into `outputs` (the caller's arrays of the outputs' types). `None`, the
+    /// default, where the backend does not (the host then uses buffers).
+    fn run_host(
+        &self,
+        compiled: &Self::Compiled,
+        launch: &Launch<'_>,
+        inputs: &BTreeMap<String, DataRef<'_>>,
+        outputs: &mut BTreeMap<String, &mut [u8]>,
+    ) -> Option<Result<(), BackendError>> {
+        let _ = (compiled, launch, inputs, outputs);
+        None
+    }
+}
+
+/// Wraps a backend into the object a plugin's root module returns and a built-in submits.
+pub fn export<B: BackendImpl>(backend: B) -> BackendBox {
+    install_quiet_panic_hook();
+    Backend_TO::from_value(Exported::new(backend), TD_Opaque)
+}
+
+fn invalid(msg: impl Into<String>) -> BackendError {
+    BackendError::new(ErrorKind::InvalidInput, msg)
+}
+
+/// The refusal of an upload whose array is not of the buffer's type (for [`BackendImpl::upload`]).
+pub fn check_upload(buffer: &Type, data: &HostArray) -> Result<(), BackendError> {
+    if data.ty() != *buffer {
+        return Err(invalid(format!("cannot upload {} into a buffer of {buffer}", data.ty())));
+    }
+    Ok(())
+}
+
+/// Exports a backend as a plugin: defines the root module of a `cdylib`. Put it behind a cargo
+/// feature (`plugin`), so that two backends linked into one host do not both define the root
+/// module symbol:
+///
+/// ```ignore
+/// #[cfg(feature = "plugin")]
+/// tessel_plugin_api::export_plugin!(MyBackend::new());
+/// ```
+#[macro_export]
+macro_rules! export_plugin {
+    ($make:expr) => {
+        #[allow(unsafe_code, reason = "the loader static #[export_root_module] generates")]
+        #[::abi_stable::export_root_module]
+        pub fn tessel_plugin_root() -> $crate::abi::TesselPluginRef {
+            use ::abi_stable::prefix_type::PrefixTypeTrait;
+            extern "C" fn new_backend() -> ::abi_stable::std_types::RResult<$crate::abi::BackendBox, $crate::abi::BackendError> {
+                $crate::backend::new_backend_guarded(|| $crate::backend::export($make))
+            }
+            $crate::abi::TesselPlugin {
+                plugin_api_version: ::abi_stable::std_types::RStr::from_str($crate::abi::PLUGIN_API_VERSION),
+                ir_format: $crate::abi::IR_FORMAT_VERSION,
+                new_backend,
+            }
+            .leak_into_prefix()
+        }
+    };
+}

@@ -1,0 +1,279 @@
+//! The body of a kernel: statements, the operations they apply (`load`, `store`, `dot`, `when`,
+//! `for`, ...), index lists, operands and literals.
+
+use super::{PResult, Parser};
+use crate::ir::lexer::Tok;
+use crate::ir::*;
+
+impl Parser<'_> {
+    // ---- body ----
+
+    pub(super) fn block(&mut self) -> Vec<Stmt> {
+        let mut stmts = Vec::new();
+        loop {
+            self.skip_newlines();
+            match self.peek() {
+                None | Some(Tok::RBrace) => return stmts,
+                Some(Tok::Ident(w)) if w == "kernel" => return stmts,
+                _ => {}
+            }
+            match self.stmt() {
+                Ok(s) => stmts.push(s),
+                Err(d) => {
+                    self.diags.push(d);
+                    self.recover_line();
+                }
+            }
+        }
+    }
+
+    fn stmt(&mut self) -> PResult<Stmt> {
+        let start = self.span();
+        let mut results = Vec::new();
+        if matches!(self.peek(), Some(Tok::Value(_))) {
+            loop {
+                results.push(self.value_name("a result name such as `%r`")?);
+                if !self.eat(&Tok::Comma) {
+                    break;
+                }
+            }
+            self.expect(Tok::Eq, "`=` after the result names")?;
+        }
+        let (name, name_span) = self.ident("an operation such as `load`, `add` or `store`")?;
+        let op = self.op(&name, name_span)?;
+        let mut span = start.to(self.prev_span());
+        if matches!(op, Op::When { .. } | Op::For { .. }) {
+            return self.finish_block_stmt(results, op, span);
+        }
+        let ty = if self.eat(&Tok::Colon) { Some(self.ty()?) } else { None };
+        if ty.is_some() {
+            span = span.to(self.prev_span());
+        }
+        self.expect_line_end()?;
+        Ok(Stmt { results, op, ty, span })
+    }
+
+    /// `when` and `for`: the header is parsed; now `{`, the body, `}`.
+    fn finish_block_stmt(&mut self, results: Vec<String>, mut op: Op, span: Span) -> PResult<Stmt> {
+        self.expect(Tok::LBrace, "`{` to open the body")?;
+        self.expect_line_end()?;
+        let inner = self.block();
+        if !self.eat(&Tok::RBrace) {
+            let found = self.peek().map_or("the end of the file".to_string(), Tok::describe);
+            return Err(Diagnostic::new(span, format!("the `{}` body opened here is not closed", op.mnemonic()))
+                .expected(format!("expected `}}` on a line of its own before {found}")));
+        }
+        match &mut op {
+            Op::When { body, .. } | Op::For { body, .. } => *body = inner,
+            _ => unreachable!("only when and for have bodies"),
+        }
+        self.expect_line_end()?;
+        Ok(Stmt { results, op, ty: None, span })
+    }
+
+    fn op(&mut self, name: &str, name_span: Span) -> PResult<Op> {
+        Ok(match name {
+            "load" => self.load()?,
+            "store" => self.store()?,
+            "program_id" => Op::ProgramId(self.axis_ref()?),
+            "num_programs" => Op::NumPrograms(self.axis_ref()?),
+            "iota" => Op::Iota { dim: self.int("the dimension that counts, as in `iota 0 : i32[128]`")? },
+            "full" => Op::Full(self.literal()?),
+            "zeros" => Op::Zeros,
+            "select" => {
+                let c = self.operand()?;
+                self.expect(Tok::Comma, "`,` after the condition")?;
+                let a = self.operand()?;
+                self.expect(Tok::Comma, "`,` between the two choices")?;
+                Op::Select(c, a, self.operand()?)
+            }
+            "cast" => Op::Cast(self.operand()?),
+            "bitcast" => Op::Bitcast(self.operand()?),
+            "broadcast" => Op::Broadcast(self.operand()?),
+            "reshape" => Op::Reshape(self.operand()?),
+            "transpose" => {
+                let arg = self.operand()?;
+                self.expect_keyword("perm")?;
+                self.expect(Tok::LParen, "`(` and the permutation, as in `perm (1, 0)`")?;
+                let mut perm = Vec::new();
+                loop {
+                    perm.push(self.int("a dimension number")?);
+                    if self.eat(&Tok::RParen) {
+                        break;
+                    }
+                    self.expect(Tok::Comma, "`,` or `)` in the permutation")?;
+                }
+                Op::Transpose { arg, perm }
+            }
+            "dot" => {
+                let a = self.operand()?;
+                self.expect(Tok::Comma, "`,` between the two matrices")?;
+                let b = self.operand()?;
+                let trans_a = self.eat_ident("trans_a");
+                let trans_b = self.eat_ident("trans_b");
+                Op::Dot { a, b, trans_a, trans_b }
+            }
+            "when" => Op::When { cond: self.operand()?, body: Vec::new() },
+            "for" => self.for_header()?,
+            "yield" => {
+                let mut vals = Vec::new();
+                if !self.at_line_end() && !self.at(&Tok::RBrace) {
+                    loop {
+                        vals.push(self.operand()?);
+                        if !self.eat(&Tok::Comma) {
+                            break;
+                        }
+                    }
+                }
+                Op::Yield(vals)
+            }
+            _ => self.arith(name, name_span)?,
+        })
+    }
+
+    /// Unary, binary, compare and reduce operations (`max`/`min` are both binary and reduce).
+    fn arith(&mut self, name: &str, name_span: Span) -> PResult<Op> {
+        if let Some(op) = UnaryOp::from_name(name) {
+            return Ok(Op::Unary(op, self.operand()?));
+        }
+        let reduce = ReduceOp::from_name(name);
+        let binary = BinaryOp::from_name(name);
+        let compare = CmpOp::from_name(name);
+        if reduce.is_none() && binary.is_none() && compare.is_none() {
+            return Err(Diagnostic::new(name_span, format!("unknown operation `{name}`"))
+                .expected("expected an operation of docs/language.md, such as load, store, add, exp, sum, dot, when or for"));
+        }
+        let lhs = self.operand()?;
+        if let Some(op) = reduce
+            && self.eat_ident("axis")
+        {
+            let axis = self.int("the axis number")?;
+            let keepdims = self.eat_ident("keepdims");
+            return Ok(Op::Reduce { op, arg: lhs, axis, keepdims });
+        }
+        if binary.is_none() && compare.is_none() {
+            return Err(self.unexpected(&format!("`axis N` after `{name} %value`")));
+        }
+        let expect =
+            if reduce.is_some() { "`,` and a second operand, or `axis N` for a reduction" } else { "`,` and a second operand" };
+        self.expect(Tok::Comma, expect)?;
+        let rhs = self.operand()?;
+        Ok(match (binary, compare) {
+            (Some(op), _) => Op::Binary(op, lhs, rhs),
+            (None, Some(op)) => Op::Compare(op, lhs, rhs),
+            (None, None) => unreachable!("checked above"),
+        })
+    }
+
+    fn for_header(&mut self) -> PResult<Op> {
+        let var = self.value_name("the induction variable, as in `for %i = 0 to 8`")?;
+        self.expect(Tok::Eq, "`=` after the induction variable")?;
+        let lo = self.operand()?;
+        self.expect_keyword("to")?;
+        let hi = self.operand()?;
+        let step = if self.eat_ident("step") { Some(self.operand()?) } else { None };
+        let mut iters = Vec::new();
+        if self.eat_ident("iter") {
+            self.expect(Tok::LParen, "`(` and the carried values, as in `iter (%acc = %init)`")?;
+            loop {
+                let name = self.value_name("a carried value name such as `%acc`")?;
+                self.expect(Tok::Eq, "`=` and the initial value")?;
+                iters.push((name, self.operand()?));
+                if self.eat(&Tok::RParen) {
+                    break;
+                }
+                self.expect(Tok::Comma, "`,` or `)` in `iter (...)`")?;
+            }
+        }
+        Ok(Op::For { var, lo, hi, step, iters, body: Vec::new() })
+    }
+
+    fn load(&mut self) -> PResult<Op> {
+        let (src, _) = self.ident("the argument or scratch to load from")?;
+        let index = self.index_list()?;
+        let mask = if self.eat_ident("mask") { Some(self.value_name("a `bool` mask value after `mask`")?) } else { None };
+        let other = if self.eat_ident("other") { Some(self.literal()?) } else { None };
+        Ok(Op::Load { src, index, mask, other })
+    }
+
+    fn store(&mut self) -> PResult<Op> {
+        let (dst, _) = self.ident("the output or scratch to store to")?;
+        let index = self.index_list()?;
+        self.expect(Tok::Comma, "`,` and the value to store, as in `store o, %v`")?;
+        let value = self.operand()?;
+        let mask = if self.eat_ident("mask") { Some(self.value_name("a `bool` mask value after `mask`")?) } else { None };
+        Ok(Op::Store { dst, index, value, mask })
+    }
+
+    fn index_list(&mut self) -> PResult<Option<Vec<Index>>> {
+        if !self.eat(&Tok::LBracket) {
+            return Ok(None);
+        }
+        let mut out = Vec::new();
+        loop {
+            out.push(if self.eat(&Tok::Colon) {
+                Index::Full
+            } else if self.eat_ident("ds") {
+                self.expect(Tok::LParen, "`(` after `ds`, as in `ds(%start, 128)`")?;
+                let start = self.operand()?;
+                self.expect(Tok::Comma, "`,` and the slice size")?;
+                let size = self.size("a slice size")?;
+                self.expect(Tok::RParen, "`)` to close `ds(...)`")?;
+                Index::Slice { start, size }
+            } else {
+                Index::At(self.operand()?)
+            });
+            if self.eat(&Tok::RBracket) {
+                return Ok(Some(out));
+            }
+            self.expect(Tok::Comma, "`,` or `]` in the index")?;
+        }
+    }
+
+    fn axis_ref(&mut self) -> PResult<AxisRef> {
+        match self.peek() {
+            Some(Tok::Int(_)) => Ok(AxisRef::Pos(self.int("an axis position")?)),
+            _ => Ok(AxisRef::Name(self.ident("a grid axis name or position")?.0)),
+        }
+    }
+
+    fn operand(&mut self) -> PResult<Operand> {
+        match self.peek() {
+            Some(Tok::Value(_)) => Ok(Operand::Value(self.value_name("a value")?)),
+            _ => self.literal().map(Operand::Lit).map_err(|_| self.unexpected("a `%value` or a literal")),
+        }
+    }
+
+    fn literal(&mut self) -> PResult<Literal> {
+        if self.size_starts(self.pos) {
+            let (e, span) = self.size_expr(false)?;
+            return Ok(Literal::Int(self.size_value(&e, span)?));
+        }
+        let neg = self.eat(&Tok::Minus);
+        let sign = if neg { -1.0 } else { 1.0 };
+        let lit = match self.peek().cloned() {
+            Some(Tok::Float(s)) => {
+                self.pos += 1;
+                let v: f64 = s.parse().map_err(|_| {
+                    Diagnostic::new(self.prev_span(), format!("malformed float `{s}`"))
+                        .expected("expected a float such as 0.5 or 1e-5")
+                })?;
+                Literal::Float(sign * v)
+            }
+            Some(Tok::Ident(w)) if w == "inf" => {
+                self.pos += 1;
+                Literal::Float(sign * f64::INFINITY)
+            }
+            Some(Tok::Ident(w)) if w == "nan" && !neg => {
+                self.pos += 1;
+                Literal::Float(f64::NAN)
+            }
+            Some(Tok::Ident(w)) if (w == "true" || w == "false") && !neg => {
+                self.pos += 1;
+                Literal::Bool(w == "true")
+            }
+            _ => return Err(self.unexpected("a literal: an integer, a float, inf, -inf, nan, true or false")),
+        };
+        Ok(lit)
+    }
+}

@@ -1,0 +1,231 @@
+//! Size expressions (docs/language.md §9) as the parser reads and computes them, and what is
+//! written with them: types and their dimensions, and block indices (affine in the grid axes).
+
+use super::{PResult, Parser, Sizes};
+use crate::ir::lexer::Tok;
+use crate::ir::size::{SizeError, SizeExpr, SizeOp};
+use crate::ir::*;
+
+impl Parser<'_> {
+    /// A default or candidate: an expression of integers alone.
+    pub(super) fn constant_size(&mut self, what: &str) -> PResult<i64> {
+        let start = self.span();
+        if let Some(Tok::Ident(w)) = self.peek()
+            && SizeOp::from_call(w).is_none()
+        {
+            return Err(Diagnostic::new(start, format!("unexpected `{w}` in {what}"))
+                .expected("expected an integer (defaults and candidates name no parameters)"));
+        }
+        let (e, span) = self.size_expr(false)?;
+        e.eval(&|_| None).map_err(|err| self.size_error(&err, &e, span))
+    }
+
+    fn is_param(&self, name: &str) -> bool {
+        self.declared.iter().any(|p| p.name == name)
+    }
+
+    /// Whether the tokens from `at` start a size expression (in an operand's place).
+    pub(super) fn size_starts(&self, at: usize) -> bool {
+        let tok = |i: usize| self.toks.get(i).map(|t| &t.0);
+        match tok(at) {
+            Some(Tok::Int(_) | Tok::LParen) => true,
+            Some(Tok::Minus) => self.size_starts(at + 1),
+            Some(Tok::Ident(w)) => self.is_param(w) || (SizeOp::from_call(w).is_some() && tok(at + 1) == Some(&Tok::LParen)),
+            _ => false,
+        }
+    }
+
+    /// A size expression and its span; `axes` lets names that are not parameters stand for grid
+    /// axes (inside `at (...)`).
+    pub(super) fn size_expr(&mut self, axes: bool) -> PResult<(SizeExpr, Span)> {
+        let start = self.span();
+        let e = self.size_sum(axes)?;
+        Ok((e, start.to(self.prev_span())))
+    }
+
+    fn size_sum(&mut self, axes: bool) -> PResult<SizeExpr> {
+        let mut e = self.size_term(axes)?;
+        loop {
+            let op = if self.eat(&Tok::Plus) {
+                SizeOp::Add
+            } else if self.eat(&Tok::Minus) {
+                SizeOp::Sub
+            } else {
+                return Ok(e);
+            };
+            e = SizeExpr::Bin(op, Box::new(e), Box::new(self.size_term(axes)?));
+        }
+    }
+
+    fn size_term(&mut self, axes: bool) -> PResult<SizeExpr> {
+        let mut e = self.size_unary(axes)?;
+        loop {
+            let rhs = match self.peek() {
+                Some(Tok::Star) => (SizeOp::Mul, None),
+                Some(Tok::Slash) => (SizeOp::Div, None),
+                Some(Tok::Percent) => (SizeOp::Rem, None),
+                // `N %BM` lexes as `N` and the value name `%BM`; no value may follow a size.
+                Some(Tok::Value(v)) => (SizeOp::Rem, Some(v.clone())),
+                _ => return Ok(e),
+            };
+            self.pos += 1;
+            let b = match rhs.1 {
+                Some(text) => match text.parse::<i64>() {
+                    Ok(v) => SizeExpr::Int(v),
+                    Err(_) => self.size_name(text, axes, self.prev_span())?,
+                },
+                None => self.size_unary(axes)?,
+            };
+            e = SizeExpr::Bin(rhs.0, Box::new(e), Box::new(b));
+        }
+    }
+
+    fn size_unary(&mut self, axes: bool) -> PResult<SizeExpr> {
+        if self.eat(&Tok::Minus) {
+            return Ok(SizeExpr::Neg(Box::new(self.size_unary(axes)?)));
+        }
+        match self.peek().cloned() {
+            Some(Tok::Int(s)) => {
+                self.pos += 1;
+                s.parse::<i64>().map(SizeExpr::Int).map_err(|_| {
+                    Diagnostic::new(self.prev_span(), format!("integer `{s}` does not fit in 64 bits"))
+                        .expected("expected an integer between -2^63 and 2^63-1")
+                })
+            }
+            Some(Tok::LParen) => {
+                self.pos += 1;
+                let e = self.size_sum(axes)?;
+                self.expect(Tok::RParen, "`)` to close the parenthesis")?;
+                Ok(e)
+            }
+            Some(Tok::Ident(w)) => {
+                self.pos += 1;
+                let span = self.prev_span();
+                match SizeOp::from_call(&w) {
+                    Some(op) if self.eat(&Tok::LParen) => {
+                        let a = self.size_sum(axes)?;
+                        self.expect(Tok::Comma, &format!("`,` and the second argument of `{w}(...)`"))?;
+                        let b = self.size_sum(axes)?;
+                        self.expect(Tok::RParen, &format!("`)` to close `{w}(...)`"))?;
+                        Ok(SizeExpr::Bin(op, Box::new(a), Box::new(b)))
+                    }
+                    _ => self.size_name(w, axes, span),
+                }
+            }
+            _ => Err(self.unexpected("a size: an integer, a parameter, or an expression such as `cdiv(N, 128)`")),
+        }
+    }
+
+    fn size_name(&self, name: String, axes: bool, span: Span) -> PResult<SizeExpr> {
+        if axes || self.is_param(&name) {
+            return Ok(SizeExpr::Name(name));
+        }
+        let expected = if self.declared.is_empty() {
+            "expected an integer, or a parameter declared after the kernel's name, as in `kernel add[N]`".to_string()
+        } else {
+            let names: Vec<&str> = self.declared.iter().map(|p| p.name.as_str()).collect();
+            format!("expected an integer or one of this kernel's parameters: {}", names.join(", "))
+        };
+        Err(Diagnostic::new(span, format!("unknown size `{name}`")).expected(expected))
+    }
+
+    /// The value of a size expression here, or its hole in a template.
+    pub(super) fn size_value(&mut self, e: &SizeExpr, span: Span) -> PResult<i64> {
+        if self.template && e.names().iter().any(|n| self.is_param(n)) {
+            return Ok(self.hole(e));
+        }
+        let values = &self.values;
+        e.eval(&|n| values.get(n).copied()).map_err(|err| self.size_error(&err, e, span))
+    }
+
+    fn hole(&mut self, e: &SizeExpr) -> i64 {
+        self.holes.push(e.clone().fold());
+        self.hole_base + self.holes.len() as i64 - 1
+    }
+
+    /// A size: a positive integer of type `T`. A plain literal is left to the verifier.
+    pub(super) fn size<T: TryFrom<i64>>(&mut self, what: &str) -> PResult<T> {
+        Ok(self.size_written(what)?.0)
+    }
+
+    /// A size and the expression it was written as.
+    fn size_written<T: TryFrom<i64>>(&mut self, what: &str) -> PResult<(T, SizeExpr)> {
+        let (e, span) = self.size_expr(false)?;
+        let v = self.size_value(&e, span)?;
+        if !matches!(e, SizeExpr::Int(_)) && v <= 0 {
+            return Err(Diagnostic::new(span, format!("`{e}` is {v}{}, but {what} must be at least 1", self.with_values(&e)))
+                .expected("expected a positive size; choose parameters that give one"));
+        }
+        match T::try_from(v) {
+            Ok(v) => Ok((v, e)),
+            Err(_) => Err(Diagnostic::new(span, format!("{what} `{e}` is {v}, out of range"))
+                .expected(format!("expected {what} that fits"))),
+        }
+    }
+
+    /// ` with N = 1000, BM = 16 (the defaults)` for the parameters `e` names, where the values
+    /// are defaults (a launch's values are named by whoever specialized the kernel).
+    fn with_values(&self, e: &SizeExpr) -> String {
+        if !matches!(self.sizes, Sizes::Defaults) {
+            return String::new();
+        }
+        let named: Vec<String> = e.names().into_iter().filter_map(|n| Some(format!("{n} = {}", self.values.get(n)?))).collect();
+        if named.is_empty() { String::new() } else { format!(" with {} (the defaults)", named.join(", ")) }
+    }
+
+    fn size_error(&self, err: &SizeError, e: &SizeExpr, span: Span) -> Diagnostic {
+        let expected = match err {
+            SizeError::Unbound(_) => "expected a value for it at launch: `--param N=V`, or an input whose shape has it",
+            SizeError::Divisor { .. } => "expected a positive divisor",
+            SizeError::Overflow => "expected sizes within 64 bits",
+            SizeError::NotAffine(_) => {
+                "expected a block index such as `i`, `2*i + 1` or `N / 128 - 1 - i`: axes times integers, plus integers"
+            }
+        };
+        let message = match err {
+            SizeError::NotAffine(_) => format!("{err}{}", self.with_values(e)),
+            _ => format!("`{e}`: {err}{}", self.with_values(e)),
+        };
+        Diagnostic::new(span, message).expected(expected)
+    }
+
+    pub(super) fn dims(&mut self, expected: &str) -> PResult<Vec<usize>> {
+        self.expect(Tok::LBracket, expected)?;
+        let mut dims = Vec::new();
+        self.last_dims.clear();
+        loop {
+            let (dim, written) = self.size_written("a dimension")?;
+            dims.push(dim);
+            self.last_dims.push(written);
+            if self.eat(&Tok::RBracket) {
+                return Ok(dims);
+            }
+            self.expect(Tok::Comma, "`,` or `]` in the dimensions")?;
+        }
+    }
+
+    pub(super) fn ty(&mut self) -> PResult<Type> {
+        let (name, span) = self.ident("a type such as `f32` or `f32[16, 96]`")?;
+        let dtype = DType::from_name(&name).ok_or_else(|| {
+            Diagnostic::new(span, format!("unknown dtype `{name}`")).expected("expected one of f32 i32 u32 bool f16 bf16")
+        })?;
+        self.last_dims.clear();
+        let shape = if self.at(&Tok::LBracket) { self.dims("dimensions")? } else { Vec::new() };
+        Ok(Type { dtype, shape })
+    }
+
+    /// A block index: a size expression in which names that are not parameters are grid axes,
+    /// affine in them.
+    pub(super) fn affine(&mut self) -> PResult<Affine> {
+        let (e, span) = self.size_expr(true)?;
+        if self.template && e.names().iter().any(|n| self.is_param(n)) {
+            return Ok(Affine::constant(self.hole(&e)));
+        }
+        let values = &self.values;
+        let declared = &self.declared;
+        // A declared parameter without a value reads as 0 so that it is never taken for an axis
+        // (only where an error was already reported).
+        let param = |n: &str| values.get(n).copied().or_else(|| declared.iter().any(|p| p.name == n).then_some(0));
+        e.affine(&param).map_err(|err| self.size_error(&err, &e, span))
+    }
+}

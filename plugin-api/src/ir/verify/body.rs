@@ -1,0 +1,175 @@
+//! Statements and bodies: result counts, result annotations, where `yield` may stand, nested
+//! scopes, and `for` loops with their carried values.
+
+use std::collections::HashMap;
+
+use super::{BodyKind, Checked, Checker, with_article};
+use crate::ir::print::print_stmt_head;
+use crate::ir::*;
+
+impl Checker<'_> {
+    // ---- body ----
+
+    pub(super) fn body(&mut self, body: &mut [Stmt], kind: BodyKind) {
+        let n = body.len();
+        for (i, s) in body.iter_mut().enumerate() {
+            let last = i + 1 == n;
+            if let Op::Yield(_) = &s.op
+                && !(last && matches!(kind, BodyKind::For { .. }))
+            {
+                self.err(
+                    s.span,
+                    "`yield` is only allowed as the last statement of a `for` body",
+                    "expected `yield` to end a `for` loop body",
+                );
+                continue;
+            }
+            self.stmt(s);
+        }
+        if let BodyKind::For { iters } = kind
+            && iters > 0
+            && !matches!(body.last().map(|s| &s.op), Some(Op::Yield(_)))
+        {
+            let span = body.last().map_or(Span::NONE, |s| s.span);
+            self.err(
+                span,
+                format!(
+                    "the `for` body does not end with `yield` for its {iters} `iter` value{}",
+                    if iters == 1 { "" } else { "s" }
+                ),
+                "expected `yield` with the next value of each `iter` argument as the last statement",
+            );
+        }
+    }
+
+    fn stmt(&mut self, s: &mut Stmt) {
+        self.snippet = if s.span.is_known() { None } else { Some(print_stmt_head(s)) };
+        let span = s.span;
+        // Result count.
+        let want = match &s.op {
+            Op::Store { .. } | Op::When { .. } | Op::Yield(_) => 0,
+            Op::For { iters, .. } => iters.len(),
+            _ => 1,
+        };
+        if s.results.len() != want {
+            let m = s.op.mnemonic();
+            let msg = match want {
+                0 => format!(
+                    "`{m}` defines no value, but {} result name{} given",
+                    s.results.len(),
+                    if s.results.len() == 1 { " is" } else { "s are" }
+                ),
+                1 => format!("`{m}` defines one value, but {} result names are given", s.results.len()),
+                n => {
+                    format!("this `for` carries {n} `iter` values, so it defines {n} results, but {} are given", s.results.len())
+                }
+            };
+            self.err(
+                span,
+                msg,
+                if want == 0 {
+                    "expected no `%name =` before it".to_string()
+                } else {
+                    format!("expected {want} result name{}", if want == 1 { "" } else { "s" })
+                },
+            );
+        }
+        if s.op.needs_annotation() && s.ty.is_none() {
+            let m = s.op.mnemonic();
+            self.err(
+                span,
+                format!("`{m}` needs a result type"),
+                format!("expected `: TYPE` saying what to make, as in `{m} ... : f32[16, 16]`"),
+            );
+        }
+        let ann = s.ty.clone();
+        let ty = self.op(&mut s.op, ann.as_ref(), span);
+        if let (Some(t), Some(a), false) = (&ty, &ann, s.op.needs_annotation())
+            && t != a
+            && s.op.has_single_result()
+        {
+            self.err(
+                span,
+                format!("the result type is written as `{a}`, but `{}` gives `{t}`", s.op.mnemonic()),
+                format!("expected `: {t}` or no annotation"),
+            );
+        }
+        if s.op.has_single_result() {
+            if let Some(t) = &ty {
+                s.ty = Some(t.clone());
+            }
+            if let Some(r) = s.results.first() {
+                self.define(r, ty, span);
+            }
+        } else if matches!(s.op, Op::For { .. }) {
+            let types = std::mem::take(&mut self.for_results);
+            for (r, t) in s.results.iter().zip(types) {
+                self.define(r, t, span);
+            }
+        }
+    }
+
+    pub(super) fn for_loop(&mut self, op: &mut Op, span: Span) {
+        let Op::For { var, lo, hi, step, iters, body } = op else { unreachable!("called on a for") };
+        self.scalar_int(lo, span, "the lower bound", true);
+        self.scalar_int(hi, span, "the upper bound", true);
+        if let Some(s) = step {
+            self.scalar_int(s, span, "the step", true);
+            if let Operand::Lit(Literal::Int(v)) = s
+                && *v <= 0
+            {
+                self.err(span, format!("the loop step is {v}"), "expected a positive step");
+            }
+        }
+        let inits: Vec<Checked<Type>> = iters
+            .iter()
+            .map(|(n, v)| {
+                let what = format!("the initial value of `%{n}`");
+                self.val(v, span, &what)
+            })
+            .collect();
+        self.scopes.push(HashMap::new());
+        self.define(var, Some(Type::scalar(DType::I32)), span);
+        for ((n, _), t) in iters.iter().zip(&inits) {
+            self.define(n, t.clone(), span);
+        }
+        self.body(body, BodyKind::For { iters: iters.len() });
+        // `yield` must give each carried value its own type.
+        if let Some(Stmt { op: Op::Yield(vals), span: ys, .. }) = body.last() {
+            let ys = *ys;
+            if vals.len() != iters.len() {
+                self.err(
+                    ys,
+                    format!(
+                        "`yield` gives {} value{}, but the loop carries {}",
+                        vals.len(),
+                        if vals.len() == 1 { "" } else { "s" },
+                        iters.len()
+                    ),
+                    format!(
+                        "expected one value per `iter` argument ({})",
+                        iters.iter().map(|(n, _)| format!("%{n}")).collect::<Vec<_>>().join(", ")
+                    ),
+                );
+            } else {
+                for ((v, (n, _)), init) in vals.iter().zip(iters.iter()).zip(&inits) {
+                    let Some(want) = init else { continue };
+                    let got = self.val(v, ys, "a yielded value");
+                    if let Some(got) = got
+                        && &got != want
+                    {
+                        self.err(
+                            ys,
+                            format!("`yield` gives {got} for `%{n}`, which is {want}"),
+                            format!("expected {} value", with_article(want)),
+                        );
+                    }
+                }
+            }
+        }
+        self.scopes.pop();
+        // Results are defined after the loop, with the carried types.
+        // (Names are taken from the statement by the caller: see `stmt_for_results`.)
+        self.for_results = inits;
+    }
+}

@@ -1,0 +1,143 @@
+//! The kernel's header: grid axes, arguments, their blocks and `at (...)` indices, and the rule
+//! that programs along a parallel axis write distinct output blocks.
+
+use std::collections::HashSet;
+
+use super::{Checker, shape_text};
+use crate::ir::*;
+
+impl<'k> Checker<'k> {
+    // ---- header ----
+
+    /// Records an axis a kernel without `grid` takes from its mesh.
+    pub(super) fn use_mesh_axis(&mut self, name: &str) {
+        if !self.mesh_axes.iter().any(|a| a == name) {
+            self.mesh_axes.push(name.to_string());
+        }
+    }
+
+    pub(super) fn axis_names(&self) -> Vec<&'k str> {
+        let k: &'k Kernel = self.k;
+        k.grid.iter().flatten().map(|a| a.name.as_str()).collect()
+    }
+
+    pub(super) fn header(&mut self) {
+        let k = self.k;
+        let mut names: HashSet<&str> = HashSet::new();
+        if let Some(grid) = &k.grid {
+            if grid.is_empty() {
+                self.err(k.span, "`grid ()` has no axes", "expected at least one axis, or no `grid` line for one program");
+            }
+            for a in grid {
+                if !names.insert(&a.name) {
+                    self.err(a.span, format!("grid axis `{}` is declared twice", a.name), "expected distinct axis names");
+                }
+                if a.size == AxisSize::Fixed(0) {
+                    self.err(a.span, format!("grid axis `{}` has size 0", a.name), "expected a positive size or `dyn`");
+                }
+            }
+        }
+        let mut params: HashSet<&str> = HashSet::new();
+        for p in &k.params {
+            if !params.insert(&p.name) {
+                self.err(p.span, format!("argument `{}` is declared twice", p.name), "expected distinct argument names");
+            }
+            self.param(p);
+        }
+        self.parallel_write_rule();
+    }
+
+    fn param(&mut self, p: &Param) {
+        let kw = p.kind.keyword();
+        if p.ty.shape.contains(&0) {
+            self.err(p.span, format!("argument `{}` has a dimension of size 0", p.name), "expected positive dimensions");
+        }
+        if p.ty.is_scalar() && p.kind != ParamKind::In {
+            self.err(
+                p.span,
+                format!("`{kw} {}` is a scalar", p.name),
+                format!("expected an array type such as `{}[16]`; only `in` arguments may be scalars", p.ty.dtype),
+            );
+        }
+        let Some(b) = &p.block else { return };
+        if p.kind == ParamKind::Scratch || p.ty.is_scalar() {
+            self.err(
+                p.span,
+                format!("`{kw} {}` cannot have a block", p.name),
+                "expected `block` only on array `in` and `out` arguments; scratch is per-program memory",
+            );
+            return;
+        }
+        let rank = p.ty.shape.len();
+        if b.shape.len() != rank {
+            self.err(
+                p.span,
+                format!(
+                    "block {} of `{}` has rank {}, but the array {} has rank {rank}",
+                    shape_text(&b.shape),
+                    p.name,
+                    b.shape.len(),
+                    p.ty
+                ),
+                format!("expected {rank} block dimension{}", if rank == 1 { "" } else { "s" }),
+            );
+        }
+        if b.shape.contains(&0) {
+            self.err(p.span, format!("block of `{}` has a dimension of size 0", p.name), "expected positive block dimensions");
+        }
+        if b.index.len() != b.shape.len() {
+            self.err(
+                p.span,
+                format!(
+                    "`at (...)` of `{}` has {} index expressions for a block of rank {}",
+                    p.name,
+                    b.index.len(),
+                    b.shape.len()
+                ),
+                "expected one block index per dimension",
+            );
+        }
+        let axes = self.axis_names();
+        for e in &b.index {
+            for (_, name) in &e.terms {
+                if self.k.grid.is_none() {
+                    self.use_mesh_axis(name);
+                } else if !axes.contains(&name.as_str()) {
+                    let known = if axes.is_empty() {
+                        "the kernel has no grid: declare one with `grid (...)`".to_string()
+                    } else {
+                        format!("expected a grid axis: {}", axes.join(", "))
+                    };
+                    self.err(p.span, format!("`at (...)` of `{}` uses `{name}`, which is not a grid axis", p.name), known);
+                }
+            }
+        }
+    }
+
+    /// Two programs that differ in a parallel axis must not write the same output block.
+    fn parallel_write_rule(&mut self) {
+        let k = self.k;
+        let Some(grid) = &k.grid else { return };
+        for p in k.params_of(ParamKind::Out) {
+            let Some(b) = &p.block else { continue };
+            for a in grid.iter().filter(|a| !a.seq && a.size != AxisSize::Fixed(1)) {
+                if !b.index.iter().any(|e| e.uses(&a.name)) {
+                    self.err(
+                        p.span,
+                        format!(
+                            "output `{}` is written by every program along parallel axis `{}`, but its block index `at ({})` does not use `{}`",
+                            p.name,
+                            a.name,
+                            b.index.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "),
+                            a.name
+                        ),
+                        format!(
+                            "use `{}` in `at (...)`, or mark the axis sequential so its points revisit the block in order: `{}: {} seq`",
+                            a.name, a.name, a.size
+                        ),
+                    );
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,282 @@
+//! The typing rule of each operation (docs/language.md): what it takes and the type it gives.
+
+use std::collections::HashMap;
+
+use super::{BodyKind, Checked, Checker, broadcast, literal_fits, shape_text, with_article};
+use crate::ir::*;
+
+impl Checker<'_> {
+    /// Checks one operation and returns its result type (single-result ops).
+    pub(super) fn op(&mut self, op: &mut Op, ann: Option<&Type>, span: Span) -> Checked<Type> {
+        match op {
+            Op::Load { src, index, mask, other } => self.load(src, index.as_deref(), mask.as_deref(), *other, span),
+            Op::Store { dst, index, value, mask } => {
+                self.store(dst, index.as_deref(), value, mask.as_deref(), span);
+                None
+            }
+            Op::ProgramId(a) | Op::NumPrograms(a) => {
+                let axes = self.axis_names();
+                if let (None, AxisRef::Name(n)) = (&self.k.grid, &*a) {
+                    self.use_mesh_axis(n);
+                    return Some(Type::scalar(DType::I32));
+                }
+                let ok = match a {
+                    AxisRef::Name(n) => axes.contains(&n.as_str()),
+                    AxisRef::Pos(p) => *p < axes.len(),
+                };
+                if !ok {
+                    let expected = if axes.is_empty() {
+                        "the kernel has no grid: declare one with `grid (...)`".to_string()
+                    } else {
+                        format!("expected a grid axis name ({}) or a position below {}", axes.join(", "), axes.len())
+                    };
+                    self.err(span, format!("`{a}` is not an axis of the grid"), expected);
+                    return None;
+                }
+                Some(Type::scalar(DType::I32))
+            }
+            Op::Iota { dim } => {
+                let t = ann?.clone();
+                if !t.dtype.is_int() || t.is_scalar() {
+                    self.err(
+                        span,
+                        format!("`iota` cannot make `{t}`"),
+                        "expected an `i32` or `u32` block type such as `i32[128]`",
+                    );
+                    return None;
+                }
+                if *dim >= t.shape.len() {
+                    self.err(
+                        span,
+                        format!("`iota {dim}` counts along dimension {dim} of a rank-{} block", t.shape.len()),
+                        format!("expected a dimension below {}", t.shape.len()),
+                    );
+                    return None;
+                }
+                Some(t)
+            }
+            Op::Full(l) => {
+                let t = ann?.clone();
+                if let Err(m) = literal_fits(*l, t.dtype) {
+                    self.err(span, m, format!("expected {} literal", with_article(t.dtype)));
+                    return None;
+                }
+                Some(t)
+            }
+            Op::Zeros => ann.cloned(),
+            Op::Unary(u, a) => self.unary(*u, a, span),
+            Op::Binary(b, x, y) => self.binary(*b, x, y, span),
+            Op::Compare(c, x, y) => {
+                let (d, shape) = self.pair(x, y, span, c.name())?;
+                if d == DType::Bool && !matches!(c, CmpOp::Eq | CmpOp::Ne) {
+                    self.err(
+                        span,
+                        format!("`{}` orders its operands, which are bool", c.name()),
+                        "expected numbers; bool compares only with `eq` and `ne`",
+                    );
+                    return None;
+                }
+                Some(Type::array(DType::Bool, shape))
+            }
+            Op::Select(c, a, b) => {
+                let ct = self.val(c, span, "the condition of `select`");
+                let ab = self.pair(a, b, span, "select");
+                let (ct, (d, shape)) = (ct?, ab?);
+                if ct.dtype != DType::Bool {
+                    self.err(
+                        span,
+                        format!("the condition `{c}` of `select` is {ct}"),
+                        "expected a `bool` condition; make one with a comparison such as `lt`",
+                    );
+                    return None;
+                }
+                match broadcast(&ct.shape, &shape) {
+                    Some(s) => Some(Type::array(d, s)),
+                    None => {
+                        self.err(
+                            span,
+                            format!("the condition {ct} of `select` does not broadcast with {}", Type::array(d, shape)),
+                            "expected shapes that agree from the right (numpy broadcasting)",
+                        );
+                        None
+                    }
+                }
+            }
+            Op::Cast(a) => self.convert(a, ann, span, false),
+            Op::Bitcast(a) => self.convert(a, ann, span, true),
+            Op::Broadcast(a) => {
+                let (t, target) = (self.val(a, span, "the operand of `broadcast`")?, ann?.clone());
+                if t.dtype != target.dtype || broadcast(&t.shape, &target.shape).as_deref() != Some(&target.shape[..]) {
+                    self.err(
+                        span,
+                        format!("cannot broadcast {t} to {target}"),
+                        format!(
+                            "expected {} type whose shape {} stretches to (numpy broadcasting)",
+                            with_article(t.dtype),
+                            shape_text(&t.shape)
+                        ),
+                    );
+                    return None;
+                }
+                Some(target)
+            }
+            Op::Reshape(a) => {
+                let (t, target) = (self.val(a, span, "the operand of `reshape`")?, ann?.clone());
+                if t.dtype != target.dtype || t.numel() != target.numel() {
+                    self.err(
+                        span,
+                        format!("cannot reshape {t} ({} elements) to {target} ({} elements)", t.numel(), target.numel()),
+                        format!("expected {} type with {} elements", with_article(t.dtype), t.numel()),
+                    );
+                    return None;
+                }
+                Some(target)
+            }
+            Op::Transpose { arg, perm } => {
+                let t = self.val(arg, span, "the operand of `transpose`")?;
+                let mut sorted = perm.clone();
+                sorted.sort_unstable();
+                if sorted != (0..t.shape.len()).collect::<Vec<_>>() {
+                    self.err(
+                        span,
+                        format!(
+                            "`perm ({})` is not a permutation of the {} dimensions of {t}",
+                            perm.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "),
+                            t.shape.len()
+                        ),
+                        format!("expected each of 0..{} exactly once", t.shape.len()),
+                    );
+                    return None;
+                }
+                Some(Type::array(t.dtype, perm.iter().map(|&p| t.shape[p]).collect::<Vec<_>>()))
+            }
+            Op::Reduce { op, arg, axis, keepdims } => {
+                let t = self.val(arg, span, "the operand of a reduction")?;
+                if !t.dtype.is_numeric() || t.is_scalar() || *axis >= t.shape.len() {
+                    let expected = if t.is_scalar() || !t.dtype.is_numeric() {
+                        "expected a numeric block value".to_string()
+                    } else {
+                        format!("expected an axis below {}", t.shape.len())
+                    };
+                    self.err(span, format!("cannot `{}` {t} along axis {axis}", op.name()), expected);
+                    return None;
+                }
+                let mut shape = t.shape.clone();
+                if *keepdims {
+                    shape[*axis] = 1;
+                } else {
+                    shape.remove(*axis);
+                }
+                Some(Type::array(t.dtype, shape))
+            }
+            Op::Dot { a, b, trans_a, trans_b } => self.dot(a, b, *trans_a, *trans_b, span),
+            Op::When { cond, body } => {
+                if let Some(t) = self.val(cond, span, "the condition of `when`")
+                    && (t.dtype != DType::Bool || !t.is_scalar())
+                {
+                    self.err(
+                        span,
+                        format!("the condition `{cond}` of `when` is {t}"),
+                        "expected a scalar `bool`, such as `%first = eq %k, 0`",
+                    );
+                }
+                self.scopes.push(HashMap::new());
+                self.body(body, BodyKind::When);
+                self.scopes.pop();
+                None
+            }
+            Op::For { .. } => {
+                self.for_loop(op, span);
+                None
+            }
+            Op::Yield(_) => None,
+        }
+    }
+
+    fn unary(&mut self, u: UnaryOp, a: &Operand, span: Span) -> Checked<Type> {
+        let t = self.val(a, span, &format!("the operand of `{}`", u.name()))?;
+        let ok = match u {
+            UnaryOp::Not => !t.dtype.is_float(),
+            UnaryOp::Neg | UnaryOp::Abs => t.dtype.is_numeric(),
+            _ => t.dtype.is_float(),
+        };
+        if !ok {
+            let expected = match u {
+                UnaryOp::Not => "expected `bool` or an integer",
+                UnaryOp::Neg | UnaryOp::Abs => "expected a number",
+                _ => "expected f32, f16 or bf16; convert with `cast %v : f32`",
+            };
+            self.err(span, format!("`{}` does not take {}", u.name(), t.dtype), expected);
+            return None;
+        }
+        Some(t)
+    }
+
+    fn binary(&mut self, b: BinaryOp, x: &Operand, y: &Operand, span: Span) -> Checked<Type> {
+        let (d, shape) = self.pair(x, y, span, b.name())?;
+        let (ok, expected) = match b {
+            BinaryOp::Pow => (d.is_float(), "expected float operands"),
+            BinaryOp::And | BinaryOp::Or | BinaryOp::Xor => (!d.is_float(), "expected `bool` or integer operands"),
+            BinaryOp::Shl | BinaryOp::Shr => (d.is_int(), "expected integer operands"),
+            _ => (d.is_numeric(), "expected numbers"),
+        };
+        if !ok {
+            self.err(span, format!("`{}` does not take {d}", b.name()), expected);
+            return None;
+        }
+        Some(Type::array(d, shape))
+    }
+
+    fn convert(&mut self, a: &Operand, ann: Option<&Type>, span: Span, bit: bool) -> Checked<Type> {
+        let name = if bit { "bitcast" } else { "cast" };
+        let t = self.val(a, span, &format!("the operand of `{name}`"))?;
+        let ann = ann?;
+        if !ann.is_scalar() && ann.shape != t.shape {
+            self.err(
+                span,
+                format!("`{name}` changes the shape from {} to {}", shape_text(&t.shape), shape_text(&ann.shape)),
+                format!("expected `: {}` (the element type alone is enough)", Type::array(ann.dtype, t.shape.clone())),
+            );
+            return None;
+        }
+        if bit && (t.dtype.bits() != ann.dtype.bits() || t.dtype == DType::Bool || ann.dtype == DType::Bool) {
+            self.err(
+                span,
+                format!("cannot bitcast {} ({} bits) to {} ({} bits)", t.dtype, t.dtype.bits(), ann.dtype, ann.dtype.bits()),
+                "expected element types of the same width, not bool; use `cast` to convert values",
+            );
+            return None;
+        }
+        Some(Type::array(ann.dtype, t.shape))
+    }
+
+    fn dot(&mut self, a: &Operand, b: &Operand, ta: bool, tb: bool, span: Span) -> Checked<Type> {
+        let x = self.val(a, span, "the left operand of `dot`");
+        let y = self.val(b, span, "the right operand of `dot`");
+        let (x, y) = (x?, y?);
+        if x.shape.len() != 2 || y.shape.len() != 2 || x.dtype != y.dtype || x.dtype == DType::Bool {
+            self.err(
+                span,
+                format!("`dot` takes two 2-D matrices of one numeric dtype, got {x} and {y}"),
+                "expected operands such as f32[M, K] and f32[K, N]",
+            );
+            return None;
+        }
+        let (m, k1) = if ta { (x.shape[1], x.shape[0]) } else { (x.shape[0], x.shape[1]) };
+        let (k2, n) = if tb { (y.shape[1], y.shape[0]) } else { (y.shape[0], y.shape[1]) };
+        if k1 != k2 {
+            self.err(
+                span,
+                format!(
+                    "`dot` contracts {k1} against {k2}: {x}{} times {y}{}",
+                    if ta { " (transposed)" } else { "" },
+                    if tb { " (transposed)" } else { "" }
+                ),
+                "expected the inner dimensions to agree: [M, K] times [K, N]",
+            );
+            return None;
+        }
+        let d = if x.dtype.is_float() { DType::F32 } else { x.dtype };
+        Some(Type::array(d, [m, n]))
+    }
+}
