@@ -1,0 +1,122 @@
+//! `tessel run` (launch once, write the outputs, `--check` against the interpreter) and
+//! `tessel lower` (the backend's text for a launch), and the comparison of outputs with the
+//! interpreter's that `run --check` and `tune` share.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use tessel_plugin_api::array::agreement;
+use tessel_plugin_api::ir::Verified;
+
+use super::prepare::{LOWER_DEFAULT, LaunchFlags, RUN_DEFAULT, explain, prepare, random_inputs, read_inputs};
+use crate::{Error, HostArray, LaunchArgs, Result, Runtime};
+
+pub(super) fn lower(rt: &Runtime, flags: &LaunchFlags, out: &mut dyn Write, err: &mut dyn Write) -> Result<()> {
+    let p = prepare(rt, flags, LOWER_DEFAULT, &BTreeMap::new())?;
+    p.warn(err);
+    explain(&p, flags, out);
+    let (stages, cache) = p.planned(rt, |planned| planned.lower_cached())?;
+    if flags.explain {
+        let _ = writeln!(out, "cache: {cache}");
+    }
+    for (name, text) in stages {
+        let _ = writeln!(out, "// ---- {name} ({}) ----\n{text}", p.backend);
+    }
+    Ok(())
+}
+
+pub(super) struct RunOptions {
+    pub(super) inputs: Vec<String>,
+    pub(super) seed: u64,
+    pub(super) out_dir: Option<PathBuf>,
+    pub(super) check: bool,
+}
+
+pub(super) fn run(rt: &Runtime, flags: &LaunchFlags, opts: &RunOptions, out: &mut dyn Write, err: &mut dyn Write) -> Result<()> {
+    // `TESSEL_LOG=debug` times each phase of the process.
+    let mut phase = Instant::now();
+    let mut lap = |what: &str| {
+        log::debug!("{what}: {:.2} ms", phase.elapsed().as_secs_f64() * 1e3);
+        phase = Instant::now();
+    };
+    // Random inputs and the interpreter run on rayon's pool: its threads start (about a third of
+    // a millisecond each) while this one reads and parses.
+    rayon::spawn(|| ());
+    let given = read_inputs(&opts.inputs)?;
+    lap("read the inputs");
+    let p = prepare(rt, flags, RUN_DEFAULT, &given)?;
+    lap("parsed, verified and chose the backend");
+    if p.backend == tessel_interpret::NAME {
+        tessel_interpret::warm_up(&p.kernels);
+    }
+    p.warn(err);
+    explain(&p, flags, out);
+    let inputs = if given.is_empty() { random_inputs(&p, opts.seed)? } else { given };
+    lap("made the random inputs");
+    let launch = LaunchArgs { inputs, grid: p.grid.clone() };
+    let start = Instant::now();
+    let outputs = p.planned(rt, |planned| planned.launch(&launch))?;
+    let elapsed = start.elapsed();
+    lap("launched");
+    let names: Vec<&str> = p.kernels.iter().map(Verified::name).collect();
+    let _ = writeln!(out, "ran `{}` on {} in {:.2} ms", names.join("`, `"), p.backend, elapsed.as_secs_f64() * 1e3);
+    let report = if opts.check {
+        if p.backend == tessel_interpret::NAME {
+            let _ = writeln!(
+                out,
+                "  note: --check compares the interpreter with itself{}",
+                if p.explanation.is_empty() {
+                    ""
+                } else {
+                    " (no other backend here is faster and takes this launch; --explain says why)"
+                }
+            );
+        }
+        let reference = rt.launch(tessel_interpret::NAME, &p.launches(), &p.externals(), &launch)?;
+        Some(compare(&outputs, &reference))
+    } else {
+        None
+    };
+    if opts.check {
+        lap("ran the interpreter for --check");
+    }
+    let dir = opts.out_dir.clone().unwrap_or_else(|| PathBuf::from("tessel-out").join(names.join("+")));
+    std::fs::create_dir_all(&dir).map_err(|source| Error::Write { path: dir.clone(), source })?;
+    for (name, array) in &outputs {
+        let path = dir.join(format!("{name}.npy"));
+        crate::npy::write(&path, array).map_err(|source| Error::Write { path: path.clone(), source })?;
+        let _ = writeln!(out, "  {name}: {} -> {}", array.ty(), path.display());
+    }
+    lap("wrote the outputs");
+    if let Some((lines, failed)) = report {
+        for l in lines {
+            let _ = writeln!(out, "{l}");
+        }
+        if !failed.is_empty() {
+            return Err(Error::CheckFailed(format!("{} beyond tolerance against interpret", failed.join(", "))));
+        }
+    }
+    Ok(())
+}
+
+/// A report line per output and the outputs beyond their dtype's tolerance.
+pub(super) fn compare(outputs: &[(String, HostArray)], reference: &[(String, HostArray)]) -> (Vec<String>, Vec<String>) {
+    let mut lines = Vec::new();
+    let mut failed = Vec::new();
+    for ((name, got), (_, want)) in outputs.iter().zip(reference) {
+        let a = agreement(got, want);
+        lines.push(format!(
+            "  check {name}: max abs error {:e} against interpret (tolerance {:e} + {:e}*|x|): {}",
+            a.max_abs_error,
+            a.tolerance.atol,
+            a.tolerance.rtol,
+            if a.within { "ok" } else { "MISMATCH" }
+        ));
+        if !a.within {
+            failed.push(name.clone());
+        }
+    }
+    (lines, failed)
+}

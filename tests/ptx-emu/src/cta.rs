@@ -1,0 +1,101 @@
+//! The state a launch runs on: each thread's registers, program counter and what it waits for,
+//! the state one CTA's threads share (memories, parameters, mbarriers and tensor copies in
+//! flight), and the [`Counts`] of what ran.
+
+use crate::hopper::{Async, Pending, TensorMap};
+use crate::memory::Memory;
+
+/// Why a thread is not running.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Wait {
+    /// Runs.
+    No,
+    /// At barrier `id`, which opens for `count` threads.
+    Bar { id: u64, count: u64 },
+    /// At the `mma.sync` at this pc, for the warp.
+    Mma(usize),
+    /// At the `wgmma.mma_async` at this pc, for the warpgroup.
+    Wgmma(usize),
+    /// At an `mbarrier.try_wait.parity` on the barrier at this address for the phase of this parity.
+    Mbar { addr: u64, parity: u32 },
+    /// Ended.
+    Done,
+}
+
+pub(crate) struct Thread {
+    pub(crate) regs: Vec<u64>,
+    pub(crate) pc: usize,
+    pub(crate) wait: Wait,
+    /// `wgmma` results not yet retired.
+    pub(crate) pending: Pending,
+}
+
+/// What a launch executed, summed over its threads (predicated-off instructions not counted):
+/// a cost model of the PTX, not a timing.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Counts {
+    /// Instructions executed, `mma.sync` and `bar.sync` included.
+    pub instructions: u64,
+    /// `ld.global` and `st.global`.
+    pub global: u64,
+    /// `ld.shared` and `st.shared`.
+    pub shared: u64,
+    /// Barriers opened (one per barrier, however many threads wait at it).
+    pub barriers: u64,
+    /// Warp-wide `mma.sync`s.
+    pub mma: u64,
+    /// Warpgroup-wide `wgmma.mma_async`s.
+    pub wgmma: u64,
+    /// Bytes brought into shared memory by tensor copies (`cp.async.bulk.tensor`).
+    pub tensor_bytes: u64,
+}
+
+impl std::ops::AddAssign for Counts {
+    fn add_assign(&mut self, c: Counts) {
+        self.instructions += c.instructions;
+        self.global += c.global;
+        self.shared += c.shared;
+        self.barriers += c.barriers;
+        self.mma += c.mma;
+        self.wgmma += c.wgmma;
+        self.tensor_bytes += c.tensor_bytes;
+    }
+}
+
+/// The state one CTA's threads share.
+pub(crate) struct Cta<'m> {
+    pub(crate) mem: &'m mut Memory,
+    pub(crate) shared: Memory,
+    pub(crate) params: &'m [u64],
+    pub(crate) tensor_maps: &'m [TensorMap],
+    pub(crate) id: u32,
+    pub(crate) counts: Counts,
+    /// Its mbarriers and tensor copies in flight.
+    pub(crate) asynchronous: Async,
+}
+
+/// A tensor-map parameter's address as the emulator hands it out: a tag and the parameter's index.
+pub(crate) const TENSOR_MAP_TAG: u64 = 0x7E45_0000_0000_0000;
+
+impl Cta<'_> {
+    /// Lands the tensor copies in flight on the mbarrier at `addr` (a thread waits on it), then
+    /// whether the phase of `parity` has completed.
+    pub(crate) fn phase_done(&mut self, addr: u64, parity: u32) -> Result<bool, String> {
+        let (mine, rest): (Vec<_>, Vec<_>) =
+            std::mem::take(&mut self.asynchronous.copies).into_iter().partition(|c| c.bar == addr);
+        self.asynchronous.copies = rest;
+        let bar = self
+            .asynchronous
+            .barriers
+            .get_mut(&addr)
+            .ok_or(format!("wait on shared address {addr:#x}, which holds no mbarrier"))?;
+        for copy in mine {
+            for (at, v) in &copy.writes {
+                self.shared.store_n(*at, 1, u32::from(*v))?;
+            }
+            bar.tx -= copy.writes.len() as i64;
+            bar.settle();
+        }
+        Ok(bar.phase % 2 != parity % 2)
+    }
+}
