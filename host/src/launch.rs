@@ -29,8 +29,8 @@ use tessel_plugin_api::backend::{cache_key, request_key};
 use tessel_plugin_api::ir::{DType, ParamKind, Type, Verified};
 use tessel_plugin_api::launch::{check_input_types, check_inputs};
 
-use crate::registry::Loaded;
-use crate::runtime::{DeviceArray, KernelLaunch, Runtime, backend_error, build_identity};
+use crate::registry::{Loaded, build_identity};
+use crate::runtime::{DeviceArray, KernelLaunch, Runtime, backend_error};
 use crate::{Error, HostArray, LaunchArgs, Result};
 
 /// What one launch runs: kernels with their meshes, external meshes, `dyn` grid sizes.

@@ -306,3 +306,19 @@ fn classify(path: &Path, e: LibraryError, plugin_version: Option<&str>) -> Plugi
         },
     }
 }
+
+/// What a backend's build is: for a plugin, its file by path, size and modification time; for a
+/// built-in, the fingerprint of the sources it was built from (`build.rs`), so that every program
+/// built from the same sources (the command line, the Python module) shares cache entries and
+/// tuning records.
+pub(crate) fn build_identity(source: &Source) -> String {
+    match source {
+        Source::Plugin(path) => {
+            let meta = std::fs::metadata(path).ok();
+            let modified =
+                meta.as_ref().and_then(|m| m.modified().ok()).and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok());
+            format!("plugin {path:?} {:?} {modified:?}", meta.map(|m| m.len()))
+        }
+        Source::BuiltIn => format!("built-in, sources {}", env!("TESSEL_SOURCE_HASH")),
+    }
+}
