@@ -4,7 +4,7 @@
 use tessel_plugin_api::abi::BackendError;
 use tessel_plugin_api::refusal::Refusal as Refuse;
 
-use crate::{MAX_ARRAY_ELEMENTS, MAX_BLOCK_ELEMENTS};
+use crate::limits::{MAX_ARRAY_ELEMENTS, MAX_BLOCK_ELEMENTS};
 
 /// What the interpreter refuses.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, strum::EnumDiscriminants)]

@@ -6,103 +6,25 @@
 //! that reduction back along its rows (`keepdims`) runs in the same chunk, so a row softmax is
 //! one run.
 //!
-//! Every operation of a chunk is the interpreter's own whole-block operation (`eval.rs`) on a
+//! Every operation of a chunk is the interpreter's own whole-block operation (`eval/`) on a
 //! chunk-sized block, and a row's reduction folds that row in ascending order, so a fused run
 //! computes the same bits as its statements one by one. Where a block it loads or stores reaches
 //! past its array at some grid point, the runtime runs the statements one by one there instead
 //! (`Fused::original`), which handles the edge.
+//!
+//! A run's types (`Fused`, `FusedOp`, `FusedArg`, `Chunk`) are in `program.rs`, beside the
+//! instructions a run is one of and keeps; this file groups statements into runs.
 
 use std::collections::HashMap;
 
-use tessel_plugin_api::ir::{BinaryOp, CmpOp, DType, ReduceOp, UnaryOp, Verified};
+use tessel_plugin_api::ir::{BinaryOp, DType, Verified};
 
 use crate::eval::{Data, Val, strides};
-use crate::lower::{DotArg, Instr, Ix, MemRef, Src};
+use crate::program::{Chunk, DotArg, Fused, FusedArg, FusedOp, Instr, Ix, MemRef, Src};
 
 /// Elements a chunk holds, about: a few such blocks of `f32` (32 KiB each) stay in a core's L2
 /// cache, and the per-chunk bookkeeping is noise beside the work.
 pub(crate) const CHUNK: usize = 8192;
-
-/// An operand inside a run.
-#[derive(Clone, Debug)]
-pub(crate) enum Arg {
-    /// The value an earlier operation of the run makes.
-    Op(usize),
-    /// A value made before the run (a slot or a constant), broadcast to the run's shape:
-    /// `Fused::outer[n]`.
-    Outer(usize),
-}
-
-/// One statement of a run, over the run's shape.
-#[derive(Clone, Debug)]
-pub(crate) enum Op {
-    Load {
-        mem: MemRef,
-        dtype: DType,
-    },
-    Unary {
-        op: UnaryOp,
-        a: Arg,
-    },
-    Binary {
-        op: BinaryOp,
-        a: Arg,
-        b: Arg,
-    },
-    Compare {
-        op: CmpOp,
-        a: Arg,
-        b: Arg,
-    },
-    Select {
-        c: Arg,
-        a: Arg,
-        b: Arg,
-    },
-    Cast {
-        a: Arg,
-        to: DType,
-    },
-    /// Along the last axis: one element per row.
-    Reduce {
-        op: ReduceOp,
-        a: Arg,
-        keepdims: bool,
-    },
-    Store {
-        mem: MemRef,
-        value: Arg,
-    },
-}
-
-/// A fused run.
-#[derive(Clone, Debug)]
-pub(crate) struct Fused {
-    /// The shape every operation computes over (rank 1 or more).
-    pub shape: Vec<usize>,
-    pub ops: Vec<Op>,
-    /// Per operation, the slot its whole value is kept in for the statements after the run
-    /// (`None`: only the run reads it, so it is never made whole).
-    pub keep: Vec<Option<usize>>,
-    /// Values made before the run that its operations read.
-    pub outer: Vec<Src>,
-    /// The chunks of the run's shape, in order ([`chunks`]): whole rows each where a reduction
-    /// is in the run.
-    pub chunks: Vec<Chunk>,
-    /// The arguments the run loads or stores whole blocks of.
-    pub mems: Vec<MemRef>,
-    /// Where the run is `%acc = load c; %s = add %acc, %p; store c, %s` over `f32` (an
-    /// accumulator; `%p` made before the run, often a `dot`): `c`, which of `outer` is `%p`,
-    /// and whether `%acc` is the add's first operand. A program that holds `c` adds `%p` into
-    /// its block in place.
-    pub accumulate: Option<(MemRef, usize, bool)>,
-    /// Per operation, the store that is its only reader, where the operation (a `binary`) may
-    /// write its chunk straight into that store's destination: nothing between them loads or
-    /// stores that argument.
-    pub into: Vec<Option<usize>>,
-    /// The same statements one by one, for the grid points where a block reaches past its array.
-    pub original: Vec<Instr>,
-}
 
 /// What the grouping needs to know about the kernel.
 pub(crate) struct Facts<'a> {
@@ -122,7 +44,7 @@ impl Facts<'_> {
 /// A run being gathered.
 struct Run {
     shape: Vec<usize>,
-    ops: Vec<Op>,
+    ops: Vec<FusedOp>,
     dsts: Vec<Option<usize>>,
     outer: Vec<Src>,
     /// Slot → the operation of this run that defines it.
@@ -154,18 +76,18 @@ impl Run {
     /// complete for the chunk's rows, and with `keepdims` (shape `[..., 1]`) every element that
     /// broadcasting pairs with it lies in the same row: `x - max(x)` reads it within the chunk.
     /// Without `keepdims` broadcasting would pair it with other rows.
-    fn arg(&mut self, s: &Src) -> Option<Arg> {
+    fn arg(&mut self, s: &Src) -> Option<FusedArg> {
         if let Src::Slot(n) = s
             && let Some(&op) = self.defined.get(n)
         {
-            if matches!(self.ops[op], Op::Reduce { keepdims: false, .. }) {
+            if matches!(self.ops[op], FusedOp::Reduce { keepdims: false, .. }) {
                 return None;
             }
             *self.reads.entry(*n).or_default() += 1;
-            return Some(Arg::Op(op));
+            return Some(FusedArg::Op(op));
         }
         self.outer.push(s.clone());
-        Some(Arg::Outer(self.outer.len() - 1))
+        Some(FusedArg::Outer(self.outer.len() - 1))
     }
 
     /// Adds `instr` if it computes over the run's shape from what the run can read.
@@ -176,32 +98,32 @@ impl Run {
         let op = match instr {
             Instr::Load { dst, mem, index: None, mask: None, dtype, .. } if f.block(*mem) == self.shape.as_slice() => {
                 self.mems.push(*mem);
-                Some((Op::Load { mem: *mem, dtype: *dtype }, Some(*dst)))
+                Some((FusedOp::Load { mem: *mem, dtype: *dtype }, Some(*dst)))
             }
-            Instr::Unary { dst, op, a } if same(dst) => self.arg(a).map(|a| (Op::Unary { op: *op, a }, Some(*dst))),
+            Instr::Unary { dst, op, a } if same(dst) => self.arg(a).map(|a| (FusedOp::Unary { op: *op, a }, Some(*dst))),
             Instr::Binary { dst, op, a, b } if same(dst) => {
-                self.arg(a).zip(self.arg(b)).map(|(a, b)| (Op::Binary { op: *op, a, b }, Some(*dst)))
+                self.arg(a).zip(self.arg(b)).map(|(a, b)| (FusedOp::Binary { op: *op, a, b }, Some(*dst)))
             }
             Instr::Compare { dst, op, a, b } if same(dst) => {
-                self.arg(a).zip(self.arg(b)).map(|(a, b)| (Op::Compare { op: *op, a, b }, Some(*dst)))
+                self.arg(a).zip(self.arg(b)).map(|(a, b)| (FusedOp::Compare { op: *op, a, b }, Some(*dst)))
             }
             Instr::Select { dst, c, a, b } if same(dst) => match (self.arg(c), self.arg(a), self.arg(b)) {
-                (Some(c), Some(a), Some(b)) => Some((Op::Select { c, a, b }, Some(*dst))),
+                (Some(c), Some(a), Some(b)) => Some((FusedOp::Select { c, a, b }, Some(*dst))),
                 _ => None,
             },
-            Instr::Cast { dst, a, to } if same(dst) => self.arg(a).map(|a| (Op::Cast { a, to: *to }, Some(*dst))),
+            Instr::Cast { dst, a, to } if same(dst) => self.arg(a).map(|a| (FusedOp::Cast { a, to: *to }, Some(*dst))),
             Instr::Reduce { dst, op, a: a @ Src::Slot(n), axis, keepdims }
                 if *axis + 1 == self.shape.len() && (self.defined.contains_key(n) || f.shapes.get(n) == Some(&self.shape)) =>
             {
                 self.arg(a).map(|a| {
                     self.whole_rows = true;
-                    (Op::Reduce { op: *op, a, keepdims: *keepdims }, Some(*dst))
+                    (FusedOp::Reduce { op: *op, a, keepdims: *keepdims }, Some(*dst))
                 })
             }
             Instr::Store { mem, index: None, mask: None, value } if f.block(*mem) == self.shape.as_slice() => {
                 self.arg(value).map(|value| {
                     self.mems.push(*mem);
-                    (Op::Store { mem: *mem, value }, None)
+                    (FusedOp::Store { mem: *mem, value }, None)
                 })
             }
             _ => None,
@@ -238,12 +160,12 @@ impl Run {
         let into = into_stores(&self.ops, &keep);
         let accumulate = match self.ops.as_slice() {
             [
-                Op::Load { mem, dtype: DType::F32 },
-                Op::Binary { op: BinaryOp::Add, a, b },
-                Op::Store { mem: to, value: Arg::Op(1) },
+                FusedOp::Load { mem, dtype: DType::F32 },
+                FusedOp::Binary { op: BinaryOp::Add, a, b },
+                FusedOp::Store { mem: to, value: FusedArg::Op(1) },
             ] if mem.0 == to.0 && keep.iter().all(Option::is_none) => match (a, b) {
-                (Arg::Op(0), Arg::Outer(p)) => Some((*mem, *p, true)),
-                (Arg::Outer(p), Arg::Op(0)) => Some((*mem, *p, false)),
+                (FusedArg::Op(0), FusedArg::Outer(p)) => Some((*mem, *p, true)),
+                (FusedArg::Outer(p), FusedArg::Op(0)) => Some((*mem, *p, false)),
                 _ => None,
             },
             _ => None,
@@ -265,32 +187,33 @@ impl Run {
 /// [`Fused::into`]: each `binary` whose one reader in the run is a store (of the run's shape)
 /// and whose value the statements after the run do not read, where no operation between the
 /// two loads or stores the stored argument (it would see the chunk early, or be overwritten by it).
-fn into_stores(ops: &[Op], keep: &[Option<usize>]) -> Vec<Option<usize>> {
+fn into_stores(ops: &[FusedOp], keep: &[Option<usize>]) -> Vec<Option<usize>> {
     let readers = |j: usize| -> Vec<usize> {
-        (0..ops.len()).filter(|&i| operands(&ops[i]).iter().any(|a| matches!(a, Arg::Op(k) if *k == j))).collect()
+        (0..ops.len()).filter(|&i| operands(&ops[i]).iter().any(|a| matches!(a, FusedArg::Op(k) if *k == j))).collect()
     };
     (0..ops.len())
         .map(|j| {
-            if !matches!(ops[j], Op::Binary { .. }) || keep[j].is_some() {
+            if !matches!(ops[j], FusedOp::Binary { .. }) || keep[j].is_some() {
                 return None;
             }
             let [s] = readers(j)[..] else { return None };
-            let Op::Store { mem, value: Arg::Op(_) } = ops[s] else { return None };
-            let touches =
-                ops[j + 1..s].iter().any(|op| matches!(op, Op::Load { mem: m, .. } | Op::Store { mem: m, .. } if m.0 == mem.0));
+            let FusedOp::Store { mem, value: FusedArg::Op(_) } = ops[s] else { return None };
+            let touches = ops[j + 1..s]
+                .iter()
+                .any(|op| matches!(op, FusedOp::Load { mem: m, .. } | FusedOp::Store { mem: m, .. } if m.0 == mem.0));
             (!touches).then_some(s)
         })
         .collect()
 }
 
 /// The operands of a run's operation.
-fn operands(op: &Op) -> Vec<&Arg> {
+fn operands(op: &FusedOp) -> Vec<&FusedArg> {
     match op {
-        Op::Load { .. } => vec![],
-        Op::Unary { a, .. } | Op::Cast { a, .. } | Op::Reduce { a, .. } => vec![a],
-        Op::Binary { a, b, .. } | Op::Compare { a, b, .. } => vec![a, b],
-        Op::Select { c, a, b } => vec![c, a, b],
-        Op::Store { value, .. } => vec![value],
+        FusedOp::Load { .. } => vec![],
+        FusedOp::Unary { a, .. } | FusedOp::Cast { a, .. } | FusedOp::Reduce { a, .. } => vec![a],
+        FusedOp::Binary { a, b, .. } | FusedOp::Compare { a, b, .. } => vec![a, b],
+        FusedOp::Select { c, a, b } => vec![c, a, b],
+        FusedOp::Store { value, .. } => vec![value],
     }
 }
 
@@ -386,16 +309,6 @@ pub(crate) fn count_uses(body: &[Instr], uses: &mut HashMap<usize, usize>) {
             *uses.entry(n).or_default() += 1;
         }
     }
-}
-
-/// A box of a run's shape: where it starts and how long it is along each dimension. It covers
-/// one index of every dimension but the last two, rows of the second-to-last and a stretch of
-/// the last, so its elements in row-major order are a `[rows, cols]` block.
-#[derive(Clone, Debug)]
-pub(crate) struct Chunk {
-    /// Signed, as the regions of loads and stores are.
-    pub start: Vec<i64>,
-    pub lens: Vec<usize>,
 }
 
 /// The chunks of `shape` in row-major order: whole rows, as many as make about [`CHUNK`]

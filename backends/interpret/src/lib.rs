@@ -2,19 +2,23 @@
 //! backend must compute (`docs/language.md`).
 //!
 //! Stages, as in every backend: `lower.rs` turns the verified IR into a program of instructions
-//! over numbered slots (there is no text to emit, so no `emit.rs`); `eval.rs` computes whole
-//! block values; `runtime.rs` binds memory and runs the grid, parallel programs on all cores.
+//! over numbered slots (`program.rs`; there is no text to emit, so no `emit.rs`), with runs of
+//! elementwise statements fused (`fuse.rs`); `eval/` computes whole block values; `runtime/`
+//! binds memory and runs the grid, parallel programs on all cores.
 
 mod coarsen;
 pub mod error;
 mod eval;
 mod fastmath;
 mod fuse;
+mod limits;
 mod lower;
 pub mod mesh;
+mod program;
 mod runtime;
 
 pub use error::Refusal;
+pub use limits::{MAX_ARRAY_ELEMENTS, MAX_BLOCK_ELEMENTS};
 
 use std::collections::BTreeMap;
 
@@ -27,12 +31,6 @@ use tessel_plugin_api::mesh::MeshSpec;
 
 /// The backend's name.
 pub const NAME: &str = "interpret";
-
-/// The largest block value the interpreter runs, in elements (64 MiB of f32).
-pub const MAX_BLOCK_ELEMENTS: usize = 1 << 24;
-
-/// The largest argument array, in elements (indices are 32-bit on every backend).
-pub const MAX_ARRAY_ELEMENTS: usize = 1 << 32;
 
 /// Refuses kernels whose block values or arrays exceed the interpreter's limits.
 fn check_limits(v: &Verified) -> Result<(), BackendError> {
@@ -81,7 +79,7 @@ pub enum Error {
 pub struct Compiled {
     /// The kernel the program runs: the one given, or it with programs merged (`coarsen.rs`).
     kernel: Verified,
-    program: lower::Program,
+    program: program::Program,
     /// How programs were merged, if they were.
     merged: Option<coarsen::Merged>,
 }

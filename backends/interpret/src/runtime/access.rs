@@ -1,0 +1,162 @@
+//! A program's loads and stores: the region an index selects, masks, lanes outside the array
+//! (`other` on loads, skipped by stores), the held blocks of resident outputs, and whether a
+//! block lies inside its array.
+
+use tessel_plugin_api::array::DataRef;
+use tessel_plugin_api::ir::{DType, Literal};
+
+use super::ProgramState;
+use super::memory::{Cells, Storage, apply_mask, contiguous, for_each_row, gather, plain, store_elements};
+use crate::eval::{self, Data, Val, expand};
+use crate::program::{Ix, MemRef, Src};
+
+impl ProgramState<'_, '_> {
+    /// The region an index list selects: per dimension a start relative to the block origin, a
+    /// length, and whether the dimension is kept in the value's shape.
+    fn region(&self, mem: MemRef, index: Option<&[Ix]>) -> (Vec<i64>, Vec<usize>, Vec<usize>) {
+        let p = &self.m.kernel.kernel().params[mem.0];
+        let block = p.block_shape();
+        let origin = &self.origins[mem.0];
+        let Some(index) = index else {
+            return (origin.clone(), block.to_vec(), block.to_vec());
+        };
+        let (mut starts, mut lens, mut shape) = (Vec::new(), Vec::new(), Vec::new());
+        for (d, ix) in index.iter().enumerate() {
+            let (s, n, keep) = match ix {
+                Ix::Full => (0, block[d], true),
+                Ix::Slice(s, n) => (self.get(s).as_i64(), *n, true),
+                Ix::At(s) => (self.get(s).as_i64(), 1, false),
+            };
+            starts.push(origin[d].wrapping_add(s));
+            lens.push(n);
+            if keep {
+                shape.push(n);
+            }
+        }
+        (starts, lens, shape)
+    }
+
+    fn mask_lanes(&self, mask: Option<usize>, shape: &[usize]) -> Option<Vec<bool>> {
+        let m = self.slots[mask?].as_ref().expect("verifier: mask defined");
+        let eval::Data::B(v) = &m.data else { unreachable!("verifier: bool mask") };
+        Some(expand(v, &m.shape, shape).into_owned())
+    }
+
+    pub(super) fn load(&self, mem: MemRef, index: Option<&[Ix]>, mask: Option<usize>, other: Literal, dtype: DType) -> Val {
+        if let Some(v) = &self.held[mem.0] {
+            return v.clone(); // resident: loaded whole, inside its array
+        }
+        let (starts, lens, shape) = self.region(mem, index);
+        let other = Val::scalar_literal(dtype, other);
+        let mut data = self.read_region(mem, &starts, &lens, &shape, &other, dtype);
+        if let Some(lanes) = self.mask_lanes(mask, &shape) {
+            apply_mask(&mut data, &lanes, &other.data);
+        }
+        Val { dtype, shape, data }
+    }
+
+    /// The elements of a region of `mem` in row-major order, `other` (a scalar) outside the array.
+    pub(super) fn read_region(
+        &self,
+        mem: MemRef,
+        starts: &[i64],
+        lens: &[usize],
+        shape: &[usize],
+        other: &Val,
+        dtype: DType,
+    ) -> Data {
+        let arr = self.array(mem);
+        let o = &other.data;
+        let g = |other, copy| gather(&arr.shape, starts, lens, other, copy);
+        match (&arr.storage, o) {
+            (Storage::Input(DataRef::F32(v)), Data::F(o)) => {
+                Data::F(g(o[0], &mut |f, n, out: &mut Vec<f32>| out.extend_from_slice(&v[f..f + n])))
+            }
+            (Storage::Input(DataRef::F16(v)), Data::F(o)) => {
+                Data::F(g(o[0], &mut |f, n, out: &mut Vec<f32>| out.extend(v[f..f + n].iter().map(|x| x.to_f32()))))
+            }
+            (Storage::Input(DataRef::BF16(v)), Data::F(o)) => {
+                Data::F(g(o[0], &mut |f, n, out: &mut Vec<f32>| out.extend(v[f..f + n].iter().map(|x| x.to_f32()))))
+            }
+            (Storage::Input(DataRef::I32(v)), Data::I(o)) => {
+                Data::I(gather(&arr.shape, starts, lens, o[0], &mut |f, n, out| out.extend_from_slice(&v[f..f + n])))
+            }
+            (Storage::Input(DataRef::U32(v)), Data::U(o)) => {
+                Data::U(gather(&arr.shape, starts, lens, o[0], &mut |f, n, out| out.extend_from_slice(&v[f..f + n])))
+            }
+            (Storage::Input(DataRef::Bool(v)), Data::B(o)) => {
+                Data::B(gather(&arr.shape, starts, lens, o[0], &mut |f, n, out| out.extend_from_slice(&v[f..f + n])))
+            }
+            (Storage::Shared(_) | Storage::Lent(_), _) => {
+                Val::from_bits(dtype, shape.to_vec(), self.read_cells(mem, starts, lens, other.to_bits()[0])).data
+            }
+            _ => unreachable!("launch::bind: inputs have their declared dtype"),
+        }
+    }
+
+    /// The bit patterns of a region of output or scratch `mem`, `other` outside the array.
+    pub(super) fn read_cells(&self, mem: MemRef, starts: &[i64], lens: &[usize], other: u32) -> Vec<u32> {
+        let arr = self.array(mem);
+        let cells = arr.storage.cells().expect("an output or scratch");
+        let own = self.m.own[mem.0];
+        gather(&arr.shape, starts, lens, other, &mut |f, n, out| Cells::of(&cells[f..f + n], own).read_into(out))
+    }
+
+    pub(super) fn store(&mut self, mem: MemRef, index: Option<&[Ix]>, value: &Src, mask: Option<usize>) {
+        let (starts, lens, shape) = self.region(mem, index);
+        let v = self.get(value);
+        if self.held[mem.0].is_some() {
+            let v = if v.shape == shape { v.clone() } else { eval::broadcast_to(v, &shape) };
+            self.held[mem.0] = Some(v); // resident: stored whole
+            return;
+        }
+        let lanes = self.mask_lanes(mask, &shape);
+        if v.shape == shape && lanes.is_none() {
+            return self.write_region(mem, &starts, &lens, |cells, first| store_elements(v.view(), first, cells));
+        }
+        let bits = v.to_bits();
+        let bits = expand(&bits, &v.shape, &shape);
+        self.write_region(mem, &starts, &lens, |mut cells, first| {
+            let bits = &bits[first..first + cells.len()];
+            match &lanes {
+                None => cells.put(bits),
+                Some(l) => (0..bits.len()).filter(|&i| l[first + i]).for_each(|i| cells.set(i, bits[i])),
+            }
+        });
+    }
+
+    /// Writes the part of a region of `mem` inside the array: `write(cells, first)` for each
+    /// innermost row's inside part, `first` being the row-major lane of the region its first
+    /// cell is.
+    pub(super) fn write_region(&self, mem: MemRef, starts: &[i64], lens: &[usize], mut write: impl FnMut(Cells<'_>, usize)) {
+        let arr = self.array(mem);
+        let cells = arr.storage.cells().expect("verifier: no store to an input");
+        let own = self.m.own[mem.0];
+        let mut lane = 0;
+        for_each_row(&arr.shape, starts, lens, |len, span| {
+            if let Some(r) = span {
+                write(Cells::of(&cells[r.flat..r.flat + r.count], own), lane + r.before);
+            }
+            lane += len;
+        });
+    }
+
+    /// The cells of the region `starts`, `lens` of `mem` as plain memory the program writes
+    /// directly, where that region is one stretch inside the array, of the program's own
+    /// elements (`Machine::own`), and not a held block.
+    pub(super) fn own_stretch(&self, mem: MemRef, starts: &[i64], lens: &[usize]) -> Option<&mut [u32]> {
+        if self.held[mem.0].is_some() || !self.m.own[mem.0] {
+            return None;
+        }
+        let arr = self.array(mem);
+        let flat = contiguous(&arr.shape, starts, lens)?;
+        Some(plain(&arr.storage.cells()?[flat..flat + lens.iter().product::<usize>()]))
+    }
+
+    /// Whether the whole block of `mem` lies inside its array at this grid point.
+    pub(super) fn inside(&self, mem: MemRef) -> bool {
+        let arr = self.array(mem);
+        let block = self.m.kernel.kernel().params[mem.0].block_shape();
+        self.origins[mem.0].iter().zip(block).zip(&arr.shape).all(|((&o, &b), &n)| o >= 0 && o as usize + b <= n)
+    }
+}

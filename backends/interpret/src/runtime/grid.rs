@@ -1,0 +1,123 @@
+//! The walk over the grid: each parallel point a program on rayon's pool, its `seq` points in
+//! order; and one program's state from point to point: scratch zeroed per program, the origin
+//! of every block, resident outputs held from the first step and written back after the last.
+
+use rayon::prelude::*;
+use tessel_plugin_api::ir::ParamKind;
+use tessel_plugin_api::launch::LaunchAxis;
+
+use super::memory::{Array, Storage, plain, store_elements};
+use super::{Machine, ProgramState};
+use crate::eval::Val;
+use crate::program::MemRef;
+
+impl Machine<'_> {
+    /// Runs every program: the parallel points of the grid on rayon's pool, each program's `seq`
+    /// points in order.
+    pub(super) fn run_programs(&self) {
+        let par: Vec<usize> = (0..self.grid.len()).filter(|&a| !self.grid[a].seq).collect();
+        let seq: Vec<usize> = (0..self.grid.len()).filter(|&a| self.grid[a].seq).collect();
+        let programs: u64 = par.iter().map(|&a| self.grid[a].size).product();
+        let steps: u64 = seq.iter().map(|&a| self.grid[a].size).product();
+        // One program's state serves every program a thread runs in turn, its scratch zeroed
+        // again for each (`ProgramState::start`).
+        let init = || (ProgramState::new(self), vec![0i64; self.grid.len()]);
+        (0..programs).into_par_iter().for_each_init(init, |(prog, point), pid| {
+            decode(pid, &par, self.grid, point);
+            prog.start();
+            for step in 0..steps {
+                decode(step, &seq, self.grid, point);
+                prog.enter(point);
+                if step == 0 {
+                    prog.hold();
+                }
+                prog.exec(&self.program.body);
+            }
+            prog.release();
+        });
+    }
+}
+
+/// Row-major decoding of `n` over `axes` (the last listed fastest) into `point`.
+fn decode(mut n: u64, axes: &[usize], grid: &[LaunchAxis], point: &mut [i64]) {
+    for &a in axes.iter().rev() {
+        let size = grid[a].size;
+        point[a] = (n % size) as i64;
+        n /= size;
+    }
+}
+
+impl<'m, 'a> ProgramState<'m, 'a> {
+    fn new(m: &'m Machine<'a>) -> ProgramState<'m, 'a> {
+        let params = &m.kernel.kernel().params;
+        let scratch = params
+            .iter()
+            .map(|p| {
+                (p.kind == ParamKind::Scratch).then(|| Array {
+                    storage: Storage::zeros(p.ty.numel()),
+                    shape: p.ty.shape.clone(),
+                    dtype: p.ty.dtype,
+                })
+            })
+            .collect();
+        ProgramState {
+            m,
+            scratch,
+            slots: vec![None; m.program.slots],
+            origins: vec![Vec::new(); params.len()],
+            held: vec![None; params.len()],
+            fresh: true,
+            point: Vec::new(),
+        }
+    }
+
+    /// Begins a program: its scratch starts as zeros (a fresh state's already is).
+    fn start(&mut self) {
+        if std::mem::replace(&mut self.fresh, false) {
+            return;
+        }
+        for a in self.scratch.iter().flatten() {
+            plain(a.storage.cells().expect("scratch cells")).fill(0);
+        }
+    }
+
+    /// Moves to grid point `point`: the origin of every argument's block there.
+    fn enter(&mut self, point: &[i64]) {
+        self.point.clear();
+        self.point.extend_from_slice(point);
+        for (n, p) in self.m.kernel.kernel().params.iter().enumerate() {
+            let origin = &mut self.origins[n];
+            origin.clear();
+            match &self.m.origins[n] {
+                None => origin.resize(p.ty.shape.len(), 0),
+                Some(dims) => origin.extend(dims.iter().map(|d| {
+                    let at = (d.terms.iter())
+                        .fold(d.constant, |acc, &(c, axis)| acc.wrapping_add(c.wrapping_mul(axis.map_or(0, |a| point[a]))));
+                    at.wrapping_mul(d.size)
+                })),
+            }
+        }
+    }
+
+    /// Takes each resident output's block (the same at every step of the program) into the
+    /// program's own memory.
+    fn hold(&mut self) {
+        for (n, p) in self.m.kernel.kernel().params.iter().enumerate() {
+            if self.m.resident[n] {
+                let block = p.block_shape().to_vec();
+                let bits = self.read_cells(MemRef(n), &self.origins[n], &block, 0);
+                self.held[n] = Some(Val::from_bits(p.ty.dtype, block, bits));
+            }
+        }
+    }
+
+    /// Writes each held block back into its output.
+    fn release(&mut self) {
+        for n in 0..self.held.len() {
+            if let Some(v) = self.held[n].take() {
+                let block = v.shape.clone();
+                self.write_region(MemRef(n), &self.origins[n], &block, |cells, first| store_elements(v.view(), first, cells));
+            }
+        }
+    }
+}
