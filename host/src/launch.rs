@@ -279,7 +279,7 @@ impl Planned<'_, '_> {
             // The build as well as the version: a rebuilt backend of the same version may lower
             // differently, and must not read what its predecessor wrote.
             let version = format!("{} {}", b.backend.version(), build_identity(&b.source));
-            let key = cache_key(&b.name, &version, req);
+            let key = cache_key(&b.name, &version, &b.backend.options(), req);
             crate::cache::lowered(&key, || {
                 let stages = b.backend.lower(req).into_result()?;
                 Ok(stages.into_iter().map(|s| (s.name.into_string(), s.text.into_string())).collect())

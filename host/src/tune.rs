@@ -154,6 +154,7 @@ pub fn path(kernel: &Generic, shapes: &BTreeMap<String, i64>, backend: &Loaded) 
     }
     field(&backend.name);
     field(backend.backend.version().as_str());
+    field(backend.backend.options().as_str());
     field(&crate::registry::build_identity(&backend.source));
     field(backend.backend.availability().reason.as_str());
     Some(crate::cache::dir()?.join("tune").join(format!("{}.json", h.finalize().to_hex())))

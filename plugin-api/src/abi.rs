@@ -379,6 +379,9 @@ mod traits {
         ) -> RResult<bool, BackendError>;
         /// Copies a buffer into the caller's memory of its type (one copy from the device).
         fn download_into(&self, buffer: u64, out: RArrayMut<'_>) -> RResult<(), BackendError>;
+        /// What the lowering depends on besides the kernel and the version (`strategy gpu`), or
+        /// empty: part of every cache key.
+        fn options(&self) -> RString;
         /// The compile cache's counters.
         #[sabi(last_prefix_field)]
         fn cache_stats(&self) -> CacheStats;

@@ -146,9 +146,13 @@ impl BackendImpl for Wgpu {
     /// With the strategy, which keys the compile cache: a forced strategy must not read what
     /// the other wrote.
     fn version(&self) -> &str {
+        env!("CARGO_PKG_VERSION")
+    }
+
+    fn options(&self) -> String {
         match strategy() {
-            Ok(lower::Strategy::Gpu) => concat!(env!("CARGO_PKG_VERSION"), " strategy gpu"),
-            _ => concat!(env!("CARGO_PKG_VERSION"), " strategy cpu"),
+            Ok(lower::Strategy::Gpu) => "strategy gpu".into(),
+            _ => "strategy cpu".into(),
         }
     }
 

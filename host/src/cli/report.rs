@@ -14,6 +14,8 @@ struct BackendReport {
     name: String,
     source: String,
     version: String,
+    /// What its lowering depends on besides the kernel and the version (`strategy cpu`), or empty.
+    options: String,
     platform: String,
     available: bool,
     reason: String,
@@ -66,7 +68,8 @@ pub(super) fn backends(rt: &Runtime, json: bool, out: &mut dyn Write) -> Result<
     }
     for b in &report.backends {
         let state = if b.available { "available" } else { "unavailable" };
-        let _ = writeln!(out, "{} {} ({})", b.name, b.version, b.source);
+        let options = if b.options.is_empty() { String::new() } else { format!(", {}", b.options) };
+        let _ = writeln!(out, "{} {}{options} ({})", b.name, b.version, b.source);
         match b.class {
             Some(class) => {
                 let _ = writeln!(out, "  {state} ({class}): {}", b.reason);
@@ -115,6 +118,7 @@ fn backends_report(rt: &Runtime) -> BackendsReport {
                     name: b.name.clone(),
                     source: b.source.to_string(),
                     version: b.backend.version().into_string(),
+                    options: b.backend.options().into_string(),
                     platform: b.backend.platform().into_string(),
                     available: a.available,
                     class: a.available.then(|| a.class.name()),

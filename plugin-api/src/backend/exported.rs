@@ -93,7 +93,7 @@ impl<B: BackendImpl> Exported<B> {
 
     /// The key of `launch` in the compile cache (and the lowered-text cache beside it).
     fn cache_key(&self, launch: &Launch<'_>) -> [u8; 32] {
-        keyed(self.backend.name(), self.backend.version(), &launch.key)
+        keyed(self.backend.name(), self.backend.version(), &self.backend.options(), &launch.key)
     }
 
     /// The compiled launch from the cache; else compiled from the plan the host's `supports`
@@ -187,6 +187,13 @@ impl<B: BackendImpl> Backend for Exported<B> {
 
     fn version(&self) -> RString {
         self.backend.version().into()
+    }
+
+    fn options(&self) -> RString {
+        match guard("options", || Ok(self.backend.options())) {
+            RResult::ROk(o) => o.into(),
+            RResult::RErr(e) => format!("(options failed: {})", e.message).into(),
+        }
     }
 
     fn platform(&self) -> RString {

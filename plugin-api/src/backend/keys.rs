@@ -35,14 +35,15 @@ pub fn request_key(req: &LaunchRequest<'_>) -> [u8; 32] {
     *h.finalize().as_bytes()
 }
 
-/// What identifies a compiled launch: the backend, its version, and the [`request_key`].
-pub fn cache_key(backend: &str, version: &str, req: &LaunchRequest<'_>) -> [u8; 32] {
-    keyed(backend, version, &request_key(req))
+/// What identifies a compiled launch: the backend, its version and options, and the
+/// [`request_key`].
+pub fn cache_key(backend: &str, version: &str, options: &str, req: &LaunchRequest<'_>) -> [u8; 32] {
+    keyed(backend, version, options, &request_key(req))
 }
 
-pub(super) fn keyed(backend: &str, version: &str, request: &[u8; 32]) -> [u8; 32] {
+pub(super) fn keyed(backend: &str, version: &str, options: &str, request: &[u8; 32]) -> [u8; 32] {
     let mut h = blake3::Hasher::new();
-    for bytes in [backend.as_bytes(), version.as_bytes()] {
+    for bytes in [backend.as_bytes(), version.as_bytes(), options.as_bytes()] {
         h.update(&(bytes.len() as u64).to_le_bytes());
         h.update(bytes);
     }

@@ -71,6 +71,12 @@ pub trait BackendImpl: Send + Sync + 'static {
     fn version(&self) -> &str;
     /// What it runs on, in words.
     fn platform(&self) -> String;
+    /// What its lowering depends on besides the kernel and [`BackendImpl::version`] (a strategy,
+    /// a target), or empty: hashed into every key of a compiled launch, lowered text on disk and
+    /// tuning record, and shown by `tessel backends`.
+    fn options(&self) -> String {
+        String::new()
+    }
     /// `Ok` with the class of device it runs on and what that is, or `Err(why it cannot run
     /// here)`. Must not touch a device it has not been asked to use, and must be cheap.
     fn availability(&self) -> Result<Available, String>;
