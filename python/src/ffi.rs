@@ -645,13 +645,14 @@ fn bytes_of(ty: &Type) -> usize {
 }
 
 unsafe fn handle(frame: *mut CallFrame) -> Result<(), Failure> {
-    // A frame older (smaller) than the one declared here would be read past its end: refuse it
-    // before reading anything after its size. SAFETY: every XLA call frame starts with its size.
+    // A frame too old (small) to hold every field the handler reads (up to `attrs`; `future`
+    // is newer than some jaxlibs, and unread) would be read past its end: refuse it before
+    // reading anything after its size. SAFETY: every XLA call frame starts with its size.
     let size = unsafe { (*frame).struct_size };
-    if size < std::mem::size_of::<CallFrame>() {
+    let read = std::mem::offset_of!(CallFrame, future);
+    if size < read {
         return Err(invalid(format!(
-            "XLA's FFI call frame is {size} bytes, older than the {} this handler reads\n  use a jax and jaxlib of version 0.8 or newer",
-            std::mem::size_of::<CallFrame>()
+            "XLA's FFI call frame is {size} bytes, older than the {read} this handler reads\n  use a jax and jaxlib of version 0.8 or newer"
         )));
     }
     // SAFETY: XLA's frame.

@@ -4,7 +4,6 @@ backend asked; a repeated call parses, verifies and plans nothing. Counted by
 `tessel._tessel._counts()` (tessel_plugin_api::ir::counters, shared by the built-in backends).
 """
 
-import os
 import pathlib
 
 import numpy as np
@@ -64,20 +63,3 @@ def test_the_ffi_handler_prepares_once_and_then_parses_verifies_and_plans_nothin
     _, c = counted(lambda: jax.block_until_ready(f(*args)))
     assert (c["parses"], c["verifies"], c["plans"]) == (0, 0, 0), c
 
-
-def test_loading_a_plugin_forgets_the_handlers_prepared_launches():
-    pytest.importorskip("jax")
-    import tessel.jax as tj
-
-    libs = os.environ.get("TESSEL_TEST_LIBS")
-    if not libs:
-        pytest.fail("TESSEL_TEST_LIBS is not set: run these tests with scripts/test")
-    text = FUSED.read_text()
-    tj.prepare(text, backend="interpret")
-    before = tj.stats()
-    tj.prepare(text, backend="interpret")
-    assert (tj.stats()["hits"], tj.stats()["misses"]) == (before["hits"] + 1, before["misses"])
-    # A new runtime: the launch prepared with the old one is prepared again.
-    tessel.load_plugin(pathlib.Path(libs) / "libtessel_fixture_panics.so")
-    tj.prepare(text, backend="interpret")
-    assert tj.stats()["misses"] == before["misses"] + 1

@@ -356,6 +356,21 @@ def test_a_panic_in_a_plugin_is_a_tessel_error_and_the_interpreter_lives_on(monk
     np.testing.assert_array_equal(example("add")(x=x, y=x, backend="interpret")["o"], x + x)
 
 
+def test_loading_a_plugin_forgets_the_handlers_prepared_launches():
+    pytest.importorskip("jax")
+    import tessel.jax as tj
+
+    text = (EXAMPLES / "fused.tk").read_text()
+    tj.prepare(text, backend="interpret")
+    before = tj.stats()
+    tj.prepare(text, backend="interpret")
+    assert (tj.stats()["hits"], tj.stats()["misses"]) == (before["hits"] + 1, before["misses"])
+    # A new runtime: the launch prepared with the old one is prepared again.
+    tessel.load_plugin(libs() / "libtessel_fixture_panics.so")
+    tj.prepare(text, backend="interpret")
+    assert tj.stats()["misses"] == before["misses"] + 1
+
+
 def test_a_tuning_record_gives_the_values_for_the_backend_it_was_made_on(tmp_path, monkeypatch):
     monkeypatch.setenv("TESSEL_CACHE_DIR", str(tmp_path))
     exe = os.environ.get("TESSEL_BIN")
