@@ -10,7 +10,9 @@ use abi_stable::std_types::RResult;
 
 use crate::abi::{BackendBox, BackendError, ErrorKind};
 
-/// Runs `f` as an exported function body: a panic becomes an [`ErrorKind::Panic`] error.
+/// Runs `f` as an exported function body: a panic becomes an [`ErrorKind::Panic`] error. Inlined
+/// into each adapter method (its own file puts its instances in other codegen units otherwise).
+#[inline]
 pub fn guard<T>(what: &str, f: impl FnOnce() -> Result<T, BackendError>) -> RResult<T, BackendError> {
     install_quiet_panic_hook();
     GUARDED.with(|g| g.set(g.get() + 1));
