@@ -89,7 +89,7 @@ impl Lowerer<'_> {
     fn stmt(&mut self, s: &Stmt) -> Instr {
         let ty = s.ty.clone();
         let dst = s.results.first().map(|r| self.slot(r)).unwrap_or(usize::MAX);
-        if let (Some(t), [_], false) = (&ty, s.results.as_slice(), matches!(s.op, Op::For { .. })) {
+        if let (Some(t), [_], false) = (&ty, s.results.as_slice(), matches!(s.op, Op::For(ForLoop { .. }))) {
             self.shapes.insert(dst, t.shape.clone());
         }
         let result_ty = || ty.clone().expect("verifier: result type filled");
@@ -151,7 +151,7 @@ impl Lowerer<'_> {
                 Instr::Dot { dst, a, b, trans_a: *trans_a, trans_b: *trans_b }
             }
             Op::When { cond, body } => Instr::When { cond: self.src(cond, DType::Bool), body: self.body(body) },
-            Op::For { var, lo, hi, step, iters, body } => {
+            Op::For(ForLoop { var, lo, hi, step, iters, body }) => {
                 let var = self.slot(var);
                 let lo = self.src(lo, DType::I32);
                 let hi = self.src(hi, DType::I32);

@@ -121,7 +121,7 @@ impl Planner {
         for s in body {
             match &s.op {
                 Op::When { body, .. } => self.body(v, body)?,
-                Op::For { var, body, iters, .. } => {
+                Op::For(ForLoop { var, body, iters, .. }) => {
                     let slot = self.place(var, &Type::scalar(DType::I32))?;
                     self.values.insert(var.clone(), slot);
                     for (n, _) in iters {
@@ -270,7 +270,7 @@ pub fn in_registers(k: &Verified) -> HashSet<String> {
         across.extend(reads.iter().filter(|u| !u.own).map(|u| u.name.clone()));
         let own_write = writes.iter().all(|u| u.own);
         let n = out_shape.iter().product::<usize>();
-        let body = matches!(s.op, Op::When { .. } | Op::For { .. });
+        let body = matches!(s.op, Op::When { .. } | Op::For(ForLoop { .. }));
         if !body && own_write && n > 1 && n <= MAX_REGISTERS_PER_VALUE * THREADS as usize {
             candidates.extend(s.results.iter().cloned());
         }
@@ -311,7 +311,7 @@ pub fn uses(k: &Verified, s: &Stmt, out_shape: &[usize]) -> (Vec<Use>, Vec<Use>)
             let float = k.value_type(a).dtype.is_float();
             (reads, s.results.iter().map(|d| if float { Use::across(d) } else { Use::own(d) }).collect())
         }
-        Op::When { .. } | Op::For { .. } | Op::Yield(_) => (reads, vec![]),
+        Op::When { .. } | Op::For(ForLoop { .. }) | Op::Yield(_) => (reads, vec![]),
         _ => (reads, dst),
     }
 }

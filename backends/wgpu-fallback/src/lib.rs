@@ -24,7 +24,7 @@ use std::sync::Arc;
 use tessel_plugin_api::abi::{BackendError, BuiltinBackend, Capabilities, DeviceClass, ErrorKind, MeshBox};
 use tessel_plugin_api::array::HostArray;
 use tessel_plugin_api::backend::{Available, BackendImpl, Launch, export, mesh_spec, verify_with_mesh};
-use tessel_plugin_api::ir::{AxisSize, Op, ParamKind, Stmt, Type, Verified};
+use tessel_plugin_api::ir::{AxisSize, ForLoop, Op, ParamKind, Stmt, Type, Verified};
 use tessel_plugin_api::launch::{LaunchAxis, resolve_grid};
 use tessel_plugin_api::mesh::MeshSpec;
 
@@ -73,7 +73,7 @@ fn check_values(v: &Verified) -> Result<(), BackendError> {
             }
             match &s.op {
                 Op::When { body, .. } => walk(v, body)?,
-                Op::For { body, iters, .. } => {
+                Op::For(ForLoop { body, iters, .. }) => {
                     for (n, _) in iters {
                         check_type(&format!("block value %{n}"), v.value_type(n))?;
                     }

@@ -14,7 +14,7 @@ use crate::{LaunchArgs, Result, Runtime};
 /// Floating-point operations of the `dot`s of a kernel over its whole grid (loops with literal
 /// bounds counted by their trip count).
 fn dot_flops(v: &Verified, grid_points: u64) -> u64 {
-    use tessel_plugin_api::ir::{Literal, Op, Operand, Stmt};
+    use tessel_plugin_api::ir::{ForLoop, Literal, Op, Operand, Stmt};
     fn walk(v: &Verified, body: &[Stmt], times: u64) -> u64 {
         body.iter()
             .map(|s| match &s.op {
@@ -26,7 +26,7 @@ fn dot_flops(v: &Verified, grid_points: u64) -> u64 {
                     times * 2 * (out[0] * out[1] * k) as u64
                 }
                 Op::When { body, .. } => walk(v, body, times),
-                Op::For { lo, hi, step, body, .. } => {
+                Op::For(ForLoop { lo, hi, step, body, .. }) => {
                     let lit = |o: &Operand| if let Operand::Lit(Literal::Int(n)) = o { Some(*n) } else { None };
                     let trips = match (lit(lo), lit(hi), step.as_ref().map_or(Some(1), lit)) {
                         (Some(l), Some(h), Some(st)) if st > 0 && h > l => ((h - l + st - 1) / st) as u64,

@@ -9,7 +9,7 @@
 
 use std::collections::HashSet;
 
-use super::{Affine, AxisRef, AxisSize, BlockSpec, GridAxis, Index, Kernel, Literal, Op, Operand, ParamKind, Stmt};
+use super::{Affine, AxisRef, AxisSize, BlockSpec, ForLoop, GridAxis, Index, Kernel, Literal, Op, Operand, ParamKind, Stmt};
 
 /// `kernel` over `size` batch elements, or why it cannot be (a `dyn` grid axis). A kernel whose
 /// programs come from a mesh at launch is the caller's to keep unbatched: the mesh's axes would
@@ -64,7 +64,7 @@ fn results(body: &[Stmt], into: &mut HashSet<String>) {
         into.extend(s.results.iter().cloned());
         match &s.op {
             Op::When { body, .. } => results(body, into),
-            Op::For { body, iters, var, .. } => {
+            Op::For(ForLoop { body, iters, var, .. }) => {
                 into.extend(iters.iter().map(|(n, _)| n.clone()));
                 into.insert(var.clone());
                 results(body, into);
@@ -85,7 +85,7 @@ fn index_batch(body: &mut [Stmt], arrays: &[(String, usize, Operand)]) {
                     *index = Some(std::iter::once(Index::At(at.clone())).chain(rest).collect());
                 }
             }
-            Op::When { body, .. } | Op::For { body, .. } => index_batch(body, arrays),
+            Op::When { body, .. } | Op::For(ForLoop { body, .. }) => index_batch(body, arrays),
             _ => {}
         }
     }

@@ -728,22 +728,27 @@ pub enum Op {
         body: Vec<Stmt>,
     },
     /// `for %i = lo to hi step s iter (%a = v, ...) { ... yield ... }`.
-    For {
-        /// Induction variable name.
-        var: String,
-        /// First value.
-        lo: Operand,
-        /// Exclusive bound.
-        hi: Operand,
-        /// Increment (default 1).
-        step: Option<Operand>,
-        /// Loop-carried values and their initial values.
-        iters: Vec<(String, Operand)>,
-        /// The body; ends with `yield` when there are `iters`.
-        body: Vec<Stmt>,
-    },
+    For(ForLoop),
     /// `yield v, ...`: the next values of a `for`'s `iter` arguments.
     Yield(Vec<Operand>),
+}
+
+/// `for %i = lo to hi step s iter (%a = v, ...) { ... yield ... }`: a loop of one program, its
+/// values carried from step to step (docs/language.md §4).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ForLoop {
+    /// Induction variable name.
+    pub var: String,
+    /// First value.
+    pub lo: Operand,
+    /// Exclusive bound.
+    pub hi: Operand,
+    /// Increment (default 1).
+    pub step: Option<Operand>,
+    /// Loop-carried values and their initial values.
+    pub iters: Vec<(String, Operand)>,
+    /// The body; ends with `yield` when there are `iters`.
+    pub body: Vec<Stmt>,
 }
 
 impl Op {
@@ -769,7 +774,7 @@ impl Op {
             Op::Reduce { op, .. } => op.name(),
             Op::Dot { .. } => "dot",
             Op::When { .. } => "when",
-            Op::For { .. } => "for",
+            Op::For(ForLoop { .. }) => "for",
             Op::Yield(_) => "yield",
         }
     }
@@ -784,6 +789,6 @@ impl Op {
 
     /// Whether the operation has exactly one result (all but `store`, `when`, `for`, `yield`).
     pub fn has_single_result(&self) -> bool {
-        !matches!(self, Op::Store { .. } | Op::When { .. } | Op::For { .. } | Op::Yield(_))
+        !matches!(self, Op::Store { .. } | Op::When { .. } | Op::For(ForLoop { .. }) | Op::Yield(_))
     }
 }

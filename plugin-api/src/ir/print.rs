@@ -131,7 +131,7 @@ impl Writer {
             self.indent();
             self.write_stmt_head(s)?;
             match &s.op {
-                Op::When { body, .. } | Op::For { body, .. } => {
+                Op::When { body, .. } | Op::For(ForLoop { body, .. }) => {
                     self.out.push_str(" {\n");
                     self.level += 1;
                     self.write_body(body)?;
@@ -200,7 +200,7 @@ impl Writer {
                 write!(o, "dot {a}, {b}{}{}", if *trans_a { " trans_a" } else { "" }, if *trans_b { " trans_b" } else { "" })
             }
             Op::When { cond, .. } => write!(o, "when {cond}"),
-            Op::For { var, lo, hi, step, iters, .. } => {
+            Op::For(ForLoop { var, lo, hi, step, iters, .. }) => {
                 write!(o, "for %{var} = {lo} to {hi}")?;
                 if let Some(s) = step {
                     write!(o, " step {s}")?;

@@ -267,7 +267,9 @@ impl Writer<'_> {
                 self.place_label(&end);
                 self.hazards.union(before);
             }
-            Op::For { var, lo, hi, step, iters, body } => self.write_for(var, lo, hi, step.as_ref(), iters, body, &s.results),
+            Op::For(ForLoop { var, lo, hi, step, iters, body }) => {
+                self.write_for(var, lo, hi, step.as_ref(), iters, body, &s.results)
+            }
             Op::Yield(_) => {}
         }
     }

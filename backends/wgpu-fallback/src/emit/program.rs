@@ -220,7 +220,7 @@ impl<'k> Writer<'k> {
                 self.close();
                 self.merge_flags(before);
             }
-            Op::For { var, lo, hi, step, iters, body } => self.write_for(s, var, lo, hi, step.as_ref(), iters, body),
+            Op::For(ForLoop { var, lo, hi, step, iters, body }) => self.write_for(s, var, lo, hi, step.as_ref(), iters, body),
             Op::Yield(_) => unreachable!("yield is written by its for"),
         }
     }

@@ -346,7 +346,7 @@ fn survey(plan: &Plan) -> Result<Survey, BackendError> {
             return;
         }
         let iters = match &st.op {
-            Op::For { iters, .. } => iters.iter().map(|(n, _)| n).collect(),
+            Op::For(ForLoop { iters, .. }) => iters.iter().map(|(n, _)| n).collect(),
             _ => Vec::new(),
         };
         for r in st.results.iter().chain(iters) {

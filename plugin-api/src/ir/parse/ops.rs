@@ -42,7 +42,7 @@ impl Parser<'_> {
         let (name, name_span) = self.ident("an operation such as `load`, `add` or `store`")?;
         let op = self.op(&name, name_span)?;
         let mut span = start.to(self.prev_span());
-        if matches!(op, Op::When { .. } | Op::For { .. }) {
+        if matches!(op, Op::When { .. } | Op::For(ForLoop { .. })) {
             return self.finish_block_stmt(results, op, span);
         }
         let ty = if self.eat(&Tok::Colon) { Some(self.ty()?) } else { None };
@@ -64,7 +64,7 @@ impl Parser<'_> {
                 .expected(format!("expected `}}` on a line of its own before {found}")));
         }
         match &mut op {
-            Op::When { body, .. } | Op::For { body, .. } => *body = inner,
+            Op::When { body, .. } | Op::For(ForLoop { body, .. }) => *body = inner,
             _ => unreachable!("only when and for have bodies"),
         }
         self.expect_line_end()?;
@@ -185,7 +185,7 @@ impl Parser<'_> {
                 self.expect(Tok::Comma, "`,` or `)` in `iter (...)`")?;
             }
         }
-        Ok(Op::For { var, lo, hi, step, iters, body: Vec::new() })
+        Ok(Op::For(ForLoop { var, lo, hi, step, iters, body: Vec::new() }))
     }
 
     fn load(&mut self) -> PResult<Op> {

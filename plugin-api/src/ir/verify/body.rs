@@ -48,7 +48,7 @@ impl Checker<'_> {
         // Result count.
         let want = match &s.op {
             Op::Store { .. } | Op::When { .. } | Op::Yield(_) => 0,
-            Op::For { iters, .. } => iters.len(),
+            Op::For(ForLoop { iters, .. }) => iters.len(),
             _ => 1,
         };
         if s.results.len() != want {
@@ -101,7 +101,7 @@ impl Checker<'_> {
             if let Some(r) = s.results.first() {
                 self.define(r, ty, span);
             }
-        } else if matches!(s.op, Op::For { .. }) {
+        } else if matches!(s.op, Op::For(ForLoop { .. })) {
             let types = std::mem::take(&mut self.for_results);
             for (r, t) in s.results.iter().zip(types) {
                 self.define(r, t, span);
@@ -110,7 +110,7 @@ impl Checker<'_> {
     }
 
     pub(super) fn for_loop(&mut self, op: &mut Op, span: Span) {
-        let Op::For { var, lo, hi, step, iters, body } = op else { unreachable!("called on a for") };
+        let Op::For(ForLoop { var, lo, hi, step, iters, body }) = op else { unreachable!("called on a for") };
         self.scalar_int(lo, span, "the lower bound", true);
         self.scalar_int(hi, span, "the upper bound", true);
         if let Some(s) = step {

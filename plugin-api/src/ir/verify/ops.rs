@@ -185,7 +185,7 @@ impl Checker<'_> {
                 self.scopes.pop();
                 None
             }
-            Op::For { .. } => {
+            Op::For(ForLoop { .. }) => {
                 self.for_loop(op, span);
                 None
             }
