@@ -87,9 +87,11 @@ pub trait BackendImpl: Send + Sync + 'static {
     /// What `supports` decided and `compile` consumes (verified kernels, their grids, the
     /// lowering's plan), so that a launch is checked and planned once.
     type Plan: Send + 'static;
-    /// The plan, or the refusal: cheap, no lowering, no device. Runs once before every launch,
-    /// even when the compiled launch is cached (it is where a backend checks that a mesh is its
-    /// own).
+    /// The plan, or the refusal: cheap, no lowering, no device. The host asks it once per launch
+    /// it plans (`Runtime::plan`; under `auto`, once per backend it tries) and hands the plan to
+    /// [`BackendImpl::compile`]; a launch the host resumes from a kept plan is not asked again,
+    /// and one compiled without a kept plan is planned then. It is where a backend checks that a
+    /// mesh is its own.
     fn supports(&self, launch: &Launch<'_>) -> Result<Self::Plan, BackendError>;
     /// A launch lowered for this backend: what [`BackendImpl::compile`] makes and
     /// [`BackendImpl::run`] runs. [`export`] caches it, keyed by the launch.
