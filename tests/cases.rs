@@ -22,7 +22,7 @@ use common::exec::Exec;
 use common::{assert_close, root};
 use tessel::HostArray;
 use tessel_plugin_api::array::ArrayData;
-use tessel_plugin_api::ir::{DType, ParamKind};
+use tessel_plugin_api::ir::{DType, ParamKind, Verified};
 
 /// One case file: its kernel text and what its comment lines say.
 struct Case {
@@ -76,9 +76,8 @@ fn cases() -> Vec<Case> {
 }
 
 /// `values` as an array of the kernel's type for argument `name`.
-fn array(case: &Case, name: &str, values: &[f64]) -> HostArray {
-    let kernels = tessel::load_source("case.tk", &case.text).unwrap_or_else(|e| panic!("{e}"));
-    let p = kernels[0].kernel().params.iter().find(|p| p.name == name);
+fn array(case: &Case, kernel: &Verified, name: &str, values: &[f64]) -> HostArray {
+    let p = kernel.kernel().params.iter().find(|p| p.name == name);
     let p = p.unwrap_or_else(|| panic!("{}: the kernel has no argument `{name}`", case.path.display()));
     assert_eq!(values.len(), p.ty.numel(), "{}: `{name}` is {} but {} values are given", case.path.display(), p.ty, values.len());
     let data = match p.ty.dtype {
@@ -94,10 +93,10 @@ fn array(case: &Case, name: &str, values: &[f64]) -> HostArray {
 
 fn check(case: &Case, ex: Exec) {
     let what = |out: &str| format!("{} on {ex:?}: `{out}`", case.path.strip_prefix(root()).unwrap_or(&case.path).display());
-    let inputs: Vec<(&str, HostArray)> = case.inputs.iter().map(|(n, v)| (n.as_str(), array(case, n, v))).collect();
+    let kernels = tessel::load_source("case.tk", &case.text).unwrap_or_else(|e| panic!("{e}"));
+    let inputs: Vec<(&str, HostArray)> = case.inputs.iter().map(|(n, v)| (n.as_str(), array(case, &kernels[0], n, v))).collect();
     let grid: Vec<(&str, u64)> = case.grid.iter().map(|(n, s)| (n.as_str(), *s)).collect();
     let Some(outputs): Option<BTreeMap<String, HostArray>> = ex.run(&case.text, inputs, &grid) else { return };
-    let kernels = tessel::load_source("case.tk", &case.text).unwrap_or_else(|e| panic!("{e}"));
     let declared: Vec<&str> = kernels[0].kernel().params_of(ParamKind::Out).map(|p| p.name.as_str()).collect();
     for name in &declared {
         assert!(case.outputs.iter().any(|(n, _)| n == name), "{}: no `# out {name} = ...` line", what(name));

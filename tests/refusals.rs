@@ -82,12 +82,20 @@ fn check<K: IntoEnumIterator + Copy + Eq + Hash + std::fmt::Debug>(cases: &[Case
     }
 }
 
-fn mosaic_make_mesh(spec: &str) -> Result<(), String> {
+/// The refusal of `backend`'s `make_mesh(spec)`.
+fn make_mesh(backend: &str, spec: &str) -> Result<(), String> {
     let rt = tessel::Runtime::new(&[]).unwrap();
-    let m = rt.registry().get("mosaic-gpu").unwrap().backend.make_mesh(spec.into()).into_result();
+    let m = rt.registry().get(backend).unwrap().backend.make_mesh(spec.into()).into_result();
     let e = m.err().ok_or("made")?;
     assert_eq!(e.kind, ErrorKind::Unsupported);
     Err(e.message.to_string())
+}
+
+/// `tessel lower KERNEL --backend BACKEND FLAGS...`.
+fn lower_on(backend: &str, kernel: &str, flags: &[&str]) -> How {
+    let mut a = vec!["lower", kernel, "--backend", backend];
+    a.extend_from_slice(flags);
+    cli(&a)
 }
 
 /// The interpreter's `grid(...)` mesh handed to mosaic-gpu: the downcast fails.
@@ -110,11 +118,7 @@ fn every_mosaic_gpu_refusal_is_reached_with_its_words() {
         "wide",
         "kernel wide\n  grid (i: 65536, j: 65536)\n  in x: f32[8]\n  out o: f32[8]\n{\n  %x = load x\n  store o, %x\n}\n",
     );
-    let lower = |k: &str, flags: &[&str]| {
-        let mut a = vec!["lower", k, "--backend", "mosaic-gpu"];
-        a.extend_from_slice(flags);
-        cli(&a)
-    };
+    let lower = |k: &str, flags: &[&str]| lower_on("mosaic-gpu", k, flags);
     let pair = file("tests/in/scratch_pair.tk");
     let two = file("tests/in/two_kernels.tk");
     check(&[
@@ -123,7 +127,7 @@ fn every_mosaic_gpu_refusal_is_reached_with_its_words() {
         Case { kind: K::ExternalMeshes, how: lower(&add, &["--external-mesh", "device(x: 2)"]), first: "External meshes are not supported by the Mosaic GPU backend".into() },
         Case { kind: K::ForeignMesh, how: How::Call(mosaic_foreign_mesh), first: "Mesh grid(i: 8) is not supported by the Mosaic GPU backend".into() },
         Case { kind: K::DeviceMesh, how: lower(&add, &["--mesh", "device(x: 2, y: 4)"]), first: "Mesh device(x: 2, y: 4) is not supported by the Mosaic GPU backend".into() },
-        Case { kind: K::MeshKind, how: How::Call(|| mosaic_make_mesh("wgpu(i: 8)")), first: "the Mosaic GPU backend makes mosaic_gpu(...) meshes, not wgpu(...)".into() },
+        Case { kind: K::MeshKind, how: How::Call(|| make_mesh("mosaic-gpu", "wgpu(i: 8)")), first: "the Mosaic GPU backend makes mosaic_gpu(...) meshes, not wgpu(...)".into() },
         Case { kind: K::DynamicGrid, how: lower(&file("tests/in/dyn_grid.tk"), &["--grid", "i=4"]), first: "dynamic grid bounds not supported in the Mosaic GPU backend".into() },
         Case {
             kind: K::ClusterRank,
@@ -176,11 +180,7 @@ fn every_wgpu_refusal_is_reached_with_its_words() {
         "kernel huge\n  in x: f32[4]\n  out o: f32[2147483647] block [4] at (0)\n{\n  %x = load x\n  store o, %x\n}\n",
     );
     let out = dir.path().join("out").display().to_string();
-    let lower = |k: &str, flags: &[&str]| {
-        let mut a = vec!["lower", k, "--backend", "wgpu"];
-        a.extend_from_slice(flags);
-        cli(&a)
-    };
+    let lower = |k: &str, flags: &[&str]| lower_on("wgpu", k, flags);
     let adapter = wgpu_adapter("every wgpu refusal: the adapter's limits");
     let cases = vec![
         Case {
@@ -251,12 +251,6 @@ fn every_wgpu_refusal_is_reached_with_its_words() {
     }
 }
 
-fn interpret_make_mesh(spec: &str) -> Result<(), String> {
-    let rt = tessel::Runtime::new(&[]).unwrap();
-    let e = rt.registry().get("interpret").unwrap().backend.make_mesh(spec.into()).into_result().err().ok_or("made")?;
-    Err(e.message.to_string())
-}
-
 #[test]
 fn every_interpret_refusal_is_reached_with_its_words() {
     use tessel_interpret::error::RefusalKind as K;
@@ -269,18 +263,14 @@ fn every_interpret_refusal_is_reached_with_its_words() {
         "long",
         "kernel long\n  in x: f32[4294967297] block [4] at (0)\n  out o: f32[4]\n{\n  %x = load x\n  store o, %x\n}\n",
     );
-    let lower = |k: &str, flags: &[&str]| {
-        let mut a = vec!["lower", k, "--backend", "interpret"];
-        a.extend_from_slice(flags);
-        cli(&a)
-    };
+    let lower = |k: &str, flags: &[&str]| lower_on("interpret", k, flags);
     check(&[
         Case {
             kind: K::DeviceMesh,
             how: lower(&add, &["--mesh", "device(x: 2)"]),
             first: "device(x: 2) describes devices for sharding, not a kernel's grid: the interpret backend runs one kernel on one CPU".into(),
         },
-        Case { kind: K::MeshKind, how: How::Call(|| interpret_make_mesh("wgpu(i: 8)")), first: "the interpret backend makes `grid(...)` meshes, not `wgpu(...)`".into() },
+        Case { kind: K::MeshKind, how: How::Call(|| make_mesh("interpret", "wgpu(i: 8)")), first: "the interpret backend makes `grid(...)` meshes, not `wgpu(...)`".into() },
         Case { kind: K::ArrayTooLarge, how: lower(&long, &[]), first: "argument `x` (f32[4294967297]) has 4294967297 elements, more than the 4294967296 the interpret backend runs".into() },
         Case { kind: K::BlockTooLarge, how: lower(&big, &[]), first: "block value %x (f32[16777217]) has 16777217 elements, more than the 16777216 the interpret backend runs".into() },
     ]);

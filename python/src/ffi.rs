@@ -285,12 +285,9 @@ use c_api::*;
 /// A launch prepared once: the kernel verified, its backend chosen, its meshes made.
 pub struct Prepared {
     pub kernel: Verified,
-    /// The backend that runs it (never `auto`: chosen when prepared).
-    pub backend: String,
-    /// Why: one line per backend `auto` tried, or that it was named.
-    pub decisions: Vec<String>,
-    /// The backend's acceptance of the launch, asked once.
-    plan: Plan,
+    /// The backend's acceptance of the launch, asked once: the backend that runs it (never
+    /// `auto`) and why ([`Plan::decisions`]).
+    pub plan: Plan,
     mesh: Option<MeshBox>,
     externals: Vec<MeshBox>,
     /// `in` and `out` arguments in declared order: the custom call's operands and results.
@@ -324,7 +321,7 @@ impl Prepared {
             .ok()
             .and_then(|k| tessel_plugin_api::ir::verify(&k).ok())
             .and_then(|v| {
-                let plan = rt.plan(Choice::Named(&self.backend), &Launch::one(&v)).ok()?.into_plan();
+                let plan = rt.plan(Choice::Named(self.plan.backend()), &Launch::one(&v)).ok()?.into_plan();
                 Some(Arc::new((v, plan)))
             });
         let mut kept = locked(&self.batches);
@@ -432,8 +429,8 @@ pub fn prepared(rt: &Runtime, text: &str, backend: &str, mesh: &str, externals: 
         }
         c.insert(k, Arc::clone(&p));
         // `auto` resolved: the handler's calls name the backend chosen, and find it too.
-        if backend != p.backend {
-            c.insert(key(text.as_bytes(), p.backend.as_bytes(), mesh.as_bytes(), externals.as_bytes()), Arc::clone(&p));
+        if backend != p.plan.backend() {
+            c.insert(key(text.as_bytes(), p.plan.backend().as_bytes(), mesh.as_bytes(), externals.as_bytes()), Arc::clone(&p));
         }
     }
     Ok(p)
@@ -457,10 +454,9 @@ fn prepare(rt: &Runtime, text: &str, backend: &str, mesh: &str, externals: &str)
         let calls = [KernelLaunch { kernel: &kernel, mesh: mesh.as_ref() }];
         rt.plan(Choice::of(backend), &Launch::new(&calls, &ext, &grid))?.into_plan()
     };
-    let (backend, decisions) = (plan.backend().to_string(), plan.decisions().to_vec());
     let args = |kind| kernel.kernel().params_of(kind).map(|p| (p.name.clone(), p.ty.clone())).collect();
     let (inputs, outputs) = (args(ParamKind::In), args(ParamKind::Out));
-    Ok(Prepared { kernel, backend, decisions, plan, mesh, externals, inputs, outputs, batches: Mutex::new(Vec::new()) })
+    Ok(Prepared { kernel, plan, mesh, externals, inputs, outputs, batches: Mutex::new(Vec::new()) })
 }
 
 /// A failure and the XLA error code it becomes.
@@ -731,9 +727,9 @@ unsafe fn handle(frame: *mut CallFrame) -> Result<(), Failure> {
     }
     {
         let mut l = locked(&LAUNCHES);
-        match l.iter_mut().find(|(b, _)| *b == p.backend) {
+        match l.iter_mut().find(|(b, _)| b == p.plan.backend()) {
             Some((_, c)) => *c += launches as u64,
-            None => l.push((p.backend.clone(), launches as u64)),
+            None => l.push((p.plan.backend().to_string(), launches as u64)),
         }
     }
     Ok(())

@@ -402,7 +402,8 @@ impl Kernel {
             .collect::<PyResult<_>>()?;
         let mut writers: Vec<(String, Type, numpy::PyReadwriteArray1<'py, u8>)> =
             outputs.iter().map(|(n, t, _, b)| Ok((n.clone(), t.clone(), b.try_readwrite()?))).collect::<PyResult<_>>()?;
-        let mut args = InPlace { grid: how.grid.clone(), ..InPlace::default() };
+        // The grid goes with the launch planned below, not with the arrays.
+        let mut args = InPlace::default();
         for (n, ty, r) in &readers {
             args.inputs.insert(n.clone(), BytesRef { ty: ty.clone(), bytes: r.as_slice()? });
         }
@@ -742,7 +743,7 @@ fn _counts(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
 fn _ffi_prepare(py: Python<'_>, text: &str, backend: &str, mesh: &str, externals: &str) -> PyResult<(String, Vec<String>)> {
     detached(py, || {
         let p = ffi::prepared(&*runtime()?, text, backend, mesh, externals)?;
-        Ok((p.backend.clone(), p.decisions.clone()))
+        Ok((p.plan.backend().to_string(), p.plan.decisions().to_vec()))
     })
 }
 
