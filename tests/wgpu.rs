@@ -56,12 +56,14 @@ fn every_kernel_lowers_to_wgsl_that_naga_validates() {
         let name = path.file_stem().unwrap().to_str().unwrap().to_string();
         let mut args = vec!["lower".to_string(), path.display().to_string(), "--backend".into(), "wgpu".into()];
         args.extend(launch_flags(&path));
-        let r = run(&args);
+        // With llvmpipe's loop check (`lower/loops.rs`) on every machine, adapter or not.
+        let r = tessel_env(&args.iter().map(String::as_str).collect::<Vec<_>>(), &[("TESSEL_WGPU_LOOP_BUDGET", "65535")]);
         assert_eq!(r.code, 0, "{name} does not lower:\n{}", r.stderr);
         for (stage, wgsl) in modules(&r.stdout) {
             validate(&stage, &wgsl).unwrap_or_else(|e| panic!("naga rejects {stage} of {name}:\n{e}\n{wgsl}"));
             // WebGPU's default maxStorageBuffersPerShaderStage: vec4 views must not push past it.
-            let bindings = wgsl.matches("@binding(").count();
+            // (The loop check's status word is bound only on llvmpipe, whose limit is far higher.)
+            let bindings = wgsl.matches("@binding(").count() - wgsl.matches("tk_status: array<u32>").count();
             assert!(bindings <= 8, "{stage} of {name} has {bindings} storage bindings, more than WebGPU's default 8");
             checked += 1;
         }
@@ -339,4 +341,69 @@ fn bench_times_the_kernel_on_the_gpu_clock_where_the_adapter_has_timestamps() {
         "{}",
         text.stdout
     );
+}
+
+/// A kernel whose one program counts to `trips` in a `for` of a block of 8.
+fn counting_loop(trips: &str) -> String {
+    format!(
+        "kernel count\n  grid (i: 1)\n  out o: f32[8] block [8] at (i)\n{{\n  %z = zeros : f32[8]\n  %r = for %j = 0 to {trips} iter (%a = %z) {{\n    %b = add %a, 1.0\n    yield %b\n  }}\n  store o, %r\n}}\n"
+    )
+}
+
+/// Runs `text`'s first kernel on wgpu (an input `x` of `ones` ones where given): its output
+/// `o`, or the error's text.
+fn on_wgpu(text: &str, ones: usize) -> Result<Vec<f64>, String> {
+    let kernels = tessel::load_source("loops.tk", text).unwrap_or_else(|e| panic!("{e}"));
+    let mut args = tessel::LaunchArgs::default();
+    if ones > 0 {
+        args.inputs.insert("x".into(), f32_array(&[ones], vec![1.0; ones]));
+    }
+    let outs = tessel::run_kernel("wgpu", &kernels[0], &args).map_err(|e| format!("{e:#}"))?;
+    Ok(outs.into_iter().find(|(n, _)| n == "o").expect("output o").1.to_f64())
+}
+
+/// Mesa's llvmpipe stops every loop of an invocation once 65,535 iterations ran in it, silently
+/// (issue 38: a `for` of 70,000 added 65,535, a `seq` axis of 70,000 steps gave zeros, a sum of
+/// 8,388,608 ones gave 0). Each such kernel now gives the right answer or says why it will not,
+/// never a wrong one: refused when planned where the loops are counted, and where they are not
+/// (a trip count from `program_id`, the loops of a large reduction), failed by the module's own
+/// check after the run, its outputs never read.
+#[test]
+fn loops_past_the_software_drivers_budget_are_right_or_refused() {
+    let Some(adapter) = wgpu_adapter("wgpu loop budget") else { return };
+    let llvmpipe = adapter.contains("llvmpipe");
+    let nested = "kernel nested\n  grid (i: 1)\n  out o: f32[8] block [8] at (i)\n{\n  %z = zeros : f32[8]\n  %r = for %j = 0 to 300 iter (%a = %z) {\n    %r2 = for %k = 0 to 300 iter (%c = %a) {\n      %b = add %c, 1.0\n      yield %b\n    }\n    yield %r2\n  }\n  store o, %r\n}\n";
+    let seq = "kernel steps\n  grid (i: 70000 seq)\n  out o: f32[8] block [8] at (0)\n{\n  %a = load o\n  %b = add %a, 1.0\n  store o, %b\n}\n";
+    let dynamic = "kernel dynamic\n  grid (i: 2)\n  out o: f32[16] block [8] at (i)\n{\n  %p = program_id i\n  %n = mul %p, 70000\n  %z = zeros : f32[8]\n  %r = for %j = 0 to %n iter (%a = %z) {\n    %b = add %a, 1.0\n    yield %b\n  }\n  store o, %r\n}\n";
+    let sum = "kernel total\n  grid (i: 1)\n  in  x: f32[8388608]\n  out o: f32[1] block [1] at (i)\n{\n  %z = zeros : f32[1]\n  %r = for %j = 0 to 8388608 step 65536 iter (%a = %z) {\n    %b = load x[ds(%j, 65536)]\n    %s = sum %b axis 0 keepdims\n    %c = add %a, %s\n    yield %c\n  }\n  store o, %r\n}\n";
+    let cases: Vec<(&str, String, usize, Vec<f64>)> = vec![
+        ("a for of 70,000 trips", counting_loop("70000"), 0, vec![70_000.0; 8]),
+        ("two nested fors of 300", nested.into(), 0, vec![90_000.0; 8]),
+        ("a seq axis of 70,000 steps", seq.into(), 0, vec![70_000.0; 8]),
+        ("a trip count from program_id", dynamic.into(), 0, [vec![0.0; 8], vec![70_000.0; 8]].concat()),
+        ("a sum of 8,388,608 ones", sum.into(), 8_388_608, vec![8_388_608.0]),
+    ];
+    for (what, text, ones, want) in cases {
+        match on_wgpu(&text, ones) {
+            Ok(got) => {
+                assert_eq!(got, want, "{what} on {adapter}: a wrong answer");
+                assert!(!llvmpipe, "{what} ran on llvmpipe, whose loops stop at 65,535 iterations, and was right?");
+            }
+            Err(e) => {
+                assert!(e.contains("silently stops every loop") && e.contains("interpret"), "{what}: {e}");
+                assert!(llvmpipe, "{what} failed on {adapter}, which has no loop budget: {e}");
+            }
+        }
+    }
+    // Where the budget's edge lies (measured; a change in Mesa shows here): 65,532 trips leave
+    // room for the module's check, 65,533 do not.
+    if llvmpipe {
+        assert_eq!(on_wgpu(&counting_loop("65532"), 0), Ok(vec![65_532.0; 8]));
+        let e = on_wgpu(&counting_loop("65533"), 0).expect_err("65,533 trips are refused");
+        assert!(e.contains("makes 65534 loop iterations in one invocation, more than the 65533"), "{e}");
+        // The same trip count from a value the plan cannot count: the module's check.
+        let from_value = counting_loop("%n").replace("  %z = zeros", "  %p = program_id i\n  %n = add %p, 65533\n  %z = zeros");
+        let e = on_wgpu(&from_value, 0).expect_err("the module's check fails the launch");
+        assert!(e.contains("made more loop iterations in one invocation than the 65533"), "{e}");
+    }
 }

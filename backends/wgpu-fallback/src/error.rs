@@ -74,6 +74,19 @@ pub enum Refusal {
         /// Its workspace per program.
         bytes: u64,
     },
+    /// More loop iterations per invocation than the adapter runs (Mesa's llvmpipe).
+    #[error(
+        "kernel `{kernel}` makes {iterations} loop iterations in one invocation, more than the {room} this adapter's driver (Mesa's llvmpipe) runs before it silently stops every loop"
+    )]
+    LoopBudget {
+        /// The kernel.
+        kernel: String,
+        /// The iterations counted (`seq` steps, programs walked, `for` loops with literal
+        /// bounds; each loop's last test of its condition too).
+        iterations: u64,
+        /// What the driver's budget leaves the kernel.
+        room: u64,
+    },
     /// A limit of this adapter (known only with the adapter).
     #[error("{what} needs {need}, more than this adapter's {limit_name} of {limit} ({adapter})")]
     AdapterLimit {
@@ -101,6 +114,7 @@ impl Refuse for Refusal {
             Refusal::BlockTooLarge { .. } | Refusal::Workspace { .. } => "use smaller blocks".into(),
             Refusal::ArrayTooLarge { .. } => "split the array".into(),
             Refusal::TooManyPrograms { .. } => "use larger blocks, or split the launch".into(),
+            Refusal::LoopBudget { .. } => "run it on interpret (or under auto), or give each program less work: more programs, fewer `seq` steps, shorter loops".into(),
             Refusal::AdapterLimit { .. } => {
                 "use smaller blocks or arrays, or run on interpret, which has no adapter limits".into()
             }

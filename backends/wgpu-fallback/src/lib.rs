@@ -49,8 +49,8 @@ pub struct Wgpu {
     plans: std::sync::Mutex<std::collections::HashMap<PlanKey, Arc<Vec<lower::Plan>>>>,
 }
 
-/// A launch's key and the strategy it is planned for.
-type PlanKey = ([u8; 32], lower::Strategy);
+/// A launch's key and the target it is planned for.
+type PlanKey = ([u8; 32], lower::Target);
 
 /// Plans kept.
 const PLANS_KEPT: usize = 256;
@@ -62,6 +62,22 @@ fn strategy() -> Result<lower::Strategy, BackendError> {
         Ok(a) if !a.software => lower::Strategy::Gpu,
         _ => lower::Strategy::Cpu,
     }))
+}
+
+/// The strategy, and the loop budget: `TESSEL_WGPU_LOOP_BUDGET` where set (a number, or `none`;
+/// so that tests lower alike on every machine), else the adapter's where it has one.
+fn target() -> Result<lower::Target, BackendError> {
+    let loop_budget = match std::env::var("TESSEL_WGPU_LOOP_BUDGET") {
+        Ok(v) if v == "none" => None,
+        Ok(v) if !v.is_empty() => Some(v.parse::<u64>().ok().filter(|&n| n > 2).ok_or_else(|| {
+            BackendError::new(
+                ErrorKind::InvalidInput,
+                format!("TESSEL_WGPU_LOOP_BUDGET={v} is not a loop budget\n  use a number above 2, or none, or unset it to let the adapter decide"),
+            )
+        })?),
+        _ => runtime::adapter().ok().and_then(|a| a.loop_budget),
+    };
+    Ok(lower::Target { strategy: strategy()?, loop_budget })
 }
 
 /// Every value and scratch buffer of a kernel is small enough, of a dtype it lowers.
@@ -150,9 +166,10 @@ impl BackendImpl for Wgpu {
     }
 
     fn options(&self) -> String {
-        match strategy() {
-            Ok(lower::Strategy::Gpu) => "strategy gpu".into(),
-            _ => "strategy cpu".into(),
+        let Ok(t) = target() else { return "strategy cpu".into() };
+        match t.loop_budget {
+            Some(n) => format!("strategy {}, loops checked against a budget of {n} iterations", t.strategy.name()),
+            None => format!("strategy {}", t.strategy.name()),
         }
     }
 
@@ -191,13 +208,13 @@ impl BackendImpl for Wgpu {
     type Plan = Arc<Vec<lower::Plan>>;
 
     fn supports(&self, launch: &Launch<'_>) -> Result<Self::Plan, BackendError> {
-        let strategy = strategy()?;
-        let key = (launch.key, strategy);
+        let target = target()?;
+        let key = (launch.key, target);
         if let Some(p) = self.plans.lock().ok().and_then(|m| m.get(&key).cloned()) {
             return Ok(p);
         }
         let plans: Vec<lower::Plan> =
-            self.checked(launch)?.into_iter().map(|(v, axes)| lower::plan(v, axes, strategy)).collect::<Result<_, _>>()?;
+            self.checked(launch)?.into_iter().map(|(v, axes)| lower::plan(v, axes, target)).collect::<Result<_, _>>()?;
         let plans = Arc::new(plans);
         if let Ok(mut m) = self.plans.lock() {
             if m.len() >= PLANS_KEPT {

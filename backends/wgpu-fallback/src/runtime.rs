@@ -25,7 +25,13 @@ pub struct Adapter {
     pub description: String,
     /// Whether it is a CPU (software) adapter.
     pub software: bool,
+    /// Loop iterations one invocation may run before the driver stops every loop
+    /// (`lower/loops.rs`): Mesa's llvmpipe only.
+    pub loop_budget: Option<u64>,
 }
+
+/// llvmpipe's budget of loop iterations per invocation (gallivm's `LP_MAX_TGSI_LOOP_ITERATIONS`).
+pub const LLVMPIPE_LOOP_BUDGET: u64 = 65_535;
 
 /// A device buffer: every element takes a 32-bit word (see `emit/mod.rs`).
 pub struct DeviceBuffer {
@@ -53,6 +59,16 @@ pub struct Gpu {
     /// Where the adapter has `TIMESTAMP_QUERY`: what a timed launch writes its two timestamps
     /// into, one timed launch at a time.
     timestamps: Option<Mutex<Timestamps>>,
+    /// Status words of the loop check (`lower/loops.rs`), one per launch in flight, kept for the
+    /// next (a launch repeated on one thread binds the same word, so its bind group is reused).
+    loop_checks: Mutex<Vec<LoopCheck>>,
+}
+
+/// A status word the modules of one launch set when the driver cut their loops short, and the
+/// buffer it is read back through.
+struct LoopCheck {
+    word: wgpu::Buffer,
+    staging: wgpu::Buffer,
 }
 
 /// A query set of two timestamps (the start of a launch's first dispatch, the end of its last),
@@ -123,7 +139,13 @@ fn pick_adapter() -> Result<Adapter, String> {
         }
     };
     let info = adapter.get_info();
-    Ok(Adapter { description: describe(&info), software: info.device_type == wgpu::DeviceType::Cpu, adapter })
+    let llvmpipe = info.driver == "llvmpipe" || info.name.starts_with("llvmpipe");
+    Ok(Adapter {
+        description: describe(&info),
+        software: info.device_type == wgpu::DeviceType::Cpu,
+        loop_budget: llvmpipe.then_some(LLVMPIPE_LOOP_BUDGET),
+        adapter,
+    })
 }
 
 impl Adapter {
@@ -207,6 +229,7 @@ pub fn gpu() -> Result<&'static Gpu, BackendError> {
             pipelines: Mutex::new(indexmap::IndexMap::new()),
             bind_groups: Mutex::new(std::collections::VecDeque::new()),
             workspace: Mutex::new(None),
+            loop_checks: Mutex::new(Vec::new()),
             description: a.description.clone(),
         })
     })
@@ -421,6 +444,9 @@ impl Gpu {
             for _ in &l.views {
                 entries.push(storage(entries.len() as u32, true));
             }
+            if l.loop_check {
+                entries.push(storage(entries.len() as u32, false));
+            }
             let layout = self
                 .device
                 .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor { label: Some(&l.name), entries: &entries });
@@ -527,6 +553,42 @@ impl Gpu {
         Ok(group)
     }
 
+    /// A status word for one launch's loop check, from the pool or new.
+    fn loop_check(&self) -> Result<LoopCheck, BackendError> {
+        if let Some(c) = self.loop_checks.lock().map_err(|_| poisoned())?.pop() {
+            return Ok(c);
+        }
+        self.scoped("the loop check's status word", || {
+            let buffer = |label, usage| {
+                self.device.create_buffer(&wgpu::BufferDescriptor { label: Some(label), size: 4, usage, mapped_at_creation: false })
+            };
+            LoopCheck {
+                word: buffer("tessel loop check", wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST),
+                staging: buffer("tessel loop check read", wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST),
+            }
+        })
+    }
+
+    /// The loop check's verdict on the launch of `kernels` (its work already submitted): an error
+    /// where any module found its loops cut short, whose outputs the host then never reads.
+    fn loop_verdict(&self, check: LoopCheck, kernels: &[Lowered]) -> Result<(), BackendError> {
+        let word = self.read_back(&check.staging, "reading the loop check")?;
+        self.loop_checks.lock().map_err(|_| poisoned())?.push(check);
+        if word.first().is_none_or(|&w| w == 0) {
+            return Ok(());
+        }
+        let names: Vec<String> = kernels.iter().filter(|l| l.loop_check).map(|l| format!("`{}`", l.name)).collect();
+        Err(err(
+            ErrorKind::Device,
+            format!(
+                "kernel {} made more loop iterations in one invocation than the {} this adapter's driver (Mesa's llvmpipe: {}) runs before it silently stops every loop; its outputs would be wrong and are discarded\n  run it on interpret (or under auto), or give each program less work: more programs, fewer `seq` steps, shorter loops",
+                names.join(", "),
+                crate::lower::loop_room(LLVMPIPE_LOOP_BUDGET),
+                self.description
+            ),
+        ))
+    }
+
     /// Runs lowered kernels in order in one submission: outputs are zeroed where the kernel does
     /// not overwrite them whole, then dispatched. Where `timed` and the device has timestamp
     /// queries, returns the nanoseconds from the start of the first dispatch to the end of the
@@ -538,6 +600,7 @@ impl Gpu {
         timed: bool,
     ) -> Result<Option<u64>, BackendError> {
         let mut prepared = Vec::new();
+        let mut check: Option<LoopCheck> = None;
         for l in kernels {
             self.check_limits(l, buffers)?;
             let p = self.pipeline(l)?;
@@ -555,6 +618,13 @@ impl Gpu {
             for name in &l.views {
                 bound.push(buffers[name].buffer.clone());
             }
+            if l.loop_check {
+                let c = match &check {
+                    Some(c) => c,
+                    None => check.insert(self.loop_check()?),
+                };
+                bound.push(c.word.clone());
+            }
             prepared.push((l, p, bound));
         }
         let stamps = match &self.timestamps {
@@ -564,6 +634,9 @@ impl Gpu {
         let last = prepared.len().saturating_sub(1);
         self.scoped("the launch", || -> Result<(), BackendError> {
             let mut enc = self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
+            if let Some(c) = &check {
+                enc.clear_buffer(&c.word, 0, None);
+            }
             for (i, (l, p, bound)) in prepared.into_iter().enumerate() {
                 let group = self.bind_group(l, &p, bound)?;
                 for name in &l.zeroed {
@@ -583,12 +656,27 @@ impl Gpu {
                 enc.resolve_query_set(&t.set, 0..2, &t.resolved, 0);
                 enc.copy_buffer_to_buffer(&t.resolved, 0, &t.staging, 0, 16);
             }
+            if let Some(c) = &check {
+                enc.copy_buffer_to_buffer(&c.word, 0, &c.staging, 0, 4);
+            }
             self.queue.submit([enc.finish()]);
             Ok(())
         })??;
-        let Some(t) = stamps else { return self.wait().map(|()| None) };
-        let w = self.read_back(&t.staging, "reading the launch's timestamps")?;
-        let (start, end) = (u64::from(w[0]) | u64::from(w[1]) << 32, u64::from(w[2]) | u64::from(w[3]) << 32);
-        Ok(Some((end.saturating_sub(start) as f64 * f64::from(t.period)).round() as u64))
+        let ns = match stamps {
+            Some(t) => {
+                let w = self.read_back(&t.staging, "reading the launch's timestamps")?;
+                let (start, end) = (u64::from(w[0]) | u64::from(w[1]) << 32, u64::from(w[2]) | u64::from(w[3]) << 32);
+                Some((end.saturating_sub(start) as f64 * f64::from(t.period)).round() as u64)
+            }
+            None if check.is_none() => {
+                self.wait()?;
+                None
+            }
+            None => None,
+        };
+        match check {
+            Some(c) => self.loop_verdict(c, kernels).map(|()| ns),
+            None => Ok(ns),
+        }
     }
 }

@@ -88,6 +88,9 @@ pub struct Lowered {
     /// The outputs to zero before the dispatch: all but those the kernel provably overwrites
     /// whole before reading (see [`fully_written`]).
     pub zeroed: Vec<String>,
+    /// Whether the module checks the driver's loop budget ([`Plan::loop_budget`]): it binds a
+    /// status word last, which a launch clears and reads back (nonzero: the loops were cut short).
+    pub loop_check: bool,
 }
 
 /// Writes one planned kernel (`lower/`): its WGSL and its dispatch. Every decision is the
@@ -112,6 +115,7 @@ pub fn lower(plan: &Plan) -> Lowered {
         bindings: k.params.iter().filter(|p| p.kind != ParamKind::Scratch).map(|p| (p.name.clone(), p.kind)).collect(),
         views,
         zeroed,
+        loop_check: plan.loop_budget.is_some(),
     }
 }
 

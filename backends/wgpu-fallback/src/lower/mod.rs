@@ -6,7 +6,10 @@
 //! hands it to `emit/`, which writes it. `values.rs` decides where values live and when they are
 //! made; this file holds the plan, its layout and the refusals.
 
+mod loops;
 mod values;
+
+pub(crate) use loops::room as loop_room;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 
@@ -67,6 +70,20 @@ impl Strategy {
     }
 }
 
+/// What a plan is made for: the strategy, and the adapter's budget of loop iterations per
+/// invocation where it has one (Mesa's llvmpipe: `loops.rs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Target {
+    pub strategy: Strategy,
+    pub loop_budget: Option<u64>,
+}
+
+impl From<Strategy> for Target {
+    fn from(strategy: Strategy) -> Target {
+        Target { strategy, loop_budget: None }
+    }
+}
+
 /// One kernel's plan: what `emit/` writes.
 pub struct Plan {
     /// The kernel, verified with its mesh.
@@ -74,6 +91,9 @@ pub struct Plan {
     /// Its grid, every `dyn` size resolved.
     pub grid: Vec<LaunchAxis>,
     pub strategy: Strategy,
+    /// The adapter's loop budget per invocation, which the module checks it kept to
+    /// ([`Target::loop_budget`]).
+    pub loop_budget: Option<u64>,
     /// Parallel programs, and `seq` steps per program.
     pub programs: u64,
     pub steps: u64,
@@ -132,7 +152,8 @@ pub struct Plan {
 }
 
 /// The plan of `kernel` on `grid`, or the refusal.
-pub fn plan(kernel: Verified, grid: Vec<LaunchAxis>, strategy: Strategy) -> Result<Plan, BackendError> {
+pub fn plan(kernel: Verified, grid: Vec<LaunchAxis>, target: impl Into<Target>) -> Result<Plan, BackendError> {
+    let Target { strategy, loop_budget } = target.into();
     let k = kernel.kernel();
     for p in &k.params {
         if p.ty.numel() > i32::MAX as usize {
@@ -163,6 +184,7 @@ pub fn plan(kernel: Verified, grid: Vec<LaunchAxis>, strategy: Strategy) -> Resu
     let row_forwarded = row_forwarded(v, row_layout, &quad_inputs, &forwarded);
     let mut plan = Plan {
         strategy,
+        loop_budget,
         programs,
         steps,
         group: if row_layout.is_some() { 1 } else { element_group(&columns, quad_loads) },
@@ -223,6 +245,14 @@ pub fn plan(kernel: Verified, grid: Vec<LaunchAxis>, strategy: Strategy) -> Resu
         ([programs.min(MAX_GROUPS).min(WORKSPACE_BUDGET / (words * 4)) as u32, 1], true)
     };
     let k = plan.kernel.kernel();
+    if let Some(budget) = loop_budget {
+        let walked = plan.strided.then(|| programs.div_ceil(u64::from(plan.groups[0])));
+        let iterations = loops::per_invocation(&k.body, walked, steps);
+        let room = loops::room(budget);
+        if iterations > room {
+            return Err(Refusal::LoopBudget { kernel: k.name.clone(), iterations, room }.into());
+        }
+    }
     plan.shares = !survey.publish.is_empty() || k.params_of(ParamKind::Scratch).next().is_some() || survey.ref_loads;
     plan.stores = survey.stores;
     let mut views = survey.views;
