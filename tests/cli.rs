@@ -388,7 +388,11 @@ fn conformance_passes_on_interpret_and_skips_only_with_reasons_on_mosaic() {
     if wgpu_adapter("conformance on wgpu").is_some() {
         let r = tessel(&["conformance", "--backend", "wgpu"]);
         assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
-        assert!(r.stdout.contains(" 0 skipped, 0 failed"), "{}", r.stdout);
+        assert!(r.stdout.contains(" 0 failed"), "{}", r.stdout);
+        // Skipped only where a software driver's loop budget refuses the long loops.
+        for l in r.stdout.lines().filter(|l| l.contains(" skip ")) {
+            assert!(l.contains("long_loops") && l.contains("silently stops every loop"), "{l}");
+        }
     }
     let r = tessel(&["conformance", "--backend", "nope"]);
     assert_user_error(&r, &["unknown backend `nope`"]);

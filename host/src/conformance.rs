@@ -38,6 +38,7 @@ pub const KERNELS: &[(&str, &str, Option<&str>)] = &[
     ("warpgroups", include_str!("../../tests/in/warpgroups.tk"), None),
     ("dyn_grid", include_str!("../../tests/in/dyn_grid.tk"), None),
     ("mesh_grid", include_str!("../../tests/in/mesh_grid.tk"), Some("grid(i: 4, j: 2)")),
+    ("long_loops", include_str!("../../tests/in/long/long_loops.tk"), None),
 ];
 
 /// How one case ended.
