@@ -228,3 +228,77 @@ fn ten_thousand_mutated_kernels_never_panic() {
         "the mutations should reach the verifier and the backends: {parsed} parsed, {verified} verified"
     );
 }
+
+/// A kernel whose store sits under `whens` nested `when`s inside `fors` nested one-trip `for`s,
+/// each `for` adding 1 to what the one around it carries: program 0 stores `fors`, the others
+/// nothing.
+fn nested(fors: usize, whens: usize) -> String {
+    let mut t = String::from("kernel deep\n  grid (i: 4)\n  out o: f32[4] block [1] at (i)\n{\n  %z = zeros : f32[1]\n");
+    t += "  %p = program_id i\n  %c = eq %p, 0\n  %b = add %z, 0.0\n";
+    let mut last = "%b".to_string();
+    for d in 0..fors {
+        t += &format!("  %r{d} = for %j{d} = 0 to 1 iter (%a{d} = {last}) {{\n  %b{d} = add %a{d}, 1.0\n");
+        last = format!("%b{d}");
+    }
+    t += &"  when %c {\n".repeat(whens);
+    t += &format!("  store o, {last}\n");
+    t += &"  }\n".repeat(whens);
+    for d in (0..fors).rev() {
+        t += &format!("  yield %b{d}\n  }}\n");
+    }
+    t + "}\n"
+}
+
+/// A kernel whose grid size is `expr`.
+fn sized(expr: &str) -> String {
+    format!("kernel sized\n  grid (i: {expr})\n  out o: f32[4] block [1] at (i)\n{{\n  %z = zeros : f32[1]\n  store o, %z\n}}\n")
+}
+
+/// Deep nesting overflowed the stack (issue 38: 10,000 parentheses, 10,000 nested `when`, a
+/// chain `1+1+...` of 100,000 terms and 3,000 nested `for` aborted the CLI and crashed Python):
+/// the parser now stops at the limits (docs/language.md) with an error naming them, and a kernel
+/// at the limits checks, lowers on every backend and runs right on those with a device.
+#[test]
+fn nesting_past_the_limits_is_an_error_and_at_the_limits_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = |name: &str, text: &str| {
+        let p = dir.path().join(format!("{name}.tk"));
+        std::fs::write(&p, text).unwrap();
+        p.display().to_string()
+    };
+    let too_deep = [
+        ("parentheses", sized(&format!("{}1{}", "(".repeat(10_000), ")".repeat(10_000))), "more than 256 operators"),
+        ("a chain", sized(&vec!["1"; 100_000].join("+")), "more than 256 operators"),
+        ("whens", nested(0, 10_000), "this `when` is nested 65 deep, past the limit of 64"),
+        ("fors", nested(3_000, 0), "this `for` is nested 65 deep, past the limit of 64"),
+        ("both", nested(40, 40), "this `when` is nested 65 deep, past the limit of 64"),
+        ("whens in fors", nested(64, 1), "this `when` is nested 65 deep, past the limit of 64"),
+    ];
+    for (what, text, says) in too_deep {
+        let r = common::tessel(&["check", &file("deep", &text)]);
+        assert_eq!(r.code, 1, "{what}: {}", r.stderr);
+        assert!(r.stderr.contains(says) && r.stderr.contains("deep.tk:"), "{what}: {}", r.stderr);
+    }
+    // At the limits: 64 bodies deep (32 `for` around 32 `when`); 256 terms (100 parentheses,
+    // 99 `+`, a `-`, 56 `*`).
+    let at = file("at", &nested(32, 32));
+    assert_eq!(common::tessel(&["check", &at]).code, 0);
+    let chain = format!("{}{}{} - 96", "(".repeat(100), vec!["1"; 100].join("+"), ")".repeat(100));
+    let r = common::tessel(&["check", &file("chain", &sized(&format!("{chain}{}", " * 1".repeat(56))))]);
+    assert_eq!(r.code, 0, "256 terms: {}", r.stderr);
+    let r = common::tessel(&["check", &file("chain", &sized(&format!("{chain}{}", " * 1".repeat(57))))]);
+    assert!(r.code == 1 && r.stderr.contains("more than 256 operators"), "257 terms: {}", r.stderr);
+    for backend in ["interpret", "wgpu", "mosaic-gpu"] {
+        let r = common::tessel(&["lower", &at, "--backend", backend]);
+        assert_eq!(r.code, 0, "{backend} lowers the kernel at the limits: {}", r.stderr);
+    }
+    for backend in ["interpret", "wgpu"] {
+        if backend == "wgpu" && common::wgpu_adapter("nesting at the limits").is_none() {
+            continue;
+        }
+        let out = dir.path().join(backend);
+        let r = common::tessel(&["run", &at, "--backend", backend, "--out-dir", out.to_str().unwrap()]);
+        assert_eq!(r.code, 0, "{backend}: {}", r.stderr);
+        assert_eq!(common::read_output(&out, "o").to_f64(), [32.0, 0.0, 0.0, 0.0], "{backend}");
+    }
+}

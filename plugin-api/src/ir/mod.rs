@@ -99,6 +99,7 @@ pub mod batch;
 pub mod builder;
 pub mod counters;
 pub mod generic;
+pub mod limits;
 pub mod parse;
 pub mod print;
 pub mod size;

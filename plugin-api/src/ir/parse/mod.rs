@@ -163,6 +163,10 @@ struct Parser<'t> {
     template: bool,
     /// The dimensions of the last type read, as written.
     last_dims: Vec<SizeExpr>,
+    /// `when` and `for` bodies open around the statement being read.
+    nesting: usize,
+    /// Operators, parentheses and calls read in the current size expression.
+    size_terms: usize,
 }
 
 impl<'t> Parser<'t> {
@@ -181,6 +185,8 @@ impl<'t> Parser<'t> {
             args: Vec::new(),
             template: false,
             last_dims: Vec::new(),
+            nesting: 0,
+            size_terms: 0,
         }
     }
 

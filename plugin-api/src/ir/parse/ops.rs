@@ -3,6 +3,7 @@
 
 use super::{PResult, Parser};
 use crate::ir::lexer::Tok;
+use crate::ir::limits::MAX_NESTING;
 use crate::ir::*;
 
 impl Parser<'_> {
@@ -43,7 +44,20 @@ impl Parser<'_> {
         let op = self.op(&name, name_span)?;
         let mut span = start.to(self.prev_span());
         if matches!(op, Op::When { .. } | Op::For(ForLoop { .. })) {
-            return self.finish_block_stmt(results, op, span);
+            if self.nesting >= MAX_NESTING {
+                // The caller skips the line with the body it opens.
+                return Err(Diagnostic::new(
+                    span,
+                    format!("this `{}` is nested {} deep, past the limit of {MAX_NESTING}", op.mnemonic(), self.nesting + 1),
+                )
+                .expected(format!(
+                    "expected at most {MAX_NESTING} `when` and `for` bodies inside one another: merge conditions with `and`, or loops into one"
+                )));
+            }
+            self.nesting += 1;
+            let stmt = self.finish_block_stmt(results, op, span);
+            self.nesting -= 1;
+            return stmt;
         }
         let ty = if self.eat(&Tok::Colon) { Some(self.ty()?) } else { None };
         if ty.is_some() {
@@ -240,7 +254,12 @@ impl Parser<'_> {
     fn operand(&mut self) -> PResult<Operand> {
         match self.peek() {
             Some(Tok::Value(_)) => Ok(Operand::Value(self.value_name("a value")?)),
-            _ => self.literal().map(Operand::Lit).map_err(|_| self.unexpected("a `%value` or a literal")),
+            _ => {
+                // A literal that starts but is malformed (an integer past 64 bits) keeps its own
+                // error; anything else is not an operand.
+                let at = self.pos;
+                self.literal().map(Operand::Lit).map_err(|d| if self.pos == at { self.unexpected("a `%value` or a literal") } else { d })
+            }
         }
     }
 
@@ -258,6 +277,10 @@ impl Parser<'_> {
                     Diagnostic::new(self.prev_span(), format!("malformed float `{s}`"))
                         .expected("expected a float such as 0.5 or 1e-5")
                 })?;
+                if v.is_infinite() {
+                    return Err(Diagnostic::new(self.prev_span(), format!("float `{s}` is past the largest 64-bit float"))
+                        .expected("expected a float below about 1.8e308, or `inf` for infinity"));
+                }
                 Literal::Float(sign * v)
             }
             Some(Tok::Ident(w)) if w == "inf" => {

@@ -3,6 +3,7 @@
 
 use super::{PResult, Parser, Sizes};
 use crate::ir::lexer::Tok;
+use crate::ir::limits::MAX_SIZE_TERMS;
 use crate::ir::size::{SizeError, SizeExpr, SizeOp};
 use crate::ir::*;
 
@@ -39,8 +40,22 @@ impl Parser<'_> {
     /// axes (inside `at (...)`).
     pub(super) fn size_expr(&mut self, axes: bool) -> PResult<(SizeExpr, Span)> {
         let start = self.span();
+        self.size_terms = 0;
         let e = self.size_sum(axes)?;
         Ok((e, start.to(self.prev_span())))
+    }
+
+    /// Counts one operator, parenthesis or call of the current size expression.
+    fn size_term_read(&mut self) -> PResult<()> {
+        self.size_terms += 1;
+        if self.size_terms > MAX_SIZE_TERMS {
+            return Err(Diagnostic::new(
+                self.prev_span(),
+                format!("this size expression has more than {MAX_SIZE_TERMS} operators, parentheses and calls"),
+            )
+            .expected(format!("expected at most {MAX_SIZE_TERMS}: give the size a parameter, as in `kernel k[N = ...]`")));
+        }
+        Ok(())
     }
 
     fn size_sum(&mut self, axes: bool) -> PResult<SizeExpr> {
@@ -53,6 +68,7 @@ impl Parser<'_> {
             } else {
                 return Ok(e);
             };
+            self.size_term_read()?;
             e = SizeExpr::Bin(op, Box::new(e), Box::new(self.size_term(axes)?));
         }
     }
@@ -69,6 +85,7 @@ impl Parser<'_> {
                 _ => return Ok(e),
             };
             self.pos += 1;
+            self.size_term_read()?;
             let b = match rhs.1 {
                 Some(text) => match text.parse::<i64>() {
                     Ok(v) => SizeExpr::Int(v),
@@ -82,6 +99,7 @@ impl Parser<'_> {
 
     fn size_unary(&mut self, axes: bool) -> PResult<SizeExpr> {
         if self.eat(&Tok::Minus) {
+            self.size_term_read()?;
             return Ok(SizeExpr::Neg(Box::new(self.size_unary(axes)?)));
         }
         match self.peek().cloned() {
@@ -94,6 +112,7 @@ impl Parser<'_> {
             }
             Some(Tok::LParen) => {
                 self.pos += 1;
+                self.size_term_read()?;
                 let e = self.size_sum(axes)?;
                 self.expect(Tok::RParen, "`)` to close the parenthesis")?;
                 Ok(e)
@@ -103,6 +122,7 @@ impl Parser<'_> {
                 let span = self.prev_span();
                 match SizeOp::from_call(&w) {
                     Some(op) if self.eat(&Tok::LParen) => {
+                        self.size_term_read()?;
                         let a = self.size_sum(axes)?;
                         self.expect(Tok::Comma, &format!("`,` and the second argument of `{w}(...)`"))?;
                         let b = self.size_sum(axes)?;

@@ -5,12 +5,29 @@ use std::collections::HashMap;
 
 use super::{BodyKind, Checked, Checker, with_article};
 use crate::ir::print::print_stmt_head;
+use crate::ir::limits::MAX_NESTING;
 use crate::ir::*;
 
 impl Checker<'_> {
     // ---- body ----
 
     pub(super) fn body(&mut self, body: &mut [Stmt], kind: BodyKind) {
+        if !matches!(kind, BodyKind::Kernel) && self.nesting >= MAX_NESTING {
+            // Built without the parser, which stops at the same depth; nothing inside is checked.
+            let span = body.first().map_or(Span::NONE, |s| s.span);
+            self.err(
+                span,
+                format!("this body is nested {} deep, past the limit of {MAX_NESTING}", self.nesting + 1),
+                format!("expected at most {MAX_NESTING} `when` and `for` bodies inside one another"),
+            );
+            return;
+        }
+        self.nesting += usize::from(!matches!(kind, BodyKind::Kernel));
+        self.body_statements(body, kind);
+        self.nesting -= usize::from(!matches!(kind, BodyKind::Kernel));
+    }
+
+    fn body_statements(&mut self, body: &mut [Stmt], kind: BodyKind) {
         let n = body.len();
         for (i, s) in body.iter_mut().enumerate() {
             let last = i + 1 == n;

@@ -107,6 +107,7 @@ fn check(kernel: &Kernel) -> Result<Verified, Diagnostics> {
         snippet: None,
         for_results: Vec::new(),
         mesh_axes: Vec::new(),
+        nesting: 0,
     };
     c.header();
     c.body(&mut body, BodyKind::Kernel);
@@ -150,6 +151,8 @@ struct Checker<'k> {
     for_results: Vec<Checked<Type>>,
     /// Axis names used by a kernel without `grid`: the mesh's at launch.
     mesh_axes: Vec<String>,
+    /// `when` and `for` bodies open around the statement being checked.
+    nesting: usize,
 }
 
 fn broadcast(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
