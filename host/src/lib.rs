@@ -147,16 +147,6 @@ pub enum Error {
         /// Its message.
         message: String,
     },
-    /// A backend named for a launch that cannot run here.
-    #[error(
-        "backend {backend} is unavailable: {reason}\n  choose one that is available (`tessel backends` lists them), or `--backend auto`"
-    )]
-    Unavailable {
-        /// The backend.
-        backend: String,
-        /// Why, in its words.
-        reason: String,
-    },
     /// `--backend auto` found no backend that takes the launch.
     #[error("no backend takes this launch:\n  {reasons}")]
     NoBackend {

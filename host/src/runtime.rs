@@ -282,10 +282,21 @@ fn first_line(message: &str) -> String {
     message.lines().next().unwrap_or_default().trim_start_matches("error: ").to_string()
 }
 
-/// `Ok` if `b` says it is available, else its reason as [`Error::Unavailable`].
+/// `Ok` if `b` says it is available, else a [`ErrorKind::Unavailable`] error with its reason:
+/// `backend NAME is unavailable: REASON`.
 pub(crate) fn ensure_available(b: &Loaded) -> Result<()> {
     let a = b.backend.availability();
-    if a.available { Ok(()) } else { Err(Error::Unavailable { backend: b.name.clone(), reason: a.reason.into_string() }) }
+    if a.available {
+        return Ok(());
+    }
+    Err(Error::Backend {
+        backend: b.name.clone(),
+        kind: ErrorKind::Unavailable,
+        message: format!(
+            "backend {} is unavailable: {}\n  choose one that is available (`tessel backends` lists them), or `--backend auto`",
+            b.name, a.reason
+        ),
+    })
 }
 
 pub(crate) fn backend_error(b: &Loaded, e: BackendError) -> Error {

@@ -95,6 +95,8 @@ pub(super) fn tune(
             };
         });
         bar.inc(1);
+        // Standard output that cannot be written ends the tuning here, not after every candidate.
+        out.flush().map_err(Error::Stdout)?;
         trials.push(crate::tune::Trial { values: combo.clone(), kernel_ms, verdict });
     }
     bar.finish_and_clear();
