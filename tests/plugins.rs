@@ -361,7 +361,8 @@ fn a_plugin_any_user_may_write_is_refused_as_root() {
                 "libtessel_interpret.so",
                 &["is not loaded: ", what, &format!("chmod o-w {}", fix.canonicalize().unwrap().display())],
             );
-            // From TESSEL_PLUGIN_PATH it is listed as a failed plugin.
+            // From TESSEL_PLUGIN_PATH it is listed as a failed plugin, and named where its
+            // backend is asked for.
             let listed = tessel(&["backends"], Some(file.to_str().unwrap()), &[]);
             assert_eq!(listed.status.code(), Some(0));
             assert!(
@@ -369,6 +370,8 @@ fn a_plugin_any_user_may_write_is_refused_as_root() {
                 "{}",
                 text(&listed.stdout)
             );
+            let named = tessel(&["lower", "examples/add.tk", "--backend", "mine"], Some(file.to_str().unwrap()), &[]);
+            assert_refused(&named, "unknown backend `mine`", &["not loaded: plugin `", what]);
         } else {
             assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
             assert!(text(&out.stderr).contains("warning: plugin") && text(&out.stderr).contains(what), "{}", text(&out.stderr));

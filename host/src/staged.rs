@@ -165,8 +165,9 @@ fn place(files: &mut [Temp], list: &mut Vec<PathBuf>) -> Result<(), Failed> {
 
 /// Renames one temporary into place; returns where the file it replaces was moved.
 fn place_one(t: &mut Temp, list: &mut Vec<PathBuf>) -> io::Result<Option<PathBuf>> {
-    let aside = match std::fs::symlink_metadata(&t.dest) {
-        Ok(_) => Some(move_aside(&t.dest)?),
+    let aside = match std::fs::symlink_metadata(&t.dest).and_then(|_| move_aside(&t.dest)) {
+        Ok(moved) => Some(moved),
+        // None there, or another process (sharing a cache folder) moved it meanwhile.
         Err(e) if e.kind() == io::ErrorKind::NotFound => None,
         Err(e) => return Err(e),
     };

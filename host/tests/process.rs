@@ -147,7 +147,7 @@ fn a_signal_while_writing_leaves_no_temporary() {
     }
     let seen = hidden();
     assert!(seen.iter().any(|n| n.starts_with(".o.npy.") && n.ends_with(".tmp")), "a temporary beside o.npy: {seen:?}");
-    let killed = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().expect("kill runs");
+    let killed = Command::new("sh").args(["-c", &format!("kill -TERM {}", child.id())]).status().expect("sh runs");
     assert!(killed.success());
     let status = child.wait().expect("wait");
     assert_eq!(status.code(), Some(143), "ended by the signal while writing: {status:?}");
