@@ -10,8 +10,10 @@
 //!
 //! [`remove_on_signals`] (called by the `tessel` command, not by the library) removes the
 //! temporaries that exist when SIGINT, SIGTERM or SIGHUP arrives and exits with 128 + the
-//! signal's number (130, 143, 129). A batch being renamed holds the list of temporaries, so a
-//! signal waits until the batch is all in place or all put back.
+//! signal's number (130, 143, 129). A batch not yet renamed when the signal arrives is not
+//! renamed; one being renamed holds the list of temporaries, so the signal's cleanup waits until
+//! it is all in place (the outputs are then whole and new, and the exit status still says that
+//! the command was interrupted).
 //!
 //! Not durable against a power cut: nothing is `fsync`ed (a kernel's outputs are cheap to make
 //! again, and a sync costs more than the write).
@@ -19,10 +21,16 @@
 use std::fs::{File, OpenOptions};
 use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
 
 /// Every temporary that exists now: what a signal removes.
 static PENDING: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+/// Set in the signal handler itself, at once, when SIGINT, SIGTERM or SIGHUP arrives: a batch
+/// not yet renamed is then not renamed at all (the thread that removes the temporaries may be
+/// scheduled only after the writing thread reached the renames).
+static INTERRUPTED: LazyLock<Arc<AtomicBool>> = LazyLock::new(|| Arc::new(AtomicBool::new(false)));
 
 fn pending() -> MutexGuard<'static, Vec<PathBuf>> {
     // A panic while the list was held leaves it as consistent as ever: a list of paths.
@@ -134,6 +142,12 @@ pub fn write(dest: &Path, write: impl FnOnce(&mut dyn Write) -> io::Result<()>) 
 /// and the files moved aside removed at the end. On a failure, the destinations already renamed
 /// get their old files back (or are removed where there was none).
 fn place(files: &mut [Temp], list: &mut Vec<PathBuf>) -> Result<(), Failed> {
+    if let Some(t) = files.first()
+        && INTERRUPTED.load(Ordering::SeqCst)
+    {
+        let source = io::Error::new(io::ErrorKind::Interrupted, "interrupted by a signal before it was renamed into place");
+        return Err(Failed { path: t.dest.clone(), source });
+    }
     for t in files.iter() {
         if std::fs::symlink_metadata(&t.dest).is_ok_and(|m| m.is_dir()) {
             return Err(Failed {
@@ -209,6 +223,9 @@ fn move_aside(dest: &Path) -> io::Result<PathBuf> {
 /// its program.
 pub fn remove_on_signals() -> io::Result<()> {
     use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    for signal in [SIGINT, SIGTERM, SIGHUP] {
+        signal_hook::flag::register(signal, Arc::clone(&INTERRUPTED))?;
+    }
     let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP])?;
     std::thread::Builder::new().name("tessel-signals".into()).spawn(move || {
         if let Some(signal) = signals.forever().next() {

@@ -122,35 +122,64 @@ fn written_files_get_the_umask_mode() {
     }
 }
 
+/// Sends `signal` to `child` at once (a `kill` process would take longer to start than a write
+/// takes).
+fn signal(child: &std::process::Child, signal: libc::c_int) {
+    let pid = libc::pid_t::try_from(child.id()).expect("a pid");
+    // SAFETY: `kill` reads no memory of ours; `pid` is our child, not yet waited for.
+    #[allow(unsafe_code, reason = "libc::kill is an FFI call")]
+    let sent = unsafe { libc::kill(pid, signal) };
+    assert_eq!(sent, 0, "signal {signal} sent");
+}
+
 /// SIGTERM while outputs are being written leaves no temporary file (it used to leave hidden
-/// files of up to 524 MB) and no partial output: the command exits with 143.
+/// files of up to 524 MB) and no partial output: the command exits with 143. The command is
+/// frozen (SIGSTOP) as soon as its temporary appears, so that the signal is known to land while
+/// it writes; if it had already finished (a loaded machine), it is tried again.
 #[test]
 fn a_signal_while_writing_leaves_no_temporary() {
-    let dir = tempfile::tempdir().unwrap();
-    // 2^25 f32 elements: a 128 MiB output, long enough to write that the signal lands meanwhile.
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tessel"))
-        .args(["run", "examples/add.tk", "--backend", "interpret", "--param", "N=33554432", "--param", "B=1024"])
-        .arg("--out-dir")
-        .arg(dir.path())
-        .current_dir(root())
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .expect("tessel runs");
-    let hidden = || -> Vec<String> {
-        std::fs::read_dir(dir.path())
-            .map(|d| d.filter_map(|e| e.ok()?.file_name().into_string().ok()).filter(|n| n.starts_with('.')).collect())
-            .unwrap_or_default()
-    };
-    // Wait for the temporary of `o.npy` to appear (or for the command to end, which fails below).
-    while hidden().is_empty() && child.try_wait().expect("wait").is_none() {
-        std::thread::sleep(std::time::Duration::from_millis(1));
+    for _ in 0..5 {
+        let dir = tempfile::tempdir().unwrap();
+        let names = || -> Vec<String> {
+            let mut v: Vec<String> = std::fs::read_dir(dir.path())
+                .map(|d| d.filter_map(|e| e.ok()?.file_name().into_string().ok()).collect())
+                .unwrap_or_default();
+            v.sort();
+            v
+        };
+        // 2^25 f32 elements: a 128 MiB output, long enough to write that the signal lands meanwhile.
+        let mut child = Command::new(env!("CARGO_BIN_EXE_tessel"))
+            .args(["run", "examples/add.tk", "--backend", "interpret", "--param", "N=33554432", "--param", "B=1024"])
+            .arg("--out-dir")
+            .arg(dir.path())
+            .current_dir(root())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("tessel runs");
+        // Wait for the temporary of `o.npy` to appear.
+        while names().is_empty() && child.try_wait().expect("wait").is_none() {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        if child.try_wait().expect("wait").is_some() {
+            continue;
+        }
+        signal(&child, libc::SIGSTOP);
+        let frozen = names();
+        if frozen.iter().any(|n| n == "o.npy") {
+            signal(&child, libc::SIGCONT);
+            child.wait().expect("wait");
+            continue;
+        }
+        assert!(
+            matches!(&frozen[..], [t] if t.starts_with(".o.npy.") && t.ends_with(".tmp")),
+            "a temporary beside o.npy, nothing else: {frozen:?}"
+        );
+        signal(&child, libc::SIGTERM);
+        signal(&child, libc::SIGCONT);
+        let status = child.wait().expect("wait");
+        assert_eq!(status.code(), Some(143), "ended by the signal while writing: {status:?}");
+        assert_eq!(names(), Vec::<String>::new(), "nothing is left");
+        return;
     }
-    let seen = hidden();
-    assert!(seen.iter().any(|n| n.starts_with(".o.npy.") && n.ends_with(".tmp")), "a temporary beside o.npy: {seen:?}");
-    let killed = Command::new("sh").args(["-c", &format!("kill -TERM {}", child.id())]).status().expect("sh runs");
-    assert!(killed.success());
-    let status = child.wait().expect("wait");
-    assert_eq!(status.code(), Some(143), "ended by the signal while writing: {status:?}");
-    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
-    assert!(left.is_empty(), "nothing is left: {left:?}");
+    panic!("in 5 runs the output was written before it could be seen being written");
 }
