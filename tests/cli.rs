@@ -489,3 +489,88 @@ fn run_without_a_backend_chooses_one_and_checks_it_against_the_interpreter() {
     let r = tessel(&["lower", &example("add")]);
     assert!(r.code == 0 && r.stdout.contains("(interpret)"), "{}", r.stdout);
 }
+
+/// Every file of `dir`, sorted.
+fn listing(dir: &std::path::Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    names.sort();
+    names
+}
+
+/// Outputs are written all or none: a second output that cannot be placed (a folder of its
+/// name) leaves the first output of an earlier run as it was, makes no new one, and leaves no
+/// temporary file (it used to write `s.npy` and then fail on `m.npy`).
+#[test]
+fn outputs_are_written_all_or_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().to_str().unwrap();
+    std::fs::create_dir(dir.path().join("m.npy")).unwrap();
+    let run = || tessel(&["run", &example("row_reduce"), "--backend", "interpret", "--out-dir", out]);
+    let r = run();
+    assert_user_error(&r, &["cannot write", "m.npy", "a folder of that name is in the way", "nothing was written"]);
+    assert_eq!(listing(dir.path()), ["m.npy"], "no new s.npy, no temporary");
+    std::fs::write(dir.path().join("s.npy"), "the previous run's s").unwrap();
+    assert_user_error(&run(), &["m.npy"]);
+    assert_eq!(std::fs::read_to_string(dir.path().join("s.npy")).unwrap(), "the previous run's s");
+    assert_eq!(listing(dir.path()), ["m.npy", "s.npy"]);
+    // Once the way is clear, both are written and replace the old ones.
+    std::fs::remove_dir(dir.path().join("m.npy")).unwrap();
+    assert_eq!(run().code, 0);
+    assert_eq!(listing(dir.path()), ["m.npy", "s.npy"]);
+    assert_eq!(read_output(dir.path(), "s").shape, [64]);
+}
+
+/// Kernel files are read up to 16 MiB: past it, or from a file that never ends, the error names
+/// the file, its size and the limit (`tessel check /dev/zero` used to grow without bound).
+/// `.npy` inputs are bounded by their header, checked against the file's length.
+#[test]
+fn files_read_whole_are_bounded() {
+    let r = tessel(&["check", "/dev/zero"]);
+    assert_user_error(
+        &r,
+        &["cannot read `/dev/zero` as a kernel file: it goes on past the 16 MiB tessel reads", "at most 16 MiB"],
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let big = dir.path().join("big.tk");
+    std::fs::write(&big, "#".repeat((16 << 20) + 1)).unwrap();
+    let r = tessel(&["run", big.to_str().unwrap()]);
+    assert_user_error(&r, &["big.tk` as a kernel file: it is 16.0 MiB (16777217 bytes), more than the 16 MiB tessel reads"]);
+    let r = tessel(&["run", &example("add"), "--input", "x=/dev/zero"]);
+    assert_user_error(&r, &["input `x` from `/dev/zero`: it is not a .npy file"]);
+}
+
+/// A name given twice to `--param`, `--input` or `--grid` is an error naming the flag and the
+/// name (the last one used to win silently).
+#[test]
+fn a_name_given_twice_is_refused() {
+    let r = tessel(&["run", &example("add"), "--param", "B=64", "--param", "B=128"]);
+    assert_user_error(&r, &["bad `--param B=128`: `B` is given twice (`--param B=64` before)", "each name once"]);
+    let dir = tempfile::tempdir().unwrap();
+    let x = input_arg(dir.path(), "x", &f32_array(&[1024], vec![0.0; 1024]));
+    let r = tessel(&["run", &example("add"), "--input", &x, "--input", "x=other.npy"]);
+    assert_user_error(&r, &["bad `--input x=other.npy`: `x` is given twice (`--input x=", "in_x.npy` before)"]);
+    let file = root().join(DYN).display().to_string();
+    let r = tessel(&["run", &file, "--grid", "i=4", "--grid", "i=8"]);
+    assert_user_error(&r, &["bad `--grid i=8`: `i` is given twice (`--grid i=4` before)"]);
+}
+
+/// An object array (`np.save` of dtype=object) says it holds Python objects, and what to save.
+#[test]
+fn an_npy_of_python_objects_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("objects.npy");
+    let header = "{'descr': '|O', 'fortran_order': False, 'shape': (2,), }";
+    let mut bytes = b"\x93NUMPY\x01\x00".to_vec();
+    let pad = 64 - (10 + header.len() + 1) % 64;
+    bytes.extend(((header.len() + pad + 1) as u16).to_le_bytes());
+    bytes.extend(header.as_bytes());
+    bytes.extend(std::iter::repeat_n(b' ', pad));
+    bytes.push(b'\n');
+    bytes.extend(b"\x80\x04\x95pickled objects");
+    std::fs::write(&path, bytes).unwrap();
+    let r = tessel(&["run", &example("add"), "--input", &format!("x={}", path.display())]);
+    assert_user_error(
+        &r,
+        &["objects.npy`: it holds Python objects (dtype `|O`), not numbers", "np.asarray(x, dtype=np.float32)"],
+    );
+}

@@ -226,6 +226,65 @@ fn tune_records_an_agreeing_candidate_that_run_then_uses() {
     assert!(r.stderr.contains("tessel tune needs --backend NAME"), "{}", r.stderr);
 }
 
+/// A tuning record that chooses a value outside the kernel's candidates (`BM: 0`, `-5`, `12`: a
+/// record edited by hand or gone stale) is ignored with a warning naming its file, in `--explain`
+/// too, and the launch takes the default; it used to break every later run with an error about a
+/// `BM` the user never gave, or use the value silently.
+#[test]
+fn a_tuning_record_outside_the_candidates_is_ignored_with_a_warning() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let file = root().join("examples/softmax.tk").display().to_string();
+    let envs = [("TESSEL_CACHE_DIR", cache.to_str().unwrap())];
+    let r = tessel_env(&["tune", &file, "--backend", "interpret", "--param", "N=64", "--runs", "1"], &envs);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let record = r.stdout.lines().find_map(|l| l.strip_prefix("record: ")).expect("a record").to_string();
+    let good: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&record).unwrap()).unwrap();
+    for (bm, why) in [
+        (0, "it chooses BM = 0, which is not one of its candidates (8, 16, 32, 64)"),
+        (-5, "it chooses BM = -5, which is not one of its candidates"),
+        (12, "it chooses BM = 12, which is not one of its candidates"),
+    ] {
+        let mut edited = good.clone();
+        edited["chosen"]["BM"] = bm.into();
+        std::fs::write(&record, edited.to_string()).unwrap();
+        let r = tessel_env(&["run", &file, "--backend", "interpret", "--param", "N=64", "--explain"], &envs);
+        assert_eq!(r.code, 0, "BM = {bm}: {}", r.stderr);
+        let warning = format!("tuning record {record} ignored ({why}");
+        assert!(r.stderr.contains(&format!("warning: {warning}")), "{}", r.stderr);
+        assert!(r.stdout.contains(&warning), "--explain says so: {}", r.stdout);
+        assert!(r.stdout.contains("BM = 16 (default)"), "{}", r.stdout);
+    }
+    // A parameter the kernel lacks, or one without candidates (a shape), is not taken either.
+    let mut edited = good.clone();
+    edited["chosen"]["N"] = 128.into();
+    std::fs::write(&record, edited.to_string()).unwrap();
+    let r = tessel_env(&["run", &file, "--backend", "interpret", "--param", "N=64"], &envs);
+    assert!(r.code == 0 && r.stderr.contains("(it chooses `N`, which has no candidates to tune)"), "{}", r.stderr);
+    // A candidate the kernel itself declares but that does not verify (B = 0 divides by zero):
+    // `tune` skips it, and a record edited to choose it is ignored, not an error about `B`.
+    let kernel = dir.path().join("zero.tk");
+    std::fs::write(
+        &kernel,
+        std::fs::read_to_string(root().join("examples/add.tk"))
+            .unwrap()
+            .replace("B = 128 in (64, 128, 256, 512, 1024)", "B = 128 in (0, 128)"),
+    )
+    .unwrap();
+    let kernel = kernel.to_str().unwrap();
+    let r = tessel_env(&["tune", kernel, "--backend", "interpret", "--runs", "1"], &envs);
+    assert!(r.code == 0 && r.stdout.contains("  B = 0: not run: "), "{}\n{}", r.stdout, r.stderr);
+    let record = r.stdout.lines().find_map(|l| l.strip_prefix("record: ")).expect("a record").to_string();
+    let mut edited: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&record).unwrap()).unwrap();
+    edited["chosen"]["B"] = 0.into();
+    std::fs::write(&record, edited.to_string()).unwrap();
+    let r = tessel_env(&["run", kernel, "--backend", "interpret", "--explain"], &envs);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(r.stderr.contains(&format!("warning: tuning record {record} ignored (")), "{}", r.stderr);
+    assert!(r.stderr.contains("divides by `B`, which is 0"), "the reason: {}", r.stderr);
+    assert!(r.stdout.contains("B = 128 (default)"), "{}", r.stdout);
+}
+
 #[test]
 fn tune_never_chooses_a_candidate_that_disagrees() {
     // The fixture backend runs nothing: its outputs stay zeros, wrong for every candidate.

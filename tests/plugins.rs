@@ -249,3 +249,136 @@ fn the_mosaic_gpu_plugin_lowers_like_the_built_in() {
     );
     assert_refused(&refused, "Mesh grid(i: 8) is not supported by the Mosaic GPU backend", &[]);
 }
+
+/// A backend named for a launch that says it is unavailable is refused with its reason, before
+/// anything runs or is written (it used to be launched anyway); lowering needs no device and
+/// still works, and `tessel backends` lists it as unavailable.
+#[test]
+fn a_named_unavailable_backend_is_refused_with_its_reason() {
+    let l = lib("tessel_fixture_panics");
+    let l = l.to_str().unwrap();
+    let unavailable = [("TESSEL_FIXTURE_UNAVAILABLE", "no panicky device here")];
+    let dir = tempfile::tempdir().unwrap();
+    let out_dir = dir.path().to_str().unwrap();
+    for args in [
+        &["run", "examples/add.tk", "--backend", "panicky", "--out-dir", out_dir][..],
+        &["bench", "examples/add.tk", "--backend", "panicky", "--runs", "1"],
+        &["tune", "examples/add.tk", "--backend", "panicky", "--runs", "1"],
+    ] {
+        let out = tessel(&[&["--plugin", l][..], args].concat(), None, &unavailable);
+        assert_refused(&out, "backend panicky is unavailable: no panicky device here", &["`tessel backends` lists them"]);
+    }
+    assert!(std::fs::read_dir(dir.path()).unwrap().next().is_none(), "no output");
+    // TESSEL_BACKEND names a backend too.
+    let out = tessel(
+        &["--plugin", l, "run", "examples/add.tk", "--out-dir", out_dir],
+        None,
+        &[unavailable[0], ("TESSEL_BACKEND", "panicky")],
+    );
+    assert_refused(&out, "backend panicky is unavailable: no panicky device here", &[]);
+    // A panic in `availability` makes it unavailable, with that reason.
+    let out = tessel(
+        &["--plugin", l, "run", "examples/add.tk", "--backend", "panicky", "--out-dir", out_dir],
+        None,
+        &[("TESSEL_FIXTURE_PANIC_IN", "availability")],
+    );
+    assert_refused(&out, "backend panicky is unavailable: the backend panicked in `availability`", &[]);
+    let out = tessel(&["--plugin", l, "lower", "examples/add.tk", "--backend", "panicky"], None, &unavailable);
+    assert_eq!(out.status.code(), Some(0), "lowering needs no device: {}", text(&out.stderr));
+    let out = tessel(&["--plugin", l, "backends"], None, &unavailable);
+    assert!(text(&out.stdout).contains("unavailable: no panicky device here"), "{}", text(&out.stdout));
+}
+
+/// Plugins of TESSEL_PLUGIN_PATH are loaded only where they may be needed: a library that
+/// crashes while loading (here: ends the process in its constructor, which no host can catch) no longer
+/// takes down a run on a built-in backend; `backends` and `auto` still load every plugin.
+#[test]
+fn a_crashing_plugin_on_the_path_spares_runs_on_other_backends() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(lib("tessel_fixture_panics"), dir.path().join("libpanicky.so")).unwrap();
+    let path = Some(dir.path().to_str().unwrap());
+    let exits = [("TESSEL_FIXTURE_EXIT_ON_LOAD", "1")];
+    let outs = tempfile::tempdir().unwrap();
+    let out_dir = outs.path().to_str().unwrap();
+    let out = tessel(&["run", "examples/add.tk", "--backend", "interpret", "--out-dir", out_dir], path, &exits);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let out = tessel(&["lower", "examples/add.tk"], path, &exits);
+    assert_eq!(out.status.code(), Some(0), "lower's default backend is a built-in: {}", text(&out.stderr));
+    // Where every plugin is loaded, the crash is still the library's: the process ends with it.
+    for args in [
+        &["backends"][..],
+        &["run", "examples/add.tk", "--out-dir", out_dir],
+        &["lower", "examples/add.tk", "--backend", "panicky"],
+    ] {
+        let out = tessel(args, path, &exits);
+        assert_eq!(out.status.code(), Some(86), "{args:?} loads the plugin, which ends the process: {}", text(&out.stderr));
+    }
+    // Without the crash, a plugin on the path is found by name.
+    let out = tessel(&["lower", "examples/add.tk", "--backend", "panicky"], path, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+}
+
+/// `--plugin` takes a folder, as its help says: every shared library in it is loaded. A folder
+/// without one is refused, naming it.
+#[test]
+fn a_plugin_folder_loads_every_library_in_it() {
+    let dir = plugin_copy("libtessel_interpret.so");
+    let out = tessel(&["--plugin", dir.path().to_str().unwrap(), "backends", "--json"], None, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let b = json["backends"].as_array().unwrap().iter().find(|b| b["name"] == "interpret").unwrap().clone();
+    let path = dir.path().join("libtessel_interpret.so").canonicalize().unwrap();
+    assert_eq!(b["source"], path.display().to_string());
+    let empty = tempfile::tempdir().unwrap();
+    let out = tessel(&["--plugin", empty.path().to_str().unwrap(), "backends"], None, &[]);
+    assert_refused(&out, &empty.path().display().to_string(), &["holds no shared library (*.so)"]);
+}
+
+/// Whether these tests run as root (`id -u`).
+fn as_root() -> bool {
+    let out = Command::new("id").arg("-u").output().expect("id runs");
+    text(&out.stdout).trim() == "0"
+}
+
+/// A plugin that any user could have replaced (the file, or a folder above it without the
+/// sticky bit, writable by every user) is refused as root, as `ssh` refuses such a key, and
+/// loaded with a warning for any other user (it used to be loaded silently).
+#[test]
+fn a_plugin_any_user_may_write_is_refused_as_root() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = plugin_copy("libtessel_interpret.so");
+    let file = dir.path().join("libtessel_interpret.so");
+    let chmod = |p: &Path, mode| std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
+    for (what, writable, fix) in [
+        ("the file is writable by every user", &file, &file),
+        ("its folder", &dir.path().to_path_buf(), &dir.path().to_path_buf()),
+    ] {
+        chmod(writable, if writable == &file { 0o666 } else { 0o777 });
+        let out = tessel(&["--plugin", file.to_str().unwrap(), "backends"], None, &[]);
+        if as_root() {
+            assert_refused(
+                &out,
+                "libtessel_interpret.so",
+                &["is not loaded: ", what, &format!("chmod o-w {}", fix.canonicalize().unwrap().display())],
+            );
+            // From TESSEL_PLUGIN_PATH it is listed as a failed plugin, and named where its
+            // backend is asked for.
+            let listed = tessel(&["backends"], Some(file.to_str().unwrap()), &[]);
+            assert_eq!(listed.status.code(), Some(0));
+            assert!(
+                text(&listed.stdout).contains("failed plugin") && text(&listed.stdout).contains(what),
+                "{}",
+                text(&listed.stdout)
+            );
+            let named = tessel(&["lower", "examples/add.tk", "--backend", "mine"], Some(file.to_str().unwrap()), &[]);
+            assert_refused(&named, "unknown backend `mine`", &["not loaded: plugin `", what]);
+        } else {
+            assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+            assert!(text(&out.stderr).contains("warning: plugin") && text(&out.stderr).contains(what), "{}", text(&out.stderr));
+        }
+        chmod(writable, if writable == &file { 0o644 } else { 0o700 });
+    }
+    let out = tessel(&["--plugin", file.to_str().unwrap(), "backends"], None, &[]);
+    assert_eq!(out.status.code(), Some(0), "owner-only again: {}", text(&out.stderr));
+    assert!(!text(&out.stderr).contains("warning"), "{}", text(&out.stderr));
+}

@@ -2,8 +2,8 @@
 //! `tessel_plugin_api::backend::cache_key`: kernel text, meshes, grid sizes, backend and versions)
 //! in `TESSEL_CACHE_DIR`, else `$XDG_CACHE_HOME/tessel`, else `~/.cache/tessel`;
 //! `TESSEL_CACHE=off` turns it off. Entries are written to a temporary file and renamed into place,
-//! so several processes may share the folder; an entry that does not read back whole is ignored
-//! and written again.
+//! so several processes may share the folder; an entry that does not read back whole (or is over
+//! [`crate::limits::CACHE_ENTRY`]) is ignored and written again.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -93,7 +93,8 @@ pub fn lowered(
     let key = hex(key);
     let path = dir.join(format!("{key}.lowered"));
     let existed = path.exists();
-    if let Some(stages) = std::fs::read_to_string(&path).ok().as_deref().and_then(|t| decode(&key, t)) {
+    let text = crate::limits::read_to_string(&path, crate::limits::CACHE_ENTRY).ok();
+    if let Some(stages) = text.as_deref().and_then(|t| decode(&key, t)) {
         return Ok((stages, Outcome::Hit(path)));
     }
     let stages = lower()?;
@@ -139,10 +140,7 @@ fn prune(dir: &std::path::Path) {
 fn write(dir: &std::path::Path, path: &std::path::Path, text: &str) -> bool {
     let attempt = || -> std::io::Result<()> {
         std::fs::create_dir_all(dir)?;
-        let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
-        std::io::Write::write_all(&mut tmp, text.as_bytes())?;
-        tmp.persist(path).map_err(|e| e.error)?;
-        Ok(())
+        crate::staged::write(path, |w| w.write_all(text.as_bytes())).map_err(|f| f.source)
     };
     match attempt() {
         Ok(()) => true,

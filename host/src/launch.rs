@@ -17,7 +17,7 @@
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use abi_stable::std_types::{ROption, RSlice, RSliceMut, RStr};
@@ -101,6 +101,9 @@ pub struct Planned<'r, 'a> {
     /// The request text: every kernel's canonical text, printed once.
     source: Cow<'a, str>,
     plan: Plan,
+    /// Set once the backend has said it is available: every launch asks first (a backend
+    /// named by the caller is planned, and lowers, without a device), once per `Planned`.
+    available: OnceLock<()>,
 }
 
 /// The request text of a launch: one kernel's own (printed once and kept by its `Verified`), or
@@ -133,7 +136,9 @@ fn with_request<T>(launch: &Launch<'_>, source: &str, f: impl FnOnce(&LaunchRequ
 impl Runtime {
     /// Plans `launch` on the backend `choice` names, or under `auto` on the first available one
     /// (by [`Runtime::ranked`]) whose `supports` says yes. The only caller of `supports`: each
-    /// backend asked is asked once. `TESSEL_BACKEND` overrides `auto`.
+    /// backend asked is asked once. `TESSEL_BACKEND` overrides `auto`. A backend named is planned
+    /// whether or not it is available (lowering needs no device); a launch on one that is not is
+    /// refused with its reason.
     pub fn plan<'r, 'a>(&'r self, choice: Choice<'_>, launch: &'a Launch<'a>) -> Result<Planned<'r, 'a>> {
         let source = source_of(&launch.kernels);
         let key = cfg!(debug_assertions).then(|| with_request(launch, &source, request_key));
@@ -183,7 +188,8 @@ impl Runtime {
                 (chosen.ok_or_else(|| Error::NoBackend { reasons: lines.join("\n  ") })?, lines)
             }
         };
-        Ok(Planned { b, launch, source, plan: Plan { backend: b.name.as_str().into(), decisions: decisions.into(), key } })
+        let plan = Plan { backend: b.name.as_str().into(), decisions: decisions.into(), key };
+        Ok(Planned { b, launch, source, plan, available: OnceLock::new() })
     }
 
     /// A launch planned before ([`Planned::into_plan`]), not asked again: a launch found in the
@@ -194,7 +200,7 @@ impl Runtime {
         if let Some(key) = plan.key {
             assert_eq!(with_request(launch, &source, request_key), key, "resume the launch that was planned");
         }
-        Ok(Planned { b: self.backend(&plan.backend)?, launch, source, plan })
+        Ok(Planned { b: self.backend(&plan.backend)?, launch, source, plan, available: OnceLock::new() })
     }
 }
 
@@ -270,6 +276,16 @@ impl Planned<'_, '_> {
         with_request(self.launch, &self.source, f)
     }
 
+    /// `Ok` if the backend is available (asked once): a launch on one that is not is refused
+    /// with its reason, never handed to it.
+    fn check_available(&self) -> Result<()> {
+        if self.available.get().is_none() {
+            crate::runtime::ensure_available(self.b)?;
+            let _ = self.available.set(());
+        }
+        Ok(())
+    }
+
     fn fail(&self) -> impl Fn(BackendError) -> Error + '_ {
         |e| backend_error(self.b, e)
     }
@@ -299,6 +315,7 @@ impl Planned<'_, '_> {
     /// Runs the launch and returns every output of every kernel (in launch order, each name
     /// once): [`Planned::launch_in_place`] on the inputs' memory and on fresh output arrays.
     pub fn launch(&self, args: &LaunchArgs) -> Result<Vec<(String, HostArray)>> {
+        self.check_available()?;
         let kernels = &self.launch.kernels;
         // Every kernel's inputs must be given; names are shared across the kernels of a launch.
         for k in kernels {
@@ -353,6 +370,7 @@ impl Planned<'_, '_> {
     /// in place and writes the outputs once; a device backend uploads from them and downloads
     /// into them, one copy each way.
     pub fn launch_in_place(&self, args: &mut InPlace<'_>) -> Result<()> {
+        self.check_available()?;
         let b = self.b;
         let kernels = &self.launch.kernels;
         let fail = self.fail();
@@ -423,6 +441,7 @@ impl Planned<'_, '_> {
     /// dispatches took on the device's own clock (GPU timestamp queries), or `None` where the
     /// backend cannot tell.
     pub fn launch_resident(&self, arrays: &[(&str, &DeviceArray)], timed: bool) -> Result<Option<Duration>> {
+        self.check_available()?;
         let b = self.b;
         for k in &self.launch.kernels {
             for p in k.kernel.kernel().params.iter().filter(|p| p.kind != ParamKind::Scratch) {

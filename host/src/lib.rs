@@ -11,10 +11,12 @@ pub mod cli;
 pub mod conformance;
 pub mod inputs;
 pub mod launch;
+pub mod limits;
 pub mod memory;
 pub mod npy;
 pub mod registry;
 pub mod runtime;
+pub mod staged;
 pub mod tune;
 
 use std::path::{Path, PathBuf};
@@ -42,6 +44,17 @@ pub enum Error {
         /// Why.
         source: std::io::Error,
     },
+    /// A kernel file larger than tessel reads ([`limits::KERNEL_FILE`]), or one that never ends.
+    #[error("cannot read `{}` as a kernel file: {source}\n  expected a .tk file of at most {}", path.display(), limits::show(source.limit))]
+    TooLarge {
+        /// The file.
+        path: PathBuf,
+        /// Its size and the limit.
+        source: limits::TooLarge,
+    },
+    /// Standard output that cannot be written (a full disk, `/dev/full`).
+    #[error("cannot write to standard output: {0}")]
+    Stdout(std::io::Error),
     /// Syntax or verification errors, rendered with `line:col` against the source.
     #[error("{0}")]
     Kernel(String),
@@ -114,7 +127,7 @@ pub enum Error {
     #[error(transparent)]
     Launch(#[from] LaunchError),
     /// An output that cannot be written.
-    #[error("cannot write `{}`: {source}\n  expected a writable folder for --out-dir", path.display())]
+    #[error("cannot write `{}`: {source}\n  nothing was written; expected a writable folder (for outputs, --out-dir DIR)", path.display())]
     Write {
         /// The file or folder.
         path: PathBuf,
@@ -204,8 +217,15 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// Reads, parses and verifies every kernel of a `.tk` file; errors are rendered with the file's
 /// name and `line:col`.
 pub fn load_file(path: &Path) -> Result<Vec<Verified>> {
-    let source = std::fs::read_to_string(path).map_err(|source| Error::Read { path: path.to_path_buf(), source })?;
-    load_source(&path.display().to_string(), &source)
+    load_source(&path.display().to_string(), &read_kernel_text(path)?)
+}
+
+/// The text of a kernel file, at most [`limits::KERNEL_FILE`] bytes of UTF-8.
+pub fn read_kernel_text(path: &Path) -> Result<String> {
+    limits::read_to_string(path, limits::KERNEL_FILE).map_err(|source| match limits::too_large(&source) {
+        Some(t) => Error::TooLarge { path: path.to_path_buf(), source: *t },
+        None => Error::Read { path: path.to_path_buf(), source },
+    })
 }
 
 /// Parses and verifies `.tk` text named `name` in messages. A generic kernel takes its defaults
@@ -252,8 +272,7 @@ pub struct KernelFile {
 /// Reads and parses a `.tk` file; a kernel with parameters is checked for its names and syntax
 /// and waits for [`KernelFile::specialize`].
 pub fn read_kernels(path: &Path) -> Result<KernelFile> {
-    let text = std::fs::read_to_string(path).map_err(|source| Error::Read { path: path.to_path_buf(), source })?;
-    parse_kernels(&path.display().to_string(), &text)
+    parse_kernels(&path.display().to_string(), &read_kernel_text(path)?)
 }
 
 /// Parses `.tk` text named `name` in messages (see [`read_kernels`]).

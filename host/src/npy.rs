@@ -4,7 +4,7 @@
 //! `np.save` writes for an `ml_dtypes.bfloat16` array: two raw bytes per element). Big-endian
 //! files (`>f4`) are refused with the `astype` that converts them.
 
-use std::io::{BufWriter, Write};
+use std::io::Write;
 use std::path::Path;
 
 use npyz::{DType as NpyDType, NpyFile, Order, TypeChar};
@@ -25,6 +25,11 @@ pub enum NpyError {
         "its dtype is `{0}`, which tessel does not take\n  expected f32 (<f4), f16 (<f2), bf16 (|V2), i32 (<i4), u32 (<u4) or bool (|b1); convert with e.g. `x.astype(np.float32)`"
     )]
     Dtype(String),
+    /// An array of Python objects (`np.save` of an object array: a pickle, not numbers).
+    #[error(
+        "it holds Python objects (dtype `{0}`), not numbers\n  save a numeric array, e.g. `np.save(path, np.asarray(x, dtype=np.float32))`"
+    )]
+    Object(String),
     /// A header that is not one plain dict with a shape tuple.
     #[error(
         "its header is not a plain numpy header (one dict: descr, fortran_order, shape)\n  expected a file written by np.save"
@@ -94,6 +99,9 @@ pub fn read_bytes(bytes: &[u8]) -> Result<HostArray, NpyError> {
 /// against the `data_len` bytes that follow it.
 fn header(head: &[u8], data_len: u64) -> Result<(DType, Vec<usize>), NpyError> {
     check_header_shape(head)?;
+    if let Some(descr) = object_descr(head) {
+        return Err(NpyError::Object(descr));
+    }
     let header = npyz::NpyHeader::from_reader(head)?;
     let file = NpyFile::with_header(header, &[][..]);
     if file.order() == Order::Fortran && file.shape().len() > 1 {
@@ -134,6 +142,14 @@ fn check_header_shape(bytes: &[u8]) -> Result<(), NpyError> {
         return Err(NpyError::Header);
     }
     Ok(())
+}
+
+/// The descr of an object array (`|O`, `O`, `<O8`, ...), which npyz does not parse.
+fn object_descr(head: &[u8]) -> Option<String> {
+    let text = String::from_utf8_lossy(head.get(10..)?);
+    let after = text.split_once("'descr':")?.1.trim_start();
+    let descr = after.strip_prefix('\'')?.split('\'').next()?;
+    descr.trim_start_matches(['|', '<', '>', '=']).starts_with('O').then(|| descr.to_string())
 }
 
 /// Where the data of a `.npy` file starts: magic, version, header length (2 or 4 bytes), header.
@@ -179,22 +195,12 @@ pub fn write_to<W: Write>(mut w: W, a: &HostArray) -> std::io::Result<()> {
     w.flush()
 }
 
-/// Writes a host array to `path` atomically: a temporary file in the same folder, renamed into
-/// place when complete, so a failure never leaves a half-written `.npy`. A file already at
-/// `path` is removed just before the rename: renamed over, ext4 (`auto_da_alloc`) would write
-/// the new file back to disk at once, milliseconds for a few megabytes. A reader sees the old
-/// file, then none for an instant, then the whole new one — never part of either.
+/// Writes a host array to `path` whole ([`crate::staged`]): a temporary file in the same folder,
+/// renamed into place when complete, so a failure never leaves a half-written `.npy`. A reader
+/// sees the old file, then none for an instant, then the whole new one — never part of either.
+/// Several outputs written together go through one [`crate::staged::Batch`].
 pub fn write(path: &Path, a: &HostArray) -> std::io::Result<()> {
-    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
-    write_to(BufWriter::new(tmp.as_file_mut()), a)?;
-    if let Err(e) = std::fs::remove_file(path)
-        && e.kind() != std::io::ErrorKind::NotFound
-    {
-        return Err(e);
-    }
-    tmp.persist(path).map_err(|e| e.error)?;
-    Ok(())
+    crate::staged::write(path, |w| write_to(w, a)).map_err(|f| f.source)
 }
 
 #[cfg(test)]
@@ -233,6 +239,15 @@ mod tests {
         let at = be.windows(3).position(|w| w == b"<f4").expect("the descr");
         be[at] = b'>';
         assert!(matches!(read_bytes(&be), Err(NpyError::Dtype(d)) if d == ">f4"));
+        // An object array (np.save of dtype=object: a pickle follows) says so.
+        let header = "{'descr': '|O', 'fortran_order': False, 'shape': (2,), }\n";
+        let mut object = b"\x93NUMPY\x01\x00".to_vec();
+        object.extend((header.len() as u16).to_le_bytes());
+        object.extend(header.as_bytes());
+        object.extend(b"\x80\x04pickle");
+        let e = read_bytes(&object).unwrap_err();
+        assert!(matches!(&e, NpyError::Object(d) if d == "|O"), "{e}");
+        assert!(e.to_string().starts_with("it holds Python objects (dtype `|O`), not numbers\n  save a numeric array"), "{e}");
         // Shorter than a header (found by cargo fuzz).
         for n in 0..12 {
             assert!(read_bytes(&bytes[..n]).is_err());

@@ -111,6 +111,22 @@ pub enum PluginError {
         /// Its error.
         message: String,
     },
+    /// A folder given with `--plugin` that holds no shared library.
+    #[error("plugin folder `{}` holds no shared library (*.{})\n  give the path of a backend's shared library (lib<name>.so), or a folder holding them", path.display(), std::env::consts::DLL_EXTENSION)]
+    EmptyFolder {
+        /// The folder.
+        path: PathBuf,
+    },
+    /// A plugin that any user could have replaced, refused when running as root.
+    #[error("plugin `{}` is not loaded: {why}, so any user could have put code there that would run as root\n  make it writable only by its owner (`chmod o-w {}`), or load it as another user", path.display(), fix.display())]
+    WorldWritable {
+        /// The path.
+        path: PathBuf,
+        /// What is writable by every user.
+        why: String,
+        /// The file or folder to fix.
+        fix: PathBuf,
+    },
     /// Two plugins with one backend name.
     #[error("two plugins are both called `{name}`: `{}` and `{}`\n  keep one of them in --plugin / TESSEL_PLUGIN_PATH; the second was not loaded", first.display(), second.display())]
     Duplicate {
@@ -130,6 +146,9 @@ pub struct Registry {
     pub backends: Vec<Loaded>,
     /// Plugins from `TESSEL_PLUGIN_PATH` that did not load.
     pub failed: Vec<Failed>,
+    /// What loading found wrong but did not refuse (a plugin any user may write, loaded by a
+    /// user who is not root), one sentence each.
+    pub warnings: Vec<String>,
     loaded_paths: HashSet<PathBuf>,
 }
 
@@ -160,20 +179,51 @@ impl Registry {
     }
 
     /// Built-ins, then every plugin of `TESSEL_PLUGIN_PATH` (failures are kept in `failed`),
-    /// then `explicit` plugins (a failure is returned).
+    /// then `explicit` plugins, files or folders of them (a failure is returned).
     pub fn discover(explicit: &[PathBuf]) -> Result<Registry, PluginError> {
+        Registry::discover_for(explicit, None)
+    }
+
+    /// [`Registry::discover`] for launches on the backend `named` only (`None`: every plugin):
+    /// built-ins, then `explicit` plugins, then those of `TESSEL_PLUGIN_PATH` in order until one
+    /// provides `named` — none when a built-in or an explicit plugin does. A library that
+    /// crashes while loading then takes down only the commands that may need it; a
+    /// `TESSEL_PLUGIN_PATH` plugin named like a built-in replaces it only where every plugin is
+    /// loaded (`tessel backends`, `--backend auto`); `--plugin` replaces it always.
+    pub fn discover_for(explicit: &[PathBuf], named: Option<&str>) -> Result<Registry, PluginError> {
         let mut r = Registry::builtins();
+        let explicit_files = || -> Result<Vec<PathBuf>, PluginError> {
+            let mut files = Vec::new();
+            for p in explicit {
+                let found = plugin_files(p);
+                if found.is_empty() {
+                    return Err(PluginError::EmptyFolder { path: p.clone() });
+                }
+                files.extend(found);
+            }
+            Ok(files)
+        };
+        if named.is_some() {
+            for file in explicit_files()? {
+                r.load(&file)?;
+            }
+        }
         if let Some(path) = std::env::var_os("TESSEL_PLUGIN_PATH") {
-            for entry in std::env::split_paths(&path).filter(|p| !p.as_os_str().is_empty()) {
+            'path: for entry in std::env::split_paths(&path).filter(|p| !p.as_os_str().is_empty()) {
                 for file in plugin_files(&entry) {
+                    if named.is_some_and(|n| r.get(n).is_some()) {
+                        break 'path;
+                    }
                     if let Err(error) = r.load(&file) {
                         r.failed.push(Failed { path: file, error });
                     }
                 }
             }
         }
-        for p in explicit {
-            r.load(p)?;
+        if named.is_none() {
+            for file in explicit_files()? {
+                r.load(&file)?;
+            }
         }
         Ok(r)
     }
@@ -189,6 +239,9 @@ impl Registry {
                 .position(|b| b.source == Source::Plugin(canonical.clone()))
                 .expect("loaded path has a backend");
             return Ok(&self.backends[i]);
+        }
+        if let Some(warning) = check_writers(path, &canonical)? {
+            self.warnings.push(warning);
         }
         let backend = open(path, &canonical)?;
         let name = backend.name().to_string();
@@ -218,6 +271,44 @@ impl Registry {
     pub fn names(&self) -> String {
         self.backends.iter().map(|b| b.name.as_str()).collect::<Vec<_>>().join(", ")
     }
+}
+
+/// Whether a user other than the owner could have replaced the plugin: the file writable by
+/// every user, or one of its folders writable by every user without the sticky bit (which `/tmp`
+/// has: there only a file's owner may replace it). As `ssh` treats a key, such a plugin is refused
+/// when running as root (its code would run as root); for any other user it is loaded with a
+/// warning (returned).
+fn check_writers(path: &Path, canonical: &Path) -> Result<Option<String>, PluginError> {
+    use std::os::unix::fs::PermissionsExt;
+    const OTHERS_WRITE: u32 = 0o002;
+    const STICKY: u32 = 0o1000;
+    let mode = |p: &Path| std::fs::metadata(p).map(|m| m.permissions().mode()).unwrap_or(0);
+    let found = if mode(canonical) & OTHERS_WRITE != 0 {
+        Some(("the file is writable by every user".to_string(), canonical.to_path_buf()))
+    } else {
+        canonical
+            .ancestors()
+            .skip(1)
+            .find(|d| mode(d) & OTHERS_WRITE != 0 && mode(d) & STICKY == 0)
+            .map(|d| (format!("its folder `{}` is writable by every user (and not sticky)", d.display()), d.to_path_buf()))
+    };
+    let Some((why, fix)) = found else { return Ok(None) };
+    if running_as_root() {
+        return Err(PluginError::WorldWritable { path: path.to_path_buf(), why, fix });
+    }
+    Ok(Some(format!(
+        "plugin `{}` is loaded although {why}: any user could have put code there; `chmod o-w {}` (as root it would be refused)",
+        path.display(),
+        fix.display()
+    )))
+}
+
+/// Whether this process runs as root (effective user 0).
+fn running_as_root() -> bool {
+    // SAFETY: `geteuid` has no preconditions, touches no memory of ours and cannot fail.
+    #[allow(unsafe_code, reason = "libc::geteuid is an FFI call")]
+    let euid = unsafe { libc::geteuid() };
+    euid == 0
 }
 
 /// Opens, checks and starts one plugin.

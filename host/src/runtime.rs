@@ -39,6 +39,13 @@ impl Runtime {
         Ok(Runtime { registry: Registry::discover(explicit)? })
     }
 
+    /// A runtime for launches on the backend `named` (`None`: any): the built-ins, the
+    /// `explicit` plugins, and those of `TESSEL_PLUGIN_PATH` only until one provides `named`
+    /// ([`Registry::discover_for`]).
+    pub fn for_backend(explicit: &[PathBuf], named: Option<&str>) -> Result<Runtime> {
+        Ok(Runtime { registry: Registry::discover_for(explicit, named)? })
+    }
+
     /// The registry.
     pub fn registry(&self) -> &Registry {
         &self.registry
@@ -58,9 +65,21 @@ impl Runtime {
         shapes: &BTreeMap<String, Vec<usize>>,
         backend: Option<&str>,
     ) -> Result<Specialized> {
+        let render = |d| Error::Kernel(kernel.render(&d, file));
         let (binding, tuned) = self.bind(kernel, given, shapes, backend)?;
-        let verified = kernel.specialize(&binding.values).map_err(|d| Error::Kernel(kernel.render(&d, file)))?;
-        Ok(Specialized { kernel: verified, binding, tuned })
+        match (kernel.specialize(&binding.values), &tuned.record) {
+            (Ok(verified), _) => Ok(Specialized { kernel: verified, binding, tuned }),
+            // The record's values do not make a kernel that verifies: the record is ignored,
+            // not the launch refused for values the user never gave.
+            (Err(d), Some(path)) => {
+                let why = render(d).to_string();
+                let tuned = crate::tune::ignored(path, &first_line(&why));
+                let (binding, _) = self.bind(kernel, given, shapes, None)?;
+                let verified = kernel.specialize(&binding.values).map_err(render)?;
+                Ok(Specialized { kernel: verified, binding, tuned })
+            }
+            (Err(d), None) => Err(render(d)),
+        }
     }
 
     /// The values [`Runtime::specialize`] gives `kernel`'s parameters, without specializing (for a
@@ -76,7 +95,15 @@ impl Runtime {
             Some(b) => self.tuned(kernel, given, shapes, b)?,
             None => crate::tune::Tuned::default(),
         };
-        Ok((kernel.bind(given, &tuned.values, shapes)?, tuned))
+        match (kernel.bind(given, &tuned.values, shapes), &tuned.record) {
+            (Ok(binding), _) => Ok((binding, tuned)),
+            // Values from a record that do not bind: the record is ignored, with a warning.
+            (Err(e), Some(path)) => {
+                let tuned = crate::tune::ignored(path, &first_line(&e.to_string()));
+                Ok((kernel.bind(given, &BTreeMap::new(), shapes)?, tuned))
+            }
+            (Err(e), None) => Err(e.into()),
+        }
     }
 
     /// What `tessel tune`'s record gives the generic `kernel` on `backend` for a launch on
@@ -90,6 +117,15 @@ impl Runtime {
         backend: &str,
     ) -> Result<crate::tune::Tuned> {
         Ok(crate::tune::tuned(kernel, given, shapes, self.backend(backend)?))
+    }
+
+    /// The backend called `name` if it can run here: an unknown name is refused as by
+    /// [`Runtime::backend`], an unavailable backend with its reason. Lowering needs no device
+    /// and does not ask this; every launch does.
+    pub fn available(&self, name: &str) -> Result<&Loaded> {
+        let b = self.backend(name)?;
+        ensure_available(b)?;
+        Ok(b)
     }
 
     /// The backend called `name`, or an error listing those that exist.
@@ -111,10 +147,17 @@ impl Runtime {
                     })
                     .collect::<Vec<_>>()
                     .join(", ");
+            // A plugin that would have provided it may be among those that did not load.
+            let failed: String = self
+                .registry
+                .failed
+                .iter()
+                .map(|f| format!("\n  not loaded: {}", f.error.to_string().lines().next().unwrap_or_default()))
+                .collect();
             Error::UnknownBackend {
                 name: name.to_string(),
                 suggestion: close.map(|n| format!("; did you mean `{n}`?")).unwrap_or_default(),
-                available,
+                available: available + &failed,
             }
         })
     }
@@ -199,9 +242,9 @@ impl DeviceArray {
 }
 
 impl Runtime {
-    /// A zeroed array of `ty` in `backend`'s memory.
+    /// A zeroed array of `ty` in `backend`'s memory (an unavailable backend is refused).
     pub fn alloc(&self, backend: &str, ty: &Type) -> Result<DeviceArray> {
-        let b = self.backend(backend)?;
+        let b = self.available(backend)?;
         let shape: Vec<u64> = ty.shape.iter().map(|&d| d as u64).collect();
         let id = b
             .backend
@@ -239,6 +282,28 @@ impl Runtime {
             let _ = b.backend.free(array.id);
         }
     }
+}
+
+/// The first line of a message (the fact; the lines after say what would work).
+fn first_line(message: &str) -> String {
+    message.lines().next().unwrap_or_default().trim_start_matches("error: ").to_string()
+}
+
+/// `Ok` if `b` says it is available, else a [`ErrorKind::Unavailable`] error with its reason:
+/// `backend NAME is unavailable: REASON`.
+pub(crate) fn ensure_available(b: &Loaded) -> Result<()> {
+    let a = b.backend.availability();
+    if a.available {
+        return Ok(());
+    }
+    Err(Error::Backend {
+        backend: b.name.clone(),
+        kind: ErrorKind::Unavailable,
+        message: format!(
+            "backend {} is unavailable: {}\n  choose one that is available (`tessel backends` lists them), or `--backend auto`",
+            b.name, a.reason
+        ),
+    })
 }
 
 pub(crate) fn backend_error(b: &Loaded, e: BackendError) -> Error {

@@ -4,8 +4,10 @@
 //! A record is keyed by the kernel's canonical generic text, the values of its parameters that
 //! have no candidates (the shapes), and the backend with its build and target: a record made for
 //! other shapes, another adapter or an older build is simply not found. Records are JSON, written
-//! to a temporary file and renamed into place; one that does not read back is ignored with a
-//! warning, and the next `tune` writes it again.
+//! whole (`crate::staged`); one that does not read back, is over [`crate::limits::TUNING_RECORD`],
+//! chooses a value outside the kernel's candidates, or gives values the kernel cannot be
+//! specialized with, is ignored with a warning naming its file, and the next `tune` writes it
+//! again.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -88,11 +90,16 @@ pub fn tuned(kernel: &Generic, given: &BTreeMap<String, i64>, shapes: &BTreeMap<
             record: Some(path),
             warning: None,
         },
-        Lookup::Corrupt(path, why) => Tuned {
-            warning: Some(format!("tuning record {} ignored ({why}); `tessel tune` writes it again", path.display())),
-            ..Tuned::default()
-        },
+        Lookup::Corrupt(path, why) => ignored(&path, &why),
         Lookup::Missing => Tuned::default(),
+    }
+}
+
+/// Nothing from the record at `path`, with the warning that says why it was ignored.
+pub fn ignored(path: &Path, why: &str) -> Tuned {
+    Tuned {
+        warning: Some(format!("tuning record {} ignored ({why}); `tessel tune` writes it again", path.display())),
+        ..Tuned::default()
     }
 }
 
@@ -163,13 +170,39 @@ pub fn path(kernel: &Generic, shapes: &BTreeMap<String, i64>, backend: &Loaded) 
 /// The record for `kernel` with `shapes` on `backend`.
 pub fn lookup(kernel: &Generic, shapes: &BTreeMap<String, i64>, backend: &Loaded) -> Lookup {
     let Some(path) = path(kernel, shapes, backend) else { return Lookup::Missing };
-    let Ok(text) = std::fs::read_to_string(&path) else { return Lookup::Missing };
+    let text = match crate::limits::read_to_string(&path, crate::limits::TUNING_RECORD) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Lookup::Missing,
+        Err(e) => return Lookup::Corrupt(path, e.to_string()),
+    };
     match serde_json::from_str::<Record>(&text) {
-        Ok(r) if r.format == FORMAT && r.kernel == kernel.name() && r.shapes == *shapes => Lookup::Found(r, path),
+        Ok(r) if r.format == FORMAT && r.kernel == kernel.name() && r.shapes == *shapes => match unfit(kernel, &r.chosen) {
+            Some(why) => Lookup::Corrupt(path, why),
+            None => Lookup::Found(r, path),
+        },
         Ok(r) if r.format != FORMAT => Lookup::Corrupt(path, format!("format {} (this build reads {FORMAT})", r.format)),
         Ok(_) => Lookup::Corrupt(path, "it is for another kernel or other shapes".to_string()),
         Err(e) => Lookup::Corrupt(path, e.to_string()),
     }
+}
+
+/// Why a record's chosen values cannot be `kernel`'s: a parameter it lacks or has no
+/// candidates for, or a value not among the candidates (a record edited by hand, or written for
+/// an older version of the kernel's text with the same shapes). `None` if they fit.
+fn unfit(kernel: &Generic, chosen: &BTreeMap<String, i64>) -> Option<String> {
+    chosen.iter().find_map(|(name, value)| {
+        let Some(p) = kernel.params().iter().find(|p| &p.name == name) else {
+            return Some(format!("it chooses `{name}`, which kernel `{}` does not have", kernel.name()));
+        };
+        let list = || p.candidates.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ");
+        if p.candidates.is_empty() {
+            Some(format!("it chooses `{name}`, which has no candidates to tune"))
+        } else if !p.candidates.contains(value) {
+            Some(format!("it chooses {name} = {value}, which is not one of its candidates ({})", list()))
+        } else {
+            None
+        }
+    })
 }
 
 /// A new record (format filled in).
@@ -195,9 +228,9 @@ pub fn record(
 pub fn write(path: &Path, record: &Record) -> std::io::Result<()> {
     let dir = path.parent().expect("records live in a folder");
     std::fs::create_dir_all(dir)?;
-    let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
-    serde_json::to_writer_pretty(&mut tmp, record).map_err(std::io::Error::other)?;
-    std::io::Write::write_all(&mut tmp, b"\n")?;
-    tmp.persist(path).map_err(|e| e.error)?;
-    Ok(())
+    crate::staged::write(path, |w| {
+        serde_json::to_writer_pretty(&mut *w, record).map_err(std::io::Error::other)?;
+        w.write_all(b"\n")
+    })
+    .map_err(|f| f.source)
 }

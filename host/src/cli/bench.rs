@@ -80,6 +80,7 @@ pub(super) fn bench(
     err: &mut dyn Write,
 ) -> Result<()> {
     let p = prepare(rt, flags, LOWER_DEFAULT, &BTreeMap::new())?;
+    rt.available(&p.backend)?;
     p.warn(err);
     if !json {
         explain(&p, flags, out);

@@ -16,7 +16,7 @@ pub(super) fn conformance(rt: &Runtime, backend: &str, out: &mut dyn Write) -> R
 }
 
 pub(super) fn check(file: &Path, params: &[String], out: &mut dyn Write) -> Result<()> {
-    let text = std::fs::read_to_string(file).map_err(|source| Error::Read { path: file.to_path_buf(), source })?;
+    let text = crate::read_kernel_text(file)?;
     let checked = crate::check_source(&file.display().to_string(), &text, &parse_params(params)?)?;
     let texts: Vec<String> = checked
         .iter()

@@ -24,10 +24,10 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
-use crate::Runtime;
+use crate::{Error, Result, Runtime};
 use bench::bench;
 use check::{check, conformance};
-use prepare::LaunchFlags;
+use prepare::{LOWER_DEFAULT, LaunchFlags, RUN_DEFAULT};
 use report::backends;
 pub use report::backends_json;
 use run::{RunOptions, lower, run};
@@ -37,8 +37,9 @@ use tune::tune;
 #[derive(Debug, Parser)]
 #[command(name = "tessel", version, about, long_about = None)]
 struct Cli {
-    /// Load a backend plugin (a shared library); may be given several times. Added to the
-    /// plugins of TESSEL_PLUGIN_PATH; one named like a built-in replaces it.
+    /// Load a backend plugin: a shared library, or a folder whose every shared library is
+    /// loaded; may be given several times. Added to the plugins of TESSEL_PLUGIN_PATH; one named
+    /// like a built-in replaces it. A plugin any user may write is refused as root.
     #[arg(long = "plugin", value_name = "PATH", global = true)]
     plugins: Vec<PathBuf>,
     #[command(subcommand)]
@@ -124,48 +125,120 @@ enum Command {
     },
 }
 
+/// The exit code of a command whose standard output was closed under it (`tessel ... | head`):
+/// what a shell reports for a tool ended by SIGPIPE (128 + 13), without a message, as `cat` and
+/// other Unix tools end. Not 0: what was asked for was not all delivered.
+pub const EXIT_BROKEN_PIPE: u8 = 141;
+
 /// Runs the command line `args` (the first is the program name), printing to `out` and `err`.
-/// Returns the exit code: 0 success, 1 user error, 2 bad command line.
+/// Returns the exit code: 0 success, 1 user error (a failed write to `out` included: `cannot
+/// write to standard output: ...`), 2 bad command line, [`EXIT_BROKEN_PIPE`] when `out` is a
+/// closed pipe.
 pub fn main<I, T>(args: I, out: &mut dyn Write, err: &mut dyn Write) -> u8
 where
     I: IntoIterator<Item = T>,
     T: Into<OsString> + Clone,
 {
-    let cli = match Cli::try_parse_from(args) {
-        Ok(cli) => cli,
+    let mut checked = Checked { inner: out, error: None };
+    let result = match Cli::try_parse_from(args) {
+        Ok(cli) => command(cli, &mut checked, err),
         Err(e) => {
             let text = e.render().to_string();
-            return if e.use_stderr() {
+            if e.use_stderr() {
                 let _ = write!(err, "{text}");
-                2
-            } else {
-                let _ = write!(out, "{text}");
-                0
-            };
+                return 2;
+            }
+            write!(checked, "{text}").map_err(Error::Stdout)
         }
     };
-    let result = match cli.command {
-        Command::Check { file, params } => check(&file, &params, out),
-        Command::Backends { json } => Runtime::new(&cli.plugins).and_then(|rt| backends(&rt, json, out)),
-        Command::Bench { launch, runs, seed, json } => {
-            Runtime::new(&cli.plugins).and_then(|rt| bench(&rt, &launch, runs, seed, json, out, err))
-        }
-        Command::Conformance { backend } => Runtime::new(&cli.plugins).and_then(|rt| conformance(&rt, &backend, out)),
-        Command::Lower { launch } => Runtime::new(&cli.plugins).and_then(|rt| lower(&rt, &launch, out, err)),
-        Command::Run { launch, inputs, seed, out_dir, check } => {
-            let opts = RunOptions { inputs, seed, out_dir, check };
-            Runtime::new(&cli.plugins).and_then(|rt| run(&rt, &launch, &opts, out, err))
-        }
-        Command::Tune { launch, inputs, runs, seed } => {
-            Runtime::new(&cli.plugins).and_then(|rt| tune(&rt, &launch, &inputs, runs, seed, out))
-        }
+    // The first failed write to standard output, wherever it happened, fails the command.
+    let result = result.and_then(|()| checked.flush().map_err(Error::Stdout));
+    let result = match (result, checked.error.take()) {
+        (Err(Error::Stdout(_)), Some(first)) => Err(Error::Stdout(first)),
+        (result, _) => result,
     };
     match result {
         Ok(()) => 0,
+        Err(Error::Stdout(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => EXIT_BROKEN_PIPE,
         Err(e) => {
             let text = e.to_string();
             let _ = if text.contains(": error:") { write!(err, "{text}") } else { writeln!(err, "error: {text}") };
             1
         }
+    }
+}
+
+/// Runs one parsed command.
+fn command(cli: Cli, out: &mut dyn Write, err: &mut dyn Write) -> Result<()> {
+    // Plugins of TESSEL_PLUGIN_PATH are loaded only where they may be needed: for a backend named
+    // (until it is found), not at all when it is a built-in; all of them for `backends` and `auto`.
+    let runtime = |named: Option<&str>, err: &mut dyn Write| -> Result<Runtime> {
+        let rt = Runtime::for_backend(&cli.plugins, named.filter(|n| *n != "auto"))?;
+        for w in &rt.registry().warnings {
+            let _ = writeln!(err, "warning: {w}");
+        }
+        Ok(rt)
+    };
+    let named = |launch: &LaunchFlags, default: &'static str| launch.backend.clone().unwrap_or_else(|| default.to_string());
+    match &cli.command {
+        Command::Check { file, params } => check(file, params, out),
+        Command::Backends { json } => backends(&runtime(None, err)?, *json, out),
+        Command::Bench { launch, runs, seed, json } => {
+            let rt = runtime(Some(&named(launch, LOWER_DEFAULT)), err)?;
+            bench(&rt, launch, *runs, *seed, *json, out, err)
+        }
+        Command::Conformance { backend } => conformance(&runtime(Some(backend), err)?, backend, out),
+        Command::Lower { launch } => lower(&runtime(Some(&named(launch, LOWER_DEFAULT)), err)?, launch, out, err),
+        Command::Run { launch, inputs, seed, out_dir, check } => {
+            let opts = RunOptions { inputs: inputs.clone(), seed: *seed, out_dir: out_dir.clone(), check: *check };
+            run(&runtime(Some(&named(launch, RUN_DEFAULT)), err)?, launch, &opts, out, err)
+        }
+        Command::Tune { launch, inputs, runs, seed } => {
+            tune(&runtime(launch.backend.as_deref(), err)?, launch, inputs, *runs, *seed, out)
+        }
+    }
+}
+
+/// Standard output for the commands: the first write error is kept, and every later write and
+/// flush fails with it, so that nothing more is attempted and [`main`] reports it.
+struct Checked<'w> {
+    inner: &'w mut dyn Write,
+    error: Option<std::io::Error>,
+}
+
+/// A copy of an I/O error (they are not `Clone`): the same OS error, or the same kind and words.
+fn copy(e: &std::io::Error) -> std::io::Error {
+    match e.raw_os_error() {
+        Some(code) => std::io::Error::from_raw_os_error(code),
+        None => std::io::Error::new(e.kind(), e.to_string()),
+    }
+}
+
+impl Checked<'_> {
+    fn keep<T>(&mut self, r: std::io::Result<T>) -> std::io::Result<T> {
+        if let Err(e) = &r
+            && e.kind() != std::io::ErrorKind::Interrupted
+        {
+            self.error.get_or_insert(copy(e));
+        }
+        r
+    }
+}
+
+impl Write for Checked<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if let Some(e) = &self.error {
+            return Err(copy(e));
+        }
+        let r = self.inner.write(buf);
+        self.keep(r)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        if let Some(e) = &self.error {
+            return Err(copy(e));
+        }
+        let r = self.inner.flush();
+        self.keep(r)
     }
 }

@@ -183,7 +183,7 @@ pub(super) fn prepare_with(
             why: format!("`{n}` is not a non-negative integer"),
             expected: "AXIS=N with N a positive integer, as in `--grid i=8`",
         })?;
-        grid.insert(axis.to_string(), n);
+        once("--grid", g, grid.insert(axis.to_string(), n).map(|old| format!("{axis}={old}")))?;
     }
     let mut p = Prepared {
         backend,
@@ -262,7 +262,11 @@ fn specialize(
         if let (Some(path), Some(b)) = (&s.tuned.record, backend) {
             bound.lines.push(format!("tuning record for `{}` on {b}: {}", g.name(), path.display()));
         }
-        bound.warnings.extend(s.tuned.warning);
+        if let Some(w) = s.tuned.warning {
+            // `--explain` says so too, beside the values the kernel got instead.
+            bound.lines.push(w.clone());
+            bound.warnings.push(w);
+        }
         if g.is_generic() {
             bound.lines.push(format!("params of `{}`: {}", g.name(), s.binding.explain(g)));
         }
@@ -298,9 +302,23 @@ pub(super) fn parse_params(flags: &[String]) -> Result<BTreeMap<String, i64>> {
             why: format!("`{v}` is not an integer"),
             expected: EXPECTED,
         })?;
-        out.insert(name.to_string(), v);
+        once("--param", f, out.insert(name.to_string(), v).map(|old| format!("{name}={old}")))?;
     }
     Ok(out)
+}
+
+/// An error if a flag gave its name a value before (`earlier`, as `NAME=VALUE`): a name is given
+/// once, never silently the last of several.
+fn once(flag: &'static str, value: &str, earlier: Option<String>) -> Result<()> {
+    match earlier {
+        None => Ok(()),
+        Some(earlier) => Err(Error::BadFlag {
+            flag,
+            value: value.to_string(),
+            why: format!("`{}` is given twice (`{flag} {earlier}` before)", earlier.split('=').next().unwrap_or_default()),
+            expected: "each name once",
+        }),
+    }
 }
 
 /// The `--input NAME=FILE.npy` arrays.
@@ -312,6 +330,11 @@ pub(super) fn read_inputs(flags: &[String]) -> Result<BTreeMap<String, HostArray
     // The files' bytes must fit before any is read.
     let bytes = files.iter().map(|(_, p)| std::fs::metadata(p).map_or(0, |m| m.len())).fold(0u64, u64::saturating_add);
     crate::memory::check(|| format!("reading {}", flags.join(" ")), crate::memory::Need { inputs: bytes, ..Default::default() })?;
+    for (i, (name, _)) in files.iter().enumerate() {
+        if let Some((_, first)) = files[..i].iter().find(|(n, _)| n == name) {
+            once("--input", &flags[i], Some(format!("{name}={}", first.display())))?;
+        }
+    }
     let mut inputs = BTreeMap::new();
     for (name, path) in files {
         let array =

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use tessel_plugin_api::array::agreement;
@@ -48,6 +48,8 @@ pub(super) fn run(rt: &Runtime, flags: &LaunchFlags, opts: &RunOptions, out: &mu
     lap("read the inputs");
     let p = prepare(rt, flags, RUN_DEFAULT, &given)?;
     lap("parsed, verified and chose the backend");
+    // A backend named but unavailable is refused before inputs are made for it.
+    rt.available(&p.backend)?;
     if p.backend == tessel_interpret::NAME {
         tessel_interpret::warm_up(&p.kernels);
     }
@@ -83,11 +85,11 @@ pub(super) fn run(rt: &Runtime, flags: &LaunchFlags, opts: &RunOptions, out: &mu
         lap("ran the interpreter for --check");
     }
     let dir = opts.out_dir.clone().unwrap_or_else(|| PathBuf::from("tessel-out").join(names.join("+")));
-    std::fs::create_dir_all(&dir).map_err(|source| Error::Write { path: dir.clone(), source })?;
+    // Standard output that cannot be written fails the command: before the outputs, not after.
+    out.flush().map_err(Error::Stdout)?;
+    write_outputs(&dir, &outputs)?;
     for (name, array) in &outputs {
-        let path = dir.join(format!("{name}.npy"));
-        crate::npy::write(&path, array).map_err(|source| Error::Write { path: path.clone(), source })?;
-        let _ = writeln!(out, "  {name}: {} -> {}", array.ty(), path.display());
+        let _ = writeln!(out, "  {name}: {} -> {}", array.ty(), dir.join(format!("{name}.npy")).display());
     }
     lap("wrote the outputs");
     if let Some((lines, failed)) = report {
@@ -99,6 +101,27 @@ pub(super) fn run(rt: &Runtime, flags: &LaunchFlags, opts: &RunOptions, out: &mu
         }
     }
     Ok(())
+}
+
+/// Writes every output as `DIR/NAME.npy`, all or none ([`crate::staged::Batch`]): on a failure
+/// no output is new, none is changed, no temporary is left, and a folder made for them is
+/// removed again.
+fn write_outputs(dir: &Path, outputs: &[(String, HostArray)]) -> Result<()> {
+    let made = !dir.exists();
+    std::fs::create_dir_all(dir).map_err(|source| Error::Write { path: dir.to_path_buf(), source })?;
+    let written = (|| {
+        let mut batch = crate::staged::Batch::new();
+        for (name, array) in outputs {
+            batch.add(&dir.join(format!("{name}.npy")), |w| crate::npy::write_to(w, array))?;
+        }
+        batch.commit()
+    })();
+    written.map_err(|f| {
+        if made {
+            let _ = std::fs::remove_dir(dir);
+        }
+        Error::Write { path: f.path, source: f.source }
+    })
 }
 
 /// A report line per output and the outputs beyond their dtype's tolerance.

@@ -23,7 +23,7 @@ pub(super) fn tune(
             "tessel tune needs --backend NAME: a tuning record is for one backend\n  name one of `tessel backends`".to_string(),
         ));
     };
-    let loaded = rt.backend(backend)?;
+    let loaded = rt.available(backend)?;
     let file = crate::read_kernels(&flags.file)?;
     let generics = pick_kernels(&flags.file, file.kernels(), &flags.kernels)?;
     let [kernel] = generics.as_slice() else {
@@ -95,6 +95,8 @@ pub(super) fn tune(
             };
         });
         bar.inc(1);
+        // Standard output that cannot be written ends the tuning here, not after every candidate.
+        out.flush().map_err(Error::Stdout)?;
         trials.push(crate::tune::Trial { values: combo.clone(), kernel_ms, verdict });
     }
     bar.finish_and_clear();
