@@ -40,8 +40,9 @@ pub(crate) fn lend<'py>(py: Python<'py>, kernel: &str, arg: &ArgDecl, obj: &Boun
     let mut arr = np.call_method("asarray", (obj,), Some(&kwargs))?;
     // The launch reads little-endian elements: an array of the other byte order (`>f4`), whose
     // dtype has the same name, is converted once (a copy), never read as if it were native.
-    let little = arr.getattr("dtype")?.call_method1("newbyteorder", ("<",))?;
-    if !arr.getattr("dtype")?.eq(&little)? {
+    let order: String = arr.getattr("dtype")?.getattr("byteorder")?.extract()?;
+    if order == ">" || (order == "=" && cfg!(target_endian = "big")) {
+        let little = arr.getattr("dtype")?.call_method1("newbyteorder", ("<",))?;
         arr = arr.call_method1("astype", (little,))?;
     }
     let dtype: String = arr.getattr("dtype")?.getattr("name")?.extract()?;
