@@ -88,7 +88,7 @@ pub enum Error {
     },
     /// A launch whose arrays do not fit in memory, found before any is made.
     #[error(
-        "{what} needs {} of memory ({}), more than the {} this machine has available\n  use smaller arrays (or parameters), or a machine with more memory",
+        "{what} needs {} of memory ({}), more than the {} this process has available\n  use smaller arrays (or parameters), a higher memory limit (`ulimit -v`, the cgroup's), or a machine with more memory",
         memory::show(need.total()),
         parts(need),
         memory::show(*available)

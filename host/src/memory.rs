@@ -44,16 +44,55 @@ impl Need {
 }
 
 /// Memory this process can still take: `MemAvailable` of `/proc/meminfo`, lowered to what a
-/// cgroup (v2) limit leaves. `None` where neither can be read (not Linux): no check is made.
+/// cgroup (v2) limit leaves and to what the address-space limit (`RLIMIT_AS`, `ulimit -v`)
+/// leaves above the process's virtual size. `None` where none of them can be read (not Linux):
+/// no check is made.
 pub fn available() -> Option<u64> {
-    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let kib = meminfo.lines().find_map(|l| l.strip_prefix("MemAvailable:"))?.trim().trim_end_matches("kB").trim();
-    let mut bytes = kib.parse::<u64>().ok()?.saturating_mul(1024);
+    let meminfo = || -> Option<u64> {
+        let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+        let kib = meminfo.lines().find_map(|l| l.strip_prefix("MemAvailable:"))?.trim().trim_end_matches("kB").trim();
+        kib.parse::<u64>().ok().map(|k| k.saturating_mul(1024))
+    };
     let cgroup = |f: &str| std::fs::read_to_string(format!("/sys/fs/cgroup/{f}")).ok()?.trim().parse::<u64>().ok();
-    if let (Some(max), Some(current)) = (cgroup("memory.max"), cgroup("memory.current")) {
-        bytes = bytes.min(max.saturating_sub(current));
+    let cgroup_left = match (cgroup("memory.max"), cgroup("memory.current")) {
+        (Some(max), Some(current)) => Some(max.saturating_sub(current)),
+        _ => None,
+    };
+    [meminfo(), cgroup_left, address_space_left()].into_iter().flatten().min()
+}
+
+/// What `RLIMIT_AS` (the soft limit) leaves above the process's virtual size (`VmSize` of
+/// `/proc/self/status`); `None` without a limit, or where either cannot be read. A launch's
+/// arrays are new mappings, each adding at least its size to the virtual size: past the limit,
+/// an allocation fails and the process aborts.
+pub fn address_space_left() -> Option<u64> {
+    let limit = limits::address_space()?;
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kib = status.lines().find_map(|l| l.strip_prefix("VmSize:"))?.trim().trim_end_matches("kB").trim();
+    let size = kib.parse::<u64>().ok()?.saturating_mul(1024);
+    Some(limit.saturating_sub(size))
+}
+
+#[cfg(unix)]
+mod limits {
+    #![allow(unsafe_code, reason = "getrlimit")]
+
+    /// The soft `RLIMIT_AS` in bytes, or `None` where it is unlimited or cannot be read.
+    #[allow(clippy::unnecessary_cast, reason = "`rlim_t` is `u64` on Linux, not on every unix")]
+    pub fn address_space() -> Option<u64> {
+        let mut l = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        // SAFETY: getrlimit writes the limit into the struct it is given, which lives across the call.
+        let ok = unsafe { libc::getrlimit(libc::RLIMIT_AS, &mut l) } == 0;
+        (ok && l.rlim_cur != libc::RLIM_INFINITY).then_some(l.rlim_cur as u64)
     }
-    Some(bytes)
+}
+
+#[cfg(not(unix))]
+mod limits {
+    /// No address-space limit is read here.
+    pub fn address_space() -> Option<u64> {
+        None
+    }
 }
 
 /// `bytes` for people: `1.5 GB`, `12.0 MB`, `512 bytes`.

@@ -99,6 +99,12 @@ pub enum LaunchError {
         /// The size given.
         size: u64,
     },
+    /// The launch was cancelled ([`crate::cancel`]) before every program ran.
+    #[error("the launch of kernel `{kernel}` was cancelled before it finished\n  its outputs are incomplete; launch it again")]
+    Cancelled {
+        /// Kernel name.
+        kernel: String,
+    },
 }
 
 /// One grid axis with its launch size.

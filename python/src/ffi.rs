@@ -444,6 +444,9 @@ fn prepare(rt: &Runtime, text: &str, backend: &str, mesh: &str, externals: &str)
     let none = std::collections::BTreeMap::new();
     let binding = generic.bind(&none, &none, &Default::default())?;
     let kernel = file.specialize(generic, &binding)?;
+    // XLA makes the call's results before the handler runs: outputs that cannot fit are refused
+    // here, when the call is lowered, before any backend is asked.
+    crate::arrays::outputs_fit(&kernel)?;
     let maker = if backend == "auto" { "" } else { backend };
     let mesh = (!mesh.is_empty()).then(|| rt.mesh(maker, mesh)).transpose()?;
     let externals: Vec<MeshBox> =

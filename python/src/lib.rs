@@ -10,21 +10,27 @@
 #[global_allocator]
 static ALLOCATOR: tessel::alloc::Allocator = tessel::alloc::Allocator;
 
+mod arrays;
 mod ffi;
+mod interrupt;
 
 use std::collections::{BTreeMap, HashMap};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, RwLock};
 
-use numpy::{PyArray1, PyArrayMethods};
+use numpy::PyArrayMethods;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 use tessel::{BytesMut, BytesRef, Error, InPlace, KernelFile, KernelLaunch, Report, Runtime};
 use tessel_plugin_api::abi::{ErrorKind, MeshBox};
 use tessel_plugin_api::ir::generic::Generic;
 use tessel_plugin_api::ir::size::SizeExpr;
-use tessel_plugin_api::ir::{ArgDecl, DType, ParamKind, Type, Verified};
+use tessel_plugin_api::ir::{ArgDecl, ParamKind, Type, Verified};
+use tessel_plugin_api::launch::MAX_AXIS_SIZE;
+
+use arrays::{Lent, fresh_outputs, lend, numpy_name, outputs_fit};
+use interrupt::interruptible;
 
 /// The runtime every call shares, and the plugins `load_plugin` added (a new plugin makes a new
 /// runtime with all of them; launches in flight keep the one they started with).
@@ -122,89 +128,14 @@ fn raise(py: Python<'_>, f: Failure) -> PyErr {
 fn detached<T: Send>(py: Python<'_>, f: impl FnOnce() -> Result<T, Failure> + Send) -> PyResult<T> {
     py.detach(|| match catch_unwind(AssertUnwindSafe(f)) {
         Ok(r) => r,
-        Err(p) => Err(Failure::Panic(
-            p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default(),
-        )),
+        Err(p) => Err(Failure::Panic(panic_message(&*p))),
     })
     .map_err(|f| raise(py, f))
 }
 
-/// numpy's name for a dtype.
-fn numpy_name(d: DType) -> &'static str {
-    match d {
-        DType::F32 => "float32",
-        DType::F16 => "float16",
-        DType::BF16 => "bfloat16",
-        DType::I32 => "int32",
-        DType::U32 => "uint32",
-        DType::Bool => "bool",
-    }
-}
-
-/// An input as numpy holds it: C-contiguous, of the declared dtype, and a byte view of its
-/// elements that the launch reads in place.
-struct Lent<'py> {
-    shape: Vec<usize>,
-    dtype: DType,
-    bytes: Bound<'py, PyArray1<u8>>,
-}
-
-/// A numpy array (or anything `np.asarray` takes) as input `arg`: exactly the declared dtype (a
-/// `bf16` input also takes a `uint16` array of its bits), C-contiguous (an array that is not is
-/// copied once, by numpy). Its shape is checked once the kernel is specialized for it.
-fn lend<'py>(py: Python<'py>, kernel: &str, arg: &ArgDecl, obj: &Bound<'py, PyAny>) -> PyResult<Lent<'py>> {
-    let np = py.import("numpy")?;
-    let kwargs = PyDict::new(py);
-    kwargs.set_item("order", "C")?;
-    let arr = np.call_method("asarray", (obj,), Some(&kwargs))?;
-    let dtype: String = arr.getattr("dtype")?.getattr("name")?.extract()?;
-    let shape: Vec<usize> = arr.getattr("shape")?.extract()?;
-    let expected = numpy_name(arg.dtype);
-    if !(dtype == expected || (arg.dtype == DType::BF16 && dtype == "uint16")) {
-        let dims: Vec<String> = shape.iter().map(usize::to_string).collect();
-        let hint = if arg.dtype == DType::BF16 {
-            "an ml_dtypes.bfloat16 array (or a uint16 array of its bits)".to_string()
-        } else {
-            format!("np.asarray({}, dtype=np.{expected})", arg.name)
-        };
-        return Err(raise(
-            py,
-            Failure::Input(format!(
-                "input `{}` of kernel `{kernel}` is {dtype}[{}], but the kernel declares {arg}\n  give an array of {}: {hint}",
-                arg.name,
-                dims.join(", "),
-                arg.dtype.name()
-            )),
-        ));
-    }
-    // A view, not a copy: the array is C-contiguous.
-    let bytes = arr.call_method1("reshape", (-1,))?.call_method1("view", ("uint8",))?.cast_into::<PyArray1<u8>>()?;
-    Ok(Lent { shape, dtype: arg.dtype, bytes })
-}
-
-/// An output: its name and type, the fresh numpy array it is returned as, and that array's bytes.
-type Fresh<'py> = (String, Type, Bound<'py, PyAny>, Bound<'py, PyArray1<u8>>);
-
-/// Fresh numpy arrays for the outputs of `kernel` (`bf16` as `ml_dtypes.bfloat16` where that
-/// package is installed, else as `uint16` bits), each with a byte view the launch writes into.
-fn fresh_outputs<'py>(py: Python<'py>, kernel: &Verified) -> PyResult<Vec<Fresh<'py>>> {
-    let np = py.import("numpy")?;
-    let mut out = Vec::new();
-    for p in kernel.kernel().params_of(ParamKind::Out) {
-        let storage = if p.ty.dtype == DType::BF16 { "uint16" } else { numpy_name(p.ty.dtype) };
-        let arr = np.call_method1("empty", (PyTuple::new(py, &p.ty.shape)?, storage))?;
-        let bytes = arr.call_method1("reshape", (-1,))?.call_method1("view", ("uint8",))?.cast_into::<PyArray1<u8>>()?;
-        // Imported only for a bf16 output: its first import takes a second or more.
-        let arr = match p.ty.dtype {
-            DType::BF16 => match py.import("ml_dtypes") {
-                Ok(m) => arr.call_method1("view", (m.getattr("bfloat16")?,))?,
-                Err(_) => arr,
-            },
-            _ => arr,
-        };
-        out.push((p.name.clone(), p.ty.clone(), arr, bytes));
-    }
-    Ok(out)
+/// The text of a caught panic.
+fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default()
 }
 
 /// A kernel: load one with `tessel.load(path)` or `tessel.compile(text)`, call it with numpy
@@ -350,6 +281,37 @@ impl Kernel {
         Ok(d)
     }
 
+    /// The sizes of `dyn` grid axes given as `grid={"n": 16}`: each a Python int from 1 to
+    /// [`MAX_AXIS_SIZE`] (a `program_id` is an `i32`); anything else is refused naming the axis.
+    fn grid_sizes<'py>(&self, py: Python<'py>, grid: Option<Bound<'py, PyDict>>) -> PyResult<BTreeMap<String, u64>> {
+        let Some(grid) = grid else { return Ok(BTreeMap::new()) };
+        let kernel = self.generic().name();
+        let mut sizes = BTreeMap::new();
+        for (axis, size) in grid.iter() {
+            let Ok(axis) = axis.extract::<String>() else {
+                let m = format!(
+                    "grid={{...}} of kernel `{kernel}` has the key {}, not an axis name\n  name each `dyn` axis by a string: grid={{\"n\": 16}}",
+                    axis.repr()?
+                );
+                return Err(raise(py, Failure::Input(m)));
+            };
+            let is_int = size.is_instance_of::<pyo3::types::PyInt>() && !size.is_instance_of::<pyo3::types::PyBool>();
+            match size.extract::<i64>() {
+                Ok(n) if is_int && (1..=MAX_AXIS_SIZE as i64).contains(&n) => {
+                    sizes.insert(axis, n as u64);
+                }
+                _ => {
+                    let m = format!(
+                        "grid axis `{axis}` of kernel `{kernel}` cannot have size {}\n  expected an int from 1 to {MAX_AXIS_SIZE}",
+                        size.repr()?
+                    );
+                    return Err(raise(py, Failure::Input(m)));
+                }
+            }
+        }
+        Ok(sizes)
+    }
+
     /// Every `in` argument, lent, refusing missing and unknown names first.
     fn lend_inputs<'py>(&self, py: Python<'py>, arrays: Option<&Bound<'py, PyDict>>) -> PyResult<BTreeMap<String, Lent<'py>>> {
         let name = self.generic().name();
@@ -395,6 +357,9 @@ impl Kernel {
     ) -> PyResult<(Report, Bound<'py, PyDict>, BTreeMap<String, i64>)> {
         let shapes: BTreeMap<String, Vec<usize>> = inputs.iter().map(|(n, a)| (n.clone(), a.shape.clone())).collect();
         let (kernel, values) = detached(py, || self.specialize(&how.params, &shapes, how.backend))?;
+        // Refused before numpy allocates them (as `tessel run` refuses): outputs past the memory
+        // left would be faulted in by the launch until the kernel's OOM killer ends the process.
+        outputs_fit(&kernel).map_err(|e| raise(py, e.into()))?;
         let outputs = fresh_outputs(py, &kernel)?;
         let readers: Vec<(String, Type, numpy::PyReadonlyArray1<'py, u8>)> = inputs
             .into_iter()
@@ -410,7 +375,7 @@ impl Kernel {
         for (n, ty, w) in &mut writers {
             args.outputs.insert(n.clone(), BytesMut { ty: ty.clone(), bytes: w.as_slice_mut()? });
         }
-        let report = detached(py, || {
+        let report = interruptible(py, || {
             let rt = runtime()?;
             let (mesh, externals) = how.meshes(&rt)?;
             let calls = [KernelLaunch { kernel: &kernel, mesh: mesh.as_ref() }];
@@ -456,16 +421,10 @@ impl<'a> Launch<'a> {
         backend: &'a str,
         mesh: Option<String>,
         external_meshes: Option<Vec<String>>,
-        grid: Option<BTreeMap<String, u64>>,
+        grid: BTreeMap<String, u64>,
         params: Option<BTreeMap<String, i64>>,
     ) -> Launch<'a> {
-        Launch {
-            backend,
-            mesh,
-            external_meshes: external_meshes.unwrap_or_default(),
-            grid: grid.unwrap_or_default(),
-            params: params.unwrap_or_default(),
-        }
+        Launch { backend, mesh, external_meshes: external_meshes.unwrap_or_default(), grid, params: params.unwrap_or_default() }
     }
 
     /// The kernel's mesh and the external meshes, made by the backend named (with "auto", by
@@ -521,7 +480,7 @@ impl Kernel {
     #[pyo3(signature = (*, backend = "auto", **arrays))]
     fn __call__<'py>(&self, py: Python<'py>, backend: &str, arrays: Option<&Bound<'py, PyDict>>) -> PyResult<Bound<'py, PyDict>> {
         let inputs = self.lend_inputs(py, arrays)?;
-        let how = Launch::new(backend, None, None, None, None);
+        let how = Launch::new(backend, None, None, BTreeMap::new(), None);
         Ok(self.launch(py, how, inputs)?.1)
     }
 
@@ -536,11 +495,12 @@ impl Kernel {
         backend: &str,
         mesh: Option<String>,
         external_meshes: Option<Vec<String>>,
-        grid: Option<BTreeMap<String, u64>>,
+        grid: Option<Bound<'py, PyDict>>,
         params: Option<BTreeMap<String, i64>>,
         explain: bool,
         arrays: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<RunResult> {
+        let grid = self.grid_sizes(py, grid)?;
         let inputs = self.lend_inputs(py, arrays)?;
         let how = Launch::new(backend, mesh, external_meshes, grid, params);
         let (report, outputs, params) = self.launch(py, how, inputs)?;
@@ -563,15 +523,16 @@ impl Kernel {
     /// under a `// ---- NAME (BACKEND) ----` line, as `tessel lower` prints them. A generic
     /// kernel takes `params` and its defaults.
     #[pyo3(signature = (backend = "interpret", *, mesh = None, external_meshes = None, grid = None, params = None))]
-    fn lower(
+    fn lower<'py>(
         &self,
-        py: Python<'_>,
+        py: Python<'py>,
         backend: &str,
         mesh: Option<String>,
         external_meshes: Option<Vec<String>>,
-        grid: Option<BTreeMap<String, u64>>,
+        grid: Option<Bound<'py, PyDict>>,
         params: Option<BTreeMap<String, i64>>,
     ) -> PyResult<String> {
+        let grid = self.grid_sizes(py, grid)?;
         let how = Launch::new(backend, mesh, external_meshes, grid, params);
         detached(py, move || {
             let kernel = self.specialize(&how.params, &BTreeMap::new(), how.backend)?;
@@ -736,8 +697,9 @@ fn _counts(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
 }
 
 /// Prepares the launch a `tessel_call` of these attributes makes (at lowering time, so that a
-/// refusal is a Python exception then): parsed, verified, its backend chosen (or asked, when
-/// named) and kept for the handler. Returns the backend and why.
+/// refusal is a Python exception then): parsed, verified, its outputs checked against the memory
+/// left (`tessel::memory`), its backend chosen (or asked, when named) and kept for the handler.
+/// Returns the backend and why.
 #[pyfunction]
 #[pyo3(signature = (text, backend = "auto", mesh = "", externals = ""))]
 fn _ffi_prepare(py: Python<'_>, text: &str, backend: &str, mesh: &str, externals: &str) -> PyResult<(String, Vec<String>)> {

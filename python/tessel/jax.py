@@ -108,6 +108,13 @@ def lowering(ctx, *operands, text: str, backend: str = "auto", mesh: Optional[st
     return rule(ctx, *operands, text=text, backend=chosen, mesh=mesh or "", externals="\n".join(external_meshes))
 
 
+def _native_order(x):
+    """A numpy array of non-native byte order as a native copy; anything else as it is."""
+    if isinstance(x, np.ndarray) and not x.dtype.isnative:
+        return x.astype(x.dtype.newbyteorder("="))
+    return x
+
+
 def call(kernel, *arrays, backend: str = "auto", params: Optional[Mapping[str, int]] = None, **named):
     """Kernel `kernel` (a `tessel.Kernel`, or a `.tk` file's path) on `arrays` as a JAX
     operation: positional arrays are its inputs in declared order, named ones by name. Returns a
@@ -136,6 +143,9 @@ def call(kernel, *arrays, backend: str = "auto", params: Optional[Mapping[str, i
         if n in given:
             raise InputError(f"input `{n}` of kernel `{name}` is given twice, by position and by name\n  give it once")
         given[n] = x
+    # Arrays outside a trace are taken as JAX takes them (`float64` is `float32` where x64 is off);
+    # one of the other byte order (`>f4`), which JAX refuses, is converted to native order first.
+    given = {n: x if isinstance(x, jax.Array) else jnp.asarray(_native_order(x)) for n, x in given.items()}
     missing = [n for n in declared if n not in given]
     if missing:
         raise InputError(

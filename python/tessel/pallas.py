@@ -6,8 +6,9 @@ so unchanged Pallas kernels run on tessel inside `jax.jit`, `grad`, `vmap`, `sca
 
 Each `pallas_call` is read from its equation (a jaxpr's for `to_tk`, the lowering rule's
 parameters for `install`): its grid, the block shape and index map of every operand, and its
-body. Index maps are proved affine in the program ids by evaluating them (at the origin, at each
-unit vector, then checked at other grid points), never assumed. Grid axes that no output's index
+body. Index maps are proved affine in the program ids from their equations (sums, differences and
+constant multiples of program ids), or on a small grid by evaluating them at every point; never
+assumed, never judged from samples. Grid axes that no output's index
 map uses become `seq` (they revisit the outputs); the others are parallel. What the language
 cannot say is a `tessel.UnsupportedError` naming the primitive, the kernel and the Python source
 line it came from. docs/pallas.md lists what is supported and where tessel and Pallas's
@@ -724,10 +725,108 @@ class _Affine:
         return bool(seen.all())
 
 
+#: Grids of up to this many points are checked point by point where the index map's equations
+#: do not prove it affine (`jnp.minimum(i, 7)` on a grid of 8 is affine there).
+_EVERY_POINT = 1 << 16
+#: Equations that pass an affine value through unchanged.
+_SAME = {"copy", "copy_p", "multiple_of", "optimization_barrier"}
+
+
+@dataclass
+class _Form:
+    """A value of an index map: `c + sum_a coeffs[a] * i_a` (an affine form of the program ids),
+    or `known`, a value that does not depend on them."""
+
+    c: int = 0
+    coeffs: tuple = ()
+    known: Any = None
+
+
+class _NotAffine(Exception):
+    """An equation of an index map that is not affine in the program ids."""
+
+    def __init__(self, eqn):
+        super().__init__(eqn.primitive.name)
+        self.eqn = eqn
+
+
+def _forms(jaxpr, consts, ins: List[_Form], axes: int) -> List[_Form]:
+    """Each output of `jaxpr` as a `_Form` of its inputs' forms: sums, differences, negations and
+    constant multiples of program ids are affine; an equation whose operands are all known is
+    evaluated; any other equation that reads a program id raises `_NotAffine`."""
+    _, core, _ = _jax()
+    env: Dict[Any, _Form] = {}
+    for v, c in zip(jaxpr.constvars, consts):
+        env[v] = _Form(known=np.asarray(c))
+    for v, f in zip(jaxpr.invars, ins):
+        env[v] = f
+
+    def read(atom) -> _Form:
+        if isinstance(atom, core.Literal):
+            return _Form(known=np.asarray(atom.val))
+        return env[atom]
+
+    def scalar_int(f: _Form) -> Optional[int]:
+        """A known integer scalar's value (None for anything else)."""
+        k = f.known
+        if k is None or np.shape(k) != () or not np.issubdtype(np.asarray(k).dtype, np.integer):
+            return None
+        return int(k)
+
+    def affine(f: _Form) -> Optional[_Form]:
+        if f.known is None:
+            return f
+        v = scalar_int(f)
+        return None if v is None else _Form(v, (0,) * axes)
+
+    for eqn in jaxpr.eqns:
+        name = eqn.primitive.name
+        args = [read(a) for a in eqn.invars]
+        if name in _INLINE:
+            closed = eqn.params.get("jaxpr") or eqn.params.get("call_jaxpr")
+            inner = closed.jaxpr if hasattr(closed, "jaxpr") else closed
+            outs = _forms(inner, getattr(closed, "consts", ()), args, axes)
+        elif all(a.known is not None for a in args):
+            vals = eqn.primitive.bind(*[a.known for a in args], **eqn.params)
+            vals = vals if eqn.primitive.multiple_results else [vals]
+            outs = [_Form(known=np.asarray(v)) for v in vals]
+        else:
+            forms = [affine(a) for a in args]
+            out_aval = eqn.outvars[0].aval
+            integer = np.issubdtype(np.dtype(out_aval.dtype), np.integer) and tuple(out_aval.shape) == ()
+            if not integer or any(f is None for f in forms):
+                raise _NotAffine(eqn)
+            if name in ("add", "sub"):
+                a, b = forms
+                sign = 1 if name == "add" else -1
+                out = _Form(a.c + sign * b.c, tuple(x + sign * y for x, y in zip(a.coeffs, b.coeffs)))
+            elif name == "neg":
+                (a,) = forms
+                out = _Form(-a.c, tuple(-x for x in a.coeffs))
+            elif name == "mul" and any(not any(f.coeffs) for f in forms):
+                a, b = forms
+                k, f = (a.c, b) if not any(a.coeffs) else (b.c, a)
+                out = _Form(k * f.c, tuple(k * x for x in f.coeffs))
+            elif name in _SAME or name in ("convert_element_type", "reshape", "squeeze", "broadcast_in_dim"):
+                # A cast between integer types or a reshape of a scalar (the output is an integer
+                # scalar, checked above) keeps the value.
+                out = forms[0]
+            elif name == "integer_pow" and eqn.params.get("y") == 1:
+                out = forms[0]
+            else:
+                raise _NotAffine(eqn)
+            outs = [out]
+        for v, f in zip(eqn.outvars, outs):
+            env[v] = f
+    return [read(a) for a in jaxpr.outvars]
+
+
 def _affine(index_map, grid: Sequence[int], kernel: str, operand: str, scalars: int = 0) -> _Affine:
-    """The index map's block indices as an affine map of the grid axes, proved by evaluating the
-    index map at the origin, the unit vectors and other points. An index map may take the
-    `scalars` scalar-prefetch operands after the program ids, and must not read them."""
+    """The index map's block indices as an affine map of the grid axes, proved from its
+    equations (`_forms`), or where they do not prove it and the grid has at most `_EVERY_POINT`
+    points, by evaluating it at every point of the grid; never from samples. A program id of an
+    axis of size 1 is the constant 0. An index map may take the `scalars` scalar-prefetch
+    operands after the program ids, and must not read them."""
     jax, core, _ = _jax()
     jaxpr = index_map.jaxpr
     if len(jaxpr.invars) != len(grid) + scalars:
@@ -741,31 +840,67 @@ def _affine(index_map, grid: Sequence[int], kernel: str, operand: str, scalars: 
             None,
             "tessel's `at (...)` takes block indices affine in the program ids; read the scalars in the body (with pl.ds) instead",
         )
+    n = len(grid)
+    unit = lambda a: tuple(int(b == a) for b in range(n))  # noqa: E731
+    ids = [_Form(known=np.int32(0)) if size == 1 else _Form(0, unit(a)) for a, size in enumerate(grid)]
+    ids += [_Form(known=np.zeros(v.aval.shape, v.aval.dtype)) for v in prefetched]
+    try:
+        forms = _forms(jaxpr, index_map.consts, ids, n)
+        outs = []
+        for f in forms:
+            if f.known is not None:
+                if np.shape(f.known) != () or not np.issubdtype(np.asarray(f.known).dtype, np.integer):
+                    raise _NotAffine(None)
+                f = _Form(int(f.known), (0,) * n)
+            outs.append(f)
+        return _Affine([f.c for f in outs], [[f.coeffs[a] for f in outs] for a in range(n)])
+    except _NotAffine as e:
+        why = e
+    every = _every_point(index_map, grid, prefetched)
+    if every is not None:
+        return every
+    eqn = why.eqn
+    op = f"`{eqn.primitive.name}`" if eqn is not None else "a value that is not an integer"
+    place = _where(eqn) if eqn is not None else ""
+    at = f" (at {place})" if place else ""
+    points = math.prod(grid)
+    checked = f"; on its {points} grid points it is not affine either" if points <= _EVERY_POINT else ""
+    raise UnsupportedError(
+        f"the index map of {operand} in Pallas kernel `{kernel}` is not affine in the program ids: "
+        f"it applies {op} to them{at}{checked}",
+        None,
+        "tessel's `at (...)` takes block indices that are sums of constant multiples of the program ids and constants; "
+        "compute other offsets in the body with pl.ds",
+    )
+
+
+def _every_point(index_map, grid: Sequence[int], prefetched) -> Optional[_Affine]:
+    """The index map as an affine map of the grid axes where, evaluated at every point of a grid
+    of at most `_EVERY_POINT` points, it is one; else None."""
+    jax, core, _ = _jax()
+    points = math.prod(grid)
+    if points > _EVERY_POINT or points == 0:
+        return None
+    jaxpr = index_map.jaxpr
     dummies = [np.zeros(v.aval.shape, dtype=v.aval.dtype) for v in prefetched]
-
-    def at(point):
-        outs = core.eval_jaxpr(jaxpr, index_map.consts, *[np.int32(v) for v in point], *dummies)
-        return [int(np.asarray(o)) for o in outs]
-
-    origin = at([0] * len(grid))
+    ids = np.indices(tuple(grid)).reshape(len(grid), -1).astype(np.int32) if grid else np.zeros((0, 1), np.int32)
+    try:
+        outs = jax.vmap(lambda *p: core.eval_jaxpr(jaxpr, index_map.consts, *p, *dummies))(*ids) if grid else [
+            np.reshape(o, (1,)) for o in core.eval_jaxpr(jaxpr, index_map.consts, *dummies)
+        ]
+        got = np.stack([np.broadcast_to(np.asarray(o), (ids.shape[1],)) for o in outs]).astype(np.int64)
+    except Exception:
+        return None
+    origin = got[:, 0]
+    # The point that is one step along axis a, the others 0, has flat index prod(grid[a+1:]).
     coeffs = []
     for a, size in enumerate(grid):
-        unit = [0] * len(grid)
-        unit[a] = 1 if size > 1 else 0
-        got = at(unit)
-        coeffs.append([g - o for g, o in zip(got, origin)] if size > 1 else [0] * len(origin))
-    rng = np.random.default_rng(0)
-    points = [[s - 1 for s in grid]] + [[int(rng.integers(0, s)) for s in grid] for _ in range(8)]
-    for pt in points:
-        want = [o + sum(c[d] * pt[a] for a, c in enumerate(coeffs)) for d, o in enumerate(origin)]
-        if at(pt) != want:
-            raise UnsupportedError(
-                f"the index map of {operand} in Pallas kernel `{kernel}` is not affine in the program ids "
-                f"(at {tuple(pt)} it gives {tuple(at(pt))}, an affine map would give {tuple(want)})",
-                None,
-                "tessel's `at (...)` takes affine block indices; compute other offsets in the body with pl.ds",
-            )
-    return _Affine(origin, coeffs)
+        step = math.prod(grid[a + 1:])
+        coeffs.append(got[:, step] - origin if size > 1 else np.zeros_like(origin))
+    want = origin[:, None] + sum((np.asarray(c)[:, None] * ids[a][None, :] for a, c in enumerate(coeffs)), np.int64(0))
+    if not np.array_equal(got, want):
+        return None
+    return _Affine([int(o) for o in origin], [[int(v) for v in c] for c in coeffs])
 
 
 def _translate(eqn, name: str) -> Translated:
@@ -779,6 +914,14 @@ def _translate(eqn, name: str) -> Translated:
     if p.get("mesh") is not None:
         raise _refuse("a `pallas_call` with a mesh", name, eqn)
     grid = [int(g) for g in gm.grid]
+    if 0 in grid:
+        raise _refuse(
+            f"the grid {tuple(grid)}, which has no program,",
+            name,
+            eqn,
+            "tessel's grid axes have sizes from 1; under tp.run or tp.install a pallas_call with an empty grid runs no "
+            "program, as in Pallas, and its outputs are zeros (or the inputs they alias)",
+        )
     body = p["jaxpr"]
     # Scalar-prefetch operands come first (`PrefetchScalarGridSpec`): whole inputs the body reads.
     nscalar = getattr(gm, "num_index_operands", 0)
@@ -1026,6 +1169,8 @@ def _rule(primitive, backend: str, explain: bool):
     def lower(ctx, *operands, **params):
         if params.get("interpret"):
             return generic.rule(ctx, *operands, **params)
+        if _empty_grid(params):
+            return _no_programs(ctx, operands, params)
         eqn = _Lowered(primitive, ctx, params)
         t = _translate(eqn, _lowered_name(params))
         return tj.lowering(ctx, *operands, text=t.text, backend=backend, mesh=t.mesh,
@@ -1033,6 +1178,27 @@ def _rule(primitive, backend: str, explain: bool):
 
     lower.tessel_backend = (backend, explain)
     return lower
+
+
+def _empty_grid(params) -> bool:
+    """Whether a `pallas_call`'s grid has an axis of size 0 (so no program runs)."""
+    gm = params.get("grid_mapping")
+    return gm is not None and not getattr(gm, "num_dynamic_grid_bounds", 0) and 0 in [int(g) for g in gm.grid]
+
+
+def _no_programs(ctx, operands, params):
+    """The lowering of a `pallas_call` that runs no program (an empty grid), as Pallas runs it:
+    nothing is called; each output is the input it aliases (`input_output_aliases`), else zeros
+    (Pallas leaves it unwritten; tessel's outputs start as zeros)."""
+    import jax.numpy as jnp
+    from jax._src.interpreters import mlir
+
+    aliased = {o: i for i, o in (params.get("input_output_aliases") or ())}
+
+    def outputs(*xs):
+        return [xs[aliased[o]] if o in aliased else jnp.zeros(a.shape, a.dtype) for o, a in enumerate(ctx.avals_out)]
+
+    return mlir.lower_fun(outputs, multiple_results=True)(ctx, *operands)
 
 
 #: What `install` replaced: the CPU rules there were before the first install.
@@ -1159,6 +1325,8 @@ def _register_gpu_rule() -> None:
     def lower(ctx, *operands, compiler_params, **params):
         from . import jax as tj
 
+        if _empty_grid(params):
+            return _no_programs(ctx, operands, params)
         eqn = _Lowered(ctx.primitive, ctx, params)
         t = _translate(eqn, _lowered_name(params))
         return tj.lowering(ctx, *operands, text=t.text, backend=compiler_params.backend, mesh=t.mesh,
@@ -1168,10 +1336,20 @@ def _register_gpu_rule() -> None:
     _gpu_rule_registered = True
 
 
+def _native_order(x):
+    """A numpy array of non-native byte order (`>f4` on a little-endian machine) as a native
+    copy; anything else as it is."""
+    if isinstance(x, np.ndarray) and not x.dtype.isnative:
+        return x.astype(x.dtype.newbyteorder("="))
+    return x
+
+
 def run(fn: Callable, *args, backend: str = "auto", explain: bool = False, **kwargs):
     """`fn(*args)` in `jax.jit` with every `pallas_call` on tessel's `backend` (`installed`);
     returns `fn`'s outputs, with its structure, as numpy arrays. `explain` prints why each
-    call's backend was chosen."""
+    call's backend was chosen. Arguments are taken as `jax.jit` takes them (`float64` becomes
+    `float32` where JAX's x64 mode is off), except that a numpy array of the other byte order
+    (`>f4`), which `jax.jit` refuses, is converted to native order first."""
     import jax
 
     def traced(*a):
@@ -1179,6 +1357,7 @@ def run(fn: Callable, *args, backend: str = "auto", explain: bool = False, **kwa
 
     # tessel's rules are the CPU's: the program is lowered for the CPU whatever JAX's default
     # device is, under the lock (another thread's `run` may want other rules), and runs after.
+    args = jax.tree_util.tree_map(_native_order, args)
     cpu = jax.devices("cpu")[0]
     with _rules_lock, installed(backend, explain), jax.default_device(cpu):
         _naming.fn = (fn, itertools.count())

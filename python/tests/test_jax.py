@@ -212,6 +212,31 @@ def test_wrong_shapes_and_dtypes_fail_at_trace_time_naming_the_input():
     assert tj.stats()["calls"] == calls, "nothing ran"
 
 
+def test_arrays_outside_a_trace_are_taken_as_jax_takes_them():
+    """Outside `jit`, a float64 array is float32 to JAX (x64 off) and a `>f4` array is converted
+    to native order: `call` takes both so (it refused the first, and named the second
+    `float32[4096]` when refusing it as not `float32[4096]`)."""
+    k = tessel.load(EXAMPLES / "fused.tk")
+    x, y = f32(4096), f32(4096)
+    want = np.maximum(x.astype(np.float64) * y + np.exp(-x.astype(np.float64)), 0.0)
+    for xs, ys in ((x.astype(np.float64), y.astype(np.float64)), (x.astype(">f4"), y.astype(">f4"))):
+        out = tj.call(k, xs, ys, backend="interpret")
+        assert out.dtype == jnp.float32
+        np.testing.assert_allclose(np.asarray(out), want, rtol=1e-5, atol=1e-6)
+
+
+def test_outputs_larger_than_memory_are_refused_when_lowered():
+    """XLA makes a call's results before the handler runs: a kernel whose outputs cannot fit is
+    refused while the call is traced, with `tessel run`'s message."""
+    outs = "".join(f"  out o{n}: f32[1099511627776] block [1024] at (i)\n" for n in range(3))
+    body = "".join(f"  store o{n}, %z\n" for n in range(3))
+    k = tessel.compile(f"kernel big\n  grid (i: 1073741824)\n{outs}{{\n  %z = zeros : f32[1024]\n{body}}}\n")
+    calls = tj.stats()["calls"]
+    with pytest.raises(tessel.TesselError, match=r"the outputs of `big` needs 12288.0 GB of memory \(outputs 12288.0 GB\), more than the "):
+        jax.jit(lambda: tj.call(k, backend="interpret")).lower()
+    assert tj.stats()["calls"] == calls, "nothing ran"
+
+
 def test_an_unknown_backend_is_an_input_error_when_traced():
     k = tessel.load(EXAMPLES / "add.tk")
     with pytest.raises(tessel.InputError, match="unknown backend `no-such-backend`"):

@@ -679,3 +679,111 @@ def test_explain_shows_the_backend_choice(capfd):
     tp.run(add, x, x, explain=True)
     err = capfd.readouterr().err
     assert ": chosen" in err and "mosaic-gpu: " in err, err
+
+
+# ---- issue 38: no silent wrong result ----
+
+
+def _blocks(index_map, grid, n, interpret=False, alias=False):
+    """A copy kernel of `n`-element blocks of 8 read through `index_map` on `grid`."""
+
+    def blocks(x):
+        def body(x_ref, o_ref):
+            o_ref[...] = x_ref[...] + 1.0
+
+        spec = pl.BlockSpec((8,), index_map)
+        out = pl.BlockSpec((8,), lambda *ids: (ids[0],))
+        kw = {"input_output_aliases": {0: 0}} if alias else {}
+        return pl.pallas_call(body, out_shape=jax.ShapeDtypeStruct((n,), x.dtype), grid=grid, in_specs=[spec],
+                              out_specs=out, interpret=interpret, **kw)(x)
+
+    return blocks
+
+
+def test_an_index_map_off_affine_at_one_program_is_refused_not_run():
+    """`jnp.where(i == 537, 0, i)` agrees with `i` at every point but one: sampling it at ten
+    points took it for affine and ran it with another result than Pallas's. The map's equations
+    decide now (and every point of a grid this small): refused, naming the kernel and the map."""
+    odd = _blocks(lambda i: (jnp.where(i == 537, 0, i),), (1000,), 8000)
+    x = f32(8000)
+    for attempt in (lambda: tp.run(odd, x, backend="interpret"), lambda: tp.to_tk(odd, x)):
+        with pytest.raises(tessel.UnsupportedError) as e:
+            attempt()
+        msg = str(e.value)
+        assert "the index map of `x0` in Pallas kernel `blocks` is not affine in the program ids: it applies `eq` to them" in msg, msg
+        assert "on its 1000 grid points it is not affine either" in msg, msg
+    # A grid too large to check point by point: the equations alone refuse it.
+    big = _blocks(lambda i: (jnp.where(i == 53711, 0, i),), (100000,), 800000)
+    with pytest.raises(tessel.UnsupportedError, match=r"Pallas kernel `blocks` is not affine in the program ids: it applies `eq` to them"):
+        tp.to_tk(big, jax.ShapeDtypeStruct((800000,), jnp.float32))
+
+
+@pytest.mark.parametrize("name,index_map", [
+    ("reversed", lambda i: (7 - i,)),
+    ("scaled", lambda i: ((2 * i + 3) // 1 - 3 - i,)),  # i, through mul, add, floor division by 1
+    ("cast", lambda i: (jnp.int32(jnp.uint32(i)) * 1,)),
+    ("clamped", lambda i: (jnp.minimum(i, 7),)),  # not affine in general; affine on this grid
+    ("constant_where", lambda i: (jnp.where(True, i, 0),)),
+])
+def test_affine_index_maps_however_written_run_as_pallas_runs_them(name, index_map):
+    fn = _blocks(index_map, (8,), 64)
+    x = f32(64)
+    want = np.asarray(_blocks(index_map, (8,), 64, interpret=True)(x))
+    for backend in backends():
+        np.testing.assert_array_equal(tp.run(fn, x, backend=backend), want, err_msg=f"{name} on {backend}")
+
+
+def test_an_empty_grid_runs_no_program_as_pallas_does():
+    """`grid=(0,)`: Pallas runs no program (its outputs are left unwritten; aliased ones keep the
+    input). tessel's outputs are zeros, or the aliased input; `to_tk`, which must write a grid,
+    refuses it naming the kernel. It used to fail inside the translation with a bare ValueError."""
+    x = f32(64)
+    empty = _blocks(lambda i: (i,), (0,), 64)
+    pallas = np.asarray(_blocks(lambda i: (i,), (0,), 64, interpret=True)(x))
+    for backend in backends():
+        got = tp.run(empty, x, backend=backend)
+        assert got.shape == pallas.shape and got.dtype == pallas.dtype
+        np.testing.assert_array_equal(got, np.zeros(64, np.float32))
+        aliased = tp.run(_blocks(lambda i: (i,), (0,), 64, alias=True), x, backend=backend)
+        np.testing.assert_array_equal(aliased, np.asarray(_blocks(lambda i: (i,), (0,), 64, interpret=True, alias=True)(x)))
+        np.testing.assert_array_equal(aliased, x)
+    with pytest.raises(tessel.UnsupportedError, match=r"the grid \(0,\), which has no program, in Pallas kernel `blocks`"):
+        tp.to_tk(empty, x)
+
+
+def test_float64_inputs_become_float32_as_jax_makes_them():
+    """With JAX's x64 mode off (its default) `jax.jit` takes float64 arrays as float32: so does
+    `tp.run`, whose results are then those of the float32 kernel."""
+    assert not jax.config.jax_enable_x64
+    a, b = f32(1024).astype(np.float64), f32(1024).astype(np.float64)
+    want = np.asarray(jax.jit(lambda x, y: add(x, y, interpret=True))(a, b))
+    assert want.dtype == np.float32
+    for backend in backends():
+        got = tp.run(add, a, b, backend=backend)
+        assert got.dtype == np.float32
+        np.testing.assert_array_equal(got, a.astype(np.float32) + b.astype(np.float32))
+
+
+def test_arrays_of_the_other_byte_order_are_taken_in_native_order():
+    """`jax.jit` refuses a `>f4` numpy array; `tp.run` converts it first (never reads its bytes as
+    native)."""
+    a, b = f32(1024), f32(1024)
+    for backend in backends():
+        got = tp.run(add, a.astype(">f4"), b.astype(">f4"), backend=backend)
+        np.testing.assert_array_equal(got, a + b)
+
+
+def test_outputs_larger_than_memory_are_refused_before_xla_makes_them():
+    """Three 4 TB outputs: refused when `tp.run` lowers the call, before XLA allocates them."""
+
+    def huge():
+        def body(o0, o1, o2):
+            for o in (o0, o1, o2):
+                o[...] = jnp.zeros((1024,), jnp.float32)
+
+        spec = pl.BlockSpec((1024,), lambda i: (i,))
+        out = [jax.ShapeDtypeStruct((1 << 40,), jnp.float32)] * 3
+        return pl.pallas_call(body, out_shape=out, grid=(1 << 30,), in_specs=[], out_specs=[spec] * 3)()
+
+    with pytest.raises(tessel.TesselError, match=r"the outputs of `huge` needs 12288.0 GB of memory \(outputs 12288.0 GB\)"):
+        tp.run(huge, backend="interpret")

@@ -10,7 +10,9 @@ executable) set; TESSEL_REQUIRE_ADAPTER=1 makes a missing wgpu adapter a failure
 import json
 import os
 import pathlib
+import signal
 import subprocess
+import textwrap
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -420,3 +422,192 @@ def test_unaligned_and_strided_inputs_are_read_correctly():
     y = np.arange(8192, dtype=np.float32)[::2]  # strided: numpy copies it once
     out = k(x=x, y=y, backend="interpret")["o"]
     np.testing.assert_array_equal(out, x + y)
+
+
+# ---- issue 38: no silent wrong result, no crash ----
+
+DYN_COPY = """kernel dyn_copy
+  grid (i: dyn)
+  in  x: f32[1024] block [128] at (i)
+  out o: f32[1024] block [128] at (i)
+{
+  %a = load x
+  store o, %a
+}
+"""
+
+I32_ADD = """kernel iadd
+  grid (i: 4)
+  in  x: i32[1024] block [256] at (i)
+  in  y: i32[1024] block [256] at (i)
+  out o: i32[1024] block [256] at (i)
+{
+  %a = load x
+  %b = load y
+  %s = add %a, %b
+  store o, %s
+}
+"""
+
+
+@pytest.mark.parametrize("backend", ["interpret", "wgpu"])
+def test_arrays_of_the_other_byte_order_are_converted_not_read_as_native(backend):
+    """`>f4` and `>i4` arrays have the dtype names `float32` and `int32`; their bytes are
+    big-endian, and used to be read as little-endian (garbage). They are converted once."""
+    if backend == "wgpu":
+        backend = wgpu_or_skip()
+    x = RNG.standard_normal(4096).astype(np.float32)
+    y = RNG.standard_normal(4096).astype(np.float32)
+    big_x, big_y = x.astype(">f4"), y.astype(">f4")
+    out = example("fused")(x=big_x, y=big_y, backend=backend)["o"]
+    want = np.maximum(x.astype(np.float64) * y + np.exp(-x.astype(np.float64)), 0.0)
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
+    assert out.dtype == np.float32 and out.shape == (4096,)
+    a = RNG.integers(-(1 << 20), 1 << 20, 1024).astype(np.int32)
+    b = RNG.integers(-(1 << 20), 1 << 20, 1024).astype(np.int32)
+    got = tessel.compile(I32_ADD)(x=a.astype(">i4"), y=b.astype(">i4"), backend=backend)["o"]
+    np.testing.assert_array_equal(got, a + b)
+    # The caller's arrays are left as they were.
+    assert big_x.dtype == np.dtype(">f4") and np.array_equal(big_x, x)
+
+
+@pytest.mark.parametrize("size", [-5, 0, 2**31, 2**80, 2.5, "8", None])
+def test_a_grid_size_out_of_range_is_an_input_error_naming_the_axis(size):
+    k = tessel.compile(DYN_COPY)
+    x = np.arange(1024, dtype=np.float32)
+    for call in (lambda: k.run(x=x, grid={"i": size}), lambda: k.lower(grid={"i": size})):
+        with pytest.raises(tessel.InputError) as e:
+            call()
+        assert f"grid axis `i` of kernel `dyn_copy` cannot have size {size!r}" in str(e.value), str(e.value)
+        assert "expected an int from 1 to 2147483647" in str(e.value)
+    with pytest.raises(tessel.InputError, match="grid=\\{...\\} of kernel `dyn_copy` has the key 1, not an axis name"):
+        k.run(x=x, grid={1: 8})
+    # The largest size and the smallest are taken (8 programs cover the array; 1 leaves the rest zero).
+    np.testing.assert_array_equal(k.run(x=x, grid={"i": 8}).outputs["o"], x)
+    one = k.run(x=x, grid={"i": 1}).outputs["o"]
+    np.testing.assert_array_equal(one[:128], x[:128])
+    assert not one[128:].any()
+
+
+def _vm_size():
+    for line in pathlib.Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmSize:"):
+            return int(line.split()[1]) * 1024
+    return None
+
+
+def _outputs_kernel(count, elements):
+    outs = "".join(f"  out o{n}: f32[{elements}] block [1024] at (i)\n" for n in range(count))
+    body = "".join(f"  store o{n}, %z\n" for n in range(count))
+    return f"kernel big\n  grid (i: {elements // 1024})\n{outs}{{\n  %z = zeros : f32[1024]\n{body}}}\n"
+
+
+def test_outputs_larger_than_memory_are_refused_before_numpy_allocates_them():
+    """Three 4 TB outputs: refused by the memory check `tessel run` makes, not left to numpy (or,
+    with fewer bytes, to the OOM killer once the launch writes them)."""
+    k = tessel.compile(_outputs_kernel(3, 1 << 40))
+    with pytest.raises(tessel.TesselError) as e:
+        k(backend="interpret")
+    msg = str(e.value)
+    assert "the outputs of `big` needs 12288.0 GB of memory (outputs 12288.0 GB), more than the " in msg, msg
+    assert " this process has available\n  use smaller arrays" in msg, msg
+
+
+@pytest.mark.skipif(_vm_size() is None, reason="no /proc/self/status here: the address-space limit is not read")
+def test_outputs_past_the_address_space_limit_are_refused_in_a_process_under_ulimit_v():
+    """Three 16 GB outputs (the interpreter's largest arrays) under an address-space limit 8 GB
+    above the process's size: refused, and the process goes on (it used to fail in numpy, or be
+    killed once the launch wrote the outputs)."""
+    code = textwrap.dedent(f"""
+        import resource, sys, numpy as np, tessel
+        k = tessel.compile({_outputs_kernel(3, 1 << 32)!r})
+        size = next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmSize:"))
+        resource.setrlimit(resource.RLIMIT_AS, (size + (8 << 30), resource.RLIM_INFINITY))
+        try:
+            k(backend="interpret")
+            print("ran")
+        except tessel.TesselError as e:
+            print(type(e).__name__, e)
+        x = np.arange(4096, dtype=np.float32)
+        o = tessel.load(sys.argv[1])(x=x, y=x, backend="interpret")["o"]
+        print("usable" if np.array_equal(o, x + x) else "wrong")
+    """)
+    r = subprocess.run([os.sys.executable, "-c", code, str(EXAMPLES / "add.tk")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "TesselError the outputs of `big` needs 48.0 GB of memory (outputs 48.0 GB), more than the " in r.stdout, r.stdout + r.stderr
+    assert r.stdout.rstrip().endswith("usable"), r.stdout
+    assert "Traceback" not in r.stderr and "panicked" not in r.stderr, r.stderr
+
+
+def test_a_cli_launch_past_ulimit_v_is_refused_at_once_without_a_backtrace(tmp_path):
+    """`tessel run` of a 12 GB launch under `ulimit -v` of 8 GB: exit 1 with the memory refusal
+    before any input is made (it used to make 43 s of random inputs and then abort)."""
+    exe = os.environ.get("TESSEL_BIN")
+    if not exe:
+        pytest.fail("TESSEL_BIN is not set: run these tests with scripts/test")
+    n = 1_500_000_000
+    big = tmp_path / "big.tk"
+    big.write_text(
+        f"kernel big\n  grid (i: {n // 1024 + 1})\n  in  x: f32[{n}] block [1024] at (i)\n"
+        f"  out o: f32[{n}] block [1024] at (i)\n{{\n  %a = load x\n  store o, %a\n}}\n"
+    )
+    run = f'ulimit -v {8 << 20} && exec "$0" run "$1" --backend interpret --out-dir "$2"'
+    start = time.monotonic()
+    r = subprocess.run(["bash", "-c", run, exe, str(big), str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
+    took = time.monotonic() - start
+    assert r.returncode == 1, (r.returncode, r.stderr)
+    assert "the launch of `big` with random inputs needs 11.2 GB of memory (inputs 5.6 GB, outputs 5.6 GB), more than the " in r.stderr, r.stderr
+    assert "ulimit -v" in r.stderr and "panicked" not in r.stderr and "backtrace" not in r.stderr, r.stderr
+    assert not (tmp_path / "out").exists()
+    assert took < 20, f"refused after {took:.1f} s: the inputs were made first"
+
+
+SPIN = """kernel spin
+  grid (i: 64)
+  in  x: f32[64, 16] block [1, 16] at (i, 0)
+  out o: f32[64, 16] block [1, 16] at (i, 0)
+{
+  %a = load x
+  %r = for %t = 0 to 1000000000 iter (%acc = %a) {
+    %n = add %acc, 1.0
+    yield %n
+  }
+  store o, %r
+}
+"""
+
+
+def test_ctrl_c_interrupts_a_long_launch_within_seconds_and_the_process_goes_on():
+    """SIGINT during a launch that would take minutes raises KeyboardInterrupt within a few
+    seconds (it used to wait for the launch to finish); the module then runs kernels as before."""
+    code = textwrap.dedent(f"""
+        import sys, time, numpy as np, tessel
+        k = tessel.compile({SPIN!r})
+        x = np.zeros((64, 16), np.float32)
+        print("started", flush=True)
+        try:
+            k(x=x, backend="interpret")
+            print("finished", flush=True)
+        except KeyboardInterrupt:
+            print("interrupted", time.monotonic(), flush=True)
+        y = np.arange(4096, dtype=np.float32)
+        o = tessel.load(sys.argv[1])(x=y, y=y, backend="interpret")["o"]
+        print("usable" if np.array_equal(o, y + y) else "wrong", flush=True)
+    """)
+    p = subprocess.Popen([os.sys.executable, "-c", code, str(EXAMPLES / "add.tk")], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "started"
+        time.sleep(1.0)
+        sent = time.monotonic()
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.communicate()
+        pytest.fail("the launch went on for 30 s after SIGINT")
+    lines = out.split()
+    assert lines[:1] == ["interrupted"], (out, err)
+    latency = float(lines[1]) - sent
+    assert latency < 5, f"KeyboardInterrupt came {latency:.1f} s after SIGINT"
+    assert lines[2:] == ["usable"] and p.returncode == 0, (out, err)

@@ -66,7 +66,8 @@ fn check_limits(v: &Verified) -> Result<(), BackendError> {
     })
 }
 
-/// What can go wrong when running a kernel: only a launch that does not fit it.
+/// What can go wrong when running a kernel: a launch that does not fit it, or one cancelled
+/// (`tessel_plugin_api::cancel`).
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// Inputs or grid sizes that do not fit the kernel.
@@ -142,7 +143,7 @@ impl Compiled {
             .map(|p| (p.name.clone(), HostArray::zeros(p.ty.dtype, &p.ty.shape)))
             .collect();
         let zeroed = fresh.iter_mut().filter_map(|(n, a)| Some((n.as_str(), a.le_bytes_mut()?))).collect();
-        let mut rest = runtime::Machine::run_lent(&self.kernel, &self.program, &grid, &inputs, zeroed);
+        let mut rest = runtime::Machine::run_lent(&self.kernel, &self.program, &grid, &inputs, zeroed)?;
         // Outputs in declaration order, whichever way each was written.
         Ok(k.params_of(ParamKind::Out)
             .map(|p| {
@@ -162,7 +163,7 @@ impl Compiled {
         outputs: &mut BTreeMap<String, &mut [u8]>,
     ) -> Result<(), Error> {
         let grid = launch::resolve_grid(&self.kernel, grid)?;
-        runtime::Machine::run_into(&self.kernel, &self.program, &grid, inputs, outputs);
+        runtime::Machine::run_into(&self.kernel, &self.program, &grid, inputs, outputs)?;
         Ok(())
     }
 }

@@ -13,7 +13,7 @@ use crate::program::MemRef;
 
 impl Machine<'_> {
     /// Runs every program: the parallel points of the grid on rayon's pool, each program's `seq`
-    /// points in order.
+    /// points in order. Once the launch is cancelled no program or step starts.
     pub(super) fn run_programs(&self) {
         let par: Vec<usize> = (0..self.grid.len()).filter(|&a| !self.grid[a].seq).collect();
         let seq: Vec<usize> = (0..self.grid.len()).filter(|&a| self.grid[a].seq).collect();
@@ -23,9 +23,15 @@ impl Machine<'_> {
         // again for each (`ProgramState::start`).
         let init = || (ProgramState::new(self), vec![0i64; self.grid.len()]);
         (0..programs).into_par_iter().for_each_init(init, |(prog, point), pid| {
+            if self.cancelled() {
+                return;
+            }
             decode(pid, &par, self.grid, point);
             prog.start();
             for step in 0..steps {
+                if step > 0 && self.cancelled() {
+                    break;
+                }
                 decode(step, &seq, self.grid, point);
                 prog.enter(point);
                 if step == 0 {

@@ -22,8 +22,9 @@ mod memory;
 use std::sync::atomic::AtomicU32;
 
 use tessel_plugin_api::array::{DataRef, HostArray, write_le_bits};
+use tessel_plugin_api::cancel::{self, Token};
 use tessel_plugin_api::ir::{ParamKind, Verified, analysis};
-use tessel_plugin_api::launch::LaunchAxis;
+use tessel_plugin_api::launch::{LaunchAxis, LaunchError};
 
 use crate::eval::{self, Val};
 use crate::program::{Instr, MemRef, Program, Src};
@@ -53,6 +54,9 @@ pub(crate) struct Machine<'a> {
     /// Per parameter, whether each program's elements of it are its own ([`analysis::own_blocks`];
     /// scratch always is): read and written as plain memory, not one atomic at a time.
     own: Vec<bool>,
+    /// The launch's cancellation token (the calling thread's, [`cancel::current`]): once it is
+    /// cancelled no program starts, no `for` iteration runs, and the launch fails.
+    cancel: Option<Token>,
 }
 
 impl<'a> Machine<'a> {
@@ -99,13 +103,27 @@ impl<'a> Machine<'a> {
                 )
             })
             .collect();
-        Machine { kernel, program, grid, arrays, resident, origins, own }
+        Machine { kernel, program, grid, arrays, resident, origins, own, cancel: cancel::current() }
+    }
+
+    /// Whether the launch was cancelled.
+    fn cancelled(&self) -> bool {
+        self.cancel.as_ref().is_some_and(Token::is_cancelled)
+    }
+
+    /// [`Machine::run_programs`], failing where the launch was cancelled before every program ran.
+    fn run_all(&self) -> Result<(), LaunchError> {
+        self.run_programs();
+        match self.cancelled() {
+            true => Err(LaunchError::Cancelled { kernel: self.kernel.name().to_string() }),
+            false => Ok(()),
+        }
     }
 
     /// Runs every program and returns the outputs in declaration order.
-    pub fn run(self) -> Vec<(String, HostArray)> {
-        self.run_programs();
-        self.outputs().map(|(name, a, bits)| (name, HostArray::from_bits(a.dtype, &a.shape, bits.collect()))).collect()
+    pub fn run(self) -> Result<Vec<(String, HostArray)>, LaunchError> {
+        self.run_all()?;
+        Ok(self.outputs().map(|(name, a, bits)| (name, HostArray::from_bits(a.dtype, &a.shape, bits.collect()))).collect())
     }
 
     /// Runs every program with the outputs named in `zeroed` (memory of zeros, as
@@ -117,7 +135,7 @@ impl<'a> Machine<'a> {
         grid: &'a [LaunchAxis],
         inputs: &std::collections::BTreeMap<String, DataRef<'a>>,
         zeroed: std::collections::BTreeMap<&'a str, &'a mut [u8]>,
-    ) -> Vec<(String, HostArray)> {
+    ) -> Result<Vec<(String, HostArray)>, LaunchError> {
         let lent = zeroed.into_iter().map(|(n, b)| (n, as_cells(b, false))).collect();
         Machine::new(kernel, program, grid, inputs, lent).run()
     }
@@ -131,7 +149,7 @@ impl<'a> Machine<'a> {
         grid: &'a [LaunchAxis],
         inputs: &std::collections::BTreeMap<String, DataRef<'a>>,
         outputs: &'a mut std::collections::BTreeMap<String, &mut [u8]>,
-    ) {
+    ) -> Result<(), LaunchError> {
         let mut lent = std::collections::BTreeMap::new();
         let mut copied = Vec::new();
         for (name, bytes) in outputs.iter_mut() {
@@ -145,12 +163,13 @@ impl<'a> Machine<'a> {
             }
         }
         let m = Machine::new(kernel, program, grid, inputs, lent);
-        m.run_programs();
+        m.run_all()?;
         for (name, a, bits) in m.outputs() {
             if let Some((_, out)) = copied.iter_mut().find(|(n, _)| *n == name) {
                 write_le_bits(a.dtype, bits, out);
             }
         }
+        Ok(())
     }
 
     /// Each output held in the machine's own memory: its name, its memory and its elements' bit
@@ -257,7 +276,8 @@ impl<'m, 'a> ProgramState<'m, 'a> {
         }
         let mut i = lo;
         // A step that is not positive runs the body zero times (documented in docs/language.md).
-        while step > 0 && i < hi {
+        // A cancelled launch runs no more iterations (its outputs are thrown away).
+        while step > 0 && i < hi && !self.m.cancelled() {
             self.slots[var] = Some(Val::i32_scalar(i));
             self.exec(body);
             let next: Vec<Val> = yields.iter().map(|y| self.get(y).clone()).collect();
