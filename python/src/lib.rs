@@ -88,9 +88,11 @@ fn raise(py: Python<'_>, f: Failure) -> PyErr {
             Failure::Tessel(e) => {
                 let message = e.to_string();
                 let (name, backend) = match &e {
-                    Error::Kernel(_) | Error::UnknownKernel { .. } | Error::AmbiguousKernel { .. } | Error::Read { .. } => {
-                        ("KernelError", None)
-                    }
+                    Error::Kernel(_)
+                    | Error::UnknownKernel { .. }
+                    | Error::AmbiguousKernel { .. }
+                    | Error::Read { .. }
+                    | Error::TooLarge { .. } => ("KernelError", None),
                     Error::Launch(_)
                     | Error::Bind(_)
                     | Error::Npy { .. }

@@ -560,10 +560,18 @@ impl Gpu {
         }
         self.scoped("the loop check's status word", || {
             let buffer = |label, usage| {
-                self.device.create_buffer(&wgpu::BufferDescriptor { label: Some(label), size: 4, usage, mapped_at_creation: false })
+                self.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some(label),
+                    size: 4,
+                    usage,
+                    mapped_at_creation: false,
+                })
             };
             LoopCheck {
-                word: buffer("tessel loop check", wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST),
+                word: buffer(
+                    "tessel loop check",
+                    wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+                ),
                 staging: buffer("tessel loop check read", wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST),
             }
         })

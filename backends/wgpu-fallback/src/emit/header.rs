@@ -149,7 +149,8 @@ impl<'k> Writer<'k> {
             binding += 1;
         }
         if self.plan.loop_budget.is_some() {
-            let _ = writeln!(m, "@group(0) @binding({binding}) var<storage, read_write> tk_status: array<u32>; // the loop check");
+            let _ =
+                writeln!(m, "@group(0) @binding({binding}) var<storage, read_write> tk_status: array<u32>; // the loop check");
         }
         if self.uses_broadcast {
             let _ = writeln!(m, "var<workgroup> tk_bc: u32;");
@@ -182,7 +183,10 @@ impl<'k> Writer<'k> {
         }
         m.push_str(&self.out);
         if let Some(budget) = self.plan.loop_budget {
-            let _ = writeln!(m, "    // The driver stops every loop of an invocation once {budget} iterations ran in it: then a loop");
+            let _ = writeln!(
+                m,
+                "    // The driver stops every loop of an invocation once {budget} iterations ran in it: then a loop"
+            );
             m.push_str("    // that must run twice runs once, and the launch is reported as failed.\n");
             m.push_str("    var tk_runs = 0u;\n");
             m.push_str("    loop { tk_runs += 1u; if (tk_runs >= 2u + wid.z) { break; } }\n");

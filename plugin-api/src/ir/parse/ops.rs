@@ -258,7 +258,9 @@ impl Parser<'_> {
                 // A literal that starts but is malformed (an integer past 64 bits) keeps its own
                 // error; anything else is not an operand.
                 let at = self.pos;
-                self.literal().map(Operand::Lit).map_err(|d| if self.pos == at { self.unexpected("a `%value` or a literal") } else { d })
+                self.literal()
+                    .map(Operand::Lit)
+                    .map_err(|d| if self.pos == at { self.unexpected("a `%value` or a literal") } else { d })
             }
         }
     }

@@ -4,8 +4,8 @@
 use std::collections::HashMap;
 
 use super::{BodyKind, Checked, Checker, with_article};
-use crate::ir::print::print_stmt_head;
 use crate::ir::limits::MAX_NESTING;
+use crate::ir::print::print_stmt_head;
 use crate::ir::*;
 
 impl Checker<'_> {
