@@ -118,6 +118,12 @@ fn every_mosaic_gpu_refusal_is_reached_with_its_words() {
         "wide",
         "kernel wide\n  grid (i: 65536, j: 65536)\n  in x: f32[8]\n  out o: f32[8]\n{\n  %x = load x\n  store o, %x\n}\n",
     );
+    // 16 GiB of f32, which an H200 holds: past 32-bit element indices.
+    let long = kernel(
+        &dir,
+        "long",
+        "kernel long\n  grid (i: 33554433)\n  in  x: f32[4294967424] block [128] at (i)\n  out o: f32[4294967424] block [128] at (i)\n{\n  %x = load x\n  store o, %x\n}\n",
+    );
     let lower = |k: &str, flags: &[&str]| lower_on("mosaic-gpu", k, flags);
     let pair = file("tests/in/scratch_pair.tk");
     let two = file("tests/in/two_kernels.tk");
@@ -153,6 +159,7 @@ fn every_mosaic_gpu_refusal_is_reached_with_its_words() {
         },
         Case { kind: K::BlockTooLarge, how: lower(&big, &[]), first: "block value %x has 16385 elements (f32[16385]), more than the 16384 the Mosaic GPU backend lowers".into() },
         Case { kind: K::TooManyCtas, how: lower(&wide, &[]), first: "the parallel grid has 4294967296 programs, more than the 2147483647 CTAs of one Mosaic GPU launch".into() },
+        Case { kind: K::ArrayTooLarge, how: lower(&long, &[]), first: "argument `x` (f32[4294967424]) has 4294967424 elements, more than the 2147483647 the Mosaic GPU backend indexes".into() },
         Case { kind: K::Workspace, how: How::Elsewhere("a guard: 4 GiB of workspace per CTA takes tens of thousands of 64 KiB values"), first: String::new() },
         Case { kind: K::SharedMemory, how: How::Elsewhere("the shared memory of a device is known only on a Hopper GPU (scripts/gpu-check)"), first: String::new() },
     ]);
@@ -216,6 +223,14 @@ fn every_wgpu_refusal_is_reached_with_its_words() {
             how: lower(&wide, &[]),
             first: "kernel `wide` has 4294967296 parallel programs, more than the 2147483648 the wgpu backend runs in one launch"
                 .into(),
+        },
+        Case {
+            kind: K::LoopBudget,
+            how: match &adapter {
+                Some(a) if a.contains("llvmpipe") => lower(&file("tests/in/long/long_loops.tk"), &[]),
+                _ => How::Elsewhere("only on Mesa's llvmpipe, whose budget it is"),
+            },
+            first: "kernel `long_loops` makes 70001 loop iterations in one invocation, more than the 65533 this adapter's driver (Mesa's llvmpipe) runs before it silently stops every loop".into(),
         },
         Case {
             kind: K::Workspace,

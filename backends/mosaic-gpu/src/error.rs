@@ -5,7 +5,7 @@
 use tessel_plugin_api::abi::BackendError;
 use tessel_plugin_api::refusal::Refusal as Refuse;
 
-use crate::limits::{MAX_BLOCK_ELEMENTS, MAX_CTAS, MAX_NUM_THREADS, THREADS};
+use crate::limits::{MAX_ARRAY_ELEMENTS, MAX_BLOCK_ELEMENTS, MAX_CTAS, MAX_NUM_THREADS, THREADS};
 
 /// What the Mosaic GPU backend refuses.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, strum::EnumDiscriminants)]
@@ -81,6 +81,18 @@ pub enum Refusal {
         /// Its type.
         ty: String,
     },
+    /// An argument past 32-bit signed indexing.
+    #[error(
+        "argument `{name}` ({ty}) has {elements} elements, more than the {MAX_ARRAY_ELEMENTS} the Mosaic GPU backend indexes"
+    )]
+    ArrayTooLarge {
+        /// The argument.
+        name: String,
+        /// Its type.
+        ty: String,
+        /// Its element count.
+        elements: usize,
+    },
     /// More CTAs than one launch takes.
     #[error("the parallel grid has {ctas} programs, more than the {MAX_CTAS} CTAs of one Mosaic GPU launch")]
     TooManyCtas {
@@ -125,6 +137,7 @@ impl Refuse for Refusal {
             Refusal::TooManyThreads { .. } => format!("use at most {MAX_NUM_THREADS} warpgroups in the `thread` axis"),
             Refusal::BlockTooLarge { .. } | Refusal::Workspace { .. } | Refusal::SharedMemory { .. } => "use smaller blocks".into(),
             Refusal::TooManyCtas { .. } => "use larger blocks or make an axis `seq`".into(),
+            Refusal::ArrayTooLarge { .. } => "split the array, or run on interpret".into(),
         }
     }
 }

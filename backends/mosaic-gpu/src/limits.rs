@@ -19,5 +19,7 @@ pub const MAX_BLOCK_ELEMENTS: usize = 16_384;
 pub const MAX_SHARED_BYTES: u64 = 227 * 1024;
 /// The dynamic shared memory a function may use without opting in.
 pub const DEFAULT_SHARED_BYTES: u64 = 48 * 1024;
+/// The most elements of one argument: element indices are 32-bit signed integers.
+pub const MAX_ARRAY_ELEMENTS: usize = i32::MAX as usize;
 /// The most CTAs one launch may have (`gridDim.x`).
 pub const MAX_CTAS: u64 = i32::MAX as u64;

@@ -22,7 +22,9 @@ use tessel_plugin_api::abi::BackendError;
 use tessel_plugin_api::ir::*;
 
 use crate::error::Refusal;
-use crate::limits::{MAX_BLOCK_ELEMENTS, MAX_CTAS, MAX_REGISTERS_PER_VALUE, MAX_SHARED_BYTES, MAX_WARPGROUPS, THREADS};
+use crate::limits::{
+    MAX_ARRAY_ELEMENTS, MAX_BLOCK_ELEMENTS, MAX_CTAS, MAX_REGISTERS_PER_VALUE, MAX_SHARED_BYTES, MAX_WARPGROUPS, THREADS,
+};
 use crate::wgmma::{self, Gemm};
 
 /// Where a value or a scratch buffer lives in a CTA's workspace region.
@@ -153,6 +155,12 @@ impl Planner {
 /// thread axis, whose points run as the warpgroups of one CTA and share its scratch. A kernel of
 /// the form `crate::wgmma` describes takes the Hopper path; every other the general one.
 pub fn plan(kernel: &Verified, thread_axis: Option<&str>) -> Result<Plan, BackendError> {
+    // Element indices are 32-bit (`mul.wide.u32` to byte offsets), signed where they meet `ds`.
+    for p in &kernel.kernel().params {
+        if p.ty.numel() > MAX_ARRAY_ELEMENTS {
+            return Err(Refusal::ArrayTooLarge { name: p.name.clone(), ty: p.ty.to_string(), elements: p.ty.numel() }.into());
+        }
+    }
     match hopper(kernel, thread_axis) {
         Some(p) => Ok(p),
         None => plan_general(kernel, thread_axis),

@@ -3,7 +3,7 @@
 
 use super::{PResult, Parser, Sizes};
 use crate::ir::lexer::Tok;
-use crate::ir::limits::MAX_SIZE_TERMS;
+use crate::ir::limits::{MAX_ARRAY_ELEMENTS, MAX_SIZE_TERMS, elements_within_limit};
 use crate::ir::size::{SizeError, SizeExpr, SizeOp};
 use crate::ir::*;
 
@@ -210,7 +210,7 @@ impl Parser<'_> {
     }
 
     pub(super) fn dims(&mut self, expected: &str) -> PResult<Vec<usize>> {
-        self.expect(Tok::LBracket, expected)?;
+        let open = self.expect(Tok::LBracket, expected)?;
         let mut dims = Vec::new();
         self.last_dims.clear();
         loop {
@@ -218,6 +218,11 @@ impl Parser<'_> {
             dims.push(dim);
             self.last_dims.push(written);
             if self.eat(&Tok::RBracket) {
+                // A template's dimensions are placeholders until bound; the verifier checks them then.
+                if !self.template && elements_within_limit(&dims).is_none() {
+                    return Err(Diagnostic::new(open.to(self.prev_span()), format!("{dims:?} is more than 2^48 elements"))
+                        .expected(format!("expected at most {MAX_ARRAY_ELEMENTS} (2^48) elements in an array or block")));
+                }
                 return Ok(dims);
             }
             self.expect(Tok::Comma, "`,` or `]` in the dimensions")?;

@@ -4,7 +4,9 @@
 use std::collections::HashSet;
 
 use super::{Checker, shape_text};
+use crate::ir::limits::{MAX_ARRAY_ELEMENTS, elements_within_limit};
 use crate::ir::*;
+use crate::launch::MAX_AXIS_SIZE;
 
 impl<'k> Checker<'k> {
     // ---- header ----
@@ -35,6 +37,15 @@ impl<'k> Checker<'k> {
                 if a.size == AxisSize::Fixed(0) {
                     self.err(a.span, format!("grid axis `{}` has size 0", a.name), "expected a positive size or `dyn`");
                 }
+                if let AxisSize::Fixed(n) = a.size
+                    && n > MAX_AXIS_SIZE
+                {
+                    self.err(
+                        a.span,
+                        format!("grid axis `{}` has size {n}, more than {MAX_AXIS_SIZE}", a.name),
+                        "expected at most 2^31 - 1 points on an axis (`program_id` is `i32`): use larger blocks",
+                    );
+                }
             }
         }
         let mut params: HashSet<&str> = HashSet::new();
@@ -51,6 +62,13 @@ impl<'k> Checker<'k> {
         let kw = p.kind.keyword();
         if p.ty.shape.contains(&0) {
             self.err(p.span, format!("argument `{}` has a dimension of size 0", p.name), "expected positive dimensions");
+        }
+        if elements_within_limit(&p.ty.shape).is_none() {
+            self.err(
+                p.span,
+                format!("argument `{}` ({}) has more than 2^48 elements", p.name, p.ty),
+                format!("expected at most {MAX_ARRAY_ELEMENTS} elements"),
+            );
         }
         if p.ty.is_scalar() && p.kind != ParamKind::In {
             self.err(
