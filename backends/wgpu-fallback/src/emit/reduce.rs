@@ -133,7 +133,16 @@ impl<'k> Writer<'k> {
             let acc = w.t();
             w.line(format!("var {acc}: {acc_ty} = {init};"));
             w.line(format!("let {acc}_base = (e / {inner}u) * {}u + e % {inner}u;", n * inner));
-            w.open(format!("for (var r = 0u; r < {n}u; r++)"));
+            // Past 8 steps the bound is opaque to the driver (`tk_zero` is 0): llvmpipe unrolled
+            // these loops whole, and a kernel of 50 such reductions of 32 steps (6,976 lines)
+            // did not compile in 5 minutes; kept as loops, it compiles in seconds (issue 38).
+            let bound = if n > 8 {
+                w.helper("tk_f32_bits");
+                format!("{n}u + tk_zero")
+            } else {
+                format!("{n}u")
+            };
+            w.open(format!("for (var r = 0u; r < {bound}; r++)"));
             let x = from_word(d, &format!("tk_ws[wsb + {}u + {acc}_base + r * {inner}u]", offs[0]));
             let c = combine(w, &acc, &x);
             w.line(format!("{acc} = {c};"));
