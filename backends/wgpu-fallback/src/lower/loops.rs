@@ -11,6 +11,7 @@
 //! a `for` of 65,532 trips (65,533 entries) passes the module's check and one of 65,533 trips
 //! fails it.
 
+use tessel_plugin_api::ir::analysis::visit;
 use tessel_plugin_api::ir::{ForLoop, Literal, Op, Operand, Stmt};
 
 /// Loop entries that one pass through `body` makes, counting only `for` loops whose bounds are
@@ -24,6 +25,21 @@ pub(super) fn body_iterations(body: &[Stmt]) -> u64 {
             _ => 0,
         })
     })
+}
+
+/// Whether a module cannot spend `room` loop entries, so that it needs no check: the kernel has
+/// no loop of its own (no `for`; the caller knows it has one `seq` step and walks no programs)
+/// and no `dot` or reduction (whose loops the writer makes), and each statement's loop over the
+/// invocation's `slots` elements, entered at most `slots + 1` times, keeps the sum within it.
+/// Elementwise kernels (`add`, a fused chain) are so, and skip the check's cost.
+pub(super) fn straight(body: &[Stmt], slots: u64, room: u64) -> bool {
+    let mut statements = 0u64;
+    let mut looped = false;
+    visit(body, &mut |s| {
+        statements += 1;
+        looped |= matches!(s.op, Op::For(_) | Op::Dot { .. } | Op::Reduce { .. });
+    });
+    !looped && statements.saturating_mul(slots.saturating_add(1)) <= room
 }
 
 /// The trip count of a `for` with literal bounds.
@@ -96,5 +112,9 @@ mod tests {
         assert_eq!(per_invocation(&b, None, 70_000), 70_000 * (1 + outer) + 1);
         assert_eq!(per_invocation(&b, Some(3), 1), 3 * (1 + outer) + 1);
         assert_eq!(per_invocation(&[], None, 70_000), 70_001);
+        assert!(!straight(&b, 1, 65_533), "a kernel with loops is checked");
+        let add = body("kernel add\n  grid (i: 4)\n  in  x: f32[4096] block [1024] at (i)\n  out o: f32[4096] block [1024] at (i)\n{\n  %x = load x\n  %y = add %x, 1.0\n  store o, %y\n}\n");
+        assert!(straight(&add, 16, 65_533));
+        assert!(!straight(&add, 30_000, 65_533), "3 statements of 30,001 entries each");
     }
 }

@@ -252,6 +252,10 @@ pub fn plan(kernel: Verified, grid: Vec<LaunchAxis>, target: impl Into<Target>) 
         if iterations > room {
             return Err(Refusal::LoopBudget { kernel: k.name.clone(), iterations, room }.into());
         }
+        let slots = (survey.max_elements as u64).div_ceil(u64::from(plan.wg));
+        if iterations == 0 && loops::straight(&k.body, slots, room) {
+            plan.loop_budget = None;
+        }
     }
     plan.shares = !survey.publish.is_empty() || k.params_of(ParamKind::Scratch).next().is_some() || survey.ref_loads;
     plan.stores = survey.stores;
