@@ -45,11 +45,13 @@ struct Spec {
     /// The classes issue 38 found unguarded, drawn now and then (from a stream of their own,
     /// so that kernels without them stay as they were): a `for` of this many trips (0: none;
     /// else past 70,000, beyond some drivers' loop budget), this many `when`s nested around
-    /// the last store (0: none; else up to the nesting limit), and a grid of hundreds of
-    /// programs over blocks of one or two rows.
+    /// the last store (0: none; else up to the nesting limit), a grid of hundreds of
+    /// programs over blocks of one or two rows, and blocks of 8,192 to 32,768 elements (wgpu
+    /// lowers up to 65,536) on a grid of one program.
     trips: usize,
     depth: usize,
     wide: bool,
+    big: bool,
 }
 
 impl Spec {
@@ -86,10 +88,11 @@ impl Spec {
             trips: 0,
             depth: 0,
             wide: false,
+            big: false,
         }
     }
 
-    /// Draws the stress classes (`trips`, `depth`, `wide`).
+    /// Draws the stress classes (`trips`, `depth`, `wide`, `big`).
     fn stressed(mut self) -> Spec {
         let mut g = rng(self.seed ^ 0x5722);
         if g.random_bool(0.05) {
@@ -105,6 +108,14 @@ impl Spec {
             self.gi = g.random_range(200..=600);
             self.r = g.random_range(1..=2);
             self.short_r = g.random_range(0..self.r);
+        }
+        if g.random_bool(0.05) && self.trips == 0 && !self.wide {
+            self.big = true;
+            (self.gi, self.gj) = (1, 1);
+            self.r = g.random_range(64..=128);
+            self.c = g.random_range(128..=256);
+            self.short_r = g.random_range(0..self.r);
+            self.short_c = g.random_range(0..self.c);
         }
         self
     }
@@ -566,4 +577,5 @@ fn the_generator_makes_kernels_that_verify_and_vary() {
     assert!(specs.iter().any(|s| s.trips >= 70_000), "no long loop in the first 60");
     assert!(specs.iter().any(|s| s.depth >= 16 && !s.seq), "no deep nesting in the first 60");
     assert!(specs.iter().any(|s| s.wide && s.gi >= 200), "no wide grid in the first 60");
+    assert!(specs.iter().any(|s| s.big && s.r * s.c >= 8192), "no big block in the first 60");
 }
