@@ -567,8 +567,26 @@ fn the_generator_makes_kernels_that_verify_and_vary() {
         tessel::load_source("random.tk", t).unwrap_or_else(|e| panic!("{e}\n{t}"));
     }
     for op in [
-        "dot", "sum", "for", "when", "select", "iota", "seq", "rem", "exp", "trans_a", ": f16", ": bf16", "store e", ", inf",
-        "nan", "-0.0", "pow", "e30", "for %long = 0 to 700", "{\n  when ",
+        "dot",
+        "sum",
+        "for",
+        "when",
+        "select",
+        "iota",
+        "seq",
+        "rem",
+        "exp",
+        "trans_a",
+        ": f16",
+        ": bf16",
+        "store e",
+        ", inf",
+        "nan",
+        "-0.0",
+        "pow",
+        "e30",
+        "for %long = 0 to 700",
+        "{\n  when ",
     ] {
         assert!(texts.iter().any(|t| t.contains(op)), "no generated kernel uses {op}");
     }

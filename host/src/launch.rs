@@ -144,12 +144,13 @@ impl Runtime {
         let key = cfg!(debug_assertions).then(|| with_request(launch, &source, request_key));
         let ask = |b: &Loaded| with_request(launch, &source, |req| b.backend.supports(req).into_result());
         let forced = std::env::var("TESSEL_BACKEND").ok().filter(|f| !f.is_empty());
-        let (b, decisions) = match (choice, forced.as_deref()) {
+        // Under `auto`, the backend chosen has just said it is available.
+        let (b, decisions, available) = match (choice, forced.as_deref()) {
             (Choice::Named(name), _) | (Choice::Auto, Some(name)) => {
                 let b = self.backend(name)?;
                 ask(b).map_err(|e| backend_error(b, e))?;
                 let why = if choice == Choice::Auto { "chosen by TESSEL_BACKEND" } else { "chosen by name" };
-                (b, vec![format!("{name}: {why}")])
+                (b, vec![format!("{name}: {why}")], OnceLock::new())
             }
             (Choice::Auto, None) => {
                 let mut lines = Vec::new();
@@ -185,11 +186,11 @@ impl Runtime {
                         )),
                     }
                 }
-                (chosen.ok_or_else(|| Error::NoBackend { reasons: lines.join("\n  ") })?, lines)
+                (chosen.ok_or_else(|| Error::NoBackend { reasons: lines.join("\n  ") })?, lines, OnceLock::from(()))
             }
         };
         let plan = Plan { backend: b.name.as_str().into(), decisions: decisions.into(), key };
-        Ok(Planned { b, launch, source, plan, available: OnceLock::new() })
+        Ok(Planned { b, launch, source, plan, available })
     }
 
     /// A launch planned before ([`Planned::into_plan`]), not asked again: a launch found in the
@@ -322,11 +323,7 @@ impl Planned<'_, '_> {
             check_inputs(k.kernel.kernel(), &args.inputs, kernels.len() == 1)?;
         }
         let verified: Vec<&Verified> = kernels.iter().map(|k| k.kernel).collect();
-        let need = crate::memory::Need { inputs: 0, ..crate::memory::Need::of(&verified, crate::memory::threads()) };
-        crate::memory::check(
-            || format!("the outputs of `{}`", verified.iter().map(|k| k.name()).collect::<Vec<_>>().join("`, `")),
-            need,
-        )?;
+        crate::memory::outputs_fit(&verified)?;
         let mut outputs: Vec<(String, HostArray)> = Vec::new();
         for k in kernels {
             for p in k.kernel.kernel().params_of(ParamKind::Out) {

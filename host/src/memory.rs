@@ -119,6 +119,14 @@ pub fn check(what: impl FnOnce() -> String, need: Need) -> crate::Result<()> {
     }
 }
 
+/// Refuses a launch of `kernels` whose outputs (and the interpreter's scratch) cannot fit in the
+/// memory left, before any is made: what `Planned::launch`, the Python module and the FFI
+/// handler ask.
+pub fn outputs_fit(kernels: &[&Verified]) -> crate::Result<()> {
+    let need = Need { inputs: 0, ..Need::of(kernels, threads()) };
+    check(|| format!("the outputs of `{}`", kernels.iter().map(|k| k.name()).collect::<Vec<_>>().join("`, `")), need)
+}
+
 /// The threads that run programs at once: the interpreter's pool, rayon's global one. rayon
 /// asked the standard library once when it built the pool; asking again would read the
 /// cgroup's CPU quota from `/proc` and `/sys` once more (a third of a tiny launch).

@@ -289,7 +289,7 @@ fn check_writers(path: &Path, canonical: &Path) -> Result<Option<String>, Plugin
         canonical
             .ancestors()
             .skip(1)
-            .find(|d| mode(d) & OTHERS_WRITE != 0 && mode(d) & STICKY == 0)
+            .find(|d| mode(d) & (OTHERS_WRITE | STICKY) == OTHERS_WRITE)
             .map(|d| (format!("its folder `{}` is writable by every user (and not sticky)", d.display()), d.to_path_buf()))
     };
     let Some((why, fix)) = found else { return Ok(None) };

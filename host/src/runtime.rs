@@ -148,12 +148,8 @@ impl Runtime {
                     .collect::<Vec<_>>()
                     .join(", ");
             // A plugin that would have provided it may be among those that did not load.
-            let failed: String = self
-                .registry
-                .failed
-                .iter()
-                .map(|f| format!("\n  not loaded: {}", f.error.to_string().lines().next().unwrap_or_default()))
-                .collect();
+            let failed: String =
+                self.registry.failed.iter().map(|f| format!("\n  not loaded: {}", first_line(&f.error.to_string()))).collect();
             Error::UnknownBackend {
                 name: name.to_string(),
                 suggestion: close.map(|n| format!("; did you mean `{n}`?")).unwrap_or_default(),

@@ -94,10 +94,3 @@ pub(crate) fn fresh_outputs<'py>(py: Python<'py>, kernel: &Verified) -> PyResult
     }
     Ok(out)
 }
-
-/// Refuses a launch of `kernel` whose outputs (and the interpreter's scratch) cannot fit in the
-/// memory this process has left, before they are made: `tessel::memory`, as `tessel run` asks.
-pub(crate) fn outputs_fit(kernel: &Verified) -> Result<(), Error> {
-    let need = tessel::memory::Need { inputs: 0, ..tessel::memory::Need::of(&[kernel], tessel::memory::threads()) };
-    tessel::memory::check(|| format!("the outputs of `{}`", kernel.name()), need)
-}

@@ -446,7 +446,7 @@ fn prepare(rt: &Runtime, text: &str, backend: &str, mesh: &str, externals: &str)
     let kernel = file.specialize(generic, &binding)?;
     // XLA makes the call's results before the handler runs: outputs that cannot fit are refused
     // here, when the call is lowered, before any backend is asked.
-    crate::arrays::outputs_fit(&kernel)?;
+    tessel::memory::outputs_fit(&[&kernel])?;
     let maker = if backend == "auto" { "" } else { backend };
     let mesh = (!mesh.is_empty()).then(|| rt.mesh(maker, mesh)).transpose()?;
     let externals: Vec<MeshBox> =

@@ -29,7 +29,7 @@ use tessel_plugin_api::ir::size::SizeExpr;
 use tessel_plugin_api::ir::{ArgDecl, ParamKind, Type, Verified};
 use tessel_plugin_api::launch::MAX_AXIS_SIZE;
 
-use arrays::{Lent, fresh_outputs, lend, numpy_name, outputs_fit};
+use arrays::{Lent, fresh_outputs, lend, numpy_name};
 use interrupt::interruptible;
 
 /// The runtime every call shares, and the plugins `load_plugin` added (a new plugin makes a new
@@ -361,7 +361,7 @@ impl Kernel {
         let (kernel, values) = detached(py, || self.specialize(&how.params, &shapes, how.backend))?;
         // Refused before numpy allocates them (as `tessel run` refuses): outputs past the memory
         // left would be faulted in by the launch until the kernel's OOM killer ends the process.
-        outputs_fit(&kernel).map_err(|e| raise(py, e.into()))?;
+        tessel::memory::outputs_fit(&[&kernel]).map_err(|e| raise(py, e.into()))?;
         let outputs = fresh_outputs(py, &kernel)?;
         let readers: Vec<(String, Type, numpy::PyReadonlyArray1<'py, u8>)> = inputs
             .into_iter()

@@ -155,7 +155,7 @@ def call(kernel, *arrays, backend: str = "auto", params: Optional[Mapping[str, i
     shapes = {n: [int(d) for d in np.shape(x)] for n, x in given.items()}
     text, ins, outs = kernel._specialize(shapes, dict(params or {}), backend)
     for n, dtype, shape in ins:
-        got = np.dtype(given[n].dtype) if hasattr(given[n], "dtype") else np.asarray(given[n]).dtype
+        got = np.dtype(given[n].dtype)
         if got != np.dtype(_dtype(dtype)):
             raise InputError(
                 f"input `{n}` of kernel `{name}` is {got.name}[{', '.join(map(str, shapes[n]))}], "

@@ -1336,12 +1336,6 @@ def _register_gpu_rule() -> None:
     _gpu_rule_registered = True
 
 
-def _native_order(x):
-    """A numpy array of non-native byte order (`>f4` on a little-endian machine) as a native
-    copy; anything else as it is."""
-    if isinstance(x, np.ndarray) and not x.dtype.isnative:
-        return x.astype(x.dtype.newbyteorder("="))
-    return x
 
 
 def run(fn: Callable, *args, backend: str = "auto", explain: bool = False, **kwargs):
@@ -1351,6 +1345,8 @@ def run(fn: Callable, *args, backend: str = "auto", explain: bool = False, **kwa
     `float32` where JAX's x64 mode is off), except that a numpy array of the other byte order
     (`>f4`), which `jax.jit` refuses, is converted to native order first."""
     import jax
+
+    from .jax import _native_order
 
     def traced(*a):
         return fn(*a, **kwargs)

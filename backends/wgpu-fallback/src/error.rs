@@ -6,6 +6,11 @@ use tessel_plugin_api::refusal::Refusal as Refuse;
 
 use crate::limits::{MAX_BLOCK_ELEMENTS, MAX_PROGRAMS, WORKSPACE_BUDGET};
 
+/// What works instead of a kernel past a driver's loop budget: the refusal's hint, and the
+/// runtime's where the module's own check finds the budget spent (`runtime.rs`).
+pub const LOOP_BUDGET_HINT: &str =
+    "run it on interpret (or under auto), or give each program less work: more programs, fewer `seq` steps, shorter loops";
+
 /// What the wgpu backend refuses.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, strum::EnumDiscriminants)]
 #[strum_discriminants(name(RefusalKind), derive(strum::EnumIter, Hash))]
@@ -114,7 +119,7 @@ impl Refuse for Refusal {
             Refusal::BlockTooLarge { .. } | Refusal::Workspace { .. } => "use smaller blocks".into(),
             Refusal::ArrayTooLarge { .. } => "split the array".into(),
             Refusal::TooManyPrograms { .. } => "use larger blocks, or split the launch".into(),
-            Refusal::LoopBudget { .. } => "run it on interpret (or under auto), or give each program less work: more programs, fewer `seq` steps, shorter loops".into(),
+            Refusal::LoopBudget { .. } => LOOP_BUDGET_HINT.into(),
             Refusal::AdapterLimit { .. } => {
                 "use smaller blocks or arrays, or run on interpret, which has no adapter limits".into()
             }

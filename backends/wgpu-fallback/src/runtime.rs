@@ -16,7 +16,7 @@ use tessel_plugin_api::array::{ArrayData, HostArray};
 use tessel_plugin_api::ir::{DType, ParamKind, Type};
 
 use crate::emit::Lowered;
-use crate::error::Refusal;
+use crate::error::{LOOP_BUDGET_HINT, Refusal};
 
 /// The adapter this process uses.
 pub struct Adapter {
@@ -444,7 +444,7 @@ impl Gpu {
             for _ in &l.views {
                 entries.push(storage(entries.len() as u32, true));
             }
-            if l.loop_check {
+            if l.loop_check.is_some() {
                 entries.push(storage(entries.len() as u32, false));
             }
             let layout = self
@@ -585,13 +585,14 @@ impl Gpu {
         if word.first().is_none_or(|&w| w == 0) {
             return Ok(());
         }
-        let names: Vec<String> = kernels.iter().filter(|l| l.loop_check).map(|l| format!("`{}`", l.name)).collect();
+        let checked: Vec<&Lowered> = kernels.iter().filter(|l| l.loop_check.is_some()).collect();
+        let names: Vec<String> = checked.iter().map(|l| format!("`{}`", l.name)).collect();
+        let room = checked.iter().filter_map(|l| l.loop_check).min().unwrap_or_default();
         Err(err(
             ErrorKind::Device,
             format!(
-                "kernel {} made more loop iterations in one invocation than the {} this adapter's driver (Mesa's llvmpipe: {}) runs before it silently stops every loop; its outputs would be wrong and are discarded\n  run it on interpret (or under auto), or give each program less work: more programs, fewer `seq` steps, shorter loops",
+                "kernel {} made more loop iterations in one invocation than the {room} this adapter's driver (Mesa's llvmpipe: {}) runs before it silently stops every loop; its outputs would be wrong and are discarded\n  {LOOP_BUDGET_HINT}",
                 names.join(", "),
-                crate::lower::loop_room(LLVMPIPE_LOOP_BUDGET),
                 self.description
             ),
         ))
@@ -626,7 +627,7 @@ impl Gpu {
             for name in &l.views {
                 bound.push(buffers[name].buffer.clone());
             }
-            if l.loop_check {
+            if l.loop_check.is_some() {
                 let c = match &check {
                     Some(c) => c,
                     None => check.insert(self.loop_check()?),

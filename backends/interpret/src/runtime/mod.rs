@@ -114,10 +114,10 @@ impl<'a> Machine<'a> {
     /// [`Machine::run_programs`], failing where the launch was cancelled before every program ran.
     fn run_all(&self) -> Result<(), LaunchError> {
         self.run_programs();
-        match self.cancelled() {
-            true => Err(LaunchError::Cancelled { kernel: self.kernel.name().to_string() }),
-            false => Ok(()),
+        if self.cancelled() {
+            return Err(LaunchError::Cancelled { kernel: self.kernel.name().to_string() });
         }
+        Ok(())
     }
 
     /// Runs every program and returns the outputs in declaration order.

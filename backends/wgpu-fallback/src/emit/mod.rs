@@ -88,9 +88,10 @@ pub struct Lowered {
     /// The outputs to zero before the dispatch: all but those the kernel provably overwrites
     /// whole before reading (see [`fully_written`]).
     pub zeroed: Vec<String>,
-    /// Whether the module checks the driver's loop budget ([`Plan::loop_budget`]): it binds a
-    /// status word last, which a launch clears and reads back (nonzero: the loops were cut short).
-    pub loop_check: bool,
+    /// Where the module checks the driver's loop budget ([`Plan::loop_budget`]): the loop
+    /// iterations that budget leaves the kernel. It binds a status word last, which a launch
+    /// clears and reads back (nonzero: the loops were cut short).
+    pub loop_check: Option<u64>,
 }
 
 /// Writes one planned kernel (`lower/`): its WGSL and its dispatch. Every decision is the
@@ -115,7 +116,7 @@ pub fn lower(plan: &Plan) -> Lowered {
         bindings: k.params.iter().filter(|p| p.kind != ParamKind::Scratch).map(|p| (p.name.clone(), p.kind)).collect(),
         views,
         zeroed,
-        loop_check: plan.loop_budget.is_some(),
+        loop_check: plan.loop_budget.map(crate::lower::loop_room),
     }
 }
 

@@ -113,7 +113,9 @@ mod tests {
         assert_eq!(per_invocation(&b, Some(3), 1), 3 * (1 + outer) + 1);
         assert_eq!(per_invocation(&[], None, 70_000), 70_001);
         assert!(!straight(&b, 1, 65_533), "a kernel with loops is checked");
-        let add = body("kernel add\n  grid (i: 4)\n  in  x: f32[4096] block [1024] at (i)\n  out o: f32[4096] block [1024] at (i)\n{\n  %x = load x\n  %y = add %x, 1.0\n  store o, %y\n}\n");
+        let add = body(
+            "kernel add\n  grid (i: 4)\n  in  x: f32[4096] block [1024] at (i)\n  out o: f32[4096] block [1024] at (i)\n{\n  %x = load x\n  %y = add %x, 1.0\n  store o, %y\n}\n",
+        );
         assert!(straight(&add, 16, 65_533));
         assert!(!straight(&add, 30_000, 65_533), "3 statements of 30,001 entries each");
     }

@@ -12,7 +12,8 @@ impl Checker<'_> {
     // ---- body ----
 
     pub(super) fn body(&mut self, body: &mut [Stmt], kind: BodyKind) {
-        if !matches!(kind, BodyKind::Kernel) && self.nesting >= MAX_NESTING {
+        let nested = usize::from(!matches!(kind, BodyKind::Kernel));
+        if nested == 1 && self.nesting >= MAX_NESTING {
             // Built without the parser, which stops at the same depth; nothing inside is checked.
             let span = body.first().map_or(Span::NONE, |s| s.span);
             self.err(
@@ -22,9 +23,9 @@ impl Checker<'_> {
             );
             return;
         }
-        self.nesting += usize::from(!matches!(kind, BodyKind::Kernel));
+        self.nesting += nested;
         self.body_statements(body, kind);
-        self.nesting -= usize::from(!matches!(kind, BodyKind::Kernel));
+        self.nesting -= nested;
     }
 
     fn body_statements(&mut self, body: &mut [Stmt], kind: BodyKind) {
