@@ -4,7 +4,6 @@
 use numpy::PyArray1;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
-use tessel::Error;
 use tessel_plugin_api::ir::{ArgDecl, DType, ParamKind, Type, Verified};
 
 use crate::{Failure, raise};

@@ -646,12 +646,14 @@ fn load_plugin(py: Python<'_>, path: PathBuf) -> PyResult<()> {
 /// An argument as `tessel.jax` sees it: name, numpy dtype name, shape.
 type Signature = (String, String, Vec<usize>);
 
-/// The XLA FFI handlers as capsules: `tessel_call`, and `tessel_empty` (does nothing: the
+/// The XLA FFI handlers as capsules: `tessel_call` (the CPU platform), `tessel_call_cuda` (the
+/// CUDA platform), and `tessel_empty` (does nothing: the
 /// baseline of the per-call overhead benchmark).
 #[pyfunction]
 fn _ffi_capsules(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     let d = PyDict::new(py);
-    for (name, ptr) in [("tessel_call", ffi::handler()), ("tessel_empty", ffi::empty_handler())] {
+    let handlers = [("tessel_call", ffi::handler()), ("tessel_call_cuda", ffi::cuda_handler()), ("tessel_empty", ffi::empty_handler())];
+    for (name, ptr) in handlers {
         let ptr = std::ptr::NonNull::new(ptr).expect("a function's address");
         // SAFETY: the address of an `extern "C"` XLA FFI handler of this module, which lives as
         // long as the process (the module is never unloaded).
@@ -680,6 +682,7 @@ fn _ffi_stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     d.set_item("misses", s.misses)?;
     d.set_item("failures", s.failures)?;
     d.set_item("most_in_flight", s.most_in_flight)?;
+    d.set_item("staged", s.staged)?;
     d.set_item("launches", s.launches.into_iter().collect::<BTreeMap<_, _>>())?;
     Ok(d)
 }

@@ -8,8 +8,9 @@
 `call` specializes the kernel for the traced shapes and dtypes when it is traced (a wrong shape
 or dtype is a `tessel.InputError` then, naming the input) and emits a custom call of tessel's
 XLA FFI handler, `tessel_call`, whose attributes carry the specialized kernel text and the
-backend. XLA runs the handler on its own buffers: the interpreter computes in place on them, a
-device backend uploads from and downloads into them. `tessel.pallas.install` uses the same
+backend. XLA runs the handler on its own buffers: on the CPU the interpreter computes in place
+on them, a device backend uploads from and downloads into them; on a CUDA GPU mosaic-gpu's
+kernel is enqueued on XLA's stream with the buffers' device addresses. `tessel.pallas.install` uses the same
 handler for unchanged Pallas kernels. docs/jax.md says what works and what differs from Pallas.
 """
 
@@ -56,30 +57,46 @@ _lock = threading.Lock()
 _registered: set = set()
 
 
+#: XLA's name of each platform tessel has a handler for, and that handler's capsule.
+_HANDLERS = {"cpu": ("cpu", "tessel_call"), "host": ("cpu", "tessel_call"),
+             "cuda": ("CUDA", "tessel_call_cuda"), "gpu": ("CUDA", "tessel_call_cuda")}
+
+
 def register(platform: str = "cpu") -> None:
-    """Registers tessel's XLA FFI handlers (`tessel_call`, and the empty `tessel_empty` the
-    benchmarks measure against) for `platform`, once. `call` and `tessel.pallas.install` do it
-    on first use."""
-    if platform.lower() not in ("cpu", "host"):
-        # The handler reads and writes host memory: on a GPU's buffers it would corrupt them.
+    """Registers tessel's XLA FFI handler `tessel_call` for `platform` ("cpu" or "cuda"), once:
+    on the CPU it runs kernels in place on XLA's host buffers; on CUDA it enqueues mosaic-gpu's
+    PTX on XLA's stream with the device buffers' addresses (another backend runs through host
+    copies there). `call` and `tessel.pallas.install` register both on first use. The CPU also
+    gets `tessel_empty`, the empty handler the benchmarks measure against."""
+    found = _HANDLERS.get(platform.lower())
+    if found is None:
         from ._errors import UnsupportedError
 
         raise UnsupportedError(
-            f"tessel's XLA FFI handler runs on the CPU platform only, not {platform!r}",
+            f"tessel's XLA FFI handler runs on the CPU and CUDA platforms, not {platform!r}",
             None,
-            "lower for the CPU (JAX_PLATFORMS=cpu, or jax.default_device(jax.devices('cpu')[0])); the CUDA handler is not built yet",
+            "lower for the CPU (JAX_PLATFORMS=cpu) or for an NVIDIA GPU (CUDA)",
         )
+    xla_platform, handler = found
     with _lock:
-        if platform in _registered:
+        if xla_platform in _registered:
             return
-        for name, capsule in _tessel._ffi_capsules().items():
-            jax.ffi.register_ffi_target(name, capsule, platform=platform)
-        _registered.add(platform)
+        capsules = _tessel._ffi_capsules()
+        jax.ffi.register_ffi_target("tessel_call", capsules[handler], platform=xla_platform)
+        if xla_platform == "cpu":
+            jax.ffi.register_ffi_target("tessel_empty", capsules["tessel_empty"], platform="cpu")
+        _registered.add(xla_platform)
+
+
+def _register_all() -> None:
+    register("cpu")
+    register("cuda")
 
 
 def stats() -> Dict[str, Any]:
     """The handler's counters in this process: `calls`, prepared-launch cache `hits` and
-    `misses`, `failures`, and `launches` by backend name."""
+    `misses`, `failures`, `staged` (CUDA calls that ran through host copies), and `launches`
+    by backend name."""
     return _tessel._ffi_stats()
 
 
@@ -98,7 +115,7 @@ def lowering(ctx, *operands, text: str, backend: str = "auto", mesh: Optional[st
              external_meshes: Sequence[str] = (), explain: bool = False):
     """The MLIR of a `tessel_call` of kernel `text` on `operands` (an XLA lowering rule's body):
     prepares the launch first, so that a refusal is raised while lowering."""
-    register("cpu")
+    _register_all()
     chosen, decisions = prepare(text, backend, mesh, external_meshes)
     if explain:
         import sys
@@ -162,7 +179,7 @@ def call(kernel, *arrays, backend: str = "auto", params: Optional[Mapping[str, i
                 f"but the kernel declares {dtype}[{', '.join(map(str, shape))}]\n"
                 f"  give an array of {dtype}: x.astype(jnp.{dtype})"
             )
-    register("cpu")
+    _register_all()
     chosen, _ = prepare(text, backend)
     results = [jax.ShapeDtypeStruct(tuple(s), _dtype(d)) for _, d, s in outs]
     f = jax.ffi.ffi_call("tessel_call", results, vmap_method="broadcast_all")

@@ -75,8 +75,9 @@ def test_the_ffi_structs_match_jaxlibs_header(tmp_path):
 def test_the_handler_declares_its_api_version_and_is_registered_once():
     tj.register("cpu")
     tj.register("cpu")  # a second registration is a no-op, not an error
-    with pytest.raises(tessel.UnsupportedError, match="CPU platform only"):
-        tj.register("cuda")  # the handler reads host memory: never on a GPU's buffers
+    tj.register("cuda")  # the CUDA handler: registered without a GPU, used only by XLA's CUDA programs
+    with pytest.raises(tessel.UnsupportedError, match="CPU and CUDA platforms, not 'rocm'"):
+        tj.register("rocm")
     x = f32(300)
     out = jax.jit(lambda x: tj.call(EXAMPLES / "ragged.tk", x))(x)
     np.testing.assert_allclose(np.asarray(out), np.sqrt(np.abs(x)) + 1.0, rtol=1e-6)

@@ -6,6 +6,7 @@
 
 pub mod emit;
 pub mod error;
+pub mod external;
 pub mod limits;
 pub mod lower;
 pub mod mesh;

@@ -10,7 +10,7 @@ use cudarc::driver::sys::{self, CUdevice_attribute, CUfunction_attribute};
 use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
 use tessel_plugin_api::abi::{BackendError, ErrorKind};
 use tessel_plugin_api::array::HostArray;
-use tessel_plugin_api::ir::{ParamKind, Type};
+use tessel_plugin_api::ir::{ParamKind, Type, Verified};
 
 use crate::emit::half_bits;
 use crate::error::Refusal;
@@ -26,7 +26,7 @@ pub struct DeviceBuffer {
 }
 
 /// Bytes of one element of `ty` in a device buffer (as the PTX addresses arrays).
-fn element_bytes(ty: &Type) -> usize {
+pub(crate) fn element_bytes(ty: &Type) -> usize {
     if half_bits(ty.dtype) { 2 } else { 4 }
 }
 
@@ -38,10 +38,9 @@ struct TensorMapArg(sys::CUtensorMap);
 #[allow(unsafe_code, reason = "a kernel parameter type")]
 unsafe impl DeviceRepr for TensorMapArg {}
 
-/// One GPU: context, stream, and the functions loaded so far (by PTX text).
-pub struct Gpu {
+/// One GPU: its (primary) context and the functions loaded into it so far, by PTX text.
+pub struct Device {
     ctx: Arc<CudaContext>,
-    stream: Arc<CudaStream>,
     functions: Mutex<HashMap<String, CudaFunction>>,
     /// "NVIDIA H200, compute capability 9.0".
     pub description: String,
@@ -49,7 +48,15 @@ pub struct Gpu {
     max_shared: u64,
 }
 
-fn device_error(what: &str, e: impl std::fmt::Display) -> BackendError {
+/// The device tessel launches on by itself (the first), with a stream of its own.
+pub struct Gpu {
+    device: Arc<Device>,
+    stream: Arc<CudaStream>,
+    /// "NVIDIA H200, compute capability 9.0".
+    pub description: String,
+}
+
+pub(crate) fn device_error(what: &str, e: impl std::fmt::Display) -> BackendError {
     BackendError::new(ErrorKind::Device, format!("CUDA {what} failed: {e}"))
 }
 
@@ -65,11 +72,13 @@ fn driver_library_present() -> bool {
     })
 }
 
-fn open() -> Result<Gpu, String> {
+/// Device `ordinal`'s primary context (the one CUDA's runtime API, and so XLA, uses), checked
+/// to be a Hopper.
+fn open(ordinal: usize) -> Result<Device, String> {
     if !driver_library_present() {
         return Err("no CUDA driver library (libcuda.so.1) on this machine".into());
     }
-    let ctx = match catch_unwind(AssertUnwindSafe(|| CudaContext::new(0))) {
+    let ctx = match catch_unwind(AssertUnwindSafe(|| CudaContext::new(ordinal))) {
         Ok(Ok(ctx)) => ctx,
         Ok(Err(e)) => return Err(format!("no device: {e}")),
         Err(_) => return Err("the CUDA driver failed to start".into()),
@@ -82,20 +91,35 @@ fn open() -> Result<Gpu, String> {
         return Err(format!("{name} has compute capability {major}.{minor}, which is below 9.0 (sm_90a PTX needs Hopper)"));
     }
     let max_shared = attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?;
-    let stream = ctx.default_stream();
-    Ok(Gpu {
+    Ok(Device {
         max_shared: u64::try_from(max_shared).unwrap_or(0),
         ctx,
-        stream,
         functions: Mutex::new(HashMap::new()),
         description: format!("{name}, compute capability {major}.{minor}"),
     })
 }
 
+/// Device `ordinal`, opened once per process (or the reason it cannot be, kept too).
+pub fn device(ordinal: usize) -> Result<Arc<Device>, String> {
+    static DEVICES: Mutex<Vec<(usize, Result<Arc<Device>, String>)>> = Mutex::new(Vec::new());
+    let mut opened = DEVICES.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some((_, d)) = opened.iter().find(|(o, _)| *o == ordinal) {
+        return d.clone();
+    }
+    let d = open(ordinal).map(Arc::new);
+    opened.push((ordinal, d.clone()));
+    d
+}
+
 /// The GPU, opened once per process.
 pub fn gpu() -> Result<&'static Gpu, String> {
     static GPU: OnceLock<Result<Gpu, String>> = OnceLock::new();
-    GPU.get_or_init(open).as_ref().map_err(Clone::clone)
+    GPU.get_or_init(|| {
+        let device = device(0)?;
+        Ok(Gpu { stream: device.ctx.default_stream(), description: device.description.clone(), device })
+    })
+    .as_ref()
+    .map_err(Clone::clone)
 }
 
 fn unavailable(why: String) -> BackendError {
@@ -136,6 +160,48 @@ impl Gpu {
         Ok(HostArray::from_bits(b.ty.dtype, &b.ty.shape, bits))
     }
 
+    /// Runs one planned kernel on bound buffers and waits for it.
+    pub fn launch(&self, plan: &Plan, ptx: &str, buffers: &HashMap<String, DeviceBuffer>) -> Result<(), BackendError> {
+        let k = plan.kernel.kernel();
+        let mut args = HashMap::new();
+        // The buffers' pointers, each with the guard that orders its later use after this launch.
+        let mut guards = Vec::new();
+        for p in k.params.iter().filter(|p| p.kind != ParamKind::Scratch) {
+            let buf = buffers.get(&p.name).ok_or_else(|| {
+                BackendError::new(ErrorKind::InvalidInput, format!("argument `{}` is not bound to a buffer", p.name))
+            })?;
+            if buf.ty != p.ty {
+                return Err(BackendError::new(
+                    ErrorKind::InvalidInput,
+                    format!("argument `{}` is {}, but its buffer holds {}", p.name, p.ty, buf.ty),
+                ));
+            }
+            let (ptr, guard) = buf.data.device_ptr(&self.stream);
+            args.insert(p.name.clone(), ptr);
+            guards.push(guard);
+        }
+        // SAFETY: each pointer is a live buffer of this device holding its argument's type
+        // (checked above), kept alive past the launch, which is waited for below.
+        #[allow(unsafe_code, reason = "launching on our own buffers")]
+        unsafe {
+            self.device.enqueue(&self.stream, plan, ptx, &args)?;
+        }
+        drop(guards);
+        self.stream.synchronize().map_err(|e| device_error("kernel run", e))
+    }
+}
+
+impl Device {
+    /// A stream another runtime owns (XLA's), belonging to this device's primary context.
+    ///
+    /// # Safety
+    /// `stream` is a live `CUstream` of this device's primary context, alive while the result is.
+    #[allow(unsafe_code, reason = "wrapping a foreign stream")]
+    pub unsafe fn borrow_stream(&self, stream: sys::CUstream) -> Arc<CudaStream> {
+        // SAFETY: as the caller promises; dropping the wrapper leaves the stream alone.
+        unsafe { self.ctx.wrap_borrowed_stream(stream) }
+    }
+
     fn function(&self, plan: &Plan, ptx: &str) -> Result<CudaFunction, BackendError> {
         /// Loaded functions kept, by their PTX.
         const FUNCTIONS_KEPT: usize = 256;
@@ -170,34 +236,49 @@ impl Gpu {
         Ok(f)
     }
 
-    /// Runs one planned kernel on bound buffers and waits for it.
-    pub fn launch(&self, plan: &Plan, ptx: &str, buffers: &HashMap<String, DeviceBuffer>) -> Result<(), BackendError> {
+    /// Enqueues one planned kernel on `stream`, its `in` and `out` arguments at the device
+    /// addresses `args` gives by name; waits for nothing.
+    ///
+    /// # Safety
+    /// `stream` belongs to this device's context; each address is device memory of this device
+    /// holding its argument's type as the PTX addresses it (2 bytes an element for 16-bit
+    /// floats, else 4), alive and not written by anyone else until the work on `stream` is done.
+    #[allow(unsafe_code, reason = "launching a kernel")]
+    pub unsafe fn enqueue(
+        &self,
+        stream: &Arc<CudaStream>,
+        plan: &Plan,
+        ptx: &str,
+        args: &HashMap<String, u64>,
+    ) -> Result<(), BackendError> {
         let f = self.function(plan, ptx)?;
+        // Freed when dropped, after the launch, in the stream's order.
         let workspace = match plan.global_workspace_bytes() {
             0 => None,
-            n => Some(self.stream.alloc_zeros::<u8>(n as usize).map_err(|e| device_error("workspace alloc", e))?),
+            n => Some(stream.alloc_zeros::<u8>(n as usize).map_err(|e| device_error("workspace alloc", e))?),
         };
-        let mut b = self.stream.launch_builder(&f);
+        let k = plan.kernel.kernel();
+        let ptrs = k
+            .params
+            .iter()
+            .filter(|p| p.kind != ParamKind::Scratch)
+            .map(|p| {
+                args.get(&p.name).copied().ok_or_else(|| {
+                    BackendError::new(ErrorKind::InvalidInput, format!("argument `{}` is not bound to a buffer", p.name))
+                })
+            })
+            .collect::<Result<Vec<u64>, _>>()?;
+        let maps = match &plan.gemm {
+            Some(g) => tensor_maps(g, &plan.kernel, args)?,
+            None => Vec::new(),
+        };
+        let mut b = stream.launch_builder(&f);
         if let Some(w) = &workspace {
             b.arg(w);
         }
-        let k = plan.kernel.kernel();
-        for p in k.params.iter().filter(|p| p.kind != ParamKind::Scratch) {
-            let buf = buffers.get(&p.name).ok_or_else(|| {
-                BackendError::new(ErrorKind::InvalidInput, format!("argument `{}` is not bound to a buffer", p.name))
-            })?;
-            if buf.ty != p.ty {
-                return Err(BackendError::new(
-                    ErrorKind::InvalidInput,
-                    format!("argument `{}` is {}, but its buffer holds {}", p.name, p.ty, buf.ty),
-                ));
-            }
-            b.arg(&buf.data);
+        for p in &ptrs {
+            b.arg(p);
         }
-        let maps = match &plan.gemm {
-            Some(g) => self.tensor_maps(g, buffers)?,
-            None => Vec::new(),
-        };
         for m in &maps {
             b.arg(m);
         }
@@ -206,63 +287,61 @@ impl Gpu {
             block_dim: (plan.threads(), 1, 1),
             shared_mem_bytes: plan.shared_bytes() as u32,
         };
-        // SAFETY: the arguments are the workspace (when global) and one buffer per `in`/`out`
-        // argument, in the order and of the types of the entry's parameters (emit.rs); the
-        // dynamic shared memory is the plan's; every access the kernel makes is bounds-checked
-        // against the array shapes the buffers were allocated with.
-        #[allow(unsafe_code, reason = "launching a kernel")]
+        // SAFETY: the arguments are the workspace (when global) and one device address per
+        // `in`/`out` argument, in the order and of the types of the entry's parameters
+        // (emit.rs), valid as the caller promises; the dynamic shared memory is the plan's;
+        // every access the kernel makes is bounds-checked against the declared array shapes.
         unsafe { b.launch(cfg) }.map_err(|e| device_error("launch", e))?;
-        self.stream.synchronize().map_err(|e| device_error("kernel run", e))
+        Ok(())
     }
 }
 
-impl Gpu {
-    /// The tensor maps of the Hopper path's operands (`crate::wgmma`): 2-D, 16-bit floats, the
-    /// plan's boxes, 128-byte swizzle, zeros outside the array.
-    fn tensor_maps(&self, g: &Gemm, buffers: &HashMap<String, DeviceBuffer>) -> Result<Vec<TensorMapArg>, BackendError> {
-        use sys::{
-            CUtensorMapDataType as T, CUtensorMapFloatOOBfill as Fill, CUtensorMapInterleave as Interleave,
-            CUtensorMapL2promotion as L2, CUtensorMapSwizzle as Swizzle,
-        };
-        let dtype = if g.dtype == tessel_plugin_api::ir::DType::BF16 {
-            T::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-        } else {
-            T::CU_TENSOR_MAP_DATA_TYPE_FLOAT16
-        };
-        g.maps
-            .iter()
-            .map(|m| {
-                let buf = &buffers[&m.array];
-                let (rows, cols) = (buf.ty.shape[0] as u64, buf.ty.shape[1] as u64);
-                let (ptr, _sync) = buf.data.device_ptr(&self.stream);
-                let dims = [cols, rows];
-                let strides = [cols * 2];
-                let element_strides = [1u32, 1];
-                let mut map = sys::CUtensorMap { opaque: [0; 16] };
-                // SAFETY: every pointer is to a live array of the rank (2) the call is given,
-                // or of rank - 1 for the strides; the global address is the buffer's.
-                #[allow(unsafe_code, reason = "encoding a tensor map")]
-                let r = unsafe {
-                    sys::cuTensorMapEncodeTiled(
-                        &mut map,
-                        dtype,
-                        2,
-                        ptr as *mut std::ffi::c_void,
-                        dims.as_ptr(),
-                        strides.as_ptr(),
-                        m.boxes.as_ptr(),
-                        element_strides.as_ptr(),
-                        Interleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
-                        Swizzle::CU_TENSOR_MAP_SWIZZLE_128B,
-                        L2::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                        Fill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
-                    )
-                };
-                r.result().map_err(|e| device_error(&format!("encoding the tensor map of `{}`", m.array), e))?;
-                Ok(TensorMapArg(map))
-            })
-            .collect()
-    }
+/// The tensor maps of the Hopper path's operands (`crate::wgmma`): 2-D, 16-bit floats, the
+/// plan's boxes, 128-byte swizzle, zeros outside the array; `args` gives each array's address.
+fn tensor_maps(g: &Gemm, kernel: &Verified, args: &HashMap<String, u64>) -> Result<Vec<TensorMapArg>, BackendError> {
+    use sys::{
+        CUtensorMapDataType as T, CUtensorMapFloatOOBfill as Fill, CUtensorMapInterleave as Interleave,
+        CUtensorMapL2promotion as L2, CUtensorMapSwizzle as Swizzle,
+    };
+    let dtype = if g.dtype == tessel_plugin_api::ir::DType::BF16 {
+        T::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+    } else {
+        T::CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+    };
+    g.maps
+        .iter()
+        .map(|m| {
+            let missing = || BackendError::new(ErrorKind::Internal, format!("the tensor map's array `{}` is not bound", m.array));
+            let ty = &kernel.kernel().params.iter().find(|p| p.name == m.array).ok_or_else(missing)?.ty;
+            let ptr = *args.get(&m.array).ok_or_else(missing)?;
+            let (rows, cols) = (ty.shape[0] as u64, ty.shape[1] as u64);
+            let dims = [cols, rows];
+            let strides = [cols * 2];
+            let element_strides = [1u32, 1];
+            let mut map = sys::CUtensorMap { opaque: [0; 16] };
+            // SAFETY: every pointer is to a live array of the rank (2) the call is given, or of
+            // rank - 1 for the strides; the global address is the array's.
+            #[allow(unsafe_code, reason = "encoding a tensor map")]
+            let r = unsafe {
+                sys::cuTensorMapEncodeTiled(
+                    &mut map,
+                    dtype,
+                    2,
+                    ptr as *mut std::ffi::c_void,
+                    dims.as_ptr(),
+                    strides.as_ptr(),
+                    m.boxes.as_ptr(),
+                    element_strides.as_ptr(),
+                    Interleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+                    Swizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+                    L2::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                    Fill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+                )
+            };
+            r.result().map_err(|e| device_error(&format!("encoding the tensor map of `{}`", m.array), e))?;
+            Ok(TensorMapArg(map))
+        })
+        .collect()
 }
 
 /// The GPU or the reason there is none, as a launch error.

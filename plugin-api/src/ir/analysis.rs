@@ -91,6 +91,14 @@ pub fn overwritten(k: &Kernel, grid: &[LaunchAxis], p: &Param) -> bool {
     !loaded && whole_store && covers(grid, p)
 }
 
+/// Whether every element of output `p` is stored at some grid point before anything could read
+/// it, so that zeroing it first cannot be observed: the kernel overwrites it whole
+/// ([`overwritten`]), or `p` is [`resident`] (written back whole at each program's last step)
+/// and its blocks cover the array ([`covers`]).
+pub fn fully_written(k: &Kernel, grid: &[LaunchAxis], p: &Param) -> bool {
+    overwritten(k, grid, p) || (resident(k, grid, p) && covers(grid, p))
+}
+
 /// Whether the blocks of `p` over the grid cover its array: an index map that sends each
 /// dimension to its own grid axis (`at (i, j)`), whose size times the block reaches the end, or
 /// to 0 where the block spans the dimension.

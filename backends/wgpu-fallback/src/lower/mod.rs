@@ -498,12 +498,10 @@ fn dot_views(plan: &Plan) -> BTreeSet<usize> {
     out
 }
 
-/// Whether every element of output `p` is stored at some grid point before anything could read
-/// it, so that zeroing it first cannot be observed: the kernel overwrites it whole
-/// ([`analysis::overwritten`]), or `p` is [`resident`] (written back whole at each program's last
-/// step) and its blocks cover the array ([`analysis::covers`]).
+/// Whether every element of output `p` is stored before anything could read it
+/// ([`analysis::fully_written`]).
 pub fn fully_written(kernel: &Verified, grid: &[LaunchAxis], p: &Param) -> bool {
-    analysis::overwritten(kernel.kernel(), grid, p) || (resident(kernel.kernel(), grid, p) && analysis::covers(grid, p))
+    analysis::fully_written(kernel.kernel(), grid, p)
 }
 
 /// Whether `p`'s blocks can be read or written as `vec4`s of adjacent elements at every grid

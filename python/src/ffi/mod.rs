@@ -28,257 +28,8 @@ use tessel::{BytesMut, BytesRef, Choice, Error, InPlace, KernelLaunch, Launch, P
 use tessel_plugin_api::abi::MeshBox;
 use tessel_plugin_api::ir::{DType, ParamKind, Type, Verified, batch};
 
-/// The structs of XLA's FFI C API that the handler reads, declared by hand from `c_api.h`
-/// (API version 0.3; every field the handler touches is in 0.1 already). Their sizes and field
-/// offsets are pinned by `python/tests/test_jax.py`, which compiles the header.
-pub mod c_api {
-    use std::ffi::{c_char, c_void};
-
-    /// `XLA_FFI_Extension_Type`: the one kind of extension a handler is handed.
-    pub const EXTENSION_METADATA: i32 = 1;
-    /// `XLA_FFI_ExecutionStage_EXECUTE`.
-    pub const STAGE_EXECUTE: i32 = 3;
-    /// `XLA_FFI_ArgType_BUFFER` and `XLA_FFI_RetType_BUFFER`.
-    pub const BUFFER: i32 = 1;
-    /// `XLA_FFI_AttrType_STRING`.
-    pub const ATTR_STRING: i32 = 4;
-    /// `XLA_FFI_Error_Code_INVALID_ARGUMENT`, `_RESOURCE_EXHAUSTED`, `_UNIMPLEMENTED`,
-    /// `_INTERNAL`, `_UNAVAILABLE` (absl's status codes).
-    pub const INVALID_ARGUMENT: i32 = 3;
-    pub const RESOURCE_EXHAUSTED: i32 = 8;
-    pub const UNIMPLEMENTED: i32 = 12;
-    pub const INTERNAL: i32 = 13;
-    pub const UNAVAILABLE: i32 = 14;
-    /// The API version the handler declares: the oldest with everything it uses.
-    pub const API_MAJOR: i32 = 0;
-    pub const API_MINOR: i32 = 1;
-
-    #[repr(C)]
-    pub struct ExtensionBase {
-        pub struct_size: usize,
-        pub ty: i32,
-        pub next: *mut ExtensionBase,
-    }
-
-    #[repr(C)]
-    pub struct ApiVersion {
-        pub struct_size: usize,
-        pub extension_start: *mut ExtensionBase,
-        pub major_version: i32,
-        pub minor_version: i32,
-    }
-
-    #[repr(C)]
-    pub struct ErrorCreateArgs {
-        pub struct_size: usize,
-        pub extension_start: *mut ExtensionBase,
-        pub message: *const c_char,
-        pub errc: i32,
-    }
-
-    /// An opaque `XLA_FFI_Error`.
-    pub type FfiError = c_void;
-
-    #[repr(C)]
-    pub struct Buffer {
-        pub struct_size: usize,
-        pub extension_start: *mut ExtensionBase,
-        pub dtype: i32,
-        pub data: *mut c_void,
-        pub rank: i64,
-        pub dims: *const i64,
-    }
-
-    #[repr(C)]
-    pub struct ByteSpan {
-        pub ptr: *const c_char,
-        pub len: usize,
-    }
-
-    /// `XLA_FFI_Args` and `XLA_FFI_Rets`: the same layout.
-    #[repr(C)]
-    pub struct Buffers {
-        pub struct_size: usize,
-        pub extension_start: *mut ExtensionBase,
-        pub size: i64,
-        pub types: *const i32,
-        pub buffers: *const *mut Buffer,
-    }
-
-    #[repr(C)]
-    pub struct Attrs {
-        pub struct_size: usize,
-        pub extension_start: *mut ExtensionBase,
-        pub size: i64,
-        pub types: *const i32,
-        pub names: *const *const ByteSpan,
-        pub attrs: *const *const c_void,
-    }
-
-    #[repr(C)]
-    pub struct CallFrame {
-        pub struct_size: usize,
-        pub extension_start: *mut ExtensionBase,
-        pub api: *const Api,
-        pub ctx: *mut c_void,
-        pub stage: i32,
-        pub args: Buffers,
-        pub rets: Buffers,
-        pub attrs: Attrs,
-        pub future: *mut c_void,
-    }
-
-    /// The head of `XLA_FFI_Api`, up to the functions the handler calls.
-    #[repr(C)]
-    pub struct Api {
-        pub struct_size: usize,
-        pub extension_start: *mut ExtensionBase,
-        pub api_version: ApiVersion,
-        pub internal_api: *const c_void,
-        pub error_create: Option<unsafe extern "C" fn(*mut ErrorCreateArgs) -> *mut FfiError>,
-        pub error_get_message: *const c_void,
-        pub error_destroy: *const c_void,
-        pub handler_register: *const c_void,
-        pub stream_get: *const c_void,
-    }
-
-    #[repr(C)]
-    pub struct Metadata {
-        pub struct_size: usize,
-        pub api_version: ApiVersion,
-        pub traits: u32,
-        pub state_type_id: i64,
-    }
-
-    #[repr(C)]
-    pub struct MetadataExtension {
-        pub extension_base: ExtensionBase,
-        pub metadata: *mut Metadata,
-    }
-
-    /// XLA's `XLA_FFI_DataType` of each dtype tessel has.
-    pub fn dtype(code: i32) -> Option<tessel_plugin_api::ir::DType> {
-        use tessel_plugin_api::ir::DType;
-        Some(match code {
-            1 => DType::Bool,
-            4 => DType::I32,
-            8 => DType::U32,
-            10 => DType::F16,
-            11 => DType::F32,
-            16 => DType::BF16,
-            _ => return None,
-        })
-    }
-
-    /// Every struct above, by its name in `c_api.h`: its size and each field's offset, which
-    /// the tests compare with what a C compiler makes of the header.
-    pub fn layout() -> Vec<(&'static str, usize, Vec<(&'static str, usize)>)> {
-        use std::mem::{offset_of, size_of};
-        macro_rules! s {
-            ($c:literal, $t:ty, [$($cf:literal = $f:ident),*]) => {
-                ($c, size_of::<$t>(), vec![$(($cf, offset_of!($t, $f))),*])
-            };
-        }
-        vec![
-            s!("XLA_FFI_Extension_Base", ExtensionBase, ["struct_size" = struct_size, "type" = ty, "next" = next]),
-            s!(
-                "XLA_FFI_Api_Version",
-                ApiVersion,
-                [
-                    "struct_size" = struct_size,
-                    "extension_start" = extension_start,
-                    "major_version" = major_version,
-                    "minor_version" = minor_version
-                ]
-            ),
-            s!(
-                "XLA_FFI_Error_Create_Args",
-                ErrorCreateArgs,
-                ["struct_size" = struct_size, "extension_start" = extension_start, "message" = message, "errc" = errc]
-            ),
-            s!(
-                "XLA_FFI_Buffer",
-                Buffer,
-                [
-                    "struct_size" = struct_size,
-                    "extension_start" = extension_start,
-                    "dtype" = dtype,
-                    "data" = data,
-                    "rank" = rank,
-                    "dims" = dims
-                ]
-            ),
-            s!("XLA_FFI_ByteSpan", ByteSpan, ["ptr" = ptr, "len" = len]),
-            s!(
-                "XLA_FFI_Args",
-                Buffers,
-                [
-                    "struct_size" = struct_size,
-                    "extension_start" = extension_start,
-                    "size" = size,
-                    "types" = types,
-                    "args" = buffers
-                ]
-            ),
-            s!(
-                "XLA_FFI_Rets",
-                Buffers,
-                [
-                    "struct_size" = struct_size,
-                    "extension_start" = extension_start,
-                    "size" = size,
-                    "types" = types,
-                    "rets" = buffers
-                ]
-            ),
-            s!(
-                "XLA_FFI_Attrs",
-                Attrs,
-                [
-                    "struct_size" = struct_size,
-                    "extension_start" = extension_start,
-                    "size" = size,
-                    "types" = types,
-                    "names" = names,
-                    "attrs" = attrs
-                ]
-            ),
-            s!(
-                "XLA_FFI_CallFrame",
-                CallFrame,
-                [
-                    "struct_size" = struct_size,
-                    "extension_start" = extension_start,
-                    "api" = api,
-                    "ctx" = ctx,
-                    "stage" = stage,
-                    "args" = args,
-                    "rets" = rets,
-                    "attrs" = attrs,
-                    "future" = future
-                ]
-            ),
-            s!(
-                "XLA_FFI_Metadata",
-                Metadata,
-                ["struct_size" = struct_size, "api_version" = api_version, "traits" = traits, "state_type_id" = state_type_id]
-            ),
-            s!("XLA_FFI_Metadata_Extension", MetadataExtension, ["extension_base" = extension_base, "metadata" = metadata]),
-            // Only the head of XLA_FFI_Api is declared: its fields' offsets are what matter.
-            (
-                "XLA_FFI_Api",
-                0,
-                vec![
-                    ("struct_size", offset_of!(Api, struct_size)),
-                    ("api_version", offset_of!(Api, api_version)),
-                    ("internal_api", offset_of!(Api, internal_api)),
-                    ("XLA_FFI_Error_Create", offset_of!(Api, error_create)),
-                    ("XLA_FFI_Stream_Get", offset_of!(Api, stream_get)),
-                ],
-            ),
-        ]
-    }
-}
+pub mod c_api;
+mod cuda;
 
 use c_api::*;
 
@@ -296,6 +47,8 @@ pub struct Prepared {
     /// The kernel batched over a grid axis, by batch size (`None`: it cannot be, or the
     /// backend refuses it).
     batches: Mutex<Vec<(usize, Option<Batched>)>>,
+    /// The kernel compiled for launches on XLA's CUDA buffers (`cuda.rs`), by batch size.
+    on_device: Mutex<Vec<(usize, Arc<tessel_mosaic_gpu::external::Compiled>)>>,
 }
 
 /// A kernel batched over a grid axis and the backend's acceptance of it.
@@ -370,6 +123,8 @@ pub struct Stats {
     pub misses: u64,
     pub failures: u64,
     pub most_in_flight: u64,
+    /// CUDA calls that ran through host memory (`cuda.rs`).
+    pub staged: u64,
     pub launches: Vec<(String, u64)>,
 }
 
@@ -382,6 +137,7 @@ pub fn stats() -> Stats {
         misses: load(&MISSES),
         failures: load(&FAILURES),
         most_in_flight: load(&MOST_IN_FLIGHT),
+        staged: load(&cuda::STAGED),
         launches: locked(&LAUNCHES).clone(),
     }
 }
@@ -459,7 +215,16 @@ fn prepare(rt: &Runtime, text: &str, backend: &str, mesh: &str, externals: &str)
     };
     let args = |kind| kernel.kernel().params_of(kind).map(|p| (p.name.clone(), p.ty.clone())).collect();
     let (inputs, outputs) = (args(ParamKind::In), args(ParamKind::Out));
-    Ok(Prepared { kernel, plan, mesh, externals, inputs, outputs, batches: Mutex::new(Vec::new()) })
+    Ok(Prepared {
+        kernel,
+        plan,
+        mesh,
+        externals,
+        inputs,
+        outputs,
+        batches: Mutex::new(Vec::new()),
+        on_device: Mutex::new(Vec::new()),
+    })
 }
 
 /// A failure and the XLA error code it becomes.
@@ -488,12 +253,33 @@ fn invalid(message: String) -> Failure {
     Failure { code: INVALID_ARGUMENT, message: format!("tessel_call: {message}") }
 }
 
-/// The handler XLA calls. Every call returns: a panic becomes an error, never an unwind.
+/// Which memory XLA hands the handler: host memory (the CPU platform) or a CUDA device's.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Platform {
+    Host,
+    Cuda,
+}
+
+/// The handler XLA calls on the CPU platform. Every call returns: a panic becomes an error,
+/// never an unwind.
 ///
 /// # Safety
 /// `frame` is a call frame XLA made for a custom call of this handler.
 pub unsafe extern "C" fn tessel_call(frame: *mut CallFrame) -> *mut FfiError {
-    let result = catch_unwind(AssertUnwindSafe(|| unsafe { handle(frame) }));
+    unsafe { entry(frame, Platform::Host) }
+}
+
+/// The handler XLA calls on the CUDA platform: its buffers are device memory, and its stream is
+/// XLA's (`cuda.rs`).
+///
+/// # Safety
+/// As [`tessel_call`].
+pub unsafe extern "C" fn tessel_call_cuda(frame: *mut CallFrame) -> *mut FfiError {
+    unsafe { entry(frame, Platform::Cuda) }
+}
+
+unsafe fn entry(frame: *mut CallFrame, platform: Platform) -> *mut FfiError {
+    let result = catch_unwind(AssertUnwindSafe(|| unsafe { handle(frame, platform) }));
     let failure = match result {
         Ok(Ok(())) => return std::ptr::null_mut(),
         Ok(Err(f)) => f,
@@ -507,10 +293,6 @@ pub unsafe extern "C" fn tessel_call(frame: *mut CallFrame) -> *mut FfiError {
     unsafe { error(frame, failure) }
 }
 
-/// An empty handler: the baseline of the per-call overhead benchmark.
-///
-/// # Safety
-/// As [`tessel_call`].
 pub unsafe extern "C" fn empty_call(frame: *mut CallFrame) -> *mut FfiError {
     // SAFETY: as tessel_call's.
     let _ = unsafe { metadata(frame) };
@@ -643,7 +425,7 @@ fn bytes_of(ty: &Type) -> usize {
     elem * ty.numel()
 }
 
-unsafe fn handle(frame: *mut CallFrame) -> Result<(), Failure> {
+unsafe fn handle(frame: *mut CallFrame, platform: Platform) -> Result<(), Failure> {
     // A frame too old (small) to hold every field the handler reads (up to `attrs`; `future`
     // is newer than some jaxlibs, and unread) would be read past its end: refuse it before
     // reading anything after its size. SAFETY: every XLA call frame starts with its size.
@@ -700,47 +482,98 @@ unsafe fn handle(frame: *mut CallFrame) -> Result<(), Failure> {
         Some(b) => (&b.0, &b.1, 1, count),
         None => (&p.kernel, &p.plan, count, 1),
     };
-    let ty_of = |ty: &Type| Type {
-        dtype: ty.dtype,
-        shape: std::iter::repeat_n(per, (per > 1) as usize).chain(ty.shape.iter().copied()).collect(),
-    };
     let ext: Vec<&MeshBox> = p.externals.iter().collect();
     let calls = [KernelLaunch { kernel, mesh: p.mesh.as_ref() }];
     let launch = Launch::new(&calls, &ext, &Default::default());
     let planned = rt.resume(plan.clone(), &launch)?;
-    for n in 0..launches {
-        let mut args = InPlace::default();
-        for (raw, (arg, ty)) in ins.iter().zip(&p.inputs) {
-            let len = bytes_of(ty) * per;
-            // SAFETY: XLA's buffer holds `count` elements of the declared type, alive for the
-            // call, which are `launches` runs of `len` bytes; XLA does not write an operand
-            // during the call.
-            let bytes = if len == 0 { &[][..] } else { unsafe { std::slice::from_raw_parts(raw.data.add(n * len), len) } };
-            args.inputs.insert(arg.clone(), BytesRef { ty: ty_of(ty), bytes });
+    let batch = Batch { kernel, per, launches, batched: batched.as_deref() };
+    match platform {
+        Platform::Host => {
+            for n in 0..launches {
+                // SAFETY: XLA's host buffers, as `launch_host` needs them.
+                unsafe { launch_host(&planned, &p, &batch, &ins, &outs, n)? };
+            }
         }
-        for (raw, (arg, ty)) in outs.iter().zip(&p.outputs) {
-            let len = bytes_of(ty) * per;
-            // SAFETY: a result buffer of the call, as above, that nothing else reads or writes
-            // during the call (tessel's lowering asks XLA for no aliasing).
-            let bytes =
-                if len == 0 { &mut [][..] } else { unsafe { std::slice::from_raw_parts_mut(raw.data.add(n * len), len) } };
-            args.outputs.insert(arg.clone(), BytesMut { ty: ty_of(ty), bytes });
-        }
-        planned.launch_in_place(&mut args)?;
+        // SAFETY: XLA's device buffers and its call frame (for the stream).
+        Platform::Cuda => unsafe { cuda::launch(frame, &planned, &p, &batch, &ins, &outs)? },
     }
-    {
-        let mut l = locked(&LAUNCHES);
-        match l.iter_mut().find(|(b, _)| b == p.plan.backend()) {
-            Some((_, c)) => *c += launches as u64,
-            None => l.push((p.plan.backend().to_string(), launches as u64)),
-        }
-    }
+    count_launches(p.plan.backend(), launches as u64);
     Ok(())
+}
+
+/// How a call's batch (`vmap`) runs: `launches` launches of `kernel`, each on `per` elements.
+struct Batch<'a> {
+    kernel: &'a Verified,
+    per: usize,
+    launches: usize,
+    /// The kernel batched over a grid axis, where it is (then `launches` is 1).
+    batched: Option<&'a (Verified, Plan)>,
+}
+
+impl Batch<'_> {
+    /// An argument of type `ty` as one launch sees it: with a leading batch axis where the
+    /// launch runs several elements.
+    fn ty(&self, ty: &Type) -> Type {
+        let batch = std::iter::repeat_n(self.per, (self.per > 1) as usize);
+        Type { dtype: ty.dtype, shape: batch.chain(ty.shape.iter().copied()).collect() }
+    }
+
+    /// Bytes of one launch's part of an argument of type `ty`.
+    fn bytes(&self, ty: &Type) -> usize {
+        bytes_of(ty) * self.per
+    }
+}
+
+/// Launch `n` of a call on the host: element `n`'s slice of each of XLA's buffers, in place.
+///
+/// # Safety
+/// `ins` and `outs` are XLA's host buffers for the call, checked against `p`'s arguments.
+unsafe fn launch_host(
+    planned: &tessel::Planned<'_, '_>,
+    p: &Prepared,
+    batch: &Batch<'_>,
+    ins: &[Raw],
+    outs: &[Raw],
+    n: usize,
+) -> Result<(), Failure> {
+    let mut args = InPlace::default();
+    for (raw, (arg, ty)) in ins.iter().zip(&p.inputs) {
+        let len = batch.bytes(ty);
+        // SAFETY: XLA's buffer holds the call's elements of the declared type, alive for the
+        // call, which are `batch.launches` runs of `len` bytes; XLA does not write an operand
+        // during the call.
+        let bytes = if len == 0 { &[][..] } else { unsafe { std::slice::from_raw_parts(raw.data.add(n * len), len) } };
+        args.inputs.insert(arg.clone(), BytesRef { ty: batch.ty(ty), bytes });
+    }
+    for (raw, (arg, ty)) in outs.iter().zip(&p.outputs) {
+        let len = batch.bytes(ty);
+        // SAFETY: a result buffer of the call, as above, that nothing else reads or writes
+        // during the call (tessel's lowering asks XLA for no aliasing).
+        let bytes =
+            if len == 0 { &mut [][..] } else { unsafe { std::slice::from_raw_parts_mut(raw.data.add(n * len), len) } };
+        args.outputs.insert(arg.clone(), BytesMut { ty: batch.ty(ty), bytes });
+    }
+    planned.launch_in_place(&mut args)?;
+    Ok(())
+}
+
+/// Counts `n` launches on `backend`.
+fn count_launches(backend: &str, n: u64) {
+    let mut l = locked(&LAUNCHES);
+    match l.iter_mut().find(|(b, _)| b == backend) {
+        Some((_, c)) => *c += n,
+        None => l.push((backend.to_string(), n)),
+    }
 }
 
 /// The handler's address, for a capsule.
 pub fn handler() -> *mut c_void {
     tessel_call as *mut c_void
+}
+
+/// The CUDA handler's address.
+pub fn cuda_handler() -> *mut c_void {
+    tessel_call_cuda as *mut c_void
 }
 
 /// The empty handler's address.

@@ -1,0 +1,149 @@
+//! Launches on memory and a stream that another runtime owns: XLA's, when a kernel runs inside
+//! `jax.jit` on a GPU (tessel's Python module calls this from its CUDA FFI handler). The arrays
+//! are device addresses, the work is enqueued on the caller's stream, and nothing is copied or
+//! waited for: the order of the caller's stream is the only order. Device addresses mean
+//! something only to the backend that owns the device, which is why this is the backend's own
+//! API and not a method of the plugin boundary.
+
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use cudarc::driver::sys;
+use tessel_plugin_api::abi::{BackendError, ErrorKind, MeshBox};
+use tessel_plugin_api::backend::{Call, Launch};
+use tessel_plugin_api::ir::{Kernel, ParamKind, Verified, analysis};
+use tessel_plugin_api::launch::resolve_grid;
+
+use crate::lower::Plan;
+use crate::runtime::{self, Device, device_error};
+use crate::{MosaicGpu, emit};
+
+/// A kernel planned and lowered to PTX, ready to enqueue on any stream of a Hopper device.
+pub struct Compiled {
+    plan: Plan,
+    ptx: String,
+    /// Outputs some element of which the kernel may leave unwritten, with their bytes: zeroed
+    /// before each launch, since outputs start as zeros (language §3) and XLA's do not.
+    zeroed: Vec<(String, usize)>,
+}
+
+/// `kernel` on `mesh` (if any) planned and lowered as this backend plans and lowers a launch:
+/// the same refusals, in the same words. No device.
+pub fn compile(kernel: &Kernel, mesh: Option<&MeshBox>) -> Result<Compiled, BackendError> {
+    let launch = Launch {
+        calls: vec![Call { kernel: Arc::new(kernel.clone()), mesh }],
+        external_meshes: Vec::new(),
+        grid: BTreeMap::new(),
+        key: [0; 32],
+    };
+    let plan = MosaicGpu::new().plan(&launch)?.remove(0);
+    let ptx = emit::emit(&plan);
+    let grid = resolve_grid(&plan.kernel, &BTreeMap::new()).map_err(|e| BackendError::new(ErrorKind::InvalidInput, e.to_string()))?;
+    let k = plan.kernel.kernel();
+    let zeroed = k
+        .params_of(ParamKind::Out)
+        .filter(|p| !analysis::fully_written(k, &grid, p))
+        .map(|p| (p.name.clone(), p.ty.numel() * runtime::element_bytes(&p.ty)))
+        .collect();
+    Ok(Compiled { plan, ptx, zeroed })
+}
+
+/// The device whose context `stream` belongs to (a null stream: the thread's current context).
+fn device_of(stream: sys::CUstream) -> Result<Arc<Device>, BackendError> {
+    let unavailable = |why: String| BackendError::new(ErrorKind::Unavailable, format!("the Mosaic GPU backend is unavailable: {why}"));
+    // The driver library and a Hopper at ordinal 0 first: cudarc panics without the library.
+    runtime::gpu().map_err(unavailable)?;
+    let mut ctx: sys::CUcontext = std::ptr::null_mut();
+    let mut dev: sys::CUdevice = 0;
+    // SAFETY: out-parameters of the driver; `stream` is the caller's live stream.
+    #[allow(unsafe_code, reason = "asking the driver which device a stream is on")]
+    unsafe {
+        let r = if stream.is_null() { sys::cuCtxGetCurrent(&mut ctx) } else { sys::cuStreamGetCtx(stream, &mut ctx) };
+        r.result().map_err(|e| device_error("finding the stream's context", e))?;
+        let r = sys::cuCtxPushCurrent_v2(ctx);
+        r.result().map_err(|e| device_error("entering the stream's context", e))?;
+        let r = sys::cuCtxGetDevice(&mut dev);
+        let mut popped: sys::CUcontext = std::ptr::null_mut();
+        let _ = sys::cuCtxPopCurrent_v2(&mut popped);
+        r.result().map_err(|e| device_error("finding the stream's device", e))?;
+    }
+    runtime::device(usize::try_from(dev).unwrap_or(0)).map_err(unavailable)
+}
+
+impl Compiled {
+    /// The kernel as planned (its grid includes its mesh's axes).
+    pub fn kernel(&self) -> &Verified {
+        &self.plan.kernel
+    }
+
+    /// The PTX.
+    pub fn ptx(&self) -> &str {
+        &self.ptx
+    }
+
+    /// Enqueues the kernel on `stream`, its `in` and `out` arguments at the device addresses
+    /// `args` gives by name. Returns once it is enqueued.
+    ///
+    /// # Safety
+    /// `stream` is a live `CUstream` of a device's primary context (XLA's streams are); each
+    /// address is memory of that device holding its argument's declared type, 2 bytes an element
+    /// for 16-bit floats and 4 for 32-bit types (`bool` arguments are 4 bytes an element here),
+    /// not written by anyone else until the work enqueued on `stream` is done.
+    #[allow(unsafe_code, reason = "launching on a foreign stream")]
+    pub unsafe fn enqueue(&self, stream: *mut c_void, args: &HashMap<String, u64>) -> Result<(), BackendError> {
+        let stream = stream as sys::CUstream;
+        let device = device_of(stream)?;
+        for (name, bytes) in &self.zeroed {
+            let Some(&at) = args.get(name) else { continue };
+            // SAFETY: the output's memory, `bytes` long, as the caller promises.
+            unsafe { sys::cuMemsetD8Async(at, 0, *bytes, stream) }.result().map_err(|e| device_error("zeroing an output", e))?;
+        }
+        // SAFETY: as the caller promises.
+        unsafe {
+            let s = device.borrow_stream(stream);
+            device.enqueue(&s, &self.plan, &self.ptx, args)
+        }
+    }
+}
+
+/// Copies `bytes.len()` bytes from device address `from` into `bytes` in `stream`'s order, and
+/// waits for them.
+///
+/// # Safety
+/// As [`Compiled::enqueue`]: `from` holds that many bytes, on the device of `stream`.
+#[allow(unsafe_code, reason = "copying from a foreign buffer")]
+pub unsafe fn copy_to_host(stream: *mut c_void, from: u64, bytes: &mut [u8]) -> Result<(), BackendError> {
+    let stream = stream as sys::CUstream;
+    let _ = device_of(stream)?;
+    if bytes.is_empty() {
+        return Ok(());
+    }
+    // SAFETY: as the caller promises; the copy is waited for before `bytes` is given back.
+    unsafe {
+        sys::cuMemcpyDtoHAsync_v2(bytes.as_mut_ptr().cast(), from, bytes.len(), stream)
+            .result()
+            .map_err(|e| device_error("copy to the host", e))?;
+        sys::cuStreamSynchronize(stream).result().map_err(|e| device_error("waiting for a copy", e))
+    }
+}
+
+/// Copies `bytes` to device address `to` in `stream`'s order, and waits for them.
+///
+/// # Safety
+/// As [`copy_to_host`], for `to`.
+#[allow(unsafe_code, reason = "copying into a foreign buffer")]
+pub unsafe fn copy_to_device(stream: *mut c_void, to: u64, bytes: &[u8]) -> Result<(), BackendError> {
+    let stream = stream as sys::CUstream;
+    let _ = device_of(stream)?;
+    if bytes.is_empty() {
+        return Ok(());
+    }
+    // SAFETY: as the caller promises; the copy is waited for before `bytes` may be dropped.
+    unsafe {
+        sys::cuMemcpyHtoDAsync_v2(to, bytes.as_ptr().cast(), bytes.len(), stream)
+            .result()
+            .map_err(|e| device_error("copy to the device", e))?;
+        sys::cuStreamSynchronize(stream).result().map_err(|e| device_error("waiting for a copy", e))
+    }
+}

@@ -1,0 +1,137 @@
+//! `tessel_call` on the CUDA platform: XLA hands the handler device buffers and its stream.
+//!
+//! A launch prepared for mosaic-gpu is enqueued on XLA's stream with the buffers' device
+//! addresses (`tessel_mosaic_gpu::external`): nothing is copied and nothing waited for, so the
+//! kernel takes its place in XLA's order like any of XLA's own. A launch prepared for another
+//! backend (`backend="interpret"` or `"wgpu"`, or `auto` where mosaic-gpu refused the kernel),
+//! and a kernel with `bool` arrays (1 byte an element in XLA's buffers, 4 in the PTX), runs
+//! through host memory instead: its operands are copied out, it runs in place on the copies, and
+//! its results are copied back, each copy in the stream's order. That is correct but waits for
+//! the stream; `tessel.jax.stats()["staged"]` counts such calls.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use tessel_mosaic_gpu::external::{self, Compiled};
+use tessel_plugin_api::ir::DType;
+
+use super::c_api::*;
+use super::{Batch, Failure, INTERNAL, Prepared, Raw, launch_host, locked};
+
+/// Calls that ran through host memory.
+pub static STAGED: AtomicU64 = AtomicU64::new(0);
+
+/// The most compiled kernels (one per batch size) kept per prepared launch.
+const COMPILED_KEPT: usize = 8;
+
+/// A failure of the Mosaic GPU backend as tessel reports it.
+fn mosaic_error(e: tessel_plugin_api::abi::BackendError) -> Failure {
+    Failure::from(tessel::Error::Backend {
+        backend: tessel_mosaic_gpu::NAME.to_string(),
+        kind: e.kind,
+        message: e.message.into_string(),
+    })
+}
+
+/// XLA's stream for this call (a `CUstream`).
+///
+/// # Safety
+/// `frame` is XLA's call frame, whose API table and execution context are live.
+unsafe fn stream(frame: &CallFrame) -> Result<*mut c_void, Failure> {
+    let failure = |why: &str| Failure { code: INTERNAL, message: format!("tessel_call: XLA gave no CUDA stream: {why}") };
+    // SAFETY: XLA's API table, which holds `XLA_FFI_Stream_Get` since API version 0.1.
+    let get = unsafe { (*frame.api).stream_get }.ok_or_else(|| failure("its API has no XLA_FFI_Stream_Get"))?;
+    let mut args = StreamGetArgs {
+        struct_size: std::mem::size_of::<StreamGetArgs>(),
+        extension_start: std::ptr::null_mut(),
+        ctx: frame.ctx,
+        stream: std::ptr::null_mut(),
+    };
+    // SAFETY: the arguments XLA_FFI_Stream_Get takes, with the call's context.
+    let err = unsafe { get(&mut args) };
+    if !err.is_null() {
+        return Err(failure("XLA_FFI_Stream_Get failed"));
+    }
+    Ok(args.stream)
+}
+
+/// The kernel `batch` launches, compiled for mosaic-gpu once per batch size.
+fn compiled(p: &Prepared, batch: &Batch<'_>) -> Result<Arc<Compiled>, Failure> {
+    let size = if batch.batched.is_some() { batch.per } else { 1 };
+    if let Some((_, c)) = locked(&p.on_device).iter().find(|(s, _)| *s == size) {
+        return Ok(Arc::clone(c));
+    }
+    let mesh = if batch.batched.is_some() { None } else { p.mesh.as_ref() };
+    let c = Arc::new(external::compile(batch.kernel.kernel(), mesh).map_err(mosaic_error)?);
+    let mut kept = locked(&p.on_device);
+    if kept.len() >= COMPILED_KEPT {
+        kept.clear();
+    }
+    kept.push((size, Arc::clone(&c)));
+    Ok(c)
+}
+
+/// The call's launches on XLA's device buffers `ins` and `outs`, in XLA's stream.
+///
+/// # Safety
+/// `frame` is XLA's call frame for this call on the CUDA platform; `ins` and `outs` are its
+/// device buffers, checked against `p`'s arguments.
+pub(super) unsafe fn launch(
+    frame: &CallFrame,
+    planned: &tessel::Planned<'_, '_>,
+    p: &Prepared,
+    batch: &Batch<'_>,
+    ins: &[Raw],
+    outs: &[Raw],
+) -> Result<(), Failure> {
+    // SAFETY: as the caller promises.
+    let stream = unsafe { stream(frame)? };
+    let args = || ins.iter().zip(&p.inputs).chain(outs.iter().zip(&p.outputs));
+    let direct = p.plan.backend() == tessel_mosaic_gpu::NAME && args().all(|(_, (_, ty))| ty.dtype != DType::Bool);
+    if direct {
+        let c = compiled(p, batch)?;
+        for n in 0..batch.launches {
+            let at: HashMap<String, u64> =
+                args().map(|(raw, (arg, ty))| (arg.clone(), raw.data as u64 + (n * batch.bytes(ty)) as u64)).collect();
+            // SAFETY: XLA's device buffers on the stream's device, each holding its argument's
+            // declared type (checked by the caller) in the layout the PTX reads (no `bool`);
+            // XLA writes none of them until the stream reaches the kernel's end.
+            unsafe { c.enqueue(stream, &at).map_err(mosaic_error)? };
+        }
+        return Ok(());
+    }
+    STAGED.fetch_add(1, Ordering::Relaxed);
+    for n in 0..batch.launches {
+        // Element `n`'s part of every buffer, in host memory.
+        let copy = |raws: &[Raw], decl: &[(String, tessel_plugin_api::ir::Type)], read: bool| {
+            raws.iter()
+                .zip(decl)
+                .map(|(raw, (_, ty))| {
+                    let mut host = vec![0u8; batch.bytes(ty)];
+                    if read {
+                        let at = raw.data as u64 + (n * host.len()) as u64;
+                        // SAFETY: XLA's device buffer holds this element's bytes.
+                        unsafe { external::copy_to_host(stream, at, &mut host).map_err(mosaic_error)? };
+                    }
+                    Ok::<_, Failure>(host)
+                })
+                .collect::<Result<Vec<Vec<u8>>, _>>()
+        };
+        let host_ins = copy(ins, &p.inputs, true)?;
+        let mut host_outs = copy(outs, &p.outputs, false)?;
+        let raw = |host: &[u8], like: &Raw| Raw { dtype: like.dtype, dims: like.dims.clone(), data: host.as_ptr() as *mut u8 };
+        let r_ins: Vec<Raw> = host_ins.iter().zip(ins).map(|(h, r)| raw(h, r)).collect();
+        let r_outs: Vec<Raw> = host_outs.iter_mut().zip(outs).map(|(h, r)| raw(h, r)).collect();
+        // SAFETY: host copies of element `n`'s part of each buffer (so launch 0 of them), the
+        // results' copies written only through `r_outs`.
+        unsafe { launch_host(planned, p, batch, &r_ins, &r_outs, 0)? };
+        for ((host, raw), (_, ty)) in host_outs.iter().zip(outs).zip(&p.outputs) {
+            let at = raw.data as u64 + (n * batch.bytes(ty)) as u64;
+            // SAFETY: XLA's result buffer holds this element's bytes.
+            unsafe { external::copy_to_device(stream, at, host).map_err(mosaic_error)? };
+        }
+    }
+    Ok(())
+}

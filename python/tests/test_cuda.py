@@ -1,0 +1,115 @@
+"""tessel inside JAX on an NVIDIA GPU: `tessel_call`'s CUDA handler under `jax.jit`, on XLA's
+device buffers and stream. These run where JAX has a CUDA device (`scripts/gpu-check` runs them
+on a lent Hopper); elsewhere each is a visible skip, and TESSEL_REQUIRE_GPU=1 makes it a failure.
+Expected values come from numpy on the host, never from tessel."""
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+import jax.numpy as jnp  # noqa: E402
+
+import tessel  # noqa: E402
+import tessel.jax as tj  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
+RNG = np.random.default_rng(11)
+
+
+def _gpu():
+    for platform in ("cuda", "gpu"):
+        try:
+            return jax.devices(platform)[0]
+        except RuntimeError:
+            pass
+    return None
+
+
+GPU = _gpu()
+if GPU is None:
+    why = f"no CUDA device in jax {jax.__version__} (jax.devices('cuda') is empty)"
+    if os.environ.get("TESSEL_REQUIRE_GPU") == "1":
+        raise RuntimeError(f"TESSEL_REQUIRE_GPU=1, but {why}")
+    pytest.skip(why, allow_module_level=True)
+
+
+def f32(*shape):
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+def on_gpu(x):
+    return jax.device_put(x, GPU)
+
+
+def counts():
+    s = tj.stats()
+    return s["launches"].get("mosaic-gpu", 0), s["staged"]
+
+
+def test_a_kernel_runs_on_xlas_device_buffers_without_copies():
+    k = tessel.load(EXAMPLES / "add.tk")
+    x, y = f32(1 << 20), f32(1 << 20)
+    before = counts()
+    f = jax.jit(lambda x, y: tj.call(k, x, y, backend="mosaic-gpu") * 2.0)
+    out = f(on_gpu(x), on_gpu(y))
+    assert out.devices() == {GPU}
+    np.testing.assert_allclose(np.asarray(out), (x + y) * 2.0, rtol=1e-6)
+    launched, staged = counts()
+    assert launched == before[0] + 1 and staged == before[1], (before, counts())
+
+
+def test_calls_in_one_program_keep_xlas_order():
+    """Kernels enqueued on XLA's stream, between XLA's own operations, with no wait: each reads
+    what the one before wrote."""
+    add = tessel.load(EXAMPLES / "add.tk")
+    soft = tessel.load(EXAMPLES / "softmax.tk")
+    x, y = f32(1024, 256), f32(1024, 256)
+
+    def step(x, y):
+        s = tj.call(add, x.reshape(-1), y.reshape(-1), backend="mosaic-gpu").reshape(x.shape)
+        s = jnp.tanh(s)
+        return tj.call(soft, s, backend="mosaic-gpu") + tj.call(add, x.reshape(-1), s.reshape(-1), backend="mosaic-gpu").reshape(x.shape)
+
+    got = np.asarray(jax.jit(step)(on_gpu(x), on_gpu(y)))
+    s = np.tanh(x + y)
+    e = np.exp(s - s.max(axis=1, keepdims=True))
+    want = e / e.sum(axis=1, keepdims=True) + (x + s)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_bf16_matmul_on_the_hopper_path_inside_jit():
+    import ml_dtypes
+
+    k = tessel.load(EXAMPLES / "matmul_bf16.tk")
+    a = RNG.standard_normal((512, 256)).astype(ml_dtypes.bfloat16)
+    b = RNG.standard_normal((256, 384)).astype(ml_dtypes.bfloat16)
+    got = np.asarray(jax.jit(lambda a, b: tj.call(k, a, b, backend="mosaic-gpu"))(on_gpu(a), on_gpu(b))).astype(np.float32)
+    want = a.astype(np.float32) @ b.astype(np.float32)
+    np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-1)
+
+
+def test_vmap_batches_on_the_device():
+    k = tessel.load(EXAMPLES / "add.tk")
+    x, y = f32(6, 4096), f32(6, 4096)
+    got = jax.jit(jax.vmap(lambda x, y: tj.call(k, x, y, backend="mosaic-gpu")))(on_gpu(x), on_gpu(y))
+    np.testing.assert_allclose(np.asarray(got), x + y, rtol=1e-6)
+
+
+def test_another_backend_runs_through_host_copies_and_is_counted():
+    k = tessel.load(EXAMPLES / "add.tk")
+    x, y = f32(4096), f32(4096)
+    before = counts()
+    out = jax.jit(lambda x, y: tj.call(k, x, y, backend="interpret") + 1.0)(on_gpu(x), on_gpu(y))
+    np.testing.assert_allclose(np.asarray(out), x + y + 1.0, rtol=1e-6)
+    assert counts()[1] == before[1] + 1
+
+
+def test_a_kernel_mosaic_gpu_refuses_is_refused_when_traced():
+    k = tessel.load(ROOT / "tests" / "in" / "dyn_grid.tk")
+    x = f32(64, 32)
+    with pytest.raises(tessel.UnsupportedError, match="dynamic grid bounds not supported in the Mosaic GPU backend"):
+        jax.jit(lambda x: tj.call(k, x, backend="mosaic-gpu"))(on_gpu(x))
