@@ -113,3 +113,27 @@ def test_a_kernel_mosaic_gpu_refuses_is_refused_when_traced():
     x = f32(64, 32)
     with pytest.raises(tessel.UnsupportedError, match="dynamic grid bounds not supported in the Mosaic GPU backend"):
         jax.jit(lambda x: tj.call(k, x, backend="mosaic-gpu"))(on_gpu(x))
+
+
+def test_an_unchanged_pallas_call_runs_on_tessel_when_its_compiler_params_say_so():
+    """`compiler_params=tp.CompilerParams(backend="mosaic-gpu")` sends a `pallas_call` that JAX
+    lowers for the GPU to tessel's CUDA handler (`jax.extend.pallas.register_lowering_rule`)."""
+    from jax.experimental import pallas as pl
+
+    from tessel import pallas as tp
+
+    def double(x_ref, o_ref):
+        o_ref[...] = x_ref[...] * 2.0 + 1.0
+
+    def f(x):
+        spec = pl.BlockSpec((256,), lambda i: (i,))
+        return pl.pallas_call(
+            double, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), grid=(x.shape[0] // 256,), in_specs=[spec],
+            out_specs=spec, compiler_params=tp.CompilerParams(backend="mosaic-gpu"),
+        )(x)
+
+    x = f32(4096)
+    before = counts()
+    got = jax.jit(lambda x: f(x) + 1.0)(on_gpu(x))
+    np.testing.assert_allclose(np.asarray(got), x * 2.0 + 2.0, rtol=1e-6)
+    assert counts()[0] == before[0] + 1
