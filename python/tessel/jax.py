@@ -34,7 +34,7 @@ from ._errors import InputError
 __all__ = ["call", "register", "lowering", "stats", "TESTED_JAX"]
 
 #: The JAX versions tessel's JAX tests ran on (docs/jax.md).
-TESTED_JAX = ("0.8.1", "0.10.2")
+TESTED_JAX = ("0.8.1", "0.10.2", "0.11.2")
 #: The oldest JAX with everything tessel uses (`jax.ffi`, typed FFI on the CPU, `shard_map`).
 _OLDEST = (0, 8)
 
