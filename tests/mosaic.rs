@@ -277,3 +277,37 @@ fn a_thread_axis_past_eight_warpgroups_runs_several_points_per_warpgroup() {
         assert!(got[0].1.to_f64().iter().zip(want[0].1.to_f64()).all(|(a, b)| tol.close(*a, b)), "reverse={reverse}");
     }
 }
+
+/// The kernels written for the Hopper path take it: their PTX copies operands with TMA, waits on
+/// mbarriers and multiplies with `wgmma` (a kernel that fell to the general path would still
+/// agree with the interpreter, so the emulator alone would not notice). An epilogue with a
+/// reduction in it is not elementwise, and keeps its kernel on the general path.
+#[test]
+fn the_hopper_kernels_take_the_hopper_path() {
+    let hopper = |ptx: &str| ptx.contains("wgmma.mma_async") && ptx.contains("cp.async.bulk.tensor") && ptx.contains("mbarrier");
+    let files = [
+        "tests/in/wgmma_bf16.tk",
+        "tests/in/wgmma_f16_wide.tk",
+        "tests/in/wgmma_scratch.tk",
+        "tests/in/wgmma_steps.tk",
+        "tests/in/wgmma_epilogue.tk",
+        "examples/matmul_bf16.tk",
+        "benches/kernels/matmul_bf16_4096.tk",
+        "benches/kernels/matmul_bf16_gelu_4096.tk",
+    ];
+    for f in files {
+        let path = root().join(f);
+        let kernel = tessel::load_file(&path).unwrap_or_else(|e| panic!("{e}"))[0].name().to_string();
+        let ptx = lower(&path, &kernel).unwrap_or_else(|e| panic!("{f}: {e}"));
+        assert!(hopper(&ptx), "{f} fell off the Hopper path");
+    }
+    let text = std::fs::read_to_string(root().join("tests/in/wgmma_epilogue.tk")).expect("kernel file");
+    let reduced = text.replace("    %y = mul %g, 0.5\n", "    %m = max %g axis 1 keepdims\n    %y = sub %g, %m\n");
+    assert_ne!(reduced, text);
+    let path = std::env::temp_dir().join(format!("tessel-epilogue-{}.tk", std::process::id()));
+    std::fs::write(&path, reduced).expect("temporary kernel file");
+    let ptx = lower(&path, "wgmma_epilogue");
+    std::fs::remove_file(&path).ok();
+    let ptx = ptx.unwrap_or_else(|e| panic!("the reducing epilogue: {e}"));
+    assert!(!hopper(&ptx) && ptx.contains("mma.sync"), "an epilogue with a reduction took the Hopper path");
+}

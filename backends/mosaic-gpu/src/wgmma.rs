@@ -6,7 +6,10 @@
 //! `f32` output block that is the same at every step (`load c; add; store c`, optionally zeroed
 //! by `when program_id(k) == 0`), or, without `seq` steps, `store c, dot`; or the same into `f32`
 //! scratch that a `when` at the last step stores, cast or not, to an output (Pallas's `acc_ref`
-//! matmul). Nothing else may be in the body; any other kernel takes the general path
+//! matmul), with any elementwise epilogue between that load and the store: `f32` ops of the
+//! accumulator, literals and whole loads of other inputs whose blocks broadcast against the
+//! output block (a bias row, a scale column, a residual block), then the output's cast
+//! ([`Epilogue`]). Nothing else may be in the body; any other kernel takes the general path
 //! (`lower.rs`), which runs every kernel.
 //!
 //! On this path a CTA of one to four warpgroups owns a `BM x BN` output block, each warpgroup 64
@@ -15,7 +18,8 @@
 //! 128-byte swizzle, boxes of 64 elements along the contiguous dimension) tracked by an mbarrier
 //! per stage; `stages` steps are in flight, so the copies for the next steps overlap this step's
 //! `wgmma.mma_async` (m64nBNk16, both operands from shared memory through descriptors). After the
-//! last step the accumulator goes to the output from registers, bounds-checked like any store.
+//! last step the epilogue runs on the accumulator's registers, one element at a time, and the
+//! result goes to the output from registers, bounds-checked like any store.
 //! Copies past the array edges read zeros (the tensor map's fill), as `load` does.
 
 use tessel_plugin_api::ir::*;
@@ -81,6 +85,23 @@ pub struct Gemm {
     pub init: Init,
     /// Tensor maps: `a`'s, then `b`'s.
     pub maps: [TensorMapSpec; 2],
+    /// What the last step does to the accumulator before the store (nothing, where the kernel
+    /// accumulates into its output).
+    pub epilogue: Option<Epilogue>,
+}
+
+/// The elementwise work a scratch-accumulator kernel's last step does between `load acc` and
+/// `store out` (a bias, an activation, a scaling): done on each thread's accumulator registers,
+/// one element at a time, in `f32`; the output's cast is the store's.
+#[derive(Clone, Debug)]
+pub struct Epilogue {
+    /// The value the accumulator is loaded as.
+    pub acc: String,
+    /// The statements, in order: `f32` ops and whole loads of other inputs' blocks, which
+    /// broadcast against the output block (numpy's rules).
+    pub stmts: Vec<Stmt>,
+    /// The value stored (before the output's cast).
+    pub stored: String,
 }
 
 impl Gemm {
@@ -172,23 +193,62 @@ fn zero_init<'b>(v: &Verified, body: &'b [Stmt], c: &str) -> Option<[&'b Stmt; 3
     (zeros && whole_store(st, c) == Some(z.results[0].as_str())).then_some(taken)
 }
 
-/// `when program_id(seq) == last { %v = load acc; [%w = cast %v;] store out, %w }`: the
-/// statements it takes and the output it writes.
-fn last_store<'b>(v: &Verified, body: &'b [Stmt], acc: &str, last: u64) -> Option<([&'b Stmt; 3], &'b str)> {
+/// `when program_id(seq) == last { %v = load acc; EPILOGUE; [%w = cast %u;] store out, %w }`:
+/// the statements it takes, the output it writes and the epilogue ([`epilogue`]).
+fn last_store<'b>(v: &Verified, body: &'b [Stmt], acc: &str, last: u64) -> Option<([&'b Stmt; 3], &'b str, Epilogue)> {
     let (taken, inner) = seq_when(v, body, last)?;
     let (load, rest) = inner.split_first()?;
+    let (store, middle) = rest.split_last()?;
     if whole_load(load) != Some(acc) {
         return None;
     }
-    let (stored, store) = match rest {
-        [store] => (load.results[0].as_str(), store),
-        [cast, store] if matches!(&cast.op, Op::Cast(Operand::Value(x)) if x == &load.results[0]) => {
-            (cast.results[0].as_str(), store)
-        }
-        _ => return None,
-    };
     let Op::Store { dst, .. } = &store.op else { return None };
-    (whole_store(store, dst) == Some(stored)).then_some((taken, dst.as_str()))
+    let written = whole_store(store, dst)?;
+    // A last cast to the output's dtype is the store's (rounded once, from the f32 registers).
+    let (middle, stored) = match middle.split_last() {
+        Some((cast, before)) if cast.results[0] == written => match &cast.op {
+            Op::Cast(Operand::Value(x)) => (before, x.as_str()),
+            _ => return None,
+        },
+        _ => (middle, written),
+    };
+    let e = epilogue(v, &load.results[0], middle, stored)?;
+    Some((taken, dst.as_str(), e))
+}
+
+/// The elementwise statements between the accumulator's load and its store, as an [`Epilogue`]:
+/// each an `f32` op (`unary`, `binary`, `select`, a `compare` for it, `cast` or `broadcast` to
+/// `f32`) of the accumulator, earlier results, literals and whole loads of other inputs whose
+/// blocks broadcast against the output block (a bias row `[1, BN]` or `[BN]`, a column
+/// `[BM, 1]`, a block `[BM, BN]`). Anything else keeps the kernel off this path.
+fn epilogue(v: &Verified, acc: &str, stmts: &[Stmt], stored: &str) -> Option<Epilogue> {
+    let k = v.kernel();
+    let mut known = vec![acc.to_string()];
+    let operand = |known: &[String], o: &Operand| match o {
+        Operand::Value(x) => known.contains(x),
+        Operand::Lit(_) => true,
+    };
+    for s in stmts {
+        let ty = s.ty.as_ref()?;
+        let [r] = s.results.as_slice() else { return None };
+        let ok = match &s.op {
+            Op::Load { .. } => {
+                let p = k.param(whole_load(s)?)?;
+                p.kind == ParamKind::In && p.ty.dtype.is_float() && p.block_shape().len() <= 2
+            }
+            Op::Unary(op, x) => ty.dtype == DType::F32 && op.float_only() && operand(&known, x),
+            Op::Binary(_, x, y) => ty.dtype == DType::F32 && operand(&known, x) && operand(&known, y),
+            Op::Compare(_, x, y) => ty.dtype == DType::Bool && operand(&known, x) && operand(&known, y),
+            Op::Select(c, x, y) => ty.dtype == DType::F32 && [c, x, y].iter().all(|o| operand(&known, o)),
+            Op::Cast(x) | Op::Broadcast(x) => ty.dtype == DType::F32 && operand(&known, x),
+            _ => false,
+        };
+        if !ok || ty.shape.len() > 2 {
+            return None;
+        }
+        known.push(r.clone());
+    }
+    known.iter().any(|x| x == stored).then(|| Epilogue { acc: acc.to_string(), stmts: stmts.to_vec(), stored: stored.to_string() })
 }
 
 /// A grid axis's size (0 for a `dyn` one, which this path does not take).
@@ -248,15 +308,15 @@ pub fn recognize(v: &Verified, thread_axis: Option<&str>) -> Option<Gemm> {
     let at = |s: &Stmt| body.iter().position(|t| std::ptr::eq(t, s));
     // Scratch (zeroed at the start, docs/language.md) accumulates for a `when` at the last step,
     // after the accumulation, that stores it to an output.
-    let out = if scratch {
-        let (last, out) = last_store(v, body, c, steps.checked_sub(1)?).filter(|_| accumulates && steps > 1)?;
+    let (out, epilogue) = if scratch {
+        let (last, out, e) = last_store(v, body, c, steps.checked_sub(1)?).filter(|_| accumulates && steps > 1)?;
         if at(last[0])? < at(taken[5])? {
             return None;
         }
         taken.extend(last);
-        out
+        (out, Some(e))
     } else {
-        c
+        (c, None)
     };
     let init = match zero_init(v, body, c) {
         Some(z) if accumulates && at(z[0])? < at(taken[3])? => {
@@ -294,6 +354,16 @@ pub fn recognize(v: &Verified, thread_axis: Option<&str>) -> Option<Gemm> {
         && bk % ROW == 0
         && bk <= 256
         && bm * bn <= MAX_ACCUMULATOR;
+    // Every epilogue value broadcasts against the output block, and the stored one is it.
+    if let Some(e) = &epilogue {
+        let fits = |shape: &[usize]| shape.len() <= 2 && shape.iter().rev().zip([bn, bm]).all(|(&d, b)| d == 1 || d == b);
+        let shape_of = |x: &str| e.stmts.iter().find(|s| s.results[0] == x).and_then(|s| s.ty.as_ref()).map(|t| t.shape.clone());
+        if !e.stmts.iter().all(|s| s.ty.as_ref().is_some_and(|t| fits(&t.shape)))
+            || (e.stored != e.acc && shape_of(&e.stored) != Some(vec![bm, bn]))
+        {
+            return None;
+        }
+    }
     // A tensor map's rows must be 16-byte multiples apart.
     let strides_fit = pa.ty.shape[1] % 8 == 0 && pb.ty.shape[1] % 8 == 0;
     if !shapes_fit || !strides_fit {
@@ -328,6 +398,7 @@ pub fn recognize(v: &Verified, thread_axis: Option<&str>) -> Option<Gemm> {
             TensorMapSpec { array: a.to_string(), boxes: [ROW as u32, bm as u32] },
             TensorMapSpec { array: b.to_string(), boxes: [ROW as u32, if *trans_b { bn } else { bk } as u32] },
         ],
+        epilogue,
     };
     while g.shared_bytes() > MAX_SHARED_BYTES && g.stages > 1 {
         g.stages -= 1;

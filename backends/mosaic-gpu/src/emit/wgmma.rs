@@ -2,10 +2,14 @@
 //! copies into swizzled shared-memory stages, an mbarrier per stage, `wgmma.mma_async` from
 //! shared-memory descriptors into `f32` registers, and the epilogue from registers.
 
-use super::conv::{half_bits, half_ty};
+use std::collections::HashMap;
+
+use tessel_plugin_api::ir::{DType, Op, Operand};
+
+use super::conv::{f32_imm, half_bits, half_ty};
 use super::header::SHARED;
 use super::writer::Writer;
-use crate::wgmma::{Gemm, Init, ROW, SWIZZLE, WG_ROWS};
+use crate::wgmma::{Epilogue, Gemm, Init, ROW, SWIZZLE, WG_ROWS};
 
 /// Bytes from one 8-row group of a swizzle atom to the next: 8 rows of 128 bytes.
 const ATOM: u64 = 8 * SWIZZLE as u64;
@@ -77,9 +81,12 @@ impl Writer<'_> {
         }
         if g.init == Init::Output {
             self.comment("the accumulator starts from the output block");
-            self.fragment(g, &out, &origin, |w, ok, addr, f| match f {
-                [x, y] => w.ins(format!("@{ok} ld.global.v2.b32 {{{x}, {y}}}, [{addr}]")),
-                _ => w.ins(format!("@{ok} ld.global.b32 {}, [{addr}]", f[0])),
+            self.fragment(g, &out, &origin, |w, at| {
+                let (ok, addr) = (at.ok, at.addr);
+                match at.regs {
+                    [x, y] => w.ins(format!("@{ok} ld.global.v2.b32 {{{x}, {y}}}, [{addr}]")),
+                    _ => w.ins(format!("@{ok} ld.global.b32 {}, [{addr}]", at.regs[0])),
+                }
             });
         }
         let (step, top) = (self.r(), self.label("step"));
@@ -121,10 +128,18 @@ impl Writer<'_> {
         self.ins("wgmma.wait_group.sync.aligned 0");
         self.comment("the epilogue: the accumulator to the output, from registers");
         let dtype = g.out_dtype;
-        self.fragment(g, &out, &origin, |w, ok, addr, f| {
+        let inputs = self.epilogue_inputs(g);
+        self.fragment(g, &out, &origin, |w, at| {
+            let f: Vec<String> = match &g.epilogue {
+                Some(e) if !e.stmts.is_empty() => {
+                    at.regs.iter().zip(at.cols).map(|(x, c)| w.epilogue_element(e, &inputs, x, at.row, c)).collect()
+                }
+                _ => at.regs.to_vec(),
+            };
+            let (ok, addr) = (at.ok, at.addr);
             if half_bits(dtype) {
                 let h: Vec<String> = f.iter().map(|_| w.h()).collect();
-                for (h, x) in h.iter().zip(f) {
+                for (h, x) in h.iter().zip(&f) {
                     w.ins(format!("cvt.rn.{}.f32 {h}, {x}", half_ty(dtype)));
                 }
                 match &h[..] {
@@ -136,12 +151,113 @@ impl Writer<'_> {
                     _ => w.ins(format!("@{ok} st.global.b16 [{addr}], {}", h[0])),
                 }
             } else {
-                match f {
+                match &f[..] {
                     [x, y] => w.ins(format!("@{ok} st.global.v2.b32 [{addr}], {{{x}, {y}}}")),
                     _ => w.ins(format!("@{ok} st.global.b32 [{addr}], {}", f[0])),
                 }
             }
         });
+    }
+
+    /// The global address of every input the epilogue loads, by name.
+    fn epilogue_inputs(&mut self, g: &Gemm) -> HashMap<String, String> {
+        let entry = self.plan.entry.clone();
+        let mut inputs = HashMap::new();
+        for s in g.epilogue.iter().flat_map(|e| &e.stmts) {
+            if let Op::Load { src, .. } = &s.op {
+                if !inputs.contains_key(src) {
+                    let r = self.rd();
+                    self.ins(format!("ld.param.u64 {r}, [{entry}_{src}]"));
+                    self.ins(format!("cvta.to.global.u64 {r}, {r}"));
+                    inputs.insert(src.clone(), r);
+                }
+            }
+        }
+        inputs
+    }
+
+    /// The epilogue of the accumulator element `acc`, at `row` and `col` of the output block, in
+    /// `f32`: each statement on this one element (numpy's broadcasting picks the element of a
+    /// loaded block: index 0 along its dimensions of one), as the general path computes it.
+    fn epilogue_element(&mut self, e: &Epilogue, inputs: &HashMap<String, String>, acc: &str, row: &str, col: &str) -> String {
+        let mut env: HashMap<&str, String> = HashMap::from([(e.acc.as_str(), acc.to_string())]);
+        for s in &e.stmts {
+            let ty = s.ty.as_ref().expect("a verified statement has its type");
+            let val = |w: &mut Self, env: &HashMap<&str, String>, o: &Operand| match o {
+                Operand::Value(x) => env[x.as_str()].clone(),
+                Operand::Lit(l) => {
+                    let r = w.r();
+                    w.ins(format!("mov.b32 {r}, {}", f32_imm(l.as_f64() as f32)));
+                    r
+                }
+            };
+            let v = match &s.op {
+                Op::Load { src, .. } => self.epilogue_load(src, &inputs[src], row, col),
+                Op::Unary(op, x) => {
+                    let x = val(self, &env, x);
+                    self.unary(*op, DType::F32, &x)
+                }
+                Op::Binary(op, x, y) => {
+                    let (x, y) = (val(self, &env, x), val(self, &env, y));
+                    self.binary(*op, DType::F32, &x, &y)
+                }
+                Op::Compare(op, x, y) => {
+                    let (x, y) = (val(self, &env, x), val(self, &env, y));
+                    self.compare(*op, DType::F32, &x, &y)
+                }
+                Op::Select(c, x, y) => {
+                    let (c, x, y) = (val(self, &env, c), val(self, &env, x), val(self, &env, y));
+                    let (p, v) = (self.p(), self.r());
+                    self.ins(format!("setp.ne.u32 {p}, {c}, 0"));
+                    self.ins(format!("selp.b32 {v}, {x}, {y}, {p}"));
+                    v
+                }
+                // To `f32` from a value held in `f32` already (16-bit floats are): the same bits.
+                Op::Cast(x) | Op::Broadcast(x) => val(self, &env, x),
+                _ => unreachable!("the Hopper path's epilogue takes elementwise statements only (crate::wgmma)"),
+            };
+            debug_assert!(matches!(ty.dtype, DType::F32 | DType::Bool) || matches!(s.op, Op::Load { .. }));
+            env.insert(s.results[0].as_str(), v);
+        }
+        env[e.stored.as_str()].clone()
+    }
+
+    /// The element of input `name`'s block (a whole load, zeros outside the array) that
+    /// broadcasts to `row` and `col` of the output block, as an `f32`.
+    fn epilogue_load(&mut self, name: &str, base: &str, row: &str, col: &str) -> String {
+        let p = self.plan.kernel.kernel().param(name).expect("a verified argument");
+        let (dims, block) = (p.ty.shape.clone(), p.block_shape());
+        let origin = self.origin_of(name);
+        let local = [row, col];
+        let local = &local[2 - block.len()..];
+        let (ok, linear) = (self.p(), self.r());
+        self.ins(format!("setp.eq.u32 {ok}, 0, 0"));
+        self.ins(format!("mov.b32 {linear}, 0"));
+        for (d, (&b, l)) in block.iter().zip(local).enumerate() {
+            let (i, inside) = (self.r(), self.p());
+            if b == 1 {
+                self.ins(format!("mov.b32 {i}, {}", origin[d]));
+            } else {
+                self.ins(format!("add.s32 {i}, {}, {l}", origin[d]));
+            }
+            self.ins(format!("setp.lt.u32 {inside}, {i}, {}", dims[d]));
+            self.ins(format!("and.pred {ok}, {ok}, {inside}"));
+            self.ins(format!("mad.lo.u32 {linear}, {linear}, {}, {i}", dims[d]));
+        }
+        let (at, v) = (self.rd(), self.r());
+        let bytes = if half_bits(p.ty.dtype) { 2 } else { 4 };
+        self.ins(format!("mul.wide.u32 {at}, {linear}, {bytes}"));
+        self.ins(format!("add.u64 {at}, {base}, {at}"));
+        self.ins(format!("mov.b32 {v}, 0f00000000"));
+        if half_bits(p.ty.dtype) {
+            let h = self.h();
+            self.ins(format!("mov.b16 {h}, 0"));
+            self.ins(format!("@{ok} ld.global.b16 {h}, [{at}]"));
+            self.ins(format!("cvt.f32.{} {v}, {h}", half_ty(p.ty.dtype)));
+        } else {
+            self.ins(format!("@{ok} ld.global.b32 {v}, [{at}]"));
+        }
+        v
     }
 
     /// Thread 0's copies of step `step`'s operand blocks into stage `stage`, announced to the
@@ -212,45 +328,67 @@ impl Writer<'_> {
         d
     }
 
-    /// `f(ok, address, registers)` for the accumulator registers of the thread: their elements of
-    /// the output block (warp `w` of the warpgroup: rows 16w + lane/4, +8; columns 2 (lane % 4) +
-    /// 8j, +1), `ok` where they lie inside the array. Where rows have an even number of elements,
-    /// the two registers of each column pair together (one 8- or 4-byte access, aligned: the pair
-    /// starts on an even column, and both are inside the array or neither); else one at a time.
-    fn fragment(&mut self, g: &Gemm, out: &str, origin: &[String], f: impl Fn(&mut Self, &str, &str, &[String])) {
+    /// `f(place)` for the accumulator registers of the thread: their elements of the output
+    /// block (warp `w` of the warpgroup: rows 16w + lane/4, +8; columns 2 (lane % 4) + 8j, +1),
+    /// where they lie inside the array. Where rows have an even number of elements, the two
+    /// registers of each column pair together (one 8- or 4-byte access, aligned: the pair starts
+    /// on an even column, and both are inside the array or neither); else one at a time.
+    fn fragment(&mut self, g: &Gemm, out: &str, origin: &[String], f: impl Fn(&mut Self, &Place<'_>)) {
         let k = self.plan.kernel.kernel();
         let dims = k.param(&g.out).expect("verified argument").ty.shape.clone();
         let bytes = if half_bits(g.out_dtype) { 2 } else { 4 };
         let (lane, wg) = (self.tid.clone(), self.warpgroup.clone());
-        let (row, col, t) = (self.r(), self.r(), self.r());
-        self.ins(format!("mad.lo.u32 {row}, {wg}, {WG_ROWS}, {}", origin[0]));
+        // Block-local row and column of the thread's first register.
+        let (lrow, lcol, t) = (self.r(), self.r(), self.r());
+        self.ins(format!("mul.lo.u32 {lrow}, {wg}, {WG_ROWS}"));
         self.ins(format!("div.u32 {t}, {lane}, 32"));
-        self.ins(format!("mad.lo.u32 {row}, {t}, 16, {row}"));
+        self.ins(format!("mad.lo.u32 {lrow}, {t}, 16, {lrow}"));
         self.ins(format!("rem.u32 {t}, {lane}, 32"));
         self.ins(format!("div.u32 {t}, {t}, 4"));
-        self.ins(format!("add.u32 {row}, {row}, {t}"));
+        self.ins(format!("add.u32 {lrow}, {lrow}, {t}"));
         self.ins(format!("rem.u32 {t}, {lane}, 4"));
-        self.ins(format!("mad.lo.u32 {col}, {t}, 2, {}", origin[1]));
+        self.ins(format!("mul.lo.u32 {lcol}, {t}, 2"));
         let mut rows = Vec::new();
         for half in 0..2 {
-            let (r, inside, at) = (self.r(), self.p(), self.rd());
-            self.ins(format!("add.u32 {r}, {row}, {}", 8 * half));
+            let (local, r, inside, at) = (self.r(), self.r(), self.p(), self.rd());
+            self.ins(format!("add.u32 {local}, {lrow}, {}", 8 * half));
+            self.ins(format!("add.u32 {r}, {local}, {}", origin[0]));
             self.ins(format!("setp.lt.u32 {inside}, {r}, {}", dims[0]));
             self.ins(format!("mul.wide.u32 {at}, {r}, {}", dims[1] * bytes));
             self.ins(format!("add.u64 {at}, {out}, {at}"));
-            rows.push((inside, at));
+            rows.push((local, inside, at));
         }
         let together = if dims[1].is_multiple_of(2) { 2 } else { 1 };
         for i in (0..g.bn / 2).step_by(together) {
-            let (inside, at) = rows[(i / 2) % 2].clone();
-            let (c, ok, wide, addr) = (self.r(), self.p(), self.rd(), self.rd());
-            self.ins(format!("add.u32 {c}, {col}, {}", 8 * (i / 4) + i % 2));
+            let (local, inside, at) = rows[(i / 2) % 2].clone();
+            let (lc, c, ok, wide, addr) = (self.r(), self.r(), self.p(), self.rd(), self.rd());
+            self.ins(format!("add.u32 {lc}, {lcol}, {}", 8 * (i / 4) + i % 2));
+            self.ins(format!("add.u32 {c}, {lc}, {}", origin[1]));
             self.ins(format!("setp.lt.u32 {ok}, {c}, {}", dims[1]));
             self.ins(format!("and.pred {ok}, {ok}, {inside}"));
             self.ins(format!("mul.wide.u32 {wide}, {c}, {bytes}"));
             self.ins(format!("add.u64 {addr}, {at}, {wide}"));
             let regs: Vec<String> = (i..i + together).map(|j| format!("%f{}", j + 1)).collect();
-            f(self, &ok, &addr, &regs);
+            let mut cols = vec![lc.clone()];
+            // The second register's column, for an epilogue that reads it.
+            if together == 2 && g.epilogue.as_ref().is_some_and(|e| !e.stmts.is_empty()) {
+                let next = self.r();
+                self.ins(format!("add.u32 {next}, {lc}, 1"));
+                cols.push(next);
+            }
+            f(self, &Place { ok: &ok, addr: &addr, regs: &regs, row: &local, cols: &cols });
         }
     }
+}
+
+/// One or two of a thread's accumulator registers and where their elements go.
+struct Place<'a> {
+    /// Whether they lie inside the output array.
+    ok: &'a str,
+    /// The global address of the first.
+    addr: &'a str,
+    regs: &'a [String],
+    /// Their row in the output block, and each one's column.
+    row: &'a str,
+    cols: &'a [String],
 }
