@@ -81,13 +81,14 @@ impl Writer<'_> {
         }
         if g.init == Init::Output {
             self.comment("the accumulator starts from the output block");
-            self.fragment(g, &out, &origin, |w, at| {
-                let (ok, addr) = (at.ok, at.addr);
-                match at.regs {
-                    [x, y] => w.ins(format!("@{ok} ld.global.v2.b32 {{{x}, {y}}}, [{addr}]")),
-                    _ => w.ins(format!("@{ok} ld.global.b32 {}, [{addr}]", at.regs[0])),
+            let frag = self.fragment(g, &out, &origin);
+            for at in &frag.places {
+                let (ok, addr) = self.address(&frag, at);
+                match &at.regs[..] {
+                    [x, y] => self.ins(format!("@{ok} ld.global.v2.b32 {{{x}, {y}}}, [{addr}]")),
+                    _ => self.ins(format!("@{ok} ld.global.b32 {}, [{addr}]", at.regs[0])),
                 }
-            });
+            }
         }
         let (step, top) = (self.r(), self.label("step"));
         self.ins(format!("mov.u32 {step}, 0"));
@@ -129,34 +130,54 @@ impl Writer<'_> {
         self.comment("the epilogue: the accumulator to the output, from registers");
         let dtype = g.out_dtype;
         let inputs = self.epilogue_inputs(g);
-        self.fragment(g, &out, &origin, |w, at| {
-            let f: Vec<String> = match &g.epilogue {
-                Some(e) if !e.stmts.is_empty() => {
-                    at.regs.iter().zip(at.cols).map(|(x, c)| w.epilogue_element(e, &inputs, x, at.row, c)).collect()
+        let frag = self.fragment(g, &out, &origin);
+        let epilogue = g.epilogue.as_ref().filter(|e| !e.stmts.is_empty());
+        // The epilogue a few column pairs at a time, statement by statement across them: their
+        // independent chains interleave, where one element at a time would wait on each result.
+        let mut loaded = HashMap::new();
+        for group in frag.places.chunks(if epilogue.is_some() { EPILOGUE_GROUP } else { 1 }) {
+            let values: Vec<Vec<String>> = match epilogue {
+                Some(e) => {
+                    let elements: Vec<Element> = group
+                        .iter()
+                        .flat_map(|at| {
+                            at.regs.iter().enumerate().map(|(j, x)| Element { acc: x.clone(), half: at.half, column: at.column + j })
+                        })
+                        .collect();
+                    let mut v = self.epilogue(e, &frag, &inputs, &mut loaded, &elements).into_iter();
+                    group.iter().map(|at| at.regs.iter().map(|_| v.next().expect("a value per element")).collect()).collect()
                 }
-                _ => at.regs.to_vec(),
+                None => group.iter().map(|at| at.regs.clone()).collect(),
             };
-            let (ok, addr) = (at.ok, at.addr);
-            if half_bits(dtype) {
-                let h: Vec<String> = f.iter().map(|_| w.h()).collect();
-                for (h, x) in h.iter().zip(&f) {
-                    w.ins(format!("cvt.rn.{}.f32 {h}, {x}", half_ty(dtype)));
-                }
-                match &h[..] {
-                    [lo, hi] => {
-                        let pair = w.r();
-                        w.ins(format!("mov.b32 {pair}, {{{lo}, {hi}}}"));
-                        w.ins(format!("@{ok} st.global.b32 [{addr}], {pair}"));
-                    }
-                    _ => w.ins(format!("@{ok} st.global.b16 [{addr}], {}", h[0])),
-                }
-            } else {
-                match &f[..] {
-                    [x, y] => w.ins(format!("@{ok} st.global.v2.b32 [{addr}], {{{x}, {y}}}")),
-                    _ => w.ins(format!("@{ok} st.global.b32 [{addr}], {}", f[0])),
-                }
+            for (at, f) in group.iter().zip(values) {
+                let (ok, addr) = self.address(&frag, at);
+                self.store_pair(dtype, &ok, &addr, &f);
             }
-        });
+        }
+    }
+
+    /// Registers `f` (one element, or a column pair) to the output at `addr` where `ok`, in its
+    /// dtype.
+    fn store_pair(&mut self, dtype: DType, ok: &str, addr: &str, f: &[String]) {
+        if half_bits(dtype) {
+            let h: Vec<String> = f.iter().map(|_| self.h()).collect();
+            for (h, x) in h.iter().zip(f) {
+                self.ins(format!("cvt.rn.{}.f32 {h}, {x}", half_ty(dtype)));
+            }
+            match &h[..] {
+                [lo, hi] => {
+                    let pair = self.r();
+                    self.ins(format!("mov.b32 {pair}, {{{lo}, {hi}}}"));
+                    self.ins(format!("@{ok} st.global.b32 [{addr}], {pair}"));
+                }
+                _ => self.ins(format!("@{ok} st.global.b16 [{addr}], {}", h[0])),
+            }
+        } else {
+            match f {
+                [x, y] => self.ins(format!("@{ok} st.global.v2.b32 [{addr}], {{{x}, {y}}}")),
+                _ => self.ins(format!("@{ok} st.global.b32 [{addr}], {}", f[0])),
+            }
+        }
     }
 
     /// The global address of every input the epilogue loads, by name.
@@ -176,50 +197,85 @@ impl Writer<'_> {
         inputs
     }
 
-    /// The epilogue of the accumulator element `acc`, at `row` and `col` of the output block, in
-    /// `f32`: each statement on this one element (numpy's broadcasting picks the element of a
-    /// loaded block: index 0 along its dimensions of one), as the general path computes it.
-    fn epilogue_element(&mut self, e: &Epilogue, inputs: &HashMap<String, String>, acc: &str, row: &str, col: &str) -> String {
-        let mut env: HashMap<&str, String> = HashMap::from([(e.acc.as_str(), acc.to_string())]);
+    /// The epilogue of accumulator `elements`, in `f32`: each statement on every element before
+    /// the next statement (numpy's broadcasting picks the element of a loaded block: index 0
+    /// along its dimensions of one), as the general path computes it. Elements of other inputs
+    /// already `loaded` (by input, row half and column, where the address depends on them) are
+    /// not loaded again.
+    fn epilogue(
+        &mut self,
+        e: &Epilogue,
+        frag: &Fragment,
+        inputs: &HashMap<String, String>,
+        loaded: &mut HashMap<(String, Option<usize>, Option<usize>), String>,
+        elements: &[Element],
+    ) -> Vec<String> {
+        let mut env: Vec<HashMap<&str, String>> =
+            elements.iter().map(|el| HashMap::from([(e.acc.as_str(), el.acc.clone())])).collect();
+        let mut literals: HashMap<u32, String> = HashMap::new();
         for s in &e.stmts {
-            let ty = s.ty.as_ref().expect("a verified statement has its type");
-            let val = |w: &mut Self, env: &HashMap<&str, String>, o: &Operand| match o {
-                Operand::Value(x) => env[x.as_str()].clone(),
-                Operand::Lit(l) => {
-                    let r = w.r();
-                    w.ins(format!("mov.b32 {r}, {}", f32_imm(l.as_f64() as f32)));
-                    r
-                }
-            };
-            let v = match &s.op {
-                Op::Load { src, .. } => self.epilogue_load(src, &inputs[src], row, col),
-                Op::Unary(op, x) => {
-                    let x = val(self, &env, x);
-                    self.unary(*op, DType::F32, &x)
-                }
-                Op::Binary(op, x, y) => {
-                    let (x, y) = (val(self, &env, x), val(self, &env, y));
-                    self.binary(*op, DType::F32, &x, &y)
-                }
-                Op::Compare(op, x, y) => {
-                    let (x, y) = (val(self, &env, x), val(self, &env, y));
-                    self.compare(*op, DType::F32, &x, &y)
-                }
-                Op::Select(c, x, y) => {
-                    let (c, x, y) = (val(self, &env, c), val(self, &env, x), val(self, &env, y));
-                    let (p, v) = (self.p(), self.r());
-                    self.ins(format!("setp.ne.u32 {p}, {c}, 0"));
-                    self.ins(format!("selp.b32 {v}, {x}, {y}, {p}"));
-                    v
-                }
-                // To `f32` from a value held in `f32` already (16-bit floats are): the same bits.
-                Op::Cast(x) | Op::Broadcast(x) => val(self, &env, x),
-                _ => unreachable!("the Hopper path's epilogue takes elementwise statements only (crate::wgmma)"),
-            };
-            debug_assert!(matches!(ty.dtype, DType::F32 | DType::Bool) || matches!(s.op, Op::Load { .. }));
-            env.insert(s.results[0].as_str(), v);
+            for (env, el) in env.iter_mut().zip(elements) {
+                let mut val = |w: &mut Self, o: &Operand| match o {
+                    Operand::Value(x) => env[x.as_str()].clone(),
+                    Operand::Lit(l) => {
+                        let bits = (l.as_f64() as f32).to_bits();
+                        literals
+                            .entry(bits)
+                            .or_insert_with(|| {
+                                let r = w.r();
+                                w.ins(format!("mov.b32 {r}, {}", f32_imm(f32::from_bits(bits))));
+                                r
+                            })
+                            .clone()
+                    }
+                };
+                let v = match &s.op {
+                    Op::Load { src, .. } => {
+                        let block = self.plan.kernel.kernel().param(src).expect("a verified argument").block_shape();
+                        // What the element's address depends on: its row where the block has
+                        // rows, its column where it has columns.
+                        let by_row = (block.len() == 2 && block[0] > 1).then_some(el.half);
+                        let by_column = block.last().is_some_and(|&b| b > 1).then_some(el.column);
+                        let key = (src.clone(), by_row, by_column);
+                        match loaded.get(&key) {
+                            Some(v) => v.clone(),
+                            None => {
+                                let row = frag.rows[el.half].0.clone();
+                                let col = self.r();
+                                self.ins(format!("add.u32 {col}, {}, {}", frag.lcol, el.column));
+                                let v = self.epilogue_load(src, &inputs[src], &row, &col);
+                                loaded.insert(key, v.clone());
+                                v
+                            }
+                        }
+                    }
+                    Op::Unary(op, x) => {
+                        let x = val(self, x);
+                        self.unary(*op, DType::F32, &x)
+                    }
+                    Op::Binary(op, x, y) => {
+                        let (x, y) = (val(self, x), val(self, y));
+                        self.binary(*op, DType::F32, &x, &y)
+                    }
+                    Op::Compare(op, x, y) => {
+                        let (x, y) = (val(self, x), val(self, y));
+                        self.compare(*op, DType::F32, &x, &y)
+                    }
+                    Op::Select(c, x, y) => {
+                        let (c, x, y) = (val(self, c), val(self, x), val(self, y));
+                        let (p, v) = (self.p(), self.r());
+                        self.ins(format!("setp.ne.u32 {p}, {c}, 0"));
+                        self.ins(format!("selp.b32 {v}, {x}, {y}, {p}"));
+                        v
+                    }
+                    // To `f32` from a value held in `f32` already (16-bit floats are): the same bits.
+                    Op::Cast(x) | Op::Broadcast(x) => val(self, x),
+                    _ => unreachable!("the Hopper path's epilogue takes elementwise statements only (crate::wgmma)"),
+                };
+                env.insert(s.results[0].as_str(), v);
+            }
         }
-        env[e.stored.as_str()].clone()
+        env.iter().map(|env| env[e.stored.as_str()].clone()).collect()
     }
 
     /// The element of input `name`'s block (a whole load, zeros outside the array) that
@@ -328,12 +384,14 @@ impl Writer<'_> {
         d
     }
 
-    /// `f(place)` for the accumulator registers of the thread: their elements of the output
-    /// block (warp `w` of the warpgroup: rows 16w + lane/4, +8; columns 2 (lane % 4) + 8j, +1),
-    /// where they lie inside the array. Where rows have an even number of elements, the two
-    /// registers of each column pair together (one 8- or 4-byte access, aligned: the pair starts
-    /// on an even column, and both are inside the array or neither); else one at a time.
-    fn fragment(&mut self, g: &Gemm, out: &str, origin: &[String], f: impl Fn(&mut Self, &Place<'_>)) {
+    /// The thread's accumulator registers and where their elements go in the output block
+    /// (warp `w` of the warpgroup: rows 16w + lane/4, +8; columns 2 (lane % 4) + 8j, +1). Where
+    /// rows have an even number of elements, the two registers of each column pair go together
+    /// (one 8- or 4-byte access, aligned: the pair starts on an even column, and both are inside
+    /// the array or neither); else one at a time. Only what every place shares is computed here;
+    /// each place's address is computed where it is used ([`Writer::address`]), so that few
+    /// registers live at once.
+    fn fragment(&mut self, g: &Gemm, out: &str, origin: &[String]) -> Fragment {
         let k = self.plan.kernel.kernel();
         let dims = k.param(&g.out).expect("verified argument").ty.shape.clone();
         let bytes = if half_bits(g.out_dtype) { 2 } else { 4 };
@@ -348,6 +406,8 @@ impl Writer<'_> {
         self.ins(format!("add.u32 {lrow}, {lrow}, {t}"));
         self.ins(format!("rem.u32 {t}, {lane}, 4"));
         self.ins(format!("mul.lo.u32 {lcol}, {t}, 2"));
+        let col0 = self.r();
+        self.ins(format!("add.u32 {col0}, {lcol}, {}", origin[1]));
         let mut rows = Vec::new();
         for half in 0..2 {
             let (local, r, inside, at) = (self.r(), self.r(), self.p(), self.rd());
@@ -359,36 +419,59 @@ impl Writer<'_> {
             rows.push((local, inside, at));
         }
         let together = if dims[1].is_multiple_of(2) { 2 } else { 1 };
-        for i in (0..g.bn / 2).step_by(together) {
-            let (local, inside, at) = rows[(i / 2) % 2].clone();
-            let (lc, c, ok, wide, addr) = (self.r(), self.r(), self.p(), self.rd(), self.rd());
-            self.ins(format!("add.u32 {lc}, {lcol}, {}", 8 * (i / 4) + i % 2));
-            self.ins(format!("add.u32 {c}, {lc}, {}", origin[1]));
-            self.ins(format!("setp.lt.u32 {ok}, {c}, {}", dims[1]));
-            self.ins(format!("and.pred {ok}, {ok}, {inside}"));
-            self.ins(format!("mul.wide.u32 {wide}, {c}, {bytes}"));
-            self.ins(format!("add.u64 {addr}, {at}, {wide}"));
-            let regs: Vec<String> = (i..i + together).map(|j| format!("%f{}", j + 1)).collect();
-            let mut cols = vec![lc.clone()];
-            // The second register's column, for an epilogue that reads it.
-            if together == 2 && g.epilogue.as_ref().is_some_and(|e| !e.stmts.is_empty()) {
-                let next = self.r();
-                self.ins(format!("add.u32 {next}, {lc}, 1"));
-                cols.push(next);
-            }
-            f(self, &Place { ok: &ok, addr: &addr, regs: &regs, row: &local, cols: &cols });
-        }
+        let places = (0..g.bn / 2)
+            .step_by(together)
+            .map(|i| Place {
+                regs: (i..i + together).map(|j| format!("%f{}", j + 1)).collect(),
+                half: (i / 2) % 2,
+                column: 8 * (i / 4) + i % 2,
+            })
+            .collect();
+        Fragment { lcol, col0, rows, places, columns: dims[1], bytes }
+    }
+
+    /// Whether place `at` lies inside the output array, and its first element's address.
+    fn address(&mut self, frag: &Fragment, at: &Place) -> (String, String) {
+        let (_, inside, row) = &frag.rows[at.half];
+        let (c, ok, wide, addr) = (self.r(), self.p(), self.rd(), self.rd());
+        self.ins(format!("add.u32 {c}, {}, {}", frag.col0, at.column));
+        self.ins(format!("setp.lt.u32 {ok}, {c}, {}", frag.columns));
+        self.ins(format!("and.pred {ok}, {ok}, {inside}"));
+        self.ins(format!("mul.wide.u32 {wide}, {c}, {}", frag.bytes));
+        self.ins(format!("add.u64 {addr}, {row}, {wide}"));
+        (ok, addr)
     }
 }
 
-/// One or two of a thread's accumulator registers and where their elements go.
-struct Place<'a> {
-    /// Whether they lie inside the output array.
-    ok: &'a str,
-    /// The global address of the first.
-    addr: &'a str,
-    regs: &'a [String],
-    /// Their row in the output block, and each one's column.
-    row: &'a str,
-    cols: &'a [String],
+/// Column pairs whose epilogue is written together, statement by statement.
+const EPILOGUE_GROUP: usize = 8;
+
+/// What the places of a thread's accumulator registers share.
+struct Fragment {
+    /// The block-local column of the thread's first register, and its column in the array.
+    lcol: String,
+    col0: String,
+    /// Per row half: the block-local row, whether it is inside the array, its row's address.
+    rows: Vec<(String, String, String)>,
+    places: Vec<Place>,
+    /// The output's columns, and bytes an element.
+    columns: usize,
+    bytes: usize,
+}
+
+/// One or two of a thread's accumulator registers: a column pair in one row half.
+struct Place {
+    regs: Vec<String>,
+    /// Row half (0: the first 8 rows of the warp's 16, 1: the others).
+    half: usize,
+    /// The first one's column, from the thread's first column.
+    column: usize,
+}
+
+/// One accumulator element for the epilogue.
+struct Element {
+    acc: String,
+    half: usize,
+    /// Its column, from the thread's first column.
+    column: usize,
 }
