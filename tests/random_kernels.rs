@@ -417,7 +417,8 @@ fn edge_steps(s: &Spec, b: &mut Body) -> String {
             }
             2 => {
                 // A function of an argument scaled to its edges.
-                let f = ["exp", "exp2", "log", "log2", "sin", "cos", "tanh", "logistic", "sqrt", "rsqrt"][g.random_range(0..10)];
+                let f = ["exp", "exp2", "log", "log2", "sin", "cos", "tanh", "logistic", "sqrt", "rsqrt", "expm1", "log1p", "erf"]
+                    [g.random_range(0..13)];
                 let t = b.fresh();
                 b.line(&format!("{t} = mul {a}, {}", SCALES[g.random_range(0..SCALES.len())]));
                 b.line(&format!("{v} = {f} {t}"));

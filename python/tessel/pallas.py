@@ -38,7 +38,7 @@ _DTYPES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "int32": "i32
 _UNARY = {
     "neg": "neg", "exp": "exp", "exp2": "exp2", "log": "log", "tanh": "tanh", "logistic": "logistic",
     "sqrt": "sqrt", "rsqrt": "rsqrt", "abs": "abs", "sin": "sin", "cos": "cos", "floor": "floor",
-    "ceil": "ceil", "not": "not",
+    "ceil": "ceil", "not": "not", "expm1": "expm1", "log1p": "log1p", "erf": "erf",
 }
 _BINARY = {
     "add": "add", "sub": "sub", "mul": "mul", "div": "div", "max": "max", "min": "min", "pow": "pow",

@@ -294,6 +294,18 @@ def scoped(x, interpret=False):
     return call(body, jax.ShapeDtypeStruct(x.shape, x.dtype), (x.shape[0] // 8,), [spec], spec, interpret)(x)
 
 
+def special(x, interpret=False):
+    """The exact (erf) gelu of normalization and MLP kernels, with `expm1` and `log1p` beside it."""
+
+    def body(x_ref, o_ref):
+        x = x_ref[...]
+        gelu = 0.5 * x * (1.0 + jax.lax.erf(x * 0.70710677))
+        o_ref[...] = gelu + jnp.expm1(x * 0.25) - jnp.log1p(jnp.abs(x))
+
+    spec = pl.BlockSpec((8, 128), lambda i: (i, 0))
+    return call(body, jax.ShapeDtypeStruct(x.shape, x.dtype), (x.shape[0] // 8,), [spec], spec, interpret)(x)
+
+
 f32 = lambda *shape: RNG.standard_normal(shape).astype(np.float32)  # noqa: E731
 
 CASES = [
@@ -313,6 +325,7 @@ CASES = [
     ("scoped", scoped, lambda: (f32(24, 128),), 1e-6),
     ("in_place", in_place, lambda: (f32(32, 128), f32(32, 128)), 1e-6),
     ("prefetched", prefetched, lambda: (RNG.integers(-5, 5, 4).astype(np.int32), f32(256)), 1e-6),
+    ("special", special, lambda: (f32(32, 128) * 3,), 1e-5),
 ]
 
 

@@ -558,6 +558,12 @@ op_names!(
         Tanh => "tanh",
         /// `1/(1+e^-x)`.
         Logistic => "logistic",
+        /// `e^x - 1`, accurate near 0.
+        Expm1 => "expm1",
+        /// `ln(1 + x)`, accurate near 0.
+        Log1p => "log1p",
+        /// the error function.
+        Erf => "erf",
         /// round down.
         Floor => "floor",
         /// round up.

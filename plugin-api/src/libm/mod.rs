@@ -22,11 +22,12 @@
 
 mod builder;
 mod pieces;
+mod special;
 
 use std::sync::OnceLock;
 
 use builder::Builder;
-use pieces::{exp_of, exp2_split, log_reduce, log_specials, log2_split, log2_wide, significand, sin_cos};
+use pieces::{exp_of, exp2_split, log_of, log_specials, log2_split, log2_wide, significand, sin_cos};
 
 /// The type of a [`Var`]: 32-bit values, and predicates.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -157,20 +158,7 @@ pub fn exp2() -> &'static Func {
 pub fn log() -> &'static Func {
     static F: OnceLock<Func> = OnceLock::new();
     F.get_or_init(|| {
-        Builder::func("tk_log", 1, |b, p| {
-            let x = p[0];
-            let r = log_reduce(b, x);
-            // log(x) = k ln2_hi - ((hfsq - (s (hfsq + R) + k ln2_lo)) - f), fdlibm's order.
-            let (ln2_hi, ln2_lo) = (b.f(f32::from_bits(0x3f31_7180)), b.f(f32::from_bits(0x3717_f7d1)));
-            let sr = b.add(r.hfsq, r.poly);
-            let klo = b.mul(r.k, ln2_lo);
-            let t = b.fma(r.s, sr, klo);
-            let t = b.sub(r.hfsq, t);
-            let t = b.sub(t, r.f);
-            let khi = b.mul(r.k, ln2_hi);
-            let y = b.sub(khi, t);
-            log_specials(b, x, y)
-        })
+        Builder::func("tk_log", 1, |b, p| log_of(b, p[0]))
     })
 }
 
@@ -197,6 +185,24 @@ pub fn sin() -> &'static Func {
 pub fn cos() -> &'static Func {
     static F: OnceLock<Func> = OnceLock::new();
     F.get_or_init(|| Builder::func("tk_cos", 1, |b, p| sin_cos(b, p[0], true)))
+}
+
+/// `e^x - 1`, accurate near 0.
+pub fn expm1() -> &'static Func {
+    static F: OnceLock<Func> = OnceLock::new();
+    F.get_or_init(|| Builder::func("tk_expm1", 1, |b, p| special::expm1_of(b, p[0])))
+}
+
+/// `ln(1 + x)`, accurate near 0.
+pub fn log1p() -> &'static Func {
+    static F: OnceLock<Func> = OnceLock::new();
+    F.get_or_init(|| Builder::func("tk_log1p", 1, |b, p| special::log1p_of(b, p[0])))
+}
+
+/// The error function.
+pub fn erf() -> &'static Func {
+    static F: OnceLock<Func> = OnceLock::new();
+    F.get_or_init(|| Builder::func("tk_erf", 1, |b, p| special::erf_of(b, p[0])))
 }
 
 /// Hyperbolic tangent.
@@ -583,6 +589,25 @@ mod tests {
     fn tanh_and_logistic_within_two_ulp() {
         check_unary(tanh(), f64::tanh, 2);
         check_unary(logistic(), |x| 1.0 / (1.0 + (-x).exp()), 2);
+    }
+
+    #[test]
+    fn expm1_log1p_and_erf_within_two_ulp() {
+        check_unary(expm1(), f64::exp_m1, 2);
+        check_unary(log1p(), f64::ln_1p, 2);
+        check_unary(erf(), libm::erf, 2);
+        // And densely where each changes method: every 2^-16 across the pieces and the joins.
+        let dense = |lo: f32, hi: f32| (0..).map(move |i| lo + i as f32 / 65_536.0).take_while(move |&x| x <= hi);
+        for (f, want, (lo, hi)) in [
+            (expm1(), f64::exp_m1 as fn(f64) -> f64, (-2.0, 2.0)),
+            (log1p(), f64::ln_1p, (-0.999, 2.0)),
+            (erf(), libm::erf, (-4.5, 4.5)),
+        ] {
+            for (i, x) in dense(lo, hi).enumerate() {
+                let (got, w) = (eval(f, &[x], i % 2 == 0), want(f64::from(x)) as f32);
+                assert!(ulps(got, w) <= 2, "{}({x:e}) = {got:e}, want {w:e}", f.name);
+            }
+        }
     }
 
     #[test]

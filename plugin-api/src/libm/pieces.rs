@@ -5,6 +5,21 @@
 use super::builder::Builder;
 use super::{Op, Ty, Var};
 
+/// Natural logarithm of any `x` (fdlibm's reduction and order), with C's special cases.
+pub(super) fn log_of(b: &mut Builder, x: Var) -> Var {
+    let r = log_reduce(b, x);
+    // log(x) = k ln2_hi - ((hfsq - (s (hfsq + R) + k ln2_lo)) - f), fdlibm's order.
+    let (ln2_hi, ln2_lo) = (b.f(f32::from_bits(0x3f31_7180)), b.f(f32::from_bits(0x3717_f7d1)));
+    let sr = b.add(r.hfsq, r.poly);
+    let klo = b.mul(r.k, ln2_lo);
+    let t = b.fma(r.s, sr, klo);
+    let t = b.sub(r.hfsq, t);
+    let t = b.sub(t, r.f);
+    let khi = b.mul(r.k, ln2_hi);
+    let y = b.sub(khi, t);
+    log_specials(b, x, y)
+}
+
 /// `e^x` for any `x`, NaN passing through.
 pub(super) fn exp_of(b: &mut Builder, x: Var) -> Var {
     let xc = b.clamp(x, -104.0, 89.0);

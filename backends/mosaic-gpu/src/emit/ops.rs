@@ -138,6 +138,9 @@ impl Writer<'_> {
             (UnaryOp::Cos, _) => self.maths(&v, libm::cos, &[x]),
             (UnaryOp::Tanh, _) => self.maths(&v, libm::tanh, &[x]),
             (UnaryOp::Logistic, _) => self.maths(&v, libm::logistic, &[x]),
+            (UnaryOp::Expm1, _) => self.maths(&v, libm::expm1, &[x]),
+            (UnaryOp::Log1p, _) => self.maths(&v, libm::log1p, &[x]),
+            (UnaryOp::Erf, _) => self.maths(&v, libm::erf, &[x]),
             (UnaryOp::Floor, _) => self.ins(format!("cvt.rmi.f32.f32 {v}, {x}")),
             (UnaryOp::Ceil, _) => self.ins(format!("cvt.rpi.f32.f32 {v}, {x}")),
         }

@@ -132,6 +132,9 @@ impl<'k> Writer<'k> {
             (UnaryOp::Cos, _) => self.call(libm::cos, &[x]),
             (UnaryOp::Tanh, _) => self.call(libm::tanh, &[x]),
             (UnaryOp::Logistic, _) => self.call(libm::logistic, &[x]),
+            (UnaryOp::Expm1, _) => self.call(libm::expm1, &[x]),
+            (UnaryOp::Log1p, _) => self.call(libm::log1p, &[x]),
+            (UnaryOp::Erf, _) => self.call(libm::erf, &[x]),
             (UnaryOp::Floor, _) => format!("floor({x})"),
             (UnaryOp::Ceil, _) => format!("ceil({x})"),
         };
