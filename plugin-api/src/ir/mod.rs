@@ -9,8 +9,8 @@
 //!   file with `line:column`, the offending text and what was expected.
 //! - [`verify`] checks one kernel once and returns a [`Verified`] kernel; every later stage
 //!   (interpreter, lowering to PTX or WGSL) takes `&Verified`, so nothing unverified runs.
-//! - [`print`] writes the one canonical text form; `print(parse(print(k))) == print(k)`.
-//! - [`builder`] makes the same IR from Rust, for users who write no text.
+//! - [`print`] writes the one canonical text form, `print(parse(print(k))) == print(k)`;
+//!   [`builder`] makes the same IR from Rust, for users who write no text.
 //!
 //! # Programs, evaluation order and side effects
 //!
@@ -93,7 +93,6 @@
 
 mod diag;
 mod lexer;
-
 pub mod analysis;
 pub mod batch;
 pub mod builder;
@@ -104,7 +103,6 @@ pub mod parse;
 pub mod print;
 pub mod size;
 pub mod verify;
-
 use std::fmt;
 
 pub use diag::{Diagnostic, Diagnostics, SourceMap, Span};
