@@ -16,9 +16,9 @@ use tessel::{HostArray, LaunchArgs};
 use tessel_plugin_api::ir::DType;
 
 const FLOAT_UNARY: &[&str] =
-    &["neg", "abs", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tanh", "logistic", "expm1", "log1p", "erf", "floor", "ceil"];
+    &["neg", "abs", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tanh", "logistic", "expm1", "log1p", "erf", "erf_inv", "floor", "ceil"];
 const INT_UNARY: &[&str] = &["neg", "abs", "not"];
-const FLOAT_BINARY: &[&str] = &["add", "sub", "mul", "div", "rem", "pow", "max", "min"];
+const FLOAT_BINARY: &[&str] = &["add", "sub", "mul", "div", "rem", "pow", "atan2", "max", "min"];
 const INT_BINARY: &[&str] = &["add", "sub", "mul", "div", "rem", "max", "min", "and", "or", "xor", "shl", "shr"];
 const COMPARE: &[&str] = &["eq", "ne", "lt", "le", "gt", "ge"];
 
@@ -162,6 +162,7 @@ fn unary_ref(op: &str, d: DType, x: f64) -> f64 {
         "expm1" => x.exp_m1(),
         "log1p" => x.ln_1p(),
         "erf" => erf_ref(x),
+        "erf_inv" => erf_inv_ref(x),
         "floor" => x.floor(),
         "ceil" => x.ceil(),
         _ => unreachable!("{op}"),
@@ -194,6 +195,46 @@ fn erf_ref(x: f64) -> f64 {
         1.0
     };
     r.copysign(x)
+}
+
+/// `erf_inv` by bisection on [`erf_ref`] (independent of the interpreter's Newton steps on the
+/// `libm` crate's `erf`).
+fn erf_inv_ref(x: f64) -> f64 {
+    if x.is_nan() || x.abs() > 1.0 {
+        return f64::NAN;
+    }
+    if x.abs() == 1.0 {
+        return f64::INFINITY.copysign(x);
+    }
+    let (mut lo, mut hi) = (-10.0f64, 10.0f64);
+    for _ in 0..200 {
+        let mid = (lo + hi) / 2.0;
+        if mid == lo || mid == hi {
+            break;
+        }
+        if erf_ref(mid) < x { lo = mid } else { hi = mid }
+    }
+    (lo + hi) / 2.0
+}
+
+/// C's `atan2(y, x)` from `atan` of a ratio at most 1 and the quadrant written out (C99 F.9.1.4).
+fn atan2_ref(y: f64, x: f64) -> f64 {
+    use std::f64::consts::{FRAC_PI_2, FRAC_PI_4, PI};
+    if x.is_nan() || y.is_nan() {
+        return f64::NAN;
+    }
+    let (ax, ay) = (x.abs(), y.abs());
+    let a = if ax == 0.0 && ay == 0.0 {
+        0.0
+    } else if ax.is_infinite() && ay.is_infinite() {
+        FRAC_PI_4
+    } else if ay > ax {
+        FRAC_PI_2 - (ax / ay).atan()
+    } else {
+        (ay / ax).atan()
+    };
+    let a = if x.is_sign_negative() { PI - a } else { a };
+    a.copysign(y)
 }
 
 /// C's `pow`, its special cases written out (C99 F.9.4.4).
@@ -291,6 +332,7 @@ fn binary_ref(op: &str, d: DType, x: f64, y: f64) -> f64 {
                 // C's fmod: exact, the sign of x.
                 "rem" => x % y,
                 "pow" => pow_ref(x, y),
+                "atan2" => atan2_ref(x, y),
                 // NaN propagates.
                 "max" if x.is_nan() || y.is_nan() => f64::NAN,
                 "min" if x.is_nan() || y.is_nan() => f64::NAN,
@@ -325,7 +367,8 @@ fn compare_ref(op: &str, x: f64, y: f64) -> f64 {
 fn allowed_ulps(exec: &str, op: &str, d: DType) -> u64 {
     let transcendental = matches!(
         op,
-        "exp" | "exp2" | "log" | "log2" | "sin" | "cos" | "tanh" | "logistic" | "expm1" | "log1p" | "erf" | "pow" | "rsqrt"
+        "exp" | "exp2" | "log" | "log2" | "sin" | "cos" | "tanh" | "logistic" | "expm1" | "log1p" | "erf" | "erf_inv" | "pow"
+            | "atan2" | "rsqrt"
     );
     if !transcendental || exec == "interpret" {
         return 0;
@@ -335,6 +378,7 @@ fn allowed_ulps(exec: &str, op: &str, d: DType) -> u64 {
         // rounded one.
         (DType::F16 | DType::BF16, _) => 1,
         (_, "exp" | "exp2" | "log" | "log2") => 1,
+        (_, "erf_inv") => 3,
         _ => 2,
     }
 }

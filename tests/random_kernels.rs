@@ -426,7 +426,7 @@ fn edge_steps(s: &Spec, b: &mut Body) -> String {
             _ => {
                 // rem and pow of two exact values, or of one and a special literal.
                 let a2 = Body::pick(&mut g, &exact);
-                let op = ["rem", "pow"][g.random_range(0..2)];
+                let op = ["rem", "pow", "atan2"][g.random_range(0..3)];
                 let other = if g.random_bool(0.5) { a2 } else { lit.to_string() };
                 b.line(&format!("{v} = {op} {a}, {other}"));
                 if op == "rem" {

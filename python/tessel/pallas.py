@@ -39,10 +39,11 @@ _UNARY = {
     "neg": "neg", "exp": "exp", "exp2": "exp2", "log": "log", "tanh": "tanh", "logistic": "logistic",
     "sqrt": "sqrt", "rsqrt": "rsqrt", "abs": "abs", "sin": "sin", "cos": "cos", "floor": "floor",
     "ceil": "ceil", "not": "not", "expm1": "expm1", "log1p": "log1p", "erf": "erf",
+    "erf_inv": "erf_inv",
 }
 _BINARY = {
     "add": "add", "sub": "sub", "mul": "mul", "div": "div", "max": "max", "min": "min", "pow": "pow",
-    "rem": "rem", "and": "and", "or": "or", "xor": "xor", "shift_left": "shl",
+    "rem": "rem", "atan2": "atan2", "and": "and", "or": "or", "xor": "xor", "shift_left": "shl",
     "shift_right_arithmetic": "shr", "shift_right_logical": "shr",
 }
 _COMPARE = {"eq": "eq", "ne": "ne", "lt": "lt", "le": "le", "gt": "gt", "ge": "ge"}

@@ -562,6 +562,8 @@ op_names!(
         Log1p => "log1p",
         /// the error function.
         Erf => "erf",
+        /// its inverse, on `[-1, 1]`.
+        ErfInv => "erf_inv",
         /// round down.
         Floor => "floor",
         /// round up.
@@ -593,6 +595,8 @@ op_names!(
         Rem => "rem",
         /// `a ^ b` (floats).
         Pow => "pow",
+        /// the angle of the point `(b, a)`: C's `atan2(a, b)` (floats).
+        Atan2 => "atan2",
         /// maximum.
         Max => "max",
         /// minimum.

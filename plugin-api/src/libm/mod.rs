@@ -205,6 +205,18 @@ pub fn erf() -> &'static Func {
     F.get_or_init(|| Builder::func("tk_erf", 1, |b, p| special::erf_of(b, p[0])))
 }
 
+/// The inverse error function.
+pub fn erf_inv() -> &'static Func {
+    static F: OnceLock<Func> = OnceLock::new();
+    F.get_or_init(|| Builder::func("tk_erf_inv", 1, |b, p| special::erf_inv_of(b, p[0])))
+}
+
+/// C's `atan2(y, x)`.
+pub fn atan2() -> &'static Func {
+    static F: OnceLock<Func> = OnceLock::new();
+    F.get_or_init(|| Builder::func("tk_atan2", 2, |b, p| special::atan2_of(b, p[0], p[1])))
+}
+
 /// Hyperbolic tangent.
 pub fn tanh() -> &'static Func {
     static F: OnceLock<Func> = OnceLock::new();
@@ -607,6 +619,66 @@ mod tests {
                 let (got, w) = (eval(f, &[x], i % 2 == 0), want(f64::from(x)) as f32);
                 assert!(ulps(got, w) <= 2, "{}({x:e}) = {got:e}, want {w:e}", f.name);
             }
+        }
+    }
+
+    /// `erf_inv` in `f64`: Newton's steps on `libm::erf` from a rough start.
+    fn erf_inv_ref(x: f64) -> f64 {
+        if x.is_nan() || x.abs() > 1.0 {
+            return f64::NAN;
+        }
+        if x.abs() == 1.0 {
+            return f64::INFINITY.copysign(x);
+        }
+        let l = (1.0 - x * x).ln();
+        let t = 2.0 / (std::f64::consts::PI * 0.147) + l / 2.0;
+        let mut y = ((t * t - l / 0.147).sqrt() - t).sqrt().copysign(x);
+        for _ in 0..100 {
+            let e = libm::erf(y) - x;
+            if e == 0.0 {
+                break;
+            }
+            let step = e / (2.0 / std::f64::consts::PI.sqrt() * (-y * y).exp());
+            if !step.is_finite() {
+                break;
+            }
+            y -= step;
+        }
+        y
+    }
+
+    #[test]
+    fn erf_inv_within_three_ulp_and_atan2_within_two() {
+        check_unary(erf_inv(), erf_inv_ref, 3);
+        // Every 10^-6 across the domain, and the last 4096 floats below 1.
+        let ends = (1..=4096u32).map(|k| f32::from_bits(1.0f32.to_bits() - k));
+        let dense = (0..=2_000_000).map(|i| -1.0 + i as f32 / 1_000_000.0).chain(ends);
+        let mut worst = (0, 0.0f32);
+        for (i, x) in dense.enumerate() {
+            let d = ulps(eval(erf_inv(), &[x], i % 2 == 0), erf_inv_ref(f64::from(x)) as f32);
+            if d > worst.0 {
+                worst = (d, x);
+            }
+        }
+        assert!(worst.0 <= 3, "erf_inv: {} ulp at {:e}", worst.0, worst.1);
+        let xs = sample();
+        let mut worst = (0, 0.0f32, 0.0f32);
+        for (i, &y) in xs.iter().enumerate() {
+            let x = xs[(i * 7919 + 13) % xs.len()];
+            let got = eval(atan2(), &[y, x], i % 2 == 0);
+            let want = f64::from(y).atan2(f64::from(x)) as f32;
+            let d = ulps(got, want);
+            assert!(got.is_nan() || got.to_bits() >> 31 == want.to_bits() >> 31, "sign of atan2({y:e}, {x:e})");
+            if d > worst.0 {
+                worst = (d, y, x);
+            }
+        }
+        assert!(worst.0 <= 2, "atan2: {} ulp at ({:e}, {:e})", worst.0, worst.1, worst.2);
+        // C's special cases.
+        let (inf, pi) = (f32::INFINITY, std::f32::consts::PI);
+        for (y, x, want) in [(0.0, -0.0, pi), (-0.0, -0.0, -pi), (0.0, 0.0, 0.0), (-0.0, 1.0, -0.0), (1.0, 0.0, pi / 2.0), (inf, inf, pi / 4.0), (inf, -inf, 3.0 * pi / 4.0), (-inf, -inf, -3.0 * pi / 4.0), (1.0, -inf, pi), (-1.0, inf, -0.0)] {
+            let got = eval(atan2(), &[y, x], true);
+            assert!(ulps(got, want) <= 1 && got.to_bits() >> 31 == want.to_bits() >> 31, "atan2({y}, {x}) = {got}, want {want}");
         }
     }
 

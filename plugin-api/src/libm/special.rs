@@ -1,4 +1,4 @@
-//! The special functions of issue 36: `expm1`, `log1p` and `erf`, written as the others are
+//! The special functions of issue 36: `expm1`, `log1p`, `erf`, `erf_inv` and `atan2`, written as the others are
 //! (mod.rs says how), each checked against `f64` on the CPU by the tests in mod.rs.
 
 use super::builder::Builder;
@@ -101,4 +101,135 @@ pub(super) fn erf_of(b: &mut Builder, x: Var) -> Var {
     let y = b.op(Ty::F32, Op::Select(inside, y, one));
     let y = b.copy_sign(y, x);
     b.nan_passes(x, y)
+}
+
+/// `(atan(u) - u) / u^3 = P(u^2)` for `|u| <= tan(pi/8)`, highest degree first (a least-squares fit).
+const ATAN_POLY: [u32; 8] = [0x3d0c226b, 0xbd79f04c, 0x3d9c1b5b, 0xbdba15cb, 0x3de38d61, 0xbe124923, 0x3e4ccccd, 0xbeaaaaab];
+/// `erf_inv(x) / x = P(w - 2.5)` where `w = -ln((1 - x)(1 + x)) < 5`, highest degree first.
+const ERFINV_CENTRAL: [u32; 11] = [0x2f363290, 0xb21bda67, 0x32aecda8, 0x34fc303a, 0xb66734fa, 0xb6a709d7, 0x3964e7de, 0xbaa4324e, 0xbb88e227, 0x3e7c8f45, 0x3fc02e2f];
+/// `erf_inv(x) / x = P(sqrt(w) - 3)` where `w >= 5`, highest degree first.
+const ERFINV_TAIL: [u32; 9] = [0xb92bcb3a, 0x386c6da4, 0x3aacd2d0, 0xbb6ddb38, 0x3bbc4ce1, 0xbbfa2e04, 0x3c1aa3fe, 0x3f8036e3, 0x40354f7e];
+
+/// `c[0] t^n + ... + c[n]` by Horner's rule, the coefficients as `f32` bits.
+fn horner(b: &mut Builder, coef: &[u32], t: Var) -> Var {
+    let mut q = b.f(f32::from_bits(coef[0]));
+    for &c in &coef[1..] {
+        let c = b.f(f32::from_bits(c));
+        q = b.fma(q, t, c);
+    }
+    q
+}
+
+/// `a + b` for `a` given as the two floats `hi + lo`.
+fn plus_two(b: &mut Builder, hi: f64, x: Var) -> Var {
+    let h = hi as f32;
+    let l = (hi - f64::from(h)) as f32;
+    let (h, l) = (b.f(h), b.f(l));
+    let t = b.add(l, x);
+    b.add(h, t)
+}
+
+/// `atan2(y, x)`, C's: the angle of `(x, y)`, with C's signed zeros and infinities. The ratio
+/// of the smaller magnitude to the larger is brought to `|u| <= tan(pi/8)` (`(t - 1) / (t + 1)`
+/// and `pi/4` above it), then `u + u^3 P(u^2)`, and the octant restored with `pi/2 - a` and
+/// `pi - a` (the constants in two floats).
+pub(super) fn atan2_of(b: &mut Builder, y: Var, x: Var) -> Var {
+    let (ax, ay) = (b.op(Ty::F32, Op::Abs(x)), b.op(Ty::F32, Op::Abs(y)));
+    let steep = b.op(Ty::Bool, Op::Lt(ax, ay));
+    let mn = b.op(Ty::F32, Op::Select(steep, ax, ay));
+    let mx = b.op(Ty::F32, Op::Select(steep, ay, ax));
+    let t = b.op(Ty::F32, Op::Div(mn, mx));
+    // 0/0 (both zero) gives 0; inf/inf (both infinite) gives 1.
+    let zero = b.f(0.0);
+    let one = b.f(1.0);
+    let both_zero = b.op(Ty::Bool, Op::Eq(mx, zero));
+    let t = b.op(Ty::F32, Op::Select(both_zero, zero, t));
+    let inf = b.f(f32::INFINITY);
+    let mn_inf = b.op(Ty::Bool, Op::Eq(mn, inf));
+    let t = b.op(Ty::F32, Op::Select(mn_inf, one, t));
+    let limit = b.f(std::f32::consts::SQRT_2 - 1.0);
+    let high = b.op(Ty::Bool, Op::Lt(limit, t));
+    let tm = b.sub(t, one);
+    let tp = b.add(t, one);
+    let reduced = b.op(Ty::F32, Op::Div(tm, tp));
+    let u = b.op(Ty::F32, Op::Select(high, reduced, t));
+    let z = b.mul(u, u);
+    let p = horner(b, &ATAN_POLY, z);
+    let u3 = b.mul(u, z);
+    let at = b.fma(u3, p, u);
+    let quarter = plus_two(b, std::f64::consts::FRAC_PI_4, at);
+    let a = b.op(Ty::F32, Op::Select(high, quarter, at));
+    let na = b.op(Ty::F32, Op::Neg(a));
+    let half = plus_two(b, std::f64::consts::FRAC_PI_2, na);
+    let a = b.op(Ty::F32, Op::Select(steep, half, a));
+    // x negative, -0 included: pi - a.
+    let bx = b.bits(x);
+    let sign = b.u(0x8000_0000);
+    let sx = b.and(bx, sign);
+    let nz = b.u(0);
+    let x_pos = b.op(Ty::Bool, Op::Eq(sx, nz));
+    let na = b.op(Ty::F32, Op::Neg(a));
+    let back = plus_two(b, std::f64::consts::PI, na);
+    let a = b.op(Ty::F32, Op::Select(x_pos, a, back));
+    let a = b.copy_sign(a, y);
+    let a = b.nan_passes(x, a);
+    b.nan_passes(y, a)
+}
+
+/// The inverse error function on `[-1, 1]` (infinite at the ends, NaN beyond): `x P(w)` with
+/// `w = -ln((1 - x)(1 + x))`, a polynomial in `w - 2.5` below 5 and in `sqrt(w) - 3` above
+/// (least-squares fits against `f64`).
+pub(super) fn erf_inv_of(b: &mut Builder, x: Var) -> Var {
+    let ax = b.op(Ty::F32, Op::Abs(x));
+    let one = b.f(1.0);
+    let lo = b.sub(one, ax);
+    let hi = b.add(one, ax);
+    let prod = b.mul(lo, hi);
+    let l = log_of(b, prod);
+    let w = b.op(Ty::F32, Op::Neg(l));
+    let c = b.f(2.5);
+    let wc = b.sub(w, c);
+    let central = horner(b, &ERFINV_CENTRAL, wc);
+    let sw = sqrt_of(b, w);
+    let three = b.f(3.0);
+    let st = b.sub(sw, three);
+    let tail = horner(b, &ERFINV_TAIL, st);
+    let five = b.f(5.0);
+    let near = b.op(Ty::Bool, Op::Lt(w, five));
+    let p = b.op(Ty::F32, Op::Select(near, central, tail));
+    let y = b.mul(p, x);
+    // The ends: +-inf at +-1, NaN outside.
+    let inf = b.f(f32::INFINITY);
+    let end = b.op(Ty::Bool, Op::Eq(ax, one));
+    let signed_inf = b.copy_sign(inf, x);
+    let y = b.op(Ty::F32, Op::Select(end, signed_inf, y));
+    let outside = b.op(Ty::Bool, Op::Lt(one, ax));
+    let nan = b.f(f32::NAN);
+    let y = b.op(Ty::F32, Op::Select(outside, nan, y));
+    b.nan_passes(x, y)
+}
+
+/// `sqrt(w)` for a positive normal `w`, to about an ulp, from the operations every target rounds
+/// exactly: the reciprocal square root from its classic bit-level guess and three Newton steps,
+/// then `w / sqrt(w)` corrected once.
+fn sqrt_of(b: &mut Builder, w: Var) -> Var {
+    let bits = b.bits(w);
+    let one = b.u(1);
+    let half_bits = b.op(Ty::U32, Op::Shr(bits, one));
+    let magic = b.u(0x5f37_59df);
+    let guess = b.op(Ty::U32, Op::Sub(magic, half_bits));
+    let mut r = b.op(Ty::F32, Op::Bits(guess));
+    let (half, three_halves) = (b.f(0.5), b.f(1.5));
+    let hw = b.mul(half, w);
+    for _ in 0..3 {
+        let rr = b.mul(r, r);
+        let nt = b.op(Ty::F32, Op::Neg(hw));
+        let step = b.fma(nt, rr, three_halves);
+        r = b.mul(r, step);
+    }
+    let s = b.mul(w, r);
+    let ns = b.op(Ty::F32, Op::Neg(s));
+    let e = b.fma(ns, s, w);
+    let hr = b.mul(half, r);
+    b.fma(e, hr, s)
 }

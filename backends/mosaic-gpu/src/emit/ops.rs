@@ -141,6 +141,7 @@ impl Writer<'_> {
             (UnaryOp::Expm1, _) => self.maths(&v, libm::expm1, &[x]),
             (UnaryOp::Log1p, _) => self.maths(&v, libm::log1p, &[x]),
             (UnaryOp::Erf, _) => self.maths(&v, libm::erf, &[x]),
+            (UnaryOp::ErfInv, _) => self.maths(&v, libm::erf_inv, &[x]),
             (UnaryOp::Floor, _) => self.ins(format!("cvt.rmi.f32.f32 {v}, {x}")),
             (UnaryOp::Ceil, _) => self.ins(format!("cvt.rpi.f32.f32 {v}, {x}")),
         }
@@ -202,6 +203,7 @@ impl Writer<'_> {
                 }
             }
             BinaryOp::Pow => self.maths(&v, libm::pow, &[x, y]),
+            BinaryOp::Atan2 => self.maths(&v, libm::atan2, &[x, y]),
         }
         v
     }

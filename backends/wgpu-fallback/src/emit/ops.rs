@@ -135,6 +135,7 @@ impl<'k> Writer<'k> {
             (UnaryOp::Expm1, _) => self.call(libm::expm1, &[x]),
             (UnaryOp::Log1p, _) => self.call(libm::log1p, &[x]),
             (UnaryOp::Erf, _) => self.call(libm::erf, &[x]),
+            (UnaryOp::ErfInv, _) => self.call(libm::erf_inv, &[x]),
             (UnaryOp::Floor, _) => format!("floor({x})"),
             (UnaryOp::Ceil, _) => format!("ceil({x})"),
         };
@@ -176,6 +177,7 @@ impl<'k> Writer<'k> {
             BinaryOp::Shl => format!("({x} << (u32({y}) & 31u))"),
             BinaryOp::Shr => format!("({x} >> (u32({y}) & 31u))"),
             BinaryOp::Pow => self.call(libm::pow, &[x, y]),
+            BinaryOp::Atan2 => self.call(libm::atan2, &[x, y]),
         };
         if float { self.round16(d, &v) } else { v }
     }

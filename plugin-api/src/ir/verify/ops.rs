@@ -215,7 +215,7 @@ impl Checker<'_> {
     fn binary(&mut self, b: BinaryOp, x: &Operand, y: &Operand, span: Span) -> Checked<Type> {
         let (d, shape) = self.pair(x, y, span, b.name())?;
         let (ok, expected) = match b {
-            BinaryOp::Pow => (d.is_float(), "expected float operands"),
+            BinaryOp::Pow | BinaryOp::Atan2 => (d.is_float(), "expected float operands"),
             BinaryOp::And | BinaryOp::Or | BinaryOp::Xor => (!d.is_float(), "expected `bool` or integer operands"),
             BinaryOp::Shl | BinaryOp::Shr => (d.is_int(), "expected integer operands"),
             _ => (d.is_numeric(), "expected numbers"),
