@@ -34,6 +34,7 @@ on_every_executor!(
     negative_block_offsets_read_zero,
     masked_lanes_are_neither_read_nor_written,
     seq_axes_run_in_order_and_scratch_is_per_program,
+    concatenate_puts_its_operands_one_after_another_along_the_axis,
 );
 
 fn f32s(v: &[f32]) -> HostArray {
@@ -242,4 +243,28 @@ fn a_kernel_without_grid_takes_its_axes_from_the_mesh() {
     let r = common::tessel(&["run", &file, "--mesh", "grid(i: 4)", "--input", &input, "--out-dir", &out]);
     assert_eq!(r.code, 1);
     assert!(r.stderr.contains("uses axis `j`, which the mesh grid(i: 4) does not name"), "{}", r.stderr);
+}
+
+fn concatenate_puts_its_operands_one_after_another_along_the_axis(ex: Exec) {
+    let src = "
+kernel k
+  in  x: f32[2, 3]
+  in  y: f32[2, 1]
+  out r: f32[4, 3]
+  out c: f32[2, 7]
+{
+  %x = load x
+  %y = load y
+  %n = neg %x
+  %r = concatenate %x, %n axis 0
+  store r, %r
+  %c = concatenate %y, %x, %n axis 1
+  store c, %c
+}
+";
+    let x = HostArray::from_bits(tessel_plugin_api::ir::DType::F32, &[2, 3], [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0].map(f32::to_bits).to_vec());
+    let y = HostArray::from_bits(tessel_plugin_api::ir::DType::F32, &[2, 1], [10.0f32, 20.0].map(f32::to_bits).to_vec());
+    let Some(out) = ex.run(src, vec![("x", x), ("y", y)], &[]) else { return };
+    assert_eq!(as_f32(&out["r"]), [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, -1.0, -2.0, -3.0, -4.0, -5.0, -6.0]);
+    assert_eq!(as_f32(&out["c"]), [10.0, 1.0, 2.0, 3.0, -1.0, -2.0, -3.0, 20.0, 4.0, 5.0, 6.0, -4.0, -5.0, -6.0]);
 }

@@ -375,6 +375,22 @@ class _Writer:
             self.op(eqn, f"transpose {self.value(eqn.invars[0], eqn)} perm ({perm})")
         elif name in _REDUCE:
             self.reduce(eqn, _REDUCE[name])
+        elif name == "concatenate":
+            args = ", ".join(self.value(v, eqn) for v in eqn.invars)
+            self.op(eqn, f"concatenate {args} axis {p['dimension']}")
+        elif name == "tile":
+            # `jnp.tile` (and `pltpu.repeat`): the value after itself along each repeated axis.
+            reps = tuple(p["reps"])
+            if len(reps) != len(eqn.invars[0].aval.shape):
+                raise self.refuse(f"`tile` with {len(reps)} repetitions of a {len(eqn.invars[0].aval.shape)}-dimensional value", eqn,
+                                  "give one repetition count per dimension (reshape first to add dimensions)")
+            v = self.value(eqn.invars[0], eqn)
+            for d, r in enumerate(reps):
+                if r > 1:
+                    t = self.body.fresh()
+                    self.body.emit(f"{t} = concatenate {', '.join([v] * r)} axis {d}")
+                    v = t
+            self.define(eqn.outvars[0], v)
         elif name == "dot_general":
             self.dot(eqn)
         elif name == "iota":

@@ -308,6 +308,31 @@ def special(x, interpret=False):
     return call(body, jax.ShapeDtypeStruct(x.shape, x.dtype), (x.shape[0] // 8,), [spec], spec, interpret)(x)
 
 
+def joined(x, y, interpret=False):
+    """`jnp.concatenate` along both axes and `jnp.tile` (what `pltpu.repeat` is): blocks side by
+    side, a block over its own square, and a row block tiled."""
+
+    def body(x_ref, y_ref, wide_ref, tall_ref, tiled_ref):
+        x, y = x_ref[...], y_ref[...]
+        wide_ref[...] = jnp.concatenate([x, y, x * 2.0], axis=1)
+        tall_ref[...] = jnp.concatenate([x, x * x], axis=0)
+        tiled_ref[...] = jnp.tile(y, (1, 3))
+
+    grid = (x.shape[0] // 8,)
+    outs = (
+        jax.ShapeDtypeStruct((x.shape[0], 2 * x.shape[1] + y.shape[1]), x.dtype),
+        jax.ShapeDtypeStruct((2 * x.shape[0], x.shape[1]), x.dtype),
+        jax.ShapeDtypeStruct((x.shape[0], 3 * y.shape[1]), x.dtype),
+    )
+    specs = [pl.BlockSpec((8, x.shape[1]), lambda i: (i, 0)), pl.BlockSpec((8, y.shape[1]), lambda i: (i, 0))]
+    out_specs = (
+        pl.BlockSpec((8, outs[0].shape[1]), lambda i: (i, 0)),
+        pl.BlockSpec((16, x.shape[1]), lambda i: (i, 0)),
+        pl.BlockSpec((8, outs[2].shape[1]), lambda i: (i, 0)),
+    )
+    return pl.pallas_call(body, out_shape=outs, grid=grid, in_specs=specs, out_specs=out_specs, interpret=interpret)(x, y)
+
+
 f32 = lambda *shape: RNG.standard_normal(shape).astype(np.float32)  # noqa: E731
 
 CASES = [
@@ -328,6 +353,7 @@ CASES = [
     ("in_place", in_place, lambda: (f32(32, 128), f32(32, 128)), 1e-6),
     ("prefetched", prefetched, lambda: (RNG.integers(-5, 5, 4).astype(np.int32), f32(256)), 1e-6),
     ("special", special, lambda: (f32(32, 128) * 3,), 1e-5),
+    ("joined", joined, lambda: (f32(32, 128), f32(32, 64)), 1e-6),
 ]
 
 

@@ -288,6 +288,7 @@ pub(crate) fn count_uses(body: &[Instr], uses: &mut HashMap<usize, usize>) {
             | Instr::Transpose { a, .. }
             | Instr::Reduce { a, .. } => read.push(a),
             Instr::Binary { a, b, .. } | Instr::Compare { a, b, .. } => read.extend([a, b]),
+            Instr::Concatenate { args, .. } => read.extend(args),
             Instr::Dot { a, b, .. } => {
                 read.extend([a, b].into_iter().filter_map(|d| if let DotArg::Value(s) = d { Some(s) } else { None }))
             }

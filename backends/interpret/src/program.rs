@@ -121,6 +121,11 @@ pub(crate) enum Instr {
         a: Src,
         perm: Vec<usize>,
     },
+    Concatenate {
+        dst: usize,
+        args: Vec<Src>,
+        axis: usize,
+    },
     Reduce {
         dst: usize,
         op: ReduceOp,

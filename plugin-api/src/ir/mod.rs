@@ -567,6 +567,13 @@ pub enum Op {
     Broadcast(Operand),
     /// `reshape v : T[S]`.
     Reshape(Operand),
+    /// `concatenate v, w, ... axis N`: the operands one after another along dimension `N`.
+    Concatenate {
+        /// The values, in order.
+        args: Vec<Operand>,
+        /// The dimension they are joined along.
+        axis: usize,
+    },
     /// `transpose v perm (...)`.
     Transpose {
         /// The value.
@@ -647,6 +654,7 @@ impl Op {
             Op::Broadcast(_) => "broadcast",
             Op::Reshape(_) => "reshape",
             Op::Transpose { .. } => "transpose",
+            Op::Concatenate { .. } => "concatenate",
             Op::Reduce { op, .. } => op.name(),
             Op::Dot { .. } => "dot",
             Op::When { .. } => "when",

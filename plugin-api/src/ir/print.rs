@@ -193,6 +193,7 @@ impl Writer {
             Op::Binary(_, a, b) | Op::Compare(_, a, b) => write!(o, "{m} {a}, {b}"),
             Op::Select(c, a, b) => write!(o, "select {c}, {a}, {b}"),
             Op::Transpose { arg, perm } => write!(o, "transpose {arg} perm ({})", comma_list(perm)),
+            Op::Concatenate { args, axis } => write!(o, "concatenate {} axis {axis}", comma_list(args)),
             Op::Reduce { arg, axis, keepdims, .. } => {
                 write!(o, "{m} {arg} axis {axis}{}", if *keepdims { " keepdims" } else { "" })
             }

@@ -1,4 +1,5 @@
-//! The operations that move elements without computing: `broadcast`, `reshape`, `transpose`.
+//! The operations that move elements without computing: `broadcast`, `reshape`, `transpose`,
+//! `concatenate`.
 
 use super::layout::{expand, strides};
 use super::value::{Data, Val};
@@ -49,4 +50,43 @@ pub(crate) fn transpose(a: &Val, perm: &[usize]) -> Val {
         Data::B(v) => Data::B(permute(v, &a.shape, perm)),
     };
     a.with(shape, data)
+}
+
+/// The values one after another along `axis`: for each index of the dimensions before it, each
+/// value's run of `shape[axis] * inner` elements in turn (row-major).
+pub(crate) fn concatenate(args: &[&Val], axis: usize) -> Val {
+    fn join<T: Copy>(parts: &[(&[T], usize)], outer: usize) -> Vec<T> {
+        let mut out = Vec::with_capacity(parts.iter().map(|(v, _)| v.len()).sum());
+        for o in 0..outer {
+            for (v, run) in parts {
+                out.extend_from_slice(&v[o * run..(o + 1) * run]);
+            }
+        }
+        out
+    }
+    let first = args[0];
+    let outer: usize = first.shape[..axis].iter().product();
+    let inner: usize = first.shape[axis + 1..].iter().product();
+    let run = |a: &Val| a.shape[axis] * inner;
+    let mut shape = first.shape.clone();
+    shape[axis] = args.iter().map(|a| a.shape[axis]).sum();
+    macro_rules! each {
+        ($variant:ident) => {{
+            let parts: Vec<(&[_], usize)> = args
+                .iter()
+                .map(|a| match &a.data {
+                    Data::$variant(v) => (&v[..], run(a)),
+                    _ => unreachable!("verifier: concatenate of one element type"),
+                })
+                .collect();
+            Data::$variant(join(&parts, outer))
+        }};
+    }
+    let data = match &first.data {
+        Data::F(_) => each!(F),
+        Data::I(_) => each!(I),
+        Data::U(_) => each!(U),
+        Data::B(_) => each!(B),
+    };
+    first.with(shape, data)
 }

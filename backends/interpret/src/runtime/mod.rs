@@ -240,6 +240,10 @@ impl<'m, 'a> ProgramState<'m, 'a> {
             Instr::Broadcast { dst, a, shape } => (*dst, eval::broadcast_to(self.get(a), shape)),
             Instr::Reshape { dst, a, shape } => (*dst, eval::reshape(self.get(a), shape)),
             Instr::Transpose { dst, a, perm } => (*dst, eval::transpose(self.get(a), perm)),
+            Instr::Concatenate { dst, args, axis } => {
+                let vals: Vec<&eval::Val> = args.iter().map(|a| self.get(a)).collect();
+                (*dst, eval::concatenate(&vals, *axis))
+            }
             Instr::Reduce { dst, op, a, axis, keepdims } => (*dst, eval::reduce(*op, self.get(a).view(), *axis, *keepdims)),
             Instr::Dot { dst, a, b, trans_a, trans_b } => (*dst, self.dot(a, b, *trans_a, *trans_b)),
             Instr::When { cond, body } => {

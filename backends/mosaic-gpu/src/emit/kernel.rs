@@ -254,6 +254,51 @@ impl Writer<'_> {
                     w.store_slot(&dst, e, &x);
                 });
             }
+            Op::Concatenate { args, axis } => {
+                let srcs: Vec<String> = args
+                    .iter()
+                    .map(|a| match a {
+                        Operand::Value(v) => v.clone(),
+                        Operand::Lit(_) => unreachable!("verifier: concatenate of values"),
+                    })
+                    .collect();
+                let inner: usize = out_shape[axis + 1..].iter().product();
+                let total = out_shape[*axis];
+                let sizes: Vec<usize> = srcs.iter().map(|s| self.shape_of(s)[*axis]).collect();
+                self.each(n, |w, e| {
+                    // The element's index along the axis (c), and the parts of its index before
+                    // (o) and after (i) it; each operand read at its part of c (clamped into it),
+                    // the last one whose part c reaches chosen.
+                    let (c, o, i) = (w.r(), w.r(), w.r());
+                    w.ins(format!("div.u32 {c}, {e}, {inner}"));
+                    w.ins(format!("rem.u32 {c}, {c}, {total}"));
+                    w.ins(format!("div.u32 {o}, {e}, {}", inner * total));
+                    w.ins(format!("rem.u32 {i}, {e}, {inner}"));
+                    let mut start = 0;
+                    let mut chosen: Option<String> = None;
+                    for (src, &len) in srcs.iter().zip(&sizes) {
+                        let (local, at) = (w.r(), w.r());
+                        w.ins(format!("max.u32 {local}, {c}, {start}"));
+                        w.ins(format!("min.u32 {local}, {local}, {}", start + len - 1));
+                        w.ins(format!("sub.u32 {local}, {local}, {start}"));
+                        w.ins(format!("mul.lo.u32 {at}, {o}, {}", len * inner));
+                        w.ins(format!("mad.lo.u32 {at}, {local}, {inner}, {at}"));
+                        w.ins(format!("add.u32 {at}, {at}, {i}"));
+                        let x = w.load_slot(src, &at);
+                        chosen = Some(match chosen {
+                            None => x,
+                            Some(prev) => {
+                                let (p, v) = (w.p(), w.r());
+                                w.ins(format!("setp.ge.u32 {p}, {c}, {start}"));
+                                w.ins(format!("selp.b32 {v}, {x}, {prev}, {p}"));
+                                v
+                            }
+                        });
+                        start += len;
+                    }
+                    w.store_slot(&dst, e, &chosen.expect("verifier: concatenate of at least one value"));
+                });
+            }
             Op::Reduce { op, arg, axis, .. } => self.write_reduce(*op, arg, *axis, &dst, n),
             Op::Dot { a, b, trans_a, trans_b } => self.write_dot(a, b, *trans_a, *trans_b, &dst, &out_shape),
             Op::When { cond, body } => {

@@ -196,6 +196,36 @@ impl<'k> Writer<'k> {
                     from_word(d, &format!("tk_ws[wsb + {}u + {idx}]", offs[0]))
                 });
             }
+            Op::Concatenate { args, axis } => {
+                let srcs: Vec<&str> = args
+                    .iter()
+                    .map(|a| match a {
+                        Operand::Value(v) => v.as_str(),
+                        Operand::Lit(_) => unreachable!("verifier: concatenate of values"),
+                    })
+                    .collect();
+                let out = self.ty(&dst);
+                let inner: u64 = out.shape[axis + 1..].iter().map(|&n| n as u64).product();
+                let total = out.shape[*axis] as u64;
+                let sizes: Vec<u64> = srcs.iter().map(|s| self.ty(s).shape[*axis] as u64).collect();
+                let d = out.dtype;
+                self.gather(&dst, &srcs, move |_, offs| {
+                    // The element's index along the axis (c), and the parts of its index before
+                    // (o) and after (i) that axis; each operand read at its own part of c (clamped
+                    // into it), the last one whose part c reaches chosen.
+                    let c = format!("((e / {inner}u) % {total}u)");
+                    let (o, i) = (format!("(e / {}u)", inner * total), format!("(e % {inner}u)"));
+                    let mut start = 0;
+                    let mut expr = String::new();
+                    for (&n, off) in sizes.iter().zip(offs) {
+                        let local = format!("(min(max({c}, {start}u), {}u) - {start}u)", start + n - 1);
+                        let read = from_word(d, &format!("tk_ws[wsb + {off}u + {o} * {}u + {local} * {inner}u + {i}]", n * inner));
+                        expr = if expr.is_empty() { read } else { format!("select({expr}, {read}, {c} >= {start}u)") };
+                        start += n;
+                    }
+                    expr
+                });
+            }
             Op::Reduce { op, arg, axis, .. } => {
                 let Operand::Value(src) = arg else { unreachable!("verifier: reduce of a value") };
                 if self.plan.fused.contains_key(&dst) {

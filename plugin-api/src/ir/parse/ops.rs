@@ -119,6 +119,14 @@ impl Parser<'_> {
                 }
                 Op::Transpose { arg, perm }
             }
+            "concatenate" => {
+                let mut args = vec![self.operand()?];
+                while self.eat(&Tok::Comma) {
+                    args.push(self.operand()?);
+                }
+                self.expect_keyword("axis")?;
+                Op::Concatenate { args, axis: self.int("a dimension number")? }
+            }
             "dot" => {
                 let a = self.operand()?;
                 self.expect(Tok::Comma, "`,` between the two matrices")?;

@@ -132,6 +132,33 @@ impl Checker<'_> {
                 }
                 Some(target)
             }
+            Op::Concatenate { args, axis } => {
+                let mut types = Vec::new();
+                for a in args {
+                    types.push(self.val(a, span, "an operand of `concatenate`")?);
+                }
+                let first = types[0].clone();
+                let fits = |t: &Type| {
+                    t.dtype == first.dtype
+                        && t.shape.len() == first.shape.len()
+                        && t.shape.iter().zip(&first.shape).enumerate().all(|(d, (x, y))| d == *axis || x == y)
+                };
+                if *axis >= first.shape.len() {
+                    self.err(span, format!("`concatenate` of {first} along axis {axis}"), format!("expected an axis below {}", first.shape.len()));
+                    return None;
+                }
+                if let Some(t) = types.iter().find(|t| !fits(t)) {
+                    self.err(
+                        span,
+                        format!("`concatenate` of {first} and {t} along axis {axis}"),
+                        format!("expected values of one element type whose shapes differ only along axis {axis}"),
+                    );
+                    return None;
+                }
+                let mut shape = first.shape.clone();
+                shape[*axis] = types.iter().map(|t| t.shape[*axis]).sum();
+                Some(Type::array(first.dtype, shape))
+            }
             Op::Transpose { arg, perm } => {
                 let t = self.val(arg, span, "the operand of `transpose`")?;
                 let mut sorted = perm.clone();
