@@ -592,10 +592,14 @@ class _Writer:
         self.results(eqn, jaxpr)
 
     def cond(self, eqn) -> None:
-        """`pl.when(c)`: a `cond` on `convert_element_type(c)` whose false branch does nothing."""
+        """`pl.when(c)`: a `cond` on `convert_element_type(c)` whose false branch does nothing; or
+        a `lax.cond`/`lax.switch` returning values (`cond_values`)."""
         branches = eqn.params["branches"]
         index, *ops = eqn.invars
-        if len(branches) != 2 or branches[0].jaxpr.eqns or eqn.outvars:
+        if eqn.outvars:
+            self.cond_values(eqn)
+            return
+        if len(branches) != 2 or branches[0].jaxpr.eqns:
             raise self.refuse("`cond` other than `pl.when` (a branch only where a condition holds)", eqn)
         cond = self.bools.get(index)
         if cond is None:
@@ -606,6 +610,41 @@ class _Writer:
         self.eqns(branches[1].jaxpr)
         self.body.depth -= 1
         self.body.emit("}")
+
+    def cond_values(self, eqn) -> None:
+        """`lax.cond` and `lax.switch` returning values, their branches writing no ref (skipping a
+        block's work while keeping the carried state): every branch is computed and each result
+        chosen by `select` on the predicate, or on `index == k` for a switch (whose index JAX has
+        clamped into range). Loads cannot fault in tessel (outside the array they read zeros), so
+        computing a branch that is not taken changes no result, only the work done."""
+        branches = eqn.params["branches"]
+        index, *ops = eqn.invars
+        for b in branches:
+            writes = [e for e in b.jaxpr.effects if type(e).__name__ in ("WriteEffect", "AccumEffect")]
+            if writes:
+                raise self.refuse("`cond` returning values with a branch that writes a ref", eqn,
+                                  "write the refs after the `cond`, from its results, or use `pl.when` without results")
+        results = []
+        for b in branches:
+            if b.consts:
+                raise self.refuse("`cond` with captured constants", eqn)
+            self.sub(b.jaxpr, ops, eqn)
+            self.eqns(b.jaxpr)
+            results.append([self.read(v) for v in b.jaxpr.outvars])
+        pred = self.bools.get(index)
+        for k, out in enumerate(eqn.outvars):
+            ty = _ty(out.aval, self.kernel, eqn)
+            chosen = results[0][k]
+            for j in range(1, len(branches)):
+                if pred is not None and len(branches) == 2:
+                    taken = pred
+                else:
+                    taken = self.body.fresh()
+                    self.body.emit(f"{taken} = eq {self.value(index, eqn)}, {j}")
+                v = self.body.fresh()
+                self.body.emit(f"{v} = select {taken}, {results[j][k]}, {chosen} : {ty}")
+                chosen = v
+            self.define(out, chosen)
 
     def fori_while(self, eqn) -> None:
         """`lax.fori_loop` with bounds known only at run time (a `while` whose carry starts with

@@ -333,6 +333,21 @@ def joined(x, y, interpret=False):
     return pl.pallas_call(body, out_shape=outs, grid=grid, in_specs=specs, out_specs=out_specs, interpret=interpret)(x, y)
 
 
+def branches(x, interpret=False):
+    """`lax.cond` and `lax.switch` returning values, chosen per program (skip a block's work,
+    keep a carried state)."""
+
+    def body(x_ref, o_ref):
+        i = pl.program_id(0)
+        x = x_ref[...]
+        y = jax.lax.cond(i % 2 == 0, lambda v: jnp.exp(v) - 1.0, lambda v: v * 3.0, x)
+        z = jax.lax.switch(i % 3, [lambda v: v, lambda v: jnp.sin(v), lambda v: v.max(axis=1, keepdims=True) + v], y)
+        o_ref[...] = z
+
+    spec = pl.BlockSpec((8, 128), lambda i: (i, 0))
+    return call(body, jax.ShapeDtypeStruct(x.shape, x.dtype), (x.shape[0] // 8,), [spec], spec, interpret)(x)
+
+
 f32 = lambda *shape: RNG.standard_normal(shape).astype(np.float32)  # noqa: E731
 
 CASES = [
@@ -354,6 +369,7 @@ CASES = [
     ("prefetched", prefetched, lambda: (RNG.integers(-5, 5, 4).astype(np.int32), f32(256)), 1e-6),
     ("special", special, lambda: (f32(32, 128) * 3,), 1e-5),
     ("joined", joined, lambda: (f32(32, 128), f32(32, 64)), 1e-6),
+    ("branches", branches, lambda: (f32(48, 128),), 1e-5),
 ]
 
 
@@ -828,3 +844,19 @@ def test_outputs_larger_than_memory_are_refused_before_xla_makes_them():
 
     with pytest.raises(tessel.TesselError, match=r"the outputs of `huge` needs 12288.0 GB of memory \(outputs 12288.0 GB\)"):
         tp.run(huge, backend="interpret")
+
+
+def test_a_cond_returning_values_whose_branch_writes_a_ref_is_refused_with_what_would_work():
+    def body(x_ref, o_ref):
+        def write_and_return(v):
+            o_ref[...] = v
+            return v * 2.0
+
+        o_ref[...] = jax.lax.cond(pl.program_id(0) == 0, write_and_return, lambda v: v, x_ref[...])
+
+    x = f32(16, 128)
+    spec = pl.BlockSpec((8, 128), lambda i: (i, 0))
+    f = lambda x, interpret=False: call(body, jax.ShapeDtypeStruct(x.shape, x.dtype), (2,), [spec], spec, interpret)(x)  # noqa: E731
+    with pytest.raises(tessel.UnsupportedError, match="`cond` returning values with a branch that writes a ref") as e:
+        tp.run(f, x, backend="interpret")
+    assert "write the refs after the `cond`" in str(e.value) or "write the refs after the `cond`" in (e.value.hint or "")
