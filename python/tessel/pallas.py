@@ -8,8 +8,10 @@ Each `pallas_call` is read from its equation (a jaxpr's for `to_tk`, the lowerin
 parameters for `install`): its grid, the block shape and index map of every operand, and its
 body. Index maps are proved affine in the program ids from their equations (sums, differences and
 constant multiples of program ids), or on a small grid by evaluating them at every point; never
-assumed, never judged from samples. Grid axes that no output's index
-map uses become `seq` (they revisit the outputs); the others are parallel. What the language
+assumed, never judged from samples. Any other index map (a clamp, a division, a block table read
+from scalar-prefetch operands) is computed in the body, the ref declared whole and each access at
+the block's offset. Grid axes that no output's index map uses become `seq` (they revisit the
+outputs); the others are parallel (all are `seq` where an output's map is computed). What the language
 cannot say is a `tessel.UnsupportedError` naming the primitive, the kernel and the Python source
 line it came from. docs/pallas.md lists what is supported and where tessel and Pallas's
 interpret mode differ by design.
@@ -169,6 +171,10 @@ class _Writer:
         self.place = ""
         #: The `scratch` lines of `run_scoped` allocations (`r0`, `r1`, ...).
         self.scoped: List[str] = []
+        #: An argument whose index map is computed (not affine, or reading scalar-prefetch
+        #: operands) -> the element offset of its block along each array dimension, made at the
+        #: top of the body from the program ids (`computed_blocks`).
+        self.offsets: Dict[str, List[str]] = {}
 
     # ---- operands ----
 
@@ -224,6 +230,8 @@ class _Writer:
         name, ref_shape = self.ref(ref, eqn), tuple(ref.aval.shape)
         squeezed = self.squeezed.get(name, [])
         indexers = list(indexers or ())
+        if name in self.offsets:
+            return self.shifted(eqn, name, ref_shape, squeezed, indexers)
         if not indexers:
             if not squeezed:
                 return ""
@@ -255,6 +263,77 @@ class _Writer:
         for d in sorted(squeezed):
             parts.insert(d, "0")
         return "[" + ", ".join(parts) + "]"
+
+    def shifted(self, eqn, name, ref_shape, squeezed, indexers) -> str:
+        """The index text of an access to a block whose index map is computed: the argument is
+        declared whole, so every dimension's index is the block's offset (`self.offsets`) plus
+        the index within the block (`ds(offset + start, size)`, `offset + i`)."""
+        from jax._src.state import indexing
+
+        if indexers and (len(indexers) != 1 or not isinstance(indexers[0], indexing.NDIndexer)):
+            raise self.refuse("a transformed reference (bitcast, reshape)", eqn)
+        within = []
+        for dim, ix in zip(ref_shape, indexers[0].indices if indexers else [None] * len(ref_shape)):
+            if ix is None:
+                within.append(("ds", "0", dim))
+            elif isinstance(ix, indexing.Slice):
+                if ix.stride != 1:
+                    raise self.refuse("a strided slice", eqn)
+                within.append(("ds", str(ix.start) if isinstance(ix.start, int) else self.read(ix.start), ix.size))
+            else:
+                if tuple(getattr(getattr(ix, "aval", None), "shape", ())) != ():
+                    raise self.refuse("an array index (gather)", eqn)
+                within.append(("at", str(ix) if isinstance(ix, (int, np.integer)) else self.read(ix), None))
+        for d in sorted(squeezed):
+            within.insert(d, ("at", "0", None))
+        parts = []
+        for off, (kind, start, size) in zip(self.offsets[name], within):
+            at = self.plus(off, start)
+            parts.append(f"ds({at}, {size})" if kind == "ds" else at)
+        return "[" + ", ".join(parts) + "]"
+
+    def plus(self, a: str, b: str) -> str:
+        """`a + b` of two `i32` scalars (values or integer literals), folded where both are known."""
+        if not a.startswith("%") and not b.startswith("%"):
+            return str(int(a) + int(b))
+        if b == "0":
+            return a
+        if a == "0":
+            return b
+        v = self.body.fresh()
+        self.body.emit(f"{v} = add {a}, {b}")
+        return v
+
+    def computed_blocks(self, computed, scalars: List[str]) -> None:
+        """At the top of the body: each computed index map evaluated from the program ids (and
+        the scalar-prefetch operands it reads, loaded as the body loads them), and its block
+        indices times the block sizes as element offsets."""
+        ids = []
+        for a in range(len(self.axes)):
+            v = self.body.fresh()
+            self.body.emit(f"{v} = program_id {self.axes[a]}")
+            ids.append(v)
+        for arg, (index_map, blocks) in computed.items():
+            jaxpr = index_map.jaxpr
+            if index_map.consts:
+                raise UnsupportedError(f"the index map of `{arg}` in Pallas kernel `{self.kernel}` captures constants", None, None)
+            for var, v in zip(jaxpr.invars, ids):
+                self.env[var] = v
+            for var, s in zip(jaxpr.invars[len(ids):], scalars):
+                self.env[var] = ("ref", s)
+            self.eqns(jaxpr)
+            offsets = []
+            for out, b in zip(jaxpr.outvars, blocks):
+                index = self.read(out)
+                if not index.startswith("%"):
+                    offsets.append(str(int(index) * b))
+                elif b == 1:
+                    offsets.append(index)
+                else:
+                    v = self.body.fresh()
+                    self.body.emit(f"{v} = mul {index}, {b}")
+                    offsets.append(v)
+            self.offsets[arg] = offsets
 
     # ---- the body ----
 
@@ -401,6 +480,17 @@ class _Writer:
                 self.op(eqn, f"cast {v}")
             else:
                 self.op(eqn, f"iota {p['dimension']}")
+        elif name == "sign":
+            # -1 below zero, 1 above, and x itself otherwise (0, -0.0, NaN), as `lax.sign`;
+            # `//` on integers uses it.
+            x = self.value(eqn.invars[0], eqn)
+            ty = _ty(eqn.outvars[0].aval, self.kernel, eqn)
+            one = "1.0" if "f" in ty.split("[")[0] else "1"
+            neg, pos, t = self.body.fresh(), self.body.fresh(), self.body.fresh()
+            self.body.emit(f"{neg} = lt {x}, 0")
+            self.body.emit(f"{t} = select {neg}, -{one}, {x} : {ty}")
+            self.body.emit(f"{pos} = gt {x}, 0")
+            self.op(eqn, f"select {pos}, {one}, {t}")
         elif name == "cond":
             self.cond(eqn)
         elif name == "scan":
@@ -877,12 +967,13 @@ def _forms(jaxpr, consts, ins: List[_Form], axes: int) -> List[_Form]:
     return [read(a) for a in jaxpr.outvars]
 
 
-def _affine(index_map, grid: Sequence[int], kernel: str, operand: str, scalars: int = 0) -> _Affine:
+def _affine(index_map, grid: Sequence[int], kernel: str, operand: str, scalars: int = 0) -> Optional[_Affine]:
     """The index map's block indices as an affine map of the grid axes, proved from its
     equations (`_forms`), or where they do not prove it and the grid has at most `_EVERY_POINT`
     points, by evaluating it at every point of the grid; never from samples. A program id of an
-    axis of size 1 is the constant 0. An index map may take the `scalars` scalar-prefetch
-    operands after the program ids, and must not read them."""
+    axis of size 1 is the constant 0. None where it is not affine, or reads the `scalars`
+    scalar-prefetch operands it may take after the program ids: then the body computes it
+    (`_Writer.computed_blocks`)."""
     jax, core, _ = _jax()
     jaxpr = index_map.jaxpr
     if len(jaxpr.invars) != len(grid) + scalars:
@@ -891,11 +982,7 @@ def _affine(index_map, grid: Sequence[int], kernel: str, operand: str, scalars: 
     read = {a for e in jaxpr.eqns for a in list(e.invars) if not isinstance(a, core.Literal)}
     read |= {a for a in jaxpr.outvars if not isinstance(a, core.Literal)}
     if any(v in read for v in prefetched):
-        raise UnsupportedError(
-            f"the index map of {operand} in Pallas kernel `{kernel}` reads the scalar-prefetch operands",
-            None,
-            "tessel's `at (...)` takes block indices affine in the program ids; read the scalars in the body (with pl.ds) instead",
-        )
+        return None
     n = len(grid)
     unit = lambda a: tuple(int(b == a) for b in range(n))  # noqa: E731
     ids = [_Form(known=np.int32(0)) if size == 1 else _Form(0, unit(a)) for a, size in enumerate(grid)]
@@ -910,24 +997,10 @@ def _affine(index_map, grid: Sequence[int], kernel: str, operand: str, scalars: 
                 f = _Form(int(f.known), (0,) * n)
             outs.append(f)
         return _Affine([f.c for f in outs], [[f.coeffs[a] for f in outs] for a in range(n)])
-    except _NotAffine as e:
-        why = e
-    every = _every_point(index_map, grid, prefetched)
-    if every is not None:
-        return every
-    eqn = why.eqn
-    op = f"`{eqn.primitive.name}`" if eqn is not None else "a value that is not an integer"
-    place = _where(eqn) if eqn is not None else ""
-    at = f" (at {place})" if place else ""
-    points = math.prod(grid)
-    checked = f"; on its {points} grid points it is not affine either" if points <= _EVERY_POINT else ""
-    raise UnsupportedError(
-        f"the index map of {operand} in Pallas kernel `{kernel}` is not affine in the program ids: "
-        f"it applies {op} to them{at}{checked}",
-        None,
-        "tessel's `at (...)` takes block indices that are sums of constant multiples of the program ids and constants; "
-        "compute other offsets in the body with pl.ds",
-    )
+    except _NotAffine:
+        pass
+    # Not affine anywhere (or on a grid too large to check): computed in the body.
+    return _every_point(index_map, grid, prefetched)
 
 
 def _every_point(index_map, grid: Sequence[int], prefetched) -> Optional[_Affine]:
@@ -991,6 +1064,8 @@ def _translate(eqn, name: str) -> Translated:
     lines_out = []
     #: operand -> (its block spec's text, its index map, its array shape, its block shape)
     specs: Dict[str, Any] = {}
+    #: operands whose index map the body computes -> (the index map, the block shape)
+    computed: Dict[str, Any] = {}
     for n, (bm, arg) in enumerate(zip(gm.block_mappings, ins[nscalar:] + outs)):
         shape = tuple(bm.array_aval.shape)
         blocks = []
@@ -1005,8 +1080,14 @@ def _translate(eqn, name: str) -> Translated:
             blocks.append(int(size))
         ty = _ty(bm.array_aval, name, eqn)
         affine = _affine(bm.index_map_jaxpr, grid, name, f"`{arg}`", nscalar)
-        index = affine.text()
         is_out = n >= gm.num_inputs
+        if affine is None:
+            # The whole array, each access at the block the body computes.
+            computed[arg] = (bm.index_map_jaxpr, blocks)
+            specs[arg] = ("computed", None, shape, blocks)
+            (lines_out if is_out else lines_in).append(f"  {'out' if is_out else 'in '} {arg}: {ty}")
+            continue
+        index = affine.text()
         if is_out:
             for a in range(len(grid)):
                 if any(f"i{a}" in t.replace("*", " ").split() for t in index):
@@ -1015,6 +1096,9 @@ def _translate(eqn, name: str) -> Translated:
         spec = "" if whole else f" block [{', '.join(str(b) for b in blocks)}] at ({', '.join(index)})"
         specs[arg] = (spec, affine, shape, blocks)
         (lines_out if is_out else lines_in).append(f"  {'out' if is_out else 'in '} {arg}: {ty}{spec}")
+    if any(o in computed for o in outs):
+        # Programs whose computed output blocks may coincide run in order, as Pallas runs them.
+        used_by_outputs = set()
     if grid:
         axes = ", ".join(f"i{a}: {s}{'' if a in used_by_outputs else ' seq'}" for a, s in enumerate(grid))
         header.append(f"  grid ({axes})")
@@ -1027,6 +1111,8 @@ def _translate(eqn, name: str) -> Translated:
     jaxpr = body.jaxpr if hasattr(body, "jaxpr") else body
     for var, arg in zip(jaxpr.invars, ins + outs + scratch):
         w.env[var] = ("ref", arg)
+    if computed:
+        w.computed_blocks(computed, ins[:nscalar])
     w.eqns(jaxpr)
     for i, o in p.get("input_output_aliases") or ():
         _aliased(name, eqn, ins[i], outs[o], specs, grid, used_by_outputs, w.body.lines)
@@ -1040,6 +1126,8 @@ def _aliased(name: str, eqn, x: str, o: str, specs, grid, parallel, lines: List[
     whole (every element of it stored unmasked at the body's top level, blocks covering the
     array), and no read of `x` that could see what the kernel stored into `o`. Elsewhere refused."""
     what = f"`input_output_aliases` pairing `{x}` with `{o}`"
+    if specs.get(o, (None, None))[1] is None or specs.get(x, (None, None))[1] is None:
+        raise _refuse(what, name, eqn, "tessel takes an alias only where both index maps are affine in the program ids")
     if x not in specs or specs[x][0] != specs[o][0]:
         raise _refuse(what, name, eqn, "tessel takes an alias whose input and output have the same block spec")
     _, affine, shape, blocks = specs[o]
