@@ -576,6 +576,26 @@ def test_jaxs_tpu_matmul_and_example_kernel():
         np.testing.assert_array_equal(np.asarray(doubled_), x * 2, err_msg=backend)
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])
+def test_jaxs_tpu_flash_attention_op(causal):
+    """JAX's TPU flash attention, unchanged: its causal variant re-points each skipped key block
+    at one already fetched with `jnp.minimum` in the index maps (computed in the body), and it
+    tiles its running max with `jnp.tile` (`concatenate`)."""
+    from jax.experimental.pallas.ops.tpu import flash_attention as fa
+
+    shape = (1, 2, 256, 128)
+    q, k, v = (jnp.asarray(f32(*shape)) for _ in range(3))
+    sizes = fa.BlockSizes(block_q=128, block_k_major=128, block_k=128, block_b=1, block_q_major_dkv=128, block_k_major_dkv=128,
+                          block_k_dkv=128, block_q_dkv=128, block_k_major_dq=128, block_k_dq=128, block_q_dq=128)
+    want = np.asarray(fa.mha_reference(q, k, v, ab=None, causal=causal))
+    for backend in backends():
+        before = launches(backend)
+        with tp.installed(backend=backend):
+            got = jax.block_until_ready(jax.jit(lambda q, k, v: fa.flash_attention(q, k, v, causal=causal, block_sizes=sizes))(q, k, v))
+        assert launches(backend) == before + 1, backend
+        np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-5, err_msg=f"causal={causal} on {backend}")
+
+
 # ---- scale-out ----
 
 
