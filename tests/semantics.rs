@@ -35,6 +35,7 @@ on_every_executor!(
     masked_lanes_are_neither_read_nor_written,
     seq_axes_run_in_order_and_scratch_is_per_program,
     concatenate_puts_its_operands_one_after_another_along_the_axis,
+    slice_takes_the_elements_from_its_start,
 );
 
 fn f32s(v: &[f32]) -> HostArray {
@@ -267,4 +268,30 @@ kernel k
     let Some(out) = ex.run(src, vec![("x", x), ("y", y)], &[]) else { return };
     assert_eq!(as_f32(&out["r"]), [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, -1.0, -2.0, -3.0, -4.0, -5.0, -6.0]);
     assert_eq!(as_f32(&out["c"]), [10.0, 1.0, 2.0, 3.0, -1.0, -2.0, -3.0, 20.0, 4.0, 5.0, 6.0, -4.0, -5.0, -6.0]);
+}
+
+fn slice_takes_the_elements_from_its_start(ex: Exec) {
+    let src = "
+kernel k
+  in  x: f32[3, 4]
+  out r: f32[2, 2]
+  out c: f32[3, 1]
+{
+  %x = load x
+  %r = slice %x start (1, 1) : f32[2, 2]
+  store r, %r
+  %e = exp %x
+  %c = slice %e start (0, 3) : f32[3, 1]
+  %l = log %c
+  store c, %l
+}
+";
+    let v: Vec<f32> = (0..12).map(|i| i as f32).collect();
+    let x = HostArray::from_bits(tessel_plugin_api::ir::DType::F32, &[3, 4], v.iter().map(|f| f.to_bits()).collect());
+    let Some(out) = ex.run(src, vec![("x", x)], &[]) else { return };
+    assert_eq!(as_f32(&out["r"]), [5.0, 6.0, 9.0, 10.0]);
+    let c = as_f32(&out["c"]);
+    for (got, want) in c.iter().zip([3.0f32, 7.0, 11.0]) {
+        assert!((got - want).abs() <= 1e-5 * want, "log(exp(x)) of the last column: {c:?}");
+    }
 }

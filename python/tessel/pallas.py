@@ -454,6 +454,11 @@ class _Writer:
             self.op(eqn, f"transpose {self.value(eqn.invars[0], eqn)} perm ({perm})")
         elif name in _REDUCE:
             self.reduce(eqn, _REDUCE[name])
+        elif name == "slice":
+            if p.get("strides") is not None and any(int(s) != 1 for s in p["strides"]):
+                raise self.refuse("a strided slice of a value", eqn, "slice with stride 1")
+            start = ", ".join(str(int(s)) for s in p["start_indices"])
+            self.op(eqn, f"slice {self.value(eqn.invars[0], eqn)} start ({start})")
         elif name == "concatenate":
             args = ", ".join(self.value(v, eqn) for v in eqn.invars)
             self.op(eqn, f"concatenate {args} axis {p['dimension']}")

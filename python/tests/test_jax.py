@@ -576,14 +576,14 @@ def test_jaxs_tpu_matmul_and_example_kernel():
         np.testing.assert_array_equal(np.asarray(doubled_), x * 2, err_msg=backend)
 
 
-@pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])
-def test_jaxs_tpu_flash_attention_op(causal):
+@pytest.mark.parametrize("causal,head", [(False, 128), (True, 128), (True, 64)], ids=["plain", "causal", "causal_head_64"])
+def test_jaxs_tpu_flash_attention_op(causal, head):
     """JAX's TPU flash attention, unchanged: its causal variant re-points each skipped key block
-    at one already fetched with `jnp.minimum` in the index maps (computed in the body), and it
-    tiles its running max with `jnp.tile` (`concatenate`)."""
+    at one already fetched with `jnp.minimum` in the index maps (computed in the body), it tiles
+    its running max with `jnp.tile` (`concatenate`), and below a head of 128 it slices a value."""
     from jax.experimental.pallas.ops.tpu import flash_attention as fa
 
-    shape = (1, 2, 256, 128)
+    shape = (1, 2, 256, head)
     q, k, v = (jnp.asarray(f32(*shape)) for _ in range(3))
     sizes = fa.BlockSizes(block_q=128, block_k_major=128, block_k=128, block_b=1, block_q_major_dkv=128, block_k_major_dkv=128,
                           block_k_dkv=128, block_q_dkv=128, block_k_major_dq=128, block_k_dq=128, block_q_dq=128)

@@ -286,6 +286,7 @@ pub(crate) fn count_uses(body: &[Instr], uses: &mut HashMap<usize, usize>) {
             | Instr::Broadcast { a, .. }
             | Instr::Reshape { a, .. }
             | Instr::Transpose { a, .. }
+            | Instr::Slice { a, .. }
             | Instr::Reduce { a, .. } => read.push(a),
             Instr::Binary { a, b, .. } | Instr::Compare { a, b, .. } => read.extend([a, b]),
             Instr::Concatenate { args, .. } => read.extend(args),

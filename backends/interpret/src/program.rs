@@ -126,6 +126,12 @@ pub(crate) enum Instr {
         args: Vec<Src>,
         axis: usize,
     },
+    Slice {
+        dst: usize,
+        a: Src,
+        start: Vec<usize>,
+        shape: Vec<usize>,
+    },
     Reduce {
         dst: usize,
         op: ReduceOp,

@@ -567,6 +567,13 @@ pub enum Op {
     Broadcast(Operand),
     /// `reshape v : T[S]`.
     Reshape(Operand),
+    /// `slice v start (S0, ...) : T[SHAPE]`: the elements of `v` from `S` on, `SHAPE` of them.
+    Slice {
+        /// The value.
+        arg: Operand,
+        /// Where the slice starts along each dimension.
+        start: Vec<usize>,
+    },
     /// `concatenate v, w, ... axis N`: the operands one after another along dimension `N`.
     Concatenate {
         /// The values, in order.
@@ -655,6 +662,7 @@ impl Op {
             Op::Reshape(_) => "reshape",
             Op::Transpose { .. } => "transpose",
             Op::Concatenate { .. } => "concatenate",
+            Op::Slice { .. } => "slice",
             Op::Reduce { op, .. } => op.name(),
             Op::Dot { .. } => "dot",
             Op::When { .. } => "when",
@@ -667,7 +675,14 @@ impl Op {
     pub fn needs_annotation(&self) -> bool {
         matches!(
             self,
-            Op::Cast(_) | Op::Bitcast(_) | Op::Iota { .. } | Op::Full(_) | Op::Zeros | Op::Broadcast(_) | Op::Reshape(_)
+            Op::Cast(_)
+                | Op::Bitcast(_)
+                | Op::Iota { .. }
+                | Op::Full(_)
+                | Op::Zeros
+                | Op::Broadcast(_)
+                | Op::Reshape(_)
+                | Op::Slice { .. }
         )
     }
 

@@ -194,6 +194,7 @@ impl Writer {
             Op::Select(c, a, b) => write!(o, "select {c}, {a}, {b}"),
             Op::Transpose { arg, perm } => write!(o, "transpose {arg} perm ({})", comma_list(perm)),
             Op::Concatenate { args, axis } => write!(o, "concatenate {} axis {axis}", comma_list(args)),
+            Op::Slice { arg, start } => write!(o, "slice {arg} start ({})", comma_list(start)),
             Op::Reduce { arg, axis, keepdims, .. } => {
                 write!(o, "{m} {arg} axis {axis}{}", if *keepdims { " keepdims" } else { "" })
             }

@@ -29,5 +29,5 @@ pub(crate) use dot::{Matrix, dot, dot_f32, warm_gemm};
 pub(crate) use elementwise::{binary, binary_into, compare, select, unary};
 pub(crate) use layout::{expand, strides};
 pub(crate) use reduce::reduce;
-pub(crate) use shape::{broadcast_to, concatenate, reshape, transpose};
+pub(crate) use shape::{broadcast_to, concatenate, reshape, slice, transpose};
 pub(crate) use value::{Data, Slice, Val, View};

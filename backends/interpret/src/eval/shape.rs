@@ -1,5 +1,5 @@
 //! The operations that move elements without computing: `broadcast`, `reshape`, `transpose`,
-//! `concatenate`.
+//! `concatenate`, `slice`.
 
 use super::layout::{expand, strides};
 use super::value::{Data, Val};
@@ -89,4 +89,33 @@ pub(crate) fn concatenate(args: &[&Val], axis: usize) -> Val {
         Data::B(_) => each!(B),
     };
     first.with(shape, data)
+}
+
+/// The `shape` elements of `a` from `start` on, row-major.
+pub(crate) fn slice(a: &Val, start: &[usize], shape: &[usize]) -> Val {
+    fn take<T: Copy>(v: &[T], from: &[usize], start: &[usize], shape: &[usize]) -> Vec<T> {
+        let st = strides(from);
+        let n: usize = shape.iter().product();
+        let mut out = Vec::with_capacity(n);
+        let mut idx = vec![0usize; shape.len()];
+        for _ in 0..n {
+            let off: usize = idx.iter().zip(start).zip(&st).map(|((i, s), t)| (i + s) * t).sum();
+            out.push(v[off]);
+            for d in (0..shape.len()).rev() {
+                idx[d] += 1;
+                if idx[d] < shape[d] {
+                    break;
+                }
+                idx[d] = 0;
+            }
+        }
+        out
+    }
+    let data = match &a.data {
+        Data::F(v) => Data::F(take(v, &a.shape, start, shape)),
+        Data::I(v) => Data::I(take(v, &a.shape, start, shape)),
+        Data::U(v) => Data::U(take(v, &a.shape, start, shape)),
+        Data::B(v) => Data::B(take(v, &a.shape, start, shape)),
+    };
+    a.with(shape.to_vec(), data)
 }

@@ -254,6 +254,23 @@ impl Writer<'_> {
                     w.store_slot(&dst, e, &x);
                 });
             }
+            Op::Slice { arg, start } => {
+                let Operand::Value(src) = arg else { unreachable!("verifier: slice of a value") };
+                let in_st = strides(&self.shape_of(src));
+                let out_st = strides(&out_shape);
+                self.each(n, |w, e| {
+                    let acc = w.imm(0);
+                    for d in 0..out_shape.len() {
+                        let t = w.r();
+                        w.ins(format!("div.u32 {t}, {e}, {}", out_st[d]));
+                        w.ins(format!("rem.u32 {t}, {t}, {}", out_shape[d]));
+                        w.ins(format!("add.u32 {t}, {t}, {}", start[d]));
+                        w.ins(format!("mad.lo.u32 {acc}, {t}, {}, {acc}", in_st[d]));
+                    }
+                    let x = w.load_slot(src, &acc);
+                    w.store_slot(&dst, e, &x);
+                });
+            }
             Op::Concatenate { args, axis } => {
                 let srcs: Vec<String> = args
                     .iter()

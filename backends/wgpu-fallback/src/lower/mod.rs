@@ -405,7 +405,7 @@ fn survey(plan: &Plan) -> Result<Survey, BackendError> {
                 // its own invocation (or as it is made), a `dot` operand read from its buffer, and
                 // scalars (registers every invocation holds).
                 analysis::How::Whole => match &st.op {
-                    Op::Transpose { .. } | Op::Concatenate { .. } => true,
+                    Op::Transpose { .. } | Op::Concatenate { .. } | Op::Slice { .. } => true,
                     Op::Reduce { axis, .. } => !plan.row_reduce(shape, *axis) && !plan.fused.contains_key(&st.results[0]),
                     Op::Dot { .. } => !plan.forwarded.contains_key(u.name),
                     _ => false,

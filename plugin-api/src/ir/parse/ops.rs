@@ -119,6 +119,20 @@ impl Parser<'_> {
                 }
                 Op::Transpose { arg, perm }
             }
+            "slice" => {
+                let arg = self.operand()?;
+                self.expect_keyword("start")?;
+                self.expect(Tok::LParen, "`(` and where the slice starts, as in `start (0, 4)`")?;
+                let mut start = Vec::new();
+                loop {
+                    start.push(self.int("an element index")?);
+                    if self.eat(&Tok::RParen) {
+                        break;
+                    }
+                    self.expect(Tok::Comma, "`,` or `)` in the start")?;
+                }
+                Op::Slice { arg, start }
+            }
             "concatenate" => {
                 let mut args = vec![self.operand()?];
                 while self.eat(&Tok::Comma) {

@@ -132,6 +132,24 @@ impl Checker<'_> {
                 }
                 Some(target)
             }
+            Op::Slice { arg, start } => {
+                let (t, target) = (self.val(arg, span, "the operand of `slice`")?, ann?.clone());
+                let inside = start.len() == t.shape.len()
+                    && target.shape.len() == t.shape.len()
+                    && start.iter().zip(&target.shape).zip(&t.shape).all(|((s, n), d)| s.checked_add(*n).is_some_and(|e| e <= *d));
+                if t.dtype != target.dtype || !inside {
+                    self.err(
+                        span,
+                        format!(
+                            "`slice` of {t} from ({}) as {target}",
+                            start.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+                        ),
+                        format!("expected {} type of the same rank whose elements from the start lie inside {t}", with_article(t.dtype)),
+                    );
+                    return None;
+                }
+                Some(target)
+            }
             Op::Concatenate { args, axis } => {
                 let mut types = Vec::new();
                 for a in args {
