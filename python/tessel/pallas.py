@@ -454,6 +454,9 @@ class _Writer:
             self.op(eqn, f"transpose {self.value(eqn.invars[0], eqn)} perm ({perm})")
         elif name in _REDUCE:
             self.reduce(eqn, _REDUCE[name])
+        elif name == "stop_gradient":
+            # The identity where the kernel runs (`jax.nn.softmax` stops the max's gradient).
+            self.define(eqn.outvars[0], self.read(eqn.invars[0]))
         elif name == "slice":
             if p.get("strides") is not None and any(int(s) != 1 for s in p["strides"]):
                 raise self.refuse("a strided slice of a value", eqn, "slice with stride 1")
@@ -620,8 +623,11 @@ class _Writer:
     def dot(self, eqn) -> None:
         (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
         a, b = eqn.invars
+        if tuple(lb) == (0,) and tuple(rb) == (0,) and len(a.aval.shape) == 3 and len(b.aval.shape) == 3:
+            self.batched_dot(eqn)
+            return
         if lb or rb or len(a.aval.shape) != 2 or len(b.aval.shape) != 2:
-            raise self.refuse("`dot_general` other than a 2-D matrix product", eqn)
+            raise self.refuse("`dot_general` other than a 2-D matrix product or one batched over a leading dimension", eqn)
         ta, tb = tuple(lc) == (0,), tuple(rc) == (1,)
         # An operand transposed only for this dot is read transposed instead.
         if a in self.transposed:
@@ -642,6 +648,40 @@ class _Writer:
             self.body.emit(f"{w} = cast {v} : {want}")
             v = w
         self.define(out, v)
+
+    def batched_dot(self, eqn) -> None:
+        """`dot_general` batched over the leading dimension of both operands
+        (`einsum('bqd,bkd->bqk')`): for each batch element, its slice of each operand as a matrix,
+        their `dot`, and the products concatenated along a new leading dimension."""
+        (lc, rc), _ = eqn.params["dimension_numbers"]
+        a, b = eqn.invars
+        (batch, a1, a2), (_, b1, b2) = a.aval.shape, b.aval.shape
+        ta, tb = tuple(lc) == (1,), tuple(rc) == (2,)
+        flags = (" trans_a" if ta else "") + (" trans_b" if tb else "")
+        acc = "f32" if np.dtype(a.aval.dtype).kind == "f" or str(a.aval.dtype) == "bfloat16" else "i32"
+        m, n = (a2 if ta else a1), (b1 if tb else b2)
+        av, bv = self.value(a, eqn), self.value(b, eqn)
+        ta_ty, tb_ty = _ty(a.aval, self.kernel, eqn).split("[")[0], _ty(b.aval, self.kernel, eqn).split("[")[0]
+        parts = []
+        for t in range(batch):
+            mats = []
+            for v, ty, (d1, d2) in ((av, ta_ty, (a1, a2)), (bv, tb_ty, (b1, b2))):
+                s, r = self.body.fresh(), self.body.fresh()
+                self.body.emit(f"{s} = slice {v} start ({t}, 0, 0) : {ty}[1, {d1}, {d2}]")
+                self.body.emit(f"{r} = reshape {s} : {ty}[{d1}, {d2}]")
+                mats.append(r)
+            d, e = self.body.fresh(), self.body.fresh()
+            self.body.emit(f"{d} = dot {mats[0]}, {mats[1]}{flags} : {acc}[{m}, {n}]")
+            self.body.emit(f"{e} = reshape {d} : {acc}[1, {m}, {n}]")
+            parts.append(e)
+        v = self.body.fresh()
+        self.body.emit(f"{v} = concatenate {', '.join(parts)} axis 0")
+        want = _ty(eqn.outvars[0].aval, self.kernel, eqn)
+        if want.split("[")[0] != acc:
+            w = self.body.fresh()
+            self.body.emit(f"{w} = cast {v} : {want}")
+            v = w
+        self.define(eqn.outvars[0], v)
 
     def sub(self, jaxpr, args, eqn) -> None:
         """Maps a sub-jaxpr's inputs to `args` (values or refs) in this writer's env."""

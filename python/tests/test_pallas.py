@@ -348,6 +348,19 @@ def branches(x, interpret=False):
     return call(body, jax.ShapeDtypeStruct(x.shape, x.dtype), (x.shape[0] // 8,), [spec], spec, interpret)(x)
 
 
+def batched_dots(q, k, interpret=False):
+    """Attention's batched products, `einsum('bqd,bkd->bqk')` and `einsum('bqk,bkd->bqd')`, on
+    blocks of 2 heads."""
+
+    def body(q_ref, k_ref, o_ref):
+        q, k = q_ref[...], k_ref[...]
+        s = jnp.einsum("bqd,bkd->bqk", q, k)
+        o_ref[...] = jnp.einsum("bqk,bkd->bqd", jax.nn.softmax(s, axis=-1), k)
+
+    spec = pl.BlockSpec((2, 16, 32), lambda i: (i, 0, 0))
+    return call(body, jax.ShapeDtypeStruct(q.shape, q.dtype), (q.shape[0] // 2,), [spec, spec], spec, interpret)(q, k)
+
+
 f32 = lambda *shape: RNG.standard_normal(shape).astype(np.float32)  # noqa: E731
 
 CASES = [
@@ -370,6 +383,7 @@ CASES = [
     ("special", special, lambda: (f32(32, 128) * 3,), 1e-5),
     ("joined", joined, lambda: (f32(32, 128), f32(32, 64)), 1e-6),
     ("branches", branches, lambda: (f32(48, 128),), 1e-5),
+    ("batched_dots", batched_dots, lambda: (f32(4, 16, 32), f32(4, 16, 32)), 1e-4),
 ]
 
 
@@ -613,7 +627,7 @@ def _refusal_cases():
     def batched(x):
         def body(x_ref, o_ref):
             v = x_ref[...]
-            o_ref[...] = jnp.einsum("bij,bjk->bik", v, v)
+            o_ref[...] = jnp.einsum("abij,abjk->abik", v, v)
 
         return single(body, x)
 
@@ -643,7 +657,7 @@ def _refusal_cases():
         ("aliased_seq", aliased_seq, f32(16), "(the kernel reads `x0` where it could see what it stored into `o0`"),
         ("aliased_blocks", aliased_blocks, f32(16), "`input_output_aliases` pairing `x0` with `o0` in Pallas kernel `aliased_blocks`"),
         ("strided", strided, f32(16), "a strided slice in Pallas kernel `strided` (at "),
-        ("batched", batched, f32(4, 8, 8), "`dot_general` other than a 2-D matrix product in Pallas kernel `batched`"),
+        ("batched", batched, f32(2, 2, 8, 8), "`dot_general` other than a 2-D matrix product or one batched over a leading dimension in Pallas kernel `batched`"),
         ("int8", int8, np.arange(16, dtype=np.int8), "dtype int8 in Pallas kernel `int8`"),
         ("argmax", argmax, f32(8, 8), "primitive `argmax` in Pallas kernel `argmax` (at "),
         ("element", element, f32(4, 8), "the block dimension Element"),
