@@ -241,35 +241,14 @@ impl Writer<'_> {
             Op::Transpose { arg, perm } => {
                 let Operand::Value(src) = arg else { unreachable!("verifier: transpose of a value") };
                 let in_st = strides(&self.shape_of(src));
-                let out_st = strides(&out_shape);
-                self.each(n, |w, e| {
-                    let acc = w.imm(0);
-                    for (d, &p) in perm.iter().enumerate() {
-                        let t = w.r();
-                        w.ins(format!("div.u32 {t}, {e}, {}", out_st[d]));
-                        w.ins(format!("rem.u32 {t}, {t}, {}", out_shape[d]));
-                        w.ins(format!("mad.lo.u32 {acc}, {t}, {}, {acc}", in_st[p]));
-                    }
-                    let x = w.load_slot(src, &acc);
-                    w.store_slot(&dst, e, &x);
-                });
+                let terms: Vec<(usize, usize)> = perm.iter().map(|&p| (in_st[p], 0)).collect();
+                self.remap(&dst, src, n, &out_shape, &terms);
             }
             Op::Slice { arg, start } => {
                 let Operand::Value(src) = arg else { unreachable!("verifier: slice of a value") };
                 let in_st = strides(&self.shape_of(src));
-                let out_st = strides(&out_shape);
-                self.each(n, |w, e| {
-                    let acc = w.imm(0);
-                    for d in 0..out_shape.len() {
-                        let t = w.r();
-                        w.ins(format!("div.u32 {t}, {e}, {}", out_st[d]));
-                        w.ins(format!("rem.u32 {t}, {t}, {}", out_shape[d]));
-                        w.ins(format!("add.u32 {t}, {t}, {}", start[d]));
-                        w.ins(format!("mad.lo.u32 {acc}, {t}, {}, {acc}", in_st[d]));
-                    }
-                    let x = w.load_slot(src, &acc);
-                    w.store_slot(&dst, e, &x);
-                });
+                let terms: Vec<(usize, usize)> = in_st.iter().zip(start).map(|(&s, &o)| (s, o)).collect();
+                self.remap(&dst, src, n, &out_shape, &terms);
             }
             Op::Concatenate { args, axis } => {
                 let srcs: Vec<String> = args
@@ -404,5 +383,28 @@ impl Writer<'_> {
         for ((name, _), r) in iters.iter().zip(results) {
             self.copy_value(name, r);
         }
+    }
+}
+
+impl Writer<'_> {
+    /// Element `e` of `dst` (of `out_shape`, `n` elements) read from `src` at the sum over its
+    /// dimensions `d` of `(coordinate d of e + offset) * stride`, `terms[d]` being `(stride,
+    /// offset)`: a transpose (the strides permuted) or a slice (the offsets its start).
+    fn remap(&mut self, dst: &str, src: &str, n: usize, out_shape: &[usize], terms: &[(usize, usize)]) {
+        let out_st = strides(out_shape);
+        self.each(n, |w, e| {
+            let acc = w.imm(0);
+            for (d, &(stride, offset)) in terms.iter().enumerate() {
+                let t = w.r();
+                w.ins(format!("div.u32 {t}, {e}, {}", out_st[d]));
+                w.ins(format!("rem.u32 {t}, {t}, {}", out_shape[d]));
+                if offset != 0 {
+                    w.ins(format!("add.u32 {t}, {t}, {offset}"));
+                }
+                w.ins(format!("mad.lo.u32 {acc}, {t}, {stride}, {acc}"));
+            }
+            let x = w.load_slot(src, &acc);
+            w.store_slot(dst, e, &x);
+        });
     }
 }

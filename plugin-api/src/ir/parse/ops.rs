@@ -107,30 +107,12 @@ impl Parser<'_> {
             "reshape" => Op::Reshape(self.operand()?),
             "transpose" => {
                 let arg = self.operand()?;
-                self.expect_keyword("perm")?;
-                self.expect(Tok::LParen, "`(` and the permutation, as in `perm (1, 0)`")?;
-                let mut perm = Vec::new();
-                loop {
-                    perm.push(self.int("a dimension number")?);
-                    if self.eat(&Tok::RParen) {
-                        break;
-                    }
-                    self.expect(Tok::Comma, "`,` or `)` in the permutation")?;
-                }
+                let perm = self.int_list("perm", "the permutation, as in `perm (1, 0)`", "a dimension number")?;
                 Op::Transpose { arg, perm }
             }
             "slice" => {
                 let arg = self.operand()?;
-                self.expect_keyword("start")?;
-                self.expect(Tok::LParen, "`(` and where the slice starts, as in `start (0, 4)`")?;
-                let mut start = Vec::new();
-                loop {
-                    start.push(self.int("an element index")?);
-                    if self.eat(&Tok::RParen) {
-                        break;
-                    }
-                    self.expect(Tok::Comma, "`,` or `)` in the start")?;
-                }
+                let start = self.int_list("start", "where the slice starts, as in `start (0, 4)`", "an element index")?;
                 Op::Slice { arg, start }
             }
             "concatenate" => {
@@ -322,5 +304,22 @@ impl Parser<'_> {
             _ => return Err(self.unexpected("a literal: an integer, a float, inf, -inf, nan, true or false")),
         };
         Ok(lit)
+    }
+}
+
+impl Parser<'_> {
+    /// `KEYWORD (N, ...)`: the keyword, then a parenthesised list of `item`s (non-negative
+    /// integers); `what` says what the list is in the error for a missing `(`.
+    fn int_list(&mut self, keyword: &str, what: &str, item: &str) -> PResult<Vec<usize>> {
+        self.expect_keyword(keyword)?;
+        self.expect(Tok::LParen, &format!("`(` and {what}"))?;
+        let mut list = Vec::new();
+        loop {
+            list.push(self.int(item)?);
+            if self.eat(&Tok::RParen) {
+                return Ok(list);
+            }
+            self.expect(Tok::Comma, &format!("`,` or `)` after {item}"))?;
+        }
     }
 }
