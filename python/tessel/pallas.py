@@ -175,6 +175,8 @@ class _Writer:
         #: operands) -> the element offset of its block along each array dimension, made at the
         #: top of the body from the program ids (`computed_blocks`).
         self.offsets: Dict[str, List[str]] = {}
+        #: jaxpr var -> the equation that makes it (to recognise `start + jnp.arange(n)`).
+        self.defs: Dict[Any, Any] = {}
 
     # ---- operands ----
 
@@ -255,8 +257,10 @@ class _Writer:
                 parts.append(f"ds({start}, {size})")
             else:
                 whole = False
-                if tuple(getattr(getattr(ix, "aval", None), "shape", ())) != ():
-                    raise self.refuse("an array index (gather)", eqn)
+                shape = tuple(getattr(getattr(ix, "aval", None), "shape", ()))
+                if shape != ():
+                    parts.append(f"ds({self.contiguous(ix, eqn)}, {shape[0]})")
+                    continue
                 parts.append(str(ix) if isinstance(ix, (int, np.integer)) else self.read(ix))
         if whole:
             return ""
@@ -281,8 +285,10 @@ class _Writer:
                     raise self.refuse("a strided slice", eqn)
                 within.append(("ds", str(ix.start) if isinstance(ix.start, int) else self.read(ix.start), ix.size))
             else:
-                if tuple(getattr(getattr(ix, "aval", None), "shape", ())) != ():
-                    raise self.refuse("an array index (gather)", eqn)
+                shape = tuple(getattr(getattr(ix, "aval", None), "shape", ()))
+                if shape != ():
+                    within.append(("ds", self.contiguous(ix, eqn), shape[0]))
+                    continue
                 within.append(("at", str(ix) if isinstance(ix, (int, np.integer)) else self.read(ix), None))
         for d in sorted(squeezed):
             within.insert(d, ("at", "0", None))
@@ -291,6 +297,46 @@ class _Writer:
             at = self.plus(off, start)
             parts.append(f"ds({at}, {size})" if kind == "ds" else at)
         return "[" + ", ".join(parts) + "]"
+
+    def contiguous(self, ix, eqn) -> str:
+        """The start of an index array that is `start + jnp.arange(n)` (a contiguous run, as
+        Triton-style kernels index a ref: `x_ref[i * B + jnp.arange(B)]`), so that the access is
+        `ds(start, n)`; any other index array is a gather, refused."""
+        _, core, _ = _jax()
+
+        def start(v):
+            if isinstance(v, core.Literal) or len(getattr(v.aval, "shape", ())) != 1:
+                return None
+            d = self.defs.get(v)
+            if d is None:
+                return None
+            name = d.primitive.name
+            if name == "iota" and d.params.get("dimension", 0) == 0:
+                return "0"
+            if name == "convert_element_type":
+                return start(d.invars[0])
+            if name == "add":
+                for run, other in ((d.invars[0], d.invars[1]), (d.invars[1], d.invars[0])):
+                    s = start(run) if not isinstance(run, core.Literal) else None
+                    o = scalar(other)
+                    if s is not None and o is not None:
+                        return self.plus(s, o)
+            return None
+
+        def scalar(v):
+            if isinstance(v, core.Literal):
+                return str(int(v.val)) if np.ndim(v.val) == 0 else None
+            if getattr(v.aval, "shape", None) == ():
+                return self.read(v)
+            d = self.defs.get(v)
+            if d is not None and d.primitive.name == "broadcast_in_dim" and getattr(d.invars[0].aval, "shape", None) == ():
+                return scalar(d.invars[0])
+            return None
+
+        s = start(ix)
+        if s is None or len(ix.aval.shape) != 1:
+            raise self.refuse("an array index (gather)", eqn, "index a ref with `start + jnp.arange(n)` (a contiguous run) or pl.ds(start, n)")
+        return s
 
     def plus(self, a: str, b: str) -> str:
         """`a + b` of two `i32` scalars (values or integer literals), folded where both are known."""
@@ -349,6 +395,9 @@ class _Writer:
         for a in jaxpr.outvars:
             if not isinstance(a, core.Literal):
                 self.uses.setdefault(a, set()).add("yield")
+        for eqn in jaxpr.eqns:
+            for o in eqn.outvars:
+                self.defs[o] = eqn
         for eqn in jaxpr.eqns:
             effects = eqn.primitive.name in _EFFECTS or eqn.primitive.name in _INLINE
             if effects or any(o in self.uses for o in eqn.outvars):

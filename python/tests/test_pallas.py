@@ -361,6 +361,23 @@ def batched_dots(q, k, interpret=False):
     return call(body, jax.ShapeDtypeStruct(q.shape, q.dtype), (q.shape[0] // 2,), [spec, spec], spec, interpret)(q, k)
 
 
+def triton_style(x, y, interpret=False):
+    """A Triton-style kernel on whole refs: each program's run `pid * 128 + jnp.arange(128)`,
+    loaded with a mask and `other` for the ragged tail (`plgpu.load`), and stored under the mask."""
+    from jax.experimental.pallas import triton as plgpu
+
+    n = x.shape[0]
+
+    def body(x_ref, y_ref, o_ref):
+        idx = pl.program_id(0) * 128 + jnp.arange(128)
+        mask = idx < n
+        a = plgpu.load(x_ref.at[idx], mask=mask, other=0.0)
+        b = y_ref[idx]
+        plgpu.store(o_ref.at[idx], a * 2.0 + b, mask=mask)
+
+    return pl.pallas_call(body, out_shape=jax.ShapeDtypeStruct((n,), x.dtype), grid=(pl.cdiv(n, 128),), interpret=interpret)(x, y)
+
+
 f32 = lambda *shape: RNG.standard_normal(shape).astype(np.float32)  # noqa: E731
 
 CASES = [
@@ -384,6 +401,7 @@ CASES = [
     ("joined", joined, lambda: (f32(32, 128), f32(32, 64)), 1e-6),
     ("branches", branches, lambda: (f32(48, 128),), 1e-5),
     ("batched_dots", batched_dots, lambda: (f32(4, 16, 32), f32(4, 16, 32)), 1e-4),
+    ("triton_style", triton_style, lambda: (f32(1000), f32(1024)), 1e-6),
 ]
 
 
