@@ -39,7 +39,11 @@ on_every_executor!(
 );
 
 fn f32s(v: &[f32]) -> HostArray {
-    HostArray { shape: vec![v.len()], data: ArrayData::F32(v.to_vec()) }
+    f32s_shaped(&[v.len()], v)
+}
+
+fn f32s_shaped(shape: &[usize], v: &[f32]) -> HostArray {
+    HostArray { shape: shape.to_vec(), data: ArrayData::F32(v.to_vec()) }
 }
 
 fn as_i32(a: &HostArray) -> Vec<i32> {
@@ -263,8 +267,8 @@ kernel k
   store c, %c
 }
 ";
-    let x = HostArray::from_bits(tessel_plugin_api::ir::DType::F32, &[2, 3], [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0].map(f32::to_bits).to_vec());
-    let y = HostArray::from_bits(tessel_plugin_api::ir::DType::F32, &[2, 1], [10.0f32, 20.0].map(f32::to_bits).to_vec());
+    let x = f32s_shaped(&[2, 3], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+    let y = f32s_shaped(&[2, 1], &[10.0, 20.0]);
     let Some(out) = ex.run(src, vec![("x", x), ("y", y)], &[]) else { return };
     assert_eq!(as_f32(&out["r"]), [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, -1.0, -2.0, -3.0, -4.0, -5.0, -6.0]);
     assert_eq!(as_f32(&out["c"]), [10.0, 1.0, 2.0, 3.0, -1.0, -2.0, -3.0, 20.0, 4.0, 5.0, 6.0, -4.0, -5.0, -6.0]);
@@ -287,8 +291,7 @@ kernel k
 }
 ";
     let v: Vec<f32> = (0..12).map(|i| i as f32).collect();
-    let x = HostArray::from_bits(tessel_plugin_api::ir::DType::F32, &[3, 4], v.iter().map(|f| f.to_bits()).collect());
-    let Some(out) = ex.run(src, vec![("x", x)], &[]) else { return };
+    let Some(out) = ex.run(src, vec![("x", f32s_shaped(&[3, 4], &v))], &[]) else { return };
     assert_eq!(as_f32(&out["r"]), [5.0, 6.0, 9.0, 10.0]);
     let c = as_f32(&out["c"]);
     for (got, want) in c.iter().zip([3.0f32, 7.0, 11.0]) {

@@ -354,18 +354,22 @@ class _Writer:
         """At the top of the body: each computed index map evaluated from the program ids (and
         the scalar-prefetch operands it reads, loaded as the body loads them), and its block
         indices times the block sizes as element offsets."""
-        ids = []
-        for a in range(len(self.axes)):
-            v = self.body.fresh()
-            self.body.emit(f"{v} = program_id {self.axes[a]}")
-            ids.append(v)
+        _, core, _ = _jax()
+        ids: Dict[int, str] = {}
         for arg, (index_map, blocks) in computed.items():
             jaxpr = index_map.jaxpr
             if index_map.consts:
                 raise UnsupportedError(f"the index map of `{arg}` in Pallas kernel `{self.kernel}` captures constants", None, None)
-            for var, v in zip(jaxpr.invars, ids):
-                self.env[var] = v
-            for var, s in zip(jaxpr.invars[len(ids):], scalars):
+            read = {a for e in jaxpr.eqns for a in e.invars if not isinstance(a, core.Literal)}
+            read |= {a for a in jaxpr.outvars if not isinstance(a, core.Literal)}
+            # A program id once per axis that some map reads.
+            for a, var in enumerate(jaxpr.invars[:len(self.axes)]):
+                if var in read and a not in ids:
+                    ids[a] = self.body.fresh()
+                    self.body.emit(f"{ids[a]} = program_id {self.axes[a]}")
+                if a in ids:
+                    self.env[var] = ids[a]
+            for var, s in zip(jaxpr.invars[len(self.axes):], scalars):
                 self.env[var] = ("ref", s)
             self.eqns(jaxpr)
             offsets = []

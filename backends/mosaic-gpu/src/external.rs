@@ -16,7 +16,7 @@ use tessel_plugin_api::ir::{Kernel, ParamKind, Verified, analysis};
 use tessel_plugin_api::launch::resolve_grid;
 
 use crate::lower::Plan;
-use crate::runtime::{self, Device, device_error};
+use crate::runtime::{self, Device, device_error, unavailable};
 use crate::{MosaicGpu, emit};
 
 /// A kernel planned and lowered to PTX, ready to enqueue on any stream of a Hopper device.
@@ -49,11 +49,15 @@ pub fn compile(kernel: &Kernel, mesh: Option<&MeshBox>) -> Result<Compiled, Back
     Ok(Compiled { plan, ptx, zeroed })
 }
 
+/// The driver library and a Hopper at ordinal 0, before any driver call: cudarc panics without
+/// the library.
+fn driver() -> Result<(), BackendError> {
+    runtime::gpu().map(|_| ()).map_err(unavailable)
+}
+
 /// The device whose context `stream` belongs to (a null stream: the thread's current context).
 fn device_of(stream: sys::CUstream) -> Result<Arc<Device>, BackendError> {
-    let unavailable = |why: String| BackendError::new(ErrorKind::Unavailable, format!("the Mosaic GPU backend is unavailable: {why}"));
-    // The driver library and a Hopper at ordinal 0 first: cudarc panics without the library.
-    runtime::gpu().map_err(unavailable)?;
+    driver()?;
     let mut ctx: sys::CUcontext = std::ptr::null_mut();
     let mut dev: sys::CUdevice = 0;
     // SAFETY: out-parameters of the driver; `stream` is the caller's live stream.
@@ -115,7 +119,7 @@ impl Compiled {
 #[allow(unsafe_code, reason = "copying from a foreign buffer")]
 pub unsafe fn copy_to_host(stream: *mut c_void, from: u64, bytes: &mut [u8]) -> Result<(), BackendError> {
     let stream = stream as sys::CUstream;
-    let _ = device_of(stream)?;
+    driver()?;
     if bytes.is_empty() {
         return Ok(());
     }
@@ -135,7 +139,7 @@ pub unsafe fn copy_to_host(stream: *mut c_void, from: u64, bytes: &mut [u8]) -> 
 #[allow(unsafe_code, reason = "copying into a foreign buffer")]
 pub unsafe fn copy_to_device(stream: *mut c_void, to: u64, bytes: &[u8]) -> Result<(), BackendError> {
     let stream = stream as sys::CUstream;
-    let _ = device_of(stream)?;
+    driver()?;
     if bytes.is_empty() {
         return Ok(());
     }

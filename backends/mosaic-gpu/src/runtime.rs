@@ -122,7 +122,7 @@ pub fn gpu() -> Result<&'static Gpu, String> {
     .map_err(Clone::clone)
 }
 
-fn unavailable(why: String) -> BackendError {
+pub(crate) fn unavailable(why: String) -> BackendError {
     BackendError::new(
         ErrorKind::Unavailable,
         format!("the Mosaic GPU backend is unavailable: {why}\n  run on wgpu or interpret instead (--backend auto picks one)"),

@@ -65,11 +65,7 @@ pub(super) fn erf_of(b: &mut Builder, x: Var) -> Var {
     let ax = b.op(Ty::F32, Op::Abs(x));
     // Near 0.
     let z = b.mul(ax, ax);
-    let mut p = b.f(f32::from_bits(ERF_SMALL[0]));
-    for &c in &ERF_SMALL[1..] {
-        let c = b.f(f32::from_bits(c));
-        p = b.fma(p, z, c);
-    }
+    let p = horner(b, &ERF_SMALL, z);
     let small = b.mul(ax, p);
     // The piece: k = floor(2 |x|), 1..=7 (NaN and large arguments clamped; selected away below).
     let a = b.clamp(ax, 0.5, 3.75);

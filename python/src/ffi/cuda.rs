@@ -59,11 +59,11 @@ unsafe fn stream(frame: &CallFrame) -> Result<*mut c_void, Failure> {
 
 /// The kernel `batch` launches, compiled for mosaic-gpu once per batch size.
 fn compiled(p: &Prepared, batch: &Batch<'_>) -> Result<Arc<Compiled>, Failure> {
-    let size = if batch.batched.is_some() { batch.per } else { 1 };
+    let size = if batch.batched { batch.per } else { 1 };
     if let Some((_, c)) = locked(&p.on_device).iter().find(|(s, _)| *s == size) {
         return Ok(Arc::clone(c));
     }
-    let mesh = if batch.batched.is_some() { None } else { p.mesh.as_ref() };
+    let mesh = if batch.batched { None } else { p.mesh.as_ref() };
     let c = Arc::new(external::compile(batch.kernel.kernel(), mesh).map_err(mosaic_error)?);
     let mut kept = locked(&p.on_device);
     if kept.len() >= COMPILED_KEPT {

@@ -486,7 +486,7 @@ unsafe fn handle(frame: *mut CallFrame, platform: Platform) -> Result<(), Failur
     let calls = [KernelLaunch { kernel, mesh: p.mesh.as_ref() }];
     let launch = Launch::new(&calls, &ext, &Default::default());
     let planned = rt.resume(plan.clone(), &launch)?;
-    let batch = Batch { kernel, per, launches, batched: batched.as_deref() };
+    let batch = Batch { kernel, per, launches, batched: batched.is_some() };
     match platform {
         Platform::Host => {
             for n in 0..launches {
@@ -506,8 +506,8 @@ struct Batch<'a> {
     kernel: &'a Verified,
     per: usize,
     launches: usize,
-    /// The kernel batched over a grid axis, where it is (then `launches` is 1).
-    batched: Option<&'a (Verified, Plan)>,
+    /// Whether it is the kernel batched over a grid axis (then `launches` is 1).
+    batched: bool,
 }
 
 impl Batch<'_> {
