@@ -36,6 +36,8 @@ on_every_executor!(
     seq_axes_run_in_order_and_scratch_is_per_program,
     concatenate_puts_its_operands_one_after_another_along_the_axis,
     slice_takes_the_elements_from_its_start,
+    computed_block_indices_floor_and_clamp,
+    block_indices_read_integer_inputs,
 );
 
 fn f32s(v: &[f32]) -> HostArray {
@@ -297,4 +299,72 @@ kernel k
     for (got, want) in c.iter().zip([3.0f32, 7.0, 11.0]) {
         assert!((got - want).abs() <= 1e-5 * want, "log(exp(x)) of the last column: {c:?}");
     }
+}
+
+fn ints(shape: &[usize], v: &[i32]) -> HostArray {
+    HostArray { shape: shape.to_vec(), data: ArrayData::I32(v.to_vec()) }
+}
+
+/// Block `b` of `0, 1, 2, ...` in blocks of 2 is `2b, 2b + 1`: the blocks picked, by hand.
+fn blocks_of_two(picked: &[i32], base: f32) -> Vec<f32> {
+    picked.iter().flat_map(|&b| [base + 2.0 * b as f32, base + 2.0 * b as f32 + 1.0]).collect()
+}
+
+fn computed_block_indices_floor_and_clamp(ex: Exec) {
+    // x holds 4 blocks of 2. Python's floored `%` and `/` (C's truncation would pick other
+    // blocks at i = 1, 3, 4, 5), and a clamp into 0..=3 at both ends.
+    let src = "
+kernel k
+  grid (i: 6)
+  in  x: f32[8] block [2] at (select(lt(i, 3), 3 - i, (i - 7) % 4))
+  in  y: f32[8] block [2] at (max(i, 2)*2 - 5)
+  in  z: f32[8] block [2] at ((i - 4) / 2 + 2)
+  out o: f32[12] block [2] at (i)
+  out p: f32[12] block [2] at (i)
+  out q: f32[12] block [2] at (i)
+{
+  %x = load x
+  store o, %x
+  %y = load y
+  store p, %y
+  %z = load z
+  store q, %z
+}
+";
+    let v: Vec<f32> = (0..8).map(|i| i as f32).collect();
+    let Some(out) = ex.run(src, vec![("x", f32s(&v)), ("y", f32s(&v)), ("z", f32s(&v))], &[]) else { return };
+    // i = 0..6: 3 - i for i < 3, then (-4, -3, -2) floor-mod 4 = 0, 1, 2.
+    assert_eq!(as_f32(&out["o"]), blocks_of_two(&[3, 2, 1, 0, 1, 2], 0.0));
+    // 2*max(i, 2) - 5 = -1, -1, -1, 1, 3, 5: clamped to 0 and 3.
+    assert_eq!(as_f32(&out["p"]), blocks_of_two(&[0, 0, 0, 1, 3, 3], 0.0));
+    // floor((i - 4) / 2) + 2 = 0, 0, 1, 1, 2, 2.
+    assert_eq!(as_f32(&out["q"]), blocks_of_two(&[0, 0, 1, 1, 2, 2], 0.0));
+}
+
+fn block_indices_read_integer_inputs(ex: Exec) {
+    // A block table (Pallas's scalar prefetch) and a scalar: entries -1 and 7 clamp to blocks 0
+    // and 3, and a read past the table (tbl[4]) is 0.
+    let src = "
+kernel k
+  grid (g: 4)
+  in  tbl: i32[4]
+  in  n: i32
+  in  x: f32[8] block [2] at (tbl[g])
+  in  y: f32[8] block [2] at (tbl[g + 1] + n)
+  out o: f32[8] block [2] at (g)
+  out p: f32[8] block [2] at (g)
+{
+  %x = load x
+  store o, %x
+  %y = load y
+  store p, %y
+}
+";
+    let x: Vec<f32> = (0..8).map(|i| i as f32).collect();
+    let y: Vec<f32> = (0..8).map(|i| 10.0 + i as f32).collect();
+    let inputs = vec![("tbl", ints(&[4], &[2, -1, 7, 0])), ("n", ints(&[], &[1])), ("x", f32s(&x)), ("y", f32s(&y))];
+    let Some(out) = ex.run(src, inputs, &[]) else { return };
+    assert_eq!(as_f32(&out["o"]), blocks_of_two(&[2, 0, 3, 0], 0.0));
+    // tbl[g + 1] + 1 = 0, 8, 1, 0 + 1 (past the table): blocks 0, 3, 1, 1.
+    assert_eq!(as_f32(&out["p"]), blocks_of_two(&[0, 3, 1, 1], 10.0));
 }

@@ -128,7 +128,7 @@ fn malformed_parameters_are_syntax_errors() {
         ("kernel k[x]\n  in x: f32[4]\n{\n}\n", "parameter `x` has the name of an argument"),
         ("kernel k[i = 2]\n  grid (i: 4)\n{\n}\n", "parameter `i` has the name of a grid axis"),
         ("kernel k\n  in x: f32[N]\n{\n}\n", "unknown size `N`"),
-        ("kernel k[N = 8]\n  grid (i: 2)\n  in x: f32[N] block [4] at (i / 2)\n{\n}\n", "`i / 2` is not affine in the grid axes"),
+        ("kernel k[N = 8]\n  grid (i: 2)\n  in x: f32[N] block [4] at (t[i] / 2)\n{\n}\n", "reads `t`, which is not an argument"),
     ];
     for (src, want) in cases {
         let e = Source::parse(src).err().map(|d| d.render("k.tk", src)).unwrap_or_else(|| {
@@ -162,15 +162,17 @@ mod roundtrip {
                     let s = format!("{a}{}{b}", [" + ", "-", "*", " / ", " % "][op]);
                     if paren { format!("({s})") } else { s }
                 }),
-                (inner.clone(), inner, 0..3usize).prop_map(|(a, b, f)| format!("{}({a},{b})", ["cdiv", "min", "max"][f])),
+                (inner.clone(), inner.clone(), 0..9usize)
+                    .prop_map(|(a, b, f)| format!("{}({a},{b})", ["cdiv", "min", "max", "eq", "ne", "lt", "le", "gt", "ge"][f])),
+                (inner.clone(), inner.clone(), inner).prop_map(|(c, a, b)| format!("select({c}, {a},{b})")),
             ]
         })
     }
 
     fn kernel(e: &[String]) -> String {
         format!(
-            "kernel g[N = 40, B = 8 in (2, 4, 8)]\n  grid (i: {})\n  in x: f32[{}] block [{}] at (({})*i + {})\n  out o: f32[{}] block [{}] at (i)\n{{\n  %x = load x[ds({}, {})]\n  %y = add %x, {}\n  store o[ds(0, {})], %y\n}}\n",
-            e[0], e[1], e[2], e[3], e[4], e[1], e[2], e[5], e[6], e[7], e[6]
+            "kernel g[N = 40, B = 8 in (2, 4, 8)]\n  grid (i: {})\n  in x: f32[{}] block [{}] at (({})*i + {})\n  in y: f32[{}] block [{}] at (select(lt(i, {}), i, {}) / {})\n  out o: f32[{}] block [{}] at (i)\n{{\n  %x = load x[ds({}, {})]\n  %y = add %x, {}\n  store o[ds(0, {})], %y\n}}\n",
+            e[0], e[1], e[2], e[3], e[4], e[1], e[2], e[5], e[4], e[3], e[1], e[2], e[5], e[6], e[7], e[6]
         )
     }
 

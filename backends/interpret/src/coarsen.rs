@@ -21,7 +21,7 @@
 use std::collections::HashSet;
 
 use tessel_plugin_api::ir::analysis::reads;
-use tessel_plugin_api::ir::{Affine, AxisSize, Op, Operand, ParamKind, Stmt, Verified, verify_derived};
+use tessel_plugin_api::ir::{AxisSize, Op, Operand, ParamKind, Stmt, Verified, verify_derived};
 
 /// Elements a merged program's blocks aim at: enough that the bookkeeping is noise, few enough
 /// that the programs still spread over the cores.
@@ -52,7 +52,7 @@ pub(crate) fn coarsen(v: &Verified, threads: usize) -> Option<(Verified, Merged)
         if axis.seq || n < 2 || names_axis(&k.body, &axis.name, a) {
             continue;
         }
-        let Some(dim) = first.index.iter().position(|e| *e == Affine::axis(&axis.name)) else { continue };
+        let Some(dim) = first.index.iter().position(|e| e.is_axis(&axis.name)) else { continue };
         let size = first.shape[dim];
         // Each array is merged (its block grows along `dim`) or shared (an input whose block does
         // not move with the axis: the same block for every merged program).
@@ -62,9 +62,9 @@ pub(crate) fn coarsen(v: &Verified, threads: usize) -> Option<(Verified, Merged)
                 let merged = b.shape.len() == rank
                     && b.shape[dim] == size
                     && b.index.iter().enumerate().all(|(e, ix)| {
-                        if e == dim { *ix == Affine::axis(&axis.name) } else { ix.terms.iter().all(|(_, t)| *t != axis.name) }
+                        if e == dim { ix.is_axis(&axis.name) } else { !ix.uses(&axis.name) }
                     });
-                let still = p.kind == ParamKind::In && b.index.iter().all(|ix| ix.terms.iter().all(|(_, t)| *t != axis.name));
+                let still = p.kind == ParamKind::In && b.index.iter().all(|ix| !ix.uses(&axis.name));
                 if !merged && still {
                     shared.push(p.name.as_str());
                 }

@@ -337,6 +337,10 @@ pub fn recognize(v: &Verified, thread_axis: Option<&str>) -> Option<Gemm> {
     if po.kind != ParamKind::Out || po.ty.shape.len() != 2 || !po.ty.dtype.is_float() {
         return None;
     }
+    // Tensor copies run stages ahead of the step they serve: their blocks follow the grid alone.
+    if k.params.iter().filter_map(|p| p.block.as_ref()).any(|b| b.index.iter().any(|e| e.affine().is_none())) {
+        return None;
+    }
     // Shapes: 2-D arrays, blocks the instruction and the swizzle tile.
     let (ba, bb, bc) = (pa.block_shape(), pb.block_shape(), pc.block_shape());
     if pa.ty.shape.len() != 2 || pb.ty.shape.len() != 2 || po.block_shape() != bc {
@@ -372,11 +376,11 @@ pub fn recognize(v: &Verified, thread_axis: Option<&str>) -> Option<Gemm> {
     // The output block: the same at every step, and no two programs share one.
     let cb = po.block.as_ref();
     let seq_free =
-        cb.is_none_or(|b| b.index.iter().all(|e| e.terms.iter().all(|(_, n)| grid.iter().any(|g| &g.name == n && !g.seq))));
+        cb.is_none_or(|b| b.index.iter().all(|e| e.affine().is_some_and(|e| e.terms.iter().all(|(_, n)| grid.iter().any(|g| &g.name == n && !g.seq)))));
     let told_apart = grid
         .iter()
         .filter(|g| !g.seq && fixed(g) > 1)
-        .all(|g| cb.is_some_and(|b| b.index.iter().any(|e| matches!(e.terms.as_slice(), [(c, n)] if *c != 0 && n == &g.name))));
+        .all(|g| cb.is_some_and(|b| b.index.iter().any(|e| matches!(e.affine().map(|e| e.terms.as_slice()), Some([(c, n)]) if *c != 0 && n == &g.name))));
     if !seq_free || !told_apart {
         return None;
     }

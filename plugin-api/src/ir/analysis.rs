@@ -107,13 +107,16 @@ pub fn fully_written(k: &Kernel, grid: &[LaunchAxis], p: &Param) -> bool {
 pub fn covers(grid: &[LaunchAxis], p: &Param) -> bool {
     let Some(b) = &p.block else { return true };
     let mut used = Vec::new();
-    b.index.iter().zip(&b.shape).zip(&p.ty.shape).all(|((e, &bs), &dim)| match e.terms.as_slice() {
+    b.index.iter().zip(&b.shape).zip(&p.ty.shape).all(|((e, &bs), &dim)| {
+        let Some(e) = e.affine() else { return false };
+        match e.terms.as_slice() {
         [] => e.constant == 0 && bs >= dim,
         [(1, axis)] if e.constant == 0 && !used.contains(axis) => {
             used.push(axis.clone());
             grid.iter().find(|a| &a.name == axis).is_some_and(|a| a.size as usize * bs >= dim)
         }
         _ => false,
+        }
     })
 }
 
@@ -131,6 +134,7 @@ pub fn resident(k: &Kernel, grid: &[LaunchAxis], p: &Param) -> bool {
     let axis = |name: &str| grid.iter().find(|a| a.name == name);
     let mut used: Vec<&str> = Vec::new();
     for e in &b.index {
+        let Some(e) = e.affine() else { return false };
         match e.terms.as_slice() {
             [] => {}
             [(c, name)] if *c != 0 && !used.contains(&name.as_str()) && axis(name).is_some_and(|a| !a.seq) => used.push(name),
@@ -157,7 +161,7 @@ pub fn own_blocks(k: &Kernel, grid: &[LaunchAxis], p: &Param) -> bool {
     let told_apart = match &p.block {
         None => parallel.next().is_none(),
         Some(b) => {
-            parallel.all(|a| b.index.iter().any(|e| matches!(e.terms.as_slice(), [(c, name)] if *c != 0 && name == &a.name)))
+            parallel.all(|a| b.index.iter().any(|e| matches!(e.affine().map(|e| e.terms.as_slice()), Some([(c, name)]) if *c != 0 && name == &a.name)))
         }
     };
     whole && told_apart
@@ -170,10 +174,10 @@ pub fn inside(grid: &[LaunchAxis], p: &Param, d: usize) -> bool {
 }
 
 /// The range over the grid of the first element of `p`'s block in dimension `d`
-/// (`E_d * B_d`; 0 without a block).
+/// (`E_d * B_d`; 0 without a block; a computed index's clamped range).
 pub fn origin_range(grid: &[LaunchAxis], p: &Param, d: usize) -> (i64, i64) {
     let Some(b) = &p.block else { return (0, 0) };
-    let e = &b.index[d];
+    let Some(e) = b.index[d].affine() else { return (0, (super::index::blocks(p, d) - 1) * b.shape[d] as i64) };
     let (mut lo, mut hi) = (e.constant, e.constant);
     for (c, name) in &e.terms {
         let size = grid.iter().find(|a| &a.name == name).map_or(1, |a| a.size as i64);

@@ -9,7 +9,8 @@
 
 use std::collections::HashSet;
 
-use super::{Affine, AxisRef, AxisSize, BlockSpec, ForLoop, GridAxis, Index, Kernel, Literal, Op, Operand, ParamKind, Stmt};
+use super::size::SizeExpr;
+use super::{Affine, AxisRef, BlockIndex, AxisSize, BlockSpec, ForLoop, GridAxis, Index, Kernel, Literal, Op, Operand, ParamKind, Stmt};
 
 /// `kernel` over `size` batch elements, or why it cannot be (a `dyn` grid axis). A kernel whose
 /// programs come from a mesh at launch is the caller's to keep unbatched: the mesh's axes would
@@ -40,7 +41,7 @@ pub fn batched(kernel: &Kernel, size: u64) -> Result<Kernel, String> {
             Some(block) => {
                 p.block = Some(BlockSpec {
                     shape: std::iter::once(1).chain(block.shape).collect(),
-                    index: std::iter::once(Affine::axis(&name)).chain(block.index).collect(),
+                    index: std::iter::once(Affine::axis(&name).into()).chain(block.index.into_iter().map(|ix| batch_reads(ix, &name))).collect(),
                 });
                 Operand::Lit(Literal::Int(0))
             }
@@ -56,6 +57,27 @@ pub fn batched(kernel: &Kernel, size: u64) -> Result<Kernel, String> {
     }
     index_batch(&mut k.body, &arrays);
     Ok(k)
+}
+
+/// A block index whose reads of inputs (each now with a leading batch dimension) read the
+/// batch's own element.
+fn batch_reads(ix: BlockIndex, axis: &str) -> BlockIndex {
+    fn go(e: SizeExpr, axis: &str) -> SizeExpr {
+        let sub = |e: Box<SizeExpr>| Box::new(go(*e, axis));
+        match e {
+            SizeExpr::Read(n, ix) => {
+                SizeExpr::Read(n, std::iter::once(SizeExpr::Name(axis.to_string())).chain(ix.into_iter().map(|e| go(e, axis))).collect())
+            }
+            SizeExpr::Neg(e) => SizeExpr::Neg(sub(e)),
+            SizeExpr::Bin(op, a, b) => SizeExpr::Bin(op, sub(a), sub(b)),
+            SizeExpr::Select(abc) => SizeExpr::Select(Box::new(abc.map(|e| go(e, axis)))),
+            e => e,
+        }
+    }
+    match ix {
+        BlockIndex::Computed(e) => BlockIndex::Computed(go(e, axis)),
+        a => a,
+    }
 }
 
 /// Every value name `body` defines, nested bodies' too.

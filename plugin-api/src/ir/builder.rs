@@ -117,7 +117,7 @@ impl KernelBuilder {
 
     /// An input seen through `block [shape] at (index)`.
     pub fn input_block(self, name: &str, ty: Type, shape: &[usize], index: &[Affine]) -> KernelBuilder {
-        self.param(ParamKind::In, name, ty, Some(BlockSpec { shape: shape.to_vec(), index: index.to_vec() }))
+        self.param(ParamKind::In, name, ty, Some(BlockSpec { shape: shape.to_vec(), index: index.iter().cloned().map(BlockIndex::Affine).collect() }))
     }
 
     /// An output seen whole.
@@ -127,7 +127,7 @@ impl KernelBuilder {
 
     /// An output seen through `block [shape] at (index)`.
     pub fn output_block(self, name: &str, ty: Type, shape: &[usize], index: &[Affine]) -> KernelBuilder {
-        self.param(ParamKind::Out, name, ty, Some(BlockSpec { shape: shape.to_vec(), index: index.to_vec() }))
+        self.param(ParamKind::Out, name, ty, Some(BlockSpec { shape: shape.to_vec(), index: index.iter().cloned().map(BlockIndex::Affine).collect() }))
     }
 
     /// Per-program scratch memory.

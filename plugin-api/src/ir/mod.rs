@@ -98,6 +98,7 @@ pub mod batch;
 pub mod builder;
 pub mod counters;
 pub mod generic;
+pub mod index;
 pub mod limits;
 mod op_names;
 pub mod parse;
@@ -107,6 +108,7 @@ pub mod verify;
 use std::fmt;
 
 pub use diag::{Diagnostic, Diagnostics, SourceMap, Span};
+pub use index::BlockIndex;
 pub use op_names::{BinaryOp, CmpOp, ReduceOp, UnaryOp};
 pub use parse::{ArgDecl, SizeParam, parse};
 pub use print::{print_kernel, print_module};
@@ -346,8 +348,8 @@ impl Param {
 pub struct BlockSpec {
     /// Block dimensions, one per array dimension.
     pub shape: Vec<usize>,
-    /// Block index per dimension, affine in the grid axes.
-    pub index: Vec<Affine>,
+    /// Block index per dimension: affine in the grid axes, or computed.
+    pub index: Vec<BlockIndex>,
 }
 
 /// An integer affine expression of grid axis names: `2*i + 1`, `k - 1`, `0`.

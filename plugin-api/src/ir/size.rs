@@ -1,10 +1,12 @@
 //! Size expressions (docs/language.md §9): the integers of a generic kernel, computed from its
 //! parameters when a launch binds them.
 //!
-//! `E := INT | NAME | -E | E + E | E - E | E * E | E / E | E % E | cdiv(E, E) | min(E, E) | max(E, E) | (E)`,
-//! evaluated in 64-bit integers; `/` and `%` floor, and a divisor that is not positive is an error.
-//! Inside `at (...)` a name that is not a parameter is a grid axis, and the expression must be
-//! affine in the axes.
+//! `E := INT | NAME | -E | E + E | E - E | E * E | E / E | E % E | cdiv(E, E) | min(E, E) | max(E, E)
+//!      | eq(E, E) | ne(E, E) | lt(E, E) | le(E, E) | gt(E, E) | ge(E, E) | select(E, E, E) | (E)`,
+//! evaluated in 64-bit integers; `/` and `%` floor, a divisor that is not positive is an error, and
+//! a comparison is 1 or 0. Inside `at (...)` a name that is not a parameter is a grid axis, and
+//! `NAME[E, ...]` reads an input array: an expression affine in the axes is a plain block index,
+//! any other a computed one (`index.rs`).
 
 use std::fmt;
 
@@ -29,27 +31,58 @@ pub enum SizeOp {
     Min,
     /// `max(a, b)`
     Max,
+    /// `eq(a, b)`: 1 where equal, else 0
+    Eq,
+    /// `ne(a, b)`
+    Ne,
+    /// `lt(a, b)`
+    Lt,
+    /// `le(a, b)`
+    Le,
+    /// `gt(a, b)`
+    Gt,
+    /// `ge(a, b)`
+    Ge,
 }
+
+/// The call-like operations and their names.
+const CALLS: [(SizeOp, &str); 9] = [
+    (SizeOp::Cdiv, "cdiv"),
+    (SizeOp::Min, "min"),
+    (SizeOp::Max, "max"),
+    (SizeOp::Eq, "eq"),
+    (SizeOp::Ne, "ne"),
+    (SizeOp::Lt, "lt"),
+    (SizeOp::Le, "le"),
+    (SizeOp::Gt, "gt"),
+    (SizeOp::Ge, "ge"),
+];
 
 impl SizeOp {
     /// The function name of a call-like operation.
     pub fn call_name(self) -> Option<&'static str> {
-        match self {
-            SizeOp::Cdiv => Some("cdiv"),
-            SizeOp::Min => Some("min"),
-            SizeOp::Max => Some("max"),
-            _ => None,
-        }
+        CALLS.iter().find(|c| c.0 == self).map(|c| c.1)
     }
 
-    /// The operation called `name` (`cdiv`, `min`, `max`).
+    /// The operation called `name` (`cdiv`, `min`, `max`, `eq`, `lt`, ...).
     pub fn from_call(name: &str) -> Option<SizeOp> {
-        match name {
-            "cdiv" => Some(SizeOp::Cdiv),
-            "min" => Some(SizeOp::Min),
-            "max" => Some(SizeOp::Max),
-            _ => None,
-        }
+        CALLS.iter().find(|c| c.1 == name).map(|c| c.0)
+    }
+
+    /// `x OP y` for a comparison, `min` or `max`: the operations whose 64-bit and 32-bit
+    /// meanings agree.
+    pub fn order(self, x: i64, y: i64) -> Option<i64> {
+        Some(match self {
+            SizeOp::Min => x.min(y),
+            SizeOp::Max => x.max(y),
+            SizeOp::Eq => i64::from(x == y),
+            SizeOp::Ne => i64::from(x != y),
+            SizeOp::Lt => i64::from(x < y),
+            SizeOp::Le => i64::from(x <= y),
+            SizeOp::Gt => i64::from(x > y),
+            SizeOp::Ge => i64::from(x >= y),
+            _ => return None,
+        })
     }
 
     fn infix(self) -> Option<(&'static str, u8)> {
@@ -75,6 +108,11 @@ pub enum SizeExpr {
     Neg(Box<SizeExpr>),
     /// `a OP b`
     Bin(SizeOp, Box<SizeExpr>, Box<SizeExpr>),
+    /// `select(c, a, b)`: `a` where `c` is not 0, else `b`
+    Select(Box<[SizeExpr; 3]>),
+    /// `NAME[E, ...]` (only inside `at (...)`): an element of an integer input array, or a scalar
+    /// input (no indices; written as a bare name, told apart from an axis once the header is read)
+    Read(String, Vec<SizeExpr>),
 }
 
 /// Why a size expression has no value.
@@ -119,28 +157,33 @@ impl SizeExpr {
     /// Whether the expression names `name`.
     pub fn mentions(&self, name: &str) -> bool {
         match self {
-            SizeExpr::Int(_) => false,
             SizeExpr::Name(n) => n == name,
-            SizeExpr::Neg(e) => e.mentions(name),
-            SizeExpr::Bin(_, a, b) => a.mentions(name) || b.mentions(name),
+            e => e.children().any(|c| c.mentions(name)),
         }
+    }
+
+    /// The expressions directly inside this one.
+    pub fn children(&self) -> impl Iterator<Item = &SizeExpr> {
+        let (pair, list): ([Option<&SizeExpr>; 2], &[SizeExpr]) = match self {
+            SizeExpr::Int(_) | SizeExpr::Name(_) => ([None, None], &[]),
+            SizeExpr::Neg(e) => ([Some(e), None], &[]),
+            SizeExpr::Bin(_, a, b) => ([Some(a), Some(b)], &[]),
+            SizeExpr::Select(abc) => ([None, None], abc.as_slice()),
+            SizeExpr::Read(_, ix) => ([None, None], ix),
+        };
+        pair.into_iter().flatten().chain(list)
     }
 
     /// Every name in the expression, in order of first appearance.
     pub fn names(&self) -> Vec<&str> {
         fn walk<'a>(e: &'a SizeExpr, out: &mut Vec<&'a str>) {
             match e {
-                SizeExpr::Int(_) => {}
                 SizeExpr::Name(n) => {
                     if !out.contains(&n.as_str()) {
                         out.push(n);
                     }
                 }
-                SizeExpr::Neg(e) => walk(e, out),
-                SizeExpr::Bin(_, a, b) => {
-                    walk(a, out);
-                    walk(b, out);
-                }
+                e => e.children().for_each(|c| walk(c, out)),
             }
         }
         let mut out = Vec::new();
@@ -162,7 +205,24 @@ impl SizeExpr {
                 }
                 (a, b) => SizeExpr::Bin(op, Box::new(a), Box::new(b)),
             },
+            SizeExpr::Select(abc) => match abc.map(SizeExpr::fold) {
+                [SizeExpr::Int(c), SizeExpr::Int(a), SizeExpr::Int(b)] => SizeExpr::Int(if c != 0 { a } else { b }),
+                folded => SizeExpr::Select(Box::new(folded)),
+            },
+            SizeExpr::Read(n, ix) => SizeExpr::Read(n, ix.into_iter().map(SizeExpr::fold).collect()),
             e => e,
+        }
+    }
+
+    /// The expression with each name that `param` gives a value replaced by it.
+    pub fn bind(&self, param: &dyn Fn(&str) -> Option<i64>) -> SizeExpr {
+        match self {
+            SizeExpr::Int(v) => SizeExpr::Int(*v),
+            SizeExpr::Name(n) => param(n).map_or_else(|| SizeExpr::Name(n.clone()), SizeExpr::Int),
+            SizeExpr::Neg(e) => SizeExpr::Neg(Box::new(e.bind(param))),
+            SizeExpr::Bin(op, a, b) => SizeExpr::Bin(*op, Box::new(a.bind(param)), Box::new(b.bind(param))),
+            SizeExpr::Select(abc) => SizeExpr::Select(Box::new(abc.clone().map(|e| e.bind(param)))),
+            SizeExpr::Read(n, ix) => SizeExpr::Read(n.clone(), ix.iter().map(|e| e.bind(param)).collect()),
         }
     }
 
@@ -173,6 +233,11 @@ impl SizeExpr {
             SizeExpr::Name(n) => value(n).ok_or_else(|| SizeError::Unbound(n.clone())),
             SizeExpr::Neg(e) => e.eval(value)?.checked_neg().ok_or(SizeError::Overflow),
             SizeExpr::Bin(op, a, b) => apply(*op, a.eval(value)?, b.eval(value)?, &|| b.to_string()),
+            SizeExpr::Select(abc) => {
+                let [c, a, b] = abc.as_ref();
+                if c.eval(value)? != 0 { a.eval(value) } else { b.eval(value) }
+            }
+            SizeExpr::Read(n, _) => Err(SizeError::Unbound(n.clone())),
         }
     }
 
@@ -205,6 +270,7 @@ impl SizeExpr {
                     _ => return Err(SizeError::NotAffine(self.to_string())),
                 }
             }
+            SizeExpr::Select(_) | SizeExpr::Read(..) => return Err(SizeError::NotAffine(self.to_string())),
         })
     }
 }
@@ -231,8 +297,7 @@ fn apply(op: SizeOp, x: i64, y: i64, divisor: &dyn Fn() -> String) -> Result<i64
             let q = x.div_euclid(y);
             Ok(if x.rem_euclid(y) == 0 { q } else { q + 1 })
         }
-        SizeOp::Min => Ok(x.min(y)),
-        SizeOp::Max => Ok(x.max(y)),
+        _ => Ok(op.order(x, y).expect("an ordering operation")),
     }
 }
 
@@ -258,6 +323,18 @@ impl fmt::Display for SizeExpr {
                 }
                 None => write!(f, "{}({a}, {b})", op.call_name().expect("a call")),
             },
+            SizeExpr::Select(abc) => write!(f, "select({}, {}, {})", abc[0], abc[1], abc[2]),
+            SizeExpr::Read(n, ix) if ix.is_empty() => f.write_str(n),
+            SizeExpr::Read(n, ix) => {
+                write!(f, "{n}[")?;
+                for (k, e) in ix.iter().enumerate() {
+                    if k > 0 {
+                        f.write_str(", ")?;
+                    }
+                    write!(f, "{e}")?;
+                }
+                f.write_str("]")
+            }
         }
     }
 }

@@ -92,6 +92,8 @@ const OPS: &[&str] = &[
     "add.u32",
     "add.s32",
     "sub.u32",
+    "sub.s32",
+    "mov.pred",
     "mul.lo.u32",
     "mul.lo.s32",
     "mad.lo.u32",

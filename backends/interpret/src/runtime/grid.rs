@@ -7,7 +7,10 @@ use tessel_plugin_api::ir::ParamKind;
 use tessel_plugin_api::launch::LaunchAxis;
 
 use super::memory::{Array, Storage, plain, store_elements};
-use super::{Machine, ProgramState};
+use super::{Machine, Origin, ProgramState};
+use tessel_plugin_api::array::DataRef;
+use tessel_plugin_api::ir::index::{self, IndexEval};
+use tessel_plugin_api::ir::size::SizeExpr;
 use crate::eval::Val;
 use crate::program::MemRef;
 
@@ -41,6 +44,26 @@ impl Machine<'_> {
             }
             prog.release();
         });
+    }
+}
+
+impl Machine<'_> {
+    /// A computed block index at grid point `point`: axes by name, inputs read as 32-bit
+    /// integers, 0 outside their arrays.
+    fn index_value(&self, expr: &SizeExpr, point: &[i64]) -> i32 {
+        let dims = self.kernel.grid();
+        let params = &self.kernel.kernel().params;
+        let axis = |name: &str| dims.iter().position(|g| g.name == name).map_or(0, |a| point[a] as i32);
+        let read = |name: &str, at: &[i32]| {
+            let n = params.iter().position(|p| p.name == name).expect("verified read");
+            let Some(Array { storage: Storage::Input(data), shape, .. }) = &self.arrays[n] else { return 0 };
+            match (index::flat_index(shape, at), data) {
+                (Some(f), DataRef::I32(v)) => v[f],
+                (Some(f), DataRef::U32(v)) => v[f] as i32,
+                _ => 0,
+            }
+        };
+        IndexEval::eval(expr, &axis, &read)
     }
 }
 
@@ -96,10 +119,13 @@ impl<'m, 'a> ProgramState<'m, 'a> {
             origin.clear();
             match &self.m.origins[n] {
                 None => origin.resize(p.ty.shape.len(), 0),
-                Some(dims) => origin.extend(dims.iter().map(|d| {
-                    let at = (d.terms.iter())
-                        .fold(d.constant, |acc, &(c, axis)| acc.wrapping_add(c.wrapping_mul(axis.map_or(0, |a| point[a]))));
-                    at.wrapping_mul(d.size)
+                Some(dims) => origin.extend(dims.iter().map(|d| match d {
+                    Origin::Affine { constant, terms, size } => {
+                        let at = (terms.iter())
+                            .fold(*constant, |acc, &(c, axis)| acc.wrapping_add(c.wrapping_mul(axis.map_or(0, |a| point[a]))));
+                        at.wrapping_mul(*size)
+                    }
+                    Origin::Computed { expr, blocks, size } => IndexEval::clamp(self.m.index_value(expr, point), *blocks) * size,
                 })),
             }
         }

@@ -23,7 +23,8 @@ use std::sync::atomic::AtomicU32;
 
 use tessel_plugin_api::array::{DataRef, HostArray, write_le_bits};
 use tessel_plugin_api::cancel::{self, Token};
-use tessel_plugin_api::ir::{ParamKind, Verified, analysis};
+use tessel_plugin_api::ir::size::SizeExpr;
+use tessel_plugin_api::ir::{BlockIndex, ParamKind, Verified, analysis, index};
 use tessel_plugin_api::launch::{LaunchAxis, LaunchError};
 
 use crate::eval::{self, Val};
@@ -32,10 +33,11 @@ use memory::{Array, Storage, as_cells, cells_fit};
 
 /// One dimension of a block's index map, ready to evaluate: `constant + sum(c * point[axis])`
 /// block indices (an axis the grid lacks counts as 0), times `size` elements.
-struct Origin {
-    constant: i64,
-    terms: Vec<(i64, Option<usize>)>,
-    size: i64,
+enum Origin {
+    /// `(constant + sum of c * axis) * size`; an axis the launch lacks reads 0.
+    Affine { constant: i64, terms: Vec<(i64, Option<usize>)>, size: i64 },
+    /// A computed block index, clamped to `0 ..= blocks - 1`, times `size`.
+    Computed { expr: SizeExpr, blocks: i64, size: i64 },
 }
 
 /// A kernel bound to its launch: memory for every argument, the grid.
@@ -93,11 +95,16 @@ impl<'a> Machine<'a> {
             .map(|p| {
                 let b = p.block.as_ref()?;
                 Some(
-                    (b.index.iter().zip(&b.shape))
-                        .map(|(e, &size)| Origin {
-                            constant: e.constant,
-                            terms: e.terms.iter().map(|(c, name)| (*c, dims.iter().position(|g| &g.name == name))).collect(),
-                            size: size as i64,
+                    (b.index.iter().zip(&b.shape).enumerate())
+                        .map(|(d, (e, &size))| match e {
+                            BlockIndex::Affine(e) => Origin::Affine {
+                                constant: e.constant,
+                                terms: e.terms.iter().map(|(c, name)| (*c, dims.iter().position(|g| &g.name == name))).collect(),
+                                size: size as i64,
+                            },
+                            BlockIndex::Computed(e) => {
+                                Origin::Computed { expr: e.clone(), blocks: index::blocks(p, d), size: size as i64 }
+                            }
                         })
                         .collect(),
                 )

@@ -2,7 +2,8 @@
 //! grid coordinates decoded from a counter, and the element origin of every argument's block at
 //! those coordinates.
 
-use tessel_plugin_api::ir::AxisSize;
+use tessel_plugin_api::ir::size::{SizeExpr, SizeOp};
+use tessel_plugin_api::ir::{AxisSize, BlockIndex, index};
 
 use super::writer::Writer;
 use crate::limits::THREADS;
@@ -42,7 +43,8 @@ impl Writer<'_> {
         self.origins.iter().find(|(n, _)| n == name).map(|(_, o)| o.clone()).expect("origins computed")
     }
 
-    /// Element origin of every argument's block at this grid point: `E_d * B_d`.
+    /// Element origin of every argument's block at this grid point: `E_d * B_d`, a computed
+    /// `E_d` clamped to the array's blocks.
     pub(super) fn write_origins(&mut self) {
         let k = self.plan.kernel.kernel();
         let grid = self.plan.kernel.grid().to_vec();
@@ -50,14 +52,26 @@ impl Writer<'_> {
         for p in &k.params {
             let mut regs = Vec::new();
             if let Some(b) = &p.block {
-                for (e, &bs) in b.index.iter().zip(&b.shape) {
-                    let o = self.r();
-                    self.ins(format!("mov.b32 {o}, {}", e.constant as i32));
-                    for (c, name) in &e.terms {
-                        let a = grid.iter().position(|g| &g.name == name).expect("verified axis");
-                        let coord = self.coords[a].clone();
-                        self.ins(format!("mad.lo.s32 {o}, {coord}, {}, {o}", *c as i32));
-                    }
+                for (d, (e, &bs)) in b.index.iter().zip(&b.shape).enumerate() {
+                    let o = match e {
+                        BlockIndex::Affine(e) => {
+                            let o = self.r();
+                            self.ins(format!("mov.b32 {o}, {}", e.constant as i32));
+                            for (c, name) in &e.terms {
+                                let a = grid.iter().position(|g| &g.name == name).expect("verified axis");
+                                let coord = self.coords[a].clone();
+                                self.ins(format!("mad.lo.s32 {o}, {coord}, {}, {o}", *c as i32));
+                            }
+                            o
+                        }
+                        BlockIndex::Computed(e) => {
+                            let o = self.index_expr(e);
+                            let c = self.r();
+                            self.ins(format!("max.s32 {c}, {o}, 0"));
+                            self.ins(format!("min.s32 {c}, {c}, {}", index::blocks(p, d) - 1));
+                            c
+                        }
+                    };
                     self.ins(format!("mul.lo.s32 {o}, {o}, {bs}"));
                     regs.push(o);
                 }
@@ -68,6 +82,112 @@ impl Writer<'_> {
                 }
             }
             self.origins.push((p.name.clone(), regs));
+        }
+    }
+
+    /// A register holding computed block index `e` (the arithmetic of [`index::IndexEval`]).
+    fn index_expr(&mut self, e: &SizeExpr) -> String {
+        let r = self.r();
+        match e {
+            SizeExpr::Int(v) => self.ins(format!("mov.b32 {r}, {}", *v as i32)),
+            SizeExpr::Name(n) => {
+                let a = self.plan.kernel.grid().iter().position(|g| &g.name == n).expect("verified axis");
+                let coord = self.coords[a].clone();
+                self.ins(format!("mov.b32 {r}, {coord}"));
+            }
+            SizeExpr::Neg(x) => {
+                let x = self.index_expr(x);
+                self.ins(format!("neg.s32 {r}, {x}"));
+            }
+            SizeExpr::Select(abc) => {
+                let [c, a, b] = abc.as_ref();
+                let (c, a, b) = (self.index_expr(c), self.index_expr(a), self.index_expr(b));
+                let p = self.p();
+                self.ins(format!("setp.ne.s32 {p}, {c}, 0"));
+                self.ins(format!("selp.b32 {r}, {a}, {b}, {p}"));
+            }
+            SizeExpr::Bin(op, a, b) => {
+                let (x, y) = (self.index_expr(a), self.index_expr(b));
+                self.index_op(*op, &r, &x, &y);
+            }
+            SizeExpr::Read(name, at) => {
+                let at: Vec<String> = at.iter().map(|e| self.index_expr(e)).collect();
+                let table = self.plan.kernel.kernel().params.iter().find(|p| &p.name == name).expect("verified read");
+                let shape = table.ty.shape.clone();
+                let base = self.args.iter().find(|(n, _)| n == name).expect("an argument's pointer").1.clone();
+                // Inside where every index is in 0..dim (compared unsigned, so negatives fail).
+                let (flat, inside) = (self.r(), (!at.is_empty()).then(|| self.p()));
+                self.ins(format!("mov.b32 {flat}, 0"));
+                for (n, (i, &dim)) in at.iter().zip(&shape).enumerate() {
+                    let ok = self.p();
+                    self.ins(format!("setp.lt.u32 {ok}, {i}, {}", dim.min(u32::MAX as usize)));
+                    let inside = inside.as_ref().expect("an index");
+                    if n == 0 {
+                        self.ins(format!("mov.pred {inside}, {ok}"));
+                    } else {
+                        self.ins(format!("and.pred {inside}, {inside}, {ok}"));
+                    }
+                    self.ins(format!("mad.lo.u32 {flat}, {flat}, {dim}, {i}"));
+                }
+                let addr = self.rd();
+                self.ins(format!("mul.wide.u32 {addr}, {flat}, 4"));
+                self.ins(format!("add.u64 {addr}, {base}, {addr}"));
+                self.ins(format!("mov.b32 {r}, 0"));
+                let guard = inside.map(|p| format!("@{p} ")).unwrap_or_default();
+                self.ins(format!("{guard}ld.global.b32 {r}, [{addr}]"));
+            }
+        }
+        r
+    }
+
+    /// `r = x OP y` in 32 bits: wrapping `+ - *`, floored `/ %`, `cdiv`, 0 for a divisor of 0.
+    fn index_op(&mut self, op: SizeOp, r: &str, x: &str, y: &str) {
+        let cmp = |op: SizeOp| match op {
+            SizeOp::Eq => "eq",
+            SizeOp::Ne => "ne",
+            SizeOp::Lt => "lt",
+            SizeOp::Le => "le",
+            SizeOp::Gt => "gt",
+            _ => "ge",
+        };
+        match op {
+            SizeOp::Add => self.ins(format!("add.s32 {r}, {x}, {y}")),
+            SizeOp::Sub => self.ins(format!("sub.s32 {r}, {x}, {y}")),
+            SizeOp::Mul => self.ins(format!("mul.lo.s32 {r}, {x}, {y}")),
+            SizeOp::Min => self.ins(format!("min.s32 {r}, {x}, {y}")),
+            SizeOp::Max => self.ins(format!("max.s32 {r}, {x}, {y}")),
+            SizeOp::Div | SizeOp::Rem | SizeOp::Cdiv => {
+                // Truncating quotient and remainder by a divisor of 1 where it is 0, then floored:
+                // where the remainder is not 0 and its sign differs from the divisor's.
+                let (zero, adjust, differ) = (self.p(), self.p(), self.p());
+                let (d, q, m, t) = (self.r(), self.r(), self.r(), self.r());
+                self.ins(format!("setp.eq.s32 {zero}, {y}, 0"));
+                self.ins(format!("selp.b32 {d}, 1, {y}, {zero}"));
+                self.ins(format!("div.s32 {q}, {x}, {d}"));
+                self.ins(format!("rem.s32 {m}, {x}, {d}"));
+                self.ins(format!("xor.b32 {t}, {m}, {d}"));
+                self.ins(format!("setp.lt.s32 {differ}, {t}, 0"));
+                self.ins(format!("setp.ne.s32 {adjust}, {m}, 0"));
+                self.ins(format!("and.pred {differ}, {differ}, {adjust}"));
+                self.ins(format!("@{differ} sub.s32 {q}, {q}, 1"));
+                self.ins(format!("@{differ} add.s32 {m}, {m}, {d}"));
+                match op {
+                    SizeOp::Div => self.ins(format!("mov.b32 {r}, {q}")),
+                    SizeOp::Rem => self.ins(format!("mov.b32 {r}, {m}")),
+                    _ => {
+                        // Rounded up: the floor plus one where the remainder is not 0.
+                        self.ins(format!("setp.ne.s32 {adjust}, {m}, 0"));
+                        self.ins(format!("selp.b32 {t}, 1, 0, {adjust}"));
+                        self.ins(format!("add.s32 {r}, {q}, {t}"));
+                    }
+                }
+                self.ins(format!("selp.b32 {r}, 0, {r}, {zero}"));
+            }
+            op => {
+                let p = self.p();
+                self.ins(format!("setp.{}.s32 {p}, {x}, {y}", cmp(op)));
+                self.ins(format!("selp.b32 {r}, 1, 0, {p}"));
+            }
         }
     }
 }

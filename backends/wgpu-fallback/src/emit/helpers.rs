@@ -27,6 +27,16 @@ pub(super) const HELPERS: &[(&str, &str)] = &[
     ("tk_round_bf16", include_str!("helpers/tk_round_bf16.wgsl").trim_ascii_end()),
     ("tk_div_i32", "fn tk_div_i32(a: i32, b: i32) -> i32 { if (b == 0i) { return 0i; } return a / b; }"),
     ("tk_rem_i32", "fn tk_rem_i32(a: i32, b: i32) -> i32 { if (b == 0i || b == -1i) { return 0i; } return a - (a / b) * b; }"),
+    // Floored, as a computed block index divides (`tessel_plugin_api::ir::index::IndexEval`).
+    (
+        "tk_fdiv_i32",
+        "fn tk_fdiv_i32(a: i32, b: i32) -> i32 { if (b == 0i) { return 0i; } let q = a / b; return select(q, q - 1i, a != q * b && ((a < 0i) != (b < 0i))); }",
+    ),
+    (
+        "tk_frem_i32",
+        "fn tk_frem_i32(a: i32, b: i32) -> i32 { if (b == 0i) { return 0i; } let r = a - (a / b) * b; return select(r, r + b, r != 0i && ((r < 0i) != (b < 0i))); }",
+    ),
+    ("tk_cdiv_i32", "fn tk_cdiv_i32(a: i32, b: i32) -> i32 { return tk_fdiv_i32(a, b) + select(0i, 1i, tk_frem_i32(a, b) != 0i); }"),
     ("tk_div_u32", "fn tk_div_u32(a: u32, b: u32) -> u32 { if (b == 0u) { return 0u; } return a / b; }"),
     ("tk_rem_u32", "fn tk_rem_u32(a: u32, b: u32) -> u32 { if (b == 0u) { return 0u; } return a % b; }"),
     ("tk_f2i", include_str!("helpers/tk_f2i.wgsl").trim_ascii_end()),
@@ -43,6 +53,7 @@ fn helper_deps(name: &str) -> &'static [&'static str] {
         "tk_isnan" => &[],
         "tk_max" | "tk_min" => &["tk_isnan", "tk_f32_bits"],
         "tk_f2i" | "tk_f2u" => &["tk_isnan"],
+        "tk_cdiv_i32" => &["tk_fdiv_i32", "tk_frem_i32"],
         _ => &[],
     }
 }

@@ -4,6 +4,7 @@
 
 use std::collections::BTreeSet;
 
+use tessel_plugin_api::ir::size::{SizeExpr, SizeOp};
 use tessel_plugin_api::ir::*;
 
 use super::Writer;
@@ -88,11 +89,20 @@ impl<'k> Writer<'k> {
         for (pi, p) in k.params.iter().enumerate() {
             if let Some(b) = &p.block {
                 for (d, (e, &bs)) in b.index.iter().zip(&b.shape).enumerate() {
-                    let mut expr = format!("{}i", e.constant as i32);
-                    for (c, name) in &e.terms {
-                        let a = self.grid.iter().position(|g| &g.name == name).expect("verified axis");
-                        expr = format!("{expr} + {}i * c{a}", *c as i32);
-                    }
+                    let expr = match e {
+                        BlockIndex::Affine(e) => {
+                            let mut expr = format!("{}i", e.constant as i32);
+                            for (c, name) in &e.terms {
+                                let a = self.grid.iter().position(|g| &g.name == name).expect("verified axis");
+                                expr = format!("{expr} + {}i * c{a}", *c as i32);
+                            }
+                            expr
+                        }
+                        BlockIndex::Computed(e) => {
+                            let v = self.index_expr(e);
+                            format!("clamp({v}, 0i, {}i)", index::blocks(p, d) - 1)
+                        }
+                    };
                     self.line(format!("let o{pi}_{d} = ({expr}) * {bs}i;"));
                 }
             }
@@ -106,6 +116,75 @@ impl<'k> Writer<'k> {
                 self.line(format!("let {start} = ({first}) / 4u;"));
             }
         }
+    }
+
+    /// A name for computed block index `e` (the arithmetic of `index::IndexEval`), one `let` a
+    /// node; a read of an input is 0 outside it.
+    fn index_expr(&mut self, e: &SizeExpr) -> String {
+        let value = match e {
+            SizeExpr::Int(v) => return format!("({}i)", *v as i32),
+            SizeExpr::Name(n) => {
+                let a = self.grid.iter().position(|g| &g.name == n).expect("verified axis");
+                return format!("c{a}");
+            }
+            SizeExpr::Neg(x) => format!("-{}", self.index_expr(x)),
+            SizeExpr::Select(abc) => {
+                let [c, a, b] = abc.as_ref();
+                let (c, a, b) = (self.index_expr(c), self.index_expr(a), self.index_expr(b));
+                format!("select({b}, {a}, {c} != 0i)")
+            }
+            SizeExpr::Bin(op, a, b) => {
+                let (x, y) = (self.index_expr(a), self.index_expr(b));
+                let (helper, cmp) = match op {
+                    SizeOp::Div => (Some("tk_fdiv_i32"), ""),
+                    SizeOp::Rem => (Some("tk_frem_i32"), ""),
+                    SizeOp::Cdiv => (Some("tk_cdiv_i32"), ""),
+                    SizeOp::Eq => (None, "=="),
+                    SizeOp::Ne => (None, "!="),
+                    SizeOp::Lt => (None, "<"),
+                    SizeOp::Le => (None, "<="),
+                    SizeOp::Gt => (None, ">"),
+                    SizeOp::Ge => (None, ">="),
+                    _ => (None, ""),
+                };
+                match (op, helper) {
+                    (_, Some(h)) => {
+                        self.helper(h);
+                        format!("{h}({x}, {y})")
+                    }
+                    (SizeOp::Add, _) => format!("{x} + {y}"),
+                    (SizeOp::Sub, _) => format!("{x} - {y}"),
+                    (SizeOp::Mul, _) => format!("{x} * {y}"),
+                    (SizeOp::Min, _) => format!("min({x}, {y})"),
+                    (SizeOp::Max, _) => format!("max({x}, {y})"),
+                    _ => format!("select(0i, 1i, {x} {cmp} {y})"),
+                }
+            }
+            SizeExpr::Read(name, at) => {
+                let at: Vec<String> = at.iter().map(|e| self.index_expr(e)).collect();
+                let k = self.v.kernel();
+                let pi = k.params.iter().position(|p| &p.name == name).expect("verified read");
+                let shape = k.params[pi].ty.shape.clone();
+                let mut flat = "0u".to_string();
+                let mut inside = Vec::new();
+                for (i, dim) in at.iter().zip(&shape) {
+                    flat = format!("({flat}) * {dim}u + u32({i})");
+                    inside.push(format!("u32({i}) < {dim}u"));
+                }
+                let quad = self.plan.quad_inputs.contains(&pi);
+                let (f, elem) = (self.t(), self.t());
+                self.line(format!("let {f} = {flat};"));
+                let word = if quad { format!("a{pi}[{f} / 4u][{f} % 4u]") } else { format!("a{pi}[{f}]") };
+                self.line(format!("let {elem} = bitcast<i32>({word});"));
+                if inside.is_empty() {
+                    return elem;
+                }
+                format!("select(0i, {elem}, {})", inside.join(" && "))
+            }
+        };
+        let t = self.t();
+        self.line(format!("let {t} = {value};"));
+        t
     }
 
     /// The element origin of argument `pi`'s block along dimension `d` (`0i` for a whole array).

@@ -115,6 +115,7 @@ impl Parser<'_> {
                 }
             }
         }
+        crate::ir::index::resolve_scalar_reads(&mut kernel);
         if !missing_brace {
             self.pos += 1; // `{`
             if let Err(d) = self.expect_line_end() {
@@ -268,7 +269,7 @@ impl Parser<'_> {
             self.expect(Tok::LParen, "`(` and the block index, as in `at (i)`")?;
             let mut index = Vec::new();
             loop {
-                index.push(self.affine()?);
+                index.push(self.block_index()?);
                 if self.eat(&Tok::RParen) {
                     break;
                 }

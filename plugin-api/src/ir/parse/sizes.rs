@@ -13,6 +13,7 @@ impl Parser<'_> {
         let start = self.span();
         if let Some(Tok::Ident(w)) = self.peek()
             && SizeOp::from_call(w).is_none()
+            && w != "select"
         {
             return Err(Diagnostic::new(start, format!("unexpected `{w}` in {what}"))
                 .expected("expected an integer (defaults and candidates name no parameters)"));
@@ -31,7 +32,9 @@ impl Parser<'_> {
         match tok(at) {
             Some(Tok::Int(_) | Tok::LParen) => true,
             Some(Tok::Minus) => self.size_starts(at + 1),
-            Some(Tok::Ident(w)) => self.is_param(w) || (SizeOp::from_call(w).is_some() && tok(at + 1) == Some(&Tok::LParen)),
+            Some(Tok::Ident(w)) => {
+                self.is_param(w) || ((SizeOp::from_call(w).is_some() || w == "select") && tok(at + 1) == Some(&Tok::LParen))
+            }
             _ => false,
         }
     }
@@ -120,6 +123,12 @@ impl Parser<'_> {
             Some(Tok::Ident(w)) => {
                 self.pos += 1;
                 let span = self.prev_span();
+                if w == "select" && self.at(&Tok::LParen) {
+                    return self.size_select();
+                }
+                if axes && self.at(&Tok::LBracket) {
+                    return self.size_read(w);
+                }
                 match SizeOp::from_call(&w) {
                     Some(op) if self.eat(&Tok::LParen) => {
                         self.size_term_read()?;
@@ -133,6 +142,33 @@ impl Parser<'_> {
                 }
             }
             _ => Err(self.unexpected("a size: an integer, a parameter, or an expression such as `cdiv(N, 128)`")),
+        }
+    }
+
+    /// `select(c, a, b)`, after `select`.
+    fn size_select(&mut self) -> PResult<SizeExpr> {
+        self.expect(Tok::LParen, "`(` after `select`")?;
+        self.size_term_read()?;
+        let c = self.size_sum(true)?;
+        self.expect(Tok::Comma, "`,` and the value where the condition holds")?;
+        let a = self.size_sum(true)?;
+        self.expect(Tok::Comma, "`,` and the value where it does not")?;
+        let b = self.size_sum(true)?;
+        self.expect(Tok::RParen, "`)` to close `select(...)`")?;
+        Ok(SizeExpr::Select(Box::new([c, a, b])))
+    }
+
+    /// `NAME[E, ...]`, after `NAME`: an element of an input array, in a block index.
+    fn size_read(&mut self, name: String) -> PResult<SizeExpr> {
+        self.expect(Tok::LBracket, "`[`")?;
+        self.size_term_read()?;
+        let mut at = Vec::new();
+        loop {
+            at.push(self.size_sum(true)?);
+            if self.eat(&Tok::RBracket) {
+                return Ok(SizeExpr::Read(name, at));
+            }
+            self.expect(Tok::Comma, "`,` or `]` in the element's indices")?;
         }
     }
 
@@ -239,18 +275,23 @@ impl Parser<'_> {
         Ok(Type { dtype, shape })
     }
 
-    /// A block index: a size expression in which names that are not parameters are grid axes,
-    /// affine in them.
-    pub(super) fn affine(&mut self) -> PResult<Affine> {
+    /// A block index: a size expression in which names that are not parameters are grid axes
+    /// (or scalar inputs, told apart when the header is read): affine in the axes where it is,
+    /// else computed, with the parameters' values put in.
+    pub(super) fn block_index(&mut self) -> PResult<BlockIndex> {
         let (e, span) = self.size_expr(true)?;
         if self.template && e.names().iter().any(|n| self.is_param(n)) {
-            return Ok(Affine::constant(self.hole(&e)));
+            return Ok(BlockIndex::Affine(Affine::constant(self.hole(&e))));
         }
         let values = &self.values;
         let declared = &self.declared;
         // A declared parameter without a value reads as 0 so that it is never taken for an axis
         // (only where an error was already reported).
         let param = |n: &str| values.get(n).copied().or_else(|| declared.iter().any(|p| p.name == n).then_some(0));
-        e.affine(&param).map_err(|err| self.size_error(&err, &e, span))
+        match e.affine(&param) {
+            Ok(a) => Ok(BlockIndex::Affine(a)),
+            Err(SizeError::NotAffine(_)) => Ok(BlockIndex::Computed(e.bind(&param).fold())),
+            Err(err) => Err(self.size_error(&err, &e, span)),
+        }
     }
 }

@@ -115,19 +115,66 @@ impl<'k> Checker<'k> {
                 "expected one block index per dimension",
             );
         }
-        let axes = self.axis_names();
         for e in &b.index {
-            for (_, name) in &e.terms {
-                if self.k.grid.is_none() {
-                    self.use_mesh_axis(name);
-                } else if !axes.contains(&name.as_str()) {
-                    let known = if axes.is_empty() {
-                        "the kernel has no grid: declare one with `grid (...)`".to_string()
-                    } else {
-                        format!("expected a grid axis: {}", axes.join(", "))
+            for name in e.axes() {
+                self.block_index_axis(p, name);
+            }
+            if let BlockIndex::Computed(e) = e {
+                self.computed_index(p, e);
+            }
+        }
+    }
+
+    fn block_index_axis(&mut self, p: &Param, name: &str) {
+        let axes = self.axis_names();
+        if self.k.grid.is_none() {
+            self.use_mesh_axis(name);
+        } else if !axes.contains(&name) {
+            let known = if axes.is_empty() {
+                "the kernel has no grid: declare one with `grid (...)`".to_string()
+            } else {
+                format!("expected a grid axis: {}, or a scalar `in` argument of type i32 or u32", axes.join(", "))
+            };
+            self.err(p.span, format!("`at (...)` of `{}` uses `{name}`, which is not a grid axis", p.name), known);
+        }
+    }
+
+    /// A computed block index: its literals fit `i32` (it is computed in 32 bits), and each input
+    /// it reads is an `i32` or `u32` array without a block (or such a scalar), indexed once per
+    /// dimension.
+    fn computed_index(&mut self, p: &Param, root: &size::SizeExpr) {
+        use size::SizeExpr;
+        let k = self.k;
+        let mut stack = vec![root];
+        while let Some(e) = stack.pop() {
+            stack.extend(e.children());
+            match e {
+                SizeExpr::Int(v) if i32::try_from(*v).is_err() => self.err(
+                    p.span,
+                    format!("block index `{root}` of `{}` holds {e}, which does not fit in 32 bits", p.name),
+                    "expected integers between -2^31 and 2^31 - 1: a computed block index is an `i32`",
+                ),
+                SizeExpr::Read(name, at) => {
+                    let table = k.params.iter().find(|t| &t.name == name);
+                    let what = match table {
+                        None => Some("which is not an argument".to_string()),
+                        Some(t) if t.kind != ParamKind::In => Some(format!("which is an `{}` argument", t.kind.keyword())),
+                        Some(t) if !matches!(t.ty.dtype, DType::I32 | DType::U32) => Some(format!("which is {}", t.ty)),
+                        Some(t) if t.block.is_some() => Some("which has a block".to_string()),
+                        Some(t) if t.ty.shape.len() != at.len() => {
+                            Some(format!("with {} indices, but it has rank {}", at.len(), t.ty.shape.len()))
+                        }
+                        Some(_) => None,
                     };
-                    self.err(p.span, format!("`at (...)` of `{}` uses `{name}`, which is not a grid axis", p.name), known);
+                    if let Some(what) = what {
+                        self.err(
+                            p.span,
+                            format!("`at (...)` of `{}` reads `{name}`, {what}", p.name),
+                            "expected a read of an `in` argument of type i32 or u32 without a block, one index per dimension, as in `tbl[i]` (a scalar by its name)",
+                        );
+                    }
                 }
+                _ => {}
             }
         }
     }
