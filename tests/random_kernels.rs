@@ -52,6 +52,9 @@ struct Spec {
     depth: usize,
     wide: bool,
     big: bool,
+    /// Computed block indices of `y` (rows, columns), reading a table `t: i32[5]` now and then
+    /// (from a stream of their own); `None`: `at (i, j)`.
+    index: Option<[String; 2]>,
 }
 
 impl Spec {
@@ -89,7 +92,15 @@ impl Spec {
             depth: 0,
             wide: false,
             big: false,
+            index: Spec::computed_index(seed),
         }
+    }
+
+    /// `y`'s computed block indices for a third of the seeds: expressions of the axes with every
+    /// operation of a computed index and reads of the table `t`.
+    fn computed_index(seed: u64) -> Option<[String; 2]> {
+        let mut g = rng(seed ^ 0x1dc5);
+        g.random_bool(0.3).then(|| [index_expr(&mut g, "i", 2), index_expr(&mut g, "j", 2)])
     }
 
     /// Draws the stress classes (`trips`, `depth`, `wide`, `big`).
@@ -126,6 +137,36 @@ impl Spec {
 
     fn width(&self) -> usize {
         (self.c * self.gj - self.short_c).max(1)
+    }
+}
+
+/// A random computed block index over `axis` (and now and then the other axis) of `depth` levels.
+fn index_expr(g: &mut ChaCha8Rng, axis: &str, depth: usize) -> String {
+    if depth == 0 || g.random_bool(0.25) {
+        return match g.random_range(0..4) {
+            0 => g.random_range(-2..5).to_string(),
+            1 => if axis == "i" { "j" } else { "i" }.to_string(),
+            _ => axis.to_string(),
+        };
+    }
+    let mut sub = || index_expr(g, axis, depth - 1);
+    let (a, b) = (sub(), sub());
+    match g.random_range(0..9) {
+        0 => format!("{a} + {b}"),
+        1 => format!("({a}) - ({b})"),
+        2 => format!("({a})*({b})"),
+        3 => format!("({a}) / ({b})"),
+        4 => format!("({a}) % ({b})"),
+        5 => {
+            let f = ["cdiv", "min", "max", "eq", "ne", "lt", "le", "gt", "ge"][g.random_range(0..9)];
+            format!("{f}({a}, {b})")
+        }
+        6 => {
+            let c = index_expr(g, axis, depth - 1);
+            format!("select({c}, {a}, {b})")
+        }
+        7 => format!("t[{a}] % 5"),
+        _ => format!("-({a})"),
     }
 }
 
@@ -169,11 +210,15 @@ fn generate(s: &Spec) -> String {
     let _ = writeln!(head, "# random kernel, seed {} (tests/random_kernels.rs)", s.seed);
     let _ = writeln!(head, "kernel random_{}", s.seed);
     let _ = writeln!(head, "  grid (i: {}, j: {}{})", s.gi, s.gj, if s.seq { " seq" } else { "" });
-    for name in ["x", "y"] {
-        let _ = writeln!(head, "  in  {name}: f32[{h}, {w}] block [{r}, {c}] at (i, j)");
-    }
+    let _ = writeln!(head, "  in  x: f32[{h}, {w}] block [{r}, {c}] at (i, j)");
+    let y_at = s.index.as_ref().map_or("i, j".to_string(), |[a, b]| format!("{a}, {b}"));
+    let _ = writeln!(head, "  in  y: f32[{h}, {w}] block [{r}, {c}] at ({y_at})");
     let _ = writeln!(head, "  in  n: i32[{h}, {w}] block [{r}, {c}] at (i, j)");
     let _ = writeln!(head, "  in  wt: f32[{c}, {c}]");
+    if s.index.is_some() {
+        // Last, so that the other inputs keep their seeded values.
+        let _ = writeln!(head, "  in  t: i32[5]");
+    }
     let out_w = if s.seq { c } else { w };
     let at = if s.seq { "(i, 0)" } else { "(i, j)" };
     let _ = writeln!(head, "  out o: f32[{h}, {out_w}] block [{r}, {c}] at {at}");
@@ -588,6 +633,9 @@ fn the_generator_makes_kernels_that_verify_and_vary() {
         "e30",
         "for %long = 0 to 700",
         "{\n  when ",
+        "t[",
+        "select(",
+        ") / (",
     ] {
         assert!(texts.iter().any(|t| t.contains(op)), "no generated kernel uses {op}");
     }
