@@ -312,7 +312,8 @@ fn blocks_of_two(picked: &[i32], base: f32) -> Vec<f32> {
 
 fn computed_block_indices_floor_and_clamp(ex: Exec) {
     // x holds 4 blocks of 2. Python's floored `%` and `/` (C's truncation would pick other
-    // blocks at i = 1, 3, 4, 5), and a clamp into 0..=3 at both ends.
+    // blocks at i = 1, 3, 4, 5); a negative index counts from the end once, and past the end
+    // it is clamped (Pallas's interpret mode).
     let src = "
 kernel k
   grid (i: 6)
@@ -335,15 +336,15 @@ kernel k
     let Some(out) = ex.run(src, vec![("x", f32s(&v)), ("y", f32s(&v)), ("z", f32s(&v))], &[]) else { return };
     // i = 0..6: 3 - i for i < 3, then (-4, -3, -2) floor-mod 4 = 0, 1, 2.
     assert_eq!(as_f32(&out["o"]), blocks_of_two(&[3, 2, 1, 0, 1, 2], 0.0));
-    // 2*max(i, 2) - 5 = -1, -1, -1, 1, 3, 5: clamped to 0 and 3.
-    assert_eq!(as_f32(&out["p"]), blocks_of_two(&[0, 0, 0, 1, 3, 3], 0.0));
+    // 2*max(i, 2) - 5 = -1, -1, -1, 1, 3, 5: -1 counts from the end (block 3), 5 is clamped to 3.
+    assert_eq!(as_f32(&out["p"]), blocks_of_two(&[3, 3, 3, 1, 3, 3], 0.0));
     // floor((i - 4) / 2) + 2 = 0, 0, 1, 1, 2, 2.
     assert_eq!(as_f32(&out["q"]), blocks_of_two(&[0, 0, 1, 1, 2, 2], 0.0));
 }
 
 fn block_indices_read_integer_inputs(ex: Exec) {
-    // A block table (Pallas's scalar prefetch) and a scalar: entries -1 and 7 clamp to blocks 0
-    // and 3, and a read past the table (tbl[4]) is 0.
+    // A block table (Pallas's scalar prefetch) and a scalar: entry -1 is the last block (3), 7
+    // is clamped to it, and a read past the table (tbl[4]) is 0.
     let src = "
 kernel k
   grid (g: 4)
@@ -364,7 +365,7 @@ kernel k
     let y: Vec<f32> = (0..8).map(|i| 10.0 + i as f32).collect();
     let inputs = vec![("tbl", ints(&[4], &[2, -1, 7, 0])), ("n", ints(&[], &[1])), ("x", f32s(&x)), ("y", f32s(&y))];
     let Some(out) = ex.run(src, inputs, &[]) else { return };
-    assert_eq!(as_f32(&out["o"]), blocks_of_two(&[2, 0, 3, 0], 0.0));
+    assert_eq!(as_f32(&out["o"]), blocks_of_two(&[2, 3, 3, 0], 0.0));
     // tbl[g + 1] + 1 = 0, 8, 1, 0 + 1 (past the table): blocks 0, 3, 1, 1.
     assert_eq!(as_f32(&out["p"]), blocks_of_two(&[0, 3, 1, 1], 10.0));
 }

@@ -9,7 +9,9 @@ parameters for `install`): its grid, the block shape and index map of every oper
 body. Index maps are proved affine in the program ids from their equations (sums, differences and
 constant multiples of program ids), or on a small grid by evaluating them at every point; never
 assumed, never judged from samples. Any other index map (a clamp, a division, a block table read
-from scalar-prefetch operands) is computed in the body, the ref declared whole and each access at
+from scalar-prefetch operands) is written as a computed block index (`at (min(i1, i0), x0[i0])`,
+docs/language.md §2), which brings an index into the array as Pallas's interpret mode does; one
+that has no such expression is computed in the body, the ref declared whole and each access at
 the block's offset. Grid axes that no output's index map uses become `seq` (they revisit the
 outputs); the others are parallel (all are `seq` where an output's map is computed). What the language
 cannot say is a `tessel.UnsupportedError` naming the primitive, the kernel and the Python source
@@ -1101,6 +1103,224 @@ def _affine(index_map, grid: Sequence[int], kernel: str, operand: str, scalars: 
     return _every_point(index_map, grid, prefetched)
 
 
+#: The most nodes a computed block index may have (the `.tk` parser's limit on one expression's
+#: operators, parentheses and calls is 256); a larger one is computed in the body instead.
+_INDEX_NODES = 200
+
+
+class _NotExpressible(Exception):
+    """An index map that `.tk`'s computed block indices cannot write."""
+
+
+@dataclass(frozen=True)
+class _IVal:
+    """A value of an index map as `.tk` text: its text, whether it is known to be >= 0, and its
+    value where it is a known integer."""
+
+    text: str
+    nonneg: bool = False
+    const: Optional[int] = None
+
+
+def _lit(v: int) -> _IVal:
+    return _IVal(str(int(v)), int(v) >= 0, int(v))
+
+
+def _paren(t: str) -> str:
+    """`t`, parenthesised unless it is one token, or one call or read closed by its last
+    character."""
+    if re.fullmatch(r"-?\w+", t):
+        return t
+    m = re.match(r"\w+[(\[]", t)
+    if m:
+        depth = 0
+        for n, ch in enumerate(t[m.end() - 1 :], start=m.end() - 1):
+            depth += ch in "(["
+            depth -= ch in ")]"
+            if depth == 0:
+                if n == len(t) - 1:
+                    return t
+                break
+    return f"({t})"
+
+
+def _index_texts(index_map, grid: Sequence[int], tables: Sequence[Optional[str]]) -> Optional[List[str]]:
+    """The index map as computed block indices (docs/language.md §2): `.tk` integer expressions
+    of the grid axes (`i0`, `i1`, ...) and of reads of the scalar-prefetch operands it takes
+    after the program ids (`tables`: each one's argument name, or None where it is not an integer
+    array `.tk` can read there). Equations of known values are evaluated, comparisons of values
+    known to be >= 0 with 0 are folded, and truncating `div` and `rem` are written with the
+    floored `/` and `%` (plainly where the dividend is >= 0 and the divisor a positive integer).
+    None where a primitive has no such expression, or the expression grows past `_INDEX_NODES`."""
+    jax, core, _ = _jax()
+    jaxpr = index_map.jaxpr
+    env: Dict[Any, Any] = {}
+    nodes = [0]
+
+    def node(text: str, nonneg: bool = False) -> _IVal:
+        nodes[0] += 1
+        if nodes[0] > _INDEX_NODES:
+            raise _NotExpressible()
+        return _IVal(text, nonneg)
+
+    for v, c in zip(jaxpr.constvars, index_map.consts):
+        if np.ndim(c) != 0 or not np.issubdtype(np.asarray(c).dtype, np.integer):
+            return None
+        env[v] = _lit(int(c))
+    for a, v in enumerate(jaxpr.invars[: len(grid)]):
+        env[v] = _lit(0) if grid[a] == 1 else _IVal(f"i{a}", True)
+    for v, t in zip(jaxpr.invars[len(grid) :], tables):
+        env[v] = ("ref", t)
+
+    def read(atom) -> _IVal:
+        if isinstance(atom, core.Literal):
+            val = np.asarray(atom.val)
+            if np.ndim(val) != 0 or not (np.issubdtype(val.dtype, np.integer) or val.dtype == np.bool_):
+                raise _NotExpressible()
+            return _lit(int(val))
+        got = env.get(atom)
+        if not isinstance(got, _IVal):
+            raise _NotExpressible()
+        return got
+
+    def call(f: str, *xs: _IVal, nonneg: bool = False) -> _IVal:
+        return node(f"{f}({', '.join(x.text for x in xs)})", nonneg)
+
+    def compare(name: str, a: _IVal, b: _IVal) -> _IVal:
+        # Against 0, a value known to be >= 0 decides `lt` and `ge`.
+        if a.nonneg and b.const == 0 and name in ("lt", "ge"):
+            return _lit(int(name == "ge"))
+        return call(name, a, b, nonneg=True)
+
+    def select(c: _IVal, a: _IVal, b: _IVal) -> _IVal:
+        if c.const is not None:
+            return a if c.const != 0 else b
+        if a.text == b.text:
+            return a
+        return node(f"select({c.text}, {a.text}, {b.text})", a.nonneg and b.nonneg)
+
+    def minimum(a: _IVal, b: _IVal) -> _IVal:
+        if a.const == 0 and b.nonneg or b.const == 0 and a.nonneg:
+            return _lit(0)
+        return call("min", a, b, nonneg=a.nonneg and b.nonneg)
+
+    def trunc(name: str, a: _IVal, b: _IVal) -> _IVal:
+        """Truncating `div`/`rem` with floored operations: plain where `a >= 0` and `b` is a
+        positive integer, else corrected where the signs differ."""
+        sym = "/" if name == "div" else "%"
+        if a.nonneg and b.const is not None and b.const > 0:
+            return node(f"{_paren(a.text)} {sym} {_paren(b.text)}", True)
+        differ = call("ne", compare("lt", a, _lit(0)), compare("lt", b, _lit(0)))
+        fix = minimum(call("ne", node(f"{_paren(a.text)} % {_paren(b.text)}"), _lit(0)), differ)
+        q = node(f"{_paren(a.text)} / {_paren(b.text)} + {fix.text}")
+        return q if name == "div" else node(f"{a.text} - {_paren(b.text)}*{_paren(q.text)}")
+
+    def get(eqn) -> _IVal:
+        from jax._src.state import indexing
+
+        ref, *ix = eqn.invars
+        table = env.get(ref)
+        if not isinstance(table, tuple) or table[1] is None:
+            raise _NotExpressible()
+        indexers = jax.tree_util.tree_unflatten(eqn.params["tree"], ix)
+        if len(indexers) != 1 or not isinstance(indexers[0], indexing.NDIndexer):
+            raise _NotExpressible()
+        at = []
+        for i in indexers[0].indices:
+            if isinstance(i, (int, np.integer)):
+                at.append(str(int(i)))
+            elif isinstance(i, indexing.Slice) or tuple(getattr(getattr(i, "aval", None), "shape", (1,))) != ():
+                raise _NotExpressible()
+            else:
+                at.append(read(i).text)
+        if len(at) != len(ref.aval.shape):
+            raise _NotExpressible()
+        return node(f"{table[1]}[{', '.join(at)}]")
+
+    def one(eqn) -> _IVal:
+        name = eqn.primitive.name
+        out = eqn.outvars[0].aval
+        dtype = np.dtype(out.dtype)
+        if len(eqn.outvars) != 1 or tuple(out.shape) != () or not (np.issubdtype(dtype, np.integer) or dtype == np.bool_):
+            raise _NotExpressible()
+        args = [read(a) for a in eqn.invars]
+        if all(a.const is not None for a in args):
+            val = eqn.primitive.bind(*[np.asarray(a.const, dtype=a_.aval.dtype) if not isinstance(a_, core.Literal) else a_.val
+                                       for a, a_ in zip(args, eqn.invars)], **eqn.params)
+            return _lit(int(np.asarray(val)))
+        if name == "add":
+            a, b = args
+            return a if b.const == 0 else b if a.const == 0 else node(f"{a.text} + {b.text}", a.nonneg and b.nonneg)
+        if name == "sub":
+            a, b = args
+            return a if b.const == 0 else node(f"{a.text} - {_paren(b.text)}")
+        if name == "mul":
+            a, b = args
+            if a.const == 1 or b.const == 1:
+                return b if a.const == 1 else a
+            return node(f"{_paren(a.text)}*{_paren(b.text)}", a.nonneg and b.nonneg)
+        if name == "neg":
+            return node(f"-{_paren(args[0].text)}")
+        if name == "max":
+            a, b = args
+            return call("max", a, b, nonneg=a.nonneg or b.nonneg)
+        if name == "min":
+            return minimum(*args)
+        if name in ("eq", "ne", "lt", "le", "gt", "ge"):
+            return compare(name, *args)
+        if name in ("div", "rem"):
+            return trunc(name, *args)
+        if name == "select_n":
+            which, *cases = args
+            r = cases[0]
+            for k, c in enumerate(cases[1:], start=1):
+                cond = which if len(cases) == 2 else call("eq", which, _lit(k))
+                r = select(cond, c, r)
+            return r
+        if dtype == np.bool_ and name in ("and", "or"):
+            return minimum(*args) if name == "and" else call("max", *args, nonneg=True)
+        if dtype == np.bool_ and name == "not":
+            return node(f"1 - {_paren(args[0].text)}", True)
+        if name == "sign":
+            (a,) = args
+            return compare("gt", a, _lit(0)) if a.nonneg else node(f"gt({a.text}, 0) - lt({a.text}, 0)")
+        if name == "abs":
+            (a,) = args
+            return a if a.nonneg else node(f"max({a.text}, -{_paren(a.text)})", True)
+        if name == "clamp":
+            lo, x, hi = args
+            return call("min", call("max", x, lo, nonneg=lo.nonneg or x.nonneg), hi, nonneg=lo.nonneg)
+        if name in _SAME or name in ("convert_element_type", "reshape", "squeeze", "broadcast_in_dim"):
+            return args[0]
+        if name == "integer_pow" and eqn.params.get("y") in (1, 2):
+            (a,) = args
+            return a if eqn.params["y"] == 1 else node(f"{_paren(a.text)}*{_paren(a.text)}", True)
+        raise _NotExpressible()
+
+    def walk(jaxpr) -> None:
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name in _INLINE:
+                closed = eqn.params.get("jaxpr") or eqn.params.get("call_jaxpr")
+                inner = closed.jaxpr if hasattr(closed, "jaxpr") else closed
+                if getattr(closed, "consts", ()):
+                    raise _NotExpressible()
+                for v, a in zip(inner.invars, eqn.invars):
+                    env[v] = env.get(a) if not isinstance(a, core.Literal) else read(a)
+                walk(inner)
+                for o, i in zip(eqn.outvars, inner.outvars):
+                    env[o] = read(i)
+            elif eqn.primitive.name == "get":
+                env[eqn.outvars[0]] = get(eqn)
+            else:
+                env[eqn.outvars[0]] = one(eqn)
+
+    try:
+        walk(jaxpr)
+        return [read(o).text for o in jaxpr.outvars]
+    except _NotExpressible:
+        return None
+
+
 def _every_point(index_map, grid: Sequence[int], prefetched) -> Optional[_Affine]:
     """The index map as an affine map of the grid axes where, evaluated at every point of a grid
     of at most `_EVERY_POINT` points, it is one; else None."""
@@ -1164,6 +1384,13 @@ def _translate(eqn, name: str) -> Translated:
     specs: Dict[str, Any] = {}
     #: operands whose index map the body computes -> (the index map, the block shape)
     computed: Dict[str, Any] = {}
+    #: operands with a computed block index in the header
+    indexed = set()
+    #: the scalar-prefetch operands a computed block index can read (integer arrays)
+    tables = [
+        arg if np.dtype(v.aval.dtype) in (np.dtype(np.int32), np.dtype(np.uint32)) else None
+        for arg, v in zip(ins, eqn.invars[:nscalar])
+    ]
     for n, (bm, arg) in enumerate(zip(gm.block_mappings, ins[nscalar:] + outs)):
         shape = tuple(bm.array_aval.shape)
         blocks = []
@@ -1180,6 +1407,14 @@ def _translate(eqn, name: str) -> Translated:
         affine = _affine(bm.index_map_jaxpr, grid, name, f"`{arg}`", nscalar)
         is_out = n >= gm.num_inputs
         if affine is None:
+            texts = _index_texts(bm.index_map_jaxpr, grid, tables)
+            if texts is not None:
+                # A computed block index (docs/language.md §2), clamped as Pallas clamps.
+                indexed.add(arg)
+                spec = f" block [{', '.join(str(b) for b in blocks)}] at ({', '.join(texts)})"
+                specs[arg] = (spec, None, shape, blocks)
+                (lines_out if is_out else lines_in).append(f"  {'out' if is_out else 'in '} {arg}: {ty}{spec}")
+                continue
             # The whole array, each access at the block the body computes.
             computed[arg] = (bm.index_map_jaxpr, blocks)
             specs[arg] = ("computed", None, shape, blocks)
@@ -1194,7 +1429,7 @@ def _translate(eqn, name: str) -> Translated:
         spec = "" if whole else f" block [{', '.join(str(b) for b in blocks)}] at ({', '.join(index)})"
         specs[arg] = (spec, affine, shape, blocks)
         (lines_out if is_out else lines_in).append(f"  {'out' if is_out else 'in '} {arg}: {ty}{spec}")
-    if any(o in computed for o in outs):
+    if any(o in computed or o in indexed for o in outs):
         # Programs whose computed output blocks may coincide run in order, as Pallas runs them.
         used_by_outputs = set()
     if grid:

@@ -789,17 +789,29 @@ def _blocks(index_map, grid, n, interpret=False, alias=False):
 def test_an_index_map_off_affine_at_one_program_runs_as_pallas_runs_it():
     """`jnp.where(i == 537, 0, i)` agrees with `i` at every point but one: sampling it at ten
     points once took it for affine and ran it with another result than Pallas's. Its equations
-    do not prove it affine, nor do the grid's points, so the body computes its blocks."""
+    do not prove it affine, nor do the grid's points, so it is a computed block index."""
     odd = _blocks(lambda i: (jnp.where(i == 537, 0, i),), (1000,), 8000)
     x = f32(8000)
     want = np.asarray(_blocks(lambda i: (jnp.where(i == 537, 0, i),), (1000,), 8000, interpret=True)(x))
     for backend in backends():
         np.testing.assert_array_equal(tp.run(odd, x, backend=backend), want, err_msg=backend)
     text = tp.to_tk(odd, x)
-    assert "in  x0: f32[8000]\n" in text and "load x0[ds(" in text, text
+    assert "in  x0: f32[8000] block [8] at (select(eq(i0, 537), 0, i0))\n" in text, text
     # A grid too large to check point by point: computed too.
     big = _blocks(lambda i: (jnp.where(i == 53711, 0, i),), (100000,), 800000)
-    assert "load x0[ds(" in tp.to_tk(big, jax.ShapeDtypeStruct((800000,), jnp.float32))
+    assert "at (select(eq(i0, 53711), 0, i0))" in tp.to_tk(big, jax.ShapeDtypeStruct((800000,), jnp.float32))
+
+
+def test_an_index_map_without_a_computed_index_is_computed_in_the_body():
+    """A bitwise `and` of the program id has no `.tk` block-index expression: the body computes
+    the block's offset and reads the whole ref there, with Pallas's result."""
+    fn = _blocks(lambda i: (jnp.bitwise_and(i, 2),), (8,), 64)
+    x = f32(64)
+    text = tp.to_tk(fn, x)
+    assert "in  x0: f32[64]\n" in text and "load x0[ds(" in text and "and %" in text, text
+    want = np.asarray(_blocks(lambda i: (jnp.bitwise_and(i, 2),), (8,), 64, interpret=True)(x))
+    for backend in backends():
+        np.testing.assert_array_equal(tp.run(fn, x, backend=backend), want, err_msg=backend)
 
 
 def computed_maps(x, interpret=False):
@@ -836,9 +848,18 @@ def prefetched_map(s, x, interpret=False):
 @pytest.mark.parametrize("fn,make", [
     (computed_maps, lambda: (f32(32, 48),)),
     (prefetched_map, lambda: (np.array([3, 0, 3, 1], dtype=np.int32), f32(32))),
-], ids=["computed", "prefetched"])
+    # Entries past the table's blocks: Pallas's interpret mode clamps them, and so does tessel.
+    (prefetched_map, lambda: (np.array([7, -2, 3, 100], dtype=np.int32), f32(32))),
+], ids=["computed", "prefetched", "prefetched_out_of_range"])
 def test_computed_and_data_dependent_index_maps_run_as_pallas_runs_them(fn, make):
+    """Written as computed block indices (docs/language.md §2), blocks in the header."""
     args = make()
+    text = tp.to_tk(fn, *args)
+    assert "load x" in text and "[ds(" not in text, text
+    if fn is prefetched_map:
+        assert "in  x1: f32[32] block [8] at (x0[i0])" in text, text
+    else:
+        assert "at (min(i1, i0), i0 % 2)" in text, text
     want = jax.tree_util.tree_map(np.asarray, fn(*args, interpret=True))
     for backend in backends():
         got = tp.run(fn, *args, backend=backend)

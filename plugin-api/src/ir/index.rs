@@ -1,7 +1,8 @@
 //! Block indices (docs/language.md §2): affine in the grid axes (`2*i + 1`), or computed — any
 //! integer expression of the axes and of integer inputs (`min(i, 3)`, `select(lt(j, i), j, i)`,
-//! `tbl[b, p]`), evaluated per program in 32-bit integers and clamped to the array's blocks, as
-//! Pallas's `dynamic_slice` clamps.
+//! `tbl[b, p]`), evaluated per program in 32-bit integers and brought into the array's blocks as
+//! Pallas's interpret mode brings them: a negative index counts from the end once, then it is
+//! clamped.
 //!
 //! Every backend computes a computed index where it computes an affine one: the interpreter at
 //! each grid point, wgpu in the shader, Mosaic GPU in registers. [`IndexEval`] is the one
@@ -18,7 +19,7 @@ pub enum BlockIndex {
     /// Affine in the grid axes; used as is (a block past the array reads zeros).
     Affine(Affine),
     /// Any other integer expression; names are grid axes, [`SizeExpr::Read`]s read integer inputs.
-    /// Its value is clamped to `0 ..= blocks - 1`.
+    /// Its value is brought into `0 ..= blocks - 1` by [`IndexEval::clamp`].
     Computed(SizeExpr),
 }
 
@@ -192,9 +193,12 @@ impl IndexEval {
         }
     }
 
-    /// A block index clamped to `0 ..= blocks - 1`.
+    /// A block index as Pallas's interpret mode takes it: a negative one counts from the end
+    /// once (NumPy's negative indexing), then it is clamped to `0 ..= blocks - 1`
+    /// (`dynamic_slice`'s clamp).
     pub fn clamp(v: i32, blocks: i64) -> i64 {
-        i64::from(v).clamp(0, blocks - 1)
+        let v = i64::from(v);
+        (if v < 0 { v + blocks } else { v }).clamp(0, blocks - 1)
     }
 }
 

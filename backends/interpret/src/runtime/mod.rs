@@ -36,7 +36,7 @@ use memory::{Array, Storage, as_cells, cells_fit};
 enum Origin {
     /// `(constant + sum of c * axis) * size`; an axis the launch lacks reads 0.
     Affine { constant: i64, terms: Vec<(i64, Option<usize>)>, size: i64 },
-    /// A computed block index, clamped to `0 ..= blocks - 1`, times `size`.
+    /// A computed block index, brought into `0 ..= blocks - 1` (`IndexEval::clamp`), times `size`.
     Computed { expr: SizeExpr, blocks: i64, size: i64 },
 }
 

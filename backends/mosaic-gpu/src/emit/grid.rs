@@ -65,10 +65,14 @@ impl Writer<'_> {
                             o
                         }
                         BlockIndex::Computed(e) => {
-                            let o = self.index_expr(e);
-                            let c = self.r();
-                            self.ins(format!("max.s32 {c}, {o}, 0"));
-                            self.ins(format!("min.s32 {c}, {c}, {}", index::blocks(p, d) - 1));
+                            // Negative from the end once, then clamped (`index::IndexEval::clamp`).
+                            let (o, n) = (self.index_expr(e), index::blocks(p, d));
+                            let (c, neg) = (self.r(), self.p());
+                            self.ins(format!("setp.lt.s32 {neg}, {o}, 0"));
+                            self.ins(format!("add.s32 {c}, {o}, {n}"));
+                            self.ins(format!("selp.b32 {c}, {c}, {o}, {neg}"));
+                            self.ins(format!("max.s32 {c}, {c}, 0"));
+                            self.ins(format!("min.s32 {c}, {c}, {}", n - 1));
                             c
                         }
                     };

@@ -99,8 +99,9 @@ impl<'k> Writer<'k> {
                             expr
                         }
                         BlockIndex::Computed(e) => {
-                            let v = self.index_expr(e);
-                            format!("clamp({v}, 0i, {}i)", index::blocks(p, d) - 1)
+                            // Negative from the end once, then clamped (`index::IndexEval::clamp`).
+                            let (v, n) = (self.index_expr(e), index::blocks(p, d));
+                            format!("clamp(select({v}, {v} + {n}i, {v} < 0i), 0i, {}i)", n - 1)
                         }
                     };
                     self.line(format!("let o{pi}_{d} = ({expr}) * {bs}i;"));
