@@ -782,24 +782,41 @@ class _Writer:
         self.results(eqn, jaxpr)
 
     def cond(self, eqn) -> None:
-        """`pl.when(c)`: a `cond` on `convert_element_type(c)` whose false branch does nothing; or
-        a `lax.cond`/`lax.switch` returning values (`cond_values`)."""
+        """`pl.when(c)` (a `cond` whose false branch does nothing), a `lax.cond` or `lax.switch`
+        whose branches write refs (each under a `when`), or one returning values (`cond_values`)."""
         branches = eqn.params["branches"]
         index, *ops = eqn.invars
         if eqn.outvars:
             self.cond_values(eqn)
             return
-        if len(branches) != 2 or branches[0].jaxpr.eqns:
-            raise self.refuse("`cond` other than `pl.when` (a branch only where a condition holds)", eqn)
-        cond = self.bools.get(index)
-        if cond is None:
-            raise self.refuse("`cond` on an integer", eqn)
-        self.body.emit(f"when {cond} {{")
-        self.body.depth += 1
-        self.sub(branches[1].jaxpr, ops, eqn)
-        self.eqns(branches[1].jaxpr)
-        self.body.depth -= 1
-        self.body.emit("}")
+        # Each branch that does something runs under a `when` of its own condition: the
+        # predicate (or its negation) of a two-way `cond`, `index == k` of a `switch` (whose
+        # index JAX has clamped into range). The conditions are computed before any branch runs.
+        cond = self.bools.get(index) if len(branches) == 2 else None
+        taken = []
+        for k, b in enumerate(branches):
+            if b.consts:
+                raise self.refuse("`cond` with captured constants", eqn)
+            if not b.jaxpr.eqns:
+                taken.append(None)
+            elif cond is not None and k == 1:
+                taken.append(cond)
+            else:
+                t = self.body.fresh()
+                if cond is not None:
+                    self.body.emit(f"{t} = not {cond} : bool")
+                else:
+                    self.body.emit(f"{t} = eq {self.value(index, eqn)}, {k} : bool")
+                taken.append(t)
+        for b, t in zip(branches, taken):
+            if t is None:
+                continue
+            self.body.emit(f"when {t} {{")
+            self.body.depth += 1
+            self.sub(b.jaxpr, ops, eqn)
+            self.eqns(b.jaxpr)
+            self.body.depth -= 1
+            self.body.emit("}")
 
     def cond_values(self, eqn) -> None:
         """`lax.cond` and `lax.switch` returning values, their branches writing no ref (skipping a

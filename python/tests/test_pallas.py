@@ -802,6 +802,47 @@ def test_an_index_map_off_affine_at_one_program_runs_as_pallas_runs_it():
     assert "at (select(eq(i0, 53711), 0, i0))" in tp.to_tk(big, jax.ShapeDtypeStruct((800000,), jnp.float32))
 
 
+def branches_writing_refs(x, interpret=False):
+    """`lax.cond` and `lax.switch` whose branches store (megablox's `gmm` stores its accumulator
+    in one branch of a `lax.cond` on the last k tile)."""
+
+    def body(x_ref, o_ref, p_ref):
+        i = pl.program_id(0)
+        v = x_ref[...]
+
+        def even():
+            o_ref[...] = v + 1.0
+
+        def odd():
+            o_ref[...] = v * 2.0
+
+        jax.lax.cond(i % 2 == 0, even, odd)
+
+        def store(c):
+            def write():
+                p_ref[...] = v * 0.0 + c
+
+            return write
+
+        p_ref[...] = v  # what the branch that does nothing leaves
+        jax.lax.switch(i, [store(10.0), store(20.0), lambda: None, store(40.0)])
+
+    spec = pl.BlockSpec((8,), lambda i: (i,))
+    out = jax.ShapeDtypeStruct((32,), x.dtype)
+    return pl.pallas_call(body, out_shape=(out, out), grid=(4,), in_specs=[spec], out_specs=(spec, spec), interpret=interpret)(x)
+
+
+def test_cond_and_switch_branches_that_write_refs_run_as_pallas_runs_them():
+    x = f32(32)
+    text = tp.to_tk(branches_writing_refs, x)
+    assert text.count("when ") == 5, text
+    want = [np.asarray(w) for w in branches_writing_refs(x, interpret=True)]
+    for backend in backends():
+        got = tp.run(branches_writing_refs, x, backend=backend)
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(np.asarray(g), w, err_msg=backend)
+
+
 def test_an_index_map_without_a_computed_index_is_computed_in_the_body():
     """A bitwise `and` of the program id has no `.tk` block-index expression: the body computes
     the block's offset and reads the whole ref there, with Pallas's result."""
