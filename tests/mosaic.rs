@@ -11,7 +11,10 @@ use common::*;
 /// Kernel files (examples, `tests/in`, its regressions) and the `--kernel` to lower from each (files
 /// with several kernels: the first).
 /// Kernel files the Mosaic GPU backend refuses by design, with the refusal's first line.
-const REFUSED: &[(&str, &str)] = &[("dyn_grid", "dynamic grid bounds not supported in the Mosaic GPU backend")];
+const REFUSED: &[(&str, &str)] = &[
+    ("dyn_grid", "dynamic grid bounds not supported in the Mosaic GPU backend"),
+    ("dyn_from_input", "dynamic grid bounds not supported in the Mosaic GPU backend"),
+];
 
 /// Kernel files whose kernel has no grid, with the mesh that gives it one.
 const MESHES: &[(&str, &str)] = &[("mesh_grid", "mosaic_gpu(i: 4, j: 2)")];

@@ -38,6 +38,7 @@ on_every_executor!(
     slice_takes_the_elements_from_its_start,
     computed_block_indices_floor_and_clamp,
     block_indices_read_integer_inputs,
+    a_grid_size_from_an_input_runs_that_many_programs,
 );
 
 fn f32s(v: &[f32]) -> HostArray {
@@ -368,4 +369,27 @@ kernel k
     assert_eq!(as_f32(&out["o"]), blocks_of_two(&[2, 3, 3, 0], 0.0));
     // tbl[g + 1] + 1 = 0, 8, 1, 0 + 1 (past the table): blocks 0, 3, 1, 1.
     assert_eq!(as_f32(&out["p"]), blocks_of_two(&[0, 3, 1, 1], 10.0));
+}
+
+fn a_grid_size_from_an_input_runs_that_many_programs(ex: Exec) {
+    // `dyn(n)`: n programs of 4 elements each; none for 0 or a negative n (outputs stay zeros);
+    // past the array, the programs' stores are dropped.
+    let src = "
+kernel k
+  grid (g: dyn(n))
+  in  n: i32
+  in  x: f32[16] block [4] at (g)
+  out o: f32[16] block [4] at (g)
+{
+  %x = load x
+  %y = add %x, 1.0
+  store o, %y
+}
+";
+    let x: Vec<f32> = (0..16).map(|i| i as f32).collect();
+    for (n, ran) in [(3, 12), (1, 4), (0, 0), (-2, 0), (7, 16)] {
+        let Some(out) = ex.run(src, vec![("n", ints(&[], &[n])), ("x", f32s(&x))], &[]) else { return };
+        let want: Vec<f32> = (0..16).map(|i| if i < ran { i as f32 + 1.0 } else { 0.0 }).collect();
+        assert_eq!(as_f32(&out["o"]), want, "n = {n}");
+    }
 }

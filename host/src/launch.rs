@@ -27,7 +27,7 @@ use tessel_plugin_api::abi::{
 };
 use tessel_plugin_api::backend::{cache_key, request_key};
 use tessel_plugin_api::ir::{DType, ParamKind, Type, Verified};
-use tessel_plugin_api::launch::{check_input_types, check_inputs};
+use tessel_plugin_api::launch::{check_input_types, check_inputs, scalar_value, sizes_from_data, sizes_from_inputs};
 
 use crate::registry::{Loaded, build_identity};
 use crate::runtime::{DeviceArray, KernelLaunch, Runtime, backend_error};
@@ -368,6 +368,28 @@ impl Planned<'_, '_> {
     /// into them, one copy each way.
     pub fn launch_in_place(&self, args: &mut InPlace<'_>) -> Result<()> {
         self.check_available()?;
+        // Grid sizes from the inputs (`dyn(n)`): planned again where they are not the planned
+        // ones; where one is 0 no program runs and the outputs are zeros.
+        let mut grid = self.launch.grid.clone();
+        for k in &self.launch.kernels {
+            grid.extend(sizes_from_inputs(k.kernel.kernel(), |n| {
+                args.inputs.get(n).and_then(|a| scalar_value(a.ty.dtype, a.bytes))
+            }));
+        }
+        if grid != self.launch.grid {
+            let kernels = self.launch.kernels.iter().filter(|k| sizes_from_data(k.kernel.kernel()));
+            if kernels.flat_map(|k| k.kernel.kernel().grid.iter().flatten()).any(|a| a.from.is_some() && grid.get(&a.name) == Some(&0)) {
+                args.outputs.values_mut().for_each(|o| o.bytes.fill(0));
+                return Ok(());
+            }
+            let launch = Launch { kernels: self.launch.kernels.clone(), externals: self.launch.externals.clone(), grid };
+            let source = source_of(&launch.kernels);
+            with_request(&launch, &source, |req| self.b.backend.supports(req).into_result()).map_err(self.fail())?;
+            let key = cfg!(debug_assertions).then(|| with_request(&launch, &source, request_key));
+            let plan = Plan { key, ..self.plan.clone() };
+            let planned = Planned { b: self.b, launch: &launch, source, plan, available: OnceLock::from(()) };
+            return planned.launch_in_place(args);
+        }
         let b = self.b;
         let kernels = &self.launch.kernels;
         let fail = self.fail();
@@ -441,6 +463,21 @@ impl Planned<'_, '_> {
         self.check_available()?;
         let b = self.b;
         for k in &self.launch.kernels {
+            // A grid size from data must be given: the data is on the device.
+            let grid = k.kernel.kernel().grid.iter().flatten();
+            if let Some(a) = grid.clone().find(|a| a.from.is_some() && !self.launch.grid.contains_key(&a.name)) {
+                return Err(Error::Backend {
+                    backend: b.name.clone(),
+                    kind: ErrorKind::InvalidInput,
+                    message: format!(
+                        "kernel `{}`: grid axis `{}` takes its size from input `{}`, which is on the device\n  give the size with the launch's grid (`--grid {}=N`), or launch from host arrays",
+                        k.kernel.name(),
+                        a.name,
+                        a.from.as_deref().unwrap_or_default(),
+                        a.name
+                    ),
+                });
+            }
             for p in k.kernel.kernel().params.iter().filter(|p| p.kind != ParamKind::Scratch) {
                 let bound = arrays.iter().find(|(n, _)| *n == p.name).map(|(_, a)| a);
                 let message = match bound {

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use thiserror::Error;
 
 use crate::array::HostArray;
-use crate::ir::{AxisSize, Kernel, ParamKind, Verified};
+use crate::ir::{AxisSize, DType, Kernel, ParamKind, Verified};
 
 /// The largest size of one grid axis: `program_id` is an `i32`.
 pub const MAX_AXIS_SIZE: u64 = i32::MAX as u64;
@@ -118,10 +118,39 @@ pub struct LaunchAxis {
     pub seq: bool,
 }
 
-/// Checks a launch against a kernel and returns the grid with every size known.
+/// Checks a launch against a kernel and returns the grid with every size known (those of
+/// `dyn(n)` axes from their inputs).
 pub fn bind(kernel: &Verified, args: &LaunchArgs) -> Result<Vec<LaunchAxis>, LaunchError> {
     check_inputs(kernel.kernel(), &args.inputs, true)?;
-    resolve_grid(kernel, &args.grid)
+    let mut sizes = args.grid.clone();
+    sizes.extend(sizes_from_inputs(kernel.kernel(), |n| args.inputs.get(n).and_then(|a| scalar_value(a.dtype(), &a.le_bytes()))));
+    resolve_grid(kernel, &sizes)
+}
+
+/// The sizes of the grid axes a kernel takes from its inputs (`dyn(n)`): each the value of its
+/// scalar input as `read` gives it, 0 where it is negative (as an empty `range`).
+pub fn sizes_from_inputs(k: &Kernel, read: impl Fn(&str) -> Option<i64>) -> BTreeMap<String, u64> {
+    (k.grid.iter().flatten())
+        .filter_map(|a| {
+            let v = read(a.from.as_deref()?)?;
+            Some((a.name.clone(), v.max(0) as u64))
+        })
+        .collect()
+}
+
+/// The value of a scalar `i32` or `u32` from its little-endian bytes.
+pub fn scalar_value(dtype: DType, bytes: &[u8]) -> Option<i64> {
+    let word: [u8; 4] = bytes.get(..4)?.try_into().ok()?;
+    match dtype {
+        DType::I32 => Some(i64::from(i32::from_le_bytes(word))),
+        DType::U32 => Some(i64::from(u32::from_le_bytes(word))),
+        _ => None,
+    }
+}
+
+/// Whether a kernel takes a grid size from an input (`dyn(n)`).
+pub fn sizes_from_data(k: &Kernel) -> bool {
+    k.grid.iter().flatten().any(|a| a.from.is_some())
 }
 
 /// Checks that every `in` argument has an array of its declared type, and (with `exact`) that
@@ -184,6 +213,13 @@ pub fn resolve_grid(kernel: &Verified, sizes: &BTreeMap<String, u64>) -> Result<
         .map(|a| {
             let size = match a.size {
                 AxisSize::Fixed(n) => n,
+                // Planning and lowering, which see no data, take 1; a launch reads the input
+                // (`bind`, the host's launches) and may run no program.
+                AxisSize::Dyn if a.from.is_some() => match sizes.get(&a.name) {
+                    Some(&0) => return Ok(LaunchAxis { name: a.name.clone(), size: 0, seq: a.seq }),
+                    Some(&n) => n,
+                    None => 1,
+                },
                 AxisSize::Dyn => {
                     *sizes.get(&a.name).ok_or_else(|| LaunchError::MissingGridSize { kernel: kname(), axis: a.name.clone() })?
                 }

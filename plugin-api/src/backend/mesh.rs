@@ -93,6 +93,7 @@ pub fn verify_with_mesh(kernel: &Kernel, mesh: Option<&MeshSpec>) -> Result<Veri
                     name: a.name.clone(),
                     size: AxisSize::Fixed(a.size),
                     seq: false,
+                    from: None,
                     span: Span::NONE,
                 });
                 kernel.grid = Some(axes.collect());

@@ -85,7 +85,7 @@ impl KernelBuilder {
     }
 
     fn push_axis(mut self, name: &str, size: AxisSize, seq: bool) -> KernelBuilder {
-        let axis = GridAxis { name: name.to_string(), size, seq, span: Span::NONE };
+        let axis = GridAxis { name: name.to_string(), size, seq, from: None, span: Span::NONE };
         self.kernel.grid.get_or_insert_with(Vec::new).push(axis);
         self
     }

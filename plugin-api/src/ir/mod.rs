@@ -274,8 +274,21 @@ pub struct GridAxis {
     pub size: AxisSize,
     /// Whether its points run in order inside one program.
     pub seq: bool,
+    /// For a `dyn` axis written `dyn(n)`: the scalar `in` argument whose value at launch is its
+    /// size (a dynamic grid from data, as Pallas's dynamic grid bounds are).
+    pub from: Option<String>,
     /// Where it is written.
     pub span: Span,
+}
+
+impl GridAxis {
+    /// Its size as written: `8`, `dyn`, `dyn(n)`.
+    pub fn size_text(&self) -> String {
+        match &self.from {
+            Some(n) => format!("dyn({n})"),
+            None => self.size.to_string(),
+        }
+    }
 }
 
 /// The size of a grid axis.

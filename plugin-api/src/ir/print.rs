@@ -98,7 +98,7 @@ impl Writer {
         writeln!(self.out, "kernel {}", k.name)?;
         if let Some(grid) = &k.grid {
             let axes: Vec<String> =
-                grid.iter().map(|a| format!("{}: {}{}", a.name, a.size, if a.seq { " seq" } else { "" })).collect();
+                grid.iter().map(|a| format!("{}: {}{}", a.name, a.size_text(), if a.seq { " seq" } else { "" })).collect();
             writeln!(self.out, "  grid ({})", axes.join(", "))?;
         }
         for kind in [ParamKind::In, ParamKind::Out, ParamKind::Scratch] {

@@ -234,9 +234,20 @@ impl Parser<'_> {
         loop {
             let (name, name_span) = self.ident("an axis name, as in `i: 8`")?;
             self.expect(Tok::Colon, "`:` and the axis size, as in `i: 8`")?;
-            let size = if self.eat_ident("dyn") { AxisSize::Dyn } else { AxisSize::Fixed(self.size("a grid size")?) };
+            let (size, from) = if self.eat_ident("dyn") {
+                let from = if self.eat(&Tok::LParen) {
+                    let (n, _) = self.ident("the scalar `in` argument that gives the size, as in `dyn(n)`")?;
+                    self.expect(Tok::RParen, "`)` to close `dyn(...)`")?;
+                    Some(n)
+                } else {
+                    None
+                };
+                (AxisSize::Dyn, from)
+            } else {
+                (AxisSize::Fixed(self.size("a grid size")?), None)
+            };
             let seq = self.eat_ident("seq");
-            axes.push(GridAxis { name, size, seq, span: name_span.to(self.prev_span()) });
+            axes.push(GridAxis { name, size, seq, from, span: name_span.to(self.prev_span()) });
             if self.eat(&Tok::RParen) {
                 break;
             }

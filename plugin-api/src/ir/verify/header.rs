@@ -48,6 +48,21 @@ impl<'k> Checker<'k> {
                 }
             }
         }
+        for a in k.grid.iter().flatten() {
+            let Some(from) = &a.from else { continue };
+            let p = k.params.iter().find(|p| &p.name == from);
+            if !p.is_some_and(|p| p.kind == ParamKind::In && p.ty.is_scalar() && matches!(p.ty.dtype, DType::I32 | DType::U32)) {
+                let what = match p {
+                    None => "which is not an argument".to_string(),
+                    Some(p) => format!("which is `{} {}: {}`", p.kind.keyword(), p.name, p.ty),
+                };
+                self.err(
+                    a.span,
+                    format!("grid axis `{}` takes its size from `{from}`, {what}", a.name),
+                    "expected a scalar `in` argument of type i32 or u32, as in `in n: i32`",
+                );
+            }
+        }
         let mut params: HashSet<&str> = HashSet::new();
         for p in &k.params {
             if !params.insert(&p.name) {
