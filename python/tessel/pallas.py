@@ -988,6 +988,8 @@ class _Affine:
         return bool(seen.all())
 
 
+#: The largest grid axis (`program_id` is `i32`): a dynamic axis's size in proofs about index maps.
+_MAX_AXIS = (1 << 31) - 1
 #: Grids of up to this many points are checked point by point where the index map's equations
 #: do not prove it affine (`jnp.minimum(i, 7)` on a grid of 8 is affine there).
 _EVERY_POINT = 1 << 16
@@ -1373,11 +1375,16 @@ def _translate(eqn, name: str) -> Translated:
     jax, core, _ = _jax()
     p = eqn.params
     gm = p["grid_mapping"]
-    if getattr(gm, "num_dynamic_grid_bounds", 0):
-        raise _refuse("a dynamic grid", name, eqn)
     if p.get("mesh") is not None:
         raise _refuse("a `pallas_call` with a mesh", name, eqn)
-    grid = [int(g) for g in gm.grid]
+    # A dynamic grid bound (megablox's count of active tiles) is an operand before all others:
+    # a scalar input `g{k}` whose value sizes the axis, `dyn(g{k})`. Proofs about index maps
+    # take such an axis as too large to check point by point.
+    dynamic = [a for a, g in enumerate(gm.grid) if type(g).__name__ == "DynamicGridDim"]
+    ndyn = len(dynamic)
+    if ndyn and p.get("input_output_aliases"):
+        raise _refuse("`input_output_aliases` with a dynamic grid", name, eqn, "drop the alias, or give the grid static sizes")
+    grid = [_MAX_AXIS if a in dynamic else int(g) for a, g in enumerate(gm.grid)]
     if 0 in grid:
         raise _refuse(
             f"the grid {tuple(grid)}, which has no program,",
@@ -1392,10 +1399,12 @@ def _translate(eqn, name: str) -> Translated:
     nin, nout = nscalar + gm.num_inputs, gm.num_outputs
     ins = [f"x{i}" for i in range(nin)]
     outs = [f"o{i}" for i in range(nout)]
+    bounds = [f"g{k}" for k in range(ndyn)]
     header = []
     used_by_outputs = set()
     squeezed: Dict[str, List[int]] = {}
-    lines_in = [f"  in  {arg}: {_ty(v.aval, name, eqn)}" for arg, v in zip(ins, eqn.invars[:nscalar])]
+    operands = eqn.invars[ndyn:]
+    lines_in = [f"  in  {arg}: {_ty(v.aval, name, eqn)}" for arg, v in zip(bounds + ins, eqn.invars[: ndyn + nscalar])]
     lines_out = []
     #: operand -> (its block spec's text, its index map, its array shape, its block shape)
     specs: Dict[str, Any] = {}
@@ -1406,7 +1415,7 @@ def _translate(eqn, name: str) -> Translated:
     #: the scalar-prefetch operands a computed block index can read (integer arrays)
     tables = [
         arg if np.dtype(v.aval.dtype) in (np.dtype(np.int32), np.dtype(np.uint32)) else None
-        for arg, v in zip(ins, eqn.invars[:nscalar])
+        for arg, v in zip(ins, operands[:nscalar])
     ]
     for n, (bm, arg) in enumerate(zip(gm.block_mappings, ins[nscalar:] + outs)):
         shape = tuple(bm.array_aval.shape)
@@ -1450,7 +1459,8 @@ def _translate(eqn, name: str) -> Translated:
         # Programs whose computed output blocks may coincide run in order, as Pallas runs them.
         used_by_outputs = set()
     if grid:
-        axes = ", ".join(f"i{a}: {s}{'' if a in used_by_outputs else ' seq'}" for a, s in enumerate(grid))
+        sizes = [f"dyn(g{dynamic.index(a)})" if a in dynamic else str(s) for a, s in enumerate(grid)]
+        axes = ", ".join(f"i{a}: {s}{'' if a in used_by_outputs else ' seq'}" for a, s in enumerate(sizes))
         header.append(f"  grid ({axes})")
     # `scratch_shapes`: per-program memory that persists across the `seq` steps, as tessel's
     # `scratch` does.
@@ -1467,7 +1477,7 @@ def _translate(eqn, name: str) -> Translated:
     for i, o in p.get("input_output_aliases") or ():
         _aliased(name, eqn, ins[i], outs[o], specs, grid, used_by_outputs, w.body.lines)
     text = "\n".join([f"kernel {name}"] + header + lines_in + lines_out + lines_scratch + w.scoped + ["{"] + w.body.lines + ["}"]) + "\n"
-    return Translated(name, text, ins, outs)
+    return Translated(name, text, bounds + ins, outs)
 
 
 def _aliased(name: str, eqn, x: str, o: str, specs, grid, parallel, lines: List[str]) -> None:

@@ -576,6 +576,37 @@ def test_jaxs_tpu_matmul_and_example_kernel():
         np.testing.assert_array_equal(np.asarray(doubled_), x * 2, err_msg=backend)
 
 
+def test_jaxs_megablox_grouped_matmul_and_its_gradient():
+    """JAX's megablox `gmm` (mixture-of-experts' grouped matmul), unchanged, under `jit` and
+    `grad`: its grid has a dynamic bound (the count of active tiles, `dyn(g0)`), its index maps
+    read the group metadata it prefetches (`at (x2[i1], i2)`), its body accumulates under a
+    `lax.cond`, and its backward pass is a second kernel (`tgmm`) of the same kind. The expected
+    values are numpy's, in float64, group by group."""
+    import importlib
+
+    ops = importlib.import_module("jax.experimental.pallas.ops.tpu.megablox.ops")
+    m, k, n, sizes = 256, 128, 128, [96, 32, 128]
+    lhs, rhs = f32(m, k), f32(len(sizes), k, n)
+    group_sizes = jnp.asarray(np.array(sizes, dtype=np.int32))
+    starts = np.cumsum([0] + sizes[:-1])
+    l64, r64 = lhs.astype(np.float64), rhs.astype(np.float64)
+    out = np.concatenate([l64[a:a + s] @ r64[g] for g, (a, s) in enumerate(zip(starts, sizes))])
+    # loss = sum(out ** 2): d/dout = 2 out; d/dlhs = 2 out_g rhs_gᵀ; d/drhs_g = lhs_gᵀ 2 out_g.
+    dlhs = np.concatenate([2 * out[a:a + s] @ r64[g].T for g, (a, s) in enumerate(zip(starts, sizes))])
+    drhs = np.stack([l64[a:a + s].T @ (2 * out[a:a + s]) for a, s in zip(starts, sizes)])
+
+    def loss(a, b):
+        return jnp.sum(ops.gmm(a, b, group_sizes, jnp.float32, (64, 64, 64)) ** 2)
+
+    for backend in backends():
+        with tp.installed(backend=backend):
+            got = jax.jit(lambda a, b: ops.gmm(a, b, group_sizes, jnp.float32, (64, 64, 64)))(lhs, rhs)
+            grads = jax.jit(jax.grad(loss, argnums=(0, 1)))(lhs, rhs)
+        np.testing.assert_allclose(np.asarray(got), out, rtol=1e-4, atol=1e-4, err_msg=backend)
+        for g, w, name in zip(grads, (dlhs, drhs), ("dlhs", "drhs")):
+            np.testing.assert_allclose(np.asarray(g), w, rtol=1e-4, atol=1e-3 * np.abs(w).max(), err_msg=f"{name} on {backend}")
+
+
 @pytest.mark.parametrize("causal,head", [(False, 128), (True, 128), (True, 64)], ids=["plain", "causal", "causal_head_64"])
 def test_jaxs_tpu_flash_attention_op(causal, head):
     """JAX's TPU flash attention, unchanged: its causal variant re-points each skipped key block
