@@ -152,6 +152,8 @@ class _Writer:
     def __init__(self, kernel: str, grid_axes: List[str]):
         self.kernel = kernel
         self.axes = grid_axes
+        #: The axes `pl.program_id(k)` counts: all but those `vmap` added.
+        self.body_axes = grid_axes
         self.body = _Body(kernel)
         #: jaxpr var -> `%value`, a literal's text, or ("ref", name).
         self.env: Dict[Any, Any] = {}
@@ -443,8 +445,9 @@ class _Writer:
         elif name in ("masked_load", "masked_swap"):
             self.masked(eqn)
         elif name in ("program_id", "num_programs"):
+            # The body's axis numbers skip the axes `vmap` added (Pallas's `vmapped_dims`).
             axis = p["axis"]
-            self.op(eqn, f"{name} {self.axes[axis]}")
+            self.op(eqn, f"{name} {self.body_axes[axis]}")
         elif name == "axis_index":
             # A mesh axis's index (`jax.lax.axis_index` under `pl.kernel(mesh=...)`).
             axis = p["axis_name"]
@@ -1467,6 +1470,8 @@ def _translate(eqn, name: str) -> Translated:
     scratch = [f"s{i}" for i in range(getattr(gm, "num_scratch_operands", 0))]
     lines_scratch = [_scratch(arg, aval, name, eqn) for arg, aval in zip(scratch, gm.scratch_avals)]
     w = _Writer(name, [f"i{a}" for a in range(len(grid))])
+    vmapped = set(getattr(gm, "vmapped_dims", ()) or ())
+    w.body_axes = [f"i{a}" for a in range(len(grid)) if a not in vmapped]
     w.squeezed = squeezed
     jaxpr = body.jaxpr if hasattr(body, "jaxpr") else body
     for var, arg in zip(jaxpr.invars, ins + outs + scratch):

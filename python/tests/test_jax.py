@@ -607,6 +607,30 @@ def test_jaxs_megablox_grouped_matmul_and_its_gradient():
             np.testing.assert_allclose(np.asarray(g), w, rtol=1e-4, atol=1e-3 * np.abs(w).max(), err_msg=f"{name} on {backend}")
 
 
+def test_jaxs_decode_attention_ops():
+    """JAX's GPU decode attention, unchanged, inside `jit`: `mqa` (vmapped over the batch, split
+    over `k_splits` kernels' programs whose results JAX combines), with ragged `start_idx` and
+    `kv_seq_len` (a `lax.cond` returning values skips an empty split, a `fori_loop` runs to a
+    bound from the data), and grouped-query `gqa`; against the op's own references."""
+    import importlib
+
+    da = importlib.import_module("jax.experimental.pallas.ops.gpu.decode_attention")
+    q, k, v = (jnp.asarray(a) for a in (f32(2, 16, 64), f32(2, 512, 64), f32(2, 512, 64)))
+    starts, lens = jnp.asarray(np.array([0, 100], np.int32)), jnp.asarray(np.array([512, 300], np.int32))
+    qg, kg, vg = (jnp.asarray(a) for a in (f32(2, 16, 64), f32(2, 512, 4, 64), f32(2, 512, 4, 64)))
+    cases = [
+        ("mqa", lambda: da.mqa(q, k, v, block_h=16, block_k=128, k_splits=4), lambda: da.mqa_reference(q, k, v)),
+        ("ragged", lambda: da.mqa(q, k, v, starts, lens, block_h=16, block_k=128, k_splits=4),
+         lambda: da.mqa_reference(q, k, v, starts, lens)),
+        ("gqa", lambda: da.gqa(qg, kg, vg, block_h=16, block_k=128, k_splits=4), lambda: da.gqa_reference(qg, kg, vg)),
+    ]
+    for backend in backends():
+        for name, fn, ref in cases:
+            with tp.installed(backend=backend):
+                got = jax.jit(fn)()
+            np.testing.assert_allclose(np.asarray(got), np.asarray(ref()), rtol=1e-4, atol=1e-5, err_msg=f"{name} on {backend}")
+
+
 @pytest.mark.parametrize("causal,head", [(False, 128), (True, 128), (True, 64)], ids=["plain", "causal", "causal_head_64"])
 def test_jaxs_tpu_flash_attention_op(causal, head):
     """JAX's TPU flash attention, unchanged: its causal variant re-points each skipped key block

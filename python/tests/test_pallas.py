@@ -832,6 +832,28 @@ def branches_writing_refs(x, interpret=False):
     return pl.pallas_call(body, out_shape=(out, out), grid=(4,), in_specs=[spec], out_specs=(spec, spec), interpret=interpret)(x)
 
 
+def test_program_ids_under_vmap_count_the_kernels_own_axes():
+    """`vmap` of a `pallas_call` puts the batch on a new grid axis in front (Pallas's
+    `vmapped_dims`); `pl.program_id(0)` in the body is still the kernel's own first axis. Read as
+    the new axis, every program of the batch computed with the batch index (decode attention's
+    head blocks came out wrong so)."""
+
+    def kernel(x):
+        def body(x_ref, o_ref):
+            o_ref[...] = x_ref[...] + pl.program_id(0).astype(jnp.float32) * 100.0 + jnp.float32(pl.num_programs(0))
+
+        spec = pl.BlockSpec((8,), lambda i: (i,))
+        return pl.pallas_call(body, out_shape=jax.ShapeDtypeStruct((32,), x.dtype), grid=(4,), in_specs=[spec], out_specs=spec)(x)
+
+    x = f32(3, 32)
+    # By hand: element e of row b is x[b, e] + 100 * (e // 8) + 4.
+    want = x + 100.0 * (np.arange(32) // 8) + 4.0
+    text = tp.to_tk(jax.vmap(kernel), x)
+    assert "program_id i1" in text and "program_id i0" not in text, text
+    for backend in backends():
+        np.testing.assert_allclose(np.asarray(tp.run(jax.vmap(kernel), x, backend=backend)), want, rtol=1e-6, err_msg=backend)
+
+
 def test_cond_and_switch_branches_that_write_refs_run_as_pallas_runs_them():
     x = f32(32)
     text = tp.to_tk(branches_writing_refs, x)
