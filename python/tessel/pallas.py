@@ -29,7 +29,7 @@ import re
 import threading
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -154,6 +154,8 @@ class _Writer:
         self.axes = grid_axes
         #: The axes `pl.program_id(k)` counts: all but those `vmap` added.
         self.body_axes = grid_axes
+        #: While `gather` writes one of its loads: (the index array, its entry's `%value`).
+        self.entry: Optional[Tuple[Any, str]] = None
         self.body = _Body(kernel)
         #: jaxpr var -> `%value`, a literal's text, or ("ref", name).
         self.env: Dict[Any, Any] = {}
@@ -262,6 +264,12 @@ class _Writer:
             else:
                 whole = False
                 shape = tuple(getattr(getattr(ix, "aval", None), "shape", ()))
+                if self.entry is not None and ix is self.entry[0]:
+                    parts.append(self.entry[1])
+                    continue
+                if self.entry is not None and shape != () and self.broadcast_scalar(ix) is not None:
+                    parts.append(self.broadcast_scalar(ix))
+                    continue
                 if shape != ():
                     parts.append(f"ds({self.contiguous(ix, eqn)}, {shape[0]})")
                     continue
@@ -305,7 +313,14 @@ class _Writer:
     def contiguous(self, ix, eqn) -> str:
         """The start of an index array that is `start + jnp.arange(n)` (a contiguous run, as
         Triton-style kernels index a ref: `x_ref[i * B + jnp.arange(B)]`), so that the access is
-        `ds(start, n)`; any other index array is a gather, refused."""
+        `ds(start, n)`; any other index array is a gather (`gather`), refused here."""
+        s = self.run_start(ix)
+        if s is None or len(ix.aval.shape) != 1:
+            raise self.refuse("an array index (gather)", eqn, "index a ref with `start + jnp.arange(n)` (a contiguous run) or pl.ds(start, n)")
+        return s
+
+    def run_start(self, ix) -> Optional[str]:
+        """The start of `ix` where it is `start + jnp.arange(n)`, else None."""
         _, core, _ = _jax()
 
         def start(v):
@@ -337,10 +352,78 @@ class _Writer:
                 return scalar(d.invars[0])
             return None
 
-        s = start(ix)
-        if s is None or len(ix.aval.shape) != 1:
-            raise self.refuse("an array index (gather)", eqn, "index a ref with `start + jnp.arange(n)` (a contiguous run) or pl.ds(start, n)")
-        return s
+        return start(ix)
+
+    def gather_index(self, tree, atoms):
+        """The one index array of a `get` that is not a contiguous run (a gather: paged
+        attention's `k_pages_ref[block_tables]`), or None."""
+        from jax._src.state import indexing
+
+        jax, _, _ = _jax()
+        try:
+            indexers = jax.tree_util.tree_unflatten(tree, atoms)
+        except Exception:
+            return None
+        if len(indexers) != 1 or not isinstance(indexers[0], indexing.NDIndexer):
+            return None
+        arrays = [
+            ix for ix in indexers[0].indices
+            if len(getattr(getattr(ix, "aval", None), "shape", ())) >= 1 and self.broadcast_scalar(ix) is None
+        ]
+        if len(arrays) != 1 or len(arrays[0].aval.shape) != 1 or self.run_start(arrays[0]) is not None:
+            return None
+        return arrays[0]
+
+    def broadcast_scalar(self, ix) -> Optional[str]:
+        """The scalar's text where index array `ix` is one scalar broadcast (`x_ref[1, :, t]`
+        broadcasts the 1 against `t`), else None."""
+        _, core, _ = _jax()
+        d = None if isinstance(ix, core.Literal) else self.defs.get(ix)
+        if d is None or d.primitive.name not in ("broadcast_to", "broadcast_in_dim") or getattr(d.invars[0].aval, "shape", None) != ():
+            return None
+        return self.read(d.invars[0])
+
+    def gather(self, eqn, ref, tree, atoms, vec) -> None:
+        """`ref[..., idx, ...]` with an index array `idx` of `n` entries: `n` loads, each at one
+        entry (taken from the array's value with `slice` and `reshape`), put together with
+        `concatenate` along the dimension JAX's indexing gives the entries (where the array
+        index stands among the integer indices, or first where those are apart). Unrolled, so at
+        most `_GATHER_MAX` entries."""
+        from jax._src.state import indexing
+
+        jax, _, _ = _jax()
+        n = vec.aval.shape[0]
+        if n > _GATHER_MAX:
+            raise self.refuse(f"a gather of {n} entries (more than {_GATHER_MAX})", eqn,
+                              "gather fewer entries per load, or index with `start + jnp.arange(n)`")
+        (nd,) = jax.tree_util.tree_unflatten(tree, atoms)
+        ints = [d for d, ix in enumerate(nd.indices) if not isinstance(ix, indexing.Slice)]
+        apart = ints != list(range(ints[0], ints[-1] + 1))
+        at = 0 if apart else sum(isinstance(ix, indexing.Slice) for ix in nd.indices[: ints[0]])
+        out = eqn.outvars[0].aval
+        piece = tuple(out.shape[:at]) + tuple(out.shape[at + 1 :])
+        idx = self.value(vec, eqn)
+        parts = []
+        for j in range(n):
+            one, entry, v = self.body.fresh(), self.body.fresh(), self.body.fresh()
+            self.body.emit(f"{one} = slice {idx} start ({j}) : i32[1]")
+            self.body.emit(f"{entry} = reshape {one} : i32")
+            self.entry = (vec, entry)
+            try:
+                index = self.index(eqn, ref, tree, atoms)
+            finally:
+                self.entry = None
+            self.body.emit(f"{v} = load {self.ref(ref, eqn)}{index} : {_ty(out.update(shape=piece), self.kernel, eqn)}")
+            part = self.body.fresh()
+            self.body.emit(f"{part} = reshape {v} : {_ty(out.update(shape=piece[:at] + (1,) + piece[at:]), self.kernel, eqn)}")
+            parts.append(part)
+        if n == 1:
+            v = self.body.fresh()
+            self.body.emit(f"{v} = reshape {parts[0]} : {_ty(out, self.kernel, eqn)}")
+        else:
+            v = self.body.fresh()
+            self.body.emit(f"{v} = concatenate {', '.join(parts)} axis {at} : {_ty(out, self.kernel, eqn)}")
+        self.define(eqn.outvars[0], v)
 
     def plus(self, a: str, b: str) -> str:
         """`a + b` of two `i32` scalars (values or integer literals), folded where both are known."""
@@ -426,7 +509,10 @@ class _Writer:
         name = eqn.primitive.name
         p = eqn.params
         k = self.kernel
-        if name == "get":
+        if name == "get" and self.gather_index(p["tree"], eqn.invars[1:]) is not None:
+            ref, *ix = eqn.invars
+            self.gather(eqn, ref, p["tree"], ix, self.gather_index(p["tree"], ix))
+        elif name == "get":
             ref, *ix = eqn.invars
             index = self.index(eqn, ref, p["tree"], ix)
             v = self.body.fresh()
@@ -498,7 +584,7 @@ class _Writer:
                 self.define(eqn.outvars[0], self.read(x))
             else:
                 self.op(eqn, f"cast {self.value(x, eqn)}")
-        elif name == "broadcast_in_dim":
+        elif name in ("broadcast_in_dim", "broadcast_to"):
             self.broadcast(eqn)
         elif name in ("reshape", "squeeze", "expand_dims"):
             out = eqn.outvars[0]
@@ -620,9 +706,11 @@ class _Writer:
         self.define(eqn.outvars[0], acc)
 
     def broadcast(self, eqn) -> None:
+        """`broadcast_in_dim`, or `broadcast_to` (numpy's: the operand's dimensions last)."""
         (x,) = eqn.invars
         out = eqn.outvars[0]
-        dims = eqn.params["broadcast_dimensions"]
+        rank, out_rank = len(x.aval.shape), len(out.aval.shape)
+        dims = eqn.params.get("broadcast_dimensions", tuple(range(out_rank - rank, out_rank)))
         ty = _ty(out.aval, self.kernel, eqn)
         src = self.read(x)
         if not x.aval.shape:
@@ -991,6 +1079,8 @@ class _Affine:
         return bool(seen.all())
 
 
+#: The most entries of an index array a gather (`_Writer.gather`) loads one by one.
+_GATHER_MAX = 64
 #: The largest grid axis (`program_id` is `i32`): a dynamic axis's size in proofs about index maps.
 _MAX_AXIS = (1 << 31) - 1
 #: Grids of up to this many points are checked point by point where the index map's equations

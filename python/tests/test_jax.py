@@ -631,6 +631,31 @@ def test_jaxs_decode_attention_ops():
             np.testing.assert_allclose(np.asarray(got), np.asarray(ref()), rtol=1e-4, atol=1e-5, err_msg=f"{name} on {backend}")
 
 
+def test_jaxs_paged_attention_gathers_pages_by_the_block_table():
+    """JAX's GPU paged attention, unchanged, inside `jit`: each step gathers the pages its block
+    table lists (`k_pages_ref[block_tables]`, a load per entry put together with `concatenate`)
+    and masks past each sequence's length; against the op's reference on the pages laid out in
+    table order by numpy."""
+    import importlib
+
+    pa = importlib.import_module("jax.experimental.pallas.ops.gpu.paged_attention")
+    batch, heads, head_dim, kv_heads, pages, page = 2, 16, 32, 2, 8, 8
+    q = jnp.asarray(f32(batch, heads, head_dim))
+    k_pages, v_pages = (jnp.asarray(f32(kv_heads, pages, page, head_dim)) for _ in range(2))
+    table = np.random.default_rng(7).permutation(pages).reshape(batch, pages // batch).astype(np.int32)
+    lengths = np.array([32, 19], dtype=np.int32)
+
+    def in_order(p):  # [kv_heads, pages, page, d] -> [batch, seq, kv_heads, d], pages in table order
+        return np.moveaxis(np.asarray(p)[:, table].reshape(kv_heads, batch, -1, head_dim), 0, 2)
+
+    want = np.asarray(pa.paged_attention_reference(q, in_order(k_pages), in_order(v_pages), jnp.asarray(lengths)))
+    for backend in backends():
+        with tp.installed(backend=backend):
+            got = jax.jit(lambda: pa.paged_attention(q, k_pages, v_pages, jnp.asarray(table), jnp.asarray(lengths), block_h=16,
+                                                     pages_per_compute_block=2, k_splits=2))()
+        np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-5, err_msg=backend)
+
+
 @pytest.mark.parametrize("causal,head", [(False, 128), (True, 128), (True, 64)], ids=["plain", "causal", "causal_head_64"])
 def test_jaxs_tpu_flash_attention_op(causal, head):
     """JAX's TPU flash attention, unchanged: its causal variant re-points each skipped key block

@@ -854,6 +854,33 @@ def test_program_ids_under_vmap_count_the_kernels_own_axes():
         np.testing.assert_allclose(np.asarray(tp.run(jax.vmap(kernel), x, backend=backend)), want, rtol=1e-6, err_msg=backend)
 
 
+def gathers(t, x, interpret=False):
+    """Index arrays that are not a contiguous run: rows by a table (`x_ref[t]`), and columns by it
+    beside a scalar index apart from it (`x_ref[1, :, t]`, whose gathered dimension JAX puts
+    first)."""
+
+    def body(t_ref, x_ref, o_ref, p_ref):
+        t = t_ref[...]
+        o_ref[...] = x_ref[t] * 2.0
+        p_ref[...] = x_ref[1, :, t]
+
+    out = (jax.ShapeDtypeStruct((3, 4, 5), x.dtype), jax.ShapeDtypeStruct((3, 4), x.dtype))
+    return pl.pallas_call(body, out_shape=out, interpret=interpret)(t, x)
+
+
+def test_gathers_by_an_index_array_run_as_pallas_runs_them():
+    t, x = np.array([2, 0, 2], dtype=np.int32), f32(3, 4, 5)
+    text = tp.to_tk(gathers, t, x)
+    assert text.count("concatenate") == 2 and "axis 0" in text, text
+    want = [np.asarray(w) for w in gathers(t, x, interpret=True)]
+    # By hand too: rows 2, 0, 2; then x[1, :, t] with the table's axis first.
+    np.testing.assert_array_equal(want[0], x[[2, 0, 2]] * 2.0)
+    np.testing.assert_array_equal(want[1], x[1][:, [2, 0, 2]].T)
+    for backend in backends():
+        for g, w in zip(tp.run(gathers, t, x, backend=backend), want):
+            np.testing.assert_array_equal(np.asarray(g), w, err_msg=backend)
+
+
 def test_cond_and_switch_branches_that_write_refs_run_as_pallas_runs_them():
     x = f32(32)
     text = tp.to_tk(branches_writing_refs, x)
