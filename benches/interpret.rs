@@ -148,5 +148,29 @@ fn generic(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, matmul, softmax, add, front_end, generic);
+/// What a computed block index costs the interpreter (issue 36: no more than a table lookup per
+/// program): 16,384 programs of 64 elements each, their blocks picked by `at (i)` (affine, the
+/// baseline) and by `at (tbl[i])` from a table that is the identity (the same blocks, read per
+/// program), in the same run.
+fn block_table(c: &mut Criterion) {
+    let text = |at: &str| {
+        format!(
+            "kernel bt\n  grid (i: 16384)\n  in  tbl: i32[16384]\n  in  x: f32[1048576] block [64] at ({at})\n  out o: f32[1048576] block [64] at (i)\n{{\n  %x = load x\n  %y = add %x, 1.0\n  store o, %y\n}}\n"
+        )
+    };
+    let mut g = c.benchmark_group("block_table_16384x64");
+    g.throughput(Throughput::Elements(1 << 20));
+    g.sample_size(20);
+    for (name, at) in [("affine_at_i", "i"), ("computed_at_tbl_i", "tbl[i]")] {
+        let k = tessel::load_source("bt.tk", &text(at)).expect("verifies").remove(0);
+        let mut a = args(&k);
+        let identity: Vec<i32> = (0..16384).collect();
+        a.inputs.insert("tbl".into(), tessel::HostArray { shape: vec![16384], data: tessel_plugin_api::array::ArrayData::I32(identity) });
+        let compiled = tessel_interpret::compile(&k);
+        g.bench_function(name, |b| b.iter(|| compiled.run(black_box(&a)).expect("runs")));
+    }
+    g.finish();
+}
+
+criterion_group!(benches, matmul, softmax, add, front_end, generic, block_table);
 criterion_main!(benches);

@@ -16,7 +16,7 @@ use tessel::{HostArray, LaunchArgs};
 use tessel_plugin_api::ir::DType;
 
 const FLOAT_UNARY: &[&str] =
-    &["neg", "abs", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tanh", "logistic", "expm1", "log1p", "erf", "erf_inv", "floor", "ceil"];
+    &["neg", "abs", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tanh", "logistic", "expm1", "log1p", "erf", "erf_inv", "asin", "acos", "atan", "sinh", "cosh", "floor", "ceil"];
 const INT_UNARY: &[&str] = &["neg", "abs", "not"];
 const FLOAT_BINARY: &[&str] = &["add", "sub", "mul", "div", "rem", "pow", "atan2", "max", "min"];
 const INT_BINARY: &[&str] = &["add", "sub", "mul", "div", "rem", "max", "min", "and", "or", "xor", "shl", "shr"];
@@ -163,6 +163,11 @@ fn unary_ref(op: &str, d: DType, x: f64) -> f64 {
         "log1p" => x.ln_1p(),
         "erf" => erf_ref(x),
         "erf_inv" => erf_inv_ref(x),
+        "asin" => x.asin(),
+        "acos" => x.acos(),
+        "atan" => x.atan(),
+        "sinh" => x.sinh(),
+        "cosh" => x.cosh(),
         "floor" => x.floor(),
         "ceil" => x.ceil(),
         _ => unreachable!("{op}"),
@@ -368,7 +373,7 @@ fn allowed_ulps(exec: &str, op: &str, d: DType) -> u64 {
     let transcendental = matches!(
         op,
         "exp" | "exp2" | "log" | "log2" | "sin" | "cos" | "tanh" | "logistic" | "expm1" | "log1p" | "erf" | "erf_inv" | "pow"
-            | "atan2" | "rsqrt"
+            | "atan2" | "rsqrt" | "asin" | "acos" | "atan" | "sinh" | "cosh"
     );
     if !transcendental || exec == "interpret" {
         return 0;
@@ -378,7 +383,7 @@ fn allowed_ulps(exec: &str, op: &str, d: DType) -> u64 {
         // rounded one.
         (DType::F16 | DType::BF16, _) => 1,
         (_, "exp" | "exp2" | "log" | "log2") => 1,
-        (_, "erf_inv") => 3,
+        (_, "erf_inv" | "asin" | "acos" | "sinh" | "cosh") => 3,
         _ => 2,
     }
 }

@@ -43,7 +43,7 @@ _UNARY = {
     "neg": "neg", "exp": "exp", "exp2": "exp2", "log": "log", "tanh": "tanh", "logistic": "logistic",
     "sqrt": "sqrt", "rsqrt": "rsqrt", "abs": "abs", "sin": "sin", "cos": "cos", "floor": "floor",
     "ceil": "ceil", "not": "not", "expm1": "expm1", "log1p": "log1p", "erf": "erf",
-    "erf_inv": "erf_inv",
+    "erf_inv": "erf_inv", "asin": "asin", "acos": "acos", "atan": "atan", "sinh": "sinh", "cosh": "cosh",
 }
 _BINARY = {
     "add": "add", "sub": "sub", "mul": "mul", "div": "div", "max": "max", "min": "min", "pow": "pow",

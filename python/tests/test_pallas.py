@@ -295,14 +295,17 @@ def scoped(x, interpret=False):
 
 
 def special(x, interpret=False):
-    """The exact (erf) gelu of normalization and MLP kernels, with `expm1`, `log1p`, `atan2` and
-    `erf_inv` beside it."""
+    """The exact (erf) gelu of normalization and MLP kernels, with `expm1`, `log1p`, `atan2`,
+    `erf_inv`, `arcsin`, `arccos`, `arctan`, `sinh` and `cosh` beside it."""
 
     def body(x_ref, o_ref):
         x = x_ref[...]
         gelu = 0.5 * x * (1.0 + jax.lax.erf(x * 0.70710677))
         angle = jnp.arctan2(x, x * x - 1.0) + jax.lax.erf_inv(jnp.tanh(x) * 0.999)
-        o_ref[...] = gelu + jnp.expm1(x * 0.25) - jnp.log1p(jnp.abs(x)) + angle
+        t = jnp.tanh(x)
+        inverse = jnp.arcsin(t * 0.9) - jnp.arccos(t * 0.5) + jnp.arctan(x * 3.0)
+        hyperbolic = jnp.sinh(x * 0.5) + jnp.cosh(x * 0.25)
+        o_ref[...] = gelu + jnp.expm1(x * 0.25) - jnp.log1p(jnp.abs(x)) + angle + inverse + hyperbolic
 
     spec = pl.BlockSpec((8, 128), lambda i: (i, 0))
     return call(body, jax.ShapeDtypeStruct(x.shape, x.dtype), (x.shape[0] // 8,), [spec], spec, interpret)(x)

@@ -54,6 +54,16 @@ op_names!(
         Erf => "erf",
         /// its inverse, on `[-1, 1]`.
         ErfInv => "erf_inv",
+        /// arc sine, on `[-1, 1]`.
+        Asin => "asin",
+        /// arc cosine, on `[-1, 1]`.
+        Acos => "acos",
+        /// arc tangent.
+        Atan => "atan",
+        /// hyperbolic sine.
+        Sinh => "sinh",
+        /// hyperbolic cosine.
+        Cosh => "cosh",
         /// round down.
         Floor => "floor",
         /// round up.

@@ -217,6 +217,36 @@ pub fn atan2() -> &'static Func {
     F.get_or_init(|| Builder::func("tk_atan2", 2, |b, p| special::atan2_of(b, p[0], p[1])))
 }
 
+/// Arc tangent.
+pub fn atan() -> &'static Func {
+    static F: OnceLock<Func> = OnceLock::new();
+    F.get_or_init(|| Builder::func("tk_atan", 1, |b, p| special::atan_of(b, p[0])))
+}
+
+/// Arc sine, on `[-1, 1]`.
+pub fn asin() -> &'static Func {
+    static F: OnceLock<Func> = OnceLock::new();
+    F.get_or_init(|| Builder::func("tk_asin", 1, |b, p| special::asin_of(b, p[0])))
+}
+
+/// Arc cosine, on `[-1, 1]`.
+pub fn acos() -> &'static Func {
+    static F: OnceLock<Func> = OnceLock::new();
+    F.get_or_init(|| Builder::func("tk_acos", 1, |b, p| special::acos_of(b, p[0])))
+}
+
+/// Hyperbolic sine.
+pub fn sinh() -> &'static Func {
+    static F: OnceLock<Func> = OnceLock::new();
+    F.get_or_init(|| Builder::func("tk_sinh", 1, |b, p| special::sinh_of(b, p[0])))
+}
+
+/// Hyperbolic cosine.
+pub fn cosh() -> &'static Func {
+    static F: OnceLock<Func> = OnceLock::new();
+    F.get_or_init(|| Builder::func("tk_cosh", 1, |b, p| special::cosh_of(b, p[0])))
+}
+
 /// Hyperbolic tangent.
 pub fn tanh() -> &'static Func {
     static F: OnceLock<Func> = OnceLock::new();
@@ -679,6 +709,38 @@ mod tests {
         for (y, x, want) in [(0.0, -0.0, pi), (-0.0, -0.0, -pi), (0.0, 0.0, 0.0), (-0.0, 1.0, -0.0), (1.0, 0.0, pi / 2.0), (inf, inf, pi / 4.0), (inf, -inf, 3.0 * pi / 4.0), (-inf, -inf, -3.0 * pi / 4.0), (1.0, -inf, pi), (-1.0, inf, -0.0)] {
             let got = eval(atan2(), &[y, x], true);
             assert!(ulps(got, want) <= 1 && got.to_bits() >> 31 == want.to_bits() >> 31, "atan2({y}, {x}) = {got}, want {want}");
+        }
+    }
+
+    #[test]
+    fn inverse_trigonometric_and_hyperbolic_functions_within_three_ulp() {
+        check_unary(atan(), f64::atan, 2);
+        check_unary(asin(), f64::asin, 3);
+        check_unary(acos(), f64::acos, 3);
+        check_unary(sinh(), f64::sinh, 2);
+        check_unary(cosh(), f64::cosh, 2);
+        // Densely across the domains and where the methods change (1 and 88 for sinh, cosh).
+        let dense = |lo: f32, hi: f32, step: f32| (0..).map(move |i| lo + i as f32 * step).take_while(move |&x| x <= hi);
+        for (f, want, (lo, hi, step)) in [
+            (asin(), f64::asin as fn(f64) -> f64, (-1.0, 1.0, 1.0 / 65_536.0)),
+            (acos(), f64::acos, (-1.0, 1.0, 1.0 / 65_536.0)),
+            (sinh(), f64::sinh, (-90.0, 90.0, 1.0 / 1024.0)),
+            (cosh(), f64::cosh, (-90.0, 90.0, 1.0 / 1024.0)),
+        ] {
+            for (i, x) in dense(lo, hi, step).enumerate() {
+                let (got, w) = (eval(f, &[x], i % 2 == 0), want(f64::from(x)) as f32);
+                assert!(ulps(got, w) <= 3, "{}({x:e}) = {got:e}, want {w:e}", f.name);
+            }
+        }
+        // The last floats below 1 and the ends.
+        for k in 0..4096u32 {
+            let x = f32::from_bits(1.0f32.to_bits() - k);
+            for (f, want) in [(asin(), f64::asin as fn(f64) -> f64), (acos(), f64::acos)] {
+                for x in [x, -x] {
+                    let (got, w) = (eval(f, &[x], k % 2 == 0), want(f64::from(x)) as f32);
+                    assert!(ulps(got, w) <= 3, "{}({x:e}) = {got:e}, want {w:e}", f.name);
+                }
+            }
         }
     }
 

@@ -1,5 +1,6 @@
-//! The special functions of issue 36: `expm1`, `log1p`, `erf`, `erf_inv` and `atan2`, written as the others are
-//! (mod.rs says how), each checked against `f64` on the CPU by the tests in mod.rs.
+//! The special functions of issue 36: `expm1`, `log1p`, `erf`, `erf_inv`, `atan2`, and from them
+//! `atan`, `asin`, `acos`, `sinh` and `cosh`, written as the others are (mod.rs says how), each
+//! checked against `f64` on the CPU by the tests in mod.rs.
 
 use super::builder::Builder;
 use super::pieces::{exp_of, log_of};
@@ -228,4 +229,91 @@ fn sqrt_of(b: &mut Builder, w: Var) -> Var {
     let e = b.fma(ns, s, w);
     let hr = b.mul(half, r);
     b.fma(e, hr, s)
+}
+
+/// `atan(x)`: `atan2(x, 1)`.
+pub(super) fn atan_of(b: &mut Builder, x: Var) -> Var {
+    let one = b.f(1.0);
+    atan2_of(b, x, one)
+}
+
+/// `sqrt((1 - |x|)(1 + |x|))`, the other side of the unit triangle: each factor exact where
+/// `|x|` is near 1 (Sterbenz), so the product is rounded once; garbage beyond 1 (the callers
+/// select NaN there).
+fn cathetus(b: &mut Builder, x: Var) -> Var {
+    let ax = b.op(Ty::F32, Op::Abs(x));
+    let one = b.f(1.0);
+    let lo = b.sub(one, ax);
+    let hi = b.add(one, ax);
+    let w = b.mul(lo, hi);
+    let s = sqrt_of(b, w);
+    // At |x| = 1 the product is 0, which `sqrt_of` (for positive normals) does not take.
+    let zero = b.f(0.0);
+    let end = b.op(Ty::Bool, Op::Eq(w, zero));
+    b.op(Ty::F32, Op::Select(end, zero, s))
+}
+
+/// NaN where `|x| > 1` (outside the domain of `asin` and `acos`), else `y`.
+fn unit_domain(b: &mut Builder, x: Var, y: Var) -> Var {
+    let ax = b.op(Ty::F32, Op::Abs(x));
+    let one = b.f(1.0);
+    let outside = b.op(Ty::Bool, Op::Lt(one, ax));
+    let nan = b.f(f32::NAN);
+    let y = b.op(Ty::F32, Op::Select(outside, nan, y));
+    b.nan_passes(x, y)
+}
+
+/// `asin(x) = atan2(x, sqrt(1 - x^2))`.
+pub(super) fn asin_of(b: &mut Builder, x: Var) -> Var {
+    let c = cathetus(b, x);
+    let y = atan2_of(b, x, c);
+    unit_domain(b, x, y)
+}
+
+/// `acos(x) = atan2(sqrt(1 - x^2), x)`.
+pub(super) fn acos_of(b: &mut Builder, x: Var) -> Var {
+    let c = cathetus(b, x);
+    let y = atan2_of(b, c, x);
+    unit_domain(b, x, y)
+}
+
+/// `sinh` or `cosh` of `x` from `e^|x|`: below 1 (sinh only) `(e + e / (e + 1)) / 2` with
+/// `e = expm1(|x|)`, free of the cancellation of `e^x - e^-x`; up to 88 `(h -+ 1/h) / 2` with
+/// `h = e^|x|`; beyond, where `e^|x|` overflows before the result does, `(h/2) h` with
+/// `h = e^(|x|/2)`. `sinh` takes the sign of `x`.
+fn hyperbolic(b: &mut Builder, x: Var, cosh: bool) -> Var {
+    let ax = b.op(Ty::F32, Op::Abs(x));
+    let (half, one) = (b.f(0.5), b.f(1.0));
+    let h = exp_of(b, ax);
+    let r = b.op(Ty::F32, Op::Div(one, h));
+    let mid = if cosh { b.add(h, r) } else { b.sub(h, r) };
+    let mid = b.mul(mid, half);
+    let ah = b.mul(ax, half);
+    let hh = exp_of(b, ah);
+    let hh2 = b.mul(hh, half);
+    let far = b.mul(hh2, hh);
+    let limit = b.f(88.0);
+    let beyond = b.op(Ty::Bool, Op::Lt(limit, ax));
+    let mut y = b.op(Ty::F32, Op::Select(beyond, far, mid));
+    if !cosh {
+        let e = expm1_of(b, ax);
+        let e1 = b.add(e, one);
+        let q = b.op(Ty::F32, Op::Div(e, e1));
+        let s = b.add(e, q);
+        let small = b.mul(s, half);
+        let near = b.op(Ty::Bool, Op::Lt(ax, one));
+        y = b.op(Ty::F32, Op::Select(near, small, y));
+        y = b.copy_sign(y, x);
+    }
+    b.nan_passes(x, y)
+}
+
+/// Hyperbolic sine.
+pub(super) fn sinh_of(b: &mut Builder, x: Var) -> Var {
+    hyperbolic(b, x, false)
+}
+
+/// Hyperbolic cosine.
+pub(super) fn cosh_of(b: &mut Builder, x: Var) -> Var {
+    hyperbolic(b, x, true)
 }

@@ -142,6 +142,11 @@ impl Writer<'_> {
             (UnaryOp::Log1p, _) => self.maths(&v, libm::log1p, &[x]),
             (UnaryOp::Erf, _) => self.maths(&v, libm::erf, &[x]),
             (UnaryOp::ErfInv, _) => self.maths(&v, libm::erf_inv, &[x]),
+            (UnaryOp::Asin, _) => self.maths(&v, libm::asin, &[x]),
+            (UnaryOp::Acos, _) => self.maths(&v, libm::acos, &[x]),
+            (UnaryOp::Atan, _) => self.maths(&v, libm::atan, &[x]),
+            (UnaryOp::Sinh, _) => self.maths(&v, libm::sinh, &[x]),
+            (UnaryOp::Cosh, _) => self.maths(&v, libm::cosh, &[x]),
             (UnaryOp::Floor, _) => self.ins(format!("cvt.rmi.f32.f32 {v}, {x}")),
             (UnaryOp::Ceil, _) => self.ins(format!("cvt.rpi.f32.f32 {v}, {x}")),
         }

@@ -136,6 +136,11 @@ impl<'k> Writer<'k> {
             (UnaryOp::Log1p, _) => self.call(libm::log1p, &[x]),
             (UnaryOp::Erf, _) => self.call(libm::erf, &[x]),
             (UnaryOp::ErfInv, _) => self.call(libm::erf_inv, &[x]),
+            (UnaryOp::Asin, _) => self.call(libm::asin, &[x]),
+            (UnaryOp::Acos, _) => self.call(libm::acos, &[x]),
+            (UnaryOp::Atan, _) => self.call(libm::atan, &[x]),
+            (UnaryOp::Sinh, _) => self.call(libm::sinh, &[x]),
+            (UnaryOp::Cosh, _) => self.call(libm::cosh, &[x]),
             (UnaryOp::Floor, _) => format!("floor({x})"),
             (UnaryOp::Ceil, _) => format!("ceil({x})"),
         };
