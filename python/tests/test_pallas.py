@@ -641,7 +641,7 @@ def _refusal_cases():
 
     def strided(x):
         def body(x_ref, o_ref):
-            o_ref[pl.ds(0, 4)] = x_ref[pl.ds(0, 4, stride=2)]
+            o_ref[pl.ds(0, 4, stride=2)] = x_ref[pl.ds(0, 4)]
 
         return single(body, x)
 
@@ -881,6 +881,30 @@ def test_gathers_by_an_index_array_run_as_pallas_runs_them():
     np.testing.assert_array_equal(want[1], x[1][:, [2, 0, 2]].T)
     for backend in backends():
         for g, w in zip(tp.run(gathers, t, x, backend=backend), want):
+            np.testing.assert_array_equal(np.asarray(g), w, err_msg=backend)
+
+
+def strided_reads(x, interpret=False):
+    """Strided reads (`pl.ds(start, n, stride=s)`): every other row from row 1, every third
+    column; and a stride whose span (`n * s` from 2) runs past the end of the row."""
+
+    def body(x_ref, o_ref, p_ref):
+        o_ref[...] = x_ref[pl.ds(1, 3, stride=2), pl.ds(0, 4, stride=3)]
+        p_ref[...] = x_ref[pl.ds(7, 1), pl.ds(2, 4, stride=3)]
+
+    out = (jax.ShapeDtypeStruct((3, 4), x.dtype), jax.ShapeDtypeStruct((1, 4), x.dtype))
+    return pl.pallas_call(body, out_shape=out, interpret=interpret)(x)
+
+
+def test_strided_reads_run_as_pallas_runs_them():
+    x = f32(8, 12)
+    want = [np.asarray(w) for w in strided_reads(x, interpret=True)]
+    np.testing.assert_array_equal(want[0], x[1:7:2, 0:12:3])  # by hand, numpy's slicing
+    np.testing.assert_array_equal(want[1], x[7:8, 2:12:3])
+    text = tp.to_tk(strided_reads, x)
+    assert "load x0[ds(1, 6), :] : f32[6, 12]" in text and "slice" in text, text
+    for backend in backends():
+        for g, w in zip(tp.run(strided_reads, x, backend=backend), want):
             np.testing.assert_array_equal(np.asarray(g), w, err_msg=backend)
 
 
