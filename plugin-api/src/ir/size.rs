@@ -270,7 +270,18 @@ impl SizeExpr {
                     _ => return Err(SizeError::NotAffine(self.to_string())),
                 }
             }
-            SizeExpr::Select(_) | SizeExpr::Read(..) => return Err(SizeError::NotAffine(self.to_string())),
+            // A `select` of constants is a constant (so that a computed index's canonical text,
+            // parsed again, is the same index).
+            SizeExpr::Select(abc) => {
+                let [c, a, b] = abc.as_ref().each_ref().map(|e| e.affine(param));
+                match (c?, a?, b?) {
+                    (c, a, b) if constant(&c) && constant(&a) && constant(&b) => {
+                        if c.constant != 0 { a } else { b }
+                    }
+                    _ => return Err(SizeError::NotAffine(self.to_string())),
+                }
+            }
+            SizeExpr::Read(..) => return Err(SizeError::NotAffine(self.to_string())),
         })
     }
 }
