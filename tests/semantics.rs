@@ -39,6 +39,7 @@ on_every_executor!(
     computed_block_indices_floor_and_clamp,
     block_indices_read_integer_inputs,
     a_grid_size_from_an_input_runs_that_many_programs,
+    a_while_loop_stops_where_its_carried_bool_is_false,
 );
 
 fn f32s(v: &[f32]) -> HostArray {
@@ -391,5 +392,42 @@ kernel k
         let Some(out) = ex.run(src, vec![("n", ints(&[], &[n])), ("x", f32s(&x))], &[]) else { return };
         let want: Vec<f32> = (0..16).map(|i| if i < ran { i as f32 + 1.0 } else { 0.0 }).collect();
         assert_eq!(as_f32(&out["o"]), want, "n = {n}");
+    }
+}
+
+fn a_while_loop_stops_where_its_carried_bool_is_false(ex: Exec) {
+    // Doubling a block until its largest element reaches `lim`: the trip count depends on the
+    // data (checked before every trip, the first included).
+    let src = "
+kernel k
+  in  x: f32[8]
+  in  lim: f32
+  out o: f32[8]
+  out trips: i32[1]
+{
+  %x = load x
+  %l = load lim
+  %m = max %x axis 0
+  %go0 = lt %m, %l
+  %n0 = full 0 : i32
+  %y, %mf, %n, %go = for %i = 0 to 1000000 iter (%v = %x, %mm = %m, %c = %n0, %g = %go0) while %g {
+    %v2 = mul %v, 2.0
+    %mm2 = max %v2 axis 0
+    %c2 = add %c, 1
+    %g2 = lt %mm2, %l
+    yield %v2, %mm2, %c2, %g2
+  }
+  store o, %y
+  store trips[0], %n
+}
+";
+    let x: Vec<f32> = (0..8).map(|i| i as f32 * 0.125).collect();
+    // By hand: the largest is 0.875; 0.875 * 2^7 = 112 is the first to reach 100 (and 112: the
+    // test is `lt`); 112.5 takes one more; 0.5 stops before the first trip.
+    for (lim, trips) in [(100.0f32, 7), (0.5, 0), (112.0, 7), (112.5, 8)] {
+        let Some(out) = ex.run(src, vec![("x", f32s(&x)), ("lim", f32s_shaped(&[], &[lim]))], &[]) else { return };
+        let scale = (1u32 << trips) as f32;
+        assert_eq!(as_f32(&out["o"]), x.iter().map(|v| v * scale).collect::<Vec<_>>(), "lim = {lim}");
+        assert_eq!(as_i32(&out["trips"]), [trips], "lim = {lim}");
     }
 }

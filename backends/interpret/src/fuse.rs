@@ -241,8 +241,8 @@ pub(crate) fn fuse(body: Vec<Instr>, f: &Facts<'_>) -> Vec<Instr> {
     for instr in body {
         let instr = match instr {
             Instr::When { cond, body } => Instr::When { cond, body: fuse(body, f) },
-            Instr::For { var, lo, hi, step, iters, results, body, yields } => {
-                Instr::For { var, lo, hi, step, iters, results, body: fuse(body, f), yields }
+            Instr::For { var, lo, hi, step, iters, cond, results, body, yields } => {
+                Instr::For { var, lo, hi, step, iters, cond, results, body: fuse(body, f), yields }
             }
             other => other,
         };

@@ -157,7 +157,7 @@ impl Lowerer<'_> {
                 Instr::Dot { dst, a, b, trans_a: *trans_a, trans_b: *trans_b }
             }
             Op::When { cond, body } => Instr::When { cond: self.src(cond, DType::Bool), body: self.body(body) },
-            Op::For(ForLoop { var, lo, hi, step, iters, body }) => {
+            Op::For(ForLoop { var, lo, hi, step, iters, cond, body }) => {
                 let var = self.slot(var);
                 let lo = self.src(lo, DType::I32);
                 let hi = self.src(hi, DType::I32);
@@ -182,7 +182,8 @@ impl Lowerer<'_> {
                 };
                 let body = self.body(body);
                 let results = s.results.iter().map(|r| self.slot(r)).collect();
-                Instr::For { var, lo, hi, step, iters, results, body, yields }
+                let cond = cond.as_ref().map(|c| self.slot(c));
+                Instr::For { var, lo, hi, step, iters, cond, results, body, yields }
             }
             Op::Yield(_) => unreachable!("yield is taken by its for"),
         }
@@ -218,8 +219,8 @@ fn dot_views(body: Vec<Instr>, v: &Verified, uses: &HashMap<usize, usize>) -> Ve
         .map(|instr| match instr {
             Instr::Dot { dst, a, b, trans_a, trans_b } => Instr::Dot { dst, a: fold(a), b: fold(b), trans_a, trans_b },
             Instr::When { cond, body } => Instr::When { cond, body: dot_views(body, v, uses) },
-            Instr::For { var, lo, hi, step, iters, results, body, yields } => {
-                Instr::For { var, lo, hi, step, iters, results, body: dot_views(body, v, uses), yields }
+            Instr::For { var, lo, hi, step, iters, cond, results, body, yields } => {
+                Instr::For { var, lo, hi, step, iters, cond, results, body: dot_views(body, v, uses), yields }
             }
             other => other,
         })

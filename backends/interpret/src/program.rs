@@ -156,6 +156,8 @@ pub(crate) enum Instr {
         hi: Src,
         step: Src,
         iters: Vec<(usize, Src)>,
+        /// The slot of the carried `bool` of `while %c`, checked before every trip.
+        cond: Option<usize>,
         results: Vec<usize>,
         body: Vec<Instr>,
         yields: Vec<Src>,

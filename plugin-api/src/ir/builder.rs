@@ -342,7 +342,7 @@ impl BodyBuilder {
         }
         let results: Vec<Value> = inits.iter().map(|_| Value(self.fresh())).collect();
         let iters = carried.iter().zip(inits).map(|(c, i)| (c.0.clone(), i.clone())).collect();
-        let op = Op::For(ForLoop { var: var.0, lo: lo.into(), hi: hi.into(), step, iters, body: inner.stmts });
+        let op = Op::For(ForLoop { var: var.0, lo: lo.into(), hi: hi.into(), step, iters, cond: None, body: inner.stmts });
         self.stmts.push(Stmt { results: results.iter().map(|r| r.0.clone()).collect(), op, ty: None, span: Span::NONE });
         results
     }

@@ -652,6 +652,9 @@ pub struct ForLoop {
     pub step: Option<Operand>,
     /// Loop-carried values and their initial values.
     pub iters: Vec<(String, Operand)>,
+    /// `while %c`: a carried `bool` scalar checked before every trip, the first included; the
+    /// loop ends where it is false (a data-dependent trip count, `lax.while_loop`'s).
+    pub cond: Option<String>,
     /// The body; ends with `yield` when there are `iters`.
     pub body: Vec<Stmt>,
 }

@@ -202,7 +202,7 @@ impl Writer {
                 write!(o, "dot {a}, {b}{}{}", if *trans_a { " trans_a" } else { "" }, if *trans_b { " trans_b" } else { "" })
             }
             Op::When { cond, .. } => write!(o, "when {cond}"),
-            Op::For(ForLoop { var, lo, hi, step, iters, .. }) => {
+            Op::For(ForLoop { var, lo, hi, step, iters, cond, .. }) => {
                 write!(o, "for %{var} = {lo} to {hi}")?;
                 if let Some(s) = step {
                     write!(o, " step {s}")?;
@@ -210,6 +210,9 @@ impl Writer {
                 if !iters.is_empty() {
                     let its: Vec<String> = iters.iter().map(|(n, v)| format!("%{n} = {v}")).collect();
                     write!(o, " iter ({})", its.join(", "))?;
+                }
+                if let Some(c) = cond {
+                    write!(o, " while %{c}")?;
                 }
                 Ok(())
             }

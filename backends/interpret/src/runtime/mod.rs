@@ -260,8 +260,8 @@ impl<'m, 'a> ProgramState<'m, 'a> {
                 }
                 return;
             }
-            Instr::For { var, lo, hi, step, iters, results, body, yields } => {
-                self.run_for(*var, (lo, hi, step), iters, results, body, yields);
+            Instr::For { var, lo, hi, step, iters, cond, results, body, yields } => {
+                self.run_for(*var, (lo, hi, step), iters, *cond, results, body, yields);
                 return;
             }
             Instr::Fused(f) => {
@@ -277,6 +277,7 @@ impl<'m, 'a> ProgramState<'m, 'a> {
         var: usize,
         (lo, hi, step): (&Src, &Src, &Src),
         iters: &[(usize, Src)],
+        cond: Option<usize>,
         results: &[usize],
         body: &[Instr],
         yields: &[Src],
@@ -289,7 +290,8 @@ impl<'m, 'a> ProgramState<'m, 'a> {
         let mut i = lo;
         // A step that is not positive runs the body zero times (documented in docs/language.md).
         // A cancelled launch runs no more iterations (its outputs are thrown away).
-        while step > 0 && i < hi && !self.m.cancelled() {
+        let going = |s: &Self| cond.is_none_or(|c| s.slots[c].as_ref().expect("a carried value").as_bool());
+        while step > 0 && i < hi && going(self) && !self.m.cancelled() {
             self.slots[var] = Some(Val::i32_scalar(i));
             self.exec(body);
             let next: Vec<Val> = yields.iter().map(|y| self.get(y).clone()).collect();

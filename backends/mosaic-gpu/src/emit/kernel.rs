@@ -308,9 +308,7 @@ impl Writer<'_> {
                 self.place_label(&end);
                 self.hazards.union(before);
             }
-            Op::For(ForLoop { var, lo, hi, step, iters, body }) => {
-                self.write_for(var, lo, hi, step.as_ref(), iters, body, &s.results)
-            }
+            Op::For(f) => self.write_for(f, &s.results),
             Op::Yield(_) => {}
         }
     }
@@ -326,17 +324,9 @@ impl Writer<'_> {
         });
     }
 
-    #[allow(clippy::too_many_arguments, reason = "the parts of one `for` statement")]
-    fn write_for(
-        &mut self,
-        var: &str,
-        lo: &Operand,
-        hi: &Operand,
-        step: Option<&Operand>,
-        iters: &[(String, Operand)],
-        body: &[Stmt],
-        results: &[String],
-    ) {
+    fn write_for(&mut self, f: &ForLoop, results: &[String]) {
+        let ForLoop { var, lo, hi, step, iters, cond, body } = f;
+        let step = step.as_ref();
         for (name, init) in iters {
             match init {
                 Operand::Value(v) => self.copy_value(v, name),
@@ -361,6 +351,15 @@ impl Writer<'_> {
         let done = self.p();
         self.ins(format!("setp.ge.s32 {done}, {i}, {hi}"));
         self.ins(format!("@{done} bra.uni {end}"));
+        if let Some(c) = cond {
+            // `while %c`: the carried bool (the same in every thread, which the thread that
+            // wrote it makes visible first), checked before every trip.
+            self.sync(&[Use::across(c)], &[]);
+            let go = self.scalar(&Operand::Value(c.clone()));
+            let stop = self.p();
+            self.ins(format!("setp.eq.u32 {stop}, {go}, 0"));
+            self.ins(format!("@{stop} bra.uni {end}"));
+        }
         let var = var.to_string();
         let iv = i.clone();
         self.sync(&[], &[Use::own(&var)]);

@@ -345,22 +345,15 @@ impl<'k> Writer<'k> {
                 self.close();
                 self.merge_flags(before);
             }
-            Op::For(ForLoop { var, lo, hi, step, iters, body }) => self.write_for(s, var, lo, hi, step.as_ref(), iters, body),
+            Op::For(f) => self.write_for(s, f),
             Op::Yield(_) => unreachable!("yield is written by its for"),
         }
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn write_for(
-        &mut self,
-        s: &Stmt,
-        var: &str,
-        lo: &Operand,
-        hi: &Operand,
-        step: Option<&Operand>,
-        iters: &[(String, Operand)],
-        body: &[Stmt],
-    ) {
+    fn write_for(&mut self, s: &Stmt, f: &ForLoop) {
+        let ForLoop { var, lo, hi, step, iters, cond, body } = f;
+        let step = step.as_ref();
         let scalar = |w: &mut Self, o: &Operand| match o {
             Operand::Lit(l) => literal(*l, DType::I32),
             Operand::Value(v) => w.ident(v),
@@ -400,13 +393,18 @@ impl<'k> Writer<'k> {
         let before = self.flags();
         self.open("loop");
         self.line(format!("if (!{go}) {{ break; }}"));
+        if let Some(c) = cond {
+            // `while %c`: the carried bool, checked before every trip.
+            let c = self.ident(c);
+            self.line(format!("if (!{c}) {{ break; }}"));
+        }
         self.loop_barrier();
         for (name, _) in iters {
             self.defined(name);
         }
         let (last, rest) = match body.split_last() {
             Some((l, r)) if matches!(l.op, Op::Yield(_)) => (Some(l), r),
-            _ => (None, body),
+            _ => (None, body.as_slice()),
         };
         self.write_body(rest);
         if let Some(Stmt { op: Op::Yield(values), .. }) = last {

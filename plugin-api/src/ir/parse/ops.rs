@@ -203,7 +203,12 @@ impl Parser<'_> {
                 self.expect(Tok::Comma, "`,` or `)` in `iter (...)`")?;
             }
         }
-        Ok(Op::For(ForLoop { var, lo, hi, step, iters, body: Vec::new() }))
+        let cond = if self.eat_ident("while") {
+            Some(self.value_name("a carried `bool` such as `%go` after `while`")?)
+        } else {
+            None
+        };
+        Ok(Op::For(ForLoop { var, lo, hi, step, iters, cond, body: Vec::new() }))
     }
 
     fn load(&mut self) -> PResult<Op> {

@@ -128,7 +128,7 @@ impl Checker<'_> {
     }
 
     pub(super) fn for_loop(&mut self, op: &mut Op, span: Span) {
-        let Op::For(ForLoop { var, lo, hi, step, iters, body }) = op else { unreachable!("called on a for") };
+        let Op::For(ForLoop { var, lo, hi, step, iters, cond, body }) = op else { unreachable!("called on a for") };
         self.scalar_int(lo, span, "the lower bound", true);
         self.scalar_int(hi, span, "the upper bound", true);
         if let Some(s) = step {
@@ -146,6 +146,21 @@ impl Checker<'_> {
                 self.val(v, span, &what)
             })
             .collect();
+        if let Some(c) = cond {
+            let carried = iters.iter().position(|(n, _)| n == c);
+            let ok = carried.is_some_and(|k| inits[k].as_ref().is_none_or(|t| *t == Type::scalar(DType::Bool)));
+            if !ok {
+                let what = match carried {
+                    None => "which the loop does not carry".to_string(),
+                    Some(k) => format!("which is {}", inits[k].as_ref().map_or("?".to_string(), ToString::to_string)),
+                };
+                self.err(
+                    span,
+                    format!("`while %{c}` names `%{c}`, {what}"),
+                    "expected a carried `bool` scalar, as in `iter (..., %go = %c) while %go`",
+                );
+            }
+        }
         self.scopes.push(HashMap::new());
         self.define(var, Some(Type::scalar(DType::I32)), span);
         for ((n, _), t) in iters.iter().zip(&inits) {
