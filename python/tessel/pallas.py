@@ -1016,7 +1016,7 @@ class _Writer:
                 and not body.consts
             )
         if not counter_ok:
-            raise self.refuse("`while` other than a `fori_loop`", eqn)
+            return self.while_loop(eqn)
         lo, hi = self.value(carry[0], eqn), self.value(carry[1], eqn)
         rest = carry[2:]
         inits = [self.value(c, eqn) for c in rest]
@@ -1041,6 +1041,46 @@ class _Writer:
         self.env[eqn.outvars[0]] = hi
         self.env[eqn.outvars[1]] = hi
         for out, r in zip(eqn.outvars[2:], results):
+            self.env[out] = r
+
+    def while_loop(self, eqn) -> None:
+        """`lax.while_loop` with any condition: `for %t = 0 to 2^31 - 1 iter (..., %go = c0)
+        while %go`, `c0` the condition on the initial carry and each trip's last value the
+        condition on the carry it yields (docs/language.md's `while`)."""
+        p = eqn.params
+        cond, body = p["cond_jaxpr"], p["body_jaxpr"]
+        cn, bn = p["cond_nconsts"], p["body_nconsts"]
+        if cond.consts or body.consts:
+            raise self.refuse("`while` with captured constants", eqn)
+        cconsts, bconsts, carry = eqn.invars[:cn], eqn.invars[cn:cn + bn], eqn.invars[cn + bn:]
+        cj, bj = cond.jaxpr, body.jaxpr
+
+        def test(values: List[str]) -> str:
+            for var, a in zip(cj.invars[:cn], cconsts):
+                self.env[var] = self.env[a] if not isinstance(a, _jax()[1].Literal) else self.read(a)
+            for var, v in zip(cj.invars[cn:], values):
+                self.env[var] = v
+            self.eqns(cj)
+            return self.value(cj.outvars[0], eqn)
+
+        inits = [self.value(c, eqn) for c in carry]
+        go0 = test(inits)
+        names = [self.body.fresh() for _ in carry]
+        results = [self.body.fresh() for _ in carry]
+        go, done, t = self.body.fresh(), self.body.fresh(), self.body.fresh()
+        iters = ", ".join(f"{n} = {i}" for n, i in zip(names + [go], inits + [go0]))
+        self.body.emit(f"{', '.join(results + [done])} = for {t} = 0 to 2147483647 iter ({iters}) while {go} {{")
+        self.body.depth += 1
+        for var, a in zip(bj.invars[:bn], bconsts):
+            self.env[var] = self.env[a] if not isinstance(a, _jax()[1].Literal) else self.read(a)
+        for var, n in zip(bj.invars[bn:], names):
+            self.env[var] = n
+        self.eqns(bj)
+        nxt = [self.value(o, eqn) for o in bj.outvars]
+        self.body.emit(f"yield {', '.join(nxt + [test(nxt)])}")
+        self.body.depth -= 1
+        self.body.emit("}")
+        for out, r in zip(eqn.outvars, results):
             self.env[out] = r
 
     def scan(self, eqn) -> None:

@@ -908,6 +908,47 @@ def test_strided_reads_run_as_pallas_runs_them():
             np.testing.assert_array_equal(np.asarray(g), w, err_msg=backend)
 
 
+def doubling(x, lim, interpret=False):
+    """`lax.while_loop` whose trip count depends on the data: each program doubles its block
+    until the block's largest element reaches `lim`, counting the trips."""
+
+    def body(x_ref, lim_ref, o_ref, n_ref):
+        limit = lim_ref[0]
+
+        def more(c):
+            v, n = c
+            return jnp.max(v) < limit
+
+        def step(c):
+            v, n = c
+            return v * 2.0, n + 1
+
+        v, n = jax.lax.while_loop(more, step, (x_ref[...], jnp.int32(0)))
+        o_ref[...] = v
+        n_ref[...] = jnp.full((1,), n, jnp.int32)
+
+    spec = pl.BlockSpec((8,), lambda i: (i,))
+    whole = pl.BlockSpec((1,), lambda i: (0,))
+    out = (jax.ShapeDtypeStruct((32,), x.dtype), jax.ShapeDtypeStruct((4,), jnp.int32))
+    return pl.pallas_call(body, out_shape=out, grid=(4,), in_specs=[spec, whole],
+                          out_specs=(spec, pl.BlockSpec((1,), lambda i: (i,))), interpret=interpret)(x, lim)
+
+
+def test_a_while_loop_with_a_data_dependent_condition_runs_as_pallas_runs_it():
+    # Blocks whose largest elements are 1.5, 3, 0.25 and 100: to reach 40 they double 5, 4, 8 and 0 times.
+    x = np.zeros(32, np.float32)
+    x[[7, 15, 23, 31]] = [1.0, 3.0, 0.25, 100.0]
+    x[:8] += np.linspace(0, 0.5, 8, dtype=np.float32)
+    lim = np.array([40.0], np.float32)
+    text = tp.to_tk(doubling, x, lim)
+    assert "while %" in text, text
+    want = [np.asarray(w) for w in doubling(x, lim, interpret=True)]
+    np.testing.assert_array_equal(want[1], [5, 4, 8, 0])
+    for backend in backends():
+        for g, w in zip(tp.run(doubling, x, lim, backend=backend), want):
+            np.testing.assert_array_equal(np.asarray(g), w, err_msg=backend)
+
+
 def test_cond_and_switch_branches_that_write_refs_run_as_pallas_runs_them():
     x = f32(32)
     text = tp.to_tk(branches_writing_refs, x)
