@@ -1110,3 +1110,14 @@ def test_a_cond_returning_values_whose_branch_writes_a_ref_is_refused_with_what_
     with pytest.raises(tessel.UnsupportedError, match="`cond` returning values with a branch that writes a ref") as e:
         tp.run(f, x, backend="interpret")
     assert "write the refs after the `cond`" in str(e.value) or "write the refs after the `cond`" in (e.value.hint or "")
+
+
+# The kernels of issue 36's language features, also run under `tp.install` by test_jax.py.
+CASES += [
+    ("branches_writing_refs", branches_writing_refs, lambda: (f32(32),), 0),
+    ("gathers", gathers, lambda: (np.array([2, 0, 2], dtype=np.int32), f32(3, 4, 5)), 0),
+    ("strided_reads", strided_reads, lambda: (f32(8, 12),), 0),
+    ("doubling", doubling, lambda: (f32(32), np.array([40.0], np.float32)), 0),
+    ("computed_maps", computed_maps, lambda: (f32(32, 48),), 1e-6),
+    ("prefetched_map", prefetched_map, lambda: (np.array([7, -2, 3, 1], dtype=np.int32), f32(32)), 1e-6),
+]
