@@ -408,7 +408,7 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("name,fn,make,tol", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("name,fn,make,tol", CASES[:], ids=[c[0] for c in CASES])
 def test_pallas_kernels_agree_with_pallas_interpret_mode(name, fn, make, tol):
     args = make()
     want = jax.tree_util.tree_map(np.asarray, fn(*args, interpret=True))
