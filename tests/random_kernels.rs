@@ -1,7 +1,8 @@
 //! Random differential testing: well-typed kernels made from a seed (elementwise chains,
 //! reductions with broadcasting back, `dot` (transposed, and on f16/bf16 operands), masks from
-//! `iota`, ragged blocks, `when`, `for` with carried values, integer chains, outputs revisited
-//! along a `seq` axis) run on the interpreter, on wgpu, and as Mosaic GPU PTX on the PTX
+//! `iota`, ragged blocks, `when`, `for` with carried values, `for ... while` with a data-dependent
+//! trip count, computed block indices reading a table, integer chains, outputs revisited along a
+//! `seq` axis) run on the interpreter, on wgpu, and as Mosaic GPU PTX on the PTX
 //! emulator, with the same seeded inputs; they must
 //! agree within the dtype's tolerance (exact for integers). A disagreement is shrunk (fewer
 //! steps, smaller blocks, while it still disagrees) and saved under `tests/in/regressions/`,
@@ -55,6 +56,9 @@ struct Spec {
     /// Computed block indices of `y` (rows, columns), reading a table `t: i32[5]` now and then
     /// (from a stream of their own); `None`: `at (i, j)`.
     index: Option<[String; 2]>,
+    /// A `while` loop after the steps (from a stream of its own): halving the last value until
+    /// its largest magnitude is at most 1, a trip count that depends on the data.
+    halve: bool,
 }
 
 impl Spec {
@@ -93,6 +97,7 @@ impl Spec {
             wide: false,
             big: false,
             index: Spec::computed_index(seed),
+            halve: rng(seed ^ 0x3417).random_bool(0.25),
         }
     }
 
@@ -389,6 +394,25 @@ fn generate(s: &Spec) -> String {
         b.line(&format!("{v} = add {last}, {l}"));
         b.floats.push(v);
     }
+    if s.halve {
+        // Halving is exact, and so are `abs`, `max` and the comparison: every backend stops
+        // after the same trip (at most 64, where an infinity never shrinks).
+        let last = b.floats.last().cloned().expect("a float value");
+        let (a, rows, m, go) = (b.fresh(), b.fresh(), b.fresh(), b.fresh());
+        let (h, hm, hg, hv, hx, hgo, h2, hx2, hg2) =
+            (b.fresh(), b.fresh(), b.fresh(), b.fresh(), b.fresh(), b.fresh(), b.fresh(), b.fresh(), b.fresh());
+        b.line(&format!("{a} = abs {last}"));
+        b.line(&format!("{rows} = max {a} axis 1"));
+        b.line(&format!("{m} = max {rows} axis 0"));
+        b.line(&format!("{go} = gt {m}, 1.0"));
+        b.line(&format!("{h}, {hm}, {hg} = for %halving = 0 to 64 iter ({hv} = {last}, {hx} = {m}, {hgo} = {go}) while {hgo} {{"));
+        b.line(&format!("  {h2} = mul {hv}, 0.5"));
+        b.line(&format!("  {hx2} = mul {hx}, 0.5"));
+        b.line(&format!("  {hg2} = gt {hx2}, 1.0"));
+        b.line(&format!("  yield {h2}, {hx2}, {hg2}"));
+        b.line("}");
+        b.floats.push(h);
+    }
     if s.edges > 0 {
         let e = edge_steps(s, &mut b);
         b.line(&format!("store e, {e}"));
@@ -636,6 +660,7 @@ fn the_generator_makes_kernels_that_verify_and_vary() {
         "t[",
         "select(",
         ") / (",
+        "while %",
     ] {
         assert!(texts.iter().any(|t| t.contains(op)), "no generated kernel uses {op}");
     }
