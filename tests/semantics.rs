@@ -40,6 +40,7 @@ on_every_executor!(
     block_indices_read_integer_inputs,
     a_grid_size_from_an_input_runs_that_many_programs,
     a_while_loop_stops_where_its_carried_bool_is_false,
+    strided_slices_take_every_kth_element,
 );
 
 fn f32s(v: &[f32]) -> HostArray {
@@ -430,4 +431,32 @@ kernel k
         assert_eq!(as_f32(&out["o"]), x.iter().map(|v| v * scale).collect::<Vec<_>>(), "lim = {lim}");
         assert_eq!(as_i32(&out["trips"]), [trips], "lim = {lim}");
     }
+}
+
+fn strided_slices_take_every_kth_element(ex: Exec) {
+    // `ds(START, SIZE, STRIDE)`: rows 1, 3, 5 and columns 0, 3, 6, 9 read; a stride running past
+    // the array reads 0 there (columns 8, 11, 14 of 12); stores to every other element leave the
+    // others as they were (zeros).
+    let src = "
+kernel k
+  in  x: f32[8, 12]
+  out a: f32[3, 4]
+  out b: f32[3]
+  out c: f32[12]
+{
+  %a = load x[ds(1, 3, 2), ds(0, 4, 3)]
+  store a, %a
+  %b = load x[7, ds(8, 3, 3)]
+  store b, %b
+  %r = load x[0, ds(0, 6, 2)]
+  %s = add %r, 100.0
+  store c[ds(1, 6, 2)], %s
+}
+";
+    let x: Vec<f32> = (0..96).map(|i| i as f32).collect();
+    let Some(out) = ex.run(src, vec![("x", f32s_shaped(&[8, 12], &x))], &[]) else { return };
+    // By hand: element (r, c) of x is 12 r + c.
+    assert_eq!(as_f32(&out["a"]), [12.0, 15.0, 18.0, 21.0, 36.0, 39.0, 42.0, 45.0, 60.0, 63.0, 66.0, 69.0]);
+    assert_eq!(as_f32(&out["b"]), [92.0, 95.0, 0.0]);
+    assert_eq!(as_f32(&out["c"]), [0.0, 100.0, 0.0, 102.0, 0.0, 104.0, 0.0, 106.0, 0.0, 108.0, 0.0, 110.0]);
 }

@@ -137,7 +137,7 @@ fn emit(b: &mut BodyBuilder, pools: &mut Pools, s: &StepSpec, depth: usize) {
                     let start = body.mul(i, 1i64);
                     let _ = body.load_with(
                         "x",
-                        Some(vec![Index::Slice { start: (&start).into(), size: R }, Index::Full]),
+                        Some(vec![Index::Slice { start: (&start).into(), size: R, stride: 1 }, Index::Full]),
                         None,
                         None,
                     );

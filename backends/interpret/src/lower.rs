@@ -68,7 +68,7 @@ impl Lowerer<'_> {
             ix.iter()
                 .map(|i| match i {
                     Index::Full => Ix::Full,
-                    Index::Slice { start, size } => Ix::Slice(self.src(start, DType::I32), *size),
+                    Index::Slice { start, size, stride } => Ix::Slice(self.src(start, DType::I32), *size, *stride),
                     Index::At(v) => Ix::At(self.src(v, DType::I32)),
                 })
                 .collect()

@@ -31,7 +31,8 @@ pub(crate) struct MemRef(pub usize);
 #[derive(Clone, Debug)]
 pub(crate) enum Ix {
     Full,
-    Slice(Src, usize),
+    /// `ds(start, size, stride)`.
+    Slice(Src, usize, usize),
     At(Src),
 }
 
@@ -40,7 +41,7 @@ impl Ix {
     pub fn src(&self) -> Option<&Src> {
         match self {
             Ix::Full => None,
-            Ix::Slice(s, _) | Ix::At(s) => Some(s),
+            Ix::Slice(s, ..) | Ix::At(s) => Some(s),
         }
     }
 }

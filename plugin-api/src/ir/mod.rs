@@ -508,12 +508,15 @@ impl Literal {
 pub enum Index {
     /// `:` the whole dimension.
     Full,
-    /// `ds(START, SIZE)`: `SIZE` elements from `START` (dynamic start, static size).
+    /// `ds(START, SIZE)`: `SIZE` elements from `START` (dynamic start, static size);
+    /// `ds(START, SIZE, STRIDE)`: every `STRIDE`-th from `START` (this project's, issue 36).
     Slice {
         /// First element, relative to the block origin.
         start: Operand,
         /// Number of elements.
         size: usize,
+        /// Elements from one to the next (1: contiguous).
+        stride: usize,
     },
     /// A single element; the dimension is dropped.
     At(Operand),

@@ -59,7 +59,8 @@ impl fmt::Display for Index {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Index::Full => f.write_str(":"),
-            Index::Slice { start, size } => write!(f, "ds({start}, {size})"),
+            Index::Slice { start, size, stride: 1 } => write!(f, "ds({start}, {size})"),
+            Index::Slice { start, size, stride } => write!(f, "ds({start}, {size}, {stride})"),
             Index::At(v) => write!(f, "{v}"),
         }
     }

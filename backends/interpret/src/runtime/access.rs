@@ -12,28 +12,34 @@ use crate::program::{Ix, MemRef, Src};
 
 impl ProgramState<'_, '_> {
     /// The region an index list selects: per dimension a start relative to the block origin, a
-    /// length, and whether the dimension is kept in the value's shape.
-    fn region(&self, mem: MemRef, index: Option<&[Ix]>) -> (Vec<i64>, Vec<usize>, Vec<usize>) {
+    /// length, and whether the dimension is kept in the value's shape; with strided slices, the
+    /// region they span and, per element of the value, its place in that region.
+    fn region(&self, mem: MemRef, index: Option<&[Ix]>) -> (Vec<i64>, Vec<usize>, Vec<usize>, Option<Vec<usize>>) {
         let p = &self.m.kernel.kernel().params[mem.0];
         let block = p.block_shape();
         let origin = &self.origins[mem.0];
         let Some(index) = index else {
-            return (origin.clone(), block.to_vec(), block.to_vec());
+            return (origin.clone(), block.to_vec(), block.to_vec(), None);
         };
-        let (mut starts, mut lens, mut shape) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut starts, mut lens, mut shape, mut strides) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for (d, ix) in index.iter().enumerate() {
-            let (s, n, keep) = match ix {
-                Ix::Full => (0, block[d], true),
-                Ix::Slice(s, n) => (self.get(s).as_i64(), *n, true),
-                Ix::At(s) => (self.get(s).as_i64(), 1, false),
+            let (s, n, keep, k) = match ix {
+                Ix::Full => (0, block[d], true, 1),
+                Ix::Slice(s, n, k) => (self.get(s).as_i64(), *n, true, *k),
+                Ix::At(s) => (self.get(s).as_i64(), 1, false, 1),
             };
             starts.push(origin[d].wrapping_add(s));
             lens.push(n);
+            strides.push(k);
             if keep {
                 shape.push(n);
             }
         }
-        (starts, lens, shape)
+        if strides.iter().all(|&k| k == 1) {
+            return (starts, lens, shape, None);
+        }
+        let spans: Vec<usize> = lens.iter().zip(&strides).map(|(&n, &k)| (n - 1) * k + 1).collect();
+        (starts, spans.clone(), shape, Some(strided_places(&lens, &strides, &spans)))
     }
 
     fn mask_lanes(&self, mask: Option<usize>, shape: &[usize]) -> Option<Vec<bool>> {
@@ -46,9 +52,17 @@ impl ProgramState<'_, '_> {
         if let Some(v) = &self.held[mem.0] {
             return v.clone(); // resident: loaded whole, inside its array
         }
-        let (starts, lens, shape) = self.region(mem, index);
+        let (starts, lens, shape, places) = self.region(mem, index);
         let other = Val::scalar_literal(dtype, other);
-        let mut data = self.read_region(mem, &starts, &lens, &shape, &other, dtype);
+        let mut data = match &places {
+            None => self.read_region(mem, &starts, &lens, &shape, &other, dtype),
+            // Strided: the span read, then the elements at the strides taken from it.
+            Some(places) => {
+                let all = Val { dtype, shape: lens.clone(), data: self.read_region(mem, &starts, &lens, &lens, &other, dtype) };
+                let bits = all.to_bits();
+                Val::from_bits(dtype, shape.clone(), places.iter().map(|&f| bits[f]).collect()).data
+            }
+        };
         if let Some(lanes) = self.mask_lanes(mask, &shape) {
             apply_mask(&mut data, &lanes, &other.data);
         }
@@ -103,8 +117,22 @@ impl ProgramState<'_, '_> {
     }
 
     pub(super) fn store(&mut self, mem: MemRef, index: Option<&[Ix]>, value: &Src, mask: Option<usize>) {
-        let (starts, lens, shape) = self.region(mem, index);
+        let (starts, lens, shape, places) = self.region(mem, index);
         let v = self.get(value);
+        if let Some(places) = places {
+            // Strided: the span written where a place of the value falls (and its lane is on).
+            let lanes = self.mask_lanes(mask, &shape);
+            let bits = expand(&v.to_bits(), &v.shape, &shape).into_owned();
+            let n: usize = lens.iter().product();
+            let (mut spanned, mut on) = (vec![0u32; n], vec![false; n]);
+            for (i, &f) in places.iter().enumerate() {
+                spanned[f] = bits[i];
+                on[f] = lanes.as_ref().is_none_or(|l| l[i]);
+            }
+            return self.write_region(mem, &starts, &lens, |mut cells, first| {
+                (0..cells.len()).filter(|&i| on[first + i]).for_each(|i| cells.set(i, spanned[first + i]));
+            });
+        }
         if self.held[mem.0].is_some() {
             let v = if v.shape == shape { v.clone() } else { eval::broadcast_to(v, &shape) };
             self.held[mem.0] = Some(v); // resident: stored whole
@@ -159,4 +187,15 @@ impl ProgramState<'_, '_> {
         let block = self.m.kernel.kernel().params[mem.0].block_shape();
         self.origins[mem.0].iter().zip(block).zip(&arr.shape).all(|((&o, &b), &n)| o >= 0 && o as usize + b <= n)
     }
+}
+
+/// For each element of a region of `lens` taken every `strides` (row-major), its flat place in
+/// the region of `spans` it spans.
+fn strided_places(lens: &[usize], strides: &[usize], spans: &[usize]) -> Vec<usize> {
+    let mut places = vec![0usize];
+    for d in 0..lens.len() {
+        let inner: usize = spans[d + 1..].iter().product();
+        places = places.iter().flat_map(|&p| (0..lens[d]).map(move |i| p + i * strides[d] * inner)).collect();
+    }
+    places
 }

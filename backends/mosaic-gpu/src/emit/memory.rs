@@ -150,13 +150,18 @@ impl Writer<'_> {
         // Region: a start register and a length per array dimension; which dimensions stay.
         let mut starts = Vec::new();
         let mut lens = Vec::new();
+        let mut strides_of = Vec::new();
         let mut shape = Vec::new();
         for d in 0..block.len() {
             let (s, len, keep) = match index.map(|ix| &ix[d]) {
                 None | Some(Index::Full) => (None, block[d], true),
-                Some(Index::Slice { start, size }) => (Some(self.scalar(start)), *size, true),
+                Some(Index::Slice { start, size, .. }) => (Some(self.scalar(start)), *size, true),
                 Some(Index::At(at)) => (Some(self.scalar(at)), 1, false),
             };
+            strides_of.push(match index.map(|ix| &ix[d]) {
+                Some(Index::Slice { stride, .. }) => *stride,
+                _ => 1,
+            });
             let st = match s {
                 Some(s) => {
                     let r = self.r();
@@ -197,6 +202,9 @@ impl Writer<'_> {
                 let g = w.r();
                 w.ins(format!("div.u32 {g}, {e}, {}", ls[d]));
                 w.ins(format!("rem.u32 {g}, {g}, {}", lens[d]));
+                if strides_of[d] > 1 {
+                    w.ins(format!("mul.lo.u32 {g}, {g}, {}", strides_of[d]));
+                }
                 w.ins(format!("add.s32 {g}, {g}, {}", starts[d]));
                 let inside = w.p();
                 w.ins(format!("setp.lt.u32 {inside}, {g}, {}", dims[d]));

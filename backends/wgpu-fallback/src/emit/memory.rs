@@ -16,6 +16,8 @@ pub(super) struct Dim {
     /// First array index, an `i32` expression.
     start: String,
     len: usize,
+    /// Elements from one to the next (`ds`'s stride; 1 elsewhere).
+    stride: usize,
     /// Whether the dimension stays in the result (not a single-element index).
     keep: bool,
     /// Range of `start` over the whole grid, where known.
@@ -90,18 +92,18 @@ impl<'k> Writer<'k> {
                         (format!("({origin} + {cast})"), None)
                     }
                 };
-                let (start, len, keep, range) = match index.map(|ix| &ix[d]) {
-                    None | Some(Index::Full) => (origin.clone(), block[d], true, range),
-                    Some(Index::Slice { start: s, size }) => {
+                let (start, len, keep, range, stride) = match index.map(|ix| &ix[d]) {
+                    None | Some(Index::Full) => (origin.clone(), block[d], true, range, 1),
+                    Some(Index::Slice { start: s, size, stride }) => {
                         let (st, r) = start(self, s);
-                        (st, *size, true, r)
+                        (st, *size, true, r, *stride)
                     }
                     Some(Index::At(a)) => {
                         let (st, r) = start(self, a);
-                        (st, 1, false, r)
+                        (st, 1, false, r, 1)
                     }
                 };
-                Dim { start, len, keep, range }
+                Dim { start, len, stride, keep, range }
             })
             .collect()
     }
@@ -116,10 +118,13 @@ impl<'k> Writer<'k> {
         let mut terms = Vec::new();
         for (d, r) in region.iter().enumerate() {
             let g = self.t();
-            let pos = if r.len == 1 { String::new() } else { format!("i32((e / {}u) % {}u) + ", ls[d], r.len) };
+            let stride = if r.stride == 1 { String::new() } else { format!(" * {}i", r.stride) };
+            let pos = if r.len == 1 { String::new() } else { format!("i32((e / {}u) % {}u){stride} + ", ls[d], r.len) };
             self.line(format!("let {g} = {pos}{};", r.start));
-            // Drop the check where it is redundant (docs/language.md §5).
-            let inside = r.range.is_some_and(|(lo, hi)| lo >= 0 && hi + r.len as i64 <= dims[d] as i64);
+            // Drop the check where it is redundant (docs/language.md §5): the last element is
+            // `(len - 1) * stride` past the start.
+            let span = ((r.len - 1) * r.stride + 1) as i64;
+            let inside = r.range.is_some_and(|(lo, hi)| lo >= 0 && hi + span <= dims[d] as i64);
             if !inside {
                 conds.push(format!("u32({g}) < {}u", dims[d]));
             }

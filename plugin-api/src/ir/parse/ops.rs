@@ -241,8 +241,9 @@ impl Parser<'_> {
                 let start = self.operand()?;
                 self.expect(Tok::Comma, "`,` and the slice size")?;
                 let size = self.size("a slice size")?;
+                let stride = if self.eat(&Tok::Comma) { self.size("a slice stride")? } else { 1 };
                 self.expect(Tok::RParen, "`)` to close `ds(...)`")?;
-                Index::Slice { start, size }
+                Index::Slice { start, size, stride }
             } else {
                 Index::At(self.operand()?)
             });

@@ -44,10 +44,13 @@ impl Checker<'_> {
         for (ix, &dim) in index.iter().zip(&block) {
             match ix {
                 Index::Full => shape.push(dim),
-                Index::Slice { start, size } => {
+                Index::Slice { start, size, stride } => {
                     self.scalar_int(start, span, "the start of `ds`", false);
                     if *size == 0 {
                         self.err(span, "`ds(..., 0)` selects nothing", "expected a positive slice size");
+                    }
+                    if *stride == 0 {
+                        self.err(span, "`ds(START, SIZE, 0)` has a stride of 0", "expected a positive stride, as in `ds(%s, 8, 2)`");
                     }
                     shape.push(*size);
                 }
