@@ -156,8 +156,6 @@ class _Writer:
         self.body_axes = grid_axes
         #: While `gather` writes one of its loads: (the index array, its entry's `%value`).
         self.entry: Optional[Tuple[Any, str]] = None
-        #: While `strided_get` writes its load: strided slices read the elements they span.
-        self.cover = False
         self.body = _Body(kernel)
         #: jaxpr var -> `%value`, a literal's text, or ("ref", name).
         self.env: Dict[Any, Any] = {}
@@ -254,16 +252,13 @@ class _Writer:
         whole = not squeezed
         for dim, ix in zip(ref_shape, nd.indices):
             if isinstance(ix, indexing.Slice):
-                if ix.stride != 1 and not self.cover:
-                    raise self.refuse("a strided slice", eqn, "read it in a `get` (a strided store has no translation)")
                 start = ix.start if isinstance(ix.start, int) else self.read(ix.start)
-                # A strided read covers `size * stride` elements (`strided_get`).
-                size = ix.size * ix.stride
-                if start == 0 and size == dim:
+                size = ix.size
+                if start == 0 and size == dim and ix.stride == 1:
                     parts.append(":")
                     continue
                 whole = False
-                parts.append(f"ds({start}, {size})")
+                parts.append(f"ds({start}, {size})" if ix.stride == 1 else f"ds({start}, {size}, {ix.stride})")
             else:
                 whole = False
                 shape = tuple(getattr(getattr(ix, "aval", None), "shape", ()))
@@ -296,9 +291,8 @@ class _Writer:
             if ix is None:
                 within.append(("ds", "0", dim))
             elif isinstance(ix, indexing.Slice):
-                if ix.stride != 1:
-                    raise self.refuse("a strided slice", eqn)
-                within.append(("ds", str(ix.start) if isinstance(ix.start, int) else self.read(ix.start), ix.size))
+                stride = f", {ix.stride}" if ix.stride != 1 else ""
+                within.append(("ds", str(ix.start) if isinstance(ix.start, int) else self.read(ix.start), f"{ix.size}{stride}"))
             else:
                 shape = tuple(getattr(getattr(ix, "aval", None), "shape", ()))
                 if shape != ():
@@ -376,41 +370,6 @@ class _Writer:
         if len(arrays) != 1 or len(arrays[0].aval.shape) != 1 or self.run_start(arrays[0]) is not None:
             return None
         return arrays[0]
-
-    def strided_get(self, eqn, tree) -> bool:
-        """`ref[pl.ds(start, n, stride=s)]`: the `n * s` elements from `start` loaded (what lies
-        past the array reads 0 and is dropped), each strided dimension split in two with
-        `reshape` as `[n, s]`, and the first of every `s` kept with `slice`. False where no slice
-        of the `get` has a stride."""
-        from jax._src.state import indexing
-
-        jax, _, _ = _jax()
-        ref, *atoms = eqn.invars
-        try:
-            (nd,) = jax.tree_util.tree_unflatten(tree, atoms)
-        except Exception:
-            return False
-        if not isinstance(nd, indexing.NDIndexer) or not any(isinstance(ix, indexing.Slice) and ix.stride != 1 for ix in nd.indices):
-            return False
-        kept = [(ix.size, ix.stride) for ix in nd.indices if isinstance(ix, indexing.Slice)]
-        out = eqn.outvars[0].aval
-        if len(kept) != len(out.shape):
-            raise self.refuse("a strided slice beside an index array", eqn)
-        self.cover = True
-        try:
-            index = self.index(eqn, ref, tree, atoms)
-        finally:
-            self.cover = False
-        ty = lambda shape: _ty(out.update(shape=tuple(shape)), self.kernel, eqn)  # noqa: E731
-        v = self.body.fresh()
-        self.body.emit(f"{v} = load {self.ref(ref, eqn)}{index} : {ty([n * s for n, s in kept])}")
-        split = [d for n, s in kept for d in (n, s)]
-        v = self.reshaped(v, split, ty(split))
-        first = self.body.fresh()
-        starts = ", ".join("0" for _ in split)
-        self.body.emit(f"{first} = slice {v} start ({starts}) : {ty([d for n, _ in kept for d in (n, 1)])}")
-        self.define(eqn.outvars[0], self.reshaped(first, out.shape, ty(out.shape)))
-        return True
 
     def broadcast_scalar(self, ix) -> Optional[str]:
         """The scalar's text where index array `ix` is one scalar broadcast (`x_ref[1, :, t]`
@@ -547,9 +506,7 @@ class _Writer:
         name = eqn.primitive.name
         p = eqn.params
         k = self.kernel
-        if name == "get" and self.strided_get(eqn, p["tree"]):
-            pass
-        elif name == "get" and self.gather_index(p["tree"], eqn.invars[1:]) is not None:
+        if name == "get" and self.gather_index(p["tree"], eqn.invars[1:]) is not None:
             ref, *ix = eqn.invars
             self.gather(eqn, ref, p["tree"], ix, self.gather_index(p["tree"], ix))
         elif name == "get":

@@ -641,7 +641,7 @@ def _refusal_cases():
 
     def strided(x):
         def body(x_ref, o_ref):
-            o_ref[pl.ds(0, 4, stride=2)] = x_ref[pl.ds(0, 4)]
+            o_ref[pl.ds(0, 4)] = x_ref[...][::2]
 
         return single(body, x)
 
@@ -677,7 +677,7 @@ def _refusal_cases():
         ("aliased_read_after", aliased_read_after, f32(16), "(the kernel reads `x0` where it could see what it stored into `o0`"),
         ("aliased_seq", aliased_seq, f32(16), "(the kernel reads `x0` where it could see what it stored into `o0`"),
         ("aliased_blocks", aliased_blocks, f32(16), "`input_output_aliases` pairing `x0` with `o0` in Pallas kernel `aliased_blocks`"),
-        ("strided", strided, f32(16), "a strided slice in Pallas kernel `strided` (at "),
+        ("strided", strided, f32(16), "a strided slice of a value in Pallas kernel `strided` (at "),
         ("batched", batched, f32(2, 2, 8, 8), "`dot_general` other than a 2-D matrix product or one batched over a leading dimension in Pallas kernel `batched`"),
         ("int8", int8, np.arange(16, dtype=np.int8), "dtype int8 in Pallas kernel `int8`"),
         ("argmax", argmax, f32(8, 8), "primitive `argmax` in Pallas kernel `argmax` (at "),
@@ -885,14 +885,17 @@ def test_gathers_by_an_index_array_run_as_pallas_runs_them():
 
 
 def strided_reads(x, interpret=False):
-    """Strided reads (`pl.ds(start, n, stride=s)`): every other row from row 1, every third
-    column; and a stride whose span (`n * s` from 2) runs past the end of the row."""
+    """Strided slices (`pl.ds(start, n, stride=s)`): every other row from row 1, every third
+    column; a stride that ends at the row's last element; and the even places of a row written
+    with the odd ones (RoPE's interleaving)."""
 
-    def body(x_ref, o_ref, p_ref):
+    def body(x_ref, o_ref, p_ref, q_ref):
         o_ref[...] = x_ref[pl.ds(1, 3, stride=2), pl.ds(0, 4, stride=3)]
         p_ref[...] = x_ref[pl.ds(7, 1), pl.ds(2, 4, stride=3)]
+        q_ref[...] = jnp.zeros((1, 12), x.dtype)
+        q_ref[:, pl.ds(0, 6, stride=2)] = x_ref[pl.ds(0, 1), pl.ds(1, 6, stride=2)]
 
-    out = (jax.ShapeDtypeStruct((3, 4), x.dtype), jax.ShapeDtypeStruct((1, 4), x.dtype))
+    out = (jax.ShapeDtypeStruct((3, 4), x.dtype), jax.ShapeDtypeStruct((1, 4), x.dtype), jax.ShapeDtypeStruct((1, 12), x.dtype))
     return pl.pallas_call(body, out_shape=out, interpret=interpret)(x)
 
 
@@ -901,8 +904,10 @@ def test_strided_reads_run_as_pallas_runs_them():
     want = [np.asarray(w) for w in strided_reads(x, interpret=True)]
     np.testing.assert_array_equal(want[0], x[1:7:2, 0:12:3])  # by hand, numpy's slicing
     np.testing.assert_array_equal(want[1], x[7:8, 2:12:3])
+    np.testing.assert_array_equal(want[2][0, 0::2], x[0, 1::2])
+    np.testing.assert_array_equal(want[2][0, 1::2], 0)
     text = tp.to_tk(strided_reads, x)
-    assert "load x0[ds(1, 6), :] : f32[6, 12]" in text and "slice" in text, text
+    assert "load x0[ds(1, 3, 2), ds(0, 4, 3)]" in text and "store o2[:, ds(0, 6, 2)]" in text, text
     for backend in backends():
         for g, w in zip(tp.run(strided_reads, x, backend=backend), want):
             np.testing.assert_array_equal(np.asarray(g), w, err_msg=backend)
