@@ -1027,7 +1027,9 @@ def test_computed_and_data_dependent_index_maps_run_as_pallas_runs_them(fn, make
     for backend in backends():
         got = tp.run(fn, *args, backend=backend)
         for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
-            np.testing.assert_allclose(g, w, rtol=1e-6, err_msg=backend)
+            # `x * 10 + s`: XLA's CPU code may fuse it into one rounding; near 0 that leaves an
+            # ulp of `x * 10` (up to about 4e-6 here), not of the result.
+            np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-5, err_msg=backend)
 
 
 @pytest.mark.parametrize("name,index_map", [
