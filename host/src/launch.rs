@@ -464,8 +464,8 @@ impl Planned<'_, '_> {
         let b = self.b;
         for k in &self.launch.kernels {
             // A grid size from data must be given: the data is on the device.
-            let grid = k.kernel.kernel().grid.iter().flatten();
-            if let Some(a) = grid.clone().find(|a| a.from.is_some() && !self.launch.grid.contains_key(&a.name)) {
+            let mut grid = k.kernel.kernel().grid.iter().flatten();
+            if let Some(a) = grid.find(|a| a.from.is_some() && !self.launch.grid.contains_key(&a.name)) {
                 return Err(Error::Backend {
                     backend: b.name.clone(),
                     kind: ErrorKind::InvalidInput,

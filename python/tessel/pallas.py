@@ -1021,24 +1021,8 @@ class _Writer:
             return self.value(cj.outvars[0], eqn)
 
         inits = [self.value(c, eqn) for c in carry]
-        go0 = test(inits)
-        names = [self.body.fresh() for _ in carry]
-        results = [self.body.fresh() for _ in carry]
-        go, done, t = self.body.fresh(), self.body.fresh(), self.body.fresh()
-        iters = ", ".join(f"{n} = {i}" for n, i in zip(names + [go], inits + [go0]))
-        self.body.emit(f"{', '.join(results + [done])} = for {t} = 0 to 2147483647 iter ({iters}) while {go} {{")
-        self.body.depth += 1
-        for var, a in zip(bj.invars[:bn], bconsts):
-            self.env[var] = self.env[a] if not isinstance(a, _jax()[1].Literal) else self.read(a)
-        for var, n in zip(bj.invars[bn:], names):
-            self.env[var] = n
-        self.eqns(bj)
-        nxt = [self.value(o, eqn) for o in bj.outvars]
-        self.body.emit(f"yield {', '.join(nxt + [test(nxt)])}")
-        self.body.depth -= 1
-        self.body.emit("}")
-        for out, r in zip(eqn.outvars, results):
-            self.env[out] = r
+        go = self.body.fresh()
+        self.carried_loop(eqn, bj, bconsts, inits, "0 to 2147483647", (go, test(inits), test))
 
     def scan(self, eqn) -> None:
         """`lax.fori_loop` (a `scan` with no scanned inputs): a `for` over its length with every
@@ -1052,21 +1036,29 @@ class _Writer:
         if body.consts:
             raise self.refuse("`scan` with captured constants", eqn)
         consts, carry = eqn.invars[:nc], eqn.invars[nc:]
-        inits = [self.value(c, eqn) for c in carry]
-        names = [self.body.fresh() for _ in carry]
-        results = [self.body.fresh() for _ in carry]
-        t = self.body.fresh()
-        iters = ", ".join(f"{n} = {i}" for n, i in zip(names, inits))
-        self.body.emit(f"{', '.join(results)} = for {t} = 0 to {p['length']} iter ({iters}) {{")
+        self.carried_loop(eqn, body.jaxpr, consts, [self.value(c, eqn) for c in carry], f"0 to {p['length']}")
+
+    def carried_loop(self, eqn, jaxpr, consts, inits: List[str], bounds: str, cond=None) -> None:
+        """`RESULTS = for %t = BOUNDS iter (NAMES = INITS) { BODY; yield ... }` for a loop body
+        `jaxpr` whose operands are `consts` then the carried values, its results the `eqn`'s.
+        `cond` = (name, initial value, condition of the yielded values) carries one more `bool`
+        after them and ends the loop where it is false (`while NAME`)."""
+        _, core, _ = _jax()
+        names = [self.body.fresh() for _ in inits]
+        results = [self.body.fresh() for _ in inits]
+        extra = [(cond[0], cond[1])] if cond else []
+        iters = ", ".join(f"{n} = {i}" for n, i in [*zip(names, inits), *extra])
+        heads = results + ([self.body.fresh()] if cond else [])
+        until = f" while {cond[0]}" if cond else ""
+        self.body.emit(f"{', '.join(heads)} = for {self.body.fresh()} = {bounds} iter ({iters}){until} {{")
         self.body.depth += 1
-        jaxpr = body.jaxpr
-        for var, a in zip(jaxpr.invars[:nc], consts):
-            self.env[var] = self.env[a]
-        for var, n in zip(jaxpr.invars[nc:], names):
+        for var, a in zip(jaxpr.invars[: len(consts)], consts):
+            self.env[var] = self.read(a) if isinstance(a, core.Literal) else self.env[a]
+        for var, n in zip(jaxpr.invars[len(consts) :], names):
             self.env[var] = n
         self.eqns(jaxpr)
         outs = [self.value(o, eqn) for o in jaxpr.outvars]
-        self.body.emit(f"yield {', '.join(outs)}")
+        self.body.emit(f"yield {', '.join(outs + ([cond[2](outs)] if cond else []))}")
         self.body.depth -= 1
         self.body.emit("}")
         for out, r in zip(eqn.outvars, results):

@@ -179,9 +179,7 @@ pub(super) fn atan2_of(b: &mut Builder, y: Var, x: Var) -> Var {
 pub(super) fn erf_inv_of(b: &mut Builder, x: Var) -> Var {
     let ax = b.op(Ty::F32, Op::Abs(x));
     let one = b.f(1.0);
-    let lo = b.sub(one, ax);
-    let hi = b.add(one, ax);
-    let prod = b.mul(lo, hi);
+    let prod = one_minus_square(b, x);
     let l = log_of(b, prod);
     let w = b.op(Ty::F32, Op::Neg(l));
     let c = b.f(2.5);
@@ -237,15 +235,20 @@ pub(super) fn atan_of(b: &mut Builder, x: Var) -> Var {
     atan2_of(b, x, one)
 }
 
-/// `sqrt((1 - |x|)(1 + |x|))`, the other side of the unit triangle: each factor exact where
-/// `|x|` is near 1 (Sterbenz), so the product is rounded once; garbage beyond 1 (the callers
-/// select NaN there).
-fn cathetus(b: &mut Builder, x: Var) -> Var {
+/// `1 - x^2` as `(1 - |x|)(1 + |x|)`: each factor exact where `|x|` is near 1 (Sterbenz), so the
+/// product is rounded once.
+fn one_minus_square(b: &mut Builder, x: Var) -> Var {
     let ax = b.op(Ty::F32, Op::Abs(x));
     let one = b.f(1.0);
     let lo = b.sub(one, ax);
     let hi = b.add(one, ax);
-    let w = b.mul(lo, hi);
+    b.mul(lo, hi)
+}
+
+/// `sqrt(1 - x^2)`, the other side of the unit triangle; garbage beyond 1 (the callers select
+/// NaN there).
+fn cathetus(b: &mut Builder, x: Var) -> Var {
+    let w = one_minus_square(b, x);
     let s = sqrt_of(b, w);
     // At |x| = 1 the product is 0, which `sqrt_of` (for positive normals) does not take.
     let zero = b.f(0.0);
