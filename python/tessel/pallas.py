@@ -899,39 +899,44 @@ class _Writer:
             self.body.emit("}")
 
     def cond_values(self, eqn) -> None:
-        """`lax.cond` and `lax.switch` returning values, their branches writing no ref (skipping a
-        block's work while keeping the carried state): every branch is computed and each result
-        chosen by `select` on the predicate, or on `index == k` for a switch (whose index JAX has
-        clamped into range). Loads cannot fault in tessel (outside the array they read zeros), so
-        computing a branch that is not taken changes no result, only the work done."""
+        """`lax.cond` and `lax.switch` returning values (skipping a block's work while keeping the
+        carried state): each branch a loop of one trip where it is taken and none elsewhere
+        (`for %t = 0 to %n iter (...)`, `%n` 1 where `index == k`), carrying the results so far
+        (zeros before the first), so that only the branch taken runs, refs it writes included."""
         branches = eqn.params["branches"]
         index, *ops = eqn.invars
-        for b in branches:
-            writes = [e for e in b.jaxpr.effects if type(e).__name__ in ("WriteEffect", "AccumEffect")]
-            if writes:
-                raise self.refuse("`cond` returning values with a branch that writes a ref", eqn,
-                                  "write the refs after the `cond`, from its results, or use `pl.when` without results")
-        results = []
-        for b in branches:
-            if b.consts:
-                raise self.refuse("`cond` with captured constants", eqn)
+        if any(b.consts for b in branches):
+            raise self.refuse("`cond` with captured constants", eqn)
+        # A two-way `cond` on a bool takes it as it is (the int JAX makes of it is not written).
+        pred = self.bools.get(index) if len(branches) == 2 else None
+        idx = None if pred is not None else self.value(index, eqn)
+        current = []
+        for out in eqn.outvars:
+            z = self.body.fresh()
+            self.body.emit(f"{z} = zeros : {_ty(out.aval, self.kernel, eqn)}")
+            current.append(z)
+        for k, b in enumerate(branches):
+            taken, trips = self.body.fresh(), self.body.fresh()
+            if pred is None:
+                self.body.emit(f"{taken} = eq {idx}, {k} : bool")
+            elif k == 1:
+                taken = pred
+            else:
+                self.body.emit(f"{taken} = not {pred} : bool")
+            self.body.emit(f"{trips} = cast {taken} : i32")
+            names = [self.body.fresh() for _ in current]
+            results = [self.body.fresh() for _ in current]
+            iters = ", ".join(f"{n} = {c}" for n, c in zip(names, current))
+            self.body.emit(f"{', '.join(results)} = for {self.body.fresh()} = 0 to {trips} iter ({iters}) {{")
+            self.body.depth += 1
             self.sub(b.jaxpr, ops, eqn)
             self.eqns(b.jaxpr)
-            results.append([self.read(v) for v in b.jaxpr.outvars])
-        pred = self.bools.get(index)
-        for k, out in enumerate(eqn.outvars):
-            ty = _ty(out.aval, self.kernel, eqn)
-            chosen = results[0][k]
-            for j in range(1, len(branches)):
-                if pred is not None and len(branches) == 2:
-                    taken = pred
-                else:
-                    taken = self.body.fresh()
-                    self.body.emit(f"{taken} = eq {self.value(index, eqn)}, {j}")
-                v = self.body.fresh()
-                self.body.emit(f"{v} = select {taken}, {results[j][k]}, {chosen} : {ty}")
-                chosen = v
-            self.define(out, chosen)
+            self.body.emit(f"yield {', '.join(self.value(v, eqn) for v in b.jaxpr.outvars)}")
+            self.body.depth -= 1
+            self.body.emit("}")
+            current = results
+        for out, v in zip(eqn.outvars, current):
+            self.define(out, v)
 
     def fori_while(self, eqn) -> None:
         """`lax.fori_loop` with bounds known only at run time (a `while` whose carry starts with

@@ -1103,20 +1103,31 @@ def test_outputs_larger_than_memory_are_refused_before_xla_makes_them():
         tp.run(huge, backend="interpret")
 
 
-def test_a_cond_returning_values_whose_branch_writes_a_ref_is_refused_with_what_would_work():
-    def body(x_ref, o_ref):
+def test_a_cond_returning_values_runs_only_the_branch_taken_refs_it_writes_included():
+    """A `lax.cond` returning values whose branch also writes a ref: each branch is a loop of one
+    trip where it is taken and none elsewhere, so the write happens only in program 0."""
+
+    def body(x_ref, o_ref, p_ref):
+        p_ref[...] = jnp.zeros((8, 128), jnp.float32)
+
         def write_and_return(v):
-            o_ref[...] = v
+            p_ref[...] = v + 1.0
             return v * 2.0
 
-        o_ref[...] = jax.lax.cond(pl.program_id(0) == 0, write_and_return, lambda v: v, x_ref[...])
+        o_ref[...] = jax.lax.cond(pl.program_id(0) == 0, write_and_return, lambda v: v - 1.0, x_ref[...])
 
     x = f32(16, 128)
     spec = pl.BlockSpec((8, 128), lambda i: (i, 0))
-    f = lambda x, interpret=False: call(body, jax.ShapeDtypeStruct(x.shape, x.dtype), (2,), [spec], spec, interpret)(x)  # noqa: E731
-    with pytest.raises(tessel.UnsupportedError, match="`cond` returning values with a branch that writes a ref") as e:
-        tp.run(f, x, backend="interpret")
-    assert "write the refs after the `cond`" in str(e.value) or "write the refs after the `cond`" in (e.value.hint or "")
+    out = jax.ShapeDtypeStruct(x.shape, x.dtype)
+    f = lambda x, interpret=False: pl.pallas_call(body, out_shape=(out, out), grid=(2,), in_specs=[spec], out_specs=(spec, spec), interpret=interpret)(x)  # noqa: E731
+    want = [np.asarray(w) for w in f(x, interpret=True)]
+    # By hand: program 0 doubles and writes x + 1; program 1 subtracts 1 and writes zeros.
+    np.testing.assert_array_equal(want[0], np.concatenate([x[:8] * 2.0, x[8:] - 1.0]))
+    np.testing.assert_array_equal(want[1], np.concatenate([x[:8] + 1.0, np.zeros((8, 128), np.float32)]))
+    assert tp.to_tk(f, x).count(" = for ") == 2
+    for backend in backends():
+        for g, w in zip(tp.run(f, x, backend=backend), want):
+            np.testing.assert_array_equal(np.asarray(g), w, err_msg=backend)
 
 
 # The kernels of issue 36's language features, also run under `tp.install` by test_jax.py.
