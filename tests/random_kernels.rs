@@ -1,8 +1,8 @@
 //! Random differential testing: well-typed kernels made from a seed (elementwise chains,
 //! reductions with broadcasting back, `dot` (transposed, and on f16/bf16 operands), masks from
 //! `iota`, ragged blocks, `when`, `for` with carried values, `for ... while` with a data-dependent
-//! trip count, computed block indices reading a table, integer chains, outputs revisited along a
-//! `seq` axis) run on the interpreter, on wgpu, and as Mosaic GPU PTX on the PTX
+//! trip count, computed block indices reading a table, strided loads, integer chains, outputs
+//! revisited along a `seq` axis) run on the interpreter, on wgpu, and as Mosaic GPU PTX on the PTX
 //! emulator, with the same seeded inputs; they must
 //! agree within the dtype's tolerance (exact for integers). A disagreement is shrunk (fewer
 //! steps, smaller blocks, while it still disagrees) and saved under `tests/in/regressions/`,
@@ -59,6 +59,9 @@ struct Spec {
     /// A `while` loop after the steps (from a stream of its own): halving the last value until
     /// its largest magnitude is at most 1, a trip count that depends on the data.
     halve: bool,
+    /// A strided load of `y` beside the whole one (from a stream of its own): every second row
+    /// and every third column from the block's origin, reaching past the block (and the array).
+    strided: bool,
 }
 
 impl Spec {
@@ -98,6 +101,7 @@ impl Spec {
             big: false,
             index: Spec::computed_index(seed),
             halve: rng(seed ^ 0x3417).random_bool(0.25),
+            strided: rng(seed ^ 0x57d).random_bool(0.25),
         }
     }
 
@@ -238,6 +242,11 @@ fn generate(s: &Spec) -> String {
     b.line("%n = load n");
     b.floats.extend(["%x".to_string(), "%y".to_string()]);
     b.exact.extend(["%x".to_string(), "%y".to_string()]);
+    if s.strided {
+        b.line(&format!("%ys = load y[ds(0, {r}, 2), ds(1, {c}, 3)]"));
+        b.floats.push("%ys".into());
+        b.exact.push("%ys".into());
+    }
     b.ints.push("%n".into());
     for _ in 0..s.steps {
         let v = b.fresh();
@@ -661,6 +670,7 @@ fn the_generator_makes_kernels_that_verify_and_vary() {
         "select(",
         ") / (",
         "while %",
+        ", 3)]",
     ] {
         assert!(texts.iter().any(|t| t.contains(op)), "no generated kernel uses {op}");
     }
