@@ -240,6 +240,7 @@ class _Writer:
         if len(indexers) != 1 or not isinstance(indexers[0], indexing.NDIndexer):
             raise self.refuse("a transformed reference (bitcast, reshape)", eqn)
         nd = indexers[0]
+        outer = self.outer_runs(eqn, nd)
         parts = []
         whole = not squeezed
         for dim, ix in zip(ref_shape, nd.indices):
@@ -259,6 +260,9 @@ class _Writer:
                     continue
                 if self.entry is not None and shape != () and self.broadcast_scalar(ix) is not None:
                     parts.append(self.broadcast_scalar(ix))
+                    continue
+                if id(ix) in outer:
+                    parts.append(outer[id(ix)])
                     continue
                 if shape != ():
                     parts.append(f"ds({self.contiguous(ix, eqn)}, {shape[0]})")
@@ -342,6 +346,53 @@ class _Writer:
             return None
 
         return start(ix)
+
+    def outer_runs(self, eqn, nd) -> Dict[int, str]:
+        """Index arrays of more than one dimension that are runs JAX's indexing broadcasts into
+        a block (`x_ref.at[rows[:, None], cols[None]]` of Triton-style kernels): the k-th array
+        varies along dimension k of the broadcast shape only, and they index consecutive
+        dimensions of the ref, so that each is the `ds` of its dimension. The `ds` text of each
+        (by the array's `id`); any other arrangement is refused as a gather."""
+        from jax._src.state import indexing
+
+        arrays = [(d, ix) for d, ix in enumerate(nd.indices) if len(getattr(getattr(ix, "aval", None), "shape", ())) >= 1]
+        if not any(len(ix.aval.shape) > 1 for _, ix in arrays):
+            return {}
+        dims = [d for d, _ in arrays]
+        runs = [self.varying(ix) for _, ix in arrays]
+        placed = all(r is not None and r[0] == k and len(ix.aval.shape) == len(arrays) for k, (r, (_, ix)) in enumerate(zip(runs, arrays)))
+        apart = any(isinstance(nd.indices[d], indexing.Slice) for d in range(dims[0], dims[-1] + 1))
+        if not placed or apart or dims != list(range(dims[0], dims[0] + len(arrays))):
+            raise self.refuse("an array index (gather)", eqn, "index a ref with runs `start + jnp.arange(n)` broadcast as rows and columns, in the ref's order")
+        return {id(ix): f"ds({r[1]}, {ix.aval.shape[r[0]]})" for r, (_, ix) in zip(runs, arrays)}
+
+    def varying(self, v) -> Optional[Tuple[int, str]]:
+        """(the one dimension along which index array `v` varies, the start of the run along
+        it) where `v` is a run `start + jnp.arange(n)` made a row, a column or a broadcast of one;
+        else None."""
+        _, core, _ = _jax()
+        if isinstance(v, core.Literal):
+            return None
+        shape = tuple(v.aval.shape)
+        if len(shape) == 1:
+            s = self.run_start(v)
+            return None if s is None else (0, s)
+        d = self.defs.get(v)
+        if d is None or not d.invars or isinstance(d.invars[0], core.Literal):
+            return None
+        name, src = d.primitive.name, d.invars[0]
+        kinds = ("broadcast_in_dim", "broadcast_to", "reshape", "expand_dims", "convert_element_type")
+        inner = self.varying(src) if name in kinds else None
+        if inner is None:
+            return None
+        if name == "broadcast_in_dim":
+            return (d.params["broadcast_dimensions"][inner[0]], inner[1])
+        if name == "broadcast_to":  # numpy's: the operand's dimensions last
+            return (len(shape) - len(src.aval.shape) + inner[0], inner[1])
+        if name == "convert_element_type":
+            return inner
+        varying = [k for k, n in enumerate(shape) if n != 1]
+        return (varying[0], inner[1]) if len(varying) == 1 else None
 
     def gather_index(self, tree, atoms):
         """The one index array of a `get` that is not a contiguous run (a gather: paged
@@ -819,13 +870,17 @@ class _Writer:
         self.define(eqn.outvars[0], v)
 
     def sub(self, jaxpr, args, eqn) -> None:
-        """Maps a sub-jaxpr's inputs to `args` (values or refs) in this writer's env."""
+        """Maps a sub-jaxpr's inputs to `args` (values or refs) in this writer's env, each with
+        its argument's defining equation (so that a run `start + jnp.arange(n)` made outside a
+        loop or branch is still seen as one inside)."""
         _, core, _ = _jax()
         for var, a in zip(jaxpr.invars, args):
             if isinstance(a, core.Literal):
                 self.env[var] = _literal(a.val)
             else:
                 self.env[var] = self.env[a]
+                if a in self.defs:
+                    self.defs[var] = self.defs[a]
 
     def inline(self, eqn) -> None:
         _, core, _ = _jax()
@@ -1049,8 +1104,7 @@ class _Writer:
         until = f" while {cond[0]}" if cond else ""
         self.body.emit(f"{', '.join(heads)} = for {self.body.fresh()} = {bounds} iter ({iters}){until} {{")
         self.body.depth += 1
-        for var, a in zip(jaxpr.invars[: len(consts)], consts):
-            self.env[var] = self.read(a) if isinstance(a, core.Literal) else self.env[a]
+        self.sub(jaxpr, consts, eqn)
         for var, n in zip(jaxpr.invars[len(consts) :], names):
             self.env[var] = n
         self.eqns(jaxpr)

@@ -607,6 +607,32 @@ def test_jaxs_megablox_grouped_matmul_and_its_gradient():
             np.testing.assert_allclose(np.asarray(g), w, rtol=1e-4, atol=1e-3 * np.abs(w).max(), err_msg=f"{name} on {backend}")
 
 
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm"])
+def test_jaxs_normalizations_and_their_gradients(op):
+    """JAX's GPU layer norm and RMS norm, unchanged, inside `jit` and under `grad`: Triton-style
+    kernels whose masked loads index refs by runs broadcast as rows and columns
+    (`x_ref.at[rows[:, None], cols[None]]`, made outside the `fori_loop` that reads them), and
+    whose backward pass is two more kernels; against the ops' references."""
+    import importlib
+
+    mod = importlib.import_module(f"jax.experimental.pallas.ops.gpu.{op}")
+    f, ref = getattr(mod, op), getattr(mod, f"{op}_reference")
+    x, w, b = (jnp.asarray(a) for a in (f32(4, 16, 256), f32(256), f32(256)))
+
+    def loss(g):
+        return lambda x, w, b: jnp.sum(g(x, w, b) ** 2)
+
+    want, want_grads = np.asarray(ref(x, w, b)), jax.grad(loss(ref), argnums=(0, 1, 2))(x, w, b)
+    for backend in backends():
+        with tp.installed(backend=backend):
+            got = jax.jit(f)(x, w, b)
+            grads = jax.jit(jax.grad(loss(f), argnums=(0, 1, 2)))(x, w, b)
+        np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5, err_msg=f"{op} on {backend}")
+        for g, w_, name in zip(grads, want_grads, ("dx", "dw", "db")):
+            w_ = np.asarray(w_)
+            np.testing.assert_allclose(np.asarray(g), w_, rtol=1e-4, atol=1e-5 * np.abs(w_).max(), err_msg=f"{name} of {op} on {backend}")
+
+
 def test_jaxs_decode_attention_ops():
     """JAX's GPU decode attention, unchanged, inside `jit`: `mqa` (vmapped over the batch, split
     over `k_splits` kernels' programs whose results JAX combines), with ragged `start_idx` and

@@ -954,6 +954,38 @@ def test_a_while_loop_with_a_data_dependent_condition_runs_as_pallas_runs_it():
             np.testing.assert_array_equal(np.asarray(g), w, err_msg=backend)
 
 
+def triton_tiles(x, transposed=False, interpret=False):
+    """A Triton-style 2-D tile: runs of rows and columns broadcast into a block
+    (`x_ref.at[rows[:, None], cols[None]]`), masked at the ragged edges; `transposed` indexes with
+    the runs the other way round (`rows[None], cols[:, None]`), a gather tessel refuses."""
+    from jax.experimental.pallas import triton as plgpu
+
+    m, n = x.shape
+
+    def body(x_ref, o_ref):
+        rows = pl.program_id(0) * 8 + jnp.arange(8)
+        cols = pl.program_id(1) * 16 + jnp.arange(16)
+        mask = (rows[:, None] < m) & (cols[None] < n)
+        at = (rows[None], cols[:, None]) if transposed else (rows[:, None], cols[None])
+        v = plgpu.load(x_ref.at[at], mask=mask.T if transposed else mask, other=0.0)
+        plgpu.store(o_ref.at[at], v * 3.0, mask=mask.T if transposed else mask)
+
+    return pl.pallas_call(body, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), grid=(pl.cdiv(m, 8), pl.cdiv(n, 16)), interpret=interpret)(x)
+
+
+def test_2d_tiles_of_broadcast_runs_run_as_pallas_runs_them_and_other_arrangements_are_refused():
+    x = f32(20, 40)
+    text = tp.to_tk(triton_tiles, x)
+    assert "ds(" in text and "concatenate" not in text, text
+    want = np.asarray(triton_tiles(x, interpret=True))
+    np.testing.assert_array_equal(want, x * 3.0)  # by hand
+    for backend in backends():
+        np.testing.assert_array_equal(np.asarray(tp.run(triton_tiles, x, backend=backend)), want, err_msg=backend)
+    with pytest.raises(tessel.UnsupportedError, match="an array index .gather.") as e:
+        tp.to_tk(lambda x: triton_tiles(x, transposed=True), x)
+    assert "broadcast as rows and columns" in (str(e.value) + (e.value.hint or ""))
+
+
 def test_cond_and_switch_branches_that_write_refs_run_as_pallas_runs_them():
     x = f32(32)
     text = tp.to_tk(branches_writing_refs, x)
