@@ -239,6 +239,16 @@ mod tests {
     }
 
     #[test]
+    fn a_constant_divisor_of_0_in_an_index_is_computed_not_refused() {
+        // As `i / 0` would be: the index's arithmetic, where a divisor of 0 gives 0.
+        let text = "kernel k\n  grid (i: 4)\n  in x: f32[64] block [16] at ((0 - -2) / min(0, 4) + i)\n  out o: f32[64] block [16] at (i)\n{\n  %x = load x\n  store o, %x\n}\n";
+        let k = crate::ir::parse(text).expect("parses").kernels.remove(0);
+        let BlockIndex::Computed(e) = &k.params[0].block.as_ref().expect("a block").index[0] else { panic!("computed") };
+        assert_eq!(e.to_string(), "2 / 0 + i");
+        assert_eq!(IndexEval::eval(e, &|_| 3, &|_, _| 0), 3);
+    }
+
+    #[test]
     fn reads_outside_give_what_the_reader_says_and_flat_index_checks_bounds() {
         assert_eq!(flat_index(&[2, 3], &[1, 2]), Some(5));
         assert_eq!(flat_index(&[2, 3], &[2, 0]), None);

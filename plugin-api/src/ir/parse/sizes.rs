@@ -290,7 +290,12 @@ impl Parser<'_> {
         let param = |n: &str| values.get(n).copied().or_else(|| declared.iter().any(|p| p.name == n).then_some(0));
         match e.affine(&param) {
             Ok(a) => Ok(BlockIndex::Affine(a)),
-            Err(SizeError::NotAffine(_)) => Ok(BlockIndex::Computed(e.bind(&param).fold())),
+            // A divisor that is not positive, or a value past 64 bits, in an index: computed by
+            // the index's own arithmetic (a divisor of 0 gives 0, a negative one floors; 32 bits),
+            // as the same division of an axis would be.
+            Err(SizeError::NotAffine(_) | SizeError::Divisor { .. } | SizeError::Overflow) => {
+                Ok(BlockIndex::Computed(e.bind(&param).fold()))
+            }
             Err(err) => Err(self.size_error(&err, &e, span)),
         }
     }
