@@ -370,19 +370,21 @@ impl Planned<'_, '_> {
         self.check_available()?;
         // Grid sizes from the inputs (`dyn(n)`): planned again where they are not the planned
         // ones; where one is 0 no program runs and the outputs are zeros.
-        let mut grid = self.launch.grid.clone();
-        for k in &self.launch.kernels {
+        let sized = self.launch.kernels.iter().filter(|k| sizes_from_data(k.kernel.kernel()));
+        let mut grid: BTreeMap<String, u64> = BTreeMap::new();
+        for k in sized.clone() {
             grid.extend(sizes_from_inputs(k.kernel.kernel(), |n| {
                 args.inputs.get(n).and_then(|a| scalar_value(a.ty.dtype, a.bytes))
             }));
         }
-        if grid != self.launch.grid {
-            let kernels = self.launch.kernels.iter().filter(|k| sizes_from_data(k.kernel.kernel()));
-            if kernels.flat_map(|k| k.kernel.kernel().grid.iter().flatten()).any(|a| a.from.is_some() && grid.get(&a.name) == Some(&0)) {
+        if grid.iter().any(|(axis, size)| self.launch.grid.get(axis) != Some(size)) {
+            if sized.flat_map(|k| k.kernel.kernel().grid.iter().flatten()).any(|a| a.from.is_some() && grid.get(&a.name) == Some(&0)) {
                 args.outputs.values_mut().for_each(|o| o.bytes.fill(0));
                 return Ok(());
             }
-            let launch = Launch { kernels: self.launch.kernels.clone(), externals: self.launch.externals.clone(), grid };
+            let mut sizes = self.launch.grid.clone();
+            sizes.extend(grid);
+            let launch = Launch { kernels: self.launch.kernels.clone(), externals: self.launch.externals.clone(), grid: sizes };
             let source = source_of(&launch.kernels);
             with_request(&launch, &source, |req| self.b.backend.supports(req).into_result()).map_err(self.fail())?;
             let key = cfg!(debug_assertions).then(|| with_request(&launch, &source, request_key));

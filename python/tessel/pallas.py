@@ -146,6 +146,8 @@ class _Writer:
         self.axes = grid_axes
         #: The axes `pl.program_id(k)` counts: all but those `vmap` added.
         self.body_axes = grid_axes
+        #: The starts of the runs the current equation indexes with (`run_start`), by atom `id`.
+        self.runs: Dict[int, Optional[str]] = {}
         #: While `gather` writes one of its loads: (the index array, its entry's `%value`).
         self.entry: Optional[Tuple[Any, str]] = None
         self.body = _Body(kernel)
@@ -258,8 +260,9 @@ class _Writer:
                 if self.entry is not None and ix is self.entry[0]:
                     parts.append(self.entry[1])
                     continue
-                if self.entry is not None and shape != () and self.broadcast_scalar(ix) is not None:
-                    parts.append(self.broadcast_scalar(ix))
+                scalar = self.broadcast_scalar(ix) if self.entry is not None and shape != () else None
+                if scalar is not None:
+                    parts.append(scalar)
                     continue
                 if id(ix) in outer:
                     parts.append(outer[id(ix)])
@@ -313,7 +316,13 @@ class _Writer:
         return s
 
     def run_start(self, ix) -> Optional[str]:
-        """The start of `ix` where it is `start + jnp.arange(n)`, else None."""
+        """The start of `ix` where it is `start + jnp.arange(n)`, else None; written once per
+        equation however often its indexing asks (`self.runs`)."""
+        if id(ix) not in self.runs:
+            self.runs[id(ix)] = self.find_run_start(ix)
+        return self.runs[id(ix)]
+
+    def find_run_start(self, ix) -> Optional[str]:
         _, core, _ = _jax()
 
         def start(v):
@@ -537,6 +546,7 @@ class _Writer:
     def eqn(self, eqn) -> None:
         outer = self.place
         self.place = _where(eqn) or outer
+        self.runs = {}
         try:
             self.write(eqn)
         finally:
@@ -549,9 +559,10 @@ class _Writer:
         name = eqn.primitive.name
         p = eqn.params
         k = self.kernel
-        if name == "get" and self.gather_index(p["tree"], eqn.invars[1:]) is not None:
+        vec = self.gather_index(p["tree"], eqn.invars[1:]) if name == "get" else None
+        if vec is not None:
             ref, *ix = eqn.invars
-            self.gather(eqn, ref, p["tree"], ix, self.gather_index(p["tree"], ix))
+            self.gather(eqn, ref, p["tree"], ix, vec)
         elif name == "get":
             ref, *ix = eqn.invars
             index = self.index(eqn, ref, p["tree"], ix)

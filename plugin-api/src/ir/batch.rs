@@ -62,20 +62,11 @@ pub fn batched(kernel: &Kernel, size: u64) -> Result<Kernel, String> {
 /// A block index whose reads of inputs (each now with a leading batch dimension) read the
 /// batch's own element.
 fn batch_reads(ix: BlockIndex, axis: &str) -> BlockIndex {
-    fn go(e: SizeExpr, axis: &str) -> SizeExpr {
-        let sub = |e: Box<SizeExpr>| Box::new(go(*e, axis));
-        match e {
-            SizeExpr::Read(n, ix) => {
-                SizeExpr::Read(n, std::iter::once(SizeExpr::Name(axis.to_string())).chain(ix.into_iter().map(|e| go(e, axis))).collect())
-            }
-            SizeExpr::Neg(e) => SizeExpr::Neg(sub(e)),
-            SizeExpr::Bin(op, a, b) => SizeExpr::Bin(op, sub(a), sub(b)),
-            SizeExpr::Select(abc) => SizeExpr::Select(Box::new(abc.map(|e| go(e, axis)))),
-            e => e,
-        }
-    }
     match ix {
-        BlockIndex::Computed(e) => BlockIndex::Computed(go(e, axis)),
+        BlockIndex::Computed(e) => BlockIndex::Computed(e.rewrite(&|e| match e {
+            SizeExpr::Read(n, ix) => SizeExpr::Read(n, std::iter::once(SizeExpr::Name(axis.to_string())).chain(ix).collect()),
+            e => e,
+        })),
         a => a,
     }
 }

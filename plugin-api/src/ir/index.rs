@@ -78,17 +78,12 @@ pub fn resolve_scalar_reads(k: &mut Kernel) {
     if scalars.is_empty() {
         return;
     }
-    fn read_scalars(e: SizeExpr, scalars: &[String]) -> SizeExpr {
-        let go = |e: Box<SizeExpr>| Box::new(read_scalars(*e, scalars));
-        match e {
+    let read_scalars = |e: SizeExpr| {
+        e.rewrite(&|e| match e {
             SizeExpr::Name(n) if scalars.contains(&n) => SizeExpr::Read(n, Vec::new()),
-            SizeExpr::Neg(e) => SizeExpr::Neg(go(e)),
-            SizeExpr::Bin(op, a, b) => SizeExpr::Bin(op, go(a), go(b)),
-            SizeExpr::Select(abc) => SizeExpr::Select(Box::new(abc.map(|e| read_scalars(e, scalars)))),
-            SizeExpr::Read(n, ix) => SizeExpr::Read(n, ix.into_iter().map(|e| read_scalars(e, scalars)).collect()),
             e => e,
-        }
-    }
+        })
+    };
     for b in k.params.iter_mut().filter_map(|p| p.block.as_mut()) {
         for ix in &mut b.index {
             let e = match ix {
@@ -96,7 +91,7 @@ pub fn resolve_scalar_reads(k: &mut Kernel) {
                 BlockIndex::Computed(e) => e.clone(),
                 BlockIndex::Affine(_) => continue,
             };
-            *ix = BlockIndex::Computed(read_scalars(e, &scalars));
+            *ix = BlockIndex::Computed(read_scalars(e));
         }
     }
 }

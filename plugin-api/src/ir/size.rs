@@ -216,14 +216,22 @@ impl SizeExpr {
 
     /// The expression with each name that `param` gives a value replaced by it.
     pub fn bind(&self, param: &dyn Fn(&str) -> Option<i64>) -> SizeExpr {
-        match self {
-            SizeExpr::Int(v) => SizeExpr::Int(*v),
-            SizeExpr::Name(n) => param(n).map_or_else(|| SizeExpr::Name(n.clone()), SizeExpr::Int),
-            SizeExpr::Neg(e) => SizeExpr::Neg(Box::new(e.bind(param))),
-            SizeExpr::Bin(op, a, b) => SizeExpr::Bin(*op, Box::new(a.bind(param)), Box::new(b.bind(param))),
-            SizeExpr::Select(abc) => SizeExpr::Select(Box::new(abc.clone().map(|e| e.bind(param)))),
-            SizeExpr::Read(n, ix) => SizeExpr::Read(n.clone(), ix.iter().map(|e| e.bind(param)).collect()),
-        }
+        self.clone().rewrite(&|e| match e {
+            SizeExpr::Name(n) => param(&n).map_or(SizeExpr::Name(n), SizeExpr::Int),
+            e => e,
+        })
+    }
+
+    /// The expression with `f` applied to every node, operands first.
+    pub fn rewrite(self, f: &dyn Fn(SizeExpr) -> SizeExpr) -> SizeExpr {
+        let go = |e: Box<SizeExpr>| Box::new(e.rewrite(f));
+        f(match self {
+            SizeExpr::Neg(e) => SizeExpr::Neg(go(e)),
+            SizeExpr::Bin(op, a, b) => SizeExpr::Bin(op, go(a), go(b)),
+            SizeExpr::Select(abc) => SizeExpr::Select(Box::new(abc.map(|e| e.rewrite(f)))),
+            SizeExpr::Read(n, ix) => SizeExpr::Read(n, ix.into_iter().map(|e| e.rewrite(f)).collect()),
+            e => e,
+        })
     }
 
     /// The value with `value(name)` for every name.
