@@ -87,6 +87,10 @@ fn array(case: &Case, kernel: &Verified, name: &str, values: &[f64]) -> HostArra
         DType::I32 => ArrayData::I32(values.iter().map(|&v| v as i32).collect()),
         DType::U32 => ArrayData::U32(values.iter().map(|&v| v as u32).collect()),
         DType::Bool => ArrayData::Bool(values.iter().map(|&v| v != 0.0).collect()),
+        DType::I8 => ArrayData::I8(values.iter().map(|&v| v as i8).collect()),
+        DType::U8 => ArrayData::U8(values.iter().map(|&v| v as u8).collect()),
+        DType::I16 => ArrayData::I16(values.iter().map(|&v| v as i16).collect()),
+        DType::U16 => ArrayData::U16(values.iter().map(|&v| v as u16).collect()),
     };
     HostArray { shape: p.ty.shape.clone(), data }
 }

@@ -90,7 +90,11 @@ fn int_values(d: DType) -> Vec<f64> {
             i64::from(i32::MAX),
             i64::from(i32::MIN) + 1,
         ],
-        _ => vec![0, 1, 2, 7, 31, 32, 33, 64, 100_000, 0x8000_0000, i64::from(u32::MAX), i64::from(u32::MAX) - 1],
+        DType::U32 => vec![0, 1, 2, 7, 31, 32, 33, 64, 100_000, 0x8000_0000, i64::from(u32::MAX), i64::from(u32::MAX) - 1],
+        DType::I8 => vec![0, 1, -1, 2, -2, 7, -7, 8, 9, 31, 32, 33, 100, -100, -128, 127, -127],
+        DType::I16 => vec![0, 1, -1, 2, -7, 15, 16, 17, 31, 33, 300, -300, 1000, -32768, 32767, -32767],
+        DType::U8 => vec![0, 1, 2, 7, 8, 9, 31, 32, 33, 100, 128, 200, 254, 255],
+        _ => vec![0, 1, 2, 7, 15, 16, 17, 32, 33, 300, 1000, 32768, 65534, 65535],
     };
     v.into_iter().map(|x| x as f64).collect()
 }
@@ -114,6 +118,31 @@ fn bits_of(d: DType, v: f64) -> u32 {
         DType::I32 => v as i64 as i32 as u32,
         DType::U32 => v as i64 as u32,
         DType::Bool => u32::from(v != 0.0),
+        // 8- and 16-bit integers: their low bits, as an array holds them.
+        d => (v as i64 as u32) & ((1u64 << d.bits()) - 1) as u32,
+    }
+}
+
+/// The value of an 8- or 16-bit integer whose computation in 32 bits gave `v`: its low bits,
+/// read as the type reads them (the language computes narrow integers as `i32` or `u32` and
+/// wraps them after every operation).
+fn wrap_ref(d: DType, v: f64) -> f64 {
+    let v = v as i64;
+    f64::from(match d {
+        DType::I8 => i32::from(v as i8),
+        DType::I16 => i32::from(v as i16),
+        DType::U8 => i32::from(v as u8),
+        DType::U16 => i32::from(v as u16),
+        _ => unreachable!("a narrow integer"),
+    })
+}
+
+/// The 32-bit type an integer of `d` is computed in.
+fn wide(d: DType) -> DType {
+    match d {
+        DType::I8 | DType::I16 => DType::I32,
+        DType::U8 | DType::U16 => DType::U32,
+        d => d,
     }
 }
 
@@ -134,6 +163,9 @@ fn literal(d: DType, v: f64) -> String {
 
 /// A unary operation in f64, with the language's rules.
 fn unary_ref(op: &str, d: DType, x: f64) -> f64 {
+    if wide(d) != d {
+        return wrap_ref(d, unary_ref(op, wide(d), x));
+    }
     if !d.is_float() {
         let r = match (op, d) {
             ("neg", DType::I32) => i64::from((x as i32).wrapping_neg()),
@@ -275,6 +307,9 @@ fn pow_ref(x: f64, y: f64) -> f64 {
 
 /// A binary operation in f64, with the language's rules.
 fn binary_ref(op: &str, d: DType, x: f64, y: f64) -> f64 {
+    if wide(d) != d {
+        return wrap_ref(d, binary_ref(op, wide(d), x, y));
+    }
     match d {
         DType::I32 => {
             let (a, b) = (x as i32, y as i32);
@@ -485,7 +520,9 @@ fn cases(kind: &str, op: &'static str, d: DType) -> Vec<Case> {
     });
     // Constant operands: row i of o is op(v[i], v[j]) over j, with v[i] a literal on the left
     // or v[j] the loaded one; the transposed forms put the literal on the right.
-    for form in ["literal left", "literal right", "full right"] {
+    // Narrow integers take the literal forms the 32-bit ones share code with once each.
+    let forms: &[&str] = if wide(d) == d { &["literal left", "literal right", "full right"] } else { &["literal left", "full right"] };
+    for &form in forms {
         let mut body = String::from("  %a = load a\n");
         for (i, &v) in vals.iter().enumerate() {
             let lit = literal(d, v);
@@ -511,7 +548,7 @@ fn cases(kind: &str, op: &'static str, d: DType) -> Vec<Case> {
 
 fn all_cases() -> Vec<Case> {
     let float = [DType::F32, DType::F16, DType::BF16].map(|d| (d, FLOAT_UNARY, FLOAT_BINARY));
-    let int = [DType::I32, DType::U32].map(|d| (d, INT_UNARY, INT_BINARY));
+    let int = [DType::I32, DType::U32, DType::I8, DType::U8, DType::I16, DType::U16].map(|d| (d, INT_UNARY, INT_BINARY));
     let mut all = Vec::new();
     for (d, unary, binary) in float.into_iter().chain(int) {
         let ops = unary.iter().map(|op| ("unary", op)).chain(binary.iter().map(|op| ("binary", op)));

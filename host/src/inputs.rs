@@ -12,8 +12,8 @@ use tessel_plugin_api::ir::{DType, Kernel, ParamKind};
 /// parallel and the values do not depend on the number of threads.
 const CHUNK: usize = 1 << 16;
 
-/// One array per `in` argument, in declaration order: floats uniform in [-1, 1), `i32` in
-/// [-100, 100), `u32` in [0, 100), `bool` fair coins. Chunk `c` of the `a`-th argument comes
+/// One array per `in` argument, in declaration order: floats uniform in [-1, 1), signed integers
+/// in [-100, 100), unsigned ones in [0, 100), `bool` fair coins. Chunk `c` of the `a`-th argument comes
 /// from its own Xoshiro256++ (see [`stream`]): the same values for the same seed on every
 /// machine, filled on every core.
 pub fn random_inputs(kernel: &Kernel, seed: u64) -> BTreeMap<String, HostArray> {
@@ -29,6 +29,10 @@ pub fn random_inputs(kernel: &Kernel, seed: u64) -> BTreeMap<String, HostArray> 
                 DType::I32 => ArrayData::I32(fill(n, seed, a, |r| r.random_range(-100..100))),
                 DType::U32 => ArrayData::U32(fill(n, seed, a, |r| r.random_range(0..100))),
                 DType::Bool => ArrayData::Bool(fill(n, seed, a, |r| r.random_bool(0.5))),
+                DType::I8 => ArrayData::I8(fill(n, seed, a, |r| r.random_range(-100..100))),
+                DType::U8 => ArrayData::U8(fill(n, seed, a, |r| r.random_range(0..100))),
+                DType::I16 => ArrayData::I16(fill(n, seed, a, |r| r.random_range(-100..100))),
+                DType::U16 => ArrayData::U16(fill(n, seed, a, |r| r.random_range(0..100))),
             };
             (p.name.clone(), HostArray { shape: p.ty.shape.clone(), data })
         })

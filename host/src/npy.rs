@@ -1,6 +1,7 @@
 //! Reading and writing numpy `.npy` files (v1, little-endian, C order) with `npyz`.
 //!
-//! Dtypes: `<f4` f32, `<f2` f16, `<i4` i32, `<u4` u32, `|b1` bool, and `|V2` for bf16 (what
+//! Dtypes: `<f4` f32, `<f2` f16, `<i4` i32, `<u4` u32, `|i1` i8, `|u1` u8, `<i2` i16, `<u2` u16,
+//! `|b1` bool, and `|V2` for bf16 (what
 //! `np.save` writes for an `ml_dtypes.bfloat16` array: two raw bytes per element). Big-endian
 //! files (`>f4`) are refused with the `astype` that converts them.
 
@@ -22,7 +23,7 @@ pub enum NpyError {
     Magic,
     /// A dtype tessel does not take.
     #[error(
-        "its dtype is `{0}`, which tessel does not take\n  expected f32 (<f4), f16 (<f2), bf16 (|V2), i32 (<i4), u32 (<u4) or bool (|b1); convert with e.g. `x.astype(np.float32)`"
+        "its dtype is `{0}`, which tessel does not take\n  expected f32 (<f4), f16 (<f2), bf16 (|V2), i32 (<i4), u32 (<u4), i16 (<i2), u16 (<u2), i8 (|i1), u8 (|u1) or bool (|b1); convert with e.g. `x.astype(np.float32)`"
     )]
     Dtype(String),
     /// An array of Python objects (`np.save` of an object array: a pickle, not numbers).
@@ -118,6 +119,10 @@ fn header(head: &[u8], data_len: u64) -> Result<(DType, Vec<usize>), NpyError> {
         (TypeChar::Float, 2) => DType::F16,
         (TypeChar::RawData, 2) => DType::BF16,
         (TypeChar::Bool, 1) => DType::Bool,
+        (TypeChar::Int, 2) => DType::I16,
+        (TypeChar::Uint, 2) => DType::U16,
+        (TypeChar::Int, 1) => DType::I8,
+        (TypeChar::Uint, 1) => DType::U8,
         _ => return Err(NpyError::Dtype(ts.to_string())),
     };
     let little = !matches!(ts.endianness(), npyz::Endianness::Big) || ts.size_field() == 1;
@@ -175,6 +180,10 @@ pub fn write_to<W: Write>(mut w: W, a: &HostArray) -> std::io::Result<()> {
         ArrayData::I32(_) => "<i4",
         ArrayData::U32(_) => "<u4",
         ArrayData::Bool(_) => "|b1",
+        ArrayData::I8(_) => "|i1",
+        ArrayData::U8(_) => "|u1",
+        ArrayData::I16(_) => "<i2",
+        ArrayData::U16(_) => "<u2",
     };
     let shape = match a.shape.as_slice() {
         [] => "()".to_string(),

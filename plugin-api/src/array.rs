@@ -21,6 +21,14 @@ pub enum ArrayData {
     U32(Vec<u32>),
     /// `bool` elements.
     Bool(Vec<bool>),
+    /// `i8` elements.
+    I8(Vec<i8>),
+    /// `u8` elements.
+    U8(Vec<u8>),
+    /// `i16` elements.
+    I16(Vec<i16>),
+    /// `u16` elements.
+    U16(Vec<u16>),
 }
 
 /// Elements borrowed from memory someone else owns (a caller's numpy array): what a host-memory
@@ -39,6 +47,14 @@ pub enum DataRef<'a> {
     U32(&'a [u32]),
     /// `bool` elements.
     Bool(&'a [bool]),
+    /// `i8` elements.
+    I8(&'a [i8]),
+    /// `u8` elements.
+    U8(&'a [u8]),
+    /// `i16` elements.
+    I16(&'a [i16]),
+    /// `u16` elements.
+    U16(&'a [u16]),
 }
 
 impl ArrayData {
@@ -51,6 +67,10 @@ impl ArrayData {
             ArrayData::I32(v) => DataRef::I32(v),
             ArrayData::U32(v) => DataRef::U32(v),
             ArrayData::Bool(v) => DataRef::Bool(v),
+            ArrayData::I8(v) => DataRef::I8(v),
+            ArrayData::U8(v) => DataRef::U8(v),
+            ArrayData::I16(v) => DataRef::I16(v),
+            ArrayData::U16(v) => DataRef::U16(v),
         }
     }
 }
@@ -70,6 +90,10 @@ impl<'a> DataRef<'a> {
             DType::I32 => DataRef::I32(bytemuck::try_cast_slice(bytes).ok()?),
             DType::U32 => DataRef::U32(bytemuck::try_cast_slice(bytes).ok()?),
             DType::Bool => DataRef::Bool(bytemuck::checked::try_cast_slice(bytes).ok()?),
+            DType::I8 => DataRef::I8(bytemuck::try_cast_slice(bytes).ok()?),
+            DType::U8 => DataRef::U8(bytes),
+            DType::I16 => DataRef::I16(bytemuck::try_cast_slice(bytes).ok()?),
+            DType::U16 => DataRef::U16(bytemuck::try_cast_slice(bytes).ok()?),
         })
     }
 
@@ -82,6 +106,10 @@ impl<'a> DataRef<'a> {
             DataRef::I32(v) => v.len(),
             DataRef::U32(v) => v.len(),
             DataRef::Bool(v) => v.len(),
+            DataRef::I8(v) => v.len(),
+            DataRef::U8(v) => v.len(),
+            DataRef::I16(v) => v.len(),
+            DataRef::U16(v) => v.len(),
         }
     }
 
@@ -99,7 +127,7 @@ pub fn write_le_bits(dtype: DType, bits: impl IntoIterator<Item = u32>, out: &mu
         match width {
             4 => chunk.copy_from_slice(&b.to_le_bytes()),
             2 => chunk.copy_from_slice(&(b as u16).to_le_bytes()),
-            _ => chunk[0] = u8::from(b != 0),
+            _ => chunk[0] = b as u8, // `bool`'s bits are 0 or 1
         }
     }
 }
@@ -125,11 +153,16 @@ impl HostArray {
             DType::I32 => ArrayData::I32(vec![0; n]),
             DType::U32 => ArrayData::U32(vec![0; n]),
             DType::Bool => ArrayData::Bool(vec![false; n]),
+            DType::I8 => ArrayData::I8(vec![0; n]),
+            DType::U8 => ArrayData::U8(vec![0; n]),
+            DType::I16 => ArrayData::I16(vec![0; n]),
+            DType::U16 => ArrayData::U16(vec![0; n]),
         };
         HostArray { shape: shape.to_vec(), data }
     }
 
-    /// Builds an array from each element's bit pattern (low bits for 16-bit types, 0/1 for bool).
+    /// Builds an array from each element's bit pattern (the low bits for 8- and 16-bit types, 0/1
+    /// for bool).
     pub fn from_bits(dtype: DType, shape: &[usize], bits: Vec<u32>) -> HostArray {
         let data = match dtype {
             DType::F32 => ArrayData::F32(bits.into_iter().map(f32::from_bits).collect()),
@@ -138,6 +171,10 @@ impl HostArray {
             DType::I32 => ArrayData::I32(bits.into_iter().map(|b| b as i32).collect()),
             DType::U32 => ArrayData::U32(bits),
             DType::Bool => ArrayData::Bool(bits.into_iter().map(|b| b != 0).collect()),
+            DType::I8 => ArrayData::I8(bits.into_iter().map(|b| b as i8).collect()),
+            DType::U8 => ArrayData::U8(bits.into_iter().map(|b| b as u8).collect()),
+            DType::I16 => ArrayData::I16(bits.into_iter().map(|b| b as i16).collect()),
+            DType::U16 => ArrayData::U16(bits.into_iter().map(|b| b as u16).collect()),
         };
         HostArray { shape: shape.to_vec(), data }
     }
@@ -151,6 +188,10 @@ impl HostArray {
             ArrayData::I32(v) => v.iter().map(|&x| x as u32).collect(),
             ArrayData::U32(v) => v.clone(),
             ArrayData::Bool(v) => v.iter().map(|&x| u32::from(x)).collect(),
+            ArrayData::I8(v) => v.iter().map(|&x| u32::from(x as u8)).collect(),
+            ArrayData::U8(v) => v.iter().map(|&x| u32::from(x)).collect(),
+            ArrayData::I16(v) => v.iter().map(|&x| u32::from(x as u16)).collect(),
+            ArrayData::U16(v) => v.iter().map(|&x| u32::from(x)).collect(),
         }
     }
 
@@ -163,6 +204,10 @@ impl HostArray {
             ArrayData::I32(v) => v.iter().map(|&x| f64::from(x)).collect(),
             ArrayData::U32(v) => v.iter().map(|&x| f64::from(x)).collect(),
             ArrayData::Bool(v) => v.iter().map(|&x| f64::from(u8::from(x))).collect(),
+            ArrayData::I8(v) => v.iter().map(|&x| f64::from(x)).collect(),
+            ArrayData::U8(v) => v.iter().map(|&x| f64::from(x)).collect(),
+            ArrayData::I16(v) => v.iter().map(|&x| f64::from(x)).collect(),
+            ArrayData::U16(v) => v.iter().map(|&x| f64::from(x)).collect(),
         }
     }
 
@@ -175,6 +220,10 @@ impl HostArray {
             ArrayData::I32(_) => DType::I32,
             ArrayData::U32(_) => DType::U32,
             ArrayData::Bool(_) => DType::Bool,
+            ArrayData::I8(_) => DType::I8,
+            ArrayData::U8(_) => DType::U8,
+            ArrayData::I16(_) => DType::I16,
+            ArrayData::U16(_) => DType::U16,
         }
     }
 
@@ -212,6 +261,10 @@ impl HostArray {
             ArrayData::I32(v) => pod(v, i32::to_le_bytes),
             ArrayData::U32(v) => pod(v, u32::to_le_bytes),
             ArrayData::Bool(v) => Cow::Owned(v.iter().map(|&b| u8::from(b)).collect()),
+            ArrayData::I8(v) => Cow::Borrowed(bytemuck::cast_slice(v)),
+            ArrayData::U8(v) => Cow::Borrowed(v),
+            ArrayData::I16(v) => pod(v, i16::to_le_bytes),
+            ArrayData::U16(v) => pod(v, u16::to_le_bytes),
         }
     }
 
@@ -228,6 +281,10 @@ impl HostArray {
             ArrayData::I32(v) => bytemuck::cast_slice_mut(v),
             ArrayData::U32(v) => bytemuck::cast_slice_mut(v),
             ArrayData::Bool(_) => return None,
+            ArrayData::I8(v) => bytemuck::cast_slice_mut(v),
+            ArrayData::U8(v) => v,
+            ArrayData::I16(v) => bytemuck::cast_slice_mut(v),
+            ArrayData::U16(v) => bytemuck::cast_slice_mut(v),
         })
     }
 
@@ -252,6 +309,10 @@ impl HostArray {
             DType::F16 => ArrayData::F16(pod(b, f16::from_le_bytes)),
             DType::BF16 => ArrayData::BF16(pod(b, bf16::from_le_bytes)),
             DType::Bool => ArrayData::Bool(b.iter().map(|&x| x != 0).collect()),
+            DType::I8 => ArrayData::I8(bytemuck::cast_slice(b).to_vec()),
+            DType::U8 => ArrayData::U8(b.to_vec()),
+            DType::I16 => ArrayData::I16(pod(b, i16::from_le_bytes)),
+            DType::U16 => ArrayData::U16(pod(b, u16::from_le_bytes)),
         };
         Ok(HostArray { shape: shape.to_vec(), data })
     }
@@ -311,7 +372,7 @@ impl Tolerance {
             DType::F32 => Tolerance { atol: 1e-5, rtol: 1e-4 },
             DType::F16 => Tolerance { atol: 1e-3, rtol: 1e-2 },
             DType::BF16 => Tolerance { atol: 1e-2, rtol: 2e-2 },
-            DType::I32 | DType::U32 | DType::Bool => Tolerance { atol: 0.0, rtol: 0.0 },
+            _ => Tolerance { atol: 0.0, rtol: 0.0 }, // integers and bool: exact
         }
     }
 

@@ -17,6 +17,10 @@ pub(crate) fn numpy_name(d: DType) -> &'static str {
         DType::I32 => "int32",
         DType::U32 => "uint32",
         DType::Bool => "bool",
+        DType::I8 => "int8",
+        DType::U8 => "uint8",
+        DType::I16 => "int16",
+        DType::U16 => "uint16",
     }
 }
 

@@ -197,17 +197,13 @@ pub fn emulate_counted(
     }
     let mut outputs = Vec::new();
     let mut arrays = std::collections::HashMap::new();
-    // Arrays as the runtime lays them out: 16-bit floats 2 bytes an element, the rest 4.
-    let half = |ty: &tessel_plugin_api::ir::Type| ty.dtype.bits() == 16;
+    // Arrays as the runtime lays them out: 16-bit types 2 bytes an element, 8-bit integers 1,
+    // the rest 4.
+    let width = |ty: &tessel_plugin_api::ir::Type| tessel_mosaic_gpu::emit::element_bytes(ty.dtype);
     for p in kernel.kernel().params.iter().filter(|p| p.kind != ParamKind::Scratch) {
-        let addr = mem.alloc(p.ty.numel() * if half(&p.ty) { 2 } else { 4 });
+        let addr = mem.alloc(p.ty.numel() * width(&p.ty));
         if p.kind == ParamKind::In {
-            let bits = inputs.inputs[&p.name].to_bits();
-            if half(&p.ty) {
-                mem.write_halves(addr, &bits.iter().map(|&b| b as u16).collect::<Vec<_>>());
-            } else {
-                mem.write_words(addr, &bits);
-            }
+            mem.write_elements(addr, width(&p.ty), &inputs.inputs[&p.name].to_bits());
         } else {
             outputs.push((p.name.clone(), p.ty.clone(), addr));
         }
@@ -220,7 +216,7 @@ pub fn emulate_counted(
     for line in ptx.lines().filter_map(|l| l.strip_prefix("// tensor map ")) {
         let words: Vec<&str> = line.split([' ', ',', ':']).filter(|w| !w.is_empty()).collect();
         let (addr, ty) = &arrays[words[1]];
-        let elem = if half(ty) { 2 } else { 4 };
+        let elem = width(ty) as u64;
         maps.push(tessel_ptx_emu::TensorMap {
             address: *addr,
             dims: [ty.shape[1] as u64, ty.shape[0] as u64],
@@ -235,11 +231,7 @@ pub fn emulate_counted(
     let outputs = outputs
         .into_iter()
         .map(|(name, ty, addr)| {
-            let bits = if half(&ty) {
-                mem.read_halves(addr, ty.numel()).into_iter().map(u32::from).collect()
-            } else {
-                mem.read_words(addr, ty.numel())
-            };
+            let bits = mem.read_elements(addr, width(&ty), ty.numel());
             (name, tessel::HostArray::from_bits(ty.dtype, &ty.shape, bits))
         })
         .collect();

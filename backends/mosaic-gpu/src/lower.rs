@@ -94,7 +94,7 @@ impl Plan {
 }
 
 /// The dtypes this backend lowers: all of them.
-pub const DTYPES: [DType; 6] = [DType::F32, DType::I32, DType::U32, DType::Bool, DType::F16, DType::BF16];
+pub const DTYPES: [DType; 10] = DType::ALL;
 
 /// A value's size must be one the backend lowers.
 fn check_value(name: &str, ty: &Type) -> Result<(), BackendError> {

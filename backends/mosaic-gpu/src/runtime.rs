@@ -12,7 +12,7 @@ use tessel_plugin_api::abi::{BackendError, ErrorKind};
 use tessel_plugin_api::array::HostArray;
 use tessel_plugin_api::ir::{ParamKind, Type, Verified};
 
-use crate::emit::half_bits;
+use crate::emit;
 use crate::error::Refusal;
 use crate::limits::DEFAULT_SHARED_BYTES;
 use crate::lower::Plan;
@@ -27,7 +27,7 @@ pub struct DeviceBuffer {
 
 /// Bytes of one element of `ty` in a device buffer (as the PTX addresses arrays).
 pub(crate) fn element_bytes(ty: &Type) -> usize {
-    if half_bits(ty.dtype) { 2 } else { 4 }
+    emit::element_bytes(ty.dtype)
 }
 
 /// A `CUtensorMap` passed by value as a kernel parameter (`.param .align 64 .b8 NAME[128]`).
@@ -139,23 +139,17 @@ impl Gpu {
 
     /// Host to device.
     pub fn upload(&self, b: &mut DeviceBuffer, a: &HostArray) -> Result<(), BackendError> {
-        let bits = a.to_bits();
-        let bytes: Vec<u8> = if element_bytes(&b.ty) == 2 {
-            bits.iter().flat_map(|&x| (x as u16).to_le_bytes()).collect()
-        } else {
-            bits.iter().flat_map(|&x| x.to_le_bytes()).collect()
-        };
+        let width = element_bytes(&b.ty);
+        let bytes: Vec<u8> = a.to_bits().iter().flat_map(|&x| x.to_le_bytes().into_iter().take(width)).collect();
         self.stream.memcpy_htod(&bytes, &mut b.data).map_err(|e| device_error("upload", e))
     }
 
     /// Device to host.
     pub fn download(&self, b: &DeviceBuffer) -> Result<HostArray, BackendError> {
         let bytes = self.stream.clone_dtoh(&b.data).map_err(|e| device_error("download", e))?;
-        let mut bits: Vec<u32> = if element_bytes(&b.ty) == 2 {
-            bytes.chunks_exact(2).map(|c| u32::from(u16::from_le_bytes([c[0], c[1]]))).collect()
-        } else {
-            bytes.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
-        };
+        let width = element_bytes(&b.ty);
+        let mut bits: Vec<u32> =
+            bytes.chunks_exact(width).map(|c| c.iter().rev().fold(0, |acc, &x| (acc << 8) | u32::from(x))).collect();
         bits.truncate(b.ty.numel());
         Ok(HostArray::from_bits(b.ty.dtype, &b.ty.shape, bits))
     }

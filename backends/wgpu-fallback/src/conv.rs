@@ -9,8 +9,8 @@ use tessel_plugin_api::ir::{DType, Literal};
 pub(crate) fn reg_ty(d: DType) -> &'static str {
     match d {
         DType::F32 | DType::F16 | DType::BF16 => "f32",
-        DType::I32 => "i32",
-        DType::U32 => "u32",
+        DType::I32 | DType::I8 | DType::I16 => "i32",
+        DType::U32 | DType::U8 | DType::U16 => "u32",
         DType::Bool => "bool",
     }
 }
@@ -19,8 +19,8 @@ pub(crate) fn reg_ty(d: DType) -> &'static str {
 pub(crate) fn buf_ty(d: DType) -> &'static str {
     match d {
         DType::F32 | DType::F16 | DType::BF16 => "f32",
-        DType::I32 => "i32",
-        DType::U32 | DType::Bool => "u32",
+        DType::I32 | DType::I8 | DType::I16 => "i32",
+        DType::U32 | DType::Bool | DType::U8 | DType::U16 => "u32",
     }
 }
 
@@ -28,12 +28,12 @@ pub(crate) fn buf_ty(d: DType) -> &'static str {
 pub(crate) fn literal(l: Literal, d: DType) -> String {
     match d {
         DType::Bool => (l.as_f64() != 0.0).to_string(),
-        DType::I32 => {
-            let v = l.as_i64() as i32;
+        d if d.is_signed() => {
+            let v = d.wrap(l.as_i64()) as i32;
             if v == i32::MIN { "i32(-2147483648)".into() } else { format!("{v}i") }
         }
-        DType::U32 => format!("{}u", l.as_i64() as u32),
-        DType::F32 | DType::F16 | DType::BF16 => {
+        d if d.is_unsigned() => format!("{}u", d.wrap(l.as_i64()) as u32),
+        _ => {
             let v = l.as_f64() as f32;
             let v = match d {
                 DType::F16 => half::f16::from_f32(v).to_f32(),
@@ -65,7 +65,7 @@ fn opaque_f32(v: f32) -> String {
 /// Register value to a `u32` storage word.
 pub(crate) fn to_word(d: DType, x: &str) -> String {
     match d {
-        DType::U32 => x.to_string(),
+        d if d.is_unsigned() => x.to_string(),
         DType::Bool => format!("select(0u, 1u, {x})"),
         _ => format!("bitcast<u32>({x})"),
     }
@@ -74,9 +74,9 @@ pub(crate) fn to_word(d: DType, x: &str) -> String {
 /// A `u32` storage word to a register value.
 pub(crate) fn from_word(d: DType, w: &str) -> String {
     match d {
-        DType::U32 => w.to_string(),
+        d if d.is_unsigned() => w.to_string(),
         DType::Bool => format!("({w} != 0u)"),
-        DType::I32 => format!("bitcast<i32>({w})"),
+        d if d.is_signed() => format!("bitcast<i32>({w})"),
         _ => format!("bitcast<f32>({w})"),
     }
 }

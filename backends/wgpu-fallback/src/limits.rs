@@ -22,5 +22,6 @@ pub(crate) const MAX_STAGED_WORDS: usize = 2048;
 /// The most invocations per workgroup used: WebGPU's default `maxComputeInvocationsPerWorkgroup`.
 pub const MAX_WORKGROUP: u32 = 256;
 
-/// The dtypes this backend lowers (16-bit floats emulated with `f32` and rounding).
-pub const DTYPES: [DType; 6] = [DType::F32, DType::I32, DType::U32, DType::Bool, DType::F16, DType::BF16];
+/// The dtypes this backend lowers (16-bit floats emulated with `f32` and rounding, 8- and 16-bit
+/// integers held in 32 bits and wrapped).
+pub const DTYPES: [DType; 10] = DType::ALL;

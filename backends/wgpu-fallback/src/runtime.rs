@@ -329,6 +329,11 @@ impl Gpu {
             ArrayData::I32(v) => v.iter().map(|&x| x as u32).collect(),
             ArrayData::U32(v) => v.clone(),
             ArrayData::Bool(v) => v.iter().map(|&x| u32::from(x)).collect(),
+            // Narrow integers are held widened, sign-extended where signed, as registers hold them.
+            ArrayData::I8(v) => v.iter().map(|&x| i32::from(x) as u32).collect(),
+            ArrayData::U8(v) => v.iter().map(|&x| u32::from(x)).collect(),
+            ArrayData::I16(v) => v.iter().map(|&x| i32::from(x) as u32).collect(),
+            ArrayData::U16(v) => v.iter().map(|&x| u32::from(x)).collect(),
         };
         self.scoped("an upload", || self.queue.write_buffer(&b.buffer, 0, bytemuck::cast_slice(&words)))
     }
@@ -358,6 +363,7 @@ impl Gpu {
             DType::I32 => ArrayData::I32(words.iter().map(|&w| w as i32).collect()),
             DType::U32 => ArrayData::U32(words.to_vec()),
             DType::Bool => ArrayData::Bool(words.iter().map(|&w| w != 0).collect()),
+            d => HostArray::from_bits(d, &b.ty.shape, words.to_vec()).data, // narrow integers
         };
         Ok(HostArray { shape: b.ty.shape.clone(), data })
     }

@@ -129,11 +129,30 @@ pub enum DType {
     U32,
     /// Boolean.
     Bool,
+    /// Two's complement 8-bit integer.
+    I8,
+    /// Unsigned 8-bit integer.
+    U8,
+    /// Two's complement 16-bit integer.
+    I16,
+    /// Unsigned 16-bit integer.
+    U16,
 }
 
 impl DType {
     /// Every dtype, in the order the language lists them.
-    pub const ALL: [DType; 6] = [DType::F32, DType::I32, DType::U32, DType::Bool, DType::F16, DType::BF16];
+    pub const ALL: [DType; 10] = [
+        DType::F32,
+        DType::I32,
+        DType::U32,
+        DType::Bool,
+        DType::F16,
+        DType::BF16,
+        DType::I8,
+        DType::U8,
+        DType::I16,
+        DType::U16,
+    ];
 
     /// The name used in `.tk` text.
     pub fn name(self) -> &'static str {
@@ -144,6 +163,10 @@ impl DType {
             DType::I32 => "i32",
             DType::U32 => "u32",
             DType::Bool => "bool",
+            DType::I8 => "i8",
+            DType::U8 => "u8",
+            DType::I16 => "i16",
+            DType::U16 => "u16",
         }
     }
 
@@ -157,9 +180,61 @@ impl DType {
         matches!(self, DType::F32 | DType::F16 | DType::BF16)
     }
 
-    /// `i32` or `u32`.
+    /// An integer of any width.
     pub fn is_int(self) -> bool {
-        matches!(self, DType::I32 | DType::U32)
+        self.is_signed() || self.is_unsigned()
+    }
+
+    /// `i8`, `i16` or `i32`.
+    pub fn is_signed(self) -> bool {
+        matches!(self, DType::I8 | DType::I16 | DType::I32)
+    }
+
+    /// `u8`, `u16` or `u32`.
+    pub fn is_unsigned(self) -> bool {
+        matches!(self, DType::U8 | DType::U16 | DType::U32)
+    }
+
+    /// An integer narrower than 32 bits: computed as `i32` (signed) or `u32` (unsigned), wrapped to
+    /// its width after every operation.
+    pub fn is_narrow_int(self) -> bool {
+        matches!(self, DType::I8 | DType::U8 | DType::I16 | DType::U16)
+    }
+
+    /// The 32-bit type an integer is computed in (`i32` or `u32`); other dtypes are their own.
+    pub fn widened(self) -> DType {
+        match self {
+            DType::I8 | DType::I16 => DType::I32,
+            DType::U8 | DType::U16 => DType::U32,
+            d => d,
+        }
+    }
+
+    /// An integer's value wrapped to its width (sign-extended for signed types); a value of any
+    /// other dtype unchanged.
+    pub fn wrap(self, v: i64) -> i64 {
+        match self {
+            DType::I8 => i64::from(v as i8),
+            DType::U8 => i64::from(v as u8),
+            DType::I16 => i64::from(v as i16),
+            DType::U16 => i64::from(v as u16),
+            DType::I32 => i64::from(v as i32),
+            DType::U32 => i64::from(v as u32),
+            _ => v,
+        }
+    }
+
+    /// The least and greatest values of an integer type.
+    pub fn int_range(self) -> Option<(i64, i64)> {
+        match self {
+            DType::I8 => Some((i8::MIN.into(), i8::MAX.into())),
+            DType::U8 => Some((0, u8::MAX.into())),
+            DType::I16 => Some((i16::MIN.into(), i16::MAX.into())),
+            DType::U16 => Some((0, u16::MAX.into())),
+            DType::I32 => Some((i32::MIN.into(), i32::MAX.into())),
+            DType::U32 => Some((0, u32::MAX.into())),
+            _ => None,
+        }
     }
 
     /// A float or an integer (not `bool`).
@@ -171,8 +246,8 @@ impl DType {
     pub fn bits(self) -> u32 {
         match self {
             DType::F32 | DType::I32 | DType::U32 => 32,
-            DType::F16 | DType::BF16 => 16,
-            DType::Bool => 8,
+            DType::F16 | DType::BF16 | DType::I16 | DType::U16 => 16,
+            DType::Bool | DType::I8 | DType::U8 => 8,
         }
     }
 }

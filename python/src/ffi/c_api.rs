@@ -140,7 +140,11 @@ pub fn dtype(code: i32) -> Option<tessel_plugin_api::ir::DType> {
     use tessel_plugin_api::ir::DType;
     Some(match code {
         1 => DType::Bool,
+        2 => DType::I8,
+        3 => DType::I16,
         4 => DType::I32,
+        6 => DType::U8,
+        7 => DType::U16,
         8 => DType::U32,
         10 => DType::F16,
         11 => DType::F32,

@@ -26,7 +26,7 @@ use std::sync::{Arc, LazyLock, Mutex};
 
 use tessel::{BytesMut, BytesRef, Choice, Error, InPlace, KernelLaunch, Launch, Plan, Runtime};
 use tessel_plugin_api::abi::MeshBox;
-use tessel_plugin_api::ir::{DType, ParamKind, Type, Verified, batch};
+use tessel_plugin_api::ir::{ParamKind, Type, Verified, batch};
 
 pub mod c_api;
 mod cuda;
@@ -417,12 +417,7 @@ fn batch(
 }
 
 fn bytes_of(ty: &Type) -> usize {
-    let elem = match ty.dtype {
-        DType::F32 | DType::I32 | DType::U32 => 4,
-        DType::F16 | DType::BF16 => 2,
-        DType::Bool => 1,
-    };
-    elem * ty.numel()
+    ty.dtype.bits().div_ceil(8) as usize * ty.numel()
 }
 
 unsafe fn handle(frame: *mut CallFrame, platform: Platform) -> Result<(), Failure> {

@@ -162,6 +162,14 @@ pub(crate) fn exec(ins: &Instr, th: &mut Thread, cta: &mut Cta<'_>, tid: u32) ->
         }
         "ld.global.b32" => u64::from(cta.mem.load(x(1, th))?),
         "ld.global.u16" => u64::from(cta.mem.load_n(x(1, th), 2)?),
+        "ld.global.u8" => u64::from(cta.mem.load_n(x(1, th), 1)?),
+        // Narrow signed loads into a 32-bit register: sign-extended.
+        "ld.global.s16" => u64::from(cta.mem.load_n(x(1, th), 2)? as u16 as i16 as i32 as u32),
+        "ld.global.s8" => u64::from(cta.mem.load_n(x(1, th), 1)? as u8 as i8 as i32 as u32),
+        "st.global.b8" | "st.global.u8" => {
+            cta.mem.store_n(x(0, th), 1, u(x(1, th)) & 0xFF)?;
+            return Ok(());
+        }
         // Two 32-bit registers at an 8-byte-aligned address.
         "st.global.v2.b32" => {
             let Arg::Vec(v) = &a[1] else { return Err("takes [address], {a, b}".into()) };
@@ -298,6 +306,9 @@ pub(crate) fn exec(ins: &Instr, th: &mut Thread, cta: &mut Cta<'_>, tid: u32) ->
         "cvt.rn.f32.u32" => b(u(x(1, th)) as f32),
         "cvt.u16.u32" => x(1, th) & 0xFFFF,
         "cvt.u32.u16" => x(1, th) & 0xFFFF,
+        // The low 8 or 16 bits of a 32-bit register, sign-extended.
+        "cvt.s32.s8" => u64::from(x(1, th) as u8 as i8 as i32 as u32),
+        "cvt.s32.s16" => u64::from(x(1, th) as u16 as i16 as i32 as u32),
         "cvt.f32.f16" => b(half::f16::from_bits(x(1, th) as u16).to_f32()),
         "cvt.f32.bf16" => b(half::bf16::from_bits(x(1, th) as u16).to_f32()),
         "cvt.rn.f16.f32" => u64::from(half::f16::from_f32(f(x(1, th))).to_bits()),

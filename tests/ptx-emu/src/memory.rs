@@ -45,6 +45,18 @@ impl Memory {
         (0..n).map(|i| self.load(addr + 4 * i as u64).expect("in bounds")).collect()
     }
 
+    /// Writes elements of `width` bytes (1, 2 or 4) at `addr`: the low bytes of each of `bits`.
+    pub fn write_elements(&mut self, addr: u64, width: usize, bits: &[u32]) {
+        for (i, b) in bits.iter().enumerate() {
+            self.store_n(addr + (width * i) as u64, width, *b).expect("in bounds");
+        }
+    }
+
+    /// Reads `n` elements of `width` bytes (1, 2 or 4) at `addr`, each zero-extended.
+    pub fn read_elements(&self, addr: u64, width: usize, n: usize) -> Vec<u32> {
+        (0..n).map(|i| self.load_n(addr + (width * i) as u64, width).expect("in bounds")).collect()
+    }
+
     /// Writes 16-bit halves at `addr`.
     pub fn write_halves(&mut self, addr: u64, halves: &[u16]) {
         for (i, h) in halves.iter().enumerate() {

@@ -148,7 +148,7 @@ pub(crate) fn dot(a: &Val, b: &Val, trans_a: bool, trans_b: bool) -> Val {
         (Data::U(x), Data::U(y)) => Data::U(matmul(x, y, m, k, n, |c, x, y| c.wrapping_add(x.wrapping_mul(y)))),
         _ => unreachable!("verifier: dot on two numeric matrices of one dtype"),
     };
-    Val { dtype: a.dtype, shape: vec![m, n], data }
+    Val { dtype: a.dtype.widened(), shape: vec![m, n], data }
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@ use std::borrow::Cow;
 
 use tessel_plugin_api::ir::{BinaryOp, CmpOp, DType, UnaryOp};
 
-use super::float::{nan_max, nan_min, round_all};
+use super::float::{nan_max, nan_min, round_all, wrap_i, wrap_u};
 use super::layout::{broadcast_shape, expand};
 use super::value::{Data, Slice, Val, View};
 
@@ -75,16 +75,22 @@ pub(crate) fn unary(op: UnaryOp, a: View<'_>) -> Val {
                 UnaryOp::Not => unreachable!("verifier: not on floats"),
             },
         )),
-        Slice::I(v) => Data::I(match op {
-            UnaryOp::Neg => map(v, i32::wrapping_neg),
-            UnaryOp::Abs => map(v, i32::wrapping_abs),
-            _ => map(v, |x| !x),
-        }),
-        Slice::U(v) => Data::U(match op {
-            UnaryOp::Neg => map(v, u32::wrapping_neg),
-            UnaryOp::Abs => v.to_vec(),
-            _ => map(v, |x| !x),
-        }),
+        Slice::I(v) => Data::I(wrap_i(
+            a.dtype,
+            match op {
+                UnaryOp::Neg => map(v, i32::wrapping_neg),
+                UnaryOp::Abs => map(v, i32::wrapping_abs),
+                _ => map(v, |x| !x),
+            },
+        )),
+        Slice::U(v) => Data::U(wrap_u(
+            a.dtype,
+            match op {
+                UnaryOp::Neg => map(v, u32::wrapping_neg),
+                UnaryOp::Abs => v.to_vec(),
+                _ => map(v, |x| !x),
+            },
+        )),
         Slice::B(v) => Data::B(map(v, |x| !x)),
     };
     Val { dtype: a.dtype, shape: a.shape.to_vec(), data }
@@ -206,12 +212,14 @@ pub(crate) fn binary(op: BinaryOp, a: View<'_>, b: View<'_>) -> Val {
             a.dtype,
             collected(n, |v| binary_f32(op, &Pair { x, xs: a.shape, y, ys: b.shape, out: &shape }, v)),
         )),
-        (Slice::I(x), Slice::I(y)) => {
-            Data::I(collected(n, |v| binary_i32(op, &Pair { x, xs: a.shape, y, ys: b.shape, out: &shape }, v)))
-        }
-        (Slice::U(x), Slice::U(y)) => {
-            Data::U(collected(n, |v| binary_u32(op, &Pair { x, xs: a.shape, y, ys: b.shape, out: &shape }, v)))
-        }
+        (Slice::I(x), Slice::I(y)) => Data::I(wrap_i(
+            a.dtype,
+            collected(n, |v| binary_i32(op, &Pair { x, xs: a.shape, y, ys: b.shape, out: &shape }, v)),
+        )),
+        (Slice::U(x), Slice::U(y)) => Data::U(wrap_u(
+            a.dtype,
+            collected(n, |v| binary_u32(op, &Pair { x, xs: a.shape, y, ys: b.shape, out: &shape }, v)),
+        )),
         (Slice::B(x), Slice::B(y)) => {
             Data::B(collected(n, |v| binary_bool(op, &Pair { x, xs: a.shape, y, ys: b.shape, out: &shape }, v)))
         }
@@ -235,12 +243,12 @@ pub(crate) fn binary_into(op: BinaryOp, a: View<'_>, b: View<'_>, out: &mut [u32
             &Pair { x, xs: a.shape, y, ys: b.shape, out: &shape },
             &mut Filler { out: bytemuck::cast_slice_mut(out), at: 0 },
         ),
-        (Slice::I(x), Slice::I(y), _) => binary_i32(
+        (Slice::I(x), Slice::I(y), DType::I32) => binary_i32(
             op,
             &Pair { x, xs: a.shape, y, ys: b.shape, out: &shape },
             &mut Filler { out: bytemuck::cast_slice_mut(out), at: 0 },
         ),
-        (Slice::U(x), Slice::U(y), _) => {
+        (Slice::U(x), Slice::U(y), DType::U32) => {
             binary_u32(op, &Pair { x, xs: a.shape, y, ys: b.shape, out: &shape }, &mut Filler { out, at: 0 })
         }
         _ => return false,

@@ -3,7 +3,7 @@
 
 use tessel_plugin_api::ir::ReduceOp;
 
-use super::float::{nan_max, nan_min, round_all};
+use super::float::{nan_max, nan_min, round_all, wrap_i, wrap_u};
 use super::value::{Data, Slice, Val, View};
 
 /// `f` over one row, left to right from its first element.
@@ -97,18 +97,26 @@ pub(crate) fn reduce(op: ReduceOp, a: View<'_>, axis: usize, keepdims: bool) -> 
                 ReduceOp::Min => fold_axis(v, outer, n, inner, nan_min),
             },
         )),
-        Slice::I(v) => Data::I(match op {
-            ReduceOp::Sum => fold_axis(v, outer, n, inner, i32::wrapping_add),
-            ReduceOp::Prod => fold_axis(v, outer, n, inner, i32::wrapping_mul),
-            ReduceOp::Max => fold_axis(v, outer, n, inner, i32::max),
-            ReduceOp::Min => fold_axis(v, outer, n, inner, i32::min),
-        }),
-        Slice::U(v) => Data::U(match op {
-            ReduceOp::Sum => fold_axis(v, outer, n, inner, u32::wrapping_add),
-            ReduceOp::Prod => fold_axis(v, outer, n, inner, u32::wrapping_mul),
-            ReduceOp::Max => fold_axis(v, outer, n, inner, u32::max),
-            ReduceOp::Min => fold_axis(v, outer, n, inner, u32::min),
-        }),
+        // Narrow integers wrap once at the end: wrapping is a ring homomorphism, so the sum and
+        // product wrapped after every step are the same.
+        Slice::I(v) => Data::I(wrap_i(
+            a.dtype,
+            match op {
+                ReduceOp::Sum => fold_axis(v, outer, n, inner, i32::wrapping_add),
+                ReduceOp::Prod => fold_axis(v, outer, n, inner, i32::wrapping_mul),
+                ReduceOp::Max => fold_axis(v, outer, n, inner, i32::max),
+                ReduceOp::Min => fold_axis(v, outer, n, inner, i32::min),
+            },
+        )),
+        Slice::U(v) => Data::U(wrap_u(
+            a.dtype,
+            match op {
+                ReduceOp::Sum => fold_axis(v, outer, n, inner, u32::wrapping_add),
+                ReduceOp::Prod => fold_axis(v, outer, n, inner, u32::wrapping_mul),
+                ReduceOp::Max => fold_axis(v, outer, n, inner, u32::max),
+                ReduceOp::Min => fold_axis(v, outer, n, inner, u32::min),
+            },
+        )),
         Slice::B(_) => unreachable!("verifier: reduce on bool"),
     };
     Val { dtype: a.dtype, shape, data }

@@ -159,8 +159,8 @@ impl Val {
     pub fn splat(dtype: DType, shape: &[usize], lit: Literal) -> Val {
         let n = shape.iter().product();
         let data = match dtype {
-            DType::I32 => Data::I(vec![lit.as_i64() as i32; n]),
-            DType::U32 => Data::U(vec![lit.as_i64() as u32; n]),
+            d if d.is_signed() => Data::I(vec![d.wrap(lit.as_i64()) as i32; n]),
+            d if d.is_unsigned() => Data::U(vec![d.wrap(lit.as_i64()) as u32; n]),
             DType::Bool => Data::B(vec![lit.as_f64() != 0.0; n]),
             _ => Data::F(vec![round(dtype, lit.as_f64() as f32); n]),
         };
@@ -215,6 +215,10 @@ impl Val {
             DType::I32 => Data::I(bits.into_iter().map(|b| b as i32).collect()),
             DType::U32 => Data::U(bits),
             DType::Bool => Data::B(bits.into_iter().map(|b| b != 0).collect()),
+            DType::I8 => Data::I(bits.into_iter().map(|b| i32::from(b as i8)).collect()),
+            DType::I16 => Data::I(bits.into_iter().map(|b| i32::from(b as i16)).collect()),
+            DType::U8 => Data::U(bits.into_iter().map(|b| b & 0xff).collect()),
+            DType::U16 => Data::U(bits.into_iter().map(|b| b & 0xffff).collect()),
         };
         Val { dtype, shape, data }
     }

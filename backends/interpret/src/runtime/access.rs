@@ -101,6 +101,18 @@ impl ProgramState<'_, '_> {
             (Storage::Input(DataRef::Bool(v)), Data::B(o)) => {
                 Data::B(gather(&arr.shape, starts, lens, o[0], &mut |f, n, out| out.extend_from_slice(&v[f..f + n])))
             }
+            (Storage::Input(DataRef::I8(v)), Data::I(o)) => Data::I(gather(&arr.shape, starts, lens, o[0], &mut |f, n, out| {
+                out.extend(v[f..f + n].iter().map(|&x| i32::from(x)))
+            })),
+            (Storage::Input(DataRef::I16(v)), Data::I(o)) => Data::I(gather(&arr.shape, starts, lens, o[0], &mut |f, n, out| {
+                out.extend(v[f..f + n].iter().map(|&x| i32::from(x)))
+            })),
+            (Storage::Input(DataRef::U8(v)), Data::U(o)) => Data::U(gather(&arr.shape, starts, lens, o[0], &mut |f, n, out| {
+                out.extend(v[f..f + n].iter().map(|&x| u32::from(x)))
+            })),
+            (Storage::Input(DataRef::U16(v)), Data::U(o)) => Data::U(gather(&arr.shape, starts, lens, o[0], &mut |f, n, out| {
+                out.extend(v[f..f + n].iter().map(|&x| u32::from(x)))
+            })),
             (Storage::Shared(_) | Storage::Lent(_), _) => {
                 Val::from_bits(dtype, shape.to_vec(), self.read_cells(mem, starts, lens, other.to_bits()[0])).data
             }

@@ -11,18 +11,48 @@ pub(super) fn f32_imm(v: f32) -> String {
 /// the `f32` of their value, as the interpreter holds them).
 pub(super) fn lit_bits(lit: Literal, dtype: DType) -> u32 {
     match dtype {
-        DType::I32 => lit.as_i64() as i32 as u32,
-        DType::U32 => lit.as_i64() as u32,
         DType::Bool => u32::from(lit.as_f64() != 0.0),
         DType::F16 => half::f16::from_f32(lit.as_f64() as f32).to_f32().to_bits(),
         DType::BF16 => half::bf16::from_f32(lit.as_f64() as f32).to_f32().to_bits(),
         DType::F32 => (lit.as_f64() as f32).to_bits(),
+        // Integers as their registers hold them: 32 bits, sign-extended where signed.
+        d => d.wrap(lit.as_i64()) as u32,
     }
 }
 
 /// Whether elements of `d` are 16-bit floats, which arrays hold as 2 bytes an element.
 pub fn half_bits(d: DType) -> bool {
-    d.bits() == 16
+    matches!(d, DType::F16 | DType::BF16)
+}
+
+/// Bytes of one element of `d` in an array: 16-bit floats and integers 2, 8-bit integers 1, the
+/// rest (`bool` included) 4. The workspace holds every element as 4.
+pub fn element_bytes(d: DType) -> usize {
+    match d {
+        DType::Bool => 4,
+        d => d.bits() as usize / 8,
+    }
+}
+
+/// The `ld` type of an array element of `d` (read into a 32-bit register: 8- and 16-bit integers
+/// sign- or zero-extended as their type is).
+pub(super) fn load_ty(d: DType) -> &'static str {
+    match d {
+        DType::I8 => "s8",
+        DType::U8 => "u8",
+        DType::I16 => "s16",
+        DType::F16 | DType::BF16 | DType::U16 => "u16",
+        _ => "b32",
+    }
+}
+
+/// The `st` type of an array element of `d` (the low bits of a 32-bit register).
+pub(super) fn store_ty(d: DType) -> &'static str {
+    match element_bytes(d) {
+        1 => "u8",
+        2 => "u16",
+        _ => "b32",
+    }
 }
 
 /// The PTX type name of a 16-bit float.
@@ -40,5 +70,5 @@ pub(super) fn strides(shape: &[usize]) -> Vec<usize> {
 
 /// The width-suffix for comparisons and integer ops of a dtype.
 pub(super) fn int_ty(d: DType) -> &'static str {
-    if d == DType::I32 { "s32" } else { "u32" }
+    if d.is_signed() { "s32" } else { "u32" }
 }

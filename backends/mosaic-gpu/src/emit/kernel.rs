@@ -223,7 +223,7 @@ impl Writer<'_> {
                 let to = ty.as_ref().expect("typed").dtype;
                 self.each(n, |w, e| {
                     let x = w.operand(a, from, e, &out_shape);
-                    let v = if from.bits() == 16 && from != to { w.bitcast16(from, to, &x) } else { x };
+                    let v = if from.bits() < 32 && from != to { w.bitcast_narrow(from, to, &x) } else { x };
                     w.store_slot(&dst, e, &v);
                 });
             }

@@ -5,7 +5,7 @@
 
 use tessel_plugin_api::ir::{DType, Index, Literal, Operand};
 
-use super::conv::{half_bits, half_ty, lit_bits, strides};
+use super::conv::{element_bytes, half_ty, lit_bits, load_ty, store_ty, strides};
 use super::writer::Writer;
 
 /// What [`Writer::write_access`] does at each element of a region.
@@ -188,10 +188,11 @@ impl Writer<'_> {
             }
         };
         let dtype = p.ty.dtype;
-        // Arrays hold 16-bit floats as 2 bytes an element (as numpy and TMA have them); the
-        // workspace holds every element as 4 bytes.
+        // Arrays hold 16-bit floats and narrow integers at their width (as numpy and TMA have
+        // them); the workspace holds every element as 4 bytes.
         let array = self.args.iter().any(|(a, _)| a == name);
-        let (bytes, width) = if array && half_bits(dtype) { (2, "u16") } else { (4, "b32") };
+        let (bytes, load, store) =
+            if array { (element_bytes(dtype), load_ty(dtype), store_ty(dtype)) } else { (4, "b32", "b32") };
         let mask_shape = mask.map(|m| self.shape_of(m));
         self.each(n, |w, e| {
             let ok = w.p();
@@ -224,7 +225,7 @@ impl Writer<'_> {
             match access {
                 Access::Load { dst, other } => {
                     let (raw, v) = (w.imm(0), w.imm(lit_bits(other.unwrap_or(Literal::Int(0)), dtype)));
-                    w.ins(format!("@{ok} ld.{space}.{width} {raw}, [{addr}]"));
+                    w.ins(format!("@{ok} ld.{space}.{load} {raw}, [{addr}]"));
                     w.widen16(dtype, &raw);
                     w.ins(format!("selp.b32 {v}, {raw}, {v}, {ok}"));
                     w.store_slot(dst, e, &v);
@@ -234,7 +235,7 @@ impl Writer<'_> {
                     let bits = w.r();
                     w.ins(format!("mov.b32 {bits}, {v}"));
                     w.narrow16(dtype, &bits);
-                    w.ins(format!("@{ok} st.{space}.{width} [{addr}], {bits}"));
+                    w.ins(format!("@{ok} st.{space}.{store} [{addr}], {bits}"));
                 }
             }
         });

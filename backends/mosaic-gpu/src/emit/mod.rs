@@ -27,7 +27,7 @@ mod reduce;
 mod wgmma;
 mod writer;
 
-pub use conv::half_bits;
+pub use conv::{element_bytes, half_bits};
 
 use crate::lower::Plan;
 use writer::Writer;

@@ -5,7 +5,7 @@
 use tessel_plugin_api::ir::{BinaryOp, CmpOp, DType, UnaryOp};
 use tessel_plugin_api::libm;
 
-use super::conv::{f32_imm, half_ty, int_ty};
+use super::conv::{f32_imm, half_bits, half_ty, int_ty};
 use super::writer::Writer;
 
 /// One instruction of an accurate maths function.
@@ -57,12 +57,19 @@ fn libm_ins(f: &libm::Func, dst: libm::Var, op: libm::Op, regs: &[String]) -> St
 }
 
 impl Writer<'_> {
-    /// Rounds an `f32` held in `v` to the 16-bit float `d` (in place); no-op for other dtypes.
-    pub(super) fn round16(&mut self, d: DType, v: &str) {
-        if matches!(d, DType::F16 | DType::BF16) {
-            let (h, t) = (self.h(), half_ty(d));
-            self.ins(format!("cvt.rn.{t}.f32 {h}, {v}"));
-            self.ins(format!("cvt.f32.{t} {v}, {h}"));
+    /// Rounds an `f32` held in `v` to the 16-bit float `d`, or wraps an integer to the 8- or
+    /// 16-bit integer `d` (sign-extended where signed), in place; a no-op for other dtypes.
+    pub(super) fn narrow(&mut self, d: DType, v: &str) {
+        match d {
+            DType::F16 | DType::BF16 => {
+                let (h, t) = (self.h(), half_ty(d));
+                self.ins(format!("cvt.rn.{t}.f32 {h}, {v}"));
+                self.ins(format!("cvt.f32.{t} {v}, {h}"));
+            }
+            DType::I8 | DType::I16 => self.ins(format!("cvt.s32.s{} {v}, {v}", d.bits())),
+            DType::U8 => self.ins(format!("and.b32 {v}, {v}, 255")),
+            DType::U16 => self.ins(format!("and.b32 {v}, {v}, 65535")),
+            _ => {}
         }
     }
 
@@ -110,12 +117,12 @@ impl Writer<'_> {
 
     pub(super) fn unary(&mut self, op: UnaryOp, d: DType, x: &str) -> String {
         let v = self.unary32(op, d, x);
-        self.round16(d, &v);
+        self.narrow(d, &v);
         v
     }
 
     fn unary32(&mut self, op: UnaryOp, d: DType, x: &str) -> String {
-        let d = if d.is_float() { DType::F32 } else { d };
+        let d = if d.is_float() { DType::F32 } else { d.widened() };
         let v = self.r();
         match (op, d) {
             (UnaryOp::Neg, DType::F32) => self.ins(format!("neg.f32 {v}, {x}")),
@@ -155,7 +162,7 @@ impl Writer<'_> {
 
     pub(super) fn binary(&mut self, op: BinaryOp, d: DType, x: &str, y: &str) -> String {
         let v = self.binary32(op, d, x, y);
-        self.round16(d, &v);
+        self.narrow(d, &v);
         v
     }
 
@@ -217,7 +224,7 @@ impl Writer<'_> {
         let (p, v) = (self.p(), self.r());
         let ty = match d {
             d if d.is_float() => "f32",
-            DType::I32 => "s32",
+            d if d.is_signed() => "s32",
             _ => "u32",
         };
         // Float `ne` is unordered (true for NaN), the others ordered, as in IEEE and Rust.
@@ -236,16 +243,45 @@ impl Writer<'_> {
     }
 
     pub(super) fn cast(&mut self, from: DType, to: DType, x: &str) -> String {
-        let v = self.cast32(if from.is_float() { DType::F32 } else { from }, if to.is_float() { DType::F32 } else { to }, x);
-        self.round16(to, &v);
+        let wide = |d: DType| if d.is_float() { DType::F32 } else { d.widened() };
+        let v = self.cast32(wide(from), wide(to), x);
+        if from.is_float() && to.is_narrow_int() {
+            // Saturated in 32 bits by `cvt`, then at the narrow type's limits.
+            let (lo, hi) = to.int_range().expect("an integer type");
+            let it = int_ty(to);
+            self.ins(format!("max.{it} {v}, {v}, {lo}"));
+            self.ins(format!("min.{it} {v}, {v}, {hi}"));
+        } else {
+            self.narrow(to, &v);
+        }
         v
     }
 
-    /// `bitcast` between the 16-bit floats: through their bits.
-    pub(super) fn bitcast16(&mut self, from: DType, to: DType, x: &str) -> String {
-        let (v, h) = (self.r(), self.h());
-        self.ins(format!("cvt.rn.{}.f32 {h}, {x}", half_ty(from)));
-        self.ins(format!("cvt.f32.{} {v}, {h}", half_ty(to)));
+    /// `bitcast` between element types of 8 or 16 bits: through their bits (16-bit floats are
+    /// held as the `f32` of their value, integers as 32 bits wrapped to their type).
+    pub(super) fn bitcast_narrow(&mut self, from: DType, to: DType, x: &str) -> String {
+        let v = self.r();
+        match (half_bits(from), half_bits(to)) {
+            (true, true) => {
+                let h = self.h();
+                self.ins(format!("cvt.rn.{}.f32 {h}, {x}", half_ty(from)));
+                self.ins(format!("cvt.f32.{} {v}, {h}", half_ty(to)));
+            }
+            (true, false) => {
+                let h = self.h();
+                self.ins(format!("cvt.rn.{}.f32 {h}, {x}", half_ty(from)));
+                self.ins(format!("cvt.u32.u16 {v}, {h}"));
+            }
+            (false, true) => {
+                let h = self.h();
+                self.ins(format!("cvt.u16.u32 {h}, {x}"));
+                self.ins(format!("cvt.f32.{} {v}, {h}", half_ty(to)));
+            }
+            (false, false) => self.ins(format!("mov.b32 {v}, {x}")),
+        }
+        if !to.is_float() {
+            self.narrow(to, &v);
+        }
         v
     }
 

@@ -41,7 +41,7 @@ impl Writer<'_> {
             w.ins(format!("add.u32 {r}, {r}, 1"));
             w.ins(format!("bra {top}"));
             w.place_label(&end);
-            w.round16(d, &acc);
+            w.narrow(d, &acc);
             w.store_slot(&dst, e, &acc);
         });
     }

@@ -6,7 +6,7 @@ use tessel_plugin_api::ir::*;
 use tessel_plugin_api::libm;
 
 use super::{Deferred, Read, Writer};
-use crate::conv::reg_ty;
+use crate::conv::{literal, reg_ty};
 
 impl<'k> Writer<'k> {
     /// An elementwise result: scalar registers when every operand is one, else a block.
@@ -89,19 +89,23 @@ impl<'k> Writer<'k> {
             let id = self.declare_block(dst);
             self.each_into(&res, &id, d, value);
         }
-        // 16-bit floats accumulate in `f32` and round once.
-        for (rid, _, rows) in fused.iter().filter(|_| d.is_float() && d != DType::F32) {
+        // 16-bit floats accumulate in `f32` and round once; narrow integers wrap once.
+        for (rid, _, rows) in fused.iter().filter(|_| (d.is_float() && d != DType::F32) || d.is_narrow_int()) {
             self.open(format!("for (var r = 0u; r < {rows}u; r++)"));
-            let v = self.round16(d, &format!("{rid}[r]"));
+            let v = self.narrow(d, &format!("{rid}[r]"));
             self.line(format!("{rid}[r] = {v};"));
             self.close();
         }
         self.defined(dst);
     }
 
-    /// Rounds a float register expression to a 16-bit float type (no-op otherwise).
-    pub(super) fn round16(&mut self, d: DType, x: &str) -> String {
+    /// Rounds a float register expression to a 16-bit float type, or wraps an integer one to an
+    /// 8- or 16-bit integer type (sign-extended where signed); a no-op for other types.
+    pub(super) fn narrow(&mut self, d: DType, x: &str) -> String {
         match d {
+            DType::I8 | DType::I16 => format!("extractBits({x}, 0u, {}u)", d.bits()),
+            DType::U8 => format!("({x} & 0xffu)"),
+            DType::U16 => format!("({x} & 0xffffu)"),
             DType::F16 => {
                 self.helper("tk_round_f16");
                 format!("tk_round_f16({x})")
@@ -116,9 +120,9 @@ impl<'k> Writer<'k> {
 
     pub(super) fn unary(&mut self, op: UnaryOp, d: DType, x: &str) -> String {
         let v = match (op, d) {
-            (UnaryOp::Neg, DType::U32) => format!("(0u - {x})"),
+            (UnaryOp::Neg, d) if d.is_unsigned() => format!("(0u - {x})"),
             (UnaryOp::Neg, _) => format!("(-{x})"),
-            (UnaryOp::Abs, DType::U32) => x.to_string(),
+            (UnaryOp::Abs, d) if d.is_unsigned() => x.to_string(),
             (UnaryOp::Abs, _) => format!("abs({x})"),
             (UnaryOp::Not, DType::Bool) => format!("(!{x})"),
             (UnaryOp::Not, _) => format!("(~{x})"),
@@ -144,12 +148,12 @@ impl<'k> Writer<'k> {
             (UnaryOp::Floor, _) => format!("floor({x})"),
             (UnaryOp::Ceil, _) => format!("ceil({x})"),
         };
-        self.round16(d, &v)
+        self.narrow(d, &v)
     }
 
     pub(super) fn binary(&mut self, op: BinaryOp, d: DType, x: &str, y: &str) -> String {
         let float = d.is_float();
-        let sfx = if d == DType::I32 { "i32" } else { "u32" };
+        let sfx = if d.is_signed() { "i32" } else { "u32" };
         let v = match op {
             BinaryOp::Add => format!("({x} + {y})"),
             BinaryOp::Sub => format!("({x} - {y})"),
@@ -184,13 +188,13 @@ impl<'k> Writer<'k> {
             BinaryOp::Pow => self.call(libm::pow, &[x, y]),
             BinaryOp::Atan2 => self.call(libm::atan2, &[x, y]),
         };
-        if float { self.round16(d, &v) } else { v }
+        self.narrow(d, &v)
     }
 
     pub(super) fn cast(&mut self, from: DType, to: DType, x: &str) -> String {
         match (from, to) {
             (a, b) if a == b => x.to_string(),
-            (a, b) if a.is_float() && b.is_float() => self.round16(b, x),
+            (a, b) if a.is_float() && b.is_float() => self.narrow(b, x),
             (a, DType::Bool) if a.is_float() => format!("((bitcast<u32>({x}) & 0x7fffffffu) != 0u)"),
             (a, DType::I32) if a.is_float() => {
                 self.helper("tk_f2i");
@@ -209,13 +213,19 @@ impl<'k> Writer<'k> {
             (_, b) if b.is_float() => {
                 self.helper("tk_f32_bits");
                 let v = format!("tk_f32_bits(bitcast<u32>(f32({x})))");
-                self.round16(b, &v)
+                self.narrow(b, &v)
             }
-            (DType::Bool, DType::I32) => format!("select(0i, 1i, {x})"),
-            (DType::Bool, DType::U32) => format!("select(0u, 1u, {x})"),
-            (DType::I32, DType::Bool) => format!("({x} != 0i)"),
-            (DType::U32, DType::Bool) => format!("({x} != 0u)"),
-            (_, b) => format!("bitcast<{}>({x})", reg_ty(b)),
+            // Saturated in 32 bits, then at the narrow type's limits.
+            (a, b) if a.is_float() => {
+                let (lo, hi) = b.int_range().expect("verifier: a cast to a number");
+                let wide = self.cast(a, b.widened(), x);
+                format!("clamp({wide}, {}, {})", literal(Literal::Int(lo), b), literal(Literal::Int(hi), b))
+            }
+            (DType::Bool, b) => format!("select({}, {}, {x})", literal(Literal::Int(0), b), literal(Literal::Int(1), b)),
+            (a, DType::Bool) => format!("({x} != {})", literal(Literal::Int(0), a)),
+            // Integer to integer: the bits, wrapped to the new width.
+            (a, b) if reg_ty(a) == reg_ty(b) => self.narrow(b, x),
+            (_, b) => self.narrow(b, &format!("bitcast<{}>({x})", reg_ty(b))),
         }
     }
 
@@ -227,9 +237,17 @@ impl<'k> Writer<'k> {
                 format!("bitcast<f32>(tk_f16_bits({x}) << 16u)")
             }
             (DType::BF16, DType::F16) => format!("unpack2x16float(bitcast<u32>({x}) >> 16u).x"),
+            // 16-bit floats and integers: the float's 16 bits, as the integer type holds them.
+            (DType::F16, b) => {
+                self.helper("tk_f16_bits");
+                self.narrow(b, &format!("{}(tk_f16_bits({x}))", reg_ty(b)))
+            }
+            (DType::BF16, b) => self.narrow(b, &format!("{}(bitcast<u32>({x}) >> 16u)", reg_ty(b))),
+            (a, DType::F16) if a.is_int() => format!("unpack2x16float(bitcast<u32>({x}) & 0xffffu).x"),
+            (a, DType::BF16) if a.is_int() => format!("bitcast<f32>(bitcast<u32>({x}) << 16u)"),
             // Opaque, as a cast to a float is (`cast`).
             (DType::I32 | DType::U32, DType::F32) => format!("tk_f32_bits(bitcast<u32>({x}))"),
-            (_, b) => format!("bitcast<{}>({x})", reg_ty(b)),
+            (_, b) => self.narrow(b, &format!("bitcast<{}>({x})", reg_ty(b))),
         }
     }
 }

@@ -123,7 +123,7 @@ impl<'k> Writer<'k> {
                     all
                 };
                 w.line(format!("let {acc} = {all};"));
-                let v = w.round16(d, &acc);
+                let v = w.narrow(d, &acc);
                 w.line(format!("{id}[k] = {v};"));
             });
             self.defined(dst);
@@ -147,7 +147,7 @@ impl<'k> Writer<'k> {
             let c = combine(w, &acc, &x);
             w.line(format!("{acc} = {c};"));
             w.close();
-            w.round16(d, &acc)
+            w.narrow(d, &acc)
         });
     }
 }
@@ -157,10 +157,8 @@ fn reduce_init(op: ReduceOp, d: DType) -> String {
     match (op, d) {
         (ReduceOp::Sum, _) => literal(Literal::Int(0), d),
         (ReduceOp::Prod, _) => literal(Literal::Int(1), d),
-        (ReduceOp::Max, DType::I32) => "i32(-2147483648)".into(),
-        (ReduceOp::Min, DType::I32) => "2147483647i".into(),
-        (ReduceOp::Max, DType::U32) => "0u".into(),
-        (ReduceOp::Min, DType::U32) => "4294967295u".into(),
+        (ReduceOp::Max, d) if d.is_int() => literal(Literal::Int(d.int_range().expect("an integer").0), d),
+        (ReduceOp::Min, d) if d.is_int() => literal(Literal::Int(d.int_range().expect("an integer").1), d),
         (ReduceOp::Max, _) => float_lit(f32::NEG_INFINITY),
         (ReduceOp::Min, _) => float_lit(f32::INFINITY),
     }

@@ -186,9 +186,8 @@ fn shape_text(s: &[usize]) -> String {
 fn literal_fits(lit: Literal, dtype: DType) -> Result<(), String> {
     match (lit, dtype) {
         (Literal::Bool(_), DType::Bool) => Ok(()),
-        (Literal::Int(v), DType::I32) if i32::try_from(v).is_ok() => Ok(()),
-        (Literal::Int(v), DType::U32) if u32::try_from(v).is_ok() => Ok(()),
-        (Literal::Int(v), DType::I32 | DType::U32) => Err(format!("integer literal `{v}` does not fit in {dtype}")),
+        (Literal::Int(v), d) if d.int_range().is_some_and(|(lo, hi)| (lo..=hi).contains(&v)) => Ok(()),
+        (Literal::Int(v), d) if d.is_int() => Err(format!("integer literal `{v}` does not fit in {dtype}")),
         (Literal::Int(_) | Literal::Float(_), d) if d.is_float() => Ok(()),
         (l, d) => Err(format!("literal `{}` cannot stand for {} element", print::literal_text(l), with_article(d))),
     }

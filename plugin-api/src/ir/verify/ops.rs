@@ -37,7 +37,7 @@ impl Checker<'_> {
             }
             Op::Iota { dim } => {
                 let t = ann?.clone();
-                if !t.dtype.is_int() || t.is_scalar() {
+                if !matches!(t.dtype, DType::I32 | DType::U32) || t.is_scalar() {
                     self.err(
                         span,
                         format!("`iota` cannot make `{t}`"),
@@ -321,7 +321,7 @@ impl Checker<'_> {
             );
             return None;
         }
-        let d = if x.dtype.is_float() { DType::F32 } else { x.dtype };
+        let d = if x.dtype.is_float() { DType::F32 } else { x.dtype.widened() };
         Some(Type::array(d, [m, n]))
     }
 }
