@@ -16,7 +16,7 @@ use tessel::{HostArray, LaunchArgs};
 use tessel_plugin_api::ir::DType;
 
 const FLOAT_UNARY: &[&str] =
-    &["neg", "abs", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tanh", "logistic", "expm1", "log1p", "erf", "erf_inv", "asin", "acos", "atan", "sinh", "cosh", "floor", "ceil"];
+    &["neg", "abs", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tanh", "logistic", "expm1", "log1p", "erf", "erf_inv", "asin", "acos", "atan", "sinh", "cosh", "floor", "ceil", "round"];
 const INT_UNARY: &[&str] = &["neg", "abs", "not"];
 const FLOAT_BINARY: &[&str] = &["add", "sub", "mul", "div", "rem", "pow", "atan2", "max", "min"];
 const INT_BINARY: &[&str] = &["add", "sub", "mul", "div", "rem", "max", "min", "and", "or", "xor", "shl", "shr"];
@@ -202,6 +202,16 @@ fn unary_ref(op: &str, d: DType, x: f64) -> f64 {
         "cosh" => x.cosh(),
         "floor" => x.floor(),
         "ceil" => x.ceil(),
+        // Ties to even, written out: the nearer integer, or the even one of two equally near.
+        "round" => {
+            let (lo, hi) = (x.floor(), x.ceil());
+            match (x - lo).partial_cmp(&(hi - x)) {
+                Some(std::cmp::Ordering::Less) => lo,
+                Some(std::cmp::Ordering::Greater) => hi,
+                _ if !x.is_finite() || lo == hi => x,
+                _ => if lo % 2.0 == 0.0 { lo } else { hi },
+            }
+        }
         _ => unreachable!("{op}"),
     };
     round_to(d, r)

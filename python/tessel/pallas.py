@@ -39,19 +39,22 @@ from ._jax_support import _INLINE, _jax
 
 __all__ = ["to_tk", "run", "translate", "Translated", "install", "uninstall", "installed", "CompilerParams"]
 
-_DTYPES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "int32": "i32", "uint32": "u32", "bool": "bool"}
+_DTYPES = {
+    "float32": "f32", "float16": "f16", "bfloat16": "bf16", "int32": "i32", "uint32": "u32", "bool": "bool",
+    "int8": "i8", "uint8": "u8", "int16": "i16", "uint16": "u16",
+}
 
 _UNARY = {
     "neg": "neg", "exp": "exp", "exp2": "exp2", "log": "log", "tanh": "tanh", "logistic": "logistic",
     "sqrt": "sqrt", "rsqrt": "rsqrt", "abs": "abs", "sin": "sin", "cos": "cos", "floor": "floor",
-    "ceil": "ceil", "not": "not", "expm1": "expm1", "log1p": "log1p", "erf": "erf",
+    "ceil": "ceil", "round": "round", "not": "not", "expm1": "expm1", "log1p": "log1p", "erf": "erf",
     "erf_inv": "erf_inv", "asin": "asin", "acos": "acos", "atan": "atan", "sinh": "sinh", "cosh": "cosh",
 }
 _BINARY = {
     "add": "add", "sub": "sub", "mul": "mul", "div": "div", "max": "max", "min": "min", "pow": "pow",
-    "rem": "rem", "atan2": "atan2", "and": "and", "or": "or", "xor": "xor", "shift_left": "shl",
-    "shift_right_arithmetic": "shr", "shift_right_logical": "shr",
+    "rem": "rem", "atan2": "atan2", "and": "and", "or": "or", "xor": "xor",
 }
+_SHIFTS = {"shift_left", "shift_right_arithmetic", "shift_right_logical"}
 _COMPARE = {"eq": "eq", "ne": "ne", "lt": "lt", "le": "le", "gt": "gt", "ge": "ge"}
 _REDUCE = {"reduce_sum": "sum", "reduce_max": "max", "reduce_min": "min", "reduce_prod": "prod"}
 #: The primitives of a Pallas kernel launch: `pl.pallas_call`, and `pl.kernel(mesh=...)`.
@@ -80,10 +83,18 @@ def _ty(aval, kernel: str, eqn=None) -> str:
     name = np.dtype(aval.dtype).name if str(aval.dtype) != "bfloat16" else "bfloat16"
     dt = _DTYPES.get(name)
     if dt is None:
-        raise _refuse(f"dtype {name}", kernel, eqn, "tessel has f32, f16, bf16, i32, u32 and bool")
+        raise _refuse(f"dtype {name}", kernel, eqn, "tessel has f32, f16, bf16, i32, u32, i16, u16, i8, u8 and bool")
     if not aval.shape:
         return dt
     return f"{dt}[{', '.join(str(d) for d in aval.shape)}]"
+
+
+def _dot_acc(dtype) -> str:
+    """The element type of tessel's `dot` of two operands of `dtype`: floats accumulate in f32,
+    signed integers in i32, unsigned ones in u32."""
+    if str(dtype) == "bfloat16" or np.dtype(dtype).kind == "f":
+        return "f32"
+    return "u32" if np.dtype(dtype).kind == "u" else "i32"
 
 
 def _scratch(arg: str, aval, kernel: str, eqn, what: str = "scratch operand") -> str:
@@ -212,6 +223,42 @@ class _Writer:
         v = self.body.fresh()
         self.body.emit(f"{v} = {rhs} : {_ty(out.aval, self.kernel, eqn)}")
         self.define(out, v)
+
+    def shift(self, eqn) -> None:
+        """`shift_left` and the two right shifts with XLA's meaning: a logical shift of a signed
+        value (and an arithmetic one of an unsigned value) goes through the other signedness by
+        `bitcast`; a count outside [0, bits) gives 0 (the arithmetic right shift: the sign, a
+        shift by bits - 1), where tessel would take the count modulo 32."""
+        a, b = eqn.invars
+        name = eqn.primitive.name
+        ty = _ty(eqn.outvars[0].aval, self.kernel, eqn)
+        base, _, dims = ty.partition("[")
+        signed, bits = base.startswith("i"), int(base[1:])
+        via = ("i" if {"shift_left": signed, "shift_right_arithmetic": True}.get(name, False) else "u") + str(bits)
+
+        def emit(rhs: str, elem: str) -> str:
+            v = self.body.fresh()
+            self.body.emit(f"{v} = {rhs} : {elem}{'[' + dims if dims else ''}")
+            return v
+
+        x, n = self.value(a, eqn), self.read(b)
+        if via != base:
+            x = emit(f"bitcast {x}", via)
+            n = emit(f"bitcast {n}", via) if n.startswith("%") else n
+        op = "shl" if name == "shift_left" else "shr"
+        if not n.startswith("%") and 0 <= int(float(n)) < bits:
+            r = emit(f"{op} {x}, {n}", via)  # a literal count in range: the plain shift
+        else:
+            beyond = emit(f"shr {x}, {bits - 1}", via) if name == "shift_right_arithmetic" else emit("full 0", via)
+            if n.startswith("%"):
+                count = emit(f"bitcast {n}", "u" + str(bits)) if via.startswith("i") else n
+                ok = emit(f"lt {count}, {bits}", "bool")
+                r = emit(f"select {ok}, {emit(f'{op} {x}, {n}', via)}, {beyond}", via)
+            else:
+                r = beyond  # a literal count out of range
+        if via != base:
+            r = emit(f"bitcast {r}", base)
+        self.define(eqn.outvars[0], r)
 
     # ---- indexing ----
 
@@ -593,6 +640,20 @@ class _Writer:
             if axis is None or axis not in self.axes:
                 raise self.refuse(f"`axis_index` of {p['axis_name']!r}, which is not an axis of the kernel's mesh", eqn)
             self.op(eqn, f"program_id {axis}")
+        elif name == "round" and int(p.get("rounding_method", 0)) == 0:
+            # `lax.round`'s default rounds ties away from zero: tessel's `round` (ties to even)
+            # except at a tie, where x + 0.5 with the sign of x is exact.
+            x = self.value(eqn.invars[0], eqn)
+            ty = _ty(eqn.outvars[0].aval, self.kernel, eqn)
+            r, d, a, tie, neg, h, away = (self.body.fresh() for _ in range(7))
+            self.body.emit(f"{r} = round {x} : {ty}")
+            self.body.emit(f"{d} = sub {x}, {r} : {ty}")
+            self.body.emit(f"{a} = abs {d} : {ty}")
+            self.body.emit(f"{tie} = eq {a}, 0.5")
+            self.body.emit(f"{neg} = lt {x}, 0.0")
+            self.body.emit(f"{h} = select {neg}, -0.5, 0.5 : {ty}")
+            self.body.emit(f"{away} = add {x}, {h} : {ty}")
+            self.op(eqn, f"select {tie}, {away}, {r}")
         elif name in _UNARY:
             self.op(eqn, f"{_UNARY[name]} {self.value(eqn.invars[0], eqn)}")
         elif name == "multiple_of":
@@ -610,6 +671,8 @@ class _Writer:
         elif name == "square":
             x = self.value(eqn.invars[0], eqn)
             self.op(eqn, f"mul {x}, {x}")
+        elif name in _SHIFTS:
+            self.shift(eqn)
         elif name in _BINARY or name in _COMPARE:
             a, b = eqn.invars
             op = _BINARY.get(name) or _COMPARE[name]
@@ -834,8 +897,7 @@ class _Writer:
         flags = (" trans_a" if ta else "") + (" trans_b" if tb else "")
         out = eqn.outvars[0]
         v = self.body.fresh()
-        # tessel's dot accumulates float operands in f32 and gives f32 (integers: i32).
-        acc = "f32" if np.dtype(a.aval.dtype).kind == "f" or str(a.aval.dtype) == "bfloat16" else "i32"
+        acc = _dot_acc(a.aval.dtype)
         m = a.aval.shape[1 if ta else 0]
         n = b.aval.shape[0 if tb else 1]
         self.body.emit(f"{v} = dot {self.value(a, eqn)}, {self.value(b, eqn)}{flags} : {acc}[{m}, {n}]")
@@ -855,7 +917,7 @@ class _Writer:
         (batch, a1, a2), (_, b1, b2) = a.aval.shape, b.aval.shape
         ta, tb = tuple(lc) == (1,), tuple(rc) == (2,)
         flags = (" trans_a" if ta else "") + (" trans_b" if tb else "")
-        acc = "f32" if np.dtype(a.aval.dtype).kind == "f" or str(a.aval.dtype) == "bfloat16" else "i32"
+        acc = _dot_acc(a.aval.dtype)
         m, n = (a2 if ta else a1), (b1 if tb else b2)
         av, bv = self.value(a, eqn), self.value(b, eqn)
         ta_ty, tb_ty = _ty(a.aval, self.kernel, eqn).split("[")[0], _ty(b.aval, self.kernel, eqn).split("[")[0]

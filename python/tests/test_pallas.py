@@ -381,6 +381,65 @@ def triton_style(x, y, interpret=False):
     return pl.pallas_call(body, out_shape=jax.ShapeDtypeStruct((n,), x.dtype), grid=(pl.cdiv(n, 128),), interpret=interpret)(x, y)
 
 
+def int8_matmul(x, w, scale, interpret=False, bm=16, bn=16, bk=32):
+    """A quantized matmul as Pallas users write one: int8 blocks, `preferred_element_type=int32`
+    into an int32 scratch accumulator, the per-column scale applied and the result requantized to
+    int8 (saturating) on the last step."""
+    from jax.experimental.pallas import tpu as pltpu
+
+    m, k = x.shape
+    n = w.shape[1]
+
+    def body(x_ref, w_ref, s_ref, o_ref, q_ref, acc_ref):
+        @pl.when(pl.program_id(2) == 0)
+        def _():
+            acc_ref[...] = jnp.zeros_like(acc_ref)
+
+        acc_ref[...] += jnp.dot(x_ref[...], w_ref[...], preferred_element_type=jnp.int32)
+
+        @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)
+        def _():
+            y = acc_ref[...].astype(jnp.float32) * s_ref[...]
+            o_ref[...] = y
+            q_ref[...] = jnp.clip(jnp.round(y), -128, 127).astype(jnp.int8)
+
+    return pl.pallas_call(
+        body,
+        out_shape=(jax.ShapeDtypeStruct((m, n), jnp.float32), jax.ShapeDtypeStruct((m, n), jnp.int8)),
+        grid=(m // bm, n // bn, k // bk),
+        in_specs=[
+            pl.BlockSpec((bm, bk), lambda i, j, kk: (i, kk)),
+            pl.BlockSpec((bk, bn), lambda i, j, kk: (kk, j)),
+            pl.BlockSpec((1, bn), lambda i, j, kk: (0, j)),
+        ],
+        out_specs=[pl.BlockSpec((bm, bn), lambda i, j, kk: (i, j))] * 2,
+        scratch_shapes=[pltpu.VMEM((bm, bn), jnp.int32)],
+        interpret=interpret,
+    )(x, w, scale)
+
+
+def narrow_bits(x, c, u, interpret=False):
+    """8- and 16-bit integer arithmetic as XLA defines it: wrapping adds and products, logical and
+    arithmetic right shifts of negative int8 values, shift counts from data (some past the width),
+    casts between widths and from floats."""
+
+    def body(x_ref, c_ref, u_ref, o_ref):
+        x, c, u = x_ref[...], c_ref[...], u_ref[...]
+        wide = x.astype(jnp.int16) * 300 + u.astype(jnp.int16)
+        o_ref[0] = (x + x).astype(jnp.int32)
+        o_ref[1] = (x * jnp.int8(3)).astype(jnp.int32)
+        o_ref[2] = jax.lax.shift_right_logical(x, c).astype(jnp.int32)
+        o_ref[3] = jax.lax.shift_right_arithmetic(x, c).astype(jnp.int32)
+        o_ref[4] = jax.lax.shift_left(x, c).astype(jnp.int32)
+        o_ref[5] = jax.lax.shift_right_logical(x, jnp.int8(2)).astype(jnp.int32)
+        o_ref[6] = wide.astype(jnp.int32)
+        o_ref[7] = wide.astype(jnp.int8).astype(jnp.int32)
+        o_ref[8] = (u // jnp.uint8(7) + u % jnp.uint8(5)).astype(jnp.int32)
+        o_ref[9] = jax.lax.shift_right_arithmetic(u, jnp.uint8(1)).astype(jnp.int32)
+
+    return pl.pallas_call(body, out_shape=jax.ShapeDtypeStruct((10,) + x.shape, jnp.int32), interpret=interpret)(x, c, u)
+
+
 f32 = lambda *shape: RNG.standard_normal(shape).astype(np.float32)  # noqa: E731
 
 CASES = [
@@ -405,6 +464,16 @@ CASES = [
     ("branches", branches, lambda: (f32(48, 128),), 1e-5),
     ("batched_dots", batched_dots, lambda: (f32(4, 16, 32), f32(4, 16, 32)), 1e-4),
     ("triton_style", triton_style, lambda: (f32(1000), f32(1024)), 1e-6),
+    ("int8_matmul", int8_matmul, lambda: (
+        RNG.integers(-128, 128, (32, 64)).astype(np.int8),
+        RNG.integers(-128, 128, (64, 32)).astype(np.int8),
+        (RNG.random((1, 32)) / 2000).astype(np.float32),
+    ), 1e-6),
+    ("narrow_bits", narrow_bits, lambda: (
+        np.array([[-128, 127, -1, 100, 50, 3, -7, 64]] * 2, np.int8),
+        np.array([[0, 1, 2, 7, 8, 9, -1, 3], [3, 2, 1, 0, 100, 5, 6, 7]], np.int8),
+        np.array([[0, 1, 128, 255, 200, 7, 64, 99]] * 2, np.uint8),
+    ), 0),
 ]
 
 

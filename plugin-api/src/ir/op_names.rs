@@ -68,6 +68,8 @@ op_names!(
         Floor => "floor",
         /// round up.
         Ceil => "ceil",
+        /// round to the nearest integer, ties to even (`jnp.round`).
+        Round => "round",
         /// logical or bitwise not.
         Not => "not",
     }

@@ -72,6 +72,7 @@ pub(crate) fn unary(op: UnaryOp, a: View<'_>) -> Val {
                 UnaryOp::Cosh => via_f64(v, f64::cosh),
                 UnaryOp::Floor => map(v, f32::floor),
                 UnaryOp::Ceil => map(v, f32::ceil),
+                UnaryOp::Round => map(v, f32::round_ties_even),
                 UnaryOp::Not => unreachable!("verifier: not on floats"),
             },
         )),

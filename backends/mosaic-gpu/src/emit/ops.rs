@@ -156,6 +156,7 @@ impl Writer<'_> {
             (UnaryOp::Cosh, _) => self.maths(&v, libm::cosh, &[x]),
             (UnaryOp::Floor, _) => self.ins(format!("cvt.rmi.f32.f32 {v}, {x}")),
             (UnaryOp::Ceil, _) => self.ins(format!("cvt.rpi.f32.f32 {v}, {x}")),
+            (UnaryOp::Round, _) => self.ins(format!("cvt.rni.f32.f32 {v}, {x}")),
         }
         v
     }

@@ -147,6 +147,8 @@ impl<'k> Writer<'k> {
             (UnaryOp::Cosh, _) => self.call(libm::cosh, &[x]),
             (UnaryOp::Floor, _) => format!("floor({x})"),
             (UnaryOp::Ceil, _) => format!("ceil({x})"),
+            // WGSL's `round` rounds ties to even.
+            (UnaryOp::Round, _) => format!("round({x})"),
         };
         self.narrow(d, &v)
     }
