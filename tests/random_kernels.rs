@@ -252,7 +252,15 @@ fn generate(s: &Spec) -> String {
         let v = b.fresh();
         let a = Body::pick(&mut g, &b.floats);
         let a2 = Body::pick(&mut g, &b.floats);
-        match g.random_range(0..15) {
+        match g.random_range(0..16) {
+            15 => {
+                // `round` of an exact value (another backend's last bit could move a computed one
+                // across a half).
+                let e = Body::pick(&mut g, &b.exact);
+                let t = b.fresh();
+                b.line(&format!("{t} = mul {e}, 4.0"));
+                b.line(&format!("{v} = round {t}"));
+            }
             0 => {
                 let op = ["add", "sub", "mul", "max", "min"][g.random_range(0..5)];
                 b.line(&format!("{v} = {op} {a}, {a2}"));
@@ -358,7 +366,18 @@ fn generate(s: &Spec) -> String {
             11 => {
                 let i = Body::pick(&mut g, &b.ints);
                 let i2 = Body::pick(&mut g, &b.ints);
-                let e = match g.random_range(0..8) {
+                let e = match g.random_range(0..9) {
+                    8 => {
+                        // Through an 8- or 16-bit integer: both operands cast (wrapping), one
+                        // operation there (wrapping again), and back to i32.
+                        let ty = ["i8", "u8", "i16", "u16"][g.random_range(0..4)];
+                        let (n1, n2, n3) = (b.fresh(), b.fresh(), b.fresh());
+                        b.line(&format!("{n1} = cast {i} : {ty}"));
+                        b.line(&format!("{n2} = cast {i2} : {ty}"));
+                        let op = ["add", "sub", "mul", "max", "shr", "div"][g.random_range(0..6)];
+                        b.line(&format!("{n3} = {op} {n1}, {n2}"));
+                        format!("cast {n3} : i32")
+                    }
                     0 => format!("add {i}, {i2}"),
                     1 => format!("mul {i}, {i2}"),
                     2 => format!("xor {i}, {i2}"),
@@ -671,6 +690,9 @@ fn the_generator_makes_kernels_that_verify_and_vary() {
         ") / (",
         "while %",
         ", 3)]",
+        "round",
+        ": i8",
+        ": u16",
     ] {
         assert!(texts.iter().any(|t| t.contains(op)), "no generated kernel uses {op}");
     }

@@ -166,27 +166,41 @@ def test_vmap_of_every_example_kernel_is_one_launch_equal_to_numpy_per_element(n
 def test_every_dtype_crosses_the_handler_in_declared_output_order():
     import ml_dtypes
 
+    names = "abcdefghi"
+    types = ("f16", "bf16", "i32", "u32", "bool", "i8", "u8", "i16", "u16")
     k = tessel.compile(
         "kernel dtypes\n"
-        + "".join(f"  in  {n}: {t}[64]\n" for n, t in zip("abcde", ("f16", "bf16", "i32", "u32", "bool")))
-        + "".join(f"  out o{n}: {t}[64]\n" for n, t in zip("abcde", ("f16", "bf16", "i32", "u32", "bool")))
+        + "".join(f"  in  {n}: {t}[64]\n" for n, t in zip(names, types))
+        + "".join(f"  out o{n}: {t}[64]\n" for n, t in zip(names, types))
         + "{\n  %a = load a\n  %a2 = add %a, %a\n  store oa, %a2\n  %b = load b\n  %b2 = mul %b, %b\n  store ob, %b2\n"
         + "  %c = load c\n  %c2 = sub %c, 7\n  store oc, %c2\n  %d = load d\n  %d2 = mul %d, 3\n  store od, %d2\n"
-        + "  %e = load e\n  %e2 = not %e\n  store oe, %e2\n}\n"
+        + "  %e = load e\n  %e2 = not %e\n  store oe, %e2\n"
+        + "  %f = load f\n  %f2 = mul %f, 3\n  store of, %f2\n  %g = load g\n  %g2 = add %g, 200\n  store og, %g2\n"
+        + "  %h = load h\n  %h2 = mul %h, 300\n  store oh, %h2\n  %i = load i\n  %i2 = sub %i, 1000\n  store oi, %i2\n}\n"
     )
     a = RNG.standard_normal(64).astype(np.float16)
     b = RNG.standard_normal(64).astype(ml_dtypes.bfloat16)
     c = RNG.integers(-1000, 1000, 64).astype(np.int32)
     d = RNG.integers(0, 1000, 64).astype(np.uint32)
     e = RNG.integers(0, 2, 64).astype(bool)
+    f = RNG.integers(-128, 128, 64).astype(np.int8)
+    g = RNG.integers(0, 256, 64).astype(np.uint8)
+    h = RNG.integers(-32768, 32768, 64).astype(np.int16)
+    i = RNG.integers(0, 65536, 64).astype(np.uint16)
+    dtypes = ["float16", "bfloat16", "int32", "uint32", "bool", "int8", "uint8", "int16", "uint16"]
+    with np.errstate(over="ignore"):
+        # numpy wraps 8- and 16-bit integers as the language does.
+        narrow = [f * np.int8(3), g + np.uint8(200), h * np.int16(300), i - np.uint16(1000)]
     for backend in backends():
-        got = jax.jit(lambda *xs: tj.call(k, *xs, backend=backend))(a, b, c, d, e)
-        assert [np.asarray(g).dtype.name for g in got] == ["float16", "bfloat16", "int32", "uint32", "bool"], backend
+        got = jax.jit(lambda *xs: tj.call(k, *xs, backend=backend))(a, b, c, d, e, f, g, h, i)
+        assert [np.asarray(x).dtype.name for x in got] == dtypes, backend
         np.testing.assert_array_equal(np.asarray(got[0]), a + a, err_msg=backend)
         np.testing.assert_array_equal(np.asarray(got[1]).astype(np.float32), (b * b).astype(np.float32), err_msg=backend)
         np.testing.assert_array_equal(np.asarray(got[2]), c - 7, err_msg=backend)
         np.testing.assert_array_equal(np.asarray(got[3]), d * np.uint32(3), err_msg=backend)
         np.testing.assert_array_equal(np.asarray(got[4]), ~e, err_msg=backend)
+        for x, want in zip(got[5:], narrow):
+            np.testing.assert_array_equal(np.asarray(x), want, err_msg=backend)
 
 
 def test_call_takes_inputs_by_name_and_params():

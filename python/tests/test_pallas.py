@@ -5,6 +5,7 @@ every refusal with its message. Needs jax (scripts/test installs it into target/
 import importlib.util
 import os
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -721,9 +722,9 @@ def _refusal_cases():
 
         return single(body, x)
 
-    def int8(x):
+    def float8(x):
         def body(x_ref, o_ref):
-            o_ref[...] = x_ref[...] + 1
+            o_ref[...] = x_ref[...] * 2
 
         return single(body, x)
 
@@ -748,7 +749,7 @@ def _refusal_cases():
         ("aliased_blocks", aliased_blocks, f32(16), "`input_output_aliases` pairing `x0` with `o0` in Pallas kernel `aliased_blocks`"),
         ("strided", strided, f32(16), "a strided slice of a value in Pallas kernel `strided` (at "),
         ("batched", batched, f32(2, 2, 8, 8), "`dot_general` other than a 2-D matrix product or one batched over a leading dimension in Pallas kernel `batched`"),
-        ("int8", int8, np.arange(16, dtype=np.int8), "dtype int8 in Pallas kernel `int8`"),
+        ("float8", float8, np.arange(16).astype(ml_dtypes.float8_e4m3fn), "dtype float8_e4m3fn in Pallas kernel `float8`"),
         ("argmax", argmax, f32(8, 8), "primitive `argmax` in Pallas kernel `argmax` (at "),
         ("element", element, f32(4, 8), "the block dimension Element"),
     ]
