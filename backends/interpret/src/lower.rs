@@ -70,6 +70,7 @@ impl Lowerer<'_> {
                     Index::Full => Ix::Full,
                     Index::Slice { start, size, stride } => Ix::Slice(self.src(start, DType::I32), *size, *stride),
                     Index::At(v) => Ix::At(self.src(v, DType::I32)),
+                    Index::Gather { index, .. } => Ix::Gather(self.src(index, DType::I32)),
                 })
                 .collect()
         })

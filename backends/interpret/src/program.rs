@@ -34,6 +34,8 @@ pub(crate) enum Ix {
     /// `ds(start, size, stride)`.
     Slice(Src, usize, usize),
     At(Src),
+    /// The elements at an index vector (a gather or scatter).
+    Gather(Src),
 }
 
 impl Ix {
@@ -41,7 +43,7 @@ impl Ix {
     pub fn src(&self) -> Option<&Src> {
         match self {
             Ix::Full => None,
-            Ix::Slice(s, ..) | Ix::At(s) => Some(s),
+            Ix::Slice(s, ..) | Ix::At(s) | Ix::Gather(s) => Some(s),
         }
     }
 }

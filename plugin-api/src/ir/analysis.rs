@@ -24,7 +24,7 @@ pub fn reads(op: &Op) -> Vec<&str> {
         ix.iter().flatten().filter_map(|i| match i {
             Index::Full => None,
             Index::Slice { start, .. } => Some(start),
-            Index::At(at) => Some(at),
+            Index::At(at) | Index::Gather { index: at, .. } => Some(at),
         })
     }
     let operands: Vec<&Operand> = match op {
@@ -190,7 +190,8 @@ pub fn origin_range(grid: &[LaunchAxis], p: &Param, d: usize) -> (i64, i64) {
 }
 
 /// The shape of the region of argument `p` that a `load` or `store` with `index` touches: its
-/// block, sliced, without the dimensions a single index selects.
+/// block, sliced, without the dimensions a single index selects (a gathered one as long as its
+/// index vector).
 pub fn region_shape(p: &Param, index: Option<&[Index]>) -> Vec<usize> {
     let block = p.block_shape();
     (0..block.len())
@@ -198,6 +199,7 @@ pub fn region_shape(p: &Param, index: Option<&[Index]>) -> Vec<usize> {
             None | Some(Index::Full) => Some(block[d]),
             Some(Index::Slice { size, .. }) => Some(*size),
             Some(Index::At(_)) => None,
+            Some(Index::Gather { len, .. }) => Some(*len),
         })
         .collect()
 }
@@ -238,7 +240,7 @@ pub fn uses<'s>(k: &Kernel, s: &'s Stmt, result: &[usize]) -> Vec<Use<'s>> {
             .filter_map(|ix| match ix {
                 Index::Full => None,
                 Index::Slice { start, .. } => value(start, How::Whole),
-                Index::At(at) => value(at, How::Whole),
+                Index::At(at) | Index::Gather { index: at, .. } => value(at, How::Whole),
             })
             .collect()
     };

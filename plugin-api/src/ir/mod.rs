@@ -595,6 +595,15 @@ pub enum Index {
     },
     /// A single element; the dimension is dropped.
     At(Operand),
+    /// The elements at an index vector (`x[%idx, :]` with `%idx: i32[N]`, this project's, issue
+    /// 36): a gather on loads, a scatter on stores; the dimension stays, `N` long. Written as
+    /// `At` in the text; the verifier tells them apart by the operand's type.
+    Gather {
+        /// The index vector (a value: an `i32` or `u32` block of one dimension).
+        index: Operand,
+        /// Its length.
+        len: usize,
+    },
 }
 
 /// A grid axis named in `program_id` or `num_programs`.

@@ -61,7 +61,7 @@ impl fmt::Display for Index {
             Index::Full => f.write_str(":"),
             Index::Slice { start, size, stride: 1 } => write!(f, "ds({start}, {size})"),
             Index::Slice { start, size, stride } => write!(f, "ds({start}, {size}, {stride})"),
-            Index::At(v) => write!(f, "{v}"),
+            Index::At(v) | Index::Gather { index: v, .. } => write!(f, "{v}"),
         }
     }
 }

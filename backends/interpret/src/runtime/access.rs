@@ -13,8 +13,14 @@ use crate::program::{Ix, MemRef, Src};
 impl ProgramState<'_, '_> {
     /// The region an index list selects: per dimension a start relative to the block origin, a
     /// length, and whether the dimension is kept in the value's shape; with strided slices, the
-    /// region they span and, per element of the value, its place in that region.
-    fn region(&self, mem: MemRef, index: Option<&[Ix]>) -> (Vec<i64>, Vec<usize>, Vec<usize>, Option<Vec<usize>>) {
+    /// region they span and, per element of the value, its place in that region. A gathered
+    /// dimension is the one element at `entry` (kept, of length 1).
+    fn region(
+        &self,
+        mem: MemRef,
+        index: Option<&[Ix]>,
+        entry: Option<i64>,
+    ) -> (Vec<i64>, Vec<usize>, Vec<usize>, Option<Vec<usize>>) {
         let p = &self.m.kernel.kernel().params[mem.0];
         let block = p.block_shape();
         let origin = &self.origins[mem.0];
@@ -27,6 +33,7 @@ impl ProgramState<'_, '_> {
                 Ix::Full => (0, block[d], true, 1),
                 Ix::Slice(s, n, k) => (self.get(s).as_i64(), *n, true, *k),
                 Ix::At(s) => (self.get(s).as_i64(), 1, false, 1),
+                Ix::Gather(_) => (entry.expect("an entry of the gather"), 1, true, 1),
             };
             starts.push(origin[d].wrapping_add(s));
             lens.push(n);
@@ -48,11 +55,60 @@ impl ProgramState<'_, '_> {
         Some(expand(v, &m.shape, shape).into_owned())
     }
 
+    /// The gathered dimension of an index list (its place among the kept dimensions) and the
+    /// indices of its vector.
+    fn gather(&self, index: Option<&[Ix]>) -> Option<(usize, Vec<i64>)> {
+        let index = index?;
+        let d = index.iter().position(|ix| matches!(ix, Ix::Gather(_)))?;
+        let Ix::Gather(s) = &index[d] else { unreachable!("found above") };
+        let kept = index[..d].iter().filter(|ix| !matches!(ix, Ix::At(_))).count();
+        let entries = match &self.get(s).data {
+            Data::I(v) => v.iter().map(|&x| i64::from(x)).collect(),
+            Data::U(v) => v.iter().map(|&x| i64::from(x)).collect(),
+            _ => unreachable!("verifier: integer index vectors"),
+        };
+        Some((kept, entries))
+    }
+
     pub(super) fn load(&self, mem: MemRef, index: Option<&[Ix]>, mask: Option<usize>, other: Literal, dtype: DType) -> Val {
         if let Some(v) = &self.held[mem.0] {
             return v.clone(); // resident: loaded whole, inside its array
         }
-        let (starts, lens, shape, places) = self.region(mem, index);
+        if let Some((g, entries)) = self.gather(index) {
+            // A gather: each entry's part (of length 1 along the gathered dimension) read as a
+            // slice is, then laid side by side along it; the mask applies to the whole.
+            let parts: Vec<Val> = entries.iter().map(|&e| self.load_part(mem, index, None, other, dtype, Some(e))).collect();
+            let mut shape = parts[0].shape.clone();
+            shape[g] = entries.len();
+            let inner: usize = shape[g + 1..].iter().product();
+            let outer: usize = shape[..g].iter().product();
+            let bits: Vec<Vec<u32>> = parts.iter().map(Val::to_bits).collect();
+            let mut all = Vec::with_capacity(outer * entries.len() * inner);
+            for o in 0..outer {
+                for b in &bits {
+                    all.extend_from_slice(&b[o * inner..(o + 1) * inner]);
+                }
+            }
+            let mut v = Val::from_bits(dtype, shape, all);
+            if let Some(lanes) = self.mask_lanes(mask, &v.shape) {
+                apply_mask(&mut v.data, &lanes, &Val::scalar_literal(dtype, other).data);
+            }
+            return v;
+        }
+        self.load_part(mem, index, mask, other, dtype, None)
+    }
+
+    /// [`Self::load`] of a region without a gather, or of one entry of a gather.
+    fn load_part(
+        &self,
+        mem: MemRef,
+        index: Option<&[Ix]>,
+        mask: Option<usize>,
+        other: Literal,
+        dtype: DType,
+        entry: Option<i64>,
+    ) -> Val {
+        let (starts, lens, shape, places) = self.region(mem, index, entry);
         let other = Val::scalar_literal(dtype, other);
         let mut data = match &places {
             None => self.read_region(mem, &starts, &lens, &shape, &other, dtype),
@@ -129,11 +185,42 @@ impl ProgramState<'_, '_> {
     }
 
     pub(super) fn store(&mut self, mem: MemRef, index: Option<&[Ix]>, value: &Src, mask: Option<usize>) {
-        let (starts, lens, shape, places) = self.region(mem, index);
-        let v = self.get(value);
+        if let Some((g, entries)) = self.gather(index) {
+            // A scatter: each entry's part of the value (and of the mask) stored as a slice is,
+            // in the order of the entries (a later one wins where two are equal).
+            let v = self.get(value).clone();
+            let (_, _, full, _) = self.region(mem, index, Some(0));
+            let mut shape = full.clone();
+            shape[g] = entries.len();
+            let bits = expand(&v.to_bits(), &v.shape, &shape).into_owned();
+            let lanes = self.mask_lanes(mask, &shape);
+            let inner: usize = shape[g + 1..].iter().product();
+            let outer: usize = shape[..g].iter().product();
+            for (j, &e) in entries.iter().enumerate() {
+                let pick = |o: usize, i: usize| (o * entries.len() + j) * inner + i;
+                let part: Vec<u32> = (0..outer).flat_map(|o| (0..inner).map(move |i| pick(o, i))).map(|f| bits[f]).collect();
+                let on: Option<Vec<bool>> =
+                    lanes.as_ref().map(|l| (0..outer).flat_map(|o| (0..inner).map(move |i| pick(o, i))).map(|f| l[f]).collect());
+                let held = self.store_part(mem, index, &Val::from_bits(v.dtype, full.clone(), part), on, Some(e));
+                if let Some(h) = held {
+                    self.held[mem.0] = Some(h);
+                }
+            }
+            return;
+        }
+        let lanes = mask.and_then(|_| self.mask_lanes(mask, &self.region(mem, index, None).2));
+        if let Some(h) = self.store_part(mem, index, self.get(value), lanes, None) {
+            self.held[mem.0] = Some(h);
+        }
+    }
+
+    /// [`Self::store`] of value `v` to a region without a gather, or to one entry of a gather,
+    /// where `lanes` (of the region's shape) allow. A resident output's block is not written
+    /// here: the block it now holds is returned.
+    fn store_part(&self, mem: MemRef, index: Option<&[Ix]>, v: &Val, lanes: Option<Vec<bool>>, entry: Option<i64>) -> Option<Val> {
+        let (starts, lens, shape, places) = self.region(mem, index, entry);
         if let Some(places) = places {
             // Strided: the span written where a place of the value falls (and its lane is on).
-            let lanes = self.mask_lanes(mask, &shape);
             let bits = expand(&v.to_bits(), &v.shape, &shape).into_owned();
             let n: usize = lens.iter().product();
             let (mut spanned, mut on) = (vec![0u32; n], vec![false; n]);
@@ -141,18 +228,18 @@ impl ProgramState<'_, '_> {
                 spanned[f] = bits[i];
                 on[f] = lanes.as_ref().is_none_or(|l| l[i]);
             }
-            return self.write_region(mem, &starts, &lens, |mut cells, first| {
+            self.write_region(mem, &starts, &lens, |mut cells, first| {
                 (0..cells.len()).filter(|&i| on[first + i]).for_each(|i| cells.set(i, spanned[first + i]));
             });
+            return None;
         }
         if self.held[mem.0].is_some() {
-            let v = if v.shape == shape { v.clone() } else { eval::broadcast_to(v, &shape) };
-            self.held[mem.0] = Some(v); // resident: stored whole
-            return;
+            // Resident: stored whole.
+            return Some(if v.shape == shape { v.clone() } else { eval::broadcast_to(v, &shape) });
         }
-        let lanes = self.mask_lanes(mask, &shape);
         if v.shape == shape && lanes.is_none() {
-            return self.write_region(mem, &starts, &lens, |cells, first| store_elements(v.view(), first, cells));
+            self.write_region(mem, &starts, &lens, |cells, first| store_elements(v.view(), first, cells));
+            return None;
         }
         let bits = v.to_bits();
         let bits = expand(&bits, &v.shape, &shape);
@@ -163,6 +250,7 @@ impl ProgramState<'_, '_> {
                 Some(l) => (0..bits.len()).filter(|&i| l[first + i]).for_each(|i| cells.set(i, bits[i])),
             }
         });
+        None
     }
 
     /// Writes the part of a region of `mem` inside the array: `write(cells, first)` for each

@@ -152,11 +152,18 @@ impl Writer<'_> {
         let mut lens = Vec::new();
         let mut strides_of = Vec::new();
         let mut shape = Vec::new();
+        // Per dimension, the index vector it is gathered by (each element's start is its entry's).
+        let mut gathered: Vec<Option<String>> = Vec::new();
         for d in 0..block.len() {
+            gathered.push(match index.map(|ix| &ix[d]) {
+                Some(Index::Gather { index: Operand::Value(v), .. }) => Some(v.clone()),
+                _ => None,
+            });
             let (s, len, keep) = match index.map(|ix| &ix[d]) {
                 None | Some(Index::Full) => (None, block[d], true),
                 Some(Index::Slice { start, size, .. }) => (Some(self.scalar(start)), *size, true),
                 Some(Index::At(at)) => (Some(self.scalar(at)), 1, false),
+                Some(Index::Gather { len, .. }) => (None, *len, true),
             };
             strides_of.push(match index.map(|ix| &ix[d]) {
                 Some(Index::Slice { stride, .. }) => *stride,
@@ -205,6 +212,11 @@ impl Writer<'_> {
                 w.ins(format!("rem.u32 {g}, {g}, {}", lens[d]));
                 if strides_of[d] > 1 {
                     w.ins(format!("mul.lo.u32 {g}, {g}, {}", strides_of[d]));
+                }
+                if let Some(v) = &gathered[d] {
+                    // A gather: the entry's index (from the block origin) instead of the position.
+                    let at = w.load_slot(v, &g);
+                    w.ins(format!("mov.b32 {g}, {at}"));
                 }
                 w.ins(format!("add.s32 {g}, {g}, {}", starts[d]));
                 let inside = w.p();

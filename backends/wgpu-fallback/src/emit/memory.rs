@@ -22,6 +22,9 @@ pub(super) struct Dim {
     keep: bool,
     /// Range of `start` over the whole grid, where known.
     range: Option<(i64, i64)>,
+    /// A gathered dimension: the workspace word offset of its (published) index vector and the
+    /// vector's dtype; element `j` along it is at `start` plus entry `j`.
+    gather: Option<(u64, DType)>,
 }
 
 impl<'k> Writer<'k> {
@@ -102,8 +105,16 @@ impl<'k> Writer<'k> {
                         let (st, r) = start(self, a);
                         (st, 1, false, r, 1)
                     }
+                    Some(Index::Gather { len, .. }) => (origin.clone(), *len, true, None, 1),
                 };
-                Dim { start, len, stride, keep, range }
+                let gather = match index.map(|ix| &ix[d]) {
+                    Some(Index::Gather { index: Operand::Value(v), .. }) => {
+                        let off = self.read_published(&[v.as_str()])[0];
+                        Some((off, self.ty(v).dtype))
+                    }
+                    _ => None,
+                };
+                Dim { start, len, stride, keep, range, gather }
             })
             .collect()
     }
@@ -119,7 +130,15 @@ impl<'k> Writer<'k> {
         for (d, r) in region.iter().enumerate() {
             let g = self.t();
             let stride = if r.stride == 1 { String::new() } else { format!(" * {}i", r.stride) };
-            let pos = if r.len == 1 { String::new() } else { format!("i32((e / {}u) % {}u){stride} + ", ls[d], r.len) };
+            let pos = match r.gather {
+                // The entry of the index vector at this element's place along the dimension.
+                Some((off, dt)) => {
+                    let entry = from_word(dt, &format!("tk_ws[wsb + {off}u + (e / {}u) % {}u]", ls[d], r.len));
+                    format!("i32({entry}) + ")
+                }
+                None if r.len == 1 => String::new(),
+                None => format!("i32((e / {}u) % {}u){stride} + ", ls[d], r.len),
+            };
             self.line(format!("let {g} = {pos}{};", r.start));
             // Drop the check where it is redundant (docs/language.md §5): the last element is
             // `(len - 1) * stride` past the start.

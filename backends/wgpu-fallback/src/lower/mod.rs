@@ -408,6 +408,8 @@ fn survey(plan: &Plan) -> Result<Survey, BackendError> {
                     Op::Transpose { .. } | Op::Concatenate { .. } | Op::Slice { .. } => true,
                     Op::Reduce { axis, .. } => !plan.row_reduce(shape, *axis) && !plan.fused.contains_key(&st.results[0]),
                     Op::Dot { .. } => !plan.forwarded.contains_key(u.name),
+                    // An index vector (a gather or scatter): each element reads its entry.
+                    Op::Load { .. } | Op::Store { .. } => true,
                     _ => false,
                 },
             };

@@ -21,8 +21,9 @@ impl Checker<'_> {
         }
     }
 
-    /// The shape an index list selects from a block, checking each index.
-    fn indexed_shape(&mut self, p: &Param, index: Option<&[Index]>, span: Span) -> Checked<Vec<usize>> {
+    /// The shape an index list selects from a block, checking each index; an index that is an
+    /// integer vector becomes a [`Index::Gather`].
+    fn indexed_shape(&mut self, p: &Param, index: Option<&mut [Index]>, span: Span) -> Checked<Vec<usize>> {
         let block = p.block_shape().to_vec();
         let Some(index) = index else { return Some(block) };
         if index.len() != block.len() {
@@ -41,7 +42,23 @@ impl Checker<'_> {
             return None;
         }
         let mut shape = Vec::new();
-        for (ix, &dim) in index.iter().zip(&block) {
+        let mut gathers = 0;
+        for (ix, &dim) in index.iter_mut().zip(&block) {
+            if let Index::At(Operand::Value(v)) = ix
+                && let Some(t) = self.lookup(v, span)
+                && !t.is_scalar()
+            {
+                if t.shape.len() != 1 || !matches!(t.dtype, DType::I32 | DType::U32) {
+                    self.err(
+                        span,
+                        format!("the index `%{v}` is {t}"),
+                        "expected a scalar index, or a vector of `i32` or `u32` indices (a gather) such as i32[8]",
+                    );
+                    return None;
+                }
+                gathers += 1;
+                *ix = Index::Gather { index: Operand::Value(v.clone()), len: t.shape[0] };
+            }
             match ix {
                 Index::Full => shape.push(dim),
                 Index::Slice { start, size, stride } => {
@@ -55,7 +72,16 @@ impl Checker<'_> {
                     shape.push(*size);
                 }
                 Index::At(v) => self.scalar_int(v, span, "an index", false),
+                Index::Gather { len, .. } => shape.push(*len),
             }
+        }
+        if gathers > 1 {
+            self.err(
+                span,
+                format!("`{}` is indexed with {gathers} index vectors", p.name),
+                "expected at most one index vector (a gather along one dimension); gather the others with loads of their own",
+            );
+            return None;
         }
         Some(shape)
     }
@@ -75,7 +101,7 @@ impl Checker<'_> {
     pub(super) fn load(
         &mut self,
         src: &str,
-        index: Option<&[Index]>,
+        index: Option<&mut [Index]>,
         mask: Option<&str>,
         other: Option<Literal>,
         span: Span,
@@ -101,7 +127,7 @@ impl Checker<'_> {
         Some(Type::array(p.ty.dtype, shape))
     }
 
-    pub(super) fn store(&mut self, dst: &str, index: Option<&[Index]>, value: &Operand, mask: Option<&str>, span: Span) {
+    pub(super) fn store(&mut self, dst: &str, index: Option<&mut [Index]>, value: &Operand, mask: Option<&str>, span: Span) {
         let Some(p) = self.ref_param(dst, span).cloned() else { return };
         if p.kind == ParamKind::In {
             self.err(span, format!("cannot store to input `{dst}`"), "expected an `out` or `scratch` argument");

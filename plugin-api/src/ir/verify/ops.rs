@@ -9,9 +9,9 @@ impl Checker<'_> {
     /// Checks one operation and returns its result type (single-result ops).
     pub(super) fn op(&mut self, op: &mut Op, ann: Option<&Type>, span: Span) -> Checked<Type> {
         match op {
-            Op::Load { src, index, mask, other } => self.load(src, index.as_deref(), mask.as_deref(), *other, span),
+            Op::Load { src, index, mask, other } => self.load(src, index.as_deref_mut(), mask.as_deref(), *other, span),
             Op::Store { dst, index, value, mask } => {
-                self.store(dst, index.as_deref(), value, mask.as_deref(), span);
+                self.store(dst, index.as_deref_mut(), value, mask.as_deref(), span);
                 None
             }
             Op::ProgramId(a) | Op::NumPrograms(a) => {
