@@ -159,7 +159,7 @@ class _Writer:
         self.body_axes = grid_axes
         #: The starts of the runs the current equation indexes with (`run_start`), by atom `id`.
         self.runs: Dict[int, Optional[str]] = {}
-        #: While `gather` writes one of its loads: (the index array, its entry's `%value`).
+        #: While `gather` writes its load: (the index array, its `%value` as an `i32` vector).
         self.entry: Optional[Tuple[Any, str]] = None
         self.body = _Body(kernel)
         #: jaxpr var -> `%value`, a literal's text, or ("ref", name).
@@ -341,6 +341,9 @@ class _Writer:
                 within.append(("ds", str(ix.start) if isinstance(ix.start, int) else self.read(ix.start), f"{ix.size}{stride}"))
             else:
                 shape = tuple(getattr(getattr(ix, "aval", None), "shape", ()))
+                if self.entry is not None and ix is self.entry[0]:
+                    within.append(("vec", self.entry[1], None))  # a gather's index vector
+                    continue
                 if shape != ():
                     within.append(("ds", self.contiguous(ix, eqn), shape[0]))
                     continue
@@ -349,7 +352,12 @@ class _Writer:
             within.insert(d, ("at", "0", None))
         parts = []
         for off, (kind, start, size) in zip(self.offsets[name], within):
-            at = self.plus(off, start)
+            if kind == "vec" and off != "0":
+                v = self.body.fresh()
+                self.body.emit(f"{v} = add {start}, {off}")
+                parts.append(v)
+                continue
+            at = start if kind == "vec" else self.plus(off, start)
             parts.append(f"ds({at}, {size})" if kind == "ds" else at)
         return "[" + ", ".join(parts) + "]"
 
@@ -479,47 +487,67 @@ class _Writer:
             return None
         return self.read(d.invars[0])
 
-    def gather(self, eqn, ref, tree, atoms, vec) -> None:
-        """`ref[..., idx, ...]` with an index array `idx` of `n` entries: `n` loads, each at one
-        entry (taken from the array's value with `slice` and `reshape`), put together with
-        `concatenate` along the dimension JAX's indexing gives the entries (where the array
-        index stands among the integer indices, or first where those are apart). Unrolled, so at
-        most `_GATHER_MAX` entries."""
+    def vector_index(self, eqn, ref, tree, atoms, vec) -> Tuple[str, List[int]]:
+        """The index text of `ref[..., idx, ...]` with an index array `idx` that is not a
+        contiguous run (paged attention's `k_pages_ref[block_tables]`), with `idx` as an index
+        vector (a gather or scatter, docs/language.md), and tessel's order of the dimensions as
+        positions in JAX's: JAX stands the entries where the array index stands among the integer
+        indices, or first where those are apart; tessel after the slices before it."""
         from jax._src.state import indexing
 
         jax, _, _ = _jax()
-        n = vec.aval.shape[0]
-        if n > _GATHER_MAX:
-            raise self.refuse(f"a gather of {n} entries (more than {_GATHER_MAX})", eqn,
-                              "gather fewer entries per load, or index with `start + jnp.arange(n)`")
         (nd,) = jax.tree_util.tree_unflatten(tree, atoms)
         ints = [d for d, ix in enumerate(nd.indices) if not isinstance(ix, indexing.Slice)]
         apart = ints != list(range(ints[0], ints[-1] + 1))
+        vec_dim = next(d for d, ix in enumerate(nd.indices) if ix is vec)
+        kept = sum(isinstance(ix, indexing.Slice) for ix in nd.indices[:vec_dim])
         at = 0 if apart else sum(isinstance(ix, indexing.Slice) for ix in nd.indices[: ints[0]])
-        out = eqn.outvars[0].aval
-        piece = tuple(out.shape[:at]) + tuple(out.shape[at + 1 :])
         idx = self.value(vec, eqn)
-        parts = []
-        for j in range(n):
-            one, entry, v = self.body.fresh(), self.body.fresh(), self.body.fresh()
-            self.body.emit(f"{one} = slice {idx} start ({j}) : i32[1]")
-            self.body.emit(f"{entry} = reshape {one} : i32")
-            self.entry = (vec, entry)
-            try:
-                index = self.index(eqn, ref, tree, atoms)
-            finally:
-                self.entry = None
-            self.body.emit(f"{v} = load {self.ref(ref, eqn)}{index} : {_ty(out.update(shape=piece), self.kernel, eqn)}")
-            part = self.body.fresh()
-            self.body.emit(f"{part} = reshape {v} : {_ty(out.update(shape=piece[:at] + (1,) + piece[at:]), self.kernel, eqn)}")
-            parts.append(part)
-        if n == 1:
+        if str(vec.aval.dtype) != "int32":
+            i = self.body.fresh()
+            self.body.emit(f"{i} = cast {idx} : i32[{vec.aval.shape[0]}]")
+            idx = i
+        self.entry = (vec, idx)
+        try:
+            index = self.index(eqn, ref, tree, atoms)
+        finally:
+            self.entry = None
+        order = list(range(sum(isinstance(ix, indexing.Slice) for ix in nd.indices) + 1))
+        order.insert(kept, order.pop(at))
+        return index, order
+
+    def reorder(self, v: str, aval, order: List[int], eqn, to_jax: bool) -> str:
+        """`v` moved between tessel's order of a gather's dimensions and JAX's (`vector_index`)."""
+        if order == sorted(order):
+            return v
+        perm = [order.index(d) for d in range(len(order))] if to_jax else order
+        t = self.body.fresh()
+        shape = aval.shape if to_jax else tuple(aval.shape[d] for d in order)
+        self.body.emit(f"{t} = transpose {v} perm ({', '.join(map(str, perm))}) : {_ty(aval.update(shape=tuple(shape)), self.kernel, eqn)}")
+        return t
+
+    def gather(self, eqn, ref, tree, atoms, vec) -> None:
+        """`x = ref[..., idx, ...]`: one `load` at an index vector (`vector_index`)."""
+        index, order = self.vector_index(eqn, ref, tree, atoms, vec)
+        out = eqn.outvars[0].aval
+        v = self.body.fresh()
+        self.body.emit(f"{v} = load {self.ref(ref, eqn)}{index} : {_ty(out.update(shape=tuple(out.shape[d] for d in order)), self.kernel, eqn)}")
+        self.define(eqn.outvars[0], self.reorder(v, out, order, eqn, to_jax=True))
+
+    def scatter(self, eqn, ref, val, tree, atoms, vec) -> None:
+        """`ref[..., idx, ...] = v`: one `store` at an index vector (`vector_index`), the value
+        first moved into tessel's order; the old value where the kernel reads it."""
+        index, order = self.vector_index(eqn, ref, tree, atoms, vec)
+        old = eqn.outvars[0]
+        if old in self.uses:
             v = self.body.fresh()
-            self.body.emit(f"{v} = reshape {parts[0]} : {_ty(out, self.kernel, eqn)}")
-        else:
-            v = self.body.fresh()
-            self.body.emit(f"{v} = concatenate {', '.join(parts)} axis {at} : {_ty(out, self.kernel, eqn)}")
-        self.define(eqn.outvars[0], v)
+            shape = tuple(old.aval.shape[d] for d in order)
+            self.body.emit(f"{v} = load {self.ref(ref, eqn)}{index} : {_ty(old.aval.update(shape=shape), self.kernel, eqn)}")
+            self.define(old, self.reorder(v, old.aval, order, eqn, to_jax=True))
+        x = self.value(val, eqn)
+        if len(val.aval.shape) == len(order):
+            x = self.reorder(x, val.aval, order, eqn, to_jax=False)
+        self.body.emit(f"store {self.ref(ref, eqn)}{index}, {x}")
 
     def plus(self, a: str, b: str) -> str:
         """`a + b` of two `i32` scalars (values or integer literals), folded where both are known."""
@@ -616,6 +644,9 @@ class _Writer:
             v = self.body.fresh()
             self.body.emit(f"{v} = load {self.ref(ref, eqn)}{index} : {_ty(eqn.outvars[0].aval, k, eqn)}")
             self.define(eqn.outvars[0], v)
+        elif name == "swap" and self.gather_index(p["tree"], eqn.invars[2:]) is not None:
+            ref, val, *ix = eqn.invars
+            self.scatter(eqn, ref, val, p["tree"], ix, self.gather_index(p["tree"], ix))
         elif name == "swap":
             ref, val, *ix = eqn.invars
             index = self.index(eqn, ref, p["tree"], ix)
@@ -1190,8 +1221,6 @@ class _Writer:
 
 
 
-#: The most entries of an index array a gather (`_Writer.gather`) loads one by one.
-_GATHER_MAX = 64
 
 
 def _translate(eqn, name: str) -> Translated:
