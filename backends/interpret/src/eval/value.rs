@@ -38,6 +38,16 @@ impl Data {
         }
     }
 
+    /// No elements, of the same kind, with room for `n`.
+    pub fn empty_with_capacity(&self, n: usize) -> Data {
+        match self {
+            Data::F(_) => Data::F(Vec::with_capacity(n)),
+            Data::I(_) => Data::I(Vec::with_capacity(n)),
+            Data::U(_) => Data::U(Vec::with_capacity(n)),
+            Data::B(_) => Data::B(Vec::with_capacity(n)),
+        }
+    }
+
     /// Appends the elements of `other` (of the same kind).
     pub fn extend_from(&mut self, other: Slice<'_>) {
         match (self, other) {
@@ -83,6 +93,18 @@ pub(crate) enum Slice<'a> {
     I(&'a [i32]),
     U(&'a [u32]),
     B(&'a [bool]),
+}
+
+impl<'a> Slice<'a> {
+    /// The elements in `r`.
+    pub fn range(self, r: std::ops::Range<usize>) -> Slice<'a> {
+        match self {
+            Slice::F(v) => Slice::F(&v[r]),
+            Slice::I(v) => Slice::I(&v[r]),
+            Slice::U(v) => Slice::U(&v[r]),
+            Slice::B(v) => Slice::B(&v[r]),
+        }
+    }
 }
 
 /// A block value, borrowed: what the elementwise operations and reductions read.

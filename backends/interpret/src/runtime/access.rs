@@ -82,14 +82,13 @@ impl ProgramState<'_, '_> {
             shape[g] = entries.len();
             let inner: usize = shape[g + 1..].iter().product();
             let outer: usize = shape[..g].iter().product();
-            let bits: Vec<Vec<u32>> = parts.iter().map(Val::to_bits).collect();
-            let mut all = Vec::with_capacity(outer * entries.len() * inner);
+            let mut data = parts[0].data.empty_with_capacity(outer * entries.len() * inner);
             for o in 0..outer {
-                for b in &bits {
-                    all.extend_from_slice(&b[o * inner..(o + 1) * inner]);
+                for p in &parts {
+                    data.extend_from(p.view().data.range(o * inner..(o + 1) * inner));
                 }
             }
-            let mut v = Val::from_bits(dtype, shape, all);
+            let mut v = Val { dtype, shape, data };
             if let Some(lanes) = self.mask_lanes(mask, &v.shape) {
                 apply_mask(&mut v.data, &lanes, &Val::scalar_literal(dtype, other).data);
             }
