@@ -62,6 +62,9 @@ struct Spec {
     /// A strided load of `y` beside the whole one (from a stream of its own): every second row
     /// and every third column from the block's origin, reaching past the block (and the array).
     strided: bool,
+    /// A gather of `y`'s rows by an index vector (from a stream of its own): rows `(7 k + a) mod
+    /// (2 r) - b` of the block for k in [0, r), some before the block, some past it (and the array).
+    gather: Option<(usize, usize)>,
 }
 
 impl Spec {
@@ -102,7 +105,14 @@ impl Spec {
             index: Spec::computed_index(seed),
             halve: rng(seed ^ 0x3417).random_bool(0.25),
             strided: rng(seed ^ 0x57d).random_bool(0.25),
+            gather: Spec::gather(seed),
         }
+    }
+
+    /// A gather of `y` for a quarter of the seeds: the offsets `a` and `b` of its row indices.
+    fn gather(seed: u64) -> Option<(usize, usize)> {
+        let mut g = rng(seed ^ 0x6a7);
+        g.random_bool(0.25).then(|| (g.random_range(0..8), g.random_range(0..4)))
     }
 
     /// `y`'s computed block indices for a third of the seeds: expressions of the axes with every
@@ -246,6 +256,16 @@ fn generate(s: &Spec) -> String {
         b.line(&format!("%ys = load y[ds(0, {r}, 2), ds(1, {c}, 3)]"));
         b.floats.push("%ys".into());
         b.exact.push("%ys".into());
+    }
+    if let Some((a, off)) = s.gather {
+        b.line(&format!("%gk = iota 0 : i32[{r}]"));
+        b.line("%g7 = mul %gk, 7");
+        b.line(&format!("%ga = add %g7, {a}"));
+        b.line(&format!("%gm = rem %ga, {}", 2 * r));
+        b.line(&format!("%gi = sub %gm, {off}"));
+        b.line("%yg = load y[%gi, :]");
+        b.floats.push("%yg".into());
+        b.exact.push("%yg".into());
     }
     b.ints.push("%n".into());
     for _ in 0..s.steps {
@@ -691,6 +711,7 @@ fn the_generator_makes_kernels_that_verify_and_vary() {
         "while %",
         ", 3)]",
         "round",
+        "load y[%gi, :]",
         ": i8",
         ": u16",
     ] {
