@@ -200,24 +200,32 @@ impl ProgramState<'_, '_> {
                 let part: Vec<u32> = (0..outer).flat_map(|o| (0..inner).map(move |i| pick(o, i))).map(|f| bits[f]).collect();
                 let on: Option<Vec<bool>> =
                     lanes.as_ref().map(|l| (0..outer).flat_map(|o| (0..inner).map(move |i| pick(o, i))).map(|f| l[f]).collect());
-                let held = self.store_part(mem, index, &Val::from_bits(v.dtype, full.clone(), part), on, Some(e));
+                let held = self.store_part(mem, index, &Val::from_bits(v.dtype, full.clone(), part), None, on, Some(e));
                 if let Some(h) = held {
                     self.held[mem.0] = Some(h);
                 }
             }
             return;
         }
-        let lanes = mask.and_then(|_| self.mask_lanes(mask, &self.region(mem, index, None).2));
-        if let Some(h) = self.store_part(mem, index, self.get(value), lanes, None) {
+        if let Some(h) = self.store_part(mem, index, self.get(value), mask, None, None) {
             self.held[mem.0] = Some(h);
         }
     }
 
     /// [`Self::store`] of value `v` to a region without a gather, or to one entry of a gather,
-    /// where `lanes` (of the region's shape) allow. A resident output's block is not written
-    /// here: the block it now holds is returned.
-    fn store_part(&self, mem: MemRef, index: Option<&[Ix]>, v: &Val, lanes: Option<Vec<bool>>, entry: Option<i64>) -> Option<Val> {
+    /// where the lanes of `mask` (or `lanes`, of the region's shape) allow. A resident output's
+    /// block is not written here: the block it now holds is returned.
+    fn store_part(
+        &self,
+        mem: MemRef,
+        index: Option<&[Ix]>,
+        v: &Val,
+        mask: Option<usize>,
+        lanes: Option<Vec<bool>>,
+        entry: Option<i64>,
+    ) -> Option<Val> {
         let (starts, lens, shape, places) = self.region(mem, index, entry);
+        let lanes = lanes.or_else(|| self.mask_lanes(mask, &shape));
         if let Some(places) = places {
             // Strided: the span written where a place of the value falls (and its lane is on).
             let bits = expand(&v.to_bits(), &v.shape, &shape).into_owned();
