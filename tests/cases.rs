@@ -21,7 +21,6 @@ use std::path::{Path, PathBuf};
 use common::exec::Exec;
 use common::{assert_close, root};
 use tessel::HostArray;
-use tessel_plugin_api::array::ArrayData;
 use tessel_plugin_api::ir::{DType, ParamKind, Verified};
 
 /// One case file: its kernel text and what its comment lines say.
@@ -80,19 +79,7 @@ fn array(case: &Case, kernel: &Verified, name: &str, values: &[f64]) -> HostArra
     let p = kernel.kernel().params.iter().find(|p| p.name == name);
     let p = p.unwrap_or_else(|| panic!("{}: the kernel has no argument `{name}`", case.path.display()));
     assert_eq!(values.len(), p.ty.numel(), "{}: `{name}` is {} but {} values are given", case.path.display(), p.ty, values.len());
-    let data = match p.ty.dtype {
-        DType::F32 => ArrayData::F32(values.iter().map(|&v| v as f32).collect()),
-        DType::F16 => ArrayData::F16(values.iter().map(|&v| half::f16::from_f64(v)).collect()),
-        DType::BF16 => ArrayData::BF16(values.iter().map(|&v| half::bf16::from_f64(v)).collect()),
-        DType::I32 => ArrayData::I32(values.iter().map(|&v| v as i32).collect()),
-        DType::U32 => ArrayData::U32(values.iter().map(|&v| v as u32).collect()),
-        DType::Bool => ArrayData::Bool(values.iter().map(|&v| v != 0.0).collect()),
-        DType::I8 => ArrayData::I8(values.iter().map(|&v| v as i8).collect()),
-        DType::U8 => ArrayData::U8(values.iter().map(|&v| v as u8).collect()),
-        DType::I16 => ArrayData::I16(values.iter().map(|&v| v as i16).collect()),
-        DType::U16 => ArrayData::U16(values.iter().map(|&v| v as u16).collect()),
-    };
-    HostArray { shape: p.ty.shape.clone(), data }
+    common::array_of(&p.ty, values)
 }
 
 fn check(case: &Case, ex: Exec) {

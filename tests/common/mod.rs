@@ -16,10 +16,59 @@ pub fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// Every kernel file of the tests: `examples/`, `tests/in/` and `tests/in/regressions/`, sorted.
+/// An array of type `ty` holding `values` (each converted as the dtype converts a number).
+#[allow(dead_code)] // not every test binary builds arrays from numbers
+pub fn array_of(ty: &tessel_plugin_api::ir::Type, values: &[f64]) -> tessel::HostArray {
+    use tessel_plugin_api::array::ArrayData;
+    use tessel_plugin_api::ir::DType;
+    let data = match ty.dtype {
+        DType::F32 => ArrayData::F32(values.iter().map(|&v| v as f32).collect()),
+        DType::F16 => ArrayData::F16(values.iter().map(|&v| half::f16::from_f64(v)).collect()),
+        DType::BF16 => ArrayData::BF16(values.iter().map(|&v| half::bf16::from_f64(v)).collect()),
+        DType::I32 => ArrayData::I32(values.iter().map(|&v| v as i32).collect()),
+        DType::U32 => ArrayData::U32(values.iter().map(|&v| v as u32).collect()),
+        DType::Bool => ArrayData::Bool(values.iter().map(|&v| v != 0.0).collect()),
+        DType::I8 => ArrayData::I8(values.iter().map(|&v| v as i8).collect()),
+        DType::U8 => ArrayData::U8(values.iter().map(|&v| v as u8).collect()),
+        DType::I16 => ArrayData::I16(values.iter().map(|&v| v as i16).collect()),
+        DType::U16 => ArrayData::U16(values.iter().map(|&v| v as u16).collect()),
+    };
+    tessel::HostArray { shape: ty.shape.clone(), data }
+}
+
+/// The inputs a kernel file's tests launch `kernel` with: seeded random ones, except those the
+/// file's header gives (`# in  NAME = v, v, ...`: block tables, lengths, group offsets, which
+/// must make sense for the kernel to do any work).
+#[allow(dead_code)] // not every test binary launches kernel files
+pub fn file_inputs(path: &Path, kernel: &tessel_plugin_api::ir::Verified, seed: u64) -> std::collections::BTreeMap<String, tessel::HostArray> {
+    let mut inputs = tessel::inputs::random_inputs(kernel.kernel(), seed);
+    for (name, values) in header_inputs(path) {
+        let p = kernel.kernel().param(&name).unwrap_or_else(|| panic!("{}: no input `{name}`", path.display()));
+        assert_eq!(values.len(), p.ty.numel(), "{}: `{name}` is {} but {} values are given", path.display(), p.ty, values.len());
+        inputs.insert(name, array_of(&p.ty, &values));
+    }
+    inputs
+}
+
+/// The `# in  NAME = v, v, ...` lines of a kernel file.
+#[allow(dead_code)]
+pub fn header_inputs(path: &Path) -> Vec<(String, Vec<f64>)> {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    text.lines()
+        .filter_map(|l| l.strip_prefix("# in ")?.split_once('='))
+        .map(|(name, values)| {
+            let parse = |v: &str| v.trim().parse::<f64>().unwrap_or_else(|e| panic!("{}: `{v}`: {e}", path.display()));
+            (name.trim().to_string(), values.split(',').map(parse).collect())
+        })
+        .collect()
+}
+
+/// Every kernel file of the tests: `examples/`, `tests/in/`, `tests/in/regressions/` and
+/// `tests/in/pallas/` (JAX's shipped Pallas ops as translated: `scripts/translate-pallas-ops`),
+/// sorted.
 #[allow(dead_code)] // not every test binary walks them
 pub fn kernel_files() -> Vec<PathBuf> {
-    let mut files: Vec<PathBuf> = ["examples", "tests/in", "tests/in/regressions"]
+    let mut files: Vec<PathBuf> = ["examples", "tests/in", "tests/in/regressions", "tests/in/pallas"]
         .iter()
         .flat_map(|d| std::fs::read_dir(root().join(d)).expect("a folder of kernels").filter_map(|e| Some(e.ok()?.path())))
         .filter(|p| p.extension().is_some_and(|x| x == "tk"))
