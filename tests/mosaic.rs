@@ -296,6 +296,7 @@ fn the_hopper_kernels_take_the_hopper_path() {
         "tests/in/wgmma_scratch.tk",
         "tests/in/wgmma_steps.tk",
         "tests/in/wgmma_epilogue.tk",
+        "tests/in/wgmma_trans_a.tk",
         "examples/matmul_bf16.tk",
         "benches/kernels/matmul_bf16_4096.tk",
         "benches/kernels/matmul_bf16_gelu_4096.tk",

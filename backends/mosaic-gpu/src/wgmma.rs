@@ -76,6 +76,9 @@ pub struct Gemm {
     pub bm: usize,
     pub bn: usize,
     pub bk: usize,
+    /// `a` is given as `[M, K]`: K-major in shared memory; else as `[K, M]` (`trans_a`, the
+    /// `xᵀ dy` of a weight gradient), M-major, which `wgmma` reads transposed.
+    pub a_k_major: bool,
     /// `b` is given as `[N, K]` (`trans_b`): K-major in shared memory; else `[K, N]`, N-major.
     pub b_k_major: bool,
     /// The `seq` steps each CTA runs (1 without `seq` axes).
@@ -128,7 +131,7 @@ impl Gemm {
 
     /// Tensor copies of each operand per step.
     pub fn boxes(&self) -> (usize, usize) {
-        (self.bk / ROW, if self.b_k_major { self.bk / ROW } else { self.bn / ROW })
+        (if self.a_k_major { self.bk / ROW } else { self.bm / ROW }, if self.b_k_major { self.bk / ROW } else { self.bn / ROW })
     }
 }
 
@@ -267,7 +270,7 @@ pub fn recognize(v: &Verified, thread_axis: Option<&str>) -> Option<Gemm> {
     }
     let body = &k.body;
     let dot = body.iter().find(|s| matches!(s.op, Op::Dot { .. }))?;
-    let Op::Dot { a: Operand::Value(av), b: Operand::Value(bv), trans_a: false, trans_b } = &dot.op else { return None };
+    let Op::Dot { a: Operand::Value(av), b: Operand::Value(bv), trans_a, trans_b } = &dot.op else { return None };
     let p = dot.results[0].as_str();
     let (la, lb) = (def(body, av)?, def(body, bv)?);
     let (a, b) = (whole_load(la)?, whole_load(lb)?);
@@ -346,7 +349,7 @@ pub fn recognize(v: &Verified, thread_axis: Option<&str>) -> Option<Gemm> {
     if pa.ty.shape.len() != 2 || pb.ty.shape.len() != 2 || po.block_shape() != bc {
         return None;
     }
-    let (bm, bk) = (ba[0], ba[1]);
+    let (bm, bk) = if *trans_a { (ba[1], ba[0]) } else { (ba[0], ba[1]) };
     let (bkb, bn) = if *trans_b { (bb[1], bb[0]) } else { (bb[0], bb[1]) };
     let b_granule = if *trans_b { 8 } else { ROW };
     let shapes_fit = bkb == bk
@@ -394,12 +397,13 @@ pub fn recognize(v: &Verified, thread_axis: Option<&str>) -> Option<Gemm> {
         bm,
         bn,
         bk,
+        a_k_major: !*trans_a,
         b_k_major: *trans_b,
         steps,
         stages: steps.min(MAX_STAGES),
         init,
         maps: [
-            TensorMapSpec { array: a.to_string(), boxes: [ROW as u32, bm as u32] },
+            TensorMapSpec { array: a.to_string(), boxes: [ROW as u32, if *trans_a { bk } else { bm } as u32] },
             TensorMapSpec { array: b.to_string(), boxes: [ROW as u32, if *trans_b { bn } else { bk } as u32] },
         ],
         epilogue,

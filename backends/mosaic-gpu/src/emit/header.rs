@@ -29,10 +29,9 @@ impl Writer<'_> {
         if let Some(g) = gemm {
             let _ = writeln!(
                 head,
-                "// hopper: dot of {} [{}, {}] x {} on wgmma m64n{}k16 ({} warpgroup{}), operands by TMA with {}-byte swizzle, {} stages over {} steps, into {} ({})",
+                "// hopper: dot of {} {} x {} on wgmma m64n{}k16 ({} warpgroup{}), operands by TMA with {}-byte swizzle, {} stages over {} steps, into {} ({})",
                 g.dtype,
-                g.bm,
-                g.bk,
+                if g.a_k_major { format!("[{}, {}]", g.bm, g.bk) } else { format!("[{}, {}]^T", g.bk, g.bm) },
                 if g.b_k_major { format!("[{}, {}]^T", g.bn, g.bk) } else { format!("[{}, {}]", g.bk, g.bn) },
                 g.bn,
                 g.warpgroups(),

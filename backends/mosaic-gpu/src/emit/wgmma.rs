@@ -348,8 +348,10 @@ impl Writer<'_> {
     fn write_wgmmas(&mut self, g: &Gemm, base: &str, acc: &[String]) {
         let (abase, bbase) = (self.r(), self.r());
         let wg = self.warpgroup.clone();
-        // A warpgroup's rows start 64 rows (8 atoms) into every box of `a`.
-        self.ins(format!("mad.lo.u32 {abase}, {wg}, {}, {base}", WG_ROWS as u64 / 8 * ATOM));
+        // A warpgroup's rows start 64 rows (8 atoms) into every box of a K-major `a`; of an
+        // M-major one, they are a box of their own (64 columns of M by `bk` rows).
+        let wg_offset = if g.a_k_major { WG_ROWS as u64 / 8 * ATOM } else { g.bk as u64 * SWIZZLE as u64 };
+        self.ins(format!("mad.lo.u32 {abase}, {wg}, {wg_offset}, {base}"));
         self.ins(format!("add.u32 {bbase}, {base}, {}", g.a_bytes()));
         let one = self.p();
         self.ins(format!("setp.eq.u32 {one}, {wg}, {wg}"));
@@ -357,17 +359,22 @@ impl Writer<'_> {
         let ty = half_ty(g.dtype);
         let (bm, bn, bk) = (g.bm as u64, g.bn as u64, g.bk as u64);
         for kk in (0..bk).step_by(16) {
-            // K-major `a`: box kk / 64 of `bm` rows, kk % 64 elements into each 128-byte row.
-            let a = self.descriptor(&abase, (kk / ROW as u64) * bm * SWIZZLE as u64 + (kk % ROW as u64) * 2, 16, ATOM);
+            let a = if g.a_k_major {
+                // K-major `a`: box kk / 64 of `bm` rows, kk % 64 elements into each 128-byte row.
+                self.descriptor(&abase, (kk / ROW as u64) * bm * SWIZZLE as u64 + (kk % ROW as u64) * 2, 16, ATOM)
+            } else {
+                // M-major `a`: K rows of 128 bytes (the warpgroup's 64 of M), read transposed.
+                self.descriptor(&abase, kk * SWIZZLE as u64, bk * SWIZZLE as u64, ATOM)
+            };
             let b = if g.b_k_major {
                 self.descriptor(&bbase, (kk / ROW as u64) * bn * SWIZZLE as u64 + (kk % ROW as u64) * 2, 16, ATOM)
             } else {
                 // N-major `b`: K rows of 128 bytes; the boxes of 64 columns `bk` rows apart.
                 self.descriptor(&bbase, kk * SWIZZLE as u64, bk * SWIZZLE as u64, ATOM)
             };
-            let trans_b = u8::from(!g.b_k_major);
+            let (trans_a, trans_b) = (u8::from(!g.a_k_major), u8::from(!g.b_k_major));
             self.ins(format!(
-                "wgmma.mma_async.sync.aligned.m64n{bn}k16.f32.{ty}.{ty} {{{}}}, {a}, {b}, {one}, 1, 1, 0, {trans_b}",
+                "wgmma.mma_async.sync.aligned.m64n{bn}k16.f32.{ty}.{ty} {{{}}}, {a}, {b}, {one}, 1, 1, {trans_a}, {trans_b}",
                 acc.join(", ")
             ));
         }
