@@ -743,6 +743,10 @@ class _Writer:
             self.op(eqn, f"transpose {self.value(eqn.invars[0], eqn)} perm ({perm})")
         elif name in _REDUCE:
             self.reduce(eqn, _REDUCE[name])
+        elif name in ("argmax", "argmin"):
+            self.arg_extreme(eqn, "max" if name == "argmax" else "min")
+        elif name == "cumsum":
+            self.cumsum(eqn)
         elif name == "stop_gradient":
             # The identity where the kernel runs (`jax.nn.softmax` stops the max's gradient).
             self.define(eqn.outvars[0], self.read(eqn.invars[0]))
@@ -899,6 +903,95 @@ class _Writer:
             self.body.emit(f"{v} = {op} {cur} axis {a} : {dt}{rest}")
             cur = v
         self.define(out, cur)
+
+    def arg_extreme(self, eqn, op: str) -> None:
+        """`argmax`/`argmin` along one axis, as JAX defines them: the first index of the extreme,
+        or of the first NaN where there is one (`max`/`min` propagate NaN, so a NaN is the
+        extreme): the least of the indices where the element equals the extreme (or is NaN),
+        the others made past the end."""
+        (x,) = eqn.invars
+        (axis,) = eqn.params["axes"]
+        shape = list(x.aval.shape)
+        dims = lambda sh: ", ".join(str(d) for d in sh)  # noqa: E731
+        kept = shape.copy()
+        kept[axis] = 1
+        dt = _ty(x.aval, self.kernel, eqn).split("[")[0]
+        v = self.value(x, eqn)
+        m, at, io, idx, r = (self.body.fresh() for _ in range(5))
+        self.body.emit(f"{m} = {op} {v} axis {axis} keepdims : {dt}[{dims(kept)}]")
+        self.body.emit(f"{at} = eq {v}, {m} : bool[{dims(shape)}]")
+        if dt in ("f32", "f16", "bf16"):
+            nan, either = self.body.fresh(), self.body.fresh()
+            self.body.emit(f"{nan} = ne {v}, {v} : bool[{dims(shape)}]")
+            self.body.emit(f"{either} = or {at}, {nan} : bool[{dims(shape)}]")
+            at = either
+        self.body.emit(f"{io} = iota {axis} : i32[{dims(shape)}]")
+        self.body.emit(f"{idx} = select {at}, {io}, {shape[axis]} : i32[{dims(shape)}]")
+        out = shape[:axis] + shape[axis + 1:]
+        self.body.emit(f"{r} = min {idx} axis {axis} : i32{'[' + dims(out) + ']' if out else ''}")
+        if np.dtype(eqn.params.get("index_dtype", np.int32)) != np.dtype(np.int32):
+            self.op(eqn, f"cast {r}")
+        else:
+            self.define(eqn.outvars[0], r)
+
+    def cumsum(self, eqn) -> None:
+        """`cumsum` (`jnp.cumsum`) along the last axis, or the first of a matrix, by a triangular
+        matrix (`iota`s compared): for integers a `dot` with it (exact, wrapping); for floats the
+        elements it selects summed in order (a product with its zeros would spread an infinity
+        or NaN to the sums before it)."""
+        (x,) = eqn.invars
+        axis, reverse = eqn.params["axis"], eqn.params.get("reverse", False)
+        shape = list(x.aval.shape)
+        ty = _ty(x.aval, self.kernel, eqn)
+        dt = ty.split("[")[0]
+        first = axis == 0 and len(shape) == 2
+        if dt == "bool" or not (axis == len(shape) - 1 or first):
+            raise self.refuse(f"`cumsum` along axis {axis} of {ty}", eqn, "take the cumulative sum along the last axis (or the first of a matrix)")
+        n = shape[axis]
+        dims = lambda sh: ", ".join(str(d) for d in sh)  # noqa: E731
+        floats = dt in ("f32", "f16", "bf16")
+        acc = "f32" if floats else ("u32" if dt.startswith("u") else "i32")
+        emit = self.body.emit
+        v = self.value(x, eqn)
+        if dt != acc:
+            c = self.body.fresh()
+            emit(f"{c} = cast {v} : {acc}[{dims(shape)}]")
+            v = c
+        # tri[p, q]: whether the element at q along the axis adds into the sum at p.
+        rows, cols, tri = (self.body.fresh() for _ in range(3))
+        emit(f"{rows} = iota 0 : i32[{n}, {n}]")
+        emit(f"{cols} = iota 1 : i32[{n}, {n}]")
+        emit(f"{tri} = {'le' if reverse else 'ge'} {rows}, {cols} : bool[{n}, {n}]")
+        lead = int(np.prod(shape[:-1])) if not first else shape[1]
+        d = self.body.fresh()
+        if not floats:
+            ones, t = self.body.fresh(), self.body.fresh()
+            emit(f"{ones} = cast {tri} : {acc}[{n}, {n}]")
+            if first:
+                emit(f"{d} = dot {ones}, {v} : {acc}[{n}, {lead}]")
+            else:
+                m = self.body.fresh()
+                emit(f"{m} = reshape {v} : {acc}[{lead}, {n}]")
+                emit(f"{t} = dot {m}, {ones} trans_b : {acc}[{lead}, {n}]")
+                emit(f"{d} = reshape {t} : {acc}[{dims(shape)}]")
+        else:
+            # [p, q, lead] (first axis) or [lead, p, q] (last): x at q where tri[p, q], summed over q.
+            xs, ts, sel, summed = (self.body.fresh() for _ in range(4))
+            if first:
+                emit(f"{xs} = reshape {v} : {acc}[1, {n}, {lead}]")
+                emit(f"{ts} = reshape {tri} : bool[{n}, {n}, 1]")
+                emit(f"{sel} = select {ts}, {xs}, 0.0 : {acc}[{n}, {n}, {lead}]")
+                emit(f"{d} = sum {sel} axis 1 : {acc}[{n}, {lead}]")
+            else:
+                emit(f"{xs} = reshape {v} : {acc}[{lead}, 1, {n}]")
+                emit(f"{ts} = reshape {tri} : bool[1, {n}, {n}]")
+                emit(f"{sel} = select {ts}, {xs}, 0.0 : {acc}[{lead}, {n}, {n}]")
+                emit(f"{summed} = sum {sel} axis 2 : {acc}[{lead}, {n}]")
+                emit(f"{d} = reshape {summed} : {acc}[{dims(shape)}]")
+        if acc != dt:
+            self.op(eqn, f"cast {d}")
+        else:
+            self.define(eqn.outvars[0], d)
 
     def reshaped(self, value: str, shape, ty: str) -> str:
         """`value` reshaped to `shape` (of type `ty`): a reduction that only this reshape reads,

@@ -441,6 +441,39 @@ def narrow_bits(x, c, u, interpret=False):
     return pl.pallas_call(body, out_shape=jax.ShapeDtypeStruct((10,) + x.shape, jnp.int32), interpret=interpret)(x, c, u)
 
 
+def routing(x, n, interpret=False):
+    """What mixture-of-experts routing does in a kernel: each token's top expert (`argmax`, a
+    NaN row choosing its first NaN, ties the first), its least (`argmin` down the columns), and
+    running counts (`cumsum` along rows, reversed, down the columns, of integers)."""
+
+    def body(x_ref, n_ref, top_ref, low_ref, run_ref, back_ref, count_ref):
+        x, n = x_ref[...], n_ref[...]
+        top_ref[...] = jnp.argmax(x, axis=1, keepdims=True)
+        low_ref[...] = jnp.argmin(x, axis=0)
+        run_ref[...] = jnp.cumsum(x, axis=1)
+        back_ref[...] = jax.lax.cumsum(x, axis=0, reverse=True)
+        count_ref[...] = jnp.cumsum(n, axis=-1)
+
+    r, e = x.shape
+    out = (
+        jax.ShapeDtypeStruct((r, 1), jnp.int32),
+        jax.ShapeDtypeStruct((e,), jnp.int32),
+        jax.ShapeDtypeStruct((r, e), x.dtype),
+        jax.ShapeDtypeStruct((r, e), x.dtype),
+        jax.ShapeDtypeStruct(n.shape, n.dtype),
+    )
+    return pl.pallas_call(body, out_shape=out, interpret=interpret)(x, n)
+
+
+def routing_inputs():
+    x = RNG.standard_normal((16, 8)).astype(np.float32)
+    x[3, 5] = np.nan  # the first NaN of its row is its argmax
+    x[3, 6] = np.nan
+    x[7, 2] = x[7, 6] = 9.0  # a tie: the first
+    n = RNG.integers(-3, 4, (4, 16)).astype(np.int32)
+    return x, n
+
+
 f32 = lambda *shape: RNG.standard_normal(shape).astype(np.float32)  # noqa: E731
 
 CASES = [
@@ -470,6 +503,7 @@ CASES = [
         RNG.integers(-128, 128, (64, 32)).astype(np.int8),
         (RNG.random((1, 32)) / 2000).astype(np.float32),
     ), 1e-6),
+    ("routing", routing, routing_inputs, 1e-5),
     ("narrow_bits", narrow_bits, lambda: (
         np.array([[-128, 127, -1, 100, 50, 3, -7, 64]] * 2, np.int8),
         np.array([[0, 1, 2, 7, 8, 9, -1, 3], [3, 2, 1, 0, 100, 5, 6, 7]], np.int8),
