@@ -75,8 +75,27 @@ impl ProgramState<'_, '_> {
             return v.clone(); // resident: loaded whole, inside its array
         }
         if let Some((g, entries)) = self.gather(index) {
-            // A gather: each entry's part (of length 1 along the gathered dimension) read as a
-            // slice is, then laid side by side along it; the mask applies to the whole.
+            let (mut starts, lens, mut shape, places) = self.region(mem, index, Some(0));
+            if g == 0 && places.is_none() {
+                // The gathered dimension outermost: each entry's part is the region with that
+                // dimension's start moved, read straight after the last.
+                let d = index.and_then(|ix| ix.iter().position(|i| matches!(i, Ix::Gather(_)))).expect("a gather");
+                let base = starts[d];
+                let other = Val::scalar_literal(dtype, other);
+                let mut data = other.data.empty_with_capacity(lens.iter().product::<usize>() * entries.len());
+                for &e in &entries {
+                    starts[d] = base.wrapping_add(e);
+                    self.read_region_into(mem, &starts, &lens, &shape, &other, dtype, &mut data);
+                }
+                shape[0] = entries.len();
+                let mut v = Val { dtype, shape, data };
+                if let Some(lanes) = self.mask_lanes(mask, &v.shape) {
+                    apply_mask(&mut v.data, &lanes, &other.data);
+                }
+                return v;
+            }
+            // Elsewhere each entry's part (of length 1 along the gathered dimension) is read as a
+            // slice is, then the parts are laid side by side along it; the mask applies to the whole.
             let parts: Vec<Val> = entries.iter().map(|&e| self.load_part(mem, index, None, other, dtype, Some(e))).collect();
             let mut shape = parts[0].shape.clone();
             shape[g] = entries.len();
@@ -134,42 +153,59 @@ impl ProgramState<'_, '_> {
         other: &Val,
         dtype: DType,
     ) -> Data {
+        let mut out = other.data.empty_with_capacity(lens.iter().product::<usize>().max(1));
+        self.read_region_into(mem, starts, lens, shape, other, dtype, &mut out);
+        out
+    }
+
+    /// [`Self::read_region`] appended to `out` (of `other`'s kind).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn read_region_into(
+        &self,
+        mem: MemRef,
+        starts: &[i64],
+        lens: &[usize],
+        shape: &[usize],
+        other: &Val,
+        dtype: DType,
+        out: &mut Data,
+    ) {
         let arr = self.array(mem);
-        let o = &other.data;
-        let g = |other, copy| gather(&arr.shape, starts, lens, other, copy);
-        match (&arr.storage, o) {
-            (Storage::Input(DataRef::F32(v)), Data::F(o)) => {
-                Data::F(g(o[0], &mut |f, n, out: &mut Vec<f32>| out.extend_from_slice(&v[f..f + n])))
+        let s = &arr.shape;
+        match (&arr.storage, &other.data, out) {
+            (Storage::Input(DataRef::F32(v)), Data::F(o), Data::F(out)) => {
+                gather(s, starts, lens, o[0], &mut |f, n, out| out.extend_from_slice(&v[f..f + n]), out)
             }
-            (Storage::Input(DataRef::F16(v)), Data::F(o)) => {
-                Data::F(g(o[0], &mut |f, n, out: &mut Vec<f32>| out.extend(v[f..f + n].iter().map(|x| x.to_f32()))))
+            (Storage::Input(DataRef::F16(v)), Data::F(o), Data::F(out)) => {
+                gather(s, starts, lens, o[0], &mut |f, n, out| out.extend(v[f..f + n].iter().map(|x| x.to_f32())), out)
             }
-            (Storage::Input(DataRef::BF16(v)), Data::F(o)) => {
-                Data::F(g(o[0], &mut |f, n, out: &mut Vec<f32>| out.extend(v[f..f + n].iter().map(|x| x.to_f32()))))
+            (Storage::Input(DataRef::BF16(v)), Data::F(o), Data::F(out)) => {
+                gather(s, starts, lens, o[0], &mut |f, n, out| out.extend(v[f..f + n].iter().map(|x| x.to_f32())), out)
             }
-            (Storage::Input(DataRef::I32(v)), Data::I(o)) => {
-                Data::I(gather(&arr.shape, starts, lens, o[0], &mut |f, n, out| out.extend_from_slice(&v[f..f + n])))
+            (Storage::Input(DataRef::I32(v)), Data::I(o), Data::I(out)) => {
+                gather(s, starts, lens, o[0], &mut |f, n, out| out.extend_from_slice(&v[f..f + n]), out)
             }
-            (Storage::Input(DataRef::U32(v)), Data::U(o)) => {
-                Data::U(gather(&arr.shape, starts, lens, o[0], &mut |f, n, out| out.extend_from_slice(&v[f..f + n])))
+            (Storage::Input(DataRef::U32(v)), Data::U(o), Data::U(out)) => {
+                gather(s, starts, lens, o[0], &mut |f, n, out| out.extend_from_slice(&v[f..f + n]), out)
             }
-            (Storage::Input(DataRef::Bool(v)), Data::B(o)) => {
-                Data::B(gather(&arr.shape, starts, lens, o[0], &mut |f, n, out| out.extend_from_slice(&v[f..f + n])))
+            (Storage::Input(DataRef::Bool(v)), Data::B(o), Data::B(out)) => {
+                gather(s, starts, lens, o[0], &mut |f, n, out| out.extend_from_slice(&v[f..f + n]), out)
             }
-            (Storage::Input(DataRef::I8(v)), Data::I(o)) => Data::I(gather(&arr.shape, starts, lens, o[0], &mut |f, n, out| {
-                out.extend(v[f..f + n].iter().map(|&x| i32::from(x)))
-            })),
-            (Storage::Input(DataRef::I16(v)), Data::I(o)) => Data::I(gather(&arr.shape, starts, lens, o[0], &mut |f, n, out| {
-                out.extend(v[f..f + n].iter().map(|&x| i32::from(x)))
-            })),
-            (Storage::Input(DataRef::U8(v)), Data::U(o)) => Data::U(gather(&arr.shape, starts, lens, o[0], &mut |f, n, out| {
-                out.extend(v[f..f + n].iter().map(|&x| u32::from(x)))
-            })),
-            (Storage::Input(DataRef::U16(v)), Data::U(o)) => Data::U(gather(&arr.shape, starts, lens, o[0], &mut |f, n, out| {
-                out.extend(v[f..f + n].iter().map(|&x| u32::from(x)))
-            })),
-            (Storage::Shared(_) | Storage::Lent(_), _) => {
-                Val::from_bits(dtype, shape.to_vec(), self.read_cells(mem, starts, lens, other.to_bits()[0])).data
+            (Storage::Input(DataRef::I8(v)), Data::I(o), Data::I(out)) => {
+                gather(s, starts, lens, o[0], &mut |f, n, out| out.extend(v[f..f + n].iter().map(|&x| i32::from(x))), out)
+            }
+            (Storage::Input(DataRef::I16(v)), Data::I(o), Data::I(out)) => {
+                gather(s, starts, lens, o[0], &mut |f, n, out| out.extend(v[f..f + n].iter().map(|&x| i32::from(x))), out)
+            }
+            (Storage::Input(DataRef::U8(v)), Data::U(o), Data::U(out)) => {
+                gather(s, starts, lens, o[0], &mut |f, n, out| out.extend(v[f..f + n].iter().map(|&x| u32::from(x))), out)
+            }
+            (Storage::Input(DataRef::U16(v)), Data::U(o), Data::U(out)) => {
+                gather(s, starts, lens, o[0], &mut |f, n, out| out.extend(v[f..f + n].iter().map(|&x| u32::from(x))), out)
+            }
+            (Storage::Shared(_) | Storage::Lent(_), _, out) => {
+                let bits = self.read_cells(mem, starts, lens, other.to_bits()[0]);
+                out.extend_from(Val::from_bits(dtype, shape.to_vec(), bits).view().data);
             }
             _ => unreachable!("launch::bind: inputs have their declared dtype"),
         }
@@ -180,7 +216,9 @@ impl ProgramState<'_, '_> {
         let arr = self.array(mem);
         let cells = arr.storage.cells().expect("an output or scratch");
         let own = self.m.own[mem.0];
-        gather(&arr.shape, starts, lens, other, &mut |f, n, out| Cells::of(&cells[f..f + n], own).read_into(out))
+        let mut out = Vec::with_capacity(lens.iter().product::<usize>().max(1));
+        gather(&arr.shape, starts, lens, other, &mut |f, n, out| Cells::of(&cells[f..f + n], own).read_into(out), &mut out);
+        out
     }
 
     pub(super) fn store(&mut self, mem: MemRef, index: Option<&[Ix]>, value: &Src, mask: Option<usize>) {

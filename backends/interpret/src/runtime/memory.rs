@@ -172,25 +172,24 @@ pub(super) struct RowSpan {
     pub(super) count: usize,
 }
 
-/// Gathers a region in row-major order: `copy(flat, n, out)` appends `n` elements from flat
-/// index `flat`; lanes outside the array get `other`.
+/// Appends a region to `out` in row-major order: `copy(flat, n, out)` appends `n` elements from
+/// flat index `flat`; lanes outside the array get `other`.
 pub(super) fn gather<T: Copy>(
     shape: &[usize],
     starts: &[i64],
     lens: &[usize],
     other: T,
     copy: &mut dyn FnMut(usize, usize, &mut Vec<T>),
-) -> Vec<T> {
-    let mut out = Vec::with_capacity(lens.iter().product::<usize>().max(1));
+    out: &mut Vec<T>,
+) {
     for_each_row(shape, starts, lens, |len, span| {
         let start = out.len();
         if let Some(r) = span {
             out.resize(start + r.before, other);
-            copy(r.flat, r.count, &mut out);
+            copy(r.flat, r.count, out);
         }
         out.resize(start + len, other);
     });
-    out
 }
 
 /// Visits the innermost rows of a region in row-major order: `f(row length, inside part)`.
