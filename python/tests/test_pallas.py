@@ -626,18 +626,18 @@ def test_the_text_is_tessel_kernel_language():
 
 
 def test_what_cannot_be_translated_names_the_primitive_the_kernel_and_the_line():
-    def cumsum(x, interpret=False):
+    def cumprod(x, interpret=False):
         def body(x_ref, o_ref):
-            o_ref[...] = jnp.cumsum(x_ref[...])
+            o_ref[...] = jnp.cumprod(x_ref[...])
 
         spec = pl.BlockSpec((128,), lambda i: (i,))
         return call(body, jax.ShapeDtypeStruct(x.shape, x.dtype), (2,), [spec], spec, interpret)(x)
 
     with pytest.raises(tessel.UnsupportedError) as e:
-        tp.to_tk(cumsum, f32(256))
+        tp.to_tk(cumprod, f32(256))
     msg = str(e.value)
     assert isinstance(e.value, NotImplementedError)
-    assert "primitive `cumsum` in Pallas kernel `cumsum`" in msg and "test_pallas.py:" in msg, msg
+    assert "primitive `cumprod` in Pallas kernel `cumprod`" in msg and "test_pallas.py:" in msg, msg
 
     def squares(x, interpret=False):
         def body(x_ref, o_ref):
@@ -762,9 +762,9 @@ def _refusal_cases():
 
         return single(body, x)
 
-    def argmax(x):
+    def sort(x):
         def body(x_ref, o_ref):
-            o_ref[...] = jnp.argmax(x_ref[...], axis=1, keepdims=True).astype(jnp.float32) + x_ref[...]
+            o_ref[...] = jnp.sort(x_ref[...], axis=1) + x_ref[...]
 
         return single(body, x)
 
@@ -784,7 +784,7 @@ def _refusal_cases():
         ("strided", strided, f32(16), "a strided slice of a value in Pallas kernel `strided` (at "),
         ("batched", batched, f32(2, 2, 8, 8), "`dot_general` other than a 2-D matrix product or one batched over a leading dimension in Pallas kernel `batched`"),
         ("float8", float8, np.arange(16).astype(ml_dtypes.float8_e4m3fn), "dtype float8_e4m3fn in Pallas kernel `float8`"),
-        ("argmax", argmax, f32(8, 8), "primitive `argmax` in Pallas kernel `argmax` (at "),
+        ("sort", sort, f32(8, 8), "primitive `sort` in Pallas kernel `sort` (at "),
         ("element", element, f32(4, 8), "the block dimension Element"),
     ]
 
