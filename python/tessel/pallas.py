@@ -745,8 +745,8 @@ class _Writer:
             self.reduce(eqn, _REDUCE[name])
         elif name in ("argmax", "argmin"):
             self.arg_extreme(eqn, "max" if name == "argmax" else "min")
-        elif name == "cumsum":
-            self.cumsum(eqn)
+        elif name in ("cumsum", "cumprod", "cummax", "cummin"):
+            self.cumulative(eqn, name[3:])
         elif name == "stop_gradient":
             # The identity where the kernel runs (`jax.nn.softmax` stops the max's gradient).
             self.define(eqn.outvars[0], self.read(eqn.invars[0]))
@@ -934,11 +934,12 @@ class _Writer:
         else:
             self.define(eqn.outvars[0], r)
 
-    def cumsum(self, eqn) -> None:
-        """`cumsum` (`jnp.cumsum`) along the last axis, or the first of a matrix, by a triangular
-        matrix (`iota`s compared): for integers a `dot` with it (exact, wrapping); for floats the
-        elements it selects summed in order (a product with its zeros would spread an infinity
-        or NaN to the sums before it)."""
+    def cumulative(self, eqn, op: str) -> None:
+        """`cumsum`, `cumprod`, `cummax`, `cummin` (`jnp.cumsum`, `lax.cummax`, ...) along the last
+        axis, or the first of a matrix, by a triangular matrix (`iota`s compared): an integer sum
+        is a `dot` with it (exact, wrapping); otherwise the elements it selects (the others the
+        operation's identity) reduced in order (a product with its zeros would spread an
+        infinity or NaN to the sums before it)."""
         (x,) = eqn.invars
         axis, reverse = eqn.params["axis"], eqn.params.get("reverse", False)
         shape = list(x.aval.shape)
@@ -946,7 +947,7 @@ class _Writer:
         dt = ty.split("[")[0]
         first = axis == 0 and len(shape) == 2
         if dt == "bool" or not (axis == len(shape) - 1 or first):
-            raise self.refuse(f"`cumsum` along axis {axis} of {ty}", eqn, "take the cumulative sum along the last axis (or the first of a matrix)")
+            raise self.refuse(f"`cum{op}` along axis {axis} of {ty}", eqn, "take it along the last axis (or the first of a matrix)")
         n = shape[axis]
         dims = lambda sh: ", ".join(str(d) for d in sh)  # noqa: E731
         floats = dt in ("f32", "f16", "bf16")
@@ -964,7 +965,14 @@ class _Writer:
         emit(f"{tri} = {'le' if reverse else 'ge'} {rows}, {cols} : bool[{n}, {n}]")
         lead = int(np.prod(shape[:-1])) if not first else shape[1]
         d = self.body.fresh()
-        if not floats:
+        identity = {
+            "sum": "0", "prod": "1",
+            "max": "-inf" if floats else str(-(2**31) if acc == "i32" else 0),
+            "min": "inf" if floats else str(2**31 - 1 if acc == "i32" else 2**32 - 1),
+        }[op]
+        if floats and op in ("sum", "prod"):
+            identity += ".0"
+        if not floats and op == "sum":
             ones, t = self.body.fresh(), self.body.fresh()
             emit(f"{ones} = cast {tri} : {acc}[{n}, {n}]")
             if first:
@@ -975,18 +983,18 @@ class _Writer:
                 emit(f"{t} = dot {m}, {ones} trans_b : {acc}[{lead}, {n}]")
                 emit(f"{d} = reshape {t} : {acc}[{dims(shape)}]")
         else:
-            # [p, q, lead] (first axis) or [lead, p, q] (last): x at q where tri[p, q], summed over q.
+            # [p, q, lead] (first axis) or [lead, p, q] (last): x at q where tri[p, q], reduced over q.
             xs, ts, sel, summed = (self.body.fresh() for _ in range(4))
             if first:
                 emit(f"{xs} = reshape {v} : {acc}[1, {n}, {lead}]")
                 emit(f"{ts} = reshape {tri} : bool[{n}, {n}, 1]")
-                emit(f"{sel} = select {ts}, {xs}, 0.0 : {acc}[{n}, {n}, {lead}]")
-                emit(f"{d} = sum {sel} axis 1 : {acc}[{n}, {lead}]")
+                emit(f"{sel} = select {ts}, {xs}, {identity} : {acc}[{n}, {n}, {lead}]")
+                emit(f"{d} = {op} {sel} axis 1 : {acc}[{n}, {lead}]")
             else:
                 emit(f"{xs} = reshape {v} : {acc}[{lead}, 1, {n}]")
                 emit(f"{ts} = reshape {tri} : bool[1, {n}, {n}]")
-                emit(f"{sel} = select {ts}, {xs}, 0.0 : {acc}[{lead}, {n}, {n}]")
-                emit(f"{summed} = sum {sel} axis 2 : {acc}[{lead}, {n}]")
+                emit(f"{sel} = select {ts}, {xs}, {identity} : {acc}[{lead}, {n}, {n}]")
+                emit(f"{summed} = {op} {sel} axis 2 : {acc}[{lead}, {n}]")
                 emit(f"{d} = reshape {summed} : {acc}[{dims(shape)}]")
         if acc != dt:
             self.op(eqn, f"cast {d}")

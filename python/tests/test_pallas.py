@@ -444,20 +444,27 @@ def narrow_bits(x, c, u, interpret=False):
 def routing(x, n, interpret=False):
     """What mixture-of-experts routing does in a kernel: each token's top expert (`argmax`, a
     NaN row choosing its first NaN, ties the first), its least (`argmin` down the columns), and
-    running counts (`cumsum` along rows, reversed, down the columns, of integers)."""
+    running counts (`cumsum` along rows, reversed, down the columns, of integers), running
+    maxima and minima (`cummax`, `cummin` reversed) and products (`cumprod` of integers)."""
 
-    def body(x_ref, n_ref, top_ref, low_ref, run_ref, back_ref, count_ref):
+    def body(x_ref, n_ref, top_ref, low_ref, run_ref, back_ref, count_ref, hi_ref, lo_ref, prod_ref):
         x, n = x_ref[...], n_ref[...]
         top_ref[...] = jnp.argmax(x, axis=1, keepdims=True)
         low_ref[...] = jnp.argmin(x, axis=0)
         run_ref[...] = jnp.cumsum(x, axis=1)
         back_ref[...] = jax.lax.cumsum(x, axis=0, reverse=True)
         count_ref[...] = jnp.cumsum(n, axis=-1)
+        hi_ref[...] = jax.lax.cummax(x, axis=1)
+        lo_ref[...] = jax.lax.cummin(x, axis=0, reverse=True)
+        prod_ref[...] = jnp.cumprod(n, axis=-1)
 
     r, e = x.shape
     out = (
         jax.ShapeDtypeStruct((r, 1), jnp.int32),
         jax.ShapeDtypeStruct((e,), jnp.int32),
+        jax.ShapeDtypeStruct((r, e), x.dtype),
+        jax.ShapeDtypeStruct((r, e), x.dtype),
+        jax.ShapeDtypeStruct(n.shape, n.dtype),
         jax.ShapeDtypeStruct((r, e), x.dtype),
         jax.ShapeDtypeStruct((r, e), x.dtype),
         jax.ShapeDtypeStruct(n.shape, n.dtype),
@@ -626,18 +633,18 @@ def test_the_text_is_tessel_kernel_language():
 
 
 def test_what_cannot_be_translated_names_the_primitive_the_kernel_and_the_line():
-    def cumprod(x, interpret=False):
+    def cumlogsumexp(x, interpret=False):
         def body(x_ref, o_ref):
-            o_ref[...] = jnp.cumprod(x_ref[...])
+            o_ref[...] = jax.lax.cumlogsumexp(x_ref[...], axis=0)
 
         spec = pl.BlockSpec((128,), lambda i: (i,))
         return call(body, jax.ShapeDtypeStruct(x.shape, x.dtype), (2,), [spec], spec, interpret)(x)
 
     with pytest.raises(tessel.UnsupportedError) as e:
-        tp.to_tk(cumprod, f32(256))
+        tp.to_tk(cumlogsumexp, f32(256))
     msg = str(e.value)
     assert isinstance(e.value, NotImplementedError)
-    assert "primitive `cumprod` in Pallas kernel `cumprod`" in msg and "test_pallas.py:" in msg, msg
+    assert "primitive `cumlogsumexp` in Pallas kernel `cumlogsumexp`" in msg and "test_pallas.py:" in msg, msg
 
     def squares(x, interpret=False):
         def body(x_ref, o_ref):
