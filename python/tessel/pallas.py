@@ -419,7 +419,10 @@ class _Writer:
         (by the array's `id`); any other arrangement is refused as a gather."""
         from jax._src.state import indexing
 
-        arrays = [(d, ix) for d, ix in enumerate(nd.indices) if len(getattr(getattr(ix, "aval", None), "shape", ())) >= 1]
+        gathered = self.entry[0] if self.entry is not None else None
+        arrays = [
+            (d, ix) for d, ix in enumerate(nd.indices) if len(getattr(getattr(ix, "aval", None), "shape", ())) >= 1 and ix is not gathered
+        ]
         if not any(len(ix.aval.shape) > 1 for _, ix in arrays):
             return {}
         dims = [d for d, _ in arrays]
@@ -474,7 +477,11 @@ class _Writer:
             ix for ix in indexers[0].indices
             if len(getattr(getattr(ix, "aval", None), "shape", ())) >= 1 and self.broadcast_scalar(ix) is None
         ]
-        if len(arrays) != 1 or len(arrays[0].aval.shape) != 1 or self.run_start(arrays[0]) is not None:
+        if len(arrays) != 1 or (len(arrays[0].aval.shape) == 1 and self.run_start(arrays[0]) is not None):
+            return None
+        # An array of several dimensions (a block table's rows, `idx[b, p]`) is flattened; one
+        # with a dimension of 1 is a run broadcast into a block (`outer_runs`).
+        if len(arrays[0].aval.shape) > 1 and 1 in arrays[0].aval.shape:
             return None
         return arrays[0]
 
@@ -487,12 +494,14 @@ class _Writer:
             return None
         return self.read(d.invars[0])
 
-    def vector_index(self, eqn, ref, tree, atoms, vec) -> Tuple[str, List[int]]:
+    def vector_index(self, eqn, ref, tree, atoms, vec) -> Tuple[str, List[int], Callable[[Tuple[int, ...]], Tuple[int, ...]]]:
         """The index text of `ref[..., idx, ...]` with an index array `idx` that is not a
         contiguous run (paged attention's `k_pages_ref[block_tables]`), with `idx` as an index
-        vector (a gather or scatter, docs/language.md), and tessel's order of the dimensions as
-        positions in JAX's: JAX stands the entries where the array index stands among the integer
-        indices, or first where those are apart; tessel after the slices before it."""
+        vector (a gather or scatter, docs/language.md), flattened where it has several
+        dimensions; tessel's order of the dimensions as positions in JAX's (JAX stands the
+        entries where the array index stands among the integer indices, or first where those are
+        apart; tessel after the slices before it); and the map from a JAX shape of the access to
+        the same shape with the index array's dimensions as one."""
         from jax._src.state import indexing
 
         jax, _, _ = _jax()
@@ -503,9 +512,15 @@ class _Writer:
         kept = sum(isinstance(ix, indexing.Slice) for ix in nd.indices[:vec_dim])
         at = 0 if apart else sum(isinstance(ix, indexing.Slice) for ix in nd.indices[: ints[0]])
         idx = self.value(vec, eqn)
+        dims = tuple(vec.aval.shape)
+        n = int(np.prod(dims))
         if str(vec.aval.dtype) != "int32":
             i = self.body.fresh()
-            self.body.emit(f"{i} = cast {idx} : i32[{vec.aval.shape[0]}]")
+            self.body.emit(f"{i} = cast {idx} : i32[{', '.join(map(str, dims))}]")
+            idx = i
+        if len(dims) != 1:
+            i = self.body.fresh()
+            self.body.emit(f"{i} = reshape {idx} : i32[{n}]")
             idx = i
         self.entry = (vec, idx)
         try:
@@ -514,7 +529,7 @@ class _Writer:
             self.entry = None
         order = list(range(sum(isinstance(ix, indexing.Slice) for ix in nd.indices) + 1))
         order.insert(kept, order.pop(at))
-        return index, order
+        return index, order, lambda shape: tuple(shape[:at]) + (n,) + tuple(shape[at + len(dims):])
 
     def reorder(self, v: str, aval, order: List[int], eqn, to_jax: bool) -> str:
         """`v` moved between tessel's order of a gather's dimensions and JAX's (`vector_index`)."""
@@ -527,26 +542,37 @@ class _Writer:
         return t
 
     def gather(self, eqn, ref, tree, atoms, vec) -> None:
-        """`x = ref[..., idx, ...]`: one `load` at an index vector (`vector_index`)."""
-        index, order = self.vector_index(eqn, ref, tree, atoms, vec)
+        """`x = ref[..., idx, ...]`: one `load` at an index vector (`vector_index`), moved into
+        JAX's order and shape."""
+        index, order, flat = self.vector_index(eqn, ref, tree, atoms, vec)
         out = eqn.outvars[0].aval
+        jflat = out.update(shape=flat(out.shape))
         v = self.body.fresh()
-        self.body.emit(f"{v} = load {self.ref(ref, eqn)}{index} : {_ty(out.update(shape=tuple(out.shape[d] for d in order)), self.kernel, eqn)}")
-        self.define(eqn.outvars[0], self.reorder(v, out, order, eqn, to_jax=True))
+        self.body.emit(f"{v} = load {self.ref(ref, eqn)}{index} : {_ty(jflat.update(shape=tuple(jflat.shape[d] for d in order)), self.kernel, eqn)}")
+        self.define(eqn.outvars[0], self.unflatten(self.reorder(v, jflat, order, eqn, to_jax=True), jflat, out, eqn))
+
+    def unflatten(self, v: str, flat, aval, eqn) -> str:
+        """`v` (of `flat`'s shape) reshaped to `aval`'s, where they differ."""
+        if tuple(flat.shape) == tuple(aval.shape):
+            return v
+        t = self.body.fresh()
+        self.body.emit(f"{t} = reshape {v} : {_ty(aval, self.kernel, eqn)}")
+        return t
 
     def scatter(self, eqn, ref, val, tree, atoms, vec) -> None:
         """`ref[..., idx, ...] = v`: one `store` at an index vector (`vector_index`), the value
         first moved into tessel's order; the old value where the kernel reads it."""
-        index, order = self.vector_index(eqn, ref, tree, atoms, vec)
+        index, order, flat = self.vector_index(eqn, ref, tree, atoms, vec)
         old = eqn.outvars[0]
+        jflat = old.aval.update(shape=flat(old.aval.shape))
         if old in self.uses:
             v = self.body.fresh()
-            shape = tuple(old.aval.shape[d] for d in order)
-            self.body.emit(f"{v} = load {self.ref(ref, eqn)}{index} : {_ty(old.aval.update(shape=shape), self.kernel, eqn)}")
-            self.define(old, self.reorder(v, old.aval, order, eqn, to_jax=True))
+            shape = tuple(jflat.shape[d] for d in order)
+            self.body.emit(f"{v} = load {self.ref(ref, eqn)}{index} : {_ty(jflat.update(shape=shape), self.kernel, eqn)}")
+            self.define(old, self.unflatten(self.reorder(v, jflat, order, eqn, to_jax=True), jflat, old.aval, eqn))
         x = self.value(val, eqn)
-        if len(val.aval.shape) == len(order):
-            x = self.reorder(x, val.aval, order, eqn, to_jax=False)
+        if tuple(val.aval.shape) == tuple(old.aval.shape):
+            x = self.reorder(self.unflatten(x, val.aval, jflat, eqn), jflat, order, eqn, to_jax=False)
         self.body.emit(f"store {self.ref(ref, eqn)}{index}, {x}")
 
     def plus(self, a: str, b: str) -> str:

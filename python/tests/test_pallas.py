@@ -1031,6 +1031,33 @@ def test_scatters_by_an_index_array_run_as_pallas_runs_them():
             np.testing.assert_array_equal(np.asarray(g), w, err_msg=backend)
 
 
+def test_gathers_and_scatters_by_a_2d_index_array_run_as_pallas_runs_them():
+    """A table of several dimensions (a block table's [batch, pages]) indexes as numpy does: the
+    result has the table's dimensions where the index stands; it is flattened into one index
+    vector and the result reshaped."""
+
+    def table(t, x, interpret=False):
+        def body(t_ref, x_ref, o_ref, p_ref, q_ref):
+            t = t_ref[...]
+            o_ref[...] = x_ref[t] * 2.0
+            p_ref[...] = x_ref[:, t]
+            q_ref[...] = jnp.zeros_like(q_ref)
+            q_ref[t] = x_ref[t] + 1.0
+
+        out = (jax.ShapeDtypeStruct((2, 3, 8), x.dtype), jax.ShapeDtypeStruct((8, 2, 3), x.dtype), jax.ShapeDtypeStruct(x.shape, x.dtype))
+        return pl.pallas_call(body, out_shape=out, interpret=interpret)(t, x)
+
+    t, x = np.array([[5, 0, 2], [7, 1, 6]], dtype=np.int32), f32(8, 8)
+    want = [np.asarray(w) for w in table(t, x, interpret=True)]
+    q = np.zeros_like(x)
+    q[t.ravel()] = x[t.ravel()] + 1.0
+    for w, by_hand in zip(want, (x[t] * 2.0, x[:, t], q)):
+        np.testing.assert_array_equal(w, by_hand)
+    for backend in backends():
+        for g, w in zip(tp.run(table, t, x, backend=backend), want):
+            np.testing.assert_array_equal(np.asarray(g), w, err_msg=backend)
+
+
 def test_gathers_by_an_index_array_run_as_pallas_runs_them():
     t, x = np.array([2, 0, 2], dtype=np.int32), f32(3, 4, 5)
     text = tp.to_tk(gathers, t, x)
