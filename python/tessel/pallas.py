@@ -777,10 +777,11 @@ class _Writer:
             # The identity where the kernel runs (`jax.nn.softmax` stops the max's gradient).
             self.define(eqn.outvars[0], self.read(eqn.invars[0]))
         elif name == "slice":
-            if p.get("strides") is not None and any(int(s) != 1 for s in p["strides"]):
-                raise self.refuse("a strided slice of a value", eqn, "slice with stride 1")
+            # `x[1::2]` of a value: tessel's `slice` with a stride (none where every step is 1).
             start = ", ".join(str(int(s)) for s in p["start_indices"])
-            self.op(eqn, f"slice {self.value(eqn.invars[0], eqn)} start ({start})")
+            steps = [int(s) for s in p.get("strides") or [1] * len(p["start_indices"])]
+            stride = f" stride ({', '.join(map(str, steps))})" if any(k != 1 for k in steps) else ""
+            self.op(eqn, f"slice {self.value(eqn.invars[0], eqn)} start ({start}){stride}")
         elif name == "concatenate":
             args = ", ".join(self.value(v, eqn) for v in eqn.invars)
             self.op(eqn, f"concatenate {args} axis {p['dimension']}")

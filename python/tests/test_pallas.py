@@ -481,6 +481,20 @@ def routing_inputs():
     return x, n
 
 
+def value_strides(x, interpret=False):
+    """Strided slices of values (not refs): every other element from the second, every second row
+    and third column (RoPE's even and odd halves are such slices)."""
+
+    def body(x_ref, o_ref, p_ref):
+        x = x_ref[...]
+        o_ref[...] = x[:, 1::2] * 2.0 - x[:, ::2]
+        p_ref[...] = x[::2, 1::3]
+
+    r, c = x.shape
+    out = (jax.ShapeDtypeStruct((r, c // 2), x.dtype), jax.ShapeDtypeStruct((r // 2, (c - 1 + 2) // 3), x.dtype))
+    return pl.pallas_call(body, out_shape=out, interpret=interpret)(x)
+
+
 f32 = lambda *shape: RNG.standard_normal(shape).astype(np.float32)  # noqa: E731
 
 CASES = [
@@ -511,6 +525,7 @@ CASES = [
         (RNG.random((1, 32)) / 2000).astype(np.float32),
     ), 1e-6),
     ("routing", routing, routing_inputs, 1e-5),
+    ("value_strides", value_strides, lambda: (f32(8, 16),), 1e-6),
     ("narrow_bits", narrow_bits, lambda: (
         np.array([[-128, 127, -1, 100, 50, 3, -7, 64]] * 2, np.int8),
         np.array([[0, 1, 2, 7, 8, 9, -1, 3], [3, 2, 1, 0, 100, 5, 6, 7]], np.int8),
@@ -750,12 +765,6 @@ def _refusal_cases():
         )
         return pl.pallas_call(body, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), grid_spec=grid_spec)(s, x)
 
-    def strided(x):
-        def body(x_ref, o_ref):
-            o_ref[pl.ds(0, 4)] = x_ref[...][::2]
-
-        return single(body, x)
-
     def batched(x):
         def body(x_ref, o_ref):
             v = x_ref[...]
@@ -788,7 +797,6 @@ def _refusal_cases():
         ("aliased_read_after", aliased_read_after, f32(16), "(the kernel reads `x0` where it could see what it stored into `o0`"),
         ("aliased_seq", aliased_seq, f32(16), "(the kernel reads `x0` where it could see what it stored into `o0`"),
         ("aliased_blocks", aliased_blocks, f32(16), "`input_output_aliases` pairing `x0` with `o0` in Pallas kernel `aliased_blocks`"),
-        ("strided", strided, f32(16), "a strided slice of a value in Pallas kernel `strided` (at "),
         ("batched", batched, f32(2, 2, 8, 8), "`dot_general` other than a 2-D matrix product or one batched over a leading dimension in Pallas kernel `batched`"),
         ("float8", float8, np.arange(16).astype(ml_dtypes.float8_e4m3fn), "dtype float8_e4m3fn in Pallas kernel `float8`"),
         ("sort", sort, f32(8, 8), "primitive `sort` in Pallas kernel `sort` (at "),

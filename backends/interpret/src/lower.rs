@@ -144,9 +144,13 @@ impl Lowerer<'_> {
             Op::Broadcast(a) => Instr::Broadcast { dst, a: self.src(a, DType::F32), shape: result_ty().shape },
             Op::Reshape(a) => Instr::Reshape { dst, a: self.src(a, DType::F32), shape: result_ty().shape },
             Op::Transpose { arg, perm } => Instr::Transpose { dst, a: self.src(arg, DType::F32), perm: perm.clone() },
-            Op::Slice { arg, start } => {
-                Instr::Slice { dst, a: self.src(arg, DType::F32), start: start.clone(), shape: result_ty().shape }
-            }
+            Op::Slice { arg, start, stride } => Instr::Slice {
+                dst,
+                a: self.src(arg, DType::F32),
+                start: start.clone(),
+                stride: stride.clone(),
+                shape: result_ty().shape,
+            },
             Op::Concatenate { args, axis } => {
                 Instr::Concatenate { dst, args: args.iter().map(|a| self.src(a, DType::F32)).collect(), axis: *axis }
             }

@@ -133,6 +133,7 @@ pub(crate) enum Instr {
         dst: usize,
         a: Src,
         start: Vec<usize>,
+        stride: Vec<usize>,
         shape: Vec<usize>,
     },
     Reduce {

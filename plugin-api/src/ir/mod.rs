@@ -669,12 +669,15 @@ pub enum Op {
     Broadcast(Operand),
     /// `reshape v : T[S]`.
     Reshape(Operand),
-    /// `slice v start (S0, ...) : T[SHAPE]`: the elements of `v` from `S` on, `SHAPE` of them.
+    /// `slice v start (S0, ...) (stride (K0, ...))? : T[SHAPE]`: the elements of `v` from `S` on,
+    /// `SHAPE` of them, every `K`-th along each dimension (this project's stride, issue 36).
     Slice {
         /// The value.
         arg: Operand,
         /// Where the slice starts along each dimension.
         start: Vec<usize>,
+        /// Elements from one to the next along each dimension (all 1 where the text has none).
+        stride: Vec<usize>,
     },
     /// `concatenate v, w, ... axis N`: the operands one after another along dimension `N`.
     Concatenate {

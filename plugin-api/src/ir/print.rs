@@ -195,7 +195,8 @@ impl Writer {
             Op::Select(c, a, b) => write!(o, "select {c}, {a}, {b}"),
             Op::Transpose { arg, perm } => write!(o, "transpose {arg} perm ({})", comma_list(perm)),
             Op::Concatenate { args, axis } => write!(o, "concatenate {} axis {axis}", comma_list(args)),
-            Op::Slice { arg, start } => write!(o, "slice {arg} start ({})", comma_list(start)),
+            Op::Slice { arg, start, stride } if stride.iter().all(|&k| k == 1) => write!(o, "slice {arg} start ({})", comma_list(start)),
+            Op::Slice { arg, start, stride } => write!(o, "slice {arg} start ({}) stride ({})", comma_list(start), comma_list(stride)),
             Op::Reduce { arg, axis, keepdims, .. } => {
                 write!(o, "{m} {arg} axis {axis}{}", if *keepdims { " keepdims" } else { "" })
             }

@@ -92,14 +92,14 @@ pub(crate) fn concatenate(args: &[&Val], axis: usize) -> Val {
 }
 
 /// The `shape` elements of `a` from `start` on, row-major.
-pub(crate) fn slice(a: &Val, start: &[usize], shape: &[usize]) -> Val {
-    fn take<T: Copy>(v: &[T], from: &[usize], start: &[usize], shape: &[usize]) -> Vec<T> {
+pub(crate) fn slice(a: &Val, start: &[usize], stride: &[usize], shape: &[usize]) -> Val {
+    fn take<T: Copy>(v: &[T], from: &[usize], start: &[usize], stride: &[usize], shape: &[usize]) -> Vec<T> {
         let st = strides(from);
         let n: usize = shape.iter().product();
         let mut out = Vec::with_capacity(n);
         let mut idx = vec![0usize; shape.len()];
         for _ in 0..n {
-            let off: usize = idx.iter().zip(start).zip(&st).map(|((i, s), t)| (i + s) * t).sum();
+            let off: usize = (0..idx.len()).map(|d| (idx[d] * stride[d] + start[d]) * st[d]).sum();
             out.push(v[off]);
             for d in (0..shape.len()).rev() {
                 idx[d] += 1;
@@ -112,10 +112,10 @@ pub(crate) fn slice(a: &Val, start: &[usize], shape: &[usize]) -> Val {
         out
     }
     let data = match &a.data {
-        Data::F(v) => Data::F(take(v, &a.shape, start, shape)),
-        Data::I(v) => Data::I(take(v, &a.shape, start, shape)),
-        Data::U(v) => Data::U(take(v, &a.shape, start, shape)),
-        Data::B(v) => Data::B(take(v, &a.shape, start, shape)),
+        Data::F(v) => Data::F(take(v, &a.shape, start, stride, shape)),
+        Data::I(v) => Data::I(take(v, &a.shape, start, stride, shape)),
+        Data::U(v) => Data::U(take(v, &a.shape, start, stride, shape)),
+        Data::B(v) => Data::B(take(v, &a.shape, start, stride, shape)),
     };
     a.with(shape.to_vec(), data)
 }

@@ -247,7 +247,7 @@ impl<'m, 'a> ProgramState<'m, 'a> {
             Instr::Broadcast { dst, a, shape } => (*dst, eval::broadcast_to(self.get(a), shape)),
             Instr::Reshape { dst, a, shape } => (*dst, eval::reshape(self.get(a), shape)),
             Instr::Transpose { dst, a, perm } => (*dst, eval::transpose(self.get(a), perm)),
-            Instr::Slice { dst, a, start, shape } => (*dst, eval::slice(self.get(a), start, shape)),
+            Instr::Slice { dst, a, start, stride, shape } => (*dst, eval::slice(self.get(a), start, stride, shape)),
             Instr::Concatenate { dst, args, axis } => {
                 let vals: Vec<&eval::Val> = args.iter().map(|a| self.get(a)).collect();
                 (*dst, eval::concatenate(&vals, *axis))

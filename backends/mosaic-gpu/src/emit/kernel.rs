@@ -244,10 +244,11 @@ impl Writer<'_> {
                 let terms: Vec<(usize, usize)> = perm.iter().map(|&p| (in_st[p], 0)).collect();
                 self.remap(&dst, src, n, &out_shape, &terms);
             }
-            Op::Slice { arg, start } => {
+            Op::Slice { arg, start, stride } => {
                 let Operand::Value(src) = arg else { unreachable!("verifier: slice of a value") };
                 let in_st = strides(&self.shape_of(src));
-                let terms: Vec<(usize, usize)> = in_st.iter().zip(start).map(|(&s, &o)| (s, o)).collect();
+                // (i k + s) t = i (k t) + s t: a step of k t from an offset of s t elements.
+                let terms: Vec<(usize, usize)> = (0..start.len()).map(|d| (stride[d] * in_st[d], start[d] * in_st[d])).collect();
                 self.remap(&dst, src, n, &out_shape, &terms);
             }
             Op::Concatenate { args, axis } => {
@@ -387,19 +388,17 @@ impl Writer<'_> {
 
 impl Writer<'_> {
     /// Element `e` of `dst` (of `out_shape`, `n` elements) read from `src` at the sum over its
-    /// dimensions `d` of `(coordinate d of e + offset) * stride`, `terms[d]` being `(stride,
-    /// offset)`: a transpose (the strides permuted) or a slice (the offsets its start).
+    /// dimensions `d` of `i_d * step_d + offset_d`, `i_d` its coordinate along `d` and
+    /// `terms[d]` = `(step_d, offset_d)` in elements of `src`: a transpose (the strides permuted)
+    /// or a slice (its start and steps scaled by the strides).
     fn remap(&mut self, dst: &str, src: &str, n: usize, out_shape: &[usize], terms: &[(usize, usize)]) {
         let out_st = strides(out_shape);
         self.each(n, |w, e| {
-            let acc = w.imm(0);
-            for (d, &(stride, offset)) in terms.iter().enumerate() {
+            let acc = w.imm(terms.iter().map(|t| t.1 as u32).sum::<u32>());
+            for (d, &(stride, _)) in terms.iter().enumerate() {
                 let t = w.r();
                 w.ins(format!("div.u32 {t}, {e}, {}", out_st[d]));
                 w.ins(format!("rem.u32 {t}, {t}, {}", out_shape[d]));
-                if offset != 0 {
-                    w.ins(format!("add.u32 {t}, {t}, {offset}"));
-                }
                 w.ins(format!("mad.lo.u32 {acc}, {t}, {stride}, {acc}"));
             }
             let x = w.load_slot(src, &acc);

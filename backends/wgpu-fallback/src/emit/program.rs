@@ -276,13 +276,13 @@ impl<'k> Writer<'k> {
                     from_word(d, &format!("tk_ws[wsb + {}u + {idx}]", offs[0]))
                 });
             }
-            Op::Slice { arg, start } => {
+            Op::Slice { arg, start, stride } => {
                 let Operand::Value(src) = arg else { unreachable!("verifier: slice of a value") };
                 let in_st = strides(&self.ty(src).shape);
                 let out_shape = self.ty(&dst).shape.clone();
                 let out_st = strides(&out_shape);
                 let idx = (0..out_shape.len())
-                    .map(|d| format!("((e / {}u) % {}u + {}u) * {}u", out_st[d], out_shape[d], start[d], in_st[d]))
+                    .map(|d| format!("((e / {}u) % {}u * {}u + {}u) * {}u", out_st[d], out_shape[d], stride[d], start[d], in_st[d]))
                     .collect::<Vec<_>>()
                     .join(" + ");
                 let idx = if idx.is_empty() { "0u".to_string() } else { idx };

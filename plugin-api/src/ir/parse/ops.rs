@@ -113,7 +113,12 @@ impl Parser<'_> {
             "slice" => {
                 let arg = self.operand()?;
                 let start = self.int_list("start", "where the slice starts, as in `start (0, 4)`", "an element index")?;
-                Op::Slice { arg, start }
+                let stride = if self.at_ident("stride") {
+                    self.int_list("stride", "the step along each dimension, as in `stride (1, 2)`", "a positive step")?
+                } else {
+                    vec![1; start.len()]
+                };
+                Op::Slice { arg, start, stride }
             }
             "concatenate" => {
                 let mut args = vec![self.operand()?];

@@ -132,19 +132,28 @@ impl Checker<'_> {
                 }
                 Some(target)
             }
-            Op::Slice { arg, start } => {
+            Op::Slice { arg, start, stride } => {
                 let (t, target) = (self.val(arg, span, "the operand of `slice`")?, ann?.clone());
+                if stride.len() != start.len() || stride.contains(&0) {
+                    self.err(span, "`slice`'s stride has a step of 0 or not one per dimension", "expected a positive step per dimension, as in `stride (1, 2)`");
+                    return None;
+                }
+                // The last element taken along each dimension: start + (n - 1) * stride.
+                let last = |s: usize, n: usize, k: usize| n.checked_sub(1).and_then(|m| m.checked_mul(k)).and_then(|m| m.checked_add(s));
                 let inside = start.len() == t.shape.len()
                     && target.shape.len() == t.shape.len()
-                    && start.iter().zip(&target.shape).zip(&t.shape).all(|((s, n), d)| s.checked_add(*n).is_some_and(|e| e <= *d));
+                    && (0..start.len()).all(|d| last(start[d], target.shape[d], stride[d]).is_some_and(|e| e < t.shape[d]));
                 if t.dtype != target.dtype || !inside {
+                    let list = |v: &[usize]| v.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ");
+                    let steps = if stride.iter().all(|&k| k == 1) { String::new() } else { format!(" every ({})", list(stride)) };
                     self.err(
                         span,
+                        format!("`slice` of {t} from ({}){steps} as {target}", list(start)),
                         format!(
-                            "`slice` of {t} from ({}) as {target}",
-                            start.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+                            "expected {} type of the same rank whose elements from the start{} lie inside {t}",
+                            with_article(t.dtype),
+                            if steps.is_empty() { "" } else { ", the last at start + (n - 1) * stride," }
                         ),
-                        format!("expected {} type of the same rank whose elements from the start lie inside {t}", with_article(t.dtype)),
                     );
                     return None;
                 }
