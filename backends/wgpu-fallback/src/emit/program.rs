@@ -282,7 +282,10 @@ impl<'k> Writer<'k> {
                 let out_shape = self.ty(&dst).shape.clone();
                 let out_st = strides(&out_shape);
                 let idx = (0..out_shape.len())
-                    .map(|d| format!("((e / {}u) % {}u * {}u + {}u) * {}u", out_st[d], out_shape[d], stride[d], start[d], in_st[d]))
+                    .map(|d| {
+                        let step = if stride[d] == 1 { String::new() } else { format!(" * {}u", stride[d]) };
+                        format!("((e / {}u) % {}u{step} + {}u) * {}u", out_st[d], out_shape[d], start[d], in_st[d])
+                    })
                     .collect::<Vec<_>>()
                     .join(" + ");
                 let idx = if idx.is_empty() { "0u".to_string() } else { idx };
