@@ -234,18 +234,12 @@ fn start_shape(instr: &Instr, f: &Facts<'_>) -> Option<Vec<usize>> {
     (!shape.is_empty()).then_some(shape)
 }
 
-/// `body` with its runs of elementwise statements fused, inside `when` and `for` bodies too.
+/// `body` with its runs of elementwise statements fused, inside nested bodies too.
 pub(crate) fn fuse(body: Vec<Instr>, f: &Facts<'_>) -> Vec<Instr> {
     let mut out = Vec::new();
     let mut run: Option<Run> = None;
     for instr in body {
-        let instr = match instr {
-            Instr::When { cond, body } => Instr::When { cond, body: fuse(body, f) },
-            Instr::For { var, lo, hi, step, iters, cond, results, body, yields } => {
-                Instr::For { var, lo, hi, step, iters, cond, results, body: fuse(body, f), yields }
-            }
-            other => other,
-        };
+        let instr = instr.map_bodies(|b| fuse(b, f));
         if let Some(r) = run.as_mut() {
             if r.add(&instr, f) {
                 continue;
@@ -303,6 +297,13 @@ pub(crate) fn count_uses(body: &[Instr], uses: &mut HashMap<usize, usize>) {
                 read.extend(iters.iter().map(|(_, s)| s));
                 read.extend(yields);
                 count_uses(body, uses);
+            }
+            Instr::If { cond, then, els, .. } => {
+                read.push(cond);
+                for b in [then, els] {
+                    read.extend(&b.yields);
+                    count_uses(&b.body, uses);
+                }
             }
             Instr::Fused(_) => unreachable!("uses are counted before fusing"),
         }

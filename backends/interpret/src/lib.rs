@@ -25,7 +25,7 @@ use std::collections::BTreeMap;
 use tessel_plugin_api::abi::{BackendError, BuiltinBackend, Capabilities, DeviceClass, ErrorKind, MeshBox};
 use tessel_plugin_api::array::{DataRef, HostArray};
 use tessel_plugin_api::backend::{Available, BackendImpl, Launch, export, mesh_spec, verify_with_mesh};
-use tessel_plugin_api::ir::{DType, ForLoop, ParamKind, Type, Verified, print_kernel};
+use tessel_plugin_api::ir::{DType, ParamKind, Type, Verified, print_kernel};
 use tessel_plugin_api::launch::{self, LaunchArgs, LaunchError};
 use tessel_plugin_api::mesh::MeshSpec;
 
@@ -50,7 +50,7 @@ fn check_limits(v: &Verified) -> Result<(), BackendError> {
             for r in &s.results {
                 f(r, v.value_type(r))?;
             }
-            if let tessel_plugin_api::ir::Op::When { body, .. } | tessel_plugin_api::ir::Op::For(ForLoop { body, .. }) = &s.op {
+            for body in s.op.bodies() {
                 walk(v, body, f)?;
             }
         }

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use tessel_plugin_api::ir::*;
 
 use crate::eval::Val;
-use crate::program::{DotArg, Instr, Ix, MemRef, Program, Src};
+use crate::program::{Branch, DotArg, Instr, Ix, MemRef, Program, Src};
 
 struct Lowerer<'a> {
     v: &'a Verified,
@@ -90,7 +90,7 @@ impl Lowerer<'_> {
     fn stmt(&mut self, s: &Stmt) -> Instr {
         let ty = s.ty.clone();
         let dst = s.results.first().map(|r| self.slot(r)).unwrap_or(usize::MAX);
-        if let (Some(t), [_], false) = (&ty, s.results.as_slice(), matches!(s.op, Op::For(ForLoop { .. }))) {
+        if let (Some(t), [_], false) = (&ty, s.results.as_slice(), s.op.has_body()) {
             self.shapes.insert(dst, t.shape.clone());
         }
         let result_ty = || ty.clone().expect("verifier: result type filled");
@@ -190,7 +190,26 @@ impl Lowerer<'_> {
                 let cond = cond.as_ref().map(|c| self.slot(c));
                 Instr::For { var, lo, hi, step, iters, cond, results, body, yields }
             }
-            Op::Yield(_) => unreachable!("yield is taken by its for"),
+            Op::If(IfElse { cond, then, els }) => {
+                let results: Vec<usize> = s.results.iter().map(|r| self.slot(r)).collect();
+                let mut branch = |body: &[Stmt]| {
+                    let yields = match body.last().map(|s| &s.op) {
+                        Some(Op::Yield(vals)) => vals
+                            .iter()
+                            .zip(&results)
+                            .map(|(v, r)| {
+                                let d = self.slot_dtype(*r);
+                                self.src(v, d)
+                            })
+                            .collect(),
+                        _ => Vec::new(),
+                    };
+                    Branch { body: self.body(body), yields }
+                };
+                let (then, els) = (branch(then), branch(els));
+                Instr::If { cond: self.src(cond, DType::Bool), then, els, results }
+            }
+            Op::Yield(_) => unreachable!("yield is taken by its for or if"),
         }
     }
 
@@ -223,11 +242,7 @@ fn dot_views(body: Vec<Instr>, v: &Verified, uses: &HashMap<usize, usize>) -> Ve
         .into_iter()
         .map(|instr| match instr {
             Instr::Dot { dst, a, b, trans_a, trans_b } => Instr::Dot { dst, a: fold(a), b: fold(b), trans_a, trans_b },
-            Instr::When { cond, body } => Instr::When { cond, body: dot_views(body, v, uses) },
-            Instr::For { var, lo, hi, step, iters, cond, results, body, yields } => {
-                Instr::For { var, lo, hi, step, iters, cond, results, body: dot_views(body, v, uses), yields }
-            }
-            other => other,
+            other => other.map_bodies(|b| dot_views(b, v, uses)),
         })
         .collect();
     body.into_iter().filter(|i| !viewable(i).is_some_and(|(dst, _)| taken.contains(&dst))).collect()

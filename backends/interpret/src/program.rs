@@ -166,8 +166,50 @@ pub(crate) enum Instr {
         body: Vec<Instr>,
         yields: Vec<Src>,
     },
+    /// `if`: one branch runs, then its yields are copied into `results`.
+    If {
+        cond: Src,
+        then: Branch,
+        els: Branch,
+        results: Vec<usize>,
+    },
     /// Elementwise statements over one shape, run a chunk at a time (`fuse.rs`).
     Fused(Box<Fused>),
+}
+
+/// A branch of an `if`: its body, and what it yields.
+#[derive(Clone, Debug)]
+pub(crate) struct Branch {
+    pub body: Vec<Instr>,
+    pub yields: Vec<Src>,
+}
+
+impl Instr {
+    /// The nested bodies: a `when`'s or a `for`'s, an `if`'s two.
+    pub fn bodies(&self) -> Vec<&[Instr]> {
+        match self {
+            Instr::When { body, .. } | Instr::For { body, .. } => vec![body],
+            Instr::If { then, els, .. } => vec![&then.body, &els.body],
+            _ => Vec::new(),
+        }
+    }
+
+    /// The instruction with each nested body passed through `f`.
+    pub fn map_bodies(self, mut f: impl FnMut(Vec<Instr>) -> Vec<Instr>) -> Instr {
+        match self {
+            Instr::When { cond, body } => Instr::When { cond, body: f(body) },
+            Instr::For { var, lo, hi, step, iters, cond, results, body, yields } => {
+                Instr::For { var, lo, hi, step, iters, cond, results, body: f(body), yields }
+            }
+            Instr::If { cond, then, els, results } => Instr::If {
+                cond,
+                then: Branch { body: f(then.body), yields: then.yields },
+                els: Branch { body: f(els.body), yields: els.yields },
+                results,
+            },
+            other => other,
+        }
+    }
 }
 
 /// A kernel ready to run.
@@ -184,8 +226,7 @@ impl Program {
             body.iter()
                 .map(|i| match i {
                     Instr::Fused(_) => 1,
-                    Instr::When { body, .. } | Instr::For { body, .. } => count(body),
-                    _ => 0,
+                    i => i.bodies().into_iter().map(count).sum(),
                 })
                 .sum()
         }

@@ -123,6 +123,10 @@ impl Planner {
         for s in body {
             match &s.op {
                 Op::When { body, .. } => self.body(v, body)?,
+                Op::If(IfElse { then, els, .. }) => {
+                    self.body(v, then)?;
+                    self.body(v, els)?;
+                }
                 Op::For(ForLoop { var, body, iters, .. }) => {
                     let slot = self.place(var, &Type::scalar(DType::I32))?;
                     self.values.insert(var.clone(), slot);
@@ -278,7 +282,7 @@ pub fn in_registers(k: &Verified) -> HashSet<String> {
         across.extend(reads.iter().filter(|u| !u.own).map(|u| u.name.clone()));
         let own_write = writes.iter().all(|u| u.own);
         let n = out_shape.iter().product::<usize>();
-        let body = matches!(s.op, Op::When { .. } | Op::For(ForLoop { .. }));
+        let body = s.op.has_body();
         if !body && own_write && n > 1 && n <= MAX_REGISTERS_PER_VALUE * THREADS as usize {
             candidates.extend(s.results.iter().cloned());
         }
@@ -319,7 +323,7 @@ pub fn uses(k: &Verified, s: &Stmt, out_shape: &[usize]) -> (Vec<Use>, Vec<Use>)
             let float = k.value_type(a).dtype.is_float();
             (reads, s.results.iter().map(|d| if float { Use::across(d) } else { Use::own(d) }).collect())
         }
-        Op::When { .. } | Op::For(ForLoop { .. }) | Op::Yield(_) => (reads, vec![]),
+        Op::When { .. } | Op::For(ForLoop { .. }) | Op::If(_) | Op::Yield(_) => (reads, vec![]),
         _ => (reads, dst),
     }
 }

@@ -87,15 +87,13 @@ fn check_values(v: &Verified) -> Result<(), BackendError> {
             for r in &s.results {
                 check_type(&format!("block value %{r}"), v.value_type(r))?;
             }
-            match &s.op {
-                Op::When { body, .. } => walk(v, body)?,
-                Op::For(ForLoop { body, iters, .. }) => {
-                    for (n, _) in iters {
-                        check_type(&format!("block value %{n}"), v.value_type(n))?;
-                    }
-                    walk(v, body)?
+            if let Op::For(ForLoop { iters, .. }) = &s.op {
+                for (n, _) in iters {
+                    check_type(&format!("block value %{n}"), v.value_type(n))?;
                 }
-                _ => {}
+            }
+            for body in s.op.bodies() {
+                walk(v, body)?;
             }
         }
         Ok(())

@@ -26,6 +26,8 @@ fn dot_flops(v: &Verified, grid_points: u64) -> u64 {
                     times * 2 * (out[0] * out[1] * k) as u64
                 }
                 Op::When { body, .. } => walk(v, body, times),
+                // As a `when` counts as if it ran: the dearer branch.
+                Op::If(i) => walk(v, &i.then, times).max(walk(v, &i.els, times)),
                 Op::For(ForLoop { lo, hi, step, body, .. }) => {
                     let lit = |o: &Operand| if let Operand::Lit(Literal::Int(n)) = o { Some(*n) } else { None };
                     let trips = match (lit(lo), lit(hi), step.as_ref().map_or(Some(1), lit)) {

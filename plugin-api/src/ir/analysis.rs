@@ -4,14 +4,14 @@
 //! which element of an operand each result element reads, and a backend decides from that which
 //! thread holds it.
 
-use super::{ForLoop, Index, Kernel, Op, Operand, Param, ParamKind, Stmt};
+use super::{ForLoop, IfElse, Index, Kernel, Op, Operand, Param, ParamKind, Stmt};
 use crate::launch::LaunchAxis;
 
-/// Every statement of a body, those of nested `when` and `for` bodies included, in order.
+/// Every statement of a body, those of nested `when`, `for` and `if` bodies included, in order.
 pub fn visit<'b>(body: &'b [Stmt], f: &mut impl FnMut(&'b Stmt)) {
     for s in body {
         f(s);
-        if let Op::When { body, .. } | Op::For(ForLoop { body, .. }) = &s.op {
+        for body in s.op.bodies() {
             visit(body, f);
         }
     }
@@ -42,7 +42,7 @@ pub fn reads(op: &Op) -> Vec<&str> {
         Op::Binary(_, a, b) | Op::Compare(_, a, b) | Op::Dot { a, b, .. } => vec![a, b],
         Op::Select(c, a, b) => vec![c, a, b],
         Op::Concatenate { args, .. } => args.iter().collect(),
-        Op::When { cond, .. } => vec![cond],
+        Op::When { cond, .. } | Op::If(IfElse { cond, .. }) => vec![cond],
         Op::For(ForLoop { lo, hi, step, iters, .. }) => {
             [lo, hi].into_iter().chain(step).chain(iters.iter().map(|(_, v)| v)).collect()
         }
@@ -264,7 +264,7 @@ pub fn uses<'s>(k: &Kernel, s: &'s Stmt, result: &[usize]) -> Vec<Use<'s>> {
         Op::Transpose { arg, .. } | Op::Slice { arg, .. } | Op::Reduce { arg, .. } => value(arg, How::Whole).into_iter().collect(),
         Op::Concatenate { args, .. } => args.iter().filter_map(|a| value(a, How::Whole)).collect(),
         Op::Dot { a, b, .. } => [a, b].into_iter().filter_map(|o| value(o, How::Whole)).collect(),
-        Op::When { cond, .. } => value(cond, How::Whole).into_iter().collect(),
+        Op::When { cond, .. } | Op::If(IfElse { cond, .. }) => value(cond, How::Whole).into_iter().collect(),
         Op::For(ForLoop { lo, hi, step, .. }) => {
             [Some(lo), Some(hi), step.as_ref()].into_iter().flatten().filter_map(|o| value(o, How::Whole)).collect()
         }

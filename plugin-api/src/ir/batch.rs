@@ -75,14 +75,12 @@ fn batch_reads(ix: BlockIndex, axis: &str) -> BlockIndex {
 fn results(body: &[Stmt], into: &mut HashSet<String>) {
     for s in body {
         into.extend(s.results.iter().cloned());
-        match &s.op {
-            Op::When { body, .. } => results(body, into),
-            Op::For(ForLoop { body, iters, var, .. }) => {
-                into.extend(iters.iter().map(|(n, _)| n.clone()));
-                into.insert(var.clone());
-                results(body, into);
-            }
-            _ => {}
+        if let Op::For(ForLoop { iters, var, .. }) = &s.op {
+            into.extend(iters.iter().map(|(n, _)| n.clone()));
+            into.insert(var.clone());
+        }
+        for body in s.op.bodies() {
+            results(body, into);
         }
     }
 }
@@ -98,8 +96,7 @@ fn index_batch(body: &mut [Stmt], arrays: &[(String, usize, Operand)]) {
                     *index = Some(std::iter::once(Index::At(at.clone())).chain(rest).collect());
                 }
             }
-            Op::When { body, .. } | Op::For(ForLoop { body, .. }) => index_batch(body, arrays),
-            _ => {}
+            op => op.bodies_mut().for_each(|b| index_batch(b, arrays)),
         }
     }
 }

@@ -583,8 +583,22 @@ pub enum Op {
     },
     /// `for %i = lo to hi step s iter (%a = v, ...) { ... yield ... }`.
     For(ForLoop),
-    /// `yield v, ...`: the next values of a `for`'s `iter` arguments.
+    /// `%r, ... = if %c { ... yield %a, ... } else { ... yield %b, ... }`.
+    If(IfElse),
+    /// `yield v, ...`: the next values of a `for`'s `iter` arguments, or an `if` branch's results.
     Yield(Vec<Operand>),
+}
+
+/// `%r, ... = if %c { ... yield %a, ... } else { ... yield %b, ... }`: one of two bodies runs,
+/// and the values its `yield` gives are the statement's results (docs/language.md §3).
+#[derive(Clone, Debug, PartialEq)]
+pub struct IfElse {
+    /// Scalar `bool` condition.
+    pub cond: Operand,
+    /// Runs where `cond` is true; ends with `yield` when the `if` has results.
+    pub then: Vec<Stmt>,
+    /// Runs where `cond` is false; ends with `yield` when the `if` has results.
+    pub els: Vec<Stmt>,
 }
 
 /// `for %i = lo to hi step s iter (%a = v, ...) { ... yield ... }`: a loop of one program, its
@@ -634,8 +648,34 @@ impl Op {
             Op::Dot { .. } => "dot",
             Op::When { .. } => "when",
             Op::For(ForLoop { .. }) => "for",
+            Op::If(_) => "if",
             Op::Yield(_) => "yield",
         }
+    }
+
+    /// The bodies nested in the operation, in order: a `when`'s or a `for`'s one, an `if`'s two.
+    pub fn bodies(&self) -> impl Iterator<Item = &[Stmt]> {
+        let (a, b): (Option<&[Stmt]>, Option<&[Stmt]>) = match self {
+            Op::When { body, .. } | Op::For(ForLoop { body, .. }) => (Some(body), None),
+            Op::If(IfElse { then, els, .. }) => (Some(then), Some(els)),
+            _ => (None, None),
+        };
+        a.into_iter().chain(b)
+    }
+
+    /// [`Op::bodies`], to change.
+    pub fn bodies_mut(&mut self) -> impl Iterator<Item = &mut Vec<Stmt>> {
+        let (a, b) = match self {
+            Op::When { body, .. } | Op::For(ForLoop { body, .. }) => (Some(body), None),
+            Op::If(IfElse { then, els, .. }) => (Some(then), Some(els)),
+            _ => (None, None),
+        };
+        a.into_iter().chain(b)
+    }
+
+    /// Whether the operation holds bodies of statements (`when`, `for`, `if`).
+    pub fn has_body(&self) -> bool {
+        matches!(self, Op::When { .. } | Op::For(_) | Op::If(_))
     }
 
     /// Whether the result type annotation is required in text (it says what to make).
@@ -653,8 +693,8 @@ impl Op {
         )
     }
 
-    /// Whether the operation has exactly one result (all but `store`, `when`, `for`, `yield`).
+    /// Whether the operation has exactly one result (all but `store`, `when`, `for`, `if`, `yield`).
     pub fn has_single_result(&self) -> bool {
-        !matches!(self, Op::Store { .. } | Op::When { .. } | Op::For(ForLoop { .. }) | Op::Yield(_))
+        !matches!(self, Op::Store { .. } | Op::Yield(_)) && !self.has_body()
     }
 }

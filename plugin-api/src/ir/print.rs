@@ -131,16 +131,19 @@ impl Writer {
         for s in body {
             self.indent();
             self.write_stmt_head(s)?;
-            match &s.op {
-                Op::When { body, .. } | Op::For(ForLoop { body, .. }) => {
-                    self.out.push_str(" {\n");
-                    self.level += 1;
-                    self.write_body(body)?;
-                    self.level -= 1;
-                    self.indent();
-                    self.out.push_str("}\n");
-                }
-                _ => self.out.push('\n'),
+            if !s.op.has_body() {
+                self.out.push('\n');
+            }
+            for (i, body) in s.op.bodies().enumerate() {
+                self.out.push_str(if i == 0 { " {\n" } else { " else {\n" });
+                self.level += 1;
+                self.write_body(body)?;
+                self.level -= 1;
+                self.indent();
+                self.out.push('}');
+            }
+            if s.op.has_body() {
+                self.out.push('\n');
             }
         }
         Ok(())
@@ -204,6 +207,7 @@ impl Writer {
                 write!(o, "dot {a}, {b}{}{}", if *trans_a { " trans_a" } else { "" }, if *trans_b { " trans_b" } else { "" })
             }
             Op::When { cond, .. } => write!(o, "when {cond}"),
+            Op::If(IfElse { cond, .. }) => write!(o, "if {cond}"),
             Op::For(ForLoop { var, lo, hi, step, iters, cond, .. }) => {
                 write!(o, "for %{var} = {lo} to {hi}")?;
                 if let Some(s) = step {

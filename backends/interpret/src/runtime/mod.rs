@@ -264,6 +264,15 @@ impl<'m, 'a> ProgramState<'m, 'a> {
                 self.run_for(*var, (lo, hi, step), iters, *cond, results, body, yields);
                 return;
             }
+            Instr::If { cond, then, els, results } => {
+                let taken = if self.get(cond).as_bool() { then } else { els };
+                self.exec(&taken.body);
+                let vals: Vec<Val> = taken.yields.iter().map(|y| self.get(y).clone()).collect();
+                for (r, v) in results.iter().zip(vals) {
+                    self.slots[*r] = Some(v);
+                }
+                return;
+            }
             Instr::Fused(f) => {
                 self.run_fused(f);
                 return;

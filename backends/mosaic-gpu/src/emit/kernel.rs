@@ -310,7 +310,36 @@ impl Writer<'_> {
                 self.hazards.union(before);
             }
             Op::For(f) => self.write_for(f, &s.results),
+            Op::If(i) => self.write_if(i, &s.results),
             Op::Yield(_) => {}
+        }
+    }
+
+    /// `if`: a uniform branch to one body or the other (the condition is a scalar, the same in
+    /// every thread), each ending by copying what it yields into the results' slots; after it,
+    /// what either branch left.
+    fn write_if(&mut self, i: &IfElse, results: &[String]) {
+        let c = self.scalar(&i.cond);
+        let (p, els, end) = (self.p(), self.label("else"), self.label("endif"));
+        self.ins(format!("setp.eq.u32 {p}, {c}, 0"));
+        self.ins(format!("@{p} bra.uni {els}"));
+        let before = self.hazards.clone();
+        self.write_branch(&i.then, results);
+        self.ins(format!("bra.uni {end}"));
+        let after_then = std::mem::replace(&mut self.hazards, before);
+        self.place_label(&els);
+        self.write_branch(&i.els, results);
+        self.place_label(&end);
+        self.hazards.union(after_then);
+    }
+
+    fn write_branch(&mut self, body: &[Stmt], results: &[String]) {
+        self.write_body(body);
+        if let Some(Stmt { op: Op::Yield(vals), .. }) = body.last() {
+            for (v, r) in vals.iter().zip(results) {
+                let Operand::Value(v) = v else { unreachable!("verifier: yields are values") };
+                self.copy_value(v, r);
+            }
         }
     }
 

@@ -349,7 +349,53 @@ impl<'k> Writer<'k> {
                 self.merge_flags(before);
             }
             Op::For(f) => self.write_for(s, f),
-            Op::Yield(_) => unreachable!("yield is written by its for"),
+            Op::If(i) => self.write_if(s, i),
+            Op::Yield(_) => unreachable!("yield is written by its for or if"),
+        }
+    }
+
+    /// `if`: one variable per result, declared before and assigned at the end of each branch by
+    /// its `yield`; what either branch left pending (a publish, a store) is pending after.
+    fn write_if(&mut self, s: &Stmt, i: &IfElse) {
+        for r in &s.results {
+            let ty = self.ty(r);
+            let id = self.ident(r);
+            let t = if ty.is_scalar() { reg_ty(ty.dtype).to_string() } else { self.array_ty(&ty.shape, ty.dtype) };
+            self.line(format!("var {id}: {t};"));
+        }
+        let c = match &i.cond {
+            Operand::Lit(l) => literal(*l, DType::Bool),
+            Operand::Value(v) => self.ident(v),
+        };
+        let before = self.flags();
+        let mut after = (false, false, false);
+        for (k, body) in [&i.then, &i.els].into_iter().enumerate() {
+            if k == 0 {
+                self.open(format!("if ({c})"));
+            } else {
+                self.indent -= 1;
+                self.line("} else {");
+                self.indent += 1;
+            }
+            let (rest, yields) = match body.split_last() {
+                Some((Stmt { op: Op::Yield(vals), .. }, rest)) => (rest, vals.as_slice()),
+                _ => (body.as_slice(), &[][..]),
+            };
+            self.write_body(rest);
+            for (r, v) in s.results.iter().zip(yields) {
+                let Operand::Value(v) = v else { unreachable!("verifier: yields are values") };
+                let (rid, vid) = (self.ident(r), self.ident(v));
+                self.line(format!("{rid} = {vid};"));
+            }
+            let f = self.flags();
+            after = (after.0 | f.0, after.1 | f.1, after.2 | f.2);
+            // The other branch starts from what came before the `if`.
+            self.set_flags(before);
+        }
+        self.close();
+        self.set_flags(after);
+        for r in &s.results {
+            self.defined(r);
         }
     }
 

@@ -36,6 +36,10 @@ impl<'k> Writer<'k> {
         (self.pending_publish, self.pending_store, self.pending_ref_load)
     }
 
+    pub(super) fn set_flags(&mut self, f: (bool, bool, bool)) {
+        (self.pending_publish, self.pending_store, self.pending_ref_load) = f;
+    }
+
     pub(super) fn merge_flags(&mut self, f: (bool, bool, bool)) {
         self.pending_publish |= f.0;
         self.pending_store |= f.1;

@@ -22,6 +22,8 @@ pub(super) fn body_iterations(body: &[Stmt]) -> u64 {
         n.saturating_add(match &s.op {
             Op::When { body, .. } => body_iterations(body),
             Op::For(f) => trips(f).map_or(0, |t| looped(t, body_iterations(&f.body))),
+            // One branch runs: the dearer.
+            Op::If(i) => body_iterations(&i.then).max(body_iterations(&i.els)),
             _ => 0,
         })
     })

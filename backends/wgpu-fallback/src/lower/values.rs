@@ -78,7 +78,7 @@ pub(super) fn row_forwarded(
 pub(super) fn fused_reductions(v: &Verified, row_layout: Option<(usize, u32)>) -> HashMap<String, (ReduceOp, String)> {
     fn walk(v: &Verified, body: &[Stmt], c: usize, out: &mut HashMap<String, (ReduceOp, String)>) {
         for s in body {
-            if let Op::When { body: b, .. } | Op::For(ForLoop { body: b, .. }) = &s.op {
+            for b in s.op.bodies() {
                 walk(v, b, c, out);
             }
             let Op::Reduce { op, arg: Operand::Value(x), axis: 1, .. } = &s.op else { continue };
@@ -103,7 +103,7 @@ pub(super) fn inlined_values(v: &Verified) -> HashSet<String> {
     fn walk(v: &Verified, body: &[Stmt], out: &mut HashSet<String>) {
         let all = &v.kernel().body;
         for s in body {
-            if let Op::When { body: b, .. } | Op::For(ForLoop { body: b, .. }) = &s.op {
+            for b in s.op.bodies() {
                 walk(v, b, out);
             }
             let Some(x) = s.results.first().filter(|x| elementwise(&s.op) && !v.value_type(x).is_scalar()) else { continue };
@@ -143,7 +143,7 @@ pub(super) fn accumulating_dots(v: &Verified, resident: &HashMap<String, usize>)
         };
         let at = |s: &Stmt| body.iter().position(|t| std::ptr::eq(t, s));
         for (i, s) in body.iter().enumerate() {
-            if let Op::When { body: b, .. } | Op::For(ForLoop { body: b, .. }) = &s.op {
+            for b in s.op.bodies() {
                 walk(v, b, resident, out);
             }
             let Op::Dot { .. } = s.op else { continue };

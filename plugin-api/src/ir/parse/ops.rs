@@ -1,5 +1,5 @@
 //! The body of a kernel: statements, the operations they apply (`load`, `store`, `dot`, `when`,
-//! `for`, ...), index lists, operands and literals.
+//! `for`, `if`, ...), index lists, operands and literals.
 
 use super::{PResult, Parser};
 use crate::ir::lexer::Tok;
@@ -43,7 +43,7 @@ impl Parser<'_> {
         let (name, name_span) = self.ident("an operation such as `load`, `add` or `store`")?;
         let op = self.op(&name, name_span)?;
         let mut span = start.to(self.prev_span());
-        if matches!(op, Op::When { .. } | Op::For(ForLoop { .. })) {
+        if op.has_body() {
             if self.nesting >= MAX_NESTING {
                 // The caller skips the line with the body it opens.
                 return Err(Diagnostic::new(
@@ -51,7 +51,7 @@ impl Parser<'_> {
                     format!("this `{}` is nested {} deep, past the limit of {MAX_NESTING}", op.mnemonic(), self.nesting + 1),
                 )
                 .expected(format!(
-                    "expected at most {MAX_NESTING} `when` and `for` bodies inside one another: merge conditions with `and`, or loops into one"
+                    "expected at most {MAX_NESTING} `when`, `for` and `if` bodies inside one another: merge conditions with `and`, or loops into one"
                 )));
             }
             self.nesting += 1;
@@ -67,22 +67,37 @@ impl Parser<'_> {
         Ok(Stmt { results, op, ty, span })
     }
 
-    /// `when` and `for`: the header is parsed; now `{`, the body, `}`.
+    /// `when`, `for` and `if`: the header is parsed; now `{`, the body, `}` (and for `if`,
+    /// `else {`, the second body, `}`).
     fn finish_block_stmt(&mut self, results: Vec<String>, mut op: Op, span: Span) -> PResult<Stmt> {
+        let m = op.mnemonic();
+        let first = self.braced_body(m, span)?;
+        match &mut op {
+            Op::When { body, .. } | Op::For(ForLoop { body, .. }) => *body = first,
+            Op::If(IfElse { then, els, .. }) => {
+                *then = first;
+                if !self.eat_ident("else") {
+                    return Err(self.unexpected("`else {` after the `if` body: an `if` has both branches (`when` has one)"));
+                }
+                *els = self.braced_body(m, span)?;
+            }
+            _ => unreachable!("only when, for and if have bodies"),
+        }
+        self.expect_line_end()?;
+        Ok(Stmt { results, op, ty: None, span })
+    }
+
+    /// `{`, the end of the line, a body, `}`.
+    fn braced_body(&mut self, mnemonic: &str, span: Span) -> PResult<Vec<Stmt>> {
         self.expect(Tok::LBrace, "`{` to open the body")?;
         self.expect_line_end()?;
         let inner = self.block();
         if !self.eat(&Tok::RBrace) {
             let found = self.peek().map_or("the end of the file".to_string(), Tok::describe);
-            return Err(Diagnostic::new(span, format!("the `{}` body opened here is not closed", op.mnemonic()))
+            return Err(Diagnostic::new(span, format!("the `{mnemonic}` body opened here is not closed"))
                 .expected(format!("expected `}}` on a line of its own before {found}")));
         }
-        match &mut op {
-            Op::When { body, .. } | Op::For(ForLoop { body, .. }) => *body = inner,
-            _ => unreachable!("only when and for have bodies"),
-        }
-        self.expect_line_end()?;
-        Ok(Stmt { results, op, ty: None, span })
+        Ok(inner)
     }
 
     fn op(&mut self, name: &str, name_span: Span) -> PResult<Op> {
@@ -138,6 +153,7 @@ impl Parser<'_> {
             }
             "when" => Op::When { cond: self.operand()?, body: Vec::new() },
             "for" => self.for_header()?,
+            "if" => Op::If(IfElse { cond: self.operand()?, then: Vec::new(), els: Vec::new() }),
             "yield" => {
                 let mut vals = Vec::new();
                 if !self.at_line_end() && !self.at(&Tok::RBrace) {
@@ -164,7 +180,7 @@ impl Parser<'_> {
         let compare = CmpOp::from_name(name);
         if reduce.is_none() && binary.is_none() && compare.is_none() {
             return Err(Diagnostic::new(name_span, format!("unknown operation `{name}`"))
-                .expected("expected an operation of docs/language.md, such as load, store, add, exp, sum, dot, when or for"));
+                .expected("expected an operation of docs/language.md, such as load, store, add, exp, sum, dot, when, for or if"));
         }
         let lhs = self.operand()?;
         if let Some(op) = reduce

@@ -19,7 +19,7 @@ impl Checker<'_> {
             self.err(
                 span,
                 format!("this body is nested {} deep, past the limit of {MAX_NESTING}", self.nesting + 1),
-                format!("expected at most {MAX_NESTING} `when` and `for` bodies inside one another"),
+                format!("expected at most {MAX_NESTING} `when`, `for` and `if` bodies inside one another"),
             );
             return;
         }
@@ -33,30 +33,31 @@ impl Checker<'_> {
         for (i, s) in body.iter_mut().enumerate() {
             let last = i + 1 == n;
             if let Op::Yield(_) = &s.op
-                && !(last && matches!(kind, BodyKind::For { .. }))
+                && !(last && matches!(kind, BodyKind::For { .. } | BodyKind::If { .. }))
             {
                 self.err(
                     s.span,
-                    "`yield` is only allowed as the last statement of a `for` body",
-                    "expected `yield` to end a `for` loop body",
+                    "`yield` is only allowed as the last statement of a `for` body or an `if` branch",
+                    "expected `yield` to end a `for` loop body or an `if` branch",
                 );
                 continue;
             }
             self.stmt(s);
         }
-        if let BodyKind::For { iters } = kind
-            && iters > 0
-            && !matches!(body.last().map(|s| &s.op), Some(Op::Yield(_)))
-        {
-            let span = body.last().map_or(Span::NONE, |s| s.span);
-            self.err(
+        let yields = matches!(body.last().map(|s| &s.op), Some(Op::Yield(_)));
+        let span = body.last().map_or(Span::NONE, |s| s.span);
+        match kind {
+            BodyKind::For { iters } if iters > 0 && !yields => self.err(
                 span,
-                format!(
-                    "the `for` body does not end with `yield` for its {iters} `iter` value{}",
-                    if iters == 1 { "" } else { "s" }
-                ),
+                format!("the `for` body does not end with `yield` for its {iters} `iter` value{}", plural(iters)),
                 "expected `yield` with the next value of each `iter` argument as the last statement",
-            );
+            ),
+            BodyKind::If { results } if results > 0 && !yields => self.err(
+                span,
+                format!("an `if` branch does not end with `yield` for its {results} result{}", plural(results)),
+                "expected `yield` with a value for each result as the last statement of both branches",
+            ),
+            _ => {}
         }
     }
 
@@ -67,6 +68,8 @@ impl Checker<'_> {
         let want = match &s.op {
             Op::Store { .. } | Op::When { .. } | Op::Yield(_) => 0,
             Op::For(ForLoop { iters, .. }) => iters.len(),
+            // As many as its branches yield.
+            Op::If(_) => s.results.len(),
             _ => 1,
         };
         if s.results.len() != want {
@@ -99,6 +102,13 @@ impl Checker<'_> {
                 format!("`{m}` needs a result type"),
                 format!("expected `: TYPE` saying what to make, as in `{m} ... : f32[16, 16]`"),
             );
+        }
+        if let Op::If(_) = s.op {
+            let types = self.if_else(&mut s.op, s.results.len(), span);
+            for (r, t) in s.results.iter().zip(types) {
+                self.define(r, t, span);
+            }
+            return;
         }
         let ann = s.ty.clone();
         let ty = self.op(&mut s.op, ann.as_ref(), span);
@@ -205,4 +215,58 @@ impl Checker<'_> {
         // (Names are taken from the statement by the caller: see `stmt_for_results`.)
         self.for_results = inits;
     }
+}
+
+impl Checker<'_> {
+    /// An `if` with `arity` results: a scalar `bool` condition, each branch in its own scope
+    /// ending with a `yield` of `arity` values, the two branches yielding the same types. The
+    /// result types (a branch's where the other's are poisoned).
+    fn if_else(&mut self, op: &mut Op, arity: usize, span: Span) -> Vec<Checked<Type>> {
+        let Op::If(IfElse { cond, then, els }) = op else { unreachable!("called on an if") };
+        self.condition(cond, span, "if");
+        let mut branches = Vec::new();
+        for body in [then, els] {
+            self.scopes.push(HashMap::new());
+            self.body(body, BodyKind::If { results: arity });
+            let types = match body.last() {
+                Some(Stmt { op: Op::Yield(vals), span: ys, .. }) => {
+                    let ys = *ys;
+                    if vals.len() == arity {
+                        vals.iter().map(|v| self.val(v, ys, "a yielded value")).collect()
+                    } else {
+                        self.err(
+                            ys,
+                            format!("`yield` gives {} value{}, but the `if` has {arity} result{}", vals.len(), plural(vals.len()), plural(arity)),
+                            format!("expected {arity} value{}, one per result name before `= if`", plural(arity)),
+                        );
+                        vec![None; arity]
+                    }
+                }
+                _ => vec![None; arity],
+            };
+            self.scopes.pop();
+            branches.push(types);
+        }
+        let els = branches.pop().expect("two branches");
+        let then = branches.pop().expect("two branches");
+        then.into_iter()
+            .zip(els)
+            .enumerate()
+            .map(|(k, (a, b))| match (a, b) {
+                (Some(a), Some(b)) if a != b => {
+                    self.err(
+                        span,
+                        format!("the `if` branches yield {a} and {b} for its result {}", k + 1),
+                        "expected both branches to yield values of one type for each result",
+                    );
+                    None
+                }
+                (a, b) => a.or(b),
+            })
+            .collect()
+    }
+}
+
+fn plural(n: usize) -> &'static str {
+    if n == 1 { "" } else { "s" }
 }

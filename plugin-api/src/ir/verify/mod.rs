@@ -127,6 +127,8 @@ enum BodyKind {
     Kernel,
     When,
     For { iters: usize },
+    /// A branch of an `if` with this many results.
+    If { results: usize },
 }
 
 /// An operand after lookup.
@@ -151,7 +153,7 @@ struct Checker<'k> {
     for_results: Vec<Checked<Type>>,
     /// Axis names used by a kernel without `grid`: the mesh's at launch.
     mesh_axes: Vec<String>,
-    /// `when` and `for` bodies open around the statement being checked.
+    /// `when`, `for` and `if` bodies open around the statement being checked.
     nesting: usize,
 }
 

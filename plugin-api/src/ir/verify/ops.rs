@@ -225,15 +225,7 @@ impl Checker<'_> {
             }
             Op::Dot { a, b, trans_a, trans_b } => self.dot(a, b, *trans_a, *trans_b, span),
             Op::When { cond, body } => {
-                if let Some(t) = self.val(cond, span, "the condition of `when`")
-                    && (t.dtype != DType::Bool || !t.is_scalar())
-                {
-                    self.err(
-                        span,
-                        format!("the condition `{cond}` of `when` is {t}"),
-                        "expected a scalar `bool`, such as `%first = eq %k, 0`",
-                    );
-                }
+                self.condition(cond, span, "when");
                 self.scopes.push(HashMap::new());
                 self.body(body, BodyKind::When);
                 self.scopes.pop();
@@ -243,7 +235,21 @@ impl Checker<'_> {
                 self.for_loop(op, span);
                 None
             }
-            Op::Yield(_) => None,
+            // Checked by `stmt`, which knows how many results it has.
+            Op::If(_) | Op::Yield(_) => None,
+        }
+    }
+
+    /// The condition of a `when` or an `if`: a scalar `bool`.
+    pub(super) fn condition(&mut self, cond: &Operand, span: Span, mnemonic: &str) {
+        if let Some(t) = self.val(cond, span, &format!("the condition of `{mnemonic}`"))
+            && (t.dtype != DType::Bool || !t.is_scalar())
+        {
+            self.err(
+                span,
+                format!("the condition `{cond}` of `{mnemonic}` is {t}"),
+                "expected a scalar `bool`, such as `%first = eq %k, 0`",
+            );
         }
     }
 
