@@ -4,7 +4,7 @@
 //! the parser and the verifier say so (docs/language.md, Limits). Each backend has its own,
 //! smaller limits besides, which it names when it refuses.
 
-/// `when` and `for` bodies inside one another.
+/// `when`, `for` and `if` bodies inside one another.
 pub const MAX_NESTING: usize = 64;
 
 /// Operators, parentheses and calls in one size expression (a chain `1 + 1 + ...` nests as

@@ -28,8 +28,8 @@
 //!
 //! Every value name is defined once per kernel (not merely once per block). A value is visible from
 //! its definition to the end of the body that defines it, including nested bodies. The bodies of
-//! `when` and `for` define nothing outside themselves, except the results of a `for` (one per
-//! `iter` argument), which are defined after the loop. A `for` loop's induction variable and `iter`
+//! `when`, `for` and `if` define nothing outside themselves, except the results of a `for` (one
+//! per `iter` argument) and of an `if` (one per yielded value), defined after it. A `for` loop's induction variable and `iter`
 //! arguments are visible in its body only.
 //!
 //! # Types

@@ -163,7 +163,7 @@ struct Parser<'t> {
     template: bool,
     /// The dimensions of the last type read, as written.
     last_dims: Vec<SizeExpr>,
-    /// `when` and `for` bodies open around the statement being read.
+    /// `when`, `for` and `if` bodies open around the statement being read.
     nesting: usize,
     /// Operators, parentheses and calls read in the current size expression.
     size_terms: usize,

@@ -104,7 +104,7 @@ impl Checker<'_> {
             );
         }
         if let Op::If(_) = s.op {
-            let types = self.if_else(&mut s.op, s.results.len(), span);
+            let types = self.if_else(&mut s.op, &s.results, span);
             for (r, t) in s.results.iter().zip(types) {
                 self.define(r, t, span);
             }
@@ -218,11 +218,12 @@ impl Checker<'_> {
 }
 
 impl Checker<'_> {
-    /// An `if` with `arity` results: a scalar `bool` condition, each branch in its own scope
-    /// ending with a `yield` of `arity` values, the two branches yielding the same types. The
+    /// An `if` defining `results`: a scalar `bool` condition, each branch in its own scope
+    /// ending with a `yield` of a value per result, the two branches yielding the same types. The
     /// result types (a branch's where the other's are poisoned).
-    fn if_else(&mut self, op: &mut Op, arity: usize, span: Span) -> Vec<Checked<Type>> {
+    fn if_else(&mut self, op: &mut Op, results: &[String], span: Span) -> Vec<Checked<Type>> {
         let Op::If(IfElse { cond, then, els }) = op else { unreachable!("called on an if") };
+        let arity = results.len();
         self.condition(cond, span, "if");
         let mut branches = Vec::new();
         for body in [then, els] {
@@ -256,7 +257,7 @@ impl Checker<'_> {
                 (Some(a), Some(b)) if a != b => {
                     self.err(
                         span,
-                        format!("the `if` branches yield {a} and {b} for its result {}", k + 1),
+                        format!("the `if` branches yield {a} and {b} for `%{}`", results[k]),
                         "expected both branches to yield values of one type for each result",
                     );
                     None
