@@ -1,8 +1,8 @@
 //! Random differential testing: well-typed kernels made from a seed (elementwise chains,
 //! reductions with broadcasting back, `dot` (transposed, and on f16/bf16 operands), masks from
-//! `iota`, ragged blocks, `when`, `for` with carried values, `for ... while` with a data-dependent
-//! trip count, computed block indices reading a table, strided loads, integer chains, outputs
-//! revisited along a `seq` axis) run on the interpreter, on wgpu, and as Mosaic GPU PTX on the PTX
+//! `iota`, ragged blocks, `when`, `if`, `for` with carried values, `for ... while` with a
+//! data-dependent trip count, computed block indices reading a table, strided loads, integer
+//! chains, outputs revisited along a `seq` axis) run on the interpreter, on wgpu, and as Mosaic GPU PTX on the PTX
 //! emulator, with the same seeded inputs; they must
 //! agree within the dtype's tolerance (exact for integers). A disagreement is shrunk (fewer
 //! steps, smaller blocks, while it still disagrees) and saved under `tests/in/regressions/`,
@@ -65,6 +65,10 @@ struct Spec {
     /// A gather of `y`'s rows by an index vector (from a stream of its own): rows `(7 k + a) mod
     /// (2 r) - b` of the block for k in [0, r), some before the block, some past it (and the array).
     gather: Option<(usize, usize)>,
+    /// An `if` after the steps (from a stream of its own): its condition exact on every backend
+    /// (an integer sum of `n` and the program id), its branches computing a float and an
+    /// integer result each, the first branch holding a second `if` now and then.
+    branch: Option<bool>,
 }
 
 impl Spec {
@@ -106,7 +110,14 @@ impl Spec {
             halve: rng(seed ^ 0x3417).random_bool(0.25),
             strided: rng(seed ^ 0x57d).random_bool(0.25),
             gather: Spec::gather(seed),
+            branch: Spec::branch(seed),
         }
+    }
+
+    /// An `if` for a quarter of the seeds: whether its first branch nests a second one.
+    fn branch(seed: u64) -> Option<bool> {
+        let mut g = rng(seed ^ 0x1f3);
+        g.random_bool(0.25).then(|| g.random_bool(0.5))
     }
 
     /// A gather of `y` for a quarter of the seeds: the offsets `a` and `b` of its row indices.
@@ -468,6 +479,9 @@ fn generate(s: &Spec) -> String {
         b.line("}");
         b.floats.push(h);
     }
+    if let Some(nested) = s.branch {
+        if_else(&mut b, nested);
+    }
     if s.edges > 0 {
         let e = edge_steps(s, &mut b);
         b.line(&format!("store e, {e}"));
@@ -499,6 +513,47 @@ fn generate(s: &Spec) -> String {
         }
     }
     format!("{head}{{\n{}}}\n", b.text)
+}
+
+/// `%f, %k = if %c { ... } else { ... }` on the last float and integer values, `%c` exact on
+/// every backend (integer sums wrap the same way in any order); with `nested`, the first branch
+/// holds a second `if` on the program id.
+fn if_else(b: &mut Body, nested: bool) {
+    let (last, qi) = (b.floats.last().cloned().expect("a float"), b.ints.last().cloned().expect("an int"));
+    let (rows, total, m, c, f, k) = (b.fresh(), b.fresh(), b.fresh(), b.fresh(), b.fresh(), b.fresh());
+    b.line(&format!("{rows} = sum %n axis 1"));
+    b.line(&format!("{total} = sum {rows} axis 0"));
+    b.line(&format!("{m} = rem {total}, 3"));
+    b.line(&format!("{c} = eq {m}, 0"));
+    let (a, t, k1) = (b.fresh(), b.fresh(), b.fresh());
+    b.line(&format!("{f}, {k} = if {c} {{"));
+    b.line(&format!("  {a} = mul {last}, 0.5"));
+    b.line(&format!("  {t} = tanh {a}"));
+    if nested {
+        let (p, odd, pm, inner, u, v) = (b.fresh(), b.fresh(), b.fresh(), b.fresh(), b.fresh(), b.fresh());
+        b.line(&format!("  {p} = program_id i"));
+        b.line(&format!("  {pm} = rem {p}, 2"));
+        b.line(&format!("  {odd} = eq {pm}, 1"));
+        b.line(&format!("  {inner} = if {odd} {{"));
+        b.line(&format!("    {u} = add {qi}, 1"));
+        b.line(&format!("    yield {u}"));
+        b.line("  } else {");
+        b.line(&format!("    {v} = sub {qi}, 1"));
+        b.line(&format!("    yield {v}"));
+        b.line("  }");
+        b.line(&format!("  yield {t}, {inner}"));
+    } else {
+        b.line(&format!("  {k1} = add {qi}, 1"));
+        b.line(&format!("  yield {t}, {k1}"));
+    }
+    let (ng, k2) = (b.fresh(), b.fresh());
+    b.line("} else {");
+    b.line(&format!("  {ng} = neg {last}"));
+    b.line(&format!("  {k2} = mul {qi}, 3"));
+    b.line(&format!("  yield {ng}, {k2}"));
+    b.line("}");
+    b.floats.push(f);
+    b.ints.push(k);
 }
 
 /// Special literals, and scales that take a value in [-1, 1) to a function's edges.
@@ -720,6 +775,8 @@ fn the_generator_makes_kernels_that_verify_and_vary() {
         "round",
         "stride (2, 1)",
         "load y[%gi, :]",
+        " = if %",
+        "  } else {",
     ] {
         assert!(texts.iter().any(|t| t.contains(op)), "no generated kernel uses {op}");
     }
