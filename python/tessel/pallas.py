@@ -1187,43 +1187,53 @@ class _Writer:
 
     def cond_values(self, eqn) -> None:
         """`lax.cond` and `lax.switch` returning values (skipping a block's work while keeping the
-        carried state): each branch a loop of one trip where it is taken and none elsewhere
-        (`for %t = 0 to %n iter (...)`, `%n` 1 where `index == k`), carrying the results so far
-        (zeros before the first), so that only the branch taken runs, refs it writes included."""
+        carried state): an `if` whose branch taken alone runs, refs it writes included; a
+        `switch` a chain of them on `index == k` (JAX has clamped the index into range), the last
+        branch the final `else`."""
         branches = eqn.params["branches"]
         index, *ops = eqn.invars
         if any(b.consts for b in branches):
             raise self.refuse("`cond` with captured constants", eqn)
-        # A two-way `cond` on a bool takes it as it is (the int JAX makes of it is not written).
+        # A two-way `cond` on a bool takes it as it is (the int JAX makes of it is not written):
+        # `lax.cond(p, t, f)` is `cond(p, f, t)`, branch 1 where `p` holds.
         pred = self.bools.get(index) if len(branches) == 2 else None
-        idx = None if pred is not None else self.value(index, eqn)
-        current = []
-        for out in eqn.outvars:
-            z = self.body.fresh()
-            self.body.emit(f"{z} = zeros : {_ty(out.aval, self.kernel, eqn)}")
-            current.append(z)
-        for k, b in enumerate(branches):
-            taken, trips = self.body.fresh(), self.body.fresh()
-            if pred is None:
-                self.body.emit(f"{taken} = eq {idx}, {k} : bool")
-            elif k == 1:
-                taken = pred
-            else:
-                self.body.emit(f"{taken} = not {pred} : bool")
-            self.body.emit(f"{trips} = cast {taken} : i32")
-            names = [self.body.fresh() for _ in current]
-            results = [self.body.fresh() for _ in current]
-            iters = ", ".join(f"{n} = {c}" for n, c in zip(names, current))
-            self.body.emit(f"{', '.join(results)} = for {self.body.fresh()} = 0 to {trips} iter ({iters}) {{")
-            self.body.depth += 1
+        if pred is not None:
+            results = self.choose(eqn, [branches[1], branches[0]], ops, lambda k: pred)
+        else:
+            idx = self.value(index, eqn)
+
+            def taken(k: int) -> str:
+                t = self.body.fresh()
+                self.body.emit(f"{t} = eq {idx}, {k} : bool")
+                return t
+
+            results = self.choose(eqn, list(branches), ops, taken)
+        for out, v in zip(eqn.outvars, results):
+            self.define(out, v)
+
+    def choose(self, eqn, branches, ops, taken) -> List[str]:
+        """`RESULTS = if taken(0) { branches[0] } else { the branches after it }`, the last
+        branch written alone; returns the result names."""
+        b = branches[0]
+        if len(branches) == 1:
             self.sub(b.jaxpr, ops, eqn)
             self.eqns(b.jaxpr)
-            self.body.emit(f"yield {', '.join(self.value(v, eqn) for v in b.jaxpr.outvars)}")
-            self.body.depth -= 1
-            self.body.emit("}")
-            current = results
-        for out, v in zip(eqn.outvars, current):
-            self.define(out, v)
+            return [self.value(v, eqn) for v in b.jaxpr.outvars]
+        c = taken(0)
+        results = [self.body.fresh() for _ in eqn.outvars]
+        self.body.emit(f"{', '.join(results)} = if {c} {{")
+        self.body.depth += 1
+        self.sub(b.jaxpr, ops, eqn)
+        self.eqns(b.jaxpr)
+        self.body.emit(f"yield {', '.join(self.value(v, eqn) for v in b.jaxpr.outvars)}")
+        self.body.depth -= 1
+        self.body.emit("} else {")
+        self.body.depth += 1
+        rest = self.choose(eqn, branches[1:], ops, lambda k: taken(k + 1))
+        self.body.emit(f"yield {', '.join(rest)}")
+        self.body.depth -= 1
+        self.body.emit("}")
+        return results
 
     def fori_while(self, eqn) -> None:
         """`lax.fori_loop` with bounds known only at run time (a `while` whose carry starts with
@@ -1490,12 +1500,13 @@ def _aliased(name: str, eqn, x: str, o: str, specs, grid, parallel, lines: List[
     # The `for` loops of the body, as line ranges: a store in one, then a read in the next turn.
     loops, open_ = [], []
     for n, line in enumerate(lines):
-        if line.rstrip().endswith("{"):
-            open_.append((n, re.search(r"\bfor %", line) is not None))
-        elif line.strip().startswith("}") and open_:
+        # `} else {` closes an `if`'s first branch and opens its second.
+        if line.strip().startswith("}") and open_:
             start, is_for = open_.pop()
             if is_for:
                 loops.append(range(start, n + 1))
+        if line.rstrip().endswith("{"):
+            open_.append((n, re.search(r"\bfor %", line) is not None))
     looped = any(any(n in r for n in stores) and any(n in r for n in read) for r in loops)
     if any(n > stores[0] for n in read) or (read and revisits) or looped:
         raise _refuse(

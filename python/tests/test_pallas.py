@@ -1332,8 +1332,8 @@ def test_outputs_larger_than_memory_are_refused_before_xla_makes_them():
 
 
 def test_a_cond_returning_values_runs_only_the_branch_taken_refs_it_writes_included():
-    """A `lax.cond` returning values whose branch also writes a ref: each branch is a loop of one
-    trip where it is taken and none elsewhere, so the write happens only in program 0."""
+    """A `lax.cond` returning values whose branch also writes a ref: it is an `if`, whose branch
+    not taken does not run, so the write happens only in program 0."""
 
     def body(x_ref, o_ref, p_ref):
         p_ref[...] = jnp.zeros((8, 128), jnp.float32)
@@ -1352,10 +1352,83 @@ def test_a_cond_returning_values_runs_only_the_branch_taken_refs_it_writes_inclu
     # By hand: program 0 doubles and writes x + 1; program 1 subtracts 1 and writes zeros.
     np.testing.assert_array_equal(want[0], np.concatenate([x[:8] * 2.0, x[8:] - 1.0]))
     np.testing.assert_array_equal(want[1], np.concatenate([x[:8] + 1.0, np.zeros((8, 128), np.float32)]))
-    assert tp.to_tk(f, x).count(" = for ") == 2
+    tk = tp.to_tk(f, x)
+    assert tk.count(" = if ") == 1 and " = for " not in tk, tk
     for backend in backends():
         for g, w in zip(tp.run(f, x, backend=backend), want):
             np.testing.assert_array_equal(np.asarray(g), w, err_msg=backend)
+
+
+def switch_values(x, interpret=False):
+    """`lax.switch` returning values on `program_id - 1`, which JAX clamps into [0, 2]."""
+
+    def body(x_ref, o_ref):
+        branches = [lambda v: v * 2.0, lambda v: v + 1.0, lambda v: -v]
+        o_ref[...] = jax.lax.switch(pl.program_id(0) - 1, branches, x_ref[...])
+
+    spec = pl.BlockSpec((8,), lambda i: (i,))
+    return pl.pallas_call(body, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), grid=(5,), in_specs=[spec], out_specs=spec, interpret=interpret)(x)
+
+
+def test_a_switch_returning_values_is_a_chain_of_ifs_with_the_index_clamped():
+    x = f32(40)
+    tk = tp.to_tk(switch_values, x)
+    assert tk.count(" = if ") == 2 and " = for " not in tk, tk
+    # By hand: programs 0 and 1 take branch 0 (-1 clamps to 0), 2 branch 1, 3 and 4 branch 2.
+    b = x.reshape(5, 8)
+    want = np.concatenate([b[0] * 2, b[1] * 2, b[2] + 1, -b[3], -b[4]])
+    np.testing.assert_array_equal(np.asarray(switch_values(x, interpret=True)), want)
+    for backend in backends():
+        np.testing.assert_array_equal(tp.run(switch_values, x, backend=backend), want, err_msg=backend)
+
+
+def causal_attention(q, k, v, interpret=False, bq=16, bk=16):
+    """Causal attention's online softmax over key blocks, skipping with `lax.cond` the blocks
+    wholly after a program's last query row (carrying the state unchanged) and masking the one
+    on the diagonal: the kernel shape Pallas users write for causal flash attention."""
+    n, d = q.shape
+
+    def body(q_ref, k_ref, v_ref, o_ref):
+        i = pl.program_id(0)
+        qb = q_ref[...] * (1.0 / np.sqrt(d))
+        rows = i * bq + jax.lax.broadcasted_iota(jnp.int32, (bq, bk), 0)
+
+        def step(j, carry):
+            def run(carry):
+                m, l, acc = carry
+                kb, vb = k_ref[pl.ds(j * bk, bk), :], v_ref[pl.ds(j * bk, bk), :]
+                s = jnp.dot(qb, kb.T)
+                cols = j * bk + jax.lax.broadcasted_iota(jnp.int32, (bq, bk), 1)
+                s = jnp.where(cols > rows, -jnp.inf, s)
+                m2 = jnp.maximum(m, s.max(axis=1, keepdims=True))
+                p = jnp.exp(s - m2)
+                alpha = jnp.exp(m - m2)
+                return m2, l * alpha + p.sum(axis=1, keepdims=True), acc * alpha + jnp.dot(p, vb)
+
+            return jax.lax.cond(j * bk <= i * bq + bq - 1, run, lambda c: c, carry)
+
+        init = (jnp.full((bq, 1), -jnp.inf, jnp.float32), jnp.zeros((bq, 1), jnp.float32), jnp.zeros((bq, d), jnp.float32))
+        _, l, acc = jax.lax.fori_loop(0, n // bk, step, init)
+        o_ref[...] = acc / l
+
+    qs = pl.BlockSpec((bq, d), lambda i: (i, 0))
+    whole = pl.BlockSpec((n, d), lambda i: (0, 0))
+    return pl.pallas_call(body, out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype), grid=(n // bq,), in_specs=[qs, whole, whole], out_specs=qs, interpret=interpret)(q, k, v)
+
+
+def test_causal_attention_skipping_blocks_with_cond_matches_numpy():
+    rng = np.random.default_rng(5)
+    q, k, v = (rng.standard_normal((64, 32)).astype(np.float32) for _ in range(3))
+    tk = tp.to_tk(causal_attention, q, k, v)
+    assert " = if " in tk and " = for " in tk, tk
+    # numpy, in float64: softmax of the scaled scores with the future masked.
+    s = (q.astype(np.float64) @ k.T.astype(np.float64)) / np.sqrt(32)
+    s[np.triu_indices(64, 1)] = -np.inf
+    p = np.exp(s - s.max(axis=1, keepdims=True))
+    want = (p / p.sum(axis=1, keepdims=True)) @ v.astype(np.float64)
+    np.testing.assert_allclose(np.asarray(causal_attention(q, k, v, interpret=True)), want, rtol=1e-4, atol=1e-5)
+    for backend in backends():
+        np.testing.assert_allclose(tp.run(causal_attention, q, k, v, backend=backend), want, rtol=1e-4, atol=1e-5, err_msg=backend)
 
 
 # The kernels of issue 36's language features, also run under `tp.install` by test_jax.py.
