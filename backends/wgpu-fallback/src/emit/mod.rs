@@ -162,7 +162,13 @@ struct Writer<'k> {
     indent: usize,
     /// WGSL identifier of every IR value.
     idents: HashMap<String, String>,
+    /// Temporaries are named by the statement being written (`t_NAME_K` for the `K`th of the
+    /// one defining `%NAME`, `ts_store_o_K` for one defining nothing, `tK` outside any), so that
+    /// a change to one statement renames no other statement's temporaries.
     tmp: u32,
+    scope: String,
+    /// How many statements defining nothing have taken each scope, to keep scopes apart.
+    scopes_taken: HashMap<String, u32>,
     /// Word offset of each published value and scratch buffer in a workgroup's region.
     offsets: HashMap<String, u64>,
     next_word: u64,
@@ -201,6 +207,8 @@ impl<'k> Writer<'k> {
             indent: 1,
             idents: HashMap::new(),
             tmp: 0,
+            scope: String::new(),
+            scopes_taken: HashMap::new(),
             offsets: HashMap::new(),
             next_word: 0,
             helpers: BTreeSet::new(),
@@ -239,7 +247,31 @@ impl<'k> Writer<'k> {
 
     fn t(&mut self) -> String {
         self.tmp += 1;
-        format!("t{}", self.tmp)
+        if self.scope.is_empty() { format!("t{}", self.tmp) } else { format!("{}_{}", self.scope, self.tmp) }
+    }
+
+    /// Runs `f` with the temporaries named after statement `s` (see `Writer::tmp`); the outer
+    /// statement's naming comes back after.
+    fn scoped<T>(&mut self, s: &Stmt, f: impl FnOnce(&mut Self) -> T) -> T {
+        let scope = match s.results.first() {
+            // `v_NAME` gives `t_NAME`, a builder's `vnK` gives `tnK`: never a value's name.
+            Some(r) => format!("t{}", &self.ident(r)[1..]),
+            // `ts_store_o`, then `ts2_store_o`, ...: the count before the (underscore-free)
+            // mnemonic, so that no argument's name can make another statement's scope.
+            None => {
+                let what = match &s.op {
+                    Op::Store { dst, .. } => format!("{}_{dst}", s.op.mnemonic()),
+                    op => op.mnemonic().to_string(),
+                };
+                let n = self.scopes_taken.entry(what.clone()).or_default();
+                *n += 1;
+                if *n == 1 { format!("ts_{what}") } else { format!("ts{n}_{what}") }
+            }
+        };
+        let outer = (std::mem::replace(&mut self.scope, scope), std::mem::take(&mut self.tmp));
+        let r = f(self);
+        (self.scope, self.tmp) = outer;
+        r
     }
 
     /// The WGSL name of IR value `name`: `v_` and the `.tk` name, so that editing one statement

@@ -197,7 +197,7 @@ impl<'k> Writer<'k> {
         for s in body {
             let head = tessel_plugin_api::ir::print::print_stmt_head(s);
             self.line(format!("// {head}"));
-            self.write_stmt(s);
+            self.scoped(s, |w| w.write_stmt(s));
         }
     }
 
