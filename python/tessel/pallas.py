@@ -963,7 +963,8 @@ class _Writer:
 
     def cumulative(self, eqn, op: str) -> None:
         """`cumsum`, `cumprod`, `cummax`, `cummin` (`jnp.cumsum`, `lax.cummax`, ...) along the last
-        axis, or the first of a matrix, by a triangular matrix (`iota`s compared): an integer sum
+        axis, or the first of a matrix, or another axis moved last by `transpose` and back after,
+        by a triangular matrix (`iota`s compared): an integer sum
         is a `dot` with it (exact, wrapping); otherwise the elements it selects (the others the
         operation's identity) reduced in order (a product with its zeros would spread an
         infinity or NaN to the sums before it)."""
@@ -973,9 +974,10 @@ class _Writer:
         ty = _ty(x.aval, self.kernel, eqn)
         dt = ty.split("[")[0]
         first = axis == 0 and len(shape) == 2
-        if dt == "bool" or not (axis == len(shape) - 1 or first):
-            raise self.refuse(f"`cum{op}` along axis {axis} of {ty}", eqn, "take it along the last axis (or the first of a matrix)")
-        n = shape[axis]
+        if dt == "bool":
+            raise self.refuse(f"`cum{op}` of {ty}", eqn, "cast it to an integer first")
+        # Along another axis: moved last by a `transpose`, and back after.
+        perm = None if axis == len(shape) - 1 or first else [d for d in range(len(shape)) if d != axis] + [axis]
         dims = lambda sh: ", ".join(str(d) for d in sh)  # noqa: E731
         floats = dt in ("f32", "f16", "bf16")
         acc = "f32" if floats else ("u32" if dt.startswith("u") else "i32")
@@ -985,6 +987,13 @@ class _Writer:
             c = self.body.fresh()
             emit(f"{c} = cast {v} : {acc}[{dims(shape)}]")
             v = c
+        original = shape
+        if perm is not None:
+            shape = [original[d] for d in perm]
+            t = self.body.fresh()
+            emit(f"{t} = transpose {v} perm ({dims(perm)}) : {acc}[{dims(shape)}]")
+            v = t
+        n = shape[-1] if perm is not None else shape[axis]
         # tri[p, q]: whether the element at q along the axis adds into the sum at p.
         rows, cols, tri = (self.body.fresh() for _ in range(3))
         emit(f"{rows} = iota 0 : i32[{n}, {n}]")
@@ -1023,6 +1032,10 @@ class _Writer:
                 emit(f"{sel} = select {ts}, {xs}, {identity} : {acc}[{lead}, {n}, {n}]")
                 emit(f"{summed} = {op} {sel} axis 2 : {acc}[{lead}, {n}]")
                 emit(f"{d} = reshape {summed} : {acc}[{dims(shape)}]")
+        if perm is not None:
+            back = self.body.fresh()
+            emit(f"{back} = transpose {d} perm ({dims([perm.index(q) for q in range(len(perm))])}) : {acc}[{dims(original)}]")
+            d = back
         if acc != dt:
             self.op(eqn, f"cast {d}")
         else:

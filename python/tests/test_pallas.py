@@ -472,6 +472,36 @@ def routing(x, n, interpret=False):
     return pl.pallas_call(body, out_shape=out, interpret=interpret)(x, n)
 
 
+def cumulative_3d(x, n, interpret=False):
+    """Cumulative operations along the middle and first axes of 3-D blocks (moved last by a
+    transpose and back): a float sum, an integer sum reversed, a running maximum."""
+
+    def body(x_ref, n_ref, mid_ref, first_ref, hi_ref):
+        x, n = x_ref[...], n_ref[...]
+        mid_ref[...] = jnp.cumsum(x, axis=1)
+        first_ref[...] = jax.lax.cumsum(n, axis=0, reverse=True)
+        hi_ref[...] = jax.lax.cummax(x, axis=1)
+
+    out = (jax.ShapeDtypeStruct(x.shape, x.dtype), jax.ShapeDtypeStruct(n.shape, n.dtype), jax.ShapeDtypeStruct(x.shape, x.dtype))
+    return pl.pallas_call(body, out_shape=out, interpret=interpret)(x, n)
+
+
+def test_cumulative_operations_along_any_axis_match_numpy():
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((3, 5, 4)).astype(np.float32)
+    n = rng.integers(-50, 50, (4, 3, 2)).astype(np.int32)
+    tk = tp.to_tk(cumulative_3d, x, n)
+    assert tk.count(" perm (") >= 4, tk
+    want = [np.cumsum(x.astype(np.float64), axis=1), np.flip(np.cumsum(np.flip(n, 0), axis=0), 0), np.maximum.accumulate(x, axis=1)]
+    for backend in backends():
+        got = tp.run(cumulative_3d, x, n, backend=backend)
+        np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-5, err_msg=backend)
+        np.testing.assert_array_equal(got[1], want[1], err_msg=backend)
+        np.testing.assert_array_equal(got[2], want[2], err_msg=backend)
+    for g, w in zip(cumulative_3d(x, n, interpret=True), want):
+        np.testing.assert_allclose(np.asarray(g), w, rtol=1e-5, atol=1e-5)
+
+
 def routing_inputs():
     x = RNG.standard_normal((16, 8)).astype(np.float32)
     x[3, 5] = np.nan  # the first NaN of its row is its argmax
