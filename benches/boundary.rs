@@ -58,7 +58,7 @@ fn boundary(c: &mut Criterion) {
             for (n, ty, data) in &bytes {
                 place.inputs.insert(n.clone(), tessel::BytesRef { ty: ty.clone(), bytes: data });
             }
-            place.outputs.insert("o".into(), tessel::BytesMut { ty: out_ty.clone(), bytes: &mut out });
+            place.outputs.insert("o".into(), tessel::BytesMut { ty: out_ty.clone(), bytes: &mut out, keep: false });
             black_box(rt.run_in_place("interpret", &call, &[], &mut place).expect("runs"))
         })
     });

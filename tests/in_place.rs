@@ -41,7 +41,7 @@ fn both_ways(rt: &Runtime, backend: &str, kernels: &[Verified], shift: bool) {
         place.inputs.insert(n.clone(), BytesRef { ty: a.ty(), bytes: if shift { &b[1..] } else { b } });
     }
     for ((n, m), (_, w)) in memory.iter_mut().zip(&want) {
-        place.outputs.insert(n.clone(), BytesMut { ty: w.ty(), bytes: m });
+        place.outputs.insert(n.clone(), BytesMut { ty: w.ty(), bytes: m, keep: false });
     }
     let report = rt.run_in_place(backend, &calls, &[], &mut place).unwrap_or_else(|e| panic!("{backend}: {e}"));
     assert_eq!(report.backend, backend);
@@ -89,7 +89,51 @@ fn an_output_without_memory_of_its_type_is_refused() {
         place.inputs.insert(n.into(), BytesRef { ty: k.kernel().param(n).unwrap().ty.clone(), bytes: &x });
     }
     let ty = tessel_plugin_api::ir::Type::array(tessel_plugin_api::ir::DType::F32, [4usize]);
-    place.outputs.insert("o".into(), BytesMut { ty, bytes: &mut small });
+    place.outputs.insert("o".into(), BytesMut { ty, bytes: &mut small, keep: false });
     let err = rt.run_in_place("interpret", &calls, &[], &mut place).unwrap_err().to_string();
     assert!(err.contains("output `o` has no array of its type f32[1024] to be written into"), "{err}");
+}
+
+/// An output launched with `keep` (XLA's buffer of the input it aliases: Pallas's
+/// `input_output_aliases`) starts from what its memory holds: the elements no program stores
+/// keep it, a load sees it before the store, and the others start as zeros as always. For an f32
+/// output (the interpreter writes it in place), a bf16 one (copied in and out), on the interpreter
+/// and on wgpu (uploaded, not cleared at the launch).
+#[test]
+fn an_output_kept_starts_from_its_memory_and_keeps_what_no_program_stores() {
+    let rt = Runtime::new(&[]).expect("runtime");
+    let mut backends = vec!["interpret"];
+    if wgpu_adapter("an_output_kept_starts_from_its_memory_and_keeps_what_no_program_stores").is_some() {
+        backends.push("wgpu");
+    }
+    for dtype in ["f32", "bf16"] {
+        // Program i doubles the first half of block i of `o` in place; `p`, not kept, gets the same
+        // stores and so zeros elsewhere.
+        let text = format!(
+            "kernel k\n  grid (i: 2)\n  out o: {dtype}[16] block [8] at (i)\n  out p: {dtype}[16] block [8] at (i)\n{{\n  %a = load o[ds(0, 4)]\n  %b = mul %a, 2.0\n  store o[ds(0, 4)], %b\n  store p[ds(0, 4)], %b\n}}\n"
+        );
+        let k = &tessel::load_source("kept.tk", &text).unwrap_or_else(|e| panic!("{e}"))[0];
+        let calls = [KernelLaunch { kernel: k, mesh: None }];
+        let ty = k.kernel().param("o").unwrap().ty.clone();
+        // Small integers, exact in bf16 too (whose bits are an f32's upper half).
+        let bits = (0..16).map(|v| (v as f32 + 1.0).to_bits()).map(|b| if dtype == "bf16" { b >> 16 } else { b });
+        let start = HostArray::from_bits(ty.dtype, &ty.shape, bits.collect());
+        // By hand: doubled in elements 0..4 and 8..12, the starting values elsewhere; `p` the
+        // same doubled values, zeros elsewhere.
+        let want_o: Vec<f32> = (0..16).map(|e| (e as f32 + 1.0) * if e % 8 < 4 { 2.0 } else { 1.0 }).collect();
+        let want_p: Vec<f32> = (0..16).map(|e| if e % 8 < 4 { (e as f32 + 1.0) * 2.0 } else { 0.0 }).collect();
+        for backend in &backends {
+            let mut o = start.le_bytes().into_owned();
+            let mut p = start.le_bytes().into_owned();
+            let mut place = InPlace::default();
+            place.outputs.insert("o".into(), BytesMut { ty: ty.clone(), bytes: &mut o, keep: true });
+            place.outputs.insert("p".into(), BytesMut { ty: ty.clone(), bytes: &mut p, keep: false });
+            rt.run_in_place(backend, &calls, &[], &mut place).unwrap_or_else(|e| panic!("{backend}: {e}"));
+            drop(place);
+            let got = |b: &[u8]| HostArray::from_le_bytes(ty.dtype, &ty.shape, b).expect("bytes").to_f64();
+            let as64 = |v: &[f32]| v.iter().map(|&x| f64::from(x)).collect::<Vec<_>>();
+            assert_eq!(got(&o), as64(&want_o), "{backend} {dtype}: the kept output");
+            assert_eq!(got(&p), as64(&want_p), "{backend} {dtype}: the output not kept starts as zeros");
+        }
+    }
 }

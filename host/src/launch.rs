@@ -232,6 +232,10 @@ pub struct BytesMut<'a> {
     pub ty: Type,
     /// Where its elements go.
     pub bytes: &'a mut [u8],
+    /// Whether `bytes` hold the output's starting contents (XLA's buffer of the input it
+    /// aliases: Pallas's `input_output_aliases`), which an element no program stores keeps and
+    /// a load sees until a store; else the output starts as zeros.
+    pub keep: bool,
 }
 
 /// What [`Planned::run`] did: its outputs and the report shared launch code logs.
@@ -350,7 +354,7 @@ impl Planned<'_, '_> {
                     Some(b) => b,
                     None => bool_slots.remove(name.as_str()).expect("bool outputs have bytes").as_mut_slice(),
                 };
-                in_place.outputs.insert(name.clone(), BytesMut { ty, bytes });
+                in_place.outputs.insert(name.clone(), BytesMut { ty, bytes, keep: false });
             }
             self.launch_in_place(&mut in_place)?;
         }
@@ -432,6 +436,7 @@ impl Planned<'_, '_> {
                         shape: RSlice::from_slice(&out_shapes[n]),
                         bytes: RSliceMut::from_mut_slice(a.bytes),
                     },
+                    keep: a.keep,
                 })
                 .collect();
             let ran = b
@@ -442,9 +447,18 @@ impl Planned<'_, '_> {
             if ran {
                 return Ok(());
             }
-            let upload = |name: &str, id: u64| b.backend.upload(id, lend(name)).into_result();
             let mut outputs: BTreeMap<&str, &mut HostOutput<'_>> = outputs.iter_mut().map(|o| (o.name.as_str(), o)).collect();
-            with_buffers(b, req, kernels, upload, |name, id| {
+            // Inputs, and outputs that start from their memory's contents, go to the device.
+            // (Whether the buffer keeps what was uploaded: an output's starting contents.)
+            let upload = |name: &str, id: u64, outputs: &BTreeMap<&str, &mut HostOutput<'_>>| match outputs.get(name) {
+                None => b.backend.upload(id, lend(name)).into_result().map(|()| false),
+                Some(o) if o.keep => {
+                    let a = RArrayRef { dtype: o.array.dtype, shape: o.array.shape, bytes: RSlice::from_slice(o.array.bytes.as_slice()) };
+                    b.backend.upload(id, a).into_result().map(|()| true)
+                }
+                Some(_) => Ok(false),
+            };
+            with_buffers(b, req, kernels, &mut outputs, upload, |outputs, name, id| {
                 let o = outputs.get_mut(name).expect("every output has an array (checked above)");
                 let into = RArrayMut {
                     dtype: o.array.dtype,
@@ -498,7 +512,8 @@ impl Planned<'_, '_> {
                 return Err(Error::Backend { backend: b.name.clone(), kind: ErrorKind::InvalidInput, message });
             }
         }
-        let args: Vec<BufferArg<'_>> = arrays.iter().map(|(n, a)| BufferArg { name: RStr::from_str(n), buffer: a.id }).collect();
+        let args: Vec<BufferArg<'_>> =
+            arrays.iter().map(|(n, a)| BufferArg { name: RStr::from_str(n), buffer: a.id, keep: false }).collect();
         let args = RSlice::from_slice(&args);
         self.request(|req| {
             let r = if timed {
@@ -546,17 +561,20 @@ impl Planned<'_, '_> {
     }
 }
 
-/// Allocates a buffer per argument of `kernels` (each name once), fills the inputs with
-/// `upload`, launches, hands every output to `finish` (launch order), and frees every buffer.
-fn with_buffers<T>(
+/// Allocates a buffer per argument of `kernels` (each name once), hands each to `upload` (which
+/// fills the inputs, and the outputs that start from given contents), launches, hands every
+/// output to `finish` (launch order), and frees every buffer. `state` is lent to both.
+fn with_buffers<S, T>(
     b: &Loaded,
     req: &LaunchRequest<'_>,
     kernels: &[KernelLaunch<'_>],
-    upload: impl Fn(&str, u64) -> std::result::Result<(), BackendError>,
-    mut finish: impl FnMut(&str, u64) -> Result<T>,
+    state: &mut S,
+    upload: impl Fn(&str, u64, &S) -> std::result::Result<bool, BackendError>,
+    mut finish: impl FnMut(&mut S, &str, u64) -> Result<T>,
 ) -> Result<Vec<(String, T)>> {
     let fail = |e: BackendError| backend_error(b, e);
     let mut bound: Vec<(String, u64)> = Vec::new();
+    let mut keeps: Vec<bool> = Vec::new();
     let mut outputs: Vec<String> = Vec::new();
     let result = (|| {
         for k in kernels {
@@ -568,20 +586,21 @@ fn with_buffers<T>(
                 let id =
                     b.backend.alloc(RStr::from_str(p.ty.dtype.name()), RSlice::from_slice(&shape)).into_result().map_err(fail)?;
                 bound.push((p.name.clone(), id));
-                match p.kind {
-                    ParamKind::In => upload(&p.name, id).map_err(fail)?,
-                    _ => outputs.push(p.name.clone()),
+                let keep = upload(&p.name, id, state).map_err(fail)?;
+                if p.kind != ParamKind::In {
+                    outputs.push(p.name.clone());
                 }
+                keeps.push(keep);
             }
         }
         let buffer_args: Vec<BufferArg<'_>> =
-            bound.iter().map(|(n, id)| BufferArg { name: RStr::from_str(n), buffer: *id }).collect();
+            bound.iter().zip(&keeps).map(|((n, id), &keep)| BufferArg { name: RStr::from_str(n), buffer: *id, keep }).collect();
         b.backend.launch(req, RSlice::from_slice(&buffer_args)).into_result().map_err(fail)?;
         outputs
             .iter()
             .map(|name| {
                 let id = bound.iter().find(|(n, _)| n == name).map(|(_, id)| *id).expect("outputs are bound");
-                Ok((name.clone(), finish(name, id)?))
+                Ok((name.clone(), finish(state, name, id)?))
             })
             .collect::<Result<Vec<_>>>()
     })();

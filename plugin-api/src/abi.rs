@@ -265,6 +265,10 @@ pub struct HostOutput<'a> {
     pub name: RStr<'a>,
     /// Where its elements go.
     pub array: RArrayMut<'a>,
+    /// Whether `array` holds the output's starting contents (XLA's buffer of an input it
+    /// aliases, Pallas's `input_output_aliases`): an element no program stores keeps them, and a
+    /// load sees them until a store. Otherwise the output starts as zeros (language §3).
+    pub keep: bool,
 }
 
 /// One kernel of a launch and the mesh it is given, if any.
@@ -311,6 +315,9 @@ pub struct BufferArg<'a> {
     pub name: RStr<'a>,
     /// Buffer id from `alloc`.
     pub buffer: u64,
+    /// For an output: whether the buffer holds its starting contents (an aliased input's,
+    /// uploaded), which the launch keeps where no program stores; else it starts as zeros.
+    pub keep: bool,
 }
 
 /// A mesh owned by whoever made it.

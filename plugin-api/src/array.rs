@@ -132,6 +132,17 @@ pub fn write_le_bits(dtype: DType, bits: impl IntoIterator<Item = u32>, out: &mu
     }
 }
 
+/// Each element's bit pattern (as [`write_le_bits`] writes it, zero-extended) read from the
+/// little-endian bytes of `dtype` in `bytes`.
+pub fn read_le_bits(dtype: DType, bytes: &[u8]) -> impl Iterator<Item = u32> + '_ {
+    let width = (dtype.bits() / 8).max(1) as usize;
+    bytes.chunks_exact(width).map(move |c| match width {
+        4 => u32::from_le_bytes([c[0], c[1], c[2], c[3]]),
+        2 => u32::from(u16::from_le_bytes([c[0], c[1]])),
+        _ => u32::from(c[0]),
+    })
+}
+
 /// A dense row-major array on the host (shape `[]` for a scalar).
 #[derive(Clone, Debug, PartialEq)]
 pub struct HostArray {

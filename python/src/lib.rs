@@ -375,7 +375,7 @@ impl Kernel {
             args.inputs.insert(n.clone(), BytesRef { ty: ty.clone(), bytes: r.as_slice()? });
         }
         for (n, ty, w) in &mut writers {
-            args.outputs.insert(n.clone(), BytesMut { ty: ty.clone(), bytes: w.as_slice_mut()? });
+            args.outputs.insert(n.clone(), BytesMut { ty: ty.clone(), bytes: w.as_slice_mut()?, keep: false });
         }
         let report = interruptible(py, || {
             let rt = runtime()?;

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any, Dict, Mapping, Optional, Sequence
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -112,17 +112,27 @@ def prepare(text: str, backend: str = "auto", mesh: Optional[str] = None, extern
 
 
 def lowering(ctx, *operands, text: str, backend: str = "auto", mesh: Optional[str] = None,
-             external_meshes: Sequence[str] = (), explain: bool = False):
+             external_meshes: Sequence[str] = (), explain: bool = False,
+             kept: Sequence[Tuple[int, int, str]] = ()):
     """The MLIR of a `tessel_call` of kernel `text` on `operands` (an XLA lowering rule's body):
-    prepares the launch first, so that a refusal is raised while lowering."""
+    prepares the launch first, so that a refusal is raised while lowering. `kept` lists
+    (operand, result, output name) triples whose output starts from the operand's buffer: the
+    operand is not the kernel's input but goes last, aliased to the result by XLA
+    (`operand_output_aliases`), and the handler keeps the output's contents (`keep`)."""
     _register_all()
     chosen, decisions = prepare(text, backend, mesh, external_meshes)
     if explain:
         import sys
 
         sys.stderr.write("".join(f"{d}\n" for d in decisions))
-    rule = jax.ffi.ffi_lowering("tessel_call")
-    return rule(ctx, *operands, text=text, backend=chosen, mesh=mesh or "", externals="\n".join(external_meshes))
+    aliased = [i for i, _, _ in kept]
+    order = [j for j in range(len(operands)) if j not in aliased] + aliased
+    first = len(operands) - len(kept)
+    rule = jax.ffi.ffi_lowering("tessel_call", operand_output_aliases={first + t: r for t, (_, r, _) in enumerate(kept)} or None)
+    if kept:
+        ctx = ctx.replace(avals_in=[ctx.avals_in[j] for j in order])
+    return rule(ctx, *[operands[j] for j in order], text=text, backend=chosen, mesh=mesh or "",
+                externals="\n".join(external_meshes), keep=",".join(name for _, _, name in kept))
 
 
 def _native_order(x):

@@ -133,6 +133,10 @@ class Translated:
     mesh: Optional[str] = None
     #: The meshes around the launch (`external_meshes`), as tessel's mesh text.
     external_meshes: List[str] = field(default_factory=list)
+    #: `input_output_aliases` pairs (operand index, output index) whose output starts from the
+    #: operand's buffer: the input is not the kernel's (its loads read the output), and the
+    #: call passes it last, aliased to the output, which the handler does not zero.
+    kept: List[Tuple[int, int]] = field(default_factory=list)
 
 
 @dataclass
@@ -1471,42 +1475,54 @@ def _translate(eqn, name: str) -> Translated:
     # `scratch` does.
     scratch = [f"s{i}" for i in range(getattr(gm, "num_scratch_operands", 0))]
     lines_scratch = [_scratch(arg, aval, name, eqn) for arg, aval in zip(scratch, gm.scratch_avals)]
-    w = _Writer(name, [f"i{a}" for a in range(len(grid))])
-    vmapped = set(getattr(gm, "vmapped_dims", ()) or ())
-    w.body_axes = [f"i{a}" for a in range(len(grid)) if a not in vmapped]
-    w.squeezed = squeezed
     jaxpr = body.jaxpr if hasattr(body, "jaxpr") else body
-    for var, arg in zip(jaxpr.invars, ins + outs + scratch):
-        w.env[var] = ("ref", arg)
-    if computed:
-        w.computed_blocks(computed, ins[:nscalar])
-    w.eqns(jaxpr)
+
+    def written(refs: List[str]) -> "_Writer":
+        w = _Writer(name, [f"i{a}" for a in range(len(grid))])
+        vmapped = set(getattr(gm, "vmapped_dims", ()) or ())
+        w.body_axes = [f"i{a}" for a in range(len(grid)) if a not in vmapped]
+        w.squeezed = squeezed
+        for var, arg in zip(jaxpr.invars, refs):
+            w.env[var] = ("ref", arg)
+        if computed:
+            w.computed_blocks(computed, ins[:nscalar])
+        w.eqns(jaxpr)
+        return w
+
+    refs = ins + outs + scratch
+    w = written(refs)
+    # `input_output_aliases`: an input and an output of one buffer in Pallas. Where separate
+    # arrays give the same results they stay so; elsewhere the output starts from the input's
+    # buffer (XLA aliases them; the handler keeps its contents) and every load of the input is a
+    # load of the output, before any store to it (`_alias_kept`).
+    kept = []
     for i, o in p.get("input_output_aliases") or ():
-        _aliased(name, eqn, ins[i], outs[o], specs, grid, used_by_outputs, w.body.lines)
+        x, out = ins[i], outs[o]
+        if x not in specs or out not in specs or specs[x][0] != specs[out][0]:
+            raise _refuse(
+                f"`input_output_aliases` pairing `{x}` with `{out}`", name, eqn,
+                "tessel takes an alias whose input and output have the same block spec",
+            )
+        if _alias_kept(name, eqn, x, out, specs, grid, used_by_outputs, w.body.lines):
+            kept.append((i, o))
+    if kept:
+        for i, o in kept:
+            refs[i] = outs[o]
+        w = written(refs)
+        gone = {ins[i] for i, _ in kept}
+        lines_in = [line for line in lines_in if line.split(":")[0].split()[-1] not in gone]
     text = "\n".join([f"kernel {name}"] + header + lines_in + lines_out + lines_scratch + w.scoped + ["{"] + w.body.lines + ["}"]) + "\n"
-    return Translated(name, text, bounds + ins, outs)
+    return Translated(name, text, bounds + ins, outs, kept=[(len(bounds) + i, o) for i, o in kept])
 
 
-def _aliased(name: str, eqn, x: str, o: str, specs, grid, parallel, lines: List[str]) -> None:
-    """Takes `input_output_aliases` pairing input `x` with output `o` where tessel's separate
-    arrays give what Pallas's one buffer gives: the same blocks, an output the kernel overwrites
-    whole (every element of it stored unmasked at the body's top level, blocks covering the
-    array), and no read of `x` that could see what the kernel stored into `o`. Elsewhere refused."""
+def _alias_kept(name: str, eqn, x: str, o: str, specs, grid, parallel, lines: List[str]) -> bool:
+    """How `input_output_aliases` pairing input `x` with output `o` (of one block spec) runs:
+    Pallas reads `x` as it was when the call began and `o` starts as `x`'s values. Where the
+    kernel overwrites `o` whole (every element stored unmasked at the body's top level, affine
+    blocks covering the array), separate arrays give that (False). Elsewhere `o` starts from
+    `x`'s buffer, which XLA aliases to it, and loads of `x` read `o` (True): right while no read
+    of `x` could see what the kernel stored into `o`, which is refused."""
     what = f"`input_output_aliases` pairing `{x}` with `{o}`"
-    if specs.get(o, (None, None))[1] is None or specs.get(x, (None, None))[1] is None:
-        raise _refuse(what, name, eqn, "tessel takes an alias only where both index maps are affine in the program ids")
-    if x not in specs or specs[x][0] != specs[o][0]:
-        raise _refuse(what, name, eqn, "tessel takes an alias whose input and output have the same block spec")
-    _, affine, shape, blocks = specs[o]
-    whole_store = re.compile(rf"^  store {o}, %\S+$")
-    if not any(whole_store.match(line) for line in lines) or not affine.covers(grid, shape, blocks):
-        raise _refuse(
-            f"{what} (the kernel may leave elements of `{o}` unwritten, which would keep `{x}`'s values in Pallas; "
-            "tessel's outputs start as zeros)",
-            name,
-            eqn,
-            f"store all of `{o}` at the kernel's top level (o_ref[...] = ...) with blocks covering it, or drop the alias",
-        )
     stores = [n for n, line in enumerate(lines) if re.match(rf"^\s*store {o}\b", line)]
     read = [n for n, line in enumerate(lines) if re.search(rf"= load {x}\b", line)]
     revisits = any(size > 1 and a not in parallel for a, size in enumerate(grid))
@@ -1521,13 +1537,17 @@ def _aliased(name: str, eqn, x: str, o: str, specs, grid, parallel, lines: List[
         if line.rstrip().endswith("{"):
             open_.append((n, re.search(r"\bfor %", line) is not None))
     looped = any(any(n in r for n in stores) and any(n in r for n in read) for r in loops)
-    if any(n > stores[0] for n in read) or (read and revisits) or looped:
+    if stores and (any(n > stores[0] for n in read) or (read and revisits) or looped):
         raise _refuse(
             f"{what} (the kernel reads `{x}` where it could see what it stored into `{o}`: after the store, in a loop or across `seq` steps)",
             name,
             eqn,
             f"read `{x}` only before storing `{o}`, or drop the alias",
         )
+    _, affine, shape, blocks = specs[o]
+    whole_store = re.compile(rf"^  store {o}, %\S+$")
+    whole = any(whole_store.match(line) for line in lines) and affine is not None and specs[x][1] is not None
+    return not (whole and affine.covers(grid, shape, blocks))
 
 
 def _mesh(mesh, kernel: str, eqn, kind: str = "mesh"):
@@ -1686,7 +1706,8 @@ def _rule(primitive, backend: str, explain: bool):
         eqn = _Lowered(primitive, ctx, params)
         t = _translate(eqn, _lowered_name(params))
         return tj.lowering(ctx, *operands, text=t.text, backend=backend, mesh=t.mesh,
-                           external_meshes=t.external_meshes, explain=explain)
+                           external_meshes=t.external_meshes, explain=explain,
+                           kept=[(i, o, t.outputs[o]) for i, o in t.kept])
 
     lower.tessel_backend = (backend, explain)
     return lower
@@ -1841,6 +1862,14 @@ def _register_gpu_rule() -> None:
             return _no_programs(ctx, operands, params)
         eqn = _Lowered(ctx.primitive, ctx, params)
         t = _translate(eqn, _lowered_name(params))
+        if t.kept:
+            pairs = ", ".join(f"`{t.inputs[i]}` with `{t.outputs[o]}`" for i, o in t.kept)
+            raise _refuse(
+                f"`input_output_aliases` pairing {pairs}, where the output starts from the input's buffer,",
+                t.name, None,
+                "store every element of the aliased output (o_ref[...] = ...) without reading the input after it, "
+                "or run the kernel on the CPU (tessel.pallas.install), where XLA's aliasing is taken",
+            )
         return tj.lowering(ctx, *operands, text=t.text, backend=compiler_params.backend, mesh=t.mesh,
                            external_meshes=t.external_meshes)
 

@@ -20,7 +20,7 @@ mod runtime;
 pub use error::Refusal;
 pub use limits::{MAX_ARRAY_ELEMENTS, MAX_BLOCK_ELEMENTS};
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use tessel_plugin_api::abi::{BackendError, BuiltinBackend, Capabilities, DeviceClass, ErrorKind, MeshBox};
 use tessel_plugin_api::array::{DataRef, HostArray};
@@ -161,9 +161,10 @@ impl Compiled {
         inputs: &BTreeMap<String, DataRef<'_>>,
         grid: &BTreeMap<String, u64>,
         outputs: &mut BTreeMap<String, &mut [u8]>,
+        kept: &BTreeSet<String>,
     ) -> Result<(), Error> {
         let grid = launch::resolve_grid(&self.kernel, grid)?;
-        runtime::Machine::run_into(&self.kernel, &self.program, &grid, inputs, outputs)?;
+        runtime::Machine::run_into(&self.kernel, &self.program, &grid, inputs, outputs, kept)?;
         Ok(())
     }
 }
@@ -295,7 +296,7 @@ impl BackendImpl for Interpreter {
         outputs: &mut BTreeMap<String, &mut [u8]>,
     ) -> Option<Result<(), BackendError>> {
         let [c] = compiled.as_slice() else { return None };
-        Some(c.run_in_place(inputs, &launch.grid, outputs).map_err(|Error::Launch(e)| launch_error(e)))
+        Some(c.run_in_place(inputs, &launch.grid, outputs, &launch.kept).map_err(|Error::Launch(e)| launch_error(e)))
     }
 
     /// Runs the kernels in order; each sees the outputs of the ones before it.

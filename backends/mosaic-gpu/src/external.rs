@@ -36,6 +36,7 @@ pub fn compile(kernel: &Kernel, mesh: Option<&MeshBox>) -> Result<Compiled, Back
         external_meshes: Vec::new(),
         grid: BTreeMap::new(),
         key: [0; 32],
+        kept: Default::default(),
     };
     let plan = MosaicGpu::new().plan(&launch)?.remove(0);
     let ptx = emit::emit(&plan);

@@ -285,7 +285,7 @@ impl Wgpu {
                 }
             }
         }
-        runtime::gpu()?.launch(compiled, buffers, timed)
+        runtime::gpu()?.launch(compiled, buffers, &launch.kept, timed)
     }
 }
 

@@ -7,7 +7,7 @@
 //! can fail runs inside error scopes (validation, out of memory); errors outside any scope and
 //! device loss are recorded and reported by the next call, never wgpu's default panic.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use half::{bf16, f16};
@@ -605,13 +605,14 @@ impl Gpu {
     }
 
     /// Runs lowered kernels in order in one submission: outputs are zeroed where the kernel does
-    /// not overwrite them whole, then dispatched. Where `timed` and the device has timestamp
+    /// not overwrite them whole (but those `kept` keep their contents), then dispatched. Where `timed` and the device has timestamp
     /// queries, returns the nanoseconds from the start of the first dispatch to the end of the
     /// last on the device's clock.
     pub fn launch(
         &self,
         kernels: &[Lowered],
         buffers: &BTreeMap<String, DeviceBuffer>,
+        kept: &BTreeSet<String>,
         timed: bool,
     ) -> Result<Option<u64>, BackendError> {
         let mut prepared = Vec::new();
@@ -654,7 +655,7 @@ impl Gpu {
             }
             for (i, (l, p, bound)) in prepared.into_iter().enumerate() {
                 let group = self.bind_group(l, &p, bound)?;
-                for name in &l.zeroed {
+                for name in l.zeroed.iter().filter(|n| !kept.contains(*n)) {
                     enc.clear_buffer(&buffers[name].buffer, 0, None);
                 }
                 let timestamp_writes = stamps.as_ref().map(|t| wgpu::ComputePassTimestampWrites {

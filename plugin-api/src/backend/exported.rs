@@ -160,7 +160,8 @@ impl<B: BackendImpl> Exported<B> {
         args: RSlice<'_, BufferArg<'_>>,
         timed: bool,
     ) -> Result<Option<u64>, BackendError> {
-        let launch = self.decode(req)?;
+        let mut launch = self.decode(req)?;
+        launch.kept = args.iter().filter(|a| a.keep).map(|a| a.name.to_string()).collect();
         let compiled = self.compiled(&launch)?;
         let taken = self.take_buffers(args)?;
         let ids: BTreeMap<String, u64> = taken.iter().map(|(n, (id, _))| (n.clone(), *id)).collect();
@@ -328,7 +329,8 @@ impl<B: BackendImpl> Backend for Exported<B> {
         mut outputs: RSliceMut<'_, HostOutput<'_>>,
     ) -> RResult<bool, BackendError> {
         guard("launch", || {
-            let launch = self.decode(req)?;
+            let mut launch = self.decode(req)?;
+            launch.kept = outputs.iter().filter(|o| o.keep).map(|o| o.name.to_string()).collect();
             check_host_arrays(&launch, &inputs, &outputs)?;
             // Bytes that cannot be read in place (unaligned) are copied once here.
             let mut copies: BTreeMap<String, HostArray> = BTreeMap::new();
@@ -565,6 +567,7 @@ mod tests {
                     shape: RSlice::from_slice(&shape),
                     bytes: RSliceMut::from_mut_slice(&mut out),
                 },
+                keep: false,
             }];
             let ran = exported.launch_host(&req, RSlice::from_slice(&inputs), RSliceMut::from_mut_slice(&mut outputs)).unwrap();
             assert!(ran);
@@ -586,6 +589,7 @@ mod tests {
                 shape: RSlice::from_slice(&shape),
                 bytes: RSliceMut::from_mut_slice(&mut short),
             },
+            keep: false,
         }];
         let err = exported.launch_host(&req, RSlice::from_slice(&inputs), RSliceMut::from_mut_slice(&mut outputs)).unwrap_err();
         assert!(err.message.contains("the array of `o` is not of its type f32[4]"), "{}", err.message);

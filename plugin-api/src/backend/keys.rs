@@ -87,5 +87,5 @@ pub(super) fn decode_keyed<'a>(
         }
     };
     let grid = req.grid.iter().map(|g| (g.axis.to_string(), g.size)).collect();
-    Ok(Launch { calls, external_meshes: req.external_meshes.iter().copied().collect(), grid, key })
+    Ok(Launch { calls, external_meshes: req.external_meshes.iter().copied().collect(), grid, key, kept: Default::default() })
 }

@@ -14,7 +14,7 @@ mod guard;
 mod keys;
 mod mesh;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use abi_stable::sabi_trait::TD_Opaque;
@@ -49,6 +49,11 @@ pub struct Launch<'a> {
     /// call's kernel and mesh (its text and portable view), the external meshes, the grid sizes.
     /// A backend whose answers depend on nothing else may remember them by it.
     pub key: [u8; 32],
+    /// The outputs that start from what their memory holds (an aliased input's values: Pallas's
+    /// `input_output_aliases` through XLA), not from zeros: [`crate::abi::BufferArg::keep`] and
+    /// [`crate::abi::HostOutput::keep`] of the run. Not part of `key`: it changes how a run
+    /// starts, not what is compiled.
+    pub kept: BTreeSet<String>,
 }
 
 /// An available backend: the class of device it runs on (which ranks it under `auto`) and what
@@ -125,8 +130,9 @@ pub trait BackendImpl: Send + Sync + 'static {
     }
     /// Runs a compiled launch on memory the caller owns, for a backend that computes in host
     /// memory: `inputs` borrowed by argument name, every element of each output written as
-    /// little-endian bytes into `outputs` (the caller's arrays of the outputs' types). `None`, the
-    /// default, where the backend does not (the host then uses buffers).
+    /// little-endian bytes into `outputs` (the caller's arrays of the outputs' types), which start
+    /// as zeros except those in [`Launch::kept`]. `None`, the default, where the backend does not
+    /// (the host then uses buffers).
     fn run_host(
         &self,
         compiled: &Self::Compiled,

@@ -126,7 +126,7 @@ pub(super) unsafe fn launch(
         let r_outs: Vec<Raw> = host_outs.iter_mut().zip(outs).map(|(h, r)| raw(h, r)).collect();
         // SAFETY: host copies of element `n`'s part of each buffer (so launch 0 of them), the
         // results' copies written only through `r_outs`.
-        unsafe { launch_host(planned, p, batch, &r_ins, &r_outs, 0)? };
+        unsafe { launch_host(planned, p, batch, &r_ins, &r_outs, &Default::default(), 0)? };
         for ((host, raw), (_, ty)) in host_outs.iter().zip(outs).zip(&p.outputs) {
             let at = raw.data as u64 + (n * batch.bytes(ty)) as u64;
             // SAFETY: XLA's result buffer holds this element's bytes.

@@ -18,7 +18,7 @@
 //! `JaxRuntimeError`.
 #![allow(unsafe_code)]
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::ffi::{CString, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -441,12 +441,13 @@ unsafe fn handle(frame: *mut CallFrame, platform: Platform) -> Result<(), Failur
     }
     CALLS.fetch_add(1, Ordering::Relaxed);
     let _in_flight = InFlight::enter();
-    let (text, backend, mesh, externals) = unsafe {
+    let (text, backend, mesh, externals, keep) = unsafe {
         (
             string_attr(frame, "text")?,
             string_attr(frame, "backend")?,
             string_attr(frame, "mesh")?,
             string_attr(frame, "externals")?,
+            string_attr(frame, "keep")?,
         )
     };
     if text.is_empty() {
@@ -456,16 +457,21 @@ unsafe fn handle(frame: *mut CallFrame, platform: Platform) -> Result<(), Failur
     let rt = crate::runtime()?;
     let p = prepared(&rt, text, backend, mesh, externals)?;
     let name = p.kernel.name();
-    let (ins, outs) = unsafe { (buffers(&frame.args, "operand")?, buffers(&frame.rets, "result")?) };
-    if ins.len() != p.inputs.len() || outs.len() != p.outputs.len() {
+    let kept = kept_outputs(keep, &p, platform)?;
+    let (mut ins, outs) = unsafe { (buffers(&frame.args, "operand")?, buffers(&frame.rets, "result")?) };
+    if ins.len() != p.inputs.len() + kept.len() || outs.len() != p.outputs.len() {
         return Err(invalid(format!(
-            "kernel `{name}` takes {} inputs and {} outputs; the custom call has {} operands and {} results",
+            "kernel `{name}` takes {} inputs{} and {} outputs; the custom call has {} operands and {} results",
             p.inputs.len(),
+            if kept.is_empty() { String::new() } else { format!(" and {} aliased operands", kept.len()) },
             p.outputs.len(),
             ins.len(),
             outs.len()
         )));
     }
+    // The aliased operands are the kept outputs' own buffers (XLA's `operand_output_aliases`):
+    // never read as inputs, so that no slice of them is made beside the output's.
+    ins.truncate(p.inputs.len());
     let mut lead = None;
     batch("input", &ins, &p.inputs, name, &mut lead)?;
     batch("output", &outs, &p.outputs, name, &mut lead)?;
@@ -486,7 +492,7 @@ unsafe fn handle(frame: *mut CallFrame, platform: Platform) -> Result<(), Failur
         Platform::Host => {
             for n in 0..launches {
                 // SAFETY: XLA's host buffers, as `launch_host` needs them.
-                unsafe { launch_host(&planned, &p, &batch, &ins, &outs, n)? };
+                unsafe { launch_host(&planned, &p, &batch, &ins, &outs, &kept, n)? };
             }
         }
         // SAFETY: XLA's device buffers and its call frame (for the stream).
@@ -529,6 +535,7 @@ unsafe fn launch_host(
     batch: &Batch<'_>,
     ins: &[Raw],
     outs: &[Raw],
+    kept: &BTreeSet<String>,
     n: usize,
 ) -> Result<(), Failure> {
     let mut args = InPlace::default();
@@ -543,13 +550,34 @@ unsafe fn launch_host(
     for (raw, (arg, ty)) in outs.iter().zip(&p.outputs) {
         let len = batch.bytes(ty);
         // SAFETY: a result buffer of the call, as above, that nothing else reads or writes
-        // during the call (tessel's lowering asks XLA for no aliasing).
+        // during the call: an operand XLA aliases to it (a kept output's) is not read.
         let bytes =
             if len == 0 { &mut [][..] } else { unsafe { std::slice::from_raw_parts_mut(raw.data.add(n * len), len) } };
-        args.outputs.insert(arg.clone(), BytesMut { ty: batch.ty(ty), bytes });
+        args.outputs.insert(arg.clone(), BytesMut { ty: batch.ty(ty), bytes, keep: kept.contains(arg) });
     }
     planned.launch_in_place(&mut args)?;
     Ok(())
+}
+
+/// The outputs named by the call's `keep` attribute (comma-separated): those XLA aliases to the
+/// operands after the kernel's inputs, whose buffers hold their starting contents (Pallas's
+/// `input_output_aliases`, language §3's outputs that do not start as zeros).
+fn kept_outputs(keep: &str, p: &Prepared, platform: Platform) -> Result<BTreeSet<String>, Failure> {
+    let kept: BTreeSet<String> = keep.split(',').filter(|s| !s.is_empty()).map(str::to_string).collect();
+    if let Some(k) = kept.iter().find(|k| !p.outputs.iter().any(|(n, _)| n == *k)) {
+        return Err(invalid(format!(
+            "the custom call keeps the contents of `{k}`, which is not an output of kernel `{}`\n  its outputs are: {}",
+            p.kernel.name(),
+            p.outputs.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>().join(", ")
+        )));
+    }
+    if !kept.is_empty() && matches!(platform, Platform::Cuda) {
+        return Err(invalid(format!(
+            "kernel `{}` starts outputs from aliased inputs (input_output_aliases), which tessel runs on the CPU platform only\n  lower for the CPU, or store every element of the aliased outputs",
+            p.kernel.name()
+        )));
+    }
+    Ok(kept)
 }
 
 /// Counts `n` launches on `backend`.

@@ -21,7 +21,7 @@ mod memory;
 
 use std::sync::atomic::AtomicU32;
 
-use tessel_plugin_api::array::{DataRef, HostArray, write_le_bits};
+use tessel_plugin_api::array::{DataRef, HostArray, read_le_bits, write_le_bits};
 use tessel_plugin_api::cancel::{self, Token};
 use tessel_plugin_api::ir::size::SizeExpr;
 use tessel_plugin_api::ir::{BlockIndex, ParamKind, Verified, analysis, index};
@@ -63,13 +63,14 @@ pub(crate) struct Machine<'a> {
 
 impl<'a> Machine<'a> {
     /// A machine that writes the outputs named in `lent` straight into that memory (and the
-    /// others into its own).
+    /// others into its own, which starts as the cells `initial` gives, or zeros).
     fn new(
         kernel: &'a Verified,
         program: &'a Program,
         grid: &'a [LaunchAxis],
         inputs: &std::collections::BTreeMap<String, DataRef<'a>>,
         mut lent: std::collections::BTreeMap<&str, &'a [AtomicU32]>,
+        mut initial: std::collections::BTreeMap<&str, Vec<AtomicU32>>,
     ) -> Machine<'a> {
         let arrays = kernel
             .kernel()
@@ -80,7 +81,11 @@ impl<'a> Machine<'a> {
                     Some(Array { storage: Storage::Input(inputs[&p.name]), shape: p.ty.shape.clone(), dtype: p.ty.dtype })
                 }
                 ParamKind::Out => Some(Array {
-                    storage: lent.remove(p.name.as_str()).map_or_else(|| Storage::zeros(p.ty.numel()), Storage::Lent),
+                    storage: match (lent.remove(p.name.as_str()), initial.remove(p.name.as_str())) {
+                        (Some(cells), _) => Storage::Lent(cells),
+                        (None, Some(cells)) => Storage::Shared(cells),
+                        (None, None) => Storage::zeros(p.ty.numel()),
+                    },
                     shape: p.ty.shape.clone(),
                     dtype: p.ty.dtype,
                 }),
@@ -144,32 +149,39 @@ impl<'a> Machine<'a> {
         zeroed: std::collections::BTreeMap<&'a str, &'a mut [u8]>,
     ) -> Result<Vec<(String, HostArray)>, LaunchError> {
         let lent = zeroed.into_iter().map(|(n, b)| (n, as_cells(b, false))).collect();
-        Machine::new(kernel, program, grid, inputs, lent).run()
+        Machine::new(kernel, program, grid, inputs, lent, Default::default()).run()
     }
 
     /// Runs every program with each output's elements written as little-endian bytes into
     /// `outputs` (by name, of the outputs' types): in place where the bytes are aligned 32-bit
-    /// words of a 4-byte dtype, else copied there once at the end.
+    /// words of a 4-byte dtype, else copied there once at the end. The outputs named in `kept`
+    /// start from what their bytes hold (an aliased input's values), the others from zeros.
     pub fn run_into(
         kernel: &'a Verified,
         program: &'a Program,
         grid: &'a [LaunchAxis],
         inputs: &std::collections::BTreeMap<String, DataRef<'a>>,
         outputs: &'a mut std::collections::BTreeMap<String, &mut [u8]>,
+        kept: &std::collections::BTreeSet<String>,
     ) -> Result<(), LaunchError> {
         let mut lent = std::collections::BTreeMap::new();
+        let mut initial = std::collections::BTreeMap::new();
         let mut copied = Vec::new();
         for (name, bytes) in outputs.iter_mut() {
             let Some(p) = kernel.kernel().param(name) else { continue };
+            let keep = kept.contains(name);
             if p.ty.dtype.bits() == 32 && cells_fit(bytes) {
                 // Outputs start as zeros, unless nothing could see them before they are stored.
-                let zero = !analysis::overwritten(kernel.kernel(), grid, p);
+                let zero = !keep && !analysis::overwritten(kernel.kernel(), grid, p);
                 lent.insert(name.as_str(), as_cells(bytes, zero));
             } else {
+                if keep {
+                    initial.insert(name.as_str(), read_le_bits(p.ty.dtype, bytes).map(AtomicU32::new).collect());
+                }
                 copied.push((name.as_str(), &mut **bytes));
             }
         }
-        let m = Machine::new(kernel, program, grid, inputs, lent);
+        let m = Machine::new(kernel, program, grid, inputs, lent, initial);
         m.run_all()?;
         for (name, a, bits) in m.outputs() {
             if let Some((_, out)) = copied.iter_mut().find(|(n, _)| *n == name) {
