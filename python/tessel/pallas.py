@@ -729,6 +729,13 @@ class _Writer:
             self.op(eqn, f"min {v}, {self.read(hi)}")
         elif name == "integer_pow":
             self.integer_pow(eqn)
+        elif name in ("reduce_and", "reduce_or"):
+            self.all_or_any(eqn, "min" if name == "reduce_and" else "max")
+        elif name == "is_finite":
+            # Neither infinite nor NaN: |x| < inf (false for NaN).
+            a = self.body.fresh()
+            self.body.emit(f"{a} = abs {self.value(eqn.invars[0], eqn)} : {_ty(eqn.invars[0].aval, self.kernel, eqn)}")
+            self.op(eqn, f"lt {a}, inf")
         elif name == "square":
             x = self.value(eqn.invars[0], eqn)
             self.op(eqn, f"mul {x}, {x}")
@@ -873,17 +880,46 @@ class _Writer:
         self.body.emit(f"store {self.ref(ref, eqn)}{index}, {self.value(val, eqn)}{tail}")
 
     def integer_pow(self, eqn) -> None:
+        """`x ** n` for an integer `n` as JAX computes it: by squaring (x^4 is (x x)(x x), not
+        ((x x) x) x, which rounds otherwise), 1 for n = 0, and 1 / x^-n for n < 0."""
         y = eqn.params["y"]
-        x = self.value(eqn.invars[0], eqn)
-        if y < 1:
-            raise self.refuse(f"`integer_pow` with exponent {y}", eqn)
-        acc = x
         ty = _ty(eqn.outvars[0].aval, self.kernel, eqn)
-        for _ in range(y - 1):
+        one = "1.0" if ty.split("[")[0] in ("f32", "f16", "bf16") else "1"
+        if y == 0:
+            self.op(eqn, f"full {one}")
+            return
+        x, n, acc = self.value(eqn.invars[0], eqn), abs(y), None
+
+        def mul(a: str, b: str) -> str:
             v = self.body.fresh()
-            self.body.emit(f"{v} = mul {acc}, {x} : {ty}")
-            acc = v
-        self.define(eqn.outvars[0], acc)
+            self.body.emit(f"{v} = mul {a}, {b} : {ty}")
+            return v
+
+        while n > 0:
+            if n & 1:
+                acc = x if acc is None else mul(acc, x)
+            n >>= 1
+            if n > 0:
+                x = mul(x, x)
+        if y < 0:
+            self.op(eqn, f"div {one}, {acc}")
+        else:
+            self.define(eqn.outvars[0], acc)
+
+    def all_or_any(self, eqn, op: str) -> None:
+        """`reduce_and` / `reduce_or` (`jnp.all`, `jnp.any`): the bools as `i32` 0 and 1, their
+        `min` / `max` along the axes, and whether that is not 0."""
+        (x,) = eqn.invars
+        shape = list(x.aval.shape)
+        cur = self.body.fresh()
+        self.body.emit(f"{cur} = cast {self.value(x, eqn)} : i32[{', '.join(map(str, shape))}]")
+        for a in sorted(eqn.params["axes"], reverse=True):
+            shape.pop(a)
+            v = self.body.fresh()
+            rest = f"[{', '.join(map(str, shape))}]" if shape else ""
+            self.body.emit(f"{v} = {op} {cur} axis {a} : i32{rest}")
+            cur = v
+        self.op(eqn, f"ne {cur}, 0")
 
     def broadcast(self, eqn) -> None:
         """`broadcast_in_dim`, or `broadcast_to` (numpy's: the operand's dimensions last)."""

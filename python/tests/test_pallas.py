@@ -827,6 +827,49 @@ def test_a_kv_cache_update_writes_one_block_in_place_of_a_bf16_cache():
     np.testing.assert_array_equal(np.asarray(got), want)
 
 
+def reductions_and_powers(x, interpret=False):
+    """`jax.nn.logsumexp` (which asks `is_finite` of its max), `jnp.all` / `jnp.any` along an
+    axis and of everything, and `x ** n` for n = -2, 0, 4, 5 (by squaring, as JAX computes it)."""
+
+    def body(x_ref, lse_ref, all_ref, any_ref, pow_ref):
+        x = x_ref[...]
+        lse_ref[...] = jax.nn.logsumexp(x, axis=1, keepdims=True)
+        pos = x > 0
+        all_ref[...] = jnp.where(jnp.all(pos, axis=1, keepdims=True), 1.0, 0.0) + jnp.where(jnp.any(x > 100), 10.0, 0.0)
+        any_ref[...] = jnp.where(jnp.any(pos, axis=0, keepdims=True), 1.0, 0.0)
+        for k, n in enumerate((-2, 0, 4, 5)):
+            pow_ref[k] = jax.lax.integer_pow(x, n)
+
+    r, c = x.shape
+    out = (jax.ShapeDtypeStruct((r, 1), x.dtype), jax.ShapeDtypeStruct((r, 1), x.dtype), jax.ShapeDtypeStruct((1, c), x.dtype), jax.ShapeDtypeStruct((4, r, c), x.dtype))
+    return pl.pallas_call(body, out_shape=out, interpret=interpret)(x)
+
+
+def test_logsumexp_all_any_and_integer_powers_run_as_pallas_runs_them():
+    rng = np.random.default_rng(2)
+    x = (rng.standard_normal((6, 16)) * 3).astype(np.float32)
+    x[:, 3] = -np.abs(x[:, 3]) - 0.5  # a column with one positive element (row 1's)
+    x[1] = np.abs(x[1]) + 0.5  # a row all positive
+    x[2] = -np.inf  # a row whose logsumexp is -inf
+    want = [np.asarray(w) for w in reductions_and_powers(x, interpret=True)]
+    # By hand where exact: the row of -inf gives -inf; row 1 is all positive, no other is (and
+    # nothing passes 100); every column has a positive element, column 3 only in row 1.
+    assert want[0][2, 0] == -np.inf
+    np.testing.assert_array_equal(want[1][:, 0], [0, 1, 0, 0, 0, 0])
+    np.testing.assert_array_equal(want[2], np.ones((1, 16)))
+    tk = tp.to_tk(reductions_and_powers, x)
+    assert "lt %" in tk and ", inf" in tk and "cast %" in tk, tk
+    for backend in backends():
+        got = tp.run(reductions_and_powers, x, backend=backend)
+        np.testing.assert_allclose(got[0], want[0], rtol=1e-6, err_msg=backend)
+        np.testing.assert_array_equal(got[1], want[1], err_msg=backend)
+        np.testing.assert_array_equal(got[2], want[2], err_msg=backend)
+        # The same products in the same order: bit for bit (each stored alone, so that XLA fuses
+        # no add into a multiply in Pallas's result).
+        np.testing.assert_array_equal(got[3], want[3], err_msg=backend)
+        np.testing.assert_array_equal(got[3][1], np.ones_like(x), err_msg=backend)
+
+
 def _refusal_cases():
     def single(body, x, grid=(2,), spec=None, out_dtype=None, **kw):
         spec = spec or pl.BlockSpec((x.shape[0] // 2,) + x.shape[1:], lambda i: (i,) + (0,) * (x.ndim - 1))
