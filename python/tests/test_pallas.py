@@ -870,6 +870,57 @@ def test_logsumexp_all_any_and_integer_powers_run_as_pallas_runs_them():
         np.testing.assert_array_equal(got[3][1], np.ones_like(x), err_msg=backend)
 
 
+def ordered(x, n, interpret=False):
+    """`jnp.sort` along each axis (and descending: a `rev` after), `jnp.argsort`, `jnp.flip`,
+    `lax.top_k` (mixture-of-experts routing's: the top 2 experts of softmax scores and their
+    indices) and an integer sort."""
+
+    def body(x_ref, n_ref, rows_ref, cols_ref, desc_ref, arg_ref, flip_ref, top_ref, top_i_ref, ints_ref):
+        x = x_ref[...]
+        rows_ref[...] = jnp.sort(x, axis=1)
+        cols_ref[...] = jnp.sort(x, axis=0)
+        desc_ref[...] = jnp.sort(x, axis=1, descending=True)
+        arg_ref[...] = jnp.argsort(x, axis=1)
+        flip_ref[...] = jnp.flip(x, axis=0)
+        scores, experts = jax.lax.top_k(jax.nn.softmax(x, axis=1), 2)
+        top_ref[...] = scores
+        top_i_ref[...] = experts
+        ints_ref[...] = jnp.sort(n_ref[...], axis=1)
+
+    r, c = x.shape
+    f, i = (lambda sh: jax.ShapeDtypeStruct(sh, x.dtype)), (lambda sh: jax.ShapeDtypeStruct(sh, jnp.int32))
+    out = (f((r, c)), f((r, c)), f((r, c)), i((r, c)), f((r, c)), f((r, 2)), i((r, 2)), i(n.shape))
+    return pl.pallas_call(body, out_shape=out, interpret=interpret)(x, n)
+
+
+def test_sort_argsort_top_k_and_flip_run_as_pallas_runs_them():
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((6, 16)).astype(np.float32)
+    x[0, :5] = [np.nan, -0.0, 0.0, np.inf, -np.inf]  # JAX's order: -0 as 0, NaN last
+    x[1, 3] = x[1, 9]  # a tie: the lower index first
+    n = rng.integers(-1000, 1000, (6, 16)).astype(np.int32)
+    want = [np.asarray(w) for w in ordered(x, n, interpret=True)]
+    # By hand: a row sorted as numpy sorts it (NaN last), the tie's indices in order, the
+    # integers as numpy sorts them.
+    np.testing.assert_array_equal(want[0][3], np.sort(x[3]))
+    arg = list(want[3][1])
+    assert arg.index(3) + 1 == arg.index(9), arg
+    np.testing.assert_array_equal(want[7], np.sort(n, axis=1))
+    tk = tp.to_tk(ordered, x, n)
+    assert " = sum %" in tk and "bitcast" in tk, tk
+    for backend in backends():
+        got = tp.run(ordered, x, n, backend=backend)
+        for k, (g, w) in enumerate(zip(got, want)):
+            # Bit for bit: the elements themselves are moved, -0.0 and NaN included.
+            same = np.array_equal(g.view(np.uint32), w.view(np.uint32)) if w.dtype == np.float32 and k != 5 else None
+            if k == 5:
+                np.testing.assert_allclose(g, w, rtol=1e-6, err_msg=f"{backend}: top_k scores")
+            elif same is not None:
+                assert same, (backend, k, g, w)
+            else:
+                np.testing.assert_array_equal(g, w, err_msg=f"{backend}: output {k}")
+
+
 def _refusal_cases():
     def single(body, x, grid=(2,), spec=None, out_dtype=None, **kw):
         spec = spec or pl.BlockSpec((x.shape[0] // 2,) + x.shape[1:], lambda i: (i,) + (0,) * (x.ndim - 1))
@@ -924,9 +975,9 @@ def _refusal_cases():
 
         return single(body, x)
 
-    def sort(x):
+    def nextafter(x):
         def body(x_ref, o_ref):
-            o_ref[...] = jnp.sort(x_ref[...], axis=1) + x_ref[...]
+            o_ref[...] = jnp.nextafter(x_ref[...], 0.0) + x_ref[...]
 
         return single(body, x)
 
@@ -943,7 +994,7 @@ def _refusal_cases():
         ("aliased_blocks", aliased_blocks, f32(16), "`input_output_aliases` pairing `x0` with `o0` in Pallas kernel `aliased_blocks`"),
         ("batched", batched, f32(2, 2, 8, 8), "`dot_general` other than a 2-D matrix product or one batched over a leading dimension in Pallas kernel `batched`"),
         ("float8", float8, np.arange(16).astype(ml_dtypes.float8_e4m3fn), "dtype float8_e4m3fn in Pallas kernel `float8`"),
-        ("sort", sort, f32(8, 8), "primitive `sort` in Pallas kernel `sort` (at "),
+        ("nextafter", nextafter, f32(8, 8), "primitive `nextafter` in Pallas kernel `nextafter` (at "),
         ("element", element, f32(4, 8), "the block dimension Element"),
     ]
 
