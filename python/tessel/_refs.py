@@ -1,0 +1,374 @@
+"""Reading and writing refs in a Pallas kernel's body: indexers (`pl.ds`, runs `start +
+jnp.arange(n)`, squeezed dimensions), gathers and scatters by index vectors, masked loads and
+stores."""
+
+from __future__ import annotations
+
+from typing import Callable, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from ._common import _ty, _literal
+from ._jax_support import _jax
+
+
+class _Refs:
+    """The `_Writer`'s methods for loads and stores of refs."""
+
+    def index(self, eqn, ref, tree, index_atoms) -> str:
+        """`[ds(start, size), :, %i]` for a ref indexer, or "" for the whole block."""
+        jax, _, _ = _jax()
+        try:
+            indexers = jax.tree_util.tree_unflatten(tree, index_atoms)
+        except Exception:
+            raise self.refuse("a reference indexer", eqn)
+        return self.indexers(eqn, ref, indexers)
+
+    def indexers(self, eqn, ref, indexers) -> str:
+        """The index text of unflattened indexers (`NDIndexer`s whose atoms are jaxpr atoms) on
+        the ref `ref`; a block dimension Pallas squeezes away is indexed at 0, which drops it."""
+        from jax._src.state import indexing
+
+        name, ref_shape = self.ref(ref, eqn), tuple(ref.aval.shape)
+        squeezed = self.squeezed.get(name, [])
+        indexers = list(indexers or ())
+        if name in self.offsets:
+            return self.shifted(eqn, name, ref_shape, squeezed, indexers)
+        if not indexers:
+            if not squeezed:
+                return ""
+            kept = iter([":"] * len(ref_shape))
+            return "[" + ", ".join("0" if d in squeezed else next(kept) for d in range(len(ref_shape) + len(squeezed))) + "]"
+        if len(indexers) != 1 or not isinstance(indexers[0], indexing.NDIndexer):
+            raise self.refuse("a transformed reference (bitcast, reshape)", eqn)
+        nd = indexers[0]
+        outer = self.outer_runs(eqn, nd)
+        parts = []
+        whole = not squeezed
+        for dim, ix in zip(ref_shape, nd.indices):
+            if isinstance(ix, indexing.Slice):
+                start = ix.start if isinstance(ix.start, int) else self.read(ix.start)
+                size = ix.size
+                if start == 0 and size == dim and ix.stride == 1:
+                    parts.append(":")
+                    continue
+                whole = False
+                parts.append(f"ds({start}, {size})" if ix.stride == 1 else f"ds({start}, {size}, {ix.stride})")
+            else:
+                whole = False
+                shape = tuple(getattr(getattr(ix, "aval", None), "shape", ()))
+                if self.entry is not None and ix is self.entry[0]:
+                    parts.append(self.entry[1])
+                    continue
+                scalar = self.broadcast_scalar(ix) if self.entry is not None and shape != () else None
+                if scalar is not None:
+                    parts.append(scalar)
+                    continue
+                if id(ix) in outer:
+                    parts.append(outer[id(ix)])
+                    continue
+                if shape != ():
+                    parts.append(f"ds({self.contiguous(ix, eqn)}, {shape[0]})")
+                    continue
+                parts.append(str(ix) if isinstance(ix, (int, np.integer)) else self.read(ix))
+        if whole:
+            return ""
+        for d in sorted(squeezed):
+            parts.insert(d, "0")
+        return "[" + ", ".join(parts) + "]"
+
+    def shifted(self, eqn, name, ref_shape, squeezed, indexers) -> str:
+        """The index text of an access to a block whose index map is computed: the argument is
+        declared whole, so every dimension's index is the block's offset (`self.offsets`) plus
+        the index within the block (`ds(offset + start, size)`, `offset + i`)."""
+        from jax._src.state import indexing
+
+        if indexers and (len(indexers) != 1 or not isinstance(indexers[0], indexing.NDIndexer)):
+            raise self.refuse("a transformed reference (bitcast, reshape)", eqn)
+        within = []
+        for dim, ix in zip(ref_shape, indexers[0].indices if indexers else [None] * len(ref_shape)):
+            if ix is None:
+                within.append(("ds", "0", dim))
+            elif isinstance(ix, indexing.Slice):
+                stride = f", {ix.stride}" if ix.stride != 1 else ""
+                within.append(("ds", str(ix.start) if isinstance(ix.start, int) else self.read(ix.start), f"{ix.size}{stride}"))
+            else:
+                shape = tuple(getattr(getattr(ix, "aval", None), "shape", ()))
+                if self.entry is not None and ix is self.entry[0]:
+                    within.append(("vec", self.entry[1], None))  # a gather's index vector
+                    continue
+                if shape != ():
+                    within.append(("ds", self.contiguous(ix, eqn), shape[0]))
+                    continue
+                within.append(("at", str(ix) if isinstance(ix, (int, np.integer)) else self.read(ix), None))
+        for d in sorted(squeezed):
+            within.insert(d, ("at", "0", None))
+        parts = []
+        for off, (kind, start, size) in zip(self.offsets[name], within):
+            if kind == "vec" and off != "0":
+                v = self.body.fresh()
+                self.body.emit(f"{v} = add {start}, {off}")
+                parts.append(v)
+                continue
+            at = start if kind == "vec" else self.plus(off, start)
+            parts.append(f"ds({at}, {size})" if kind == "ds" else at)
+        return "[" + ", ".join(parts) + "]"
+
+    def contiguous(self, ix, eqn) -> str:
+        """The start of an index array that is `start + jnp.arange(n)` (a contiguous run, as
+        Triton-style kernels index a ref: `x_ref[i * B + jnp.arange(B)]`), so that the access is
+        `ds(start, n)`; any other index array is a gather (`gather`), refused here."""
+        s = self.run_start(ix)
+        if s is None or len(ix.aval.shape) != 1:
+            raise self.refuse("an array index (gather)", eqn, "index a ref with `start + jnp.arange(n)` (a contiguous run) or pl.ds(start, n)")
+        return s
+
+    def run_start(self, ix) -> Optional[str]:
+        """The start of `ix` where it is `start + jnp.arange(n)`, else None; written once per
+        equation however often its indexing asks (`self.runs`)."""
+        if id(ix) not in self.runs:
+            self.runs[id(ix)] = self.find_run_start(ix)
+        return self.runs[id(ix)]
+
+    def find_run_start(self, ix) -> Optional[str]:
+        _, core, _ = _jax()
+
+        def start(v):
+            if isinstance(v, core.Literal) or len(getattr(v.aval, "shape", ())) != 1:
+                return None
+            d = self.defs.get(v)
+            if d is None:
+                return None
+            name = d.primitive.name
+            if name == "iota" and d.params.get("dimension", 0) == 0:
+                return "0"
+            if name == "convert_element_type":
+                return start(d.invars[0])
+            if name == "add":
+                for run, other in ((d.invars[0], d.invars[1]), (d.invars[1], d.invars[0])):
+                    s = start(run) if not isinstance(run, core.Literal) else None
+                    o = scalar(other)
+                    if s is not None and o is not None:
+                        return self.plus(s, o)
+            return None
+
+        def scalar(v):
+            if isinstance(v, core.Literal):
+                return str(int(v.val)) if np.ndim(v.val) == 0 else None
+            if getattr(v.aval, "shape", None) == ():
+                return self.read(v)
+            d = self.defs.get(v)
+            if d is not None and d.primitive.name == "broadcast_in_dim" and getattr(d.invars[0].aval, "shape", None) == ():
+                return scalar(d.invars[0])
+            return None
+
+        return start(ix)
+
+    def outer_runs(self, eqn, nd) -> Dict[int, str]:
+        """Index arrays of more than one dimension that are runs JAX's indexing broadcasts into
+        a block (`x_ref.at[rows[:, None], cols[None]]` of Triton-style kernels): the k-th array
+        varies along dimension k of the broadcast shape only, and they index consecutive
+        dimensions of the ref, so that each is the `ds` of its dimension. The `ds` text of each
+        (by the array's `id`); any other arrangement is refused as a gather."""
+        from jax._src.state import indexing
+
+        gathered = self.entry[0] if self.entry is not None else None
+        arrays = [
+            (d, ix) for d, ix in enumerate(nd.indices) if len(getattr(getattr(ix, "aval", None), "shape", ())) >= 1 and ix is not gathered
+        ]
+        if not any(len(ix.aval.shape) > 1 for _, ix in arrays):
+            return {}
+        dims = [d for d, _ in arrays]
+        runs = [self.varying(ix) for _, ix in arrays]
+        placed = all(r is not None and r[0] == k and len(ix.aval.shape) == len(arrays) for k, (r, (_, ix)) in enumerate(zip(runs, arrays)))
+        apart = any(isinstance(nd.indices[d], indexing.Slice) for d in range(dims[0], dims[-1] + 1))
+        if not placed or apart or dims != list(range(dims[0], dims[0] + len(arrays))):
+            raise self.refuse("an array index (gather)", eqn, "index a ref with runs `start + jnp.arange(n)` broadcast as rows and columns, in the ref's order")
+        return {id(ix): f"ds({r[1]}, {ix.aval.shape[r[0]]})" for r, (_, ix) in zip(runs, arrays)}
+
+    def varying(self, v) -> Optional[Tuple[int, str]]:
+        """(the one dimension along which index array `v` varies, the start of the run along
+        it) where `v` is a run `start + jnp.arange(n)` made a row, a column or a broadcast of one;
+        else None."""
+        _, core, _ = _jax()
+        if isinstance(v, core.Literal):
+            return None
+        shape = tuple(v.aval.shape)
+        if len(shape) == 1:
+            s = self.run_start(v)
+            return None if s is None else (0, s)
+        d = self.defs.get(v)
+        if d is None or not d.invars or isinstance(d.invars[0], core.Literal):
+            return None
+        name, src = d.primitive.name, d.invars[0]
+        kinds = ("broadcast_in_dim", "broadcast_to", "reshape", "expand_dims", "convert_element_type")
+        inner = self.varying(src) if name in kinds else None
+        if inner is None:
+            return None
+        if name == "broadcast_in_dim":
+            return (d.params["broadcast_dimensions"][inner[0]], inner[1])
+        if name == "broadcast_to":  # numpy's: the operand's dimensions last
+            return (len(shape) - len(src.aval.shape) + inner[0], inner[1])
+        if name == "convert_element_type":
+            return inner
+        varying = [k for k, n in enumerate(shape) if n != 1]
+        return (varying[0], inner[1]) if len(varying) == 1 else None
+
+    def gather_index(self, tree, atoms):
+        """The one index array of a `get` that is not a contiguous run (a gather: paged
+        attention's `k_pages_ref[block_tables]`), or None."""
+        from jax._src.state import indexing
+
+        jax, _, _ = _jax()
+        try:
+            indexers = jax.tree_util.tree_unflatten(tree, atoms)
+        except Exception:
+            return None
+        if len(indexers) != 1 or not isinstance(indexers[0], indexing.NDIndexer):
+            return None
+        arrays = [
+            ix for ix in indexers[0].indices
+            if len(getattr(getattr(ix, "aval", None), "shape", ())) >= 1 and self.broadcast_scalar(ix) is None
+        ]
+        if len(arrays) != 1 or (len(arrays[0].aval.shape) == 1 and self.run_start(arrays[0]) is not None):
+            return None
+        # An array of several dimensions (a block table's rows, `idx[b, p]`) is flattened; one
+        # with a dimension of 1 is a run broadcast into a block (`outer_runs`).
+        if len(arrays[0].aval.shape) > 1 and 1 in arrays[0].aval.shape:
+            return None
+        return arrays[0]
+
+    def broadcast_scalar(self, ix) -> Optional[str]:
+        """The scalar's text where index array `ix` is one scalar broadcast (`x_ref[1, :, t]`
+        broadcasts the 1 against `t`), else None."""
+        _, core, _ = _jax()
+        d = None if isinstance(ix, core.Literal) else self.defs.get(ix)
+        if d is None or d.primitive.name not in ("broadcast_to", "broadcast_in_dim") or getattr(d.invars[0].aval, "shape", None) != ():
+            return None
+        return self.read(d.invars[0])
+
+    def vector_index(self, eqn, ref, tree, atoms, vec) -> Tuple[str, List[int], Callable[[Tuple[int, ...]], Tuple[int, ...]]]:
+        """The index text of `ref[..., idx, ...]` with an index array `idx` that is not a
+        contiguous run (paged attention's `k_pages_ref[block_tables]`), with `idx` as an index
+        vector (a gather or scatter, docs/language.md), flattened where it has several
+        dimensions; tessel's order of the dimensions as positions in JAX's (JAX stands the
+        entries where the array index stands among the integer indices, or first where those are
+        apart; tessel after the slices before it); and the map from a JAX shape of the access to
+        the same shape with the index array's dimensions as one."""
+        from jax._src.state import indexing
+
+        jax, _, _ = _jax()
+        (nd,) = jax.tree_util.tree_unflatten(tree, atoms)
+        ints = [d for d, ix in enumerate(nd.indices) if not isinstance(ix, indexing.Slice)]
+        apart = ints != list(range(ints[0], ints[-1] + 1))
+        vec_dim = next(d for d, ix in enumerate(nd.indices) if ix is vec)
+        kept = sum(isinstance(ix, indexing.Slice) for ix in nd.indices[:vec_dim])
+        at = 0 if apart else sum(isinstance(ix, indexing.Slice) for ix in nd.indices[: ints[0]])
+        idx = self.value(vec, eqn)
+        dims = tuple(vec.aval.shape)
+        n = int(np.prod(dims))
+        if str(vec.aval.dtype) != "int32":
+            i = self.body.fresh()
+            self.body.emit(f"{i} = cast {idx} : i32[{', '.join(map(str, dims))}]")
+            idx = i
+        if len(dims) != 1:
+            i = self.body.fresh()
+            self.body.emit(f"{i} = reshape {idx} : i32[{n}]")
+            idx = i
+        self.entry = (vec, idx)
+        try:
+            index = self.index(eqn, ref, tree, atoms)
+        finally:
+            self.entry = None
+        order = list(range(sum(isinstance(ix, indexing.Slice) for ix in nd.indices) + 1))
+        order.insert(kept, order.pop(at))
+        return index, order, lambda shape: tuple(shape[:at]) + (n,) + tuple(shape[at + len(dims):])
+
+    def reorder(self, v: str, aval, order: List[int], eqn, to_jax: bool) -> str:
+        """`v` moved between tessel's order of a gather's dimensions and JAX's (`vector_index`)."""
+        if order == sorted(order):
+            return v
+        perm = [order.index(d) for d in range(len(order))] if to_jax else order
+        t = self.body.fresh()
+        shape = aval.shape if to_jax else tuple(aval.shape[d] for d in order)
+        self.body.emit(f"{t} = transpose {v} perm ({', '.join(map(str, perm))}) : {_ty(aval.update(shape=tuple(shape)), self.kernel, eqn)}")
+        return t
+
+    def gather(self, eqn, ref, tree, atoms, vec) -> None:
+        """`x = ref[..., idx, ...]`: one `load` at an index vector (`vector_index`), moved into
+        JAX's order and shape."""
+        index, order, flat = self.vector_index(eqn, ref, tree, atoms, vec)
+        out = eqn.outvars[0].aval
+        jflat = out.update(shape=flat(out.shape))
+        v = self.body.fresh()
+        self.body.emit(f"{v} = load {self.ref(ref, eqn)}{index} : {_ty(jflat.update(shape=tuple(jflat.shape[d] for d in order)), self.kernel, eqn)}")
+        self.define(eqn.outvars[0], self.unflatten(self.reorder(v, jflat, order, eqn, to_jax=True), jflat, out, eqn))
+
+    def unflatten(self, v: str, flat, aval, eqn) -> str:
+        """`v` (of `flat`'s shape) reshaped to `aval`'s, where they differ."""
+        if tuple(flat.shape) == tuple(aval.shape):
+            return v
+        t = self.body.fresh()
+        self.body.emit(f"{t} = reshape {v} : {_ty(aval, self.kernel, eqn)}")
+        return t
+
+    def scatter(self, eqn, ref, val, tree, atoms, vec) -> None:
+        """`ref[..., idx, ...] = v`: one `store` at an index vector (`vector_index`), the value
+        first moved into tessel's order; the old value where the kernel reads it."""
+        index, order, flat = self.vector_index(eqn, ref, tree, atoms, vec)
+        old = eqn.outvars[0]
+        jflat = old.aval.update(shape=flat(old.aval.shape))
+        if old in self.uses:
+            v = self.body.fresh()
+            shape = tuple(jflat.shape[d] for d in order)
+            self.body.emit(f"{v} = load {self.ref(ref, eqn)}{index} : {_ty(jflat.update(shape=shape), self.kernel, eqn)}")
+            self.define(old, self.unflatten(self.reorder(v, jflat, order, eqn, to_jax=True), jflat, old.aval, eqn))
+        x = self.value(val, eqn)
+        if tuple(val.aval.shape) == tuple(old.aval.shape):
+            x = self.reorder(self.unflatten(x, val.aval, jflat, eqn), jflat, order, eqn, to_jax=False)
+        self.body.emit(f"store {self.ref(ref, eqn)}{index}, {x}")
+
+    def plus(self, a: str, b: str) -> str:
+        """`a + b` of two `i32` scalars (values or integer literals), folded where both are known."""
+        if not a.startswith("%") and not b.startswith("%"):
+            return str(int(a) + int(b))
+        if b == "0":
+            return a
+        if a == "0":
+            return b
+        v = self.body.fresh()
+        self.body.emit(f"{v} = add {a}, {b}")
+        return v
+
+    def masked(self, eqn) -> None:
+        """`pl.load`/`pl.store` (the Triton-style primitives) with a mask and `other`."""
+        jax, core, _ = _jax()
+        parts = jax.tree_util.tree_unflatten(eqn.params["args_tree"], eqn.invars)
+        if eqn.primitive.name == "masked_load":
+            ref, transforms, mask, other = parts
+        else:
+            ref, transforms, val, mask = parts
+        index = self.indexers(eqn, ref, transforms)
+        out = eqn.outvars[0]
+        tail = ""
+        if mask is not None:
+            m = self.value(mask, eqn)
+            if tuple(mask.aval.shape) != tuple(out.aval.shape):
+                b = self.body.fresh()
+                self.body.emit(f"{b} = broadcast {m} : bool[{', '.join(str(d) for d in out.aval.shape)}]")
+                m = b
+            tail = f" mask {m}"
+        if eqn.primitive.name == "masked_load":
+            if other is not None:
+                if not isinstance(other, core.Literal):
+                    raise self.refuse("a masked load whose `other` is not a constant", eqn)
+                tail += f" other {_literal(other.val)}"
+            v = self.body.fresh()
+            self.body.emit(f"{v} = load {self.ref(ref, eqn)}{index}{tail} : {_ty(out.aval, self.kernel, eqn)}")
+            self.define(out, v)
+            return
+        if out in self.uses:
+            v = self.body.fresh()
+            self.body.emit(f"{v} = load {self.ref(ref, eqn)}{index}{tail} : {_ty(out.aval, self.kernel, eqn)}")
+            self.define(out, v)
+        self.body.emit(f"store {self.ref(ref, eqn)}{index}, {self.value(val, eqn)}{tail}")

@@ -1,0 +1,239 @@
+"""One `pallas_call` (or `pl.kernel`'s `mpmd_map`) as a `.tk` kernel: its grid, the block spec of
+every operand (affine, computed or whole), its body (`_Writer`), `input_output_aliases`, meshes."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Dict, List
+
+import numpy as np
+
+from ._common import _refuse, _ty, _scratch, Translated
+from ._index_maps import _MAX_AXIS, _affine, _index_texts
+from ._jax_support import _jax
+from ._writer import _Writer
+
+
+def _translate(eqn, name: str) -> Translated:
+    if eqn.primitive.name == "mpmd_map":
+        return _translate_mesh(eqn, name)
+    jax, core, _ = _jax()
+    p = eqn.params
+    gm = p["grid_mapping"]
+    if p.get("mesh") is not None:
+        raise _refuse("a `pallas_call` with a mesh", name, eqn)
+    # A dynamic grid bound (megablox's count of active tiles) is an operand before all others:
+    # a scalar input `g{k}` whose value sizes the axis, `dyn(g{k})`. Proofs about index maps
+    # take such an axis as too large to check point by point.
+    dynamic = [a for a, g in enumerate(gm.grid) if type(g).__name__ == "DynamicGridDim"]
+    ndyn = len(dynamic)
+    if ndyn and p.get("input_output_aliases"):
+        raise _refuse("`input_output_aliases` with a dynamic grid", name, eqn, "drop the alias, or give the grid static sizes")
+    grid = [_MAX_AXIS if a in dynamic else int(g) for a, g in enumerate(gm.grid)]
+    if 0 in grid:
+        raise _refuse(
+            f"the grid {tuple(grid)}, which has no program,",
+            name,
+            eqn,
+            "tessel's grid axes have sizes from 1; under tp.run or tp.install a pallas_call with an empty grid runs no "
+            "program, as in Pallas, and its outputs are zeros (or the inputs they alias)",
+        )
+    body = p["jaxpr"]
+    # Scalar-prefetch operands come first (`PrefetchScalarGridSpec`): whole inputs the body reads.
+    nscalar = getattr(gm, "num_index_operands", 0)
+    nin, nout = nscalar + gm.num_inputs, gm.num_outputs
+    ins = [f"x{i}" for i in range(nin)]
+    outs = [f"o{i}" for i in range(nout)]
+    bounds = [f"g{k}" for k in range(ndyn)]
+    header = []
+    used_by_outputs = set()
+    squeezed: Dict[str, List[int]] = {}
+    operands = eqn.invars[ndyn:]
+    lines_in = [f"  in  {arg}: {_ty(v.aval, name, eqn)}" for arg, v in zip(bounds + ins, eqn.invars[: ndyn + nscalar])]
+    lines_out = []
+    #: operand -> (its block spec's text, its index map, its array shape, its block shape)
+    specs: Dict[str, Any] = {}
+    #: operands whose index map the body computes -> (the index map, the block shape)
+    computed: Dict[str, Any] = {}
+    #: operands with a computed block index in the header
+    indexed = set()
+    #: the scalar-prefetch operands a computed block index can read (integer arrays)
+    tables = [
+        arg if np.dtype(v.aval.dtype) in (np.dtype(np.int32), np.dtype(np.uint32)) else None
+        for arg, v in zip(ins, operands[:nscalar])
+    ]
+    for n, (bm, arg) in enumerate(zip(gm.block_mappings, ins[nscalar:] + outs)):
+        shape = tuple(bm.array_aval.shape)
+        blocks = []
+        for d, b in enumerate(bm.block_shape):
+            if b is None or type(b).__name__ == "Squeezed":
+                squeezed.setdefault(arg, []).append(d)
+                blocks.append(1)
+                continue
+            size = getattr(b, "block_size", b)
+            if not isinstance(size, (int, np.integer)) or type(b).__name__ not in ("Blocked", "int"):
+                raise _refuse(f"the block dimension {b!r} of `{arg}`", name, eqn, "tessel blocks are Blocked(size) or squeezed")
+            blocks.append(int(size))
+        ty = _ty(bm.array_aval, name, eqn)
+        affine = _affine(bm.index_map_jaxpr, grid, name, f"`{arg}`", nscalar)
+        is_out = n >= gm.num_inputs
+        if affine is None:
+            texts = _index_texts(bm.index_map_jaxpr, grid, tables)
+            if texts is not None:
+                # A computed block index (docs/language.md §2), clamped as Pallas clamps.
+                indexed.add(arg)
+                spec = f" block [{', '.join(str(b) for b in blocks)}] at ({', '.join(texts)})"
+                specs[arg] = (spec, None, shape, blocks)
+                (lines_out if is_out else lines_in).append(f"  {'out' if is_out else 'in '} {arg}: {ty}{spec}")
+                continue
+            # The whole array, each access at the block the body computes.
+            computed[arg] = (bm.index_map_jaxpr, blocks)
+            specs[arg] = ("computed", None, shape, blocks)
+            (lines_out if is_out else lines_in).append(f"  {'out' if is_out else 'in '} {arg}: {ty}")
+            continue
+        index = affine.text()
+        if is_out:
+            for a in range(len(grid)):
+                if any(f"i{a}" in t.replace("*", " ").split() for t in index):
+                    used_by_outputs.add(a)
+        whole = tuple(blocks) == shape and all(t == "0" for t in index)
+        spec = "" if whole else f" block [{', '.join(str(b) for b in blocks)}] at ({', '.join(index)})"
+        specs[arg] = (spec, affine, shape, blocks)
+        (lines_out if is_out else lines_in).append(f"  {'out' if is_out else 'in '} {arg}: {ty}{spec}")
+    if any(o in computed or o in indexed for o in outs):
+        # Programs whose computed output blocks may coincide run in order, as Pallas runs them.
+        used_by_outputs = set()
+    if grid:
+        sizes = [f"dyn(g{dynamic.index(a)})" if a in dynamic else str(s) for a, s in enumerate(grid)]
+        axes = ", ".join(f"i{a}: {s}{'' if a in used_by_outputs else ' seq'}" for a, s in enumerate(sizes))
+        header.append(f"  grid ({axes})")
+    # `scratch_shapes`: per-program memory that persists across the `seq` steps, as tessel's
+    # `scratch` does.
+    scratch = [f"s{i}" for i in range(getattr(gm, "num_scratch_operands", 0))]
+    lines_scratch = [_scratch(arg, aval, name, eqn) for arg, aval in zip(scratch, gm.scratch_avals)]
+    jaxpr = body.jaxpr if hasattr(body, "jaxpr") else body
+
+    def written(refs: List[str]) -> "_Writer":
+        w = _Writer(name, [f"i{a}" for a in range(len(grid))])
+        vmapped = set(getattr(gm, "vmapped_dims", ()) or ())
+        w.body_axes = [f"i{a}" for a in range(len(grid)) if a not in vmapped]
+        w.squeezed = squeezed
+        for var, arg in zip(jaxpr.invars, refs):
+            w.env[var] = ("ref", arg)
+        if computed:
+            w.computed_blocks(computed, ins[:nscalar])
+        w.eqns(jaxpr)
+        return w
+
+    refs = ins + outs + scratch
+    w = written(refs)
+    # `input_output_aliases`: an input and an output of one buffer in Pallas. Where separate
+    # arrays give the same results they stay so; elsewhere the output starts from the input's
+    # buffer (XLA aliases them; the handler keeps its contents) and every load of the input is a
+    # load of the output, before any store to it (`_alias_kept`).
+    kept = []
+    for i, o in p.get("input_output_aliases") or ():
+        x, out = ins[i], outs[o]
+        if x not in specs or out not in specs or specs[x][0] != specs[out][0]:
+            raise _refuse(
+                f"`input_output_aliases` pairing `{x}` with `{out}`", name, eqn,
+                "tessel takes an alias whose input and output have the same block spec",
+            )
+        if _alias_kept(name, eqn, x, out, specs, grid, used_by_outputs, w.body.lines):
+            kept.append((i, o))
+    if kept:
+        for i, o in kept:
+            refs[i] = outs[o]
+        w = written(refs)
+        gone = {ins[i] for i, _ in kept}
+        lines_in = [line for line in lines_in if line.split(":")[0].split()[-1] not in gone]
+    text = "\n".join([f"kernel {name}"] + header + lines_in + lines_out + lines_scratch + w.scoped + ["{"] + w.body.lines + ["}"]) + "\n"
+    return Translated(name, text, bounds + ins, outs, kept=[(len(bounds) + i, o) for i, o in kept])
+
+
+def _alias_kept(name: str, eqn, x: str, o: str, specs, grid, parallel, lines: List[str]) -> bool:
+    """How `input_output_aliases` pairing input `x` with output `o` (of one block spec) runs:
+    Pallas reads `x` as it was when the call began and `o` starts as `x`'s values. Where the
+    kernel overwrites `o` whole (every element stored unmasked at the body's top level, affine
+    blocks covering the array), separate arrays give that (False). Elsewhere `o` starts from
+    `x`'s buffer, which XLA aliases to it, and loads of `x` read `o` (True): right while no read
+    of `x` could see what the kernel stored into `o`, which is refused."""
+    what = f"`input_output_aliases` pairing `{x}` with `{o}`"
+    stores = [n for n, line in enumerate(lines) if re.match(rf"^\s*store {o}\b", line)]
+    read = [n for n, line in enumerate(lines) if re.search(rf"= load {x}\b", line)]
+    revisits = any(size > 1 and a not in parallel for a, size in enumerate(grid))
+    # The `for` loops of the body, as line ranges: a store in one, then a read in the next turn.
+    loops, open_ = [], []
+    for n, line in enumerate(lines):
+        # `} else {` closes an `if`'s first branch and opens its second.
+        if line.strip().startswith("}") and open_:
+            start, is_for = open_.pop()
+            if is_for:
+                loops.append(range(start, n + 1))
+        if line.rstrip().endswith("{"):
+            open_.append((n, re.search(r"\bfor %", line) is not None))
+    looped = any(any(n in r for n in stores) and any(n in r for n in read) for r in loops)
+    if stores and (any(n > stores[0] for n in read) or (read and revisits) or looped):
+        raise _refuse(
+            f"{what} (the kernel reads `{x}` where it could see what it stored into `{o}`: after the store, in a loop or across `seq` steps)",
+            name,
+            eqn,
+            f"read `{x}` only before storing `{o}`, or drop the alias",
+        )
+    _, affine, shape, blocks = specs[o]
+    whole_store = re.compile(rf"^  store {o}, %\S+$")
+    whole = any(whole_store.match(line) for line in lines) and affine is not None and specs[x][1] is not None
+    return not (whole and affine.covers(grid, shape, blocks))
+
+
+def _mesh(mesh, kernel: str, eqn, kind: str = "mesh"):
+    """A Pallas mesh as tessel's mesh text and its axis names: a Mosaic GPU mesh (`plgpu.Mesh`)
+    as `mosaic_gpu(...)` with its cluster and thread axes, a device mesh (`jax.sharding.Mesh`)
+    as `device(...)`, and any other (a TPU core mesh, ...) as the portable `grid(...)` of its
+    named axes."""
+    cls = type(mesh).__name__
+    module = type(mesh).__module__
+    if cls == "Mesh" and "mosaic_gpu" in module:
+        names = list(mesh.grid_names or [f"i{a}" for a in range(len(mesh.grid))])
+        axes = [(n, s, "") for n, s in zip(names, mesh.grid)]
+        axes += [(n, s, " cluster") for n, s in zip(mesh.cluster_names or (), mesh.cluster or ())]
+        if mesh.num_threads is not None:
+            axes.append((mesh.thread_name, mesh.num_threads, " thread"))
+        kind_text = "mosaic_gpu"
+    else:
+        shape = getattr(mesh, "shape", None)
+        if not hasattr(shape, "items"):
+            raise _refuse(f"the {kind} {mesh!r}", kernel, eqn, "tessel reads a mesh's named axes (its `shape`)")
+        axes = [(n, s, "") for n, s in shape.items()]
+        kind_text = "device" if "jax._src.mesh" in module or cls == "AbstractMesh" else "grid"
+    text = f"{kind_text}({', '.join(f'{n}: {s}{k}' for n, s, k in axes)})"
+    return text, [n for n, _, _ in axes]
+
+
+def _translate_mesh(eqn, name: str) -> Translated:
+    """`pl.kernel(body, mesh=...)` (`mpmd_map` with one mesh): the body runs once per point of
+    the mesh on whole arrays, each `jax.lax.axis_index` a `program_id` of the mesh's axis; the
+    mesh and the external meshes go to the launch, where each backend takes or refuses them."""
+    _, core, _ = _jax()
+    p = eqn.params
+    if len(p["jaxprs"]) != 1:
+        raise _refuse("`mpmd_map` of several mesh/function pairs", name, eqn, "pass one body and one mesh to pl.kernel")
+    if p.get("input_output_aliases"):
+        raise _refuse("`input_output_aliases` of a kernel on a mesh", name, eqn, "pass the refs' values and return new outputs")
+    (closed,), (mesh,) = p["jaxprs"], p["meshes"]
+    jaxpr = closed.jaxpr if hasattr(closed, "jaxpr") else closed
+    mesh_text, axes = _mesh(mesh, name, eqn)
+    external = [_mesh(m, name, eqn, "external mesh")[0] for m in p.get("external_meshes") or ()]
+    nin, nout = len(eqn.invars), len(p["out_avals"])
+    ins = [f"x{i}" for i in range(nin)]
+    outs = [f"o{i}" for i in range(nout)]
+    scratch = [f"s{i}" for i in range(len(jaxpr.invars) - nin - nout)]
+    lines = [f"  in  {a}: {_ty(v.aval, name, eqn)}" for a, v in zip(ins, eqn.invars)]
+    lines += [f"  out {a}: {_ty(v, name, eqn)}" for a, v in zip(outs, p["out_avals"])]
+    lines += [_scratch(a, var.aval, name, eqn) for a, var in zip(scratch, jaxpr.invars[nin + nout:])]
+    w = _Writer(name, axes)
+    for var, arg in zip(jaxpr.invars, ins + outs + scratch):
+        w.env[var] = ("ref", arg)
+    w.eqns(jaxpr)
+    text = "\n".join([f"kernel {name}"] + lines + w.scoped + ["{"] + w.body.lines + ["}"]) + "\n"
+    return Translated(name, text, ins, outs, mesh_text, external)

@@ -1,0 +1,462 @@
+"""Operations on values in a Pallas kernel's body beyond one `.tk` operation each: shifts with
+XLA's meaning, powers, `all`/`any`, broadcasts, reductions, `argmax`/`argmin`, sorts and
+`top_k`, cumulative operations, `dot_general`."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._common import _ty, _dot_acc
+
+
+class _Values:
+    """The `_Writer`'s methods for values."""
+
+    def shift(self, eqn) -> None:
+        """`shift_left` and the two right shifts with XLA's meaning: a logical shift of a signed
+        value (and an arithmetic one of an unsigned value) goes through the other signedness by
+        `bitcast`; a count outside [0, bits) gives 0 (the arithmetic right shift: the sign, a
+        shift by bits - 1), where tessel would take the count modulo 32."""
+        a, b = eqn.invars
+        name = eqn.primitive.name
+        ty = _ty(eqn.outvars[0].aval, self.kernel, eqn)
+        base, _, dims = ty.partition("[")
+        signed, bits = base.startswith("i"), int(base[1:])
+        via = ("i" if {"shift_left": signed, "shift_right_arithmetic": True}.get(name, False) else "u") + str(bits)
+
+        def emit(rhs: str, elem: str) -> str:
+            v = self.body.fresh()
+            self.body.emit(f"{v} = {rhs} : {elem}{'[' + dims if dims else ''}")
+            return v
+
+        x, n = self.value(a, eqn), self.read(b)
+        if via != base:
+            x = emit(f"bitcast {x}", via)
+            n = emit(f"bitcast {n}", via) if n.startswith("%") else n
+        op = "shl" if name == "shift_left" else "shr"
+        if not n.startswith("%") and 0 <= int(float(n)) < bits:
+            r = emit(f"{op} {x}, {n}", via)  # a literal count in range: the plain shift
+        else:
+            beyond = emit(f"shr {x}, {bits - 1}", via) if name == "shift_right_arithmetic" else emit("full 0", via)
+            if n.startswith("%"):
+                count = emit(f"bitcast {n}", "u" + str(bits)) if via.startswith("i") else n
+                ok = emit(f"lt {count}, {bits}", "bool")
+                r = emit(f"select {ok}, {emit(f'{op} {x}, {n}', via)}, {beyond}", via)
+            else:
+                r = beyond  # a literal count out of range
+        if via != base:
+            r = emit(f"bitcast {r}", base)
+        self.define(eqn.outvars[0], r)
+
+    # ---- indexing ----
+
+    def integer_pow(self, eqn) -> None:
+        """`x ** n` for an integer `n` as JAX computes it: by squaring (x^4 is (x x)(x x), not
+        ((x x) x) x, which rounds otherwise), 1 for n = 0, and 1 / x^-n for n < 0."""
+        y = eqn.params["y"]
+        ty = _ty(eqn.outvars[0].aval, self.kernel, eqn)
+        one = "1.0" if ty.split("[")[0] in ("f32", "f16", "bf16") else "1"
+        if y == 0:
+            self.op(eqn, f"full {one}")
+            return
+        x, n, acc = self.value(eqn.invars[0], eqn), abs(y), None
+
+        def mul(a: str, b: str) -> str:
+            v = self.body.fresh()
+            self.body.emit(f"{v} = mul {a}, {b} : {ty}")
+            return v
+
+        while n > 0:
+            if n & 1:
+                acc = x if acc is None else mul(acc, x)
+            n >>= 1
+            if n > 0:
+                x = mul(x, x)
+        if y < 0:
+            self.op(eqn, f"div {one}, {acc}")
+        else:
+            self.define(eqn.outvars[0], acc)
+
+    def all_or_any(self, eqn, op: str) -> None:
+        """`reduce_and` / `reduce_or` (`jnp.all`, `jnp.any`): the bools as `i32` 0 and 1, their
+        `min` / `max` along the axes, and whether that is not 0."""
+        (x,) = eqn.invars
+        shape = list(x.aval.shape)
+        cur = self.body.fresh()
+        self.body.emit(f"{cur} = cast {self.value(x, eqn)} : i32[{', '.join(map(str, shape))}]")
+        for a in sorted(eqn.params["axes"], reverse=True):
+            shape.pop(a)
+            v = self.body.fresh()
+            rest = f"[{', '.join(map(str, shape))}]" if shape else ""
+            self.body.emit(f"{v} = {op} {cur} axis {a} : i32{rest}")
+            cur = v
+        self.op(eqn, f"ne {cur}, 0")
+
+    def broadcast(self, eqn) -> None:
+        """`broadcast_in_dim`, or `broadcast_to` (numpy's: the operand's dimensions last)."""
+        (x,) = eqn.invars
+        out = eqn.outvars[0]
+        rank, out_rank = len(x.aval.shape), len(out.aval.shape)
+        dims = eqn.params.get("broadcast_dimensions", tuple(range(out_rank - rank, out_rank)))
+        ty = _ty(out.aval, self.kernel, eqn)
+        src = self.read(x)
+        if not x.aval.shape:
+            if not src.startswith("%"):
+                v = self.body.fresh()
+                self.body.emit(f"{v} = full {src} : {ty}")
+                self.define(out, v)
+                return
+            self.op(eqn, f"broadcast {src}")
+            return
+        # Dimensions the operand does not have become 1 (a reshape), then stretch (a broadcast).
+        middle = [1] * len(out.aval.shape)
+        for src_dim, out_dim in enumerate(dims):
+            middle[out_dim] = x.aval.shape[src_dim]
+        cur = self.value(x, eqn)
+        dt = ty.split("[")[0]
+        if tuple(middle) != tuple(x.aval.shape):
+            cur = self.reshaped(cur, middle, f"{dt}[{', '.join(str(d) for d in middle)}]")
+        if tuple(middle) != tuple(out.aval.shape):
+            v = self.body.fresh()
+            self.body.emit(f"{v} = broadcast {cur} : {ty}")
+            cur = v
+        self.define(out, cur)
+
+    def reduce(self, eqn, op: str) -> None:
+        (x,) = eqn.invars
+        axes = sorted(eqn.params["axes"], reverse=True)
+        cur = self.value(x, eqn)
+        shape = list(x.aval.shape)
+        dt = _ty(eqn.outvars[0].aval, self.kernel, eqn).split("[")[0]
+        out = eqn.outvars[0]
+        for a in axes:
+            kept = shape.copy()
+            kept[a] = 1
+            shape.pop(a)
+            v = self.body.fresh()
+            rest = f"[{', '.join(str(d) for d in shape)}]" if shape else ""
+            if len(axes) == 1 and self.count.get(out) == 1 and self.uses.get(out, set()) <= {"broadcast_in_dim", "reshape", "expand_dims"}:
+                keep = f"{v} = {op} {cur} axis {a} keepdims : {dt}[{', '.join(str(d) for d in kept)}]"
+                self.keepable[v] = (len(self.body.lines), "  " * self.body.depth + keep, tuple(kept))
+            self.body.emit(f"{v} = {op} {cur} axis {a} : {dt}{rest}")
+            cur = v
+        self.define(out, cur)
+
+    def arg_extreme(self, eqn, op: str) -> None:
+        """`argmax`/`argmin` along one axis, as JAX defines them: the first index of the extreme,
+        or of the first NaN where there is one (`max`/`min` propagate NaN, so a NaN is the
+        extreme): the least of the indices where the element equals the extreme (or is NaN),
+        the others made past the end."""
+        (x,) = eqn.invars
+        (axis,) = eqn.params["axes"]
+        shape = list(x.aval.shape)
+        dims = lambda sh: ", ".join(str(d) for d in sh)  # noqa: E731
+        kept = shape.copy()
+        kept[axis] = 1
+        dt = _ty(x.aval, self.kernel, eqn).split("[")[0]
+        v = self.value(x, eqn)
+        m, at, io, idx, r = (self.body.fresh() for _ in range(5))
+        self.body.emit(f"{m} = {op} {v} axis {axis} keepdims : {dt}[{dims(kept)}]")
+        self.body.emit(f"{at} = eq {v}, {m} : bool[{dims(shape)}]")
+        if dt in ("f32", "f16", "bf16"):
+            nan, either = self.body.fresh(), self.body.fresh()
+            self.body.emit(f"{nan} = ne {v}, {v} : bool[{dims(shape)}]")
+            self.body.emit(f"{either} = or {at}, {nan} : bool[{dims(shape)}]")
+            at = either
+        self.body.emit(f"{io} = iota {axis} : i32[{dims(shape)}]")
+        self.body.emit(f"{idx} = select {at}, {io}, {shape[axis]} : i32[{dims(shape)}]")
+        out = shape[:axis] + shape[axis + 1:]
+        self.body.emit(f"{r} = min {idx} axis {axis} : i32{'[' + dims(out) + ']' if out else ''}")
+        if np.dtype(eqn.params.get("index_dtype", np.int32)) != np.dtype(np.int32):
+            self.op(eqn, f"cast {r}")
+        else:
+            self.define(eqn.outvars[0], r)
+
+    def permuted(self, eqn, name: str) -> None:
+        """`sort` (`jnp.sort`, `jnp.argsort`: its operands ordered by the first, stably), `top_k`
+        (the `k` largest along the last axis and their indices, ties the lower index first) and
+        `rev` (`jnp.flip`), along one axis (another moved last by `transpose` and back after). Each
+        element's place along the axis is computed, then every operand is moved there: for a
+        sort, its rank, the number of elements ordered before it (by JAX's order of floats: -0
+        as 0, NaN after everything, so the bits come out as JAX's), counted over a comparison
+        of every pair (the block's row length squared per row)."""
+        p = eqn.params
+        shape = list(eqn.invars[0].aval.shape)
+        rank = len(shape)
+        axis = {"sort": lambda: p["dimension"], "top_k": lambda: rank - 1, "rev": lambda: None}[name]()
+        if name == "rev":
+            if len(p["dimensions"]) != 1:
+                raise self.refuse(f"`rev` along {len(p['dimensions'])} axes at once", eqn, "flip one axis at a time")
+            axis = p["dimensions"][0]
+        if name == "sort" and p.get("num_keys", 1) != 1:
+            raise self.refuse(f"`sort` by {p['num_keys']} keys", eqn, "sort by one key (jnp.sort, jnp.argsort)")
+        emit, fresh = self.body.emit, self.body.fresh
+        dims = lambda sh: ", ".join(str(d) for d in sh)  # noqa: E731
+        perm = None if axis == rank - 1 else [d for d in range(rank) if d != axis] + [axis]
+        moved = shape if perm is None else [shape[d] for d in perm]
+        n, lead = moved[-1], moved[:-1]
+
+        def last(v: str, dt: str) -> str:
+            if perm is None:
+                return v
+            t = fresh()
+            emit(f"{t} = transpose {v} perm ({dims(perm)}) : {dt}[{dims(moved)}]")
+            return t
+
+        def pair(sh_i, sh_j):
+            return lead + [sh_i, sh_j]
+
+        # Where each element goes along the axis (`i32`, the moved shape).
+        iota_i, iota_j = fresh(), fresh()
+        emit(f"{iota_i} = iota {len(lead)} : i32[{dims(pair(n, n))}]")
+        emit(f"{iota_j} = iota {len(lead) + 1} : i32[{dims(pair(n, n))}]")
+        pos = fresh()
+        if name == "rev":
+            flat = fresh()
+            emit(f"{flat} = iota {len(lead)} : i32[{dims(moved)}]")
+            emit(f"{pos} = sub {n - 1}, {flat} : i32[{dims(moved)}]")
+            k = n
+        else:
+            dt0 = _ty(eqn.invars[0].aval, self.kernel, eqn).split("[")[0]
+            key, kt = self.sort_key(last(self.value(eqn.invars[0], eqn), dt0), dt0, moved)
+            ki, kj = fresh(), fresh()
+            emit(f"{ki} = reshape {key} : {kt}[{dims(lead + [n, 1])}]")
+            emit(f"{kj} = reshape {key} : {kt}[{dims(lead + [1, n])}]")
+            # j before i: ordered before it, or equal and earlier (a stable order).
+            order = "gt" if name == "top_k" else "lt"
+            o, e, earlier, tie, before, count = (fresh() for _ in range(6))
+            emit(f"{o} = {order} {kj}, {ki} : bool[{dims(pair(n, n))}]")
+            emit(f"{e} = eq {kj}, {ki} : bool[{dims(pair(n, n))}]")
+            emit(f"{earlier} = lt {iota_j}, {iota_i} : bool[{dims(pair(n, n))}]")
+            emit(f"{tie} = and {e}, {earlier} : bool[{dims(pair(n, n))}]")
+            emit(f"{before} = or {o}, {tie} : bool[{dims(pair(n, n))}]")
+            emit(f"{count} = cast {before} : i32[{dims(pair(n, n))}]")
+            emit(f"{pos} = sum {count} axis {len(lead) + 1} : i32[{dims(moved)}]")
+            k = p["k"] if name == "top_k" else n
+        # Output place q takes the element whose place is q: the one hit in each row of
+        # `hit[.., q, i]`, picked by a max over i with everything else the max's identity.
+        src, slot, hit = fresh(), fresh(), fresh()
+        emit(f"{src} = reshape {pos} : i32[{dims(lead + [1, n])}]")
+        emit(f"{slot} = iota {len(lead)} : i32[{dims(lead + [k, n])}]")
+        emit(f"{hit} = eq {src}, {slot} : bool[{dims(lead + [k, n])}]")
+        operands = list(eqn.invars) if name == "sort" else [eqn.invars[0]]
+        outs = list(eqn.outvars)
+        picked = []
+        for v in operands:
+            ty = _ty(v.aval, self.kernel, eqn)
+            dt = ty.split("[")[0]
+            x = last(self.value(v, eqn), dt)
+            if dt == "bool":
+                c = fresh()
+                emit(f"{c} = cast {x} : i32[{dims(moved)}]")
+                x, dt = c, "i32"
+            picked.append(self.pick(x, dt, hit, lead, k, n))
+        if name == "top_k":
+            picked.append(self.pick(iota_j, "i32", hit, lead, k, n, row=True))
+        out_moved = lead + [k]
+        out_shape = out_moved if perm is None else [out_moved[perm.index(d)] for d in range(rank)]
+        for out, (v, dt) in zip(outs, picked):
+            want = _ty(out.aval, self.kernel, eqn).split("[")[0]
+            if perm is not None:
+                t = fresh()
+                emit(f"{t} = transpose {v} perm ({dims([perm.index(d) for d in range(rank)])}) : {dt}[{dims(out_shape)}]")
+                v = t
+            if want != dt:
+                c = fresh()
+                emit(f"{c} = {'ne' if want == 'bool' else 'cast'} {v}{', 0' if want == 'bool' else ''} : {_ty(out.aval, self.kernel, eqn)}")
+                v = c
+            self.define(out, v)
+
+    def sort_key(self, x: str, dt: str, shape) -> tuple:
+        """The value JAX sorts `x` (of `dt[shape]`) by, and its type: a float as the `i32` whose
+        order is JAX's (-0 as 0, every NaN as one NaN after everything), an integer as it is."""
+        emit, fresh = self.body.emit, self.body.fresh
+        if dt not in ("f32", "f16", "bf16"):
+            return x, dt
+        sh = f"[{', '.join(str(d) for d in shape)}]"
+        if dt != "f32":
+            c = fresh()
+            emit(f"{c} = cast {x} : f32{sh}")
+            x = c
+        z, x0, nan, xn, si, un, fl, fi, neg, key = (fresh() for _ in range(10))
+        emit(f"{z} = eq {x}, 0.0 : bool{sh}")
+        emit(f"{x0} = select {z}, 0.0, {x} : f32{sh}")
+        emit(f"{nan} = ne {x}, {x} : bool{sh}")
+        emit(f"{xn} = select {nan}, nan, {x0} : f32{sh}")
+        emit(f"{si} = bitcast {xn} : i32{sh}")
+        emit(f"{un} = bitcast {xn} : u32{sh}")
+        emit(f"{fl} = sub 2147483647, {un} : u32{sh}")
+        emit(f"{fi} = bitcast {fl} : i32{sh}")
+        emit(f"{neg} = lt {si}, 0 : bool{sh}")
+        emit(f"{key} = select {neg}, {fi}, {si} : i32{sh}")
+        return key, "i32"
+
+    def pick(self, x: str, dt: str, hit: str, lead, k: int, n: int, row: bool = False):
+        """Element `q` of the result: the element of `x` (the moved shape; with `row`, already
+        `[.., n, n]` of which row 0 is used) whose `hit` is set in row `q`."""
+        emit, fresh = self.body.emit, self.body.fresh
+        dims = lambda sh: ", ".join(str(d) for d in sh)  # noqa: E731
+        low = {"f32": "-inf", "f16": "-inf", "bf16": "-inf", "i32": "-2147483648", "u32": "0",
+               "i16": "-32768", "u16": "0", "i8": "-128", "u8": "0"}[dt]
+        xs = fresh()
+        if row:
+            emit(f"{xs} = slice {x} start ({dims([0] * (len(lead) + 2))}) : {dt}[{dims(lead + [1, n])}]")
+        else:
+            emit(f"{xs} = reshape {x} : {dt}[{dims(lead + [1, n])}]")
+        sel, out = fresh(), fresh()
+        emit(f"{sel} = select {hit}, {xs}, {low} : {dt}[{dims(lead + [k, n])}]")
+        emit(f"{out} = max {sel} axis {len(lead) + 1} : {dt}[{dims(lead + [k])}]")
+        return out, dt
+
+    def cumulative(self, eqn, op: str) -> None:
+        """`cumsum`, `cumprod`, `cummax`, `cummin` (`jnp.cumsum`, `lax.cummax`, ...) along the last
+        axis, or the first of a matrix, or another axis moved last by `transpose` and back after,
+        by a triangular matrix (`iota`s compared): an integer sum
+        is a `dot` with it (exact, wrapping); otherwise the elements it selects (the others the
+        operation's identity) reduced in order (a product with its zeros would spread an
+        infinity or NaN to the sums before it)."""
+        (x,) = eqn.invars
+        axis, reverse = eqn.params["axis"], eqn.params.get("reverse", False)
+        shape = list(x.aval.shape)
+        ty = _ty(x.aval, self.kernel, eqn)
+        dt = ty.split("[")[0]
+        first = axis == 0 and len(shape) == 2
+        if dt == "bool":
+            raise self.refuse(f"`cum{op}` of {ty}", eqn, "cast it to an integer first")
+        # Along another axis: moved last by a `transpose`, and back after.
+        perm = None if axis == len(shape) - 1 or first else [d for d in range(len(shape)) if d != axis] + [axis]
+        dims = lambda sh: ", ".join(str(d) for d in sh)  # noqa: E731
+        floats = dt in ("f32", "f16", "bf16")
+        acc = "f32" if floats else ("u32" if dt.startswith("u") else "i32")
+        emit = self.body.emit
+        v = self.value(x, eqn)
+        if dt != acc:
+            c = self.body.fresh()
+            emit(f"{c} = cast {v} : {acc}[{dims(shape)}]")
+            v = c
+        original = shape
+        if perm is not None:
+            shape = [original[d] for d in perm]
+            t = self.body.fresh()
+            emit(f"{t} = transpose {v} perm ({dims(perm)}) : {acc}[{dims(shape)}]")
+            v = t
+        n = shape[-1] if perm is not None else shape[axis]
+        # tri[p, q]: whether the element at q along the axis adds into the sum at p.
+        rows, cols, tri = (self.body.fresh() for _ in range(3))
+        emit(f"{rows} = iota 0 : i32[{n}, {n}]")
+        emit(f"{cols} = iota 1 : i32[{n}, {n}]")
+        emit(f"{tri} = {'le' if reverse else 'ge'} {rows}, {cols} : bool[{n}, {n}]")
+        lead = int(np.prod(shape[:-1])) if not first else shape[1]
+        d = self.body.fresh()
+        identity = {
+            "sum": "0", "prod": "1",
+            "max": "-inf" if floats else str(-(2**31) if acc == "i32" else 0),
+            "min": "inf" if floats else str(2**31 - 1 if acc == "i32" else 2**32 - 1),
+        }[op]
+        if floats and op in ("sum", "prod"):
+            identity += ".0"
+        if not floats and op == "sum":
+            ones, t = self.body.fresh(), self.body.fresh()
+            emit(f"{ones} = cast {tri} : {acc}[{n}, {n}]")
+            if first:
+                emit(f"{d} = dot {ones}, {v} : {acc}[{n}, {lead}]")
+            else:
+                m = self.body.fresh()
+                emit(f"{m} = reshape {v} : {acc}[{lead}, {n}]")
+                emit(f"{t} = dot {m}, {ones} trans_b : {acc}[{lead}, {n}]")
+                emit(f"{d} = reshape {t} : {acc}[{dims(shape)}]")
+        else:
+            # [p, q, lead] (first axis) or [lead, p, q] (last): x at q where tri[p, q], reduced over q.
+            xs, ts, sel, summed = (self.body.fresh() for _ in range(4))
+            if first:
+                emit(f"{xs} = reshape {v} : {acc}[1, {n}, {lead}]")
+                emit(f"{ts} = reshape {tri} : bool[{n}, {n}, 1]")
+                emit(f"{sel} = select {ts}, {xs}, {identity} : {acc}[{n}, {n}, {lead}]")
+                emit(f"{d} = {op} {sel} axis 1 : {acc}[{n}, {lead}]")
+            else:
+                emit(f"{xs} = reshape {v} : {acc}[{lead}, 1, {n}]")
+                emit(f"{ts} = reshape {tri} : bool[1, {n}, {n}]")
+                emit(f"{sel} = select {ts}, {xs}, {identity} : {acc}[{lead}, {n}, {n}]")
+                emit(f"{summed} = {op} {sel} axis 2 : {acc}[{lead}, {n}]")
+                emit(f"{d} = reshape {summed} : {acc}[{dims(shape)}]")
+        if perm is not None:
+            back = self.body.fresh()
+            emit(f"{back} = transpose {d} perm ({dims([perm.index(q) for q in range(len(perm))])}) : {acc}[{dims(original)}]")
+            d = back
+        if acc != dt:
+            self.op(eqn, f"cast {d}")
+        else:
+            self.define(eqn.outvars[0], d)
+
+    def reshaped(self, value: str, shape, ty: str) -> str:
+        """`value` reshaped to `shape` (of type `ty`): a reduction that only this reshape reads,
+        restoring its axis as 1, is rewritten with `keepdims` instead."""
+        kept = self.keepable.pop(value, None)
+        if kept is not None and kept[2] == tuple(shape):
+            self.body.lines[kept[0]] = kept[1]
+            return value
+        v = self.body.fresh()
+        self.body.emit(f"{v} = reshape {value} : {ty}")
+        return v
+
+    def dot(self, eqn) -> None:
+        (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+        a, b = eqn.invars
+        if tuple(lb) == (0,) and tuple(rb) == (0,) and len(a.aval.shape) == 3 and len(b.aval.shape) == 3:
+            self.batched_dot(eqn)
+            return
+        if lb or rb or len(a.aval.shape) != 2 or len(b.aval.shape) != 2:
+            raise self.refuse("`dot_general` other than a 2-D matrix product or one batched over a leading dimension", eqn)
+        ta, tb = tuple(lc) == (0,), tuple(rc) == (1,)
+        # An operand transposed only for this dot is read transposed instead.
+        if a in self.transposed:
+            a, ta = self.transposed[a], not ta
+        if b in self.transposed:
+            b, tb = self.transposed[b], not tb
+        flags = (" trans_a" if ta else "") + (" trans_b" if tb else "")
+        out = eqn.outvars[0]
+        v = self.body.fresh()
+        acc = _dot_acc(a.aval.dtype)
+        m = a.aval.shape[1 if ta else 0]
+        n = b.aval.shape[0 if tb else 1]
+        self.body.emit(f"{v} = dot {self.value(a, eqn)}, {self.value(b, eqn)}{flags} : {acc}[{m}, {n}]")
+        want = _ty(out.aval, self.kernel, eqn)
+        if want.split("[")[0] != acc:
+            w = self.body.fresh()
+            self.body.emit(f"{w} = cast {v} : {want}")
+            v = w
+        self.define(out, v)
+
+    def batched_dot(self, eqn) -> None:
+        """`dot_general` batched over the leading dimension of both operands
+        (`einsum('bqd,bkd->bqk')`): for each batch element, its slice of each operand as a matrix,
+        their `dot`, and the products concatenated along a new leading dimension."""
+        (lc, rc), _ = eqn.params["dimension_numbers"]
+        a, b = eqn.invars
+        (batch, a1, a2), (_, b1, b2) = a.aval.shape, b.aval.shape
+        ta, tb = tuple(lc) == (1,), tuple(rc) == (2,)
+        flags = (" trans_a" if ta else "") + (" trans_b" if tb else "")
+        acc = _dot_acc(a.aval.dtype)
+        m, n = (a2 if ta else a1), (b1 if tb else b2)
+        av, bv = self.value(a, eqn), self.value(b, eqn)
+        ta_ty, tb_ty = _ty(a.aval, self.kernel, eqn).split("[")[0], _ty(b.aval, self.kernel, eqn).split("[")[0]
+        parts = []
+        for t in range(batch):
+            mats = []
+            for v, ty, (d1, d2) in ((av, ta_ty, (a1, a2)), (bv, tb_ty, (b1, b2))):
+                s, r = self.body.fresh(), self.body.fresh()
+                self.body.emit(f"{s} = slice {v} start ({t}, 0, 0) : {ty}[1, {d1}, {d2}]")
+                self.body.emit(f"{r} = reshape {s} : {ty}[{d1}, {d2}]")
+                mats.append(r)
+            d, e = self.body.fresh(), self.body.fresh()
+            self.body.emit(f"{d} = dot {mats[0]}, {mats[1]}{flags} : {acc}[{m}, {n}]")
+            self.body.emit(f"{e} = reshape {d} : {acc}[1, {m}, {n}]")
+            parts.append(e)
+        v = self.body.fresh()
+        self.body.emit(f"{v} = concatenate {', '.join(parts)} axis 0")
+        want = _ty(eqn.outvars[0].aval, self.kernel, eqn)
+        if want.split("[")[0] != acc:
+            w = self.body.fresh()
+            self.body.emit(f"{w} = cast {v} : {want}")
+            v = w
+        self.define(eqn.outvars[0], v)

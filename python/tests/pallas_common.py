@@ -1,0 +1,46 @@
+"""What the Pallas test files share: the random inputs, the backends a test runs on (wgpu where an
+adapter is, a failure where TESSEL_REQUIRE_ADAPTER=1 and there is none), and `pl.kernel`'s marker."""
+
+import importlib.util
+import os
+
+import numpy as np
+import pytest
+
+import jax
+import tessel
+from jax.experimental import pallas as pl
+
+RNG = np.random.default_rng(3)
+
+
+#: `pl.kernel` makes an `mpmd_map` from jax 0.10; before, a `pallas_call` with a mesh, which tessel
+#: does not translate (docs/jax.md, Versions).
+needs_mpmd = pytest.mark.skipif(
+    importlib.util.find_spec("jax._src.pallas.mpmd") is None,
+    reason="this jax's pl.kernel is a pallas_call with a mesh, which tessel does not translate (jax 0.10 makes an mpmd_map)",
+)
+
+
+def backends():
+    b = next(b for b in tessel.backends() if b["name"] == "wgpu")
+    if b["available"]:
+        return ["interpret", "wgpu"]
+    if os.environ.get("TESSEL_REQUIRE_ADAPTER") == "1":
+        pytest.fail(f"wgpu is required here but unavailable: {b['reason']}")
+    return ["interpret"]
+
+
+def call(body, out_shape, grid, in_specs, out_specs, interpret):
+    return pl.pallas_call(body, out_shape=out_shape, grid=grid, in_specs=in_specs, out_specs=out_specs, interpret=interpret)
+
+
+f32 = lambda *shape: RNG.standard_normal(shape).astype(np.float32)  # noqa: E731
+
+
+def add(x, y, interpret=False):
+    def body(x_ref, y_ref, o_ref):
+        o_ref[...] = x_ref[...] + y_ref[...]
+
+    spec = pl.BlockSpec((128,), lambda i: (i,))
+    return call(body, jax.ShapeDtypeStruct(x.shape, x.dtype), (x.shape[0] // 128,), [spec, spec], spec, interpret)(x, y)

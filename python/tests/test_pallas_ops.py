@@ -1,0 +1,429 @@
+"""`tessel.pallas` on what production Pallas kernels use beyond the basics (issues 34 and 36):
+`lax.cond` / `lax.switch` with values (causal attention's block skipping), sorts and `top_k`,
+cumulative operations along any axis, `logsumexp`, `all`/`any`, powers, and
+`input_output_aliases` through XLA's aliasing (a KV-cache write), flash attention, and the
+matmuls that take Mosaic GPU's Hopper path. Each against Pallas's interpret mode and, where it
+can be worked out, numpy or a hand computation."""
+
+import os
+
+import numpy as np
+import pytest
+
+if os.environ.get("TESSEL_REQUIRE_PYTHON") == "1":
+    import jax  # CI: no jax is a failure, not a skip
+else:
+    jax = pytest.importorskip("jax")
+import jax.numpy as jnp  # noqa: E402
+from jax.experimental import pallas as pl  # noqa: E402
+
+import tessel  # noqa: E402
+from tessel import pallas as tp  # noqa: E402
+from pallas_common import RNG, backends, call, f32  # noqa: E402
+from test_pallas import matmul  # noqa: E402
+
+
+def cumulative_3d(x, n, interpret=False):
+    """Cumulative operations along the middle and first axes of 3-D blocks (moved last by a
+    transpose and back): a float sum, an integer sum reversed, a running maximum."""
+
+    def body(x_ref, n_ref, mid_ref, first_ref, hi_ref):
+        x, n = x_ref[...], n_ref[...]
+        mid_ref[...] = jnp.cumsum(x, axis=1)
+        first_ref[...] = jax.lax.cumsum(n, axis=0, reverse=True)
+        hi_ref[...] = jax.lax.cummax(x, axis=1)
+
+    out = (jax.ShapeDtypeStruct(x.shape, x.dtype), jax.ShapeDtypeStruct(n.shape, n.dtype), jax.ShapeDtypeStruct(x.shape, x.dtype))
+    return pl.pallas_call(body, out_shape=out, interpret=interpret)(x, n)
+
+
+def test_cumulative_operations_along_any_axis_match_numpy():
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((3, 5, 4)).astype(np.float32)
+    n = rng.integers(-50, 50, (4, 3, 2)).astype(np.int32)
+    tk = tp.to_tk(cumulative_3d, x, n)
+    assert tk.count(" perm (") >= 4, tk
+    want = [np.cumsum(x.astype(np.float64), axis=1), np.flip(np.cumsum(np.flip(n, 0), axis=0), 0), np.maximum.accumulate(x, axis=1)]
+    for backend in backends():
+        got = tp.run(cumulative_3d, x, n, backend=backend)
+        np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-5, err_msg=backend)
+        np.testing.assert_array_equal(got[1], want[1], err_msg=backend)
+        np.testing.assert_array_equal(got[2], want[2], err_msg=backend)
+    for g, w in zip(cumulative_3d(x, n, interpret=True), want):
+        np.testing.assert_allclose(np.asarray(g), w, rtol=1e-5, atol=1e-5)
+
+
+def _aliased(body, x, grid=(2,), interpret=False):
+    spec = pl.BlockSpec((8,), lambda i: (i,))
+    out = jax.ShapeDtypeStruct(x.shape, x.dtype)
+    return pl.pallas_call(body, out_shape=out, grid=grid, in_specs=[spec], out_specs=spec, input_output_aliases={0: 0}, interpret=interpret)(x)
+
+
+def aliased_partly(x, interpret=False):
+    """One program of two: the second block keeps x's values, as Pallas's one buffer does."""
+
+    def body(x_ref, o_ref):
+        o_ref[...] = x_ref[...] + 1.0
+
+    return _aliased(body, x, grid=(1,), interpret=interpret)
+
+
+def aliased_masked(x, interpret=False):
+    """Each program stores the first half of its block; the rest keeps x's values."""
+
+    def body(x_ref, o_ref):
+        o_ref[pl.ds(0, 4)] = x_ref[pl.ds(0, 4)] * 3.0
+
+    return _aliased(body, x, interpret=interpret)
+
+
+def kv_cache_update(cache, new, pos, interpret=False):
+    """A decode step's KV-cache write: the new row block goes where the scalar-prefetched `pos`
+    says, every other row of the (bf16) cache stays as it was: the cache is aliased in place."""
+    from jax.experimental.pallas import tpu as pltpu
+
+    def body(pos_ref, new_ref, cache_ref, o_ref):
+        o_ref[...] = new_ref[...]
+
+    grid_spec = pltpu.PrefetchScalarGridSpec(
+        num_scalar_prefetch=1,
+        grid=(1,),
+        in_specs=[pl.BlockSpec((4, 16), lambda i, p: (0, 0)), pl.BlockSpec((4, 16), lambda i, p: (p[0], 0))],
+        out_specs=pl.BlockSpec((4, 16), lambda i, p: (p[0], 0)),
+    )
+    out = jax.ShapeDtypeStruct(cache.shape, cache.dtype)
+    return pl.pallas_call(body, out_shape=out, grid_spec=grid_spec, input_output_aliases={2: 0}, interpret=interpret)(pos, new, cache)
+
+
+def test_an_aliased_output_left_partly_unwritten_keeps_the_inputs_values_through_xlas_aliasing():
+    x = np.arange(16, dtype=np.float32)
+    hand = {
+        aliased_partly: np.concatenate([x[:8] + 1.0, x[8:]]),
+        aliased_masked: np.concatenate([x[:4] * 3, x[4:8], x[8:12] * 3, x[12:]]),
+    }
+    for fn, want in hand.items():
+        tk = tp.to_tk(fn, x)
+        # The input is not the kernel's: its loads read the output, which starts as its values.
+        assert " in " not in tk and "load o0" in tk, tk
+        np.testing.assert_array_equal(np.asarray(fn(x, interpret=True)), want)
+        with tp.installed("interpret"):
+            hlo = jax.jit(fn).lower(x).as_text()
+        call = next(line for line in hlo.splitlines() if "tessel_call" in line)
+        assert 'keep = "o0"' in call and "output_operand_alias<output_tuple_indices = [], operand_index = 0" in call, call
+        for backend in backends():
+            np.testing.assert_array_equal(tp.run(fn, x, backend=backend), want, err_msg=f"{fn.__name__} on {backend}")
+        assert np.array_equal(x, np.arange(16, dtype=np.float32)), "the caller's array is untouched"
+    # Under `vmap`: each batch element's output starts from its own input.
+    xs = np.arange(48, dtype=np.float32).reshape(3, 16)
+    with tp.installed("interpret"):
+        got = np.asarray(jax.jit(jax.vmap(aliased_masked))(xs))
+    np.testing.assert_array_equal(got, np.asarray(jax.vmap(lambda v: aliased_masked(v, interpret=True))(xs)))
+    np.testing.assert_array_equal(got[1, 8:], np.concatenate([xs[1, 8:12] * 3, xs[1, 12:]]))
+
+
+def test_a_kv_cache_update_writes_one_block_in_place_of_a_bf16_cache():
+    rng = np.random.default_rng(11)
+    cache = jnp.asarray(rng.standard_normal((32, 16)), jnp.bfloat16)
+    new = jnp.asarray(rng.standard_normal((4, 16)), jnp.bfloat16)
+    pos = np.array([5], np.int32)
+    want = np.asarray(cache).copy()
+    want[20:24] = np.asarray(new)
+    np.testing.assert_array_equal(np.asarray(kv_cache_update(cache, new, pos, interpret=True)), want)
+    for backend in backends():
+        got = tp.run(kv_cache_update, cache, new, pos, backend=backend)
+        np.testing.assert_array_equal(np.asarray(got), want, err_msg=backend)
+    # Donated, as a decode loop would: XLA hands the cache's own buffer to the kernel.
+    with tp.installed("interpret"):
+        step = jax.jit(kv_cache_update, donate_argnums=0)
+        got = step(jnp.array(cache), new, pos)
+    np.testing.assert_array_equal(np.asarray(got), want)
+
+
+def reductions_and_powers(x, interpret=False):
+    """`jax.nn.logsumexp` (which asks `is_finite` of its max), `jnp.all` / `jnp.any` along an
+    axis and of everything, and `x ** n` for n = -2, 0, 4, 5 (by squaring, as JAX computes it)."""
+
+    def body(x_ref, lse_ref, all_ref, any_ref, pow_ref):
+        x = x_ref[...]
+        lse_ref[...] = jax.nn.logsumexp(x, axis=1, keepdims=True)
+        pos = x > 0
+        all_ref[...] = jnp.where(jnp.all(pos, axis=1, keepdims=True), 1.0, 0.0) + jnp.where(jnp.any(x > 100), 10.0, 0.0)
+        any_ref[...] = jnp.where(jnp.any(pos, axis=0, keepdims=True), 1.0, 0.0)
+        for k, n in enumerate((-2, 0, 4, 5)):
+            pow_ref[k] = jax.lax.integer_pow(x, n)
+
+    r, c = x.shape
+    out = (jax.ShapeDtypeStruct((r, 1), x.dtype), jax.ShapeDtypeStruct((r, 1), x.dtype), jax.ShapeDtypeStruct((1, c), x.dtype), jax.ShapeDtypeStruct((4, r, c), x.dtype))
+    return pl.pallas_call(body, out_shape=out, interpret=interpret)(x)
+
+
+def test_logsumexp_all_any_and_integer_powers_run_as_pallas_runs_them():
+    rng = np.random.default_rng(2)
+    x = (rng.standard_normal((6, 16)) * 3).astype(np.float32)
+    x[:, 3] = -np.abs(x[:, 3]) - 0.5  # a column with one positive element (row 1's)
+    x[1] = np.abs(x[1]) + 0.5  # a row all positive
+    x[2] = -np.inf  # a row whose logsumexp is -inf
+    want = [np.asarray(w) for w in reductions_and_powers(x, interpret=True)]
+    # By hand where exact: the row of -inf gives -inf; row 1 is all positive, no other is (and
+    # nothing passes 100); every column has a positive element, column 3 only in row 1.
+    assert want[0][2, 0] == -np.inf
+    np.testing.assert_array_equal(want[1][:, 0], [0, 1, 0, 0, 0, 0])
+    np.testing.assert_array_equal(want[2], np.ones((1, 16)))
+    tk = tp.to_tk(reductions_and_powers, x)
+    assert "lt %" in tk and ", inf" in tk and "cast %" in tk, tk
+    for backend in backends():
+        got = tp.run(reductions_and_powers, x, backend=backend)
+        np.testing.assert_allclose(got[0], want[0], rtol=1e-6, err_msg=backend)
+        np.testing.assert_array_equal(got[1], want[1], err_msg=backend)
+        np.testing.assert_array_equal(got[2], want[2], err_msg=backend)
+        # The same products in the same order: bit for bit (each stored alone, so that XLA fuses
+        # no add into a multiply in Pallas's result).
+        np.testing.assert_array_equal(got[3], want[3], err_msg=backend)
+        np.testing.assert_array_equal(got[3][1], np.ones_like(x), err_msg=backend)
+
+
+def ordered(x, n, interpret=False):
+    """`jnp.sort` along each axis (and descending: a `rev` after), `jnp.argsort`, `jnp.flip`,
+    `lax.top_k` (mixture-of-experts routing's: the top 2 experts of softmax scores and their
+    indices) and an integer sort."""
+
+    def body(x_ref, n_ref, rows_ref, cols_ref, desc_ref, arg_ref, flip_ref, top_ref, top_i_ref, ints_ref):
+        x = x_ref[...]
+        rows_ref[...] = jnp.sort(x, axis=1)
+        cols_ref[...] = jnp.sort(x, axis=0)
+        desc_ref[...] = jnp.sort(x, axis=1, descending=True)
+        arg_ref[...] = jnp.argsort(x, axis=1)
+        flip_ref[...] = jnp.flip(x, axis=0)
+        scores, experts = jax.lax.top_k(jax.nn.softmax(x, axis=1), 2)
+        top_ref[...] = scores
+        top_i_ref[...] = experts
+        ints_ref[...] = jnp.sort(n_ref[...], axis=1)
+
+    r, c = x.shape
+    f, i = (lambda sh: jax.ShapeDtypeStruct(sh, x.dtype)), (lambda sh: jax.ShapeDtypeStruct(sh, jnp.int32))
+    out = (f((r, c)), f((r, c)), f((r, c)), i((r, c)), f((r, c)), f((r, 2)), i((r, 2)), i(n.shape))
+    return pl.pallas_call(body, out_shape=out, interpret=interpret)(x, n)
+
+
+def test_sort_argsort_top_k_and_flip_run_as_pallas_runs_them():
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((6, 16)).astype(np.float32)
+    x[0, :5] = [np.nan, -0.0, 0.0, np.inf, -np.inf]  # JAX's order: -0 as 0, NaN last
+    x[1, 3] = x[1, 9]  # a tie: the lower index first
+    n = rng.integers(-1000, 1000, (6, 16)).astype(np.int32)
+    want = [np.asarray(w) for w in ordered(x, n, interpret=True)]
+    # By hand: a row sorted as numpy sorts it (NaN last), the tie's indices in order, the
+    # integers as numpy sorts them.
+    np.testing.assert_array_equal(want[0][3], np.sort(x[3]))
+    arg = list(want[3][1])
+    assert arg.index(3) + 1 == arg.index(9), arg
+    np.testing.assert_array_equal(want[7], np.sort(n, axis=1))
+    tk = tp.to_tk(ordered, x, n)
+    assert " = sum %" in tk and "bitcast" in tk, tk
+    for backend in backends():
+        got = tp.run(ordered, x, n, backend=backend)
+        for k, (g, w) in enumerate(zip(got, want)):
+            # Bit for bit: the elements themselves are moved, -0.0 and NaN included.
+            same = np.array_equal(g.view(np.uint32), w.view(np.uint32)) if w.dtype == np.float32 and k != 5 else None
+            if k == 5:
+                np.testing.assert_allclose(g, w, rtol=1e-6, err_msg=f"{backend}: top_k scores")
+            elif same is not None:
+                assert same, (backend, k, g, w)
+            else:
+                np.testing.assert_array_equal(g, w, err_msg=f"{backend}: output {k}")
+
+
+def test_a_cond_returning_values_runs_only_the_branch_taken_refs_it_writes_included():
+    """A `lax.cond` returning values whose branch also writes a ref: it is an `if`, whose branch
+    not taken does not run, so the write happens only in program 0."""
+
+    def body(x_ref, o_ref, p_ref):
+        p_ref[...] = jnp.zeros((8, 128), jnp.float32)
+
+        def write_and_return(v):
+            p_ref[...] = v + 1.0
+            return v * 2.0
+
+        o_ref[...] = jax.lax.cond(pl.program_id(0) == 0, write_and_return, lambda v: v - 1.0, x_ref[...])
+
+    x = f32(16, 128)
+    spec = pl.BlockSpec((8, 128), lambda i: (i, 0))
+    out = jax.ShapeDtypeStruct(x.shape, x.dtype)
+    f = lambda x, interpret=False: pl.pallas_call(body, out_shape=(out, out), grid=(2,), in_specs=[spec], out_specs=(spec, spec), interpret=interpret)(x)  # noqa: E731
+    want = [np.asarray(w) for w in f(x, interpret=True)]
+    # By hand: program 0 doubles and writes x + 1; program 1 subtracts 1 and writes zeros.
+    np.testing.assert_array_equal(want[0], np.concatenate([x[:8] * 2.0, x[8:] - 1.0]))
+    np.testing.assert_array_equal(want[1], np.concatenate([x[:8] + 1.0, np.zeros((8, 128), np.float32)]))
+    tk = tp.to_tk(f, x)
+    assert tk.count(" = if ") == 1 and " = for " not in tk, tk
+    for backend in backends():
+        for g, w in zip(tp.run(f, x, backend=backend), want):
+            np.testing.assert_array_equal(np.asarray(g), w, err_msg=backend)
+
+
+def switch_values(x, interpret=False):
+    """`lax.switch` returning values on `program_id - 1`, which JAX clamps into [0, 2]."""
+
+    def body(x_ref, o_ref):
+        branches = [lambda v: v * 2.0, lambda v: v + 1.0, lambda v: -v]
+        o_ref[...] = jax.lax.switch(pl.program_id(0) - 1, branches, x_ref[...])
+
+    spec = pl.BlockSpec((8,), lambda i: (i,))
+    return pl.pallas_call(body, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), grid=(5,), in_specs=[spec], out_specs=spec, interpret=interpret)(x)
+
+
+def test_a_switch_returning_values_is_a_chain_of_ifs_with_the_index_clamped():
+    x = f32(40)
+    tk = tp.to_tk(switch_values, x)
+    assert tk.count(" = if ") == 2 and " = for " not in tk, tk
+    # By hand: programs 0 and 1 take branch 0 (-1 clamps to 0), 2 branch 1, 3 and 4 branch 2.
+    b = x.reshape(5, 8)
+    want = np.concatenate([b[0] * 2, b[1] * 2, b[2] + 1, -b[3], -b[4]])
+    np.testing.assert_array_equal(np.asarray(switch_values(x, interpret=True)), want)
+    for backend in backends():
+        np.testing.assert_array_equal(tp.run(switch_values, x, backend=backend), want, err_msg=backend)
+
+
+def causal_attention(q, k, v, interpret=False, bq=16, bk=16):
+    """Causal attention's online softmax over key blocks, skipping with `lax.cond` the blocks
+    wholly after a program's last query row (carrying the state unchanged) and masking the one
+    on the diagonal: the kernel shape Pallas users write for causal flash attention."""
+    n, d = q.shape
+
+    def body(q_ref, k_ref, v_ref, o_ref):
+        i = pl.program_id(0)
+        qb = q_ref[...] * (1.0 / np.sqrt(d))
+        rows = i * bq + jax.lax.broadcasted_iota(jnp.int32, (bq, bk), 0)
+
+        def step(j, carry):
+            def run(carry):
+                m, l, acc = carry
+                kb, vb = k_ref[pl.ds(j * bk, bk), :], v_ref[pl.ds(j * bk, bk), :]
+                s = jnp.dot(qb, kb.T)
+                cols = j * bk + jax.lax.broadcasted_iota(jnp.int32, (bq, bk), 1)
+                s = jnp.where(cols > rows, -jnp.inf, s)
+                m2 = jnp.maximum(m, s.max(axis=1, keepdims=True))
+                p = jnp.exp(s - m2)
+                alpha = jnp.exp(m - m2)
+                return m2, l * alpha + p.sum(axis=1, keepdims=True), acc * alpha + jnp.dot(p, vb)
+
+            return jax.lax.cond(j * bk <= i * bq + bq - 1, run, lambda c: c, carry)
+
+        init = (jnp.full((bq, 1), -jnp.inf, jnp.float32), jnp.zeros((bq, 1), jnp.float32), jnp.zeros((bq, d), jnp.float32))
+        _, l, acc = jax.lax.fori_loop(0, n // bk, step, init)
+        o_ref[...] = acc / l
+
+    qs = pl.BlockSpec((bq, d), lambda i: (i, 0))
+    whole = pl.BlockSpec((n, d), lambda i: (0, 0))
+    return pl.pallas_call(body, out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype), grid=(n // bq,), in_specs=[qs, whole, whole], out_specs=qs, interpret=interpret)(q, k, v)
+
+
+def test_causal_attention_skipping_blocks_with_cond_matches_numpy():
+    rng = np.random.default_rng(5)
+    q, k, v = (rng.standard_normal((64, 32)).astype(np.float32) for _ in range(3))
+    tk = tp.to_tk(causal_attention, q, k, v)
+    assert " = if " in tk and " = for " in tk, tk
+    # numpy, in float64: softmax of the scaled scores with the future masked.
+    s = (q.astype(np.float64) @ k.T.astype(np.float64)) / np.sqrt(32)
+    s[np.triu_indices(64, 1)] = -np.inf
+    p = np.exp(s - s.max(axis=1, keepdims=True))
+    want = (p / p.sum(axis=1, keepdims=True)) @ v.astype(np.float64)
+    np.testing.assert_allclose(np.asarray(causal_attention(q, k, v, interpret=True)), want, rtol=1e-4, atol=1e-5)
+    for backend in backends():
+        np.testing.assert_allclose(tp.run(causal_attention, q, k, v, backend=backend), want, rtol=1e-4, atol=1e-5, err_msg=backend)
+
+
+def test_a_pallas_bf16_matmul_takes_the_mosaic_gpu_hopper_path():
+    # Pallas's matmul as people write it (`o_ref[...] += jnp.dot(...)`, zeroed under `pl.when`),
+    # on bf16 operands in 128x128 tiles: Mosaic GPU lowers it with TMA, mbarriers and wgmma.
+    a = jnp.asarray(RNG.standard_normal((256, 192), dtype=np.float32)).astype(jnp.bfloat16)
+    b = jnp.asarray(RNG.standard_normal((192, 256), dtype=np.float32)).astype(jnp.bfloat16)
+    (t,) = tp.translate(matmul, a, b, bm=128, bn=128, bk=64)
+    ptx = tessel.compile(t.text).lower("mosaic-gpu")
+    assert "// hopper: dot of bf16 [128, 64] x [64, 128] on wgmma m64n128k16" in ptx, ptx[:600]
+    assert "cp.async.bulk.tensor.2d" in ptx and "mbarrier.try_wait.parity" in ptx and "wgmma.mma_async" in ptx
+    # And it computes the product on every backend here (against f64, from the bf16 values).
+    want = np.asarray(a, dtype=np.float64) @ np.asarray(b, dtype=np.float64)
+    for backend in backends():
+        got = tp.run(matmul, a, b, bm=128, bn=128, bk=64, backend=backend)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def scratch_matmul(a, b, interpret=False, bm=128, bn=128, bk=64):
+    """Pallas's other matmul: an f32 scratch accumulator, cast into a bf16 output at the last step."""
+    from jax.experimental.pallas import tpu as pltpu
+
+    def body(a_ref, b_ref, o_ref, acc_ref):
+        @pl.when(pl.program_id(2) == 0)
+        def _():
+            acc_ref[...] = jnp.zeros_like(acc_ref)
+
+        acc_ref[...] += jnp.dot(a_ref[...], b_ref[...], preferred_element_type=jnp.float32)
+
+        @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)
+        def _():
+            o_ref[...] = acc_ref[...].astype(o_ref.dtype)
+
+    (m, k), n = a.shape, b.shape[1]
+    return pl.pallas_call(
+        body,
+        out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
+        grid=(m // bm, n // bn, k // bk),
+        in_specs=[pl.BlockSpec((bm, bk), lambda i, j, kk: (i, kk)), pl.BlockSpec((bk, bn), lambda i, j, kk: (kk, j))],
+        out_specs=pl.BlockSpec((bm, bn), lambda i, j, kk: (i, j)),
+        scratch_shapes=[pltpu.VMEM((bm, bn), jnp.float32)],
+        interpret=interpret,
+    )(a, b)
+
+
+def test_a_pallas_matmul_with_a_scratch_accumulator_takes_the_hopper_path_too():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    a = jnp.asarray(RNG.standard_normal((256, 192), dtype=np.float32)).astype(jnp.bfloat16)
+    b = jnp.asarray(RNG.standard_normal((192, 128), dtype=np.float32)).astype(jnp.bfloat16)
+    (t,) = tp.translate(scratch_matmul, a, b)
+    ptx = tessel.compile(t.text).lower("mosaic-gpu")
+    assert "on wgmma m64n128k16" in ptx and "into o0 (bf16)" in ptx, ptx[:600]
+    want = np.asarray(scratch_matmul(a, b, interpret=True)).astype(np.float32)
+    for backend in backends():
+        got = tp.run(scratch_matmul, a, b, backend=backend)
+        assert got.dtype == ml_dtypes.bfloat16
+        np.testing.assert_allclose(got.astype(np.float32), want, rtol=1e-2, atol=1e-2)
+
+
+def attention(q, k, v, interpret=False, bq=16, bk=16):
+    """Flash attention: `fori_loop` over key blocks with a running max and sum carried, `pl.ds`
+    slices of whole-array `k` and `v` at the loop's offset, `q @ k.T`."""
+    n, d = q.shape
+
+    def body(q_ref, k_ref, v_ref, o_ref):
+        qb = q_ref[...]
+
+        def step(j, carry):
+            m, s, acc = carry
+            kb = k_ref[pl.ds(j * bk, bk), :]
+            vb = v_ref[pl.ds(j * bk, bk), :]
+            logits = jnp.dot(qb, kb.T, preferred_element_type=jnp.float32)
+            m_new = jnp.maximum(m, jnp.max(logits, axis=1, keepdims=True))
+            p = jnp.exp(logits - m_new)
+            scale = jnp.exp(m - m_new)
+            return m_new, s * scale + jnp.sum(p, axis=1, keepdims=True), acc * scale + jnp.dot(p, vb)
+
+        init = (jnp.full((bq, 1), -jnp.inf, jnp.float32), jnp.zeros((bq, 1), jnp.float32), jnp.zeros((bq, d), jnp.float32))
+        _, s, acc = jax.lax.fori_loop(0, n // bk, step, init)
+        o_ref[...] = acc / s
+
+    whole = pl.BlockSpec((n, d), lambda i: (0, 0))
+    spec = pl.BlockSpec((bq, d), lambda i: (i, 0))
+    return call(body, jax.ShapeDtypeStruct(q.shape, q.dtype), (n // bq,), [spec, whole, whole], spec, interpret)(q, k, v)
+
+
+def test_flash_attention_agrees_with_pallas_interpret_mode():
+    q, k, v = f32(64, 32), f32(64, 32), f32(64, 32)
+    want = np.asarray(attention(q, k, v, interpret=True))
+    logits = q @ k.T
+    e = np.exp(logits - logits.max(1, keepdims=True))
+    np.testing.assert_allclose(want, (e / e.sum(1, keepdims=True)) @ v, rtol=1e-4, atol=1e-5)
+    text = tp.to_tk(attention, q, k, v)
+    assert "= for %" in text and "trans_b" in text and "yield %" in text, text
+    for backend in backends():
+        np.testing.assert_allclose(tp.run(attention, q, k, v, backend=backend), want, rtol=1e-4, atol=1e-5, err_msg=backend)
