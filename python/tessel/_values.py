@@ -308,6 +308,123 @@ class _Values:
         emit(f"{out} = max {sel} axis {len(lead) + 1} : {dt}[{dims(lead + [k])}]")
         return out, dt
 
+    def along(self, x: str, dt: str, shape, axis: int, pos: str, k: int) -> str:
+        """`x` (`dt[shape]`) with its `axis` made `k` long: element `q` along it is the one whose
+        place `pos` (`i32[n]`, one per element along the axis) is `q`, the others the `max`'s
+        identity (moved by `select` and `max` along a transposed copy, as `permuted` moves)."""
+        emit, fresh = self.body.emit, self.body.fresh
+        dims = lambda sh: ", ".join(str(d) for d in sh)  # noqa: E731
+        rank, n = len(shape), shape[axis]
+        perm = None if axis == rank - 1 else [d for d in range(rank) if d != axis] + [axis]
+        moved = list(shape) if perm is None else [shape[d] for d in perm]
+        lead = moved[:-1]
+        if dt == "bool":
+            c = fresh()
+            emit(f"{c} = cast {x} : i32[{dims(shape)}]")
+            x = c
+        work = "i32" if dt == "bool" else dt
+        if perm is not None:
+            t = fresh()
+            emit(f"{t} = transpose {x} perm ({dims(perm)}) : {work}[{dims(moved)}]")
+            x = t
+        ones = [1] * len(lead)
+        src, slot, hit = fresh(), fresh(), fresh()
+        emit(f"{src} = reshape {pos} : i32[{dims(ones + [1, n])}]")
+        emit(f"{slot} = iota {len(lead)} : i32[{dims(ones + [k, n])}]")
+        emit(f"{hit} = eq {src}, {slot} : bool[{dims(ones + [k, n])}]")
+        out, _ = self.pick(x, work, hit, lead, k, n)
+        out_moved = lead + [k]
+        if perm is not None:
+            back = [perm.index(d) for d in range(rank)]
+            t = fresh()
+            emit(f"{t} = transpose {out} perm ({dims(back)}) : {work}[{dims([out_moved[d] for d in back])}]")
+            out = t
+        if dt == "bool":
+            c = fresh()
+            emit(f"{c} = ne {out}, 0 : bool[{dims([*shape[:axis], k, *shape[axis + 1:]])}]")
+            out = c
+        return out
+
+    def start(self, atom, n: int, k: int, eqn) -> str:
+        """A dynamic start along an axis of `n` for a window of `k`, clamped into `[0, n - k]` as
+        JAX clamps it, as an `i32` scalar."""
+        emit, fresh = self.body.emit, self.body.fresh
+        s = self.read(atom)
+        if str(atom.aval.dtype) != "int32":
+            c = fresh()
+            emit(f"{c} = cast {self.value(atom, eqn)} : i32")
+            s = c
+        lo, hi = fresh(), fresh()
+        emit(f"{lo} = max {s}, 0 : i32")
+        emit(f"{hi} = min {lo}, {n - k} : i32")
+        return hi
+
+    def dynamic_slice(self, eqn) -> None:
+        """`lax.dynamic_slice` of a value (`v[pl.ds(i, k)]` of a loaded block): along each axis
+        whose start is data, element `q` is the one at `start + q` (the start clamped as JAX
+        clamps it); along the others a `slice`."""
+        emit, fresh = self.body.emit, self.body.fresh
+        x, *starts = eqn.invars
+        sizes = list(eqn.params["slice_sizes"])
+        shape = list(x.aval.shape)
+        dt = _ty(x.aval, self.kernel, eqn).split("[")[0]
+        dims = lambda sh: ", ".join(str(d) for d in sh)  # noqa: E731
+        v = self.value(x, eqn)
+        for d, (atom, n, k) in enumerate(zip(starts, shape, sizes)):
+            lit = self.read(atom)
+            if not lit.startswith("%"):
+                at = min(max(int(float(lit)), 0), n - k)
+                if (at, k) != (0, n):
+                    cut = shape[:d] + [k] + shape[d + 1:]
+                    t = fresh()
+                    emit(f"{t} = slice {v} start ({dims([at if e == d else 0 for e in range(len(shape))])}) : {dt}[{dims(cut)}]")
+                    v, shape = t, cut
+                continue
+            s = self.start(atom, n, k, eqn)
+            flat, pos = fresh(), fresh()
+            emit(f"{flat} = iota 0 : i32[{n}]")
+            emit(f"{pos} = sub {flat}, {s} : i32[{n}]")
+            v = self.along(v, dt, shape, d, pos, k)
+            shape = shape[:d] + [k] + shape[d + 1:]
+        self.define(eqn.outvars[0], v)
+
+    def dynamic_update_slice(self, eqn) -> None:
+        """`lax.dynamic_update_slice` of a value: the update moved to its place along each axis
+        (its element `j` to `start + j`, the start clamped as JAX clamps it), chosen there by a
+        mask of the window, the operand elsewhere."""
+        emit, fresh = self.body.emit, self.body.fresh
+        x, u, *starts = eqn.invars
+        shape, ushape = list(x.aval.shape), list(u.aval.shape)
+        ty = _ty(x.aval, self.kernel, eqn)
+        dt = ty.split("[")[0]
+        dims = lambda sh: ", ".join(str(d) for d in sh)  # noqa: E731
+        v, cur = self.value(u, eqn), list(ushape)
+        inside = None
+        for d, (atom, n, m) in enumerate(zip(starts, shape, ushape)):
+            s = self.start(atom, n, m, eqn)
+            flat, pos = fresh(), fresh()
+            emit(f"{flat} = iota 0 : i32[{m}]")
+            emit(f"{pos} = add {flat}, {s} : i32[{m}]")
+            v = self.along(v, dt, cur, d, pos, n)
+            cur[d] = n
+            # Whether the element is in the window along this axis.
+            at, lo, end, hi, both = (fresh() for _ in range(5))
+            emit(f"{at} = iota {d} : i32[{dims(shape)}]")
+            emit(f"{lo} = ge {at}, {s} : bool[{dims(shape)}]")
+            emit(f"{end} = add {s}, {m} : i32")
+            emit(f"{hi} = lt {at}, {end} : bool[{dims(shape)}]")
+            emit(f"{both} = and {lo}, {hi} : bool[{dims(shape)}]")
+            if inside is None:
+                inside = both
+            else:
+                t = fresh()
+                emit(f"{t} = and {inside}, {both} : bool[{dims(shape)}]")
+                inside = t
+        if inside is None:
+            self.define(eqn.outvars[0], v)
+            return
+        self.op(eqn, f"select {inside}, {v}, {self.value(x, eqn)}")
+
     def cumulative(self, eqn, op: str) -> None:
         """`cumsum`, `cumprod`, `cummax`, `cummin` (`jnp.cumsum`, `lax.cummax`, ...) along the last
         axis, or the first of a matrix, or another axis moved last by `transpose` and back after,

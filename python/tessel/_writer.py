@@ -285,6 +285,10 @@ class _Writer(_Refs, _Values, _Control):
             self.arg_extreme(eqn, "max" if name == "argmax" else "min")
         elif name in ("cumsum", "cumprod", "cummax", "cummin"):
             self.cumulative(eqn, name[3:])
+        elif name == "dynamic_slice":
+            self.dynamic_slice(eqn)
+        elif name == "dynamic_update_slice":
+            self.dynamic_update_slice(eqn)
         elif name in ("sort", "top_k", "rev"):
             self.permuted(eqn, name)
         elif name == "stop_gradient":

@@ -427,3 +427,36 @@ def test_flash_attention_agrees_with_pallas_interpret_mode():
     assert "= for %" in text and "trans_b" in text and "yield %" in text, text
     for backend in backends():
         np.testing.assert_allclose(tp.run(attention, q, k, v, backend=backend), want, rtol=1e-4, atol=1e-5, err_msg=backend)
+
+
+def dynamic_windows(x, interpret=False):
+    """`lax.dynamic_slice` and `lax.dynamic_update_slice` of a loaded block at starts from the
+    program id, some past the end (JAX clamps them into the block)."""
+
+    def body(x_ref, a_ref, b_ref, c_ref):
+        v = x_ref[...]
+        i = pl.program_id(0)
+        a_ref[...] = jax.lax.dynamic_slice(v, (i * 3 + 1, 0), (4, 16))
+        b_ref[...] = jax.lax.dynamic_slice(v, (i * 20, i * 5), (3, 8))
+        c_ref[...] = jax.lax.dynamic_update_slice(v, jnp.full((2, 4), -1.0, v.dtype), (i + 2, i * 7 + 20))
+
+    out = (jax.ShapeDtypeStruct((2, 4, 16), x.dtype), jax.ShapeDtypeStruct((2, 3, 8), x.dtype), jax.ShapeDtypeStruct((2, 8, 16), x.dtype))
+    spec = lambda sh: pl.BlockSpec((None,) + sh, lambda i: (i, 0, 0))  # noqa: E731
+    return pl.pallas_call(body, out_shape=out, grid=(2,), in_specs=[pl.BlockSpec((8, 16), lambda i: (0, 0))],
+                          out_specs=(spec((4, 16)), spec((3, 8)), spec((8, 16))), interpret=interpret)(x)
+
+
+def test_dynamic_slices_and_updates_of_values_clamp_as_jax_does():
+    x = np.arange(128, dtype=np.float32).reshape(8, 16)
+    # By hand: program i's windows, starts clamped into [0, size - window].
+    a = np.stack([x[1:5], x[4:8]])
+    b = np.stack([x[0:3, 0:8], x[5:8, 5:13]])
+    c = np.stack([x.copy(), x.copy()])
+    c[0, 2:4, 12:16] = -1.0  # column start 20 clamped to 12
+    c[1, 3:5, 12:16] = -1.0
+    want = [np.asarray(w) for w in dynamic_windows(x, interpret=True)]
+    for w, h in zip(want, (a, b, c)):
+        np.testing.assert_array_equal(w, h)
+    for backend in backends():
+        for g, h in zip(tp.run(dynamic_windows, x, backend=backend), (a, b, c)):
+            np.testing.assert_array_equal(g, h, err_msg=backend)
