@@ -7,7 +7,9 @@
 2. the same against XLA's compiled `jnp` code for the same maths;
 3. the per-call overhead of `tessel.jax.call` in `jit` over an empty XLA FFI handler in `jit`;
 4. the first call (trace, lower, compile, run) against Pallas interpret's first call;
-5. `shard_map` over 1, 2 and 4 host devices (each in its own process).
+5. `shard_map` over 1, 2 and 4 host devices (each in its own process);
+6. a KV-cache write through `input_output_aliases` (the cache donated) against XLA's own
+   `lax.dynamic_update_slice` of the donated cache.
 
 Every call is timed to `block_until_ready`, inputs already on the device, after a warm-up call.
 Prints a Markdown section for docs/performance.md. Alone:
@@ -130,6 +132,63 @@ def section_overhead():
     return best
 
 
+def kv_write(cache, new, pos, interpret=False):
+    """A decode step's KV-cache write: 16 rows at the scalar-prefetched block `pos`, the rest of
+    the cache aliased in place (tests/test_pallas_ops.py's kernel at a production size)."""
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+
+    rows, width = new.shape
+
+    def body(pos_ref, new_ref, cache_ref, o_ref):
+        o_ref[...] = new_ref[...]
+
+    grid_spec = pltpu.PrefetchScalarGridSpec(
+        num_scalar_prefetch=1,
+        grid=(1,),
+        in_specs=[pl.BlockSpec((rows, width), lambda i, p: (0, 0)), pl.BlockSpec((rows, width), lambda i, p: (p[0], 0))],
+        out_specs=pl.BlockSpec((rows, width), lambda i, p: (p[0], 0)),
+    )
+    out = jax.ShapeDtypeStruct(cache.shape, cache.dtype)
+    return pl.pallas_call(body, out_shape=out, grid_spec=grid_spec, input_output_aliases={2: 0}, interpret=interpret)(pos, new, cache)
+
+
+def section_kv_cache(calls=30):
+    """ms a call of the write into a donated cache of 65,536 × 128: tessel (interpret, the cache
+    aliased: XLA's `output_operand_aliases`) and XLA's `dynamic_update_slice` of the same."""
+    out = []
+    for dtype in (jnp.float32, jnp.bfloat16):
+        rng = np.random.default_rng(0)
+        cache = jnp.asarray(rng.standard_normal((65536, 128)), dtype)
+        new = jnp.asarray(rng.standard_normal((16, 128)), dtype)
+        pos = np.array([1000], np.int32)
+        with tp.installed(backend="interpret"):
+            f = jax.jit(kv_write, donate_argnums=0)
+            t_tessel = _donated(f, cache, new, pos, calls)
+        g = jax.jit(lambda c, n, p: jax.lax.dynamic_update_slice(c, n, (p[0] * 16, 0)), donate_argnums=0)
+        t_xla = _donated(g, cache, new, pos, calls)
+        want = np.asarray(cache).copy()
+        want[16000:16016] = np.asarray(new)
+        with tp.installed(backend="interpret"):
+            got = np.asarray(jax.jit(kv_write)(cache, new, pos))
+        if not np.array_equal(got.view(np.uint8), want.view(np.uint8)):
+            raise SystemExit(f"the KV-cache write of {np.dtype(dtype).name} differs from numpy")
+        out.append((np.dtype(dtype).name, t_tessel, t_xla))
+    return out
+
+
+def _donated(f, cache, new, pos, calls):
+    """The median seconds of `calls` calls of `f(cache, new, pos)`, each on the buffer the last
+    returned (donated back in, as a decode loop does)."""
+    c = jax.block_until_ready(f(jnp.array(cache), new, pos))
+    times = []
+    for _ in range(calls):
+        t = time.perf_counter()
+        c = jax.block_until_ready(f(c, new, pos))
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
 SHARDED = """
 import sys, time, statistics, numpy as np, jax, jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
@@ -177,6 +236,7 @@ def main():
     rows, firsts = section_kernels(a.quick)
     over = section_overhead()
     sharded = section_sharded()
+    kv = section_kv_cache()
     print("## tessel inside JAX (benches/jax_inside.py)")
     print()
     print(f"jax {jax.__version__}, {os.cpu_count()} cores. Pallas kernels inside `jax.jit` with `tessel.pallas.installed(\"interpret\")`,")
@@ -220,6 +280,18 @@ def main():
     print("|---:|---:|---:|")
     for d, ms, most in sharded:
         print(f"| {d} | {'failed: ' + ' '.join(most) if ms is None else f'{ms:.2f}'} | {'' if ms is None else most} |")
+    print()
+    print_kv(kv)
+
+
+def print_kv(kv):
+    print("A KV-cache write (16 rows of 128 at a scalar-prefetched block of a 65,536 × 128 cache, donated) through")
+    print("`input_output_aliases`, beside XLA's own `lax.dynamic_update_slice` of the donated cache (ms a call, median of 30):")
+    print()
+    print("| cache | tessel in jit (ms) | XLA `dynamic_update_slice` (ms) | XLA / tessel |")
+    print("|---|---:|---:|---:|")
+    for name, t, x in kv:
+        print(f"| {name} | {t * 1e3:.3f} | {x * 1e3:.3f} | {x / t:.2f}× |")
 
 
 if __name__ == "__main__":

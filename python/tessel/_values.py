@@ -308,6 +308,57 @@ class _Values:
         emit(f"{out} = max {sel} axis {len(lead) + 1} : {dt}[{dims(lead + [k])}]")
         return out, dt
 
+    def cumlogsumexp(self, eqn) -> None:
+        """`lax.cumlogsumexp`: element `i` is `log(sum_{j <= i} e^x_j)` (reversed: `j >= i`),
+        computed over every pair as `m_i + log(sum_j e^(x_j - m_i))` with `m_i` the running max
+        (0 where it is infinite), so that no prefix underflows; in `f32`."""
+        emit, fresh = self.body.emit, self.body.fresh
+        (x,) = eqn.invars
+        axis, reverse = eqn.params["axis"], eqn.params.get("reverse", False)
+        shape = list(x.aval.shape)
+        rank = len(shape)
+        dims = lambda sh: ", ".join(str(d) for d in sh)  # noqa: E731
+        dt = _ty(x.aval, self.kernel, eqn).split("[")[0]
+        v = self.value(x, eqn)
+        if dt != "f32":
+            c = fresh()
+            emit(f"{c} = cast {v} : f32[{dims(shape)}]")
+            v = c
+        perm = None if axis == rank - 1 else [d for d in range(rank) if d != axis] + [axis]
+        moved = shape if perm is None else [shape[d] for d in perm]
+        if perm is not None:
+            t = fresh()
+            emit(f"{t} = transpose {v} perm ({dims(perm)}) : f32[{dims(moved)}]")
+            v = t
+        lead, n = moved[:-1], moved[-1]
+        sq = lead + [n, n]
+        ri, cj, tri, xj, sel, m, fin, ms, mb, d, e, s, lg, out = (fresh() for _ in range(14))
+        emit(f"{ri} = iota {len(lead)} : i32[{dims(sq)}]")
+        emit(f"{cj} = iota {len(lead) + 1} : i32[{dims(sq)}]")
+        emit(f"{tri} = {'ge' if reverse else 'le'} {cj}, {ri} : bool[{dims(sq)}]")
+        emit(f"{xj} = reshape {v} : f32[{dims(lead + [1, n])}]")
+        emit(f"{sel} = select {tri}, {xj}, -inf : f32[{dims(sq)}]")
+        emit(f"{m} = max {sel} axis {len(lead) + 1} keepdims : f32[{dims(lead + [n, 1])}]")
+        emit(f"{fin} = abs {m} : f32[{dims(lead + [n, 1])}]")
+        emit(f"{mb} = lt {fin}, inf : bool[{dims(lead + [n, 1])}]")
+        emit(f"{ms} = select {mb}, {m}, 0.0 : f32[{dims(lead + [n, 1])}]")
+        emit(f"{d} = sub {sel}, {ms} : f32[{dims(sq)}]")
+        emit(f"{e} = exp {d} : f32[{dims(sq)}]")
+        emit(f"{s} = sum {e} axis {len(lead) + 1} keepdims : f32[{dims(lead + [n, 1])}]")
+        emit(f"{lg} = log {s} : f32[{dims(lead + [n, 1])}]")
+        emit(f"{out} = add {ms}, {lg} : f32[{dims(lead + [n, 1])}]")
+        flat = fresh()
+        emit(f"{flat} = reshape {out} : f32[{dims(moved)}]")
+        v = flat
+        if perm is not None:
+            t = fresh()
+            emit(f"{t} = transpose {v} perm ({dims([perm.index(q) for q in range(rank)])}) : f32[{dims(shape)}]")
+            v = t
+        if dt != "f32":
+            self.op(eqn, f"cast {v}")
+        else:
+            self.define(eqn.outvars[0], v)
+
     def along(self, x: str, dt: str, shape, axis: int, pos: str, k: int) -> str:
         """`x` (`dt[shape]`) with its `axis` made `k` long: element `q` along it is the one whose
         place `pos` (`i32[n]`, one per element along the axis) is `q`, the others the `max`'s

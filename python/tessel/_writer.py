@@ -285,6 +285,8 @@ class _Writer(_Refs, _Values, _Control):
             self.arg_extreme(eqn, "max" if name == "argmax" else "min")
         elif name in ("cumsum", "cumprod", "cummax", "cummin"):
             self.cumulative(eqn, name[3:])
+        elif name == "cumlogsumexp":
+            self.cumlogsumexp(eqn)
         elif name == "dynamic_slice":
             self.dynamic_slice(eqn)
         elif name == "dynamic_update_slice":

@@ -460,3 +460,31 @@ def test_dynamic_slices_and_updates_of_values_clamp_as_jax_does():
     for backend in backends():
         for g, h in zip(tp.run(dynamic_windows, x, backend=backend), (a, b, c)):
             np.testing.assert_array_equal(g, h, err_msg=backend)
+
+
+def log_cumsums(x, interpret=False):
+    """`lax.cumlogsumexp` along rows, down columns reversed, and of a row starting with -inf."""
+
+    def body(x_ref, rows_ref, cols_ref):
+        x = x_ref[...]
+        rows_ref[...] = jax.lax.cumlogsumexp(x, axis=1)
+        cols_ref[...] = jax.lax.cumlogsumexp(x, axis=0, reverse=True)
+
+    out = (jax.ShapeDtypeStruct(x.shape, x.dtype),) * 2
+    return pl.pallas_call(body, out_shape=out, interpret=interpret)(x)
+
+
+def test_cumlogsumexp_matches_numpy_and_pallas():
+    rng = np.random.default_rng(6)
+    x = (rng.standard_normal((5, 24)) * 30).astype(np.float32)  # a spread e^x underflows across
+    x[2, :3] = -np.inf
+    with np.errstate(divide="ignore"):
+        rows = np.logaddexp.accumulate(x.astype(np.float64), axis=1)
+        cols = np.flip(np.logaddexp.accumulate(np.flip(x.astype(np.float64), 0), axis=0), 0)
+    want = [np.asarray(w) for w in log_cumsums(x, interpret=True)]
+    np.testing.assert_allclose(want[0], rows, rtol=1e-5)
+    for backend in backends():
+        got = tp.run(log_cumsums, x, backend=backend)
+        np.testing.assert_allclose(got[0], rows, rtol=2e-6, err_msg=backend)
+        np.testing.assert_allclose(got[1], cols, rtol=2e-6, err_msg=backend)
+        assert np.all(got[0][2, :3] == -np.inf), got[0][2]
