@@ -308,6 +308,123 @@ class _Values:
         emit(f"{out} = max {sel} axis {len(lead) + 1} : {dt}[{dims(lead + [k])}]")
         return out, dt
 
+    def composed(self, eqn, name: str) -> None:
+        """Elementwise functions tessel has no operation for, composed of its operations:
+        `erfc` by the rational Chebyshev fit of Numerical Recipes' `erfcc` (`t e^(-z^2 + P(t))`,
+        `t = 1 / (1 + z/2)`, relative error below 1.2e-7 for every `z`, `e^(-z^2)` taken without
+        rounding `z^2`; so `gelu(approximate=False)` keeps its tail where `1 - erf` would cancel
+        to 0), `tan` as `sin / cos`, `cbrt`
+        as `|x|^(1/3)` with the sign, `population_count` by adding bit fields (SWAR) and `clz`
+        by halving the search, both exact, on the 32 bits of `i32`/`u32`."""
+        emit, fresh = self.body.emit, self.body.fresh
+        x = self.value(eqn.invars[0], eqn)
+        ty = _ty(eqn.outvars[0].aval, self.kernel, eqn)
+        dt, _, rest = ty.partition("[")
+        sh = "[" + rest if rest else ""
+
+        def e(rhs: str, d: str = dt) -> str:
+            v = fresh()
+            emit(f"{v} = {rhs} : {d}{sh}")
+            return v
+
+        if name == "tan":
+            sin, cos = e(f"sin {x}"), e(f"cos {x}")
+            self.op(eqn, f"div {sin}, {cos}")
+        elif name == "cbrt":
+            r = e(f"pow {e(f'abs {x}')}, 0.3333333333333333")
+            neg, minus = e(f"lt {x}, 0.0", "bool"), e(f"neg {r}")
+            self.op(eqn, f"select {neg}, {minus}, {r}")
+        elif name == "erfc":
+            z = e(f"abs {x}")
+            half = e(f"mul {z}, 0.5")
+            t = e(f"div 1.0, {e(f'add {half}, 1.0')}")
+            coef = [-0.82215223, 1.48851587, -1.13520398, 0.27886807, -0.18628806, 0.09678418, 0.37409196, 1.00002368]
+            p = e("full 0.17087277")
+            for c in coef:
+                tp_ = e(f"mul {t}, {p}")
+                p = e(f"add {tp_}, {c!r}")
+            tp_ = e(f"mul {t}, {p}")
+            poly = e(f"add {tp_}, -1.26551223")
+            # e^(-z^2) without the rounding of z^2 (which e^ would magnify by z^2, up to 100):
+            # z = r + (z - r) with r's low 12 bits cleared, so r^2 is exact and
+            # -z^2 = -r^2 + (r - z)(r + z), the second term small.
+            zbits = e(f"bitcast {z}", "u32")
+            r = e(f"bitcast {e(f'and {zbits}, 4294963200', 'u32')}")
+            rr = e(f"mul {r}, {r}")
+            big = e(f"exp {e(f'neg {rr}')}")
+            d, m = e(f"sub {r}, {z}"), e(f"add {r}, {z}")
+            small = e(f"add {e(f'mul {d}, {m}')}, {poly}")
+            ans = e(f"mul {e(f'mul {t}, {big}')}, {e(f'exp {small}')}")
+            pos, other = e(f"ge {x}, 0.0", "bool"), e(f"sub 2.0, {ans}")
+            self.op(eqn, f"select {pos}, {ans}, {other}")
+        elif name == "population_count":
+            u = x if dt == "u32" else e(f"bitcast {x}", "u32")
+            pairs = e(f"and {e(f'shr {u}, 1', 'u32')}, 1431655765", "u32")
+            a = e(f"sub {u}, {pairs}", "u32")
+            lo = e(f"and {a}, 858993459", "u32")
+            hi = e(f"and {e(f'shr {a}, 2', 'u32')}, 858993459", "u32")
+            b = e(f"add {lo}, {hi}", "u32")
+            nib = e(f"add {b}, {e(f'shr {b}, 4', 'u32')}", "u32")
+            c = e(f"and {nib}, 252645135", "u32")
+            n = e(f"shr {e(f'mul {c}, 16843009', 'u32')}, 24", "u32")
+            self.op(eqn, f"bitcast {n}" if dt != "u32" else f"add {n}, 0")
+        else:  # clz
+            u = x if dt == "u32" else e(f"bitcast {x}", "u32")
+            n = e("full 0", "u32")
+            for k in (16, 8, 4, 2, 1):
+                # Where the top k bits are zero: k more leading zeros, and the value shifted up.
+                top = e(f"eq {e(f'shr {u}, {32 - k}', 'u32')}, 0", "bool")
+                more, up = e(f"add {n}, {k}", "u32"), e(f"shl {u}, {k}", "u32")
+                n = e(f"select {top}, {more}, {n}", "u32")
+                u = e(f"select {top}, {up}, {u}", "u32")
+            # 32 for zero: the last step leaves the top bit 0 only then.
+            zero, one_more = e(f"eq {u}, 0", "bool"), e(f"add {n}, 1", "u32")
+            n = e(f"select {zero}, {one_more}, {n}", "u32")
+            self.op(eqn, f"bitcast {n}" if dt != "u32" else f"add {n}, 0")
+
+    def pad(self, eqn) -> None:
+        """`lax.pad` (`jnp.pad` with a constant) without interior padding: along each axis a
+        `slice` where the padding is negative (cropping), then blocks of the padding value
+        concatenated before and after."""
+        emit, fresh = self.body.emit, self.body.fresh
+        x, value = eqn.invars
+        config = eqn.params["padding_config"]
+        if any(interior for _, _, interior in config):
+            raise self.refuse("`pad` with interior padding", eqn, "pad the edges only (jnp.pad)")
+        shape = list(x.aval.shape)
+        dt = _ty(x.aval, self.kernel, eqn).split("[")[0]
+        dims = lambda sh: ", ".join(str(d) for d in sh)  # noqa: E731
+        v = self.value(x, eqn)
+        fill = self.read(value)
+        for d, (lo, hi, _) in enumerate(config):
+            if lo < 0 or hi < 0:
+                start = [max(-lo, 0) if a == d else 0 for a in range(len(shape))]
+                cut = shape.copy()
+                cut[d] = shape[d] - max(-lo, 0) - max(-hi, 0)
+                t = fresh()
+                emit(f"{t} = slice {v} start ({dims(start)}) : {dt}[{dims(cut)}]")
+                v, shape = t, cut
+            parts = []
+            for width in (max(lo, 0), None, max(hi, 0)):
+                if width is None:
+                    parts.append(v)
+                elif width:
+                    block = shape.copy()
+                    block[d] = width
+                    f = fresh()
+                    fv = fill if fill.startswith("%") else fill
+                    if fv.startswith("%"):
+                        emit(f"{f} = broadcast {fv} : {dt}[{dims(block)}]")
+                    else:
+                        emit(f"{f} = full {fv} : {dt}[{dims(block)}]")
+                    parts.append(f)
+            if len(parts) > 1:
+                shape[d] += max(lo, 0) + max(hi, 0)
+                t = fresh()
+                emit(f"{t} = concatenate {', '.join(parts)} axis {d} : {dt}[{dims(shape)}]")
+                v = t
+        self.define(eqn.outvars[0], v)
+
     def cumlogsumexp(self, eqn) -> None:
         """`lax.cumlogsumexp`: element `i` is `log(sum_{j <= i} e^x_j)` (reversed: `j >= i`),
         computed over every pair as `m_i + log(sum_j e^(x_j - m_i))` with `m_i` the running max

@@ -285,6 +285,10 @@ class _Writer(_Refs, _Values, _Control):
             self.arg_extreme(eqn, "max" if name == "argmax" else "min")
         elif name in ("cumsum", "cumprod", "cummax", "cummin"):
             self.cumulative(eqn, name[3:])
+        elif name in ("erfc", "tan", "cbrt", "population_count", "clz"):
+            self.composed(eqn, name)
+        elif name == "pad":
+            self.pad(eqn)
         elif name == "cumlogsumexp":
             self.cumlogsumexp(eqn)
         elif name == "dynamic_slice":
@@ -293,7 +297,7 @@ class _Writer(_Refs, _Values, _Control):
             self.dynamic_update_slice(eqn)
         elif name in ("sort", "top_k", "rev"):
             self.permuted(eqn, name)
-        elif name == "stop_gradient":
+        elif name in ("stop_gradient", "copy"):
             # The identity where the kernel runs (`jax.nn.softmax` stops the max's gradient).
             self.define(eqn.outvars[0], self.read(eqn.invars[0]))
         elif name == "slice":

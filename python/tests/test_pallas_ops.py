@@ -488,3 +488,54 @@ def test_cumlogsumexp_matches_numpy_and_pallas():
         np.testing.assert_allclose(got[0], rows, rtol=2e-6, err_msg=backend)
         np.testing.assert_allclose(got[1], cols, rtol=2e-6, err_msg=backend)
         assert np.all(got[0][2, :3] == -np.inf), got[0][2]
+
+
+def composed(x, n, interpret=False):
+    """Functions tessel composes: `erfc` (and so exact `gelu`), `tan`, `cbrt`, `population_count`,
+    `clz`, and `lax.pad` with a constant (`jnp.pad`), cropping too."""
+
+    def body(x_ref, n_ref, erfc_ref, gelu_ref, tan_ref, cbrt_ref, pop_ref, clz_ref, pad_ref):
+        x, n = x_ref[...], n_ref[...]
+        erfc_ref[...] = jax.lax.erfc(x)
+        gelu_ref[...] = jax.nn.gelu(x, approximate=False)
+        tan_ref[...] = jnp.tan(x * 0.5)
+        cbrt_ref[...] = jnp.cbrt(x * 10.0)
+        pop_ref[...] = jax.lax.population_count(n)
+        clz_ref[...] = jax.lax.clz(n)
+        pad_ref[...] = jax.lax.pad(x[:, 2:], jnp.float32(7.0), ((1, 1, 0), (3, -1, 0)))
+
+    r, c = x.shape
+    f = lambda sh: jax.ShapeDtypeStruct(sh, x.dtype)  # noqa: E731
+    i = jax.ShapeDtypeStruct(n.shape, jnp.int32)
+    out = (f((r, c)), f((r, c)), f((r, c)), f((r, c)), i, i, f((r + 2, c)))
+    return pl.pallas_call(body, out_shape=out, interpret=interpret)(x, n)
+
+
+def test_composed_functions_match_their_definitions():
+    import math
+
+    rng = np.random.default_rng(8)
+    x = (rng.standard_normal((4, 16)) * 3).astype(np.float32)
+    x[0, :6] = [5.0, 8.0, -6.0, 0.0, 0.8, -0.8]  # erfc's tail and both sides of 0
+    x[1, :3] = [0.8, -2.7, 2.7]  # cubes of 2 and -3 (after the * 10)
+    n = rng.integers(-(2**31), 2**31 - 1, (4, 16), dtype=np.int64).astype(np.int32)
+    n[0, :4] = [0, -1, 1, 2**30]
+    want = [np.asarray(w) for w in composed(x, n, interpret=True)]
+    # By hand: erfc against math.erfc in f64 (relative, the tail included), bits and padding exactly.
+    erfc = np.vectorize(math.erfc)(x.astype(np.float64))
+    bits = n.astype(np.int64) & 0xFFFFFFFF
+    pop = np.vectorize(lambda b: bin(int(b)).count("1"))(bits)
+    clz = np.vectorize(lambda b: 32 - int(b).bit_length())(bits)
+    pad = np.full((6, 16), 7.0, np.float32)
+    pad[1:5, 3:16] = x[:, 2:15]
+    for backend in backends():
+        got = tp.run(composed, x, n, backend=backend)
+        np.testing.assert_allclose(got[0], erfc, rtol=1e-6, err_msg=backend)
+        assert got[0][0, 1] > 0, "erfc(8) is 1.1e-29, not 0"
+        np.testing.assert_allclose(got[1], want[1], rtol=1e-6, atol=1e-7, err_msg=backend)
+        np.testing.assert_allclose(got[2], want[2], rtol=1e-5, err_msg=backend)
+        np.testing.assert_allclose(got[3], want[3], rtol=1e-6, err_msg=backend)
+        np.testing.assert_array_equal(got[4], pop, err_msg=backend)
+        np.testing.assert_array_equal(got[5], clz, err_msg=backend)
+        np.testing.assert_array_equal(got[6], pad, err_msg=backend)
+        np.testing.assert_array_equal(got[6], want[6], err_msg=backend)
