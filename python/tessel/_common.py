@@ -35,7 +35,7 @@ _REDUCE = {"reduce_sum": "sum", "reduce_max": "max", "reduce_min": "min", "reduc
 #: The primitives of a Pallas kernel launch: `pl.pallas_call`, and `pl.kernel(mesh=...)`.
 _CALLS = {"pallas_call", "mpmd_map"}
 #: Primitives written whether or not anything reads their results.
-_EFFECTS = {"swap", "masked_swap", "cond", "scan", "while", "run_scoped", "debug_print", "debug_callback"}
+_EFFECTS = {"swap", "masked_swap", "cond", "scan", "while", "run_scoped", "debug_print", "debug_callback", "dma_start", "dma_wait"}
 
 
 def _where(eqn) -> str:
@@ -72,9 +72,17 @@ def _dot_acc(dtype) -> str:
     return "u32" if np.dtype(dtype).kind == "u" else "i32"
 
 
+def _semaphore(aval) -> bool:
+    """Whether a scratch allocation is DMA semaphores (`pltpu.SemaphoreType.DMA`)."""
+    return "dma_sem" in str(aval).lower()
+
+
 def _scratch(arg: str, aval, kernel: str, eqn, what: str = "scratch operand") -> str:
-    """The `scratch` line of a Pallas scratch buffer (`pltpu.VMEM(shape, dtype)` and the like);
-    a semaphore or other non-array allocation is refused."""
+    """The `scratch` line of a Pallas scratch buffer (`pltpu.VMEM(shape, dtype)` and the like),
+    or "" for DMA semaphores (a copy is made when it starts, so there is nothing to wait for);
+    another semaphore or non-array allocation is refused."""
+    if _semaphore(aval):
+        return ""
     inner = getattr(aval, "inner_aval", aval)
     if not hasattr(inner, "shape") or not hasattr(inner, "dtype") or "sem" in str(aval).lower():
         raise _refuse(f"the {what} {aval}", kernel, eqn, "tessel's scratch is an array of one dtype")

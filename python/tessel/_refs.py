@@ -4,6 +4,7 @@ stores."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -39,8 +40,12 @@ class _Refs:
                 return ""
             kept = iter([":"] * len(ref_shape))
             return "[" + ", ".join("0" if d in squeezed else next(kept) for d in range(len(ref_shape) + len(squeezed))) + "]"
-        if len(indexers) != 1 or not isinstance(indexers[0], indexing.NDIndexer):
+        if not all(isinstance(nd, indexing.NDIndexer) for nd in indexers):
             raise self.refuse("a transformed reference (bitcast, reshape)", eqn)
+        if len(indexers) > 1 and not squeezed:
+            return self.chained(eqn, ref_shape, indexers)
+        if len(indexers) != 1:
+            raise self.refuse("a chain of ref indexers on a block with squeezed dimensions", eqn)
         nd = indexers[0]
         outer = self.outer_runs(eqn, nd)
         parts = []
@@ -328,6 +333,50 @@ class _Refs:
             x = self.reorder(self.unflatten(x, val.aval, jflat, eqn), jflat, order, eqn, to_jax=False)
         self.body.emit(f"store {self.ref(ref, eqn)}{index}, {x}")
 
+    def chained(self, eqn, shape, indexers) -> str:
+        """The index text of a chain of indexers (`ref.at[h].at[page]`, `.at[i][pl.ds(j, 8)]`),
+        each of scalars and slices on the view the ones before leave: every dimension of the ref
+        fixed at an index or sliced, its start and step composed along the chain."""
+        from jax._src.state import indexing
+
+        # The view's dimensions: the ref's dimension, the view's start in it, step and length.
+        view = [(d, "0", 1, n) for d, n in enumerate(shape)]
+        fixed: Dict[int, str] = {}
+        for nd in indexers:
+            narrowed = []
+            for (d, start, step, _), ix in zip(view, nd.indices):
+                if isinstance(ix, indexing.Slice):
+                    s = str(ix.start) if isinstance(ix.start, int) else self.read(ix.start)
+                    narrowed.append((d, self.plus(start, self.times(s, step)), step * ix.stride, ix.size))
+                elif tuple(getattr(getattr(ix, "aval", None), "shape", ())) == ():
+                    i = str(ix) if isinstance(ix, int) else self.read(ix)
+                    fixed[d] = self.plus(start, self.times(i, step))
+                else:
+                    raise self.refuse("an index array in a chain of ref indexers", eqn, "index the ref once with the array")
+            view = narrowed
+        slices = {d: (start, step, size) for d, start, step, size in view}
+        parts = []
+        for d, n in enumerate(shape):
+            if d in fixed:
+                parts.append(fixed[d])
+                continue
+            start, step, size = slices[d]
+            if (start, step, size) == ("0", 1, n):
+                parts.append(":")
+            else:
+                parts.append(f"ds({start}, {size})" if step == 1 else f"ds({start}, {size}, {step})")
+        return "[" + ", ".join(parts) + "]"
+
+    def times(self, a: str, k: int) -> str:
+        """`a * k` of an `i32` scalar (a value or an integer literal) and a step."""
+        if k == 1:
+            return a
+        if not a.startswith("%"):
+            return str(int(a) * k)
+        v = self.body.fresh()
+        self.body.emit(f"{v} = mul {a}, {k}")
+        return v
+
     def plus(self, a: str, b: str) -> str:
         """`a + b` of two `i32` scalars (values or integer literals), folded where both are known."""
         if not a.startswith("%") and not b.startswith("%"):
@@ -372,3 +421,38 @@ class _Refs:
             self.body.emit(f"{v} = load {self.ref(ref, eqn)}{index}{tail} : {_ty(out.aval, self.kernel, eqn)}")
             self.define(out, v)
         self.body.emit(f"store {self.ref(ref, eqn)}{index}, {self.value(val, eqn)}{tail}")
+
+    def dma(self, eqn) -> None:
+        """`pltpu.make_async_copy(src, dst, sem).start()`: the copy made there and then, a load
+        of the source region and a store into the destination (one program's loads and stores
+        happen in order, so its `.wait()` has nothing left to wait for, and a copy started for a
+        later grid step is only made earlier). Copies to another device, and accumulating ones,
+        are refused."""
+        p = eqn.params
+        try:
+            src, dst, _dst_sem, src_sem, device_id = p["tree"].unflatten(list(eqn.invars))
+        except Exception:
+            raise self.refuse("a `dma_start` of this form", eqn)
+        if src_sem is not None or device_id is not None:
+            raise self.refuse("a copy to another device (`make_async_remote_copy`)", eqn, "copy within the device")
+        if p.get("add"):
+            raise self.refuse("an accumulating copy (`add=True`)", eqn, "copy, then add with jnp")
+        (src_ref, src_ix), (dst_ref, dst_ix) = (self.transformed(r, eqn) for r in (src, dst))
+        # The region's shape: the last indexer's (an index drops its dimension), else the ref's.
+        shape = tuple(dst_ix[-1].get_indexer_shape()) if dst_ix else tuple(dst_ref.aval.shape)
+        dtype = dst_ref.aval.dtype
+        ty = _ty(SimpleNamespace(shape=shape, dtype=dtype), self.kernel, eqn)
+        v = self.body.fresh()
+        self.body.emit(f"{v} = load {self.ref(src_ref, eqn)}{self.indexers(eqn, src_ref, src_ix)} : {ty}")
+        self.body.emit(f"store {self.ref(dst_ref, eqn)}{self.indexers(eqn, dst_ref, dst_ix)}, {v}")
+
+    def transformed(self, r, eqn):
+        """A DMA's source or destination: the ref atom and its indexers (`x_hbm.at[pl.ds(i, 8)]`)."""
+        from jax._src.state import indexing
+
+        if not hasattr(r, "transforms"):
+            return r, []
+        if not all(isinstance(t, indexing.NDIndexer) for t in r.transforms):
+            raise self.refuse("a DMA of a transformed ref (bitcast, reshape)", eqn)
+        return r.ref, list(r.transforms)
+

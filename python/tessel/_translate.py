@@ -103,6 +103,10 @@ def _translate(eqn, name: str) -> Translated:
     if any(o in computed or o in indexed for o in outs):
         # Programs whose computed output blocks may coincide run in order, as Pallas runs them.
         used_by_outputs = set()
+    if _copies_by_dma(body):
+        # A TPU kernel copying by DMA may prefetch for the next grid step into its scratch: its
+        # steps run in order (Pallas TPU's "arbitrary"), those declared "parallel" apart.
+        used_by_outputs &= _declared_parallel(p)
     if grid:
         sizes = [f"dyn(g{dynamic.index(a)})" if a in dynamic else str(s) for a, s in enumerate(grid)]
         axes = ", ".join(f"i{a}: {s}{'' if a in used_by_outputs else ' seq'}" for a, s in enumerate(sizes))
@@ -110,7 +114,7 @@ def _translate(eqn, name: str) -> Translated:
     # `scratch_shapes`: per-program memory that persists across the `seq` steps, as tessel's
     # `scratch` does.
     scratch = [f"s{i}" for i in range(getattr(gm, "num_scratch_operands", 0))]
-    lines_scratch = [_scratch(arg, aval, name, eqn) for arg, aval in zip(scratch, gm.scratch_avals)]
+    lines_scratch = [line for line in (_scratch(arg, aval, name, eqn) for arg, aval in zip(scratch, gm.scratch_avals)) if line]
     jaxpr = body.jaxpr if hasattr(body, "jaxpr") else body
 
     def written(refs: List[str]) -> "_Writer":
@@ -237,3 +241,25 @@ def _translate_mesh(eqn, name: str) -> Translated:
     w.eqns(jaxpr)
     text = "\n".join([f"kernel {name}"] + lines + w.scoped + ["{"] + w.body.lines + ["}"]) + "\n"
     return Translated(name, text, ins, outs, mesh_text, external)
+
+
+def _copies_by_dma(body) -> bool:
+    """Whether a kernel body (or a body nested in it) starts a DMA (`pltpu.make_async_copy`)."""
+    from jax._src import core as jcore
+
+    def walk(jaxpr) -> bool:
+        return any(e.primitive.name == "dma_start" for e in jaxpr.eqns) or any(walk(j) for j in jcore.subjaxprs(jaxpr))
+
+    return walk(body.jaxpr if hasattr(body, "jaxpr") else body)
+
+
+def _declared_parallel(p) -> set:
+    """The grid axes a TPU kernel's compiler parameters declare "parallel"."""
+    params = p.get("compiler_params") or {}
+    found = set()
+    for c in (params.values() if isinstance(params, dict) else [params]):
+        for a, kind in enumerate(getattr(c, "dimension_semantics", None) or ()):
+            if str(kind).lower().endswith("parallel"):
+                found.add(a)
+    return found
+

@@ -701,10 +701,23 @@ class _Values:
         flags = (" trans_a" if ta else "") + (" trans_b" if tb else "")
         out = eqn.outvars[0]
         v = self.body.fresh()
-        acc = _dot_acc(a.aval.dtype)
+        va, vb = self.value(a, eqn), self.value(b, eqn)
+        # Operands of two dtypes (`f32` queries against `bf16` keys): both in the wider, as XLA
+        # converts them before the product.
+        da, db = (_ty(x.aval, self.kernel, eqn).split("[")[0] for x in (a, b))
+        operand = a.aval.dtype
+        if da != db:
+            wider = a if np.dtype(a.aval.dtype).itemsize >= np.dtype(b.aval.dtype).itemsize else b
+            operand = wider.aval.dtype
+            wide = _ty(wider.aval, self.kernel, eqn).split("[")[0]
+            narrow, shape = (vb, b.aval.shape) if wider is a else (va, a.aval.shape)
+            c = self.body.fresh()
+            self.body.emit(f"{c} = cast {narrow} : {wide}[{', '.join(map(str, shape))}]")
+            va, vb = (va, c) if wider is a else (c, vb)
+        acc = _dot_acc(operand)
         m = a.aval.shape[1 if ta else 0]
         n = b.aval.shape[0 if tb else 1]
-        self.body.emit(f"{v} = dot {self.value(a, eqn)}, {self.value(b, eqn)}{flags} : {acc}[{m}, {n}]")
+        self.body.emit(f"{v} = dot {va}, {vb}{flags} : {acc}[{m}, {n}]")
         want = _ty(out.aval, self.kernel, eqn)
         if want.split("[")[0] != acc:
             w = self.body.fresh()

@@ -188,6 +188,10 @@ class _Writer(_Refs, _Values, _Control):
                 self.body.emit(f"{v} = load {self.ref(ref, eqn)}{index} : {_ty(old.aval, k, eqn)}")
                 self.define(old, v)
             self.body.emit(f"store {self.ref(ref, eqn)}{index}, {self.value(val, eqn)}")
+        elif name == "dma_start":
+            self.dma(eqn)
+        elif name == "dma_wait":
+            pass  # the copy was made when it started
         elif name in ("masked_load", "masked_swap"):
             self.masked(eqn)
         elif name in ("program_id", "num_programs"):

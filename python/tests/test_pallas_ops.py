@@ -539,3 +539,54 @@ def test_composed_functions_match_their_definitions():
         np.testing.assert_array_equal(got[5], clz, err_msg=backend)
         np.testing.assert_array_equal(got[6], pad, err_msg=backend)
         np.testing.assert_array_equal(got[6], want[6], err_msg=backend)
+
+
+def double_buffered(x, w, interpret=False):
+    """A TPU kernel's manual DMA (`pltpu.make_async_copy(...).start()` / `.wait()`) from an HBM
+    ref (`memory_space=pl.ANY`) into a two-slot VMEM buffer (`buf.at[slot]`, an indexer on an
+    indexer), prefetching the next step's rows while this step's are used, with DMA semaphores;
+    and a `dot_general` of `f32` rows against `bf16` weights."""
+    from jax.experimental.pallas import tpu as pltpu
+
+    steps, rows = x.shape[0] // 8, 8
+
+    def body(x_hbm, w_ref, o_ref, buf, sem):
+        i = pl.program_id(0)
+        slot = i % 2
+
+        def copy(step, into):
+            return pltpu.make_async_copy(x_hbm.at[pl.ds(step * rows, rows)], buf.at[into], sem.at[into])
+
+        @pl.when(i == 0)
+        def _():
+            copy(0, 0).start()
+
+        @pl.when(i + 1 < steps)
+        def _():
+            copy(i + 1, 1 - slot).start()
+
+        copy(i, slot).wait()
+        o_ref[...] = jax.lax.dot_general(buf[slot], w_ref[...], (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+
+    spec = pltpu.PrefetchScalarGridSpec(
+        num_scalar_prefetch=0,
+        grid=(steps,),
+        in_specs=[pl.BlockSpec(memory_space=pl.ANY), pl.BlockSpec(w.shape, lambda i: (0, 0))],
+        out_specs=pl.BlockSpec((rows, w.shape[0]), lambda i: (i, 0)),
+        scratch_shapes=[pltpu.VMEM((2, rows, x.shape[1]), jnp.float32), pltpu.SemaphoreType.DMA((2,))],
+    )
+    out = jax.ShapeDtypeStruct((x.shape[0], w.shape[0]), jnp.float32)
+    return pl.pallas_call(body, out_shape=out, grid_spec=spec, interpret=interpret)(x, w)
+
+
+def test_manual_dma_double_buffering_runs_as_pallas_runs_it():
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((32, 16)).astype(np.float32)
+    w = jnp.asarray(rng.standard_normal((24, 16)), jnp.bfloat16)
+    tk = tp.to_tk(double_buffered, x, w)
+    assert "scratch s0: f32[2, 8, 16]" in tk and "sem" not in tk and "cast %" in tk, tk
+    # By hand: each row of x against each row of w, in f32 from w's bf16 values.
+    want = x.astype(np.float64) @ np.asarray(w, np.float32).astype(np.float64).T
+    np.testing.assert_allclose(np.asarray(double_buffered(x, w, interpret=True)), want, rtol=1e-5, atol=1e-5)
+    for backend in backends():
+        np.testing.assert_allclose(tp.run(double_buffered, x, w, backend=backend), want, rtol=1e-5, atol=1e-5, err_msg=backend)
