@@ -103,9 +103,14 @@ def _translate(eqn, name: str) -> Translated:
     if any(o in computed or o in indexed for o in outs):
         # Programs whose computed output blocks may coincide run in order, as Pallas runs them.
         used_by_outputs = set()
-    if _copies_by_dma(body):
-        # A TPU kernel copying by DMA may prefetch for the next grid step into its scratch: its
-        # steps run in order (Pallas TPU's "arbitrary"), those declared "parallel" apart.
+    jaxpr = body.jaxpr if hasattr(body, "jaxpr") else body
+    # Scalar-prefetch operands the body writes (TPU kernels keep state there, as paged attention
+    # keeps its buffer index).
+    written_scalars = [k for k, var in enumerate(jaxpr.invars[:nscalar]) if _stored(jaxpr, var)]
+    if _copies_by_dma(body) or written_scalars:
+        # A TPU kernel copying by DMA may prefetch into its scratch for the next grid step, and
+        # one writing its scalar-prefetch operands carries state from step to step: its steps
+        # run in order (Pallas TPU's "arbitrary"), those declared "parallel" apart.
         used_by_outputs &= _declared_parallel(p)
     if grid:
         sizes = [f"dyn(g{dynamic.index(a)})" if a in dynamic else str(s) for a, s in enumerate(grid)]
@@ -115,7 +120,6 @@ def _translate(eqn, name: str) -> Translated:
     # `scratch` does.
     scratch = [f"s{i}" for i in range(getattr(gm, "num_scratch_operands", 0))]
     lines_scratch = [line for line in (_scratch(arg, aval, name, eqn) for arg, aval in zip(scratch, gm.scratch_avals)) if line]
-    jaxpr = body.jaxpr if hasattr(body, "jaxpr") else body
 
     def written(refs: List[str]) -> "_Writer":
         w = _Writer(name, [f"i{a}" for a in range(len(grid))])
@@ -130,11 +134,31 @@ def _translate(eqn, name: str) -> Translated:
         return w
 
     refs = ins + outs + scratch
+    # A written scalar-prefetch operand: a scratch copy, taken at the program's first step, which
+    # the body reads and writes instead.
+    for k in written_scalars:
+        refs[k] = f"w{k}"
+        lines_scratch.append(f"  scratch w{k}: {_ty(jaxpr.invars[k].aval, name, eqn)}")
     w = written(refs)
+    firsts = [(k, r) for k, r in enumerate(refs[:nscalar]) if r != ins[k]]
+    if firsts:
+        seq_axes = [a for a in range(len(grid)) if a not in used_by_outputs]
+        w.body.lines[:0] = _first_step_copies(firsts, ins, seq_axes, jaxpr, name, eqn)
     # `input_output_aliases`: an input and an output of one buffer in Pallas. Where separate
     # arrays give the same results they stay so; elsewhere the output starts from the input's
     # buffer (XLA aliases them; the handler keeps its contents) and every load of the input is a
     # load of the output, before any store to it (`_alias_kept`).
+    for o in outs:
+        _, _, shape, blocks = specs.get(o, (None, None, None, None))
+        past = [d for d, (b, n) in enumerate(zip(blocks or (), shape or ())) if b > n]
+        if past and any(re.search(rf"= load {o}\b", line) for line in w.body.lines):
+            raise _refuse(
+                f"reading back the output `{o}`, whose block is larger than the array along dimension {past[0]},",
+                name,
+                eqn,
+                "Pallas on TPU keeps the whole block in VMEM, where the kernel sees what it stored past the array; tessel "
+                "keeps the array's elements only. Give the output a block within the array, or keep the running values in scratch",
+            )
     kept = []
     for i, o in p.get("input_output_aliases") or ():
         x, out = ins[i], outs[o]
@@ -262,4 +286,50 @@ def _declared_parallel(p) -> set:
             if str(kind).lower().endswith("parallel"):
                 found.add(a)
     return found
+
+
+def _stored(jaxpr, var) -> bool:
+    """Whether the body (or a body nested in it) stores into the ref `var`. A nested body's
+    inputs are matched to its equation's operands from the end (`cond`'s branches after the
+    index, a loop body's constants and carry, a call's arguments), a `run_scoped` body's
+    captured constants to its operands."""
+    from jax._src import core as jcore
+
+    def walk(j, refs) -> bool:
+        for e in j.eqns:
+            held = [k for k, a in enumerate(e.invars) if not isinstance(a, jcore.Literal) and a in refs]
+            if e.primitive.name in ("swap", "masked_swap") and 0 in held:
+                return True
+            if not held:
+                continue
+            for sub in jcore.jaxprs_in_params(e.params):
+                inner = set()
+                if sub.constvars and len(sub.constvars) == len(e.invars):
+                    inner |= {sub.constvars[k] for k in held}
+                back = len(e.invars) - len(sub.invars)
+                inner |= {sub.invars[k - back] for k in held if 0 <= k - back < len(sub.invars)}
+                if inner and walk(sub, inner):
+                    return True
+        return False
+
+    return walk(jaxpr.jaxpr if hasattr(jaxpr, "jaxpr") else jaxpr, {var})
+
+
+def _first_step_copies(firsts, ins, seq_axes, jaxpr, name, eqn) -> List[str]:
+    """Lines that copy each written scalar-prefetch operand into its scratch at the program's
+    first step (every `seq` axis at 0)."""
+    lines, cond = [], None
+    for a in seq_axes:
+        lines += [f"  %first_p{a} = program_id i{a}", f"  %first_c{a} = eq %first_p{a}, 0"]
+        if cond is None:
+            cond = f"%first_c{a}"
+        else:
+            lines.append(f"  %first_and{a} = and {cond}, %first_c{a}")
+            cond = f"%first_and{a}"
+    body = []
+    for k, copy in firsts:
+        body += [f"%first_v{k} = load {ins[k]} : {_ty(jaxpr.invars[k].aval, name, eqn)}", f"store {copy}, %first_v{k}"]
+    if cond is None:
+        return lines + [f"  {b}" for b in body]
+    return lines + [f"  when {cond} {{"] + [f"    {b}" for b in body] + ["  }"]
 

@@ -635,6 +635,15 @@ def _refusal_cases():
 
         return single(body, x)
 
+    def padded_output(x):
+        # The output's block (8, 128) is wider than the array (8, 1), and the kernel reads it back.
+        def body(x_ref, o_ref):
+            o_ref[...] = x_ref[...]
+            o_ref[...] = o_ref[...] * 2.0
+
+        spec = pl.BlockSpec((8, 128), lambda i: (0, 0))
+        return pl.pallas_call(body, out_shape=jax.ShapeDtypeStruct((8, 1), x.dtype), grid=(1,), in_specs=[spec], out_specs=spec)(x)
+
     def nextafter(x):
         def body(x_ref, o_ref):
             o_ref[...] = jnp.nextafter(x_ref[...], 0.0) + x_ref[...]
@@ -654,6 +663,7 @@ def _refusal_cases():
         ("aliased_blocks", aliased_blocks, f32(16), "`input_output_aliases` pairing `x0` with `o0` in Pallas kernel `aliased_blocks`"),
         ("batched", batched, f32(2, 2, 8, 8), "`dot_general` other than a 2-D matrix product or one batched over a leading dimension in Pallas kernel `batched`"),
         ("float8", float8, np.arange(16).astype(ml_dtypes.float8_e4m3fn), "dtype float8_e4m3fn in Pallas kernel `float8`"),
+        ("padded_output", padded_output, f32(8, 128), "reading back the output `o0`, whose block is larger than the array along dimension 1,"),
         ("nextafter", nextafter, f32(8, 8), "primitive `nextafter` in Pallas kernel `nextafter` (at "),
         ("element", element, f32(4, 8), "the block dimension Element"),
     ]

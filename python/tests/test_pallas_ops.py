@@ -590,3 +590,32 @@ def test_manual_dma_double_buffering_runs_as_pallas_runs_it():
     np.testing.assert_allclose(np.asarray(double_buffered(x, w, interpret=True)), want, rtol=1e-5, atol=1e-5)
     for backend in backends():
         np.testing.assert_allclose(tp.run(double_buffered, x, w, backend=backend), want, rtol=1e-5, atol=1e-5, err_msg=backend)
+
+
+def counted(c, x, interpret=False):
+    """A TPU kernel keeping state in a scalar-prefetch operand (as JAX's TPU paged attention
+    keeps its buffer index): each grid step adds the counter to its block, then counts up."""
+    from jax.experimental.pallas import tpu as pltpu
+
+    def body(c_ref, x_ref, o_ref):
+        o_ref[...] = x_ref[...] + c_ref[0].astype(jnp.float32)
+        c_ref[0] = c_ref[0] + 1
+
+    spec = pltpu.PrefetchScalarGridSpec(
+        num_scalar_prefetch=1, grid=(4,), in_specs=[pl.BlockSpec((8,), lambda i, c: (i,))], out_specs=pl.BlockSpec((8,), lambda i, c: (i,))
+    )
+    return pl.pallas_call(body, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), grid_spec=spec, interpret=interpret)(c, x)
+
+
+def test_state_in_a_scalar_prefetch_operand_carries_from_step_to_step():
+    c, x = np.array([10], np.int32), np.arange(32, dtype=np.float32)
+    tk = tp.to_tk(counted, c, x)
+    assert "grid (i0: 4 seq)" in tk and "scratch w0: i32[1]" in tk, tk
+    # By hand: block i gets 10 + i, the steps running in order as on a TPU core.
+    want = x + np.repeat(np.arange(10, 14), 8).astype(np.float32)
+    from jax.experimental.pallas import tpu as pltpu
+
+    with pltpu.force_tpu_interpret_mode():
+        np.testing.assert_array_equal(np.asarray(jax.jit(counted)(c, x)), want)
+    for backend in backends():
+        np.testing.assert_array_equal(tp.run(counted, c, x, backend=backend), want, err_msg=backend)
