@@ -16,6 +16,26 @@ from ._refs import _Refs
 from ._values import _Values
 
 
+#: Primitives each written by one method of the writer (or its op families), by name.
+_RULES = {
+    "dma_start": "dma",
+    "integer_pow": "integer_pow",
+    "pad": "pad",
+    "cumlogsumexp": "cumlogsumexp",
+    "dynamic_slice": "dynamic_slice",
+    "dynamic_update_slice": "dynamic_update_slice",
+    "dot_general": "dot",
+    "cond": "cond",
+    "scan": "scan",
+    "while": "fori_while",
+    "run_scoped": "run_scoped",
+    "masked_load": "masked",
+    "masked_swap": "masked",
+    "broadcast_in_dim": "broadcast",
+    "broadcast_to": "broadcast",
+}
+
+
 class _Writer(_Refs, _Values, _Control):
     """One kernel body being written: the jaxpr's equations in order, each as `.tk` statements
     (`write` dispatches by primitive; `_refs`, `_values` and `_control` hold the larger rules)."""
@@ -166,7 +186,9 @@ class _Writer(_Refs, _Values, _Control):
         p = eqn.params
         k = self.kernel
         vec = self.gather_index(p["tree"], eqn.invars[1:]) if name == "get" else None
-        if vec is not None:
+        if name in _RULES:
+            getattr(self, _RULES[name])(eqn)
+        elif vec is not None:
             ref, *ix = eqn.invars
             self.gather(eqn, ref, p["tree"], ix, vec)
         elif name == "get":
@@ -188,12 +210,8 @@ class _Writer(_Refs, _Values, _Control):
                 self.body.emit(f"{v} = load {self.ref(ref, eqn)}{index} : {_ty(old.aval, k, eqn)}")
                 self.define(old, v)
             self.body.emit(f"store {self.ref(ref, eqn)}{index}, {self.value(val, eqn)}")
-        elif name == "dma_start":
-            self.dma(eqn)
         elif name == "dma_wait":
             pass  # the copy was made when it started
-        elif name in ("masked_load", "masked_swap"):
-            self.masked(eqn)
         elif name in ("program_id", "num_programs"):
             # The body's axis numbers skip the axes `vmap` added (Pallas's `vmapped_dims`).
             axis = p["axis"]
@@ -232,8 +250,6 @@ class _Writer(_Refs, _Values, _Control):
             v = self.body.fresh()
             self.body.emit(f"{v} = max {self.value(x, eqn)}, {self.read(lo)} : {_ty(eqn.outvars[0].aval, self.kernel, eqn)}")
             self.op(eqn, f"min {v}, {self.read(hi)}")
-        elif name == "integer_pow":
-            self.integer_pow(eqn)
         elif name in ("reduce_and", "reduce_or"):
             self.all_or_any(eqn, "min" if name == "reduce_and" else "max")
         elif name == "is_finite":
@@ -271,8 +287,6 @@ class _Writer(_Refs, _Values, _Control):
                 self.define(eqn.outvars[0], self.read(x))
             else:
                 self.op(eqn, f"cast {self.value(x, eqn)}")
-        elif name in ("broadcast_in_dim", "broadcast_to"):
-            self.broadcast(eqn)
         elif name in ("reshape", "squeeze", "expand_dims"):
             out = eqn.outvars[0]
             self.define(out, self.reshaped(self.value(eqn.invars[0], eqn), out.aval.shape, _ty(out.aval, self.kernel, eqn)))
@@ -291,14 +305,6 @@ class _Writer(_Refs, _Values, _Control):
             self.cumulative(eqn, name[3:])
         elif name in ("erfc", "tan", "cbrt", "population_count", "clz"):
             self.composed(eqn, name)
-        elif name == "pad":
-            self.pad(eqn)
-        elif name == "cumlogsumexp":
-            self.cumlogsumexp(eqn)
-        elif name == "dynamic_slice":
-            self.dynamic_slice(eqn)
-        elif name == "dynamic_update_slice":
-            self.dynamic_update_slice(eqn)
         elif name in ("sort", "top_k", "rev"):
             self.permuted(eqn, name)
         elif name in ("stop_gradient", "copy"):
@@ -326,8 +332,6 @@ class _Writer(_Refs, _Values, _Control):
                     self.body.emit(f"{t} = concatenate {', '.join([v] * r)} axis {d}")
                     v = t
             self.define(eqn.outvars[0], v)
-        elif name == "dot_general":
-            self.dot(eqn)
         elif name == "iota":
             if p["dtype"] != np.int32 and str(p["dtype"]) != "int32":
                 v = self.body.fresh()
@@ -347,16 +351,8 @@ class _Writer(_Refs, _Values, _Control):
             self.body.emit(f"{t} = select {neg}, -{one}, {x} : {ty}")
             self.body.emit(f"{pos} = gt {x}, 0")
             self.op(eqn, f"select {pos}, {one}, {t}")
-        elif name == "cond":
-            self.cond(eqn)
-        elif name == "scan":
-            self.scan(eqn)
-        elif name == "while":
-            self.fori_while(eqn)
         elif name in _INLINE:
             self.inline(eqn)
-        elif name == "run_scoped":
-            self.run_scoped(eqn)
         elif name in ("debug_print", "debug_callback"):
             # No effect on any result; tessel kernels do not print.
             warnings.warn(f"`{name}` in Pallas kernel `{k}`{f' (at {self.place})' if self.place else ''} is dropped: tessel kernels do not print", stacklevel=2)

@@ -30,6 +30,12 @@ def launches(backend):
     return tj.stats()["launches"].get(backend, 0)
 
 
+def _tpu_flash_sizes(fa):
+    """Blocks of 128 for every pass of JAX's TPU flash attention (its minimum)."""
+    return fa.BlockSizes(block_q=128, block_k_major=128, block_k=128, block_b=1, block_q_major_dkv=128, block_k_major_dkv=128,
+                         block_k_dkv=128, block_q_dkv=128, block_k_major_dq=128, block_k_dq=128, block_q_dq=128)
+
+
 
 def _mha_inputs(batch=1, seq=128, heads=2, dim=64):
     return [RNG.standard_normal((batch, seq, heads, dim)).astype(np.float32) * 0.5 for _ in range(3)]
@@ -207,8 +213,7 @@ def test_jaxs_tpu_flash_attention_op(causal, head):
 
     shape = (1, 2, 256, head)
     q, k, v = (jnp.asarray(f32(*shape)) for _ in range(3))
-    sizes = fa.BlockSizes(block_q=128, block_k_major=128, block_k=128, block_b=1, block_q_major_dkv=128, block_k_major_dkv=128,
-                          block_k_dkv=128, block_q_dkv=128, block_k_major_dq=128, block_k_dq=128, block_q_dq=128)
+    sizes = _tpu_flash_sizes(fa)
     want = np.asarray(fa.mha_reference(q, k, v, ab=None, causal=causal))
     for backend in backends():
         before = launches(backend)
@@ -226,8 +231,7 @@ def test_the_gradient_of_jaxs_tpu_flash_attention_op():
     from jax.experimental.pallas.ops.tpu import flash_attention as fa
 
     q, k, v = (jnp.asarray(f32(1, 2, 256, 64)) for _ in range(3))
-    sizes = fa.BlockSizes(block_q=128, block_k_major=128, block_k=128, block_b=1, block_q_major_dkv=128, block_k_major_dkv=128,
-                          block_k_dkv=128, block_q_dkv=128, block_k_major_dq=128, block_k_dq=128, block_q_dq=128)
+    sizes = _tpu_flash_sizes(fa)
 
     def loss(attend):
         return lambda q, k, v: jnp.sum(attend(q, k, v) ** 2)
