@@ -137,3 +137,32 @@ fn an_output_kept_starts_from_its_memory_and_keeps_what_no_program_stores() {
         }
     }
 }
+
+/// A kept output that a backend holds across `seq` steps (wgpu keeps the block in registers,
+/// starting from zeros, and writes it back whole) is refused there, naming the output; the
+/// interpreter, which holds the block from the output's memory, runs it: each element its
+/// starting value plus one per step.
+#[test]
+fn a_kept_output_held_across_seq_steps_runs_on_the_interpreter_and_is_refused_by_wgpu() {
+    let rt = Runtime::new(&[]).expect("runtime");
+    let text = "kernel k\n  grid (i: 2, s: 3 seq)\n  out o: f32[16] block [8] at (i)\n{\n  %a = load o\n  %b = add %a, 1.0\n  store o, %b\n}\n";
+    let k = &tessel::load_source("held.tk", text).unwrap_or_else(|e| panic!("{e}"))[0];
+    let calls = [KernelLaunch { kernel: k, mesh: None }];
+    let ty = k.kernel().param("o").unwrap().ty.clone();
+    let start: Vec<u8> = (0..16).flat_map(|v| (v as f32).to_le_bytes()).collect();
+    let run = |backend: &str| {
+        let mut o = start.clone();
+        let mut place = InPlace::default();
+        place.outputs.insert("o".into(), BytesMut { ty: ty.clone(), bytes: &mut o, keep: true });
+        let r = rt.run_in_place(backend, &calls, &[], &mut place).map(drop).map_err(|e| e.to_string());
+        drop(place);
+        r.map(|()| o)
+    };
+    let o = run("interpret").expect("the interpreter runs it");
+    let got: Vec<f32> = o.chunks(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+    assert_eq!(got, (0..16).map(|v| v as f32 + 3.0).collect::<Vec<_>>());
+    if wgpu_adapter("a_kept_output_held_across_seq_steps_runs_on_the_interpreter_and_is_refused_by_wgpu").is_some() {
+        let err = run("wgpu").expect_err("wgpu refuses it");
+        assert!(err.contains("output `o` starts from its buffer's contents") && err.contains("across `seq` steps"), "{err}");
+    }
+}

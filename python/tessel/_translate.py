@@ -139,11 +139,16 @@ def _translate(eqn, name: str) -> Translated:
     for k in written_scalars:
         refs[k] = f"w{k}"
         lines_scratch.append(f"  scratch w{k}: {_ty(jaxpr.invars[k].aval, name, eqn)}")
-    w = written(refs)
-    firsts = [(k, r) for k, r in enumerate(refs[:nscalar]) if r != ins[k]]
-    if firsts:
-        seq_axes = [a for a in range(len(grid)) if a not in used_by_outputs]
-        w.body.lines[:0] = _first_step_copies(firsts, ins, seq_axes, jaxpr, name, eqn)
+    firsts = [(k, refs[k]) for k in written_scalars]
+    seq_axes = [a for a in range(len(grid)) if a not in used_by_outputs]
+
+    def finished(refs: List[str]) -> "_Writer":
+        w = written(refs)
+        if firsts:
+            w.body.lines[:0] = _first_step_copies(firsts, ins, seq_axes, jaxpr, name, eqn)
+        return w
+
+    w = finished(refs)
     # `input_output_aliases`: an input and an output of one buffer in Pallas. Where separate
     # arrays give the same results they stay so; elsewhere the output starts from the input's
     # buffer (XLA aliases them; the handler keeps its contents) and every load of the input is a
@@ -162,7 +167,12 @@ def _translate(eqn, name: str) -> Translated:
     kept = []
     for i, o in p.get("input_output_aliases") or ():
         x, out = ins[i], outs[o]
-        if x not in specs or out not in specs or specs[x][0] != specs[out][0]:
+        same = x in specs and out in specs and specs[x][0] == specs[out][0] and specs[x][3] == specs[out][3]
+        same = same and squeezed.get(x) == squeezed.get(out)
+        # Two computed index maps print alike ("computed"): their equations must agree too.
+        if same and x in computed:
+            same = out in computed and str(computed[x][0]) == str(computed[out][0])
+        if not same:
             raise _refuse(
                 f"`input_output_aliases` pairing `{x}` with `{out}`", name, eqn,
                 "tessel takes an alias whose input and output have the same block spec",
@@ -172,7 +182,7 @@ def _translate(eqn, name: str) -> Translated:
     if kept:
         for i, o in kept:
             refs[i] = outs[o]
-        w = written(refs)
+        w = finished(refs)
         gone = {ins[i] for i, _ in kept}
         lines_in = [line for line in lines_in if line.split(":")[0].split()[-1] not in gone]
     text = "\n".join([f"kernel {name}"] + header + lines_in + lines_out + lines_scratch + w.scoped + ["{"] + w.body.lines + ["}"]) + "\n"
@@ -211,6 +221,8 @@ def _alias_kept(name: str, eqn, x: str, o: str, specs, grid, parallel, lines: Li
     _, affine, shape, blocks = specs[o]
     whole_store = re.compile(rf"^  store {o}, %\S+$")
     whole = any(whole_store.match(line) for line in lines) and affine is not None and specs[x][1] is not None
+    # A load of the output (`o_ref[...] += 1`) reads the input's values in Pallas: kept too.
+    whole = whole and not any(re.search(rf"= load {o}\b", line) for line in lines)
     return not (whole and affine.covers(grid, shape, blocks))
 
 

@@ -83,7 +83,8 @@ class _Values:
         (x,) = eqn.invars
         shape = list(x.aval.shape)
         cur = self.body.fresh()
-        self.body.emit(f"{cur} = cast {self.value(x, eqn)} : i32[{', '.join(map(str, shape))}]")
+        ty = f"i32[{', '.join(map(str, shape))}]" if shape else "i32"
+        self.body.emit(f"{cur} = cast {self.value(x, eqn)} : {ty}")
         for a in sorted(eqn.params["axes"], reverse=True):
             shape.pop(a)
             v = self.body.fresh()
@@ -313,74 +314,102 @@ class _Values:
         `erfc` by the rational Chebyshev fit of Numerical Recipes' `erfcc` (`t e^(-z^2 + P(t))`,
         `t = 1 / (1 + z/2)`, relative error below 1.2e-7 for every `z`, `e^(-z^2)` taken without
         rounding `z^2`; so `gelu(approximate=False)` keeps its tail where `1 - erf` would cancel
-        to 0), `tan` as `sin / cos`, `cbrt`
-        as `|x|^(1/3)` with the sign, `population_count` by adding bit fields (SWAR) and `clz`
-        by halving the search, both exact, on the 32 bits of `i32`/`u32`."""
+        to 0), `tan` as `sin / cos`, `cbrt` as `|x|^(1/3)` with the sign (and zeros as they are),
+        each in `f32` for `f16`/`bf16`; `population_count` by adding bit fields (SWAR) and `clz`
+        by halving the search, both exact, on the integer's own bits (narrow ones zero-extended)."""
         emit, fresh = self.body.emit, self.body.fresh
         x = self.value(eqn.invars[0], eqn)
         ty = _ty(eqn.outvars[0].aval, self.kernel, eqn)
         dt, _, rest = ty.partition("[")
         sh = "[" + rest if rest else ""
 
-        def e(rhs: str, d: str = dt) -> str:
+        def e(rhs: str, d: str) -> str:
             v = fresh()
             emit(f"{v} = {rhs} : {d}{sh}")
             return v
 
-        if name == "tan":
-            sin, cos = e(f"sin {x}"), e(f"cos {x}")
-            self.op(eqn, f"div {sin}, {cos}")
-        elif name == "cbrt":
-            r = e(f"pow {e(f'abs {x}')}, 0.3333333333333333")
-            neg, minus = e(f"lt {x}, 0.0", "bool"), e(f"neg {r}")
-            self.op(eqn, f"select {neg}, {minus}, {r}")
-        elif name == "erfc":
-            z = e(f"abs {x}")
-            half = e(f"mul {z}, 0.5")
-            t = e(f"div 1.0, {e(f'add {half}, 1.0')}")
-            coef = [-0.82215223, 1.48851587, -1.13520398, 0.27886807, -0.18628806, 0.09678418, 0.37409196, 1.00002368]
-            p = e("full 0.17087277")
-            for c in coef:
-                tp_ = e(f"mul {t}, {p}")
-                p = e(f"add {tp_}, {c!r}")
+        if name in ("tan", "cbrt", "erfc"):
+            w = "f32"
+            if dt != w:
+                x = e(f"cast {x}", w)
+            v = {"tan": self._tan, "cbrt": self._cbrt, "erfc": self._erfc}[name](x, lambda rhs, d=w: e(rhs, d))
+        else:
+            bits = int(dt[1:])
+            u = x
+            if dt.startswith("i"):
+                u = e(f"bitcast {x}", f"u{bits}")
+            if bits != 32:
+                u = e(f"cast {u}", "u32")
+            v = self._popcount(u, lambda rhs, d="u32": e(rhs, d)) if name == "population_count" else self._clz(u, bits, lambda rhs, d="u32": e(rhs, d))
+            w = "u32"
+        if w == dt:
+            self.define(eqn.outvars[0], v)
+        elif dt.startswith("i") and int(dt[1:]) == 32:
+            self.op(eqn, f"bitcast {v}")
+        else:
+            self.op(eqn, f"cast {v}")
+
+    @staticmethod
+    def _tan(x, e):
+        return e(f"div {e(f'sin {x}')}, {e(f'cos {x}')}")
+
+    @staticmethod
+    def _cbrt(x, e):
+        r = e(f"pow {e(f'abs {x}')}, 0.3333333333333333")
+        neg, minus = e(f"lt {x}, 0.0", "bool"), e(f"neg {r}")
+        signed = e(f"select {neg}, {minus}, {r}")
+        return e(f"select {e(f'eq {x}, 0.0', 'bool')}, {x}, {signed}")
+
+    @staticmethod
+    def _erfc(x, e):
+        z = e(f"abs {x}")
+        half = e(f"mul {z}, 0.5")
+        t = e(f"div 1.0, {e(f'add {half}, 1.0')}")
+        coef = [-0.82215223, 1.48851587, -1.13520398, 0.27886807, -0.18628806, 0.09678418, 0.37409196, 1.00002368]
+        p = e("full 0.17087277")
+        for c in coef:
             tp_ = e(f"mul {t}, {p}")
-            poly = e(f"add {tp_}, -1.26551223")
-            # e^(-z^2) without the rounding of z^2 (which e^ would magnify by z^2, up to 100):
-            # z = r + (z - r) with r's low 12 bits cleared, so r^2 is exact and
-            # -z^2 = -r^2 + (r - z)(r + z), the second term small.
-            zbits = e(f"bitcast {z}", "u32")
-            r = e(f"bitcast {e(f'and {zbits}, 4294963200', 'u32')}")
-            rr = e(f"mul {r}, {r}")
-            big = e(f"exp {e(f'neg {rr}')}")
-            d, m = e(f"sub {r}, {z}"), e(f"add {r}, {z}")
-            small = e(f"add {e(f'mul {d}, {m}')}, {poly}")
-            ans = e(f"mul {e(f'mul {t}, {big}')}, {e(f'exp {small}')}")
-            pos, other = e(f"ge {x}, 0.0", "bool"), e(f"sub 2.0, {ans}")
-            self.op(eqn, f"select {pos}, {ans}, {other}")
-        elif name == "population_count":
-            u = x if dt == "u32" else e(f"bitcast {x}", "u32")
-            pairs = e(f"and {e(f'shr {u}, 1', 'u32')}, 1431655765", "u32")
-            a = e(f"sub {u}, {pairs}", "u32")
-            lo = e(f"and {a}, 858993459", "u32")
-            hi = e(f"and {e(f'shr {a}, 2', 'u32')}, 858993459", "u32")
-            b = e(f"add {lo}, {hi}", "u32")
-            nib = e(f"add {b}, {e(f'shr {b}, 4', 'u32')}", "u32")
-            c = e(f"and {nib}, 252645135", "u32")
-            n = e(f"shr {e(f'mul {c}, 16843009', 'u32')}, 24", "u32")
-            self.op(eqn, f"bitcast {n}" if dt != "u32" else f"add {n}, 0")
-        else:  # clz
-            u = x if dt == "u32" else e(f"bitcast {x}", "u32")
-            n = e("full 0", "u32")
-            for k in (16, 8, 4, 2, 1):
-                # Where the top k bits are zero: k more leading zeros, and the value shifted up.
-                top = e(f"eq {e(f'shr {u}, {32 - k}', 'u32')}, 0", "bool")
-                more, up = e(f"add {n}, {k}", "u32"), e(f"shl {u}, {k}", "u32")
-                n = e(f"select {top}, {more}, {n}", "u32")
-                u = e(f"select {top}, {up}, {u}", "u32")
-            # 32 for zero: the last step leaves the top bit 0 only then.
-            zero, one_more = e(f"eq {u}, 0", "bool"), e(f"add {n}, 1", "u32")
-            n = e(f"select {zero}, {one_more}, {n}", "u32")
-            self.op(eqn, f"bitcast {n}" if dt != "u32" else f"add {n}, 0")
+            p = e(f"add {tp_}, {c!r}")
+        tp_ = e(f"mul {t}, {p}")
+        poly = e(f"add {tp_}, -1.26551223")
+        # e^(-z^2) without the rounding of z^2 (which e^ would magnify by z^2, up to 100):
+        # z = r + (z - r) with r's low 12 bits cleared, so r^2 is exact and
+        # -z^2 = -r^2 + (r - z)(r + z), the second term small.
+        zbits = e(f"bitcast {z}", "u32")
+        r = e(f"bitcast {e(f'and {zbits}, 4294963200', 'u32')}")
+        rr = e(f"mul {r}, {r}")
+        big = e(f"exp {e(f'neg {rr}')}")
+        d, m = e(f"sub {r}, {z}"), e(f"add {r}, {z}")
+        small = e(f"add {e(f'mul {d}, {m}')}, {poly}")
+        ans = e(f"mul {e(f'mul {t}, {big}')}, {e(f'exp {small}')}")
+        pos, other = e(f"ge {x}, 0.0", "bool"), e(f"sub 2.0, {ans}")
+        return e(f"select {pos}, {ans}, {other}")
+
+    @staticmethod
+    def _popcount(u, e):
+        pairs = e(f"and {e(f'shr {u}, 1')}, 1431655765")
+        a = e(f"sub {u}, {pairs}")
+        lo = e(f"and {a}, 858993459")
+        hi = e(f"and {e(f'shr {a}, 2')}, 858993459")
+        b = e(f"add {lo}, {hi}")
+        quads = e(f"shr {b}, 4")
+        c = e(f"and {e(f'add {b}, {quads}')}, 252645135")
+        return e(f"shr {e(f'mul {c}, 16843009')}, 24")
+
+    @staticmethod
+    def _clz(u, bits, e):
+        n = e("full 0")
+        for k in (16, 8, 4, 2, 1):
+            # Where the top k bits are zero: k more leading zeros, and the value shifted up.
+            top = e(f"eq {e(f'shr {u}, {32 - k}')}, 0", "bool")
+            more, up = e(f"add {n}, {k}"), e(f"shl {u}, {k}")
+            n = e(f"select {top}, {more}, {n}")
+            u = e(f"select {top}, {up}, {u}")
+        # 32 for zero: the last step leaves the top bit 0 only then.
+        zero, one_more = e(f"eq {u}, 0", "bool"), e(f"add {n}, 1")
+        n = e(f"select {zero}, {one_more}, {n}")
+        # A narrow integer, zero-extended, has 32 - bits more leading zeros than its own.
+        return n if bits == 32 else e(f"sub {n}, {32 - bits}")
 
     def pad(self, eqn) -> None:
         """`lax.pad` (`jnp.pad` with a constant) without interior padding: along each axis a
@@ -518,9 +547,19 @@ class _Values:
         JAX clamps it, as an `i32` scalar."""
         emit, fresh = self.body.emit, self.body.fresh
         s = self.read(atom)
-        if str(atom.aval.dtype) != "int32":
+        if not s.startswith("%"):
+            return str(min(max(int(float(s)), 0), n - k))
+        dt = _ty(atom.aval, self.kernel, eqn)
+        if dt.startswith("u"):
+            # Unsigned: past the window clamps to its end (not, through a negative `i32`, to 0).
+            m = fresh()
+            emit(f"{m} = min {s}, {n - k} : {dt}")
             c = fresh()
-            emit(f"{c} = cast {self.value(atom, eqn)} : i32")
+            emit(f"{c} = cast {m} : i32")
+            return c
+        if dt != "i32":
+            c = fresh()
+            emit(f"{c} = cast {s} : i32")
             s = c
         lo, hi = fresh(), fresh()
         emit(f"{lo} = max {s}, 0 : i32")
@@ -579,7 +618,10 @@ class _Values:
             at, lo, end, hi, both = (fresh() for _ in range(5))
             emit(f"{at} = iota {d} : i32[{dims(shape)}]")
             emit(f"{lo} = ge {at}, {s} : bool[{dims(shape)}]")
-            emit(f"{end} = add {s}, {m} : i32")
+            if s.startswith("%"):
+                emit(f"{end} = add {s}, {m} : i32")
+            else:
+                end = str(int(s) + m)
             emit(f"{hi} = lt {at}, {end} : bool[{dims(shape)}]")
             emit(f"{both} = and {lo}, {hi} : bool[{dims(shape)}]")
             if inside is None:

@@ -619,3 +619,69 @@ def test_state_in_a_scalar_prefetch_operand_carries_from_step_to_step():
         np.testing.assert_array_equal(np.asarray(jax.jit(counted)(c, x)), want)
     for backend in backends():
         np.testing.assert_array_equal(tp.run(counted, c, x, backend=backend), want, err_msg=backend)
+
+
+def aliased_increment(x, interpret=False):
+    """`o_ref[...] += 1` on an output aliased to the input: the load sees the input's values."""
+
+    def body(x_ref, o_ref):
+        o_ref[...] += 1.0
+
+    spec = pl.BlockSpec((8,), lambda i: (i,))
+    return pl.pallas_call(body, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), grid=(2,), in_specs=[spec], out_specs=spec,
+                          input_output_aliases={0: 0}, interpret=interpret)(x)
+
+
+def narrow_composed(h, n, interpret=False):
+    """`erfc` and `cbrt` of bf16 (computed in f32), `cbrt(-0.0)`, and bit counts of i8 and u16."""
+
+    def body(h_ref, n_ref, u_ref, erfc_ref, cbrt_ref, pop_ref, clz_ref, upop_ref, uclz_ref):
+        erfc_ref[...] = jax.lax.erfc(h_ref[...])
+        cbrt_ref[...] = jnp.cbrt(h_ref[...])
+        pop_ref[...] = jax.lax.population_count(n_ref[...])
+        clz_ref[...] = jax.lax.clz(n_ref[...])
+        upop_ref[...] = jax.lax.population_count(u_ref[...])
+        uclz_ref[...] = jax.lax.clz(u_ref[...])
+
+    u = n.astype(np.uint16) * 257
+    s = lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype)  # noqa: E731
+    out = (s(h), s(h), s(n), s(n), s(u), s(u))
+    return pl.pallas_call(body, out_shape=out, interpret=interpret)(h, n, u)
+
+
+def test_review_edges_of_aliases_windows_and_composed_functions():
+    # An aliased output read before it is written: x + 1, not 0 + 1.
+    x = np.arange(16, dtype=np.float32)
+    for backend in backends():
+        np.testing.assert_array_equal(tp.run(aliased_increment, x, backend=backend), x + 1, err_msg=backend)
+    # dynamic_update_slice at literal starts (folded, clamped) and a u32 start past the end.
+    def windows(v, k, interpret=False):
+        def body(v_ref, k_ref, a_ref, b_ref):
+            upd = jnp.full((2, 4), -1.0, jnp.float32)
+            a_ref[...] = jax.lax.dynamic_update_slice(v_ref[...], upd, (1, 30))
+            b_ref[...] = jax.lax.dynamic_slice(v_ref[...], (k_ref[0], jnp.uint32(0)), (3, 16))
+
+        out = (jax.ShapeDtypeStruct((8, 16), jnp.float32), jax.ShapeDtypeStruct((3, 16), jnp.float32))
+        return pl.pallas_call(body, out_shape=out, interpret=interpret)(v, k)
+
+    v = np.arange(128, dtype=np.float32).reshape(8, 16)
+    k = np.array([4_000_000_000], np.uint32)
+    a = v.copy()
+    a[1:3, 12:16] = -1.0
+    for backend in backends():
+        got = tp.run(windows, v, k, backend=backend)
+        np.testing.assert_array_equal(got[0], a, err_msg=backend)
+        np.testing.assert_array_equal(got[1], v[5:8], err_msg=backend)  # clamped to the end, as JAX does
+    want = [np.asarray(w) for w in windows(v, k, interpret=True)]
+    np.testing.assert_array_equal(want[1], v[5:8])
+    # Narrow dtypes of the composed functions.
+    h = jnp.asarray([[-0.0, 0.0, 8.0, -27.0, 1.5, -2.5, 3.0, 0.25]], jnp.bfloat16)
+    n = np.array([[0, -1, 1, 127, -128, 64, 3, -2]], np.int8)
+    want = [np.asarray(w) for w in narrow_composed(h, n, interpret=True)]
+    for backend in backends():
+        got = tp.run(narrow_composed, h, n, backend=backend)
+        np.testing.assert_allclose(np.asarray(got[0], np.float32), np.asarray(want[0], np.float32), rtol=1e-2, err_msg=backend)
+        np.testing.assert_allclose(np.asarray(got[1], np.float32), np.asarray(want[1], np.float32), rtol=1e-2, err_msg=backend)
+        assert np.signbit(np.asarray(got[1], np.float32)[0, 0]), "cbrt(-0.0) is -0.0"
+        for g, w in zip(got[2:], want[2:]):
+            np.testing.assert_array_equal(g, w, err_msg=backend)

@@ -306,6 +306,14 @@ impl BackendImpl for Interpreter {
         launch: &Launch<'_>,
         buffers: &mut BTreeMap<String, HostArray>,
     ) -> Result<(), BackendError> {
+        if let Some(name) = launch.kept.iter().next() {
+            // One kernel runs in place (`run_host`), kept outputs included; this path makes
+            // every output afresh.
+            return Err(BackendError::new(
+                ErrorKind::Unsupported,
+                format!("output `{name}` starts from given contents (an aliased input) in a launch of several kernels, which the interpreter runs on fresh outputs\n  launch the kernel that keeps it on its own"),
+            ));
+        }
         for c in compiled {
             let k = c.kernel.kernel();
             let mut inputs = BTreeMap::new();

@@ -166,6 +166,12 @@ impl BackendImpl for MosaicGpu {
         launch: &Launch<'_>,
         buffers: &mut BTreeMap<String, Self::Buffer>,
     ) -> Result<(), BackendError> {
+        if let Some(name) = launch.kept.iter().next() {
+            return Err(BackendError::new(
+                ErrorKind::Unsupported,
+                format!("output `{name}` starts from given contents (an aliased input), which the Mosaic GPU backend does not keep\n  run the launch on the interpreter or wgpu"),
+            ));
+        }
         let gpu = runtime::require()?;
         for (plan, ptx) in compiled {
             resolve_grid(&plan.kernel, &launch.grid).map_err(|e| BackendError::new(ErrorKind::InvalidInput, e.to_string()))?;

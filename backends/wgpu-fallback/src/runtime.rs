@@ -618,6 +618,17 @@ impl Gpu {
         let mut prepared = Vec::new();
         let mut check: Option<LoopCheck> = None;
         for l in kernels {
+            if let Some(name) = l.resident.iter().find(|n| kept.contains(*n)) {
+                // Its block starts as zeros in registers and is written back whole: the buffer's
+                // starting contents would be lost.
+                return Err(err(
+                    ErrorKind::Unsupported,
+                    format!(
+                        "kernel `{}`: output `{name}` starts from its buffer's contents (an aliased input) but is held in registers across `seq` steps, which start as zeros\n  run it on the interpreter, or store every element of `{name}` without reading it first",
+                        l.name
+                    ),
+                ));
+            }
             self.check_limits(l, buffers)?;
             let p = self.pipeline(l)?;
             let ws_bytes = l.workspace_words * 4 * u64::from(l.groups[0]) * u64::from(l.groups[1]);

@@ -88,6 +88,9 @@ pub struct Lowered {
     /// The outputs to zero before the dispatch: all but those the kernel provably overwrites
     /// whole before reading (see [`fully_written`]).
     pub zeroed: Vec<String>,
+    /// The outputs held in the invocations' registers from the first `seq` step and written back
+    /// whole after the last (the plan's resident blocks), which start as zeros there.
+    pub resident: Vec<String>,
     /// Where the module checks the driver's loop budget ([`Plan::loop_budget`]): the loop
     /// iterations that budget leaves the kernel. It binds a status word last, which a launch
     /// clears and reads back (nonzero: the loops were cut short).
@@ -116,6 +119,7 @@ pub fn lower(plan: &Plan) -> Lowered {
         bindings: k.params.iter().filter(|p| p.kind != ParamKind::Scratch).map(|p| (p.name.clone(), p.kind)).collect(),
         views,
         zeroed,
+        resident: k.params_of(ParamKind::Out).filter(|p| plan.resident.contains_key(&p.name)).map(|p| p.name.clone()).collect(),
         loop_check: plan.loop_budget.map(crate::lower::loop_room),
     }
 }
