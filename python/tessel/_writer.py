@@ -12,6 +12,7 @@ from ._common import _UNARY, _BINARY, _SHIFTS, _COMPARE, _REDUCE, _EFFECTS, _whe
 from ._control import _Control
 from ._errors import UnsupportedError
 from ._jax_support import _INLINE, _jax
+from ._order import _Order
 from ._refs import _Refs
 from ._values import _Values
 
@@ -36,7 +37,7 @@ _RULES = {
 }
 
 
-class _Writer(_Refs, _Values, _Control):
+class _Writer(_Refs, _Values, _Order, _Control):
     """One kernel body being written: the jaxpr's equations in order, each as `.tk` statements
     (`write` dispatches by primitive; `_refs`, `_values` and `_control` hold the larger rules)."""
 

@@ -1,0 +1,277 @@
+"""Moving elements along an axis in a Pallas kernel's body: `sort`, `top_k` and `rev` (each
+element's place, then every operand moved there by `select` and `max`), and `dynamic_slice` /
+`dynamic_update_slice` of values (the same moves, to a window clamped as JAX clamps it)."""
+
+from __future__ import annotations
+
+from ._common import _ty
+
+
+class _Order:
+    """The `_Writer`'s methods that move elements along an axis."""
+
+    def permuted(self, eqn, name: str) -> None:
+        """`sort` (`jnp.sort`, `jnp.argsort`: its operands ordered by the first, stably), `top_k`
+        (the `k` largest along the last axis and their indices, ties the lower index first) and
+        `rev` (`jnp.flip`), along one axis (another moved last by `transpose` and back after). Each
+        element's place along the axis is computed, then every operand is moved there: for a
+        sort, its rank, the number of elements ordered before it (by JAX's order of floats: -0
+        as 0, NaN after everything, so the bits come out as JAX's), counted over a comparison
+        of every pair (the block's row length squared per row)."""
+        p = eqn.params
+        shape = list(eqn.invars[0].aval.shape)
+        rank = len(shape)
+        axis = {"sort": lambda: p["dimension"], "top_k": lambda: rank - 1, "rev": lambda: None}[name]()
+        if name == "rev":
+            if len(p["dimensions"]) != 1:
+                raise self.refuse(f"`rev` along {len(p['dimensions'])} axes at once", eqn, "flip one axis at a time")
+            axis = p["dimensions"][0]
+        if name == "sort" and p.get("num_keys", 1) != 1:
+            raise self.refuse(f"`sort` by {p['num_keys']} keys", eqn, "sort by one key (jnp.sort, jnp.argsort)")
+        emit, fresh = self.body.emit, self.body.fresh
+        dims = lambda sh: ", ".join(str(d) for d in sh)  # noqa: E731
+        perm = None if axis == rank - 1 else [d for d in range(rank) if d != axis] + [axis]
+        moved = shape if perm is None else [shape[d] for d in perm]
+        n, lead = moved[-1], moved[:-1]
+
+        def last(v: str, dt: str) -> str:
+            if perm is None:
+                return v
+            t = fresh()
+            emit(f"{t} = transpose {v} perm ({dims(perm)}) : {dt}[{dims(moved)}]")
+            return t
+
+        def pair(sh_i, sh_j):
+            return lead + [sh_i, sh_j]
+
+        # Where each element goes along the axis (`i32`, the moved shape).
+        iota_i, iota_j = fresh(), fresh()
+        emit(f"{iota_i} = iota {len(lead)} : i32[{dims(pair(n, n))}]")
+        emit(f"{iota_j} = iota {len(lead) + 1} : i32[{dims(pair(n, n))}]")
+        pos = fresh()
+        if name == "rev":
+            flat = fresh()
+            emit(f"{flat} = iota {len(lead)} : i32[{dims(moved)}]")
+            emit(f"{pos} = sub {n - 1}, {flat} : i32[{dims(moved)}]")
+            k = n
+        else:
+            dt0 = _ty(eqn.invars[0].aval, self.kernel, eqn).split("[")[0]
+            key, kt = self.sort_key(last(self.value(eqn.invars[0], eqn), dt0), dt0, moved)
+            ki, kj = fresh(), fresh()
+            emit(f"{ki} = reshape {key} : {kt}[{dims(lead + [n, 1])}]")
+            emit(f"{kj} = reshape {key} : {kt}[{dims(lead + [1, n])}]")
+            # j before i: ordered before it, or equal and earlier (a stable order).
+            order = "gt" if name == "top_k" else "lt"
+            o, e, earlier, tie, before, count = (fresh() for _ in range(6))
+            emit(f"{o} = {order} {kj}, {ki} : bool[{dims(pair(n, n))}]")
+            emit(f"{e} = eq {kj}, {ki} : bool[{dims(pair(n, n))}]")
+            emit(f"{earlier} = lt {iota_j}, {iota_i} : bool[{dims(pair(n, n))}]")
+            emit(f"{tie} = and {e}, {earlier} : bool[{dims(pair(n, n))}]")
+            emit(f"{before} = or {o}, {tie} : bool[{dims(pair(n, n))}]")
+            emit(f"{count} = cast {before} : i32[{dims(pair(n, n))}]")
+            emit(f"{pos} = sum {count} axis {len(lead) + 1} : i32[{dims(moved)}]")
+            k = p["k"] if name == "top_k" else n
+        # Output place q takes the element whose place is q: the one hit in each row of
+        # `hit[.., q, i]`, picked by a max over i with everything else the max's identity.
+        src, slot, hit = fresh(), fresh(), fresh()
+        emit(f"{src} = reshape {pos} : i32[{dims(lead + [1, n])}]")
+        emit(f"{slot} = iota {len(lead)} : i32[{dims(lead + [k, n])}]")
+        emit(f"{hit} = eq {src}, {slot} : bool[{dims(lead + [k, n])}]")
+        operands = list(eqn.invars) if name == "sort" else [eqn.invars[0]]
+        outs = list(eqn.outvars)
+        picked = []
+        for v in operands:
+            ty = _ty(v.aval, self.kernel, eqn)
+            dt = ty.split("[")[0]
+            x = last(self.value(v, eqn), dt)
+            if dt == "bool":
+                c = fresh()
+                emit(f"{c} = cast {x} : i32[{dims(moved)}]")
+                x, dt = c, "i32"
+            picked.append(self.pick(x, dt, hit, lead, k, n))
+        if name == "top_k":
+            picked.append(self.pick(iota_j, "i32", hit, lead, k, n, row=True))
+        out_moved = lead + [k]
+        out_shape = out_moved if perm is None else [out_moved[perm.index(d)] for d in range(rank)]
+        for out, (v, dt) in zip(outs, picked):
+            want = _ty(out.aval, self.kernel, eqn).split("[")[0]
+            if perm is not None:
+                t = fresh()
+                emit(f"{t} = transpose {v} perm ({dims([perm.index(d) for d in range(rank)])}) : {dt}[{dims(out_shape)}]")
+                v = t
+            if want != dt:
+                c = fresh()
+                emit(f"{c} = {'ne' if want == 'bool' else 'cast'} {v}{', 0' if want == 'bool' else ''} : {_ty(out.aval, self.kernel, eqn)}")
+                v = c
+            self.define(out, v)
+
+    def sort_key(self, x: str, dt: str, shape) -> tuple:
+        """The value JAX sorts `x` (of `dt[shape]`) by, and its type: a float as the `i32` whose
+        order is JAX's (-0 as 0, every NaN as one NaN after everything), an integer as it is."""
+        emit, fresh = self.body.emit, self.body.fresh
+        if dt not in ("f32", "f16", "bf16"):
+            return x, dt
+        sh = f"[{', '.join(str(d) for d in shape)}]"
+        if dt != "f32":
+            c = fresh()
+            emit(f"{c} = cast {x} : f32{sh}")
+            x = c
+        z, x0, nan, xn, si, un, fl, fi, neg, key = (fresh() for _ in range(10))
+        emit(f"{z} = eq {x}, 0.0 : bool{sh}")
+        emit(f"{x0} = select {z}, 0.0, {x} : f32{sh}")
+        emit(f"{nan} = ne {x}, {x} : bool{sh}")
+        emit(f"{xn} = select {nan}, nan, {x0} : f32{sh}")
+        emit(f"{si} = bitcast {xn} : i32{sh}")
+        emit(f"{un} = bitcast {xn} : u32{sh}")
+        emit(f"{fl} = sub 2147483647, {un} : u32{sh}")
+        emit(f"{fi} = bitcast {fl} : i32{sh}")
+        emit(f"{neg} = lt {si}, 0 : bool{sh}")
+        emit(f"{key} = select {neg}, {fi}, {si} : i32{sh}")
+        return key, "i32"
+
+    def pick(self, x: str, dt: str, hit: str, lead, k: int, n: int, row: bool = False):
+        """Element `q` of the result: the element of `x` (the moved shape; with `row`, already
+        `[.., n, n]` of which row 0 is used) whose `hit` is set in row `q`."""
+        emit, fresh = self.body.emit, self.body.fresh
+        dims = lambda sh: ", ".join(str(d) for d in sh)  # noqa: E731
+        low = {"f32": "-inf", "f16": "-inf", "bf16": "-inf", "i32": "-2147483648", "u32": "0",
+               "i16": "-32768", "u16": "0", "i8": "-128", "u8": "0"}[dt]
+        xs = fresh()
+        if row:
+            emit(f"{xs} = slice {x} start ({dims([0] * (len(lead) + 2))}) : {dt}[{dims(lead + [1, n])}]")
+        else:
+            emit(f"{xs} = reshape {x} : {dt}[{dims(lead + [1, n])}]")
+        sel, out = fresh(), fresh()
+        emit(f"{sel} = select {hit}, {xs}, {low} : {dt}[{dims(lead + [k, n])}]")
+        emit(f"{out} = max {sel} axis {len(lead) + 1} : {dt}[{dims(lead + [k])}]")
+        return out, dt
+
+    def along(self, x: str, dt: str, shape, axis: int, pos: str, k: int) -> str:
+        """`x` (`dt[shape]`) with its `axis` made `k` long: element `q` along it is the one whose
+        place `pos` (`i32[n]`, one per element along the axis) is `q`, the others the `max`'s
+        identity (moved by `select` and `max` along a transposed copy, as `permuted` moves)."""
+        emit, fresh = self.body.emit, self.body.fresh
+        dims = lambda sh: ", ".join(str(d) for d in sh)  # noqa: E731
+        rank, n = len(shape), shape[axis]
+        perm = None if axis == rank - 1 else [d for d in range(rank) if d != axis] + [axis]
+        moved = list(shape) if perm is None else [shape[d] for d in perm]
+        lead = moved[:-1]
+        if dt == "bool":
+            c = fresh()
+            emit(f"{c} = cast {x} : i32[{dims(shape)}]")
+            x = c
+        work = "i32" if dt == "bool" else dt
+        if perm is not None:
+            t = fresh()
+            emit(f"{t} = transpose {x} perm ({dims(perm)}) : {work}[{dims(moved)}]")
+            x = t
+        ones = [1] * len(lead)
+        src, slot, hit = fresh(), fresh(), fresh()
+        emit(f"{src} = reshape {pos} : i32[{dims(ones + [1, n])}]")
+        emit(f"{slot} = iota {len(lead)} : i32[{dims(ones + [k, n])}]")
+        emit(f"{hit} = eq {src}, {slot} : bool[{dims(ones + [k, n])}]")
+        out, _ = self.pick(x, work, hit, lead, k, n)
+        out_moved = lead + [k]
+        if perm is not None:
+            back = [perm.index(d) for d in range(rank)]
+            t = fresh()
+            emit(f"{t} = transpose {out} perm ({dims(back)}) : {work}[{dims([out_moved[d] for d in back])}]")
+            out = t
+        if dt == "bool":
+            c = fresh()
+            emit(f"{c} = ne {out}, 0 : bool[{dims([*shape[:axis], k, *shape[axis + 1:]])}]")
+            out = c
+        return out
+
+    def start(self, atom, n: int, k: int, eqn) -> str:
+        """A dynamic start along an axis of `n` for a window of `k`, clamped into `[0, n - k]` as
+        JAX clamps it, as an `i32` scalar."""
+        emit, fresh = self.body.emit, self.body.fresh
+        s = self.read(atom)
+        if not s.startswith("%"):
+            return str(min(max(int(float(s)), 0), n - k))
+        dt = _ty(atom.aval, self.kernel, eqn)
+        if dt.startswith("u"):
+            # Unsigned: past the window clamps to its end (not, through a negative `i32`, to 0).
+            m = fresh()
+            emit(f"{m} = min {s}, {n - k} : {dt}")
+            c = fresh()
+            emit(f"{c} = cast {m} : i32")
+            return c
+        if dt != "i32":
+            c = fresh()
+            emit(f"{c} = cast {s} : i32")
+            s = c
+        lo, hi = fresh(), fresh()
+        emit(f"{lo} = max {s}, 0 : i32")
+        emit(f"{hi} = min {lo}, {n - k} : i32")
+        return hi
+
+    def dynamic_slice(self, eqn) -> None:
+        """`lax.dynamic_slice` of a value (`v[pl.ds(i, k)]` of a loaded block): along each axis
+        whose start is data, element `q` is the one at `start + q` (the start clamped as JAX
+        clamps it); along the others a `slice`."""
+        emit, fresh = self.body.emit, self.body.fresh
+        x, *starts = eqn.invars
+        sizes = list(eqn.params["slice_sizes"])
+        shape = list(x.aval.shape)
+        dt = _ty(x.aval, self.kernel, eqn).split("[")[0]
+        dims = lambda sh: ", ".join(str(d) for d in sh)  # noqa: E731
+        v = self.value(x, eqn)
+        for d, (atom, n, k) in enumerate(zip(starts, shape, sizes)):
+            lit = self.read(atom)
+            if not lit.startswith("%"):
+                at = min(max(int(float(lit)), 0), n - k)
+                if (at, k) != (0, n):
+                    cut = shape[:d] + [k] + shape[d + 1:]
+                    t = fresh()
+                    emit(f"{t} = slice {v} start ({dims([at if e == d else 0 for e in range(len(shape))])}) : {dt}[{dims(cut)}]")
+                    v, shape = t, cut
+                continue
+            s = self.start(atom, n, k, eqn)
+            flat, pos = fresh(), fresh()
+            emit(f"{flat} = iota 0 : i32[{n}]")
+            emit(f"{pos} = sub {flat}, {s} : i32[{n}]")
+            v = self.along(v, dt, shape, d, pos, k)
+            shape = shape[:d] + [k] + shape[d + 1:]
+        self.define(eqn.outvars[0], v)
+
+    def dynamic_update_slice(self, eqn) -> None:
+        """`lax.dynamic_update_slice` of a value: the update moved to its place along each axis
+        (its element `j` to `start + j`, the start clamped as JAX clamps it), chosen there by a
+        mask of the window, the operand elsewhere."""
+        emit, fresh = self.body.emit, self.body.fresh
+        x, u, *starts = eqn.invars
+        shape, ushape = list(x.aval.shape), list(u.aval.shape)
+        ty = _ty(x.aval, self.kernel, eqn)
+        dt = ty.split("[")[0]
+        dims = lambda sh: ", ".join(str(d) for d in sh)  # noqa: E731
+        v, cur = self.value(u, eqn), list(ushape)
+        inside = None
+        for d, (atom, n, m) in enumerate(zip(starts, shape, ushape)):
+            s = self.start(atom, n, m, eqn)
+            flat, pos = fresh(), fresh()
+            emit(f"{flat} = iota 0 : i32[{m}]")
+            emit(f"{pos} = add {flat}, {s} : i32[{m}]")
+            v = self.along(v, dt, cur, d, pos, n)
+            cur[d] = n
+            # Whether the element is in the window along this axis.
+            at, lo, end, hi, both = (fresh() for _ in range(5))
+            emit(f"{at} = iota {d} : i32[{dims(shape)}]")
+            emit(f"{lo} = ge {at}, {s} : bool[{dims(shape)}]")
+            if s.startswith("%"):
+                emit(f"{end} = add {s}, {m} : i32")
+            else:
+                end = str(int(s) + m)
+            emit(f"{hi} = lt {at}, {end} : bool[{dims(shape)}]")
+            emit(f"{both} = and {lo}, {hi} : bool[{dims(shape)}]")
+            if inside is None:
+                inside = both
+            else:
+                t = fresh()
+                emit(f"{t} = and {inside}, {both} : bool[{dims(shape)}]")
+                inside = t
+        if inside is None:
+            self.define(eqn.outvars[0], v)
+            return
+        self.op(eqn, f"select {inside}, {v}, {self.value(x, eqn)}")
