@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import List
 
-from ._common import _scratch, _literal
+from ._common import _scratch, _literal, _ty
 from ._jax_support import _jax
 
 
@@ -235,13 +235,83 @@ class _Control:
         _, core, _ = _jax()
         p = eqn.params
         nc, ncar = p["num_consts"], p["num_carry"]
-        if p["reverse"] or len(eqn.invars) != nc + ncar or len(eqn.outvars) != ncar:
-            raise self.refuse("`scan` over arrays (only `fori_loop` and carried values)", eqn)
+        if len(eqn.invars) != nc + ncar or len(eqn.outvars) != ncar:
+            self.scan_arrays(eqn)
+            return
+        if p["reverse"]:
+            raise self.refuse("a reversed `scan` without scanned arrays", eqn, "count down in the body")
         body = p["jaxpr"]
         if body.consts:
             raise self.refuse("`scan` with captured constants", eqn)
         consts, carry = eqn.invars[:nc], eqn.invars[nc:]
         self.carried_loop(eqn, body.jaxpr, consts, [self.value(c, eqn) for c in carry], f"0 to {p['length']}")
+
+    def scan_arrays(self, eqn) -> None:
+        """`lax.scan` over arrays (a recurrence over a block's rows, as linear-attention and
+        state-space kernels write): a `for` over its length carrying the carry and the stacked
+        outputs (zeros before), each trip taking row `t` of every scanned array (`t` counted
+        down where `reverse`) and putting each output row at `t`, by the moves of
+        `dynamic_slice` and `dynamic_update_slice` (`_order.py`)."""
+        p = eqn.params
+        nc, ncar, n = p["num_consts"], p["num_carry"], p["length"]
+        body = p["jaxpr"]
+        if body.consts:
+            raise self.refuse("`scan` with captured constants", eqn)
+        jaxpr = body.jaxpr
+        emit, fresh = self.body.emit, self.body.fresh
+        dims = lambda sh: ", ".join(str(d) for d in sh)  # noqa: E731
+        consts, carry, xs = eqn.invars[:nc], eqn.invars[nc:nc + ncar], eqn.invars[nc + ncar:]
+        ys = eqn.outvars[ncar:]
+        inits = [self.value(c, eqn) for c in carry]
+        for y in ys:
+            z = fresh()
+            emit(f"{z} = zeros : {_ty(y.aval, self.kernel, eqn)}")
+            inits.append(z)
+        names = [fresh() for _ in inits]
+        results = [fresh() for _ in inits]
+        t = fresh()
+        iters = ", ".join(f"{a} = {b}" for a, b in zip(names, inits))
+        emit(f"{', '.join(results)} = for {t} = 0 to {n} iter ({iters}) {{")
+        self.body.depth += 1
+        at = t
+        if p["reverse"]:
+            at = fresh()
+            emit(f"{at} = sub {n - 1}, {t} : i32")
+        self.sub(jaxpr, consts, eqn)
+        for var, name in zip(jaxpr.invars[nc:nc + ncar], names):
+            self.env[var] = name
+        flat = fresh()
+        emit(f"{flat} = iota 0 : i32[{n}]")
+        pos = fresh()
+        emit(f"{pos} = sub {flat}, {at} : i32[{n}]")
+        for var, x in zip(jaxpr.invars[nc + ncar:], xs):
+            shape = list(x.aval.shape)
+            dt = _ty(x.aval, self.kernel, eqn).split("[")[0]
+            row = self.along(self.value(x, eqn), dt, shape, 0, pos, 1)
+            r = fresh()
+            emit(f"{r} = reshape {row} : {_ty(var.aval, self.kernel, eqn)}")
+            self.env[var] = r
+        self.eqns(jaxpr)
+        outs = [self.value(o, eqn) for o in jaxpr.outvars[:ncar]]
+        for y, acc, yv in zip(ys, names[ncar:], jaxpr.outvars[ncar:]):
+            shape = list(y.aval.shape)
+            dt = _ty(y.aval, self.kernel, eqn).split("[")[0]
+            one = fresh()
+            emit(f"{one} = reshape {self.value(yv, eqn)} : {dt}[{dims([1] + shape[1:])}]")
+            zero, place = fresh(), fresh()
+            emit(f"{zero} = iota 0 : i32[1]")
+            emit(f"{place} = add {zero}, {at} : i32[1]")
+            moved = self.along(one, dt, [1] + shape[1:], 0, place, n)
+            rows, here, new = fresh(), fresh(), fresh()
+            emit(f"{rows} = iota 0 : i32[{dims(shape)}]")
+            emit(f"{here} = eq {rows}, {at} : bool[{dims(shape)}]")
+            emit(f"{new} = select {here}, {moved}, {acc} : {dt}[{dims(shape)}]")
+            outs.append(new)
+        emit(f"yield {', '.join(outs)}")
+        self.body.depth -= 1
+        emit("}")
+        for out, r in zip(eqn.outvars, results):
+            self.env[out] = r
 
     def carried_loop(self, eqn, jaxpr, consts, inits: List[str], bounds: str, cond=None) -> None:
         """`RESULTS = for %t = BOUNDS iter (NAMES = INITS) { BODY; yield ... }` for a loop body

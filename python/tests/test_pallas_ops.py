@@ -685,3 +685,47 @@ def test_review_edges_of_aliases_windows_and_composed_functions():
         assert np.signbit(np.asarray(got[1], np.float32)[0, 0]), "cbrt(-0.0) is -0.0"
         for g, w in zip(got[2:], want[2:]):
             np.testing.assert_array_equal(g, w, err_msg=backend)
+
+
+def recurrence(x, a, interpret=False):
+    """`lax.scan` over a block's rows, as linear-attention and state-space kernels write their
+    recurrences: `h_t = a * h_{t-1} + x_t`, every `h_t` stacked, and the same scanned in reverse."""
+
+    def body(x_ref, a_ref, h_ref, back_ref, last_ref):
+        a = a_ref[...]
+
+        def step(h, x_t):
+            h = a * h + x_t
+            return h, h
+
+        last, hs = jax.lax.scan(step, jnp.zeros(x_ref.shape[1:], jnp.float32), x_ref[...])
+        h_ref[...] = hs
+        last_ref[...] = last[None]
+        _, back = jax.lax.scan(step, jnp.zeros(x_ref.shape[1:], jnp.float32), x_ref[...], reverse=True)
+        back_ref[...] = back
+
+    r, c = x.shape
+    out = (jax.ShapeDtypeStruct((r, c), jnp.float32),) * 2 + (jax.ShapeDtypeStruct((1, c), jnp.float32),)
+    return pl.pallas_call(body, out_shape=out, interpret=interpret)(x, a)
+
+
+def test_a_scan_over_rows_is_a_recurrence_as_jax_runs_it():
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((12, 16)).astype(np.float32)
+    a = (rng.random(16) * 0.9).astype(np.float32)
+    # By hand, in f64: the forward and backward recurrences.
+    h, fwd = np.zeros(16), []
+    for t in range(12):
+        h = a * h + x[t]
+        fwd.append(h)
+    h, bwd = np.zeros(16), [None] * 12
+    for t in reversed(range(12)):
+        h = a * h + x[t]
+        bwd[t] = h
+    want = [np.array(fwd), np.array(bwd), np.array(fwd[-1])[None]]
+    pallas = [np.asarray(w) for w in recurrence(x, a, interpret=True)]
+    for backend in backends():
+        got = tp.run(recurrence, x, a, backend=backend)
+        for g, w, p in zip(got, want, pallas):
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6, err_msg=backend)
+            np.testing.assert_allclose(g, p, rtol=1e-6, atol=1e-6, err_msg=backend)
