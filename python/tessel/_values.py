@@ -464,11 +464,12 @@ class _Values:
     def dot(self, eqn) -> None:
         (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
         a, b = eqn.invars
-        if tuple(lb) == (0,) and tuple(rb) == (0,) and len(a.aval.shape) == 3 and len(b.aval.shape) == 3:
+        nb = len(lb)
+        if nb and tuple(lb) == tuple(rb) == tuple(range(nb)) and len(a.aval.shape) == len(b.aval.shape) == nb + 2:
             self.batched_dot(eqn)
             return
         if lb or rb or len(a.aval.shape) != 2 or len(b.aval.shape) != 2:
-            raise self.refuse("`dot_general` other than a 2-D matrix product or one batched over a leading dimension", eqn)
+            raise self.refuse("`dot_general` other than a 2-D matrix product or one batched over the same leading dimensions", eqn)
         ta, tb = tuple(lc) == (0,), tuple(rc) == (1,)
         # An operand transposed only for this dot is read transposed instead.
         if a in self.transposed:
@@ -503,18 +504,27 @@ class _Values:
         self.define(out, v)
 
     def batched_dot(self, eqn) -> None:
-        """`dot_general` batched over the leading dimension of both operands
-        (`einsum('bqd,bkd->bqk')`): for each batch element, its slice of each operand as a matrix,
-        their `dot`, and the products concatenated along a new leading dimension."""
-        (lc, rc), _ = eqn.params["dimension_numbers"]
+        """`dot_general` batched over the leading dimensions of both operands
+        (`einsum('bqd,bkd->bqk')`, `einsum('bhqd,bhkd->bhqk')`): the batch dimensions as one,
+        for each batch element its slice of each operand as a matrix, their `dot`, the products
+        concatenated along a new leading dimension and the batch dimensions restored."""
+        (lc, rc), (lb, _) = eqn.params["dimension_numbers"]
         a, b = eqn.invars
-        (batch, a1, a2), (_, b1, b2) = a.aval.shape, b.aval.shape
-        ta, tb = tuple(lc) == (1,), tuple(rc) == (2,)
+        nb = len(lb)
+        lead = list(a.aval.shape[:nb])
+        batch = int(np.prod(lead))
+        (a1, a2), (b1, b2) = a.aval.shape[nb:], b.aval.shape[nb:]
+        ta, tb = tuple(lc) == (nb,), tuple(rc) == (nb + 1,)
         flags = (" trans_a" if ta else "") + (" trans_b" if tb else "")
         acc = _dot_acc(a.aval.dtype)
         m, n = (a2 if ta else a1), (b1 if tb else b2)
         av, bv = self.value(a, eqn), self.value(b, eqn)
         ta_ty, tb_ty = _ty(a.aval, self.kernel, eqn).split("[")[0], _ty(b.aval, self.kernel, eqn).split("[")[0]
+        if nb > 1:
+            flat_a, flat_b = self.body.fresh(), self.body.fresh()
+            self.body.emit(f"{flat_a} = reshape {av} : {ta_ty}[{batch}, {a1}, {a2}]")
+            self.body.emit(f"{flat_b} = reshape {bv} : {tb_ty}[{batch}, {b1}, {b2}]")
+            av, bv = flat_a, flat_b
         parts = []
         for t in range(batch):
             mats = []
@@ -529,6 +539,10 @@ class _Values:
             parts.append(e)
         v = self.body.fresh()
         self.body.emit(f"{v} = concatenate {', '.join(parts)} axis 0")
+        if nb > 1:
+            r = self.body.fresh()
+            self.body.emit(f"{r} = reshape {v} : {acc}[{', '.join(map(str, lead + [m, n]))}]")
+            v = r
         want = _ty(eqn.outvars[0].aval, self.kernel, eqn)
         if want.split("[")[0] != acc:
             w = self.body.fresh()

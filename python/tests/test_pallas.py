@@ -625,7 +625,8 @@ def _refusal_cases():
     def batched(x):
         def body(x_ref, o_ref):
             v = x_ref[...]
-            o_ref[...] = jnp.einsum("abij,abjk->abik", v, v)
+            # The batch dimensions in another order in the second operand.
+            o_ref[...] = jnp.einsum("abij,bajk->abik", v, v)
 
         return single(body, x)
 
@@ -661,7 +662,7 @@ def _refusal_cases():
         ("aliased_read_after", aliased_read_after, f32(16), "(the kernel reads `x0` where it could see what it stored into `o0`"),
         ("aliased_seq", aliased_seq, f32(16), "(the kernel reads `x0` where it could see what it stored into `o0`"),
         ("aliased_blocks", aliased_blocks, f32(16), "`input_output_aliases` pairing `x0` with `o0` in Pallas kernel `aliased_blocks`"),
-        ("batched", batched, f32(2, 2, 8, 8), "`dot_general` other than a 2-D matrix product or one batched over a leading dimension in Pallas kernel `batched`"),
+        ("batched", batched, f32(4, 2, 8, 8), "`dot_general` other than a 2-D matrix product or one batched over the same leading dimensions in Pallas kernel `batched`"),
         ("float8", float8, np.arange(16).astype(ml_dtypes.float8_e4m3fn), "dtype float8_e4m3fn in Pallas kernel `float8`"),
         ("padded_output", padded_output, f32(8, 128), "reading back the output `o0`, whose block is larger than the array along dimension 1,"),
         ("nextafter", nextafter, f32(8, 8), "primitive `nextafter` in Pallas kernel `nextafter` (at "),

@@ -729,3 +729,22 @@ def test_a_scan_over_rows_is_a_recurrence_as_jax_runs_it():
         for g, w, p in zip(got, want, pallas):
             np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6, err_msg=backend)
             np.testing.assert_allclose(g, p, rtol=1e-6, atol=1e-6, err_msg=backend)
+
+
+def heads_dot(q, k, interpret=False):
+    """`einsum('bhqd,bhkd->bhqk')`: a dot batched over two leading dimensions (batch and heads)."""
+
+    def body(q_ref, k_ref, o_ref):
+        o_ref[...] = jnp.einsum("bhqd,bhkd->bhqk", q_ref[...], k_ref[...], preferred_element_type=jnp.float32)
+
+    b, h, s, _ = q.shape
+    return pl.pallas_call(body, out_shape=jax.ShapeDtypeStruct((b, h, s, k.shape[2]), jnp.float32), interpret=interpret)(q, k)
+
+
+def test_a_dot_batched_over_batch_and_heads_matches_numpy():
+    rng = np.random.default_rng(13)
+    q, k = rng.standard_normal((2, 3, 8, 16)).astype(np.float32), rng.standard_normal((2, 3, 12, 16)).astype(np.float32)
+    want = np.einsum("bhqd,bhkd->bhqk", q.astype(np.float64), k.astype(np.float64))
+    np.testing.assert_allclose(np.asarray(heads_dot(q, k, interpret=True)), want, rtol=1e-5, atol=1e-5)
+    for backend in backends():
+        np.testing.assert_allclose(tp.run(heads_dot, q, k, backend=backend), want, rtol=1e-5, atol=1e-5, err_msg=backend)
