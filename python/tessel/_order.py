@@ -56,7 +56,7 @@ class _Order:
             k = n
         else:
             dt0 = _ty(eqn.invars[0].aval, self.kernel, eqn).split("[")[0]
-            key, kt = self.sort_key(last(self.value(eqn.invars[0], eqn), dt0), dt0, moved)
+            key, kt = self.sort_key(last(self.value(eqn.invars[0], eqn), dt0), dt0, moved, zeros_equal=name == "sort")
             ki, kj = fresh(), fresh()
             emit(f"{ki} = reshape {key} : {kt}[{dims(lead + [n, 1])}]")
             emit(f"{kj} = reshape {key} : {kt}[{dims(lead + [1, n])}]")
@@ -105,9 +105,10 @@ class _Order:
                 v = c
             self.define(out, v)
 
-    def sort_key(self, x: str, dt: str, shape) -> tuple:
-        """The value JAX sorts `x` (of `dt[shape]`) by, and its type: a float as the `i32` whose
-        order is JAX's (-0 as 0, every NaN as one NaN after everything), an integer as it is."""
+    def sort_key(self, x: str, dt: str, shape, zeros_equal: bool = True) -> tuple:
+        """The value JAX orders `x` (of `dt[shape]`) by, and its type: a float as the `i32` whose
+        order is JAX's (every NaN as one NaN after everything; -0 as 0 for a sort, `zeros_equal`,
+        where XLA's `top_k` takes -0 below 0), an integer as it is."""
         emit, fresh = self.body.emit, self.body.fresh
         if dt not in ("f32", "f16", "bf16"):
             return x, dt
@@ -117,8 +118,11 @@ class _Order:
             emit(f"{c} = cast {x} : f32{sh}")
             x = c
         z, x0, nan, xn, si, un, fl, fi, neg, key = (fresh() for _ in range(10))
-        emit(f"{z} = eq {x}, 0.0 : bool{sh}")
-        emit(f"{x0} = select {z}, 0.0, {x} : f32{sh}")
+        if zeros_equal:
+            emit(f"{z} = eq {x}, 0.0 : bool{sh}")
+            emit(f"{x0} = select {z}, 0.0, {x} : f32{sh}")
+        else:
+            x0 = x
         emit(f"{nan} = ne {x}, {x} : bool{sh}")
         emit(f"{xn} = select {nan}, nan, {x0} : f32{sh}")
         emit(f"{si} = bitcast {xn} : i32{sh}")

@@ -748,3 +748,24 @@ def test_a_dot_batched_over_batch_and_heads_matches_numpy():
     np.testing.assert_allclose(np.asarray(heads_dot(q, k, interpret=True)), want, rtol=1e-5, atol=1e-5)
     for backend in backends():
         np.testing.assert_allclose(tp.run(heads_dot, q, k, backend=backend), want, rtol=1e-5, atol=1e-5, err_msg=backend)
+
+
+def top3(x, interpret=False):
+    def body(x_ref, v_ref, i_ref):
+        v, i = jax.lax.top_k(x_ref[...], 5)
+        v_ref[...] = v
+        i_ref[...] = i
+
+    out = (jax.ShapeDtypeStruct((x.shape[0], 5), jnp.float32), jax.ShapeDtypeStruct((x.shape[0], 5), jnp.int32))
+    return pl.pallas_call(body, out_shape=out, interpret=interpret)(x)
+
+
+def test_top_k_orders_zeros_and_nan_as_xla_does():
+    """XLA's `top_k` takes -0 below +0 (a sort takes them as equal) and NaN above everything."""
+    x = np.array([[-0.0, 0.0, 0.0, -0.0, 1.0, 1.0, -1.0, 2.0], [1.0, np.nan, -0.0, 0.0, 3.0, -np.inf, np.inf, 3.0]], np.float32)
+    want = [np.asarray(w) for w in top3(x, interpret=True)]
+    np.testing.assert_array_equal(want[1], [[7, 4, 5, 1, 2], [1, 6, 4, 7, 0]])  # by hand, as XLA gives them
+    for backend in backends():
+        got = tp.run(top3, x, backend=backend)
+        np.testing.assert_array_equal(got[1], want[1], err_msg=backend)
+        assert np.array_equal(got[0].view(np.uint32), want[0].view(np.uint32)), (backend, got[0], want[0])
