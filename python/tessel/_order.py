@@ -11,7 +11,8 @@ class _Order:
     """The `_Writer`'s methods that move elements along an axis."""
 
     def permuted(self, eqn, name: str) -> None:
-        """`sort` (`jnp.sort`, `jnp.argsort`: its operands ordered by the first, stably), `top_k`
+        """`sort` (`jnp.sort`, `jnp.argsort`, `lax.sort` by several keys: its operands ordered by
+        the first `num_keys`, stably), `top_k`
         (the `k` largest along the last axis and their indices, ties the lower index first) and
         `rev` (`jnp.flip`), along one axis (another moved last by `transpose` and back after). Each
         element's place along the axis is computed, then every operand is moved there: for a
@@ -26,8 +27,6 @@ class _Order:
             if len(p["dimensions"]) != 1:
                 raise self.refuse(f"`rev` along {len(p['dimensions'])} axes at once", eqn, "flip one axis at a time")
             axis = p["dimensions"][0]
-        if name == "sort" and p.get("num_keys", 1) != 1:
-            raise self.refuse(f"`sort` by {p['num_keys']} keys", eqn, "sort by one key (jnp.sort, jnp.argsort)")
         emit, fresh = self.body.emit, self.body.fresh
         dims = lambda sh: ", ".join(str(d) for d in sh)  # noqa: E731
         perm = None if axis == rank - 1 else [d for d in range(rank) if d != axis] + [axis]
@@ -55,19 +54,23 @@ class _Order:
             emit(f"{pos} = sub {n - 1}, {flat} : i32[{dims(moved)}]")
             k = n
         else:
-            dt0 = _ty(eqn.invars[0].aval, self.kernel, eqn).split("[")[0]
-            key, kt = self.sort_key(last(self.value(eqn.invars[0], eqn), dt0), dt0, moved, zeros_equal=name == "sort")
-            ki, kj = fresh(), fresh()
-            emit(f"{ki} = reshape {key} : {kt}[{dims(lead + [n, 1])}]")
-            emit(f"{kj} = reshape {key} : {kt}[{dims(lead + [1, n])}]")
-            # j before i: ordered before it, or equal and earlier (a stable order).
+            # j before i: ordered before it by the first key that differs, or by none and earlier
+            # (a stable order): built from the tie-breaker out, the last key first.
             order = "gt" if name == "top_k" else "lt"
-            o, e, earlier, tie, before, count = (fresh() for _ in range(6))
-            emit(f"{o} = {order} {kj}, {ki} : bool[{dims(pair(n, n))}]")
-            emit(f"{e} = eq {kj}, {ki} : bool[{dims(pair(n, n))}]")
-            emit(f"{earlier} = lt {iota_j}, {iota_i} : bool[{dims(pair(n, n))}]")
-            emit(f"{tie} = and {e}, {earlier} : bool[{dims(pair(n, n))}]")
-            emit(f"{before} = or {o}, {tie} : bool[{dims(pair(n, n))}]")
+            before = fresh()
+            emit(f"{before} = lt {iota_j}, {iota_i} : bool[{dims(pair(n, n))}]")
+            for key_var in reversed(eqn.invars[: p.get("num_keys", 1) if name == "sort" else 1]):
+                dt0 = _ty(key_var.aval, self.kernel, eqn).split("[")[0]
+                key, kt = self.sort_key(last(self.value(key_var, eqn), dt0), dt0, moved, zeros_equal=name == "sort")
+                ki, kj, o, e, tie, either = (fresh() for _ in range(6))
+                emit(f"{ki} = reshape {key} : {kt}[{dims(lead + [n, 1])}]")
+                emit(f"{kj} = reshape {key} : {kt}[{dims(lead + [1, n])}]")
+                emit(f"{o} = {order} {kj}, {ki} : bool[{dims(pair(n, n))}]")
+                emit(f"{e} = eq {kj}, {ki} : bool[{dims(pair(n, n))}]")
+                emit(f"{tie} = and {e}, {before} : bool[{dims(pair(n, n))}]")
+                emit(f"{either} = or {o}, {tie} : bool[{dims(pair(n, n))}]")
+                before = either
+            count = fresh()
             emit(f"{count} = cast {before} : i32[{dims(pair(n, n))}]")
             emit(f"{pos} = sum {count} axis {len(lead) + 1} : i32[{dims(moved)}]")
             k = p["k"] if name == "top_k" else n

@@ -769,3 +769,33 @@ def test_top_k_orders_zeros_and_nan_as_xla_does():
         got = tp.run(top3, x, backend=backend)
         np.testing.assert_array_equal(got[1], want[1], err_msg=backend)
         assert np.array_equal(got[0].view(np.uint32), want[0].view(np.uint32)), (backend, got[0], want[0])
+
+
+def by_two_keys(e, t, interpret=False):
+    """`lax.sort` by two keys (a mixture-of-experts permutation: by expert, then by score
+    descending as a negated key), carrying the token ids along."""
+
+    def body(e_ref, t_ref, se_ref, st_ref, ids_ref):
+        ids = jax.lax.broadcasted_iota(jnp.int32, e_ref.shape, 1)
+        se, st, si = jax.lax.sort((e_ref[...], -t_ref[...], ids), dimension=1, num_keys=2)
+        se_ref[...] = se
+        st_ref[...] = -st
+        ids_ref[...] = si
+
+    s = lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype)  # noqa: E731
+    out = (s(e), s(t), jax.ShapeDtypeStruct(e.shape, jnp.int32))
+    return pl.pallas_call(body, out_shape=out, interpret=interpret)(e, t)
+
+
+def test_a_sort_by_two_keys_orders_by_the_first_then_the_second():
+    rng = np.random.default_rng(14)
+    e = rng.integers(0, 4, (3, 16)).astype(np.int32)
+    t = np.round(rng.random((3, 16)), 1).astype(np.float32)  # ties in both keys
+    # By hand: numpy's lexsort (last key first), stable, as lax.sort is.
+    order = np.stack([np.lexsort((np.arange(16), -t[r], e[r])) for r in range(3)])
+    want = [np.take_along_axis(e, order, 1), np.take_along_axis(t, order, 1), order.astype(np.int32)]
+    for w, p in zip(want, by_two_keys(e, t, interpret=True)):
+        np.testing.assert_array_equal(np.asarray(p), w)
+    for backend in backends():
+        for g, w in zip(tp.run(by_two_keys, e, t, backend=backend), want):
+            np.testing.assert_array_equal(g, w, err_msg=backend)
