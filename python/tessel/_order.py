@@ -4,7 +4,7 @@ element's place, then every operand moved there by `select` and `max`), and `dyn
 
 from __future__ import annotations
 
-from ._common import _ty
+from ._common import _literal, _ty
 
 
 class _Order:
@@ -282,3 +282,83 @@ class _Order:
             self.define(eqn.outvars[0], v)
             return
         self.op(eqn, f"select {inside}, {v}, {self.value(x, eqn)}")
+
+    def value_gather(self, eqn) -> None:
+        """`gather` of a loaded value (not a ref) by an index array, in the two forms kernels
+        write: rows `x[idx]` of a matrix, and `jnp.take_along_axis(x, idx, axis=1)`. Each output
+        element is the element whose index along the gathered axis equals its entry, picked by
+        a `select` and a `max` over that axis (`pick`); an entry outside the axis gives JAX's
+        fill value (NaN for floats) in `fill` mode, and is clamped in `clip` mode."""
+        emit, fresh = self.body.emit, self.body.fresh
+        x, idx = eqn.invars
+        p = eqn.params
+        dn = p["dimension_numbers"]
+        shape, ishape = list(x.aval.shape), list(idx.aval.shape)
+        rows = (len(shape) == 2 and tuple(dn.start_index_map) == (0,) and tuple(dn.collapsed_slice_dims) == (0,)
+                and tuple(dn.offset_dims) == (1,) and not dn.operand_batching_dims and len(ishape) == 2 and ishape[1] == 1
+                and tuple(p["slice_sizes"]) == (1, shape[1]))
+        along = (len(shape) == 2 and tuple(dn.start_index_map) == (1,) and tuple(dn.collapsed_slice_dims) == (1,)
+                 and not dn.offset_dims and tuple(dn.operand_batching_dims) == (0,) and tuple(dn.start_indices_batching_dims) == (0,)
+                 and len(ishape) == 3 and ishape[0] == shape[0] and ishape[2] == 1 and tuple(p["slice_sizes"]) == (1, 1))
+        if not (rows or along):
+            raise self.refuse("a `gather` of a value other than rows `x[idx]` or `take_along_axis` along the last axis", eqn,
+                              "gather from a ref (`x_ref[idx]`), which tessel loads by index vectors")
+        dt = _ty(x.aval, self.kernel, eqn).split("[")[0]
+        v = self.value(x, eqn)
+        if rows:
+            # As `take_along_axis` of the transpose: columns of `x.T` by one index row.
+            t = fresh()
+            emit(f"{t} = transpose {v} perm (1, 0) : {dt}[{shape[1]}, {shape[0]}]")
+            v, lead, n, m = t, [shape[1]], shape[0], ishape[0]
+            ix_shape = [1, m, 1]
+        else:
+            lead, n, m = [shape[0]], shape[1], ishape[1]
+            ix_shape = [shape[0], m, 1]
+        ix = self.value(idx, eqn)
+        it = _ty(idx.aval, self.kernel, eqn).split("[")[0]
+        e = fresh()
+        emit(f"{e} = reshape {ix} : {it}[{', '.join(map(str, ix_shape))}]")
+        if it != "i32":
+            c = fresh()
+            emit(f"{c} = cast {e} : i32[{', '.join(map(str, ix_shape))}]")
+            e = c
+        mode = str(p.get("mode", "")).lower()
+        if "clip" in mode or "promise" in mode:
+            lo, hi = fresh(), fresh()
+            emit(f"{lo} = max {e}, 0 : i32[{', '.join(map(str, ix_shape))}]")
+            emit(f"{hi} = min {lo}, {n - 1} : i32[{', '.join(map(str, ix_shape))}]")
+            e = hi
+        slot, hit = fresh(), fresh()
+        emit(f"{slot} = iota 2 : i32[1, 1, {n}]")
+        sh = [ix_shape[0], m, n]
+        emit(f"{hit} = eq {e}, {slot} : bool[{', '.join(map(str, sh))}]")
+        work = "i32" if dt == "bool" else dt
+        if dt == "bool":
+            c = fresh()
+            emit(f"{c} = cast {v} : i32[{', '.join(map(str, lead + [n]))}]")
+            v = c
+        out, _ = self.pick(v, work, hit, lead, m, n)
+        if "fill" in mode:
+            fill = p.get("fill_value")
+            if fill is None:
+                fill = {"f32": "nan", "f16": "nan", "bf16": "nan", "i32": "-2147483648", "u32": "4294967295",
+                        "i16": "-32768", "u16": "65535", "i8": "-128", "u8": "255"}[work]
+            else:
+                fill = _literal(fill)
+            # Whether any element was hit: no entry outside the axis.
+            hits, some, got = fresh(), fresh(), fresh()
+            emit(f"{hits} = cast {hit} : i32[{', '.join(map(str, sh))}]")
+            emit(f"{some} = max {hits} axis 2 : i32[{sh[0]}, {m}]")
+            emit(f"{got} = ne {some}, 0 : bool[{sh[0]}, {m}]")
+            chosen = fresh()
+            emit(f"{chosen} = select {got}, {out}, {fill} : {work}[{', '.join(map(str, lead + [m]))}]")
+            out = chosen
+        if rows:
+            t = fresh()
+            emit(f"{t} = transpose {out} perm (1, 0) : {work}[{m}, {shape[1]}]")
+            out = t
+        if dt == "bool":
+            c = fresh()
+            emit(f"{c} = ne {out}, 0 : {_ty(eqn.outvars[0].aval, self.kernel, eqn)}")
+            out = c
+        self.define(eqn.outvars[0], out)

@@ -34,6 +34,7 @@ _RULES = {
     "masked_swap": "masked",
     "broadcast_in_dim": "broadcast",
     "broadcast_to": "broadcast",
+    "gather": "value_gather",
 }
 
 

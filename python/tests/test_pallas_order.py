@@ -152,3 +152,31 @@ def test_a_sort_by_two_keys_orders_by_the_first_then_the_second():
     for backend in backends():
         for g, w in zip(tp.run(by_two_keys, e, t, backend=backend), want):
             np.testing.assert_array_equal(g, w, err_msg=backend)
+
+
+def value_gathers(x, idx, rows, interpret=False):
+    """Gathers of a loaded value by an index array: `jnp.take_along_axis` along rows (an entry
+    past the end gives NaN, JAX's fill; a negative one counts from the end) and rows `x[rows]`."""
+
+    def body(x_ref, i_ref, r_ref, a_ref, b_ref):
+        x = x_ref[...]
+        a_ref[...] = jnp.take_along_axis(x, i_ref[...], axis=1)
+        b_ref[...] = x[r_ref[...], :]
+
+    out = (jax.ShapeDtypeStruct(idx.shape, x.dtype), jax.ShapeDtypeStruct((rows.shape[0], x.shape[1]), x.dtype))
+    return pl.pallas_call(body, out_shape=out, interpret=interpret)(x, idx, rows)
+
+
+def test_gathers_of_values_by_index_arrays_run_as_jax_runs_them():
+    x = np.arange(32, dtype=np.float32).reshape(4, 8)
+    idx = np.array([[8, 5, 4, 1, 1, -2]] * 4, np.int32)
+    rows = np.array([3, 0, 2], np.int32)
+    # By hand: 8 is past the end (NaN), -2 is 6.
+    a = np.take_along_axis(x, np.where(idx < 0, idx + 8, np.minimum(idx, 7)), 1)
+    a[:, 0] = np.nan
+    want = [a, x[rows]]
+    for w, p in zip(want, value_gathers(x, idx, rows, interpret=True)):
+        np.testing.assert_array_equal(np.asarray(p), w)
+    for backend in backends():
+        for g, w in zip(tp.run(value_gathers, x, idx, rows, backend=backend), want):
+            np.testing.assert_array_equal(g, w, err_msg=backend)
