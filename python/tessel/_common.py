@@ -89,6 +89,21 @@ def _scratch(arg: str, aval, kernel: str, eqn, what: str = "scratch operand") ->
     return f"  scratch {arg}: {_ty(inner, kernel, eqn)}"
 
 
+def _dims(shape) -> str:
+    """A shape's dimensions as `.tk` writes them (`8, 128`)."""
+    return ", ".join(str(d) for d in shape)
+
+
+def _axis_last(axis: int, rank: int) -> Optional[List[int]]:
+    """The permutation that moves `axis` last, the others in order, or None where it is last."""
+    return None if axis == rank - 1 else [d for d in range(rank) if d != axis] + [axis]
+
+
+def _inverse(perm: List[int]) -> List[int]:
+    """The permutation that undoes `perm`."""
+    return [perm.index(d) for d in range(len(perm))]
+
+
 def _literal(v) -> str:
     v = np.asarray(v).item()
     if isinstance(v, bool):

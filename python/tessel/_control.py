@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import List
 
-from ._common import _scratch, _literal, _ty
+from ._common import _dims, _literal, _scratch, _ty
 from ._jax_support import _jax
 
 
@@ -259,7 +259,7 @@ class _Control:
             raise self.refuse("`scan` with captured constants", eqn)
         jaxpr = body.jaxpr
         emit, fresh = self.body.emit, self.body.fresh
-        dims = lambda sh: ", ".join(str(d) for d in sh)  # noqa: E731
+        dims = _dims
         consts, carry, xs = eqn.invars[:nc], eqn.invars[nc:nc + ncar], eqn.invars[nc + ncar:]
         ys = eqn.outvars[ncar:]
         inits = [self.value(c, eqn) for c in carry]

@@ -4,11 +4,19 @@ element's place, then every operand moved there by `select` and `max`), and `dyn
 
 from __future__ import annotations
 
-from ._common import _literal, _ty
+from ._common import _axis_last, _dims, _inverse, _literal, _ty
 
 
 class _Order:
     """The `_Writer`'s methods that move elements along an axis."""
+
+    def permute(self, v: str, dt: str, shape, perm) -> str:
+        """`v` (`dt[shape]`, the shape before) transposed by `perm`; `v` itself where `perm` is None."""
+        if perm is None:
+            return v
+        t = self.body.fresh()
+        self.body.emit(f"{t} = transpose {v} perm ({_dims(perm)}) : {dt}[{_dims([shape[d] for d in perm])}]")
+        return t
 
     def permuted(self, eqn, name: str) -> None:
         """`sort` (`jnp.sort`, `jnp.argsort`, `lax.sort` by several keys: its operands ordered by
@@ -27,18 +35,13 @@ class _Order:
             if len(p["dimensions"]) != 1:
                 raise self.refuse(f"`rev` along {len(p['dimensions'])} axes at once", eqn, "flip one axis at a time")
             axis = p["dimensions"][0]
-        emit, fresh = self.body.emit, self.body.fresh
-        dims = lambda sh: ", ".join(str(d) for d in sh)  # noqa: E731
-        perm = None if axis == rank - 1 else [d for d in range(rank) if d != axis] + [axis]
+        emit, fresh, dims = self.body.emit, self.body.fresh, _dims
+        perm = _axis_last(axis, rank)
         moved = shape if perm is None else [shape[d] for d in perm]
         n, lead = moved[-1], moved[:-1]
 
         def last(v: str, dt: str) -> str:
-            if perm is None:
-                return v
-            t = fresh()
-            emit(f"{t} = transpose {v} perm ({dims(perm)}) : {dt}[{dims(moved)}]")
-            return t
+            return self.permute(v, dt, shape, perm)
 
         def pair(sh_i, sh_j):
             return lead + [sh_i, sh_j]
@@ -94,14 +97,10 @@ class _Order:
             picked.append(self.pick(x, dt, hit, lead, k, n))
         if name == "top_k":
             picked.append(self.pick(iota_j, "i32", hit, lead, k, n, row=True))
-        out_moved = lead + [k]
-        out_shape = out_moved if perm is None else [out_moved[perm.index(d)] for d in range(rank)]
+        back = None if perm is None else _inverse(perm)
         for out, (v, dt) in zip(outs, picked):
             want = _ty(out.aval, self.kernel, eqn).split("[")[0]
-            if perm is not None:
-                t = fresh()
-                emit(f"{t} = transpose {v} perm ({dims([perm.index(d) for d in range(rank)])}) : {dt}[{dims(out_shape)}]")
-                v = t
+            v = self.permute(v, dt, lead + [k], back)
             if want != dt:
                 c = fresh()
                 emit(f"{c} = {'ne' if want == 'bool' else 'cast'} {v}{', 0' if want == 'bool' else ''} : {_ty(out.aval, self.kernel, eqn)}")
@@ -140,7 +139,7 @@ class _Order:
         """Element `q` of the result: the element of `x` (the moved shape; with `row`, already
         `[.., n, n]` of which row 0 is used) whose `hit` is set in row `q`."""
         emit, fresh = self.body.emit, self.body.fresh
-        dims = lambda sh: ", ".join(str(d) for d in sh)  # noqa: E731
+        dims = _dims
         low = {"f32": "-inf", "f16": "-inf", "bf16": "-inf", "i32": "-2147483648", "u32": "0",
                "i16": "-32768", "u16": "0", "i8": "-128", "u8": "0"}[dt]
         xs = fresh()
@@ -157,10 +156,9 @@ class _Order:
         """`x` (`dt[shape]`) with its `axis` made `k` long: element `q` along it is the one whose
         place `pos` (`i32[n]`, one per element along the axis) is `q`, the others the `max`'s
         identity (moved by `select` and `max` along a transposed copy, as `permuted` moves)."""
-        emit, fresh = self.body.emit, self.body.fresh
-        dims = lambda sh: ", ".join(str(d) for d in sh)  # noqa: E731
+        emit, fresh, dims = self.body.emit, self.body.fresh, _dims
         rank, n = len(shape), shape[axis]
-        perm = None if axis == rank - 1 else [d for d in range(rank) if d != axis] + [axis]
+        perm = _axis_last(axis, rank)
         moved = list(shape) if perm is None else [shape[d] for d in perm]
         lead = moved[:-1]
         if dt == "bool":
@@ -168,22 +166,14 @@ class _Order:
             emit(f"{c} = cast {x} : i32[{dims(shape)}]")
             x = c
         work = "i32" if dt == "bool" else dt
-        if perm is not None:
-            t = fresh()
-            emit(f"{t} = transpose {x} perm ({dims(perm)}) : {work}[{dims(moved)}]")
-            x = t
+        x = self.permute(x, work, shape, perm)
         ones = [1] * len(lead)
         src, slot, hit = fresh(), fresh(), fresh()
         emit(f"{src} = reshape {pos} : i32[{dims(ones + [1, n])}]")
         emit(f"{slot} = iota {len(lead)} : i32[{dims(ones + [k, n])}]")
         emit(f"{hit} = eq {src}, {slot} : bool[{dims(ones + [k, n])}]")
         out, _ = self.pick(x, work, hit, lead, k, n)
-        out_moved = lead + [k]
-        if perm is not None:
-            back = [perm.index(d) for d in range(rank)]
-            t = fresh()
-            emit(f"{t} = transpose {out} perm ({dims(back)}) : {work}[{dims([out_moved[d] for d in back])}]")
-            out = t
+        out = self.permute(out, work, lead + [k], None if perm is None else _inverse(perm))
         if dt == "bool":
             c = fresh()
             emit(f"{c} = ne {out}, 0 : bool[{dims([*shape[:axis], k, *shape[axis + 1:]])}]")
@@ -223,7 +213,7 @@ class _Order:
         sizes = list(eqn.params["slice_sizes"])
         shape = list(x.aval.shape)
         dt = _ty(x.aval, self.kernel, eqn).split("[")[0]
-        dims = lambda sh: ", ".join(str(d) for d in sh)  # noqa: E731
+        dims = _dims
         v = self.value(x, eqn)
         for d, (atom, n, k) in enumerate(zip(starts, shape, sizes)):
             lit = self.read(atom)
@@ -252,7 +242,7 @@ class _Order:
         shape, ushape = list(x.aval.shape), list(u.aval.shape)
         ty = _ty(x.aval, self.kernel, eqn)
         dt = ty.split("[")[0]
-        dims = lambda sh: ", ".join(str(d) for d in sh)  # noqa: E731
+        dims = _dims
         v, cur = self.value(u, eqn), list(ushape)
         inside = None
         for d, (atom, n, m) in enumerate(zip(starts, shape, ushape)):
@@ -317,25 +307,25 @@ class _Order:
         ix = self.value(idx, eqn)
         it = _ty(idx.aval, self.kernel, eqn).split("[")[0]
         e = fresh()
-        emit(f"{e} = reshape {ix} : {it}[{', '.join(map(str, ix_shape))}]")
+        emit(f"{e} = reshape {ix} : {it}[{_dims(ix_shape)}]")
         if it != "i32":
             c = fresh()
-            emit(f"{c} = cast {e} : i32[{', '.join(map(str, ix_shape))}]")
+            emit(f"{c} = cast {e} : i32[{_dims(ix_shape)}]")
             e = c
         mode = str(p.get("mode", "")).lower()
         if "clip" in mode or "promise" in mode:
             lo, hi = fresh(), fresh()
-            emit(f"{lo} = max {e}, 0 : i32[{', '.join(map(str, ix_shape))}]")
-            emit(f"{hi} = min {lo}, {n - 1} : i32[{', '.join(map(str, ix_shape))}]")
+            emit(f"{lo} = max {e}, 0 : i32[{_dims(ix_shape)}]")
+            emit(f"{hi} = min {lo}, {n - 1} : i32[{_dims(ix_shape)}]")
             e = hi
         slot, hit = fresh(), fresh()
         emit(f"{slot} = iota 2 : i32[1, 1, {n}]")
         sh = [ix_shape[0], m, n]
-        emit(f"{hit} = eq {e}, {slot} : bool[{', '.join(map(str, sh))}]")
+        emit(f"{hit} = eq {e}, {slot} : bool[{_dims(sh)}]")
         work = "i32" if dt == "bool" else dt
         if dt == "bool":
             c = fresh()
-            emit(f"{c} = cast {v} : i32[{', '.join(map(str, lead + [n]))}]")
+            emit(f"{c} = cast {v} : i32[{_dims(lead + [n])}]")
             v = c
         out, _ = self.pick(v, work, hit, lead, m, n)
         if "fill" in mode:
@@ -347,11 +337,11 @@ class _Order:
                 fill = _literal(fill)
             # Whether any element was hit: no entry outside the axis.
             hits, some, got = fresh(), fresh(), fresh()
-            emit(f"{hits} = cast {hit} : i32[{', '.join(map(str, sh))}]")
+            emit(f"{hits} = cast {hit} : i32[{_dims(sh)}]")
             emit(f"{some} = max {hits} axis 2 : i32[{sh[0]}, {m}]")
             emit(f"{got} = ne {some}, 0 : bool[{sh[0]}, {m}]")
             chosen = fresh()
-            emit(f"{chosen} = select {got}, {out}, {fill} : {work}[{', '.join(map(str, lead + [m]))}]")
+            emit(f"{chosen} = select {got}, {out}, {fill} : {work}[{_dims(lead + [m])}]")
             out = chosen
         if rows:
             t = fresh()

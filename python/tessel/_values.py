@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._common import _ty, _dot_acc
+from ._common import _axis_last, _dims, _dot_acc, _inverse, _ty
 
 
 class _Values:
@@ -152,7 +152,7 @@ class _Values:
         (x,) = eqn.invars
         (axis,) = eqn.params["axes"]
         shape = list(x.aval.shape)
-        dims = lambda sh: ", ".join(str(d) for d in sh)  # noqa: E731
+        dims = _dims
         kept = shape.copy()
         kept[axis] = 1
         dt = _ty(x.aval, self.kernel, eqn).split("[")[0]
@@ -287,7 +287,7 @@ class _Values:
             raise self.refuse("`pad` with interior padding", eqn, "pad the edges only (jnp.pad)")
         shape = list(x.aval.shape)
         dt = _ty(x.aval, self.kernel, eqn).split("[")[0]
-        dims = lambda sh: ", ".join(str(d) for d in sh)  # noqa: E731
+        dims = _dims
         v = self.value(x, eqn)
         fill = self.read(value)
         for d, (lo, hi, _) in enumerate(config):
@@ -328,19 +328,16 @@ class _Values:
         axis, reverse = eqn.params["axis"], eqn.params.get("reverse", False)
         shape = list(x.aval.shape)
         rank = len(shape)
-        dims = lambda sh: ", ".join(str(d) for d in sh)  # noqa: E731
+        dims = _dims
         dt = _ty(x.aval, self.kernel, eqn).split("[")[0]
         v = self.value(x, eqn)
         if dt != "f32":
             c = fresh()
             emit(f"{c} = cast {v} : f32[{dims(shape)}]")
             v = c
-        perm = None if axis == rank - 1 else [d for d in range(rank) if d != axis] + [axis]
+        perm = _axis_last(axis, rank)
         moved = shape if perm is None else [shape[d] for d in perm]
-        if perm is not None:
-            t = fresh()
-            emit(f"{t} = transpose {v} perm ({dims(perm)}) : f32[{dims(moved)}]")
-            v = t
+        v = self.permute(v, "f32", shape, perm)
         lead, n = moved[:-1], moved[-1]
         sq = lead + [n, n]
         ri, cj, tri, xj, sel, m, fin, ms, mb, d, e, s, lg, out = (fresh() for _ in range(14))
@@ -360,11 +357,7 @@ class _Values:
         emit(f"{out} = add {ms}, {lg} : f32[{dims(lead + [n, 1])}]")
         flat = fresh()
         emit(f"{flat} = reshape {out} : f32[{dims(moved)}]")
-        v = flat
-        if perm is not None:
-            t = fresh()
-            emit(f"{t} = transpose {v} perm ({dims([perm.index(q) for q in range(rank)])}) : f32[{dims(shape)}]")
-            v = t
+        v = self.permute(flat, "f32", moved, None if perm is None else _inverse(perm))
         if dt != "f32":
             self.op(eqn, f"cast {v}")
         else:
@@ -386,8 +379,8 @@ class _Values:
         if dt == "bool":
             raise self.refuse(f"`cum{op}` of {ty}", eqn, "cast it to an integer first")
         # Along another axis: moved last by a `transpose`, and back after.
-        perm = None if axis == len(shape) - 1 or first else [d for d in range(len(shape)) if d != axis] + [axis]
-        dims = lambda sh: ", ".join(str(d) for d in sh)  # noqa: E731
+        perm = None if first else _axis_last(axis, len(shape))
+        dims = _dims
         floats = dt in ("f32", "f16", "bf16")
         acc = "f32" if floats else ("u32" if dt.startswith("u") else "i32")
         emit = self.body.emit
@@ -397,11 +390,9 @@ class _Values:
             emit(f"{c} = cast {v} : {acc}[{dims(shape)}]")
             v = c
         original = shape
+        v = self.permute(v, acc, original, perm)
         if perm is not None:
             shape = [original[d] for d in perm]
-            t = self.body.fresh()
-            emit(f"{t} = transpose {v} perm ({dims(perm)}) : {acc}[{dims(shape)}]")
-            v = t
         n = shape[-1] if perm is not None else shape[axis]
         # tri[p, q]: whether the element at q along the axis adds into the sum at p.
         rows, cols, tri = (self.body.fresh() for _ in range(3))
@@ -441,10 +432,7 @@ class _Values:
                 emit(f"{sel} = select {ts}, {xs}, {identity} : {acc}[{lead}, {n}, {n}]")
                 emit(f"{summed} = {op} {sel} axis 2 : {acc}[{lead}, {n}]")
                 emit(f"{d} = reshape {summed} : {acc}[{dims(shape)}]")
-        if perm is not None:
-            back = self.body.fresh()
-            emit(f"{back} = transpose {d} perm ({dims([perm.index(q) for q in range(len(perm))])}) : {acc}[{dims(original)}]")
-            d = back
+        d = self.permute(d, acc, shape, None if perm is None else _inverse(perm))
         if acc != dt:
             self.op(eqn, f"cast {d}")
         else:
