@@ -137,9 +137,20 @@ impl<T: Copy> Pair<'_, T> {
 
 /// `f(e, c)` for each element `e` of `full`'s rows of `row` elements and the element `c` of
 /// `col` for that row, into `dst`.
-fn per_row<T: Copy, R>(full: &[T], col: &[T], row: usize, f: impl Fn(T, T) -> R, dst: &mut impl Extend<R>) {
-    for (r, &c) in full.chunks_exact(row).zip(col) {
-        dst.extend(r.iter().map(|&e| f(e, c)));
+fn per_row<T: Copy, R: Copy>(full: &[T], col: &[T], row: usize, f: impl Fn(T, T) -> R, dst: &mut impl Sink<R>) {
+    let rows = (full.len() / row).min(col.len());
+    dst.fill(rows * row, |out| row_slices(&full[..rows * row], col, row, out, |a, b| Put::put(f(a, b))));
+}
+
+/// `out[i] = f(full[i], col[i / row])` where `out` has `row` elements a row, compiled for the
+/// vector units the CPU has: the loop of an operation between a block and a `keepdims` reduction
+/// of it (`x - max`, `e / sum`).
+#[multiversion::multiversion(targets("x86_64+avx512f+avx512dq+avx512vl+avx512bw", "x86_64+avx2+fma", "aarch64+neon"))]
+fn row_slices<T: Copy, R>(full: &[T], col: &[T], row: usize, out: &mut [R], f: impl Fn(T, T) -> R) {
+    for ((o, r), &c) in out.chunks_exact_mut(row).zip(full.chunks_exact(row)).zip(col) {
+        for (o, &e) in o.iter_mut().zip(r) {
+            *o = f(e, c);
+        }
     }
 }
 
@@ -159,17 +170,44 @@ struct Filler<'o, R> {
 
 /// Where elementwise results go: a fresh vector, or an output's memory ([`Filler`]).
 pub(crate) trait Sink<R: Copy>: Extend<R> {
+    /// What one element is written as: itself, or itself in uninitialised memory.
+    type Slot: Put<R>;
+    /// Appends `n` elements, which `write` writes into the `n` slots it is given, every one.
+    fn fill(&mut self, n: usize, write: impl FnOnce(&mut [Self::Slot]));
+
     /// `f` of each pair of `x[i]` and `y[i]` (of one length), appended.
-    fn zip2<T: Copy>(&mut self, x: &[T], y: &[T], f: impl Fn(T, T) -> R);
+    fn zip2<T: Copy>(&mut self, x: &[T], y: &[T], f: impl Fn(T, T) -> R) {
+        let n = x.len().min(y.len());
+        self.fill(n, |out| zip_slices(x, y, out, |a, b| Self::Slot::put(f(a, b))));
+    }
+}
+
+/// A slot of a [`Sink`] that a value is written into.
+pub(crate) trait Put<R> {
+    fn put(r: R) -> Self;
+}
+
+impl<R> Put<R> for R {
+    fn put(r: R) -> R {
+        r
+    }
+}
+
+impl<R> Put<R> for std::mem::MaybeUninit<R> {
+    fn put(r: R) -> Self {
+        std::mem::MaybeUninit::new(r)
+    }
 }
 
 impl<R: Copy> Sink<R> for Vec<R> {
-    fn zip2<T: Copy>(&mut self, x: &[T], y: &[T], f: impl Fn(T, T) -> R) {
-        let n = x.len().min(y.len());
+    type Slot = std::mem::MaybeUninit<R>;
+
+    fn fill(&mut self, n: usize, write: impl FnOnce(&mut [Self::Slot])) {
         self.reserve(n);
         let start = self.len();
-        zip_slices(x, y, &mut self.spare_capacity_mut()[..n], |a, b| std::mem::MaybeUninit::new(f(a, b)));
-        // SAFETY: `zip_slices` wrote each of the `n` spare elements after `start`.
+        write(&mut self.spare_capacity_mut()[..n]);
+        // SAFETY: `write` was given exactly the `n` spare slots after `start`, and writes every
+        // one (the contract of `fill`; each caller's loop covers its whole slice).
         #[allow(unsafe_code)]
         unsafe {
             self.set_len(start + n)
@@ -178,9 +216,11 @@ impl<R: Copy> Sink<R> for Vec<R> {
 }
 
 impl<R: Copy> Sink<R> for Filler<'_, R> {
-    fn zip2<T: Copy>(&mut self, x: &[T], y: &[T], f: impl Fn(T, T) -> R) {
-        let n = x.len().min(y.len()).min(self.out.len() - self.at);
-        zip_slices(x, y, &mut self.out[self.at..self.at + n], f);
+    type Slot = R;
+
+    fn fill(&mut self, n: usize, write: impl FnOnce(&mut [R])) {
+        let n = n.min(self.out.len() - self.at);
+        write(&mut self.out[self.at..self.at + n]);
         self.at += n;
     }
 }

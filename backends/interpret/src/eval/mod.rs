@@ -26,7 +26,7 @@ mod value;
 
 pub(crate) use cast::{bitcast, cast};
 pub(crate) use dot::{Matrix, dot, dot_f32, warm_gemm};
-pub(crate) use elementwise::{binary, binary_into, compare, select, unary};
+pub(crate) use elementwise::{Put, Sink, binary, binary_into, compare, select, unary};
 pub(crate) use layout::{expand, strides};
 pub(crate) use reduce::reduce;
 pub(crate) use shape::{broadcast_to, concatenate, reshape, slice, transpose};
