@@ -8,7 +8,7 @@ from typing import Any, Dict, List
 
 import numpy as np
 
-from ._common import _refuse, _ty, _scratch, Translated
+from ._common import _dims, _refuse, _ty, _scratch, Translated
 from ._index_maps import _MAX_AXIS, _affine, _index_texts
 from ._jax_support import _jax
 from ._writer import _Writer
@@ -153,17 +153,24 @@ def _translate(eqn, name: str) -> Translated:
     # arrays give the same results they stay so; elsewhere the output starts from the input's
     # buffer (XLA aliases them; the handler keeps its contents) and every load of the input is a
     # load of the output, before any store to it (`_alias_kept`).
-    for o in outs:
-        _, _, shape, blocks = specs.get(o, (None, None, None, None))
-        past = [d for d, (b, n) in enumerate(zip(blocks or (), shape or ())) if b > n]
-        if past and any(re.search(rf"= load {o}\b", line) for line in w.body.lines):
+    padded = [o for o in outs if _padded_readback(o, specs, w.body.lines)]
+    aliased = {outs[o] for _, o in p.get("input_output_aliases") or ()}
+    for o in padded:
+        # Pallas on TPU keeps an output's whole block in VMEM, where the kernel reads back what
+        # it stored past the array (JAX's TPU paged attention keeps its running max and sum so,
+        # in a block of the head dimension's width over an array of width 1). A scratch block
+        # stands in for the VMEM one: every store goes to it and to the output (whose elements
+        # past the array are dropped), every load reads it. Scratch lives as long as a program,
+        # as a block does while the programs' steps keep its index.
+        other = [line for line in w.body.lines if re.search(rf"\b{o}\b", line) and not re.match(rf"^\s*(store {o}\b|%.* = load {o}\b)", line)]
+        if specs[o][0] == "computed" or o in aliased or other:
             raise _refuse(
-                f"reading back the output `{o}`, whose block is larger than the array along dimension {past[0]},",
-                name,
-                eqn,
-                "Pallas on TPU keeps the whole block in VMEM, where the kernel sees what it stored past the array; tessel "
-                "keeps the array's elements only. Give the output a block within the array, or keep the running values in scratch",
+                f"reading back the output `{o}`, whose block is larger than the array,", name, eqn,
+                "tessel reads a padded output block back only where its index map is in the block spec, it aliases no input, "
+                "and the kernel only loads and stores it",
             )
+        dtype = _ty(gm.block_mappings[gm.num_inputs + outs.index(o)].array_aval, name, eqn).split("[")[0]
+        lines_scratch.append(f"  scratch v{o}: {dtype}[{_dims(specs[o][3])}]")
     kept = []
     for i, o in p.get("input_output_aliases") or ():
         x, out = ins[i], outs[o]
@@ -185,8 +192,34 @@ def _translate(eqn, name: str) -> Translated:
         w = finished(refs)
         gone = {ins[i] for i, _ in kept}
         lines_in = [line for line in lines_in if line.split(":")[0].split()[-1] not in gone]
-    text = "\n".join([f"kernel {name}"] + header + lines_in + lines_out + lines_scratch + w.scoped + ["{"] + w.body.lines + ["}"]) + "\n"
+    body_lines = [_padded_line(line, padded) for stmt in w.body.lines for line in _padded_stores(stmt, padded)]
+    text = "\n".join([f"kernel {name}"] + header + lines_in + lines_out + lines_scratch + w.scoped + ["{"] + body_lines + ["}"]) + "\n"
     return Translated(name, text, bounds + ins, outs, kept=[(len(bounds) + i, o) for i, o in kept])
+
+
+def _padded_readback(o: str, specs, lines: List[str]) -> bool:
+    """Whether output `o` has a block larger than its array along some dimension and the kernel
+    loads it back."""
+    _, _, shape, blocks = specs.get(o, (None, None, None, None))
+    past = any(b > n for b, n in zip(blocks or (), shape or ()))
+    return past and any(re.search(rf"= load {o}\b", line) for line in lines)
+
+
+def _padded_stores(line: str, padded: List[str]) -> List[str]:
+    """A store into a padded output (`_padded_readback`) as two: into its scratch block, then
+    into the output; any other line as it is."""
+    m = re.match(r"^(\s*store )(\w+)\b(.*)$", line)
+    if m and m.group(2) in padded:
+        return [f"{m.group(1)}v{m.group(2)}{m.group(3)}", line]
+    return [line]
+
+
+def _padded_line(line: str, padded: List[str]) -> str:
+    """A load of a padded output (`_padded_readback`) reads its scratch block."""
+    m = re.match(r"^(.* = load )(\w+)\b(.*)$", line)
+    if m and m.group(2) in padded:
+        return f"{m.group(1)}v{m.group(2)}{m.group(3)}"
+    return line
 
 
 def _alias_kept(name: str, eqn, x: str, o: str, specs, grid, parallel, lines: List[str]) -> bool:

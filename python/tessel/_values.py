@@ -214,6 +214,38 @@ class _Values:
         else:
             self.op(eqn, f"cast {v}")
 
+    def nextafter(self, eqn) -> None:
+        """`nextafter(x, y)`, the float after `x` towards `y`, on the bits as C defines it and XLA
+        computes it: NaN where either is NaN, `y` where they are equal, the smallest subnormal
+        with `y`'s sign where `x` is a zero, else `x`'s bits one down where the result is
+        smaller in magnitude (`|x| > |y|`, or the signs differ), one up otherwise. Zeros and
+        equality are judged on the bits, so a caller whose CPU treats subnormals as zero (XLA's
+        threads do) gets the same result."""
+        x, y = (self.value(a, eqn) for a in eqn.invars)
+        ty = _ty(eqn.outvars[0].aval, self.kernel, eqn)
+        dt, _, rest = ty.partition("[")
+        sh = "[" + rest if rest else ""
+        bits = "u32" if dt == "f32" else "u16"
+        sign = 1 << (31 if dt == "f32" else 15)
+
+        def e(rhs: str, d: str = bits) -> str:
+            v = self.body.fresh()
+            self.body.emit(f"{v} = {rhs} : {d}{sh}")
+            return v
+
+        ux, uy = e(f"bitcast {x}"), e(f"bitcast {y}")
+        ax, ay = e(f"and {ux}, {sign - 1}"), e(f"and {uy}, {sign - 1}")
+        sx, sy = e(f"and {ux}, {sign}"), e(f"and {uy}, {sign}")
+        smaller = e(f"or {e(f'gt {ax}, {ay}', 'bool')}, {e(f'ne {sx}, {sy}', 'bool')}", "bool")
+        stepped = e(f"select {smaller}, {e(f'sub {ux}, 1')}, {e(f'add {ux}, 1')}")
+        x_zero = e(f"eq {ax}, 0", "bool")
+        moved = e(f"select {x_zero}, {e(f'or {sy}, 1')}, {stepped}")
+        zeros = e(f"and {x_zero}, {e(f'eq {ay}, 0', 'bool')}", "bool")
+        equal = e(f"or {e(f'eq {ux}, {uy}', 'bool')}, {zeros}", "bool")
+        r = e(f"bitcast {e(f'select {equal}, {uy}, {moved}')}", dt)
+        nan = e(f"or {e(f'ne {x}, {x}', 'bool')}, {e(f'ne {y}, {y}', 'bool')}", "bool")
+        self.op(eqn, f"select {nan}, {e(f'add {x}, {y}', dt)}, {r}")
+
     @staticmethod
     def _tan(x, e):
         return e(f"div {e(f'sin {x}')}, {e(f'cos {x}')}")

@@ -307,6 +307,8 @@ class _Writer(_Refs, _Values, _Order, _Control):
             self.cumulative(eqn, name[3:])
         elif name in ("erfc", "tan", "cbrt", "population_count", "clz"):
             self.composed(eqn, name)
+        elif name == "nextafter":
+            self.nextafter(eqn)
         elif name in ("sort", "top_k", "rev"):
             self.permuted(eqn, name)
         elif name in ("stop_gradient", "copy"):

@@ -1,7 +1,7 @@
 """JAX's own Pallas ops (`jax.experimental.pallas.ops`), unchanged, inside `jax.jit` and under
 `grad` on tessel through `tessel.pallas.installed`: GPU softmax, attention (plain, causal, with
 segment ids, and its gradient), layer and RMS norm with their gradients, decode and paged
-attention; TPU matmul, example kernel, megablox's grouped matmul, flash attention and its
+attention; TPU matmul, example kernel, megablox's grouped matmul, paged attention, flash attention and its
 gradient. Each against the op's own reference function."""
 
 import sys
@@ -202,6 +202,34 @@ def test_jaxs_paged_attention_gathers_pages_by_the_block_table():
             got = jax.jit(lambda: pa.paged_attention(q, k_pages, v_pages, jnp.asarray(table), jnp.asarray(lengths), block_h=16,
                                                      pages_per_compute_block=2, k_splits=2))()
         np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-5, err_msg=backend)
+
+
+@pytest.mark.parametrize("inline", [True, False], ids=["inline_seq_dim", "seq_axis"])
+def test_jaxs_tpu_paged_attention_reads_back_its_padded_running_max(inline):
+    """JAX's TPU paged attention, unchanged, inside `jit`: pages copied by DMA into double
+    buffers at indices a written scalar-prefetch operand keeps, and its running max and sum kept
+    in outputs of width 1 whose blocks are the head dimension wide, read back past the array (as
+    Pallas on TPU keeps the whole block in VMEM). Against numpy on the pages in table order; the
+    kernel takes its pages to bfloat16 before the products, so the expected values do too."""
+    import ml_dtypes
+    from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention
+
+    rng = np.random.default_rng(3)
+    batch, heads, d, page, per_seq, total = 2, 8, 128, 16, 4, 16
+    q = f32(batch, heads, d)
+    k, v = f32(1, total, page, d), f32(1, total, page, d)
+    table = rng.permutation(total)[: batch * per_seq].reshape(batch, per_seq).astype(np.int32)
+    lengths = np.array([37, 64], np.int32)
+    want = np.zeros_like(q)
+    for b in range(batch):
+        kk, vv = (np.asarray(p.astype(ml_dtypes.bfloat16), np.float32)[0][table[b]].reshape(-1, d)[: lengths[b]] for p in (k, v))
+        s = q[b].astype(np.float64) @ kk.T
+        e = np.exp(s - s.max(-1, keepdims=True))
+        want[b] = (e / e.sum(-1, keepdims=True)) @ vv
+    for backend in backends():
+        with tp.installed(backend=backend):
+            got = jax.jit(lambda *a: paged_attention(*a, pages_per_compute_block=2, inline_seq_dim=inline))(q, k, v, lengths, table)
+        np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=2e-5, err_msg=backend)
 
 
 @pytest.mark.parametrize("causal,head", [(False, 128), (True, 128), (True, 64)], ids=["plain", "causal", "causal_head_64"])

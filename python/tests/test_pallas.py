@@ -559,7 +559,7 @@ def test_the_text_is_tessel_kernel_language():
 def test_what_cannot_be_translated_names_the_primitive_the_kernel_and_the_line():
     def stepped(x, interpret=False):
         def body(x_ref, o_ref):
-            o_ref[...] = jnp.nextafter(x_ref[...], 0.0)
+            o_ref[...] = jax.lax.lgamma(x_ref[...])
 
         spec = pl.BlockSpec((128,), lambda i: (i,))
         return call(body, jax.ShapeDtypeStruct(x.shape, x.dtype), (2,), [spec], spec, interpret)(x)
@@ -568,7 +568,7 @@ def test_what_cannot_be_translated_names_the_primitive_the_kernel_and_the_line()
         tp.to_tk(stepped, f32(256))
     msg = str(e.value)
     assert isinstance(e.value, NotImplementedError)
-    assert "primitive `nextafter` in Pallas kernel `stepped`" in msg and "test_pallas.py:" in msg, msg
+    assert "primitive `lgamma` in Pallas kernel `stepped`" in msg and "test_pallas.py:" in msg, msg
 
     def squares(x, interpret=False):
         def body(x_ref, o_ref):
@@ -636,18 +636,19 @@ def _refusal_cases():
 
         return single(body, x)
 
-    def padded_output(x):
-        # The output's block (8, 128) is wider than the array (8, 1), and the kernel reads it back.
+    def padded_aliased(x):
+        # The output's block (8, 128) is wider than the array (8, 1), the kernel reads it back,
+        # and the output aliases the input.
         def body(x_ref, o_ref):
-            o_ref[...] = x_ref[...]
             o_ref[...] = o_ref[...] * 2.0
 
         spec = pl.BlockSpec((8, 128), lambda i: (0, 0))
-        return pl.pallas_call(body, out_shape=jax.ShapeDtypeStruct((8, 1), x.dtype), grid=(1,), in_specs=[spec], out_specs=spec)(x)
+        return pl.pallas_call(body, out_shape=jax.ShapeDtypeStruct((8, 1), x.dtype), grid=(1,), in_specs=[spec], out_specs=spec,
+                              input_output_aliases={0: 0})(x)
 
-    def nextafter(x):
+    def lgamma(x):
         def body(x_ref, o_ref):
-            o_ref[...] = jnp.nextafter(x_ref[...], 0.0) + x_ref[...]
+            o_ref[...] = jax.lax.lgamma(x_ref[...]) + x_ref[...]
 
         return single(body, x)
 
@@ -664,8 +665,8 @@ def _refusal_cases():
         ("aliased_blocks", aliased_blocks, f32(16), "`input_output_aliases` pairing `x0` with `o0` in Pallas kernel `aliased_blocks`"),
         ("batched", batched, f32(4, 2, 8, 8), "`dot_general` other than a 2-D matrix product or one batched over the same leading dimensions in Pallas kernel `batched`"),
         ("float8", float8, np.arange(16).astype(ml_dtypes.float8_e4m3fn), "dtype float8_e4m3fn in Pallas kernel `float8`"),
-        ("padded_output", padded_output, f32(8, 128), "reading back the output `o0`, whose block is larger than the array along dimension 1,"),
-        ("nextafter", nextafter, f32(8, 8), "primitive `nextafter` in Pallas kernel `nextafter` (at "),
+        ("padded_aliased", padded_aliased, f32(8, 1), "reading back the output `o0`, whose block is larger than the array,"),
+        ("lgamma", lgamma, f32(8, 8), "primitive `lgamma` in Pallas kernel `lgamma` (at "),
         ("element", element, f32(4, 8), "the block dimension Element"),
     ]
 

@@ -664,3 +664,33 @@ def test_a_dot_batched_over_batch_and_heads_matches_numpy():
     np.testing.assert_allclose(np.asarray(heads_dot(q, k, interpret=True)), want, rtol=1e-5, atol=1e-5)
     for backend in backends():
         np.testing.assert_allclose(tp.run(heads_dot, q, k, backend=backend), want, rtol=1e-5, atol=1e-5, err_msg=backend)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_nextafter_steps_the_bits_as_c_does(dtype):
+    """`jnp.nextafter` on every pair of special values (zeros of both signs, ±1, infinities, NaN,
+    the smallest subnormals, the largest and smallest normals) against numpy's C `nextafter`, bit
+    for bit (NaN as any NaN). numpy's float16 version gives `x` where `x == y` (`0.0` towards
+    `-0.0`); C, XLA and tessel give `y`, which is what is expected there."""
+    import ml_dtypes
+
+    dt = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
+    fin = ml_dtypes.finfo(dt)
+    specials = [0.0, -0.0, 1.0, -1.0, np.inf, -np.inf, np.nan, 2.5, -7.0]
+    specials += [float(v) * s for v in (fin.smallest_subnormal, fin.max, fin.tiny) for s in (1, -1)]
+    specials = np.array(specials, np.float32).astype(dt)
+    x, y = np.repeat(specials, len(specials)), np.tile(specials, len(specials))
+
+    def kernel(x, y, interpret=False):
+        def body(x_ref, y_ref, o_ref):
+            o_ref[...] = jnp.nextafter(x_ref[...], y_ref[...])
+
+        return pl.pallas_call(body, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), interpret=interpret)(x, y)
+
+    with np.errstate(over="ignore"):  # the largest float towards infinity is infinity
+        want = np.where(x == y, y, np.nextafter(x, y)).astype(dt)
+    bits = np.uint32 if dt.itemsize == 4 else np.uint16
+    for backend in backends():
+        got = np.asarray(tp.run(kernel, x, y, backend=backend))
+        same = (got.view(bits) == want.view(bits)) | (np.isnan(got.astype(np.float32)) & np.isnan(want.astype(np.float32)))
+        assert same.all(), (backend, list(zip(x[~same], y[~same], got[~same], want[~same])))

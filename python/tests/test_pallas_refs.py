@@ -453,3 +453,36 @@ def test_outputs_larger_than_memory_are_refused_before_xla_makes_them():
 
     with pytest.raises(tessel.TesselError, match=r"the outputs of `huge` needs 12288.0 GB of memory \(outputs 12288.0 GB\)"):
         tp.run(huge, backend="interpret")
+
+
+def padded_state(x, interpret=False):
+    """Running state in an output of width 1 whose block is 128 wide (JAX's TPU paged attention
+    keeps its running max and sum so): the first step stores a whole block, the second reads it
+    back, past the array included, and sums each row."""
+
+    def body(x_ref, o_ref):
+        @pl.when(pl.program_id(0) == 0)
+        def _():
+            o_ref[...] = x_ref[...]
+
+        @pl.when(pl.program_id(0) == 1)
+        def _():
+            o_ref[...] = jnp.broadcast_to(o_ref[...].sum(axis=1, keepdims=True), o_ref.shape)
+
+    spec = pl.BlockSpec((8, 128), lambda i: (0, 0))
+    return pl.pallas_call(body, out_shape=jax.ShapeDtypeStruct((8, 1), x.dtype), grid=(2,), in_specs=[spec], out_specs=spec,
+                          interpret=interpret)(x)
+
+
+def test_an_output_block_past_the_array_reads_back_what_was_stored():
+    """What a kernel stores past the array in an output's block it reads back, as Pallas on TPU
+    (and its interpret mode) keeps the whole block: a scratch block stands in for it. Reading
+    zeros there instead would give `x[:, :1]`; the row sums need every column."""
+    x = f32(8, 128)
+    text = tp.to_tk(padded_state, x)
+    assert "scratch vo0: f32[8, 128]" in text and "load vo0" in text and "load o0" not in text, text
+    want = np.asarray(padded_state(x, interpret=True))
+    np.testing.assert_allclose(want, x.sum(axis=1, keepdims=True), rtol=1e-5, atol=1e-5)
+    for backend in backends():
+        got = np.asarray(tp.run(padded_state, x, backend=backend))
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6, err_msg=backend)
