@@ -9,21 +9,24 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from ._common import _ty, _literal
+from ._common import _dims, _ty, _literal
 from ._jax_support import _jax
 
 
 class _Refs:
     """The `_Writer`'s methods for loads and stores of refs."""
 
-    def index(self, eqn, ref, tree, index_atoms) -> str:
-        """`[ds(start, size), :, %i]` for a ref indexer, or "" for the whole block."""
+    def transforms(self, eqn, tree, index_atoms) -> list:
+        """A ref access's transforms (indexers, reshapes) with their jaxpr atoms."""
         jax, _, _ = _jax()
         try:
-            indexers = jax.tree_util.tree_unflatten(tree, index_atoms)
+            return list(jax.tree_util.tree_unflatten(tree, index_atoms) or ())
         except Exception:
             raise self.refuse("a reference indexer", eqn)
-        return self.indexers(eqn, ref, indexers)
+
+    def index(self, eqn, ref, tree, index_atoms) -> str:
+        """`[ds(start, size), :, %i]` for a ref indexer, or "" for the whole block."""
+        return self.indexers(eqn, ref, self.transforms(eqn, tree, index_atoms))
 
     def indexers(self, eqn, ref, indexers) -> str:
         """The index text of unflattened indexers (`NDIndexer`s whose atoms are jaxpr atoms) on
@@ -376,6 +379,62 @@ class _Refs:
         v = self.body.fresh()
         self.body.emit(f"{v} = mul {a}, {k}")
         return v
+
+    def reshaped_get(self, eqn, ref, transforms) -> Optional[str]:
+        """A load from a reshaped or bitcast ref (`buf.at[slot].reshape(n, d)[start::step, :]`,
+        `.bitcast(jnp.uint32)`, as JAX's TPU ragged paged attention reads its K and V pages):
+        the region before them loaded, the value reshaped (a ref is row-major, so its reshape is
+        the value's) and bitcast as Pallas on TPU packs (`packed`), then the indexers after them
+        applied to the value, static starts and strides as a `slice`, static indices dropping
+        their dimension. None where the ref is neither reshaped nor bitcast."""
+        from jax._src.state import indexing
+        from jax._src.state.types import BitcastTransform, ReshapeTransform
+
+        kinds = (ReshapeTransform, BitcastTransform)
+        at = [k for k, t in enumerate(transforms) if isinstance(t, kinds)]
+        if not at:
+            return None
+        before, middle, after = list(transforms[: at[0]]), transforms[at[0]: at[-1] + 1], list(transforms[at[-1] + 1:])
+        if not all(isinstance(t, kinds) for t in middle) or not all(isinstance(t, indexing.NDIndexer) for t in before + after) or len(after) > 1:
+            raise self.refuse("a reshaped or bitcast ref indexed between its reshapes", eqn)
+        shape = list(before[-1].get_indexer_shape()) if before else list(ref.aval.shape)
+        dt = _ty(ref.aval, self.kernel, eqn).split("[")[0]
+        r = self.body.fresh()
+        self.body.emit(f"{r} = load {self.ref(ref, eqn)}{self.indexers(eqn, ref, before)} : {dt}[{_dims(shape)}]")
+        for t in middle:
+            if isinstance(t, ReshapeTransform):
+                shape, v = list(t.shape), r
+                r = self.body.fresh()
+                self.body.emit(f"{r} = reshape {v} : {dt}[{_dims(shape)}]")
+            else:
+                to = _ty(SimpleNamespace(shape=(), dtype=t.dtype), self.kernel, eqn)
+                r, shape = self.packed(r, dt, shape, to, eqn)
+                dt = to
+        if not after:
+            return r
+        starts, strides, sizes, kept = [], [], [], []
+        for n, ix in zip(shape, after[0].indices):
+            if isinstance(ix, indexing.Slice) and isinstance(ix.start, (int, np.integer)):
+                starts.append(int(ix.start))
+                strides.append(int(ix.stride))
+                sizes.append(int(ix.size))
+                kept.append(int(ix.size))
+            elif isinstance(ix, (int, np.integer)):
+                starts.append(int(ix))
+                strides.append(1)
+                sizes.append(1)
+            else:
+                raise self.refuse("a dynamic index into a reshaped ref", eqn, "index the ref before reshaping it, or load and reshape the value")
+        if sizes == list(shape):
+            return r
+        c = self.body.fresh()
+        stride = f" stride ({_dims(strides)})" if any(k != 1 for k in strides) else ""
+        self.body.emit(f"{c} = slice {r} start ({_dims(starts)}){stride} : {dt}[{_dims(sizes)}]")
+        if kept == sizes:
+            return c
+        d = self.body.fresh()
+        self.body.emit(f"{d} = reshape {c} : {dt}[{_dims(kept)}]" if kept else f"{d} = reshape {c} : {dt}")
+        return d
 
     def plus(self, a: str, b: str) -> str:
         """`a + b` of two `i32` scalars (values or integer literals), folded where both are known."""

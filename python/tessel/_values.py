@@ -10,6 +10,11 @@ import numpy as np
 from ._common import _axis_last, _dims, _dot_acc, _inverse, _ty
 
 
+def _bits(dt: str) -> int:
+    """The width of a tessel element type (`bf16` -> 16)."""
+    return 32 if dt == "bool" else int(dt.lstrip("bfiu"))
+
+
 class _Values:
     """The `_Writer`'s methods for values."""
 
@@ -213,6 +218,68 @@ class _Values:
             self.op(eqn, f"bitcast {v}")
         else:
             self.op(eqn, f"cast {v}")
+
+    def bitcast_value(self, eqn) -> None:
+        """`lax.bitcast_convert_type` between types of one width, and Pallas TPU's `bitcast`
+        (`pltpu.bitcast`), whose change of width packs along the second-minor dimension."""
+        x = eqn.invars[0]
+        src = _ty(x.aval, self.kernel, eqn).split("[")[0]
+        dst = _ty(eqn.outvars[0].aval, self.kernel, eqn).split("[")[0]
+        if eqn.primitive.name == "bitcast_convert_type" and _bits(src) != _bits(dst):
+            raise self.refuse("`bitcast_convert_type` between types of different widths", eqn)
+        v, _ = self.packed(self.value(x, eqn), src, list(x.aval.shape), dst, eqn)
+        self.define(eqn.outvars[0], v)
+
+    def packed(self, v: str, src: str, shape, dst: str, eqn):
+        """`v` (`src[shape]`) reinterpreted as `dst` as Pallas on TPU does it: of one width,
+        element by element; to a type `r` times wider, `r` consecutive rows of the second-minor
+        dimension packed into one, the first in the low bits (`bf16[2m, n]` -> `u32[m, n]`); to
+        a narrower one, each row unpacked into `r`. Returns the value and its shape."""
+        emit, fresh = self.body.emit, self.body.fresh
+        a, b = _bits(src), _bits(dst)
+        if a == b:
+            if src == dst:
+                return v, shape
+            r = fresh()
+            emit(f"{r} = bitcast {v} : {dst}[{_dims(shape)}]")
+            return r, shape
+        if len(shape) < 2 or "bool" in (src, dst):
+            raise self.refuse(f"a bitcast from {src} to {dst} of a value of {len(shape)} dimensions", eqn)
+        *lead, m, n = shape
+        wide, narrow = max(a, b), min(a, b)
+        k = wide // narrow
+
+        def e(rhs: str, ty: str) -> str:
+            t = fresh()
+            emit(f"{t} = {rhs} : {ty}")
+            return t
+
+        if a < b:
+            out = lead + [m // k, n]
+            split = e(f"reshape {v}", f"{src}[{_dims(lead + [m // k, k, n])}]")
+            acc = None
+            for j in range(k):
+                start = _dims([0] * len(lead) + [0, j, 0])
+                row = e(f"slice {split} start ({start})", f"{src}[{_dims(lead + [m // k, 1, n])}]")
+                row = e(f"reshape {row}", f"{src}[{_dims(out)}]")
+                if not src.startswith("u"):
+                    row = e(f"bitcast {row}", f"u{a}[{_dims(out)}]")
+                row = e(f"cast {row}", f"u{b}[{_dims(out)}]")
+                if j:
+                    row = e(f"shl {row}, {j * a}", f"u{b}[{_dims(out)}]")
+                acc = row if acc is None else e(f"or {acc}, {row}", f"u{b}[{_dims(out)}]")
+            return (acc if dst == f"u{b}" else e(f"bitcast {acc}", f"{dst}[{_dims(out)}]")), out
+        out = lead + [m * k, n]
+        bits = v if src.startswith("u") else e(f"bitcast {v}", f"u{a}[{_dims(shape)}]")
+        parts = []
+        for j in range(k):
+            part = e(f"shr {bits}, {j * b}", f"u{a}[{_dims(shape)}]") if j else bits
+            part = e(f"cast {part}", f"u{b}[{_dims(shape)}]")
+            if dst != f"u{b}":
+                part = e(f"bitcast {part}", f"{dst}[{_dims(shape)}]")
+            parts.append(e(f"reshape {part}", f"{dst}[{_dims(lead + [m, 1, n])}]"))
+        joined = e(f"concatenate {', '.join(parts)} axis {len(lead) + 1}", f"{dst}[{_dims(lead + [m, k, n])}]")
+        return e(f"reshape {joined}", f"{dst}[{_dims(out)}]"), out
 
     def nextafter(self, eqn) -> None:
         """`nextafter(x, y)`, the float after `x` towards `y`, on the bits as C defines it and XLA

@@ -193,6 +193,8 @@ class _Writer(_Refs, _Values, _Order, _Control):
         elif vec is not None:
             ref, *ix = eqn.invars
             self.gather(eqn, ref, p["tree"], ix, vec)
+        elif name == "get" and (reshaped := self.reshaped_get(eqn, eqn.invars[0], self.transforms(eqn, p["tree"], eqn.invars[1:]))):
+            self.define(eqn.outvars[0], reshaped)
         elif name == "get":
             ref, *ix = eqn.invars
             index = self.index(eqn, ref, p["tree"], ix)
@@ -309,6 +311,8 @@ class _Writer(_Refs, _Values, _Order, _Control):
             self.composed(eqn, name)
         elif name == "nextafter":
             self.nextafter(eqn)
+        elif name in ("bitcast", "bitcast_convert_type"):
+            self.bitcast_value(eqn)
         elif name in ("sort", "top_k", "rev"):
             self.permuted(eqn, name)
         elif name in ("stop_gradient", "copy"):

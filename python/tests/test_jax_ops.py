@@ -1,7 +1,7 @@
 """JAX's own Pallas ops (`jax.experimental.pallas.ops`), unchanged, inside `jax.jit` and under
 `grad` on tessel through `tessel.pallas.installed`: GPU softmax, attention (plain, causal, with
 segment ids, and its gradient), layer and RMS norm with their gradients, decode and paged
-attention; TPU matmul, example kernel, megablox's grouped matmul, paged attention, flash attention and its
+attention; TPU matmul, example kernel, megablox's grouped matmul, paged and ragged paged attention, flash attention and its
 gradient. Each against the op's own reference function."""
 
 import sys
@@ -230,6 +230,39 @@ def test_jaxs_tpu_paged_attention_reads_back_its_padded_running_max(inline):
         with tp.installed(backend=backend):
             got = jax.jit(lambda *a: paged_attention(*a, pages_per_compute_block=2, inline_seq_dim=inline))(q, k, v, lengths, table)
         np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=2e-5, err_msg=backend)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_jaxs_tpu_ragged_paged_attention_mixes_prefill_and_decode(dtype):
+    """JAX's TPU ragged paged attention (vLLM's TPU attention), unchanged, inside `jit`: three
+    sequences of 3, 5 and 1 queries (a decode step among prefills) over 20, 13 and 7 keys in
+    pages of 16, a dynamic sequence count, nested data-dependent `while` loops, pages copied by
+    DMA into double buffers, K and V read interleaved from one buffer through a reshaped ref at
+    strided rows, and in bfloat16 through a bitcast ref (two rows packed into one u32). float32
+    against the op's own reference; bfloat16 against that reference in float32 on the same
+    (bfloat16) inputs, within half a bfloat16 ulp of the largest output and a little."""
+    import ml_dtypes
+    from jax.experimental.pallas.ops.tpu.ragged_paged_attention import kernel as rpa
+
+    rng = np.random.default_rng(5)
+    heads, kv_heads, d, page, per_seq, total = 8, 2, 128, 16, 4, 16
+    dt = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(np.float32)
+    q = f32(9, heads, d).astype(dt)
+    kv = f32(total, page, 2 * kv_heads, d).astype(dt)
+    kv_lens = np.array([20, 13, 7, 0], np.int32)
+    pages = rng.permutation(total).reshape(4, per_seq).astype(np.int32)
+    cu = np.array([0, 3, 8, 9, 9], np.int32)
+    seqs = np.array([3], np.int32)
+    args = (q, kv, kv_lens, pages, cu, seqs)
+    want = np.asarray(rpa.ref_ragged_paged_attention(*(a.astype(np.float32) if a.dtype == dt else a for a in args)))
+    for backend in backends():
+        with tp.installed(backend=backend):
+            got = jax.jit(lambda *a: rpa.ragged_paged_attention(*a, num_kv_pages_per_block=2, num_queries_per_block=4))(*args)
+        got = np.asarray(got).astype(np.float32)
+        if dtype == "float32":
+            np.testing.assert_allclose(got, np.asarray(rpa.ref_ragged_paged_attention(*args)), rtol=1e-4, atol=2e-5, err_msg=backend)
+        else:
+            np.testing.assert_allclose(got, want, rtol=0, atol=2.0**-8 * np.abs(want).max() + 1e-3, err_msg=backend)
 
 
 @pytest.mark.parametrize("causal,head", [(False, 128), (True, 128), (True, 64)], ids=["plain", "causal", "causal_head_64"])
