@@ -46,7 +46,8 @@ def _translate(eqn, name: str) -> Translated:
     outs = [f"o{i}" for i in range(nout)]
     bounds = [f"g{k}" for k in range(ndyn)]
     header = []
-    used_by_outputs = set()
+    #: per output with an affine index map, the grid axes its block moves along
+    per_output: List[set] = []
     squeezed: Dict[str, List[int]] = {}
     operands = eqn.invars[ndyn:]
     lines_in = [f"  in  {arg}: {_ty(v.aval, name, eqn)}" for arg, v in zip(bounds + ins, eqn.invars[: ndyn + nscalar])]
@@ -93,13 +94,16 @@ def _translate(eqn, name: str) -> Translated:
             continue
         index = affine.text()
         if is_out:
-            for a in range(len(grid)):
-                if any(f"i{a}" in t.replace("*", " ").split() for t in index):
-                    used_by_outputs.add(a)
+            per_output.append({a for a in range(len(grid)) if any(f"i{a}" in t.replace("*", " ").split() for t in index)})
         whole = tuple(blocks) == shape and all(t == "0" for t in index)
         spec = "" if whole else f" block [{', '.join(str(b) for b in blocks)}] at ({', '.join(index)})"
         specs[arg] = (spec, affine, shape, blocks)
         (lines_out if is_out else lines_in).append(f"  {'out' if is_out else 'in '} {arg}: {ty}{spec}")
+    # An axis runs in parallel only where every output's block moves along it: two programs apart
+    # on another axis would write one block (an output with a constant index map is a TPU
+    # kernel's scratch kept across the grid, as splash attention keeps its running max), and
+    # Pallas runs them in order.
+    used_by_outputs = set.intersection(*per_output) if per_output and len(per_output) == nout else set()
     if any(o in computed or o in indexed for o in outs):
         # Programs whose computed output blocks may coincide run in order, as Pallas runs them.
         used_by_outputs = set()

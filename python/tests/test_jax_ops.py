@@ -1,7 +1,8 @@
 """JAX's own Pallas ops (`jax.experimental.pallas.ops`), unchanged, inside `jax.jit` and under
 `grad` on tessel through `tessel.pallas.installed`: GPU softmax, attention (plain, causal, with
 segment ids, and its gradient), layer and RMS norm with their gradients, decode and paged
-attention; TPU matmul, example kernel, megablox's grouped matmul, paged and ragged paged attention, flash attention and its
+attention; TPU matmul, example kernel, megablox's grouped matmul, paged and ragged paged attention, splash attention and its
+gradient, flash attention and its
 gradient. Each against the op's own reference function."""
 
 import sys
@@ -263,6 +264,43 @@ def test_jaxs_tpu_ragged_paged_attention_mixes_prefill_and_decode(dtype):
             np.testing.assert_allclose(got, np.asarray(rpa.ref_ragged_paged_attention(*args)), rtol=1e-4, atol=2e-5, err_msg=backend)
         else:
             np.testing.assert_allclose(got, want, rtol=0, atol=2.0**-8 * np.abs(want).max() + 1e-3, err_msg=backend)
+
+
+def test_jaxs_tpu_splash_attention_and_its_gradient():
+    """JAX's TPU splash attention (MaxText's), unchanged, inside `jit` and under `jax.grad`: a
+    causal head and a sliding-window head (block-sparse: the mask's block tables, prefetched as
+    int8, skip the empty blocks and pick partial ones), forward and both backward kernels.
+    Its running max, sum and accumulator are outputs with a constant index map (TPU scratch kept
+    across the grid): every program writes them, so the query-block axis runs in order, as on
+    TPU (run in parallel, the programs raced and the result changed from run to run). Against
+    the dense masked attention in jnp and its gradient."""
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
+
+    for backend in backends():
+        # Shorter on wgpu: one lavapipe invocation stops every loop after 65,535 iterations,
+        # and the query blocks running in order put 4 x 4 blocks of work in one (refused).
+        heads, seq, d = 2, 512 if backend == "interpret" else 256, 128
+        q, k, v, g = (jnp.asarray(f32(heads, seq, d)) for _ in range(4))
+        masks = [sm.CausalMask((seq, seq)), sm.LocalMask((seq, seq), window_size=(128, 0), offset=0)]
+        dense = np.stack([np.asarray(m[:, :]) for m in masks])
+        sizes = sk.BlockSizes(block_q=128, block_kv=128, block_kv_compute=128, block_q_dkv=128, block_kv_dkv=128,
+                              block_kv_dkv_compute=128, block_q_dq=128, block_kv_dq=128)
+        splash = sk.make_splash_mha(sm.MultiHeadMask(masks), block_sizes=sizes, head_shards=1, q_seq_shards=1)
+
+        def reference(q, k, v):
+            s = jnp.where(dense, jnp.einsum("hqd,hkd->hqk", q, k, precision="highest"), -jnp.inf)
+            return jnp.einsum("hqk,hkd->hqd", jax.nn.softmax(s, axis=-1), v, precision="highest")
+
+        def loss(f):
+            return lambda q, k, v: jnp.sum(f(q, k, v) * g)
+
+        want = [reference(q, k, v), *jax.grad(loss(reference), argnums=(0, 1, 2))(q, k, v)]
+        with tp.installed(backend=backend):
+            got = [jax.jit(splash)(q, k, v), *jax.jit(jax.grad(loss(splash), argnums=(0, 1, 2)))(q, k, v)]
+        for name, a, b in zip(["out", "dq", "dk", "dv"], got, want):
+            # Sums of up to 512 products of values of order 1 (and 10 for the gradients).
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=2e-4, err_msg=f"{name} on {backend}")
 
 
 @pytest.mark.parametrize("causal,head", [(False, 128), (True, 128), (True, 64)], ids=["plain", "causal", "causal_head_64"])
