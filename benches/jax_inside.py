@@ -46,6 +46,21 @@ def timed(f, args, calls):
     return statistics.median(times)
 
 
+def paired(f, g, args, calls):
+    """The median seconds of `f(*args)` and of `g(*args)`, each called `calls` times after a
+    warm-up call, alternately, so that the machine's drift (other load, frequency) falls on both
+    alike."""
+    for h in (f, g):
+        jax.block_until_ready(h(*args))
+    times = ([], [])
+    for _ in range(calls):
+        for h, ts in zip((f, g), times):
+            t = time.perf_counter()
+            jax.block_until_ready(h(*args))
+            ts.append(time.perf_counter() - t)
+    return statistics.median(times[0]), statistics.median(times[1])
+
+
 def first_call(make_f, args):
     """Seconds of the first call of a freshly made jitted function, JAX's caches emptied."""
     jax.clear_caches()
@@ -91,10 +106,10 @@ def section_kernels(quick):
             got = np.asarray(f(*args))
             if tj.stats()["launches"].get("interpret", 0) <= before:
                 raise SystemExit(f"{name} did not run on tessel's interpreter")
-            t_tessel = timed(f, args, 5 if quick else 20)
+            # Alternately with XLA's: the ratio is what matters, and this machine's speed drifts.
+            t_tessel, t_xla = paired(f, jax.jit(maths), args, 11 if quick else 101)
         want = np.asarray(jax.jit(maths)(*args))
         err = float(np.max(np.abs(got - want)))
-        t_xla = timed(jax.jit(maths), args, 5 if quick else 20)
         if quick and name == "add_4m":
             t_pallas, first_pallas = float("nan"), float("nan")
         else:
@@ -241,7 +256,7 @@ def main():
     print()
     print(f"jax {jax.__version__}, {os.cpu_count()} cores. Pallas kernels inside `jax.jit` with `tessel.pallas.installed(\"interpret\")`,")
     print("beside the same kernels under Pallas's `interpret=True` in `jax.jit` and XLA's own compiled `jnp` for the same")
-    print("maths, all in this run; medians to `block_until_ready`, inputs on the device, after a warm-up call. The goals:")
+    print("maths, all in this run; medians to `block_until_ready` (tessel's and XLA's calls alternating, 101 of each), inputs on the device, after a warm-up call. The goals:")
     print("≥100× Pallas interpret, ≥0.5× XLA (a ratio above 1 is faster than XLA).")
     print()
     print("| kernel | tessel in jit (ms) | Pallas interpret in jit (ms) | Pallas / tessel | XLA jnp in jit (ms) | XLA / tessel | max abs diff from XLA |")
