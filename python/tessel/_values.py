@@ -281,6 +281,36 @@ class _Values:
         joined = e(f"concatenate {', '.join(parts)} axis {len(lead) + 1}", f"{dst}[{_dims(lead + [m, k, n])}]")
         return e(f"reshape {joined}", f"{dst}[{_dims(out)}]"), out
 
+    def threefry(self, eqn) -> None:
+        """`threefry2x32` (JAX's counter-based PRNG, as `jax.random` and Pallas's TPU PRNG kernels
+        call it): Threefry-2x32 with 20 rounds on `u32` words, as JAX computes it (Salmon et
+        al., 2011), so the bits are JAX's: each round adds, rotates left and xors; every four
+        rounds the key schedule (the two key words and their xor with 0x1BD11BDA) is added in,
+        with the injection's count."""
+        ty = _ty(eqn.outvars[0].aval, self.kernel, eqn)
+        k0, k1, x0, x1 = (self.value(a, eqn) for a in eqn.invars)
+
+        def e(rhs: str) -> str:
+            v = self.body.fresh()
+            self.body.emit(f"{v} = {rhs} : {ty}")
+            return v
+
+        key_ty = _ty(eqn.invars[0].aval, self.kernel, eqn)
+        mixed, ks2 = self.body.fresh(), self.body.fresh()
+        self.body.emit(f"{mixed} = xor {k0}, {k1} : {key_ty}")
+        self.body.emit(f"{ks2} = xor {mixed}, 466688986 : {key_ty}")
+        ks = [k0, k1, ks2]
+        x = [e(f"add {x0}, {ks[0]}"), e(f"add {x1}, {ks[1]}")]
+        rotations = [(13, 15, 26, 6), (17, 29, 16, 24)]
+        for g in range(5):
+            for r in rotations[g % 2]:
+                a = e(f"add {x[0]}, {x[1]}")
+                rot = e(f"or {e(f'shl {x[1]}, {r}')}, {e(f'shr {x[1]}, {32 - r}')}")
+                x = [a, e(f"xor {a}, {rot}")]
+            x = [e(f"add {x[0]}, {ks[(g + 1) % 3]}"), e(f"add {e(f'add {x[1]}, {ks[(g + 2) % 3]}')}, {g + 1}")]
+        for out, v in zip(eqn.outvars, x):
+            self.define(out, v)
+
     def nextafter(self, eqn) -> None:
         """`nextafter(x, y)`, the float after `x` towards `y`, on the bits as C defines it and XLA
         computes it: NaN where either is NaN, `y` where they are equal, the smallest subnormal

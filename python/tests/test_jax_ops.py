@@ -2,7 +2,7 @@
 `grad` on tessel through `tessel.pallas.installed`: GPU softmax, attention (plain, causal, with
 segment ids, and its gradient), layer and RMS norm with their gradients, decode and paged
 attention; TPU matmul, example kernel, megablox's grouped matmul, paged and ragged paged attention, splash attention and its
-gradient, flash attention and its
+gradient, the threefry PRNG, flash attention and its
 gradient. Each against the op's own reference function."""
 
 import sys
@@ -301,6 +301,22 @@ def test_jaxs_tpu_splash_attention_and_its_gradient():
         for name, a, b in zip(["out", "dq", "dk", "dv"], got, want):
             # Sums of up to 512 products of values of order 1 (and 10 for the gradients).
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=2e-4, err_msg=f"{name} on {backend}")
+
+
+@pytest.mark.parametrize("shape", [(512, 256), (300, 200)], ids=["blocks", "padded"])
+def test_jaxs_tpu_threefry_kernel_gives_jax_randoms_bits(shape):
+    """JAX's Pallas TPU PRNG (`ops.tpu.random.threefry`), unchanged, inside `jit`: a kernel that
+    hashes each element's counter with `threefry2x32` (twenty rounds of add, rotate and xor on
+    u32 words). Its bits are `jax.random.bits` of the same key, which XLA computes: equal bit for
+    bit, on a shape of whole 256x256 blocks and on one the kernel pads."""
+    from jax.experimental.pallas.ops.tpu.random import threefry
+
+    key = jax.random.key(20261204, impl="threefry2x32")
+    want = np.asarray(jax.random.bits(key, shape, jnp.uint32))
+    for backend in backends():
+        with tp.installed(backend=backend):
+            got = jax.jit(lambda k: threefry.plthreefry_random_bits(k, 32, shape))(jax.random.key_data(key))
+        np.testing.assert_array_equal(np.asarray(got), want, err_msg=backend)
 
 
 @pytest.mark.parametrize("causal,head", [(False, 128), (True, 128), (True, 64)], ids=["plain", "causal", "causal_head_64"])
