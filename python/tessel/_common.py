@@ -135,6 +135,10 @@ class Translated:
     #: operand's buffer: the input is not the kernel's (its loads read the output), and the
     #: call passes it last, aliased to the output, which the handler does not zero.
     kept: List[Tuple[int, int]] = field(default_factory=list)
+    #: The operands of `kept` pairs that the kernel reads too, as the input they are (it could
+    #: see what it stored into the output otherwise): passed twice, once in place and once last
+    #: (XLA copies the aliased one, since the call reads the other).
+    copied: List[int] = field(default_factory=list)
 
 
 @dataclass

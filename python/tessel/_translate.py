@@ -27,8 +27,6 @@ def _translate(eqn, name: str) -> Translated:
     # take such an axis as too large to check point by point.
     dynamic = [a for a, g in enumerate(gm.grid) if type(g).__name__ == "DynamicGridDim"]
     ndyn = len(dynamic)
-    if ndyn and p.get("input_output_aliases"):
-        raise _refuse("`input_output_aliases` with a dynamic grid", name, eqn, "drop the alias, or give the grid static sizes")
     grid = [_MAX_AXIS if a in dynamic else int(g) for a, g in enumerate(gm.grid)]
     if 0 in grid:
         raise _refuse(
@@ -175,7 +173,7 @@ def _translate(eqn, name: str) -> Translated:
             )
         dtype = _ty(gm.block_mappings[gm.num_inputs + outs.index(o)].array_aval, name, eqn).split("[")[0]
         lines_scratch.append(f"  scratch v{o}: {dtype}[{_dims(specs[o][3])}]")
-    kept = []
+    kept, copied = [], []
     for i, o in p.get("input_output_aliases") or ():
         x, out = ins[i], outs[o]
         same = x in specs and out in specs and specs[x][0] == specs[out][0] and specs[x][3] == specs[out][3]
@@ -188,17 +186,22 @@ def _translate(eqn, name: str) -> Translated:
                 f"`input_output_aliases` pairing `{x}` with `{out}`", name, eqn,
                 "tessel takes an alias whose input and output have the same block spec",
             )
-        if _alias_kept(name, eqn, x, out, specs, grid, used_by_outputs, w.body.lines):
+        how = _alias_kept(x, out, specs, grid, used_by_outputs, w.body.lines)
+        if how:
             kept.append((i, o))
-    if kept:
+        if how == "copied":
+            copied.append(i)
+    if len(kept) > len(copied):
         for i, o in kept:
-            refs[i] = outs[o]
+            if i not in copied:
+                refs[i] = outs[o]
         w = finished(refs)
-        gone = {ins[i] for i, _ in kept}
+        gone = {ins[i] for i, _ in kept if i not in copied}
         lines_in = [line for line in lines_in if line.split(":")[0].split()[-1] not in gone]
     body_lines = [_padded_line(line, padded) for stmt in w.body.lines for line in _padded_stores(stmt, padded)]
     text = "\n".join([f"kernel {name}"] + header + lines_in + lines_out + lines_scratch + w.scoped + ["{"] + body_lines + ["}"]) + "\n"
-    return Translated(name, text, bounds + ins, outs, kept=[(len(bounds) + i, o) for i, o in kept])
+    return Translated(name, text, bounds + ins, outs, kept=[(len(bounds) + i, o) for i, o in kept],
+                      copied=[len(bounds) + i for i in copied])
 
 
 def _padded_readback(o: str, specs, lines: List[str]) -> bool:
@@ -226,14 +229,22 @@ def _padded_line(line: str, padded: List[str]) -> str:
     return line
 
 
-def _alias_kept(name: str, eqn, x: str, o: str, specs, grid, parallel, lines: List[str]) -> bool:
+def _alias_kept(x: str, o: str, specs, grid, parallel, lines: List[str]):
     """How `input_output_aliases` pairing input `x` with output `o` (of one block spec) runs:
     Pallas reads `x` as it was when the call began and `o` starts as `x`'s values. Where the
     kernel overwrites `o` whole (every element stored unmasked at the body's top level, affine
     blocks covering the array), separate arrays give that (False). Elsewhere `o` starts from
-    `x`'s buffer, which XLA aliases to it, and loads of `x` read `o` (True): right while no read
-    of `x` could see what the kernel stored into `o`, which is refused."""
-    what = f"`input_output_aliases` pairing `{x}` with `{o}`"
+    `x`'s buffer, which XLA aliases to it: loads of `x` read `o` (True) where no read of `x` could
+    see what the kernel stored into `o`; where one could (a read after a store, in a loop or
+    across `seq` steps: megablox's `existing_out`, read at a tile's first visit only), `x` stays
+    an input of its own, a copy XLA makes ("copied")."""
+    _, affine, shape, blocks = specs[o]
+    whole_store = re.compile(rf"^  store {o}, %\S+$")
+    whole = any(whole_store.match(line) for line in lines) and affine is not None and specs[x][1] is not None
+    # A load of the output (`o_ref[...] += 1`) reads the input's values in Pallas: kept too.
+    whole = whole and not any(re.search(rf"= load {o}\b", line) for line in lines)
+    if whole and affine.covers(grid, shape, blocks):
+        return False
     stores = [n for n, line in enumerate(lines) if re.match(rf"^\s*store {o}\b", line)]
     read = [n for n, line in enumerate(lines) if re.search(rf"= load {x}\b", line)]
     revisits = any(size > 1 and a not in parallel for a, size in enumerate(grid))
@@ -249,18 +260,8 @@ def _alias_kept(name: str, eqn, x: str, o: str, specs, grid, parallel, lines: Li
             open_.append((n, re.search(r"\bfor %", line) is not None))
     looped = any(any(n in r for n in stores) and any(n in r for n in read) for r in loops)
     if stores and (any(n > stores[0] for n in read) or (read and revisits) or looped):
-        raise _refuse(
-            f"{what} (the kernel reads `{x}` where it could see what it stored into `{o}`: after the store, in a loop or across `seq` steps)",
-            name,
-            eqn,
-            f"read `{x}` only before storing `{o}`, or drop the alias",
-        )
-    _, affine, shape, blocks = specs[o]
-    whole_store = re.compile(rf"^  store {o}, %\S+$")
-    whole = any(whole_store.match(line) for line in lines) and affine is not None and specs[x][1] is not None
-    # A load of the output (`o_ref[...] += 1`) reads the input's values in Pallas: kept too.
-    whole = whole and not any(re.search(rf"= load {o}\b", line) for line in lines)
-    return not (whole and affine.covers(grid, shape, blocks))
+        return "copied"
+    return True
 
 
 def _mesh(mesh, kernel: str, eqn, kind: str = "mesh"):

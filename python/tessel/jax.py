@@ -113,12 +113,14 @@ def prepare(text: str, backend: str = "auto", mesh: Optional[str] = None, extern
 
 def lowering(ctx, *operands, text: str, backend: str = "auto", mesh: Optional[str] = None,
              external_meshes: Sequence[str] = (), explain: bool = False,
-             kept: Sequence[Tuple[int, int, str]] = ()):
+             kept: Sequence[Tuple[int, int, str]] = (), copied: Sequence[int] = ()):
     """The MLIR of a `tessel_call` of kernel `text` on `operands` (an XLA lowering rule's body):
     prepares the launch first, so that a refusal is raised while lowering. `kept` lists
     (operand, result, output name) triples whose output starts from the operand's buffer: the
-    operand is not the kernel's input but goes last, aliased to the result by XLA
-    (`operand_output_aliases`), and the handler keeps the output's contents (`keep`)."""
+    operand goes last, aliased to the result by XLA (`operand_output_aliases`), and the handler
+    keeps the output's contents (`keep`); it is not the kernel's input, except those in
+    `copied`, which are passed in their place too (XLA copies the aliased one: the call reads
+    the other)."""
     _register_all()
     chosen, decisions = prepare(text, backend, mesh, external_meshes)
     if explain:
@@ -126,8 +128,8 @@ def lowering(ctx, *operands, text: str, backend: str = "auto", mesh: Optional[st
 
         sys.stderr.write("".join(f"{d}\n" for d in decisions))
     aliased = [i for i, _, _ in kept]
-    order = [j for j in range(len(operands)) if j not in aliased] + aliased
-    first = len(operands) - len(kept)
+    order = [j for j in range(len(operands)) if j not in aliased or j in copied] + aliased
+    first = len(order) - len(kept)
     rule = jax.ffi.ffi_lowering("tessel_call", operand_output_aliases={first + t: r for t, (_, r, _) in enumerate(kept)} or None)
     if kept:
         ctx = ctx.replace(avals_in=[ctx.avals_in[j] for j in order])

@@ -143,7 +143,7 @@ def _rule(primitive, backend: str, explain: bool):
         t = _translate(eqn, _lowered_name(params))
         return tj.lowering(ctx, *operands, text=t.text, backend=backend, mesh=t.mesh,
                            external_meshes=t.external_meshes, explain=explain,
-                           kept=[(i, o, t.outputs[o]) for i, o in t.kept])
+                           kept=[(i, o, t.outputs[o]) for i, o in t.kept], copied=t.copied)
 
     lower.tessel_backend = (backend, explain)
     return lower

@@ -130,6 +130,31 @@ def test_jaxs_megablox_grouped_matmul_and_its_gradient():
             np.testing.assert_allclose(np.asarray(g), w, rtol=1e-4, atol=1e-3 * np.abs(w).max(), err_msg=f"{name} on {backend}")
 
 
+def test_jaxs_megablox_writes_into_an_existing_output():
+    """Megablox with `existing_out` (an MoE layer adding into a buffer): `input_output_aliases`
+    on a dynamic grid, the existing output read at a tile's first visit only, after stores of
+    other visits; the input stays an input, and the output starts from it. `gmm` against Pallas's
+    interpret mode, `tgmm` (which adds into it) against numpy in float64."""
+    import importlib
+
+    gmm = importlib.import_module("jax.experimental.pallas.ops.tpu.megablox.gmm")
+    m, k, n, sizes = 256, 128, 128, [96, 32, 128]
+    lhs, rhs, existing = f32(m, k), f32(len(sizes), k, n), f32(m, n)
+    group_sizes = jnp.asarray(np.array(sizes, dtype=np.int32))
+    starts = np.cumsum([0] + sizes[:-1])
+    fwd = lambda interpret: jax.jit(lambda a, b, e: gmm.gmm(a, b, group_sizes, jnp.float32, (64, 64, 64), existing_out=e,  # noqa: E731
+                                                           interpret=interpret))
+    want = np.asarray(fwd(True)(lhs, rhs, existing))
+    want_t = np.stack([lhs[a:a + s].T.astype(np.float64) @ existing[a:a + s] for a, s in zip(starts, sizes)]) + rhs
+    for backend in backends():
+        with tp.installed(backend=backend):
+            got = fwd(False)(lhs, rhs, existing)
+            got_t = jax.jit(lambda a, c, e: gmm.tgmm(a.T, c, group_sizes, jnp.float32, (64, 64, 64), existing_out=e))(lhs, existing, rhs)
+        # Sums of 128 products in another order than XLA's on wgpu: a few ulps apart.
+        np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-4, err_msg=backend)
+        np.testing.assert_allclose(np.asarray(got_t), want_t, rtol=1e-4, atol=1e-4, err_msg=backend)
+
+
 @pytest.mark.parametrize("op", ["layer_norm", "rms_norm"])
 def test_jaxs_normalizations_and_their_gradients(op):
     """JAX's GPU layer norm and RMS norm, unchanged, inside `jit` and under `grad`: Triton-style

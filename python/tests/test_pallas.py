@@ -587,21 +587,6 @@ def _refusal_cases():
         out = jax.ShapeDtypeStruct(x.shape, out_dtype or x.dtype)
         return pl.pallas_call(body, out_shape=out, grid=grid, in_specs=[spec], out_specs=spec, **kw)(x)
 
-    def aliased_read_after(x):
-        def body(x_ref, o_ref):
-            o_ref[...] = x_ref[...] + 1.0
-            o_ref[...] = o_ref[...] + x_ref[...]
-
-        return single(body, x, input_output_aliases={0: 0})
-
-    def aliased_seq(x):
-        # Along the `seq` axis the second step would read what the first stored.
-        def body(x_ref, o_ref):
-            o_ref[...] = x_ref[...] * 2.0
-
-        spec = pl.BlockSpec((8,), lambda i, k: (i,))
-        return single(body, x, grid=(2, 2), spec=spec, input_output_aliases={0: 0})
-
     def aliased_blocks(x):
         def body(x_ref, y_ref, o_ref):
             o_ref[...] = x_ref[...] + y_ref[...]
@@ -660,8 +645,6 @@ def _refusal_cases():
         return single(body, x, spec=spec)
 
     return [
-        ("aliased_read_after", aliased_read_after, f32(16), "(the kernel reads `x0` where it could see what it stored into `o0`"),
-        ("aliased_seq", aliased_seq, f32(16), "(the kernel reads `x0` where it could see what it stored into `o0`"),
         ("aliased_blocks", aliased_blocks, f32(16), "`input_output_aliases` pairing `x0` with `o0` in Pallas kernel `aliased_blocks`"),
         ("batched", batched, f32(4, 2, 8, 8), "`dot_general` other than a 2-D matrix product or one batched over the same leading dimensions in Pallas kernel `batched`"),
         ("float8", float8, np.arange(16).astype(ml_dtypes.float8_e4m3fn), "dtype float8_e4m3fn in Pallas kernel `float8`"),

@@ -523,3 +523,37 @@ def test_reshaped_and_bitcast_refs_read_as_pallas_on_tpu_packs_them():
         got = [np.asarray(g) for g in tp.run(packed, x, backend=backend)]
         for n, (g, w) in enumerate(zip(got, want)):
             np.testing.assert_array_equal(g.view(np.uint8), w.view(np.uint8), err_msg=f"output {n} on {backend}")
+
+
+def _aliased(body, grid, spec, x, interpret=False):
+    return pl.pallas_call(body, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), grid=grid, in_specs=[spec], out_specs=spec,
+                          input_output_aliases={0: 0}, interpret=interpret)(x)
+
+
+def read_after_store(x, interpret=False):
+    def body(x_ref, o_ref):
+        o_ref[...] = x_ref[...] + 1.0
+        o_ref[...] = o_ref[...] + x_ref[...]  # x as the call began: 2x + 1 (2x + 2 had it been o)
+
+    return _aliased(body, (2,), pl.BlockSpec((8,), lambda i: (i,)), x, interpret)
+
+
+def read_across_steps(x, interpret=False):
+    def body(x_ref, o_ref):
+        o_ref[...] = x_ref[...] * 2.0  # at both steps of k: 2x (4x had the second read o)
+
+    return _aliased(body, (2, 2), pl.BlockSpec((8,), lambda i, k: (i,)), x, interpret)
+
+
+@pytest.mark.parametrize("fn", [read_after_store, read_across_steps], ids=["after_store", "across_steps"])
+def test_an_aliased_input_read_after_its_output_is_stored_reads_the_call_start_values(fn):
+    """`input_output_aliases` where the kernel reads the input after storing the output (later
+    in the body, or at a later `seq` step): Pallas reads the input as the call began. The input
+    stays an input of its own, passed a second time aliased to the output, which starts from it
+    (XLA copies one of them); the values the input would have had as the output tell the two
+    apart. Was refused."""
+    x = f32(16)
+    want = np.asarray(fn(x, interpret=True))
+    np.testing.assert_array_equal(want, (x + np.float32(1)) + x if fn is read_after_store else x * np.float32(2))
+    for backend in backends():
+        np.testing.assert_array_equal(np.asarray(tp.run(fn, x, backend=backend)), want, err_msg=backend)
