@@ -204,6 +204,72 @@ class _Order:
         emit(f"{hi} = min {lo}, {n - k} : i32")
         return hi
 
+    def roll(self, eqn) -> None:
+        """Pallas TPU's `roll` (`pltpu.roll(x, shift, axis)`, `jnp.roll`'s rotation): element `q`
+        along the axis is the one at `q - shift` modulo its length. A static shift is two
+        `slice`s and a `concatenate`; one from data is rolled by each of its bits in turn (a
+        static roll by 2^b chosen by `select`). With `stride` the slices along `stride_axis` roll by
+        `shift + i * stride` each, a static shift apiece (up to 64 slices)."""
+        emit, fresh, dims = self.body.emit, self.body.fresh, _dims
+        x, shift_atom = eqn.invars
+        p = eqn.params
+        axis, stride, stride_axis = p["axis"], p.get("stride"), p.get("stride_axis")
+        shape = list(x.aval.shape)
+        dt = _ty(x.aval, self.kernel, eqn).split("[")[0]
+        v = self.value(x, eqn)
+        lit = self.read(shift_atom)
+        n = shape[axis]
+
+        def rolled(v: str, shape, k: int) -> str:
+            k %= n
+            if k == 0:
+                return v
+            head, tail = fresh(), fresh()
+            at = lambda d, s: dims([s if e == d else 0 for e in range(len(shape))])  # noqa: E731
+            cut = lambda m: dims([m if e == axis else shape[e] for e in range(len(shape))])  # noqa: E731
+            emit(f"{tail} = slice {v} start ({at(axis, n - k)}) : {dt}[{cut(k)}]")
+            emit(f"{head} = slice {v} start ({at(axis, 0)}) : {dt}[{cut(n - k)}]")
+            r = fresh()
+            emit(f"{r} = concatenate {tail}, {head} axis {axis} : {dt}[{dims(shape)}]")
+            return r
+
+        if stride is None and not lit.startswith("%"):
+            return self.define(eqn.outvars[0], rolled(v, shape, int(float(lit))))
+        if stride is None:
+            # A shift from data: taken modulo the length into [0, n), then rolled by each of its
+            # bits in turn (static rolls by 1, 2, 4, ... chosen by `select`): O(n log n) work and
+            # no value larger than the block.
+            s = lit
+            if _ty(shift_atom.aval, self.kernel, eqn) != "i32":
+                c = fresh()
+                emit(f"{c} = cast {s} : i32")
+                s = c
+            r1, r2, k = fresh(), fresh(), fresh()
+            emit(f"{r1} = rem {s}, {n} : i32")
+            emit(f"{r2} = add {r1}, {n} : i32")
+            emit(f"{k} = rem {r2}, {n} : i32")
+            bit = 0
+            while (1 << bit) < n:
+                b, on = fresh(), fresh()
+                emit(f"{b} = and {k}, {1 << bit} : i32")
+                emit(f"{on} = ne {b}, 0 : bool")
+                r, out = rolled(v, shape, 1 << bit), fresh()
+                emit(f"{out} = select {on}, {r}, {v} : {dt}[{dims(shape)}]")
+                v, bit = out, bit + 1
+            return self.define(eqn.outvars[0], v)
+        m = shape[stride_axis]
+        if lit.startswith("%") or m > 64:
+            raise self.refuse("a strided `roll` by a shift from data, or along more than 64 slices", eqn)
+        one = [1 if e == stride_axis else shape[e] for e in range(len(shape))]
+        parts = []
+        for i in range(m):
+            piece = fresh()
+            emit(f"{piece} = slice {v} start ({dims([i if e == stride_axis else 0 for e in range(len(shape))])}) : {dt}[{dims(one)}]")
+            parts.append(rolled(piece, one, int(float(lit)) + i * stride))
+        r = fresh()
+        emit(f"{r} = concatenate {', '.join(parts)} axis {stride_axis} : {dt}[{dims(shape)}]")
+        self.define(eqn.outvars[0], r)
+
     def dynamic_slice(self, eqn) -> None:
         """`lax.dynamic_slice` of a value (`v[pl.ds(i, k)]` of a loaded block): along each axis
         whose start is data, element `q` is the one at `start + q` (the start clamped as JAX

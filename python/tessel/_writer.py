@@ -311,6 +311,8 @@ class _Writer(_Refs, _Values, _Order, _Control):
             self.composed(eqn, name)
         elif name == "nextafter":
             self.nextafter(eqn)
+        elif name == "roll":
+            self.roll(eqn)
         elif name == "threefry2x32":
             self.threefry(eqn)
         elif name in ("bitcast", "bitcast_convert_type"):

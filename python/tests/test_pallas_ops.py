@@ -694,3 +694,34 @@ def test_nextafter_steps_the_bits_as_c_does(dtype):
         got = np.asarray(tp.run(kernel, x, y, backend=backend))
         same = (got.view(bits) == want.view(bits)) | (np.isnan(got.astype(np.float32)) & np.isnan(want.astype(np.float32)))
         assert same.all(), (backend, list(zip(x[~same], y[~same], got[~same], want[~same])))
+
+
+def rolled(s, x, interpret=False):
+    """Pallas TPU's `roll` by a static shift, by a shift from data (SMEM), and strided (each row
+    by 3 + 2i), and `jnp.roll` by a negative shift."""
+    from jax.experimental.pallas import tpu as pltpu
+
+    def body(s_ref, x_ref, a_ref, b_ref, c_ref, d_ref):
+        v = x_ref[...]
+        a_ref[...] = pltpu.roll(v, 5, 1)
+        b_ref[...] = pltpu.roll(v, s_ref[0], 1)
+        c_ref[...] = pltpu.roll(v, 3, 1, stride=2, stride_axis=0)
+        d_ref[...] = jnp.roll(v, -9, axis=1)
+
+    out = tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for _ in range(4))
+    return pl.pallas_call(body, out_shape=out, in_specs=[pl.BlockSpec(memory_space=pltpu.SMEM), pl.BlockSpec()],
+                          interpret=interpret)(s, x)
+
+
+@pytest.mark.parametrize("shift", [37, -3, 300], ids=["37", "negative", "past_the_length"])
+def test_roll_rotates_as_pallas_on_tpu(shift):
+    """Bit for bit as Pallas's interpret mode, and by hand with numpy's `roll`: a shift from data
+    is taken modulo the length (so -3 is 125 and 300 is 44 along 128) and rolled by its bits."""
+    x, s = f32(8, 128), np.array([shift], np.int32)
+    want = [np.asarray(w) for w in rolled(s, x, interpret=True)]
+    by_hand = [np.roll(x, 5, 1), np.roll(x, shift, 1), np.stack([np.roll(r, 3 + 2 * i) for i, r in enumerate(x)]), np.roll(x, -9, 1)]
+    for w, h in zip(want, by_hand):
+        np.testing.assert_array_equal(w, h)
+    for backend in backends():
+        for n, (g, w) in enumerate(zip(tp.run(rolled, s, x, backend=backend), want)):
+            np.testing.assert_array_equal(np.asarray(g), w, err_msg=f"output {n} on {backend}")
