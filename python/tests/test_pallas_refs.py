@@ -557,3 +557,27 @@ def test_an_aliased_input_read_after_its_output_is_stored_reads_the_call_start_v
     np.testing.assert_array_equal(want, (x + np.float32(1)) + x if fn is read_after_store else x * np.float32(2))
     for backend in backends():
         np.testing.assert_array_equal(np.asarray(tp.run(fn, x, backend=backend)), want, err_msg=backend)
+
+
+def accumulate(acc, g, interpret=False):
+    """Adds four gradient slices into an existing accumulator: the output aliases it and is read
+    and written at every step of a `seq` axis (`o_ref[...] += g_ref[...]`)."""
+
+    def body(acc_ref, g_ref, o_ref):
+        o_ref[...] += g_ref[...]
+
+    return pl.pallas_call(body, out_shape=jax.ShapeDtypeStruct(acc.shape, acc.dtype), grid=(2, 4),
+                          in_specs=[pl.BlockSpec((8, 128), lambda i, k: (i, 0)), pl.BlockSpec((None, 8, 128), lambda i, k: (k, i, 0))],
+                          out_specs=pl.BlockSpec((8, 128), lambda i, k: (i, 0)), input_output_aliases={0: 0}, interpret=interpret)(acc, g)
+
+
+def test_an_aliased_accumulator_read_and_written_across_seq_steps_starts_from_the_input():
+    """The output starts from the input's buffer and is read back at every `seq` step: wgpu,
+    which holds such a block in registers starting from zeros, lowers this launch with the block
+    in memory (it was refused). Against Pallas's interpret mode, and numpy (the same sums in the
+    same order: acc + g0 + g1 + g2 + g3)."""
+    acc, g = f32(16, 128), f32(4, 16, 128)
+    want = np.asarray(accumulate(acc, g, interpret=True))
+    np.testing.assert_array_equal(want, acc + g[0] + g[1] + g[2] + g[3])
+    for backend in backends():
+        np.testing.assert_array_equal(np.asarray(tp.run(accumulate, acc, g, backend=backend)), want, err_msg=backend)

@@ -18,7 +18,7 @@ pub mod mesh;
 pub mod runtime;
 mod spirv;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use tessel_plugin_api::abi::{BackendError, BuiltinBackend, Capabilities, DeviceClass, ErrorKind, MeshBox};
@@ -47,6 +47,9 @@ pub struct Wgpu {
     /// repeated on a software adapter would otherwise spend a fifth of its time verifying and
     /// planning again.
     plans: std::sync::Mutex<std::collections::HashMap<PlanKey, Arc<Vec<lower::Plan>>>>,
+    /// Launches lowered again for the outputs they keep ([`lower::plan_keeping`]): by plan key
+    /// and the kept outputs, so that a kept output is never a register block starting as zeros.
+    kept_variants: std::sync::Mutex<std::collections::HashMap<(PlanKey, BTreeSet<String>), Arc<Vec<emit::Lowered>>>>,
 }
 
 /// A launch's key and the target it is planned for.
@@ -285,7 +288,41 @@ impl Wgpu {
                 }
             }
         }
+        let held = compiled.iter().any(|l| l.resident.iter().any(|n| launch.kept.contains(n)));
+        if held {
+            let variant = self.kept_variant(launch)?;
+            return runtime::gpu()?.launch(&variant, buffers, &launch.kept, timed);
+        }
         runtime::gpu()?.launch(compiled, buffers, &launch.kept, timed)
+    }
+
+    /// The launch lowered with none of its kept outputs held in registers across `seq` steps
+    /// (those blocks start as zeros, and the buffer's contents would be lost): planned from the
+    /// launch's plans, kept by plan key and kept outputs (at most [`PLANS_KEPT`]).
+    fn kept_variant(&self, launch: &Launch<'_>) -> Result<Arc<Vec<emit::Lowered>>, BackendError> {
+        let target = target()?;
+        let key = ((launch.key, target), launch.kept.clone());
+        if let Some(v) = self.kept_variants.lock().ok().and_then(|m| m.get(&key).cloned()) {
+            return Ok(v);
+        }
+        let plans = self.supports(launch)?;
+        let mut lowered = Vec::with_capacity(plans.len());
+        for p in plans.iter() {
+            if p.resident.keys().any(|n| launch.kept.contains(n)) {
+                let again = lower::plan_keeping(p.kernel.clone(), p.grid.clone(), target, &launch.kept)?;
+                lowered.push(emit::lower(&again));
+            } else {
+                lowered.push(emit::lower(p));
+            }
+        }
+        let lowered = Arc::new(lowered);
+        if let Ok(mut m) = self.kept_variants.lock() {
+            if m.len() >= PLANS_KEPT {
+                m.clear();
+            }
+            m.insert(key, Arc::clone(&lowered));
+        }
+        Ok(lowered)
     }
 }
 

@@ -605,7 +605,8 @@ impl Gpu {
     }
 
     /// Runs lowered kernels in order in one submission: outputs are zeroed where the kernel does
-    /// not overwrite them whole (but those `kept` keep their contents), then dispatched. Where `timed` and the device has timestamp
+    /// not overwrite them whole (but those `kept` keep their contents, and none of them is a
+    /// register block: `Wgpu::dispatch`), then dispatched. Where `timed` and the device has timestamp
     /// queries, returns the nanoseconds from the start of the first dispatch to the end of the
     /// last on the device's clock.
     pub fn launch(
@@ -619,14 +620,10 @@ impl Gpu {
         let mut check: Option<LoopCheck> = None;
         for l in kernels {
             if let Some(name) = l.resident.iter().find(|n| kept.contains(*n)) {
-                // Its block starts as zeros in registers and is written back whole: the buffer's
-                // starting contents would be lost.
+                // `Wgpu::dispatch` lowers such a launch again without the register block.
                 return Err(err(
-                    ErrorKind::Unsupported,
-                    format!(
-                        "kernel `{}`: output `{name}` starts from its buffer's contents (an aliased input) but is held in registers across `seq` steps, which start as zeros\n  run it on the interpreter, or store every element of `{name}` without reading it first",
-                        l.name
-                    ),
+                    ErrorKind::Internal,
+                    format!("kernel `{}`: kept output `{name}` was lowered as a register block starting as zeros", l.name),
                 ));
             }
             self.check_limits(l, buffers)?;

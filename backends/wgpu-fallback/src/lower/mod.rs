@@ -153,6 +153,14 @@ pub struct Plan {
 
 /// The plan of `kernel` on `grid`, or the refusal.
 pub fn plan(kernel: Verified, grid: Vec<LaunchAxis>, target: impl Into<Target>) -> Result<Plan, BackendError> {
+    plan_keeping(kernel, grid, target, &BTreeSet::new())
+}
+
+/// [`plan`] for a launch whose outputs `kept` start from their memory (an aliased input's
+/// values): none of them is held in registers across the `seq` steps ([`resident`], whose
+/// block starts as zeros), so each step reads and writes its block in memory, which the launch
+/// does not clear.
+pub fn plan_keeping(kernel: Verified, grid: Vec<LaunchAxis>, target: impl Into<Target>, kept: &BTreeSet<String>) -> Result<Plan, BackendError> {
     let Target { strategy, loop_budget } = target.into();
     let k = kernel.kernel();
     for p in &k.params {
@@ -171,7 +179,7 @@ pub fn plan(kernel: Verified, grid: Vec<LaunchAxis>, target: impl Into<Target>) 
     let v = &kernel;
     let row_layout = row_layout(v).filter(|_| strategy == Strategy::Cpu);
     let resident: HashMap<String, usize> =
-        (k.params.iter().enumerate()).filter(|(_, p)| resident(k, &grid, p)).map(|(pi, p)| (p.name.clone(), pi)).collect();
+        (k.params.iter().enumerate()).filter(|(_, p)| !kept.contains(&p.name) && resident(k, &grid, p)).map(|(pi, p)| (p.name.clone(), pi)).collect();
     let forwarded = forwarded_loads(k);
     let (quad_outputs, quad_inputs) = (quad_args(v, &grid, ParamKind::Out), quad_args(v, &grid, ParamKind::In));
     let mut columns = Vec::new();
