@@ -44,6 +44,13 @@ pub enum Refusal {
         /// Its element count (saturated).
         elements: usize,
     },
+    /// A kept output (an aliased input's buffer) in a launch of several kernels, which runs on
+    /// fresh outputs.
+    #[error("output `{name}` starts from given contents (an aliased input) in a launch of several kernels, which the interpreter runs on fresh outputs")]
+    KeptInSeveralKernels {
+        /// The output.
+        name: String,
+    },
 }
 
 impl Refuse for Refusal {
@@ -54,6 +61,7 @@ impl Refuse for Refusal {
                 format!("write {grid}; a `{kind}` mesh made by its own backend is also accepted at launch")
             }
             Refusal::ArrayTooLarge { .. } | Refusal::BlockTooLarge { .. } => "use smaller blocks (or arrays)".into(),
+            Refusal::KeptInSeveralKernels { .. } => "launch the kernel that keeps it on its own".into(),
         }
     }
 }

@@ -309,10 +309,7 @@ impl BackendImpl for Interpreter {
         if let Some(name) = launch.kept.iter().next() {
             // One kernel runs in place (`run_host`), kept outputs included; this path makes
             // every output afresh.
-            return Err(BackendError::new(
-                ErrorKind::Unsupported,
-                format!("output `{name}` starts from given contents (an aliased input) in a launch of several kernels, which the interpreter runs on fresh outputs\n  launch the kernel that keeps it on its own"),
-            ));
+            return Err(Refusal::KeptInSeveralKernels { name: name.clone() }.into());
         }
         for c in compiled {
             let k = c.kernel.kernel();

@@ -167,10 +167,7 @@ impl BackendImpl for MosaicGpu {
         buffers: &mut BTreeMap<String, Self::Buffer>,
     ) -> Result<(), BackendError> {
         if let Some(name) = launch.kept.iter().next() {
-            return Err(BackendError::new(
-                ErrorKind::Unsupported,
-                format!("output `{name}` starts from given contents (an aliased input), which the Mosaic GPU backend does not keep\n  run the launch on the interpreter or wgpu"),
-            ));
+            return Err(Refusal::KeptOutput { name: name.clone() }.into());
         }
         let gpu = runtime::require()?;
         for (plan, ptx) in compiled {
