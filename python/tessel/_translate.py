@@ -151,10 +151,6 @@ def _translate(eqn, name: str) -> Translated:
         return w
 
     w = finished(refs)
-    # `input_output_aliases`: an input and an output of one buffer in Pallas. Where separate
-    # arrays give the same results they stay so; elsewhere the output starts from the input's
-    # buffer (XLA aliases them; the handler keeps its contents) and every load of the input is a
-    # load of the output, before any store to it (`_alias_kept`).
     padded = [o for o in outs if _padded_readback(o, specs, w.body.lines)]
     aliased = {outs[o] for _, o in p.get("input_output_aliases") or ()}
     for o in padded:
@@ -173,6 +169,11 @@ def _translate(eqn, name: str) -> Translated:
             )
         dtype = _ty(gm.block_mappings[gm.num_inputs + outs.index(o)].array_aval, name, eqn).split("[")[0]
         lines_scratch.append(f"  scratch v{o}: {dtype}[{_dims(specs[o][3])}]")
+    # `input_output_aliases`: an input and an output of one buffer in Pallas. Where separate
+    # arrays give the same results they stay so; elsewhere the output starts from the input's
+    # buffer (XLA aliases them; the handler keeps its contents), and every load of the input is a
+    # load of the output where none could come after a store to it; where one could, the input
+    # stays an input too, which XLA copies (`_alias_kept`).
     kept, copied = [], []
     for i, o in p.get("input_output_aliases") or ():
         x, out = ins[i], outs[o]
