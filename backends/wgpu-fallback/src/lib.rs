@@ -55,8 +55,19 @@ pub struct Wgpu {
 /// A launch's key and the target it is planned for.
 type PlanKey = ([u8; 32], lower::Target);
 
-/// Plans kept.
+/// Plans kept (and as many kept-output variants).
 const PLANS_KEPT: usize = 256;
+
+/// Puts `value` in `cache` under `key`, emptying it first where it holds [`PLANS_KEPT`] (a lock
+/// poisoned by a panic elsewhere just skips the cache).
+fn remember<K: std::hash::Hash + Eq, V>(cache: &std::sync::Mutex<std::collections::HashMap<K, Arc<V>>>, key: K, value: &Arc<V>) {
+    if let Ok(mut m) = cache.lock() {
+        if m.len() >= PLANS_KEPT {
+            m.clear();
+        }
+        m.insert(key, Arc::clone(value));
+    }
+}
 
 /// The lowering strategy: `TESSEL_WGPU_STRATEGY` where set, else `cpu` on a software adapter (or
 /// none) and `gpu` on a hardware one.
@@ -217,12 +228,7 @@ impl BackendImpl for Wgpu {
         let plans: Vec<lower::Plan> =
             self.checked(launch)?.into_iter().map(|(v, axes)| lower::plan(v, axes, target)).collect::<Result<_, _>>()?;
         let plans = Arc::new(plans);
-        if let Ok(mut m) = self.plans.lock() {
-            if m.len() >= PLANS_KEPT {
-                m.clear();
-            }
-            m.insert(key, Arc::clone(&plans));
-        }
+        remember(&self.plans, key, &plans);
         Ok(plans)
     }
 
@@ -316,12 +322,7 @@ impl Wgpu {
             }
         }
         let lowered = Arc::new(lowered);
-        if let Ok(mut m) = self.kept_variants.lock() {
-            if m.len() >= PLANS_KEPT {
-                m.clear();
-            }
-            m.insert(key, Arc::clone(&lowered));
-        }
+        remember(&self.kept_variants, key, &lowered);
         Ok(lowered)
     }
 }
