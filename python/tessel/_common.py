@@ -155,3 +155,9 @@ class _Body:
 
     def emit(self, line: str) -> None:
         self.lines.append("  " * self.depth + line)
+
+    def let(self, rhs: str, ty: str) -> str:
+        """A fresh value defined as `rhs` of type `ty` (`%v7 = add %a, %b : f32[8]`)."""
+        v = self.fresh()
+        self.emit(f"{v} = {rhs} : {ty}")
+        return v

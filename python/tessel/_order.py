@@ -210,7 +210,7 @@ class _Order:
         `slice`s and a `concatenate`; one from data is rolled by each of its bits in turn (a
         static roll by 2^b chosen by `select`). With `stride` the slices along `stride_axis` roll by
         `shift + i * stride` each, a static shift apiece (up to 64 slices)."""
-        emit, fresh, dims = self.body.emit, self.body.fresh, _dims
+        let, dims = self.body.let, _dims
         x, shift_atom = eqn.invars
         p = eqn.params
         axis, stride, stride_axis = p["axis"], p.get("stride"), p.get("stride_axis")
@@ -221,17 +221,15 @@ class _Order:
         n = shape[axis]
 
         def rolled(v: str, shape, k: int) -> str:
+            """`v` (`dt[shape]`) rolled by a static `k` along `axis`: its last `k` then the rest."""
             k %= n
             if k == 0:
                 return v
-            head, tail = fresh(), fresh()
-            at = lambda d, s: dims([s if e == d else 0 for e in range(len(shape))])  # noqa: E731
-            cut = lambda m: dims([m if e == axis else shape[e] for e in range(len(shape))])  # noqa: E731
-            emit(f"{tail} = slice {v} start ({at(axis, n - k)}) : {dt}[{cut(k)}]")
-            emit(f"{head} = slice {v} start ({at(axis, 0)}) : {dt}[{cut(n - k)}]")
-            r = fresh()
-            emit(f"{r} = concatenate {tail}, {head} axis {axis} : {dt}[{dims(shape)}]")
-            return r
+            start = [0] * len(shape)
+            start[axis] = n - k
+            tail = let(f"slice {v} start ({dims(start)})", f"{dt}[{dims(shape[:axis] + [k] + shape[axis + 1:])}]")
+            head = let(f"slice {v} start ({dims([0] * len(shape))})", f"{dt}[{dims(shape[:axis] + [n - k] + shape[axis + 1:])}]")
+            return let(f"concatenate {tail}, {head} axis {axis}", f"{dt}[{dims(shape)}]")
 
         if stride is None and not lit.startswith("%"):
             return self.define(eqn.outvars[0], rolled(v, shape, int(float(lit))))
@@ -239,23 +237,15 @@ class _Order:
             # A shift from data: taken modulo the length into [0, n), then rolled by each of its
             # bits in turn (static rolls by 1, 2, 4, ... chosen by `select`): O(n log n) work and
             # no value larger than the block.
-            s = lit
-            if _ty(shift_atom.aval, self.kernel, eqn) != "i32":
-                c = fresh()
-                emit(f"{c} = cast {s} : i32")
-                s = c
-            r1, r2, k = fresh(), fresh(), fresh()
-            emit(f"{r1} = rem {s}, {n} : i32")
-            emit(f"{r2} = add {r1}, {n} : i32")
-            emit(f"{k} = rem {r2}, {n} : i32")
+            s = lit if _ty(shift_atom.aval, self.kernel, eqn) == "i32" else let(f"cast {lit}", "i32")
+            k = let(f"rem {s}, {n}", "i32")
+            k = let(f"add {k}, {n}", "i32")
+            k = let(f"rem {k}, {n}", "i32")
             bit = 0
             while (1 << bit) < n:
-                b, on = fresh(), fresh()
-                emit(f"{b} = and {k}, {1 << bit} : i32")
-                emit(f"{on} = ne {b}, 0 : bool")
-                r, out = rolled(v, shape, 1 << bit), fresh()
-                emit(f"{out} = select {on}, {r}, {v} : {dt}[{dims(shape)}]")
-                v, bit = out, bit + 1
+                on = let(f"ne {let(f'and {k}, {1 << bit}', 'i32')}, 0", "bool")
+                v = let(f"select {on}, {rolled(v, shape, 1 << bit)}, {v}", f"{dt}[{dims(shape)}]")
+                bit += 1
             return self.define(eqn.outvars[0], v)
         m = shape[stride_axis]
         if lit.startswith("%") or m > 64:
@@ -263,12 +253,9 @@ class _Order:
         one = [1 if e == stride_axis else shape[e] for e in range(len(shape))]
         parts = []
         for i in range(m):
-            piece = fresh()
-            emit(f"{piece} = slice {v} start ({dims([i if e == stride_axis else 0 for e in range(len(shape))])}) : {dt}[{dims(one)}]")
+            piece = let(f"slice {v} start ({dims([i if e == stride_axis else 0 for e in range(len(shape))])})", f"{dt}[{dims(one)}]")
             parts.append(rolled(piece, one, int(float(lit)) + i * stride))
-        r = fresh()
-        emit(f"{r} = concatenate {', '.join(parts)} axis {stride_axis} : {dt}[{dims(shape)}]")
-        self.define(eqn.outvars[0], r)
+        self.define(eqn.outvars[0], let(f"concatenate {', '.join(parts)} axis {stride_axis}", f"{dt}[{dims(shape)}]"))
 
     def dynamic_slice(self, eqn) -> None:
         """`lax.dynamic_slice` of a value (`v[pl.ds(i, k)]` of a loaded block): along each axis

@@ -399,13 +399,11 @@ class _Refs:
             raise self.refuse("a reshaped or bitcast ref indexed between its reshapes", eqn)
         shape = list(before[-1].get_indexer_shape()) if before else list(ref.aval.shape)
         dt = _ty(ref.aval, self.kernel, eqn).split("[")[0]
-        r = self.body.fresh()
-        self.body.emit(f"{r} = load {self.ref(ref, eqn)}{self.indexers(eqn, ref, before)} : {dt}[{_dims(shape)}]")
+        r = self.body.let(f"load {self.ref(ref, eqn)}{self.indexers(eqn, ref, before)}", f"{dt}[{_dims(shape)}]")
         for t in middle:
             if isinstance(t, ReshapeTransform):
-                shape, v = list(t.shape), r
-                r = self.body.fresh()
-                self.body.emit(f"{r} = reshape {v} : {dt}[{_dims(shape)}]")
+                shape = list(t.shape)
+                r = self.body.let(f"reshape {r}", f"{dt}[{_dims(shape)}]")
             else:
                 to = _ty(SimpleNamespace(shape=(), dtype=t.dtype), self.kernel, eqn)
                 r, shape = self.packed(r, dt, shape, to, eqn)
@@ -427,14 +425,11 @@ class _Refs:
                 raise self.refuse("a dynamic index into a reshaped ref", eqn, "index the ref before reshaping it, or load and reshape the value")
         if sizes == list(shape):
             return r
-        c = self.body.fresh()
         stride = f" stride ({_dims(strides)})" if any(k != 1 for k in strides) else ""
-        self.body.emit(f"{c} = slice {r} start ({_dims(starts)}){stride} : {dt}[{_dims(sizes)}]")
+        c = self.body.let(f"slice {r} start ({_dims(starts)}){stride}", f"{dt}[{_dims(sizes)}]")
         if kept == sizes:
             return c
-        d = self.body.fresh()
-        self.body.emit(f"{d} = reshape {c} : {dt}[{_dims(kept)}]" if kept else f"{d} = reshape {c} : {dt}")
-        return d
+        return self.body.let(f"reshape {c}", f"{dt}[{_dims(kept)}]" if kept else dt)
 
     def plus(self, a: str, b: str) -> str:
         """`a + b` of two `i32` scalars (values or integer literals), folded where both are known."""

@@ -187,16 +187,13 @@ class _Values:
         to 0), `tan` as `sin / cos`, `cbrt` as `|x|^(1/3)` with the sign (and zeros as they are),
         each in `f32` for `f16`/`bf16`; `population_count` by adding bit fields (SWAR) and `clz`
         by halving the search, both exact, on the integer's own bits (narrow ones zero-extended)."""
-        emit, fresh = self.body.emit, self.body.fresh
         x = self.value(eqn.invars[0], eqn)
         ty = _ty(eqn.outvars[0].aval, self.kernel, eqn)
         dt, _, rest = ty.partition("[")
         sh = "[" + rest if rest else ""
 
         def e(rhs: str, d: str) -> str:
-            v = fresh()
-            emit(f"{v} = {rhs} : {d}{sh}")
-            return v
+            return self.body.let(rhs, d + sh)
 
         if name in ("tan", "cbrt", "erfc"):
             w = "f32"
@@ -235,25 +232,14 @@ class _Values:
         element by element; to a type `r` times wider, `r` consecutive rows of the second-minor
         dimension packed into one, the first in the low bits (`bf16[2m, n]` -> `u32[m, n]`); to
         a narrower one, each row unpacked into `r`. Returns the value and its shape."""
-        emit, fresh = self.body.emit, self.body.fresh
+        e = self.body.let
         a, b = _bits(src), _bits(dst)
         if a == b:
-            if src == dst:
-                return v, shape
-            r = fresh()
-            emit(f"{r} = bitcast {v} : {dst}[{_dims(shape)}]")
-            return r, shape
+            return (v if src == dst else e(f"bitcast {v}", f"{dst}[{_dims(shape)}]")), shape
         if len(shape) < 2 or "bool" in (src, dst):
             raise self.refuse(f"a bitcast from {src} to {dst} of a value of {len(shape)} dimensions", eqn)
         *lead, m, n = shape
-        wide, narrow = max(a, b), min(a, b)
-        k = wide // narrow
-
-        def e(rhs: str, ty: str) -> str:
-            t = fresh()
-            emit(f"{t} = {rhs} : {ty}")
-            return t
-
+        k = max(a, b) // min(a, b)
         if a < b:
             out = lead + [m // k, n]
             split = e(f"reshape {v}", f"{src}[{_dims(lead + [m // k, k, n])}]")
@@ -291,15 +277,10 @@ class _Values:
         k0, k1, x0, x1 = (self.value(a, eqn) for a in eqn.invars)
 
         def e(rhs: str) -> str:
-            v = self.body.fresh()
-            self.body.emit(f"{v} = {rhs} : {ty}")
-            return v
+            return self.body.let(rhs, ty)
 
         key_ty = _ty(eqn.invars[0].aval, self.kernel, eqn)
-        mixed, ks2 = self.body.fresh(), self.body.fresh()
-        self.body.emit(f"{mixed} = xor {k0}, {k1} : {key_ty}")
-        self.body.emit(f"{ks2} = xor {mixed}, 466688986 : {key_ty}")
-        ks = [k0, k1, ks2]
+        ks = [k0, k1, self.body.let(f"xor {self.body.let(f'xor {k0}, {k1}', key_ty)}, 466688986", key_ty)]
         x = [e(f"add {x0}, {ks[0]}"), e(f"add {x1}, {ks[1]}")]
         rotations = [(13, 15, 26, 6), (17, 29, 16, 24)]
         for g in range(5):
@@ -326,9 +307,7 @@ class _Values:
         sign = 1 << (31 if dt == "f32" else 15)
 
         def e(rhs: str, d: str = bits) -> str:
-            v = self.body.fresh()
-            self.body.emit(f"{v} = {rhs} : {d}{sh}")
-            return v
+            return self.body.let(rhs, d + sh)
 
         ux, uy = e(f"bitcast {x}"), e(f"bitcast {y}")
         ax, ay = e(f"and {ux}, {sign - 1}"), e(f"and {uy}, {sign - 1}")

@@ -193,13 +193,12 @@ class _Writer(_Refs, _Values, _Order, _Control):
         elif vec is not None:
             ref, *ix = eqn.invars
             self.gather(eqn, ref, p["tree"], ix, vec)
-        elif name == "get" and (reshaped := self.reshaped_get(eqn, eqn.invars[0], self.transforms(eqn, p["tree"], eqn.invars[1:]))):
-            self.define(eqn.outvars[0], reshaped)
         elif name == "get":
             ref, *ix = eqn.invars
-            index = self.index(eqn, ref, p["tree"], ix)
-            v = self.body.fresh()
-            self.body.emit(f"{v} = load {self.ref(ref, eqn)}{index} : {_ty(eqn.outvars[0].aval, k, eqn)}")
+            transforms = self.transforms(eqn, p["tree"], ix)
+            v = self.reshaped_get(eqn, ref, transforms)
+            if v is None:
+                v = self.body.let(f"load {self.ref(ref, eqn)}{self.indexers(eqn, ref, transforms)}", _ty(eqn.outvars[0].aval, k, eqn))
             self.define(eqn.outvars[0], v)
         elif name == "swap" and self.gather_index(p["tree"], eqn.invars[2:]) is not None:
             ref, val, *ix = eqn.invars
