@@ -297,6 +297,8 @@ fn the_hopper_kernels_take_the_hopper_path() {
         "tests/in/wgmma_steps.tk",
         "tests/in/wgmma_epilogue.tk",
         "tests/in/wgmma_trans_a.tk",
+        "tests/in/attention_f16.tk",
+        "tests/in/attention_causal_bf16.tk",
         "examples/matmul_bf16.tk",
         "benches/kernels/matmul_bf16_4096.tk",
         "benches/kernels/matmul_bf16_gelu_4096.tk",

@@ -21,11 +21,12 @@ use std::collections::{HashMap, HashSet};
 use tessel_plugin_api::abi::BackendError;
 use tessel_plugin_api::ir::*;
 
+use crate::attention::{self, Attention};
 use crate::error::Refusal;
 use crate::limits::{
     MAX_ARRAY_ELEMENTS, MAX_BLOCK_ELEMENTS, MAX_CTAS, MAX_REGISTERS_PER_VALUE, MAX_SHARED_BYTES, MAX_WARPGROUPS, THREADS,
 };
-use crate::wgmma::{self, Gemm};
+use crate::wgmma::{self, Gemm, TensorMapSpec};
 
 /// Where a value or a scratch buffer lives in a CTA's workspace region.
 #[derive(Clone, Debug)]
@@ -74,6 +75,9 @@ pub struct Plan {
     /// The Hopper path (`crate::wgmma`), when the kernel takes it: then the workspace is its
     /// shared-memory stages and the entry takes a tensor map per operand after the arrays.
     pub gemm: Option<Gemm>,
+    /// The Hopper path for attention (`crate::attention`), when the kernel takes it: the
+    /// workspace is its query, probabilities and stages, and the entry takes tensor maps too.
+    pub attention: Option<Attention>,
 }
 
 impl Plan {
@@ -85,6 +89,20 @@ impl Plan {
     /// Bytes of dynamic shared memory per CTA at launch.
     pub fn shared_bytes(&self) -> u64 {
         if self.shared { self.workspace_per_cta } else { 0 }
+    }
+
+    /// The tensor maps the entry takes after the arrays, in order (the Hopper paths').
+    pub fn tensor_maps(&self) -> &[TensorMapSpec] {
+        match (&self.gemm, &self.attention) {
+            (Some(g), _) => &g.maps,
+            (_, Some(a)) => &a.maps,
+            _ => &[],
+        }
+    }
+
+    /// The 16-bit float the tensor maps copy.
+    pub fn map_dtype(&self) -> Option<DType> {
+        self.gemm.as_ref().map(|g| g.dtype).or(self.attention.as_ref().map(|a| a.dtype))
     }
 
     /// Bytes of the global workspace buffer (0 when the workspace is in shared memory).
@@ -171,30 +189,40 @@ pub fn plan(kernel: &Verified, thread_axis: Option<&str>) -> Result<Plan, Backen
     }
 }
 
-/// The Hopper path's plan, where the kernel takes it.
+/// The Hopper path's plan, where the kernel takes it: a matmul (`crate::wgmma`) or an attention
+/// forward (`crate::attention`).
 fn hopper(kernel: &Verified, thread_axis: Option<&str>) -> Option<Plan> {
     let k = kernel.kernel();
-    let g = wgmma::recognize(kernel, thread_axis)?;
-    // `recognize` takes fixed grids only.
+    let (gemm, attention) = match wgmma::recognize(kernel, thread_axis) {
+        Some(g) => (Some(g), None),
+        None => (None, Some(attention::recognize(kernel, thread_axis)?)),
+    };
+    // Both take fixed grids only.
     let ctas = kernel.grid().iter().filter(|a| !a.seq).map(wgmma::fixed).fold(1u64, u64::saturating_mul);
     if ctas > MAX_CTAS {
         return None;
     }
+    let (bytes, warpgroups) = match (&gemm, &attention) {
+        (Some(g), _) => (g.shared_bytes(), g.warpgroups()),
+        (_, Some(a)) => (a.shared_bytes(), a.warpgroups()),
+        _ => unreachable!("one of the two"),
+    };
     Some(Plan {
         kernel: kernel.clone(),
         entry: format!("tessel_{}", k.name),
         values: HashMap::new(),
         scratch: HashMap::new(),
-        workspace_per_cta: g.shared_bytes(),
+        workspace_per_cta: bytes,
         scratch_bytes: 0,
         value_bytes: 0,
         ctas,
-        warpgroups: g.warpgroups(),
+        warpgroups,
         thread_points: 1,
         thread_axis: None,
         in_registers: HashSet::new(),
         shared: true,
-        gemm: Some(g),
+        gemm,
+        attention,
     })
 }
 
@@ -249,6 +277,7 @@ pub fn plan_general(kernel: &Verified, thread_axis: Option<&str>) -> Result<Plan
         in_registers: planner.in_registers,
         shared: workspace_per_cta <= MAX_SHARED_BYTES,
         gemm: None,
+        attention: None,
     })
 }
 

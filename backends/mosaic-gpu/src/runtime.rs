@@ -10,13 +10,12 @@ use cudarc::driver::sys::{self, CUdevice_attribute, CUfunction_attribute};
 use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
 use tessel_plugin_api::abi::{BackendError, ErrorKind};
 use tessel_plugin_api::array::HostArray;
-use tessel_plugin_api::ir::{ParamKind, Type, Verified};
+use tessel_plugin_api::ir::{ParamKind, Type};
 
 use crate::emit;
 use crate::error::Refusal;
 use crate::limits::DEFAULT_SHARED_BYTES;
 use crate::lower::Plan;
-use crate::wgmma::Gemm;
 
 /// A device buffer: 2 bytes an element for 16-bit floats, else 4 (`bool` as 0 or 1).
 pub struct DeviceBuffer {
@@ -262,10 +261,7 @@ impl Device {
                 })
             })
             .collect::<Result<Vec<u64>, _>>()?;
-        let maps = match &plan.gemm {
-            Some(g) => tensor_maps(g, &plan.kernel, args)?,
-            None => Vec::new(),
-        };
+        let maps = tensor_maps(plan, args)?;
         let mut b = stream.launch_builder(&f);
         if let Some(w) = &workspace {
             b.arg(w);
@@ -292,21 +288,21 @@ impl Device {
 
 /// The tensor maps of the Hopper path's operands (`crate::wgmma`): 2-D, 16-bit floats, the
 /// plan's boxes, 128-byte swizzle, zeros outside the array; `args` gives each array's address.
-fn tensor_maps(g: &Gemm, kernel: &Verified, args: &HashMap<String, u64>) -> Result<Vec<TensorMapArg>, BackendError> {
+fn tensor_maps(plan: &Plan, args: &HashMap<String, u64>) -> Result<Vec<TensorMapArg>, BackendError> {
     use sys::{
         CUtensorMapDataType as T, CUtensorMapFloatOOBfill as Fill, CUtensorMapInterleave as Interleave,
         CUtensorMapL2promotion as L2, CUtensorMapSwizzle as Swizzle,
     };
-    let dtype = if g.dtype == tessel_plugin_api::ir::DType::BF16 {
+    let dtype = if plan.map_dtype() == Some(tessel_plugin_api::ir::DType::BF16) {
         T::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
     } else {
         T::CU_TENSOR_MAP_DATA_TYPE_FLOAT16
     };
-    g.maps
+    plan.tensor_maps()
         .iter()
         .map(|m| {
             let missing = || BackendError::new(ErrorKind::Internal, format!("the tensor map's array `{}` is not bound", m.array));
-            let ty = &kernel.kernel().params.iter().find(|p| p.name == m.array).ok_or_else(missing)?.ty;
+            let ty = &plan.kernel.kernel().params.iter().find(|p| p.name == m.array).ok_or_else(missing)?.ty;
             let ptr = *args.get(&m.array).ok_or_else(missing)?;
             let (rows, cols) = (ty.shape[0] as u64, ty.shape[1] as u64);
             let dims = [cols, rows];

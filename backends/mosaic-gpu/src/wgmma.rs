@@ -107,7 +107,25 @@ pub struct Epilogue {
     pub stored: String,
 }
 
+/// The shape of one step's `wgmma`s: `a` (`bm x bk`) times `b` (`bk x bn`) of 16-bit floats,
+/// each operand K-major (contiguous along the contraction) or not, in 128-byte-swizzled boxes
+/// of 64 elements along its contiguous dimension.
+#[derive(Clone, Copy, Debug)]
+pub struct Mma {
+    pub dtype: DType,
+    pub bm: usize,
+    pub bn: usize,
+    pub bk: usize,
+    pub a_k_major: bool,
+    pub b_k_major: bool,
+}
+
 impl Gemm {
+    /// The shape of a step's `wgmma`s.
+    pub fn mma(&self) -> Mma {
+        Mma { dtype: self.dtype, bm: self.bm, bn: self.bn, bk: self.bk, a_k_major: self.a_k_major, b_k_major: self.b_k_major }
+    }
+
     /// Warpgroups per CTA: one per 64 rows.
     pub fn warpgroups(&self) -> u32 {
         (self.bm / WG_ROWS) as u32
@@ -251,7 +269,11 @@ fn epilogue(v: &Verified, acc: &str, stmts: &[Stmt], stored: &str) -> Option<Epi
         }
         known.push(r.clone());
     }
-    known.iter().any(|x| x == stored).then(|| Epilogue { acc: acc.to_string(), stmts: stmts.to_vec(), stored: stored.to_string() })
+    known.iter().any(|x| x == stored).then(|| Epilogue {
+        acc: acc.to_string(),
+        stmts: stmts.to_vec(),
+        stored: stored.to_string(),
+    })
 }
 
 /// A grid axis's size (0 for a `dyn` one, which this path does not take).
@@ -378,12 +400,16 @@ pub fn recognize(v: &Verified, thread_axis: Option<&str>) -> Option<Gemm> {
     }
     // The output block: the same at every step, and no two programs share one.
     let cb = po.block.as_ref();
-    let seq_free =
-        cb.is_none_or(|b| b.index.iter().all(|e| e.affine().is_some_and(|e| e.terms.iter().all(|(_, n)| grid.iter().any(|g| &g.name == n && !g.seq)))));
-    let told_apart = grid
-        .iter()
-        .filter(|g| !g.seq && fixed(g) > 1)
-        .all(|g| cb.is_some_and(|b| b.index.iter().any(|e| matches!(e.affine().map(|e| e.terms.as_slice()), Some([(c, n)]) if *c != 0 && n == &g.name))));
+    let seq_free = cb.is_none_or(|b| {
+        b.index
+            .iter()
+            .all(|e| e.affine().is_some_and(|e| e.terms.iter().all(|(_, n)| grid.iter().any(|g| &g.name == n && !g.seq))))
+    });
+    let told_apart = grid.iter().filter(|g| !g.seq && fixed(g) > 1).all(|g| {
+        cb.is_some_and(|b| {
+            b.index.iter().any(|e| matches!(e.affine().map(|e| e.terms.as_slice()), Some([(c, n)]) if *c != 0 && n == &g.name))
+        })
+    });
     if !seq_free || !told_apart {
         return None;
     }

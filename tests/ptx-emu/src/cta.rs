@@ -16,6 +16,8 @@ pub(crate) enum Wait {
     Mma(usize),
     /// At the `wgmma.mma_async` at this pc, for the warpgroup.
     Wgmma(usize),
+    /// At the `shfl.sync` at this pc, for the warp.
+    Shfl(usize),
     /// At an `mbarrier.try_wait.parity` on the barrier at this address for the phase of this parity.
     Mbar { addr: u64, parity: u32 },
     /// Ended.

@@ -34,6 +34,7 @@ impl Module {
                 Kind::Ret => th.wait = Wait::Done,
                 Kind::Mma(_) => th.wait = Wait::Mma(th.pc),
                 Kind::Wgmma(_) => th.wait = Wait::Wgmma(th.pc),
+                Kind::Shfl => th.wait = Wait::Shfl(th.pc),
                 Kind::MbarWait => {
                     let (Some(Arg::Reg(p)), Some(Arg::Mem(a)), Some(parity)) =
                         (ins.args.first(), ins.args.get(1), ins.args.get(2))
@@ -96,6 +97,22 @@ impl Module {
                     mma(kind, &ins.args, warp);
                     cta.counts.mma += 1;
                     for t in warp.iter_mut() {
+                        t.pc += 1;
+                        t.wait = Wait::No;
+                    }
+                    moved = true;
+                }
+            }
+            // Warps whose 32 lanes all wait at the same `shfl.sync`: every lane's source read
+            // before any lane's destination is written.
+            for warp in threads.chunks_mut(32) {
+                let Wait::Shfl(pc) = warp[0].wait else { continue };
+                if warp.len() == 32 && warp.iter().all(|t| t.wait == Wait::Shfl(pc)) {
+                    let ins = &self.code[pc];
+                    let [Arg::Reg(d), Arg::Reg(a), Arg::Imm(lanes), ..] = ins.args[..] else { unreachable!("parse checks") };
+                    let sources: Vec<u64> = warp.iter().map(|t| t.regs[a]).collect();
+                    for (lane, t) in warp.iter_mut().enumerate() {
+                        t.regs[d] = sources[lane ^ lanes as usize];
                         t.pc += 1;
                         t.wait = Wait::No;
                     }

@@ -44,6 +44,9 @@ pub(crate) enum Kind {
     Wgmma(Wgmma),
     /// `mbarrier.try_wait.parity`: wait until the phase of that parity has completed.
     MbarWait,
+    /// `shfl.sync.bfly.b32 d, a, lanes, clamp, membermask`: wait for the warp's 32 lanes, then
+    /// each reads `a` of the lane whose index is its own XOR `lanes`.
+    Shfl,
     Ret,
 }
 
@@ -181,6 +184,7 @@ const OPS: &[&str] = &[
     "fence.proxy.async.shared::cta",
     "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes",
     "wgmma.fence.sync.aligned",
+    "shfl.sync.bfly.b32",
     "wgmma.commit_group.sync.aligned",
     "wgmma.wait_group.sync.aligned",
 ];
@@ -337,8 +341,15 @@ pub fn parse(ptx: &str) -> Result<Module, String> {
                 ));
             }
         }
+        if op == "shfl.sync.bfly.b32" {
+            let ok = matches!(&args[..], [Arg::Reg(_), Arg::Reg(_), Arg::Imm(l), Arg::Imm(31), Arg::Imm(m)] if *l < 32 && *m as u32 == u32::MAX);
+            if !ok {
+                return Err(format!("line {line}: `{op}` takes d, a, an immediate lane mask, clamp 31 and the full member mask"));
+            }
+        }
         let kind = match op {
             "bar.sync" => Kind::Bar,
+            "shfl.sync.bfly.b32" => Kind::Shfl,
             "ret" => Kind::Ret,
             "mbarrier.try_wait.parity.shared::cta.b64" => Kind::MbarWait,
             _ if wgmma.is_some() => Kind::Wgmma(wgmma.expect("parsed")),

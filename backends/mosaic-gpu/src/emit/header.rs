@@ -42,19 +42,39 @@ impl Writer<'_> {
                 g.out,
                 g.out_dtype
             );
-            for m in &g.maps {
-                let _ = writeln!(
-                    head,
-                    "// tensor map {}_{}_map: {}, box {} x {}, swizzle {}",
-                    self.plan.entry, m.array, m.array, m.boxes[0], m.boxes[1], SWIZZLE
-                );
-            }
+        }
+        if let Some(a) = &self.plan.attention {
+            let _ = writeln!(
+                head,
+                "// hopper: attention of {} q [{}, {}] against k [{}, {}]^T and v [{}, {}] a trip, wgmma m64n{}k16 and m64n{}k16 ({} warpgroup{}), operands by TMA with {}-byte swizzle, {} stages, into {}",
+                a.dtype,
+                a.bq,
+                a.d,
+                a.bkv,
+                a.d,
+                a.bkv,
+                a.dv,
+                a.bkv,
+                a.dv,
+                a.warpgroups(),
+                if a.warpgroups() == 1 { "" } else { "s" },
+                SWIZZLE,
+                a.stages,
+                a.out
+            );
+        }
+        for m in self.plan.tensor_maps() {
+            let _ = writeln!(
+                head,
+                "// tensor map {}_{}_map: {}, box {} x {}, swizzle {}",
+                self.plan.entry, m.array, m.array, m.boxes[0], m.boxes[1], SWIZZLE
+            );
         }
         let _ = writeln!(head, ".version 8.0\n.target sm_90a\n.address_size 64\n");
         let mut params = Vec::new();
         if self.plan.shared {
             // The 128-byte swizzle repeats every 1024 bytes: its stages start on that boundary.
-            let align = if gemm.is_some() { 1024 } else { 16 };
+            let align = if self.plan.tensor_maps().is_empty() { 16 } else { 1024 };
             let _ = writeln!(head, ".extern .shared .align {align} .b8 {SHARED}[];\n");
         } else {
             params.push(format!("\t.param .u64 {}_workspace", self.plan.entry));
@@ -62,7 +82,7 @@ impl Writer<'_> {
         for p in k.params.iter().filter(|p| p.kind != ParamKind::Scratch) {
             params.push(format!("\t.param .u64 {}_{}", self.plan.entry, p.name));
         }
-        for m in gemm.iter().flat_map(|g| &g.maps) {
+        for m in self.plan.tensor_maps() {
             params.push(format!("\t.param .align 64 .b8 {}_{}_map[128]", self.plan.entry, m.array));
         }
         let _ = writeln!(

@@ -16,6 +16,7 @@
 //! emission order, as nvcc numbers its own; every 32-bit value uses a `.b32` register, which PTX
 //! accepts for `.f32`, `.s32` and `.u32` instructions alike.
 
+mod attention;
 mod conv;
 mod dot;
 mod grid;
@@ -35,9 +36,10 @@ use writer::Writer;
 /// The PTX module of one planned kernel.
 pub fn emit(plan: &Plan) -> String {
     let mut w = Writer::new(plan);
-    match &plan.gemm {
-        Some(g) => w.write_gemm(g),
-        None => w.write_kernel(),
+    match (&plan.gemm, &plan.attention) {
+        (Some(g), _) => w.write_gemm(g),
+        (_, Some(a)) => w.write_attention(a),
+        _ => w.write_kernel(),
     }
     w.finish()
 }

@@ -9,7 +9,7 @@ use tessel_plugin_api::ir::{DType, Op, Operand};
 use super::conv::{f32_imm, half_bits, half_ty};
 use super::header::SHARED;
 use super::writer::Writer;
-use crate::wgmma::{Epilogue, Gemm, Init, ROW, SWIZZLE, WG_ROWS};
+use crate::wgmma::{Epilogue, Gemm, Init, Mma, ROW, SWIZZLE, WG_ROWS};
 
 /// Bytes from one 8-row group of a swizzle atom to the next: 8 rows of 128 bytes.
 const ATOM: u64 = 8 * SWIZZLE as u64;
@@ -81,7 +81,7 @@ impl Writer<'_> {
         }
         if g.init == Init::Output {
             self.comment("the accumulator starts from the output block");
-            let frag = self.fragment(g, &out, &origin);
+            let frag = self.fragment((&g.out, g.bn), &out, &origin);
             for at in &frag.places {
                 let (ok, addr) = self.address(&frag, at);
                 match &at.regs[..] {
@@ -105,7 +105,7 @@ impl Writer<'_> {
         self.place_label(&wait);
         self.ins(format!("mbarrier.try_wait.parity.shared::cta.b64 {ready}, [{bar}], {parity}"));
         self.ins(format!("@!{ready} bra {wait}"));
-        self.write_wgmmas(g, &base, &acc);
+        self.write_wgmmas(&g.mma(), &base, (&base, g.a_bytes()), &acc);
         self.comment("this step's wgmmas stay in flight; the previous step's are done, so once every");
         self.comment("warpgroup is past them thread 0 refills their stage with the step `stages` later");
         self.ins("wgmma.wait_group.sync.aligned 1");
@@ -130,7 +130,7 @@ impl Writer<'_> {
         self.comment("the epilogue: the accumulator to the output, from registers");
         let dtype = g.out_dtype;
         let inputs = self.epilogue_inputs(g);
-        let frag = self.fragment(g, &out, &origin);
+        let frag = self.fragment((&g.out, g.bn), &out, &origin);
         let epilogue = g.epilogue.as_ref().filter(|e| !e.stmts.is_empty());
         // The epilogue a few column pairs at a time, statement by statement across them: their
         // independent chains interleave, where one element at a time would wait on each result.
@@ -141,7 +141,11 @@ impl Writer<'_> {
                     let elements: Vec<Element> = group
                         .iter()
                         .flat_map(|at| {
-                            at.regs.iter().enumerate().map(|(j, x)| Element { acc: x.clone(), half: at.half, column: at.column + j })
+                            at.regs.iter().enumerate().map(|(j, x)| Element {
+                                acc: x.clone(),
+                                half: at.half,
+                                column: at.column + j,
+                            })
                         })
                         .collect();
                     let mut v = self.epilogue(e, &frag, &inputs, &mut loaded, &elements).into_iter();
@@ -158,7 +162,7 @@ impl Writer<'_> {
 
     /// Registers `f` (one element, or a column pair) to the output at `addr` where `ok`, in its
     /// dtype.
-    fn store_pair(&mut self, dtype: DType, ok: &str, addr: &str, f: &[String]) {
+    pub(super) fn store_pair(&mut self, dtype: DType, ok: &str, addr: &str, f: &[String]) {
         if half_bits(dtype) {
             let h: Vec<String> = f.iter().map(|_| self.h()).collect();
             for (h, x) in h.iter().zip(f) {
@@ -335,24 +339,29 @@ impl Writer<'_> {
                 let (dst, x) = (self.r(), self.r());
                 self.ins(format!("add.u32 {dst}, {base}, {}", offset + j * rows * SWIZZLE as u64));
                 self.ins(format!("add.s32 {x}, {}, {}", origin[1], j * ROW as u64));
-                self.ins(format!(
-                    "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [{dst}], [{map}, {{{x}, {}}}], [{bar}]",
-                    origin[0]
-                ));
+                self.tensor_copy(&dst, map, (&x, &origin[0]), &bar);
             }
         }
     }
 
-    /// One step's `wgmma`s: the warpgroup's 64 rows of `a` times the stage's `b`, 16 of the
-    /// contraction each, committed as one group.
-    fn write_wgmmas(&mut self, g: &Gemm, base: &str, acc: &[String]) {
+    /// A tensor copy of the box at coordinates (`x` along the contiguous dimension, `y`) of
+    /// `map` to shared address `dst`, its bytes counted on the mbarrier at `bar`.
+    pub(super) fn tensor_copy(&mut self, dst: &str, map: &str, (x, y): (&str, &str), bar: &str) {
+        self.ins(format!(
+            "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [{dst}], [{map}, {{{x}, {y}}}], [{bar}]"
+        ));
+    }
+
+    /// One step's `wgmma`s: the warpgroup's 64 rows of `a` (its boxes from `base`) times `b`
+    /// (at `b_at + b_offset`), 16 of the contraction each, committed as one group.
+    pub(super) fn write_wgmmas(&mut self, g: &Mma, base: &str, (b_at, b_offset): (&str, u64), acc: &[String]) {
         let (abase, bbase) = (self.r(), self.r());
         let wg = self.warpgroup.clone();
         // A warpgroup's rows start 64 rows (8 atoms) into every box of a K-major `a`; of an
         // M-major one, they are a box of their own (64 columns of M by `bk` rows).
         let wg_offset = if g.a_k_major { WG_ROWS as u64 / 8 * ATOM } else { g.bk as u64 * SWIZZLE as u64 };
         self.ins(format!("mad.lo.u32 {abase}, {wg}, {wg_offset}, {base}"));
-        self.ins(format!("add.u32 {bbase}, {base}, {}", g.a_bytes()));
+        self.ins(format!("add.u32 {bbase}, {b_at}, {b_offset}"));
         let one = self.p();
         self.ins(format!("setp.eq.u32 {one}, {wg}, {wg}"));
         self.ins("wgmma.fence.sync.aligned");
@@ -398,10 +407,11 @@ impl Writer<'_> {
     /// the array or neither); else one at a time. Only what every place shares is computed here;
     /// each place's address is computed where it is used ([`Writer::address`]), so that few
     /// registers live at once.
-    fn fragment(&mut self, g: &Gemm, out: &str, origin: &[String]) -> Fragment {
+    pub(super) fn fragment(&mut self, (name, bn): (&str, usize), out: &str, origin: &[String]) -> Fragment {
         let k = self.plan.kernel.kernel();
-        let dims = k.param(&g.out).expect("verified argument").ty.shape.clone();
-        let bytes = if half_bits(g.out_dtype) { 2 } else { 4 };
+        let p = k.param(name).expect("verified argument");
+        let dims = p.ty.shape.clone();
+        let bytes = if half_bits(p.ty.dtype) { 2 } else { 4 };
         let (lane, wg) = (self.tid.clone(), self.warpgroup.clone());
         // Block-local row and column of the thread's first register.
         let (lrow, lcol, t) = (self.r(), self.r(), self.r());
@@ -426,7 +436,7 @@ impl Writer<'_> {
             rows.push((local, inside, at));
         }
         let together = if dims[1].is_multiple_of(2) { 2 } else { 1 };
-        let places = (0..g.bn / 2)
+        let places = (0..bn / 2)
             .step_by(together)
             .map(|i| Place {
                 regs: (i..i + together).map(|j| format!("%f{}", j + 1)).collect(),
@@ -438,7 +448,7 @@ impl Writer<'_> {
     }
 
     /// Whether place `at` lies inside the output array, and its first element's address.
-    fn address(&mut self, frag: &Fragment, at: &Place) -> (String, String) {
+    pub(super) fn address(&mut self, frag: &Fragment, at: &Place) -> (String, String) {
         let (_, inside, row) = &frag.rows[at.half];
         let (c, ok, wide, addr) = (self.r(), self.p(), self.rd(), self.rd());
         self.ins(format!("add.u32 {c}, {}, {}", frag.col0, at.column));
@@ -454,25 +464,25 @@ impl Writer<'_> {
 const EPILOGUE_GROUP: usize = 8;
 
 /// What the places of a thread's accumulator registers share.
-struct Fragment {
+pub(super) struct Fragment {
     /// The block-local column of the thread's first register, and its column in the array.
-    lcol: String,
+    pub(super) lcol: String,
     col0: String,
     /// Per row half: the block-local row, whether it is inside the array, its row's address.
-    rows: Vec<(String, String, String)>,
-    places: Vec<Place>,
+    pub(super) rows: Vec<(String, String, String)>,
+    pub(super) places: Vec<Place>,
     /// The output's columns, and bytes an element.
     columns: usize,
     bytes: usize,
 }
 
 /// One or two of a thread's accumulator registers: a column pair in one row half.
-struct Place {
-    regs: Vec<String>,
+pub(super) struct Place {
+    pub(super) regs: Vec<String>,
     /// Row half (0: the first 8 rows of the warp's 16, 1: the others).
-    half: usize,
+    pub(super) half: usize,
     /// The first one's column, from the thread's first column.
-    column: usize,
+    pub(super) column: usize,
 }
 
 /// One accumulator element for the epilogue.
