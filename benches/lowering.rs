@@ -1,6 +1,7 @@
 //! How long the Mosaic GPU backend takes to plan and write a kernel's PTX (issue 37 asks for
 //! under 5 ms a kernel): the Hopper-path matmuls at 4096³, plain and with the bias + gelu
-//! epilogue, and the flash-attention example on the general path. Pure: no device, no driver
+//! epilogue, flash attention in bf16 on the Hopper attention path, and the f32 flash-attention
+//! example on the general path. Pure: no device, no driver
 //! (`tessel_mosaic_gpu::external::compile`, the CUDA handler's own call). For scale, NVIDIA's
 //! `ptxas` takes 0.7 to 1.1 s to assemble the gelu matmul's PTX on the same machine.
 
@@ -11,7 +12,13 @@ use criterion::{Criterion, criterion_group, criterion_main};
 fn lowering(c: &mut Criterion) {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut g = c.benchmark_group("mosaic_lowering");
-    for f in ["benches/kernels/matmul_bf16_4096.tk", "benches/kernels/matmul_bf16_gelu_4096.tk", "examples/flash_attention.tk"] {
+    let files = [
+        "benches/kernels/matmul_bf16_4096.tk",
+        "benches/kernels/matmul_bf16_gelu_4096.tk",
+        "benches/kernels/attention_bf16_16384.tk",
+        "examples/flash_attention.tk",
+    ];
+    for f in files {
         let k = tessel::load_file(&root.join(f)).expect("the kernel verifies").remove(0);
         let name = std::path::Path::new(f).file_stem().and_then(|s| s.to_str()).unwrap_or(f).to_string();
         g.bench_function(name, |b| b.iter(|| black_box(tessel_mosaic_gpu::external::compile(k.kernel(), None).expect("lowers").ptx().len())));

@@ -1,4 +1,4 @@
-//! What the Mosaic GPU PTX of every example executes on the PTX emulator, per CTA: instructions,
+//! What the Mosaic GPU PTX of every example (and of tests/in/attention_f16.tk) executes on the PTX emulator, per CTA: instructions,
 //! global and shared memory accesses, barriers, tensor-core `mma.sync`s and `wgmma`s, bytes of
 //! tensor copies (TMA). A kernel on the Hopper path is also shown on the general path (`general`),
 //! as it ran before that path. A cost model for comparing lowerings on a machine without a GPU,
@@ -19,6 +19,9 @@ fn main() {
         .filter(|p| p.extension().is_some_and(|x| x == "tk"))
         .collect();
     files.sort();
+    // The Hopper attention path's kernel beside the examples (the f32 flash-attention example
+    // takes the general path).
+    files.push(common::root().join("tests/in/attention_f16.tk"));
     println!(
         "{:<24} {:>5} {:>14} {:>10} {:>10} {:>9} {:>6} {:>6} {:>10}",
         "kernel", "CTAs", "instr/thread", "global", "shared", "barriers", "mma", "wgmma", "TMA bytes"

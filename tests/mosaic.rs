@@ -302,6 +302,7 @@ fn the_hopper_kernels_take_the_hopper_path() {
         "examples/matmul_bf16.tk",
         "benches/kernels/matmul_bf16_4096.tk",
         "benches/kernels/matmul_bf16_gelu_4096.tk",
+        "benches/kernels/attention_bf16_16384.tk",
     ];
     for f in files {
         let path = root().join(f);

@@ -35,6 +35,14 @@ fn flash_attention_in_16_bit_floats_takes_the_hopper_path() {
     let a = p.attention.as_ref().expect("the Hopper attention path");
     assert_eq!((a.bq, a.dtype, p.warpgroups, p.threads()), (128, DType::BF16, 2, 256));
     assert_eq!(a.folded.as_deref(), Some("an"));
+
+    // 128-row blocks of head dimension 128: three stages would pass the 227 KiB of shared
+    // memory, two fit.
+    let text = std::fs::read_to_string(format!("{}/../../benches/kernels/attention_bf16_16384.tk", env!("CARGO_MANIFEST_DIR"))).expect("kernel file");
+    let p = planned(&text);
+    let a = p.attention.as_ref().expect("the Hopper attention path");
+    assert_eq!((a.bq, a.d, a.bkv, a.dv, a.stages, p.ctas), (128, 128, 128, 128, 2, 128));
+    assert!(p.shared_bytes() <= 227 * 1024 && p.shared_bytes() + a.stage_bytes() > 227 * 1024);
 }
 
 #[test]
@@ -90,12 +98,13 @@ fn operand(n: usize, seed: u64, dtype: DType) -> (Vec<u16>, Vec<f64>) {
         .unzip()
 }
 
-/// softmax(q kᵀ / 8, masked where `causal` and the key is after the query) v, in `f64`.
+/// softmax(q kᵀ / √d, masked where `causal` and the key is after the query) v, in `f64`.
 fn attention(q: &[f64], k: &[f64], v: &[f64], (sq, sk, d, dv): (usize, usize, usize, usize), causal: bool) -> Vec<f64> {
+    let scale = 1.0 / (d as f64).sqrt();
     let mut o = vec![0.0; sq * dv];
     for i in 0..sq {
         let keys = if causal { (i + 1).min(sk) } else { sk };
-        let s: Vec<f64> = (0..keys).map(|j| (0..d).map(|p| q[i * d + p] * k[j * d + p]).sum::<f64>() / 8.0).collect();
+        let s: Vec<f64> = (0..keys).map(|j| (0..d).map(|p| q[i * d + p] * k[j * d + p]).sum::<f64>() * scale).collect();
         let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
         let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
         let l: f64 = e.iter().sum();
@@ -143,8 +152,15 @@ fn emulate(p: &Plan, ptx: &str, inputs: [&[u16]; 3], reverse: bool) -> Result<Ve
 
 #[test]
 fn the_hopper_attention_agrees_with_attention_in_f64_in_both_thread_orders() {
-    for (file, causal) in [("attention_f16", false), ("attention_causal_bf16", true)] {
-        let p = planned(&kernel_file(file));
+    // The benchmark's kernel (128-row key blocks, head dimension 128, two stages) at 384
+    // positions, so that the emulator runs it in a moment.
+    let bench = std::fs::read_to_string(format!("{}/../../benches/kernels/attention_bf16_16384.tk", env!("CARGO_MANIFEST_DIR")))
+        .expect("kernel file")
+        .replace("16384", "384")
+        .replace("grid (i: 128)", "grid (i: 3)");
+    let cases = [("attention_f16", kernel_file("attention_f16"), false), ("attention_causal_bf16", kernel_file("attention_causal_bf16"), true), ("attention_bf16_384", bench, false)];
+    for (file, text, causal) in cases {
+        let p = planned(&text);
         assert!(p.attention.is_some(), "{file}: the Hopper attention path");
         let k = p.kernel.kernel();
         let shape = |n: &str| k.param(n).expect("argument").ty.shape.clone();

@@ -10,7 +10,8 @@
 //! - `memory.rs`: workspace slots, operands, `load` and `store`;
 //! - `reduce.rs`, `dot.rs`: `reduce` and `dot` (`mma.sync`) on the general path;
 //! - `kernel.rs`: the general path's kernel frame and statements;
-//! - `wgmma.rs`: the Hopper path (`crate::wgmma`): TMA, mbarriers, `wgmma.mma_async`.
+//! - `wgmma.rs`: the Hopper path (`crate::wgmma`): TMA, mbarriers, `wgmma.mma_async`;
+//! - `attention.rs`: the Hopper attention path (`crate::attention`), on `wgmma.rs`'s pieces.
 //!
 //! Registers are PTX virtual registers (`%r` 32-bit, `%rd` 64-bit, `%p` predicates) numbered in
 //! emission order, as nvcc numbers its own; every 32-bit value uses a `.b32` register, which PTX
