@@ -45,15 +45,16 @@ impl Checker<'_> {
             self.stmt(s);
         }
         let yields = matches!(body.last().map(|s| &s.op), Some(Op::Yield(_)));
-        let span = body.last().map_or(Span::NONE, |s| s.span);
+        // An empty body's missing `yield` is reported at its loop or `if`.
+        let last = body.last().map(|s| s.span);
         match kind {
-            BodyKind::For { iters } if iters > 0 && !yields => self.err(
-                span,
+            BodyKind::For { iters, at } if iters > 0 && !yields => self.err(
+                last.unwrap_or(at),
                 format!("the `for` body does not end with `yield` for its {iters} `iter` value{}", plural(iters)),
                 "expected `yield` with the next value of each `iter` argument as the last statement",
             ),
-            BodyKind::If { results } if results > 0 && !yields => self.err(
-                span,
+            BodyKind::If { results, at } if results > 0 && !yields => self.err(
+                last.unwrap_or(at),
                 format!("an `if` branch does not end with `yield` for its {results} result{}", plural(results)),
                 "expected `yield` with a value for each result as the last statement of both branches",
             ),
@@ -176,7 +177,7 @@ impl Checker<'_> {
         for ((n, _), t) in iters.iter().zip(&inits) {
             self.define(n, t.clone(), span);
         }
-        self.body(body, BodyKind::For { iters: iters.len() });
+        self.body(body, BodyKind::For { iters: iters.len(), at: span });
         // `yield` must give each carried value its own type.
         if let Some(Stmt { op: Op::Yield(vals), span: ys, .. }) = body.last() {
             let ys = *ys;
@@ -228,7 +229,7 @@ impl Checker<'_> {
         let mut branches = Vec::new();
         for body in [then, els] {
             self.scopes.push(HashMap::new());
-            self.body(body, BodyKind::If { results: arity });
+            self.body(body, BodyKind::If { results: arity, at: span });
             let types = match body.last() {
                 Some(Stmt { op: Op::Yield(vals), span: ys, .. }) => {
                     let ys = *ys;

@@ -126,9 +126,11 @@ fn check(kernel: &Kernel) -> Result<Verified, Diagnostics> {
 enum BodyKind {
     Kernel,
     When,
-    For { iters: usize },
-    /// A branch of an `if` with this many results.
-    If { results: usize },
+    /// A `for` body with this many carried values, the loop at `at`.
+    For { iters: usize, at: Span },
+    /// A branch of an `if` with this many results, the `if` at `at` (where an empty branch's
+    /// missing `yield` is reported).
+    If { results: usize, at: Span },
 }
 
 /// An operand after lookup.
