@@ -52,19 +52,7 @@ fn column(i: usize) -> usize {
 impl Writer<'_> {
     pub(super) fn write_attention(&mut self, a: &Attention) {
         let plan = self.plan;
-        let entry = plan.entry.clone();
-        let (tid_x, cta) = self.write_ids();
-        let out = self.rd();
-        self.ins(format!("ld.param.u64 {out}, [{entry}_{}]", a.out));
-        self.ins(format!("cvta.to.global.u64 {out}, {out}"));
-        let maps: Vec<String> = (a.maps.iter())
-            .map(|m| {
-                let r = self.rd();
-                self.ins(format!("mov.b64 {r}, {entry}_{}_map", m.array));
-                self.ins(format!("cvta.param.u64 {r}, {r}"));
-                r
-            })
-            .collect();
+        let ([tid_x, cta, out], maps) = self.hopper_entry(&a.out);
         let grid = plan.kernel.grid().to_vec();
         self.coords = grid.iter().map(|_| String::new()).collect();
         let par: Vec<usize> = (0..grid.len()).filter(|&x| !grid[x].seq).collect();

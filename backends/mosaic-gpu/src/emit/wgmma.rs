@@ -24,19 +24,7 @@ fn descriptor_bits(lbo: u64, sbo: u64) -> u64 {
 impl Writer<'_> {
     pub(super) fn write_gemm(&mut self, g: &Gemm) {
         let plan = self.plan;
-        let entry = plan.entry.clone();
-        let (tid_x, cta) = self.write_ids();
-        let out = self.rd();
-        self.ins(format!("ld.param.u64 {out}, [{entry}_{}]", g.out));
-        self.ins(format!("cvta.to.global.u64 {out}, {out}"));
-        let maps: Vec<String> = (g.maps.iter())
-            .map(|m| {
-                let r = self.rd();
-                self.ins(format!("mov.b64 {r}, {entry}_{}_map", m.array));
-                self.ins(format!("cvta.param.u64 {r}, {r}"));
-                r
-            })
-            .collect();
+        let ([tid_x, cta, out], maps) = self.hopper_entry(&g.out);
         let grid = plan.kernel.grid().to_vec();
         let par: Vec<usize> = (0..grid.len()).filter(|&a| !grid[a].seq).collect();
         let seq: Vec<usize> = (0..grid.len()).filter(|&a| grid[a].seq).collect();
@@ -158,6 +146,26 @@ impl Writer<'_> {
                 self.store_pair(dtype, &ok, &addr, &f);
             }
         }
+    }
+
+    /// The start of both Hopper paths' kernels: `%tid.x`, `%ctaid.x` and the output's global
+    /// address (`[tid_x, cta, out]`), and the address of each tensor map parameter.
+    pub(super) fn hopper_entry(&mut self, output: &str) -> ([String; 3], Vec<String>) {
+        let plan = self.plan;
+        let entry = plan.entry.clone();
+        let (tid_x, cta) = self.write_ids();
+        let out = self.rd();
+        self.ins(format!("ld.param.u64 {out}, [{entry}_{output}]"));
+        self.ins(format!("cvta.to.global.u64 {out}, {out}"));
+        let maps: Vec<String> = (plan.tensor_maps().iter())
+            .map(|m| {
+                let r = self.rd();
+                self.ins(format!("mov.b64 {r}, {entry}_{}_map", m.array));
+                self.ins(format!("cvta.param.u64 {r}, {r}"));
+                r
+            })
+            .collect();
+        ([tid_x, cta, out], maps)
     }
 
     /// Registers `f` (one element, or a column pair) to the output at `addr` where `ok`, in its
