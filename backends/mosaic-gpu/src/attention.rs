@@ -184,8 +184,11 @@ fn supported(v: &Verified, body: &[Stmt], bq: usize, special: &[&Stmt], out: &st
                     ty(arg).is_some_and(|a| matches!(class(&a, bq), Some(Class::Block(_))) && *axis == 1)
                         && to.as_ref().is_some_and(|t| class(t, bq) == Some(Class::Row))
                 }
+                // An `if` yields values (one without results would only guard stores and
+                // statements whose values it drops).
                 Op::If(ie) => {
-                    ty(&ie.cond).is_none_or(|c| class(&c, bq) == Some(Class::Scalar))
+                    !s.results.is_empty()
+                        && ty(&ie.cond).is_none_or(|c| class(&c, bq) == Some(Class::Scalar))
                         && supported(v, &ie.then, bq, special, out)
                         && supported(v, &ie.els, bq, special, out)
                 }
@@ -228,7 +231,8 @@ pub fn recognize(v: &Verified, thread_axis: Option<&str>) -> Option<Attention> {
     }
     let (kl, vl) = (def(&f.body, kv)?, def(&f.body, vv)?);
     let ((kn, k_start, bkv), (vn, v_start, bkv2)) = (row_slice(kl)?, row_slice(vl)?);
-    if bkv != bkv2 || analysis::readers(body, kv).len() != 1 || analysis::readers(body, vv).len() != 1 {
+    // Keys and values from two arrays: a tensor map each.
+    if bkv != bkv2 || kn == vn || analysis::readers(body, kv).len() != 1 || analysis::readers(body, vv).len() != 1 {
         return None;
     }
     let (pq, pk, pvp) = (k.param(q)?, k.param(kn)?, k.param(vn)?);
@@ -308,7 +312,8 @@ pub fn recognize(v: &Verified, thread_axis: Option<&str>) -> Option<Attention> {
     if inner_store || stores.len() != 1 || stores[0] < at(lp)? {
         return None;
     }
-    if !trip_only(&f.body, &f.var, k_start) || !trip_only(&f.body, &f.var, v_start) {
+    let carried: Vec<&str> = f.iters.iter().map(|(n, _)| n.as_str()).collect();
+    if !trip_only(&f.body, &f.var, &carried, k_start) || !trip_only(&f.body, &f.var, &carried, v_start) {
         return None;
     }
     let mut a = Attention {
@@ -343,15 +348,17 @@ pub fn recognize(v: &Verified, thread_axis: Option<&str>) -> Option<Attention> {
 /// Whether `start` is a literal, the loop variable, a value from before the loop, or a scalar
 /// integer `add`/`sub`/`mul` of those, computed in the loop's own body (not under an `if`): then
 /// the start of any trip can be computed before the trip, for its copies.
-fn trip_only(body: &[Stmt], var: &str, start: &Operand) -> bool {
+fn trip_only(body: &[Stmt], var: &str, carried: &[&str], start: &Operand) -> bool {
     match start {
         Operand::Lit(_) => true,
         Operand::Value(x) if x == var => true,
+        // A carried value changes from trip to trip: a later trip's is not known yet.
+        Operand::Value(x) if carried.contains(&x.as_str()) => false,
         Operand::Value(x) => match body.iter().find(|s| s.results.first() == Some(x)) {
             None => def(body, x).is_none(),
             Some(s) => match &s.op {
                 Op::Binary(BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul, a, b) => {
-                    trip_only(body, var, a) && trip_only(body, var, b)
+                    trip_only(body, var, carried, a) && trip_only(body, var, carried, b)
                 }
                 _ => false,
             },

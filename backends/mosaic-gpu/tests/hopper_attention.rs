@@ -68,6 +68,19 @@ fn other_kernels_keep_the_general_path() {
         &f16.replace("    yield %mn, %ln, %an\n", "    %t = cast %an : f16[64, 128]\n    store o, %t\n    yield %mn, %ln, %an\n"),
         "a store in the loop",
     );
+    // An `if` without results (it would only guard statements).
+    general(&f16.replace("    %ss = mul %s, 0.125\n", "    %ss = mul %s, 0.125\n    %c = gt %j, 0\n    if %c {\n      %u = add %j, 1\n    } else {\n    }\n"), "an if without results");
+    // Key rows from a carried value: a later trip's start is not known before the trip.
+    general(
+        &f16.replace("iter (%mi = %m0", "iter (%row = %z0, %mi = %m0")
+            .replace("  %q = load q\n", "  %q = load q\n  %z0 = program_id i\n")
+            .replace("ds(%j, 64)", "ds(%row, 64)")
+            .replace("%m, %l, %acc = for", "%rr, %m, %l, %acc = for")
+            .replace("    yield %mn, %ln, %an\n", "    %row2 = add %row, 64\n    yield %row2, %mn, %ln, %an\n"),
+        "a carried start",
+    );
+    // Keys and values from one array.
+    general(&f16.replace("load v[ds(%j, 64), :]", "load k[ds(%j, 64), :]").replace("v: f16[320, 128]", "v: f16[320, 64]").replace("[64, 128]", "[64, 64]").replace("[192, 128]", "[192, 64]"), "one array for both");
     // Key blocks of 32 rows: not a 64-element swizzle row of the probabilities.
     general(
         &f16.replace("ds(%j, 64)", "ds(%j, 32)").replace("step 64", "step 32").replace("%p : f16[64, 64]", "%p : f16[64, 32]"),

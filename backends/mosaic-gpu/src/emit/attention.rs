@@ -158,12 +158,12 @@ impl Writer<'_> {
             None => self.imm(1),
         };
         (f.var, f.lo, f.step) = (l.var.clone(), lo.clone(), step.clone());
-        self.comment("trips: ceil((hi - lo) / step), none where either is not positive");
+        self.comment("trips: (hi - lo - 1) / step + 1, none where either is not positive");
         let (span, trips, none, bad) = (self.r(), self.r(), self.p(), self.p());
         self.ins(format!("sub.s32 {span}, {hi}, {lo}"));
-        self.ins(format!("add.s32 {trips}, {span}, {step}"));
-        self.ins(format!("sub.s32 {trips}, {trips}, 1"));
+        self.ins(format!("sub.s32 {trips}, {span}, 1"));
         self.ins(format!("div.s32 {trips}, {trips}, {step}"));
+        self.ins(format!("add.s32 {trips}, {trips}, 1"));
         self.ins(format!("setp.le.s32 {none}, {span}, 0"));
         self.ins(format!("setp.le.s32 {bad}, {step}, 0"));
         self.ins(format!("or.pred {none}, {none}, {bad}"));
