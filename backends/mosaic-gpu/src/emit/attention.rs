@@ -12,7 +12,7 @@ use std::collections::HashMap;
 
 use tessel_plugin_api::ir::*;
 
-use super::conv::{half_ty, lit_bits};
+use super::conv::{combining, half_ty, lit_bits};
 use super::header::SHARED;
 use super::writer::Writer;
 use crate::attention::{Attention, Class, class};
@@ -96,16 +96,7 @@ impl Writer<'_> {
         self.place_label(&skip);
         self.ins("bar.sync 0");
         // Where the thread's registers are: block-local rows and first column.
-        let (lane, wg) = (self.tid.clone(), self.warpgroup.clone());
-        let (lrow, t, col) = (self.r(), self.r(), self.r());
-        self.ins(format!("mul.lo.u32 {lrow}, {wg}, 64"));
-        self.ins(format!("div.u32 {t}, {lane}, 32"));
-        self.ins(format!("mad.lo.u32 {lrow}, {t}, 16, {lrow}"));
-        self.ins(format!("rem.u32 {t}, {lane}, 32"));
-        self.ins(format!("div.u32 {t}, {t}, 4"));
-        self.ins(format!("add.u32 {lrow}, {lrow}, {t}"));
-        self.ins(format!("rem.u32 {t}, {lane}, 4"));
-        self.ins(format!("mul.lo.u32 {col}, {t}, 2"));
+        let (lrow, col) = self.fragment_origin();
         let second = self.r();
         self.ins(format!("add.u32 {second}, {lrow}, 8"));
         let mut f = Frame {
@@ -257,14 +248,6 @@ impl Writer<'_> {
         for (r, regs) in s.results.iter().zip(carried) {
             f.env.insert(r.clone(), regs);
         }
-    }
-
-    /// Waits until the mbarrier at `bar` completes the phase of `parity`.
-    fn wait_phase(&mut self, bar: &str, parity: &str) {
-        let (wait, ready) = (self.label("wait"), self.p());
-        self.place_label(&wait);
-        self.ins(format!("mbarrier.try_wait.parity.shared::cta.b64 {ready}, [{bar}], {parity}"));
-        self.ins(format!("@!{ready} bra {wait}"));
     }
 
     /// Thread 0's copies of trip `trip`'s key and value blocks into stage `stage`: their rows
@@ -520,12 +503,7 @@ impl Writer<'_> {
     /// each lane combines the same values, so all four agree). 16-bit floats accumulate in `f32`
     /// and round once.
     fn row_reduce(&mut self, op: ReduceOp, d: DType, regs: &[String]) -> Vec<String> {
-        let bop = match op {
-            ReduceOp::Sum => BinaryOp::Add,
-            ReduceOp::Prod => BinaryOp::Mul,
-            ReduceOp::Max => BinaryOp::Max,
-            ReduceOp::Min => BinaryOp::Min,
-        };
+        let bop = combining(op);
         (0..2)
             .map(|h| {
                 let mut mine = (0..regs.len()).filter(|&i| half(i) == h).map(|i| regs[i].clone());

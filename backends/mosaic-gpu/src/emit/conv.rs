@@ -1,7 +1,17 @@
 //! Pure mappings the writer uses everywhere: dtypes to PTX type names and widths, literals to
 //! the bits the workspace holds, float immediates, row-major strides. No `Writer`.
 
-use tessel_plugin_api::ir::{DType, Literal};
+use tessel_plugin_api::ir::{BinaryOp, DType, Literal, ReduceOp};
+/// The binary operation a reduction combines its elements with.
+pub(super) fn combining(op: ReduceOp) -> BinaryOp {
+    match op {
+        ReduceOp::Sum => BinaryOp::Add,
+        ReduceOp::Prod => BinaryOp::Mul,
+        ReduceOp::Max => BinaryOp::Max,
+        ReduceOp::Min => BinaryOp::Min,
+    }
+}
+
 /// `0f3F800000`: a float immediate.
 pub(super) fn f32_imm(v: f32) -> String {
     format!("0f{:08X}", v.to_bits())

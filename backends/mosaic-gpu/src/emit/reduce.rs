@@ -1,8 +1,9 @@
 //! `reduce`: each output element is one thread's, which accumulates along the axis in the
 //! interpreter's order (16-bit floats in `f32`, rounded once).
 
-use tessel_plugin_api::ir::{BinaryOp, Operand, ReduceOp};
+use tessel_plugin_api::ir::{Operand, ReduceOp};
 
+use super::conv::combining;
 use super::writer::Writer;
 
 impl Writer<'_> {
@@ -29,12 +30,7 @@ impl Writer<'_> {
             let idx = w.r();
             w.ins(format!("mad.lo.u32 {idx}, {r}, {inner}, {base}"));
             let x = w.load_slot(&src, &idx);
-            let bop = match op {
-                ReduceOp::Sum => BinaryOp::Add,
-                ReduceOp::Prod => BinaryOp::Mul,
-                ReduceOp::Max => BinaryOp::Max,
-                ReduceOp::Min => BinaryOp::Min,
-            };
+            let bop = combining(op);
             // 16-bit floats accumulate in f32 and round once, as the interpreter does.
             let v = w.binary32(bop, d, &acc, &x);
             w.ins(format!("mov.b32 {acc}, {v}"));

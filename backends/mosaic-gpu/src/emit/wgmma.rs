@@ -89,10 +89,7 @@ impl Writer<'_> {
         self.ins(format!("mad.lo.u32 {bar}, {stage}, 8, {bars}"));
         self.ins(format!("mad.lo.u32 {base}, {stage}, {}, {smem}", g.stage_bytes()));
         self.comment("wait for this step's operands");
-        let (wait, ready) = (self.label("wait"), self.p());
-        self.place_label(&wait);
-        self.ins(format!("mbarrier.try_wait.parity.shared::cta.b64 {ready}, [{bar}], {parity}"));
-        self.ins(format!("@!{ready} bra {wait}"));
+        self.wait_phase(&bar, &parity);
         self.write_wgmmas(&g.mma(), &base, (&base, g.a_bytes()), &acc);
         self.comment("this step's wgmmas stay in flight; the previous step's are done, so once every");
         self.comment("warpgroup is past them thread 0 refills their stage with the step `stages` later");
@@ -420,17 +417,7 @@ impl Writer<'_> {
         let p = k.param(name).expect("verified argument");
         let dims = p.ty.shape.clone();
         let bytes = if half_bits(p.ty.dtype) { 2 } else { 4 };
-        let (lane, wg) = (self.tid.clone(), self.warpgroup.clone());
-        // Block-local row and column of the thread's first register.
-        let (lrow, lcol, t) = (self.r(), self.r(), self.r());
-        self.ins(format!("mul.lo.u32 {lrow}, {wg}, {WG_ROWS}"));
-        self.ins(format!("div.u32 {t}, {lane}, 32"));
-        self.ins(format!("mad.lo.u32 {lrow}, {t}, 16, {lrow}"));
-        self.ins(format!("rem.u32 {t}, {lane}, 32"));
-        self.ins(format!("div.u32 {t}, {t}, 4"));
-        self.ins(format!("add.u32 {lrow}, {lrow}, {t}"));
-        self.ins(format!("rem.u32 {t}, {lane}, 4"));
-        self.ins(format!("mul.lo.u32 {lcol}, {t}, 2"));
+        let (lrow, lcol) = self.fragment_origin();
         let col0 = self.r();
         self.ins(format!("add.u32 {col0}, {lcol}, {}", origin[1]));
         let mut rows = Vec::new();
@@ -453,6 +440,30 @@ impl Writer<'_> {
             })
             .collect();
         Fragment { lcol, col0, rows, places, columns: dims[1], bytes }
+    }
+
+    /// The block-local row and column of the thread's first accumulator register: warp `w` of
+    /// warpgroup `g` holds rows `64 g + 16 w + lane / 4` (and 8 below), columns from `2 (lane % 4)`.
+    pub(super) fn fragment_origin(&mut self) -> (String, String) {
+        let (lane, wg) = (self.tid.clone(), self.warpgroup.clone());
+        let (lrow, lcol, t) = (self.r(), self.r(), self.r());
+        self.ins(format!("mul.lo.u32 {lrow}, {wg}, {WG_ROWS}"));
+        self.ins(format!("div.u32 {t}, {lane}, 32"));
+        self.ins(format!("mad.lo.u32 {lrow}, {t}, 16, {lrow}"));
+        self.ins(format!("rem.u32 {t}, {lane}, 32"));
+        self.ins(format!("div.u32 {t}, {t}, 4"));
+        self.ins(format!("add.u32 {lrow}, {lrow}, {t}"));
+        self.ins(format!("rem.u32 {t}, {lane}, 4"));
+        self.ins(format!("mul.lo.u32 {lcol}, {t}, 2"));
+        (lrow, lcol)
+    }
+
+    /// Waits until the mbarrier at `bar` completes the phase of `parity`.
+    pub(super) fn wait_phase(&mut self, bar: &str, parity: &str) {
+        let (wait, ready) = (self.label("wait"), self.p());
+        self.place_label(&wait);
+        self.ins(format!("mbarrier.try_wait.parity.shared::cta.b64 {ready}, [{bar}], {parity}"));
+        self.ins(format!("@!{ready} bra {wait}"));
     }
 
     /// Whether place `at` lies inside the output array, and its first element's address.
