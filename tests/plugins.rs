@@ -159,7 +159,7 @@ fn failed_plugins_on_the_path_are_listed_and_the_rest_works() {
     let out = tessel(&["backends"], Some(dir.path().to_str().unwrap()), &[]);
     let stdout = text(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    assert!(stdout.contains("interpret 0.1.0 (built-in)"), "{stdout}");
+    assert!(stdout.contains("interpret 0.1.0, threads ") && stdout.contains(" (built-in)"), "{stdout}");
     assert!(
         stdout.contains("failed plugin")
             && stdout.contains("libold.so")

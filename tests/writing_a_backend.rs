@@ -71,7 +71,7 @@ fn the_page_builds_and_loads_a_new_backend() {
     let out = sh(use_it, &krate, &path);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "step 5: {stdout}{}", String::from_utf8_lossy(&out.stderr));
-    assert!(stdout.contains("mybackend 0.1.0 ("), "backends lists the new backend with its path: {stdout}");
+    assert!(stdout.contains("mybackend 0.1.0, threads "), "backends lists the new backend with its options and path: {stdout}");
     assert!(stdout.contains("libtessel_mybackend.so)"), "{stdout}");
     assert!(stdout.contains("ran `softmax` on mybackend"), "{stdout}");
     assert!(stdout.contains("check o: max abs error") && stdout.contains(": ok"), "{stdout}");

@@ -24,7 +24,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use tessel_plugin_api::abi::{BackendError, BuiltinBackend, Capabilities, DeviceClass, ErrorKind, MeshBox};
 use tessel_plugin_api::array::{DataRef, HostArray};
-use tessel_plugin_api::backend::{Available, BackendImpl, Launch, export, mesh_spec, verify_with_mesh};
+use tessel_plugin_api::backend::{Artifact, Available, BackendImpl, Compiler, Launch, Options, export, mesh_spec, verify_with_mesh};
 use tessel_plugin_api::ir::{DType, ParamKind, Type, Verified, print_kernel};
 use tessel_plugin_api::launch::{self, LaunchArgs, LaunchError};
 use tessel_plugin_api::mesh::MeshSpec;
@@ -106,7 +106,12 @@ pub fn warm_up<'k>(kernels: impl IntoIterator<Item = &'k Verified>) {
 /// Lowers a verified kernel for the interpreter: programs merged where that changes no result
 /// (`coarsen.rs`), elementwise runs fused.
 pub fn compile(kernel: &Verified) -> Compiled {
-    match coarsen::coarsen(kernel, rayon::current_num_threads()) {
+    compile_for(kernel, rayon::current_num_threads())
+}
+
+/// [`compile`] for a pool of `threads` workers.
+fn compile_for(kernel: &Verified, threads: usize) -> Compiled {
+    match coarsen::coarsen(kernel, threads) {
         Some((merged, how)) => Compiled { program: lower::lower(&merged, true), kernel: merged, merged: Some(how) },
         None => Compiled { kernel: kernel.clone(), program: lower::lower(kernel, true), merged: None },
     }
@@ -183,27 +188,77 @@ impl Interpreter {
     pub fn new() -> Interpreter {
         Interpreter
     }
+}
 
-    /// Applies each call's mesh and verifies the kernel, refusing `device(...)` meshes.
-    fn verified(&self, launch: &Launch<'_>) -> Result<Vec<Verified>, BackendError> {
-        launch
-            .calls
-            .iter()
-            .map(|c| {
-                let spec = c.mesh.map(mesh_spec);
-                if let Some(s) = spec.as_ref().filter(|s| s.kind == "device") {
-                    return Err(Refusal::DeviceMesh { mesh: s.to_string() }.into());
-                }
-                let v = verify_with_mesh(&c.kernel, spec.as_ref())?;
-                check_limits(&v)?;
-                Ok(v)
-            })
-            .collect()
-    }
+/// Applies each call's mesh and verifies the kernel, refusing `device(...)` meshes.
+fn verified(launch: &Launch<'_>) -> Result<Vec<Verified>, BackendError> {
+    launch
+        .calls
+        .iter()
+        .map(|c| {
+            let spec = c.mesh.map(mesh_spec);
+            if let Some(s) = spec.as_ref().filter(|s| s.kind == "device") {
+                return Err(Refusal::DeviceMesh { mesh: s.to_string() }.into());
+            }
+            let v = verify_with_mesh(&c.kernel, spec.as_ref())?;
+            check_limits(&v)?;
+            Ok(v)
+        })
+        .collect()
 }
 
 fn launch_error(e: LaunchError) -> BackendError {
     BackendError::new(ErrorKind::InvalidInput, e.to_string())
+}
+
+/// The interpreter's compiler: each kernel verified with its mesh, programs merged where a pool
+/// of `threads` workers gains by it (`coarsen.rs`), lowered to the interpreter's program.
+#[derive(Clone, Copy, Debug)]
+pub struct InterpretCompiler {
+    threads: usize,
+}
+
+impl InterpretCompiler {
+    /// The compiler for a pool of `threads` workers (the backend's: rayon's global pool).
+    pub fn new(threads: usize) -> InterpretCompiler {
+        InterpretCompiler { threads: threads.max(1) }
+    }
+}
+
+impl Compiler for InterpretCompiler {
+    /// Each kernel verified with its mesh.
+    type Plan = Vec<Verified>;
+    /// Each kernel lowered to the interpreter's program.
+    type Artifact = Vec<Compiled>;
+
+    /// How many workers the programs are merged for.
+    fn options(&self) -> Options {
+        Options::new().with("threads", self.threads)
+    }
+
+    fn plan(&self, launch: &Launch<'_>) -> Result<Vec<Verified>, BackendError> {
+        verified(launch)
+    }
+
+    fn compile(&self, _: &Launch<'_>, plan: Vec<Verified>) -> Result<Vec<Compiled>, BackendError> {
+        Ok(plan.iter().map(|k| compile_for(k, self.threads)).collect())
+    }
+
+    fn stages(&self, compiled: &Vec<Compiled>) -> Vec<(String, String)> {
+        let mut stages = Vec::new();
+        for c in compiled {
+            let header = match &c.merged {
+                Some(m) => format!(
+                    "# interpret: programs merged {} at a time along `{}` (blocks {}× longer in dimension {})\n",
+                    m.factor, m.axis, m.factor, m.dim
+                ),
+                None => String::new(),
+            };
+            stages.push((format!("{}.tk", c.kernel.name()), header + &print_kernel(c.kernel.kernel())));
+            stages.push((format!("{}.program", c.kernel.name()), format!("{:#?}", c.program)));
+        }
+        stages
+    }
 }
 
 impl BackendImpl for Interpreter {
@@ -242,34 +297,10 @@ impl BackendImpl for Interpreter {
         mesh::make(spec)
     }
 
-    /// Each kernel verified with its mesh.
-    type Plan = Vec<Verified>;
+    type Compiler = InterpretCompiler;
 
-    fn supports(&self, launch: &Launch<'_>) -> Result<Vec<Verified>, BackendError> {
-        self.verified(launch)
-    }
-
-    /// Each kernel verified with its mesh and lowered to the interpreter's program.
-    type Compiled = Vec<Compiled>;
-
-    fn compile(&self, _: &Launch<'_>, plan: Vec<Verified>) -> Result<Vec<Compiled>, BackendError> {
-        Ok(plan.iter().map(compile).collect())
-    }
-
-    fn stages(&self, compiled: &Vec<Compiled>) -> Vec<(String, String)> {
-        let mut stages = Vec::new();
-        for c in compiled {
-            let header = match &c.merged {
-                Some(m) => format!(
-                    "# interpret: programs merged {} at a time along `{}` (blocks {}× longer in dimension {})\n",
-                    m.factor, m.axis, m.factor, m.dim
-                ),
-                None => String::new(),
-            };
-            stages.push((format!("{}.tk", c.kernel.name()), header + &print_kernel(c.kernel.kernel())));
-            stages.push((format!("{}.program", c.kernel.name()), format!("{:#?}", c.program)));
-        }
-        stages
+    fn compiler(&self) -> Result<InterpretCompiler, BackendError> {
+        Ok(InterpretCompiler::new(rayon::current_num_threads()))
     }
 
     fn alloc(&self, ty: &Type) -> Result<HostArray, BackendError> {
@@ -290,7 +321,7 @@ impl BackendImpl for Interpreter {
     /// of the ones before) goes through buffers.
     fn run_host(
         &self,
-        compiled: &Vec<Compiled>,
+        compiled: &Artifact<Self>,
         launch: &Launch<'_>,
         inputs: &BTreeMap<String, DataRef<'_>>,
         outputs: &mut BTreeMap<String, &mut [u8]>,
@@ -302,7 +333,7 @@ impl BackendImpl for Interpreter {
     /// Runs the kernels in order; each sees the outputs of the ones before it.
     fn run(
         &self,
-        compiled: &Vec<Compiled>,
+        compiled: &Artifact<Self>,
         launch: &Launch<'_>,
         buffers: &mut BTreeMap<String, HostArray>,
     ) -> Result<(), BackendError> {

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use cudarc::driver::sys;
 use tessel_plugin_api::abi::{BackendError, ErrorKind, MeshBox};
-use tessel_plugin_api::backend::{Call, Launch};
+use tessel_plugin_api::backend::{Call, Compiler, Launch};
 use tessel_plugin_api::ir::{Kernel, ParamKind, Verified, analysis};
 use tessel_plugin_api::launch::resolve_grid;
 
@@ -31,13 +31,7 @@ pub struct Compiled {
 /// `kernel` on `mesh` (if any) planned and lowered as this backend plans and lowers a launch:
 /// the same refusals, in the same words. No device.
 pub fn compile(kernel: &Kernel, mesh: Option<&MeshBox>) -> Result<Compiled, BackendError> {
-    let launch = Launch {
-        calls: vec![Call { kernel: Arc::new(kernel.clone()), mesh }],
-        external_meshes: Vec::new(),
-        grid: BTreeMap::new(),
-        key: [0; 32],
-        kept: Default::default(),
-    };
+    let launch = Launch::new(vec![Call { kernel: Arc::new(kernel.clone()), mesh }], Vec::new(), BTreeMap::new());
     let plan = MosaicGpu::new().plan(&launch)?.remove(0);
     let ptx = emit::emit(&plan);
     let grid = resolve_grid(&plan.kernel, &BTreeMap::new()).map_err(|e| BackendError::new(ErrorKind::InvalidInput, e.to_string()))?;

@@ -18,7 +18,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use tessel_plugin_api::abi::{BackendError, BuiltinBackend, Capabilities, DeviceClass, ErrorKind, MeshBox};
 use tessel_plugin_api::array::HostArray;
-use tessel_plugin_api::backend::{Available, BackendImpl, Launch, export, make_mesh_object, verify_with_mesh};
+use tessel_plugin_api::backend::{Artifact, Available, BackendImpl, Compiler, Launch, export, make_mesh_object, verify_with_mesh};
 use tessel_plugin_api::ir::{AxisSize, ParamKind, Type};
 use tessel_plugin_api::launch::resolve_grid;
 use tessel_plugin_api::mesh::{AxisRole, MeshSpec};
@@ -40,7 +40,7 @@ impl MosaicGpu {
     }
 
     /// Every refusal, in Pallas's order, then the plan of each kernel.
-    pub fn plan(&self, launch: &Launch<'_>) -> Result<Vec<lower::Plan>, BackendError> {
+    fn planned(&self, launch: &Launch<'_>) -> Result<Vec<lower::Plan>, BackendError> {
         if launch.calls.len() > 1 {
             if launch.calls.iter().any(|c| c.kernel.params_of(ParamKind::Scratch).next().is_some()) {
                 return Err(Refusal::ScratchInMpmd.into());
@@ -71,6 +71,31 @@ impl MosaicGpu {
                 lower::plan(&verified, own.as_ref().and_then(|m| m.thread_name.as_deref()))
             })
             .collect()
+    }
+}
+
+impl Compiler for MosaicGpu {
+    /// Each kernel's plan.
+    type Plan = Vec<lower::Plan>;
+    /// Each kernel's plan and its PTX.
+    type Artifact = Vec<(lower::Plan, String)>;
+
+    fn plan(&self, launch: &Launch<'_>) -> Result<Vec<lower::Plan>, BackendError> {
+        self.planned(launch)
+    }
+
+    fn compile(&self, _: &Launch<'_>, plan: Vec<lower::Plan>) -> Result<Self::Artifact, BackendError> {
+        Ok(plan
+            .into_iter()
+            .map(|p| {
+                let ptx = emit::emit(&p);
+                (p, ptx)
+            })
+            .collect())
+    }
+
+    fn stages(&self, compiled: &Self::Artifact) -> Vec<(String, String)> {
+        compiled.iter().map(|(p, ptx)| (format!("{}.ptx", p.kernel.name()), ptx.clone())).collect()
     }
 }
 
@@ -124,28 +149,11 @@ impl BackendImpl for MosaicGpu {
         }
     }
 
-    /// Each kernel's plan.
-    type Plan = Vec<lower::Plan>;
+    type Compiler = MosaicGpu;
 
-    fn supports(&self, launch: &Launch<'_>) -> Result<Vec<lower::Plan>, BackendError> {
-        self.plan(launch)
-    }
-
-    /// Each kernel's plan and its PTX.
-    type Compiled = Vec<(lower::Plan, String)>;
-
-    fn compile(&self, _: &Launch<'_>, plan: Vec<lower::Plan>) -> Result<Self::Compiled, BackendError> {
-        Ok(plan
-            .into_iter()
-            .map(|p| {
-                let ptx = emit::emit(&p);
-                (p, ptx)
-            })
-            .collect())
-    }
-
-    fn stages(&self, compiled: &Self::Compiled) -> Vec<(String, String)> {
-        compiled.iter().map(|(p, ptx)| (format!("{}.ptx", p.kernel.name()), ptx.clone())).collect()
+    /// The backend is its own compiler: it lowers for `sm_90a` alone, with no options.
+    fn compiler(&self) -> Result<MosaicGpu, BackendError> {
+        Ok(MosaicGpu)
     }
 
     fn alloc(&self, ty: &Type) -> Result<Self::Buffer, BackendError> {
@@ -163,7 +171,7 @@ impl BackendImpl for MosaicGpu {
 
     fn run(
         &self,
-        compiled: &Self::Compiled,
+        compiled: &Artifact<Self>,
         launch: &Launch<'_>,
         buffers: &mut BTreeMap<String, Self::Buffer>,
     ) -> Result<(), BackendError> {

@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 use tessel_plugin_api::abi::{BackendError, BuiltinBackend, Capabilities, DeviceClass, ErrorKind, MeshBox};
 use tessel_plugin_api::array::HostArray;
-use tessel_plugin_api::backend::{Available, BackendImpl, Launch, export, mesh_spec, verify_with_mesh};
+use tessel_plugin_api::backend::{Artifact, Available, BackendImpl, Compiler, Launch, Options, export, mesh_spec, verify_with_mesh};
 use tessel_plugin_api::ir::{AxisSize, ForLoop, Op, ParamKind, Stmt, Type, Verified};
 use tessel_plugin_api::launch::{LaunchAxis, resolve_grid};
 use tessel_plugin_api::mesh::MeshSpec;
@@ -43,10 +43,6 @@ pub fn exp_wgsl() -> String {
 /// The wgpu backend.
 #[derive(Default)]
 pub struct Wgpu {
-    /// Plans by [`Launch::key`] and strategy: a plan depends on nothing else, and a launch
-    /// repeated on a software adapter would otherwise spend a fifth of its time verifying and
-    /// planning again.
-    plans: std::sync::Mutex<std::collections::HashMap<PlanKey, Arc<Vec<lower::Plan>>>>,
     /// Launches lowered again for the outputs they keep ([`lower::plan_keeping`]): by plan key
     /// and the kept outputs, so that a kept output is never a register block starting as zeros.
     kept_variants: std::sync::Mutex<std::collections::HashMap<(PlanKey, BTreeSet<String>), Arc<Vec<emit::Lowered>>>>,
@@ -55,19 +51,8 @@ pub struct Wgpu {
 /// A launch's key and the target it is planned for.
 type PlanKey = ([u8; 32], lower::Target);
 
-/// Plans kept (and as many kept-output variants).
-const PLANS_KEPT: usize = 256;
-
-/// Puts `value` in `cache` under `key`, emptying it first where it holds [`PLANS_KEPT`] (a lock
-/// poisoned by a panic elsewhere just skips the cache).
-fn remember<K: std::hash::Hash + Eq, V>(cache: &std::sync::Mutex<std::collections::HashMap<K, Arc<V>>>, key: K, value: &Arc<V>) {
-    if let Ok(mut m) = cache.lock() {
-        if m.len() >= PLANS_KEPT {
-            m.clear();
-        }
-        m.insert(key, Arc::clone(value));
-    }
-}
+/// Kept-output variants kept (the cache starts afresh when full).
+const VARIANTS_KEPT: usize = 256;
 
 /// The lowering strategy: `TESSEL_WGPU_STRATEGY` where set, else `cpu` on a software adapter (or
 /// none) and `gpu` on a hardware one.
@@ -132,6 +117,20 @@ impl Wgpu {
     pub fn new() -> Wgpu {
         Wgpu::default()
     }
+}
+
+/// The wgpu backend's compiler: kernels planned (`lower/`) and written as WGSL (`emit/`) for one
+/// [`lower::Target`] (a strategy and a loop budget), without an adapter.
+#[derive(Clone, Copy, Debug)]
+pub struct WgpuCompiler {
+    target: lower::Target,
+}
+
+impl WgpuCompiler {
+    /// The compiler for `target`.
+    pub fn new(target: lower::Target) -> WgpuCompiler {
+        WgpuCompiler { target }
+    }
 
     /// Every refusal, then each kernel verified with its mesh and its grid sizes.
     fn checked(&self, launch: &Launch<'_>) -> Result<Vec<(Verified, Vec<LaunchAxis>)>, BackendError> {
@@ -164,6 +163,35 @@ impl Wgpu {
     }
 }
 
+impl Compiler for WgpuCompiler {
+    /// Each kernel's plan (`lower/`).
+    type Plan = Arc<Vec<lower::Plan>>;
+    /// Each kernel's WGSL and dispatch.
+    type Artifact = Vec<emit::Lowered>;
+
+    fn options(&self) -> Options {
+        let options = Options::new().with("strategy", self.target.strategy.name());
+        match self.target.loop_budget {
+            Some(n) => options.with("loop budget", n),
+            None => options,
+        }
+    }
+
+    fn plan(&self, launch: &Launch<'_>) -> Result<Self::Plan, BackendError> {
+        let plans: Vec<lower::Plan> =
+            self.checked(launch)?.into_iter().map(|(v, axes)| lower::plan(v, axes, self.target)).collect::<Result<_, _>>()?;
+        Ok(Arc::new(plans))
+    }
+
+    fn compile(&self, _: &Launch<'_>, plans: Self::Plan) -> Result<Self::Artifact, BackendError> {
+        Ok(plans.iter().map(emit::lower).collect())
+    }
+
+    fn stages(&self, compiled: &Self::Artifact) -> Vec<(String, String)> {
+        compiled.iter().map(|l| (format!("{}.wgsl", l.name), l.wgsl.clone())).collect()
+    }
+}
+
 impl BackendImpl for Wgpu {
     type Buffer = runtime::DeviceBuffer;
 
@@ -171,18 +199,8 @@ impl BackendImpl for Wgpu {
         NAME
     }
 
-    /// With the strategy, which keys the compile cache: a forced strategy must not read what
-    /// the other wrote.
     fn version(&self) -> &str {
         env!("CARGO_PKG_VERSION")
-    }
-
-    fn options(&self) -> String {
-        let Ok(t) = target() else { return "strategy cpu".into() };
-        match t.loop_budget {
-            Some(n) => format!("strategy {}, loops checked against a budget of {n} iterations", t.strategy.name()),
-            None => format!("strategy {}", t.strategy.name()),
-        }
     }
 
     fn platform(&self) -> String {
@@ -216,31 +234,11 @@ impl BackendImpl for Wgpu {
         mesh::make(spec)
     }
 
-    /// Each kernel's plan (`lower.rs`).
-    type Plan = Arc<Vec<lower::Plan>>;
+    type Compiler = WgpuCompiler;
 
-    fn supports(&self, launch: &Launch<'_>) -> Result<Self::Plan, BackendError> {
-        let target = target()?;
-        let key = (launch.key, target);
-        if let Some(p) = self.plans.lock().ok().and_then(|m| m.get(&key).cloned()) {
-            return Ok(p);
-        }
-        let plans: Vec<lower::Plan> =
-            self.checked(launch)?.into_iter().map(|(v, axes)| lower::plan(v, axes, target)).collect::<Result<_, _>>()?;
-        let plans = Arc::new(plans);
-        remember(&self.plans, key, &plans);
-        Ok(plans)
-    }
-
-    /// Each kernel's WGSL and dispatch.
-    type Compiled = Vec<emit::Lowered>;
-
-    fn compile(&self, _: &Launch<'_>, plans: Self::Plan) -> Result<Self::Compiled, BackendError> {
-        Ok(plans.iter().map(emit::lower).collect())
-    }
-
-    fn stages(&self, compiled: &Self::Compiled) -> Vec<(String, String)> {
-        compiled.iter().map(|l| (format!("{}.wgsl", l.name), l.wgsl.clone())).collect()
+    /// For the adapter's strategy and loop budget, or those the environment forces.
+    fn compiler(&self) -> Result<WgpuCompiler, BackendError> {
+        Ok(WgpuCompiler::new(target()?))
     }
 
     fn alloc(&self, ty: &Type) -> Result<Self::Buffer, BackendError> {
@@ -258,7 +256,7 @@ impl BackendImpl for Wgpu {
 
     fn run(
         &self,
-        compiled: &Self::Compiled,
+        compiled: &Artifact<Self>,
         launch: &Launch<'_>,
         buffers: &mut BTreeMap<String, Self::Buffer>,
     ) -> Result<(), BackendError> {
@@ -267,7 +265,7 @@ impl BackendImpl for Wgpu {
 
     fn run_timed(
         &self,
-        compiled: &Self::Compiled,
+        compiled: &Artifact<Self>,
         launch: &Launch<'_>,
         buffers: &mut BTreeMap<String, Self::Buffer>,
     ) -> Result<Option<u64>, BackendError> {
@@ -304,14 +302,15 @@ impl Wgpu {
 
     /// The launch lowered with none of its kept outputs held in registers across `seq` steps
     /// (those blocks start as zeros, and the buffer's contents would be lost): planned from the
-    /// launch's plans, kept by plan key and kept outputs (at most [`PLANS_KEPT`]).
+    /// launch's plans, kept by plan key and kept outputs (at most [`VARIANTS_KEPT`]).
     fn kept_variant(&self, launch: &Launch<'_>) -> Result<Arc<Vec<emit::Lowered>>, BackendError> {
-        let target = target()?;
+        let compiler = self.compiler()?;
+        let target = compiler.target;
         let key = ((launch.key, target), launch.kept.clone());
         if let Some(v) = self.kept_variants.lock().ok().and_then(|m| m.get(&key).cloned()) {
             return Ok(v);
         }
-        let plans = self.supports(launch)?;
+        let plans = compiler.plan(launch)?;
         let mut lowered = Vec::with_capacity(plans.len());
         for p in plans.iter() {
             if p.resident.keys().any(|n| launch.kept.contains(n)) {
@@ -322,7 +321,12 @@ impl Wgpu {
             }
         }
         let lowered = Arc::new(lowered);
-        remember(&self.kept_variants, key, &lowered);
+        if let Ok(mut m) = self.kept_variants.lock() {
+            if m.len() >= VARIANTS_KEPT {
+                m.clear();
+            }
+            m.insert(key, Arc::clone(&lowered));
+        }
         Ok(lowered)
     }
 }

@@ -1,6 +1,8 @@
 //! The ABI adapter [`export`](super::export) makes of a [`BackendImpl`]: `Exported<B>` runs every
 //! method under [`guard`], decodes requests, keeps the table of device buffers, and keeps four
-//! bounded caches (parsed kernels, plans, compiled launches, lowered text).
+//! bounded caches (parsed kernels, plans, compiled launches, lowered text), each emptied when it
+//! holds its bound ([`DECODED_KEPT`], [`PLANS_KEPT`], [`COMPILED_KEPT`]): a cache that starts
+//! afresh costs a few plans and compilations again, never a wrong answer.
 
 use std::collections::{BTreeMap, HashMap};
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -11,7 +13,7 @@ use abi_stable::std_types::{ROption, RResult, RSlice, RSliceMut, RStr, RString, 
 
 use super::guard::guard;
 use super::keys::{decode_keyed, keyed, request_key};
-use super::{Available, BackendImpl, Launch, invalid};
+use super::{Artifact, Available, BackendImpl, Compiler, Launch, invalid};
 use crate::abi::*;
 use crate::array::{DataRef, HostArray};
 use crate::ir::{self, DType, Kernel, Type};
@@ -22,31 +24,34 @@ pub(super) struct Exported<B: BackendImpl> {
     buffers: Mutex<HashMap<u64, B::Buffer>>,
     next: AtomicU64,
     /// Compiled launches by [`cache_key`](super::cache_key).
-    compiled: Mutex<HashMap<[u8; 32], Arc<B::Compiled>>>,
+    compiled: Mutex<HashMap<[u8; 32], Arc<Artifact<B>>>>,
     /// The lowered text of each compiled launch, by the same key: made once, since every run
     /// through the host lowers first (the interpreter's text is its whole program, printed).
     lowered: Mutex<HashMap<[u8; 32], RVec<Stage>>>,
-    /// The plans `supports` made for the host, by [`request_key`], until the launch or lowering
-    /// that follows takes them (so that neither plans again).
-    planned: Mutex<HashMap<[u8; 32], B::Plan>>,
+    /// Plans, by the same key: the host asks before every launch, and neither the asking nor
+    /// the launch or lowering that follows plans again.
+    planned: Mutex<HashMap<[u8; 32], Arc<Plan<B>>>>,
     /// The parsed kernels of recent requests, by [`request_key`]: a launch repeated is not
     /// parsed again.
     decoded: Mutex<HashMap<[u8; 32], ParsedKernels>>,
     hits: AtomicU64,
     misses: AtomicU64,
-    /// Calls of `BackendImpl::supports`.
+    /// Calls of `Compiler::plan`.
     plans: AtomicU64,
-    /// Time in `BackendImpl::compile` (and `supports` when no plan was kept), in nanoseconds.
+    /// Time in `Compiler::compile` (and `Compiler::plan` when no plan was kept), in nanoseconds.
     compile_ns: AtomicU64,
 }
+
+/// A backend's plan.
+type Plan<B> = <<B as BackendImpl>::Compiler as Compiler>::Plan;
 
 /// The kernels of one request, parsed.
 type ParsedKernels = Arc<Vec<Arc<Kernel>>>;
 
 /// Requests whose parsed kernels are kept.
 const DECODED_KEPT: usize = 256;
-/// Plans kept for the launch that follows their `supports`.
-const PLANS_KEPT: usize = 64;
+/// Plans kept.
+const PLANS_KEPT: usize = 256;
 /// Compiled launches kept (each cache starts afresh when full, as every cache here does).
 const COMPILED_KEPT: usize = 256;
 
@@ -84,43 +89,50 @@ impl<B: BackendImpl> Exported<B> {
         Ok(launch)
     }
 
-    /// `BackendImpl::supports`, counted.
-    fn plan(&self, launch: &Launch<'_>) -> Result<B::Plan, BackendError> {
+    /// The plan of `launch` from the cache, else `Compiler::plan`, counted and kept.
+    fn plan(&self, launch: &Launch<'_>, compiler: &B::Compiler, key: &[u8; 32]) -> Result<Arc<Plan<B>>, BackendError> {
+        if let Some(p) = self.planned.lock().ok().and_then(|m| m.get(key).cloned()) {
+            return Ok(p);
+        }
         self.plans.fetch_add(1, Ordering::Relaxed);
         ir::counters::planned();
-        self.backend.supports(launch)
+        let plan = Arc::new(compiler.plan(launch)?);
+        if let Ok(mut m) = self.planned.lock() {
+            if m.len() >= PLANS_KEPT {
+                m.clear();
+            }
+            m.insert(*key, Arc::clone(&plan));
+        }
+        Ok(plan)
     }
 
-    /// The key of `launch` in the compile cache (and the lowered-text cache beside it).
-    fn cache_key(&self, launch: &Launch<'_>) -> [u8; 32] {
-        keyed(self.backend.name(), self.backend.version(), &self.backend.options(), &launch.key)
+    /// The key of `launch` in the plan and compile caches (and the lowered-text cache beside
+    /// them): the backend, its version, its compiler's options and the launch.
+    fn cache_key(&self, launch: &Launch<'_>, compiler: &B::Compiler) -> [u8; 32] {
+        keyed(self.backend.name(), self.backend.version(), &compiler.options().to_string(), &launch.key)
     }
 
-    /// The compiled launch from the cache; else compiled from the plan the host's `supports`
-    /// call made for it, or from `supports` now. (A launch in the cache was planned and
-    /// accepted before: its key holds everything a plan depends on.)
-    fn compiled(&self, launch: &Launch<'_>) -> Result<Arc<B::Compiled>, BackendError> {
+    /// The compiled launch from the cache; else compiled from its plan (kept, or made now), and
+    /// its key.
+    fn compiled(&self, launch: &Launch<'_>) -> Result<(Arc<Artifact<B>>, [u8; 32], B::Compiler), BackendError> {
         let poisoned = || BackendError::new(ErrorKind::Internal, "the compile cache is poisoned");
-        let earlier = self.planned.lock().map_err(|_| poisoned())?.remove(&launch.key);
-        let key = self.cache_key(launch);
+        let compiler = self.backend.compiler()?;
+        let key = self.cache_key(launch, &compiler);
         if let Some(c) = self.compiled.lock().map_err(|_| poisoned())?.get(&key) {
             self.hits.fetch_add(1, Ordering::Relaxed);
-            return Ok(Arc::clone(c));
+            return Ok((Arc::clone(c), key, compiler));
         }
         self.misses.fetch_add(1, Ordering::Relaxed);
         let start = std::time::Instant::now();
-        let plan = match earlier {
-            Some(p) => p,
-            None => self.plan(launch)?,
-        };
-        let c = Arc::new(self.backend.compile(launch, plan)?);
+        let plan = Arc::unwrap_or_clone(self.plan(launch, &compiler, &key)?);
+        let c = Arc::new(compiler.compile(launch, plan)?);
         self.compile_ns.fetch_add(start.elapsed().as_nanos().try_into().unwrap_or(u64::MAX), Ordering::Relaxed);
         let mut compiled = self.compiled.lock().map_err(|_| poisoned())?;
         if compiled.len() >= COMPILED_KEPT {
             compiled.clear();
         }
         compiled.insert(key, Arc::clone(&c));
-        Ok(c)
+        Ok((c, key, compiler))
     }
 
     fn take_buffers(&self, args: RSlice<'_, BufferArg<'_>>) -> Result<BTreeMap<String, (u64, B::Buffer)>, BackendError> {
@@ -162,7 +174,7 @@ impl<B: BackendImpl> Exported<B> {
     ) -> Result<Option<u64>, BackendError> {
         let mut launch = self.decode(req)?;
         launch.kept = args.iter().filter(|a| a.keep).map(|a| a.name.to_string()).collect();
-        let compiled = self.compiled(&launch)?;
+        let (compiled, ..) = self.compiled(&launch)?;
         let taken = self.take_buffers(args)?;
         let ids: BTreeMap<String, u64> = taken.iter().map(|(n, (id, _))| (n.clone(), *id)).collect();
         let mut buffers: BTreeMap<String, B::Buffer> = taken.into_iter().map(|(n, (_, b))| (n, b)).collect();
@@ -191,7 +203,7 @@ impl<B: BackendImpl> Backend for Exported<B> {
     }
 
     fn options(&self) -> RString {
-        match guard("options", || Ok(self.backend.options())) {
+        match guard("options", || Ok(self.backend.compiler()?.options().to_string())) {
             RResult::ROk(o) => o.into(),
             RResult::RErr(e) => format!("(options failed: {})", e.message).into(),
         }
@@ -229,28 +241,20 @@ impl<B: BackendImpl> Backend for Exported<B> {
     fn supports(&self, req: &LaunchRequest<'_>) -> RResult<(), BackendError> {
         guard("supports", || {
             let launch = self.decode(req)?;
-            let plan = self.plan(&launch)?;
-            let mut planned =
-                self.planned.lock().map_err(|_| BackendError::new(ErrorKind::Internal, "the plan table is poisoned"))?;
-            // Plans no launch took (the host asked and went elsewhere) do not pile up.
-            if planned.len() >= PLANS_KEPT {
-                planned.clear();
-            }
-            planned.insert(launch.key, plan);
-            Ok(())
+            let compiler = self.backend.compiler()?;
+            self.plan(&launch, &compiler, &self.cache_key(&launch, &compiler)).map(drop)
         })
     }
 
     fn lower(&self, req: &LaunchRequest<'_>) -> RResult<RVec<Stage>, BackendError> {
         guard("lower", || {
             let launch = self.decode(req)?;
-            let compiled = self.compiled(&launch)?;
-            let key = self.cache_key(&launch);
+            let (compiled, key, compiler) = self.compiled(&launch)?;
             let poisoned = || BackendError::new(ErrorKind::Internal, "the lowered-text cache is poisoned");
             if let Some(stages) = self.lowered.lock().map_err(|_| poisoned())?.get(&key) {
                 return Ok(stages.clone());
             }
-            let stages: RVec<Stage> = (self.backend.stages(&compiled).into_iter())
+            let stages: RVec<Stage> = (compiler.stages(&compiled).into_iter())
                 .map(|(name, text)| Stage { name: name.into(), text: text.into() })
                 .collect();
             let mut lowered = self.lowered.lock().map_err(|_| poisoned())?;
@@ -348,7 +352,7 @@ impl<B: BackendImpl> Backend for Exported<B> {
                 }
             }
             views.extend(copies.iter().map(|(n, a)| (n.clone(), a.data.as_data_ref())));
-            let compiled = self.compiled(&launch)?;
+            let (compiled, ..) = self.compiled(&launch)?;
             let mut outs: BTreeMap<String, &mut [u8]> =
                 outputs.as_mut_slice().iter_mut().map(|o| (o.name.to_string(), o.array.bytes.as_mut_slice())).collect();
             match self.backend.run_host(&compiled, &launch, &views, &mut outs) {
@@ -421,10 +425,24 @@ mod tests {
         compiles: Arc<AtomicUsize>,
     }
 
+    impl Compiler for Counting {
+        type Plan = usize;
+        type Artifact = usize;
+        fn plan(&self, _: &Launch<'_>) -> Result<usize, BackendError> {
+            Ok(self.plans.fetch_add(1, Ordering::SeqCst))
+        }
+        fn compile(&self, _: &Launch<'_>, plan: usize) -> Result<usize, BackendError> {
+            self.compiles.fetch_add(1, Ordering::SeqCst);
+            Ok(plan)
+        }
+        fn stages(&self, c: &usize) -> Vec<(String, String)> {
+            vec![("plan".into(), c.to_string())]
+        }
+    }
+
     impl BackendImpl for Counting {
         type Buffer = ();
-        type Plan = usize;
-        type Compiled = usize;
+        type Compiler = Counting;
         fn name(&self) -> &str {
             "counting"
         }
@@ -443,15 +461,8 @@ mod tests {
         fn make_mesh(&self, _: &MeshSpec) -> Result<MeshBox, BackendError> {
             Err(invalid("no meshes"))
         }
-        fn supports(&self, _: &Launch<'_>) -> Result<usize, BackendError> {
-            Ok(self.plans.fetch_add(1, Ordering::SeqCst))
-        }
-        fn compile(&self, _: &Launch<'_>, plan: usize) -> Result<usize, BackendError> {
-            self.compiles.fetch_add(1, Ordering::SeqCst);
-            Ok(plan)
-        }
-        fn stages(&self, c: &usize) -> Vec<(String, String)> {
-            vec![("plan".into(), c.to_string())]
+        fn compiler(&self) -> Result<Counting, BackendError> {
+            Ok(Counting { plans: Arc::clone(&self.plans), compiles: Arc::clone(&self.compiles) })
         }
         fn alloc(&self, _: &Type) -> Result<(), BackendError> {
             Ok(())
@@ -470,6 +481,23 @@ mod tests {
     /// Where input `x` was read and what it held.
     type Seen = Arc<Mutex<Option<(usize, Vec<f32>)>>>;
 
+    /// A compiler that plans and makes nothing.
+    struct Nothing;
+
+    impl Compiler for Nothing {
+        type Plan = ();
+        type Artifact = ();
+        fn plan(&self, _: &Launch<'_>) -> Result<(), BackendError> {
+            Ok(())
+        }
+        fn compile(&self, _: &Launch<'_>, (): ()) -> Result<(), BackendError> {
+            Ok(())
+        }
+        fn stages(&self, (): &()) -> Vec<(String, String)> {
+            Vec::new()
+        }
+    }
+
     /// A host-memory backend whose `run_host` records where input `x` was and writes `o = x`.
     #[derive(Default)]
     struct InPlace {
@@ -478,8 +506,7 @@ mod tests {
 
     impl BackendImpl for InPlace {
         type Buffer = ();
-        type Plan = ();
-        type Compiled = ();
+        type Compiler = Nothing;
         fn name(&self) -> &str {
             "in-place"
         }
@@ -498,14 +525,8 @@ mod tests {
         fn make_mesh(&self, _: &MeshSpec) -> Result<MeshBox, BackendError> {
             Err(invalid("no meshes"))
         }
-        fn supports(&self, _: &Launch<'_>) -> Result<(), BackendError> {
-            Ok(())
-        }
-        fn compile(&self, _: &Launch<'_>, (): ()) -> Result<(), BackendError> {
-            Ok(())
-        }
-        fn stages(&self, (): &()) -> Vec<(String, String)> {
-            Vec::new()
+        fn compiler(&self) -> Result<Nothing, BackendError> {
+            Ok(Nothing)
         }
         fn alloc(&self, _: &Type) -> Result<(), BackendError> {
             Ok(())
@@ -614,25 +635,30 @@ mod tests {
         exported.supports(&req).into_result().unwrap();
         exported.launch(&req, RSlice::from_slice(&[])).into_result().unwrap();
         assert_eq!((plans.load(Ordering::SeqCst), compiles.load(Ordering::SeqCst)), (1, 1));
-        // Again: asked again (every launch is), compiled launch from the cache.
+        // Again: asked again (every launch is), plan and compiled launch from the caches.
         exported.supports(&req).into_result().unwrap();
         exported.launch(&req, RSlice::from_slice(&[])).into_result().unwrap();
-        assert_eq!((plans.load(Ordering::SeqCst), compiles.load(Ordering::SeqCst)), (2, 1));
+        assert_eq!((plans.load(Ordering::SeqCst), compiles.load(Ordering::SeqCst)), (1, 1));
         // A launch nobody asked about first, found in the cache, plans nothing.
         exported.launch(&req, RSlice::from_slice(&[])).into_result().unwrap();
-        assert_eq!((plans.load(Ordering::SeqCst), compiles.load(Ordering::SeqCst)), (2, 1));
-        // Lowering after asking: the asking plans, the lowering does not.
+        assert_eq!((plans.load(Ordering::SeqCst), compiles.load(Ordering::SeqCst)), (1, 1));
+        // Lowering after asking plans nothing more.
         exported.supports(&req).into_result().unwrap();
         let stages = exported.lower(&req).into_result().unwrap();
-        assert_eq!((plans.load(Ordering::SeqCst), stages.len()), (3, 1));
+        assert_eq!((plans.load(Ordering::SeqCst), stages.len()), (1, 1));
         // A backend without a device clock runs a timed launch and says it has no time.
         let timed = exported.launch_timed(&req, RSlice::from_slice(&[])).into_result().unwrap();
         assert!(timed.is_none());
-        assert_eq!((plans.load(Ordering::SeqCst), compiles.load(Ordering::SeqCst)), (3, 1));
+        assert_eq!((plans.load(Ordering::SeqCst), compiles.load(Ordering::SeqCst)), (1, 1));
         // A launch not in the cache, nobody asked about first, plans once to compile.
         let other = "kernel k\n  in x: f32[4]\n  out o: f32[4]\n{\n  %x = load x\n  %y = neg %x\n  store o, %y\n}\n";
-        let req = LaunchRequest { source: other.into(), ..req };
-        exported.launch(&req, RSlice::from_slice(&[])).into_result().unwrap();
-        assert_eq!((plans.load(Ordering::SeqCst), compiles.load(Ordering::SeqCst)), (4, 2));
+        let other = LaunchRequest { source: other.into(), ..req };
+        exported.launch(&other, RSlice::from_slice(&[])).into_result().unwrap();
+        assert_eq!((plans.load(Ordering::SeqCst), compiles.load(Ordering::SeqCst)), (2, 2));
+        // Asked about, then launched with the other: each plan is kept for its own launch.
+        exported.supports(&req).into_result().unwrap();
+        exported.supports(&other).into_result().unwrap();
+        exported.lower(&req).into_result().unwrap();
+        assert_eq!((plans.load(Ordering::SeqCst), compiles.load(Ordering::SeqCst)), (2, 2));
     }
 }

@@ -1,6 +1,7 @@
 //! What identifies a launch ([`request_key`], [`cache_key`]) and the decoding of a launch request
 //! into Rust types ([`decode`]).
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::mesh::mesh_spec;
@@ -12,25 +13,41 @@ use crate::ir::{self, Kernel};
 /// versions, the kernel text, each call's kernel and mesh (its text and portable view), the
 /// external meshes, and the dynamic grid sizes.
 pub fn request_key(req: &LaunchRequest<'_>) -> [u8; 32] {
+    launch_hash(
+        &[PLUGIN_API_VERSION.as_bytes(), &req.ir_format.to_le_bytes(), req.source.as_str().as_bytes()],
+        req.calls.iter().map(|c| (c.kernel.as_str(), c.mesh.into_option())),
+        req.external_meshes.iter().copied(),
+        req.grid.iter().map(|g| (g.axis.as_str(), g.size)),
+    )
+}
+
+/// The hash of a launch: `head`, then each call's kernel (its name, or its text) and mesh, the
+/// external meshes and the grid sizes, each field length-prefixed.
+fn launch_hash<'m, 'g, K: AsRef<[u8]>>(
+    head: &[&[u8]],
+    calls: impl Iterator<Item = (K, Option<&'m MeshBox>)>,
+    external_meshes: impl Iterator<Item = &'m MeshBox>,
+    grid: impl Iterator<Item = (&'g str, u64)>,
+) -> [u8; 32] {
     let mut h = blake3::Hasher::new();
     let mut field = |bytes: &[u8]| {
         h.update(&(bytes.len() as u64).to_le_bytes());
         h.update(bytes);
     };
-    field(PLUGIN_API_VERSION.as_bytes());
-    field(&req.ir_format.to_le_bytes());
-    field(req.source.as_str().as_bytes());
-    let mesh_text = |m: &MeshBox| format!("{} {}", m.display(), mesh_spec(m));
-    for c in req.calls.iter() {
-        field(c.kernel.as_str().as_bytes());
-        field(c.mesh.into_option().map(mesh_text).unwrap_or_default().as_bytes());
+    for bytes in head {
+        field(bytes);
     }
-    for m in req.external_meshes.iter() {
+    let mesh_text = |m: &MeshBox| format!("{} {}", m.display(), mesh_spec(m));
+    for (kernel, mesh) in calls {
+        field(kernel.as_ref());
+        field(mesh.map(mesh_text).unwrap_or_default().as_bytes());
+    }
+    for m in external_meshes {
         field(mesh_text(m).as_bytes());
     }
-    for g in req.grid.iter() {
-        field(g.axis.as_str().as_bytes());
-        field(&g.size.to_le_bytes());
+    for (axis, size) in grid {
+        field(axis.as_bytes());
+        field(&size.to_le_bytes());
     }
     *h.finalize().as_bytes()
 }
@@ -88,4 +105,19 @@ pub(super) fn decode_keyed<'a>(
     };
     let grid = req.grid.iter().map(|g| (g.axis.to_string(), g.size)).collect();
     Ok(Launch { calls, external_meshes: req.external_meshes.iter().copied().collect(), grid, key, kept: Default::default() })
+}
+
+impl<'a> Launch<'a> {
+    /// A launch made in Rust rather than decoded from a host's request (a test or a tool that
+    /// lowers through a [`super::Compiler`] directly): its key hashes each call's kernel, as
+    /// canonical text, and mesh, the external meshes and the grid sizes.
+    pub fn new(calls: Vec<Call<'a>>, external_meshes: Vec<&'a MeshBox>, grid: BTreeMap<String, u64>) -> Launch<'a> {
+        let key = launch_hash(
+            &[PLUGIN_API_VERSION.as_bytes()],
+            calls.iter().map(|c| (ir::print_kernel(&c.kernel), c.mesh)),
+            external_meshes.iter().copied(),
+            grid.iter().map(|(a, s)| (a.as_str(), *s)),
+        );
+        Launch { calls, external_meshes, grid, key, kept: Default::default() }
+    }
 }

@@ -5,10 +5,11 @@
 //!
 //! The files of this folder: this one holds what a backend author writes against
 //! ([`BackendImpl`] and the types it is handed, [`export`], [`check_upload`],
-//! [`export_plugin!`](crate::export_plugin)); `exported.rs` the ABI adapter [`export`] makes and
-//! its caches; `guard.rs` the panic guard; `keys.rs` what identifies a launch and how a request is
+//! [`export_plugin!`](crate::export_plugin)); `compiler.rs` the pure half ([`Compiler`], its
+//! [`Options`]); `exported.rs` the ABI adapter [`export`] makes and its caches; `guard.rs` the panic guard; `keys.rs` what identifies a launch and how a request is
 //! decoded; `mesh.rs` the portable view of meshes and a kernel's grid from its mesh.
 
+mod compiler;
 mod exported;
 mod guard;
 mod keys;
@@ -25,6 +26,7 @@ use crate::ir::{Kernel, Type};
 use crate::mesh::MeshSpec;
 use exported::Exported;
 use guard::install_quiet_panic_hook;
+pub use compiler::{Compiler, Options};
 pub use guard::{guard, new_backend_guarded};
 pub use keys::{cache_key, decode, request_key};
 pub use mesh::{SpecMesh, make_mesh_object, mesh_spec, mesh_view, verify_with_mesh};
@@ -76,12 +78,6 @@ pub trait BackendImpl: Send + Sync + 'static {
     fn version(&self) -> &str;
     /// What it runs on, in words.
     fn platform(&self) -> String;
-    /// What its lowering depends on besides the kernel and [`BackendImpl::version`] (a strategy,
-    /// a target), or empty: hashed into every key of a compiled launch, lowered text on disk and
-    /// tuning record, and shown by `tessel backends`.
-    fn options(&self) -> String {
-        String::new()
-    }
     /// `Ok` with the class of device it runs on and what that is, or `Err(why it cannot run
     /// here)`. Must not touch a device it has not been asked to use, and must be cheap.
     fn availability(&self) -> Result<Available, String>;
@@ -89,22 +85,12 @@ pub trait BackendImpl: Send + Sync + 'static {
     fn capabilities(&self) -> Capabilities;
     /// Builds this backend's own mesh from a portable spec.
     fn make_mesh(&self, spec: &MeshSpec) -> Result<MeshBox, BackendError>;
-    /// What `supports` decided and `compile` consumes (verified kernels, their grids, the
-    /// lowering's plan), so that a launch is checked and planned once.
-    type Plan: Send + 'static;
-    /// The plan, or the refusal: cheap, no lowering, no device. The host asks it once per launch
-    /// it plans (`Runtime::plan`; under `auto`, once per backend it tries) and hands the plan to
-    /// [`BackendImpl::compile`]; a launch the host resumes from a kept plan is not asked again,
-    /// and one compiled without a kept plan is planned then. It is where a backend checks that a
-    /// mesh is its own.
-    fn supports(&self, launch: &Launch<'_>) -> Result<Self::Plan, BackendError>;
-    /// A launch lowered for this backend: what [`BackendImpl::compile`] makes and
-    /// [`BackendImpl::run`] runs. [`export`] caches it, keyed by the launch.
-    type Compiled: Send + Sync + 'static;
-    /// Lowers a launch from the plan `supports` made for it. No device.
-    fn compile(&self, launch: &Launch<'_>, plan: Self::Plan) -> Result<Self::Compiled, BackendError>;
-    /// Named stages of lowered text (`ptx`, `wgsl`, ...).
-    fn stages(&self, compiled: &Self::Compiled) -> Vec<(String, String)>;
+    /// Its compiler (the pure half: plans, lowering, text).
+    type Compiler: Compiler;
+    /// The compiler for the device it runs on now (its options read from the adapter, a
+    /// strategy forced by the environment): cheap, called for every launch; no device is opened
+    /// for it. Fails where the environment asks for options that do not exist.
+    fn compiler(&self) -> Result<Self::Compiler, BackendError>;
     /// A zeroed buffer of `ty`.
     fn alloc(&self, ty: &Type) -> Result<Self::Buffer, BackendError>;
     /// Copies host data in (same type as allocated).
@@ -114,7 +100,7 @@ pub trait BackendImpl: Send + Sync + 'static {
     /// Runs a compiled launch; `buffers` holds the bound arguments by name.
     fn run(
         &self,
-        compiled: &Self::Compiled,
+        compiled: &Artifact<Self>,
         launch: &Launch<'_>,
         buffers: &mut BTreeMap<String, Self::Buffer>,
     ) -> Result<(), BackendError>;
@@ -122,7 +108,7 @@ pub trait BackendImpl: Send + Sync + 'static {
     /// dispatches took on the device's own clock, else `None` (the default: the host times it).
     fn run_timed(
         &self,
-        compiled: &Self::Compiled,
+        compiled: &Artifact<Self>,
         launch: &Launch<'_>,
         buffers: &mut BTreeMap<String, Self::Buffer>,
     ) -> Result<Option<u64>, BackendError> {
@@ -135,7 +121,7 @@ pub trait BackendImpl: Send + Sync + 'static {
     /// (the host then uses buffers).
     fn run_host(
         &self,
-        compiled: &Self::Compiled,
+        compiled: &Artifact<Self>,
         launch: &Launch<'_>,
         inputs: &BTreeMap<String, DataRef<'_>>,
         outputs: &mut BTreeMap<String, &mut [u8]>,
@@ -144,6 +130,9 @@ pub trait BackendImpl: Send + Sync + 'static {
         None
     }
 }
+
+/// What a backend's compiler makes and its `run` runs.
+pub type Artifact<B> = <<B as BackendImpl>::Compiler as Compiler>::Artifact;
 
 /// Wraps a backend into the object a plugin's root module returns and a built-in submits.
 pub fn export<B: BackendImpl>(backend: B) -> BackendBox {
