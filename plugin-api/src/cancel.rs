@@ -3,7 +3,9 @@
 //! [`Token::cancel`] from another. A backend that runs programs in host memory takes the calling
 //! thread's token with [`current`] as the launch starts, stops starting programs (and `for`
 //! iterations) once it is cancelled, and fails the launch with
-//! [`crate::launch::LaunchError::Cancelled`]: the outputs are then incomplete.
+//! [`crate::launch::LaunchError::Cancelled`]: the outputs are then incomplete. A backend that
+//! waits for a device (wgpu) looks at the token while it waits and stops waiting once it is
+//! cancelled, failing the launch; the device finishes the work it was given on its own.
 //!
 //! The token travels with the calling thread, not through [`crate::abi`], so that the boundary
 //! is unchanged. The built-in backends share this crate (and so the thread's token) with the

@@ -18,6 +18,9 @@ use tessel_plugin_api::ir::{DType, ParamKind, Type};
 use crate::emit::Lowered;
 use crate::error::{LOOP_BUDGET_HINT, Refusal};
 
+/// How often a wait under a cancellation token looks at it.
+const CANCEL_POLL: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// The adapter this process uses.
 pub struct Adapter {
     adapter: wgpu::Adapter,
@@ -386,11 +389,27 @@ impl Gpu {
         Ok(words)
     }
 
+    /// Waits for the work submitted so far. Under a cancellation token
+    /// ([`tessel_plugin_api::cancel`]: the Python module's, on Ctrl-C) it wakes every
+    /// [`CANCEL_POLL`] and, once the token is cancelled, stops waiting and fails: the device
+    /// finishes the work on its own (wgpu keeps the buffers it uses alive), and the next launch
+    /// queues behind it.
     fn wait(&self) -> Result<(), BackendError> {
-        self.device
-            .poll(wgpu::PollType::wait_indefinitely())
-            .map(drop)
-            .map_err(|e| err(ErrorKind::Device, format!("waiting for the device failed: {e}")))?;
+        let token = tessel_plugin_api::cancel::current();
+        let timeout = token.as_ref().map(|_| CANCEL_POLL);
+        loop {
+            match self.device.poll(wgpu::PollType::Wait { submission_index: None, timeout }) {
+                Ok(_) => break,
+                Err(wgpu::PollError::Timeout) if token.as_ref().is_some_and(|t| t.is_cancelled()) => {
+                    return Err(err(
+                        ErrorKind::Device,
+                        "the launch was cancelled before the device finished it\n  its outputs are incomplete; launch it again",
+                    ));
+                }
+                Err(wgpu::PollError::Timeout) => {}
+                Err(e) => return Err(err(ErrorKind::Device, format!("waiting for the device failed: {e}"))),
+            }
+        }
         self.check_alive()
     }
 
