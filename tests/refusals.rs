@@ -176,7 +176,6 @@ fn every_mosaic_gpu_refusal_is_reached_with_its_words() {
         Case { kind: K::ArrayTooLarge, how: lower(&long, &[]), first: "argument `x` (f32[4294967424]) has 4294967424 elements, more than the 2147483647 the Mosaic GPU backend indexes".into() },
         Case { kind: K::Workspace, how: How::Elsewhere("a guard: 4 GiB of workspace per CTA takes tens of thousands of 64 KiB values"), first: String::new() },
         Case { kind: K::SharedMemory, how: How::Elsewhere("the shared memory of a device is known only on a Hopper GPU (scripts/gpu-check)"), first: String::new() },
-        Case { kind: K::KeptOutput, how: How::Elsewhere("refused when a launch runs, on a CUDA device (python/tests/test_cuda.py)"), first: String::new() },
     ]);
 }
 

@@ -30,7 +30,7 @@ from typing import Any, Callable, Dict, List
 
 import numpy as np
 
-from ._common import _CALLS, _refuse, Translated
+from ._common import _CALLS, Translated
 from ._errors import UnsupportedError
 from ._jax_support import _INLINE, _jax
 from ._translate import _translate
@@ -298,16 +298,11 @@ def _register_gpu_rule() -> None:
             return _no_programs(ctx, operands, params)
         eqn = _Lowered(ctx.primitive, ctx, params)
         t = _translate(eqn, _lowered_name(params))
-        if t.kept:
-            pairs = ", ".join(f"`{t.inputs[i]}` with `{t.outputs[o]}`" for i, o in t.kept)
-            raise _refuse(
-                f"`input_output_aliases` pairing {pairs}, where the output starts from the input's buffer,",
-                t.name, None,
-                "store every element of the aliased output (o_ref[...] = ...) without reading the input after it, "
-                "or run the kernel on the CPU (tessel.pallas.install), where XLA's aliasing is taken",
-            )
+        # An output that starts from its aliased input's buffer: XLA aliases the two on the
+        # device as on the host, and the CUDA handler keeps the output's contents.
         return tj.lowering(ctx, *operands, text=t.text, backend=compiler_params.backend, mesh=t.mesh,
-                           external_meshes=t.external_meshes)
+                           external_meshes=t.external_meshes,
+                           kept=[(i, o, t.outputs[o]) for i, o in t.kept], copied=t.copied)
 
     jex_pallas.register_lowering_rule(CompilerParams, lower, "gpu")
     _gpu_rule_registered = True

@@ -137,3 +137,29 @@ def test_an_unchanged_pallas_call_runs_on_tessel_when_its_compiler_params_say_so
     got = jax.jit(lambda x: f(x) + 1.0)(on_gpu(x))
     np.testing.assert_allclose(np.asarray(got), x * 2.0 + 2.0, rtol=1e-6)
     assert counts()[0] == before[0] + 1
+
+
+def test_an_aliased_output_left_partly_unwritten_keeps_the_inputs_values_on_the_device():
+    """`input_output_aliases` with a masked store, on XLA's device buffers: the elements the
+    kernel does not store keep the input's values (the handler does not zero a kept output), on
+    the direct path and on the host-copy path (a `bool` operand sends a call there)."""
+    from jax.experimental import pallas as pl
+
+    from tessel import pallas as tp
+
+    def body(x_ref, o_ref):
+        o_ref[pl.ds(0, 4)] = x_ref[pl.ds(0, 4)] * 3.0
+
+    def f(x):
+        spec = pl.BlockSpec((8,), lambda i: (i,))
+        return pl.pallas_call(
+            body, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), grid=(2,), in_specs=[spec], out_specs=spec,
+            input_output_aliases={0: 0}, compiler_params=tp.CompilerParams(backend="mosaic-gpu"),
+        )(x)
+
+    x = np.arange(16, dtype=np.float32)
+    want = np.concatenate([x[:4] * 3, x[4:8], x[8:12] * 3, x[12:]])
+    before = counts()
+    got = jax.jit(f)(on_gpu(x))
+    np.testing.assert_array_equal(np.asarray(got), want)
+    assert counts()[0] == before[0] + 1

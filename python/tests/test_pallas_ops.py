@@ -121,6 +121,32 @@ def test_an_aliased_output_left_partly_unwritten_keeps_the_inputs_values_through
     np.testing.assert_array_equal(got[1, 8:], np.concatenate([xs[1, 8:12] * 3, xs[1, 12:]]))
 
 
+def test_an_aliased_output_lowered_for_cuda_keeps_its_contents_through_xlas_aliasing():
+    """The opt-in Mosaic GPU lowering for CUDA takes an aliased output as the CPU one does: the
+    call asks XLA to alias the operand to the result and the handler keeps the output's contents
+    (it no longer refuses them on CUDA). Lowered here; run on a lent GPU (test_cuda.py)."""
+    try:
+        from jax.extend import pallas as _  # noqa: F401
+    except ImportError:
+        pytest.skip("this jax has no jax.extend.pallas.register_lowering_rule")
+
+    def body(x_ref, o_ref):
+        o_ref[pl.ds(0, 4)] = x_ref[pl.ds(0, 4)] * 3.0
+
+    def f(x):
+        spec = pl.BlockSpec((8,), lambda i: (i,))
+        return pl.pallas_call(
+            body, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), grid=(2,), in_specs=[spec], out_specs=spec,
+            input_output_aliases={0: 0}, compiler_params=tp.CompilerParams(backend="mosaic-gpu"),
+        )(x)
+
+    x = np.arange(16, dtype=np.float32)
+    hlo = jax.jit(f).trace(x).lower(lowering_platforms=("cuda",)).as_text()
+    call = next(line for line in hlo.splitlines() if "tessel_call" in line)
+    assert 'backend = "mosaic-gpu"' in call and 'keep = "o0"' in call, call
+    assert "output_operand_alias<output_tuple_indices = [], operand_index = 0" in call, call
+
+
 def test_a_kv_cache_update_writes_one_block_in_place_of_a_bf16_cache():
     rng = np.random.default_rng(11)
     cache = jnp.asarray(rng.standard_normal((32, 16)), jnp.bfloat16)

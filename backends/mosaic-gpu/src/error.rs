@@ -11,12 +11,6 @@ use crate::limits::{MAX_ARRAY_ELEMENTS, MAX_BLOCK_ELEMENTS, MAX_CTAS, MAX_NUM_TH
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, strum::EnumDiscriminants)]
 #[strum_discriminants(name(RefusalKind), derive(strum::EnumIter, Hash))]
 pub enum Refusal {
-    /// An output that starts from given contents (an aliased input's buffer).
-    #[error("output `{name}` starts from given contents (an aliased input), which the Mosaic GPU backend does not keep")]
-    KeptOutput {
-        /// The output.
-        name: String,
-    },
     /// Several kernels in one launch when one of them has scratch operands.
     #[error("Scratch operands are not supported by the Mosaic GPU mpmd_map lowering")]
     ScratchInMpmd,
@@ -130,7 +124,6 @@ pub enum Refusal {
 impl Refuse for Refusal {
     fn hint(&self) -> String {
         match self {
-            Refusal::KeptOutput { .. } => "run the launch on the interpreter or wgpu".into(),
             Refusal::ScratchInMpmd => "launch each kernel on its own, or move its scratch into an output; wgpu and interpret run several kernels with scratch".into(),
             Refusal::MultipleKernels => "launch one kernel at a time, or run on wgpu or interpret, which take several (mesh, kernel) pairs".into(),
             Refusal::ExternalMeshes => "leave out --external-mesh, or run on wgpu, which takes external meshes whose portable view fits".into(),

@@ -5,7 +5,7 @@
 //! something only to the backend that owns the device, which is why this is the backend's own
 //! API and not a method of the plugin boundary.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ffi::c_void;
 use std::sync::Arc;
 
@@ -81,8 +81,15 @@ impl Compiled {
         &self.ptx
     }
 
+    /// The outputs zeroed before each launch, with their bytes: those the kernel may leave partly
+    /// unwritten (outputs start as zeros, language §3, and XLA's buffers do not), except the
+    /// `kept` ones, which start from what their memory holds (an aliased input's values).
+    pub fn to_zero<'a>(&'a self, kept: &'a BTreeSet<String>) -> impl Iterator<Item = (&'a str, usize)> + 'a {
+        self.zeroed.iter().filter(|(n, _)| !kept.contains(n)).map(|(n, b)| (n.as_str(), *b))
+    }
+
     /// Enqueues the kernel on `stream`, its `in` and `out` arguments at the device addresses
-    /// `args` gives by name. Returns once it is enqueued.
+    /// `args` gives by name, the outputs in `kept` left as they are. Returns once it is enqueued.
     ///
     /// # Safety
     /// `stream` is a live `CUstream` of a device's primary context (XLA's streams are); each
@@ -90,13 +97,13 @@ impl Compiled {
     /// for 16-bit floats and 4 for 32-bit types (`bool` arguments are 4 bytes an element here),
     /// not written by anyone else until the work enqueued on `stream` is done.
     #[allow(unsafe_code, reason = "launching on a foreign stream")]
-    pub unsafe fn enqueue(&self, stream: *mut c_void, args: &HashMap<String, u64>) -> Result<(), BackendError> {
+    pub unsafe fn enqueue(&self, stream: *mut c_void, args: &HashMap<String, u64>, kept: &BTreeSet<String>) -> Result<(), BackendError> {
         let stream = stream as sys::CUstream;
         let device = device_of(stream)?;
-        for (name, bytes) in &self.zeroed {
+        for (name, bytes) in self.to_zero(kept) {
             let Some(&at) = args.get(name) else { continue };
             // SAFETY: the output's memory, `bytes` long, as the caller promises.
-            unsafe { sys::cuMemsetD8Async(at, 0, *bytes, stream) }.result().map_err(|e| device_error("zeroing an output", e))?;
+            unsafe { sys::cuMemsetD8Async(at, 0, bytes, stream) }.result().map_err(|e| device_error("zeroing an output", e))?;
         }
         // SAFETY: as the caller promises.
         unsafe {
@@ -144,5 +151,42 @@ pub unsafe fn copy_to_device(stream: *mut c_void, to: u64, bytes: &[u8]) -> Resu
             .result()
             .map_err(|e| device_error("copy to the device", e))?;
         sys::cuStreamSynchronize(stream).result().map_err(|e| device_error("waiting for a copy", e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use tessel_plugin_api::ir;
+
+    /// `o` is stored in its first half only (a masked store); `p` whole.
+    const PARTLY: &str = "kernel partly
+  grid (i: 2)
+  in  x: f32[256] block [128] at (i)
+  out o: f32[256] block [128] at (i)
+  out p: f32[256] block [128] at (i)
+{
+  %x = load x
+  %n = iota 0 : i32[128]
+  %m = lt %n, 64
+  store o, %x mask %m
+  store p, %x
+}
+";
+
+    #[test]
+    fn outputs_left_partly_unwritten_are_zeroed_unless_kept() {
+        let kernel = ir::parse(PARTLY).expect("parses").kernels.remove(0);
+        let c = super::compile(&kernel, None).expect("lowers");
+        let zeroed = |kept: &[&str]| {
+            let kept: BTreeSet<String> = kept.iter().map(|s| s.to_string()).collect();
+            c.to_zero(&kept).map(|(n, b)| (n.to_string(), b)).collect::<Vec<_>>()
+        };
+        // Outputs start as zeros: `o`'s unstored half must be zeroed in XLA's buffer; `p` is
+        // stored whole.
+        assert_eq!(zeroed(&[]), [("o".to_string(), 256 * 4)]);
+        // Kept (aliased to an input), `o` starts from what its buffer holds: nothing zeroes it.
+        assert_eq!(zeroed(&["o"]), []);
     }
 }

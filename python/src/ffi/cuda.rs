@@ -9,7 +9,7 @@
 //! its results are copied back, each copy in the stream's order. That is correct but waits for
 //! the stream; `tessel.jax.stats()["staged"]` counts such calls.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::ffi::c_void;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -85,6 +85,7 @@ pub(super) unsafe fn launch(
     batch: &Batch<'_>,
     ins: &[Raw],
     outs: &[Raw],
+    kept: &BTreeSet<String>,
 ) -> Result<(), Failure> {
     // SAFETY: as the caller promises.
     let stream = unsafe { stream(frame)? };
@@ -98,19 +99,20 @@ pub(super) unsafe fn launch(
             // SAFETY: XLA's device buffers on the stream's device, each holding its argument's
             // declared type (checked by the caller) in the layout the PTX reads (no `bool`);
             // XLA writes none of them until the stream reaches the kernel's end.
-            unsafe { c.enqueue(stream, &at).map_err(mosaic_error)? };
+            unsafe { c.enqueue(stream, &at, kept).map_err(mosaic_error)? };
         }
         return Ok(());
     }
     STAGED.fetch_add(1, Ordering::Relaxed);
     for n in 0..batch.launches {
         // Element `n`'s part of every buffer, in host memory.
-        let copy = |raws: &[Raw], decl: &[(String, tessel_plugin_api::ir::Type)], read: bool| {
+        // Inputs are read, and the outputs kept (aliased to an input: they start from its values).
+        let copy = |raws: &[Raw], decl: &[(String, tessel_plugin_api::ir::Type)], read: &dyn Fn(&str) -> bool| {
             raws.iter()
                 .zip(decl)
-                .map(|(raw, (_, ty))| {
+                .map(|(raw, (name, ty))| {
                     let mut host = vec![0u8; batch.bytes(ty)];
-                    if read {
+                    if read(name) {
                         let at = raw.data as u64 + (n * host.len()) as u64;
                         // SAFETY: XLA's device buffer holds this element's bytes.
                         unsafe { external::copy_to_host(stream, at, &mut host).map_err(mosaic_error)? };
@@ -119,14 +121,14 @@ pub(super) unsafe fn launch(
                 })
                 .collect::<Result<Vec<Vec<u8>>, _>>()
         };
-        let host_ins = copy(ins, &p.inputs, true)?;
-        let mut host_outs = copy(outs, &p.outputs, false)?;
+        let host_ins = copy(ins, &p.inputs, &|_| true)?;
+        let mut host_outs = copy(outs, &p.outputs, &|name| kept.contains(name))?;
         let raw = |host: &[u8], like: &Raw| Raw { dtype: like.dtype, dims: like.dims.clone(), data: host.as_ptr() as *mut u8 };
         let r_ins: Vec<Raw> = host_ins.iter().zip(ins).map(|(h, r)| raw(h, r)).collect();
         let r_outs: Vec<Raw> = host_outs.iter_mut().zip(outs).map(|(h, r)| raw(h, r)).collect();
         // SAFETY: host copies of element `n`'s part of each buffer (so launch 0 of them), the
         // results' copies written only through `r_outs`.
-        unsafe { launch_host(planned, p, batch, &r_ins, &r_outs, &Default::default(), 0)? };
+        unsafe { launch_host(planned, p, batch, &r_ins, &r_outs, kept, 0)? };
         for ((host, raw), (_, ty)) in host_outs.iter().zip(outs).zip(&p.outputs) {
             let at = raw.data as u64 + (n * batch.bytes(ty)) as u64;
             // SAFETY: XLA's result buffer holds this element's bytes.

@@ -457,7 +457,7 @@ unsafe fn handle(frame: *mut CallFrame, platform: Platform) -> Result<(), Failur
     let rt = crate::runtime()?;
     let p = prepared(&rt, text, backend, mesh, externals)?;
     let name = p.kernel.name();
-    let kept = kept_outputs(keep, &p, platform)?;
+    let kept = kept_outputs(keep, &p)?;
     let (mut ins, outs) = unsafe { (buffers(&frame.args, "operand")?, buffers(&frame.rets, "result")?) };
     if ins.len() != p.inputs.len() + kept.len() || outs.len() != p.outputs.len() {
         return Err(invalid(format!(
@@ -496,7 +496,7 @@ unsafe fn handle(frame: *mut CallFrame, platform: Platform) -> Result<(), Failur
             }
         }
         // SAFETY: XLA's device buffers and its call frame (for the stream).
-        Platform::Cuda => unsafe { cuda::launch(frame, &planned, &p, &batch, &ins, &outs)? },
+        Platform::Cuda => unsafe { cuda::launch(frame, &planned, &p, &batch, &ins, &outs, &kept)? },
     }
     count_launches(p.plan.backend(), launches as u64);
     Ok(())
@@ -562,19 +562,13 @@ unsafe fn launch_host(
 /// The outputs named by the call's `keep` attribute (comma-separated): those XLA aliases to the
 /// operands after the kernel's inputs, whose buffers hold their starting contents (Pallas's
 /// `input_output_aliases`, language §3's outputs that do not start as zeros).
-fn kept_outputs(keep: &str, p: &Prepared, platform: Platform) -> Result<BTreeSet<String>, Failure> {
+fn kept_outputs(keep: &str, p: &Prepared) -> Result<BTreeSet<String>, Failure> {
     let kept: BTreeSet<String> = keep.split(',').filter(|s| !s.is_empty()).map(str::to_string).collect();
     if let Some(k) = kept.iter().find(|k| !p.outputs.iter().any(|(n, _)| n == *k)) {
         return Err(invalid(format!(
             "the custom call keeps the contents of `{k}`, which is not an output of kernel `{}`\n  its outputs are: {}",
             p.kernel.name(),
             p.outputs.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>().join(", ")
-        )));
-    }
-    if !kept.is_empty() && matches!(platform, Platform::Cuda) {
-        return Err(invalid(format!(
-            "kernel `{}` starts outputs from aliased inputs (input_output_aliases), which tessel runs on the CPU platform only\n  lower for the CPU, or store every element of the aliased outputs",
-            p.kernel.name()
         )));
     }
     Ok(kept)
