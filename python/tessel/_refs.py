@@ -412,13 +412,13 @@ class _Refs:
             return r
         starts, strides, sizes, kept = [], [], [], []
         for n, ix in zip(shape, after[0].indices):
-            if isinstance(ix, indexing.Slice) and isinstance(ix.start, (int, np.integer)):
-                starts.append(int(ix.start))
+            if isinstance(ix, indexing.Slice) and _static_int(ix.start) is not None:
+                starts.append(_static_int(ix.start))
                 strides.append(int(ix.stride))
                 sizes.append(int(ix.size))
                 kept.append(int(ix.size))
-            elif isinstance(ix, (int, np.integer)):
-                starts.append(int(ix))
+            elif _static_int(ix) is not None:
+                starts.append(_static_int(ix))
                 strides.append(1)
                 sizes.append(1)
             else:
@@ -430,6 +430,89 @@ class _Refs:
         if kept == sizes:
             return c
         return self.body.let(f"reshape {c}", f"{dt}[{_dims(kept)}]" if kept else dt)
+
+    @staticmethod
+    def is_reshaped(transforms) -> bool:
+        """Whether a ref's transforms reshape or bitcast it."""
+        from jax._src.state.types import BitcastTransform, ReshapeTransform
+
+        return any(isinstance(t, (ReshapeTransform, BitcastTransform)) for t in transforms)
+
+    def reshaped_swap(self, eqn, ref, v: str, transforms, want_old: bool) -> Optional[str]:
+        """A store to a reshaped ref (`buf.at[slot].reshape(n, d)[k] = row`, as TPU kernels write
+        a page viewed as rows): the value put in the window its indexers after the reshapes
+        choose (static, contiguous) of the region before them, loaded and reshaped where the
+        window does not cover it; the result reshaped back (a ref is row-major, so its reshape
+        is the value's) and stored to the region. Returns the window's value before the store
+        (what `swap` returns) where `want_old`, else "", or None where the ref is not reshaped."""
+        from jax._src.state import indexing
+        from jax._src.state.types import BitcastTransform, ReshapeTransform
+
+        at = [k for k, t in enumerate(transforms) if isinstance(t, (ReshapeTransform, BitcastTransform))]
+        if not at:
+            return None
+        before, middle, after = list(transforms[: at[0]]), transforms[at[0]: at[-1] + 1], list(transforms[at[-1] + 1:])
+        if any(isinstance(t, BitcastTransform) for t in middle):
+            raise self.refuse("a store to a bitcast ref", eqn, "bitcast the value (`pltpu.bitcast`) and store it to the ref as it is")
+        if not all(isinstance(t, ReshapeTransform) for t in middle) or not all(isinstance(t, indexing.NDIndexer) for t in before + after) or len(after) > 1:
+            raise self.refuse("a reshaped ref indexed between its reshapes", eqn)
+        dt = _ty(ref.aval, self.kernel, eqn).split("[")[0]
+        region = list(before[-1].get_indexer_shape()) if before else list(ref.aval.shape)
+        shapes = [region] + [list(t.shape) for t in middle]
+        view = shapes[-1]
+        window = []  # (start, size, kept) per dimension of the view
+        for n, ix in zip(view, after[0].indices if after else [None] * len(view)):
+            if ix is None:
+                window.append((0, n, True))
+            elif isinstance(ix, indexing.Slice) and _static_int(ix.start) is not None and ix.stride == 1:
+                window.append((_static_int(ix.start), int(ix.size), True))
+            elif _static_int(ix) is not None:
+                window.append((_static_int(ix), 1, False))
+            else:
+                raise self.refuse("a dynamic or strided index into a reshaped ref, stored to", eqn,
+                                  "index the ref before reshaping it, or store the whole reshaped view")
+        sizes = [k for _, k, _ in window]
+        if [k for _, k, kept in window if kept] != sizes:
+            v = self.body.let(f"reshape {v}", f"{dt}[{_dims(sizes)}]")
+        whole = sizes == view
+        old = ""
+        if not whole or want_old:
+            cur = self.body.let(f"load {self.ref(ref, eqn)}{self.indexers(eqn, ref, before)}", f"{dt}[{_dims(region)}]")
+            for shape in shapes[1:]:
+                cur = self.body.let(f"reshape {cur}", f"{dt}[{_dims(shape)}]")
+            if want_old:
+                old = cur if whole else self.body.let(f"slice {cur} start ({_dims([s for s, _, _ in window])})", f"{dt}[{_dims(sizes)}]")
+                kept = [k for _, k, keep in window if keep]
+                if kept != sizes:
+                    old = self.body.let(f"reshape {old}", f"{dt}[{_dims(kept)}]" if kept else dt)
+            if not whole:
+                v = self.placed(cur, list(view), v, window, 0, dt)
+        for shape in reversed(shapes[:-1]):
+            v = self.body.let(f"reshape {v}", f"{dt}[{_dims(shape)}]")
+        self.body.emit(f"store {self.ref(ref, eqn)}{self.indexers(eqn, ref, before)}, {v}")
+        return old
+
+    def placed(self, cur: str, shape, v: str, window, d: int, dt: str) -> str:
+        """`cur` (of `shape`) with `v` in the static `window` from dimension `d` on: along each
+        dimension the part of `cur` before the window, the window (placed the same way along the
+        next dimensions), and the part after, concatenated."""
+        start, size, _ = window[d]
+        n = shape[d]
+        at = lambda s: _dims([s if e == d else 0 for e in range(len(shape))])  # noqa: E731
+        part = lambda s, k: self.body.let(  # noqa: E731
+            f"slice {cur} start ({at(s)})", f"{dt}[{_dims([k if e == d else m for e, m in enumerate(shape)])}]")
+        # Where the window covers every later dimension, `v` is the window's part whole.
+        if all(s == 0 and k == shape[e] for e, (s, k, _) in enumerate(window) if e > d):
+            middle = v
+        else:
+            inner_shape = [size if e == d else m for e, m in enumerate(shape)]
+            middle = self.placed(cur if size == n else part(start, size), inner_shape, v, window, d + 1, dt)
+        parts = ([part(0, start)] if start > 0 else []) + [middle]
+        if start + size < n:
+            parts.append(part(start + size, n - start - size))
+        if len(parts) == 1:
+            return parts[0]
+        return self.body.let(f"concatenate {', '.join(parts)} axis {d}", f"{dt}[{_dims(shape)}]")
 
     def plus(self, a: str, b: str) -> str:
         """`a + b` of two `i32` scalars (values or integer literals), folded where both are known."""
@@ -491,22 +574,32 @@ class _Refs:
             raise self.refuse("a copy to another device (`make_async_remote_copy`)", eqn, "copy within the device")
         if p.get("add"):
             raise self.refuse("an accumulating copy (`add=True`)", eqn, "copy, then add with jnp")
-        (src_ref, src_ix), (dst_ref, dst_ix) = (self.transformed(r, eqn) for r in (src, dst))
-        # The region's shape: the last indexer's (an index drops its dimension), else the ref's.
-        shape = tuple(dst_ix[-1].get_indexer_shape()) if dst_ix else tuple(dst_ref.aval.shape)
-        dtype = dst_ref.aval.dtype
-        ty = _ty(SimpleNamespace(shape=shape, dtype=dtype), self.kernel, eqn)
-        v = self.body.fresh()
-        self.body.emit(f"{v} = load {self.ref(src_ref, eqn)}{self.indexers(eqn, src_ref, src_ix)} : {ty}")
-        self.body.emit(f"store {self.ref(dst_ref, eqn)}{self.indexers(eqn, dst_ref, dst_ix)}, {v}")
+        (src_ref, src_ix), (dst_ref, dst_ix) = (self.transformed(r) for r in (src, dst))
+        # A reshaped (or bitcast) source is loaded, and a reshaped destination stored, as `get`
+        # and `swap` of such refs are.
+        v = self.reshaped_get(eqn, src_ref, src_ix)
+        if v is None:
+            # The region's shape: the last indexer's (an index drops its dimension), else the ref's.
+            shape = tuple(src_ix[-1].get_indexer_shape()) if src_ix else tuple(src_ref.aval.shape)
+            ty = _ty(SimpleNamespace(shape=shape, dtype=src_ref.aval.dtype), self.kernel, eqn)
+            v = self.body.let(f"load {self.ref(src_ref, eqn)}{self.indexers(eqn, src_ref, src_ix)}", ty)
+        if self.reshaped_swap(eqn, dst_ref, v, dst_ix, False) is None:
+            self.body.emit(f"store {self.ref(dst_ref, eqn)}{self.indexers(eqn, dst_ref, dst_ix)}, {v}")
 
-    def transformed(self, r, eqn):
-        """A DMA's source or destination: the ref atom and its indexers (`x_hbm.at[pl.ds(i, 8)]`)."""
-        from jax._src.state import indexing
-
+    @staticmethod
+    def transformed(r):
+        """A DMA's source or destination: the ref atom and its transforms (`x_hbm.at[pl.ds(i, 8)]`)."""
         if not hasattr(r, "transforms"):
             return r, []
-        if not all(isinstance(t, indexing.NDIndexer) for t in r.transforms):
-            raise self.refuse("a DMA of a transformed ref (bitcast, reshape)", eqn)
         return r.ref, list(r.transforms)
 
+
+def _static_int(ix) -> Optional[int]:
+    """An index known when translating (a Python or numpy integer, or a jaxpr literal of one)."""
+    from jax._src import core
+
+    if isinstance(ix, core.Literal):
+        ix = ix.val
+    if isinstance(ix, (int, np.integer)) or (isinstance(ix, np.ndarray) and ix.shape == () and ix.dtype.kind in "iu"):
+        return int(ix)
+    return None

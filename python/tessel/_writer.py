@@ -203,6 +203,11 @@ class _Writer(_Refs, _Values, _Order, _Control):
         elif name == "swap" and self.gather_index(p["tree"], eqn.invars[2:]) is not None:
             ref, val, *ix = eqn.invars
             self.scatter(eqn, ref, val, p["tree"], ix, self.gather_index(p["tree"], ix))
+        elif name == "swap" and self.is_reshaped(transforms := self.transforms(eqn, p["tree"], eqn.invars[2:])):
+            ref, val, old = eqn.invars[0], eqn.invars[1], eqn.outvars[0]
+            before = self.reshaped_swap(eqn, ref, self.value(val, eqn), transforms, old in self.uses)
+            if before:
+                self.define(old, before)
         elif name == "swap":
             ref, val, *ix = eqn.invars
             index = self.index(eqn, ref, p["tree"], ix)
