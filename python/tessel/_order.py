@@ -261,45 +261,54 @@ class _Order:
         """`lax.dynamic_slice` of a value (`v[pl.ds(i, k)]` of a loaded block): along each axis
         whose start is data, element `q` is the one at `start + q` (the start clamped as JAX
         clamps it); along the others a `slice`."""
-        emit, fresh = self.body.emit, self.body.fresh
-        x, *starts = eqn.invars
+        x, *atoms = eqn.invars
         sizes = list(eqn.params["slice_sizes"])
         shape = list(x.aval.shape)
         dt = _ty(x.aval, self.kernel, eqn).split("[")[0]
-        dims = _dims
-        v = self.value(x, eqn)
-        for d, (atom, n, k) in enumerate(zip(starts, shape, sizes)):
-            lit = self.read(atom)
-            if not lit.startswith("%"):
-                at = min(max(int(float(lit)), 0), n - k)
-                if (at, k) != (0, n):
+        starts = [self.start(a, n, k, eqn) for a, n, k in zip(atoms, shape, sizes)]
+        self.define(eqn.outvars[0], self.take_window(self.value(x, eqn), shape, dt, starts, sizes))
+
+    def take_window(self, v: str, shape, dt: str, starts, sizes) -> str:
+        """The window of `v` (`dt[shape]`) at `starts` (`i32` scalars or literals, in range) of
+        `sizes`: a `slice` along axes whose start is known, along the others element `q` moved
+        from `start + q` (`along`)."""
+        emit, fresh, dims = self.body.emit, self.body.fresh, _dims
+        shape = list(shape)
+        for d, (s, k) in enumerate(zip(starts, sizes)):
+            n = shape[d]
+            if not s.startswith("%"):
+                if (int(s), k) != (0, n):
                     cut = shape[:d] + [k] + shape[d + 1:]
                     t = fresh()
-                    emit(f"{t} = slice {v} start ({dims([at if e == d else 0 for e in range(len(shape))])}) : {dt}[{dims(cut)}]")
+                    emit(f"{t} = slice {v} start ({dims([int(s) if e == d else 0 for e in range(len(shape))])}) : {dt}[{dims(cut)}]")
                     v, shape = t, cut
                 continue
-            s = self.start(atom, n, k, eqn)
             flat, pos = fresh(), fresh()
             emit(f"{flat} = iota 0 : i32[{n}]")
             emit(f"{pos} = sub {flat}, {s} : i32[{n}]")
             v = self.along(v, dt, shape, d, pos, k)
             shape = shape[:d] + [k] + shape[d + 1:]
-        self.define(eqn.outvars[0], v)
+        return v
 
     def dynamic_update_slice(self, eqn) -> None:
         """`lax.dynamic_update_slice` of a value: the update moved to its place along each axis
         (its element `j` to `start + j`, the start clamped as JAX clamps it), chosen there by a
         mask of the window, the operand elsewhere."""
-        emit, fresh = self.body.emit, self.body.fresh
-        x, u, *starts = eqn.invars
+        x, u, *atoms = eqn.invars
         shape, ushape = list(x.aval.shape), list(u.aval.shape)
-        ty = _ty(x.aval, self.kernel, eqn)
-        dt = ty.split("[")[0]
-        dims = _dims
-        v, cur = self.value(u, eqn), list(ushape)
+        dt = _ty(x.aval, self.kernel, eqn).split("[")[0]
+        starts = [self.start(a, n, m, eqn) for a, n, m in zip(atoms, shape, ushape)]
+        self.define(eqn.outvars[0], self.put_window(self.value(x, eqn), shape, dt, self.value(u, eqn), ushape, starts))
+
+    def put_window(self, x: str, shape, dt: str, u: str, ushape, starts) -> str:
+        """`x` (`dt[shape]`) with `u` (`dt[ushape]`) in the window at `starts` (`i32` scalars or
+        literals, in range): `u` moved to its place along each axis (`along`) and chosen there by
+        a mask of the window, `x` elsewhere."""
+        emit, fresh, dims = self.body.emit, self.body.fresh, _dims
+        shape = list(shape)
+        v, cur = u, list(ushape)
         inside = None
-        for d, (atom, n, m) in enumerate(zip(starts, shape, ushape)):
-            s = self.start(atom, n, m, eqn)
+        for d, (s, n, m) in enumerate(zip(starts, shape, ushape)):
             flat, pos = fresh(), fresh()
             emit(f"{flat} = iota 0 : i32[{m}]")
             emit(f"{pos} = add {flat}, {s} : i32[{m}]")
@@ -322,9 +331,8 @@ class _Order:
                 emit(f"{t} = and {inside}, {both} : bool[{dims(shape)}]")
                 inside = t
         if inside is None:
-            self.define(eqn.outvars[0], v)
-            return
-        self.op(eqn, f"select {inside}, {v}, {self.value(x, eqn)}")
+            return v
+        return self.body.let(f"select {inside}, {v}, {x}", f"{dt}[{dims(shape)}]")
 
     def value_gather(self, eqn) -> None:
         """`gather` of a loaded value (not a ref) by an index array, in the two forms kernels

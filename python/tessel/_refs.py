@@ -410,23 +410,19 @@ class _Refs:
                 dt = to
         if not after:
             return r
-        starts, strides, sizes, kept = [], [], [], []
-        for n, ix in zip(shape, after[0].indices):
-            if isinstance(ix, indexing.Slice) and _static_int(ix.start) is not None:
-                starts.append(_static_int(ix.start))
-                strides.append(int(ix.stride))
-                sizes.append(int(ix.size))
-                kept.append(int(ix.size))
-            elif _static_int(ix) is not None:
-                starts.append(_static_int(ix))
-                strides.append(1)
-                sizes.append(1)
-            else:
-                raise self.refuse("a dynamic index into a reshaped ref", eqn, "index the ref before reshaping it, or load and reshape the value")
+        window = self.view_window(eqn, shape, after[0], strided=True)
+        starts, sizes = [s for s, _, _, _ in window], [k for _, k, _, _ in window]
+        strides, kept = [t for _, _, t, _ in window], [k for _, k, _, keep in window if keep]
         if sizes == list(shape):
             return r
-        stride = f" stride ({_dims(strides)})" if any(k != 1 for k in strides) else ""
-        c = self.body.let(f"slice {r} start ({_dims(starts)}){stride}", f"{dt}[{_dims(sizes)}]")
+        if any(s.startswith("%") for s in starts):
+            if any(t != 1 for t in strides):
+                raise self.refuse("a strided window at a dynamic index of a reshaped ref", eqn,
+                                  "index the ref before reshaping it, or load and reshape the value")
+            c = self.take_window(r, shape, dt, starts, sizes)
+        else:
+            stride = f" stride ({_dims(strides)})" if any(k != 1 for k in strides) else ""
+            c = self.body.let(f"slice {r} start ({_dims(starts)}){stride}", f"{dt}[{_dims(sizes)}]")
         if kept == sizes:
             return c
         return self.body.let(f"reshape {c}", f"{dt}[{_dims(kept)}]" if kept else dt)
@@ -460,19 +456,9 @@ class _Refs:
         region = list(before[-1].get_indexer_shape()) if before else list(ref.aval.shape)
         shapes = [region] + [list(t.shape) for t in middle]
         view = shapes[-1]
-        window = []  # (start, size, kept) per dimension of the view
-        for n, ix in zip(view, after[0].indices if after else [None] * len(view)):
-            if ix is None:
-                window.append((0, n, True))
-            elif isinstance(ix, indexing.Slice) and _static_int(ix.start) is not None and ix.stride == 1:
-                window.append((_static_int(ix.start), int(ix.size), True))
-            elif _static_int(ix) is not None:
-                window.append((_static_int(ix), 1, False))
-            else:
-                raise self.refuse("a dynamic or strided index into a reshaped ref, stored to", eqn,
-                                  "index the ref before reshaping it, or store the whole reshaped view")
-        sizes = [k for _, k, _ in window]
-        if [k for _, k, kept in window if kept] != sizes:
+        window = self.view_window(eqn, view, after[0] if after else None, strided=False)
+        starts, sizes = [s for s, _, _, _ in window], [k for _, k, _, _ in window]
+        if [k for _, k, _, kept in window if kept] != sizes:
             v = self.body.let(f"reshape {v}", f"{dt}[{_dims(sizes)}]")
         whole = sizes == view
         old = ""
@@ -481,28 +467,52 @@ class _Refs:
             for shape in shapes[1:]:
                 cur = self.body.let(f"reshape {cur}", f"{dt}[{_dims(shape)}]")
             if want_old:
-                old = cur if whole else self.body.let(f"slice {cur} start ({_dims([s for s, _, _ in window])})", f"{dt}[{_dims(sizes)}]")
-                kept = [k for _, k, keep in window if keep]
+                old = cur if whole else self.take_window(cur, view, dt, starts, sizes)
+                kept = [k for _, k, _, keep in window if keep]
                 if kept != sizes:
                     old = self.body.let(f"reshape {old}", f"{dt}[{_dims(kept)}]" if kept else dt)
-            if not whole:
-                v = self.placed(cur, list(view), v, window, 0, dt)
+            if not whole and any(s.startswith("%") for s in starts):
+                v = self.put_window(cur, view, dt, v, sizes, starts)
+            elif not whole:
+                v = self.placed(cur, list(view), v, [(int(s), k) for s, k in zip(starts, sizes)], 0, dt)
         for shape in reversed(shapes[:-1]):
             v = self.body.let(f"reshape {v}", f"{dt}[{_dims(shape)}]")
         self.body.emit(f"store {self.ref(ref, eqn)}{self.indexers(eqn, ref, before)}, {v}")
         return old
 
+    def view_window(self, eqn, view, nd, strided: bool) -> list:
+        """The window an indexer `nd` (or None: all of it) chooses in a reshaped ref's `view`:
+        per dimension (start, size, stride, kept), the start an `i32` literal or scalar (a
+        dynamic one clamped into the view as JAX clamps a slice), `kept` false where an index
+        drops the dimension. A stride other than 1 is refused unless `strided`."""
+        from jax._src.state import indexing
+
+        window = []
+        for n, ix in zip(view, nd.indices if nd is not None else [None] * len(view)):
+            if ix is None:
+                window.append(("0", n, 1, True))
+                continue
+            size, stride, keep, at = (int(ix.size), int(ix.stride), True, ix.start) if isinstance(ix, indexing.Slice) else (1, 1, False, ix)
+            if stride != 1 and not strided:
+                raise self.refuse("a strided window of a reshaped ref, stored to", eqn, "store the whole window and mask it")
+            if getattr(getattr(at, "aval", None), "shape", ()) != ():
+                raise self.refuse("an index vector into a reshaped ref", eqn, "index the ref before reshaping it")
+            static = _static_int(at)
+            start = str(static) if static is not None else self.start(at, n, (size - 1) * stride + 1, eqn)
+            window.append((start, size, stride, keep))
+        return window
+
     def placed(self, cur: str, shape, v: str, window, d: int, dt: str) -> str:
         """`cur` (of `shape`) with `v` in the static `window` from dimension `d` on: along each
         dimension the part of `cur` before the window, the window (placed the same way along the
         next dimensions), and the part after, concatenated."""
-        start, size, _ = window[d]
+        start, size = window[d]
         n = shape[d]
         at = lambda s: _dims([s if e == d else 0 for e in range(len(shape))])  # noqa: E731
         part = lambda s, k: self.body.let(  # noqa: E731
             f"slice {cur} start ({at(s)})", f"{dt}[{_dims([k if e == d else m for e, m in enumerate(shape)])}]")
         # Where the window covers every later dimension, `v` is the window's part whole.
-        if all(s == 0 and k == shape[e] for e, (s, k, _) in enumerate(window) if e > d):
+        if all(s == 0 and k == shape[e] for e, (s, k) in enumerate(window) if e > d):
             middle = v
         else:
             inner_shape = [size if e == d else m for e, m in enumerate(shape)]

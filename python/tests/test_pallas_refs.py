@@ -574,6 +574,35 @@ def test_stores_to_reshaped_refs_write_the_row_major_view_of_the_region():
             np.testing.assert_array_equal(np.asarray(g), h, err_msg=f"output {n} on {backend}")
 
 
+def reshaped_at_data(x, idx, interpret=False):
+    """A reshaped ref read and written at an index that is data (a KV page's slot): a row, and a
+    window of two rows whose start is past the end and is clamped as JAX clamps a slice."""
+
+    def body(x_ref, i_ref, o_ref, w_ref):
+        i = i_ref[0]
+        o_ref[...] = jnp.zeros_like(o_ref)
+        o_ref.reshape(4, 16)[i] = x_ref.reshape(4, 16)[i + 1] * 2.0
+        w_ref[...] = x_ref[...]
+        w_ref.at[1].reshape(4, 8)[pl.ds(i + 2, 2), :] = jnp.full((2, 8), -1.0, x_ref.dtype)
+
+    shape = jax.ShapeDtypeStruct(x.shape, x.dtype)
+    return pl.pallas_call(body, out_shape=(shape, shape), interpret=interpret)(x, idx)
+
+
+def test_reshaped_refs_at_an_index_that_is_data():
+    x = RNG.standard_normal((2, 32)).astype(np.float32)
+    for i in (0, 2):
+        o = np.zeros_like(x)
+        o.reshape(4, 16)[i] = x.reshape(4, 16)[i + 1] * 2.0
+        w = x.copy()
+        start = min(i + 2, 2)  # 4 rows, a window of 2: a start past 2 is clamped to 2
+        w[1].reshape(4, 8)[start:start + 2] = -1.0
+        for backend in backends():
+            got = tp.run(reshaped_at_data, x, np.array([i], np.int32), backend=backend)
+            np.testing.assert_array_equal(np.asarray(got[0]), o, err_msg=f"row at {i} on {backend}")
+            np.testing.assert_array_equal(np.asarray(got[1]), w, err_msg=f"window at {i} on {backend}")
+
+
 def _aliased(body, grid, spec, x, interpret=False):
     return pl.pallas_call(body, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), grid=grid, in_specs=[spec], out_specs=spec,
                           input_output_aliases={0: 0}, interpret=interpret)(x)
