@@ -51,6 +51,8 @@ class _Writer(_Refs, _Values, _Order, _Control):
         self.runs: Dict[int, Optional[str]] = {}
         #: While `gather` writes its load: (the index array, its `%value` as an `i32` vector).
         self.entry: Optional[Tuple[Any, str]] = None
+        #: Index arrays a multi-array gather picks from after its load (indexed whole, `:`).
+        self.whole: set = set()
         self.body = _Body(kernel)
         #: jaxpr var -> `%value`, a literal's text, or ("ref", name).
         self.env: Dict[Any, Any] = {}
@@ -190,6 +192,9 @@ class _Writer(_Refs, _Values, _Order, _Control):
         vec = self.gather_index(p["tree"], eqn.invars[1:]) if name == "get" else None
         if name in _RULES:
             getattr(self, _RULES[name])(eqn)
+        elif name == "get" and (arrays := self.gather_indices(p["tree"], eqn.invars[1:])):
+            ref, *ix = eqn.invars
+            self.multi_gather(eqn, ref, p["tree"], ix, arrays)
         elif vec is not None:
             ref, *ix = eqn.invars
             self.gather(eqn, ref, p["tree"], ix, vec)

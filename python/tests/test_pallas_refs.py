@@ -190,6 +190,46 @@ def test_gathers_and_scatters_by_a_2d_index_array_run_as_pallas_runs_them():
             np.testing.assert_array_equal(np.asarray(g), w, err_msg=backend)
 
 
+def pointwise(r, c, r2, c2, x, interpret=False):
+    """Refs indexed by several arrays, element by element as numpy indexes: `x_ref[r, c, :]`
+    (row k is x[r[k], c[k], :]), the same with a slice between them (`x_ref[r, :, c]`, whose
+    entries JAX puts first), a pair of 2-D tables, and a bool ref."""
+
+    def body(r_ref, c_ref, r2_ref, c2_ref, x_ref, o_ref, p_ref, q_ref, m_ref):
+        r, c = r_ref[...], c_ref[...]
+        o_ref[...] = x_ref[r, c, :] * 2.0
+        p_ref[...] = x_ref[r, :, c]
+        q_ref[...] = x_ref[r2_ref[...], c2_ref[...], 3]
+        m_ref[...] = x_ref[r, c, 1] > 0.0
+
+    out = (jax.ShapeDtypeStruct((5, 6), x.dtype), jax.ShapeDtypeStruct((5, 4), x.dtype),
+           jax.ShapeDtypeStruct((2, 3), x.dtype), jax.ShapeDtypeStruct((5,), jnp.bool_))
+    return pl.pallas_call(body, out_shape=out, interpret=interpret)(r, c, r2, c2, x)
+
+
+def test_gathers_by_several_index_arrays_pick_element_by_element_as_numpy():
+    r, c = np.array([2, 0, 2, 1, 0], np.int32), np.array([3, 3, 0, 1, 2], np.int32)
+    r2, c2 = np.array([[0, 2, 1], [2, 2, 0]], np.int32), np.array([[3, 0, 1], [1, 3, 2]], np.int32)
+    x = f32(3, 4, 6)
+    x[1, 1, 1] = -0.0  # a signed zero keeps its sign through the pick
+    x[0, 3, 4] = np.nan
+    hand = [x[r, c, :] * 2.0, x[r, :, c], x[r2, c2, 3], x[r, c, 1] > 0.0]
+    want = [np.asarray(w) for w in pointwise(r, c, r2, c2, x, interpret=True)]
+    for w, h in zip(want, hand):
+        np.testing.assert_array_equal(w, h)
+    text = tp.to_tk(pointwise, r, c, r2, c2, x)
+    assert "load x4[%v0, :, :]" in text, text
+    for backend in backends():
+        for n, (g, h) in enumerate(zip(tp.run(pointwise, r, c, r2, c2, x, backend=backend), hand)):
+            np.testing.assert_array_equal(np.asarray(g).view(np.uint8), np.asarray(h).view(np.uint8), err_msg=f"output {n} on {backend}")
+    # An entry past its dimension reads 0 (tessel's rule for reads past an array), not -inf.
+    far = c.copy()
+    far[1] = 9
+    got = np.asarray(tp.run(pointwise, r, far, r2, c2, x, backend="interpret")[0])
+    np.testing.assert_array_equal(got[1], np.zeros(6, np.float32))
+    np.testing.assert_array_equal(np.delete(got, 1, 0), np.delete(hand[0], 1, 0))
+
+
 def test_gathers_by_an_index_array_run_as_pallas_runs_them():
     t, x = np.array([2, 0, 2], dtype=np.int32), f32(3, 4, 5)
     text = tp.to_tk(gathers, t, x)
