@@ -251,32 +251,6 @@ class _Refs:
             return None
         return arrays[0]
 
-    def gather_indices(self, tree, atoms) -> Optional[list]:
-        """The index arrays of a `get` or `swap` indexed by several arrays of one shape, element
-        by element as numpy indexes (`x_ref[rows, cols]`: element `k` is `x[rows[k], cols[k]]`),
-        in the ref's order; None for any other access (one array, runs broadcast into a block)."""
-        from jax._src.state import indexing
-
-        jax, _, _ = _jax()
-        try:
-            indexers = jax.tree_util.tree_unflatten(tree, atoms)
-        except Exception:
-            return None
-        if len(indexers) != 1 or not isinstance(indexers[0], indexing.NDIndexer):
-            return None
-        arrays = [
-            ix for ix in indexers[0].indices
-            if len(getattr(getattr(ix, "aval", None), "shape", ())) >= 1 and self.broadcast_scalar(ix) is None
-        ]
-        if len(arrays) < 2 or len({tuple(a.aval.shape) for a in arrays}) != 1:
-            return None
-        shape = tuple(arrays[0].aval.shape)
-        # Runs broadcast into a block (each varying along its own dimension) are `ds`es.
-        runs = [self.varying(a) for a in arrays]
-        if len(shape) > 1 and all(r is not None for r in runs) and sorted(r[0] for r in runs) == list(range(len(arrays))):
-            return None
-        return arrays
-
     def broadcast_scalar(self, ix) -> Optional[str]:
         """The scalar's text where index array `ix` is one scalar broadcast (`x_ref[1, :, t]`
         broadcasts the 1 against `t`), else None."""
@@ -341,69 +315,6 @@ class _Refs:
         jflat = out.update(shape=flat(out.shape))
         v = self.body.fresh()
         self.body.emit(f"{v} = load {self.ref(ref, eqn)}{index} : {_ty(jflat.update(shape=tuple(jflat.shape[d] for d in order)), self.kernel, eqn)}")
-        self.define(eqn.outvars[0], self.unflatten(self.reorder(v, jflat, order, eqn, to_jax=True), jflat, out, eqn))
-
-    def multi_gather(self, eqn, ref, tree, atoms, arrays) -> None:
-        """`x = ref[..., rows, ..., cols, ...]` with index arrays of one shape, element by element:
-        one `load` gathering along the first array's dimension (`vector_index`, the other arrays'
-        dimensions whole), then along each other array's dimension the element its entry names,
-        picked by a `select` of that position and a `max` over the dimension (the other
-        elements the `max`'s identity, so the bits are the element's); an entry outside its
-        dimension reads 0, as a read past an array does (docs/pallas.md)."""
-        from jax._src.state import indexing
-
-        jax, _, _ = _jax()
-        (nd,) = jax.tree_util.tree_unflatten(tree, atoms)
-        self.whole = {id(a) for a in arrays[1:]}
-        try:
-            index, order, flat = self.vector_index(eqn, ref, tree, atoms, arrays[0])
-        finally:
-            self.whole = set()
-        out = eqn.outvars[0].aval
-        jflat = out.update(shape=flat(out.shape))
-        dt = _ty(out, self.kernel, eqn).split("[")[0]
-        work = "i32" if dt == "bool" else dt
-        # tessel's shape of the load: slices, the first array's entries at its place, the other
-        # arrays' dimensions whole (scalar indices drop theirs).
-        n = int(np.prod(arrays[0].aval.shape))
-        first = next(d for d, ix in enumerate(nd.indices) if ix is arrays[0])
-        shape, at = [], {}
-        for d, (dim, ix) in enumerate(zip(ref.aval.shape, nd.indices)):
-            if isinstance(ix, indexing.Slice):
-                shape.append(int(ix.size))
-            elif d == first:
-                at["n"] = len(shape)
-                shape.append(n)
-            elif any(ix is a for a in arrays):
-                at[id(ix)] = len(shape)
-                shape.append(int(dim))
-        v = self.body.let(f"load {self.ref(ref, eqn)}{index}", f"{dt}[{_dims(shape)}]")
-        if dt == "bool":
-            v = self.body.let(f"cast {v}", f"i32[{_dims(shape)}]")
-        low = {"f32": "-inf", "f16": "-inf", "bf16": "-inf", "i32": "-2147483648", "u32": "0",
-               "i16": "-32768", "u16": "0", "i8": "-128", "u8": "0"}[work]
-        # Each later array's dimension, from the last, picked down to its entries.
-        for a in sorted(arrays[1:], key=lambda a: -at[id(a)]):
-            axis, p = at[id(a)], at["n"]
-            idx = self.value(a, eqn)
-            if str(a.aval.dtype) != "int32":
-                idx = self.body.let(f"cast {idx}", f"i32[{_dims(a.aval.shape)}]")
-            along = [n if d == p else 1 for d in range(len(shape))]
-            idx = self.body.let(f"reshape {idx}", f"i32[{_dims(along)}]")
-            pos = self.body.let(f"iota {axis}", f"i32[{_dims(shape)}]")
-            hit = self.body.let(f"eq {pos}, {idx}", f"bool[{_dims(shape)}]")
-            sel = self.body.let(f"select {hit}, {v}, {low}", f"{work}[{_dims(shape)}]")
-            hits = self.body.let(f"cast {hit}", f"i32[{_dims(shape)}]")
-            shape = shape[:axis] + shape[axis + 1:]
-            v = self.body.let(f"max {sel} axis {axis}", f"{work}[{_dims(shape)}]")
-            # An entry outside the dimension reads 0, as a read past an array does.
-            some = self.body.let(f"max {hits} axis {axis}", f"i32[{_dims(shape)}]")
-            inside = self.body.let(f"ne {some}, 0", f"bool[{_dims(shape)}]")
-            v = self.body.let(f"select {inside}, {v}, 0", f"{work}[{_dims(shape)}]")
-            if axis < p:
-                at["n"] = p - 1
-        if dt == "bool":
-            v = self.body.let(f"ne {v}, 0", f"bool[{_dims(shape)}]")
         self.define(eqn.outvars[0], self.unflatten(self.reorder(v, jflat, order, eqn, to_jax=True), jflat, out, eqn))
 
     def unflatten(self, v: str, flat, aval, eqn) -> str:

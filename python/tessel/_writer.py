@@ -12,6 +12,7 @@ from ._common import _UNARY, _BINARY, _SHIFTS, _COMPARE, _REDUCE, _EFFECTS, _whe
 from ._control import _Control
 from ._errors import UnsupportedError
 from ._jax_support import _INLINE, _jax
+from ._multi_index import _MultiIndex
 from ._order import _Order
 from ._refs import _Refs
 from ._values import _Values
@@ -38,7 +39,7 @@ _RULES = {
 }
 
 
-class _Writer(_Refs, _Values, _Order, _Control):
+class _Writer(_Refs, _MultiIndex, _Values, _Order, _Control):
     """One kernel body being written: the jaxpr's equations in order, each as `.tk` statements
     (`write` dispatches by primitive; `_refs`, `_values` and `_control` hold the larger rules)."""
 
@@ -205,6 +206,9 @@ class _Writer(_Refs, _Values, _Order, _Control):
             if v is None:
                 v = self.body.let(f"load {self.ref(ref, eqn)}{self.indexers(eqn, ref, transforms)}", _ty(eqn.outvars[0].aval, k, eqn))
             self.define(eqn.outvars[0], v)
+        elif name == "swap" and (arrays := self.gather_indices(p["tree"], eqn.invars[2:])):
+            ref, val, *ix = eqn.invars
+            self.multi_scatter(eqn, ref, val, p["tree"], ix, arrays)
         elif name == "swap" and self.gather_index(p["tree"], eqn.invars[2:]) is not None:
             ref, val, *ix = eqn.invars
             self.scatter(eqn, ref, val, p["tree"], ix, self.gather_index(p["tree"], ix))

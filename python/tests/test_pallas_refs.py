@@ -230,6 +230,48 @@ def test_gathers_by_several_index_arrays_pick_element_by_element_as_numpy():
     np.testing.assert_array_equal(np.delete(got, 1, 0), np.delete(hand[0], 1, 0))
 
 
+def pointwise_stores(r, c, x, v, interpret=False):
+    """Stores at several index arrays, element by element: `o_ref[r, c] = v` with a row named
+    twice at different columns (both updates land), rows of a 3-D ref beside a slice, arrays
+    apart around a scalar index, and a bool ref."""
+
+    def body(r_ref, c_ref, x_ref, v_ref, o_ref, p_ref, m_ref):
+        r, c = r_ref[...], c_ref[...]
+        o_ref[...] = x_ref[...]
+        o_ref[r, c] = v_ref[...] * 2.0
+        p_ref[...] = jnp.zeros_like(p_ref)
+        p_ref[r, :, c] = jnp.broadcast_to(v_ref[...][:, None], (r.shape[0], 3))
+        p_ref[c, 1, r] = jnp.full(r.shape, 7.0, x_ref.dtype)
+        m_ref[...] = jnp.zeros_like(m_ref)
+        m_ref[r, c] = v_ref[...] > 0.0
+
+    out = (jax.ShapeDtypeStruct(x.shape, x.dtype), jax.ShapeDtypeStruct((4, 3, 4), x.dtype), jax.ShapeDtypeStruct(x.shape, jnp.bool_))
+    return pl.pallas_call(body, out_shape=out, interpret=interpret)(r, c, x, v)
+
+
+def test_stores_at_several_index_arrays_land_element_by_element_as_numpy():
+    r, c = np.array([2, 0, 2, 1], np.int32), np.array([3, 1, 0, 3], np.int32)
+    x, v = f32(4, 4), f32(4)
+    o = x.copy()
+    o[r, c] = v * 2.0
+    q = np.zeros((4, 3, 4), np.float32)
+    q[r, :, c] = v[:, None]
+    q[c, 1, r] = 7.0
+    m = np.zeros((4, 4), bool)
+    m[r, c] = v > 0.0
+    hand = [o, q, m]
+    want = [np.asarray(w) for w in pointwise_stores(r, c, x, v, interpret=True)]
+    for w, h in zip(want, hand):
+        np.testing.assert_array_equal(w, h)
+    for backend in backends():
+        for n, (g, h) in enumerate(zip(tp.run(pointwise_stores, r, c, x, v, backend=backend), hand)):
+            np.testing.assert_array_equal(np.asarray(g), h, err_msg=f"output {n} on {backend}")
+    # Each entry is compared with every other: past 2^22 elements the store is refused, by name.
+    big_r = np.arange(2048, dtype=np.int32)
+    with pytest.raises(tessel.UnsupportedError, match="a store at 2 index arrays of 2048 entries"):
+        tp.to_tk(pointwise_stores, big_r, big_r, f32(2048, 2048), f32(2048))
+
+
 def test_gathers_by_an_index_array_run_as_pallas_runs_them():
     t, x = np.array([2, 0, 2], dtype=np.int32), f32(3, 4, 5)
     text = tp.to_tk(gathers, t, x)
