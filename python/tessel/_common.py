@@ -35,7 +35,7 @@ _REDUCE = {"reduce_sum": "sum", "reduce_max": "max", "reduce_min": "min", "reduc
 #: The primitives of a Pallas kernel launch: `pl.pallas_call`, and `pl.kernel(mesh=...)`.
 _CALLS = {"pallas_call", "mpmd_map"}
 #: Primitives written whether or not anything reads their results.
-_EFFECTS = {"swap", "masked_swap", "cond", "scan", "while", "run_scoped", "debug_print", "debug_callback", "dma_start", "dma_wait"}
+_EFFECTS = {"swap", "masked_swap", "cond", "scan", "while", "run_scoped", "debug_print", "debug_callback", "dma_start", "dma_wait", "prng_seed", "prng_random_bits", "random_bits"}
 
 
 def _where(eqn) -> str:

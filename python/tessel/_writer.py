@@ -36,6 +36,10 @@ _RULES = {
     "broadcast_in_dim": "broadcast",
     "broadcast_to": "broadcast",
     "gather": "value_gather",
+    "prng_seed": "prng_seed",
+    "prng_random_bits": "prng_random_bits",
+    "random_seed": "random_seed",
+    "random_bits": "random_bits",
 }
 
 
@@ -54,6 +58,8 @@ class _Writer(_Refs, _MultiIndex, _Values, _Order, _Control):
         self.entry: Optional[Tuple[Any, str]] = None
         #: Index arrays a multi-array gather picks from after its load (indexed whole, `:`).
         self.whole: set = set()
+        #: The scratch holding Pallas TPU's PRNG state, once the kernel seeds or draws (`prng_state`).
+        self.prng: Optional[str] = None
         self.body = _Body(kernel)
         #: jaxpr var -> `%value`, a literal's text, or ("ref", name).
         self.env: Dict[Any, Any] = {}
