@@ -301,8 +301,15 @@ impl Writer<'_> {
         }
     }
 
-    /// One statement on registers (any but the loop and the output's store).
+    /// One statement on registers (any but the loop and the output's store), its registers
+    /// named in its own scope.
     fn statement(&mut self, f: &mut Frame<'_>, s: &Stmt) {
+        let back = self.names.enter(s);
+        self.statement_in_scope(f, s);
+        self.names.leave(back);
+    }
+
+    fn statement_in_scope(&mut self, f: &mut Frame<'_>, s: &Stmt) {
         let a = f.a;
         let plan = self.plan;
         let v = &plan.kernel;

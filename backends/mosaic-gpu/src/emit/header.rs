@@ -92,10 +92,7 @@ impl Writer<'_> {
             params.join(",\n"),
             self.plan.threads()
         );
-        let _ = writeln!(head, "\t.reg .pred %p<{}>;", self.preds + 1);
-        let _ = writeln!(head, "\t.reg .b16 %h<{}>;", self.regs16 + 1);
-        let _ = writeln!(head, "\t.reg .b32 %r<{}>;", self.regs + 1);
-        let _ = writeln!(head, "\t.reg .b64 %rd<{}>;", self.regs64 + 1);
+        head.push_str(&self.names.declarations());
         if let Some(g) = gemm {
             let _ = writeln!(head, "\t.reg .f32 %f<{}>;", g.bn / 2 + 1);
         }

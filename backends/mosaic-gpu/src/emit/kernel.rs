@@ -117,7 +117,9 @@ impl Writer<'_> {
         for s in body {
             let head = tessel_plugin_api::ir::print::print_stmt_head(s);
             self.comment(&head);
+            let back = self.names.enter(s);
             self.write_stmt(s);
+            self.names.leave(back);
         }
     }
 

@@ -1,6 +1,8 @@
 //! The `Writer`: the state of one kernel's emission and the primitives every other file writes
 //! with. Virtual registers (`%r` 32-bit, `%rd` 64-bit, `%h` 16-bit, `%p` predicates) and labels
-//! are numbered in emission order; `header.rs` declares as many as were used. The warpgroup's
+//! are numbered within the statement that makes them ([`Namer`]: `%r_m_3` is the fourth 32-bit
+//! register of the statement defining `%m`), so a change to one statement renames nothing in
+//! another; `header.rs` declares each statement's. The warpgroup's
 //! element loops (`each`, `count`) and its barriers live here too: a barrier is written only
 //! where an access meets another thread's since the last one ([`Hazards`]).
 
@@ -14,11 +16,8 @@ use crate::lower::{Plan, Use};
 pub(super) struct Writer<'p> {
     pub(super) plan: &'p Plan,
     pub(super) out: String,
-    pub(super) regs: u32,
-    pub(super) regs64: u32,
-    pub(super) regs16: u32,
-    pub(super) preds: u32,
-    pub(super) labels: u32,
+    /// Register and label names, by statement.
+    pub(super) names: Namer,
     /// The thread's index in its warpgroup (0..128).
     pub(super) tid: String,
     /// The thread's warpgroup: the thread axis coordinate and its named barrier.
@@ -42,6 +41,105 @@ pub(super) struct Writer<'p> {
     pub(super) unroll: bool,
     /// Inside an unrolled element loop: the element register and its `j`.
     pub(super) element: Option<(String, usize)>,
+}
+
+/// What a name counts: a register class, or labels.
+#[derive(Clone, Copy)]
+pub(super) enum Class {
+    Pred,
+    B16,
+    B32,
+    B64,
+    Label,
+}
+
+impl Class {
+    /// The register class's PTX type and name prefix (`None` for labels).
+    pub(super) fn register(self) -> Option<(&'static str, &'static str)> {
+        match self {
+            Class::Pred => Some((".pred", "%p")),
+            Class::B16 => Some((".b16", "%h")),
+            Class::B32 => Some((".b32", "%r")),
+            Class::B64 => Some((".b64", "%rd")),
+            Class::Label => None,
+        }
+    }
+
+    pub(super) const ALL: [Class; 5] = [Class::Pred, Class::B16, Class::B32, Class::B64, Class::Label];
+}
+
+/// Names numbered within a scope: the kernel's own code (`k`), or a statement (named by its
+/// first result, which the verifier makes unique; a statement without results by its place
+/// among its parent's: `k_s2`). Registers are `%r_SCOPE_N` and declared per scope.
+#[derive(Default)]
+pub(super) struct Namer {
+    /// The current scope; empty for the kernel's own code.
+    scope: String,
+    /// Per scope, in first use: the count of each [`Class`].
+    counts: Vec<(String, [u32; 5])>,
+    at: HashMap<String, usize>,
+    /// Result-less statements met so far, by parent scope.
+    anonymous: HashMap<String, u32>,
+}
+
+impl Namer {
+    fn scope(&self) -> &str {
+        if self.scope.is_empty() { "k" } else { &self.scope }
+    }
+
+    /// The scope and the next number of `class` in it.
+    fn count(&mut self, class: Class) -> (String, u32) {
+        let scope = self.scope().to_string();
+        let i = match self.at.get(&scope) {
+            Some(&i) => i,
+            None => {
+                self.counts.push((scope.clone(), [0; 5]));
+                self.at.insert(scope.clone(), self.counts.len() - 1);
+                self.counts.len() - 1
+            }
+        };
+        let n = &mut self.counts[i].1[class as usize];
+        *n += 1;
+        (scope, *n - 1)
+    }
+
+    /// A fresh register of `class`.
+    fn next(&mut self, class: Class) -> String {
+        let (scope, n) = self.count(class);
+        let (_, prefix) = class.register().expect("a register class");
+        format!("{prefix}_{scope}_{n}")
+    }
+
+    /// Enters the scope of statement `s`; returns the scope to go back to ([`Namer::leave`]).
+    pub(super) fn enter(&mut self, s: &tessel_plugin_api::ir::Stmt) -> String {
+        let parent = self.scope().to_string();
+        let scope = match s.results.first() {
+            Some(r) => r.clone(),
+            None => {
+                let k = self.anonymous.entry(parent.clone()).or_insert(0);
+                *k += 1;
+                format!("{parent}_s{}", *k - 1)
+            }
+        };
+        std::mem::replace(&mut self.scope, scope)
+    }
+
+    pub(super) fn leave(&mut self, back: String) {
+        self.scope = back;
+    }
+
+    /// The declarations of every register used: `.reg .b32 %r_m_<4>;`, by scope in first use.
+    pub(super) fn declarations(&self) -> String {
+        let mut out = String::new();
+        for (scope, counts) in &self.counts {
+            for class in Class::ALL {
+                if let (Some((ty, prefix)), n @ 1..) = (class.register(), counts[class as usize]) {
+                    let _ = writeln!(out, "\t.reg {ty} {prefix}_{scope}_<{n}>;");
+                }
+            }
+        }
+        out
+    }
 }
 
 /// The slots and arrays a warpgroup's threads wrote and read since their last barrier, by
@@ -90,11 +188,7 @@ impl<'p> Writer<'p> {
         Writer {
             plan,
             out: String::new(),
-            regs: 0,
-            regs64: 0,
-            regs16: 0,
-            preds: 0,
-            labels: 0,
+            names: Namer::default(),
             tid: String::new(),
             warpgroup: String::new(),
             workspace: String::new(),
@@ -110,28 +204,24 @@ impl<'p> Writer<'p> {
     }
 
     pub(super) fn r(&mut self) -> String {
-        self.regs += 1;
-        format!("%r{}", self.regs)
+        self.names.next(Class::B32)
     }
 
     pub(super) fn rd(&mut self) -> String {
-        self.regs64 += 1;
-        format!("%rd{}", self.regs64)
+        self.names.next(Class::B64)
     }
 
     pub(super) fn h(&mut self) -> String {
-        self.regs16 += 1;
-        format!("%h{}", self.regs16)
+        self.names.next(Class::B16)
     }
 
     pub(super) fn p(&mut self) -> String {
-        self.preds += 1;
-        format!("%p{}", self.preds)
+        self.names.next(Class::Pred)
     }
 
     pub(super) fn label(&mut self, what: &str) -> String {
-        self.labels += 1;
-        format!("$L_{what}_{}", self.labels)
+        let (scope, n) = self.names.count(Class::Label);
+        format!("$L_{scope}_{what}_{n}")
     }
 
     pub(super) fn ins(&mut self, s: impl AsRef<str>) {
