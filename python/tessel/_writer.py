@@ -14,6 +14,7 @@ from ._errors import UnsupportedError
 from ._jax_support import _INLINE, _jax
 from ._multi_index import _MultiIndex
 from ._order import _Order
+from ._prng import _Prng
 from ._refs import _Refs
 from ._values import _Values
 
@@ -40,10 +41,14 @@ _RULES = {
     "prng_random_bits": "prng_random_bits",
     "random_seed": "random_seed",
     "random_bits": "random_bits",
+    "random_fold_in": "random_fold_in",
+    "random_split": "random_split",
+    "random_wrap": "random_wrap",
+    "random_unwrap": "random_unwrap",
 }
 
 
-class _Writer(_Refs, _MultiIndex, _Values, _Order, _Control):
+class _Writer(_Refs, _MultiIndex, _Values, _Order, _Prng, _Control):
     """One kernel body being written: the jaxpr's equations in order, each as `.tk` statements
     (`write` dispatches by primitive; `_refs`, `_values` and `_control` hold the larger rules)."""
 

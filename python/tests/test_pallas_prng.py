@@ -40,14 +40,19 @@ def draws(seed, interpret=False):
 
 
 def scheme(seed: int, program: int, n: int, start: int = 0) -> np.ndarray:
+    """The scheme for the seeds (seed, program)."""
+    return scheme_words([seed, program], n, start)
+
+
+def scheme_words(words, n: int, start: int = 0) -> np.ndarray:
     """The scheme, by JAX's Threefry-2x32 primitive: the key is each seed word folded in by
     Threefry (the key so far, the word and its position) from zeros; word `j` is the first word
     of Threefry of (start + j, 0) under it, as `int32`."""
     from jax.extend.random import threefry2x32_p
 
-    u32 = lambda v: jnp.asarray(np.uint32(v & 0xFFFFFFFF))  # noqa: E731
+    u32 = lambda v: jnp.asarray(np.uint32(int(v) & 0xFFFFFFFF))  # noqa: E731
     k0, k1 = u32(0), u32(0)
-    for i, w in enumerate([seed, program]):
+    for i, w in enumerate(words):
         k0, k1 = threefry2x32_p.bind(k0, k1, u32(w), u32(i))
     ctr = jnp.arange(start, start + n, dtype=jnp.uint32)
     y0, _ = threefry2x32_p.bind(jnp.broadcast_to(k0, ctr.shape), jnp.broadcast_to(k1, ctr.shape), ctr, jnp.zeros_like(ctr))
@@ -104,3 +109,62 @@ def test_stateful_uniform_draws_a_dropout_mask():
         kept = o != 0
         assert abs(kept.mean() - 0.75) < 0.02, (backend, kept.mean())
         np.testing.assert_allclose(o[kept], 1 / 0.75, rtol=1e-6)
+
+
+def pallas_fold_in(seed: int, data: int):
+    """A `pallas_tpu` key of `seed` (both words the seed) with `data` folded in, as Pallas's
+    implementation defines it (jax/_src/pallas/mosaic/random.py): `data` added to the second
+    word, then one round of JAX's own Threefry code (`apply_round`, rotation 13)."""
+    from jax._src.random.threefry2x32 import apply_round
+
+    k0, k1 = np.uint32(seed & 0xFFFFFFFF), np.uint32((seed + data) & 0xFFFFFFFF)
+    return [int(np.asarray(w)) for w in apply_round([jnp.uint32(k0), jnp.uint32(k1)], 13)]
+
+
+def test_fold_in_of_a_pallas_tpu_key_mixes_as_pallas_does_and_draws_by_the_scheme():
+    """`jax.random.fold_in(key, pl.program_id(0))` of a `pallas_tpu` key: its data (key_data) is
+    Pallas's mix of the two words, and its bits the scheme seeded with them, on every backend."""
+
+    def kernel(s_ref, bits_ref, data_ref):
+        key = jax.random.fold_in(jax.random.key(s_ref[0], impl="pallas_tpu"), pl.program_id(0))
+        bits_ref[...] = jax.random.bits(key, (8, 128), jnp.uint32)
+        data_ref[...] = jax.random.key_data(key)
+
+    def f(seed):
+        out = (jax.ShapeDtypeStruct((32, 128), jnp.uint32), jax.ShapeDtypeStruct((4, 2), jnp.uint32))
+        return pl.pallas_call(
+            kernel, out_shape=out, grid=(4,), in_specs=[pl.BlockSpec(memory_space=pltpu.SMEM)],
+            out_specs=(pl.BlockSpec((8, 128), lambda i: (i, 0)), pl.BlockSpec((1, 2), lambda i: (i, 0))),
+        )(seed)
+
+    keys = [pallas_fold_in(99, p) for p in range(4)]
+    want_bits = np.concatenate([scheme_words(k, 1024).view(np.uint32).reshape(8, 128) for k in keys])
+    for backend in backends():
+        bits, data = (np.asarray(v) for v in tp.run(f, np.array([99], np.int32), backend=backend))
+        np.testing.assert_array_equal(data, np.array(keys, np.uint32), err_msg=backend)
+        np.testing.assert_array_equal(bits, want_bits, err_msg=backend)
+
+
+def test_a_wrapped_pallas_tpu_key_draws_from_its_words_and_split_is_refused():
+    def kernel(d_ref, o_ref):
+        key = jax.random.wrap_key_data(d_ref[...], impl="pallas_tpu")
+        o_ref[...] = jax.random.bits(key, (1, 256), jnp.uint32)
+
+    def f(d):
+        return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((1, 256), jnp.uint32))(d)
+
+    words = np.array([[0xDEADBEEF, 7]], np.uint32)
+    want = scheme_words(list(words[0]), 256).view(np.uint32).reshape(1, 256)
+    for backend in backends():
+        np.testing.assert_array_equal(np.asarray(tp.run(f, words, backend=backend)), want, err_msg=backend)
+
+    def splits(s_ref, o_ref):
+        key, _ = jax.random.split(jax.random.key(s_ref[0], impl="pallas_tpu"))
+        o_ref[...] = jax.random.bits(key, (1, 128), jnp.uint32)
+
+    g = lambda s: pl.pallas_call(  # noqa: E731
+        splits, out_shape=jax.ShapeDtypeStruct((1, 128), jnp.uint32), in_specs=[pl.BlockSpec(memory_space=pltpu.SMEM)]
+    )(s)
+    with pytest.raises(tp.UnsupportedError, match="`split` of a Pallas TPU key") as e:
+        tp.run(g, np.array([1], np.int32), backend="interpret")
+    assert "fold_in" in (e.value.hint or ""), e.value.hint
