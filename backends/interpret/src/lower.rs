@@ -1,4 +1,4 @@
-//! Verified IR to the interpreter's program form: value names become slot numbers, argument
+//! Verified IR to the interpreter's program form: values become slot numbers (their ids), argument
 //! names become array numbers, literals and constant blocks (`iota`, `full`, `zeros`) are built
 //! once. Execution then never looks anything up by name.
 
@@ -11,7 +11,6 @@ use crate::program::{Branch, DotArg, Instr, Ix, MemRef, Program, Src};
 
 struct Lowerer<'a> {
     v: &'a Verified,
-    slots: HashMap<String, usize>,
     /// The shape of each slot a statement defines.
     shapes: HashMap<usize, Vec<usize>>,
 }
@@ -19,10 +18,11 @@ struct Lowerer<'a> {
 /// Lowers a verified kernel, with its elementwise runs fused where `fuse` says. Infallible: the
 /// verifier has checked everything.
 pub(crate) fn lower(v: &Verified, fuse: bool) -> Program {
-    let mut l = Lowerer { v, slots: HashMap::new(), shapes: HashMap::new() };
+    let mut l = Lowerer { v, shapes: HashMap::new() };
     let body = l.body(&v.kernel().body);
+    let slots = v.values().len();
     if !fuse {
-        return Program { body, slots: l.slots.len() };
+        return Program { body, slots };
     }
     let mut uses = HashMap::new();
     crate::fuse::count_uses(&body, &mut uses);
@@ -30,13 +30,13 @@ pub(crate) fn lower(v: &Verified, fuse: bool) -> Program {
     let mut uses = HashMap::new();
     crate::fuse::count_uses(&body, &mut uses);
     let body = crate::fuse::fuse(body, &crate::fuse::Facts { v, shapes: &l.shapes, uses: &uses });
-    Program { body, slots: l.slots.len() }
+    Program { body, slots }
 }
 
 impl Lowerer<'_> {
-    fn slot(&mut self, name: &str) -> usize {
-        let n = self.slots.len();
-        *self.slots.entry(name.to_string()).or_insert(n)
+    /// The slot of `%name`: its id's position.
+    fn slot(&self, name: &str) -> usize {
+        self.v.id(name).index()
     }
 
     /// An operand; a literal takes the dtype `dtype` (that of the op's other operands).
@@ -163,6 +163,7 @@ impl Lowerer<'_> {
             }
             Op::When { cond, body } => Instr::When { cond: self.src(cond, DType::Bool), body: self.body(body) },
             Op::For(ForLoop { var, lo, hi, step, iters, cond, body }) => {
+                let iters_named = iters;
                 let var = self.slot(var);
                 let lo = self.src(lo, DType::I32);
                 let hi = self.src(hi, DType::I32);
@@ -177,9 +178,9 @@ impl Lowerer<'_> {
                 let yields = match body.last().map(|s| &s.op) {
                     Some(Op::Yield(vals)) => vals
                         .iter()
-                        .zip(&iters)
-                        .map(|(v, (slot, _))| {
-                            let d = self.slot_dtype(*slot);
+                        .zip(iters_named)
+                        .map(|(v, (n, _))| {
+                            let d = self.v.value_type(n).dtype;
                             self.src(v, d)
                         })
                         .collect(),
@@ -196,9 +197,9 @@ impl Lowerer<'_> {
                     let yields = match body.last().map(|s| &s.op) {
                         Some(Op::Yield(vals)) => vals
                             .iter()
-                            .zip(&results)
+                            .zip(&s.results)
                             .map(|(v, r)| {
-                                let d = self.slot_dtype(*r);
+                                let d = self.v.value_type(r).dtype;
                                 self.src(v, d)
                             })
                             .collect(),
@@ -211,11 +212,6 @@ impl Lowerer<'_> {
             }
             Op::Yield(_) => unreachable!("yield is taken by its for or if"),
         }
-    }
-
-    fn slot_dtype(&self, slot: usize) -> DType {
-        let name = self.slots.iter().find(|(_, s)| **s == slot).map(|(n, _)| n.clone()).expect("slot has a name");
-        self.v.value_type(&name).dtype
     }
 }
 

@@ -46,8 +46,11 @@ pub struct Plan {
     pub kernel: Verified,
     /// The PTX entry name.
     pub entry: String,
-    /// Workspace slot of every value, by name.
-    pub values: HashMap<String, Slot>,
+    /// Workspace slot of every value not in registers, by id.
+    pub values: ValueMap<Slot>,
+    /// The second slot of each `for`'s carried values, which `yield` writes through (so that
+    /// yielding carried values in another order cannot clobber them), by the carried value's id.
+    pub yielded: ValueMap<Slot>,
     /// Workspace slot of every scratch buffer, by name.
     pub scratch: HashMap<String, Slot>,
     /// Bytes of one CTA's workspace region: the scratch, shared by the CTA's warpgroups, then
@@ -68,7 +71,7 @@ pub struct Plan {
     /// The grid axis that is the mesh's thread axis: each warpgroup runs one of its points.
     pub thread_axis: Option<usize>,
     /// Values kept in registers instead of the workspace ([`in_registers`]).
-    pub in_registers: HashSet<String>,
+    pub in_registers: ValueSet,
     /// Whether the workspace is the CTA's dynamic shared memory (else a global buffer of
     /// `ctas * workspace_per_cta` bytes, the entry's first parameter).
     pub shared: bool,
@@ -81,6 +84,17 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// The workspace slot of the value `name`, or of the slot a carried value's `yield` goes
+    /// through (`NAME.next`, a name no value can have); `None` for a value in registers.
+    pub fn value_slot(&self, name: &str) -> Option<&Slot> {
+        let values = self.kernel.values();
+        match (values.get(name), name.strip_suffix(".next").and_then(|n| values.get(n))) {
+            (Some(id), _) => self.values.get(id),
+            (None, Some(id)) => self.yielded.get(id),
+            (None, None) => None,
+        }
+    }
+
     /// CUDA threads per CTA.
     pub fn threads(&self) -> u32 {
         THREADS * self.warpgroups
@@ -123,10 +137,11 @@ fn check_value(name: &str, ty: &Type) -> Result<(), BackendError> {
 }
 
 struct Planner {
-    values: HashMap<String, Slot>,
+    values: ValueMap<Slot>,
+    yielded: ValueMap<Slot>,
     next: u64,
     /// Values that take no slot.
-    in_registers: HashSet<String>,
+    in_registers: ValueSet,
 }
 
 impl Planner {
@@ -147,26 +162,26 @@ impl Planner {
                 }
                 Op::For(ForLoop { var, body, iters, .. }) => {
                     let slot = self.place(var, &Type::scalar(DType::I32))?;
-                    self.values.insert(var.clone(), slot);
+                    self.values.insert(v.id(var), slot);
                     for (n, _) in iters {
                         let slot = self.place(n, v.value_type(n))?;
-                        self.values.insert(n.clone(), slot);
-                        // A second slot per carried value: `yield` goes through it, so that
-                        // yielding carried values in another order cannot clobber them.
+                        self.values.insert(v.id(n), slot);
+                        // A second slot per carried value: `yield` goes through it.
                         let tmp = self.place(&format!("{n}.next"), v.value_type(n))?;
-                        self.values.insert(format!("{n}.next"), tmp);
+                        self.yielded.insert(v.id(n), tmp);
                     }
                     self.body(v, body)?;
                 }
                 _ => {}
             }
             for r in &s.results {
-                if self.in_registers.contains(r) {
+                let id = v.id(r);
+                if self.in_registers.contains(id) {
                     check_value(r, v.value_type(r))?;
                     continue;
                 }
                 let slot = self.place(r, v.value_type(r))?;
-                self.values.insert(r.clone(), slot);
+                self.values.insert(id, slot);
             }
         }
         Ok(())
@@ -210,7 +225,8 @@ fn hopper(kernel: &Verified, thread_axis: Option<&str>) -> Option<Plan> {
     Some(Plan {
         kernel: kernel.clone(),
         entry: format!("tessel_{}", k.name),
-        values: HashMap::new(),
+        values: ValueMap::new(),
+        yielded: ValueMap::new(),
         scratch: HashMap::new(),
         workspace_per_cta: bytes,
         scratch_bytes: 0,
@@ -219,7 +235,7 @@ fn hopper(kernel: &Verified, thread_axis: Option<&str>) -> Option<Plan> {
         warpgroups,
         thread_points: 1,
         thread_axis: None,
-        in_registers: HashSet::new(),
+        in_registers: ValueSet::new(),
         shared: true,
         gemm,
         attention,
@@ -231,7 +247,7 @@ fn hopper(kernel: &Verified, thread_axis: Option<&str>) -> Option<Plan> {
 pub fn plan_general(kernel: &Verified, thread_axis: Option<&str>) -> Result<Plan, BackendError> {
     let k = kernel.kernel();
     let registers = in_registers(kernel);
-    let mut planner = Planner { values: HashMap::new(), next: 0, in_registers: registers };
+    let mut planner = Planner { values: ValueMap::new(), yielded: ValueMap::new(), next: 0, in_registers: registers };
     let mut scratch = HashMap::new();
     for p in k.params_of(ParamKind::Scratch) {
         let slot = planner.place(&p.name, &p.ty)?;
@@ -266,6 +282,7 @@ pub fn plan_general(kernel: &Verified, thread_axis: Option<&str>) -> Result<Plan
         kernel: kernel.clone(),
         entry: format!("tessel_{}", k.name),
         values: planner.values,
+        yielded: planner.yielded,
         scratch,
         workspace_per_cta,
         scratch_bytes,
@@ -303,7 +320,7 @@ impl Use {
 /// other thread needs it, so it takes no shared memory and no barrier. Values read across
 /// threads (broadcasts, reductions, `dot` operands, scalars, `when`/`for` conditions and
 /// bounds), tensor-core results and loop-carried slots stay in the workspace.
-pub fn in_registers(k: &Verified) -> HashSet<String> {
+pub fn in_registers(k: &Verified) -> ValueSet {
     let (mut candidates, mut across) = (Vec::new(), HashSet::new());
     analysis::visit(&k.kernel().body, &mut |s| {
         let out_shape = s.ty.as_ref().map(|t| t.shape.clone()).unwrap_or_default();
@@ -316,7 +333,7 @@ pub fn in_registers(k: &Verified) -> HashSet<String> {
             candidates.extend(s.results.iter().cloned());
         }
     });
-    candidates.into_iter().filter(|v| !across.contains(v)).collect()
+    candidates.into_iter().filter(|v| !across.contains(v)).map(|v| k.id(&v)).collect()
 }
 
 /// The shape of a load's or store's region of `name`: the block, sliced and indexed.

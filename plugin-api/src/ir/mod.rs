@@ -105,6 +105,7 @@ mod op_names;
 pub mod parse;
 pub mod print;
 pub mod size;
+mod values;
 pub mod verify;
 use std::fmt;
 
@@ -114,6 +115,7 @@ pub use index::BlockIndex;
 pub use op_names::{BinaryOp, CmpOp, ReduceOp, UnaryOp};
 pub use parse::{ArgDecl, SizeParam, parse};
 pub use print::{print_kernel, print_module};
+pub use values::{ValueId, ValueMap, ValueSet, ValueTable};
 pub use verify::{Verified, verify, verify_derived};
 
 

@@ -78,12 +78,13 @@ impl Writer<'_> {
             w.decode(&step, &seq);
             w.write_origins();
             // In name order, so that the PTX is the same from run to run.
-            let mut names: Vec<&String> = w.plan.in_registers.iter().collect();
-            names.sort();
-            for v in names {
-                let n: usize = w.plan.kernel.value_type(v).numel();
+            let values = w.plan.kernel.values();
+            let mut ids: Vec<ValueId> = w.plan.in_registers.iter().collect();
+            ids.sort_by_key(|&id| values.name(id));
+            for id in ids {
+                let n: usize = w.plan.kernel.values().ty(id).numel();
                 let regs = (0..n.div_ceil(THREADS as usize)).map(|_| w.r()).collect();
-                w.in_registers.insert(v.clone(), regs);
+                w.in_registers.insert(id, regs);
             }
             w.write_body(&k.body);
             // The next step (or the next thread-axis point) writes every slot again.
@@ -130,7 +131,7 @@ impl Writer<'_> {
         let n = out_shape.iter().product::<usize>();
         let (reads, writes) = uses(&self.plan.kernel, s, &out_shape);
         self.sync(&reads, &writes);
-        self.unroll = reads.iter().chain(&writes).any(|u| self.in_registers.contains_key(&u.name));
+        self.unroll = reads.iter().chain(&writes).any(|u| self.in_regs(&u.name));
         match &s.op {
             Op::Load { src, index, mask, other } => {
                 self.write_access(src, index.as_deref(), mask.as_deref(), Access::Load { dst: &dst, other: *other })
@@ -347,7 +348,7 @@ impl Writer<'_> {
 
     fn copy_value(&mut self, from: &str, to: &str) {
         self.sync(&[Use::own(from)], &[Use::own(to)]);
-        self.unroll = [from, to].iter().any(|n| self.in_registers.contains_key(*n));
+        self.unroll = [from, to].iter().any(|n| self.in_regs(n));
         let n: usize = self.shape_of(from).iter().product();
         let (from, to) = (from.to_string(), to.to_string());
         self.each(n, |w, e| {

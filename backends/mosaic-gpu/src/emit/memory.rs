@@ -36,7 +36,7 @@ impl Writer<'_> {
 
     pub(super) fn slot_addr(&mut self, name: &str, index: &str) -> String {
         // Values live in this warpgroup's copy; scratch in the region the CTA shares.
-        let (slot, region) = match self.plan.values.get(name) {
+        let (slot, region) = match self.plan.value_slot(name) {
             Some(s) => (s, self.values.clone()),
             None => (self.plan.scratch.get(name).unwrap_or_else(|| panic!("planned slot for {name}")), self.workspace.clone()),
         };
@@ -54,9 +54,14 @@ impl Writer<'_> {
         if self.plan.shared { "shared" } else { "global" }
     }
 
+    /// Whether `name` is a value held in registers.
+    pub(super) fn in_regs(&self, name: &str) -> bool {
+        self.plan.kernel.values().get(name).is_some_and(|id| self.in_registers.contains_key(id))
+    }
+
     /// Register `j` of a value in registers, where `index` is the unrolled loop's own element.
     fn register_of(&self, name: &str, index: &str) -> Option<String> {
-        let regs = self.in_registers.get(name)?;
+        let regs = self.in_registers.get(self.plan.kernel.values().get(name)?)?;
         let (e, j) = self.element.as_ref().expect("values in registers are touched in unrolled loops");
         assert_eq!(index, e, "a value in registers is read only at the thread's own element");
         Some(regs[*j].clone())
@@ -106,7 +111,7 @@ impl Writer<'_> {
     }
 
     pub(super) fn shape_of(&self, name: &str) -> Vec<usize> {
-        self.plan.values.get(name).map(|s| s.shape.clone()).unwrap_or_else(|| self.plan.kernel.value_type(name).shape.clone())
+        self.plan.value_slot(name).map(|s| s.shape.clone()).unwrap_or_else(|| self.plan.kernel.value_type(name).shape.clone())
     }
 
     /// An operand's element for result element `e` of shape `to` (literals as `dtype`).

@@ -11,6 +11,7 @@ use std::fmt::Write as _;
 
 use crate::limits::THREADS;
 use crate::lower::{Plan, Use};
+use tessel_plugin_api::ir::ValueMap;
 
 /// One kernel's emission: the plan, the text so far and the registers that name things in it.
 pub(super) struct Writer<'p> {
@@ -36,7 +37,7 @@ pub(super) struct Writer<'p> {
     pub(super) hazards: Hazards,
     /// Values that live in registers: element `t + 128 j` of such a value is register `j` of
     /// thread `t` (see [`crate::lower::in_registers`]).
-    pub(super) in_registers: HashMap<String, Vec<String>>,
+    pub(super) in_registers: ValueMap<Vec<String>>,
     /// Whether the next element loop touches a value in registers, so must be unrolled.
     pub(super) unroll: bool,
     /// Inside an unrolled element loop: the element register and its `j`.
@@ -197,7 +198,7 @@ impl<'p> Writer<'p> {
             coords: Vec::new(),
             origins: Vec::new(),
             hazards: Hazards::default(),
-            in_registers: HashMap::new(),
+            in_registers: ValueMap::new(),
             unroll: false,
             element: None,
         }

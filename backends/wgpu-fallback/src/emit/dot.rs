@@ -22,13 +22,13 @@ impl<'k> Writer<'k> {
         let (m, kk) = if trans_a { (ash[1], ash[0]) } else { (ash[0], ash[1]) };
         let n = if trans_b { bsh[0] } else { bsh[1] };
         let da = self.ty(a).dtype;
-        let published: Vec<&str> = [a, b].into_iter().filter(|v| !self.plan.forwarded.contains_key(*v)).collect();
+        let published: Vec<&str> = [a, b].into_iter().filter(|v| !self.plan.forwarded.contains_key(self.plan.id(v))).collect();
         let offs = self.read_published(&published);
         let total = m * n;
         let id = self.declare_block(dst);
         let slots = self.slots(&[m, n]);
         // Where the tile goes: the result's slot, or added into the resident output's.
-        let fused = self.plan.accumulating.get(dst).map(|a| a.0);
+        let fused = self.plan.accumulating.get(self.plan.id(dst)).map(|a| a.0);
         let into = |slot: usize, x: &str| match fused {
             Some(ri) => format!("r{ri}[{slot}] = r{ri}[{slot}] + {x};"),
             None => format!("{id}[{slot}] = {x};"),
@@ -37,7 +37,7 @@ impl<'k> Writer<'k> {
         // loaded input block (no copy, no barrier), else from the workspace where it was
         // published.
         let reader = |w: &Self, v: &str, cols: usize| -> Reader {
-            match w.plan.forwarded.get(v) {
+            match w.plan.forwarded.get(w.plan.id(v)) {
                 Some(&pi) => w.direct_reader(pi),
                 None => {
                     let off = offs[published.iter().position(|p| *p == v).expect("published")];
@@ -244,7 +244,7 @@ impl<'k> Writer<'k> {
     /// elements (row, col ..= col + 3) of its block (`col` a multiple of 4) as one `vec4`, from a
     /// second binding of the argument's buffer as `array<vec4<T>>`.
     fn vec4_reader(&mut self, v: &str) -> Option<Reader> {
-        let &pi = self.plan.forwarded.get(v)?;
+        let &pi = self.plan.forwarded.get(self.plan.id(v))?;
         let p = &self.v.kernel().params[pi];
         let dims = p.ty.shape.clone();
         if !quad_able(self.grid, p) || !self.view(pi) {

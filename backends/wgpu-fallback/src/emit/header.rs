@@ -80,20 +80,23 @@ impl<'k> Writer<'k> {
             }
         );
         if !self.plan.row_forwarded.is_empty() {
-            let mut names: Vec<String> = self.plan.row_forwarded.keys().map(|x| format!("%{x}")).collect();
+            let values = self.v.values();
+            let mut names: Vec<String> = self.plan.row_forwarded.keys().map(|x| format!("%{}", values.name(x))).collect();
             names.sort();
             let _ = writeln!(m, "// loads read where they are used, a vec4 of the buffer at a time: {}", names.join(", "));
         }
+        let values = self.v.values();
         if !self.plan.fused.is_empty() {
-            let mut names: Vec<String> =
-                self.plan.fused.iter().map(|(r, (op, x))| format!("%{r} ({} of %{x})", op.name())).collect();
+            let mut names: Vec<String> = (self.plan.fused.iter())
+                .map(|(r, &(op, x))| format!("%{} ({} of %{})", values.name(r), op.name(), values.name(x)))
+                .collect();
             names.sort();
             let _ = writeln!(m, "// reductions made in the loop that makes their operand: {}", names.join(", "));
         }
         if !self.plan.resident.is_empty() {
             let mut names: Vec<&str> = self.plan.resident.keys().map(String::as_str).collect();
             names.sort();
-            let mut folded: Vec<&str> = self.plan.accumulating.keys().map(String::as_str).collect();
+            let mut folded: Vec<&str> = self.plan.accumulating.keys().map(|x| values.name(x)).collect();
             folded.sort();
             let folded =
                 if folded.is_empty() { String::new() } else { format!("; dots adding into them: %{}", folded.join(", %")) };

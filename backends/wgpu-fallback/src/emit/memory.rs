@@ -57,7 +57,7 @@ impl<'k> Writer<'k> {
     /// elements that follow.
     pub(super) fn hoist_rows(&mut self, names: &[String]) {
         for name in names {
-            let q = self.row_quad(self.plan.row_forwarded[name], "j");
+            let q = self.row_quad(self.plan.row_forwarded[self.plan.id(name)], "j");
             let id = self.ident(name);
             self.line(format!("let {id}_q = {q};"));
             self.hoisted.insert(name.clone());
@@ -190,11 +190,11 @@ impl<'k> Writer<'k> {
         mask: Option<&str>,
         other: Option<Literal>,
     ) {
-        if self.plan.dot_only.contains(dst) {
+        if self.plan.dot_only.contains(self.plan.id(dst)) {
             self.line("// read by its dot straight from the buffer");
             return;
         }
-        if self.plan.row_forwarded.contains_key(dst) {
+        if self.plan.row_forwarded.contains_key(self.plan.id(dst)) {
             self.line("// read where it is used, a vec4 of its buffer at a time");
             return;
         }
@@ -298,7 +298,7 @@ impl<'k> Writer<'k> {
                 };
                 let q = match &vread {
                     Read::Own(id) if w.quad_value(&sel) => format!("{id}[j]"),
-                    Read::Row(name) if w.quad_value(&sel) => w.row_quad(w.plan.row_forwarded[name], "j"),
+                    Read::Row(name) if w.quad_value(&sel) => w.row_quad(w.plan.row_forwarded[w.plan.id(name)], "j"),
                     Read::Own(id) => {
                         format!("vec4<{rt}>({})", (0..4).map(|t| format!("{id}[{}]", slot(t))).collect::<Vec<_>>().join(", "))
                     }

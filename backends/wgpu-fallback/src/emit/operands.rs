@@ -22,9 +22,9 @@ impl<'k> Writer<'k> {
                 if shape.is_empty() {
                     Read::Scalar(id)
                 } else if self.plan.crosses(&shape, res, linear) {
-                    assert!(self.plan.publish.contains(name), "the plan publishes %{name}, which another invocation reads");
+                    assert!(self.plan.publish.contains(self.plan.id(name)), "the plan publishes %{name}, which another invocation reads");
                     Read::Shared { name: name.clone(), shape, linear }
-                } else if self.plan.row_forwarded.contains_key(name) && shape == res {
+                } else if self.plan.row_forwarded.contains_key(self.plan.id(name)) && shape == res {
                     Read::Row(name.clone())
                 } else if self.deferred.contains_key(name) && shape == res {
                     Read::Deferred(name.clone())
@@ -50,7 +50,7 @@ impl<'k> Writer<'k> {
             Read::Row(name) => match self.quad_lane {
                 Some(t) if self.hoisted.contains(name) => format!("{}_q.{}", self.ident(name), ["x", "y", "z", "w"][t]),
                 // Slot `k` on its own: its element of the `vec4` of its quad.
-                _ => format!("{}[k % 4u]", self.row_quad(self.plan.row_forwarded[name], "(k / 4u)")),
+                _ => format!("{}[k % 4u]", self.row_quad(self.plan.row_forwarded[self.plan.id(name)], "(k / 4u)")),
             },
             Read::Deferred(name) => {
                 let d = self.deferred[name].clone();

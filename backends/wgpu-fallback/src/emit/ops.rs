@@ -50,8 +50,8 @@ impl<'k> Writer<'k> {
             }
             return;
         }
-        if self.plan.inlined.contains(dst)
-            && !self.plan.publish.contains(dst)
+        if self.plan.inlined.contains(self.plan.id(dst))
+            && !self.plan.publish.contains(self.plan.id(dst))
             && !reads.iter().any(|r| matches!(r, Read::Shared { .. }))
         {
             // Computed where its one reader reads it, element by element, never stored.
@@ -80,7 +80,7 @@ impl<'k> Writer<'k> {
             x
         };
         self.hoist = self.rows_read(&reads);
-        if self.plan.fused_only.contains(dst) {
+        if self.plan.fused_only.contains(self.plan.id(dst)) {
             // Only its reductions read it: made element by element into them, never kept.
             self.each(&res, |w| {
                 value(w);

@@ -326,7 +326,7 @@ impl<'k> Writer<'k> {
             }
             Op::Reduce { op, arg, axis, .. } => {
                 let Operand::Value(src) = arg else { unreachable!("verifier: reduce of a value") };
-                if self.plan.fused.contains_key(&dst) {
+                if self.plan.fused.contains_key(self.plan.id(&dst)) {
                     self.line(format!("// made in the loop that makes %{src}"));
                     self.defined(&dst);
                 } else {

@@ -10,8 +10,9 @@ impl<'k> Writer<'k> {
     /// The reductions along rows made with `dst` ([`Plan::fused`](crate::lower::Plan::fused)): their
     /// private arrays declared and set to the reduction's identity.
     pub(super) fn open_fused(&mut self, dst: &str) -> Vec<(String, ReduceOp, usize)> {
-        let mut fused: Vec<(&String, ReduceOp)> =
-            self.plan.fused.iter().filter(|(_, (_, src))| src == dst).map(|(r, (op, _))| (r, *op)).collect();
+        let (values, src) = (self.v.values(), self.plan.id(dst));
+        let mut fused: Vec<(&str, ReduceOp)> =
+            self.plan.fused.iter().filter(|(_, (_, x))| *x == src).map(|(r, &(op, _))| (values.name(r), op)).collect();
         fused.sort_by_key(|f| f.0);
         let d = self.ty(dst).dtype;
         (fused.into_iter())
@@ -86,7 +87,7 @@ impl<'k> Writer<'k> {
                 }
                 if quads {
                     w.open(format!("for (var r = 0u; r < {}u; r++)", n / 4));
-                    let q = match w.plan.row_forwarded.get(src) {
+                    let q = match w.plan.row_forwarded.get(w.plan.id(src)) {
                         Some(&pi) => w.row_quad(pi, &format!("(k * {}u + r)", n / 4)),
                         None => format!("{sid}[k * {}u + r]", n / 4),
                     };

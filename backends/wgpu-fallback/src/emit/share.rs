@@ -56,7 +56,7 @@ impl<'k> Writer<'k> {
     /// After a block value is made: publish it if another invocation reads it.
     pub(super) fn defined(&mut self, name: &str) {
         let ty = self.ty(name);
-        if ty.is_scalar() || !self.plan.publish.contains(name) {
+        if ty.is_scalar() || !self.plan.publish.contains(self.plan.id(name)) {
             return;
         }
         let n = ty.numel();

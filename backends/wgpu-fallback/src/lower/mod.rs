@@ -11,7 +11,7 @@ mod values;
 
 pub(crate) use loops::room as loop_room;
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap};
 
 use tessel_plugin_api::abi::{BackendError, ErrorKind};
 use tessel_plugin_api::ir::analysis::{inside, resident};
@@ -109,31 +109,31 @@ pub struct Plan {
     /// ([`resident`]).
     pub resident: HashMap<String, usize>,
     /// `dot`s that add their tiles into a resident output ([`accumulating_dots`]).
-    pub accumulating: HashMap<String, (usize, String, String)>,
+    pub accumulating: ValueMap<(usize, ValueId, ValueId)>,
     /// Outputs and inputs bound as `array<vec4<T>>` ([`quad_args`]), kept
     /// where their invocations own elements in fours.
     pub quad_outputs: BTreeSet<usize>,
     pub quad_inputs: BTreeSet<usize>,
     /// Whole blocks of inputs that a `dot` reads from their buffers ([`forwarded_loads`]), and
     /// those only `dot`s read (their load writes nothing).
-    pub forwarded: HashMap<String, usize>,
-    pub dot_only: HashSet<String>,
+    pub forwarded: ValueMap<usize>,
+    pub dot_only: ValueSet,
     /// Elementwise values computed where their one reader reads them ([`inlined_values`]).
-    pub inlined: HashSet<String>,
+    pub inlined: ValueSet,
     /// In the row layout: whole `in` blocks read where they are used, one `vec4` of the buffer
-    /// per quad of a row, never copied into private arrays ([`row_forwarded`]), by name with the
+    /// per quad of a row, never copied into private arrays ([`row_forwarded`]), with the
     /// argument's position.
-    pub row_forwarded: HashMap<String, usize>,
+    pub row_forwarded: ValueMap<usize>,
     /// In the row layout: reductions along rows made in the loop that makes their operand
     /// ([`fused_reductions`]), by the reduction's result, with its operation and operand.
-    pub fused: HashMap<String, (ReduceOp, String)>,
+    pub fused: ValueMap<(ReduceOp, ValueId)>,
     /// The operands of fused reductions that nothing else reads: no private array holds them.
-    pub fused_only: HashSet<String>,
+    pub fused_only: ValueSet,
     /// Invocations per workgroup ([`workgroup_size`]).
     pub wg: u32,
     /// Block values read at elements other invocations own ([`Plan::crosses`], [`survey`]):
     /// each is published to the workgroup's region of the workspace after it is made.
-    pub publish: BTreeSet<String>,
+    pub publish: ValueSet,
     /// `u32` words of workspace per workgroup: the published values and the scratch buffers.
     pub workspace_words: u64,
     /// The dispatch (`x`, `y` workgroups), and whether each workgroup walks the programs with a
@@ -180,7 +180,7 @@ pub fn plan_keeping(kernel: Verified, grid: Vec<LaunchAxis>, target: impl Into<T
     let row_layout = row_layout(v).filter(|_| strategy == Strategy::Cpu);
     let resident: HashMap<String, usize> =
         (k.params.iter().enumerate()).filter(|(_, p)| !kept.contains(&p.name) && resident(k, &grid, p)).map(|(pi, p)| (p.name.clone(), pi)).collect();
-    let forwarded = forwarded_loads(k);
+    let forwarded = forwarded_loads(v);
     let (quad_outputs, quad_inputs) = (quad_args(v, &grid, ParamKind::Out), quad_args(v, &grid, ParamKind::In));
     let mut columns = Vec::new();
     analysis::visit(&k.body, &mut |s| {
@@ -202,13 +202,12 @@ pub fn plan_keeping(kernel: Verified, grid: Vec<LaunchAxis>, target: impl Into<T
         quad_outputs,
         quad_inputs,
         dot_only: (forwarded.keys())
-            .filter(|x| analysis::readers(&k.body, x).iter().all(|s| matches!(s.op, Op::Dot { .. })))
-            .cloned()
+            .filter(|&x| analysis::readers(&k.body, v.values().name(x)).iter().all(|s| matches!(s.op, Op::Dot { .. })))
             .collect(),
         row_forwarded,
-        fused_only: HashSet::new(),
+        fused_only: ValueSet::new(),
         wg: 1,
-        publish: BTreeSet::new(),
+        publish: ValueSet::new(),
         workspace_words: 0,
         groups: [1, 1],
         strided: false,
@@ -223,10 +222,13 @@ pub fn plan_keeping(kernel: Verified, grid: Vec<LaunchAxis>, target: impl Into<T
         grid,
     };
     let body = &plan.kernel.kernel().body;
+    let values = plan.kernel.values();
     plan.fused_only = (plan.fused.values())
-        .map(|(_, x)| x)
-        .filter(|x| analysis::readers(body, x).iter().all(|r| r.results.first().is_some_and(|y| plan.fused.contains_key(y))))
-        .cloned()
+        .map(|&(_, x)| x)
+        .filter(|&x| {
+            (analysis::readers(body, values.name(x)).iter())
+                .all(|r| r.results.first().is_some_and(|y| plan.fused.contains_key(values.id(y))))
+        })
         .collect();
     // An output is written as `vec4`s only where its invocations own elements in fours, and not
     // where it is resident (written back from registers, element by element); an input likewise.
@@ -238,7 +240,7 @@ pub fn plan_keeping(kernel: Verified, grid: Vec<LaunchAxis>, target: impl Into<T
     plan.quad_inputs = plan.quad_inputs.iter().copied().filter(|&pi| keep(&plan, pi, false)).collect();
     let survey = survey(&plan)?;
     plan.wg = workgroup_size(&plan, survey.max_elements);
-    let words = survey.publish.iter().map(|n| plan.kernel.value_type(n).numel() as u64).sum::<u64>()
+    let words = survey.publish.iter().map(|n| plan.kernel.values().ty(n).numel() as u64).sum::<u64>()
         + plan.kernel.kernel().params_of(ParamKind::Scratch).map(|p| p.ty.numel() as u64).sum::<u64>();
     if words * 4 > WORKSPACE_BUDGET {
         return Err(Refusal::Workspace { kernel: plan.kernel.kernel().name.clone(), bytes: words * 4 }.into());
@@ -318,7 +320,13 @@ impl Plan {
             Op::Store { value: Operand::Value(x), .. } => Some(x),
             _ => s.results.first(),
         };
-        result.is_some_and(|x| self.accumulating.values().any(|(_, acc, sum)| acc == x || sum == x))
+        let result = result.map(|x| self.id(x));
+        result.is_some_and(|x| self.accumulating.values().any(|&(_, acc, sum)| acc == x || sum == x))
+    }
+
+    /// The id of the value `%name`.
+    pub fn id(&self, name: &str) -> ValueId {
+        self.kernel.id(name)
     }
 
     /// The row layout's row length.
@@ -365,7 +373,7 @@ impl Plan {
 /// reads as `vec4`s outside `dot`s from a second binding, whether it stores to arguments or loads
 /// outputs and scratch back. Also the refusal of a block too large to lower.
 struct Survey {
-    publish: BTreeSet<String>,
+    publish: ValueSet,
     max_elements: usize,
     views: BTreeSet<usize>,
     stores: bool,
@@ -375,7 +383,7 @@ struct Survey {
 fn survey(plan: &Plan) -> Result<Survey, BackendError> {
     let v = &plan.kernel;
     let k = v.kernel();
-    let mut s = Survey { publish: BTreeSet::new(), max_elements: 1, views: BTreeSet::new(), stores: false, ref_loads: false };
+    let mut s = Survey { publish: ValueSet::new(), max_elements: 1, views: BTreeSet::new(), stores: false, ref_loads: false };
     for p in k.params_of(ParamKind::Scratch) {
         s.max_elements = s.max_elements.max(p.ty.numel());
     }
@@ -399,7 +407,7 @@ fn survey(plan: &Plan) -> Result<Survey, BackendError> {
                 );
                 return;
             }
-            if !ty.is_scalar() && !plan.dot_only.contains(r) && !plan.row_forwarded.contains_key(r) {
+            if !ty.is_scalar() && !plan.dot_only.contains(v.id(r)) && !plan.row_forwarded.contains_key(v.id(r)) {
                 s.max_elements = s.max_elements.max(ty.numel());
             }
         }
@@ -414,20 +422,20 @@ fn survey(plan: &Plan) -> Result<Survey, BackendError> {
                 // scalars (registers every invocation holds).
                 analysis::How::Whole => match &st.op {
                     Op::Transpose { .. } | Op::Concatenate { .. } | Op::Slice { .. } => true,
-                    Op::Reduce { axis, .. } => !plan.row_reduce(shape, *axis) && !plan.fused.contains_key(&st.results[0]),
-                    Op::Dot { .. } => !plan.forwarded.contains_key(u.name),
+                    Op::Reduce { axis, .. } => !plan.row_reduce(shape, *axis) && !plan.fused.contains_key(v.id(&st.results[0])),
+                    Op::Dot { .. } => !plan.forwarded.contains_key(v.id(u.name)),
                     // An index vector (a gather or scatter): each element reads its entry.
                     Op::Load { .. } | Op::Store { .. } => true,
                     _ => false,
                 },
             };
             if crosses && !shape.is_empty() {
-                s.publish.insert(u.name.to_string());
+                s.publish.insert(v.id(u.name));
             }
         }
         match &st.op {
             Op::Load { src, index, mask, .. } => {
-                let x = &st.results[0];
+                let x = v.id(&st.results[0]);
                 if plan.dot_only.contains(x) || plan.row_forwarded.contains_key(x) || plan.resident.contains_key(src) {
                     return;
                 }
@@ -500,7 +508,7 @@ fn dot_views(plan: &Plan) -> BTreeSet<usize> {
         if !tiled || staged || *trans_a || *trans_b || !kk.is_multiple_of(4) {
             return;
         }
-        let view = |x: &str| plan.forwarded.get(x).copied().filter(|&pi| quad_able(&plan.grid, &k.params[pi]));
+        let view = |x: &str| plan.forwarded.get(plan.id(x)).copied().filter(|&pi| quad_able(&plan.grid, &k.params[pi]));
         if let (Some(pa), Some(pb)) = (view(a), view(b)) {
             out.extend([pa, pb]);
         }

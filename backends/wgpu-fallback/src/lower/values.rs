@@ -4,19 +4,20 @@
 //! (inlined), the reductions made in the loop that makes their operand (fused), and the `dot`s
 //! that add into a resident output (accumulating). Each is a pure function of the verified kernel.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap};
 
 use tessel_plugin_api::ir::*;
 
-/// The values that are whole blocks of `in` arrays (`load x`, no index, mask or `other`), by
-/// name, with the argument's position: a `dot` reads them straight from the argument's buffer.
-pub(super) fn forwarded_loads(k: &Kernel) -> HashMap<String, usize> {
-    let mut out = HashMap::new();
+/// The values that are whole blocks of `in` arrays (`load x`, no index, mask or `other`), with
+/// the argument's position: a `dot` reads them straight from the argument's buffer.
+pub(super) fn forwarded_loads(v: &Verified) -> ValueMap<usize> {
+    let k = v.kernel();
+    let mut out = ValueMap::new();
     analysis::visit(&k.body, &mut |s| {
         if let Op::Load { src, index: None, mask: None, other: None } = &s.op
             && let Some(pi) = k.params.iter().position(|p| &p.name == src && p.kind == ParamKind::In && !p.ty.is_scalar())
         {
-            out.insert(s.results[0].clone(), pi);
+            out.insert(v.id(&s.results[0]), pi);
         }
     });
     out
@@ -48,9 +49,9 @@ pub(super) fn row_forwarded(
     v: &Verified,
     row_layout: Option<(usize, u32)>,
     quad_inputs: &BTreeSet<usize>,
-    forwarded: &HashMap<String, usize>,
-) -> HashMap<String, usize> {
-    let Some((c, _)) = row_layout.filter(|r| r.0.is_multiple_of(4)) else { return HashMap::new() };
+    forwarded: &ValueMap<usize>,
+) -> ValueMap<usize> {
+    let Some((c, _)) = row_layout.filter(|r| r.0.is_multiple_of(4)) else { return ValueMap::new() };
     let k = v.kernel();
     let reads_own = |x: &str, shape: &[usize]| {
         analysis::readers(&k.body, x).iter().all(|r| match &r.op {
@@ -62,11 +63,11 @@ pub(super) fn row_forwarded(
         })
     };
     (forwarded.iter())
-        .filter(|(x, pi)| {
-            let shape = &v.value_type(x).shape;
-            quad_inputs.contains(pi) && shape.len() == 2 && shape[1] == c && reads_own(x, shape)
+        .filter(|&(x, pi)| {
+            let shape = &v.values().ty(x).shape;
+            quad_inputs.contains(pi) && shape.len() == 2 && shape[1] == c && reads_own(v.values().name(x), shape)
         })
-        .map(|(x, &pi)| (x.clone(), pi))
+        .map(|(x, &pi)| (x, pi))
         .collect()
 }
 
@@ -75,8 +76,8 @@ pub(super) fn row_forwarded(
 /// in private arrays (not [`inlined_values`]: a reduction is not an elementwise reader). The loop
 /// that makes the operand also accumulates the reduction, element by element in ascending order
 /// along each row, as the reduction's own loop would: the operand is not read a second time.
-pub(super) fn fused_reductions(v: &Verified, row_layout: Option<(usize, u32)>) -> HashMap<String, (ReduceOp, String)> {
-    fn walk(v: &Verified, body: &[Stmt], c: usize, out: &mut HashMap<String, (ReduceOp, String)>) {
+pub(super) fn fused_reductions(v: &Verified, row_layout: Option<(usize, u32)>) -> ValueMap<(ReduceOp, ValueId)> {
+    fn walk(v: &Verified, body: &[Stmt], c: usize, out: &mut ValueMap<(ReduceOp, ValueId)>) {
         for s in body {
             for b in s.op.bodies() {
                 walk(v, b, c, out);
@@ -85,11 +86,11 @@ pub(super) fn fused_reductions(v: &Verified, row_layout: Option<(usize, u32)>) -
             let ty = v.value_type(x);
             let made_here = body.iter().any(|t| t.results.first() == Some(x) && elementwise(&t.op));
             if made_here && ty.shape.len() == 2 && ty.shape[1] == c && ty.dtype != DType::Bool {
-                out.insert(s.results[0].clone(), (*op, x.clone()));
+                out.insert(v.id(&s.results[0]), (*op, v.id(x)));
             }
         }
     }
-    let mut out = HashMap::new();
+    let mut out = ValueMap::new();
     if let Some((c, _)) = row_layout {
         walk(v, &v.kernel().body, c, &mut out);
     }
@@ -99,8 +100,8 @@ pub(super) fn fused_reductions(v: &Verified, row_layout: Option<(usize, u32)>) -
 /// Elementwise block values that need no private array: made by an elementwise operation and
 /// read once, at its own elements, by an elementwise operation or a whole `store` of the same body
 /// (so they are computed inside their reader's loop, element by element).
-pub(super) fn inlined_values(v: &Verified) -> HashSet<String> {
-    fn walk(v: &Verified, body: &[Stmt], out: &mut HashSet<String>) {
+pub(super) fn inlined_values(v: &Verified) -> ValueSet {
+    fn walk(v: &Verified, body: &[Stmt], out: &mut ValueSet) {
         let all = &v.kernel().body;
         for s in body {
             for b in s.op.bodies() {
@@ -120,11 +121,11 @@ pub(super) fn inlined_values(v: &Verified) -> HashSet<String> {
                 op => elementwise(op) && r.results.first().is_some_and(|y| &v.value_type(y).shape == shape),
             };
             if in_body && once && fits {
-                out.insert(x.clone());
+                out.insert(v.id(x));
             }
         }
     }
-    let mut out = HashSet::new();
+    let mut out = ValueSet::new();
     walk(v, &v.kernel().body, &mut out);
     out
 }
@@ -132,10 +133,9 @@ pub(super) fn inlined_values(v: &Verified) -> HashSet<String> {
 /// `dot`s whose result is added into a [`resident`](analysis::resident) output and stored back
 /// (`%acc = load c`, `%s = add %acc, %p`, `store c, %s`, each value read once, nothing else
 /// touching `c` between them in the same body): the dot adds its tile into the resident block
-/// itself. By the `dot`'s result: the output's position and the names of the load's and the add's
-/// results.
-pub(super) fn accumulating_dots(v: &Verified, resident: &HashMap<String, usize>) -> HashMap<String, (usize, String, String)> {
-    fn walk(v: &Verified, body: &[Stmt], resident: &HashMap<String, usize>, out: &mut HashMap<String, (usize, String, String)>) {
+/// itself. By the `dot`'s result: the output's position and the load's and the add's results.
+pub(super) fn accumulating_dots(v: &Verified, resident: &HashMap<String, usize>) -> ValueMap<(usize, ValueId, ValueId)> {
+    fn walk(v: &Verified, body: &[Stmt], resident: &HashMap<String, usize>, out: &mut ValueMap<(usize, ValueId, ValueId)>) {
         let all = &v.kernel().body;
         let single = |x: &str| match analysis::readers(all, x).as_slice() {
             [s] => Some(*s),
@@ -169,11 +169,11 @@ pub(super) fn accumulating_dots(v: &Verified, resident: &HashMap<String, usize>)
                 }
             });
             if dst == src && sv == sum && ia < is && il < ia && i < ia && others.count() == 0 {
-                out.insert(p.clone(), (pi, acc.clone(), sum.clone()));
+                out.insert(v.id(p), (pi, v.id(acc), v.id(sum)));
             }
         }
     }
-    let mut out = HashMap::new();
+    let mut out = ValueMap::new();
     walk(v, &v.kernel().body, resident, &mut out);
     out
 }

@@ -22,7 +22,7 @@ use super::*;
 #[derive(Clone, Debug)]
 pub struct Verified {
     kernel: Kernel,
-    types: HashMap<String, Type>,
+    values: ValueTable,
     mesh_axes: Vec<String>,
     /// The canonical text, printed once on first use (every launch sends it to the backend).
     text: std::sync::OnceLock<String>,
@@ -41,7 +41,25 @@ impl Verified {
 
     /// The type of the value `%name` (any scope).
     pub fn value_type(&self, name: &str) -> &Type {
-        self.types.get(name).unwrap_or_else(|| panic!("verified kernel has no value %{name}"))
+        self.values.ty(self.values.id(name))
+    }
+
+    /// Every value of the kernel: ids, names and types ([`ValueTable`]).
+    pub fn values(&self) -> &ValueTable {
+        &self.values
+    }
+
+    /// The id of the value `%name` (any scope); the kernel must define it.
+    pub fn id(&self, name: &str) -> ValueId {
+        self.values.id(name)
+    }
+
+    /// The id of a value operand; `None` for a literal.
+    pub fn operand_id(&self, o: &Operand) -> Option<ValueId> {
+        match o {
+            Operand::Value(n) => Some(self.values.id(n)),
+            Operand::Lit(_) => None,
+        }
     }
 
     /// The kernel's canonical text ([`print_kernel`](super::print_kernel)), printed once.
@@ -103,7 +121,7 @@ fn check(kernel: &Kernel) -> Result<Verified, Diagnostics> {
         diags: Vec::new(),
         defined: HashSet::new(),
         scopes: vec![HashMap::new()],
-        types: HashMap::new(),
+        values: ValueTable::default(),
         snippet: None,
         for_results: Vec::new(),
         mesh_axes: Vec::new(),
@@ -111,10 +129,10 @@ fn check(kernel: &Kernel) -> Result<Verified, Diagnostics> {
     };
     c.header();
     c.body(&mut body, BodyKind::Kernel);
-    let (diags, types, mesh_axes) = (c.diags, c.types, c.mesh_axes);
+    let (diags, values, mesh_axes) = (c.diags, c.values, c.mesh_axes);
     kernel.body = body;
     if diags.is_empty() {
-        Ok(Verified { kernel, types, mesh_axes, text: std::sync::OnceLock::new() })
+        Ok(Verified { kernel, values, mesh_axes, text: std::sync::OnceLock::new() })
     } else {
         let mut diags = diags;
         diags.sort_by_key(|d| d.span.start);
@@ -148,7 +166,7 @@ struct Checker<'k> {
     diags: Vec<Diagnostic>,
     defined: HashSet<String>,
     scopes: Vec<HashMap<String, Option<Type>>>,
-    types: HashMap<String, Type>,
+    values: ValueTable,
     /// Canonical text of the statement being checked, for IR that has no source.
     snippet: Option<String>,
     /// The result types of the `for` just checked.
@@ -235,7 +253,7 @@ impl<'k> Checker<'k> {
             self.err(span, format!("value `%{name}` is defined twice"), "expected each value of a kernel to have its own name");
         }
         if let Some(t) = &ty {
-            self.types.insert(name.to_string(), t.clone());
+            self.values.define(name, t.clone());
         }
         self.scopes.last_mut().expect("a scope is open").insert(name.to_string(), ty);
     }
