@@ -14,9 +14,11 @@
 //! [`crate::backend::BackendImpl`] and call [`crate::backend::export`], which runs every method under
 //! `catch_unwind`, so that a panic becomes an error instead of crossing the boundary.
 
+use std::sync::atomic::AtomicBool;
+
 use abi_stable::library::RootModule;
 use abi_stable::sabi_types::VersionStrings;
-use abi_stable::std_types::{RBox, ROption, RResult, RSlice, RSliceMut, RStr, RString, RVec};
+use abi_stable::std_types::{RArc, RBox, ROption, RResult, RSlice, RSliceMut, RStr, RString, RVec};
 use abi_stable::{StableAbi, declare_root_module_statics, package_version_strings};
 
 pub use self::traits::{Backend, Backend_TO, Mesh, Mesh_TO};
@@ -395,28 +397,48 @@ mod traits {
     }
 }
 
-/// The root module every plugin exports with `#[export_root_module]`.
-#[allow(unsafe_code, reason = "the code #[derive(StableAbi)] generates for prefix types")]
-#[repr(C)]
-#[derive(StableAbi)]
-#[sabi(kind(Prefix(prefix_ref = TesselPluginRef)))]
-#[sabi(missing_field(option))]
-pub struct TesselPlugin {
-    /// The `tessel-plugin-api` version the plugin was built against.
-    pub plugin_api_version: RStr<'static>,
-    /// The kernel text format it reads.
-    pub ir_format: u32,
-    /// Makes the backend. Runs under `catch_unwind` in the plugin.
-    #[sabi(last_prefix_field)]
-    pub new_backend: extern "C" fn() -> RResult<BackendBox, BackendError>,
-}
+pub use self::root::{TesselPlugin, TesselPluginRef, TokenSource};
 
-#[allow(unsafe_code, reason = "the statics declare_root_module_statics! generates")]
-impl RootModule for TesselPluginRef {
-    declare_root_module_statics! {TesselPluginRef}
-    const BASE_NAME: &'static str = "tessel_plugin";
-    const NAME: &'static str = "tessel plugin";
-    const VERSION_STRINGS: VersionStrings = package_version_strings!();
+/// The root module: abi_stable's derive writes `unsafe` accessors for the fields appended after
+/// the prefix, and `declare_root_module_statics!` its statics, so this module allows them.
+#[allow(unsafe_code, reason = "the code #[derive(StableAbi)] and declare_root_module_statics! generate for the root module")]
+mod root {
+    use super::*;
+
+    /// The root module every plugin exports with `#[export_root_module]`.
+    #[repr(C)]
+    #[derive(StableAbi)]
+    #[sabi(kind(Prefix(prefix_ref = TesselPluginRef)))]
+    #[sabi(missing_field(option))]
+    pub struct TesselPlugin {
+        /// The `tessel-plugin-api` version the plugin was built against.
+        pub plugin_api_version: RStr<'static>,
+        /// The kernel text format it reads.
+        pub ir_format: u32,
+        /// Makes the backend. Runs under `catch_unwind` in the plugin.
+        #[sabi(last_prefix_field)]
+        pub new_backend: extern "C" fn() -> RResult<BackendBox, BackendError>,
+        /// Gives the plugin the host's [`crate::cancel::host_token`], so that its launches see the
+        /// host thread's cancellation token (Ctrl-C in Python). Appended after the prefix: a plugin
+        /// built before it has none (`None` through [`TesselPluginRef`]) and runs launches to the end.
+        pub follow_cancel: extern "C" fn(host: TokenSource),
+    }
+
+    /// Where a plugin asks for the calling thread's cancellation token: the host's
+    /// [`crate::cancel::host_token`] (abi_stable takes a function pointer as a parameter only so).
+    #[repr(transparent)]
+    #[derive(StableAbi, Clone, Copy)]
+    pub struct TokenSource {
+        /// The calling thread's cancellation flag, if it has one.
+        pub token: extern "C" fn() -> ROption<RArc<AtomicBool>>,
+    }
+
+    impl RootModule for TesselPluginRef {
+        declare_root_module_statics! {TesselPluginRef}
+        const BASE_NAME: &'static str = "tessel_plugin";
+        const NAME: &'static str = "tessel plugin";
+        const VERSION_STRINGS: VersionStrings = package_version_strings!();
+    }
 }
 
 /// Everything a built-in backend submits to the host's registry with `inventory::submit!`.

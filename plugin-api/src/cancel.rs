@@ -4,31 +4,43 @@
 //! thread's token with [`current`] as the launch starts, stops starting programs (and `for`
 //! iterations) once it is cancelled, and fails the launch with
 //! [`crate::launch::LaunchError::Cancelled`]: the outputs are then incomplete. A backend that
-//! waits for a device (wgpu) looks at the token while it waits and stops waiting once it is
-//! cancelled, failing the launch; the device finishes the work it was given on its own.
+//! waits for a device (wgpu, Mosaic GPU: [`wait_until`]) looks at the token while it waits and
+//! stops waiting once it is cancelled, failing the launch; the device finishes the work it was
+//! given on its own.
 //!
-//! The token travels with the calling thread, not through [`crate::abi`], so that the boundary
-//! is unchanged. The built-in backends share this crate (and so the thread's token) with the
-//! host; a plugin library has its own copy of the crate, sees no token, and runs its launches to
-//! the end.
+//! The token travels with the calling thread. The built-in backends share this crate (and so the
+//! thread's token) with the host. A plugin library has its own copy of the crate, and so its own
+//! thread-local: the host hands each plugin it loads [`host_token`] through the root module's
+//! `follow_cancel` ([`crate::abi::TesselPlugin`]), and the plugin's [`current`] asks it when the
+//! thread has no token of the plugin's own. The flag itself is an `RArc<AtomicBool>`, one
+//! allocation both sides read. A plugin built before `follow_cancel` existed sees no token and runs
+//! its launches to the end.
 
 use std::cell::RefCell;
-use std::sync::Arc;
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use abi_stable::std_types::{RArc, ROption};
+
+use crate::abi::TokenSource;
 
 /// A flag shared by the thread that runs a launch and whoever may cancel it.
 #[derive(Clone, Debug, Default)]
-pub struct Token(Arc<AtomicBool>);
+pub struct Token(RArc<AtomicBool>);
 
 thread_local! {
     /// The token of the launch this thread runs, if any.
     static CURRENT: RefCell<Option<Token>> = const { RefCell::new(None) };
 }
 
+/// Where a plugin's [`current`] finds the host's token: the host's [`host_token`].
+static HOST: OnceLock<TokenSource> = OnceLock::new();
+
 impl Token {
     /// A token not cancelled.
     pub fn new() -> Token {
-        Token::default()
+        Token(RArc::new(AtomicBool::new(false)))
     }
 
     /// Asks every launch running under this token to stop.
@@ -56,10 +68,55 @@ impl Token {
     }
 }
 
-/// The token of the launch the calling thread runs ([`Token::scope`]), if any.
+/// The token of the launch the calling thread runs ([`Token::scope`]), if any; in a plugin, the
+/// host's ([`follow_host`]) when the plugin set none itself.
 pub fn current() -> Option<Token> {
-    CURRENT.with(|c| c.borrow().clone())
+    CURRENT.with(|c| c.borrow().clone()).or_else(|| HOST.get().and_then(|host| (host.token)().into_option().map(Token)))
 }
+
+/// The calling thread's token as the host hands it to plugins (`follow_cancel`). Cannot unwind.
+pub extern "C" fn host_token() -> ROption<RArc<AtomicBool>> {
+    CURRENT.try_with(|c| c.try_borrow().ok().and_then(|t| t.as_ref().map(|t| t.0.clone()))).ok().flatten().into()
+}
+
+/// In a plugin: from now on, [`current`] also asks `host` (the host's [`host_token`]) for the
+/// calling thread's token. The first call wins. Cannot unwind.
+pub extern "C" fn follow_host(host: TokenSource) {
+    let _ = HOST.set(host);
+}
+
+/// Waits until `done` says the work is finished (`Ok(true)`), asking more and more rarely (from
+/// spinning to every [`POLL_MAX`]), or until `token` is cancelled: then `Ok(false)`, the work
+/// left to finish on its own. Without a token it asks until done. An error of `done` ends the wait.
+pub fn wait_until<E>(token: Option<&Token>, mut done: impl FnMut() -> Result<bool, E>) -> Result<bool, E> {
+    let mut pause = Duration::from_micros(1);
+    for round in 0u32.. {
+        if done()? {
+            return Ok(true);
+        }
+        if token.is_some_and(Token::is_cancelled) {
+            return Ok(false);
+        }
+        if round < 64 {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(POLL_MAX);
+        }
+    }
+    unreachable!("the loop above returns")
+}
+
+/// The error of a launch whose wait for the device a cancelled token ended.
+pub fn cancelled() -> crate::abi::BackendError {
+    crate::abi::BackendError::new(
+        crate::abi::ErrorKind::Device,
+        "the launch was cancelled before the device finished it\n  its outputs are incomplete; launch it again",
+    )
+}
+
+/// The longest [`wait_until`] sleeps between two questions.
+pub const POLL_MAX: Duration = Duration::from_millis(1);
 
 #[cfg(test)]
 mod tests {
@@ -80,5 +137,36 @@ mod tests {
             std::thread::scope(|s| s.spawn(|| assert!(current().is_none())).join().expect("no panic"));
         });
         assert!(current().is_none());
+    }
+
+    #[test]
+    fn a_plugin_follows_the_hosts_token_where_it_has_none_of_its_own() {
+        // This crate stands for both sides here: `host_token` reads the thread-local a host's
+        // `Token::scope` sets, as a plugin's copy would through `follow_host`.
+        follow_host(TokenSource { token: host_token });
+        let t = Token::new();
+        t.scope(|| {
+            let seen = host_token().into_option().expect("the host's flag");
+            t.cancel();
+            assert!(seen.load(Ordering::Relaxed), "one flag, shared");
+        });
+        assert!(host_token().into_option().is_none());
+    }
+
+    #[test]
+    fn wait_until_stops_when_done_or_cancelled_and_passes_errors_on() {
+        let mut asked = 0;
+        assert_eq!(wait_until::<()>(None, || { asked += 1; Ok(asked == 100) }), Ok(true));
+        assert_eq!(asked, 100);
+        let t = Token::new();
+        let canceller = t.clone();
+        let started = std::time::Instant::now();
+        let waited = std::thread::scope(|s| {
+            s.spawn(move || { std::thread::sleep(Duration::from_millis(30)); canceller.cancel(); });
+            wait_until::<()>(Some(&t), || Ok(false))
+        });
+        assert_eq!(waited, Ok(false));
+        assert!(started.elapsed() >= Duration::from_millis(30));
+        assert_eq!(wait_until(Some(&Token::new()), || Err("device lost")), Err("device lost"));
     }
 }

@@ -38,8 +38,9 @@ fn on_main_thread(py: Python<'_>) -> PyResult<bool> {
 /// [`SIGNAL_POLL`] to run the signal handlers. One that raises (`KeyboardInterrupt`) cancels the
 /// launch, which is waited for (the interpreter stops before its next program or `for`
 /// iteration; wgpu stops waiting for the device within 50 ms and leaves it to finish alone), and
-/// is raised; the launch's outputs are dropped. Elsewhere `f` runs as [`detached`] runs it. A
-/// plugin's or Mosaic GPU's launch is not cancelled: it runs to its end first.
+/// is raised; the launch's outputs are dropped. Elsewhere `f` runs as [`detached`] runs it.
+/// Mosaic GPU stops waiting for its kernel likewise, and a plugin follows the token through its
+/// root module's `follow_cancel` (one built before that field runs its launch to the end first).
 pub(crate) fn interruptible<T: Send>(py: Python<'_>, f: impl FnOnce() -> Result<T, Failure> + Send) -> PyResult<T> {
     if !on_main_thread(py)? {
         return detached(py, f);

@@ -163,3 +163,15 @@ def test_an_aliased_output_left_partly_unwritten_keeps_the_inputs_values_on_the_
     got = jax.jit(f)(on_gpu(x))
     np.testing.assert_array_equal(np.asarray(got), want)
     assert counts()[0] == before[0] + 1
+
+
+def test_ctrl_c_stops_waiting_for_a_long_mosaic_gpu_kernel():
+    """Under the Python module's cancellation token Mosaic GPU waits for its kernel by asking an
+    event recorded after it, and gives up once Ctrl-C cancels the token: KeyboardInterrupt comes
+    within seconds of SIGINT, not after the kernel (64 programs of 10^9 dependent steps), and
+    the module runs kernels as before."""
+    from test_tessel import SPIN, interrupted_launch
+
+    rest, err, latency, code = interrupted_launch(SPIN, (64, 16), "mosaic-gpu")
+    assert latency < 5, f"KeyboardInterrupt came {latency:.1f} s after SIGINT"
+    assert rest == ["usable"] and code == 0, (rest, err)

@@ -10,6 +10,7 @@ use cudarc::driver::sys::{self, CUdevice_attribute, CUfunction_attribute};
 use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
 use tessel_plugin_api::abi::{BackendError, ErrorKind};
 use tessel_plugin_api::array::HostArray;
+use tessel_plugin_api::cancel;
 use tessel_plugin_api::ir::{ParamKind, Type};
 
 use crate::emit;
@@ -180,7 +181,24 @@ impl Gpu {
             self.device.enqueue(&self.stream, plan, ptx, &args)?;
         }
         drop(guards);
-        self.stream.synchronize().map_err(|e| device_error("kernel run", e))
+        self.wait()
+    }
+
+    /// Waits for the work enqueued so far. Under a cancellation token
+    /// ([`tessel_plugin_api::cancel`]: the Python module's, on Ctrl-C) it asks an event recorded
+    /// after the work ([`cancel::wait_until`]) and, once the token is cancelled, stops waiting and
+    /// fails: the device finishes the kernel on its own, and everything after it on the stream
+    /// (freeing the buffers, the next launch) is ordered behind it.
+    fn wait(&self) -> Result<(), BackendError> {
+        let Some(token) = cancel::current() else {
+            return self.stream.synchronize().map_err(|e| device_error("kernel run", e));
+        };
+        let done = self.stream.record_event(None).map_err(|e| device_error("recording the kernel's end", e))?;
+        match cancel::wait_until(Some(&token), || done.try_is_complete()) {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(cancel::cancelled()),
+            Err(e) => Err(device_error("kernel run", e)),
+        }
     }
 }
 

@@ -401,10 +401,7 @@ impl Gpu {
             match self.device.poll(wgpu::PollType::Wait { submission_index: None, timeout }) {
                 Ok(_) => break,
                 Err(wgpu::PollError::Timeout) if token.as_ref().is_some_and(|t| t.is_cancelled()) => {
-                    return Err(err(
-                        ErrorKind::Device,
-                        "the launch was cancelled before the device finished it\n  its outputs are incomplete; launch it again",
-                    ));
+                    return Err(tessel_plugin_api::cancel::cancelled());
                 }
                 Err(wgpu::PollError::Timeout) => {}
                 Err(e) => return Err(err(ErrorKind::Device, format!("waiting for the device failed: {e}"))),

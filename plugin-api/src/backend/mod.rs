@@ -174,6 +174,7 @@ macro_rules! export_plugin {
                 plugin_api_version: ::abi_stable::std_types::RStr::from_str($crate::abi::PLUGIN_API_VERSION),
                 ir_format: $crate::abi::IR_FORMAT_VERSION,
                 new_backend,
+                follow_cancel: $crate::cancel::follow_host,
             }
             .leak_into_prefix()
         }
