@@ -54,14 +54,6 @@ impl Verified {
         self.values.id(name)
     }
 
-    /// The id of a value operand; `None` for a literal.
-    pub fn operand_id(&self, o: &Operand) -> Option<ValueId> {
-        match o {
-            Operand::Value(n) => Some(self.values.id(n)),
-            Operand::Lit(_) => None,
-        }
-    }
-
     /// The kernel's canonical text ([`print_kernel`](super::print_kernel)), printed once.
     pub fn text(&self) -> &str {
         self.text.get_or_init(|| super::print_kernel(&self.kernel))
