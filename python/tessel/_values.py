@@ -576,44 +576,19 @@ class _Values:
 
     def batched_dot(self, eqn) -> None:
         """`dot_general` batched over the leading dimensions of both operands
-        (`einsum('bqd,bkd->bqk')`, `einsum('bhqd,bhkd->bhqk')`): the batch dimensions as one,
-        for each batch element its slice of each operand as a matrix, their `dot`, the products
-        concatenated along a new leading dimension and the batch dimensions restored."""
+        (`einsum('bqd,bkd->bqk')`, `einsum('bhqd,bhkd->bhqk')`): the language's batched `dot`
+        (docs/language.md §3), one product of matrices per leading index."""
         (lc, rc), (lb, _) = eqn.params["dimension_numbers"]
         a, b = eqn.invars
         nb = len(lb)
         lead = list(a.aval.shape[:nb])
-        batch = int(np.prod(lead))
         (a1, a2), (b1, b2) = a.aval.shape[nb:], b.aval.shape[nb:]
         ta, tb = tuple(lc) == (nb,), tuple(rc) == (nb + 1,)
         flags = (" trans_a" if ta else "") + (" trans_b" if tb else "")
         acc = _dot_acc(a.aval.dtype)
         m, n = (a2 if ta else a1), (b1 if tb else b2)
-        av, bv = self.value(a, eqn), self.value(b, eqn)
-        ta_ty, tb_ty = _ty(a.aval, self.kernel, eqn).split("[")[0], _ty(b.aval, self.kernel, eqn).split("[")[0]
-        if nb > 1:
-            flat_a, flat_b = self.body.fresh(), self.body.fresh()
-            self.body.emit(f"{flat_a} = reshape {av} : {ta_ty}[{batch}, {a1}, {a2}]")
-            self.body.emit(f"{flat_b} = reshape {bv} : {tb_ty}[{batch}, {b1}, {b2}]")
-            av, bv = flat_a, flat_b
-        parts = []
-        for t in range(batch):
-            mats = []
-            for v, ty, (d1, d2) in ((av, ta_ty, (a1, a2)), (bv, tb_ty, (b1, b2))):
-                s, r = self.body.fresh(), self.body.fresh()
-                self.body.emit(f"{s} = slice {v} start ({t}, 0, 0) : {ty}[1, {d1}, {d2}]")
-                self.body.emit(f"{r} = reshape {s} : {ty}[{d1}, {d2}]")
-                mats.append(r)
-            d, e = self.body.fresh(), self.body.fresh()
-            self.body.emit(f"{d} = dot {mats[0]}, {mats[1]}{flags} : {acc}[{m}, {n}]")
-            self.body.emit(f"{e} = reshape {d} : {acc}[1, {m}, {n}]")
-            parts.append(e)
         v = self.body.fresh()
-        self.body.emit(f"{v} = concatenate {', '.join(parts)} axis 0")
-        if nb > 1:
-            r = self.body.fresh()
-            self.body.emit(f"{r} = reshape {v} : {acc}[{', '.join(map(str, lead + [m, n]))}]")
-            v = r
+        self.body.emit(f"{v} = dot {self.value(a, eqn)}, {self.value(b, eqn)}{flags} : {acc}[{', '.join(map(str, lead + [m, n]))}]")
         want = _ty(eqn.outvars[0].aval, self.kernel, eqn)
         if want.split("[")[0] != acc:
             w = self.body.fresh()

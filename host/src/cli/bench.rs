@@ -21,9 +21,11 @@ fn dot_flops(v: &Verified, grid_points: u64) -> u64 {
                 Op::Dot { a, trans_a, .. } => {
                     let out = s.ty.as_ref().map(|t| t.shape.clone()).unwrap_or_default();
                     let Operand::Value(a) = a else { return 0 };
+                    // The last two dimensions are the matrices; any before them, the batch.
                     let sa = &v.value_type(a).shape;
-                    let k = if *trans_a { sa[0] } else { sa[1] };
-                    times * 2 * (out[0] * out[1] * k) as u64
+                    let r = sa.len() - 2;
+                    let k = if *trans_a { sa[r] } else { sa[r + 1] };
+                    times * 2 * (out.iter().product::<usize>() * k) as u64
                 }
                 Op::When { body, .. } => walk(v, body, times),
                 // As a `when` counts as if it ran: the dearer branch.

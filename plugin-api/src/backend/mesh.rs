@@ -71,7 +71,8 @@ pub fn mesh_view(spec: &MeshSpec) -> RMeshView {
 
 /// Gives a kernel the grid of its mesh (docs/language.md §4): a kernel without `grid` takes the
 /// mesh's axes as parallel grid axes; a kernel with one must match the mesh axis for axis, else
-/// `AXIS mixes mesh and grid axes`. Then verifies it.
+/// `AXIS mixes mesh and grid axes`. Then verifies it, and writes each batched `dot` as 2-D ones
+/// ([`ir::legalize::unbatch_dots`]), so that a backend meets only those.
 pub fn verify_with_mesh(kernel: &Kernel, mesh: Option<&MeshSpec>) -> Result<Verified, BackendError> {
     let mut kernel = kernel.clone();
     if let Some(m) = mesh {
@@ -121,7 +122,7 @@ pub fn verify_with_mesh(kernel: &Kernel, mesh: Option<&MeshSpec>) -> Result<Veri
         let e = crate::launch::resolve_grid(&v, &BTreeMap::new()).expect_err("a kernel with mesh axes needs a mesh");
         return Err(invalid(e.to_string()));
     }
-    Ok(v)
+    Ok(ir::legalize::unbatch_dots(v))
 }
 
 /// Makes a mesh object from a value owned by the caller's library (`TD_CanDowncast`), so that

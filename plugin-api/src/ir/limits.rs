@@ -19,3 +19,7 @@ pub const MAX_ARRAY_ELEMENTS: u64 = 1 << 48;
 pub fn elements_within_limit(shape: &[usize]) -> Option<u64> {
     shape.iter().try_fold(1u64, |n, &d| n.checked_mul(d as u64)).filter(|&n| n <= MAX_ARRAY_ELEMENTS)
 }
+
+/// Matrices in one batched `dot` (the product of its leading dimensions): each is written as a
+/// `dot` of its own (`legalize::unbatch_dots`), so the count bounds the code a kernel expands to.
+pub const MAX_DOT_BATCH: usize = 256;

@@ -100,6 +100,7 @@ pub mod builder;
 pub mod counters;
 pub mod generic;
 pub mod index;
+pub mod legalize;
 pub mod limits;
 mod op_names;
 pub mod parse;

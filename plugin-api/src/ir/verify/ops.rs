@@ -314,16 +314,27 @@ impl Checker<'_> {
         let x = self.val(a, span, "the left operand of `dot`");
         let y = self.val(b, span, "the right operand of `dot`");
         let (x, y) = (x?, y?);
-        if x.shape.len() != 2 || y.shape.len() != 2 || x.dtype != y.dtype || x.dtype == DType::Bool {
+        let rank = x.shape.len();
+        if rank < 2 || y.shape.len() != rank || x.shape[..rank - 2] != y.shape[..rank - 2] || x.dtype != y.dtype || x.dtype == DType::Bool {
             self.err(
                 span,
-                format!("`dot` takes two 2-D matrices of one numeric dtype, got {x} and {y}"),
-                "expected operands such as f32[M, K] and f32[K, N]",
+                format!("`dot` takes two matrices, or two stacks of them with the same leading dimensions, of one numeric dtype, got {x} and {y}"),
+                "expected operands such as f32[M, K] and f32[K, N], or f32[B, M, K] and f32[B, K, N]",
             );
             return None;
         }
-        let (m, k1) = if ta { (x.shape[1], x.shape[0]) } else { (x.shape[0], x.shape[1]) };
-        let (k2, n) = if tb { (y.shape[1], y.shape[0]) } else { (y.shape[0], y.shape[1]) };
+        let batch = &x.shape[..rank - 2];
+        if batch.iter().product::<usize>() > crate::ir::limits::MAX_DOT_BATCH {
+            self.err(
+                span,
+                format!("`dot` of {x} and {y} multiplies {} pairs of matrices", batch.iter().product::<usize>()),
+                format!("expected at most {} (the product of the leading dimensions); split the batch over a grid axis", crate::ir::limits::MAX_DOT_BATCH),
+            );
+            return None;
+        }
+        let (x2, y2) = (&x.shape[rank - 2..], &y.shape[rank - 2..]);
+        let (m, k1) = if ta { (x2[1], x2[0]) } else { (x2[0], x2[1]) };
+        let (k2, n) = if tb { (y2[1], y2[0]) } else { (y2[0], y2[1]) };
         if k1 != k2 {
             self.err(
                 span,
@@ -337,6 +348,6 @@ impl Checker<'_> {
             return None;
         }
         let d = if x.dtype.is_float() { DType::F32 } else { x.dtype.widened() };
-        Some(Type::array(d, [m, n]))
+        Some(Type::array(d, batch.iter().copied().chain([m, n]).collect::<Vec<_>>()))
     }
 }
