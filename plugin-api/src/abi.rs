@@ -399,8 +399,9 @@ mod traits {
 
 pub use self::root::{TesselPlugin, TesselPluginRef, TokenSource};
 
-/// The root module: abi_stable's derive writes `unsafe` accessors for the fields appended after
-/// the prefix, and `declare_root_module_statics!` its statics, so this module allows them.
+/// The root module: the code abi_stable's derive generates for the fields appended after the
+/// prefix, and `declare_root_module_statics!` for its statics, contain `unsafe` blocks (the
+/// accessors themselves are safe), so this module allows them.
 #[allow(unsafe_code, reason = "the code #[derive(StableAbi)] and declare_root_module_statics! generate for the root module")]
 mod root {
     use super::*;

@@ -85,27 +85,32 @@ pub extern "C" fn follow_host(host: TokenSource) {
     let _ = HOST.set(host);
 }
 
-/// Waits until `done` says the work is finished (`Ok(true)`), asking more and more rarely (from
-/// spinning to every [`POLL_MAX`]), or until `token` is cancelled: then `Ok(false)`, the work
-/// left to finish on its own. Without a token it asks until done. An error of `done` ends the wait.
+/// Waits until `done` says the work is finished (`Ok(true)`), or until `token` is cancelled:
+/// then `Ok(false)`, the work left to finish on its own. It asks without pausing for the first
+/// [`SPIN`] (a short kernel is seen done at once), then sleeps between questions, at most
+/// [`POLL_MAX`] (a longer one is seen done at most that late). Without a token it asks until
+/// done. An error of `done` ends the wait.
 pub fn wait_until<E>(token: Option<&Token>, mut done: impl FnMut() -> Result<bool, E>) -> Result<bool, E> {
-    let mut pause = Duration::from_micros(1);
-    for round in 0u32.. {
+    let start = std::time::Instant::now();
+    let mut pause = Duration::from_micros(5);
+    loop {
         if done()? {
             return Ok(true);
         }
         if token.is_some_and(Token::is_cancelled) {
             return Ok(false);
         }
-        if round < 64 {
+        if start.elapsed() < SPIN {
             std::thread::yield_now();
         } else {
             std::thread::sleep(pause);
             pause = (pause * 2).min(POLL_MAX);
         }
     }
-    unreachable!("the loop above returns")
 }
+
+/// How long [`wait_until`] asks without sleeping.
+pub const SPIN: Duration = Duration::from_micros(200);
 
 /// The error of a launch whose wait for the device a cancelled token ended.
 pub fn cancelled() -> crate::abi::BackendError {
@@ -116,7 +121,7 @@ pub fn cancelled() -> crate::abi::BackendError {
 }
 
 /// The longest [`wait_until`] sleeps between two questions.
-pub const POLL_MAX: Duration = Duration::from_millis(1);
+pub const POLL_MAX: Duration = Duration::from_micros(100);
 
 #[cfg(test)]
 mod tests {
@@ -139,17 +144,33 @@ mod tests {
         assert!(current().is_none());
     }
 
+    thread_local! {
+        /// The flag of the stand-in host below, per test thread.
+        static HOSTS: RefCell<Option<Token>> = const { RefCell::new(None) };
+    }
+
+    /// A host's `host_token` for the test: this crate plays the plugin, so the host's
+    /// thread-local must be another one than [`CURRENT`].
+    extern "C" fn stand_in_host() -> ROption<RArc<AtomicBool>> {
+        HOSTS.with(|h| h.borrow().as_ref().map(|t| t.0.clone())).into()
+    }
+
     #[test]
     fn a_plugin_follows_the_hosts_token_where_it_has_none_of_its_own() {
-        // This crate stands for both sides here: `host_token` reads the thread-local a host's
-        // `Token::scope` sets, as a plugin's copy would through `follow_host`.
-        follow_host(TokenSource { token: host_token });
-        let t = Token::new();
-        t.scope(|| {
-            let seen = host_token().into_option().expect("the host's flag");
-            t.cancel();
-            assert!(seen.load(Ordering::Relaxed), "one flag, shared");
-        });
+        follow_host(TokenSource { token: stand_in_host });
+        assert!(current().is_none(), "the host's thread runs no launch yet");
+        let host = Token::new();
+        HOSTS.with(|h| *h.borrow_mut() = Some(host.clone()));
+        let seen = current().expect("the host's token, through follow_host");
+        host.cancel();
+        assert!(seen.is_cancelled(), "one flag, both sides");
+        // A token of the plugin's own comes first.
+        let own = Token::new();
+        own.scope(|| assert!(!current().expect("the plugin's own").is_cancelled()));
+        HOSTS.with(|h| *h.borrow_mut() = None);
+        assert!(current().is_none());
+        // What a host hands over: its thread's token while a launch runs under it.
+        own.scope(|| assert!(host_token().into_option().is_some()));
         assert!(host_token().into_option().is_none());
     }
 

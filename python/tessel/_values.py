@@ -587,6 +587,9 @@ class _Values:
         flags = (" trans_a" if ta else "") + (" trans_b" if tb else "")
         acc = _dot_acc(a.aval.dtype)
         m, n = (a2 if ta else a1), (b1 if tb else b2)
+        if int(np.prod(lead)) > 256:
+            raise self.refuse(f"`dot_general` batched over {lead} ({int(np.prod(lead))} products of matrices)", eqn,
+                              "tessel's batched dot takes at most 256; batch over the grid instead (a grid axis per batch dimension)")
         v = self.body.fresh()
         self.body.emit(f"{v} = dot {self.value(a, eqn)}, {self.value(b, eqn)}{flags} : {acc}[{', '.join(map(str, lead + [m, n]))}]")
         want = _ty(eqn.outvars[0].aval, self.kernel, eqn)

@@ -594,12 +594,12 @@ SPIN_WGPU = """kernel spinw
 """
 
 
-def interrupted_launch(kernel, shape, backend, plugin=None):
+def interrupted_launch(kernel, shape, backend, plugin=None, after="interpret"):
     """Runs `kernel` on `backend` in a child process, sends SIGINT a second into the launch, and
     returns (what the child printed, its stderr, seconds from SIGINT to KeyboardInterrupt, exit
     code). A first small launch starts the runtime (plugins, adapters), which a signal does not cut
     short, so that the signal comes during the long launch itself; after the interrupt the child
-    runs a kernel again and prints whether it was right.
+    runs a kernel again on `after` and prints whether it was right.
 
     The child installs Python's SIGINT handler itself: a process started from a background job
     of a shell without job control (`scripts/test > log &`) inherits SIGINT ignored, and Python
@@ -621,7 +621,7 @@ def interrupted_launch(kernel, shape, backend, plugin=None):
             print("finished", flush=True)
         except KeyboardInterrupt:
             print("interrupted", time.monotonic(), flush=True)
-        o = add(x=y, y=y, backend="interpret")["o"]
+        o = add(x=y, y=y, backend={after!r})["o"]
         print("usable" if np.array_equal(o, y + y) else "wrong", flush=True)
     """)
     p = subprocess.Popen([os.sys.executable, "-c", code, str(EXAMPLES / "add.tk"), str(plugin or "")], stdout=subprocess.PIPE,
@@ -655,7 +655,8 @@ def test_ctrl_c_interrupts_a_plugins_launch_through_its_root_module():
     it only through the root module's `follow_cancel`: a launch on mybackend (the interpreter
     copied and renamed as docs/writing-a-backend.md builds it) stops within seconds of SIGINT
     (it ran to its end before), and the module runs kernels as before."""
-    rest, err, latency, code = interrupted_launch(SPIN, (64, 16), "mybackend", plugin=libs() / "libtessel_mybackend.so")
+    rest, err, latency, code = interrupted_launch(SPIN, (64, 16), "mybackend", plugin=libs() / "libtessel_mybackend.so",
+                                                  after="mybackend")
     assert latency < 5, f"KeyboardInterrupt came {latency:.1f} s after SIGINT"
     assert rest == ["usable"] and code == 0, (rest, err)
 

@@ -162,13 +162,12 @@ impl Lowerer<'_> {
                 Instr::Dot { dst, a, b, trans_a: *trans_a, trans_b: *trans_b }
             }
             Op::When { cond, body } => Instr::When { cond: self.src(cond, DType::Bool), body: self.body(body) },
-            Op::For(ForLoop { var, lo, hi, step, iters, cond, body }) => {
-                let iters_named = iters;
+            Op::For(ForLoop { var, lo, hi, step, iters: carried, cond, body }) => {
                 let var = self.slot(var);
                 let lo = self.src(lo, DType::I32);
                 let hi = self.src(hi, DType::I32);
                 let step = step.as_ref().map_or(Src::Const(Val::i32_scalar(1)), |s| self.src(s, DType::I32));
-                let iters: Vec<(usize, Src)> = iters
+                let iters: Vec<(usize, Src)> = carried
                     .iter()
                     .map(|(n, init)| {
                         let d = self.common(&[init]);
@@ -178,7 +177,7 @@ impl Lowerer<'_> {
                 let yields = match body.last().map(|s| &s.op) {
                     Some(Op::Yield(vals)) => vals
                         .iter()
-                        .zip(iters_named)
+                        .zip(carried)
                         .map(|(v, (n, _))| {
                             let d = self.v.value_type(n).dtype;
                             self.src(v, d)

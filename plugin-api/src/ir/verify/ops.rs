@@ -324,10 +324,11 @@ impl Checker<'_> {
             return None;
         }
         let batch = &x.shape[..rank - 2];
-        if batch.iter().product::<usize>() > crate::ir::limits::MAX_DOT_BATCH {
+        let pairs: usize = batch.iter().product();
+        if pairs > crate::ir::limits::MAX_DOT_BATCH {
             self.err(
                 span,
-                format!("`dot` of {x} and {y} multiplies {} pairs of matrices", batch.iter().product::<usize>()),
+                format!("`dot` of {x} and {y} multiplies {pairs} pairs of matrices"),
                 format!("expected at most {} (the product of the leading dimensions); split the batch over a grid axis", crate::ir::limits::MAX_DOT_BATCH),
             );
             return None;
