@@ -324,11 +324,8 @@ fn open(path: &Path, canonical: &Path) -> Result<BackendBox, PluginError> {
             why: format!(" (it reads kernel text format {}, this host writes format {IR_FORMAT_VERSION})", root.ir_format()),
         });
     }
-    // Launches on the plugin see this thread's cancellation token (a plugin older than
-    // `follow_cancel` has none to follow and runs its launches to the end).
-    if let Some(follow) = root.follow_cancel() {
-        follow(tessel_plugin_api::abi::TokenSource { token: tessel_plugin_api::cancel::host_token });
-    }
+    // Launches on the plugin see this thread's cancellation token.
+    root.follow_cancel()(tessel_plugin_api::abi::TokenSource { token: tessel_plugin_api::cancel::host_token });
     root.new_backend()()
         .into_result()
         .map_err(|e| PluginError::Constructor { path: path.to_path_buf(), message: e.message.to_string() })

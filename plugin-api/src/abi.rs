@@ -417,11 +417,12 @@ mod root {
         /// The kernel text format it reads.
         pub ir_format: u32,
         /// Makes the backend. Runs under `catch_unwind` in the plugin.
-        #[sabi(last_prefix_field)]
         pub new_backend: extern "C" fn() -> RResult<BackendBox, BackendError>,
         /// Gives the plugin the host's [`crate::cancel::host_token`], so that its launches see the
-        /// host thread's cancellation token (Ctrl-C in Python). Appended after the prefix: a plugin
-        /// built before it has none (`None` through [`TesselPluginRef`]) and runs launches to the end.
+        /// host thread's cancellation token (Ctrl-C in Python). New in plugin-api 0.4: abi_stable
+        /// loads no plugin with fewer root-module fields than the host's, so a 0.3 plugin is
+        /// refused by its version (rebuild it). Fields added later go after this one.
+        #[sabi(last_prefix_field)]
         pub follow_cancel: extern "C" fn(host: TokenSource),
     }
 

@@ -11,10 +11,9 @@
 //! The token travels with the calling thread. The built-in backends share this crate (and so the
 //! thread's token) with the host. A plugin library has its own copy of the crate, and so its own
 //! thread-local: the host hands each plugin it loads [`host_token`] through the root module's
-//! `follow_cancel` ([`crate::abi::TesselPlugin`]), and the plugin's [`current`] asks it when the
-//! thread has no token of the plugin's own. The flag itself is an `RArc<AtomicBool>`, one
-//! allocation both sides read. A plugin built before `follow_cancel` existed sees no token and runs
-//! its launches to the end.
+//! `follow_cancel` ([`crate::abi::TesselPlugin`], plugin-api 0.4), and the plugin's [`current`]
+//! asks it when the thread has no token of the plugin's own. The flag itself is an
+//! `RArc<AtomicBool>`, one allocation both sides read.
 
 use std::cell::RefCell;
 use std::sync::OnceLock;

@@ -40,7 +40,7 @@ fn on_main_thread(py: Python<'_>) -> PyResult<bool> {
 /// iteration; wgpu stops waiting for the device within 50 ms and leaves it to finish alone), and
 /// is raised; the launch's outputs are dropped. Elsewhere `f` runs as [`detached`] runs it.
 /// Mosaic GPU stops waiting for its kernel likewise, and a plugin follows the token through its
-/// root module's `follow_cancel` (one built before that field runs its launch to the end first).
+/// root module's `follow_cancel`.
 pub(crate) fn interruptible<T: Send>(py: Python<'_>, f: impl FnOnce() -> Result<T, Failure> + Send) -> PyResult<T> {
     if !on_main_thread(py)? {
         return detached(py, f);
