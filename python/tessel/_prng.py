@@ -12,8 +12,20 @@ import numpy as np
 from ._common import _dims, _ty
 
 
+def _key_impl(key) -> str:
+    """The name of the PRNG implementation of a `jax.random` key variable (`pallas_tpu`, ...)."""
+    return getattr(getattr(key.aval.dtype, "_impl", None), "name", "")
+
+
 class _Prng:
     """The `_Writer`'s methods for random numbers."""
+
+    def as_u32(self, v: str, dt: str, shape=()) -> str:
+        """`v`, of elements `dt` and shape `shape`, as `u32` words: itself, the bits of an `i32`,
+        or a `cast` of another integer."""
+        if dt == "u32":
+            return v
+        return self.body.let(f"bitcast {v}" if dt == "i32" else f"cast {v}", f"u32[{_dims(shape)}]" if shape else "u32")
 
     def threefry(self, eqn) -> None:
         """`threefry2x32` (JAX's counter-based PRNG, as `jax.random` and Pallas's TPU PRNG kernels
@@ -74,9 +86,7 @@ class _Prng:
                 w = v
                 if shape:
                     w = self.body.let(f"reshape {self.body.let(f'slice {v} start ({i})', f'{base}[1]')}", base)
-                if base != "u32":
-                    w = self.body.let(f"bitcast {w}" if base == "i32" else f"cast {w}", "u32")
-                words.append(w)
+                words.append(self.as_u32(w, base))
         k0 = k1 = self.body.let("full 0", "u32")
         for i, w in enumerate(words):
             k0, k1 = self.threefry_words(k0, k1, w, str(i), "u32", "u32")
@@ -95,8 +105,7 @@ class _Prng:
         elif impl == "pallas_tpu":
             seed = self.value(eqn.invars[0], eqn)
             dt = _ty(eqn.invars[0].aval, self.kernel, eqn)
-            word = seed if dt == "u32" else self.body.let(f"bitcast {seed}" if dt == "i32" else f"cast {seed}", "u32")
-            self.define(eqn.outvars[0], self.body.let(f"broadcast {word}", "u32[2]"))
+            self.define(eqn.outvars[0], self.body.let(f"broadcast {self.as_u32(seed, dt)}", "u32[2]"))
         else:
             raise self.refuse(f"a `jax.random` key of the `{impl}` implementation", eqn,
                               "draw with pltpu.prng_seed and pltpu.prng_random_bits, or pltpu.stateful_* samplers")
@@ -105,7 +114,7 @@ class _Prng:
         """`random_bits` of a Pallas TPU key (`random_seed`): 32-bit words drawn from the kernel's
         PRNG (`prng_random_bits`); a `pallas_tpu` key seeds it with its two words first."""
         key = eqn.invars[0]
-        impl = getattr(getattr(key.aval.dtype, "_impl", None), "name", "")
+        impl = _key_impl(key)
         if impl not in ("_pallas_internal_stateful", "pallas_tpu") or eqn.params.get("bit_width") != 32:
             raise self.refuse(f"`random_bits` of a `{impl}` key of {eqn.params.get('bit_width')} bits", eqn,
                               "draw 32-bit words with pltpu.prng_random_bits")
@@ -119,15 +128,12 @@ class _Prng:
         implementation: the data added to the key's second word, then one Threefry round (add,
         rotate left by 13, xor) mixes the two words. Keys of other implementations are refused."""
         key, data = eqn.invars
-        impl = getattr(getattr(key.aval.dtype, "_impl", None), "name", "")
+        impl = _key_impl(key)
         if impl != "pallas_tpu" or tuple(key.aval.shape) != () or tuple(getattr(data.aval, "shape", ())) != ():
             raise self.refuse(f"`fold_in` of a `{impl}` key of shape {tuple(key.aval.shape)}", eqn,
                               "fold a scalar into one key made with jax.random.key(seed, impl='pallas_tpu')")
         k = self.value(key, eqn)
-        d = self.value(data, eqn)
-        dt = _ty(data.aval, self.kernel, eqn)
-        if dt != "u32":
-            d = self.body.let(f"bitcast {d}" if dt == "i32" else f"cast {d}", "u32")
+        d = self.as_u32(self.value(data, eqn), _ty(data.aval, self.kernel, eqn))
         k0, k1 = (self.body.let(f"reshape {self.body.let(f'slice {k} start ({i})', 'u32[1]')}", "u32") for i in range(2))
         k1 = self.body.let(f"add {k1}, {d}", "u32")
         k0 = self.body.let(f"add {k0}, {k1}", "u32")
@@ -149,16 +155,14 @@ class _Prng:
         if impl != "pallas_tpu" or int(np.prod(shape)) != 2:
             raise self.refuse(f"`wrap_key_data` of a `{impl}` key of data shape {shape}", eqn,
                               "wrap one key's two words with impl='pallas_tpu'")
-        v = self.value(eqn.invars[0], eqn)
         dt = _ty(eqn.invars[0].aval, self.kernel, eqn).partition("[")[0]
-        if dt != "u32":
-            v = self.body.let(f"bitcast {v}" if dt == "i32" else f"cast {v}", f"u32[{_dims(shape)}]")
+        v = self.as_u32(self.value(eqn.invars[0], eqn), dt, shape)
         self.define(eqn.outvars[0], v if shape == (2,) else self.body.let(f"reshape {v}", "u32[2]"))
 
     def random_unwrap(self, eqn) -> None:
         """`jax.random.key_data` of a `pallas_tpu` key: its two words as `u32[1, 2]`."""
         key = eqn.invars[0]
-        impl = getattr(getattr(key.aval.dtype, "_impl", None), "name", "")
+        impl = _key_impl(key)
         if impl != "pallas_tpu" or tuple(key.aval.shape) != ():
             raise self.refuse(f"`key_data` of a `{impl}` key of shape {tuple(key.aval.shape)}", eqn,
                               "take the data of one key made with impl='pallas_tpu'")

@@ -548,7 +548,6 @@ class _Values:
         if b in self.transposed:
             b, tb = self.transposed[b], not tb
         flags = (" trans_a" if ta else "") + (" trans_b" if tb else "")
-        out = eqn.outvars[0]
         v = self.body.fresh()
         va, vb = self.value(a, eqn), self.value(b, eqn)
         # Operands of two dtypes (`f32` queries against `bf16` keys): both in the wider, as XLA
@@ -567,12 +566,15 @@ class _Values:
         m = a.aval.shape[1 if ta else 0]
         n = b.aval.shape[0 if tb else 1]
         self.body.emit(f"{v} = dot {va}, {vb}{flags} : {acc}[{m}, {n}]")
-        want = _ty(out.aval, self.kernel, eqn)
+        self.define_product(eqn, v, acc)
+
+    def define_product(self, eqn, v: str, acc: str) -> None:
+        """A `dot`'s result `v` (accumulated in `acc`) as the equation's output, `cast` to its
+        `preferred_element_type` where that differs."""
+        want = _ty(eqn.outvars[0].aval, self.kernel, eqn)
         if want.split("[")[0] != acc:
-            w = self.body.fresh()
-            self.body.emit(f"{w} = cast {v} : {want}")
-            v = w
-        self.define(out, v)
+            v = self.body.let(f"cast {v}", want)
+        self.define(eqn.outvars[0], v)
 
     def batched_dot(self, eqn) -> None:
         """`dot_general` batched over the leading dimensions of both operands
@@ -592,9 +594,4 @@ class _Values:
                               "tessel's batched dot takes at most 256; batch over the grid instead (a grid axis per batch dimension)")
         v = self.body.fresh()
         self.body.emit(f"{v} = dot {self.value(a, eqn)}, {self.value(b, eqn)}{flags} : {acc}[{', '.join(map(str, lead + [m, n]))}]")
-        want = _ty(eqn.outvars[0].aval, self.kernel, eqn)
-        if want.split("[")[0] != acc:
-            w = self.body.fresh()
-            self.body.emit(f"{w} = cast {v} : {want}")
-            v = w
-        self.define(eqn.outvars[0], v)
+        self.define_product(eqn, v, acc)
