@@ -111,6 +111,7 @@ pub fn compile(kernel: &Verified) -> Compiled {
 
 /// [`compile`] for a pool of `threads` workers.
 fn compile_for(kernel: &Verified, threads: usize) -> Compiled {
+    let kernel = &*tessel_plugin_api::ir::legalize::for_backend(kernel);
     match coarsen::coarsen(kernel, threads) {
         Some((merged, how)) => Compiled { program: lower::lower(&merged, true), kernel: merged, merged: Some(how) },
         None => Compiled { kernel: kernel.clone(), program: lower::lower(kernel, true), merged: None },
@@ -121,6 +122,7 @@ fn compile_for(kernel: &Verified, threads: usize) -> Compiled {
 /// whole block — the definition the compiled program must match bit for bit (the tests compare
 /// the two).
 pub fn compile_unfused(kernel: &Verified) -> Compiled {
+    let kernel = &*tessel_plugin_api::ir::legalize::for_backend(kernel);
     Compiled { kernel: kernel.clone(), program: lower::lower(kernel, false), merged: None }
 }
 

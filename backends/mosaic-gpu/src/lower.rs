@@ -192,6 +192,7 @@ impl Planner {
 /// thread axis, whose points run as the warpgroups of one CTA and share its scratch. A kernel of
 /// the form `crate::wgmma` describes takes the Hopper path; every other the general one.
 pub fn plan(kernel: &Verified, thread_axis: Option<&str>) -> Result<Plan, BackendError> {
+    let kernel = &*legalize::for_backend(kernel);
     // Element indices are 32-bit (`mul.wide.u32` to byte offsets), signed where they meet `ds`.
     for p in &kernel.kernel().params {
         if p.ty.numel() > MAX_ARRAY_ELEMENTS {
@@ -245,6 +246,7 @@ fn hopper(kernel: &Verified, thread_axis: Option<&str>) -> Option<Plan> {
 /// The general path's plan (every kernel the backend lowers), even where the Hopper path would
 /// take the kernel: how a kernel did before that path, for comparisons.
 pub fn plan_general(kernel: &Verified, thread_axis: Option<&str>) -> Result<Plan, BackendError> {
+    let kernel = &*legalize::for_backend(kernel);
     let k = kernel.kernel();
     let registers = in_registers(kernel);
     let mut planner = Planner { values: ValueMap::new(), yielded: ValueMap::new(), next: 0, in_registers: registers };

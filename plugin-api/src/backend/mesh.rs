@@ -122,8 +122,9 @@ pub fn verify_with_mesh(kernel: &Kernel, mesh: Option<&MeshSpec>) -> Result<Veri
         let e = crate::launch::resolve_grid(&v, &BTreeMap::new()).expect_err("a kernel with mesh axes needs a mesh");
         return Err(invalid(e.to_string()));
     }
+    let name = v.name().to_string();
     ir::legalize::unbatch_dots(v).map_err(|d| {
-        BackendError::new(ErrorKind::Internal, format!("kernel `{}` with its batched dots unbatched does not verify:\n{d}", kernel.name))
+        BackendError::new(ErrorKind::Internal, format!("kernel `{name}` with its batched dots unbatched does not verify:\n{d}"))
     })
 }
 

@@ -1,9 +1,12 @@
-//! Rewrites of a verified kernel into the forms every backend writes, applied once by
-//! [`crate::backend::verify_with_mesh`] before a backend plans: a batched `dot` (operands with
+//! Rewrites of a verified kernel into the forms every backend writes, applied by
+//! [`crate::backend::verify_with_mesh`] and again (a scan, where there is nothing to rewrite) by
+//! each backend's own lowering entry, which tests and benches call without it ([`for_backend`]):
+//! a batched `dot` (operands with
 //! the same leading dimensions, docs/language.md §3) becomes one 2-D `dot` per batch element,
 //! each on its operands' `slice`s, the products `concatenate`d and reshaped back to the batch
 //! dimensions. The result keeps its name, so nothing after it changes.
 
+use std::borrow::Cow;
 use std::collections::HashSet;
 
 use super::*;
@@ -11,15 +14,29 @@ use super::*;
 /// `v` with every batched `dot` written as 2-D ones; `v` itself where it has none. An error is
 /// this module's bug: the rewritten kernel did not verify (the diagnostics say where).
 pub fn unbatch_dots(v: Verified) -> Result<Verified, Diagnostics> {
+    Ok(match without_batches(&v)? {
+        Cow::Borrowed(_) => v,
+        Cow::Owned(w) => w,
+    })
+}
+
+/// [`unbatch_dots`] of a borrowed kernel: borrowed back where it has no batched `dot`.
+pub fn without_batches(v: &Verified) -> Result<Cow<'_, Verified>, Diagnostics> {
     let mut any = false;
     analysis::visit(&v.kernel().body, &mut |s| any |= batched(s).is_some());
     if !any {
-        return Ok(v);
+        return Ok(Cow::Borrowed(v));
     }
     let mut kernel = v.kernel().clone();
-    let mut names = Names { v: &v, taken: HashSet::new() };
+    let mut names = Names { v, taken: HashSet::new() };
     kernel.body = rewrite(std::mem::take(&mut kernel.body), &mut names);
-    verify::verify_derived(&kernel)
+    verify::verify_derived(&kernel).map(Cow::Owned)
+}
+
+/// [`without_batches`] for a backend's lowering entry, which the verifier has made infallible:
+/// a rewrite that does not verify is this module's bug, and panics naming the kernel.
+pub fn for_backend(v: &Verified) -> Cow<'_, Verified> {
+    without_batches(v).unwrap_or_else(|d| panic!("kernel `{}` with its batched dots unbatched does not verify:\n{d}", v.name()))
 }
 
 /// A batched `dot`'s operands, flags and result type: a `dot` whose result has more than two
