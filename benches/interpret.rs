@@ -140,7 +140,7 @@ fn generic(c: &mut Criterion) {
         g.bench_function(format!("{name}/specialize_verify_ptx"), |b| {
             b.iter(|| {
                 let v = src.specialize(k, black_box(&values)).expect("ok");
-                let plan = tessel_mosaic_gpu::lower::plan(&v, None).expect("plans");
+                let plan = tessel_mosaic_gpu::lower::plan(&v, None, Default::default()).expect("plans");
                 black_box(tessel_mosaic_gpu::emit::emit(&plan))
             })
         });

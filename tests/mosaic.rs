@@ -273,3 +273,107 @@ fn the_hopper_kernels_take_the_hopper_path() {
     let ptx = ptx.unwrap_or_else(|e| panic!("the reducing epilogue: {e}"));
     assert!(!hopper(&ptx) && ptx.contains("mma.sync"), "an epilogue with a reduction took the Hopper path");
 }
+
+/// The Hopper matmuls under each schedule `TESSEL_MOSAIC_SCHEDULE` names: the warp-specialized
+/// kernel (a producer warpgroup for the copies, stages handed over on full and empty mbarriers)
+/// and the persistent one (launched on half as many CTAs as it has output blocks, so that each
+/// CTA loops over two and its pipeline runs on from one to the next) run on the
+/// emulator as the interpreter computes, in both thread orders; the emulator refuses a copy into
+/// a stage a `wgmma` still reads, so a stage handed back too early fails here. Each is assembled
+/// by `ptxas` at 0 spills with no warning (a `setmaxnreg` it could not honour is one), the
+/// 128x256 tiles of the 4096³ bench kernels included.
+#[test]
+fn every_schedule_of_the_hopper_matmuls_agrees_with_the_interpreter() {
+    use std::collections::BTreeMap;
+    use std::sync::Arc;
+    use tessel::{KernelLaunch, Runtime, Tolerance};
+    use tessel_mosaic_gpu::{MosaicGpu, Schedule};
+    use tessel_plugin_api::backend::{Call, Compiler, Launch};
+
+    let rt = Runtime::new(&[]).expect("runtime");
+    let ptxas = ptxas();
+    let lower = |kernel: &tessel_plugin_api::ir::Verified, schedule: Schedule| {
+        let launch = Launch::new(vec![Call { kernel: Arc::new(kernel.kernel().clone()), mesh: None }], Vec::new(), BTreeMap::new());
+        let stages = MosaicGpu::with_schedule(schedule).lower(&launch).expect("lowers");
+        stages.into_iter().next().expect("one module").1
+    };
+    let assembled = |name: &str, ptx: &str| {
+        let Some(p) = &ptxas else { return };
+        let info = assemble(p, name, ptx).unwrap_or_else(|e| panic!("ptxas rejects {name}:\n{e}"));
+        assert!(info.contains("0 bytes spill stores") && !info.contains("warning"), "{name}: {info}");
+    };
+    let mut checked = 0;
+    for schedule in [Schedule::Specialized, Schedule::Persistent] {
+        for f in ["wgmma_bf16", "wgmma_f16_wide", "wgmma_scratch", "wgmma_steps", "wgmma_epilogue", "wgmma_trans_a"] {
+            let path = root().join(format!("tests/in/{f}.tk"));
+            let kernel = &tessel::load_file(&path).unwrap_or_else(|e| panic!("{e}"))[0];
+            let name = format!("{f} ({})", schedule.name());
+            let ptx = lower(kernel, schedule);
+            assert!(ptx.contains("// warp-specialized: ") && ptx.contains("setmaxnreg.inc"), "{name} is not warp-specialized");
+            assert_eq!(ptx.contains("// persistent: "), schedule == Schedule::Persistent, "{name}");
+            assembled(f, &ptx);
+            let call = [KernelLaunch { kernel, mesh: None }];
+            let args = tessel::LaunchArgs { inputs: file_inputs(&path, kernel, 7), grid: Default::default() };
+            let want = rt.launch("interpret", &call, &[], &args).expect("interpreter runs");
+            for reverse in [false, true] {
+                let got = emulate(&ptx, kernel, &args, reverse).unwrap_or_else(|e| panic!("{name}: {e}"));
+                for ((n, g), (_, w)) in got.iter().zip(&want) {
+                    let tol = Tolerance::for_dtype(w.dtype());
+                    let bad = g.to_f64().iter().zip(w.to_f64()).filter(|(a, b)| !tol.close(**a, *b)).count();
+                    assert_eq!(bad, 0, "{name}: output {n} (reverse={reverse}) differs from the interpreter in {bad} elements");
+                }
+            }
+            checked += 1;
+        }
+        for f in ["matmul_bf16_4096", "matmul_bf16_gelu_4096", "matmul_f16_gelu_4096"] {
+            let path = root().join(format!("benches/kernels/{f}.tk"));
+            let kernel = &tessel::load_file(&path).unwrap_or_else(|e| panic!("{e}"))[0];
+            let ptx = lower(kernel, schedule);
+            assert!(ptx.contains("// warp-specialized: "), "{f} ({}) is not warp-specialized", schedule.name());
+            assembled(f, &ptx);
+        }
+    }
+    assert_eq!(checked, 12);
+    if ptxas.is_none() {
+        skip("ptxas for the schedules", "ptxas not found (scripts/test installs it from pip)", "TESSEL_REQUIRE_PTXAS");
+    }
+}
+
+/// The emulator's check the schedules rely on: a stage refilled while the `wgmma`s of its last
+/// step may still read it is refused, rather than computed with operands the hardware might not
+/// have read yet. The cooperative kernel with its `wgmma.wait_group 1` taken out refills a stage
+/// too early; so does the warp-specialized one whose consumers hand a stage back before their
+/// `wgmma`s retire, or whose producer does not wait for them to.
+#[test]
+fn the_emulator_refuses_a_stage_refilled_while_a_wgmma_reads_it() {
+    use std::collections::BTreeMap;
+    use std::sync::Arc;
+    use tessel_mosaic_gpu::{MosaicGpu, Schedule};
+    use tessel_plugin_api::backend::{Call, Compiler, Launch};
+
+    let path = root().join("tests/in/wgmma_steps.tk");
+    let kernel = &tessel::load_file(&path).unwrap_or_else(|e| panic!("{e}"))[0];
+    let args = tessel::LaunchArgs { inputs: file_inputs(&path, kernel, 7), grid: Default::default() };
+    for schedule in Schedule::ALL {
+        let launch = Launch::new(vec![Call { kernel: Arc::new(kernel.kernel().clone()), mesh: None }], Vec::new(), BTreeMap::new());
+        let ptx = MosaicGpu::with_schedule(schedule).lower(&launch).expect("lowers").remove(0).1;
+        assert!(emulate(&ptx, kernel, &args, false).is_ok(), "{}", schedule.name());
+        let mut racy = vec![ptx.replace("\twgmma.wait_group.sync.aligned 1;\n", "")];
+        if schedule.specialized() {
+            // The producer's wait for the consumers skipped: its branch around it taken always.
+            let lines: Vec<&str> = ptx.lines().collect();
+            let at = lines.iter().position(|l| l.contains("wait until the consumers are done")).expect("the producer waits");
+            let (_, target) = lines[at - 1].split_once(" bra ").expect("a branch around the wait");
+            let mut edited: Vec<String> = lines.iter().map(|l| l.to_string()).collect();
+            edited[at - 1] = format!("\tbra {target}");
+            racy.push(edited.join("\n") + "\n");
+        }
+        for r in racy {
+            assert_ne!(r, ptx);
+            // A producer that does not wait may also run a whole round ahead, arriving on a
+            // stage's full mbarrier twice in one phase: refused too.
+            let err = emulate(&r, kernel, &args, false).expect_err("a race");
+            assert!(err.contains("still reads") || err.contains("more arrivals"), "{}: {err}", schedule.name());
+        }
+    }
+}

@@ -206,12 +206,17 @@ pub struct LaunchShape {
     pub shared: bool,
 }
 
-/// "// N CTAs of T threads, W bytes of shared memory per CTA" (or "of global workspace").
+/// "// N CTAs of T threads, W bytes of shared memory per CTA" (or "of global workspace"); a
+/// persistent grid ("// persistent: ...") launched as on a device with half as many SMs as it
+/// has output blocks (rounded up), so that its CTAs loop over two blocks each, `%nctaid.x`
+/// apart.
 pub fn launch_shape(ptx: &str) -> LaunchShape {
     let header = ptx.lines().find(|l| l.contains("CTAs of")).expect("plan comment");
     let words: Vec<&str> = header.split_whitespace().collect();
+    let ctas: u32 = words[1].parse().expect("CTA count");
+    let persistent = ptx.lines().any(|l| l.starts_with("// persistent: "));
     LaunchShape {
-        ctas: words[1].parse().expect("CTA count"),
+        ctas: if persistent { ctas.div_ceil(2) } else { ctas },
         threads: words[4].parse().expect("threads per CTA"),
         per_cta: words[6].parse().expect("workspace bytes"),
         shared: header.contains("bytes of shared memory"),
@@ -306,7 +311,7 @@ pub fn assemble(ptxas: &Path, name: &str, ptx: &str) -> Result<String, String> {
     }
     Ok(log
         .lines()
-        .filter(|l| l.contains("Used") || l.contains("spill"))
+        .filter(|l| l.contains("Used") || l.contains("spill") || l.contains("warning"))
         .map(|l| l.trim().replace(&dir.path().display().to_string(), ""))
         .collect::<Vec<_>>()
         .join("\n"))

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use cudarc::driver::sys;
 use tessel_plugin_api::abi::{BackendError, ErrorKind, MeshBox};
-use tessel_plugin_api::backend::{Call, Compiler, Launch};
+use tessel_plugin_api::backend::{BackendImpl, Call, Compiler, Launch};
 use tessel_plugin_api::ir::{Kernel, ParamKind, Verified, analysis};
 use tessel_plugin_api::launch::resolve_grid;
 
@@ -32,7 +32,7 @@ pub struct Compiled {
 /// the same refusals, in the same words. No device.
 pub fn compile(kernel: &Kernel, mesh: Option<&MeshBox>) -> Result<Compiled, BackendError> {
     let launch = Launch::new(vec![Call { kernel: Arc::new(kernel.clone()), mesh }], Vec::new(), BTreeMap::new());
-    let plan = MosaicGpu::new().plan(&launch)?.remove(0);
+    let plan = MosaicGpu::new().compiler()?.plan(&launch)?.remove(0);
     let ptx = emit::emit(&plan);
     let grid = resolve_grid(&plan.kernel, &BTreeMap::new()).map_err(|e| BackendError::new(ErrorKind::InvalidInput, e.to_string()))?;
     let k = plan.kernel.kernel();

@@ -18,25 +18,36 @@ use std::collections::{BTreeMap, HashMap};
 
 use tessel_plugin_api::abi::{BackendError, BuiltinBackend, Capabilities, DeviceClass, ErrorKind, MeshBox};
 use tessel_plugin_api::array::HostArray;
-use tessel_plugin_api::backend::{Artifact, Available, BackendImpl, Compiler, Launch, export, make_mesh_object, verify_with_mesh};
+use tessel_plugin_api::backend::{
+    Artifact, Available, BackendImpl, Compiler, Launch, Options, export, make_mesh_object, verify_with_mesh,
+};
 use tessel_plugin_api::ir::{AxisSize, ParamKind, Type};
 use tessel_plugin_api::launch::resolve_grid;
 use tessel_plugin_api::mesh::{AxisRole, MeshSpec};
 
 pub use error::Refusal;
 pub use mesh::MosaicGpuMesh;
+pub use wgmma::Schedule;
 
 /// The backend's name.
 pub const NAME: &str = "mosaic-gpu";
 
-/// The Mosaic GPU backend.
+/// The Mosaic GPU backend, and its compiler: what it lowers depends on the Hopper path's
+/// [`Schedule`] alone.
 #[derive(Debug, Default)]
-pub struct MosaicGpu;
+pub struct MosaicGpu {
+    schedule: Schedule,
+}
 
 impl MosaicGpu {
-    /// The backend object.
+    /// The backend object, its Hopper path on the default schedule.
     pub fn new() -> MosaicGpu {
-        MosaicGpu
+        MosaicGpu::default()
+    }
+
+    /// Its compiler with the Hopper path on `schedule`.
+    pub fn with_schedule(schedule: Schedule) -> MosaicGpu {
+        MosaicGpu { schedule }
     }
 
     /// Every refusal, in Pallas's order, then the plan of each kernel.
@@ -68,7 +79,7 @@ impl MosaicGpu {
                 }
                 let spec = own.as_ref().map(MosaicGpuMesh::spec);
                 let verified = verify_with_mesh(&call.kernel, spec.as_ref())?;
-                lower::plan(&verified, own.as_ref().and_then(|m| m.thread_name.as_deref()))
+                lower::plan(&verified, own.as_ref().and_then(|m| m.thread_name.as_deref()), self.schedule)
             })
             .collect()
     }
@@ -79,6 +90,10 @@ impl Compiler for MosaicGpu {
     type Plan = Vec<lower::Plan>;
     /// Each kernel's plan and its PTX.
     type Artifact = Vec<(lower::Plan, String)>;
+
+    fn options(&self) -> Options {
+        Options::new().with("schedule", self.schedule.name())
+    }
 
     fn plan(&self, launch: &Launch<'_>) -> Result<Vec<lower::Plan>, BackendError> {
         self.planned(launch)
@@ -151,9 +166,11 @@ impl BackendImpl for MosaicGpu {
 
     type Compiler = MosaicGpu;
 
-    /// The backend is its own compiler: it lowers for `sm_90a` alone, with no options.
+    /// The backend is its own compiler: it lowers for `sm_90a` alone, the Hopper path on the
+    /// schedule `TESSEL_MOSAIC_SCHEDULE` names (an unknown name is an error saying which exist).
     fn compiler(&self) -> Result<MosaicGpu, BackendError> {
-        Ok(MosaicGpu)
+        let schedule = Schedule::from_env().map_err(|e| BackendError::new(ErrorKind::InvalidInput, e))?;
+        Ok(MosaicGpu::with_schedule(schedule))
     }
 
     fn alloc(&self, ty: &Type) -> Result<Self::Buffer, BackendError> {

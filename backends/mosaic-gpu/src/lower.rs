@@ -26,7 +26,7 @@ use crate::error::Refusal;
 use crate::limits::{
     MAX_ARRAY_ELEMENTS, MAX_BLOCK_ELEMENTS, MAX_CTAS, MAX_REGISTERS_PER_VALUE, MAX_SHARED_BYTES, MAX_WARPGROUPS, THREADS,
 };
-use crate::wgmma::{self, Gemm, TensorMapSpec};
+use crate::wgmma::{self, Gemm, Schedule, TensorMapSpec};
 
 /// Where a value or a scratch buffer lives in a CTA's workspace region.
 #[derive(Clone, Debug)]
@@ -98,6 +98,15 @@ impl Plan {
     /// CUDA threads per CTA.
     pub fn threads(&self) -> u32 {
         THREADS * self.warpgroups
+    }
+
+    /// The CTAs to launch on a device of `sms` multiprocessors: one per output block, or for a
+    /// persistent grid ([`Schedule::Persistent`]) at most one per SM, each looping over blocks.
+    pub fn launch_ctas(&self, sms: u64) -> u64 {
+        match &self.gemm {
+            Some(g) if g.schedule == Schedule::Persistent => self.ctas.min(sms.max(1)),
+            _ => self.ctas,
+        }
     }
 
     /// Bytes of dynamic shared memory per CTA at launch.
@@ -190,8 +199,9 @@ impl Planner {
 
 /// Plans one verified kernel, or refuses it (dtypes, ops, sizes). `thread_axis` names the mesh's
 /// thread axis, whose points run as the warpgroups of one CTA and share its scratch. A kernel of
-/// the form `crate::wgmma` describes takes the Hopper path; every other the general one.
-pub fn plan(kernel: &Verified, thread_axis: Option<&str>) -> Result<Plan, BackendError> {
+/// the form `crate::wgmma` describes takes the Hopper path, its CTAs divided by `schedule`; every
+/// other the general one.
+pub fn plan(kernel: &Verified, thread_axis: Option<&str>, schedule: Schedule) -> Result<Plan, BackendError> {
     let kernel = &*legalize::for_backend(kernel);
     // Element indices are 32-bit (`mul.wide.u32` to byte offsets), signed where they meet `ds`.
     for p in &kernel.kernel().params {
@@ -199,7 +209,7 @@ pub fn plan(kernel: &Verified, thread_axis: Option<&str>) -> Result<Plan, Backen
             return Err(Refusal::ArrayTooLarge { name: p.name.clone(), ty: p.ty.to_string(), elements: p.ty.numel() }.into());
         }
     }
-    match hopper(kernel, thread_axis) {
+    match hopper(kernel, thread_axis, schedule) {
         Some(p) => Ok(p),
         None => plan_general(kernel, thread_axis),
     }
@@ -207,9 +217,9 @@ pub fn plan(kernel: &Verified, thread_axis: Option<&str>) -> Result<Plan, Backen
 
 /// The Hopper path's plan, where the kernel takes it: a matmul (`crate::wgmma`) or an attention
 /// forward (`crate::attention`).
-fn hopper(kernel: &Verified, thread_axis: Option<&str>) -> Option<Plan> {
+fn hopper(kernel: &Verified, thread_axis: Option<&str>, schedule: Schedule) -> Option<Plan> {
     let k = kernel.kernel();
-    let (gemm, attention) = match wgmma::recognize(kernel, thread_axis) {
+    let (gemm, attention) = match wgmma::recognize(kernel, thread_axis, schedule) {
         Some(g) => (Some(g), None),
         None => (None, Some(attention::recognize(kernel, thread_axis)?)),
     };
@@ -219,7 +229,7 @@ fn hopper(kernel: &Verified, thread_axis: Option<&str>) -> Option<Plan> {
         return None;
     }
     let (bytes, warpgroups) = match (&gemm, &attention) {
-        (Some(g), _) => (g.shared_bytes(), g.warpgroups()),
+        (Some(g), _) => (g.shared_bytes(), g.cta_warpgroups()),
         (_, Some(a)) => (a.shared_bytes(), a.warpgroups()),
         _ => unreachable!("one of the two"),
     };

@@ -46,6 +46,8 @@ pub struct Device {
     pub description: String,
     /// The most dynamic shared memory a CTA may opt into, in bytes.
     max_shared: u64,
+    /// Its multiprocessors: a persistent grid's CTAs.
+    sms: u64,
 }
 
 /// The device tessel launches on by itself (the first), with a stream of its own.
@@ -91,8 +93,10 @@ fn open(ordinal: usize) -> Result<Device, String> {
         return Err(format!("{name} has compute capability {major}.{minor}, which is below 9.0 (sm_90a PTX needs Hopper)"));
     }
     let max_shared = attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?;
+    let sms = attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
     Ok(Device {
         max_shared: u64::try_from(max_shared).unwrap_or(0),
+        sms: u64::try_from(sms).unwrap_or(1),
         ctx,
         functions: Mutex::new(HashMap::new()),
         description: format!("{name}, compute capability {major}.{minor}"),
@@ -291,7 +295,7 @@ impl Device {
             b.arg(m);
         }
         let cfg = LaunchConfig {
-            grid_dim: (plan.ctas as u32, 1, 1),
+            grid_dim: (plan.launch_ctas(self.sms) as u32, 1, 1),
             block_dim: (plan.threads(), 1, 1),
             shared_mem_bytes: plan.shared_bytes() as u32,
         };

@@ -21,6 +21,13 @@
 //! last step the epilogue runs on the accumulator's registers, one element at a time, and the
 //! result goes to the output from registers, bounds-checked like any store.
 //! Copies past the array edges read zeros (the tensor map's fill), as `load` does.
+//!
+//! That is the [`Schedule::Cooperative`] CTA, the default. `TESSEL_MOSAIC_SCHEDULE` picks
+//! another: [`Schedule::Specialized`] gives the copies a producer warpgroup of their own and hands
+//! stages to the multiplying (consumer) warpgroups over a second mbarrier per stage, with no CTA
+//! barrier in the loop; [`Schedule::Persistent`] also makes the grid persistent, at most one CTA
+//! per SM, each looping over output blocks while its producer runs on into the next block's
+//! steps, so that those copies overlap this block's epilogue.
 
 use tessel_plugin_api::ir::*;
 
@@ -38,6 +45,68 @@ pub const MAX_STAGES: u64 = 4;
 pub const MAX_ACCUMULATOR: usize = 128 * 256;
 /// Rows of the output one warpgroup's `wgmma` covers.
 pub const WG_ROWS: usize = 64;
+
+/// Registers a thread of the producer warpgroup keeps (`setmaxnreg.dec`): it only counts steps
+/// and issues copies.
+pub const PRODUCER_REGISTERS: u32 = 40;
+
+/// How a CTA on this path divides its work.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Schedule {
+    /// Every warpgroup multiplies; thread 0 also issues the copies, and the CTA meets at a
+    /// barrier every step before a stage is refilled. The default: the schedule measured on an
+    /// H200 (docs/gpu.md).
+    #[default]
+    Cooperative,
+    /// Warp-specialized: a producer warpgroup, its registers lowered (`setmaxnreg.dec`), issues
+    /// the copies; the consumer warpgroups, their registers raised, multiply. A stage passes
+    /// from producer to consumers on its `full` mbarrier (the copies' bytes landed) and back on
+    /// its `empty` one (every consumer thread has retired the `wgmma`s that read it).
+    Specialized,
+    /// [`Schedule::Specialized`] on a persistent grid: at most one CTA per SM (the runtime
+    /// launches `min(blocks, SMs)`), each taking output blocks `%ctaid.x`, `+ %nctaid.x`, ...;
+    /// the stages run on from one block to the next.
+    Persistent,
+}
+
+impl Schedule {
+    /// Every schedule, the default first.
+    pub const ALL: [Schedule; 3] = [Schedule::Cooperative, Schedule::Specialized, Schedule::Persistent];
+
+    /// Its name in `TESSEL_MOSAIC_SCHEDULE`, the backend's options and the PTX header.
+    pub fn name(self) -> &'static str {
+        match self {
+            Schedule::Cooperative => "cooperative",
+            Schedule::Specialized => "specialized",
+            Schedule::Persistent => "persistent",
+        }
+    }
+
+    /// The schedule named `v`, or what would work.
+    pub fn parse(v: &str) -> Result<Schedule, String> {
+        Schedule::ALL.into_iter().find(|s| s.name() == v).ok_or_else(|| {
+            let names: Vec<&str> = Schedule::ALL.iter().map(|s| s.name()).collect();
+            format!(
+                "TESSEL_MOSAIC_SCHEDULE={v} is not a schedule of the Mosaic GPU backend\n  use {}, or unset it for {}",
+                names.join(", "),
+                Schedule::default().name()
+            )
+        })
+    }
+
+    /// The schedule `TESSEL_MOSAIC_SCHEDULE` asks for, else the default.
+    pub fn from_env() -> Result<Schedule, String> {
+        match std::env::var("TESSEL_MOSAIC_SCHEDULE") {
+            Ok(v) if !v.is_empty() => Schedule::parse(&v),
+            _ => Ok(Schedule::default()),
+        }
+    }
+
+    /// Whether a producer warpgroup issues the copies.
+    pub fn specialized(self) -> bool {
+        self != Schedule::Cooperative
+    }
+}
 
 /// A tensor map the runtime encodes for one operand: a 2-D array of 16-bit floats, boxes of
 /// `boxes[0]` contiguous elements by `boxes[1]` rows, 128-byte swizzle, zero fill.
@@ -88,6 +157,7 @@ pub struct Gemm {
     pub init: Init,
     /// Tensor maps: `a`'s, then `b`'s.
     pub maps: [TensorMapSpec; 2],
+    pub schedule: Schedule,
     /// What the last step does to the accumulator before the store (nothing, where the kernel
     /// accumulates into its output).
     pub epilogue: Option<Epilogue>,
@@ -126,9 +196,29 @@ impl Gemm {
         Mma { dtype: self.dtype, bm: self.bm, bn: self.bn, bk: self.bk, a_k_major: self.a_k_major, b_k_major: self.b_k_major }
     }
 
-    /// Warpgroups per CTA: one per 64 rows.
+    /// Warpgroups that multiply: one per 64 rows.
     pub fn warpgroups(&self) -> u32 {
         (self.bm / WG_ROWS) as u32
+    }
+
+    /// Warpgroups per CTA: those that multiply, and the producer where the schedule has one
+    /// (the last warpgroup, so that the others keep their rows).
+    pub fn cta_warpgroups(&self) -> u32 {
+        self.warpgroups() + u32::from(self.schedule.specialized())
+    }
+
+    /// Registers a consumer thread raises its budget to (`setmaxnreg.inc`): the CTA's 64K
+    /// registers less the producer's, shared by the consumers, in the multiples of 8 the
+    /// instruction takes, at most 240.
+    pub fn consumer_registers(&self) -> u32 {
+        let left = 65_536 - PRODUCER_REGISTERS * THREADS;
+        (left / (THREADS * self.warpgroups()) / 8 * 8).min(240)
+    }
+
+    /// The mbarriers: one per stage (its copies landed), and with a producer one more per
+    /// stage (its consumers are done with it).
+    pub fn barriers(&self) -> u64 {
+        self.stages * if self.schedule.specialized() { 2 } else { 1 }
     }
 
     /// Bytes of one stage: the `a` block then the `b` block, 2 bytes an element.
@@ -142,9 +232,9 @@ impl Gemm {
     }
 
     /// Dynamic shared memory per CTA: the stages (each 1024-byte aligned, as the 128-byte swizzle
-    /// needs), then one 8-byte mbarrier per stage.
+    /// needs), then the 8-byte mbarriers.
     pub fn shared_bytes(&self) -> u64 {
-        self.stages * self.stage_bytes() + 8 * self.stages
+        self.stages * self.stage_bytes() + 8 * self.barriers()
     }
 
     /// Tensor copies of each operand per step.
@@ -285,7 +375,7 @@ pub(crate) fn fixed(a: &GridAxis) -> u64 {
 }
 
 /// The Hopper plan of `v`, when it has the form this path takes (see the module's text).
-pub fn recognize(v: &Verified, thread_axis: Option<&str>) -> Option<Gemm> {
+pub fn recognize(v: &Verified, thread_axis: Option<&str>, schedule: Schedule) -> Option<Gemm> {
     let k = v.kernel();
     if thread_axis.is_some() || v.grid().iter().any(|a| a.size == AxisSize::Dyn) {
         return None;
@@ -426,17 +516,19 @@ pub fn recognize(v: &Verified, thread_axis: Option<&str>) -> Option<Gemm> {
         a_k_major: !*trans_a,
         b_k_major: *trans_b,
         steps,
-        stages: steps.min(MAX_STAGES),
+        // A persistent CTA's stages run on into its next block's steps.
+        stages: if schedule == Schedule::Persistent { MAX_STAGES } else { steps.min(MAX_STAGES) },
         init,
         maps: [
             TensorMapSpec { array: a.to_string(), boxes: [ROW as u32, if *trans_a { bk } else { bm } as u32] },
             TensorMapSpec { array: b.to_string(), boxes: [ROW as u32, if *trans_b { bn } else { bk } as u32] },
         ],
         epilogue,
+        schedule,
     };
     while g.shared_bytes() > MAX_SHARED_BYTES && g.stages > 1 {
         g.stages -= 1;
     }
-    let threads = g.warpgroups() * THREADS;
+    let threads = g.cta_warpgroups() * THREADS;
     (g.shared_bytes() <= MAX_SHARED_BYTES && (g.stages >= 2 || steps == 1) && threads <= 1024).then_some(g)
 }

@@ -71,6 +71,8 @@ pub(crate) struct Cta<'m> {
     pub(crate) params: &'m [u64],
     pub(crate) tensor_maps: &'m [TensorMap],
     pub(crate) id: u32,
+    /// The launch's CTAs.
+    pub(crate) grid: u32,
     pub(crate) counts: Counts,
     /// Its mbarriers and tensor copies in flight.
     pub(crate) asynchronous: Async,

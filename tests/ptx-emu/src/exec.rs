@@ -3,7 +3,7 @@
 //! it.
 
 use crate::cta::{Cta, TENSOR_MAP_TAG, Thread};
-use crate::hopper::{self, Descriptor, Mbarrier};
+use crate::hopper::{self, Async, Descriptor, Mbarrier, Read};
 use crate::memory::Memory;
 use crate::parse::{Arg, Instr, Kind, Mma};
 
@@ -87,7 +87,7 @@ pub(crate) fn mma(kind: Mma, args: &[Arg], warp: &mut [Thread]) {
 /// thread (the instruction is `.aligned`). The accumulator it reads is what the registers will
 /// hold once the `wgmma`s before it retire; what it writes waits in each thread's
 /// [`Pending`](crate::hopper::Pending).
-pub(crate) fn wgmma(ins: &Instr, group: &mut [Thread], shared: &Memory) -> Result<(), String> {
+pub(crate) fn wgmma(ins: &Instr, group: &mut [Thread], shared: &Memory, asynchronous: &mut Async) -> Result<(), String> {
     let Kind::Wgmma(w) = ins.kind else { unreachable!("waits at a wgmma") };
     let [Arg::Vec(d), Arg::Reg(da), Arg::Reg(db), Arg::Reg(scale), Arg::Imm(sa), Arg::Imm(sb), Arg::Imm(ta), Arg::Imm(tb)] =
         &ins.args[..]
@@ -111,23 +111,32 @@ pub(crate) fn wgmma(ins: &Instr, group: &mut [Thread], shared: &Memory) -> Resul
     };
     let mut acc: Vec<Vec<u64>> =
         group.iter().map(|t| d.iter().map(|&r| t.pending.latest(r).unwrap_or(t.regs[r])).collect()).collect();
+    let bytes = std::cell::Cell::new((u64::MAX, 0));
     w.run(a, b, (negate(*sa)?, negate(*sb)?), (*ta != 0, *tb != 0), accumulate, &mut acc, |at| {
+        let (lo, hi) = bytes.get();
+        bytes.set((lo.min(at), hi.max(at + 2)));
         shared.load_n(at, 2).map(|v| v as u16)
     })?;
+    // Its operands stay read until every thread retires it.
+    let serial = asynchronous.serial;
+    asynchronous.serial += 1;
+    asynchronous.reads.insert(serial, Read { bytes: bytes.get(), line: ins.line, threads: group.len() as u32 });
     for (t, values) in group.iter_mut().zip(acc) {
-        t.pending.open.extend(d.iter().copied().zip(values));
+        t.pending.open.writes.extend(d.iter().copied().zip(values));
+        t.pending.open.reads.push(serial);
     }
     Ok(())
 }
 
 pub(crate) fn exec(ins: &Instr, th: &mut Thread, cta: &mut Cta<'_>, tid: u32) -> Result<(), String> {
-    let (params, id) = (cta.params, cta.id);
+    let (params, id, grid) = (cta.params, cta.id, cta.grid);
     let val = |a: &Arg, th: &Thread| -> u64 {
         match a {
             Arg::Reg(r) => th.regs[*r],
             Arg::Imm(v) => *v,
             Arg::Tid => u64::from(tid),
             Arg::Ctaid => u64::from(id),
+            Arg::Nctaid => u64::from(grid),
             Arg::Param(p) => params[*p],
             Arg::Mem(r) => th.regs[*r],
             Arg::Label(l) => *l as u64,
@@ -193,16 +202,26 @@ pub(crate) fn exec(ins: &Instr, th: &mut Thread, cta: &mut Cta<'_>, tid: u32) ->
         "or.b64" => x(1, th) | x(2, th),
         "mov.b64" | "cvta.param.u64" => x(1, th),
         "fence.mbarrier_init.release.cluster" | "fence.proxy.async.shared::cta" | "wgmma.fence.sync.aligned" => return Ok(()),
+        // A register budget: nothing to emulate, but the ISA's bounds hold.
+        "setmaxnreg.inc.sync.aligned.u32" | "setmaxnreg.dec.sync.aligned.u32" => {
+            let n = x(0, th);
+            if !(24..=256).contains(&n) || n % 8 != 0 {
+                return Err(format!("{n} registers: setmaxnreg takes a multiple of 8 from 24 to 256"));
+            }
+            return Ok(());
+        }
         "mbarrier.init.shared::cta.b64" => {
             let n = u(x(1, th));
             let bar = Mbarrier { expected: n, pending: n, tx: 0, phase: 0 };
             cta.asynchronous.barriers.insert(x(0, th) & 0xFFFF_FFFF, bar);
             return Ok(());
         }
-        "mbarrier.arrive.expect_tx.shared::cta.b64" => {
+        "mbarrier.arrive.expect_tx.shared::cta.b64" | "mbarrier.arrive.shared::cta.b64" => {
             let addr = x(1, th) & 0xFFFF_FFFF;
             let bar = cta.asynchronous.barriers.get_mut(&addr).ok_or(format!("arrive on {addr:#x}, which holds no mbarrier"))?;
-            bar.tx += i64::from(u(x(2, th)));
+            if op == "mbarrier.arrive.expect_tx.shared::cta.b64" {
+                bar.tx += i64::from(u(x(2, th)));
+            }
             bar.pending = bar.pending.checked_sub(1).ok_or("more arrivals than the mbarrier expects")?;
             bar.settle();
             // The state operand: the phase arrived on.
@@ -221,6 +240,9 @@ pub(crate) fn exec(ins: &Instr, th: &mut Thread, cta: &mut Cta<'_>, tid: u32) ->
             let dst = x(0, th) & 0xFFFF_FFFF;
             let mem = &*cta.mem;
             let writes = hopper::box_writes(map, dst, c, |at| mem.load_n(at, 1).map(|b| b as u8))?;
+            let lo = writes.iter().map(|(at, _)| *at).min().unwrap_or(dst);
+            let hi = writes.iter().map(|(at, _)| at + 1).max().unwrap_or(dst);
+            cta.asynchronous.check_overwrite((lo, hi))?;
             cta.counts.tensor_bytes += writes.len() as u64;
             cta.asynchronous.copies.push(hopper::Copy { bar: th.regs[*bar] & 0xFFFF_FFFF, writes });
             return Ok(());
@@ -230,9 +252,11 @@ pub(crate) fn exec(ins: &Instr, th: &mut Thread, cta: &mut Cta<'_>, tid: u32) ->
             return Ok(());
         }
         "wgmma.wait_group.sync.aligned" => {
-            for (r, v) in th.pending.wait(x(0, th) as usize) {
+            let (writes, reads) = th.pending.wait(x(0, th) as usize);
+            for (r, v) in writes {
                 th.regs[r] = v;
             }
+            cta.asynchronous.retire(&reads);
             return Ok(());
         }
         "st.global.b32" => {

@@ -6,7 +6,11 @@
 //! when a thread waits on its mbarrier (until then the destination keeps its NaN pattern), and a
 //! `wgmma`'s accumulator reaches the registers only at the `wgmma.wait_group` that retires its
 //! group (until then the registers keep their old values; a later `wgmma` of the same group
-//! chain reads the pending value, as the hardware's in-order accumulation does).
+//! chain reads the pending value, as the hardware's in-order accumulation does). A `wgmma` reads
+//! its operands when its warpgroup issues it, but the shared memory it read stays in use until
+//! every thread of the warpgroup has retired it: a tensor copy into those bytes before then is
+//! refused, as the race it is on the hardware (a stage refilled before its consumers are done).
+//! Plain `mbarrier.arrive` (a consumer handing a stage back) counts an arrival without bytes.
 
 use std::collections::HashMap;
 
@@ -224,17 +228,25 @@ impl Wgmma {
 }
 
 /// A thread's `wgmma` results not yet retired: by committed group (oldest first), then the
-/// uncommitted ones, each a list of (register, value).
+/// uncommitted ones, each a list of (register, value) and the serials of the `wgmma`s (their
+/// shared-memory reads, [`Async::reads`]) it holds.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Pending {
-    pub committed: Vec<Vec<(usize, u64)>>,
-    pub open: Vec<(usize, u64)>,
+    pub committed: Vec<Group>,
+    pub open: Group,
+}
+
+/// One group of a thread's pending `wgmma`s.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Group {
+    pub writes: Vec<(usize, u64)>,
+    pub reads: Vec<u64>,
 }
 
 impl Pending {
     /// The value register `r` will have when everything pending retires, if anything pending writes it.
     pub fn latest(&self, r: usize) -> Option<u64> {
-        let newest_first = self.open.iter().rev().chain(self.committed.iter().rev().flat_map(|g| g.iter().rev()));
+        let newest_first = self.open.writes.iter().rev().chain(self.committed.iter().rev().flat_map(|g| g.writes.iter().rev()));
         newest_first.filter(|(x, _)| *x == r).map(|(_, v)| *v).next()
     }
 
@@ -243,11 +255,29 @@ impl Pending {
         self.committed.push(open);
     }
 
-    /// Retires the oldest groups until at most `keep` are pending; what to write to the registers.
-    pub fn wait(&mut self, keep: usize) -> Vec<(usize, u64)> {
+    /// Retires the oldest groups until at most `keep` are pending: what to write to the
+    /// registers, and the serials of the reads retired.
+    pub fn wait(&mut self, keep: usize) -> (Vec<(usize, u64)>, Vec<u64>) {
         let n = self.committed.len().saturating_sub(keep);
-        self.committed.drain(..n).flatten().collect()
+        let (mut writes, mut reads) = (Vec::new(), Vec::new());
+        for g in self.committed.drain(..n) {
+            writes.extend(g.writes);
+            reads.extend(g.reads);
+        }
+        (writes, reads)
     }
+}
+
+/// The shared memory a `wgmma` reads, until every thread of its warpgroup has retired it: the
+/// hardware reads its operands asynchronously, so a tensor copy into them before then is a race.
+#[derive(Clone, Debug)]
+pub(crate) struct Read {
+    /// The bytes read: first and one past the last.
+    pub bytes: (u64, u64),
+    /// The `wgmma`'s line.
+    pub line: usize,
+    /// Threads that have not retired it yet.
+    pub threads: u32,
 }
 
 /// The mbarriers of a CTA, by shared address, and the tensor copies in flight.
@@ -255,6 +285,37 @@ impl Pending {
 pub(crate) struct Async {
     pub barriers: HashMap<u64, Mbarrier>,
     pub copies: Vec<Copy>,
+    /// The shared memory of `wgmma`s in flight, by serial.
+    pub reads: HashMap<u64, Read>,
+    /// The next `wgmma`'s serial.
+    pub serial: u64,
+}
+
+impl Async {
+    /// A thread retired the reads of `serials`.
+    pub fn retire(&mut self, serials: &[u64]) {
+        for s in serials {
+            if let Some(r) = self.reads.get_mut(s) {
+                r.threads -= 1;
+                if r.threads == 0 {
+                    self.reads.remove(s);
+                }
+            }
+        }
+    }
+
+    /// Refuses a tensor copy into `bytes` (first and one past the last) that a `wgmma` in
+    /// flight still reads.
+    pub fn check_overwrite(&self, bytes: (u64, u64)) -> Result<(), String> {
+        match self.reads.values().find(|r| r.bytes.0 < bytes.1 && bytes.0 < r.bytes.1) {
+            Some(r) => Err(format!(
+                "a tensor copy into shared memory {:#x}..{:#x} while the wgmma.mma_async of line {} still reads {:#x}..{:#x} \
+                 (retire it with wgmma.wait_group, and hand the stage over, before refilling it)",
+                bytes.0, bytes.1, r.line, r.bytes.0, r.bytes.1
+            )),
+            None => Ok(()),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -304,17 +365,31 @@ mod tests {
     #[test]
     fn pending_wgmma_results_retire_oldest_first_and_chain_newest_first() {
         let mut p = Pending::default();
-        p.open.extend([(3, 10), (3, 11)]);
+        p.open.writes.extend([(3, 10), (3, 11)]);
+        p.open.reads.push(7);
         p.commit();
-        p.open.push((3, 12));
+        p.open.writes.push((3, 12));
+        p.open.reads.push(8);
         assert_eq!(p.latest(3), Some(12));
         p.commit();
         assert_eq!(p.latest(3), Some(12));
         // Keep the newest group: the first retires, its last write last.
-        assert_eq!(p.wait(1), vec![(3, 10), (3, 11)]);
+        assert_eq!(p.wait(1), (vec![(3, 10), (3, 11)], vec![7]));
         assert_eq!(p.latest(3), Some(12));
-        assert_eq!(p.wait(0), vec![(3, 12)]);
+        assert_eq!(p.wait(0), (vec![(3, 12)], vec![8]));
         assert_eq!(p.latest(3), None);
+    }
+
+    #[test]
+    fn a_copy_into_what_a_wgmma_in_flight_reads_is_refused_until_every_thread_retires_it() {
+        let mut a = Async::default();
+        a.reads.insert(1, Read { bytes: (1024, 2048), line: 9, threads: 2 });
+        assert!(a.check_overwrite((0, 1024)).is_ok());
+        assert!(a.check_overwrite((2047, 4096)).unwrap_err().contains("line 9"));
+        a.retire(&[1]);
+        assert!(a.check_overwrite((1500, 1600)).is_err());
+        a.retire(&[1]);
+        assert!(a.check_overwrite((1500, 1600)).is_ok());
     }
 
     #[test]

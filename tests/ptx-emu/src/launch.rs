@@ -124,7 +124,8 @@ impl Module {
                 let Wait::Wgmma(pc) = group[0].wait else { continue };
                 if group.len() == 128 && group.iter().all(|t| t.wait == Wait::Wgmma(pc)) {
                     let ins = &self.code[pc];
-                    wgmma(ins, group, &cta.shared).map_err(|e| format!("line {} `{}`: {e}", ins.line, ins.op))?;
+                    wgmma(ins, group, &cta.shared, &mut cta.asynchronous)
+                        .map_err(|e| format!("line {} `{}`: {e}", ins.line, ins.op))?;
                     cta.counts.wgmma += 1;
                     for t in group.iter_mut() {
                         t.pc += 1;
@@ -236,6 +237,7 @@ impl Module {
                 params,
                 tensor_maps,
                 id,
+                grid,
                 counts: Counts::default(),
                 asynchronous: Async::default(),
             };

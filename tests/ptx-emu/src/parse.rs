@@ -16,6 +16,8 @@ pub(crate) enum Arg {
     /// `%tid.x` / `%ctaid.x`.
     Tid,
     Ctaid,
+    /// `%nctaid.x`: the CTAs of the launch.
+    Nctaid,
     /// `[%rd]`.
     Mem(usize),
     /// `[param]`.
@@ -179,6 +181,9 @@ const OPS: &[&str] = &[
     "cvta.param.u64",
     "mbarrier.init.shared::cta.b64",
     "mbarrier.arrive.expect_tx.shared::cta.b64",
+    "mbarrier.arrive.shared::cta.b64",
+    "setmaxnreg.inc.sync.aligned.u32",
+    "setmaxnreg.dec.sync.aligned.u32",
     "mbarrier.try_wait.parity.shared::cta.b64",
     "fence.mbarrier_init.release.cluster",
     "fence.proxy.async.shared::cta",
@@ -302,6 +307,8 @@ pub fn parse(ptx: &str) -> Result<Module, String> {
                 Arg::Tid
             } else if a == "%ctaid.x" {
                 Arg::Ctaid
+            } else if a == "%nctaid.x" {
+                Arg::Nctaid
             } else if let Some(inner) = a.strip_prefix('[').and_then(|a| a.strip_suffix(']')) {
                 if let Some((map, coords)) = inner.split_once(',') {
                     let coords = coords.trim().strip_prefix('{').and_then(|c| c.strip_suffix('}'));

@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 use tessel_plugin_api::ir::ParamKind;
 
 use super::writer::Writer;
-use crate::wgmma::SWIZZLE;
+use crate::wgmma::{PRODUCER_REGISTERS, SWIZZLE, Schedule};
 
 /// The dynamic shared memory of a CTA: its workspace when it fits.
 pub(super) const SHARED: &str = "tessel_smem";
@@ -42,6 +42,21 @@ impl Writer<'_> {
                 g.out,
                 g.out_dtype
             );
+            if g.schedule.specialized() {
+                let _ = writeln!(
+                    head,
+                    "// warp-specialized: warpgroup {} produces (setmaxnreg {PRODUCER_REGISTERS}), the others consume (setmaxnreg {}); stages handed over on full and empty mbarriers",
+                    g.warpgroups(),
+                    g.consumer_registers()
+                );
+            }
+            if g.schedule == Schedule::Persistent {
+                let _ = writeln!(
+                    head,
+                    "// persistent: min({}, SMs) CTAs, each looping over output blocks %ctaid.x, + %nctaid.x, ...",
+                    self.plan.ctas
+                );
+            }
         }
         if let Some(a) = &self.plan.attention {
             let _ = writeln!(

@@ -9,7 +9,8 @@ use tessel_plugin_api::ir::{DType, Op, Operand};
 use super::conv::{f32_imm, half_bits, half_ty};
 use super::header::SHARED;
 use super::writer::Writer;
-use crate::wgmma::{Epilogue, Gemm, Init, Mma, ROW, SWIZZLE, WG_ROWS};
+use crate::limits::THREADS;
+use crate::wgmma::{Epilogue, Gemm, Init, Mma, PRODUCER_REGISTERS, ROW, SWIZZLE, Schedule, WG_ROWS};
 
 /// Bytes from one 8-row group of a swizzle atom to the next: 8 rows of 128 bytes.
 const ATOM: u64 = 8 * SWIZZLE as u64;
@@ -23,16 +24,13 @@ fn descriptor_bits(lbo: u64, sbo: u64) -> u64 {
 
 impl Writer<'_> {
     pub(super) fn write_gemm(&mut self, g: &Gemm) {
-        let plan = self.plan;
-        let ([tid_x, cta, out], maps) = self.hopper_entry(&g.out);
-        let grid = plan.kernel.grid().to_vec();
-        let par: Vec<usize> = (0..grid.len()).filter(|&a| !grid[a].seq).collect();
-        let seq: Vec<usize> = (0..grid.len()).filter(|&a| grid[a].seq).collect();
-        self.coords = grid.iter().map(|_| String::new()).collect();
-        self.decode(&cta, &par);
-        for &a in &seq {
-            self.coords[a] = self.imm(0);
+        if g.schedule.specialized() {
+            return self.write_gemm_specialized(g);
         }
+        let ([tid_x, cta, out], maps) = self.hopper_entry(&g.out);
+        let (par, seq) = self.gemm_axes();
+        self.decode(&cta, &par);
+        self.zero_steps(&seq);
         // The output block is the same at every step: its origin once.
         self.write_origins();
         let origin = self.origin_of(&g.out);
@@ -43,17 +41,7 @@ impl Writer<'_> {
         self.ins(format!("add.u32 {bars}, {smem}, {}", g.stages * g.stage_bytes()));
         let leader = self.p();
         self.ins(format!("setp.eq.u32 {leader}, {tid_x}, 0"));
-        let skip = self.label("init");
-        self.ins(format!("@!{leader} bra {skip}"));
-        for s in 0..g.stages {
-            let bar = self.r();
-            self.ins(format!("add.u32 {bar}, {bars}, {}", 8 * s));
-            self.ins(format!("mbarrier.init.shared::cta.b64 [{bar}], 1"));
-        }
-        self.ins("fence.mbarrier_init.release.cluster");
-        self.ins("fence.proxy.async.shared::cta");
-        self.place_label(&skip);
-        self.ins("bar.sync 0");
+        self.init_barriers(&leader, &[(&bars, g.stages, 1)]);
         self.comment(&format!("thread 0 starts the copies of steps 0..{}", g.stages));
         let skip = self.label("prologue");
         self.ins(format!("@!{leader} bra {skip}"));
@@ -62,29 +50,11 @@ impl Writer<'_> {
             self.issue(g, &maps, &seq, (&stage, &step), (&smem, &bars));
         }
         self.place_label(&skip);
-        // The accumulator: register i of a thread is the element `Wgmma` fragment i says.
-        let acc: Vec<String> = (1..=g.bn / 2).map(|i| format!("%f{i}")).collect();
-        for f in &acc {
-            self.ins(format!("mov.b32 {f}, 0f00000000"));
-        }
-        if g.init == Init::Output {
-            self.comment("the accumulator starts from the output block");
-            let frag = self.fragment((&g.out, g.bn), &out, &origin);
-            for at in &frag.places {
-                let (ok, addr) = self.address(&frag, at);
-                match &at.regs[..] {
-                    [x, y] => self.ins(format!("@{ok} ld.global.v2.b32 {{{x}, {y}}}, [{addr}]")),
-                    _ => self.ins(format!("@{ok} ld.global.b32 {}, [{addr}]", at.regs[0])),
-                }
-            }
-        }
+        let acc = self.start_accumulator(g, &out, &origin);
         let (step, top) = (self.r(), self.label("step"));
         self.ins(format!("mov.u32 {step}, 0"));
         self.place_label(&top);
-        let (stage, parity) = (self.r(), self.r());
-        self.ins(format!("rem.u32 {stage}, {step}, {}", g.stages));
-        self.ins(format!("div.u32 {parity}, {step}, {}", g.stages));
-        self.ins(format!("and.b32 {parity}, {parity}, 1"));
+        let (stage, parity) = self.stage_of(g, &step, 0);
         let (bar, base) = (self.r(), self.r());
         self.ins(format!("mad.lo.u32 {bar}, {stage}, 8, {bars}"));
         self.ins(format!("mad.lo.u32 {base}, {stage}, {}, {smem}", g.stage_bytes()));
@@ -112,10 +82,210 @@ impl Writer<'_> {
         self.ins(format!("setp.lt.u32 {again}, {step}, {}", g.steps));
         self.ins(format!("@{again} bra.uni {top}"));
         self.ins("wgmma.wait_group.sync.aligned 0");
+        self.finish_gemm(g, &out, &origin);
+    }
+
+    /// The warp-specialized kernel ([`Schedule::Specialized`], [`Schedule::Persistent`]): the
+    /// last warpgroup produces, one thread of it issuing every step's copies into the stages
+    /// in turn, each once its consumers have released it; the others consume, each step
+    /// waiting for its stage to fill, multiplying, and releasing the stage of the step before
+    /// once its `wgmma`s retire. Stage `i % stages` serves the CTA's `i`-th step, counted across
+    /// the output blocks a persistent CTA loops over, so its `full` mbarrier completes phase
+    /// `i / stages` when step `i`'s bytes land and its `empty` one when the consumers are done.
+    fn write_gemm_specialized(&mut self, g: &Gemm) {
+        let ([tid_x, cta, out], maps) = self.hopper_entry(&g.out);
+        let (par, seq) = self.gemm_axes();
+        let blocks: u64 = par.iter().map(|&a| crate::wgmma::fixed(&self.plan.kernel.grid()[a])).product();
+        let persistent = g.schedule == Schedule::Persistent;
+        let consumers = g.warpgroups();
+        self.comment(&format!(
+            "{} stages of {} bytes, then their full and their empty mbarriers; warpgroup {consumers} produces",
+            g.stages,
+            g.stage_bytes()
+        ));
+        let (smem, full, empty) = (self.r(), self.r(), self.r());
+        self.ins(format!("mov.u32 {smem}, {SHARED}"));
+        self.ins(format!("add.u32 {full}, {smem}, {}", g.stages * g.stage_bytes()));
+        self.ins(format!("add.u32 {empty}, {full}, {}", 8 * g.stages));
+        let leader = self.p();
+        self.ins(format!("setp.eq.u32 {leader}, {tid_x}, 0"));
+        self.init_barriers(&leader, &[(&full, g.stages, 1), (&empty, g.stages, consumers * THREADS)]);
+        let (producer, consume, end) = (self.p(), self.label("consume"), self.label("end"));
+        self.ins(format!("setp.eq.u32 {producer}, {}, {consumers}", self.warpgroup));
+        self.ins(format!("@!{producer} bra {consume}"));
+        self.comment("the producer: its registers to the pool, then thread 0 of it issues the copies");
+        self.ins(format!("setmaxnreg.dec.sync.aligned.u32 {PRODUCER_REGISTERS}"));
+        let idle = self.p();
+        self.ins(format!("setp.ne.u32 {idle}, {}, 0", self.tid));
+        self.ins(format!("@{idle} bra {end}"));
+        let issued = self.r();
+        self.ins(format!("mov.u32 {issued}, 0"));
+        self.over_blocks(&cta, persistent, blocks, |w, block| {
+            w.decode(block, &par);
+            w.over_steps(g, |w, step| {
+                let (stage, parity) = w.stage_of(g, &issued, 1);
+                let (reuse, fill) = (w.p(), w.label("fill"));
+                w.ins(format!("setp.ge.u32 {reuse}, {issued}, {}", g.stages));
+                w.ins(format!("@!{reuse} bra {fill}"));
+                w.comment("wait until the consumers are done with the stage's previous step");
+                let bar = w.r();
+                w.ins(format!("mad.lo.u32 {bar}, {stage}, 8, {empty}"));
+                w.wait_phase(&bar, &parity);
+                w.place_label(&fill);
+                w.issue(g, &maps, &seq, (&stage, step), (&smem, &full));
+                w.ins(format!("add.u32 {issued}, {issued}, 1"));
+            });
+        });
+        self.ins(format!("bra.uni {end}"));
+        self.place_label(&consume);
+        self.comment("the consumers: the producer's registers, then the products");
+        self.ins(format!("setmaxnreg.inc.sync.aligned.u32 {}", g.consumer_registers()));
+        let done = self.r();
+        self.ins(format!("mov.u32 {done}, 0"));
+        self.over_blocks(&cta, persistent, blocks, |w, block| {
+            w.decode(block, &par);
+            w.zero_steps(&seq);
+            w.write_origins();
+            let origin = w.origin_of(&g.out);
+            let acc = w.start_accumulator(g, &out, &origin);
+            w.over_steps(g, |w, step| {
+                let (stage, parity) = w.stage_of(g, &done, 0);
+                let (bar, base) = (w.r(), w.r());
+                w.ins(format!("mad.lo.u32 {bar}, {stage}, 8, {full}"));
+                w.ins(format!("mad.lo.u32 {base}, {stage}, {}, {smem}", g.stage_bytes()));
+                w.comment("wait for this step's operands");
+                w.wait_phase(&bar, &parity);
+                w.write_wgmmas(&g.mma(), &base, (&base, g.a_bytes()), &acc);
+                w.comment("the step before's wgmmas are done: release its stage");
+                w.ins("wgmma.wait_group.sync.aligned 1");
+                let (first, skip) = (w.p(), w.label("released"));
+                w.ins(format!("setp.eq.u32 {first}, {step}, 0"));
+                w.ins(format!("@{first} bra {skip}"));
+                w.release(g, &done, &empty);
+                w.place_label(&skip);
+                w.ins(format!("add.u32 {done}, {done}, 1"));
+            });
+            w.ins("wgmma.wait_group.sync.aligned 0");
+            w.release(g, &done, &empty);
+            w.finish_gemm(g, &out, &origin);
+        });
+        self.place_label(&end);
+    }
+
+    /// The parallel and the `seq` grid axes of a Hopper kernel.
+    fn gemm_axes(&mut self) -> (Vec<usize>, Vec<usize>) {
+        let grid = self.plan.kernel.grid().to_vec();
+        let par: Vec<usize> = (0..grid.len()).filter(|&a| !grid[a].seq).collect();
+        let seq: Vec<usize> = (0..grid.len()).filter(|&a| grid[a].seq).collect();
+        self.coords = grid.iter().map(|_| String::new()).collect();
+        (par, seq)
+    }
+
+    /// The `seq` coordinates at 0, where the output block (which does not follow them) is placed.
+    fn zero_steps(&mut self, seq: &[usize]) {
+        for &a in seq {
+            self.coords[a] = self.imm(0);
+        }
+    }
+
+    /// Thread 0 makes `n` mbarriers of `count` arrivals from each `(address, n, count)`, then
+    /// the CTA meets, so that no thread waits on one before it exists.
+    fn init_barriers(&mut self, leader: &str, sets: &[(&str, u64, u32)]) {
+        let skip = self.label("init");
+        self.ins(format!("@!{leader} bra {skip}"));
+        for &(bars, n, count) in sets {
+            for s in 0..n {
+                let bar = self.r();
+                self.ins(format!("add.u32 {bar}, {bars}, {}", 8 * s));
+                self.ins(format!("mbarrier.init.shared::cta.b64 [{bar}], {count}"));
+            }
+        }
+        self.ins("fence.mbarrier_init.release.cluster");
+        self.ins("fence.proxy.async.shared::cta");
+        self.place_label(&skip);
+        self.ins("bar.sync 0");
+    }
+
+    /// The stage of the `step`-th step and the parity of the phase to wait for: that of its
+    /// round through the stages, `behind` rounds before.
+    fn stage_of(&mut self, g: &Gemm, step: &str, behind: u64) -> (String, String) {
+        let (stage, parity) = (self.r(), self.r());
+        self.ins(format!("rem.u32 {stage}, {step}, {}", g.stages));
+        self.ins(format!("div.u32 {parity}, {step}, {}", g.stages));
+        if behind % 2 == 1 {
+            self.ins(format!("add.u32 {parity}, {parity}, 1"));
+        }
+        self.ins(format!("and.b32 {parity}, {parity}, 1"));
+        (stage, parity)
+    }
+
+    /// Every thread of the consumers arrives on the `empty` mbarrier of the stage of step
+    /// `done - 1`.
+    fn release(&mut self, g: &Gemm, done: &str, empty: &str) {
+        let (stage, bar, state) = (self.r(), self.r(), self.rd());
+        self.ins(format!("add.u32 {stage}, {done}, {}", g.stages - 1));
+        self.ins(format!("rem.u32 {stage}, {stage}, {}", g.stages));
+        self.ins(format!("mad.lo.u32 {bar}, {stage}, 8, {empty}"));
+        self.ins(format!("mbarrier.arrive.shared::cta.b64 {state}, [{bar}]"));
+    }
+
+    /// `body` once per output block the CTA owns: its own (`%ctaid.x`), or on a persistent grid
+    /// `%ctaid.x`, `+ %nctaid.x`, ... below `blocks`.
+    fn over_blocks(&mut self, cta: &str, persistent: bool, blocks: u64, body: impl FnOnce(&mut Self, &str)) {
+        if !persistent {
+            return body(self, cta);
+        }
+        let (block, stride, top, past, done) = (self.r(), self.r(), self.label("block"), self.p(), self.label("blocks_done"));
+        self.ins(format!("mov.u32 {block}, {cta}"));
+        self.ins(format!("mov.u32 {stride}, %nctaid.x"));
+        self.place_label(&top);
+        self.ins(format!("setp.ge.u32 {past}, {block}, {blocks}"));
+        self.ins(format!("@{past} bra {done}"));
+        body(self, &block);
+        self.ins(format!("add.u32 {block}, {block}, {stride}"));
+        self.ins(format!("bra.uni {top}"));
+        self.place_label(&done);
+    }
+
+    /// `body` for each of the `seq` steps, given the step's register.
+    fn over_steps(&mut self, g: &Gemm, body: impl FnOnce(&mut Self, &str)) {
+        let (step, top, again) = (self.r(), self.label("step"), self.p());
+        self.ins(format!("mov.u32 {step}, 0"));
+        self.place_label(&top);
+        body(self, &step);
+        self.ins(format!("add.u32 {step}, {step}, 1"));
+        self.ins(format!("setp.lt.u32 {again}, {step}, {}", g.steps));
+        self.ins(format!("@{again} bra.uni {top}"));
+    }
+
+    /// The accumulator's registers (register i of a thread is the element `Wgmma` fragment i
+    /// says), at zero or from the output block.
+    fn start_accumulator(&mut self, g: &Gemm, out: &str, origin: &[String]) -> Vec<String> {
+        let acc: Vec<String> = (1..=g.bn / 2).map(|i| format!("%f{i}")).collect();
+        for f in &acc {
+            self.ins(format!("mov.b32 {f}, 0f00000000"));
+        }
+        if g.init == Init::Output {
+            self.comment("the accumulator starts from the output block");
+            let frag = self.fragment((&g.out, g.bn), out, origin);
+            for at in &frag.places {
+                let (ok, addr) = self.address(&frag, at);
+                match &at.regs[..] {
+                    [x, y] => self.ins(format!("@{ok} ld.global.v2.b32 {{{x}, {y}}}, [{addr}]")),
+                    _ => self.ins(format!("@{ok} ld.global.b32 {}, [{addr}]", at.regs[0])),
+                }
+            }
+        }
+        acc
+    }
+
+    /// After the last step's `wgmma`s retire: the epilogue, and the accumulator to the output
+    /// block at `origin`, from registers.
+    fn finish_gemm(&mut self, g: &Gemm, out: &str, origin: &[String]) {
         self.comment("the epilogue: the accumulator to the output, from registers");
         let dtype = g.out_dtype;
         let inputs = self.epilogue_inputs(g);
-        let frag = self.fragment((&g.out, g.bn), &out, &origin);
+        let frag = self.fragment((&g.out, g.bn), out, origin);
         let epilogue = g.epilogue.as_ref().filter(|e| !e.stmts.is_empty());
         // The epilogue a few column pairs at a time, statement by statement across them: their
         // independent chains interleave, where one element at a time would wait on each result.
