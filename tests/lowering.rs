@@ -17,7 +17,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use common::{assemble, ptxas, root, skip};
-use tessel_mosaic_gpu::MosaicGpu;
+use tessel_mosaic_gpu::{MosaicGpu, Schedule};
 use tessel_plugin_api::abi::MeshBox;
 use tessel_plugin_api::backend::{BackendImpl, Call, Compiler, Launch};
 use tessel_plugin_api::ir::{self, Kernel};
@@ -102,8 +102,24 @@ fn ptx(folder: &str, path: &Path, ptxas: Option<&Path>) -> bool {
         }
         None => skip(&format!("ptxas for {name}"), "ptxas not found (scripts/test installs it from pip)", "TESSEL_REQUIRE_PTXAS"),
     }
+    // The Hopper path's other schedules (`TESSEL_MOSAIC_SCHEDULE`), for the files that show them
+    // best: `ptx-specialized@FILE`, `ptx-persistent@FILE` and their `ptxas-` counts.
+    if SCHEDULED.contains(&name) {
+        for schedule in [Schedule::Specialized, Schedule::Persistent] {
+            let stages = MosaicGpu::with_schedule(schedule).lower(&launch).unwrap_or_else(|e| panic!("{name}: {}", e.message));
+            snapshot(folder, &format!("ptx-{}", schedule.name()), &printed("mosaic-gpu", &stages));
+            if let Some(p) = ptxas {
+                let info = assemble(p, name, &stages[0].1).unwrap_or_else(|e| panic!("ptxas rejects {name} ({}):\n{e}", schedule.name()));
+                snapshot(folder, &format!("ptxas-{}", schedule.name()), &info);
+            }
+        }
+    }
     true
 }
+
+/// Files whose PTX is also snapshotted under the Hopper path's other schedules: the pipeline
+/// turning over (seven steps through four stages) and the epilogue (bias and gelu).
+const SCHEDULED: &[&str] = &["wgmma_steps", "wgmma_epilogue"];
 
 /// The wgpu backend's WGSL of every kernel of the file, as one launch, under `strategy`: each
 /// module validated by naga. Returns how many modules it checked.

@@ -274,33 +274,36 @@ fn the_hopper_kernels_take_the_hopper_path() {
     assert!(!hopper(&ptx) && ptx.contains("mma.sync"), "an epilogue with a reduction took the Hopper path");
 }
 
+/// Mosaic GPU's PTX of `kernel` with the Hopper path on `schedule`, through the compiler directly
+/// (`TESSEL_MOSAIC_SCHEDULE` is the process's, and tests run side by side).
+fn on_schedule(kernel: &tessel_plugin_api::ir::Verified, schedule: tessel_mosaic_gpu::Schedule) -> String {
+    use tessel_plugin_api::backend::{Call, Compiler, Launch};
+    let call = Call { kernel: std::sync::Arc::new(kernel.kernel().clone()), mesh: None };
+    let launch = Launch::new(vec![call], Vec::new(), Default::default());
+    let stages = tessel_mosaic_gpu::MosaicGpu::with_schedule(schedule).lower(&launch).expect("lowers");
+    stages.into_iter().next().expect("one module").1
+}
+
 /// The Hopper matmuls under each schedule `TESSEL_MOSAIC_SCHEDULE` names: the warp-specialized
 /// kernel (a producer warpgroup for the copies, stages handed over on full and empty mbarriers)
 /// and the persistent one (launched on half as many CTAs as it has output blocks, so that each
 /// CTA loops over two and its pipeline runs on from one to the next) run on the
 /// emulator as the interpreter computes, in both thread orders; the emulator refuses a copy into
 /// a stage a `wgmma` still reads, so a stage handed back too early fails here. Each is assembled
-/// by `ptxas` at 0 spills with no warning (a `setmaxnreg` it could not honour is one), the
+/// by `ptxas` at 0 spills with no warning and no `setmaxnreg` dropped (C7508), the
 /// 128x256 tiles of the 4096³ bench kernels included.
 #[test]
 fn every_schedule_of_the_hopper_matmuls_agrees_with_the_interpreter() {
-    use std::collections::BTreeMap;
-    use std::sync::Arc;
     use tessel::{KernelLaunch, Runtime, Tolerance};
-    use tessel_mosaic_gpu::{MosaicGpu, Schedule};
-    use tessel_plugin_api::backend::{Call, Compiler, Launch};
+    use tessel_mosaic_gpu::Schedule;
 
     let rt = Runtime::new(&[]).expect("runtime");
     let ptxas = ptxas();
-    let lower = |kernel: &tessel_plugin_api::ir::Verified, schedule: Schedule| {
-        let launch = Launch::new(vec![Call { kernel: Arc::new(kernel.kernel().clone()), mesh: None }], Vec::new(), BTreeMap::new());
-        let stages = MosaicGpu::with_schedule(schedule).lower(&launch).expect("lowers");
-        stages.into_iter().next().expect("one module").1
-    };
     let assembled = |name: &str, ptx: &str| {
         let Some(p) = &ptxas else { return };
         let info = assemble(p, name, ptx).unwrap_or_else(|e| panic!("ptxas rejects {name}:\n{e}"));
-        assert!(info.contains("0 bytes spill stores") && !info.contains("warning"), "{name}: {info}");
+        let quiet = !info.contains("warning") && !info.contains("Potential Performance Loss");
+        assert!(info.contains("0 bytes spill stores") && quiet, "{name}: {info}");
     };
     let mut checked = 0;
     for schedule in [Schedule::Specialized, Schedule::Persistent] {
@@ -308,8 +311,8 @@ fn every_schedule_of_the_hopper_matmuls_agrees_with_the_interpreter() {
             let path = root().join(format!("tests/in/{f}.tk"));
             let kernel = &tessel::load_file(&path).unwrap_or_else(|e| panic!("{e}"))[0];
             let name = format!("{f} ({})", schedule.name());
-            let ptx = lower(kernel, schedule);
-            assert!(ptx.contains("// warp-specialized: ") && ptx.contains("setmaxnreg.inc"), "{name} is not warp-specialized");
+            let ptx = on_schedule(kernel, schedule);
+            assert!(ptx.contains("// warp-specialized: ") && ptx.contains("setmaxnreg.dec"), "{name} is not warp-specialized");
             assert_eq!(ptx.contains("// persistent: "), schedule == Schedule::Persistent, "{name}");
             assembled(f, &ptx);
             let call = [KernelLaunch { kernel, mesh: None }];
@@ -328,7 +331,7 @@ fn every_schedule_of_the_hopper_matmuls_agrees_with_the_interpreter() {
         for f in ["matmul_bf16_4096", "matmul_bf16_gelu_4096", "matmul_f16_gelu_4096"] {
             let path = root().join(format!("benches/kernels/{f}.tk"));
             let kernel = &tessel::load_file(&path).unwrap_or_else(|e| panic!("{e}"))[0];
-            let ptx = lower(kernel, schedule);
+            let ptx = on_schedule(kernel, schedule);
             assert!(ptx.contains("// warp-specialized: "), "{f} ({}) is not warp-specialized", schedule.name());
             assembled(f, &ptx);
         }
@@ -346,17 +349,13 @@ fn every_schedule_of_the_hopper_matmuls_agrees_with_the_interpreter() {
 /// `wgmma`s retire, or whose producer does not wait for them to.
 #[test]
 fn the_emulator_refuses_a_stage_refilled_while_a_wgmma_reads_it() {
-    use std::collections::BTreeMap;
-    use std::sync::Arc;
-    use tessel_mosaic_gpu::{MosaicGpu, Schedule};
-    use tessel_plugin_api::backend::{Call, Compiler, Launch};
+    use tessel_mosaic_gpu::Schedule;
 
     let path = root().join("tests/in/wgmma_steps.tk");
     let kernel = &tessel::load_file(&path).unwrap_or_else(|e| panic!("{e}"))[0];
     let args = tessel::LaunchArgs { inputs: file_inputs(&path, kernel, 7), grid: Default::default() };
     for schedule in Schedule::ALL {
-        let launch = Launch::new(vec![Call { kernel: Arc::new(kernel.kernel().clone()), mesh: None }], Vec::new(), BTreeMap::new());
-        let ptx = MosaicGpu::with_schedule(schedule).lower(&launch).expect("lowers").remove(0).1;
+        let ptx = on_schedule(kernel, schedule);
         assert!(emulate(&ptx, kernel, &args, false).is_ok(), "{}", schedule.name());
         let mut racy = vec![ptx.replace("\twgmma.wait_group.sync.aligned 1;\n", "")];
         if schedule.specialized() {

@@ -311,7 +311,9 @@ pub fn assemble(ptxas: &Path, name: &str, ptx: &str) -> Result<String, String> {
     }
     Ok(log
         .lines()
-        .filter(|l| l.contains("Used") || l.contains("spill") || l.contains("warning"))
+        .filter(|l| {
+            l.contains("Used") || l.contains("spill") || l.contains("warning") || l.contains("Potential Performance Loss")
+        })
         .map(|l| l.trim().replace(&dir.path().display().to_string(), ""))
         .collect::<Vec<_>>()
         .join("\n"))

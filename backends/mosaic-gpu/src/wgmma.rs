@@ -207,12 +207,19 @@ impl Gemm {
         self.warpgroups() + u32::from(self.schedule.specialized())
     }
 
-    /// Registers a consumer thread raises its budget to (`setmaxnreg.inc`): the CTA's 64K
-    /// registers less the producer's, shared by the consumers, in the multiples of 8 the
-    /// instruction takes, at most 240.
+    /// Registers a thread has at the kernel's entry on a warp-specialized schedule (`.maxnreg`,
+    /// so that `ptxas` knows it and keeps the `setmaxnreg`s): the SM's 64K over the CTA's
+    /// threads, in the multiples of 8 `setmaxnreg` takes, at most 240.
+    pub fn entry_registers(&self) -> u32 {
+        (65_536 / (THREADS * self.cta_warpgroups()) / 8 * 8).min(240)
+    }
+
+    /// Registers a consumer thread raises its budget to (`setmaxnreg.inc`): the CTA's registers
+    /// at entry less the producer's, shared by the consumers, in multiples of 8, at most 240
+    /// and at least what it has (one consumer has 240 from the start: no `inc`).
     pub fn consumer_registers(&self) -> u32 {
-        let left = 65_536 - PRODUCER_REGISTERS * THREADS;
-        (left / (THREADS * self.warpgroups()) / 8 * 8).min(240)
+        let pool = self.entry_registers() * THREADS * self.cta_warpgroups() - PRODUCER_REGISTERS * THREADS;
+        (pool / (THREADS * self.warpgroups()) / 8 * 8).clamp(self.entry_registers(), 240)
     }
 
     /// The mbarriers: one per stage (its copies landed), and with a producer one more per

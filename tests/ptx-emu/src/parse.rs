@@ -252,6 +252,7 @@ pub fn parse(ptx: &str) -> Result<Module, String> {
             || line.starts_with(".target")
             || line.starts_with(".address_size")
             || line.starts_with(".maxntid")
+            || line.starts_with(".maxnreg")
             || line.starts_with(".reg")
             || line == "{"
             || line == "}"

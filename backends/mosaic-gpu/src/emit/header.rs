@@ -45,9 +45,10 @@ impl Writer<'_> {
             if g.schedule.specialized() {
                 let _ = writeln!(
                     head,
-                    "// warp-specialized: warpgroup {} produces (setmaxnreg {PRODUCER_REGISTERS}), the others consume (setmaxnreg {}); stages handed over on full and empty mbarriers",
+                    "// warp-specialized: warpgroup {} produces (setmaxnreg {PRODUCER_REGISTERS}), the others consume ({} registers, {} at entry); stages handed over on full and empty mbarriers",
                     g.warpgroups(),
-                    g.consumer_registers()
+                    g.consumer_registers(),
+                    g.entry_registers()
                 );
             }
             if g.schedule == Schedule::Persistent {
@@ -102,11 +103,17 @@ impl Writer<'_> {
         }
         let _ = writeln!(
             head,
-            ".visible .entry {}(\n{}\n)\n.maxntid {}, 1, 1\n{{",
+            ".visible .entry {}(\n{}\n)\n.maxntid {}, 1, 1",
             self.plan.entry,
             params.join(",\n"),
             self.plan.threads()
         );
+        // Registers at entry, fixed: `setmaxnreg` moves registers between warpgroups of a CTA
+        // whose count `ptxas` knows (else it drops them, C7508), and `inc` takes from that pool.
+        if let Some(g) = gemm.filter(|g| g.schedule.specialized()) {
+            let _ = writeln!(head, ".maxnreg {}", g.entry_registers());
+        }
+        head.push_str("{\n");
         head.push_str(&self.names.declarations());
         if let Some(g) = gemm {
             let _ = writeln!(head, "\t.reg .f32 %f<{}>;", g.bn / 2 + 1);

@@ -139,7 +139,9 @@ impl Writer<'_> {
         self.ins(format!("bra.uni {end}"));
         self.place_label(&consume);
         self.comment("the consumers: the producer's registers, then the products");
-        self.ins(format!("setmaxnreg.inc.sync.aligned.u32 {}", g.consumer_registers()));
+        if g.consumer_registers() > g.entry_registers() {
+            self.ins(format!("setmaxnreg.inc.sync.aligned.u32 {}", g.consumer_registers()));
+        }
         let done = self.r();
         self.ins(format!("mov.u32 {done}, 0"));
         self.over_blocks(&cta, persistent, blocks, |w, block| {
