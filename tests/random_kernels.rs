@@ -285,11 +285,18 @@ fn generate(s: &Spec) -> String {
         let a2 = Body::pick(&mut g, &b.floats);
         match g.random_range(0..17) {
             16 if r % 2 == 0 => {
-                // Strided slices of a value: the odd rows, then the even ones.
+                // Strided slices of a value (the even rows, the odd ones), then the two joined
+                // odd rows first, or the even ones copied whole (`tile`) or each in a row (`repeat`).
                 let (ev, od) = (b.fresh(), b.fresh());
                 b.line(&format!("{ev} = slice {a} start (0, 0) stride (2, 1) : f32[{}, {c}]", r / 2));
-                b.line(&format!("{od} = slice {a} start (1, 0) stride (2, 1) : f32[{}, {c}]", r / 2));
-                b.line(&format!("{v} = concatenate {od}, {ev} axis 0"));
+                match g.random_range(0..3) {
+                    0 => {
+                        b.line(&format!("{od} = slice {a} start (1, 0) stride (2, 1) : f32[{}, {c}]", r / 2));
+                        b.line(&format!("{v} = concatenate {od}, {ev} axis 0"));
+                    }
+                    1 => b.line(&format!("{v} = tile {ev} reps (2, 1)")),
+                    _ => b.line(&format!("{v} = repeat {ev} times 2 axis 0")),
+                }
             }
             15 | 16 => {
                 // `round` of an exact value (another backend's last bit could move a computed one

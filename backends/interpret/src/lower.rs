@@ -210,6 +210,7 @@ impl Lowerer<'_> {
                 Instr::If { cond: self.src(cond, DType::Bool), then, els, results }
             }
             Op::Yield(_) => unreachable!("yield is taken by its for or if"),
+            Op::Tile { .. } | Op::Repeat { .. } => unreachable!("legalize rewrites tile and repeat before planning"),
         }
     }
 }

@@ -10,7 +10,7 @@ use tessel_ptx_emu::{Memory, TensorMap};
 fn planned(text: &str) -> tessel_mosaic_gpu::lower::Plan {
     let m = parse(text).unwrap_or_else(|e| panic!("{e:?}"));
     let v = verify(&m.kernels[0]).unwrap_or_else(|e| panic!("{e:?}"));
-    plan(&v, None).expect("plans")
+    plan(&v, None, Default::default()).expect("plans")
 }
 
 fn matmul(dtype: &str, blocks: (usize, usize, usize), body: &str) -> String {

@@ -15,7 +15,7 @@ fn kernel_file(name: &str) -> String {
 fn planned(text: &str) -> Plan {
     let m = parse(text).unwrap_or_else(|e| panic!("{e:?}"));
     let v = verify(&m.kernels[0]).unwrap_or_else(|e| panic!("{e:?}"));
-    plan(&v, None).expect("plans")
+    plan(&v, None, Default::default()).expect("plans")
 }
 
 #[test]

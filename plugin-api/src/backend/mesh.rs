@@ -71,8 +71,9 @@ pub fn mesh_view(spec: &MeshSpec) -> RMeshView {
 
 /// Gives a kernel the grid of its mesh (docs/language.md §4): a kernel without `grid` takes the
 /// mesh's axes as parallel grid axes; a kernel with one must match the mesh axis for axis, else
-/// `AXIS mixes mesh and grid axes`. Then verifies it, and writes each batched `dot` as 2-D ones
-/// ([`ir::legalize::unbatch_dots`]), so that a backend meets only those.
+/// `AXIS mixes mesh and grid axes`. Then verifies it, and writes each batched `dot` as 2-D ones and
+/// each `tile` and `repeat` as reshapes and broadcasts ([`ir::legalize::legalize`]), so that a
+/// backend meets only those.
 pub fn verify_with_mesh(kernel: &Kernel, mesh: Option<&MeshSpec>) -> Result<Verified, BackendError> {
     let mut kernel = kernel.clone();
     if let Some(m) = mesh {
@@ -123,8 +124,8 @@ pub fn verify_with_mesh(kernel: &Kernel, mesh: Option<&MeshSpec>) -> Result<Veri
         return Err(invalid(e.to_string()));
     }
     let name = v.name().to_string();
-    ir::legalize::unbatch_dots(v).map_err(|d| {
-        BackendError::new(ErrorKind::Internal, format!("kernel `{name}` with its batched dots unbatched does not verify:\n{d}"))
+    ir::legalize::legalize(v).map_err(|d| {
+        BackendError::new(ErrorKind::Internal, format!("kernel `{name}` legalized does not verify:\n{d}"))
     })
 }
 

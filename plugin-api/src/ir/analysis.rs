@@ -37,6 +37,8 @@ pub fn reads(op: &Op) -> Vec<&str> {
         | Op::Broadcast(a)
         | Op::Reshape(a)
         | Op::Transpose { arg: a, .. }
+        | Op::Tile { arg: a, .. }
+        | Op::Repeat { arg: a, .. }
         | Op::Slice { arg: a, .. }
         | Op::Reduce { arg: a, .. } => vec![a],
         Op::Binary(_, a, b) | Op::Compare(_, a, b) | Op::Dot { a, b, .. } => vec![a, b],
@@ -261,7 +263,9 @@ pub fn uses<'s>(k: &Kernel, s: &'s Stmt, result: &[usize]) -> Vec<Use<'s>> {
         Op::Binary(_, a, b) | Op::Compare(_, a, b) => [a, b].into_iter().filter_map(at).collect(),
         Op::Select(c, a, b) => [c, a, b].into_iter().filter_map(at).collect(),
         Op::Reshape(a) => value(a, How::Linear).into_iter().collect(),
-        Op::Transpose { arg, .. } | Op::Slice { arg, .. } | Op::Reduce { arg, .. } => value(arg, How::Whole).into_iter().collect(),
+        Op::Transpose { arg, .. } | Op::Tile { arg, .. } | Op::Repeat { arg, .. } | Op::Slice { arg, .. } | Op::Reduce { arg, .. } => {
+            value(arg, How::Whole).into_iter().collect()
+        }
         Op::Concatenate { args, .. } => args.iter().filter_map(|a| value(a, How::Whole)).collect(),
         Op::Dot { a, b, .. } => [a, b].into_iter().filter_map(|o| value(o, How::Whole)).collect(),
         Op::When { cond, .. } | Op::If(IfElse { cond, .. }) => value(cond, How::Whole).into_iter().collect(),

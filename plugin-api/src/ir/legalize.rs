@@ -1,29 +1,34 @@
 //! Rewrites of a verified kernel into the forms every backend writes, applied by
 //! [`crate::backend::verify_with_mesh`] and again (a scan, where there is nothing to rewrite) by
 //! each backend's own lowering entry, which tests and benches call without it ([`for_backend`]):
-//! a batched `dot` (operands with
-//! the same leading dimensions, docs/language.md §3) becomes one 2-D `dot` per batch element,
-//! each on its operands' `slice`s, the products `concatenate`d and reshaped back to the batch
-//! dimensions. The result keeps its name, so nothing after it changes.
+//!
+//! - a batched `dot` (operands with the same leading dimensions, docs/language.md §3) becomes one
+//!   2-D `dot` per batch element, each on its operands' `slice`s, the products `concatenate`d and
+//!   reshaped back to the batch dimensions;
+//! - `tile` becomes, along each dimension it copies, a `reshape` that puts a dimension of 1
+//!   before it, a `broadcast` of that to the copies, and a `reshape` that merges the two;
+//!   `repeat` the same with the new dimension after the one it copies.
+//!
+//! The result keeps its name, so nothing after it changes.
 
 use std::borrow::Cow;
 use std::collections::HashSet;
 
 use super::*;
 
-/// `v` with every batched `dot` written as 2-D ones; `v` itself where it has none. An error is
-/// this module's bug: the rewritten kernel did not verify (the diagnostics say where).
-pub fn unbatch_dots(v: Verified) -> Result<Verified, Diagnostics> {
-    Ok(match without_batches(&v)? {
+/// `v` with every batched `dot`, `tile` and `repeat` rewritten; `v` itself where it has none.
+/// An error is this module's bug: the rewritten kernel did not verify (the diagnostics say where).
+pub fn legalize(v: Verified) -> Result<Verified, Diagnostics> {
+    Ok(match legalized(&v)? {
         Cow::Borrowed(_) => v,
         Cow::Owned(w) => w,
     })
 }
 
-/// [`unbatch_dots`] of a borrowed kernel: borrowed back where it has no batched `dot`.
-pub fn without_batches(v: &Verified) -> Result<Cow<'_, Verified>, Diagnostics> {
+/// [`legalize`] of a borrowed kernel: borrowed back where it has nothing to rewrite.
+pub fn legalized(v: &Verified) -> Result<Cow<'_, Verified>, Diagnostics> {
     let mut any = false;
-    analysis::visit(&v.kernel().body, &mut |s| any |= batched(s).is_some());
+    analysis::visit(&v.kernel().body, &mut |s| any |= rewritten(s));
     if !any {
         return Ok(Cow::Borrowed(v));
     }
@@ -33,10 +38,15 @@ pub fn without_batches(v: &Verified) -> Result<Cow<'_, Verified>, Diagnostics> {
     verify::verify_derived(&kernel).map(Cow::Owned)
 }
 
-/// [`without_batches`] for a backend's lowering entry, which the verifier has made infallible:
-/// a rewrite that does not verify is this module's bug, and panics naming the kernel.
+/// [`legalized`] for a backend's lowering entry, which the verifier has made infallible: a
+/// rewrite that does not verify is this module's bug, and panics naming the kernel.
 pub fn for_backend(v: &Verified) -> Cow<'_, Verified> {
-    without_batches(v).unwrap_or_else(|d| panic!("kernel `{}` with its batched dots unbatched does not verify:\n{d}", v.name()))
+    legalized(v).unwrap_or_else(|d| panic!("kernel `{}` legalized does not verify:\n{d}", v.name()))
+}
+
+/// Whether this module rewrites `s`.
+fn rewritten(s: &Stmt) -> bool {
+    batched(s).is_some() || matches!(s.op, Op::Tile { .. } | Op::Repeat { .. })
 }
 
 /// A batched `dot`'s operands, flags and result type: a `dot` whose result has more than two
@@ -73,9 +83,14 @@ fn rewrite(body: Vec<Stmt>, names: &mut Names<'_>) -> Vec<Stmt> {
         for b in s.op.bodies_mut() {
             *b = rewrite(std::mem::take(b), names);
         }
-        match batched(&s) {
-            Some((a, b, trans, ty)) => out.extend(unbatched(&s, a, b, trans, ty, names)),
-            None => out.push(s),
+        match (batched(&s), &s.op) {
+            (Some((a, b, trans, ty)), _) => out.extend(unbatched(&s, a, b, trans, ty, names)),
+            (None, Op::Tile { arg: Operand::Value(x), reps }) => {
+                let copies: Vec<(usize, usize, bool)> = reps.iter().enumerate().map(|(d, &r)| (d, r, true)).collect();
+                out.extend(copied(&s, x, &copies, names));
+            }
+            (None, Op::Repeat { arg: Operand::Value(x), times, axis }) => out.extend(copied(&s, x, &[(*axis, *times, false)], names)),
+            _ => out.push(s),
         }
     }
     out
@@ -135,13 +150,44 @@ fn unbatched(s: &Stmt, a: &str, b: &str, trans: (bool, bool), ty: &Type, names: 
     out
 }
 
+/// The statements of `tile` or `repeat` `s` of `x`: for each `(dimension, copies, whole)` with
+/// more than one copy, in order, the value so far reshaped with a dimension of 1 before that one
+/// (whole copies, `tile`) or after it (each element in a row, `repeat`), broadcast to the copies
+/// and reshaped to merge the two; the last keeps `s`'s name (a `reshape` to itself where nothing
+/// is copied).
+fn copied(s: &Stmt, x: &str, copies: &[(usize, usize, bool)], names: &mut Names<'_>) -> Vec<Stmt> {
+    let r = &s.results[0];
+    let stmt = |name: String, op: Op, ty: Type| Stmt { results: vec![name], op, ty: Some(ty), span: s.span };
+    let mut t = names.v.value_type(x).clone();
+    let mut cur = x.to_string();
+    let mut out = Vec::new();
+    let steps: Vec<&(usize, usize, bool)> = copies.iter().filter(|(_, n, _)| *n > 1).collect();
+    for (i, &&(d, n, whole)) in steps.iter().enumerate() {
+        let at = if whole { d } else { d + 1 };
+        let mut spread = t.shape.clone();
+        spread.insert(at, 1);
+        let one = names.fresh(&format!("{r}_{i}u"));
+        out.push(stmt(one.clone(), Op::Reshape(Operand::Value(cur.clone())), Type::array(t.dtype, spread.clone())));
+        spread[at] = n;
+        let wide = names.fresh(&format!("{r}_{i}b"));
+        out.push(stmt(wide.clone(), Op::Broadcast(Operand::Value(one)), Type::array(t.dtype, spread)));
+        t.shape[d] *= n;
+        cur = if i + 1 == steps.len() { r.clone() } else { names.fresh(&format!("{r}_{i}")) };
+        out.push(stmt(cur.clone(), Op::Reshape(Operand::Value(wide)), t.clone()));
+    }
+    if steps.is_empty() {
+        out.push(stmt(r.clone(), Op::Reshape(Operand::Value(cur)), t));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn unbatched_text(src: &str) -> String {
         let v = verify(&parse(src).expect("parses").kernels.remove(0)).expect("verifies");
-        print_kernel(unbatch_dots(v).expect("the rewrite verifies").kernel())
+        print_kernel(legalize(v).expect("the rewrite verifies").kernel())
     }
 
     #[test]
@@ -163,6 +209,20 @@ mod tests {
         let plain = "kernel k\n  out o: f32[2, 2]\n{\n  %a = zeros : f32[2, 3]\n  %b = zeros : f32[3, 2]\n  %d = dot %a, %b\n  store o, %d\n}\n";
         let v = verify(&parse(plain).expect("parses").kernels.remove(0)).expect("verifies");
         let before = print_kernel(v.kernel());
-        assert_eq!(print_kernel(unbatch_dots(v).expect("unchanged").kernel()), before);
+        assert_eq!(print_kernel(legalize(v).expect("unchanged").kernel()), before);
+    }
+
+    #[test]
+    fn tile_and_repeat_become_reshapes_and_broadcasts_along_the_dimensions_they_copy() {
+        let text = unbatched_text(
+            "kernel k\n  out o: f32[4, 9]\n  out p: f32[2, 6]\n  out q: f32[2, 3]\n{\n  %x = zeros : f32[2, 3]\n  %t = tile %x reps (2, 3)\n  %r = repeat %x times 2 axis 1\n  %s = tile %x reps (1, 1)\n  store o, %t\n  store p, %r\n  store q, %s\n}\n",
+        );
+        assert!(!text.contains(" tile ") && !text.contains(" repeat "), "{text}");
+        // tile: a 1 before each dimension copied, broadcast, merged; the last keeps the name.
+        assert!(text.contains("%t_0u = reshape %x : f32[1, 2, 3]") && text.contains("%t_0b = broadcast %t_0u : f32[2, 2, 3]"), "{text}");
+        assert!(text.contains("%t_1u = reshape %t_0 : f32[4, 1, 3]") && text.contains("%t = reshape %t_1b : f32[4, 9]"), "{text}");
+        // repeat: the 1 after the dimension.
+        assert!(text.contains("%r_0u = reshape %x : f32[2, 3, 1]") && text.contains("%r_0b = broadcast %r_0u : f32[2, 3, 2]"), "{text}");
+        assert!(text.contains("%s = reshape %x : f32[2, 3]"), "{text}");
     }
 }

@@ -21,5 +21,5 @@ pub fn elements_within_limit(shape: &[usize]) -> Option<u64> {
 }
 
 /// Matrices in one batched `dot` (the product of its leading dimensions): each is written as a
-/// `dot` of its own (`legalize::unbatch_dots`), so the count bounds the code a kernel expands to.
+/// `dot` of its own (`legalize::legalize`), so the count bounds the code a kernel expands to.
 pub const MAX_DOT_BATCH: usize = 256;

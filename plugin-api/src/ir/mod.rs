@@ -548,6 +548,24 @@ pub enum Op {
         /// The dimension they are joined along.
         axis: usize,
     },
+    /// `tile v reps (R0, ...)`: `v` repeated `R_d` times along each dimension `d`, one whole copy
+    /// after another (numpy's `tile`; this project's, issue 36).
+    Tile {
+        /// The value.
+        arg: Operand,
+        /// Copies along each dimension (at least 1).
+        reps: Vec<usize>,
+    },
+    /// `repeat v times N axis A`: each element of `v` `N` times in a row along dimension `A`
+    /// (numpy's `repeat` with one count; this project's, issue 36).
+    Repeat {
+        /// The value.
+        arg: Operand,
+        /// Copies of each element (at least 1).
+        times: usize,
+        /// The dimension they are made along.
+        axis: usize,
+    },
     /// `transpose v perm (...)`.
     Transpose {
         /// The value.
@@ -646,6 +664,8 @@ impl Op {
             Op::Reshape(_) => "reshape",
             Op::Transpose { .. } => "transpose",
             Op::Concatenate { .. } => "concatenate",
+            Op::Tile { .. } => "tile",
+            Op::Repeat { .. } => "repeat",
             Op::Slice { .. } => "slice",
             Op::Reduce { op, .. } => op.name(),
             Op::Dot { .. } => "dot",

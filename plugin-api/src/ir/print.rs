@@ -197,6 +197,8 @@ impl Writer {
             Op::Binary(_, a, b) | Op::Compare(_, a, b) => write!(o, "{m} {a}, {b}"),
             Op::Select(c, a, b) => write!(o, "select {c}, {a}, {b}"),
             Op::Transpose { arg, perm } => write!(o, "transpose {arg} perm ({})", comma_list(perm)),
+            Op::Tile { arg, reps } => write!(o, "tile {arg} reps ({})", comma_list(reps)),
+            Op::Repeat { arg, times, axis } => write!(o, "repeat {arg} times {times} axis {axis}"),
             Op::Concatenate { args, axis } => write!(o, "concatenate {} axis {axis}", comma_list(args)),
             Op::Slice { arg, start, stride } if stride.iter().all(|&k| k == 1) => write!(o, "slice {arg} start ({})", comma_list(start)),
             Op::Slice { arg, start, stride } => write!(o, "slice {arg} start ({}) stride ({})", comma_list(start), comma_list(stride)),

@@ -162,7 +162,7 @@ pub fn plan(kernel: Verified, grid: Vec<LaunchAxis>, target: impl Into<Target>) 
 /// does not clear.
 pub fn plan_keeping(kernel: Verified, grid: Vec<LaunchAxis>, target: impl Into<Target>, kept: &BTreeSet<String>) -> Result<Plan, BackendError> {
     let Target { strategy, loop_budget } = target.into();
-    let kernel = legalize::unbatch_dots(kernel).unwrap_or_else(|d| panic!("batched dots unbatched do not verify: {d}"));
+    let kernel = legalize::legalize(kernel).unwrap_or_else(|d| panic!("kernel legalized does not verify: {d}"));
     let k = kernel.kernel();
     for p in &k.params {
         if p.ty.numel() > i32::MAX as usize {

@@ -125,6 +125,18 @@ impl Parser<'_> {
                 let perm = self.int_list("perm", "the permutation, as in `perm (1, 0)`", "a dimension number")?;
                 Op::Transpose { arg, perm }
             }
+            "tile" => {
+                let arg = self.operand()?;
+                let reps = self.int_list("reps", "the copies along each dimension, as in `reps (2, 1)`", "a count of copies")?;
+                Op::Tile { arg, reps }
+            }
+            "repeat" => {
+                let arg = self.operand()?;
+                self.expect_keyword("times")?;
+                let times = self.int("the copies of each element, as in `repeat %v times 2 axis 1`")?;
+                self.expect_keyword("axis")?;
+                Op::Repeat { arg, times, axis: self.int("a dimension number")? }
+            }
             "slice" => {
                 let arg = self.operand()?;
                 let start = self.int_list("start", "where the slice starts, as in `start (0, 4)`", "an element index")?;

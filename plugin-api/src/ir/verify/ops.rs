@@ -3,9 +3,22 @@
 use std::collections::HashMap;
 
 use super::{BodyKind, Checked, Checker, broadcast, literal_fits, shape_text, with_article};
+use crate::ir::limits::{MAX_ARRAY_ELEMENTS, elements_within_limit};
 use crate::ir::*;
 
 impl Checker<'_> {
+    /// The type of `op`'s result of `shape` (`None` where a dimension overflowed), or an error
+    /// where it has more elements than any array may.
+    fn grown(&mut self, span: Span, op: &str, t: &Type, shape: Option<Vec<usize>>) -> Checked<Type> {
+        match shape.filter(|s| elements_within_limit(s).is_some()) {
+            Some(s) => Some(Type::array(t.dtype, s)),
+            None => {
+                self.err(span, format!("`{op}` of {t} makes more elements than an array may have"), format!("expected at most {MAX_ARRAY_ELEMENTS} (2^48) elements"));
+                None
+            }
+        }
+    }
+
     /// Checks one operation and returns its result type (single-result ops).
     pub(super) fn op(&mut self, op: &mut Op, ann: Option<&Type>, span: Span) -> Checked<Type> {
         match op {
@@ -185,6 +198,36 @@ impl Checker<'_> {
                 let mut shape = first.shape.clone();
                 shape[*axis] = types.iter().map(|t| t.shape[*axis]).sum();
                 Some(Type::array(first.dtype, shape))
+            }
+            Op::Tile { arg, reps } => {
+                let t = self.val(arg, span, "the operand of `tile`")?;
+                if reps.len() != t.shape.len() || reps.contains(&0) {
+                    self.err(
+                        span,
+                        format!("`tile` of {t} with reps ({})", reps.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")),
+                        format!("expected one count of copies, at least 1, for each of its {} dimensions", t.shape.len()),
+                    );
+                    return None;
+                }
+                let shape = t.shape.iter().zip(reps.iter()).map(|(d, r)| d.checked_mul(*r)).collect();
+                self.grown(span, "tile", &t, shape)
+            }
+            Op::Repeat { arg, times, axis } => {
+                let t = self.val(arg, span, "the operand of `repeat`")?;
+                if *axis >= t.shape.len() || *times == 0 {
+                    self.err(
+                        span,
+                        format!("`repeat` of {t} {times} times along axis {axis}"),
+                        format!("expected at least 1 copy along an axis below {}", t.shape.len()),
+                    );
+                    return None;
+                }
+                let mut shape = t.shape.clone();
+                let along = shape[*axis].checked_mul(*times);
+                self.grown(span, "repeat", &t, along.map(|n| {
+                    shape[*axis] = n;
+                    shape
+                }))
             }
             Op::Transpose { arg, perm } => {
                 let t = self.val(arg, span, "the operand of `transpose`")?;
