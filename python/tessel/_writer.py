@@ -356,18 +356,13 @@ class _Writer(_Refs, _MultiIndex, _Values, _Order, _Prng, _Control):
             args = ", ".join(self.value(v, eqn) for v in eqn.invars)
             self.op(eqn, f"concatenate {args} axis {p['dimension']}")
         elif name == "tile":
-            # `jnp.tile` (and `pltpu.repeat`): the value after itself along each repeated axis.
-            reps = tuple(p["reps"])
-            if len(reps) != len(eqn.invars[0].aval.shape):
-                raise self.refuse(f"`tile` with {len(reps)} repetitions of a {len(eqn.invars[0].aval.shape)}-dimensional value", eqn,
-                                  "give one repetition count per dimension (reshape first to add dimensions)")
-            v = self.value(eqn.invars[0], eqn)
-            for d, r in enumerate(reps):
-                if r > 1:
-                    t = self.body.fresh()
-                    self.body.emit(f"{t} = concatenate {', '.join([v] * r)} axis {d}")
-                    v = t
-            self.define(eqn.outvars[0], v)
+            # `jnp.tile` (and `pltpu.repeat`, which is one): the language's `tile` (JAX gives one
+            # count per dimension).
+            reps = tuple(int(r) for r in p["reps"])
+            if len(reps) != len(eqn.invars[0].aval.shape) or 0 in reps:
+                raise self.refuse(f"`tile` with repetitions {reps} of a {len(eqn.invars[0].aval.shape)}-dimensional value", eqn,
+                                  "give one repetition count of at least 1 per dimension (reshape first to add dimensions)")
+            self.op(eqn, f"tile {self.value(eqn.invars[0], eqn)} reps ({', '.join(map(str, reps))})")
         elif name == "iota":
             if p["dtype"] != np.int32 and str(p["dtype"]) != "int32":
                 v = self.body.fresh()

@@ -536,6 +536,9 @@ def test_the_text_is_tessel_kernel_language():
     assert tessel.check(p).splitlines()[:4] == p.splitlines()[:4]
     t = tp.to_tk(transpose, f32(64, 48))
     assert "out o0: f32[48, 64] block [16, 32] at (i1, i0)" in t and "seq" not in t
+    # `jnp.tile` (what `pltpu.repeat` is) is the language's `tile`, not copies concatenated.
+    j = tp.to_tk(joined, f32(32, 128), f32(32, 64))
+    assert "= tile %v1 reps (1, 3) : f32[8, 192]" in j and j.count("concatenate") == 2, j
     # A row reduction whose axis jnp's keepdims restores is one `keepdims` reduction (what the
     # interpreter and wgpu fuse with the row's other operations), not a reduction and a reshape.
     s = tp.to_tk(softmax, f32(32, 256))
