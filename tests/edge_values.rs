@@ -706,3 +706,67 @@ fn row_reductions_propagate_nan_on_every_executor() {
         }
     }
 }
+
+/// The operations that move elements (`tile`, `repeat`, `concatenate`, strided `slice`,
+/// `transpose`) compute nothing, so on every executor they keep every bit of the values at the
+/// edges: NaN with its payload and sign, infinities, signed zeros, subnormals, the extremes.
+/// The expected bits are the input's, moved by index arithmetic written out here.
+#[test]
+fn shape_operations_keep_every_bit_on_every_executor() {
+    let src = "kernel moves\n  in  x: f32[2, 8]\n  out t: f32[4, 16]\n  out r: f32[2, 24]\n  out c: f32[4, 8]\n  out s: f32[2, 4]\n  out p: f32[8, 2]\n{\n  %x = load x\n  %t = tile %x reps (2, 2)\n  store t, %t\n  %r = repeat %x times 3 axis 1\n  store r, %r\n  %c = concatenate %x, %x axis 0\n  store c, %c\n  %s = slice %x start (0, 1) stride (1, 2) : f32[2, 4]\n  store s, %s\n  %p = transpose %x perm (1, 0)\n  store p, %p\n}\n";
+    let x: Vec<u32> = vec![
+        0x7FC0_1234, // a quiet NaN with a payload
+        0xFFC0_0001, // a negative one
+        0x7F80_0000,
+        0xFF80_0000,
+        0x0000_0000,
+        0x8000_0000,
+        0x0000_0001, // the smallest subnormal
+        0x807F_FFFF, // the largest negative subnormal
+        0x7F7F_FFFF,
+        0xFF7F_FFFF,
+        0x0080_0000,
+        0x3F80_0000,
+        0xBF80_0001,
+        0x7FBF_FFFF, // a signalling NaN's bits (quiet or not, a move keeps them here)
+        0x4049_0FDB,
+        0xC2F6_E979,
+    ];
+    let at = |i: usize, j: usize| x[i * 8 + j];
+    let want: Vec<(&str, Vec<u32>)> = vec![
+        ("t", (0..4 * 16).map(|e| at((e / 16) % 2, (e % 16) % 8)).collect()),
+        ("r", (0..2 * 24).map(|e| at(e / 24, (e % 24) / 3)).collect()),
+        ("c", (0..4 * 8).map(|e| at((e / 8) % 2, e % 8)).collect()),
+        ("s", (0..2 * 4).map(|e| at(e / 4, 1 + 2 * (e % 4))).collect()),
+        ("p", (0..8 * 2).map(|e| at(e % 2, e / 2)).collect()),
+    ];
+    let kernel = tessel::load_source("moves.tk", src).unwrap_or_else(|e| panic!("{e}")).remove(0);
+    let args = LaunchArgs { inputs: [("x".to_string(), HostArray::from_bits(DType::F32, &[2, 8], x.clone()))].into(), grid: Default::default() };
+    let rt = tessel::Runtime::new(&[]).expect("runtime");
+    let mut execs = vec!["interpret", "mosaic-emu"];
+    if wgpu_adapter("wgpu shape operations").is_some() {
+        execs.push("wgpu");
+    }
+    for exec in execs {
+        let call = [tessel::KernelLaunch { kernel: &kernel, mesh: None }];
+        let outputs = match exec {
+            "mosaic-emu" => {
+                let (_, ptx) = rt.lower("mosaic-gpu", &call, &[], &Default::default()).expect("lowers").remove(0);
+                emulate(&ptx, &kernel, &args, false).expect("emulates")
+            }
+            backend => rt.launch(backend, &call, &[], &args).expect("runs"),
+        };
+        for (name, bits) in &want {
+            let got = outputs.iter().find(|(n, _)| n == name).expect("output").1.to_bits();
+            let bad: Vec<String> = got
+                .iter()
+                .zip(bits)
+                .enumerate()
+                .filter(|(_, (g, w))| g != w)
+                .take(3)
+                .map(|(i, (g, w))| format!("[{i}] {g:#010x} want {w:#010x}"))
+                .collect();
+            assert!(bad.is_empty(), "{exec}: `{name}` changed bits: {}", bad.join(", "));
+        }
+    }
+}
