@@ -658,6 +658,34 @@ fn mosaic_gpu_meets_the_reference_at_every_edge() {
     }
 }
 
+/// The outputs of `kernel` on `args` from the interpreter, Mosaic GPU's PTX on the emulator and
+/// wgpu where there is an adapter (a recorded skip named `test` where there is none).
+fn on_every_executor(
+    kernel: &tessel_plugin_api::ir::Verified,
+    args: &LaunchArgs,
+    test: &str,
+) -> Vec<(&'static str, Vec<(String, HostArray)>)> {
+    let rt = tessel::Runtime::new(&[]).expect("runtime");
+    let mut execs = vec!["interpret", "mosaic-emu"];
+    if wgpu_adapter(test).is_some() {
+        execs.push("wgpu");
+    }
+    let call = [tessel::KernelLaunch { kernel, mesh: None }];
+    execs
+        .into_iter()
+        .map(|exec| {
+            let outputs = match exec {
+                "mosaic-emu" => {
+                    let (_, ptx) = rt.lower("mosaic-gpu", &call, &[], &Default::default()).expect("lowers").remove(0);
+                    emulate(&ptx, kernel, args, false).expect("emulates")
+                }
+                backend => rt.launch(backend, &call, &[], args).expect("runs"),
+            };
+            (exec, outputs)
+        })
+        .collect()
+}
+
 /// Row reductions at the edges, on every executor: a NaN anywhere in a row (first, middle, last
 /// element) makes its `max` and `min` NaN; infinities win or lose as they should; rows of signed
 /// zeros give a zero. The rows are long enough (8 × 64) that wgpu reduces them in its row layout,
@@ -683,21 +711,8 @@ fn row_reductions_propagate_nan_on_every_executor() {
     let kernel = tessel::load_source("rows.tk", src).unwrap_or_else(|e| panic!("{e}")).remove(0);
     let x_array = HostArray::from_bits(DType::F32, &[8, 64], x.iter().map(|&v| bits_of(DType::F32, v)).collect());
     let args = LaunchArgs { inputs: [("x".to_string(), x_array)].into(), grid: Default::default() };
-    let rt = tessel::Runtime::new(&[]).expect("runtime");
-    let mut execs = vec!["interpret", "mosaic-emu"];
-    if wgpu_adapter("wgpu row reductions").is_some() {
-        execs.push("wgpu");
-    }
     let same = |g: f64, w: f64| (g.is_nan() && w.is_nan()) || g == w;
-    for exec in execs {
-        let call = [tessel::KernelLaunch { kernel: &kernel, mesh: None }];
-        let outputs = match exec {
-            "mosaic-emu" => {
-                let (_, ptx) = rt.lower("mosaic-gpu", &call, &[], &Default::default()).expect("lowers").remove(0);
-                emulate(&ptx, &kernel, &args, false).expect("emulates")
-            }
-            backend => rt.launch(backend, &call, &[], &args).expect("runs"),
-        };
+    for (exec, outputs) in on_every_executor(&kernel, &args, "wgpu row reductions") {
         for (name, want) in [("mx", &want_max), ("mn", &want_min)] {
             let got = outputs.iter().find(|(n, _)| n == name).expect("output").1.to_f64();
             for (r, (g, w)) in got.iter().zip(want.iter()).enumerate() {
@@ -741,21 +756,11 @@ fn shape_operations_keep_every_bit_on_every_executor() {
         ("p", (0..8 * 2).map(|e| at(e % 2, e / 2)).collect()),
     ];
     let kernel = tessel::load_source("moves.tk", src).unwrap_or_else(|e| panic!("{e}")).remove(0);
-    let args = LaunchArgs { inputs: [("x".to_string(), HostArray::from_bits(DType::F32, &[2, 8], x.clone()))].into(), grid: Default::default() };
-    let rt = tessel::Runtime::new(&[]).expect("runtime");
-    let mut execs = vec!["interpret", "mosaic-emu"];
-    if wgpu_adapter("wgpu shape operations").is_some() {
-        execs.push("wgpu");
-    }
-    for exec in execs {
-        let call = [tessel::KernelLaunch { kernel: &kernel, mesh: None }];
-        let outputs = match exec {
-            "mosaic-emu" => {
-                let (_, ptx) = rt.lower("mosaic-gpu", &call, &[], &Default::default()).expect("lowers").remove(0);
-                emulate(&ptx, &kernel, &args, false).expect("emulates")
-            }
-            backend => rt.launch(backend, &call, &[], &args).expect("runs"),
-        };
+    let args = LaunchArgs {
+        inputs: [("x".to_string(), HostArray::from_bits(DType::F32, &[2, 8], x.clone()))].into(),
+        grid: Default::default(),
+    };
+    for (exec, outputs) in on_every_executor(&kernel, &args, "wgpu shape operations") {
         for (name, bits) in &want {
             let got = outputs.iter().find(|(n, _)| n == name).expect("output").1.to_bits();
             let bad: Vec<String> = got
