@@ -307,16 +307,36 @@ fn every_schedule_of_the_hopper_matmuls_agrees_with_the_interpreter() {
     };
     let mut checked = 0;
     for schedule in [Schedule::Specialized, Schedule::Persistent] {
-        for f in ["wgmma_bf16", "wgmma_f16_wide", "wgmma_scratch", "wgmma_steps", "wgmma_epilogue", "wgmma_trans_a"] {
-            let path = root().join(format!("tests/in/{f}.tk"));
-            let kernel = &tessel::load_file(&path).unwrap_or_else(|e| panic!("{e}"))[0];
+        let files = ["wgmma_bf16", "wgmma_f16_wide", "wgmma_scratch", "wgmma_steps", "wgmma_epilogue", "wgmma_trans_a"];
+        let mut kernels: Vec<(String, std::path::PathBuf, tessel_plugin_api::ir::Verified)> = files
+            .iter()
+            .map(|f| {
+                let path = root().join(format!("tests/in/{f}.tk"));
+                let kernel = tessel::load_file(&path).unwrap_or_else(|e| panic!("{e}")).remove(0);
+                (f.to_string(), path, kernel)
+            })
+            .collect();
+        // Five output blocks: a persistent grid of three CTAs takes two, two and one.
+        let path = root().join("tests/in/wgmma_steps.tk");
+        let text = std::fs::read_to_string(&path).expect("kernel file");
+        let five = text
+            .replace("grid (i: 2,", "grid (i: 5,")
+            .replace("a: bf16[128,", "a: bf16[320,")
+            .replace("c: f32[128,", "c: f32[320,");
+        assert_ne!(five, text);
+        kernels.push((
+            "wgmma_steps, 5 blocks".into(),
+            path,
+            tessel::load_source("five.tk", &five).unwrap_or_else(|e| panic!("{e}")).remove(0),
+        ));
+        for (f, path, kernel) in &kernels {
             let name = format!("{f} ({})", schedule.name());
             let ptx = on_schedule(kernel, schedule);
             assert!(ptx.contains("// warp-specialized: ") && ptx.contains("setmaxnreg.dec"), "{name} is not warp-specialized");
             assert_eq!(ptx.contains("// persistent: "), schedule == Schedule::Persistent, "{name}");
             assembled(f, &ptx);
             let call = [KernelLaunch { kernel, mesh: None }];
-            let args = tessel::LaunchArgs { inputs: file_inputs(&path, kernel, 7), grid: Default::default() };
+            let args = tessel::LaunchArgs { inputs: file_inputs(path, kernel, 7), grid: Default::default() };
             let want = rt.launch("interpret", &call, &[], &args).expect("interpreter runs");
             for reverse in [false, true] {
                 let got = emulate(&ptx, kernel, &args, reverse).unwrap_or_else(|e| panic!("{name}: {e}"));
@@ -336,7 +356,7 @@ fn every_schedule_of_the_hopper_matmuls_agrees_with_the_interpreter() {
             assembled(f, &ptx);
         }
     }
-    assert_eq!(checked, 12);
+    assert_eq!(checked, 14);
     if ptxas.is_none() {
         skip("ptxas for the schedules", "ptxas not found (scripts/test installs it from pip)", "TESSEL_REQUIRE_PTXAS");
     }

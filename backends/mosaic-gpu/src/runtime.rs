@@ -17,6 +17,7 @@ use crate::emit;
 use crate::error::Refusal;
 use crate::limits::DEFAULT_SHARED_BYTES;
 use crate::lower::Plan;
+use crate::wgmma::Schedule;
 
 /// A device buffer: 2 bytes an element for 16-bit floats, else 4 (`bool` as 0 or 1).
 pub struct DeviceBuffer {
@@ -236,6 +237,25 @@ impl Device {
                 limit: self.max_shared,
             }
             .into());
+        }
+        // A warp-specialized kernel moves registers between its warpgroups (`setmaxnreg`) out
+        // of the pool its CTA starts with: the driver's compiler must have kept the `.maxnreg`
+        // count at entry, or a consumer's `setmaxnreg.inc` could wait forever.
+        if let Some(g) = plan.gemm.as_ref().filter(|g| g.schedule.specialized()) {
+            let regs = f.num_regs().map_err(|e| device_error("reading the register count", e))?;
+            if u32::try_from(regs).ok() != Some(g.entry_registers()) {
+                return Err(BackendError::new(
+                    ErrorKind::Device,
+                    format!(
+                        "the driver compiled kernel `{}` ({} schedule) at {regs} registers a thread, not the {} its warpgroups divide with setmaxnreg\n  run it on the {} schedule (TESSEL_MOSAIC_SCHEDULE={}, or unset)",
+                        plan.kernel.name(),
+                        g.schedule.name(),
+                        g.entry_registers(),
+                        Schedule::default().name(),
+                        Schedule::default().name()
+                    ),
+                ));
+            }
         }
         if plan.shared_bytes() > DEFAULT_SHARED_BYTES {
             let bytes = i32::try_from(plan.shared_bytes()).unwrap_or(i32::MAX);

@@ -89,7 +89,9 @@ fn rewrite(body: Vec<Stmt>, names: &mut Names<'_>) -> Vec<Stmt> {
                 let copies: Vec<(usize, usize, bool)> = reps.iter().enumerate().map(|(d, &r)| (d, r, true)).collect();
                 out.extend(copied(&s, x, &copies, names));
             }
-            (None, Op::Repeat { arg: Operand::Value(x), times, axis }) => out.extend(copied(&s, x, &[(*axis, *times, false)], names)),
+            (None, Op::Repeat { arg: Operand::Value(x), times, axis }) => {
+                out.extend(copied(&s, x, &[(*axis, *times, false)], names))
+            }
             _ => out.push(s),
         }
     }
@@ -219,10 +221,19 @@ mod tests {
         );
         assert!(!text.contains(" tile ") && !text.contains(" repeat "), "{text}");
         // tile: a 1 before each dimension copied, broadcast, merged; the last keeps the name.
-        assert!(text.contains("%t_0u = reshape %x : f32[1, 2, 3]") && text.contains("%t_0b = broadcast %t_0u : f32[2, 2, 3]"), "{text}");
-        assert!(text.contains("%t_1u = reshape %t_0 : f32[4, 1, 3]") && text.contains("%t = reshape %t_1b : f32[4, 9]"), "{text}");
+        assert!(
+            text.contains("%t_0u = reshape %x : f32[1, 2, 3]") && text.contains("%t_0b = broadcast %t_0u : f32[2, 2, 3]"),
+            "{text}"
+        );
+        assert!(
+            text.contains("%t_1u = reshape %t_0 : f32[4, 1, 3]") && text.contains("%t = reshape %t_1b : f32[4, 9]"),
+            "{text}"
+        );
         // repeat: the 1 after the dimension.
-        assert!(text.contains("%r_0u = reshape %x : f32[2, 3, 1]") && text.contains("%r_0b = broadcast %r_0u : f32[2, 3, 2]"), "{text}");
+        assert!(
+            text.contains("%r_0u = reshape %x : f32[2, 3, 1]") && text.contains("%r_0b = broadcast %r_0u : f32[2, 3, 2]"),
+            "{text}"
+        );
         assert!(text.contains("%s = reshape %x : f32[2, 3]"), "{text}");
     }
 }

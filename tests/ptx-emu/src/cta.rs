@@ -18,6 +18,8 @@ pub(crate) enum Wait {
     Wgmma(usize),
     /// At the `shfl.sync` at this pc, for the warp.
     Shfl(usize),
+    /// At the `setmaxnreg` at this pc, for the warpgroup (and, for `inc`, the registers).
+    SetMaxNReg(usize),
     /// At an `mbarrier.try_wait.parity` on the barrier at this address for the phase of this parity.
     Mbar { addr: u64, parity: u32 },
     /// Ended.
@@ -76,6 +78,46 @@ pub(crate) struct Cta<'m> {
     pub(crate) counts: Counts,
     /// Its mbarriers and tensor copies in flight.
     pub(crate) asynchronous: Async,
+    /// Its register file as `setmaxnreg` divides it: each warpgroup's count a thread, and the
+    /// registers no warpgroup holds (PTX ISA: "a pool of available registers is maintained
+    /// per-CTA"). `None` without `.maxnreg`: the count at entry is unknown.
+    pub(crate) registers: Option<Registers>,
+}
+
+/// A CTA's registers under `setmaxnreg`.
+pub(crate) struct Registers {
+    pub(crate) per_thread: Vec<u32>,
+    pub(crate) pool: u32,
+}
+
+impl Registers {
+    /// Warpgroup `g` asks for `n` registers a thread: `Ok(true)` once done, `Ok(false)` while an
+    /// `inc` waits for the pool, an error for a `dec` that is none or an `inc` past the pool's
+    /// whole size.
+    pub(crate) fn set(&mut self, g: usize, n: u32, inc: bool) -> Result<bool, String> {
+        let cur = self.per_thread[g];
+        let threads = 128;
+        match inc {
+            false if n <= cur => {
+                self.pool += (cur - n) * threads;
+                self.per_thread[g] = n;
+                Ok(true)
+            }
+            true if n >= cur => {
+                let need = (n - cur) * threads;
+                if need > self.pool {
+                    return Ok(false);
+                }
+                self.pool -= need;
+                self.per_thread[g] = n;
+                Ok(true)
+            }
+            _ => Err(format!(
+                "setmaxnreg.{} {n} by warpgroup {g}, which has {cur} registers a thread",
+                if inc { "inc" } else { "dec" }
+            )),
+        }
+    }
 }
 
 /// A tensor-map parameter's address as the emulator hands it out: a tag and the parameter's index.

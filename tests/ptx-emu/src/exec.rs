@@ -111,10 +111,11 @@ pub(crate) fn wgmma(ins: &Instr, group: &mut [Thread], shared: &Memory, asynchro
     };
     let mut acc: Vec<Vec<u64>> =
         group.iter().map(|t| d.iter().map(|&r| t.pending.latest(r).unwrap_or(t.regs[r])).collect()).collect();
-    let bytes = std::cell::Cell::new((u64::MAX, 0));
-    w.run(a, b, (negate(*sa)?, negate(*sb)?), (*ta != 0, *tb != 0), accumulate, &mut acc, |at| {
-        let (lo, hi) = bytes.get();
-        bytes.set((lo.min(at), hi.max(at + 2)));
+    let bytes = std::cell::Cell::new([(u64::MAX, 0); 2]);
+    w.run(a, b, (negate(*sa)?, negate(*sb)?), (*ta != 0, *tb != 0), accumulate, &mut acc, |operand, at| {
+        let mut seen = bytes.get();
+        seen[operand] = (seen[operand].0.min(at), seen[operand].1.max(at + 2));
+        bytes.set(seen);
         shared.load_n(at, 2).map(|v| v as u16)
     })?;
     // Its operands stay read until every thread retires it.
@@ -202,14 +203,6 @@ pub(crate) fn exec(ins: &Instr, th: &mut Thread, cta: &mut Cta<'_>, tid: u32) ->
         "or.b64" => x(1, th) | x(2, th),
         "mov.b64" | "cvta.param.u64" => x(1, th),
         "fence.mbarrier_init.release.cluster" | "fence.proxy.async.shared::cta" | "wgmma.fence.sync.aligned" => return Ok(()),
-        // A register budget: nothing to emulate, but the ISA's bounds hold.
-        "setmaxnreg.inc.sync.aligned.u32" | "setmaxnreg.dec.sync.aligned.u32" => {
-            let n = x(0, th);
-            if !(24..=256).contains(&n) || n % 8 != 0 {
-                return Err(format!("{n} registers: setmaxnreg takes a multiple of 8 from 24 to 256"));
-            }
-            return Ok(());
-        }
         "mbarrier.init.shared::cta.b64" => {
             let n = u(x(1, th));
             let bar = Mbarrier { expected: n, pending: n, tx: 0, phase: 0 };

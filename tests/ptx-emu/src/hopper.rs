@@ -179,9 +179,10 @@ impl Wgmma {
         (16 * w + lane / 4 + 8 * ((i / 2) % 2), 8 * (i / 4) + 2 * (lane % 4) + i % 2)
     }
 
-    /// D = A B (+ D where `accumulate`): A 64x16 and B 16xN read from shared memory, summed in
-    /// `f64` and rounded once, as the `mma.sync` emulation does. `d` holds the warpgroup's 128
-    /// threads' accumulator registers (N/2 each), read and written in place.
+    /// D = A B (+ D where `accumulate`): A 64x16 and B 16xN read from shared memory (`load` of
+    /// operand 0, A, or 1, B, at an address), summed in `f64` and rounded once, as the
+    /// `mma.sync` emulation does. `d` holds the warpgroup's 128 threads' accumulator registers
+    /// (N/2 each), read and written in place.
     #[allow(clippy::too_many_arguments, reason = "the instruction's operands")]
     pub fn run(
         &self,
@@ -191,7 +192,7 @@ impl Wgmma {
         (trans_a, trans_b): (bool, bool),
         accumulate: bool,
         d: &mut [Vec<u64>],
-        load: impl Fn(u64) -> Result<u16, String>,
+        load: impl Fn(usize, u64) -> Result<u16, String>,
     ) -> Result<(), String> {
         let n = self.n as usize;
         let value = |bits: u16| {
@@ -204,14 +205,14 @@ impl Wgmma {
         let mut am = vec![[0f64; 16]; 64];
         for (m, row) in am.iter_mut().enumerate() {
             for (k, x) in row.iter_mut().enumerate() {
-                let v = value(load(a.address(m as u64, k as u64, !trans_a))?);
+                let v = value(load(0, a.address(m as u64, k as u64, !trans_a))?);
                 *x = if neg_a { -v } else { v };
             }
         }
         let mut bm = vec![vec![0f64; n]; 16];
         for (k, row) in bm.iter_mut().enumerate() {
             for (col, x) in row.iter_mut().enumerate() {
-                let v = value(load(b.address(col as u64, k as u64, !trans_b))?);
+                let v = value(load(1, b.address(col as u64, k as u64, !trans_b))?);
                 *x = if neg_b { -v } else { v };
             }
         }
@@ -272,8 +273,8 @@ impl Pending {
 /// hardware reads its operands asynchronously, so a tensor copy into them before then is a race.
 #[derive(Clone, Debug)]
 pub(crate) struct Read {
-    /// The bytes read: first and one past the last.
-    pub bytes: (u64, u64),
+    /// The bytes read of each operand: first and one past the last.
+    pub bytes: [(u64, u64); 2],
     /// The `wgmma`'s line.
     pub line: usize,
     /// Threads that have not retired it yet.
@@ -307,11 +308,12 @@ impl Async {
     /// Refuses a tensor copy into `bytes` (first and one past the last) that a `wgmma` in
     /// flight still reads.
     pub fn check_overwrite(&self, bytes: (u64, u64)) -> Result<(), String> {
-        match self.reads.values().find(|r| r.bytes.0 < bytes.1 && bytes.0 < r.bytes.1) {
-            Some(r) => Err(format!(
-                "a tensor copy into shared memory {:#x}..{:#x} while the wgmma.mma_async of line {} still reads {:#x}..{:#x} \
+        let overlap = |r: &Read| r.bytes.into_iter().find(|read| read.0 < bytes.1 && bytes.0 < read.1).map(|read| (r.line, read));
+        match self.reads.values().find_map(overlap) {
+            Some((line, read)) => Err(format!(
+                "a tensor copy into shared memory {:#x}..{:#x} while the wgmma.mma_async of line {line} still reads {:#x}..{:#x} \
                  (retire it with wgmma.wait_group, and hand the stage over, before refilling it)",
-                bytes.0, bytes.1, r.line, r.bytes.0, r.bytes.1
+                bytes.0, bytes.1, read.0, read.1
             )),
             None => Ok(()),
         }
@@ -383,8 +385,11 @@ mod tests {
     #[test]
     fn a_copy_into_what_a_wgmma_in_flight_reads_is_refused_until_every_thread_retires_it() {
         let mut a = Async::default();
-        a.reads.insert(1, Read { bytes: (1024, 2048), line: 9, threads: 2 });
+        a.reads.insert(1, Read { bytes: [(1024, 2048), (8192, 9216)], line: 9, threads: 2 });
         assert!(a.check_overwrite((0, 1024)).is_ok());
+        // Between the two operands: read by neither.
+        assert!(a.check_overwrite((4096, 8192)).is_ok());
+        assert!(a.check_overwrite((9000, 9100)).unwrap_err().contains("line 9"));
         assert!(a.check_overwrite((2047, 4096)).unwrap_err().contains("line 9"));
         a.retire(&[1]);
         assert!(a.check_overwrite((1500, 1600)).is_err());

@@ -3,7 +3,7 @@
 //! order or in reverse, and waits are released once every thread they need has arrived. A wait
 //! nothing can release is a deadlock, reported with where the threads stand.
 
-use crate::cta::{Counts, Cta, Thread, Wait};
+use crate::cta::{Counts, Cta, Registers, Thread, Wait};
 use crate::exec::{exec, mma, wgmma};
 use crate::hopper::{Async, Pending, TensorMap};
 use crate::memory::Memory;
@@ -35,6 +35,7 @@ impl Module {
                 Kind::Mma(_) => th.wait = Wait::Mma(th.pc),
                 Kind::Wgmma(_) => th.wait = Wait::Wgmma(th.pc),
                 Kind::Shfl => th.wait = Wait::Shfl(th.pc),
+                Kind::SetMaxNReg => th.wait = Wait::SetMaxNReg(th.pc),
                 Kind::MbarWait => {
                     let (Some(Arg::Reg(p)), Some(Arg::Mem(a)), Some(parity)) =
                         (ins.args.first(), ins.args.get(1), ins.args.get(2))
@@ -132,6 +133,26 @@ impl Module {
                         t.wait = Wait::No;
                     }
                     moved = true;
+                }
+            }
+            // Warpgroups whose 128 threads all wait at the same `setmaxnreg`, where the registers
+            // are there.
+            for (g, group) in threads.chunks_mut(128).enumerate() {
+                let Wait::SetMaxNReg(pc) = group[0].wait else { continue };
+                if group.len() == 128 && group.iter().all(|t| t.wait == Wait::SetMaxNReg(pc)) {
+                    let ins = &self.code[pc];
+                    let [Arg::Imm(n)] = ins.args[..] else { unreachable!("parse checks") };
+                    let registers = cta.registers.as_mut().ok_or(format!(
+                        "line {}: setmaxnreg in a kernel without .maxnreg (ptxas cannot tell the registers at entry, C7508, and drops it)",
+                        ins.line
+                    ))?;
+                    if registers.set(g, n as u32, ins.op.contains(".inc.")).map_err(|e| format!("line {}: {e}", ins.line))? {
+                        for t in group.iter_mut() {
+                            t.pc += 1;
+                            t.wait = Wait::No;
+                        }
+                        moved = true;
+                    }
                 }
             }
             // Threads waiting on an mbarrier whose phase has completed.
@@ -238,6 +259,7 @@ impl Module {
                 tensor_maps,
                 id,
                 grid,
+                registers: self.maxnreg.map(|n| Registers { per_thread: vec![n; block.div_ceil(128) as usize], pool: 0 }),
                 counts: Counts::default(),
                 asynchronous: Async::default(),
             };
@@ -263,6 +285,29 @@ mod tests {
             ".version 8.0\n.target sm_90a\n.address_size 64\n{decl}.visible .entry k(\n\t.param .u64 k_out\n)\n{{\n{body}\n\tret;\n}}\n"
         );
         parse(&ptx).unwrap_or_else(|e| panic!("{e}\n{ptx}"))
+    }
+
+    /// Two warpgroups at `.maxnreg 128`: the second gives registers back (`dec` to 40), the
+    /// first takes them (`inc`); an `inc` past what the pool can hold waits forever, and a
+    /// kernel without `.maxnreg` has no pool to move registers through.
+    #[test]
+    fn setmaxnreg_moves_registers_through_the_ctas_pool() {
+        let run = |inc: u32, maxnreg: &str| {
+            let ptx = format!(
+                ".version 8.0\n.target sm_90a\n.address_size 64\n.visible .entry k(\n\t.param .u64 k_out\n)\n.maxntid 256, 1, 1\n{maxnreg}{{\n\
+                 \tmov.u32 %r1, %tid.x;\n\tsetp.lt.u32 %p1, %r1, 128;\n\t@%p1 bra $L_consume;\n\tsetmaxnreg.dec.sync.aligned.u32 40;\n\
+                 \tbra.uni $L_end;\n$L_consume:\n\tsetmaxnreg.inc.sync.aligned.u32 {inc};\n$L_end:\n\tret;\n}}\n"
+            );
+            let m = parse(&ptx).unwrap_or_else(|e| panic!("{e}\n{ptx}"));
+            let mut mem = Memory::default();
+            let out = mem.alloc(4);
+            m.launch(&mut mem, &[out], 1, 256, 0, false)
+        };
+        assert!(run(216, ".maxnreg 128\n").is_ok());
+        let err = run(224, ".maxnreg 128\n").expect_err("the pool holds 88 x 128 registers");
+        assert!(err.contains("deadlock") && err.contains("SetMaxNReg"), "{err}");
+        let err = run(216, "").expect_err("no pool");
+        assert!(err.contains("without .maxnreg"), "{err}");
     }
 
     #[test]

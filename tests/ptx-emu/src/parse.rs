@@ -46,6 +46,9 @@ pub(crate) enum Kind {
     Wgmma(Wgmma),
     /// `mbarrier.try_wait.parity`: wait until the phase of that parity has completed.
     MbarWait,
+    /// `setmaxnreg.inc|dec`: wait for the warpgroup's 128 threads, then (for `inc`) for the
+    /// CTA's pool to hold the registers asked for.
+    SetMaxNReg,
     /// `shfl.sync.bfly.b32 d, a, lanes, clamp, membermask`: wait for the warp's 32 lanes, then
     /// each reads `a` of the lane whose index is its own XOR `lanes`.
     Shfl,
@@ -206,6 +209,9 @@ pub struct Module {
     pub(crate) registers: usize,
     /// The name of the `.extern .shared` array, if any.
     pub(crate) shared: Option<String>,
+    /// The registers a thread has at entry (`.maxnreg`), which `setmaxnreg` moves between
+    /// warpgroups.
+    pub(crate) maxnreg: Option<u32>,
 }
 
 /// Splits operands at the commas outside `{...}` and `[...]`.
@@ -244,6 +250,7 @@ pub fn parse(ptx: &str) -> Result<Module, String> {
     let mut tensor_maps: Vec<String> = Vec::new();
     let mut entry = String::new();
     let mut shared = None;
+    let mut maxnreg = None;
     let mut raw: Vec<(usize, String)> = Vec::new();
     for (n, line) in ptx.lines().enumerate() {
         let line = line.split("//").next().unwrap_or("").trim();
@@ -252,12 +259,15 @@ pub fn parse(ptx: &str) -> Result<Module, String> {
             || line.starts_with(".target")
             || line.starts_with(".address_size")
             || line.starts_with(".maxntid")
-            || line.starts_with(".maxnreg")
             || line.starts_with(".reg")
             || line == "{"
             || line == "}"
             || line == ")"
         {
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix(".maxnreg ") {
+            maxnreg = Some(rest.trim().parse().map_err(|_| format!("line {}: {line}", n + 1))?);
             continue;
         }
         if let Some(rest) = line.strip_prefix(".extern .shared .align ") {
@@ -360,6 +370,13 @@ pub fn parse(ptx: &str) -> Result<Module, String> {
             "shfl.sync.bfly.b32" => Kind::Shfl,
             "ret" => Kind::Ret,
             "mbarrier.try_wait.parity.shared::cta.b64" => Kind::MbarWait,
+            "setmaxnreg.inc.sync.aligned.u32" | "setmaxnreg.dec.sync.aligned.u32" => {
+                let ok = matches!(args[..], [Arg::Imm(n)] if (24..=256).contains(&n) && n % 8 == 0);
+                if !ok {
+                    return Err(format!("line {line}: `{op}` takes a register count, a multiple of 8 from 24 to 256"));
+                }
+                Kind::SetMaxNReg
+            }
             _ if wgmma.is_some() => Kind::Wgmma(wgmma.expect("parsed")),
             "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" => Kind::Mma(Mma::Tf32),
             "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" => Kind::Mma(Mma::F16),
@@ -382,7 +399,7 @@ pub fn parse(ptx: &str) -> Result<Module, String> {
         code.push(Instr { pred, op: op.to_string(), kind, space, args, line });
     }
     let registers = regs.len();
-    Ok(Module { entry, params, tensor_maps, code, registers, shared })
+    Ok(Module { entry, params, tensor_maps, code, registers, shared, maxnreg })
 }
 
 #[cfg(test)]

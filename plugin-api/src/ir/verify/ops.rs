@@ -13,7 +13,11 @@ impl Checker<'_> {
         match shape.filter(|s| elements_within_limit(s).is_some()) {
             Some(s) => Some(Type::array(t.dtype, s)),
             None => {
-                self.err(span, format!("`{op}` of {t} makes more elements than an array may have"), format!("expected at most {MAX_ARRAY_ELEMENTS} (2^48) elements"));
+                self.err(
+                    span,
+                    format!("`{op}` of {t} makes more elements than an array may have"),
+                    format!("expected at most {MAX_ARRAY_ELEMENTS} (2^48) elements"),
+                );
                 None
             }
         }
@@ -204,7 +208,10 @@ impl Checker<'_> {
                 if reps.len() != t.shape.len() || reps.contains(&0) {
                     self.err(
                         span,
-                        format!("`tile` of {t} with reps ({})", reps.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")),
+                        format!(
+                            "`tile` of {t} with reps ({})",
+                            reps.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+                        ),
                         format!("expected one count of copies, at least 1, for each of its {} dimensions", t.shape.len()),
                     );
                     return None;
@@ -224,10 +231,11 @@ impl Checker<'_> {
                 }
                 let mut shape = t.shape.clone();
                 let along = shape[*axis].checked_mul(*times);
-                self.grown(span, "repeat", &t, along.map(|n| {
+                let shape = along.map(|n| {
                     shape[*axis] = n;
                     shape
-                }))
+                });
+                self.grown(span, "repeat", &t, shape)
             }
             Op::Transpose { arg, perm } => {
                 let t = self.val(arg, span, "the operand of `transpose`")?;
