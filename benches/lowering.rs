@@ -1,13 +1,18 @@
 //! How long the Mosaic GPU backend takes to plan and write a kernel's PTX (issue 37 asks for
 //! under 5 ms a kernel): the Hopper-path matmuls at 4096³, plain and with the bias + gelu
 //! epilogue, flash attention in bf16 on the Hopper attention path, and the f32 flash-attention
-//! example on the general path. Pure: no device, no driver
-//! (`tessel_mosaic_gpu::external::compile`, the CUDA handler's own call). For scale, NVIDIA's
-//! `ptxas` takes 0.7 to 1.1 s to assemble the gelu matmul's PTX on the same machine.
+//! example on the general path; then the gelu matmul on the warp-specialized and persistent
+//! schedules. Pure: no device, no driver (`tessel_mosaic_gpu::external::compile`, the CUDA
+//! handler's own call, and the backend's compiler on a schedule). For scale, NVIDIA's `ptxas`
+//! takes 0.7 to 1.1 s to assemble the gelu matmul's PTX on the same machine.
 
 use std::hint::black_box;
 
+use std::sync::Arc;
+
 use criterion::{Criterion, criterion_group, criterion_main};
+use tessel_mosaic_gpu::{MosaicGpu, Schedule};
+use tessel_plugin_api::backend::{Call, Compiler, Launch};
 
 fn lowering(c: &mut Criterion) {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -21,7 +26,18 @@ fn lowering(c: &mut Criterion) {
     for f in files {
         let k = tessel::load_file(&root.join(f)).expect("the kernel verifies").remove(0);
         let name = std::path::Path::new(f).file_stem().and_then(|s| s.to_str()).unwrap_or(f).to_string();
-        g.bench_function(name, |b| b.iter(|| black_box(tessel_mosaic_gpu::external::compile(k.kernel(), None).expect("lowers").ptx().len())));
+        g.bench_function(name, |b| {
+            b.iter(|| black_box(tessel_mosaic_gpu::external::compile(k.kernel(), None).expect("lowers").ptx().len()))
+        });
+    }
+    let f = "benches/kernels/matmul_bf16_gelu_4096.tk";
+    let k = tessel::load_file(&root.join(f)).expect("the kernel verifies").remove(0);
+    for schedule in [Schedule::Specialized, Schedule::Persistent] {
+        let compiler = MosaicGpu::with_schedule(schedule);
+        let launch = Launch::new(vec![Call { kernel: Arc::new(k.kernel().clone()), mesh: None }], Vec::new(), Default::default());
+        g.bench_function(format!("matmul_bf16_gelu_4096_{}", schedule.name()), |b| {
+            b.iter(|| black_box(compiler.lower(&launch).expect("lowers")[0].1.len()))
+        });
     }
     g.finish();
 }

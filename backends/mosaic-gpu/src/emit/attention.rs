@@ -69,28 +69,28 @@ impl Writer<'_> {
             a.stage_bytes()
         ));
         let smem = self.r();
-        self.ins(format!("mov.u32 {smem}, {SHARED}"));
+        self.insf(format_args!("mov.u32 {smem}, {SHARED}"));
         let bars = self.r();
-        self.ins(format!("add.u32 {bars}, {smem}, {}", a.stages_at() + a.stages * a.stage_bytes()));
+        self.insf(format_args!("add.u32 {bars}, {smem}, {}", a.stages_at() + a.stages * a.stage_bytes()));
         let leader = self.p();
-        self.ins(format!("setp.eq.u32 {leader}, {tid_x}, 0"));
+        self.insf(format_args!("setp.eq.u32 {leader}, {tid_x}, 0"));
         let skip = self.label("init");
-        self.ins(format!("@!{leader} bra {skip}"));
+        self.insf(format_args!("@!{leader} bra {skip}"));
         for s in 0..=a.stages {
             let bar = self.r();
-            self.ins(format!("add.u32 {bar}, {bars}, {}", 8 * s));
-            self.ins(format!("mbarrier.init.shared::cta.b64 [{bar}], 1"));
+            self.insf(format_args!("add.u32 {bar}, {bars}, {}", 8 * s));
+            self.insf(format_args!("mbarrier.init.shared::cta.b64 [{bar}], 1"));
         }
         self.ins("fence.mbarrier_init.release.cluster");
         self.ins("fence.proxy.async.shared::cta");
         self.comment("thread 0 copies the query block");
         let q_origin = self.origin_of(&a.q);
         let state = self.rd();
-        self.ins(format!("mbarrier.arrive.expect_tx.shared::cta.b64 {state}, [{bars}], {}", a.q_bytes()));
+        self.insf(format_args!("mbarrier.arrive.expect_tx.shared::cta.b64 {state}, [{bars}], {}", a.q_bytes()));
         for j in 0..(a.d / ROW) as u64 {
             let (dst, x) = (self.r(), self.r());
-            self.ins(format!("add.u32 {dst}, {smem}, {}", j * a.bq as u64 * SWIZZLE as u64));
-            self.ins(format!("add.s32 {x}, {}, {}", q_origin[1], j * ROW as u64));
+            self.insf(format_args!("add.u32 {dst}, {smem}, {}", j * a.bq as u64 * SWIZZLE as u64));
+            self.insf(format_args!("add.s32 {x}, {}, {}", q_origin[1], j * ROW as u64));
             self.tensor_copy(&dst, &maps[0], (&x, &q_origin[0]), &bars);
         }
         self.place_label(&skip);
@@ -98,7 +98,7 @@ impl Writer<'_> {
         // Where the thread's registers are: block-local rows and first column.
         let (lrow, col) = self.fragment_origin();
         let second = self.r();
-        self.ins(format!("add.u32 {second}, {lrow}, 8"));
+        self.insf(format_args!("add.u32 {second}, {lrow}, 8"));
         let mut f = Frame {
             a,
             env: HashMap::new(),
@@ -151,19 +151,19 @@ impl Writer<'_> {
         (f.var, f.lo, f.step) = (l.var.clone(), lo.clone(), step.clone());
         self.comment("trips: (hi - lo - 1) / step + 1, none where either is not positive");
         let (span, trips, none, bad) = (self.r(), self.r(), self.p(), self.p());
-        self.ins(format!("sub.s32 {span}, {hi}, {lo}"));
-        self.ins(format!("sub.s32 {trips}, {span}, 1"));
-        self.ins(format!("div.s32 {trips}, {trips}, {step}"));
-        self.ins(format!("add.s32 {trips}, {trips}, 1"));
-        self.ins(format!("setp.le.s32 {none}, {span}, 0"));
-        self.ins(format!("setp.le.s32 {bad}, {step}, 0"));
-        self.ins(format!("or.pred {none}, {none}, {bad}"));
-        self.ins(format!("selp.b32 {trips}, 0, {trips}, {none}"));
+        self.insf(format_args!("sub.s32 {span}, {hi}, {lo}"));
+        self.insf(format_args!("sub.s32 {trips}, {span}, 1"));
+        self.insf(format_args!("div.s32 {trips}, {trips}, {step}"));
+        self.insf(format_args!("add.s32 {trips}, {trips}, 1"));
+        self.insf(format_args!("setp.le.s32 {none}, {span}, 0"));
+        self.insf(format_args!("setp.le.s32 {bad}, {step}, 0"));
+        self.insf(format_args!("or.pred {none}, {none}, {bad}"));
+        self.insf(format_args!("selp.b32 {trips}, 0, {trips}, {none}"));
         for st in 0..a.stages {
             let (go, skip) = (self.p(), self.label("prologue"));
-            self.ins(format!("setp.lt.s32 {go}, {st}, {trips}"));
-            self.ins(format!("and.pred {go}, {go}, {leader}"));
-            self.ins(format!("@!{go} bra {skip}"));
+            self.insf(format_args!("setp.lt.s32 {go}, {st}, {trips}"));
+            self.insf(format_args!("and.pred {go}, {go}, {leader}"));
+            self.insf(format_args!("@!{go} bra {skip}"));
             let (stage, trip) = (self.imm(st as u32), self.imm(st as u32));
             self.issue_trip(f, &l.body, &stage, &trip);
             self.place_label(&skip);
@@ -176,7 +176,7 @@ impl Writer<'_> {
                 let regs = self.operand_regs(f, init, name);
                 let own: Vec<String> = regs.iter().map(|_| self.r()).collect();
                 for (o, r) in own.iter().zip(&regs) {
-                    self.ins(format!("mov.b32 {o}, {r}"));
+                    self.insf(format_args!("mov.b32 {o}, {r}"));
                 }
                 f.env.insert(name.clone(), own.clone());
                 own
@@ -186,23 +186,23 @@ impl Writer<'_> {
         let zero = self.imm(0);
         self.wait_phase(&f.bars.clone(), &zero);
         let (n, top, end) = (self.r(), self.label("trip"), self.label("trips_done"));
-        self.ins(format!("mov.u32 {n}, 0"));
+        self.insf(format_args!("mov.u32 {n}, 0"));
         self.place_label(&top);
         let done = self.p();
-        self.ins(format!("setp.ge.s32 {done}, {n}, {trips}"));
-        self.ins(format!("@{done} bra.uni {end}"));
+        self.insf(format_args!("setp.ge.s32 {done}, {n}, {trips}"));
+        self.insf(format_args!("@{done} bra.uni {end}"));
         let iv = self.r();
-        self.ins(format!("mad.lo.s32 {iv}, {n}, {step}, {lo}"));
+        self.insf(format_args!("mad.lo.s32 {iv}, {n}, {step}, {lo}"));
         f.env.insert(l.var.clone(), vec![iv]);
         let (stage, parity, bar) = (self.r(), self.r(), self.r());
-        self.ins(format!("rem.u32 {stage}, {n}, {}", a.stages));
-        self.ins(format!("div.u32 {parity}, {n}, {}", a.stages));
-        self.ins(format!("and.b32 {parity}, {parity}, 1"));
-        self.ins(format!("mad.lo.u32 {bar}, {stage}, 8, {}", f.bars));
-        self.ins(format!("add.u32 {bar}, {bar}, 8"));
+        self.insf(format_args!("rem.u32 {stage}, {n}, {}", a.stages));
+        self.insf(format_args!("div.u32 {parity}, {n}, {}", a.stages));
+        self.insf(format_args!("and.b32 {parity}, {parity}, 1"));
+        self.insf(format_args!("mad.lo.u32 {bar}, {stage}, 8, {}", f.bars));
+        self.insf(format_args!("add.u32 {bar}, {bar}, 8"));
         f.stage = self.r();
-        self.ins(format!("mad.lo.u32 {}, {stage}, {}, {}", f.stage, a.stage_bytes(), f.smem));
-        self.ins(format!("add.u32 {}, {}, {}", f.stage, f.stage, a.stages_at()));
+        self.insf(format_args!("mad.lo.u32 {}, {stage}, {}, {}", f.stage, a.stage_bytes(), f.smem));
+        self.insf(format_args!("add.u32 {}, {}, {}", f.stage, f.stage, a.stages_at()));
         self.comment("wait for this trip's key and value blocks");
         self.wait_phase(&bar, &parity);
         for st in &l.body {
@@ -218,7 +218,7 @@ impl Writer<'_> {
                             regs.iter()
                                 .map(|r| {
                                     let t = self.r();
-                                    self.ins(format!("mov.b32 {t}, {r}"));
+                                    self.insf(format_args!("mov.b32 {t}, {r}"));
                                     t
                                 })
                                 .collect()
@@ -226,7 +226,7 @@ impl Writer<'_> {
                         .collect();
                     for (own, new) in carried.iter().zip(next) {
                         for (o, r) in own.iter().zip(new) {
-                            self.ins(format!("mov.b32 {o}, {r}"));
+                            self.insf(format_args!("mov.b32 {o}, {r}"));
                         }
                     }
                 }
@@ -236,14 +236,14 @@ impl Writer<'_> {
         self.comment("every thread is past this trip's stage and probabilities: thread 0 refills the stage");
         self.ins("bar.sync 0");
         let (next, more, skip) = (self.r(), self.p(), self.label("refill"));
-        self.ins(format!("add.u32 {next}, {n}, {}", a.stages));
-        self.ins(format!("setp.lt.s32 {more}, {next}, {trips}"));
-        self.ins(format!("and.pred {more}, {more}, {leader}"));
-        self.ins(format!("@!{more} bra {skip}"));
+        self.insf(format_args!("add.u32 {next}, {n}, {}", a.stages));
+        self.insf(format_args!("setp.lt.s32 {more}, {next}, {trips}"));
+        self.insf(format_args!("and.pred {more}, {more}, {leader}"));
+        self.insf(format_args!("@!{more} bra {skip}"));
         self.issue_trip(f, &l.body, &stage, &next);
         self.place_label(&skip);
-        self.ins(format!("add.u32 {n}, {n}, 1"));
-        self.ins(format!("bra.uni {top}"));
+        self.insf(format_args!("add.u32 {n}, {n}, 1"));
+        self.insf(format_args!("bra.uni {top}"));
         self.place_label(&end);
         for (r, regs) in s.results.iter().zip(carried) {
             f.env.insert(r.clone(), regs);
@@ -255,20 +255,20 @@ impl Writer<'_> {
     fn issue_trip(&mut self, f: &Frame<'_>, body: &[Stmt], stage: &str, trip: &str) {
         let a = f.a;
         let iv = self.r();
-        self.ins(format!("mad.lo.s32 {iv}, {trip}, {}, {}", f.step, f.lo));
+        self.insf(format_args!("mad.lo.s32 {iv}, {trip}, {}, {}", f.step, f.lo));
         let k_row = self.start_at(f, body, &iv, &a.k_start);
         let v_row = self.start_at(f, body, &iv, &a.v_start);
         let (bar, base) = (self.r(), self.r());
-        self.ins(format!("mad.lo.u32 {bar}, {stage}, 8, {}", f.bars));
-        self.ins(format!("add.u32 {bar}, {bar}, 8"));
-        self.ins(format!("mad.lo.u32 {base}, {stage}, {}, {}", a.stage_bytes(), f.smem));
+        self.insf(format_args!("mad.lo.u32 {bar}, {stage}, 8, {}", f.bars));
+        self.insf(format_args!("add.u32 {bar}, {bar}, 8"));
+        self.insf(format_args!("mad.lo.u32 {base}, {stage}, {}, {}", a.stage_bytes(), f.smem));
         let state = self.rd();
-        self.ins(format!("mbarrier.arrive.expect_tx.shared::cta.b64 {state}, [{bar}], {}", a.stage_bytes()));
+        self.insf(format_args!("mbarrier.arrive.expect_tx.shared::cta.b64 {state}, [{bar}], {}", a.stage_bytes()));
         for (map, row, width, offset) in [(&f.maps[1], &k_row, a.d, 0), (&f.maps[2], &v_row, a.dv, a.k_bytes())] {
             for j in 0..(width / ROW) as u64 {
                 let (dst, x) = (self.r(), self.r());
-                self.ins(format!("add.u32 {dst}, {base}, {}", a.stages_at() + offset + j * a.bkv as u64 * SWIZZLE as u64));
-                self.ins(format!("mov.b32 {x}, {}", j * ROW as u64));
+                self.insf(format_args!("add.u32 {dst}, {base}, {}", a.stages_at() + offset + j * a.bkv as u64 * SWIZZLE as u64));
+                self.insf(format_args!("mov.b32 {x}, {}", j * ROW as u64));
                 self.tensor_copy(&dst, map, (&x, row), &bar);
             }
         }
@@ -373,7 +373,7 @@ impl Writer<'_> {
                     let index = match (to, dim) {
                         (Some(Class::Block(_)), 1) => {
                             let c = self.r();
-                            self.ins(format!("add.u32 {c}, {}, {}", f.col, column(i)));
+                            self.insf(format_args!("add.u32 {c}, {}, {}", f.col, column(i)));
                             c
                         }
                         (Some(Class::Block(_)), _) => f.rows[half(i)].clone(),
@@ -396,7 +396,7 @@ impl Writer<'_> {
                     .iter()
                     .map(|x| {
                         let r = self.r();
-                        self.ins(format!("mov.b32 {r}, {x}"));
+                        self.insf(format_args!("mov.b32 {r}, {x}"));
                         r
                     })
                     .collect();
@@ -420,8 +420,8 @@ impl Writer<'_> {
                 (0..n)
                     .map(|i| {
                         let (p, r) = (self.p(), self.r());
-                        self.ins(format!("setp.ne.u32 {p}, {}, 0", cs[i]));
-                        self.ins(format!("selp.b32 {r}, {}, {}, {p}", xs[i], ys[i]));
+                        self.insf(format_args!("setp.ne.u32 {p}, {}, 0", cs[i]));
+                        self.insf(format_args!("selp.b32 {r}, {}, {}, {p}", xs[i], ys[i]));
                         r
                     })
                     .collect()
@@ -478,8 +478,8 @@ impl Writer<'_> {
             Operand::Lit(l) => self.imm(lit_bits(*l, DType::Bool)),
         };
         let (p, other, end) = (self.p(), self.label("else"), self.label("endif"));
-        self.ins(format!("setp.ne.u32 {p}, {cond}, 0"));
-        self.ins(format!("@!{p} bra.uni {other}"));
+        self.insf(format_args!("setp.ne.u32 {p}, {cond}, 0"));
+        self.insf(format_args!("@!{p} bra.uni {other}"));
         for (body, label) in [(&ie.then, Some(&end)), (&ie.els, None)] {
             for st in body {
                 match &st.op {
@@ -487,7 +487,7 @@ impl Writer<'_> {
                         for ((o, regs), r) in values.iter().zip(&results).zip(&s.results) {
                             let xs = self.operand_regs(f, o, r);
                             for (dst, x) in regs.iter().zip(xs) {
-                                self.ins(format!("mov.b32 {dst}, {x}"));
+                                self.insf(format_args!("mov.b32 {dst}, {x}"));
                             }
                         }
                     }
@@ -495,7 +495,7 @@ impl Writer<'_> {
                 }
             }
             if let Some(end) = label {
-                self.ins(format!("bra.uni {end}"));
+                self.insf(format_args!("bra.uni {end}"));
                 self.place_label(&other);
             }
         }
@@ -520,7 +520,7 @@ impl Writer<'_> {
                 }
                 for lanes in [1, 2] {
                     let other = self.r();
-                    self.ins(format!("shfl.sync.bfly.b32 {other}, {acc}, {lanes}, 31, -1"));
+                    self.insf(format_args!("shfl.sync.bfly.b32 {other}, {acc}, {lanes}, 31, -1"));
                     acc = self.binary32(bop, d, &acc, &other);
                 }
                 self.narrow(d, &acc);
@@ -536,30 +536,30 @@ impl Writer<'_> {
         let a = f.a;
         self.comment("the probabilities to shared memory, as wgmma reads its a operand");
         let lane_bytes = self.r();
-        self.ins(format!("mul.lo.u32 {lane_bytes}, {}, 2", f.col));
+        self.insf(format_args!("mul.lo.u32 {lane_bytes}, {}, 2", f.col));
         let mut at = Vec::new();
         for row in &f.rows {
             let (base, swizzle) = (self.r(), self.r());
-            self.ins(format!("mad.lo.u32 {base}, {row}, {SWIZZLE}, {}", f.smem));
-            self.ins(format!("add.u32 {base}, {base}, {}", a.q_bytes()));
-            self.ins(format!("and.b32 {swizzle}, {row}, 7"));
-            self.ins(format!("shl.b32 {swizzle}, {swizzle}, 4"));
+            self.insf(format_args!("mad.lo.u32 {base}, {row}, {SWIZZLE}, {}", f.smem));
+            self.insf(format_args!("add.u32 {base}, {base}, {}", a.q_bytes()));
+            self.insf(format_args!("and.b32 {swizzle}, {row}, 7"));
+            self.insf(format_args!("shl.b32 {swizzle}, {swizzle}, 4"));
             at.push((base, swizzle));
         }
         for i in (0..p.len()).step_by(2) {
             let j = (i / 4) as u64;
             let (base, swizzle) = &at[half(i)];
             let (chunk, addr) = (self.r(), self.r());
-            self.ins(format!("xor.b32 {chunk}, {swizzle}, {}", 16 * (j % 8)));
-            self.ins(format!("add.u32 {addr}, {base}, {}", (j / 8) * a.bq as u64 * SWIZZLE as u64));
-            self.ins(format!("add.u32 {addr}, {addr}, {chunk}"));
-            self.ins(format!("add.u32 {addr}, {addr}, {lane_bytes}"));
+            self.insf(format_args!("xor.b32 {chunk}, {swizzle}, {}", 16 * (j % 8)));
+            self.insf(format_args!("add.u32 {addr}, {base}, {}", (j / 8) * a.bq as u64 * SWIZZLE as u64));
+            self.insf(format_args!("add.u32 {addr}, {addr}, {chunk}"));
+            self.insf(format_args!("add.u32 {addr}, {addr}, {lane_bytes}"));
             let (lo, hi, pair) = (self.h(), self.h(), self.r());
             let t = half_ty(a.dtype);
-            self.ins(format!("cvt.rn.{t}.f32 {lo}, {}", p[i]));
-            self.ins(format!("cvt.rn.{t}.f32 {hi}, {}", p[i + 1]));
-            self.ins(format!("mov.b32 {pair}, {{{lo}, {hi}}}"));
-            self.ins(format!("st.shared.b32 [{addr}], {pair}"));
+            self.insf(format_args!("cvt.rn.{t}.f32 {lo}, {}", p[i]));
+            self.insf(format_args!("cvt.rn.{t}.f32 {hi}, {}", p[i + 1]));
+            self.insf(format_args!("mov.b32 {pair}, {{{lo}, {hi}}}"));
+            self.insf(format_args!("st.shared.b32 [{addr}], {pair}"));
         }
         self.ins("fence.proxy.async.shared::cta");
         self.ins("bar.sync 0");
@@ -572,7 +572,7 @@ impl Writer<'_> {
         self.comment("p v on wgmma");
         let mma = Mma { dtype: a.dtype, bm: a.bq, bn: a.dv, bk: a.bkv, a_k_major: true, b_k_major: false };
         let p = self.r();
-        self.ins(format!("add.u32 {p}, {}, {}", f.smem, a.q_bytes()));
+        self.insf(format_args!("add.u32 {p}, {}, {}", f.smem, a.q_bytes()));
         self.write_wgmmas(&mma, &p, (&f.stage.clone(), a.k_bytes()), acc);
         self.ins("wgmma.wait_group.sync.aligned 0");
     }

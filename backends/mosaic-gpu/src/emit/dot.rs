@@ -47,33 +47,33 @@ impl Writer<'_> {
         }
         self.each(m * n, |w, e| {
             let (row, col) = (w.r(), w.r());
-            w.ins(format!("div.u32 {row}, {e}, {n}"));
-            w.ins(format!("rem.u32 {col}, {e}, {n}"));
+            w.insf(format_args!("div.u32 {row}, {e}, {n}"));
+            w.insf(format_args!("rem.u32 {col}, {e}, {n}"));
             let acc = w.imm(0);
             let p = w.imm(0);
             let (top, end) = (w.label("dot"), w.label("enddot"));
             w.place_label(&top);
             let done = w.p();
-            w.ins(format!("setp.ge.u32 {done}, {p}, {k}"));
-            w.ins(format!("@{done} bra {end}"));
+            w.insf(format_args!("setp.ge.u32 {done}, {p}, {k}"));
+            w.insf(format_args!("@{done} bra {end}"));
             let (ia, ib) = (w.r(), w.r());
             // a[row, p] (a[p, row] when transposed), b[p, col] (b[col, p] when transposed).
             if ta {
-                w.ins(format!("mad.lo.u32 {ia}, {p}, {m}, {row}"))
+                w.insf(format_args!("mad.lo.u32 {ia}, {p}, {m}, {row}"))
             } else {
-                w.ins(format!("mad.lo.u32 {ia}, {row}, {k}, {p}"))
+                w.insf(format_args!("mad.lo.u32 {ia}, {row}, {k}, {p}"))
             }
             if tb {
-                w.ins(format!("mad.lo.u32 {ib}, {col}, {k}, {p}"))
+                w.insf(format_args!("mad.lo.u32 {ib}, {col}, {k}, {p}"))
             } else {
-                w.ins(format!("mad.lo.u32 {ib}, {p}, {n}, {col}"))
+                w.insf(format_args!("mad.lo.u32 {ib}, {p}, {n}, {col}"))
             }
             let (x, y) = (w.load_slot(&a, &ia), w.load_slot(&b, &ib));
             let prod = w.binary32(BinaryOp::Mul, d, &x, &y);
             let sum = w.binary32(BinaryOp::Add, d, &acc, &prod);
-            w.ins(format!("mov.b32 {acc}, {sum}"));
-            w.ins(format!("add.u32 {p}, {p}, 1"));
-            w.ins(format!("bra {top}"));
+            w.insf(format_args!("mov.b32 {acc}, {sum}"));
+            w.insf(format_args!("add.u32 {p}, {p}, 1"));
+            w.insf(format_args!("bra {top}"));
             w.place_label(&end);
             w.store_slot(&dst, e, &acc);
         });
@@ -97,10 +97,10 @@ impl Writer<'_> {
         ));
         let (lane, warp, g, t) = (self.r(), self.r(), self.r(), self.r());
         let tid = self.tid.clone();
-        self.ins(format!("and.b32 {lane}, {tid}, 31"));
-        self.ins(format!("shr.u32 {warp}, {tid}, 5"));
-        self.ins(format!("shr.u32 {g}, {lane}, 2"));
-        self.ins(format!("and.b32 {t}, {lane}, 3"));
+        self.insf(format_args!("and.b32 {lane}, {tid}, 31"));
+        self.insf(format_args!("shr.u32 {warp}, {tid}, 5"));
+        self.insf(format_args!("shr.u32 {g}, {lane}, 2"));
+        self.insf(format_args!("and.b32 {t}, {lane}, 3"));
         let warps = THREADS / 32;
         self.count(&warp, tiles, warps, true, ("tile", "tiles"), |w, tile| w.mma_tile(dot, tile, &g, &t));
     }
@@ -109,25 +109,25 @@ impl Writer<'_> {
     fn mma_tile(&mut self, dot: &Dot<'_>, tile: &str, g: &str, t: &str) {
         let tiles_n = dot.tiles_n();
         let (r0, c0) = (self.r(), self.r());
-        self.ins(format!("div.u32 {r0}, {tile}, {tiles_n}"));
-        self.ins(format!("mul.lo.u32 {r0}, {r0}, 16"));
-        self.ins(format!("rem.u32 {c0}, {tile}, {tiles_n}"));
-        self.ins(format!("mul.lo.u32 {c0}, {c0}, 8"));
+        self.insf(format_args!("div.u32 {r0}, {tile}, {tiles_n}"));
+        self.insf(format_args!("mul.lo.u32 {r0}, {r0}, 16"));
+        self.insf(format_args!("rem.u32 {c0}, {tile}, {tiles_n}"));
+        self.insf(format_args!("mul.lo.u32 {c0}, {c0}, 8"));
         // This lane's rows and columns: g and g + 8 of the tile; 2t and 2t + 1.
         let (row_lo, row_hi, col) = (self.r(), self.r(), self.r());
-        self.ins(format!("add.u32 {row_lo}, {r0}, {g}"));
-        self.ins(format!("add.u32 {row_hi}, {row_lo}, 8"));
-        self.ins(format!("mad.lo.u32 {col}, {t}, 2, {c0}"));
+        self.insf(format_args!("add.u32 {row_lo}, {r0}, {g}"));
+        self.insf(format_args!("add.u32 {row_hi}, {row_lo}, 8"));
+        self.insf(format_args!("mad.lo.u32 {col}, {t}, 2, {c0}"));
         let acc: Vec<String> = (0..4).map(|_| self.imm(0)).collect();
         self.count("0", dot.k, dot.kstep(), true, ("k", "kdone"), |w, kk| {
             // The B column of this lane is c0 + g; its A rows are row_lo and row_hi.
             let bcol = w.r();
-            w.ins(format!("add.u32 {bcol}, {c0}, {g}"));
+            w.insf(format_args!("add.u32 {bcol}, {c0}, {g}"));
             if dot.dtype == DType::F32 {
                 // A: a0 (g, t), a1 (g+8, t), a2 (g, t+4), a3 (g+8, t+4); B: b0 (t, g), b1 (t+4, g).
                 let (k0, k4) = (w.r(), w.r());
-                w.ins(format!("add.u32 {k0}, {kk}, {t}"));
-                w.ins(format!("add.u32 {k4}, {k0}, 4"));
+                w.insf(format_args!("add.u32 {k0}, {kk}, {t}"));
+                w.insf(format_args!("add.u32 {k4}, {k0}, 4"));
                 let a: Vec<String> = [(&row_lo, &k0), (&row_hi, &k0), (&row_lo, &k4), (&row_hi, &k4)]
                     .into_iter()
                     .map(|(r, c)| w.dot_a(dot, r, c))
@@ -145,10 +145,10 @@ impl Writer<'_> {
                 // A: a_i at row g (+8 for i = 2, 3, 6, 7), column 2t + i%2 (+8 for i >= 4), two to a
                 // register, the lower index in the low half; B: b_i at row 2t + i%2 (+8 for i >= 2).
                 let (k0, k1, k8, k9) = (w.r(), w.r(), w.r(), w.r());
-                w.ins(format!("mad.lo.u32 {k0}, {t}, 2, {kk}"));
-                w.ins(format!("add.u32 {k1}, {k0}, 1"));
-                w.ins(format!("add.u32 {k8}, {k0}, 8"));
-                w.ins(format!("add.u32 {k9}, {k0}, 9"));
+                w.insf(format_args!("mad.lo.u32 {k0}, {t}, 2, {kk}"));
+                w.insf(format_args!("add.u32 {k1}, {k0}, 1"));
+                w.insf(format_args!("add.u32 {k8}, {k0}, 8"));
+                w.insf(format_args!("add.u32 {k9}, {k0}, 9"));
                 let pairs_a = [(&row_lo, &k0, &k1), (&row_hi, &k0, &k1), (&row_lo, &k8, &k9), (&row_hi, &k8, &k9)];
                 let a: Vec<String> = pairs_a
                     .into_iter()
@@ -172,13 +172,13 @@ impl Writer<'_> {
         for (i, v) in acc.iter().enumerate() {
             let r = if i < 2 { &row_lo } else { &row_hi };
             let (c, idx, inside, ok) = (self.r(), self.r(), self.p(), self.p());
-            self.ins(format!("add.u32 {c}, {col}, {}", i % 2));
-            self.ins(format!("setp.lt.u32 {inside}, {r}, {}", dot.m));
-            self.ins(format!("setp.lt.u32 {ok}, {c}, {}", dot.n));
-            self.ins(format!("and.pred {ok}, {ok}, {inside}"));
-            self.ins(format!("mad.lo.u32 {idx}, {r}, {}, {c}", dot.n));
+            self.insf(format_args!("add.u32 {c}, {col}, {}", i % 2));
+            self.insf(format_args!("setp.lt.u32 {inside}, {r}, {}", dot.m));
+            self.insf(format_args!("setp.lt.u32 {ok}, {c}, {}", dot.n));
+            self.insf(format_args!("and.pred {ok}, {ok}, {inside}"));
+            self.insf(format_args!("mad.lo.u32 {idx}, {r}, {}, {c}", dot.n));
             let skip = self.label("skip");
-            self.ins(format!("@!{ok} bra {skip}"));
+            self.insf(format_args!("@!{ok} bra {skip}"));
             self.store_slot(dot.dst, &idx, v);
             self.place_label(&skip);
         }
@@ -199,12 +199,12 @@ impl Writer<'_> {
     fn dot_operand(&mut self, name: &str, (row, col): (&str, &str), (rows, cols): (usize, usize), transposed: bool) -> String {
         let (major, minor, stride) = if transposed { (col, row, rows) } else { (row, col, cols) };
         let (ok, inside, idx, v) = (self.p(), self.p(), self.r(), self.imm(0));
-        self.ins(format!("setp.lt.u32 {ok}, {row}, {rows}"));
-        self.ins(format!("setp.lt.u32 {inside}, {col}, {cols}"));
-        self.ins(format!("and.pred {ok}, {ok}, {inside}"));
-        self.ins(format!("mad.lo.u32 {idx}, {major}, {stride}, {minor}"));
+        self.insf(format_args!("setp.lt.u32 {ok}, {row}, {rows}"));
+        self.insf(format_args!("setp.lt.u32 {inside}, {col}, {cols}"));
+        self.insf(format_args!("and.pred {ok}, {ok}, {inside}"));
+        self.insf(format_args!("mad.lo.u32 {idx}, {major}, {stride}, {minor}"));
         let addr = self.slot_addr(name, &idx);
-        self.ins(format!("@{ok} ld.{}.b32 {v}, [{addr}]", self.space()));
+        self.insf(format_args!("@{ok} ld.{}.b32 {v}, [{addr}]", self.space()));
         v
     }
 
@@ -215,11 +215,11 @@ impl Writer<'_> {
         let mut parts: [Vec<String>; 3] = Default::default();
         for x in xs {
             let (hi, mid, lo, rest) = (self.r(), self.r(), self.r(), self.r());
-            self.ins(format!("cvt.rna.tf32.f32 {hi}, {x}"));
-            self.ins(format!("sub.rn.f32 {rest}, {x}, {hi}"));
-            self.ins(format!("cvt.rna.tf32.f32 {mid}, {rest}"));
-            self.ins(format!("sub.rn.f32 {rest}, {rest}, {mid}"));
-            self.ins(format!("cvt.rna.tf32.f32 {lo}, {rest}"));
+            self.insf(format_args!("cvt.rna.tf32.f32 {hi}, {x}"));
+            self.insf(format_args!("sub.rn.f32 {rest}, {x}, {hi}"));
+            self.insf(format_args!("cvt.rna.tf32.f32 {mid}, {rest}"));
+            self.insf(format_args!("sub.rn.f32 {rest}, {rest}, {mid}"));
+            self.insf(format_args!("cvt.rna.tf32.f32 {lo}, {rest}"));
             for (part, r) in parts.iter_mut().zip([hi, mid, lo]) {
                 part.push(r);
             }
@@ -230,15 +230,15 @@ impl Writer<'_> {
     /// Two 16-bit floats (held as `f32`) in one register, `lo` in the low half.
     fn pack16(&mut self, d: DType, lo: &str, hi: &str) -> String {
         let (hl, hh, v) = (self.h(), self.h(), self.r());
-        self.ins(format!("cvt.rn.{}.f32 {hl}, {lo}", half_ty(d)));
-        self.ins(format!("cvt.rn.{}.f32 {hh}, {hi}", half_ty(d)));
-        self.ins(format!("mov.b32 {v}, {{{hl}, {hh}}}"));
+        self.insf(format_args!("cvt.rn.{}.f32 {hl}, {lo}", half_ty(d)));
+        self.insf(format_args!("cvt.rn.{}.f32 {hh}, {hi}", half_ty(d)));
+        self.insf(format_args!("mov.b32 {v}, {{{hl}, {hh}}}"));
         v
     }
 
     /// `acc = a b + acc` on the tensor cores, for the warp.
     fn mma(&mut self, shape: &str, acc: &[String], a: &[String], b: &[String]) {
         let acc = acc.join(", ");
-        self.ins(format!("mma.sync.aligned.{shape} {{{acc}}}, {{{}}}, {{{}}}, {{{acc}}}", a.join(", "), b.join(", ")));
+        self.insf(format_args!("mma.sync.aligned.{shape} {{{acc}}}, {{{}}}, {{{}}}, {{{acc}}}", a.join(", "), b.join(", ")));
     }
 }

@@ -13,14 +13,14 @@ impl Writer<'_> {
     /// (`self.warpgroup`), `%ctaid.x`: the registers of `%tid.x` and `%ctaid.x`.
     pub(super) fn write_ids(&mut self) -> (String, String) {
         let tid_x = self.r();
-        self.ins(format!("mov.u32 {tid_x}, %tid.x"));
+        self.insf(format_args!("mov.u32 {tid_x}, %tid.x"));
         self.tid = self.r();
         self.warpgroup = self.r();
         let (tid, wg) = (self.tid.clone(), self.warpgroup.clone());
-        self.ins(format!("rem.u32 {tid}, {tid_x}, {THREADS}"));
-        self.ins(format!("div.u32 {wg}, {tid_x}, {THREADS}"));
+        self.insf(format_args!("rem.u32 {tid}, {tid_x}, {THREADS}"));
+        self.insf(format_args!("div.u32 {wg}, {tid_x}, {THREADS}"));
         let cta = self.r();
-        self.ins(format!("mov.u32 {cta}, %ctaid.x"));
+        self.insf(format_args!("mov.u32 {cta}, %ctaid.x"));
         (tid_x, cta)
     }
 
@@ -31,8 +31,8 @@ impl Writer<'_> {
         for &a in axes.iter().rev() {
             let AxisSize::Fixed(n) = grid[a].size else { unreachable!("plan refuses dyn axes") };
             let c = self.r();
-            self.ins(format!("div.u32 {c}, {counter}, {stride}"));
-            self.ins(format!("rem.u32 {c}, {c}, {n}"));
+            self.insf(format_args!("div.u32 {c}, {counter}, {stride}"));
+            self.insf(format_args!("rem.u32 {c}, {c}, {n}"));
             self.coords[a] = c;
             stride *= n;
         }
@@ -56,11 +56,11 @@ impl Writer<'_> {
                     let o = match e {
                         BlockIndex::Affine(e) => {
                             let o = self.r();
-                            self.ins(format!("mov.b32 {o}, {}", e.constant as i32));
+                            self.insf(format_args!("mov.b32 {o}, {}", e.constant as i32));
                             for (c, name) in &e.terms {
                                 let a = grid.iter().position(|g| &g.name == name).expect("verified axis");
                                 let coord = self.coords[a].clone();
-                                self.ins(format!("mad.lo.s32 {o}, {coord}, {}, {o}", *c as i32));
+                                self.insf(format_args!("mad.lo.s32 {o}, {coord}, {}, {o}", *c as i32));
                             }
                             o
                         }
@@ -68,15 +68,15 @@ impl Writer<'_> {
                             // Negative from the end once, then clamped (`index::IndexEval::clamp`).
                             let (o, n) = (self.index_expr(e), index::blocks(p, d));
                             let (c, neg) = (self.r(), self.p());
-                            self.ins(format!("setp.lt.s32 {neg}, {o}, 0"));
-                            self.ins(format!("add.s32 {c}, {o}, {n}"));
-                            self.ins(format!("selp.b32 {c}, {c}, {o}, {neg}"));
-                            self.ins(format!("max.s32 {c}, {c}, 0"));
-                            self.ins(format!("min.s32 {c}, {c}, {}", n - 1));
+                            self.insf(format_args!("setp.lt.s32 {neg}, {o}, 0"));
+                            self.insf(format_args!("add.s32 {c}, {o}, {n}"));
+                            self.insf(format_args!("selp.b32 {c}, {c}, {o}, {neg}"));
+                            self.insf(format_args!("max.s32 {c}, {c}, 0"));
+                            self.insf(format_args!("min.s32 {c}, {c}, {}", n - 1));
                             c
                         }
                     };
-                    self.ins(format!("mul.lo.s32 {o}, {o}, {bs}"));
+                    self.insf(format_args!("mul.lo.s32 {o}, {o}, {bs}"));
                     regs.push(o);
                 }
             } else {
@@ -93,22 +93,22 @@ impl Writer<'_> {
     fn index_expr(&mut self, e: &SizeExpr) -> String {
         let r = self.r();
         match e {
-            SizeExpr::Int(v) => self.ins(format!("mov.b32 {r}, {}", *v as i32)),
+            SizeExpr::Int(v) => self.insf(format_args!("mov.b32 {r}, {}", *v as i32)),
             SizeExpr::Name(n) => {
                 let a = self.plan.kernel.grid().iter().position(|g| &g.name == n).expect("verified axis");
                 let coord = self.coords[a].clone();
-                self.ins(format!("mov.b32 {r}, {coord}"));
+                self.insf(format_args!("mov.b32 {r}, {coord}"));
             }
             SizeExpr::Neg(x) => {
                 let x = self.index_expr(x);
-                self.ins(format!("neg.s32 {r}, {x}"));
+                self.insf(format_args!("neg.s32 {r}, {x}"));
             }
             SizeExpr::Select(abc) => {
                 let [c, a, b] = abc.as_ref();
                 let (c, a, b) = (self.index_expr(c), self.index_expr(a), self.index_expr(b));
                 let p = self.p();
-                self.ins(format!("setp.ne.s32 {p}, {c}, 0"));
-                self.ins(format!("selp.b32 {r}, {a}, {b}, {p}"));
+                self.insf(format_args!("setp.ne.s32 {p}, {c}, 0"));
+                self.insf(format_args!("selp.b32 {r}, {a}, {b}, {p}"));
             }
             SizeExpr::Bin(op, a, b) => {
                 let (x, y) = (self.index_expr(a), self.index_expr(b));
@@ -121,24 +121,24 @@ impl Writer<'_> {
                 let base = self.args.iter().find(|(n, _)| n == name).expect("an argument's pointer").1.clone();
                 // Inside where every index is in 0..dim (compared unsigned, so negatives fail).
                 let (flat, inside) = (self.r(), (!at.is_empty()).then(|| self.p()));
-                self.ins(format!("mov.b32 {flat}, 0"));
+                self.insf(format_args!("mov.b32 {flat}, 0"));
                 for (n, (i, &dim)) in at.iter().zip(&shape).enumerate() {
                     let ok = self.p();
-                    self.ins(format!("setp.lt.u32 {ok}, {i}, {}", dim.min(u32::MAX as usize)));
+                    self.insf(format_args!("setp.lt.u32 {ok}, {i}, {}", dim.min(u32::MAX as usize)));
                     let inside = inside.as_ref().expect("an index");
                     if n == 0 {
-                        self.ins(format!("mov.pred {inside}, {ok}"));
+                        self.insf(format_args!("mov.pred {inside}, {ok}"));
                     } else {
-                        self.ins(format!("and.pred {inside}, {inside}, {ok}"));
+                        self.insf(format_args!("and.pred {inside}, {inside}, {ok}"));
                     }
-                    self.ins(format!("mad.lo.u32 {flat}, {flat}, {dim}, {i}"));
+                    self.insf(format_args!("mad.lo.u32 {flat}, {flat}, {dim}, {i}"));
                 }
                 let addr = self.rd();
-                self.ins(format!("mul.wide.u32 {addr}, {flat}, 4"));
-                self.ins(format!("add.u64 {addr}, {base}, {addr}"));
-                self.ins(format!("mov.b32 {r}, 0"));
+                self.insf(format_args!("mul.wide.u32 {addr}, {flat}, 4"));
+                self.insf(format_args!("add.u64 {addr}, {base}, {addr}"));
+                self.insf(format_args!("mov.b32 {r}, 0"));
                 let guard = inside.map(|p| format!("@{p} ")).unwrap_or_default();
-                self.ins(format!("{guard}ld.global.b32 {r}, [{addr}]"));
+                self.insf(format_args!("{guard}ld.global.b32 {r}, [{addr}]"));
             }
         }
         r
@@ -155,42 +155,42 @@ impl Writer<'_> {
             _ => "ge",
         };
         match op {
-            SizeOp::Add => self.ins(format!("add.s32 {r}, {x}, {y}")),
-            SizeOp::Sub => self.ins(format!("sub.s32 {r}, {x}, {y}")),
-            SizeOp::Mul => self.ins(format!("mul.lo.s32 {r}, {x}, {y}")),
-            SizeOp::Min => self.ins(format!("min.s32 {r}, {x}, {y}")),
-            SizeOp::Max => self.ins(format!("max.s32 {r}, {x}, {y}")),
+            SizeOp::Add => self.insf(format_args!("add.s32 {r}, {x}, {y}")),
+            SizeOp::Sub => self.insf(format_args!("sub.s32 {r}, {x}, {y}")),
+            SizeOp::Mul => self.insf(format_args!("mul.lo.s32 {r}, {x}, {y}")),
+            SizeOp::Min => self.insf(format_args!("min.s32 {r}, {x}, {y}")),
+            SizeOp::Max => self.insf(format_args!("max.s32 {r}, {x}, {y}")),
             SizeOp::Div | SizeOp::Rem | SizeOp::Cdiv => {
                 // Truncating quotient and remainder by a divisor of 1 where it is 0, then floored:
                 // where the remainder is not 0 and its sign differs from the divisor's.
                 let (zero, adjust, differ) = (self.p(), self.p(), self.p());
                 let (d, q, m, t) = (self.r(), self.r(), self.r(), self.r());
-                self.ins(format!("setp.eq.s32 {zero}, {y}, 0"));
-                self.ins(format!("selp.b32 {d}, 1, {y}, {zero}"));
-                self.ins(format!("div.s32 {q}, {x}, {d}"));
-                self.ins(format!("rem.s32 {m}, {x}, {d}"));
-                self.ins(format!("xor.b32 {t}, {m}, {d}"));
-                self.ins(format!("setp.lt.s32 {differ}, {t}, 0"));
-                self.ins(format!("setp.ne.s32 {adjust}, {m}, 0"));
-                self.ins(format!("and.pred {differ}, {differ}, {adjust}"));
-                self.ins(format!("@{differ} sub.s32 {q}, {q}, 1"));
-                self.ins(format!("@{differ} add.s32 {m}, {m}, {d}"));
+                self.insf(format_args!("setp.eq.s32 {zero}, {y}, 0"));
+                self.insf(format_args!("selp.b32 {d}, 1, {y}, {zero}"));
+                self.insf(format_args!("div.s32 {q}, {x}, {d}"));
+                self.insf(format_args!("rem.s32 {m}, {x}, {d}"));
+                self.insf(format_args!("xor.b32 {t}, {m}, {d}"));
+                self.insf(format_args!("setp.lt.s32 {differ}, {t}, 0"));
+                self.insf(format_args!("setp.ne.s32 {adjust}, {m}, 0"));
+                self.insf(format_args!("and.pred {differ}, {differ}, {adjust}"));
+                self.insf(format_args!("@{differ} sub.s32 {q}, {q}, 1"));
+                self.insf(format_args!("@{differ} add.s32 {m}, {m}, {d}"));
                 match op {
-                    SizeOp::Div => self.ins(format!("mov.b32 {r}, {q}")),
-                    SizeOp::Rem => self.ins(format!("mov.b32 {r}, {m}")),
+                    SizeOp::Div => self.insf(format_args!("mov.b32 {r}, {q}")),
+                    SizeOp::Rem => self.insf(format_args!("mov.b32 {r}, {m}")),
                     _ => {
                         // Rounded up: the floor plus one where the remainder is not 0.
-                        self.ins(format!("setp.ne.s32 {adjust}, {m}, 0"));
-                        self.ins(format!("selp.b32 {t}, 1, 0, {adjust}"));
-                        self.ins(format!("add.s32 {r}, {q}, {t}"));
+                        self.insf(format_args!("setp.ne.s32 {adjust}, {m}, 0"));
+                        self.insf(format_args!("selp.b32 {t}, 1, 0, {adjust}"));
+                        self.insf(format_args!("add.s32 {r}, {q}, {t}"));
                     }
                 }
-                self.ins(format!("selp.b32 {r}, 0, {r}, {zero}"));
+                self.insf(format_args!("selp.b32 {r}, 0, {r}, {zero}"));
             }
             op => {
                 let p = self.p();
-                self.ins(format!("setp.{}.s32 {p}, {x}, {y}", cmp(op)));
-                self.ins(format!("selp.b32 {r}, 1, 0, {p}"));
+                self.insf(format_args!("setp.{}.s32 {p}, {x}, {y}", cmp(op)));
+                self.insf(format_args!("selp.b32 {r}, 1, 0, {p}"));
             }
         }
     }

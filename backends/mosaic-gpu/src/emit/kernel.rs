@@ -25,7 +25,7 @@ impl Writer<'_> {
         let ws = self.workspace.clone();
         if plan.shared {
             self.comment("the CTA's workspace: its dynamic shared memory");
-            self.ins(format!("mov.u64 {ws}, {SHARED}"));
+            self.insf(format_args!("mov.u64 {ws}, {SHARED}"));
             if plan.scratch_bytes > 0 {
                 // Scratch starts zeroed (docs/language.md §8); shared memory does not. Every
                 // thread of the CTA clears words, then the whole CTA waits.
@@ -33,20 +33,20 @@ impl Writer<'_> {
                 let (zero, words) = (self.imm(0), (plan.scratch_bytes / 4) as usize);
                 self.count(&tid_x, words, plan.threads(), false, ("zero", "zeroed"), |w, i| {
                     let addr = w.rd();
-                    w.ins(format!("mul.wide.u32 {addr}, {i}, 4"));
-                    w.ins(format!("add.u64 {addr}, {ws}, {addr}"));
-                    w.ins(format!("st.shared.b32 [{addr}], {zero}"));
+                    w.insf(format_args!("mul.wide.u32 {addr}, {i}, 4"));
+                    w.insf(format_args!("add.u64 {addr}, {ws}, {addr}"));
+                    w.insf(format_args!("st.shared.b32 [{addr}], {zero}"));
                 });
                 self.ins("bar.sync 0");
             }
         } else {
             self.comment("the CTA's workspace region: workspace + ctaid.x * bytes per CTA");
             let base = self.rd();
-            self.ins(format!("ld.param.u64 {base}, [{entry}_workspace]"));
-            self.ins(format!("cvta.to.global.u64 {base}, {base}"));
+            self.insf(format_args!("ld.param.u64 {base}, [{entry}_workspace]"));
+            self.insf(format_args!("cvta.to.global.u64 {base}, {base}"));
             let off = self.rd();
-            self.ins(format!("mul.wide.u32 {off}, {cta}, {}", plan.workspace_per_cta));
-            self.ins(format!("add.u64 {ws}, {base}, {off}"));
+            self.insf(format_args!("mul.wide.u32 {off}, {cta}, {}", plan.workspace_per_cta));
+            self.insf(format_args!("add.u64 {ws}, {base}, {off}"));
         }
         let voff = self.rd();
         self.ins(format!("mul.wide.u32 {voff}, {}, {}", self.warpgroup, plan.value_bytes));
@@ -54,8 +54,8 @@ impl Writer<'_> {
         self.ins(format!("add.u64 {}, {}, {voff}", self.values, self.workspace));
         for p in k.params.iter().filter(|p| p.kind != ParamKind::Scratch) {
             let r = self.rd();
-            self.ins(format!("ld.param.u64 {r}, [{entry}_{}]", p.name));
-            self.ins(format!("cvta.to.global.u64 {r}, {r}"));
+            self.insf(format_args!("ld.param.u64 {r}, [{entry}_{}]", p.name));
+            self.insf(format_args!("cvta.to.global.u64 {r}, {r}"));
             self.args.push((p.name.clone(), r));
         }
         // Program coordinates of the parallel axes: row-major in ctaid.x, the last axis fastest.
@@ -72,7 +72,7 @@ impl Writer<'_> {
         // The `seq` steps of one program: `refill` when a later thread-axis point runs them again.
         let seq_loop = |w: &mut Writer<'_>, refill: bool| {
             let step = w.r();
-            w.ins(format!("mov.u32 {step}, 0"));
+            w.insf(format_args!("mov.u32 {step}, 0"));
             let top = w.label("seq");
             w.place_label(&top);
             w.decode(&step, &seq);
@@ -91,10 +91,10 @@ impl Writer<'_> {
             if steps > 1 || refill {
                 w.barrier();
             }
-            w.ins(format!("add.u32 {step}, {step}, 1"));
+            w.insf(format_args!("add.u32 {step}, {step}, 1"));
             let more = w.p();
-            w.ins(format!("setp.lt.u32 {more}, {step}, {steps}"));
-            w.ins(format!("@{more} bra.uni {top}"));
+            w.insf(format_args!("setp.lt.u32 {more}, {step}, {steps}"));
+            w.insf(format_args!("@{more} bra.uni {top}"));
         };
         match plan.thread_axis {
             // More points of the thread axis than warpgroups: each warpgroup walks its points.
@@ -161,8 +161,8 @@ impl Writer<'_> {
                 let size = out_shape[*dim];
                 self.each(n, |w, e| {
                     let v = w.r();
-                    w.ins(format!("div.u32 {v}, {e}, {st}"));
-                    w.ins(format!("rem.u32 {v}, {v}, {size}"));
+                    w.insf(format_args!("div.u32 {v}, {e}, {st}"));
+                    w.insf(format_args!("rem.u32 {v}, {v}, {size}"));
                     w.store_slot(&dst, e, &v);
                 });
             }
@@ -207,8 +207,8 @@ impl Writer<'_> {
                     let cv = w.operand(c, DType::Bool, e, &out_shape);
                     let (x, y) = (w.operand(a, d, e, &out_shape), w.operand(b, d, e, &out_shape));
                     let (p, v) = (w.p(), w.r());
-                    w.ins(format!("setp.ne.u32 {p}, {cv}, 0"));
-                    w.ins(format!("selp.b32 {v}, {x}, {y}, {p}"));
+                    w.insf(format_args!("setp.ne.u32 {p}, {cv}, 0"));
+                    w.insf(format_args!("selp.b32 {v}, {x}, {y}, {p}"));
                     w.store_slot(&dst, e, &v);
                 });
             }
@@ -270,27 +270,27 @@ impl Writer<'_> {
                     // (o) and after (i) it; each operand read at its part of c (clamped into it),
                     // the last one whose part c reaches chosen.
                     let (c, o, i) = (w.r(), w.r(), w.r());
-                    w.ins(format!("div.u32 {c}, {e}, {inner}"));
-                    w.ins(format!("rem.u32 {c}, {c}, {total}"));
-                    w.ins(format!("div.u32 {o}, {e}, {}", inner * total));
-                    w.ins(format!("rem.u32 {i}, {e}, {inner}"));
+                    w.insf(format_args!("div.u32 {c}, {e}, {inner}"));
+                    w.insf(format_args!("rem.u32 {c}, {c}, {total}"));
+                    w.insf(format_args!("div.u32 {o}, {e}, {}", inner * total));
+                    w.insf(format_args!("rem.u32 {i}, {e}, {inner}"));
                     let mut start = 0;
                     let mut chosen: Option<String> = None;
                     for (src, &len) in srcs.iter().zip(&sizes) {
                         let (local, at) = (w.r(), w.r());
-                        w.ins(format!("max.u32 {local}, {c}, {start}"));
-                        w.ins(format!("min.u32 {local}, {local}, {}", start + len - 1));
-                        w.ins(format!("sub.u32 {local}, {local}, {start}"));
-                        w.ins(format!("mul.lo.u32 {at}, {o}, {}", len * inner));
-                        w.ins(format!("mad.lo.u32 {at}, {local}, {inner}, {at}"));
-                        w.ins(format!("add.u32 {at}, {at}, {i}"));
+                        w.insf(format_args!("max.u32 {local}, {c}, {start}"));
+                        w.insf(format_args!("min.u32 {local}, {local}, {}", start + len - 1));
+                        w.insf(format_args!("sub.u32 {local}, {local}, {start}"));
+                        w.insf(format_args!("mul.lo.u32 {at}, {o}, {}", len * inner));
+                        w.insf(format_args!("mad.lo.u32 {at}, {local}, {inner}, {at}"));
+                        w.insf(format_args!("add.u32 {at}, {at}, {i}"));
                         let x = w.load_slot(src, &at);
                         chosen = Some(match chosen {
                             None => x,
                             Some(prev) => {
                                 let (p, v) = (w.p(), w.r());
-                                w.ins(format!("setp.ge.u32 {p}, {c}, {start}"));
-                                w.ins(format!("selp.b32 {v}, {x}, {prev}, {p}"));
+                                w.insf(format_args!("setp.ge.u32 {p}, {c}, {start}"));
+                                w.insf(format_args!("selp.b32 {v}, {x}, {prev}, {p}"));
                                 v
                             }
                         });
@@ -304,8 +304,8 @@ impl Writer<'_> {
             Op::When { cond, body } => {
                 let c = self.scalar(cond);
                 let (p, end) = (self.p(), self.label("when"));
-                self.ins(format!("setp.eq.u32 {p}, {c}, 0"));
-                self.ins(format!("@{p} bra.uni {end}"));
+                self.insf(format_args!("setp.eq.u32 {p}, {c}, 0"));
+                self.insf(format_args!("@{p} bra.uni {end}"));
                 // After the body: what it left, or (skipped) what was before it.
                 let before = self.hazards.clone();
                 self.write_body(body);
@@ -325,11 +325,11 @@ impl Writer<'_> {
     fn write_if(&mut self, i: &IfElse, results: &[String]) {
         let c = self.scalar(&i.cond);
         let (p, els, end) = (self.p(), self.label("else"), self.label("endif"));
-        self.ins(format!("setp.eq.u32 {p}, {c}, 0"));
-        self.ins(format!("@{p} bra.uni {els}"));
+        self.insf(format_args!("setp.eq.u32 {p}, {c}, 0"));
+        self.insf(format_args!("@{p} bra.uni {els}"));
         let before = self.hazards.clone();
         self.write_branch(&i.then, results);
-        self.ins(format!("bra.uni {end}"));
+        self.insf(format_args!("bra.uni {end}"));
         let after_then = std::mem::replace(&mut self.hazards, before);
         self.place_label(&els);
         self.write_branch(&i.els, results);
@@ -373,26 +373,26 @@ impl Writer<'_> {
             None => self.imm(1),
         };
         let i = self.r();
-        self.ins(format!("mov.b32 {i}, {lo}"));
+        self.insf(format_args!("mov.b32 {i}, {lo}"));
         let (top, end) = (self.label("for"), self.label("endfor"));
         let never = self.p();
-        self.ins(format!("setp.le.s32 {never}, {step}, 0"));
-        self.ins(format!("@{never} bra.uni {end}"));
+        self.insf(format_args!("setp.le.s32 {never}, {step}, 0"));
+        self.insf(format_args!("@{never} bra.uni {end}"));
         // Every iteration ends with a barrier, so the loop's top and its exit see only what
         // came before the loop.
         let before = self.hazards.clone();
         self.place_label(&top);
         let done = self.p();
-        self.ins(format!("setp.ge.s32 {done}, {i}, {hi}"));
-        self.ins(format!("@{done} bra.uni {end}"));
+        self.insf(format_args!("setp.ge.s32 {done}, {i}, {hi}"));
+        self.insf(format_args!("@{done} bra.uni {end}"));
         if let Some(c) = cond {
             // `while %c`: the carried bool (the same in every thread, which the thread that
             // wrote it makes visible first), checked before every trip.
             self.sync(&[Use::across(c)], &[]);
             let go = self.scalar(&Operand::Value(c.clone()));
             let stop = self.p();
-            self.ins(format!("setp.eq.u32 {stop}, {go}, 0"));
-            self.ins(format!("@{stop} bra.uni {end}"));
+            self.insf(format_args!("setp.eq.u32 {stop}, {go}, 0"));
+            self.insf(format_args!("@{stop} bra.uni {end}"));
         }
         let var = var.to_string();
         let iv = i.clone();
@@ -409,8 +409,8 @@ impl Writer<'_> {
             }
         }
         self.barrier();
-        self.ins(format!("add.s32 {i}, {i}, {step}"));
-        self.ins(format!("bra.uni {top}"));
+        self.insf(format_args!("add.s32 {i}, {i}, {step}"));
+        self.insf(format_args!("bra.uni {top}"));
         self.place_label(&end);
         self.hazards = before;
         for ((name, _), r) in iters.iter().zip(results) {
@@ -430,9 +430,9 @@ impl Writer<'_> {
             let acc = w.imm(terms.iter().map(|t| t.1 as u32).sum::<u32>());
             for (d, &(stride, _)) in terms.iter().enumerate() {
                 let t = w.r();
-                w.ins(format!("div.u32 {t}, {e}, {}", out_st[d]));
-                w.ins(format!("rem.u32 {t}, {t}, {}", out_shape[d]));
-                w.ins(format!("mad.lo.u32 {acc}, {t}, {stride}, {acc}"));
+                w.insf(format_args!("div.u32 {t}, {e}, {}", out_st[d]));
+                w.insf(format_args!("rem.u32 {t}, {t}, {}", out_shape[d]));
+                w.insf(format_args!("mad.lo.u32 {acc}, {t}, {stride}, {acc}"));
             }
             let x = w.load_slot(src, &acc);
             w.store_slot(dst, e, &x);

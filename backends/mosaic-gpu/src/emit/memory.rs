@@ -20,8 +20,8 @@ impl Writer<'_> {
     fn widen16(&mut self, d: DType, v: &str) {
         if matches!(d, DType::F16 | DType::BF16) {
             let h = self.h();
-            self.ins(format!("cvt.u16.u32 {h}, {v}"));
-            self.ins(format!("cvt.f32.{} {v}, {h}", half_ty(d)));
+            self.insf(format_args!("cvt.u16.u32 {h}, {v}"));
+            self.insf(format_args!("cvt.f32.{} {v}, {h}", half_ty(d)));
         }
     }
 
@@ -29,8 +29,8 @@ impl Writer<'_> {
     fn narrow16(&mut self, d: DType, v: &str) {
         if matches!(d, DType::F16 | DType::BF16) {
             let h = self.h();
-            self.ins(format!("cvt.rn.{}.f32 {h}, {v}", half_ty(d)));
-            self.ins(format!("cvt.u32.u16 {v}, {h}"));
+            self.insf(format_args!("cvt.rn.{}.f32 {h}, {v}", half_ty(d)));
+            self.insf(format_args!("cvt.u32.u16 {v}, {h}"));
         }
     }
 
@@ -43,9 +43,9 @@ impl Writer<'_> {
         let offset = slot.offset;
         let (base, wide) = (self.rd(), self.rd());
         let ws = region;
-        self.ins(format!("add.u64 {base}, {ws}, {offset}"));
-        self.ins(format!("mul.wide.u32 {wide}, {index}, 4"));
-        self.ins(format!("add.u64 {base}, {base}, {wide}"));
+        self.insf(format_args!("add.u64 {base}, {ws}, {offset}"));
+        self.insf(format_args!("mul.wide.u32 {wide}, {index}, 4"));
+        self.insf(format_args!("add.u64 {base}, {base}, {wide}"));
         base
     }
 
@@ -71,22 +71,22 @@ impl Writer<'_> {
         if let Some(reg) = self.register_of(name, index) {
             // A copy: callers may change what they load in place.
             let v = self.r();
-            self.ins(format!("mov.b32 {v}, {reg}"));
+            self.insf(format_args!("mov.b32 {v}, {reg}"));
             return v;
         }
         let addr = self.slot_addr(name, index);
         let v = self.r();
-        self.ins(format!("ld.{}.b32 {v}, [{addr}]", self.space()));
+        self.insf(format_args!("ld.{}.b32 {v}, [{addr}]", self.space()));
         v
     }
 
     pub(super) fn store_slot(&mut self, name: &str, index: &str, v: &str) {
         if let Some(reg) = self.register_of(name, index) {
-            self.ins(format!("mov.b32 {reg}, {v}"));
+            self.insf(format_args!("mov.b32 {reg}, {v}"));
             return;
         }
         let addr = self.slot_addr(name, index);
-        self.ins(format!("st.{}.b32 [{addr}], {v}", self.space()));
+        self.insf(format_args!("st.{}.b32 [{addr}], {v}", self.space()));
     }
 
     /// The flat index into a value of shape `from` that numpy broadcasting reads for element `e`
@@ -103,9 +103,9 @@ impl Writer<'_> {
                 continue;
             }
             let t = self.r();
-            self.ins(format!("div.u32 {t}, {e}, {}", ts[d]));
-            self.ins(format!("rem.u32 {t}, {t}, {}", to[d]));
-            self.ins(format!("mad.lo.u32 {acc}, {t}, {}, {acc}", fs[d - lead]));
+            self.insf(format_args!("div.u32 {t}, {e}, {}", ts[d]));
+            self.insf(format_args!("rem.u32 {t}, {t}, {}", to[d]));
+            self.insf(format_args!("mad.lo.u32 {acc}, {t}, {}, {acc}", fs[d - lead]));
         }
         acc
     }
@@ -177,7 +177,7 @@ impl Writer<'_> {
             let st = match s {
                 Some(s) => {
                     let r = self.r();
-                    self.ins(format!("add.s32 {r}, {}, {s}", origin[d]));
+                    self.insf(format_args!("add.s32 {r}, {}, {s}", origin[d]));
                     r
                 }
                 None => origin[d].clone(),
@@ -195,7 +195,7 @@ impl Writer<'_> {
                 let slot = self.plan.scratch[name].offset;
                 let r = self.rd();
                 let ws = self.workspace.clone();
-                self.ins(format!("add.u64 {r}, {ws}, {slot}"));
+                self.insf(format_args!("add.u64 {r}, {ws}, {slot}"));
                 (r, self.space())
             }
         };
@@ -208,51 +208,51 @@ impl Writer<'_> {
         let mask_shape = mask.map(|m| self.shape_of(m));
         self.each(n, |w, e| {
             let ok = w.p();
-            w.ins(format!("setp.eq.u32 {ok}, {e}, {e}"));
+            w.insf(format_args!("setp.eq.u32 {ok}, {e}, {e}"));
             let flat = w.imm(0);
             let (ls, as_) = (strides(&lens), strides(&dims));
             for d in 0..lens.len() {
                 let g = w.r();
-                w.ins(format!("div.u32 {g}, {e}, {}", ls[d]));
-                w.ins(format!("rem.u32 {g}, {g}, {}", lens[d]));
+                w.insf(format_args!("div.u32 {g}, {e}, {}", ls[d]));
+                w.insf(format_args!("rem.u32 {g}, {g}, {}", lens[d]));
                 if strides_of[d] > 1 {
-                    w.ins(format!("mul.lo.u32 {g}, {g}, {}", strides_of[d]));
+                    w.insf(format_args!("mul.lo.u32 {g}, {g}, {}", strides_of[d]));
                 }
                 if let Some(v) = &gathered[d] {
                     // A gather: the entry's index (from the block origin) instead of the position.
                     let at = w.load_slot(v, &g);
-                    w.ins(format!("mov.b32 {g}, {at}"));
+                    w.insf(format_args!("mov.b32 {g}, {at}"));
                 }
-                w.ins(format!("add.s32 {g}, {g}, {}", starts[d]));
+                w.insf(format_args!("add.s32 {g}, {g}, {}", starts[d]));
                 let inside = w.p();
-                w.ins(format!("setp.lt.u32 {inside}, {g}, {}", dims[d]));
-                w.ins(format!("and.pred {ok}, {ok}, {inside}"));
-                w.ins(format!("mad.lo.u32 {flat}, {g}, {}, {flat}", as_[d]));
+                w.insf(format_args!("setp.lt.u32 {inside}, {g}, {}", dims[d]));
+                w.insf(format_args!("and.pred {ok}, {ok}, {inside}"));
+                w.insf(format_args!("mad.lo.u32 {flat}, {g}, {}, {flat}", as_[d]));
             }
             if let (Some(m), Some(ms)) = (mask, &mask_shape) {
                 let i = w.broadcast_index(e, &shape, ms);
                 let mv = w.load_slot(m, &i);
                 let on = w.p();
-                w.ins(format!("setp.ne.u32 {on}, {mv}, 0"));
-                w.ins(format!("and.pred {ok}, {ok}, {on}"));
+                w.insf(format_args!("setp.ne.u32 {on}, {mv}, 0"));
+                w.insf(format_args!("and.pred {ok}, {ok}, {on}"));
             }
             let (wide, addr) = (w.rd(), w.rd());
-            w.ins(format!("mul.wide.u32 {wide}, {flat}, {bytes}"));
-            w.ins(format!("add.u64 {addr}, {base}, {wide}"));
+            w.insf(format_args!("mul.wide.u32 {wide}, {flat}, {bytes}"));
+            w.insf(format_args!("add.u64 {addr}, {base}, {wide}"));
             match access {
                 Access::Load { dst, other } => {
                     let (raw, v) = (w.imm(0), w.imm(lit_bits(other.unwrap_or(Literal::Int(0)), dtype)));
-                    w.ins(format!("@{ok} ld.{space}.{load} {raw}, [{addr}]"));
+                    w.insf(format_args!("@{ok} ld.{space}.{load} {raw}, [{addr}]"));
                     w.widen16(dtype, &raw);
-                    w.ins(format!("selp.b32 {v}, {raw}, {v}, {ok}"));
+                    w.insf(format_args!("selp.b32 {v}, {raw}, {v}, {ok}"));
                     w.store_slot(dst, e, &v);
                 }
                 Access::Store { value } => {
                     let v = w.operand(value, dtype, e, &shape);
                     let bits = w.r();
-                    w.ins(format!("mov.b32 {bits}, {v}"));
+                    w.insf(format_args!("mov.b32 {bits}, {v}"));
                     w.narrow16(dtype, &bits);
-                    w.ins(format!("@{ok} st.{space}.{store} [{addr}], {bits}"));
+                    w.insf(format_args!("@{ok} st.{space}.{store} [{addr}], {bits}"));
                 }
             }
         });

@@ -2,14 +2,16 @@
 //! registers, 16-bit floats computed in `f32` and rounded once; the accurate maths functions of
 //! `tessel_plugin_api::libm` written inline.
 
+use std::fmt::Write as _;
+
 use tessel_plugin_api::ir::{BinaryOp, CmpOp, DType, UnaryOp};
 use tessel_plugin_api::libm;
 
 use super::conv::{f32_imm, half_bits, half_ty, int_ty};
 use super::writer::Writer;
 
-/// One instruction of an accurate maths function.
-fn libm_ins(f: &libm::Func, dst: libm::Var, op: libm::Op, regs: &[String]) -> String {
+/// One instruction of an accurate maths function, written to `out` (without its tab and `;`).
+fn libm_ins(out: &mut String, f: &libm::Func, dst: libm::Var, op: libm::Op, regs: &[String]) {
     use libm::{Op, Ty};
     let t = f.types[dst.0];
     let d = &regs[dst.0];
@@ -17,43 +19,43 @@ fn libm_ins(f: &libm::Func, dst: libm::Var, op: libm::Op, regs: &[String]) -> St
     let ty = |v: libm::Var| f.types[v.0];
     // Integer instruction suffixes by the operand's type.
     let int = |v: libm::Var| if ty(v) == Ty::I32 { "s32" } else { "u32" };
-    match op {
-        Op::Const(bits) if t == Ty::F32 => format!("mov.b32 {d}, {}", f32_imm(f32::from_bits(bits))),
-        Op::Const(bits) => format!("mov.b32 {d}, {bits}"),
-        Op::Copy(a) if t == Ty::Bool => format!("mov.pred {d}, {}", r(a)),
-        Op::Copy(a) | Op::Bits(a) => format!("mov.b32 {d}, {}", r(a)),
-        Op::Add(a, b) if t == Ty::F32 => format!("add.rn.f32 {d}, {}, {}", r(a), r(b)),
-        Op::Sub(a, b) if t == Ty::F32 => format!("sub.rn.f32 {d}, {}, {}", r(a), r(b)),
-        Op::Mul(a, b) if t == Ty::F32 => format!("mul.rn.f32 {d}, {}, {}", r(a), r(b)),
-        Op::Add(a, b) => format!("add.u32 {d}, {}, {}", r(a), r(b)),
-        Op::Sub(a, b) => format!("sub.u32 {d}, {}, {}", r(a), r(b)),
-        Op::Mul(a, b) => format!("mul.lo.u32 {d}, {}, {}", r(a), r(b)),
-        Op::Div(a, b) => format!("div.rn.f32 {d}, {}, {}", r(a), r(b)),
-        Op::Fma(a, b, c) => format!("fma.rn.f32 {d}, {}, {}, {}", r(a), r(b), r(c)),
-        Op::Neg(a) => format!("neg.f32 {d}, {}", r(a)),
-        Op::Abs(a) => format!("abs.f32 {d}, {}", r(a)),
-        Op::Rint(a) => format!("cvt.rni.f32.f32 {d}, {}", r(a)),
-        Op::Trunc(a) => format!("cvt.rzi.f32.f32 {d}, {}", r(a)),
-        Op::Lt(a, b) if ty(a) == Ty::F32 => format!("setp.lt.f32 {d}, {}, {}", r(a), r(b)),
-        Op::Eq(a, b) if ty(a) == Ty::F32 => format!("setp.eq.f32 {d}, {}, {}", r(a), r(b)),
-        Op::Lt(a, b) => format!("setp.lt.{} {d}, {}, {}", int(a), r(a), r(b)),
-        Op::Eq(a, b) => format!("setp.eq.u32 {d}, {}, {}", r(a), r(b)),
-        Op::Convert(a) if t == Ty::F32 => format!("cvt.rn.f32.{} {d}, {}", int(a), r(a)),
-        Op::Convert(a) => format!("cvt.rzi.{}.f32 {d}, {}", int(dst), r(a)),
-        Op::MulHi(a, b) => format!("mul.hi.u32 {d}, {}, {}", r(a), r(b)),
-        Op::Shl(a, b) => format!("shl.b32 {d}, {}, {}", r(a), r(b)),
-        Op::Shr(a, b) => format!("shr.{} {d}, {}, {}", int(a), r(a), r(b)),
-        Op::And(a, b) if t == Ty::Bool => format!("and.pred {d}, {}, {}", r(a), r(b)),
-        Op::Or(a, b) if t == Ty::Bool => format!("or.pred {d}, {}, {}", r(a), r(b)),
-        Op::Xor(a, b) if t == Ty::Bool => format!("xor.pred {d}, {}, {}", r(a), r(b)),
-        Op::And(a, b) => format!("and.b32 {d}, {}, {}", r(a), r(b)),
-        Op::Or(a, b) => format!("or.b32 {d}, {}, {}", r(a), r(b)),
-        Op::Xor(a, b) => format!("xor.b32 {d}, {}, {}", r(a), r(b)),
-        Op::Rem(a, b) => format!("rem.u32 {d}, {}, {}", r(a), r(b)),
-        Op::Clz(a) => format!("clz.b32 {d}, {}", r(a)),
-        Op::Not(a) => format!("not.pred {d}, {}", r(a)),
-        Op::Select(c, a, b) => format!("selp.b32 {d}, {}, {}, {}", r(a), r(b), r(c)),
-    }
+    let _ = match op {
+        Op::Const(bits) if t == Ty::F32 => write!(out, "mov.b32 {d}, {}", f32_imm(f32::from_bits(bits))),
+        Op::Const(bits) => write!(out, "mov.b32 {d}, {bits}"),
+        Op::Copy(a) if t == Ty::Bool => write!(out, "mov.pred {d}, {}", r(a)),
+        Op::Copy(a) | Op::Bits(a) => write!(out, "mov.b32 {d}, {}", r(a)),
+        Op::Add(a, b) if t == Ty::F32 => write!(out, "add.rn.f32 {d}, {}, {}", r(a), r(b)),
+        Op::Sub(a, b) if t == Ty::F32 => write!(out, "sub.rn.f32 {d}, {}, {}", r(a), r(b)),
+        Op::Mul(a, b) if t == Ty::F32 => write!(out, "mul.rn.f32 {d}, {}, {}", r(a), r(b)),
+        Op::Add(a, b) => write!(out, "add.u32 {d}, {}, {}", r(a), r(b)),
+        Op::Sub(a, b) => write!(out, "sub.u32 {d}, {}, {}", r(a), r(b)),
+        Op::Mul(a, b) => write!(out, "mul.lo.u32 {d}, {}, {}", r(a), r(b)),
+        Op::Div(a, b) => write!(out, "div.rn.f32 {d}, {}, {}", r(a), r(b)),
+        Op::Fma(a, b, c) => write!(out, "fma.rn.f32 {d}, {}, {}, {}", r(a), r(b), r(c)),
+        Op::Neg(a) => write!(out, "neg.f32 {d}, {}", r(a)),
+        Op::Abs(a) => write!(out, "abs.f32 {d}, {}", r(a)),
+        Op::Rint(a) => write!(out, "cvt.rni.f32.f32 {d}, {}", r(a)),
+        Op::Trunc(a) => write!(out, "cvt.rzi.f32.f32 {d}, {}", r(a)),
+        Op::Lt(a, b) if ty(a) == Ty::F32 => write!(out, "setp.lt.f32 {d}, {}, {}", r(a), r(b)),
+        Op::Eq(a, b) if ty(a) == Ty::F32 => write!(out, "setp.eq.f32 {d}, {}, {}", r(a), r(b)),
+        Op::Lt(a, b) => write!(out, "setp.lt.{} {d}, {}, {}", int(a), r(a), r(b)),
+        Op::Eq(a, b) => write!(out, "setp.eq.u32 {d}, {}, {}", r(a), r(b)),
+        Op::Convert(a) if t == Ty::F32 => write!(out, "cvt.rn.f32.{} {d}, {}", int(a), r(a)),
+        Op::Convert(a) => write!(out, "cvt.rzi.{}.f32 {d}, {}", int(dst), r(a)),
+        Op::MulHi(a, b) => write!(out, "mul.hi.u32 {d}, {}, {}", r(a), r(b)),
+        Op::Shl(a, b) => write!(out, "shl.b32 {d}, {}, {}", r(a), r(b)),
+        Op::Shr(a, b) => write!(out, "shr.{} {d}, {}, {}", int(a), r(a), r(b)),
+        Op::And(a, b) if t == Ty::Bool => write!(out, "and.pred {d}, {}, {}", r(a), r(b)),
+        Op::Or(a, b) if t == Ty::Bool => write!(out, "or.pred {d}, {}, {}", r(a), r(b)),
+        Op::Xor(a, b) if t == Ty::Bool => write!(out, "xor.pred {d}, {}, {}", r(a), r(b)),
+        Op::And(a, b) => write!(out, "and.b32 {d}, {}, {}", r(a), r(b)),
+        Op::Or(a, b) => write!(out, "or.b32 {d}, {}, {}", r(a), r(b)),
+        Op::Xor(a, b) => write!(out, "xor.b32 {d}, {}, {}", r(a), r(b)),
+        Op::Rem(a, b) => write!(out, "rem.u32 {d}, {}, {}", r(a), r(b)),
+        Op::Clz(a) => write!(out, "clz.b32 {d}, {}", r(a)),
+        Op::Not(a) => write!(out, "not.pred {d}, {}", r(a)),
+        Op::Select(c, a, b) => write!(out, "selp.b32 {d}, {}, {}, {}", r(a), r(b), r(c)),
+    };
 }
 
 impl Writer<'_> {
@@ -63,12 +65,12 @@ impl Writer<'_> {
         match d {
             DType::F16 | DType::BF16 => {
                 let (h, t) = (self.h(), half_ty(d));
-                self.ins(format!("cvt.rn.{t}.f32 {h}, {v}"));
-                self.ins(format!("cvt.f32.{t} {v}, {h}"));
+                self.insf(format_args!("cvt.rn.{t}.f32 {h}, {v}"));
+                self.insf(format_args!("cvt.f32.{t} {v}, {h}"));
             }
-            DType::I8 | DType::I16 => self.ins(format!("cvt.s32.s{} {v}, {v}", d.bits())),
-            DType::U8 => self.ins(format!("and.b32 {v}, {v}, 255")),
-            DType::U16 => self.ins(format!("and.b32 {v}, {v}, 65535")),
+            DType::I8 | DType::I16 => self.insf(format_args!("cvt.s32.s{} {v}, {v}", d.bits())),
+            DType::U8 => self.insf(format_args!("and.b32 {v}, {v}, 255")),
+            DType::U16 => self.insf(format_args!("and.b32 {v}, {v}, 65535")),
             _ => {}
         }
     }
@@ -87,28 +89,29 @@ impl Writer<'_> {
         }
         self.comment(func.name);
         self.libm_body(func, &func.body, &regs);
-        self.ins(format!("mov.b32 {v}, {}", regs[func.result.0]));
+        self.insf(format_args!("mov.b32 {v}, {}", regs[func.result.0]));
     }
 
     fn libm_body(&mut self, f: &libm::Func, body: &[libm::Stmt], regs: &[String]) {
         for s in body {
             match s {
                 libm::Stmt::Set(v, op) => {
-                    let ins = libm_ins(f, *v, *op, regs);
-                    self.ins(ins);
+                    self.out.push('\t');
+                    libm_ins(&mut self.out, f, *v, *op, regs);
+                    self.out.push_str(";\n");
                 }
                 libm::Stmt::If(c, inner) => {
                     let end = self.label("fi");
-                    self.ins(format!("@!{} bra {end}", regs[c.0]));
+                    self.insf(format_args!("@!{} bra {end}", regs[c.0]));
                     self.libm_body(f, inner, regs);
                     self.place_label(&end);
                 }
                 libm::Stmt::While(c, inner) => {
                     let (top, end) = (self.label("while"), self.label("wend"));
                     self.place_label(&top);
-                    self.ins(format!("@!{} bra {end}", regs[c.0]));
+                    self.insf(format_args!("@!{} bra {end}", regs[c.0]));
                     self.libm_body(f, inner, regs);
-                    self.ins(format!("bra {top}"));
+                    self.insf(format_args!("bra {top}"));
                     self.place_label(&end);
                 }
             }
@@ -125,21 +128,21 @@ impl Writer<'_> {
         let d = if d.is_float() { DType::F32 } else { d.widened() };
         let v = self.r();
         match (op, d) {
-            (UnaryOp::Neg, DType::F32) => self.ins(format!("neg.f32 {v}, {x}")),
-            (UnaryOp::Neg, _) => self.ins(format!("neg.s32 {v}, {x}")),
-            (UnaryOp::Abs, DType::F32) => self.ins(format!("abs.f32 {v}, {x}")),
-            (UnaryOp::Abs, DType::I32) => self.ins(format!("abs.s32 {v}, {x}")),
-            (UnaryOp::Abs, _) => self.ins(format!("mov.b32 {v}, {x}")),
-            (UnaryOp::Not, DType::Bool) => self.ins(format!("xor.b32 {v}, {x}, 1")),
-            (UnaryOp::Not, _) => self.ins(format!("not.b32 {v}, {x}")),
+            (UnaryOp::Neg, DType::F32) => self.insf(format_args!("neg.f32 {v}, {x}")),
+            (UnaryOp::Neg, _) => self.insf(format_args!("neg.s32 {v}, {x}")),
+            (UnaryOp::Abs, DType::F32) => self.insf(format_args!("abs.f32 {v}, {x}")),
+            (UnaryOp::Abs, DType::I32) => self.insf(format_args!("abs.s32 {v}, {x}")),
+            (UnaryOp::Abs, _) => self.insf(format_args!("mov.b32 {v}, {x}")),
+            (UnaryOp::Not, DType::Bool) => self.insf(format_args!("xor.b32 {v}, {x}, 1")),
+            (UnaryOp::Not, _) => self.insf(format_args!("not.b32 {v}, {x}")),
             (UnaryOp::Exp, _) => self.maths(&v, libm::exp, &[x]),
             (UnaryOp::Exp2, _) => self.maths(&v, libm::exp2, &[x]),
             (UnaryOp::Log, _) => self.maths(&v, libm::log, &[x]),
             (UnaryOp::Log2, _) => self.maths(&v, libm::log2, &[x]),
-            (UnaryOp::Sqrt, _) => self.ins(format!("sqrt.rn.f32 {v}, {x}")),
+            (UnaryOp::Sqrt, _) => self.insf(format_args!("sqrt.rn.f32 {v}, {x}")),
             (UnaryOp::Rsqrt, _) => {
-                self.ins(format!("sqrt.rn.f32 {v}, {x}"));
-                self.ins(format!("rcp.rn.f32 {v}, {v}"));
+                self.insf(format_args!("sqrt.rn.f32 {v}, {x}"));
+                self.insf(format_args!("rcp.rn.f32 {v}, {v}"));
             }
             (UnaryOp::Sin, _) => self.maths(&v, libm::sin, &[x]),
             (UnaryOp::Cos, _) => self.maths(&v, libm::cos, &[x]),
@@ -154,9 +157,9 @@ impl Writer<'_> {
             (UnaryOp::Atan, _) => self.maths(&v, libm::atan, &[x]),
             (UnaryOp::Sinh, _) => self.maths(&v, libm::sinh, &[x]),
             (UnaryOp::Cosh, _) => self.maths(&v, libm::cosh, &[x]),
-            (UnaryOp::Floor, _) => self.ins(format!("cvt.rmi.f32.f32 {v}, {x}")),
-            (UnaryOp::Ceil, _) => self.ins(format!("cvt.rpi.f32.f32 {v}, {x}")),
-            (UnaryOp::Round, _) => self.ins(format!("cvt.rni.f32.f32 {v}, {x}")),
+            (UnaryOp::Floor, _) => self.insf(format_args!("cvt.rmi.f32.f32 {v}, {x}")),
+            (UnaryOp::Ceil, _) => self.insf(format_args!("cvt.rpi.f32.f32 {v}, {x}")),
+            (UnaryOp::Round, _) => self.insf(format_args!("cvt.rni.f32.f32 {v}, {x}")),
         }
         v
     }
@@ -172,47 +175,47 @@ impl Writer<'_> {
         let it = int_ty(d);
         let float = d.is_float();
         match op {
-            BinaryOp::Add if float => self.ins(format!("add.rn.f32 {v}, {x}, {y}")),
-            BinaryOp::Sub if float => self.ins(format!("sub.rn.f32 {v}, {x}, {y}")),
-            BinaryOp::Mul if float => self.ins(format!("mul.rn.f32 {v}, {x}, {y}")),
-            BinaryOp::Div if float => self.ins(format!("div.rn.f32 {v}, {x}, {y}")),
+            BinaryOp::Add if float => self.insf(format_args!("add.rn.f32 {v}, {x}, {y}")),
+            BinaryOp::Sub if float => self.insf(format_args!("sub.rn.f32 {v}, {x}, {y}")),
+            BinaryOp::Mul if float => self.insf(format_args!("mul.rn.f32 {v}, {x}, {y}")),
+            BinaryOp::Div if float => self.insf(format_args!("div.rn.f32 {v}, {x}, {y}")),
             BinaryOp::Rem if float => self.maths(&v, libm::fmod, &[x, y]),
-            BinaryOp::Max if float => self.ins(format!("max.NaN.f32 {v}, {x}, {y}")),
-            BinaryOp::Min if float => self.ins(format!("min.NaN.f32 {v}, {x}, {y}")),
-            BinaryOp::Add => self.ins(format!("add.u32 {v}, {x}, {y}")),
-            BinaryOp::Sub => self.ins(format!("sub.u32 {v}, {x}, {y}")),
-            BinaryOp::Mul => self.ins(format!("mul.lo.u32 {v}, {x}, {y}")),
+            BinaryOp::Max if float => self.insf(format_args!("max.NaN.f32 {v}, {x}, {y}")),
+            BinaryOp::Min if float => self.insf(format_args!("min.NaN.f32 {v}, {x}, {y}")),
+            BinaryOp::Add => self.insf(format_args!("add.u32 {v}, {x}, {y}")),
+            BinaryOp::Sub => self.insf(format_args!("sub.u32 {v}, {x}, {y}")),
+            BinaryOp::Mul => self.insf(format_args!("mul.lo.u32 {v}, {x}, {y}")),
             BinaryOp::Div | BinaryOp::Rem => {
                 // Zero divisors give 0; for i32, x / -1 is -x (wrapping) and x rem -1 is 0.
                 let name = if op == BinaryOp::Div { "div" } else { "rem" };
                 let (zero, z) = (self.p(), self.imm(0));
-                self.ins(format!("{name}.{it} {v}, {x}, {y}"));
+                self.insf(format_args!("{name}.{it} {v}, {x}, {y}"));
                 if d == DType::I32 {
                     let minus = self.p();
-                    self.ins(format!("setp.eq.s32 {minus}, {y}, -1"));
+                    self.insf(format_args!("setp.eq.s32 {minus}, {y}, -1"));
                     let alt = self.r();
                     if op == BinaryOp::Div {
-                        self.ins(format!("neg.s32 {alt}, {x}"))
+                        self.insf(format_args!("neg.s32 {alt}, {x}"))
                     } else {
-                        self.ins(format!("mov.b32 {alt}, 0"))
+                        self.insf(format_args!("mov.b32 {alt}, 0"))
                     }
-                    self.ins(format!("selp.b32 {v}, {alt}, {v}, {minus}"));
+                    self.insf(format_args!("selp.b32 {v}, {alt}, {v}, {minus}"));
                 }
-                self.ins(format!("setp.eq.u32 {zero}, {y}, 0"));
-                self.ins(format!("selp.b32 {v}, {z}, {v}, {zero}"));
+                self.insf(format_args!("setp.eq.u32 {zero}, {y}, 0"));
+                self.insf(format_args!("selp.b32 {v}, {z}, {v}, {zero}"));
             }
-            BinaryOp::Max => self.ins(format!("max.{it} {v}, {x}, {y}")),
-            BinaryOp::Min => self.ins(format!("min.{it} {v}, {x}, {y}")),
-            BinaryOp::And => self.ins(format!("and.b32 {v}, {x}, {y}")),
-            BinaryOp::Or => self.ins(format!("or.b32 {v}, {x}, {y}")),
-            BinaryOp::Xor => self.ins(format!("xor.b32 {v}, {x}, {y}")),
+            BinaryOp::Max => self.insf(format_args!("max.{it} {v}, {x}, {y}")),
+            BinaryOp::Min => self.insf(format_args!("min.{it} {v}, {x}, {y}")),
+            BinaryOp::And => self.insf(format_args!("and.b32 {v}, {x}, {y}")),
+            BinaryOp::Or => self.insf(format_args!("or.b32 {v}, {x}, {y}")),
+            BinaryOp::Xor => self.insf(format_args!("xor.b32 {v}, {x}, {y}")),
             BinaryOp::Shl | BinaryOp::Shr => {
                 let s = self.r();
-                self.ins(format!("and.b32 {s}, {y}, 31"));
+                self.insf(format_args!("and.b32 {s}, {y}, 31"));
                 if op == BinaryOp::Shl {
-                    self.ins(format!("shl.b32 {v}, {x}, {s}"))
+                    self.insf(format_args!("shl.b32 {v}, {x}, {s}"))
                 } else {
-                    self.ins(format!("shr.{it} {v}, {x}, {s}"))
+                    self.insf(format_args!("shr.{it} {v}, {x}, {s}"))
                 }
             }
             BinaryOp::Pow => self.maths(&v, libm::pow, &[x, y]),
@@ -238,8 +241,8 @@ impl Writer<'_> {
             (CmpOp::Gt, _) => "gt",
             (CmpOp::Ge, _) => "ge",
         };
-        self.ins(format!("setp.{cmp}.{ty} {p}, {x}, {y}"));
-        self.ins(format!("selp.u32 {v}, 1, 0, {p}"));
+        self.insf(format_args!("setp.{cmp}.{ty} {p}, {x}, {y}"));
+        self.insf(format_args!("selp.u32 {v}, 1, 0, {p}"));
         v
     }
 
@@ -250,8 +253,8 @@ impl Writer<'_> {
             // Saturated in 32 bits by `cvt`, then at the narrow type's limits.
             let (lo, hi) = to.int_range().expect("an integer type");
             let it = int_ty(to);
-            self.ins(format!("max.{it} {v}, {v}, {lo}"));
-            self.ins(format!("min.{it} {v}, {v}, {hi}"));
+            self.insf(format_args!("max.{it} {v}, {v}, {lo}"));
+            self.insf(format_args!("min.{it} {v}, {v}, {hi}"));
         } else {
             self.narrow(to, &v);
         }
@@ -265,20 +268,20 @@ impl Writer<'_> {
         match (half_bits(from), half_bits(to)) {
             (true, true) => {
                 let h = self.h();
-                self.ins(format!("cvt.rn.{}.f32 {h}, {x}", half_ty(from)));
-                self.ins(format!("cvt.f32.{} {v}, {h}", half_ty(to)));
+                self.insf(format_args!("cvt.rn.{}.f32 {h}, {x}", half_ty(from)));
+                self.insf(format_args!("cvt.f32.{} {v}, {h}", half_ty(to)));
             }
             (true, false) => {
                 let h = self.h();
-                self.ins(format!("cvt.rn.{}.f32 {h}, {x}", half_ty(from)));
-                self.ins(format!("cvt.u32.u16 {v}, {h}"));
+                self.insf(format_args!("cvt.rn.{}.f32 {h}, {x}", half_ty(from)));
+                self.insf(format_args!("cvt.u32.u16 {v}, {h}"));
             }
             (false, true) => {
                 let h = self.h();
-                self.ins(format!("cvt.u16.u32 {h}, {x}"));
-                self.ins(format!("cvt.f32.{} {v}, {h}", half_ty(to)));
+                self.insf(format_args!("cvt.u16.u32 {h}, {x}"));
+                self.insf(format_args!("cvt.f32.{} {v}, {h}", half_ty(to)));
             }
-            (false, false) => self.ins(format!("mov.b32 {v}, {x}")),
+            (false, false) => self.insf(format_args!("mov.b32 {v}, {x}")),
         }
         if !to.is_float() {
             self.narrow(to, &v);
@@ -289,22 +292,22 @@ impl Writer<'_> {
     fn cast32(&mut self, from: DType, to: DType, x: &str) -> String {
         let v = self.r();
         match (from, to) {
-            (a, b) if a == b => self.ins(format!("mov.b32 {v}, {x}")),
-            (DType::F32, DType::I32) => self.ins(format!("cvt.rzi.s32.f32 {v}, {x}")),
-            (DType::F32, DType::U32) => self.ins(format!("cvt.rzi.u32.f32 {v}, {x}")),
+            (a, b) if a == b => self.insf(format_args!("mov.b32 {v}, {x}")),
+            (DType::F32, DType::I32) => self.insf(format_args!("cvt.rzi.s32.f32 {v}, {x}")),
+            (DType::F32, DType::U32) => self.insf(format_args!("cvt.rzi.u32.f32 {v}, {x}")),
             (DType::F32, DType::Bool) => {
                 let p = self.p();
-                self.ins(format!("setp.neu.f32 {p}, {x}, {}", f32_imm(0.0)));
-                self.ins(format!("selp.u32 {v}, 1, 0, {p}"));
+                self.insf(format_args!("setp.neu.f32 {p}, {x}, {}", f32_imm(0.0)));
+                self.insf(format_args!("selp.u32 {v}, 1, 0, {p}"));
             }
-            (DType::I32, DType::F32) => self.ins(format!("cvt.rn.f32.s32 {v}, {x}")),
-            (DType::U32 | DType::Bool, DType::F32) => self.ins(format!("cvt.rn.f32.u32 {v}, {x}")),
+            (DType::I32, DType::F32) => self.insf(format_args!("cvt.rn.f32.s32 {v}, {x}")),
+            (DType::U32 | DType::Bool, DType::F32) => self.insf(format_args!("cvt.rn.f32.u32 {v}, {x}")),
             (_, DType::Bool) => {
                 let p = self.p();
-                self.ins(format!("setp.ne.u32 {p}, {x}, 0"));
-                self.ins(format!("selp.u32 {v}, 1, 0, {p}"));
+                self.insf(format_args!("setp.ne.u32 {p}, {x}, 0"));
+                self.insf(format_args!("selp.u32 {v}, 1, 0, {p}"));
             }
-            _ => self.ins(format!("mov.b32 {v}, {x}")),
+            _ => self.insf(format_args!("mov.b32 {v}, {x}")),
         }
         v
     }

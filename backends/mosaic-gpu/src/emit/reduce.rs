@@ -17,25 +17,25 @@ impl Writer<'_> {
         self.each(n, |w, e| {
             // Output element e = (outer, in): inputs at outer*len*inner + r*inner + in, r ascending.
             let (outer, inn, base) = (w.r(), w.r(), w.r());
-            w.ins(format!("div.u32 {outer}, {e}, {inner}"));
-            w.ins(format!("rem.u32 {inn}, {e}, {inner}"));
-            w.ins(format!("mad.lo.u32 {base}, {outer}, {}, {inn}", len * inner));
+            w.insf(format_args!("div.u32 {outer}, {e}, {inner}"));
+            w.insf(format_args!("rem.u32 {inn}, {e}, {inner}"));
+            w.insf(format_args!("mad.lo.u32 {base}, {outer}, {}, {inn}", len * inner));
             let acc = w.load_slot(&src, &base);
             let r = w.imm(1);
             let (top, end) = (w.label("red"), w.label("endred"));
             w.place_label(&top);
             let done = w.p();
-            w.ins(format!("setp.ge.u32 {done}, {r}, {len}"));
-            w.ins(format!("@{done} bra {end}"));
+            w.insf(format_args!("setp.ge.u32 {done}, {r}, {len}"));
+            w.insf(format_args!("@{done} bra {end}"));
             let idx = w.r();
-            w.ins(format!("mad.lo.u32 {idx}, {r}, {inner}, {base}"));
+            w.insf(format_args!("mad.lo.u32 {idx}, {r}, {inner}, {base}"));
             let x = w.load_slot(&src, &idx);
             let bop = combining(op);
             // 16-bit floats accumulate in f32 and round once, as the interpreter does.
             let v = w.binary32(bop, d, &acc, &x);
-            w.ins(format!("mov.b32 {acc}, {v}"));
-            w.ins(format!("add.u32 {r}, {r}, 1"));
-            w.ins(format!("bra {top}"));
+            w.insf(format_args!("mov.b32 {acc}, {v}"));
+            w.insf(format_args!("add.u32 {r}, {r}, 1"));
+            w.insf(format_args!("bra {top}"));
             w.place_label(&end);
             w.narrow(d, &acc);
             w.store_slot(&dst, e, &acc);

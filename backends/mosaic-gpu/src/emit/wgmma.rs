@@ -36,15 +36,15 @@ impl Writer<'_> {
         let origin = self.origin_of(&g.out);
         self.comment(&format!("{} stages of {} bytes, then an mbarrier per stage", g.stages, g.stage_bytes()));
         let smem = self.r();
-        self.ins(format!("mov.u32 {smem}, {SHARED}"));
+        self.insf(format_args!("mov.u32 {smem}, {SHARED}"));
         let bars = self.r();
-        self.ins(format!("add.u32 {bars}, {smem}, {}", g.stages * g.stage_bytes()));
+        self.insf(format_args!("add.u32 {bars}, {smem}, {}", g.stages * g.stage_bytes()));
         let leader = self.p();
-        self.ins(format!("setp.eq.u32 {leader}, {tid_x}, 0"));
+        self.insf(format_args!("setp.eq.u32 {leader}, {tid_x}, 0"));
         self.init_barriers(&leader, &[(&bars, g.stages, 1)]);
         self.comment(&format!("thread 0 starts the copies of steps 0..{}", g.stages));
         let skip = self.label("prologue");
-        self.ins(format!("@!{leader} bra {skip}"));
+        self.insf(format_args!("@!{leader} bra {skip}"));
         for s in 0..g.stages {
             let (stage, step) = (self.imm(s as u32), self.imm(s as u32));
             self.issue(g, &maps, &seq, (&stage, &step), (&smem, &bars));
@@ -52,12 +52,12 @@ impl Writer<'_> {
         self.place_label(&skip);
         let acc = self.start_accumulator(g, &out, &origin);
         let (step, top) = (self.r(), self.label("step"));
-        self.ins(format!("mov.u32 {step}, 0"));
+        self.insf(format_args!("mov.u32 {step}, 0"));
         self.place_label(&top);
         let (stage, parity) = self.stage_of(g, &step, 0);
         let (bar, base) = (self.r(), self.r());
-        self.ins(format!("mad.lo.u32 {bar}, {stage}, 8, {bars}"));
-        self.ins(format!("mad.lo.u32 {base}, {stage}, {}, {smem}", g.stage_bytes()));
+        self.insf(format_args!("mad.lo.u32 {bar}, {stage}, 8, {bars}"));
+        self.insf(format_args!("mad.lo.u32 {base}, {stage}, {}, {smem}", g.stage_bytes()));
         self.comment("wait for this step's operands");
         self.wait_phase(&bar, &parity);
         self.write_wgmmas(&g.mma(), &base, (&base, g.a_bytes()), &acc);
@@ -66,21 +66,21 @@ impl Writer<'_> {
         self.ins("wgmma.wait_group.sync.aligned 1");
         self.ins("bar.sync 0");
         let (next, more, started) = (self.r(), self.p(), self.p());
-        self.ins(format!("add.u32 {next}, {step}, {}", g.stages - 1));
-        self.ins(format!("setp.lt.u32 {more}, {next}, {}", g.steps));
-        self.ins(format!("setp.ne.u32 {started}, {step}, 0"));
-        self.ins(format!("and.pred {more}, {more}, {started}"));
-        self.ins(format!("and.pred {more}, {more}, {leader}"));
+        self.insf(format_args!("add.u32 {next}, {step}, {}", g.stages - 1));
+        self.insf(format_args!("setp.lt.u32 {more}, {next}, {}", g.steps));
+        self.insf(format_args!("setp.ne.u32 {started}, {step}, 0"));
+        self.insf(format_args!("and.pred {more}, {more}, {started}"));
+        self.insf(format_args!("and.pred {more}, {more}, {leader}"));
         let skip = self.label("refill");
-        self.ins(format!("@!{more} bra {skip}"));
+        self.insf(format_args!("@!{more} bra {skip}"));
         let previous = self.r();
-        self.ins(format!("rem.u32 {previous}, {next}, {}", g.stages));
+        self.insf(format_args!("rem.u32 {previous}, {next}, {}", g.stages));
         self.issue(g, &maps, &seq, (&previous, &next), (&smem, &bars));
         self.place_label(&skip);
-        self.ins(format!("add.u32 {step}, {step}, 1"));
+        self.insf(format_args!("add.u32 {step}, {step}, 1"));
         let again = self.p();
-        self.ins(format!("setp.lt.u32 {again}, {step}, {}", g.steps));
-        self.ins(format!("@{again} bra.uni {top}"));
+        self.insf(format_args!("setp.lt.u32 {again}, {step}, {}", g.steps));
+        self.insf(format_args!("@{again} bra.uni {top}"));
         self.ins("wgmma.wait_group.sync.aligned 0");
         self.finish_gemm(g, &out, &origin);
     }
@@ -104,46 +104,46 @@ impl Writer<'_> {
             g.stage_bytes()
         ));
         let (smem, full, empty) = (self.r(), self.r(), self.r());
-        self.ins(format!("mov.u32 {smem}, {SHARED}"));
-        self.ins(format!("add.u32 {full}, {smem}, {}", g.stages * g.stage_bytes()));
-        self.ins(format!("add.u32 {empty}, {full}, {}", 8 * g.stages));
+        self.insf(format_args!("mov.u32 {smem}, {SHARED}"));
+        self.insf(format_args!("add.u32 {full}, {smem}, {}", g.stages * g.stage_bytes()));
+        self.insf(format_args!("add.u32 {empty}, {full}, {}", 8 * g.stages));
         let leader = self.p();
-        self.ins(format!("setp.eq.u32 {leader}, {tid_x}, 0"));
+        self.insf(format_args!("setp.eq.u32 {leader}, {tid_x}, 0"));
         self.init_barriers(&leader, &[(&full, g.stages, 1), (&empty, g.stages, consumers * THREADS)]);
         let (producer, consume, end) = (self.p(), self.label("consume"), self.label("end"));
         self.ins(format!("setp.eq.u32 {producer}, {}, {consumers}", self.warpgroup));
-        self.ins(format!("@!{producer} bra {consume}"));
+        self.insf(format_args!("@!{producer} bra {consume}"));
         self.comment("the producer: its registers to the pool, then thread 0 of it issues the copies");
-        self.ins(format!("setmaxnreg.dec.sync.aligned.u32 {PRODUCER_REGISTERS}"));
+        self.insf(format_args!("setmaxnreg.dec.sync.aligned.u32 {PRODUCER_REGISTERS}"));
         let idle = self.p();
         self.ins(format!("setp.ne.u32 {idle}, {}, 0", self.tid));
-        self.ins(format!("@{idle} bra {end}"));
+        self.insf(format_args!("@{idle} bra {end}"));
         let issued = self.r();
-        self.ins(format!("mov.u32 {issued}, 0"));
+        self.insf(format_args!("mov.u32 {issued}, 0"));
         self.over_blocks(&cta, persistent, blocks, |w, block| {
             w.decode(block, &par);
             w.over_steps(g, |w, step| {
                 let (stage, parity) = w.stage_of(g, &issued, 1);
                 let (reuse, fill) = (w.p(), w.label("fill"));
-                w.ins(format!("setp.ge.u32 {reuse}, {issued}, {}", g.stages));
-                w.ins(format!("@!{reuse} bra {fill}"));
+                w.insf(format_args!("setp.ge.u32 {reuse}, {issued}, {}", g.stages));
+                w.insf(format_args!("@!{reuse} bra {fill}"));
                 w.comment("wait until the consumers are done with the stage's previous step");
                 let bar = w.r();
-                w.ins(format!("mad.lo.u32 {bar}, {stage}, 8, {empty}"));
+                w.insf(format_args!("mad.lo.u32 {bar}, {stage}, 8, {empty}"));
                 w.wait_phase(&bar, &parity);
                 w.place_label(&fill);
                 w.issue(g, &maps, &seq, (&stage, step), (&smem, &full));
-                w.ins(format!("add.u32 {issued}, {issued}, 1"));
+                w.insf(format_args!("add.u32 {issued}, {issued}, 1"));
             });
         });
-        self.ins(format!("bra.uni {end}"));
+        self.insf(format_args!("bra.uni {end}"));
         self.place_label(&consume);
         self.comment("the consumers: the producer's registers, then the products");
         if g.consumer_registers() > g.entry_registers() {
-            self.ins(format!("setmaxnreg.inc.sync.aligned.u32 {}", g.consumer_registers()));
+            self.insf(format_args!("setmaxnreg.inc.sync.aligned.u32 {}", g.consumer_registers()));
         }
         let done = self.r();
-        self.ins(format!("mov.u32 {done}, 0"));
+        self.insf(format_args!("mov.u32 {done}, 0"));
         self.over_blocks(&cta, persistent, blocks, |w, block| {
             w.decode(block, &par);
             w.zero_steps(&seq);
@@ -153,19 +153,19 @@ impl Writer<'_> {
             w.over_steps(g, |w, step| {
                 let (stage, parity) = w.stage_of(g, &done, 0);
                 let (bar, base) = (w.r(), w.r());
-                w.ins(format!("mad.lo.u32 {bar}, {stage}, 8, {full}"));
-                w.ins(format!("mad.lo.u32 {base}, {stage}, {}, {smem}", g.stage_bytes()));
+                w.insf(format_args!("mad.lo.u32 {bar}, {stage}, 8, {full}"));
+                w.insf(format_args!("mad.lo.u32 {base}, {stage}, {}, {smem}", g.stage_bytes()));
                 w.comment("wait for this step's operands");
                 w.wait_phase(&bar, &parity);
                 w.write_wgmmas(&g.mma(), &base, (&base, g.a_bytes()), &acc);
                 w.comment("the step before's wgmmas are done: release its stage");
                 w.ins("wgmma.wait_group.sync.aligned 1");
                 let (first, skip) = (w.p(), w.label("released"));
-                w.ins(format!("setp.eq.u32 {first}, {step}, 0"));
-                w.ins(format!("@{first} bra {skip}"));
+                w.insf(format_args!("setp.eq.u32 {first}, {step}, 0"));
+                w.insf(format_args!("@{first} bra {skip}"));
                 w.release(g, &done, &empty);
                 w.place_label(&skip);
-                w.ins(format!("add.u32 {done}, {done}, 1"));
+                w.insf(format_args!("add.u32 {done}, {done}, 1"));
             });
             w.ins("wgmma.wait_group.sync.aligned 0");
             w.release(g, &done, &empty);
@@ -194,12 +194,12 @@ impl Writer<'_> {
     /// the CTA meets, so that no thread waits on one before it exists.
     fn init_barriers(&mut self, leader: &str, sets: &[(&str, u64, u32)]) {
         let skip = self.label("init");
-        self.ins(format!("@!{leader} bra {skip}"));
+        self.insf(format_args!("@!{leader} bra {skip}"));
         for &(bars, n, count) in sets {
             for s in 0..n {
                 let bar = self.r();
-                self.ins(format!("add.u32 {bar}, {bars}, {}", 8 * s));
-                self.ins(format!("mbarrier.init.shared::cta.b64 [{bar}], {count}"));
+                self.insf(format_args!("add.u32 {bar}, {bars}, {}", 8 * s));
+                self.insf(format_args!("mbarrier.init.shared::cta.b64 [{bar}], {count}"));
             }
         }
         self.ins("fence.mbarrier_init.release.cluster");
@@ -212,12 +212,12 @@ impl Writer<'_> {
     /// round through the stages, `behind` rounds before.
     fn stage_of(&mut self, g: &Gemm, step: &str, behind: u64) -> (String, String) {
         let (stage, parity) = (self.r(), self.r());
-        self.ins(format!("rem.u32 {stage}, {step}, {}", g.stages));
-        self.ins(format!("div.u32 {parity}, {step}, {}", g.stages));
+        self.insf(format_args!("rem.u32 {stage}, {step}, {}", g.stages));
+        self.insf(format_args!("div.u32 {parity}, {step}, {}", g.stages));
         if behind % 2 == 1 {
-            self.ins(format!("add.u32 {parity}, {parity}, 1"));
+            self.insf(format_args!("add.u32 {parity}, {parity}, 1"));
         }
-        self.ins(format!("and.b32 {parity}, {parity}, 1"));
+        self.insf(format_args!("and.b32 {parity}, {parity}, 1"));
         (stage, parity)
     }
 
@@ -225,10 +225,10 @@ impl Writer<'_> {
     /// `done - 1`.
     fn release(&mut self, g: &Gemm, done: &str, empty: &str) {
         let (stage, bar, state) = (self.r(), self.r(), self.rd());
-        self.ins(format!("add.u32 {stage}, {done}, {}", g.stages - 1));
-        self.ins(format!("rem.u32 {stage}, {stage}, {}", g.stages));
-        self.ins(format!("mad.lo.u32 {bar}, {stage}, 8, {empty}"));
-        self.ins(format!("mbarrier.arrive.shared::cta.b64 {state}, [{bar}]"));
+        self.insf(format_args!("add.u32 {stage}, {done}, {}", g.stages - 1));
+        self.insf(format_args!("rem.u32 {stage}, {stage}, {}", g.stages));
+        self.insf(format_args!("mad.lo.u32 {bar}, {stage}, 8, {empty}"));
+        self.insf(format_args!("mbarrier.arrive.shared::cta.b64 {state}, [{bar}]"));
     }
 
     /// `body` once per output block the CTA owns: its own (`%ctaid.x`), or on a persistent grid
@@ -238,26 +238,26 @@ impl Writer<'_> {
             return body(self, cta);
         }
         let (block, stride, top, past, done) = (self.r(), self.r(), self.label("block"), self.p(), self.label("blocks_done"));
-        self.ins(format!("mov.u32 {block}, {cta}"));
-        self.ins(format!("mov.u32 {stride}, %nctaid.x"));
+        self.insf(format_args!("mov.u32 {block}, {cta}"));
+        self.insf(format_args!("mov.u32 {stride}, %nctaid.x"));
         self.place_label(&top);
-        self.ins(format!("setp.ge.u32 {past}, {block}, {blocks}"));
-        self.ins(format!("@{past} bra {done}"));
+        self.insf(format_args!("setp.ge.u32 {past}, {block}, {blocks}"));
+        self.insf(format_args!("@{past} bra {done}"));
         body(self, &block);
-        self.ins(format!("add.u32 {block}, {block}, {stride}"));
-        self.ins(format!("bra.uni {top}"));
+        self.insf(format_args!("add.u32 {block}, {block}, {stride}"));
+        self.insf(format_args!("bra.uni {top}"));
         self.place_label(&done);
     }
 
     /// `body` for each of the `seq` steps, given the step's register.
     fn over_steps(&mut self, g: &Gemm, body: impl FnOnce(&mut Self, &str)) {
         let (step, top, again) = (self.r(), self.label("step"), self.p());
-        self.ins(format!("mov.u32 {step}, 0"));
+        self.insf(format_args!("mov.u32 {step}, 0"));
         self.place_label(&top);
         body(self, &step);
-        self.ins(format!("add.u32 {step}, {step}, 1"));
-        self.ins(format!("setp.lt.u32 {again}, {step}, {}", g.steps));
-        self.ins(format!("@{again} bra.uni {top}"));
+        self.insf(format_args!("add.u32 {step}, {step}, 1"));
+        self.insf(format_args!("setp.lt.u32 {again}, {step}, {}", g.steps));
+        self.insf(format_args!("@{again} bra.uni {top}"));
     }
 
     /// The accumulator's registers (register i of a thread is the element `Wgmma` fragment i
@@ -265,7 +265,7 @@ impl Writer<'_> {
     fn start_accumulator(&mut self, g: &Gemm, out: &str, origin: &[String]) -> Vec<String> {
         let acc: Vec<String> = (1..=g.bn / 2).map(|i| format!("%f{i}")).collect();
         for f in &acc {
-            self.ins(format!("mov.b32 {f}, 0f00000000"));
+            self.insf(format_args!("mov.b32 {f}, 0f00000000"));
         }
         if g.init == Init::Output {
             self.comment("the accumulator starts from the output block");
@@ -273,8 +273,8 @@ impl Writer<'_> {
             for at in &frag.places {
                 let (ok, addr) = self.address(&frag, at);
                 match &at.regs[..] {
-                    [x, y] => self.ins(format!("@{ok} ld.global.v2.b32 {{{x}, {y}}}, [{addr}]")),
-                    _ => self.ins(format!("@{ok} ld.global.b32 {}, [{addr}]", at.regs[0])),
+                    [x, y] => self.insf(format_args!("@{ok} ld.global.v2.b32 {{{x}, {y}}}, [{addr}]")),
+                    _ => self.insf(format_args!("@{ok} ld.global.b32 {}, [{addr}]", at.regs[0])),
                 }
             }
         }
@@ -324,13 +324,13 @@ impl Writer<'_> {
         let entry = plan.entry.clone();
         let (tid_x, cta) = self.write_ids();
         let out = self.rd();
-        self.ins(format!("ld.param.u64 {out}, [{entry}_{output}]"));
-        self.ins(format!("cvta.to.global.u64 {out}, {out}"));
+        self.insf(format_args!("ld.param.u64 {out}, [{entry}_{output}]"));
+        self.insf(format_args!("cvta.to.global.u64 {out}, {out}"));
         let maps: Vec<String> = (plan.tensor_maps().iter())
             .map(|m| {
                 let r = self.rd();
-                self.ins(format!("mov.b64 {r}, {entry}_{}_map", m.array));
-                self.ins(format!("cvta.param.u64 {r}, {r}"));
+                self.insf(format_args!("mov.b64 {r}, {entry}_{}_map", m.array));
+                self.insf(format_args!("cvta.param.u64 {r}, {r}"));
                 r
             })
             .collect();
@@ -343,20 +343,20 @@ impl Writer<'_> {
         if half_bits(dtype) {
             let h: Vec<String> = f.iter().map(|_| self.h()).collect();
             for (h, x) in h.iter().zip(f) {
-                self.ins(format!("cvt.rn.{}.f32 {h}, {x}", half_ty(dtype)));
+                self.insf(format_args!("cvt.rn.{}.f32 {h}, {x}", half_ty(dtype)));
             }
             match &h[..] {
                 [lo, hi] => {
                     let pair = self.r();
-                    self.ins(format!("mov.b32 {pair}, {{{lo}, {hi}}}"));
-                    self.ins(format!("@{ok} st.global.b32 [{addr}], {pair}"));
+                    self.insf(format_args!("mov.b32 {pair}, {{{lo}, {hi}}}"));
+                    self.insf(format_args!("@{ok} st.global.b32 [{addr}], {pair}"));
                 }
-                _ => self.ins(format!("@{ok} st.global.b16 [{addr}], {}", h[0])),
+                _ => self.insf(format_args!("@{ok} st.global.b16 [{addr}], {}", h[0])),
             }
         } else {
             match f {
-                [x, y] => self.ins(format!("@{ok} st.global.v2.b32 [{addr}], {{{x}, {y}}}")),
-                _ => self.ins(format!("@{ok} st.global.b32 [{addr}], {}", f[0])),
+                [x, y] => self.insf(format_args!("@{ok} st.global.v2.b32 [{addr}], {{{x}, {y}}}")),
+                _ => self.insf(format_args!("@{ok} st.global.b32 [{addr}], {}", f[0])),
             }
         }
     }
@@ -369,8 +369,8 @@ impl Writer<'_> {
             if let Op::Load { src, .. } = &s.op {
                 if !inputs.contains_key(src) {
                     let r = self.rd();
-                    self.ins(format!("ld.param.u64 {r}, [{entry}_{src}]"));
-                    self.ins(format!("cvta.to.global.u64 {r}, {r}"));
+                    self.insf(format_args!("ld.param.u64 {r}, [{entry}_{src}]"));
+                    self.insf(format_args!("cvta.to.global.u64 {r}, {r}"));
                     inputs.insert(src.clone(), r);
                 }
             }
@@ -404,7 +404,7 @@ impl Writer<'_> {
                             .entry(bits)
                             .or_insert_with(|| {
                                 let r = w.r();
-                                w.ins(format!("mov.b32 {r}, {}", f32_imm(f32::from_bits(bits))));
+                                w.insf(format_args!("mov.b32 {r}, {}", f32_imm(f32::from_bits(bits))));
                                 r
                             })
                             .clone()
@@ -423,7 +423,7 @@ impl Writer<'_> {
                             None => {
                                 let row = frag.rows[el.half].0.clone();
                                 let col = self.r();
-                                self.ins(format!("add.u32 {col}, {}, {}", frag.lcol, el.column));
+                                self.insf(format_args!("add.u32 {col}, {}, {}", frag.lcol, el.column));
                                 let v = self.epilogue_load(src, &inputs[src], &row, &col);
                                 loaded.insert(key, v.clone());
                                 v
@@ -445,8 +445,8 @@ impl Writer<'_> {
                     Op::Select(c, x, y) => {
                         let (c, x, y) = (val(self, c), val(self, x), val(self, y));
                         let (p, v) = (self.p(), self.r());
-                        self.ins(format!("setp.ne.u32 {p}, {c}, 0"));
-                        self.ins(format!("selp.b32 {v}, {x}, {y}, {p}"));
+                        self.insf(format_args!("setp.ne.u32 {p}, {c}, 0"));
+                        self.insf(format_args!("selp.b32 {v}, {x}, {y}, {p}"));
                         v
                     }
                     // To `f32` from a value held in `f32` already (16-bit floats are): the same bits.
@@ -468,31 +468,31 @@ impl Writer<'_> {
         let local = [row, col];
         let local = &local[2 - block.len()..];
         let (ok, linear) = (self.p(), self.r());
-        self.ins(format!("setp.eq.u32 {ok}, 0, 0"));
-        self.ins(format!("mov.b32 {linear}, 0"));
+        self.insf(format_args!("setp.eq.u32 {ok}, 0, 0"));
+        self.insf(format_args!("mov.b32 {linear}, 0"));
         for (d, (&b, l)) in block.iter().zip(local).enumerate() {
             let (i, inside) = (self.r(), self.p());
             if b == 1 {
-                self.ins(format!("mov.b32 {i}, {}", origin[d]));
+                self.insf(format_args!("mov.b32 {i}, {}", origin[d]));
             } else {
-                self.ins(format!("add.s32 {i}, {}, {l}", origin[d]));
+                self.insf(format_args!("add.s32 {i}, {}, {l}", origin[d]));
             }
-            self.ins(format!("setp.lt.u32 {inside}, {i}, {}", dims[d]));
-            self.ins(format!("and.pred {ok}, {ok}, {inside}"));
-            self.ins(format!("mad.lo.u32 {linear}, {linear}, {}, {i}", dims[d]));
+            self.insf(format_args!("setp.lt.u32 {inside}, {i}, {}", dims[d]));
+            self.insf(format_args!("and.pred {ok}, {ok}, {inside}"));
+            self.insf(format_args!("mad.lo.u32 {linear}, {linear}, {}, {i}", dims[d]));
         }
         let (at, v) = (self.rd(), self.r());
         let bytes = if half_bits(p.ty.dtype) { 2 } else { 4 };
-        self.ins(format!("mul.wide.u32 {at}, {linear}, {bytes}"));
-        self.ins(format!("add.u64 {at}, {base}, {at}"));
-        self.ins(format!("mov.b32 {v}, 0f00000000"));
+        self.insf(format_args!("mul.wide.u32 {at}, {linear}, {bytes}"));
+        self.insf(format_args!("add.u64 {at}, {base}, {at}"));
+        self.insf(format_args!("mov.b32 {v}, 0f00000000"));
         if half_bits(p.ty.dtype) {
             let h = self.h();
-            self.ins(format!("mov.b16 {h}, 0"));
-            self.ins(format!("@{ok} ld.global.b16 {h}, [{at}]"));
-            self.ins(format!("cvt.f32.{} {v}, {h}", half_ty(p.ty.dtype)));
+            self.insf(format_args!("mov.b16 {h}, 0"));
+            self.insf(format_args!("@{ok} ld.global.b16 {h}, [{at}]"));
+            self.insf(format_args!("cvt.f32.{} {v}, {h}", half_ty(p.ty.dtype)));
         } else {
-            self.ins(format!("@{ok} ld.global.b32 {v}, [{at}]"));
+            self.insf(format_args!("@{ok} ld.global.b32 {v}, [{at}]"));
         }
         v
     }
@@ -503,10 +503,10 @@ impl Writer<'_> {
         self.decode(step, seq);
         self.write_origins();
         let (bar, base) = (self.r(), self.r());
-        self.ins(format!("mad.lo.u32 {bar}, {stage}, 8, {bars}"));
-        self.ins(format!("mad.lo.u32 {base}, {stage}, {}, {smem}", g.stage_bytes()));
+        self.insf(format_args!("mad.lo.u32 {bar}, {stage}, 8, {bars}"));
+        self.insf(format_args!("mad.lo.u32 {base}, {stage}, {}, {smem}", g.stage_bytes()));
         let state = self.rd();
-        self.ins(format!("mbarrier.arrive.expect_tx.shared::cta.b64 {state}, [{bar}], {}", g.stage_bytes()));
+        self.insf(format_args!("mbarrier.arrive.expect_tx.shared::cta.b64 {state}, [{bar}], {}", g.stage_bytes()));
         let (na, nb) = g.boxes();
         for (map, (spec, boxes, offset)) in maps.iter().zip([(&g.maps[0], na, 0), (&g.maps[1], nb, g.a_bytes())]) {
             // A box is the block's rows by 64 elements; the block's boxes lie one after another.
@@ -514,8 +514,8 @@ impl Writer<'_> {
             let origin = self.origin_of(&spec.array);
             for j in 0..boxes as u64 {
                 let (dst, x) = (self.r(), self.r());
-                self.ins(format!("add.u32 {dst}, {base}, {}", offset + j * rows * SWIZZLE as u64));
-                self.ins(format!("add.s32 {x}, {}, {}", origin[1], j * ROW as u64));
+                self.insf(format_args!("add.u32 {dst}, {base}, {}", offset + j * rows * SWIZZLE as u64));
+                self.insf(format_args!("add.s32 {x}, {}, {}", origin[1], j * ROW as u64));
                 self.tensor_copy(&dst, map, (&x, &origin[0]), &bar);
             }
         }
@@ -524,7 +524,7 @@ impl Writer<'_> {
     /// A tensor copy of the box at coordinates (`x` along the contiguous dimension, `y`) of
     /// `map` to shared address `dst`, its bytes counted on the mbarrier at `bar`.
     pub(super) fn tensor_copy(&mut self, dst: &str, map: &str, (x, y): (&str, &str), bar: &str) {
-        self.ins(format!(
+        self.insf(format_args!(
             "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [{dst}], [{map}, {{{x}, {y}}}], [{bar}]"
         ));
     }
@@ -537,10 +537,10 @@ impl Writer<'_> {
         // A warpgroup's rows start 64 rows (8 atoms) into every box of a K-major `a`; of an
         // M-major one, they are a box of their own (64 columns of M by `bk` rows).
         let wg_offset = if g.a_k_major { WG_ROWS as u64 / 8 * ATOM } else { g.bk as u64 * SWIZZLE as u64 };
-        self.ins(format!("mad.lo.u32 {abase}, {wg}, {wg_offset}, {base}"));
-        self.ins(format!("add.u32 {bbase}, {b_at}, {b_offset}"));
+        self.insf(format_args!("mad.lo.u32 {abase}, {wg}, {wg_offset}, {base}"));
+        self.insf(format_args!("add.u32 {bbase}, {b_at}, {b_offset}"));
         let one = self.p();
-        self.ins(format!("setp.eq.u32 {one}, {wg}, {wg}"));
+        self.insf(format_args!("setp.eq.u32 {one}, {wg}, {wg}"));
         self.ins("wgmma.fence.sync.aligned");
         let ty = half_ty(g.dtype);
         let (bm, bn, bk) = (g.bm as u64, g.bn as u64, g.bk as u64);
@@ -559,7 +559,7 @@ impl Writer<'_> {
                 self.descriptor(&bbase, kk * SWIZZLE as u64, bk * SWIZZLE as u64, ATOM)
             };
             let (trans_a, trans_b) = (u8::from(!g.a_k_major), u8::from(!g.b_k_major));
-            self.ins(format!(
+            self.insf(format_args!(
                 "wgmma.mma_async.sync.aligned.m64n{bn}k16.f32.{ty}.{ty} {{{}}}, {a}, {b}, {one}, 1, 1, {trans_a}, {trans_b}",
                 acc.join(", ")
             ));
@@ -570,10 +570,10 @@ impl Writer<'_> {
     /// A descriptor of the matrix at shared address `base + offset`.
     fn descriptor(&mut self, base: &str, offset: u64, lbo: u64, sbo: u64) -> String {
         let (addr, d) = (self.r(), self.rd());
-        self.ins(format!("add.u32 {addr}, {base}, {offset}"));
-        self.ins(format!("shr.u32 {addr}, {addr}, 4"));
-        self.ins(format!("cvt.u64.u32 {d}, {addr}"));
-        self.ins(format!("or.b64 {d}, {d}, {:#018x}", descriptor_bits(lbo, sbo)));
+        self.insf(format_args!("add.u32 {addr}, {base}, {offset}"));
+        self.insf(format_args!("shr.u32 {addr}, {addr}, 4"));
+        self.insf(format_args!("cvt.u64.u32 {d}, {addr}"));
+        self.insf(format_args!("or.b64 {d}, {d}, {:#018x}", descriptor_bits(lbo, sbo)));
         d
     }
 
@@ -591,15 +591,15 @@ impl Writer<'_> {
         let bytes = if half_bits(p.ty.dtype) { 2 } else { 4 };
         let (lrow, lcol) = self.fragment_origin();
         let col0 = self.r();
-        self.ins(format!("add.u32 {col0}, {lcol}, {}", origin[1]));
+        self.insf(format_args!("add.u32 {col0}, {lcol}, {}", origin[1]));
         let mut rows = Vec::new();
         for half in 0..2 {
             let (local, r, inside, at) = (self.r(), self.r(), self.p(), self.rd());
-            self.ins(format!("add.u32 {local}, {lrow}, {}", 8 * half));
-            self.ins(format!("add.u32 {r}, {local}, {}", origin[0]));
-            self.ins(format!("setp.lt.u32 {inside}, {r}, {}", dims[0]));
-            self.ins(format!("mul.wide.u32 {at}, {r}, {}", dims[1] * bytes));
-            self.ins(format!("add.u64 {at}, {out}, {at}"));
+            self.insf(format_args!("add.u32 {local}, {lrow}, {}", 8 * half));
+            self.insf(format_args!("add.u32 {r}, {local}, {}", origin[0]));
+            self.insf(format_args!("setp.lt.u32 {inside}, {r}, {}", dims[0]));
+            self.insf(format_args!("mul.wide.u32 {at}, {r}, {}", dims[1] * bytes));
+            self.insf(format_args!("add.u64 {at}, {out}, {at}"));
             rows.push((local, inside, at));
         }
         let together = if dims[1].is_multiple_of(2) { 2 } else { 1 };
@@ -619,14 +619,14 @@ impl Writer<'_> {
     pub(super) fn fragment_origin(&mut self) -> (String, String) {
         let (lane, wg) = (self.tid.clone(), self.warpgroup.clone());
         let (lrow, lcol, t) = (self.r(), self.r(), self.r());
-        self.ins(format!("mul.lo.u32 {lrow}, {wg}, {WG_ROWS}"));
-        self.ins(format!("div.u32 {t}, {lane}, 32"));
-        self.ins(format!("mad.lo.u32 {lrow}, {t}, 16, {lrow}"));
-        self.ins(format!("rem.u32 {t}, {lane}, 32"));
-        self.ins(format!("div.u32 {t}, {t}, 4"));
-        self.ins(format!("add.u32 {lrow}, {lrow}, {t}"));
-        self.ins(format!("rem.u32 {t}, {lane}, 4"));
-        self.ins(format!("mul.lo.u32 {lcol}, {t}, 2"));
+        self.insf(format_args!("mul.lo.u32 {lrow}, {wg}, {WG_ROWS}"));
+        self.insf(format_args!("div.u32 {t}, {lane}, 32"));
+        self.insf(format_args!("mad.lo.u32 {lrow}, {t}, 16, {lrow}"));
+        self.insf(format_args!("rem.u32 {t}, {lane}, 32"));
+        self.insf(format_args!("div.u32 {t}, {t}, 4"));
+        self.insf(format_args!("add.u32 {lrow}, {lrow}, {t}"));
+        self.insf(format_args!("rem.u32 {t}, {lane}, 4"));
+        self.insf(format_args!("mul.lo.u32 {lcol}, {t}, 2"));
         (lrow, lcol)
     }
 
@@ -634,19 +634,19 @@ impl Writer<'_> {
     pub(super) fn wait_phase(&mut self, bar: &str, parity: &str) {
         let (wait, ready) = (self.label("wait"), self.p());
         self.place_label(&wait);
-        self.ins(format!("mbarrier.try_wait.parity.shared::cta.b64 {ready}, [{bar}], {parity}"));
-        self.ins(format!("@!{ready} bra {wait}"));
+        self.insf(format_args!("mbarrier.try_wait.parity.shared::cta.b64 {ready}, [{bar}], {parity}"));
+        self.insf(format_args!("@!{ready} bra {wait}"));
     }
 
     /// Whether place `at` lies inside the output array, and its first element's address.
     pub(super) fn address(&mut self, frag: &Fragment, at: &Place) -> (String, String) {
         let (_, inside, row) = &frag.rows[at.half];
         let (c, ok, wide, addr) = (self.r(), self.p(), self.rd(), self.rd());
-        self.ins(format!("add.u32 {c}, {}, {}", frag.col0, at.column));
-        self.ins(format!("setp.lt.u32 {ok}, {c}, {}", frag.columns));
-        self.ins(format!("and.pred {ok}, {ok}, {inside}"));
-        self.ins(format!("mul.wide.u32 {wide}, {c}, {}", frag.bytes));
-        self.ins(format!("add.u64 {addr}, {row}, {wide}"));
+        self.insf(format_args!("add.u32 {c}, {}, {}", frag.col0, at.column));
+        self.insf(format_args!("setp.lt.u32 {ok}, {c}, {}", frag.columns));
+        self.insf(format_args!("and.pred {ok}, {ok}, {inside}"));
+        self.insf(format_args!("mul.wide.u32 {wide}, {c}, {}", frag.bytes));
+        self.insf(format_args!("add.u64 {addr}, {row}, {wide}"));
         (ok, addr)
     }
 }

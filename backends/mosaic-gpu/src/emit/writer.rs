@@ -79,6 +79,9 @@ pub(super) struct Namer {
     /// Per scope, in first use: the count of each [`Class`].
     counts: Vec<(String, [u32; 5])>,
     at: HashMap<String, usize>,
+    /// The current scope's place in `counts`, once looked up (a kernel names tens of thousands
+    /// of registers, and a scope changes only at a statement with a body).
+    current: Option<usize>,
     /// Result-less statements met so far, by parent scope.
     anonymous: HashMap<String, u32>,
 }
@@ -88,26 +91,36 @@ impl Namer {
         if self.scope.is_empty() { "k" } else { &self.scope }
     }
 
-    /// The scope and the next number of `class` in it.
-    fn count(&mut self, class: Class) -> (String, u32) {
+    /// The current scope's place in `counts`.
+    fn slot(&mut self) -> usize {
+        if let Some(i) = self.current {
+            return i;
+        }
         let scope = self.scope().to_string();
         let i = match self.at.get(&scope) {
             Some(&i) => i,
             None => {
                 self.counts.push((scope.clone(), [0; 5]));
-                self.at.insert(scope.clone(), self.counts.len() - 1);
+                self.at.insert(scope, self.counts.len() - 1);
                 self.counts.len() - 1
             }
         };
-        let n = &mut self.counts[i].1[class as usize];
-        *n += 1;
-        (scope, *n - 1)
+        self.current = Some(i);
+        i
+    }
+
+    /// The scope and the next number of `class` in it.
+    fn count(&mut self, class: Class) -> (&str, u32) {
+        let i = self.slot();
+        let (scope, counts) = &mut self.counts[i];
+        counts[class as usize] += 1;
+        (scope, counts[class as usize] - 1)
     }
 
     /// A fresh register of `class`.
     fn next(&mut self, class: Class) -> String {
-        let (scope, n) = self.count(class);
         let (_, prefix) = class.register().expect("a register class");
+        let (scope, n) = self.count(class);
         format!("{prefix}_{scope}_{n}")
     }
 
@@ -122,10 +135,12 @@ impl Namer {
                 format!("{parent}_s{}", *k - 1)
             }
         };
+        self.current = None;
         std::mem::replace(&mut self.scope, scope)
     }
 
     pub(super) fn leave(&mut self, back: String) {
+        self.current = None;
         self.scope = back;
     }
 
@@ -229,6 +244,12 @@ impl<'p> Writer<'p> {
         let _ = writeln!(self.out, "\t{};", s.as_ref());
     }
 
+    /// [`Writer::ins`] of formatted text, written straight into the output (no `String` an
+    /// instruction: a kernel has tens of thousands).
+    pub(super) fn insf(&mut self, a: std::fmt::Arguments<'_>) {
+        let _ = writeln!(self.out, "\t{a};");
+    }
+
     pub(super) fn place_label(&mut self, l: &str) {
         let _ = writeln!(self.out, "{l}:");
     }
@@ -240,7 +261,7 @@ impl<'p> Writer<'p> {
     /// A 32-bit register holding `imm`.
     pub(super) fn imm(&mut self, imm: u32) -> String {
         let r = self.r();
-        self.ins(format!("mov.b32 {r}, {imm}"));
+        self.insf(format_args!("mov.b32 {r}, {imm}"));
         r
     }
 
@@ -254,12 +275,12 @@ impl<'p> Writer<'p> {
         // Unrolled, so that element `t + 128 j` is register `j` of a value in registers.
         for j in 0..n.div_ceil(THREADS as usize) {
             let e = self.r();
-            self.ins(format!("add.u32 {e}, {tid}, {}", j * THREADS as usize));
+            self.insf(format_args!("add.u32 {e}, {tid}, {}", j * THREADS as usize));
             let skip = ((j + 1) * THREADS as usize > n).then(|| self.label("past"));
             if let Some(skip) = &skip {
                 let past = self.p();
-                self.ins(format!("setp.ge.u32 {past}, {e}, {n}"));
-                self.ins(format!("@{past} bra {skip}"));
+                self.insf(format_args!("setp.ge.u32 {past}, {e}, {n}"));
+                self.insf(format_args!("@{past} bra {skip}"));
             }
             self.element = Some((e.clone(), j));
             f(self, &e);
@@ -282,16 +303,16 @@ impl<'p> Writer<'p> {
         body: impl FnOnce(&mut Self, &str),
     ) {
         let i = self.r();
-        self.ins(format!("mov.u32 {i}, {from}"));
+        self.insf(format_args!("mov.u32 {i}, {from}"));
         let (top, end) = (self.label(labels.0), self.label(labels.1));
         self.place_label(&top);
         let done = self.p();
         let bra = if uniform { "bra.uni" } else { "bra" };
-        self.ins(format!("setp.ge.u32 {done}, {i}, {below}"));
-        self.ins(format!("@{done} {bra} {end}"));
+        self.insf(format_args!("setp.ge.u32 {done}, {i}, {below}"));
+        self.insf(format_args!("@{done} {bra} {end}"));
         body(self, &i);
-        self.ins(format!("add.u32 {i}, {i}, {by}"));
-        self.ins(format!("{bra} {top}"));
+        self.insf(format_args!("add.u32 {i}, {i}, {by}"));
+        self.insf(format_args!("{bra} {top}"));
         self.place_label(&end);
     }
 
@@ -318,7 +339,7 @@ impl<'p> Writer<'p> {
         } else {
             // Each warpgroup synchronises its own 128 threads (named barrier = warpgroup).
             let wg = self.warpgroup.clone();
-            self.ins(format!("bar.sync {wg}, {THREADS}"));
+            self.insf(format_args!("bar.sync {wg}, {THREADS}"));
         }
     }
 }
