@@ -54,13 +54,7 @@ impl Writer<'_> {
         let (step, top) = (self.r(), self.label("step"));
         self.insf(format_args!("mov.u32 {step}, 0"));
         self.place_label(&top);
-        let (stage, parity) = self.stage_of(g, &step, 0);
-        let (bar, base) = (self.r(), self.r());
-        self.insf(format_args!("mad.lo.u32 {bar}, {stage}, 8, {bars}"));
-        self.insf(format_args!("mad.lo.u32 {base}, {stage}, {}, {smem}", g.stage_bytes()));
-        self.comment("wait for this step's operands");
-        self.wait_phase(&bar, &parity);
-        self.write_wgmmas(&g.mma(), &base, (&base, g.a_bytes()), &acc);
+        self.multiply_stage(g, &step, (&smem, &bars), &acc);
         self.comment("this step's wgmmas stay in flight; the previous step's are done, so once every");
         self.comment("warpgroup is past them thread 0 refills their stage with the step `stages` later");
         self.ins("wgmma.wait_group.sync.aligned 1");
@@ -151,13 +145,7 @@ impl Writer<'_> {
             let origin = w.origin_of(&g.out);
             let acc = w.start_accumulator(g, &out, &origin);
             w.over_steps(g, |w, step| {
-                let (stage, parity) = w.stage_of(g, &done, 0);
-                let (bar, base) = (w.r(), w.r());
-                w.insf(format_args!("mad.lo.u32 {bar}, {stage}, 8, {full}"));
-                w.insf(format_args!("mad.lo.u32 {base}, {stage}, {}, {smem}", g.stage_bytes()));
-                w.comment("wait for this step's operands");
-                w.wait_phase(&bar, &parity);
-                w.write_wgmmas(&g.mma(), &base, (&base, g.a_bytes()), &acc);
+                w.multiply_stage(g, &done, (&smem, &full), &acc);
                 w.comment("the step before's wgmmas are done: release its stage");
                 w.ins("wgmma.wait_group.sync.aligned 1");
                 let (first, skip) = (w.p(), w.label("released"));
@@ -172,6 +160,18 @@ impl Writer<'_> {
             w.finish_gemm(g, &out, &origin);
         });
         self.place_label(&end);
+    }
+
+    /// The CTA's `step`-th step: once its stage's `full` mbarrier (in `bars`) says the operands
+    /// landed, its `wgmma`s into `acc`, committed as one group.
+    fn multiply_stage(&mut self, g: &Gemm, step: &str, (smem, bars): (&str, &str), acc: &[String]) {
+        let (stage, parity) = self.stage_of(g, step, 0);
+        let (bar, base) = (self.r(), self.r());
+        self.insf(format_args!("mad.lo.u32 {bar}, {stage}, 8, {bars}"));
+        self.insf(format_args!("mad.lo.u32 {base}, {stage}, {}, {smem}", g.stage_bytes()));
+        self.comment("wait for this step's operands");
+        self.wait_phase(&bar, &parity);
+        self.write_wgmmas(&g.mma(), &base, (&base, g.a_bytes()), acc);
     }
 
     /// The parallel and the `seq` grid axes of a Hopper kernel.
@@ -237,16 +237,9 @@ impl Writer<'_> {
         if !persistent {
             return body(self, cta);
         }
-        let (block, stride, top, past, done) = (self.r(), self.r(), self.label("block"), self.p(), self.label("blocks_done"));
-        self.insf(format_args!("mov.u32 {block}, {cta}"));
+        let stride = self.r();
         self.insf(format_args!("mov.u32 {stride}, %nctaid.x"));
-        self.place_label(&top);
-        self.insf(format_args!("setp.ge.u32 {past}, {block}, {blocks}"));
-        self.insf(format_args!("@{past} bra {done}"));
-        body(self, &block);
-        self.insf(format_args!("add.u32 {block}, {block}, {stride}"));
-        self.insf(format_args!("bra.uni {top}"));
-        self.place_label(&done);
+        self.count(cta, blocks as usize, &stride, true, ("block", "blocks_done"), body);
     }
 
     /// `body` for each of the `seq` steps, given the step's register.

@@ -291,13 +291,14 @@ impl<'p> Writer<'p> {
         }
     }
 
-    /// A counted loop: `i` from `from` while below `below`, by `by`; `uniform` when the threads of
-    /// a warp all take the same branches (`bra.uni`). `labels` are the loop's label stems.
+    /// A counted loop: `i` from `from` while below `below`, by `by` (an immediate or a
+    /// register); `uniform` when the threads of a warp all take the same branches (`bra.uni`).
+    /// `labels` are the loop's label stems.
     pub(super) fn count(
         &mut self,
         from: &str,
         below: usize,
-        by: u32,
+        by: impl std::fmt::Display,
         uniform: bool,
         labels: (&str, &str),
         body: impl FnOnce(&mut Self, &str),
