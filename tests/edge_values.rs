@@ -728,7 +728,7 @@ fn row_reductions_propagate_nan_on_every_executor() {
 /// The expected bits are the input's, moved by index arithmetic written out here.
 #[test]
 fn shape_operations_keep_every_bit_on_every_executor() {
-    let src = "kernel moves\n  in  x: f32[2, 8]\n  out t: f32[4, 16]\n  out r: f32[2, 24]\n  out c: f32[4, 8]\n  out s: f32[2, 4]\n  out p: f32[8, 2]\n{\n  %x = load x\n  %t = tile %x reps (2, 2)\n  store t, %t\n  %r = repeat %x times 3 axis 1\n  store r, %r\n  %c = concatenate %x, %x axis 0\n  store c, %c\n  %s = slice %x start (0, 1) stride (1, 2) : f32[2, 4]\n  store s, %s\n  %p = transpose %x perm (1, 0)\n  store p, %p\n}\n";
+    let src = "kernel moves\n  in  x: f32[2, 8]\n  in  y: f32[2, 8]\n  out t: f32[4, 16]\n  out r: f32[2, 24]\n  out q: f32[6, 8]\n  out c: f32[4, 8]\n  out s: f32[2, 4]\n  out p: f32[8, 2]\n{\n  %x = load x\n  %y = load y\n  %t = tile %x reps (2, 2)\n  store t, %t\n  %r = repeat %x times 3 axis 1\n  store r, %r\n  %q = repeat %x times 3 axis 0\n  store q, %q\n  %c = concatenate %x, %y axis 0\n  store c, %c\n  %s = slice %x start (0, 1) stride (1, 2) : f32[2, 4]\n  store s, %s\n  %p = transpose %x perm (1, 0)\n  store p, %p\n}\n";
     let x: Vec<u32> = vec![
         0x7FC0_1234, // a quiet NaN with a payload
         0xFFC0_0001, // a negative one
@@ -748,16 +748,23 @@ fn shape_operations_keep_every_bit_on_every_executor() {
         0xC2F6_E979,
     ];
     let at = |i: usize, j: usize| x[i * 8 + j];
+    // `y` is `x` backwards, so that `concatenate` shows which operand went first.
+    let y: Vec<u32> = x.iter().rev().copied().collect();
     let want: Vec<(&str, Vec<u32>)> = vec![
         ("t", (0..4 * 16).map(|e| at((e / 16) % 2, (e % 16) % 8)).collect()),
         ("r", (0..2 * 24).map(|e| at(e / 24, (e % 24) / 3)).collect()),
-        ("c", (0..4 * 8).map(|e| at((e / 8) % 2, e % 8)).collect()),
+        ("q", (0..6 * 8).map(|e| at(e / 8 / 3, e % 8)).collect()),
+        ("c", (0..4 * 8).map(|e| if e < 16 { x[e] } else { y[e - 16] }).collect()),
         ("s", (0..2 * 4).map(|e| at(e / 4, 1 + 2 * (e % 4))).collect()),
         ("p", (0..8 * 2).map(|e| at(e % 2, e / 2)).collect()),
     ];
     let kernel = tessel::load_source("moves.tk", src).unwrap_or_else(|e| panic!("{e}")).remove(0);
     let args = LaunchArgs {
-        inputs: [("x".to_string(), HostArray::from_bits(DType::F32, &[2, 8], x.clone()))].into(),
+        inputs: [
+            ("x".to_string(), HostArray::from_bits(DType::F32, &[2, 8], x.clone())),
+            ("y".to_string(), HostArray::from_bits(DType::F32, &[2, 8], y.clone())),
+        ]
+        .into(),
         grid: Default::default(),
     };
     for (exec, outputs) in on_every_executor(&kernel, &args, "wgpu shape operations") {

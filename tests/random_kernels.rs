@@ -287,10 +287,11 @@ fn generate(s: &Spec) -> String {
             16 if r % 2 == 0 => {
                 // Strided slices of a value (the even rows, the odd ones), then the two joined
                 // odd rows first, or the even ones copied whole (`tile`) or each in a row (`repeat`).
-                let (ev, od) = (b.fresh(), b.fresh());
+                let ev = b.fresh();
                 b.line(&format!("{ev} = slice {a} start (0, 0) stride (2, 1) : f32[{}, {c}]", r / 2));
                 match g.random_range(0..3) {
                     0 => {
+                        let od = b.fresh();
                         b.line(&format!("{od} = slice {a} start (1, 0) stride (2, 1) : f32[{}, {c}]", r / 2));
                         b.line(&format!("{v} = concatenate {od}, {ev} axis 0"));
                     }

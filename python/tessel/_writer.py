@@ -355,6 +355,9 @@ class _Writer(_Refs, _MultiIndex, _Values, _Order, _Prng, _Control):
         elif name == "concatenate":
             args = ", ".join(self.value(v, eqn) for v in eqn.invars)
             self.op(eqn, f"concatenate {args} axis {p['dimension']}")
+        elif name == "tile" and all(int(r) == 1 for r in p["reps"]):
+            # Nothing copied (a 0-d value has no counts at all): the value itself.
+            self.define(eqn.outvars[0], self.read(eqn.invars[0]))
         elif name == "tile":
             # `jnp.tile` (and `pltpu.repeat`, which is one): the language's `tile` (JAX gives one
             # count per dimension).

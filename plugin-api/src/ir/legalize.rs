@@ -92,6 +92,9 @@ fn rewrite(body: Vec<Stmt>, names: &mut Names<'_>) -> Vec<Stmt> {
             (None, Op::Repeat { arg: Operand::Value(x), times, axis }) => {
                 out.extend(copied(&s, x, &[(*axis, *times, false)], names))
             }
+            (None, Op::Tile { .. } | Op::Repeat { .. }) => {
+                unreachable!("the verifier gives tile and repeat values, not literals")
+            }
             _ => out.push(s),
         }
     }
@@ -212,6 +215,18 @@ mod tests {
         let v = verify(&parse(plain).expect("parses").kernels.remove(0)).expect("verifies");
         let before = print_kernel(v.kernel());
         assert_eq!(print_kernel(legalize(v).expect("unchanged").kernel()), before);
+    }
+
+    #[test]
+    fn a_tile_of_a_scalar_is_refused_since_its_text_could_not_be_read_back() {
+        // `reps ()` is not text the parser reads: the verifier refuses what would print so.
+        let src = "kernel k\n  out o: f32[1]\n{\n  %x = full 1.0 : f32\n  %t = tile %x reps (1)\n  %z = zeros : f32[1]\n  store o, %z\n}\n";
+        let mut k = parse(src).expect("parses").kernels.remove(0);
+        assert!(verify(&k).is_err(), "one count for no dimension");
+        let Op::Tile { reps, .. } = &mut k.body[1].op else { panic!("the tile") };
+        reps.clear();
+        let err = verify(&k).expect_err("a tile of a scalar").to_string();
+        assert!(err.contains("a tile of a scalar is the scalar"), "{err}");
     }
 
     #[test]

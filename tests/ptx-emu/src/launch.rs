@@ -250,6 +250,15 @@ impl Module {
         if self.shared.is_some() && shared == 0 {
             return Err(format!("{} uses dynamic shared memory, but the launch gives it none", self.entry));
         }
+        // The SM's register file: 64K 32-bit registers for the CTA's threads at entry.
+        if let Some(n) = self.maxnreg
+            && u64::from(n) * u64::from(block) > 65_536
+        {
+            return Err(format!(
+                "{} asks for {n} registers a thread (.maxnreg) for {block} threads: more than an SM's 65536",
+                self.entry
+            ));
+        }
         let mut counts = Counts::default();
         for id in 0..grid {
             let mut cta = Cta {

@@ -205,14 +205,17 @@ impl Checker<'_> {
             }
             Op::Tile { arg, reps } => {
                 let t = self.val(arg, span, "the operand of `tile`")?;
-                if reps.len() != t.shape.len() || reps.contains(&0) {
+                if reps.len() != t.shape.len() || reps.is_empty() || reps.contains(&0) {
                     self.err(
                         span,
                         format!(
                             "`tile` of {t} with reps ({})",
                             reps.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
                         ),
-                        format!("expected one count of copies, at least 1, for each of its {} dimensions", t.shape.len()),
+                        match t.shape.len() {
+                            0 => "expected a value with dimensions to copy (a tile of a scalar is the scalar)".to_string(),
+                            n => format!("expected one count of copies, at least 1, for each of its {n} dimensions"),
+                        },
                     );
                     return None;
                 }
