@@ -1,74 +1,56 @@
-//! Random differential testing: well-typed kernels made from a seed (elementwise chains,
-//! reductions with broadcasting back, `dot` (transposed, and on f16/bf16 operands), masks from
-//! `iota`, ragged blocks, `when`, `if`, `for` with carried values, `for ... while` with a
-//! data-dependent trip count, computed block indices reading a table, strided loads, integer
-//! chains, outputs revisited along a `seq` axis) run on the interpreter, on wgpu, and as Mosaic GPU PTX on the PTX
-//! emulator, with the same seeded inputs; they must
-//! agree within the dtype's tolerance (exact for integers). A disagreement is shrunk (fewer
-//! steps, smaller blocks, while it still disagrees) and saved under `tests/in/regressions/`,
-//! where `tests/wgpu.rs` and `tests/mosaic.rs` run it from then on.
-//!
-//! A third of the kernels also compute an `e` output at the edges of the float operations:
-//! special literals (`inf`, `nan`, `-0.0`, huge and tiny) as operands of `add sub mul div rem
-//! pow max min` on either side, blocks with special values masked in, and `exp`, `log`, `sin`,
-//! `cos`, `tanh`, `logistic`, `pow` and `rem` of arguments scaled to their edges. Only values
-//! every backend computes bit for bit (the inputs, exact operations) feed them, so that a
-//! 2-ulp difference upstream cannot become a different `sin(1e30 x)`.
-//!
-//! `TESSEL_RANDOM_KERNELS=N` sets how many kernels (default 60; the closing notes record runs of
-//! thousands). `TESSEL_RANDOM_SEED=S` starts elsewhere.
-
-mod common;
+//! The random kernels' generator: a [`Spec`] drawn from a seed, and the kernel text it makes
+//! ([`generate`]), with the edge steps of a third of them.
 
 use std::fmt::Write as _;
 
-use common::*;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
-use tessel::{KernelLaunch, LaunchArgs, Runtime};
+
+use crate::Target;
+use crate::common::rng;
 
 /// The shape of one generated kernel: everything the text is made from.
 #[derive(Clone, Debug)]
-struct Spec {
-    seed: u64,
+pub(crate) struct Spec {
+    pub(crate) seed: u64,
     /// Block rows and columns; grid sizes; how much the array falls short of whole blocks.
-    r: usize,
-    c: usize,
-    gi: usize,
-    gj: usize,
-    short_r: usize,
-    short_c: usize,
+    pub(crate) r: usize,
+    pub(crate) c: usize,
+    pub(crate) gi: usize,
+    pub(crate) gj: usize,
+    pub(crate) short_r: usize,
+    pub(crate) short_c: usize,
     /// `j` is a `seq` axis and the output accumulates over it.
-    seq: bool,
-    steps: usize,
+    pub(crate) seq: bool,
+    pub(crate) steps: usize,
     /// Edge steps of the `e` output (0: no `e`).
-    edges: usize,
+    pub(crate) edges: usize,
     /// The classes issue 38 found unguarded, drawn now and then (from a stream of their own,
     /// so that kernels without them stay as they were): a `for` of this many trips (0: none;
     /// else past 70,000, beyond some drivers' loop budget), this many `when`s nested around
     /// the last store (0: none; else up to the nesting limit), a grid of hundreds of
     /// programs over blocks of one or two rows, and blocks of 8,192 to 32,768 elements (wgpu
     /// lowers up to 65,536) on a grid of one program.
-    trips: usize,
-    depth: usize,
-    wide: bool,
-    big: bool,
+    pub(crate) trips: usize,
+    pub(crate) depth: usize,
+    pub(crate) wide: bool,
+    pub(crate) big: bool,
     /// Computed block indices of `y` (rows, columns), reading a table `t: i32[5]` now and then
     /// (from a stream of their own); `None`: `at (i, j)`.
-    index: Option<[String; 2]>,
+    pub(crate) index: Option<[String; 2]>,
     /// A `while` loop after the steps (from a stream of its own): halving the last value until
     /// its largest magnitude is at most 1, a trip count that depends on the data.
-    halve: bool,
+    pub(crate) halve: bool,
     /// A strided load of `y` beside the whole one (from a stream of its own): every second row
     /// and every third column from the block's origin, reaching past the block (and the array).
-    strided: bool,
+    pub(crate) strided: bool,
     /// A gather of `y`'s rows by an index vector (from a stream of its own): rows `(7 k + a) mod
     /// (2 r) - b` of the block for k in [0, r), some before the block, some past it (and the array).
-    gather: Option<(usize, usize)>,
+    pub(crate) gather: Option<(usize, usize)>,
     /// An `if` after the steps (from a stream of its own): its condition exact on every backend
     /// (an integer sum of `n` and the program id), its branches computing a float and an
     /// integer result each, the first branch holding a second `if` now and then.
-    branch: Option<bool>,
+    pub(crate) branch: Option<bool>,
 }
 
 impl Spec {
@@ -76,7 +58,7 @@ impl Spec {
     /// Mosaic GPU PTX only the deep nesting: the emulator runs a CTA's 128 threads one
     /// instruction at a time, and a 70,000-trip loop or 600 CTAs take it minutes, for classes
     /// that are wgpu's and the interpreter's).
-    fn random_for(seed: u64, target: Target) -> Spec {
+    pub(crate) fn random_for(seed: u64, target: Target) -> Spec {
         let s = Spec::random(seed);
         match target {
             Target::Wgpu => s,
@@ -84,11 +66,11 @@ impl Spec {
         }
     }
 
-    fn random(seed: u64) -> Spec {
+    pub(crate) fn random(seed: u64) -> Spec {
         Spec::plain(seed).stressed()
     }
 
-    fn plain(seed: u64) -> Spec {
+    pub(crate) fn plain(seed: u64) -> Spec {
         let mut g = rng(seed);
         let (r, c) = (g.random_range(1..=12), g.random_range(1..=40));
         Spec {
@@ -115,26 +97,26 @@ impl Spec {
     }
 
     /// An `if` for a quarter of the seeds: whether its first branch nests a second one.
-    fn branch(seed: u64) -> Option<bool> {
+    pub(crate) fn branch(seed: u64) -> Option<bool> {
         let mut g = rng(seed ^ 0x1f3);
         g.random_bool(0.25).then(|| g.random_bool(0.5))
     }
 
     /// A gather of `y` for a quarter of the seeds: the offsets `a` and `b` of its row indices.
-    fn gather(seed: u64) -> Option<(usize, usize)> {
+    pub(crate) fn gather(seed: u64) -> Option<(usize, usize)> {
         let mut g = rng(seed ^ 0x6a7);
         g.random_bool(0.25).then(|| (g.random_range(0..8), g.random_range(0..4)))
     }
 
     /// `y`'s computed block indices for a third of the seeds: expressions of the axes with every
     /// operation of a computed index and reads of the table `t`.
-    fn computed_index(seed: u64) -> Option<[String; 2]> {
+    pub(crate) fn computed_index(seed: u64) -> Option<[String; 2]> {
         let mut g = rng(seed ^ 0x1dc5);
         g.random_bool(0.3).then(|| [index_expr(&mut g, "i", 2), index_expr(&mut g, "j", 2)])
     }
 
     /// Draws the stress classes (`trips`, `depth`, `wide`, `big`).
-    fn stressed(mut self) -> Spec {
+    pub(crate) fn stressed(mut self) -> Spec {
         let mut g = rng(self.seed ^ 0x5722);
         if g.random_bool(0.05) {
             self.trips = g.random_range(70_000..=70_100);
@@ -161,11 +143,11 @@ impl Spec {
         self
     }
 
-    fn height(&self) -> usize {
+    pub(crate) fn height(&self) -> usize {
         (self.r * self.gi - self.short_r).max(1)
     }
 
-    fn width(&self) -> usize {
+    pub(crate) fn width(&self) -> usize {
         (self.c * self.gj - self.short_c).max(1)
     }
 }
@@ -233,11 +215,11 @@ impl Body {
 }
 
 /// The kernel text of a spec.
-fn generate(s: &Spec) -> String {
+pub(crate) fn generate(s: &Spec) -> String {
     let mut g = rng(s.seed ^ 0x5eed);
     let (r, c, h, w) = (s.r, s.c, s.height(), s.width());
     let mut head = String::new();
-    let _ = writeln!(head, "# random kernel, seed {} (tests/random_kernels.rs)", s.seed);
+    let _ = writeln!(head, "# random kernel, seed {} (tests/random_kernels/)", s.seed);
     let _ = writeln!(head, "kernel random_{}", s.seed);
     let _ = writeln!(head, "  grid (i: {}, j: {}{})", s.gi, s.gj, if s.seq { " seq" } else { "" });
     let _ = writeln!(head, "  in  x: f32[{h}, {w}] block [{r}, {c}] at (i, j)");
@@ -482,7 +464,9 @@ fn generate(s: &Spec) -> String {
         b.line(&format!("{rows} = max {a} axis 1"));
         b.line(&format!("{m} = max {rows} axis 0"));
         b.line(&format!("{go} = gt {m}, 1.0"));
-        b.line(&format!("{h}, {hm}, {hg} = for %halving = 0 to 64 iter ({hv} = {last}, {hx} = {m}, {hgo} = {go}) while {hgo} {{"));
+        b.line(&format!(
+            "{h}, {hm}, {hg} = for %halving = 0 to 64 iter ({hv} = {last}, {hx} = {m}, {hgo} = {go}) while {hgo} {{"
+        ));
         b.line(&format!("  {h2} = mul {hv}, 0.5"));
         b.line(&format!("  {hx2} = mul {hx}, 0.5"));
         b.line(&format!("  {hg2} = gt {hx2}, 1.0"));
@@ -607,8 +591,9 @@ fn edge_steps(s: &Spec, b: &mut Body) -> String {
             }
             2 => {
                 // A function of an argument scaled to its edges.
-                let f = ["exp", "exp2", "log", "log2", "sin", "cos", "tanh", "logistic", "sqrt", "rsqrt", "expm1", "log1p", "erf"]
-                    [g.random_range(0..13)];
+                let f =
+                    ["exp", "exp2", "log", "log2", "sin", "cos", "tanh", "logistic", "sqrt", "rsqrt", "expm1", "log1p", "erf"]
+                        [g.random_range(0..13)];
                 let t = b.fresh();
                 b.line(&format!("{t} = mul {a}, {}", SCALES[g.random_range(0..SCALES.len())]));
                 b.line(&format!("{v} = {f} {t}"));
@@ -636,167 +621,4 @@ fn edge_steps(s: &Spec, b: &mut Body) -> String {
         acc = v;
     }
     acc
-}
-
-/// What runs a kernel against the interpreter.
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Target {
-    Wgpu,
-    /// The Mosaic GPU backend's PTX on the PTX emulator; threads in reverse order for odd seeds.
-    MosaicEmulated,
-}
-
-/// `Ok` if `target` agrees with the interpreter on the kernel, else what differs.
-fn differ(rt: &Runtime, target: Target, text: &str, seed: u64) -> Result<(), String> {
-    let kernels = tessel::load_source("random.tk", text).map_err(|e| format!("does not verify: {e}"))?;
-    let k = &kernels[0];
-    let call = [KernelLaunch { kernel: k, mesh: None }];
-    let args = LaunchArgs { inputs: tessel::inputs::random_inputs(k.kernel(), seed), grid: Default::default() };
-    let want = rt.launch("interpret", &call, &[], &args).map_err(|e| format!("interpret: {e}"))?;
-    // The interpreter's fused runs give the bits of its statements one by one.
-    let unfused = tessel_interpret::compile_unfused(k).run(&args).map_err(|e| format!("interpret, unfused: {e}"))?;
-    for ((name, w), (_, u)) in want.iter().zip(&unfused) {
-        if w.to_bits() != u.to_bits() {
-            return Err(format!("output {name}: the interpreter's fused program differs from its statements one by one"));
-        }
-    }
-    let got = match target {
-        Target::Wgpu => match rt.launch("wgpu", &call, &[], &args) {
-            // A driver's loop budget (Mesa's llvmpipe) refuses the long loops: right, not a
-            // disagreement.
-            Err(e) if e.to_string().contains("silently stops every loop") => return Ok(()),
-            r => r.map_err(|e| format!("wgpu: {e}"))?,
-        },
-        Target::MosaicEmulated => {
-            let (_, ptx) =
-                rt.lower("mosaic-gpu", &call, &[], &Default::default()).map_err(|e| format!("mosaic-gpu: {e}"))?.remove(0);
-            if let Some(ptxas) = ptxas() {
-                assemble(&ptxas, "random", &ptx).map_err(|e| format!("ptxas refuses the PTX: {e}"))?;
-            }
-            emulate(&ptx, k, &args, seed % 2 == 1).map_err(|e| format!("mosaic-gpu (emulated): {e}"))?
-        }
-    };
-    for ((name, w), (_, g)) in want.iter().zip(&got) {
-        let a = tessel_plugin_api::array::agreement(g, w);
-        if !a.within {
-            return Err(format!("output {name}: max abs error {} beyond {:?}", a.max_abs_error, a.tolerance));
-        }
-    }
-    Ok(())
-}
-
-/// The smallest spec derived from `s` that still disagrees: fewer steps, then smaller blocks
-/// and grids.
-fn shrink(rt: &Runtime, target: Target, mut s: Spec) -> Spec {
-    loop {
-        let candidates = [
-            Spec { steps: s.steps.saturating_sub(1).max(1), ..s.clone() },
-            Spec { r: (s.r / 2).max(1), short_r: 0, ..s.clone() },
-            Spec { c: (s.c / 2).max(1), short_c: 0, ..s.clone() },
-            Spec { gi: 1, ..s.clone() },
-            Spec { gj: 1, ..s.clone() },
-            Spec { short_r: 0, short_c: 0, ..s.clone() },
-            Spec { edges: s.edges.saturating_sub(1).max(usize::from(s.edges > 0)), ..s.clone() },
-        ];
-        let next = candidates.into_iter().find(|c| {
-            let smaller = (c.steps, c.r, c.c, c.gi, c.gj, c.short_r + c.short_c, c.edges)
-                != (s.steps, s.r, s.c, s.gi, s.gj, s.short_r + s.short_c, s.edges);
-            smaller && differ(rt, target, &generate(c), c.seed).is_err()
-        });
-        match next {
-            Some(c) => s = c,
-            None => return s,
-        }
-    }
-}
-
-/// Runs the seeded kernels on `target`; the disagreements, each shrunk and saved.
-fn run_random(rt: &Runtime, target: Target) -> (u64, u64, Vec<String>) {
-    let count: u64 = std::env::var("TESSEL_RANDOM_KERNELS").ok().and_then(|v| v.parse().ok()).unwrap_or(60);
-    let start: u64 = std::env::var("TESSEL_RANDOM_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or(1);
-    let mut failures = Vec::new();
-    for seed in start..start + count {
-        let spec = Spec::random_for(seed, target);
-        let text = generate(&spec);
-        if let Err(e) = differ(rt, target, &text, seed) {
-            let small = shrink(rt, target, spec);
-            let text = generate(&small);
-            let why = differ(rt, target, &text, small.seed).err().unwrap_or(e);
-            let dir = root().join("tests/in/regressions");
-            std::fs::create_dir_all(&dir).unwrap();
-            let name = if target == Target::Wgpu { format!("random_{seed}") } else { format!("random_mosaic_{seed}") };
-            let path = dir.join(format!("{name}.tk"));
-            let why_lines: String = why.lines().map(|l| format!("# {}\n", l.trim_end())).collect();
-            std::fs::write(&path, format!("# found by tests/random_kernels.rs, shrunk:\n{why_lines}{text}")).unwrap();
-            failures.push(format!("seed {seed}: {why} (shrunk into {})", path.display()));
-        }
-    }
-    (count, start, failures)
-}
-
-#[test]
-fn random_kernels_agree_on_interpret_and_wgpu() {
-    let Some(adapter) = wgpu_adapter("random differential kernels") else { return };
-    let rt = Runtime::new(&[]).unwrap();
-    let (count, start, failures) = run_random(&rt, Target::Wgpu);
-    eprintln!("{count} random kernels from seed {start} on {adapter}: {} disagreements", failures.len());
-    assert!(failures.is_empty(), "wgpu disagrees with the interpreter:\n{}", failures.join("\n"));
-}
-
-#[test]
-fn random_kernels_agree_on_interpret_and_emulated_mosaic_ptx() {
-    let rt = Runtime::new(&[]).unwrap();
-    let (count, start, failures) = run_random(&rt, Target::MosaicEmulated);
-    eprintln!("{count} random kernels from seed {start} as emulated Mosaic GPU PTX: {} disagreements", failures.len());
-    assert!(failures.is_empty(), "the emulated Mosaic GPU PTX disagrees with the interpreter:\n{}", failures.join("\n"));
-}
-
-#[test]
-fn the_generator_makes_kernels_that_verify_and_vary() {
-    let texts: Vec<String> = (1..=200).map(|seed| generate(&Spec::random(seed))).collect();
-    for t in &texts {
-        tessel::load_source("random.tk", t).unwrap_or_else(|e| panic!("{e}\n{t}"));
-    }
-    for op in [
-        "dot",
-        "sum",
-        "for",
-        "when",
-        "select",
-        "iota",
-        "seq",
-        "rem",
-        "exp",
-        "trans_a",
-        ": f16",
-        ": bf16",
-        "store e",
-        ", inf",
-        "nan",
-        "-0.0",
-        "pow",
-        "e30",
-        "for %long = 0 to 700",
-        "{\n  when ",
-        "t[",
-        "select(",
-        ") / (",
-        "while %",
-        ", 3)]",
-        "round",
-        "stride (2, 1)",
-        "load y[%gi, :]",
-        " = if %",
-        "  } else {",
-    ] {
-        assert!(texts.iter().any(|t| t.contains(op)), "no generated kernel uses {op}");
-    }
-    // The narrow integers, one of them at least (each alone is drawn rarely).
-    assert!(texts.iter().any(|t| [": i8", ": u8", ": i16", ": u16"].iter().any(|d| t.contains(d))), "no narrow integer");
-    // The stress classes are drawn, among the 60 kernels `scripts/test` runs too.
-    let specs: Vec<Spec> = (1..=60).map(Spec::random).collect();
-    assert!(specs.iter().any(|s| s.trips >= 70_000), "no long loop in the first 60");
-    assert!(specs.iter().any(|s| s.depth >= 16 && !s.seq), "no deep nesting in the first 60");
-    assert!(specs.iter().any(|s| s.wide && s.gi >= 200), "no wide grid in the first 60");
-    assert!(specs.iter().any(|s| s.big && s.r * s.c >= 8192), "no big block in the first 60");
 }
