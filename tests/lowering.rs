@@ -104,12 +104,13 @@ fn ptx(folder: &str, path: &Path, ptxas: Option<&Path>) -> bool {
     }
     // The Hopper path's other schedules (`TESSEL_MOSAIC_SCHEDULE`), for the files that show them
     // best: `ptx-specialized@FILE`, `ptx-persistent@FILE` and their `ptxas-` counts.
-    if SCHEDULED.contains(&name) {
-        for schedule in [Schedule::Specialized, Schedule::Persistent] {
+    if let Some((_, schedules)) = SCHEDULED.iter().find(|(n, _)| *n == name) {
+        for &schedule in *schedules {
             let stages = MosaicGpu::with_schedule(schedule).lower(&launch).unwrap_or_else(|e| panic!("{name}: {}", e.message));
             snapshot(folder, &format!("ptx-{}", schedule.name()), &printed("mosaic-gpu", &stages));
             if let Some(p) = ptxas {
-                let info = assemble(p, name, &stages[0].1).unwrap_or_else(|e| panic!("ptxas rejects {name} ({}):\n{e}", schedule.name()));
+                let info = assemble(p, name, &stages[0].1)
+                    .unwrap_or_else(|e| panic!("ptxas rejects {name} ({}):\n{e}", schedule.name()));
                 snapshot(folder, &format!("ptxas-{}", schedule.name()), &info);
             }
         }
@@ -118,8 +119,13 @@ fn ptx(folder: &str, path: &Path, ptxas: Option<&Path>) -> bool {
 }
 
 /// Files whose PTX is also snapshotted under the Hopper path's other schedules: the pipeline
-/// turning over (seven steps through four stages) and the epilogue (bias and gelu).
-const SCHEDULED: &[&str] = &["wgmma_steps", "wgmma_epilogue"];
+/// turning over (seven steps through four stages), the epilogue (bias and gelu), and causal
+/// attention (whose persistent schedule is its specialized one).
+const SCHEDULED: &[(&str, &[Schedule])] = &[
+    ("wgmma_steps", &[Schedule::Specialized, Schedule::Persistent]),
+    ("wgmma_epilogue", &[Schedule::Specialized, Schedule::Persistent]),
+    ("attention_causal_bf16", &[Schedule::Specialized]),
+];
 
 /// The wgpu backend's WGSL of every kernel of the file, as one launch, under `strategy`: each
 /// module validated by naga. Returns how many modules it checked.

@@ -307,7 +307,18 @@ fn every_schedule_of_the_hopper_matmuls_agrees_with_the_interpreter() {
     };
     let mut checked = 0;
     for schedule in [Schedule::Specialized, Schedule::Persistent] {
-        let files = ["wgmma_bf16", "wgmma_f16_wide", "wgmma_scratch", "wgmma_steps", "wgmma_epilogue", "wgmma_trans_a"];
+        // The matmuls, then the attention kernels (warp-specialized on either schedule; a
+        // program's trips already run in one CTA, so their grid stays as it is).
+        let files = [
+            "wgmma_bf16",
+            "wgmma_f16_wide",
+            "wgmma_scratch",
+            "wgmma_steps",
+            "wgmma_epilogue",
+            "wgmma_trans_a",
+            "attention_f16",
+            "attention_causal_bf16",
+        ];
         let mut kernels: Vec<(String, std::path::PathBuf, tessel_plugin_api::ir::Verified)> = files
             .iter()
             .map(|f| {
@@ -333,7 +344,9 @@ fn every_schedule_of_the_hopper_matmuls_agrees_with_the_interpreter() {
             let name = format!("{f} ({})", schedule.name());
             let ptx = on_schedule(kernel, schedule);
             assert!(ptx.contains("// warp-specialized: ") && ptx.contains("setmaxnreg.dec"), "{name} is not warp-specialized");
-            assert_eq!(ptx.contains("// persistent: "), schedule == Schedule::Persistent, "{name}");
+            let matmul = f.starts_with("wgmma");
+            assert_eq!(ptx.contains("// persistent: "), matmul && schedule == Schedule::Persistent, "{name}");
+            assert!(matmul || ptx.contains("// hopper: attention"), "{name} left the Hopper attention path");
             assembled(f, &ptx);
             let call = [KernelLaunch { kernel, mesh: None }];
             let args = tessel::LaunchArgs { inputs: file_inputs(path, kernel, 7), grid: Default::default() };
@@ -348,7 +361,7 @@ fn every_schedule_of_the_hopper_matmuls_agrees_with_the_interpreter() {
             }
             checked += 1;
         }
-        for f in ["matmul_bf16_4096", "matmul_bf16_gelu_4096", "matmul_f16_gelu_4096"] {
+        for f in ["matmul_bf16_4096", "matmul_bf16_gelu_4096", "matmul_f16_gelu_4096", "attention_bf16_16384"] {
             let path = root().join(format!("benches/kernels/{f}.tk"));
             let kernel = &tessel::load_file(&path).unwrap_or_else(|e| panic!("{e}"))[0];
             let ptx = on_schedule(kernel, schedule);
@@ -356,7 +369,7 @@ fn every_schedule_of_the_hopper_matmuls_agrees_with_the_interpreter() {
             assembled(f, &ptx);
         }
     }
-    assert_eq!(checked, 14);
+    assert_eq!(checked, 18);
     if ptxas.is_none() {
         skip("ptxas for the schedules", "ptxas not found (scripts/test installs it from pip)", "TESSEL_REQUIRE_PTXAS");
     }

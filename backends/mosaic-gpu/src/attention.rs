@@ -23,7 +23,7 @@
 use tessel_plugin_api::ir::*;
 
 use crate::limits::{MAX_SHARED_BYTES, THREADS};
-use crate::wgmma::{ROW, TensorMapSpec, WG_ROWS, fixed};
+use crate::wgmma::{ROW, Schedule, TensorMapSpec, WG_ROWS, consumer_registers, entry_registers, fixed};
 
 /// The most stages (trips whose key and value blocks are in flight).
 pub const MAX_STAGES: u64 = 3;
@@ -57,11 +57,32 @@ pub struct Attention {
     /// Where each trip's key and value rows start: the `ds` start of each load.
     pub k_start: Operand,
     pub v_start: Operand,
+    /// How the CTA divides its work: [`Schedule::Cooperative`], or warp-specialized (a producer
+    /// warpgroup copies every trip's blocks, stages handed back on `empty` mbarriers) for
+    /// [`Schedule::Specialized`] and [`Schedule::Persistent`] alike (a program's trips already
+    /// run in one CTA: the grid stays one CTA a program).
+    pub schedule: Schedule,
 }
 
 impl Attention {
+    /// Warpgroups that compute: one per 64 query rows.
     pub fn warpgroups(&self) -> u32 {
         (self.bq / WG_ROWS) as u32
+    }
+
+    /// Warpgroups per CTA: those that compute, and the producer where the schedule has one.
+    pub fn cta_warpgroups(&self) -> u32 {
+        self.warpgroups() + u32::from(self.schedule.specialized())
+    }
+
+    /// Registers a thread has at entry, and a consumer's after `setmaxnreg.inc`, on a
+    /// warp-specialized schedule.
+    pub fn entry_registers(&self) -> u32 {
+        entry_registers(self.cta_warpgroups())
+    }
+
+    pub fn consumer_registers(&self) -> u32 {
+        consumer_registers(self.warpgroups())
     }
 
     pub fn q_bytes(&self) -> u64 {
@@ -87,9 +108,11 @@ impl Attention {
     }
 
     /// Dynamic shared memory: the query block, the probabilities, the stages (all 1024-byte
-    /// multiples, as the swizzle needs), then an mbarrier for the query and one per stage.
+    /// multiples, as the swizzle needs), then an mbarrier for the query and one per stage (its
+    /// blocks landed), and with a producer one more per stage (its consumers are done with it).
     pub fn shared_bytes(&self) -> u64 {
-        self.stages_at() + self.stages * self.stage_bytes() + 8 * (1 + self.stages)
+        let per_stage = if self.schedule.specialized() { 2 } else { 1 };
+        self.stages_at() + self.stages * self.stage_bytes() + 8 * (1 + per_stage * self.stages)
     }
 }
 
@@ -202,7 +225,7 @@ fn supported(v: &Verified, body: &[Stmt], bq: usize, special: &[&Stmt], out: &st
 }
 
 /// The Hopper attention plan of `v`, when it has the form this path takes (the module's text).
-pub fn recognize(v: &Verified, thread_axis: Option<&str>) -> Option<Attention> {
+pub fn recognize(v: &Verified, thread_axis: Option<&str>, schedule: Schedule) -> Option<Attention> {
     let k = v.kernel();
     let grid = v.grid();
     if thread_axis.is_some() || grid.iter().any(|a| a.size == AxisSize::Dyn || (a.seq && fixed(a) > 1)) {
@@ -338,11 +361,12 @@ pub fn recognize(v: &Verified, thread_axis: Option<&str>) -> Option<Attention> {
         folded,
         k_start: k_start.clone(),
         v_start: v_start.clone(),
+        schedule,
     };
     while a.shared_bytes() > MAX_SHARED_BYTES && a.stages > 1 {
         a.stages -= 1;
     }
-    (a.shared_bytes() <= MAX_SHARED_BYTES && a.warpgroups() * THREADS <= 1024).then_some(a)
+    (a.shared_bytes() <= MAX_SHARED_BYTES && a.cta_warpgroups() * THREADS <= 1024).then_some(a)
 }
 
 /// Whether `start` is a literal, the loop variable, a value from before the loop, or a scalar

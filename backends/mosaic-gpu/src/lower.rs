@@ -100,6 +100,16 @@ impl Plan {
         THREADS * self.warpgroups
     }
 
+    /// On a warp-specialized Hopper kernel: the producer warpgroup, the registers a thread has at
+    /// entry (`.maxnreg`) and those a consumer raises its budget to.
+    pub fn specialized(&self) -> Option<(u32, u32, u32)> {
+        match (&self.gemm, &self.attention) {
+            (Some(g), _) if g.schedule.specialized() => Some((g.warpgroups(), g.entry_registers(), g.consumer_registers())),
+            (_, Some(a)) if a.schedule.specialized() => Some((a.warpgroups(), a.entry_registers(), a.consumer_registers())),
+            _ => None,
+        }
+    }
+
     /// The CTAs to launch on a device of `sms` multiprocessors: one per output block, or for a
     /// persistent grid ([`Schedule::Persistent`]) at most one per SM, each looping over blocks.
     pub fn launch_ctas(&self, sms: u64) -> u64 {
@@ -221,7 +231,7 @@ fn hopper(kernel: &Verified, thread_axis: Option<&str>, schedule: Schedule) -> O
     let k = kernel.kernel();
     let (gemm, attention) = match wgmma::recognize(kernel, thread_axis, schedule) {
         Some(g) => (Some(g), None),
-        None => (None, Some(attention::recognize(kernel, thread_axis)?)),
+        None => (None, Some(attention::recognize(kernel, thread_axis, schedule)?)),
     };
     // Both take fixed grids only.
     let ctas = kernel.grid().iter().filter(|a| !a.seq).map(wgmma::fixed).fold(1u64, u64::saturating_mul);
@@ -230,7 +240,7 @@ fn hopper(kernel: &Verified, thread_axis: Option<&str>, schedule: Schedule) -> O
     }
     let (bytes, warpgroups) = match (&gemm, &attention) {
         (Some(g), _) => (g.shared_bytes(), g.cta_warpgroups()),
-        (_, Some(a)) => (a.shared_bytes(), a.warpgroups()),
+        (_, Some(a)) => (a.shared_bytes(), a.cta_warpgroups()),
         _ => unreachable!("one of the two"),
     };
     Some(Plan {

@@ -241,16 +241,14 @@ impl Device {
         // A warp-specialized kernel moves registers between its warpgroups (`setmaxnreg`) out
         // of the pool its CTA starts with: the driver's compiler must have kept the `.maxnreg`
         // count at entry, or a consumer's `setmaxnreg.inc` could wait forever.
-        if let Some(g) = plan.gemm.as_ref().filter(|g| g.schedule.specialized()) {
+        if let Some((_, entry, _)) = plan.specialized() {
             let regs = f.num_regs().map_err(|e| device_error("reading the register count", e))?;
-            if u32::try_from(regs).ok() != Some(g.entry_registers()) {
+            if u32::try_from(regs).ok() != Some(entry) {
                 return Err(BackendError::new(
                     ErrorKind::Device,
                     format!(
-                        "the driver compiled kernel `{}` ({} schedule) at {regs} registers a thread, not the {} its warpgroups divide with setmaxnreg\n  run it on the {} schedule (TESSEL_MOSAIC_SCHEDULE={}, or unset)",
+                        "the driver compiled kernel `{}` (warp-specialized) at {regs} registers a thread, not the {entry} its warpgroups divide with setmaxnreg\n  run it on the {} schedule (TESSEL_MOSAIC_SCHEDULE={}, or unset)",
                         plan.kernel.name(),
-                        g.schedule.name(),
-                        g.entry_registers(),
                         Schedule::default().name(),
                         Schedule::default().name()
                     ),

@@ -50,6 +50,23 @@ pub const WG_ROWS: usize = 64;
 /// and issues copies.
 pub const PRODUCER_REGISTERS: u32 = 40;
 
+/// Registers a thread has at the entry of a warp-specialized kernel of `warpgroups` (the
+/// producer included): the SM's 64K over the CTA's threads, in the multiples of 8 `setmaxnreg`
+/// takes, at most 240. The header's `.maxnreg`, so that `ptxas` knows it and keeps the
+/// `setmaxnreg`s.
+pub fn entry_registers(warpgroups: u32) -> u32 {
+    (65_536 / (THREADS * warpgroups) / 8 * 8).min(240)
+}
+
+/// Registers a thread of the `consumers` warpgroups raises its budget to (`setmaxnreg.inc`): the
+/// CTA's registers at entry less the producer's, shared by the consumers, in multiples of 8, at
+/// most 240 and at least what it has (one consumer has 240 from the start: no `inc`).
+pub fn consumer_registers(consumers: u32) -> u32 {
+    let entry = entry_registers(consumers + 1);
+    let pool = entry * THREADS * (consumers + 1) - PRODUCER_REGISTERS * THREADS;
+    (pool / (THREADS * consumers) / 8 * 8).clamp(entry, 240)
+}
+
 /// How a CTA on this path divides its work.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Schedule {
@@ -207,19 +224,15 @@ impl Gemm {
         self.warpgroups() + u32::from(self.schedule.specialized())
     }
 
-    /// Registers a thread has at the kernel's entry on a warp-specialized schedule (`.maxnreg`,
-    /// so that `ptxas` knows it and keeps the `setmaxnreg`s): the SM's 64K over the CTA's
-    /// threads, in the multiples of 8 `setmaxnreg` takes, at most 240.
+    /// Registers a thread has at the kernel's entry on a warp-specialized schedule
+    /// ([`entry_registers`]).
     pub fn entry_registers(&self) -> u32 {
-        (65_536 / (THREADS * self.cta_warpgroups()) / 8 * 8).min(240)
+        entry_registers(self.cta_warpgroups())
     }
 
-    /// Registers a consumer thread raises its budget to (`setmaxnreg.inc`): the CTA's registers
-    /// at entry less the producer's, shared by the consumers, in multiples of 8, at most 240
-    /// and at least what it has (one consumer has 240 from the start: no `inc`).
+    /// Registers a consumer thread raises its budget to ([`consumer_registers`]).
     pub fn consumer_registers(&self) -> u32 {
-        let pool = self.entry_registers() * THREADS * self.cta_warpgroups() - PRODUCER_REGISTERS * THREADS;
-        (pool / (THREADS * self.warpgroups()) / 8 * 8).clamp(self.entry_registers(), 240)
+        consumer_registers(self.warpgroups())
     }
 
     /// The mbarriers: one per stage (its copies landed), and with a producer one more per

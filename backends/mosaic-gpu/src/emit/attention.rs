@@ -16,7 +16,8 @@ use super::conv::{combining, half_ty, lit_bits};
 use super::header::SHARED;
 use super::writer::Writer;
 use crate::attention::{Attention, Class, class};
-use crate::wgmma::{Mma, ROW, SWIZZLE};
+use crate::limits::THREADS;
+use crate::wgmma::{Mma, PRODUCER_REGISTERS, ROW, SWIZZLE};
 
 /// What the loop's statements need besides the writer: the values' registers and where things
 /// are.
@@ -37,6 +38,10 @@ struct Frame<'a> {
     var: String,
     lo: String,
     step: String,
+    /// On a warp-specialized schedule: the first `empty` mbarrier (a stage's consumers are done
+    /// with it), and the label past the output's store, where the producer ends.
+    empty: String,
+    end: String,
 }
 
 /// Row half of register `i` of a block.
@@ -72,6 +77,13 @@ impl Writer<'_> {
         self.insf(format_args!("mov.u32 {smem}, {SHARED}"));
         let bars = self.r();
         self.insf(format_args!("add.u32 {bars}, {smem}, {}", a.stages_at() + a.stages * a.stage_bytes()));
+        let empty = if a.schedule.specialized() {
+            let empty = self.r();
+            self.insf(format_args!("add.u32 {empty}, {bars}, {}", 8 * (1 + a.stages)));
+            empty
+        } else {
+            String::new()
+        };
         let leader = self.p();
         self.insf(format_args!("setp.eq.u32 {leader}, {tid_x}, 0"));
         let skip = self.label("init");
@@ -80,6 +92,14 @@ impl Writer<'_> {
             let bar = self.r();
             self.insf(format_args!("add.u32 {bar}, {bars}, {}", 8 * s));
             self.insf(format_args!("mbarrier.init.shared::cta.b64 [{bar}], 1"));
+        }
+        // A producer's stages come back on an `empty` mbarrier each: every consumer thread arrives.
+        if a.schedule.specialized() {
+            for s in 0..a.stages {
+                let bar = self.r();
+                self.insf(format_args!("add.u32 {bar}, {empty}, {}", 8 * s));
+                self.insf(format_args!("mbarrier.init.shared::cta.b64 [{bar}], {}", a.warpgroups() * THREADS));
+            }
         }
         self.ins("fence.mbarrier_init.release.cluster");
         self.ins("fence.proxy.async.shared::cta");
@@ -111,6 +131,8 @@ impl Writer<'_> {
             var: String::new(),
             lo: String::new(),
             step: String::new(),
+            empty,
+            end: if a.schedule.specialized() { self.label("end") } else { String::new() },
         };
         let body = &plan.kernel.kernel().body;
         for s in body {
@@ -131,6 +153,9 @@ impl Writer<'_> {
                 }
                 _ => self.statement(&mut f, s),
             }
+        }
+        if !f.end.is_empty() {
+            self.place_label(&f.end);
         }
     }
 
@@ -159,7 +184,7 @@ impl Writer<'_> {
         self.insf(format_args!("setp.le.s32 {bad}, {step}, 0"));
         self.insf(format_args!("or.pred {none}, {none}, {bad}"));
         self.insf(format_args!("selp.b32 {trips}, 0, {trips}, {none}"));
-        for st in 0..a.stages {
+        for st in (0..a.stages).filter(|_| !a.schedule.specialized()) {
             let (go, skip) = (self.p(), self.label("prologue"));
             self.insf(format_args!("setp.lt.s32 {go}, {st}, {trips}"));
             self.insf(format_args!("and.pred {go}, {go}, {leader}"));
@@ -182,6 +207,9 @@ impl Writer<'_> {
                 own
             })
             .collect();
+        if a.schedule.specialized() {
+            self.produce_trips(f, &l.body, &trips);
+        }
         self.comment("wait for the query block");
         let zero = self.imm(0);
         self.wait_phase(&f.bars.clone(), &zero);
@@ -233,20 +261,72 @@ impl Writer<'_> {
                 _ => self.statement(f, st),
             }
         }
-        self.comment("every thread is past this trip's stage and probabilities: thread 0 refills the stage");
-        self.ins("bar.sync 0");
-        let (next, more, skip) = (self.r(), self.p(), self.label("refill"));
-        self.insf(format_args!("add.u32 {next}, {n}, {}", a.stages));
-        self.insf(format_args!("setp.lt.s32 {more}, {next}, {trips}"));
-        self.insf(format_args!("and.pred {more}, {more}, {leader}"));
-        self.insf(format_args!("@!{more} bra {skip}"));
-        self.issue_trip(f, &l.body, &stage, &next);
-        self.place_label(&skip);
+        if a.schedule.specialized() {
+            self.comment("this trip's wgmmas are retired: hand its stage back to the producer");
+            let (bar, state) = (self.r(), self.rd());
+            self.insf(format_args!("mad.lo.u32 {bar}, {stage}, 8, {}", f.empty));
+            self.insf(format_args!("mbarrier.arrive.shared::cta.b64 {state}, [{bar}]"));
+        } else {
+            self.comment("every thread is past this trip's stage and probabilities: thread 0 refills the stage");
+            self.ins("bar.sync 0");
+            let (next, more, skip) = (self.r(), self.p(), self.label("refill"));
+            self.insf(format_args!("add.u32 {next}, {n}, {}", a.stages));
+            self.insf(format_args!("setp.lt.s32 {more}, {next}, {trips}"));
+            self.insf(format_args!("and.pred {more}, {more}, {leader}"));
+            self.insf(format_args!("@!{more} bra {skip}"));
+            self.issue_trip(f, &l.body, &stage, &next);
+            self.place_label(&skip);
+        }
         self.insf(format_args!("add.u32 {n}, {n}, 1"));
         self.insf(format_args!("bra.uni {top}"));
         self.place_label(&end);
         for (r, regs) in s.results.iter().zip(carried) {
             f.env.insert(r.clone(), regs);
+        }
+    }
+
+    /// The warp-specialized split at the loop: the last warpgroup (the producer) lowers its
+    /// registers and one thread of it copies every trip's blocks into the stages in turn, each
+    /// once its consumers have handed it back (trip `n` reuses the stage of trip `n - stages`),
+    /// then ends; the consumers raise their registers and go on to the trips.
+    fn produce_trips(&mut self, f: &Frame<'_>, body: &[Stmt], trips: &str) {
+        let a = f.a;
+        let consumers = a.warpgroups();
+        let (producer, consume) = (self.p(), self.label("consume"));
+        self.insf(format_args!("setp.eq.u32 {producer}, {}, {consumers}", self.warpgroup.clone()));
+        self.insf(format_args!("@!{producer} bra {consume}"));
+        self.comment("the producer: its registers to the pool, then thread 0 of it copies every trip's blocks");
+        self.insf(format_args!("setmaxnreg.dec.sync.aligned.u32 {PRODUCER_REGISTERS}"));
+        let idle = self.p();
+        self.insf(format_args!("setp.ne.u32 {idle}, {}, 0", self.tid.clone()));
+        self.insf(format_args!("@{idle} bra {}", f.end));
+        let (n, top, done) = (self.r(), self.label("copy"), self.label("copies_done"));
+        self.insf(format_args!("mov.u32 {n}, 0"));
+        self.place_label(&top);
+        let past = self.p();
+        self.insf(format_args!("setp.ge.s32 {past}, {n}, {trips}"));
+        self.insf(format_args!("@{past} bra {done}"));
+        let (stage, parity, reuse, fill) = (self.r(), self.r(), self.p(), self.label("fill"));
+        self.insf(format_args!("rem.u32 {stage}, {n}, {}", a.stages));
+        self.insf(format_args!("div.u32 {parity}, {n}, {}", a.stages));
+        self.insf(format_args!("add.u32 {parity}, {parity}, 1"));
+        self.insf(format_args!("and.b32 {parity}, {parity}, 1"));
+        self.insf(format_args!("setp.ge.u32 {reuse}, {n}, {}", a.stages));
+        self.insf(format_args!("@!{reuse} bra {fill}"));
+        self.comment("wait until the consumers are done with the stage's previous trip");
+        let bar = self.r();
+        self.insf(format_args!("mad.lo.u32 {bar}, {stage}, 8, {}", f.empty));
+        self.wait_phase(&bar, &parity);
+        self.place_label(&fill);
+        self.issue_trip(f, body, &stage, &n);
+        self.insf(format_args!("add.u32 {n}, {n}, 1"));
+        self.insf(format_args!("bra {top}"));
+        self.place_label(&done);
+        self.insf(format_args!("bra {}", f.end));
+        self.place_label(&consume);
+        self.comment("the consumers: the producer's registers, then the trips");
+        if a.consumer_registers() > a.entry_registers() {
+            self.insf(format_args!("setmaxnreg.inc.sync.aligned.u32 {}", a.consumer_registers()));
         }
     }
 
@@ -562,7 +642,12 @@ impl Writer<'_> {
             self.insf(format_args!("st.shared.b32 [{addr}], {pair}"));
         }
         self.ins("fence.proxy.async.shared::cta");
-        self.ins("bar.sync 0");
+        // The compute warpgroups meet (a producer has no part in this).
+        if a.schedule.specialized() {
+            self.insf(format_args!("bar.sync 1, {}", a.warpgroups() * THREADS));
+        } else {
+            self.ins("bar.sync 0");
+        }
     }
 
     /// `acc += P V` on wgmma, the probabilities from shared memory and the value block from this

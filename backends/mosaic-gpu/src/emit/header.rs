@@ -26,6 +26,15 @@ impl Writer<'_> {
             if self.plan.shared { "shared memory" } else { "global workspace" }
         );
         let gemm = self.plan.gemm.as_ref();
+        // After the Hopper path's line: how its warpgroups divide the work, where they do.
+        let specialized = |head: &mut String| {
+            if let Some((producer, entry, consumer)) = self.plan.specialized() {
+                let _ = writeln!(
+                    head,
+                    "// warp-specialized: warpgroup {producer} produces (setmaxnreg {PRODUCER_REGISTERS}), the others consume ({consumer} registers, {entry} at entry); stages handed over on full and empty mbarriers",
+                );
+            }
+        };
         if let Some(g) = gemm {
             let _ = writeln!(
                 head,
@@ -42,15 +51,7 @@ impl Writer<'_> {
                 g.out,
                 g.out_dtype
             );
-            if g.schedule.specialized() {
-                let _ = writeln!(
-                    head,
-                    "// warp-specialized: warpgroup {} produces (setmaxnreg {PRODUCER_REGISTERS}), the others consume ({} registers, {} at entry); stages handed over on full and empty mbarriers",
-                    g.warpgroups(),
-                    g.consumer_registers(),
-                    g.entry_registers()
-                );
-            }
+            specialized(&mut head);
             if g.schedule == Schedule::Persistent {
                 let _ = writeln!(
                     head,
@@ -78,6 +79,7 @@ impl Writer<'_> {
                 a.stages,
                 a.out
             );
+            specialized(&mut head);
         }
         for m in self.plan.tensor_maps() {
             let _ = writeln!(
@@ -110,8 +112,8 @@ impl Writer<'_> {
         );
         // Registers at entry, fixed: `setmaxnreg` moves registers between warpgroups of a CTA
         // whose count `ptxas` knows (else it drops them, C7508), and `inc` takes from that pool.
-        if let Some(g) = gemm.filter(|g| g.schedule.specialized()) {
-            let _ = writeln!(head, ".maxnreg {}", g.entry_registers());
+        if let Some((_, entry, _)) = self.plan.specialized() {
+            let _ = writeln!(head, ".maxnreg {entry}");
         }
         head.push_str("{\n");
         head.push_str(&self.names.declarations());
