@@ -2,7 +2,7 @@
 //! under 5 ms a kernel): the Hopper-path matmuls at 4096³, plain and with the bias + gelu
 //! epilogue, flash attention in bf16 on the Hopper attention path, and the f32 flash-attention
 //! example on the general path; then the gelu matmul on the warp-specialized and persistent
-//! schedules. Pure: no device, no driver (`tessel_mosaic_gpu::external::compile`, the CUDA
+//! schedules and attention on the warp-specialized one. Pure: no device, no driver (`tessel_mosaic_gpu::external::compile`, the CUDA
 //! handler's own call, and the backend's compiler on a schedule). For scale, NVIDIA's `ptxas`
 //! takes 0.7 to 1.1 s to assemble the gelu matmul's PTX on the same machine.
 
@@ -30,12 +30,16 @@ fn lowering(c: &mut Criterion) {
             b.iter(|| black_box(tessel_mosaic_gpu::external::compile(k.kernel(), None).expect("lowers").ptx().len()))
         });
     }
-    let f = "benches/kernels/matmul_bf16_gelu_4096.tk";
-    let k = tessel::load_file(&root.join(f)).expect("the kernel verifies").remove(0);
-    for schedule in [Schedule::Specialized, Schedule::Persistent] {
+    let scheduled = [
+        ("matmul_bf16_gelu_4096", Schedule::Specialized),
+        ("matmul_bf16_gelu_4096", Schedule::Persistent),
+        ("attention_bf16_16384", Schedule::Specialized),
+    ];
+    for (name, schedule) in scheduled {
+        let k = tessel::load_file(&root.join(format!("benches/kernels/{name}.tk"))).expect("the kernel verifies").remove(0);
         let compiler = MosaicGpu::with_schedule(schedule);
         let launch = Launch::new(vec![Call { kernel: Arc::new(k.kernel().clone()), mesh: None }], Vec::new(), Default::default());
-        g.bench_function(format!("matmul_bf16_gelu_4096_{}", schedule.name()), |b| {
+        g.bench_function(format!("{name}_{}", schedule.name()), |b| {
             b.iter(|| black_box(compiler.lower(&launch).expect("lowers")[0].1.len()))
         });
     }
