@@ -23,7 +23,7 @@
 use tessel_plugin_api::ir::*;
 
 use crate::limits::{MAX_SHARED_BYTES, THREADS};
-use crate::wgmma::{ROW, Schedule, TensorMapSpec, WG_ROWS, consumer_registers, entry_registers, fixed};
+use crate::wgmma::{ROW, Schedule, TensorMapSpec, WG_ROWS, fixed};
 
 /// The most stages (trips whose key and value blocks are in flight).
 pub const MAX_STAGES: u64 = 3;
@@ -73,16 +73,6 @@ impl Attention {
     /// Warpgroups per CTA: those that compute, and the producer where the schedule has one.
     pub fn cta_warpgroups(&self) -> u32 {
         self.warpgroups() + u32::from(self.schedule.specialized())
-    }
-
-    /// Registers a thread has at entry, and a consumer's after `setmaxnreg.inc`, on a
-    /// warp-specialized schedule.
-    pub fn entry_registers(&self) -> u32 {
-        entry_registers(self.cta_warpgroups())
-    }
-
-    pub fn consumer_registers(&self) -> u32 {
-        consumer_registers(self.warpgroups())
     }
 
     pub fn q_bytes(&self) -> u64 {

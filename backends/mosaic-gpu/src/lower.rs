@@ -103,11 +103,12 @@ impl Plan {
     /// On a warp-specialized Hopper kernel: the producer warpgroup, the registers a thread has at
     /// entry (`.maxnreg`) and those a consumer raises its budget to.
     pub fn specialized(&self) -> Option<(u32, u32, u32)> {
-        match (&self.gemm, &self.attention) {
-            (Some(g), _) if g.schedule.specialized() => Some((g.warpgroups(), g.entry_registers(), g.consumer_registers())),
-            (_, Some(a)) if a.schedule.specialized() => Some((a.warpgroups(), a.entry_registers(), a.consumer_registers())),
-            _ => None,
-        }
+        let consumers = match (&self.gemm, &self.attention) {
+            (Some(g), _) if g.schedule.specialized() => g.warpgroups(),
+            (_, Some(a)) if a.schedule.specialized() => a.warpgroups(),
+            _ => return None,
+        };
+        Some((consumers, wgmma::entry_registers(consumers + 1), wgmma::consumer_registers(consumers)))
     }
 
     /// The CTAs to launch on a device of `sms` multiprocessors: one per output block, or for a

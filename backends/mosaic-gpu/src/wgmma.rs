@@ -224,17 +224,6 @@ impl Gemm {
         self.warpgroups() + u32::from(self.schedule.specialized())
     }
 
-    /// Registers a thread has at the kernel's entry on a warp-specialized schedule
-    /// ([`entry_registers`]).
-    pub fn entry_registers(&self) -> u32 {
-        entry_registers(self.cta_warpgroups())
-    }
-
-    /// Registers a consumer thread raises its budget to ([`consumer_registers`]).
-    pub fn consumer_registers(&self) -> u32 {
-        consumer_registers(self.warpgroups())
-    }
-
     /// The mbarriers: one per stage (its copies landed), and with a producer one more per
     /// stage (its consumers are done with it).
     pub fn barriers(&self) -> u64 {

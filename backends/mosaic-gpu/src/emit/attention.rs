@@ -17,7 +17,7 @@ use super::header::SHARED;
 use super::writer::Writer;
 use crate::attention::{Attention, Class, class};
 use crate::limits::THREADS;
-use crate::wgmma::{Mma, PRODUCER_REGISTERS, ROW, SWIZZLE};
+use crate::wgmma::{Mma, ROW, SWIZZLE};
 
 /// What the loop's statements need besides the writer: the values' registers and where things
 /// are.
@@ -291,15 +291,7 @@ impl Writer<'_> {
     /// then ends; the consumers raise their registers and go on to the trips.
     fn produce_trips(&mut self, f: &Frame<'_>, body: &[Stmt], trips: &str) {
         let a = f.a;
-        let consumers = a.warpgroups();
-        let (producer, consume) = (self.p(), self.label("consume"));
-        self.insf(format_args!("setp.eq.u32 {producer}, {}, {consumers}", self.warpgroup.clone()));
-        self.insf(format_args!("@!{producer} bra {consume}"));
-        self.comment("the producer: its registers to the pool, then thread 0 of it copies every trip's blocks");
-        self.insf(format_args!("setmaxnreg.dec.sync.aligned.u32 {PRODUCER_REGISTERS}"));
-        let idle = self.p();
-        self.insf(format_args!("setp.ne.u32 {idle}, {}, 0", self.tid.clone()));
-        self.insf(format_args!("@{idle} bra {}", f.end));
+        let consume = self.producer_start(&f.end, "copies every trip's blocks");
         let (n, top, done) = (self.r(), self.label("copy"), self.label("copies_done"));
         self.insf(format_args!("mov.u32 {n}, 0"));
         self.place_label(&top);
@@ -322,12 +314,7 @@ impl Writer<'_> {
         self.insf(format_args!("add.u32 {n}, {n}, 1"));
         self.insf(format_args!("bra {top}"));
         self.place_label(&done);
-        self.insf(format_args!("bra {}", f.end));
-        self.place_label(&consume);
-        self.comment("the consumers: the producer's registers, then the trips");
-        if a.consumer_registers() > a.entry_registers() {
-            self.insf(format_args!("setmaxnreg.inc.sync.aligned.u32 {}", a.consumer_registers()));
-        }
+        self.consumers_start(&consume, &f.end, "the trips");
     }
 
     /// Thread 0's copies of trip `trip`'s key and value blocks into stage `stage`: their rows

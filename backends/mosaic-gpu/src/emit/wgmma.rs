@@ -104,14 +104,8 @@ impl Writer<'_> {
         let leader = self.p();
         self.insf(format_args!("setp.eq.u32 {leader}, {tid_x}, 0"));
         self.init_barriers(&leader, &[(&full, g.stages, 1), (&empty, g.stages, consumers * THREADS)]);
-        let (producer, consume, end) = (self.p(), self.label("consume"), self.label("end"));
-        self.ins(format!("setp.eq.u32 {producer}, {}, {consumers}", self.warpgroup));
-        self.insf(format_args!("@!{producer} bra {consume}"));
-        self.comment("the producer: its registers to the pool, then thread 0 of it issues the copies");
-        self.insf(format_args!("setmaxnreg.dec.sync.aligned.u32 {PRODUCER_REGISTERS}"));
-        let idle = self.p();
-        self.ins(format!("setp.ne.u32 {idle}, {}, 0", self.tid));
-        self.insf(format_args!("@{idle} bra {end}"));
+        let end = self.label("end");
+        let consume = self.producer_start(&end, "issues the copies");
         let issued = self.r();
         self.insf(format_args!("mov.u32 {issued}, 0"));
         self.over_blocks(&cta, persistent, blocks, |w, block| {
@@ -130,12 +124,7 @@ impl Writer<'_> {
                 w.insf(format_args!("add.u32 {issued}, {issued}, 1"));
             });
         });
-        self.insf(format_args!("bra.uni {end}"));
-        self.place_label(&consume);
-        self.comment("the consumers: the producer's registers, then the products");
-        if g.consumer_registers() > g.entry_registers() {
-            self.insf(format_args!("setmaxnreg.inc.sync.aligned.u32 {}", g.consumer_registers()));
-        }
+        self.consumers_start(&consume, &end, "the products");
         let done = self.r();
         self.insf(format_args!("mov.u32 {done}, 0"));
         self.over_blocks(&cta, persistent, blocks, |w, block| {
@@ -172,6 +161,36 @@ impl Writer<'_> {
         self.comment("wait for this step's operands");
         self.wait_phase(&bar, &parity);
         self.write_wgmmas(&g.mma(), &base, (&base, g.a_bytes()), acc);
+    }
+
+    /// Where a warp-specialized kernel splits: the last warpgroup (the producer) gives its
+    /// registers back to the pool and all its threads but the first go to `end`; the producer's
+    /// code (which `doing` describes) follows. Returns the label the consumers start at
+    /// ([`Writer::consumers_start`]).
+    pub(super) fn producer_start(&mut self, end: &str, doing: &str) -> String {
+        let (producers, _, _) = self.plan.specialized().expect("a warp-specialized plan");
+        let (producer, consume) = (self.p(), self.label("consume"));
+        self.insf(format_args!("setp.eq.u32 {producer}, {}, {producers}", self.warpgroup.clone()));
+        self.insf(format_args!("@!{producer} bra {consume}"));
+        self.comment(&format!("the producer: its registers to the pool, then thread 0 of it {doing}"));
+        self.insf(format_args!("setmaxnreg.dec.sync.aligned.u32 {PRODUCER_REGISTERS}"));
+        let idle = self.p();
+        self.insf(format_args!("setp.ne.u32 {idle}, {}, 0", self.tid.clone()));
+        self.insf(format_args!("@{idle} bra {end}"));
+        consume
+    }
+
+    /// After the producer's code: it goes to `end`; the consumers start at `consume`, taking the
+    /// producer's registers (`setmaxnreg.inc`, where there is more than they have), then do
+    /// what `doing` says.
+    pub(super) fn consumers_start(&mut self, consume: &str, end: &str, doing: &str) {
+        let (_, entry, consumer) = self.plan.specialized().expect("a warp-specialized plan");
+        self.insf(format_args!("bra.uni {end}"));
+        self.place_label(consume);
+        self.comment(&format!("the consumers: the producer's registers, then {doing}"));
+        if consumer > entry {
+            self.insf(format_args!("setmaxnreg.inc.sync.aligned.u32 {consumer}"));
+        }
     }
 
     /// The parallel and the `seq` grid axes of a Hopper kernel.
