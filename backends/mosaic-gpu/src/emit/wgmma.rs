@@ -111,15 +111,7 @@ impl Writer<'_> {
         self.over_blocks(&cta, persistent, blocks, |w, block| {
             w.decode(block, &par);
             w.over_steps(g, |w, step| {
-                let (stage, parity) = w.stage_of(g, &issued, 1);
-                let (reuse, fill) = (w.p(), w.label("fill"));
-                w.insf(format_args!("setp.ge.u32 {reuse}, {issued}, {}", g.stages));
-                w.insf(format_args!("@!{reuse} bra {fill}"));
-                w.comment("wait until the consumers are done with the stage's previous step");
-                let bar = w.r();
-                w.insf(format_args!("mad.lo.u32 {bar}, {stage}, 8, {empty}"));
-                w.wait_phase(&bar, &parity);
-                w.place_label(&fill);
+                let stage = w.reusable_stage(g.stages, &issued, &empty);
                 w.issue(g, &maps, &seq, (&stage, step), (&smem, &full));
                 w.insf(format_args!("add.u32 {issued}, {issued}, 1"));
             });
@@ -154,7 +146,7 @@ impl Writer<'_> {
     /// The CTA's `step`-th step: once its stage's `full` mbarrier (in `bars`) says the operands
     /// landed, its `wgmma`s into `acc`, committed as one group.
     fn multiply_stage(&mut self, g: &Gemm, step: &str, (smem, bars): (&str, &str), acc: &[String]) {
-        let (stage, parity) = self.stage_of(g, step, 0);
+        let (stage, parity) = self.stage_of(g.stages, step, 0);
         let (bar, base) = (self.r(), self.r());
         self.insf(format_args!("mad.lo.u32 {bar}, {stage}, 8, {bars}"));
         self.insf(format_args!("mad.lo.u32 {base}, {stage}, {}, {smem}", g.stage_bytes()));
@@ -229,15 +221,31 @@ impl Writer<'_> {
 
     /// The stage of the `step`-th step and the parity of the phase to wait for: that of its
     /// round through the stages, `behind` rounds before.
-    fn stage_of(&mut self, g: &Gemm, step: &str, behind: u64) -> (String, String) {
+    pub(super) fn stage_of(&mut self, stages: u64, step: &str, behind: u64) -> (String, String) {
         let (stage, parity) = (self.r(), self.r());
-        self.insf(format_args!("rem.u32 {stage}, {step}, {}", g.stages));
-        self.insf(format_args!("div.u32 {parity}, {step}, {}", g.stages));
+        self.insf(format_args!("rem.u32 {stage}, {step}, {stages}"));
+        self.insf(format_args!("div.u32 {parity}, {step}, {stages}"));
         if behind % 2 == 1 {
             self.insf(format_args!("add.u32 {parity}, {parity}, 1"));
         }
         self.insf(format_args!("and.b32 {parity}, {parity}, 1"));
         (stage, parity)
+    }
+
+    /// The producer's stage for its `n`-th copy, once its consumers are done with it: from the
+    /// `stages`-th copy on, a wait on the stage's `empty` mbarrier (at `empty`) for the phase
+    /// of the copy `stages` before.
+    pub(super) fn reusable_stage(&mut self, stages: u64, n: &str, empty: &str) -> String {
+        let (stage, parity) = self.stage_of(stages, n, 1);
+        let (reuse, fill) = (self.p(), self.label("fill"));
+        self.insf(format_args!("setp.ge.u32 {reuse}, {n}, {stages}"));
+        self.insf(format_args!("@!{reuse} bra {fill}"));
+        self.comment("wait until the consumers are done with the stage's previous use");
+        let bar = self.r();
+        self.insf(format_args!("mad.lo.u32 {bar}, {stage}, 8, {empty}"));
+        self.wait_phase(&bar, &parity);
+        self.place_label(&fill);
+        stage
     }
 
     /// Every thread of the consumers arrives on the `empty` mbarrier of the stage of step
