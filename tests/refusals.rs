@@ -176,6 +176,11 @@ fn every_mosaic_gpu_refusal_is_reached_with_its_words() {
         Case { kind: K::ArrayTooLarge, how: lower(&long, &[]), first: "argument `x` (f32[4294967424]) has 4294967424 elements, more than the 2147483647 the Mosaic GPU backend indexes".into() },
         Case { kind: K::Workspace, how: How::Elsewhere("a guard: 4 GiB of workspace per CTA takes tens of thousands of 64 KiB values"), first: String::new() },
         Case { kind: K::SharedMemory, how: How::Elsewhere("the shared memory of a device is known only on a Hopper GPU (scripts/gpu-check)"), first: String::new() },
+        Case {
+            kind: K::Unimplemented,
+            how: lower(&file("tests/concurrent/staged_epilogue.tk"), &[]),
+            first: "Unimplemented primitive in Mosaic GPU lowering: copy_async".into(),
+        },
     ]);
 }
 
@@ -245,6 +250,11 @@ fn every_wgpu_refusal_is_reached_with_its_words() {
                 _ => How::Elsewhere("only on Mesa's llvmpipe, whose budget it is"),
             },
             first: "kernel `long_loops` makes 70001 loop iterations in one invocation, more than the 65533 this adapter's driver (Mesa's llvmpipe) runs before it silently stops every loop".into(),
+        },
+        Case {
+            kind: K::Threads,
+            how: lower(&file("tests/concurrent/pipeline_matmul.tk"), &[]),
+            first: "kernel `pipeline_matmul` runs 3 threads per program that meet at barriers, which the wgpu backend does not schedule".into(),
         },
         Case {
             kind: K::Workspace,

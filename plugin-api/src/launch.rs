@@ -105,6 +105,17 @@ pub enum LaunchError {
         /// Kernel name.
         kernel: String,
     },
+    /// A kernel of the concurrent model broke its rules as it ran (docs/language.md, "Threads,
+    /// barriers and asynchronous operations"): a data race, a barrier no thread can complete, a
+    /// barrier phase a waiting thread would miss. The first line of `message` says what
+    /// happened and names the statements; the next what would fix it.
+    #[error("kernel `{kernel}` {message}")]
+    Concurrency {
+        /// Kernel name.
+        kernel: String,
+        /// What happened (first line), then what would fix it.
+        message: String,
+    },
 }
 
 /// One grid axis with its launch size.

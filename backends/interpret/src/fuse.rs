@@ -306,6 +306,7 @@ pub(crate) fn count_uses(body: &[Instr], uses: &mut HashMap<usize, usize>) {
                 }
             }
             Instr::Fused(_) => unreachable!("uses are counted before fusing"),
+            Instr::Checked { .. } | Instr::Sync { .. } => unreachable!("kernels of the concurrent model are not fused"),
         }
         let slots = read.into_iter().filter_map(|s| if let Src::Slot(n) = s { Some(*n) } else { None });
         for n in slots.chain(masks) {

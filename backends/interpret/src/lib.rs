@@ -24,7 +24,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use tessel_plugin_api::abi::{BackendError, BuiltinBackend, Capabilities, DeviceClass, ErrorKind, MeshBox};
 use tessel_plugin_api::array::{DataRef, HostArray};
-use tessel_plugin_api::backend::{Artifact, Available, BackendImpl, Compiler, Launch, Options, export, mesh_spec, verify_with_mesh};
+use tessel_plugin_api::backend::{
+    Artifact, Available, BackendImpl, Compiler, Launch, Options, export, mesh_spec, verify_with_mesh,
+};
 use tessel_plugin_api::ir::{DType, ParamKind, Type, Verified, print_kernel};
 use tessel_plugin_api::launch::{self, LaunchArgs, LaunchError};
 use tessel_plugin_api::mesh::MeshSpec;
@@ -112,6 +114,10 @@ pub fn compile(kernel: &Verified) -> Compiled {
 /// [`compile`] for a pool of `threads` workers.
 fn compile_for(kernel: &Verified, threads: usize) -> Compiled {
     let kernel = &*tessel_plugin_api::ir::legalize::for_backend(kernel);
+    if kernel.kernel().is_concurrent() {
+        // Its threads share scratch and meet at barriers: no programs merged, nothing fused.
+        return Compiled { kernel: kernel.clone(), program: lower::lower(kernel, false), merged: None };
+    }
     match coarsen::coarsen(kernel, threads) {
         Some((merged, how)) => Compiled { program: lower::lower(&merged, true), kernel: merged, merged: Some(how) },
         None => Compiled { kernel: kernel.clone(), program: lower::lower(kernel, true), merged: None },

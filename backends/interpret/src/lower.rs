@@ -7,22 +7,28 @@ use std::collections::HashMap;
 use tessel_plugin_api::ir::*;
 
 use crate::eval::Val;
-use crate::program::{Branch, DotArg, Instr, Ix, MemRef, Program, Src};
+use crate::program::{Branch, DotArg, Instr, Ix, MemRef, Program, Region, Src, SyncInstr};
 
 struct Lowerer<'a> {
     v: &'a Verified,
     /// The shape of each slot a statement defines.
     shapes: HashMap<usize, Vec<usize>>,
+    /// For a kernel of the concurrent model, the line of each statement in its canonical text
+    /// (by the statement's address) and the statements checked so far (`Program::stmts`).
+    lines: Option<HashMap<*const Stmt, usize>>,
+    stmts: Vec<String>,
 }
 
 /// Lowers a verified kernel, with its elementwise runs fused where `fuse` says. Infallible: the
 /// verifier has checked everything.
 pub(crate) fn lower(v: &Verified, fuse: bool) -> Program {
-    let mut l = Lowerer { v, shapes: HashMap::new() };
+    let concurrent = v.kernel().is_concurrent();
+    let mut l = Lowerer { v, shapes: HashMap::new(), lines: concurrent.then(|| canonical_lines(v.kernel())), stmts: Vec::new() };
     let body = l.body(&v.kernel().body);
     let slots = v.values().len();
-    if !fuse {
-        return Program { body, slots };
+    let stmts = std::mem::take(&mut l.stmts);
+    if !fuse || concurrent {
+        return Program { body, slots, stmts };
     }
     let mut uses = HashMap::new();
     crate::fuse::count_uses(&body, &mut uses);
@@ -30,7 +36,24 @@ pub(crate) fn lower(v: &Verified, fuse: bool) -> Program {
     let mut uses = HashMap::new();
     crate::fuse::count_uses(&body, &mut uses);
     let body = crate::fuse::fuse(body, &crate::fuse::Facts { v, shapes: &l.shapes, uses: &uses });
-    Program { body, slots }
+    Program { body, slots, stmts }
+}
+
+/// The line of each statement of `k` in its canonical text, by the statement's address: the
+/// printer writes one statement a line, in the order [`analysis::visit`] meets them.
+fn canonical_lines(k: &Kernel) -> HashMap<*const Stmt, usize> {
+    let text = print_kernel(k);
+    let lines: Vec<&str> = text.lines().collect();
+    let mut at = lines.iter().position(|l| *l == "{").unwrap_or(0);
+    let mut out = HashMap::new();
+    analysis::visit(&k.body, &mut |s| {
+        let head = print::print_stmt_head(s);
+        if let Some(n) = lines[at + 1..].iter().position(|l| l.trim_start().starts_with(head.as_str())) {
+            at += 1 + n;
+            out.insert(s as *const Stmt, at + 1);
+        }
+    });
+    out
 }
 
 impl Lowerer<'_> {
@@ -84,7 +107,66 @@ impl Lowerer<'_> {
     }
 
     fn body(&mut self, body: &[Stmt]) -> Vec<Instr> {
-        body.iter().filter(|s| !matches!(s.op, Op::Yield(_))).map(|s| self.stmt(s)).collect()
+        body.iter().filter(|s| !matches!(s.op, Op::Yield(_))).map(|s| self.checked(s)).collect()
+    }
+
+    /// A statement; in a kernel of the concurrent model its loads and stores are checked for
+    /// races, and its asynchronous statements numbered, as [`Program::stmts`] names them.
+    fn checked(&mut self, s: &Stmt) -> Instr {
+        let Some(lines) = &self.lines else { return self.stmt(s) };
+        let line = lines.get(&(s as *const Stmt)).copied();
+        let named = |s: &Stmt| {
+            let text = print::print_stmt_head(s);
+            match line {
+                Some(n) => format!("`{text}` (line {n})"),
+                None => format!("`{text}`"),
+            }
+        };
+        match &s.op {
+            Op::Load { .. } | Op::Store { .. } => {
+                self.stmts.push(named(s));
+                let stmt = self.stmts.len() - 1;
+                Instr::Checked { stmt, instr: Box::new(self.stmt(s)) }
+            }
+            Op::Sync(op) => {
+                self.stmts.push(named(s));
+                let stmt = self.stmts.len() - 1;
+                Instr::Sync { stmt, op: self.sync(op) }
+            }
+            _ => self.stmt(s),
+        }
+    }
+
+    fn sync(&mut self, op: &SyncOp) -> SyncInstr {
+        let k = self.v.kernel();
+        let barrier = |b: &BarrierAt, l: &mut Self| {
+            let first: usize = k.barriers.iter().take_while(|d| d.name != b.name).map(|d| d.count).sum();
+            (first, l.src(&b.index, DType::I32))
+        };
+        let region = |r: &RefAt, l: &mut Self| {
+            let mem = l.mem(&r.name);
+            Region { mem, index: l.index(&r.index), dtype: k.params[mem.0].ty.dtype }
+        };
+        match op {
+            SyncOp::Arrive(b) => SyncInstr::Arrive { barrier: barrier(b, self) },
+            SyncOp::Wait(b) => SyncInstr::Wait { barrier: barrier(b, self) },
+            SyncOp::Copy { dst, src, arrive } => SyncInstr::Copy {
+                dst: region(dst, self),
+                src: region(src, self),
+                arrive: arrive.as_ref().map(|b| barrier(b, self)),
+            },
+            SyncOp::CommitCopies => SyncInstr::CommitCopies,
+            SyncOp::WaitCopies { pending, reads } => SyncInstr::WaitCopies { pending: *pending, reads: *reads },
+            SyncOp::Fence => SyncInstr::Fence,
+            SyncOp::Mma { acc, a, b, trans_a, trans_b } => SyncInstr::Mma {
+                acc: region(acc, self),
+                a: region(a, self),
+                b: region(b, self),
+                trans_a: *trans_a,
+                trans_b: *trans_b,
+            },
+            SyncOp::MmaWait { pending } => SyncInstr::MmaWait { pending: *pending },
+        }
     }
 
     fn stmt(&mut self, s: &Stmt) -> Instr {
@@ -211,6 +293,7 @@ impl Lowerer<'_> {
             }
             Op::Yield(_) => unreachable!("yield is taken by its for or if"),
             Op::Tile { .. } | Op::Repeat { .. } => unreachable!("legalize rewrites tile and repeat before planning"),
+            Op::Sync(_) => unreachable!("`checked` lowers the concurrent model's statements"),
         }
     }
 }

@@ -175,6 +175,39 @@ pub(crate) enum Instr {
     },
     /// Elementwise statements over one shape, run a chunk at a time (`fuse.rs`).
     Fused(Box<Fused>),
+    /// A `load` or `store` of a kernel of the concurrent model: `instr`, its elements checked
+    /// for races first (`runtime/threads.rs`); `stmt` numbers it in [`Program::stmts`].
+    Checked {
+        stmt: usize,
+        instr: Box<Instr>,
+    },
+    /// A statement of the concurrent model.
+    Sync {
+        stmt: usize,
+        op: SyncInstr,
+    },
+}
+
+/// A region an asynchronous statement reads or writes.
+#[derive(Clone, Debug)]
+pub(crate) struct Region {
+    pub mem: MemRef,
+    pub index: Option<Vec<Ix>>,
+    pub dtype: DType,
+}
+
+/// The concurrent model's statements (`SyncOp`), with barriers by their number among all the
+/// kernel's barriers (`Program::barriers`).
+#[derive(Clone, Debug)]
+pub(crate) enum SyncInstr {
+    Arrive { barrier: (usize, Src) },
+    Wait { barrier: (usize, Src) },
+    Copy { dst: Region, src: Region, arrive: Option<(usize, Src)> },
+    CommitCopies,
+    WaitCopies { pending: usize, reads: bool },
+    Fence,
+    Mma { acc: Region, a: Region, b: Region, trans_a: bool, trans_b: bool },
+    MmaWait { pending: usize },
 }
 
 /// A branch of an `if`: its body, and what it yields.
@@ -190,6 +223,7 @@ impl Instr {
         match self {
             Instr::When { body, .. } | Instr::For { body, .. } => vec![body],
             Instr::If { then, els, .. } => vec![&then.body, &els.body],
+            Instr::Checked { instr, .. } => instr.bodies(),
             _ => Vec::new(),
         }
     }
@@ -217,6 +251,9 @@ impl Instr {
 pub(crate) struct Program {
     pub body: Vec<Instr>,
     pub slots: usize,
+    /// For a kernel of the concurrent model, each checked statement as errors name it: its
+    /// canonical text and its line in the kernel's canonical text (`tessel check`).
+    pub stmts: Vec<String>,
 }
 
 impl Program {

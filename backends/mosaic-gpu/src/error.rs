@@ -119,6 +119,13 @@ pub enum Refusal {
         /// What the device allows.
         limit: u64,
     },
+    /// A statement of the concurrent model (threads, barriers, asynchronous copies and
+    /// products), which this backend does not lower yet.
+    #[error("Unimplemented primitive in Mosaic GPU lowering: {op}")]
+    Unimplemented {
+        /// The statement's mnemonic, or `thread axis` / `barrier`.
+        op: String,
+    },
 }
 
 impl Refuse for Refusal {
@@ -138,6 +145,7 @@ impl Refuse for Refusal {
             Refusal::BlockTooLarge { .. } | Refusal::Workspace { .. } | Refusal::SharedMemory { .. } => "use smaller blocks".into(),
             Refusal::TooManyCtas { .. } => "use larger blocks or make an axis `seq`".into(),
             Refusal::ArrayTooLarge { .. } => "split the array, or run on interpret".into(),
+            Refusal::Unimplemented { .. } => "the interpret backend runs threads, barriers, asynchronous copies and mma_async, deterministically and checked for races (docs/language.md, \"Threads, barriers and asynchronous operations\"); Mosaic GPU does not lower them yet".into(),
         }
     }
 }

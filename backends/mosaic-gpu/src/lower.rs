@@ -214,6 +214,9 @@ impl Planner {
 /// other the general one.
 pub fn plan(kernel: &Verified, thread_axis: Option<&str>, schedule: Schedule) -> Result<Plan, BackendError> {
     let kernel = &*legalize::for_backend(kernel);
+    if let Some(op) = concurrent_part(kernel.kernel()) {
+        return Err(Refusal::Unimplemented { op }.into());
+    }
     // Element indices are 32-bit (`mul.wide.u32` to byte offsets), signed where they meet `ds`.
     for p in &kernel.kernel().params {
         if p.ty.numel() > MAX_ARRAY_ELEMENTS {
@@ -224,6 +227,19 @@ pub fn plan(kernel: &Verified, thread_axis: Option<&str>, schedule: Schedule) ->
         Some(p) => Ok(p),
         None => plan_general(kernel, thread_axis),
     }
+}
+
+/// The first part of the concurrent model a kernel uses, named as a refusal names it: a
+/// statement's mnemonic, `barrier` or `thread axis`.
+pub fn concurrent_part(k: &Kernel) -> Option<String> {
+    let mut op = None;
+    analysis::visit(&k.body, &mut |s| {
+        if let (None, Op::Sync(sync)) = (&op, &s.op) {
+            op = Some(sync.mnemonic().to_string());
+        }
+    });
+    op.or_else(|| (!k.barriers.is_empty()).then(|| "barrier".to_string()))
+        .or_else(|| k.grid.iter().flatten().any(|a| a.thread).then(|| "thread axis".to_string()))
 }
 
 /// The Hopper path's plan, where the kernel takes it: a matmul (`crate::wgmma`) or an attention

@@ -92,6 +92,16 @@ pub enum Refusal {
         /// What the driver's budget leaves the kernel.
         room: u64,
     },
+    /// A kernel of the concurrent model with several threads per program.
+    #[error(
+        "kernel `{kernel}` runs {threads} threads per program that meet at barriers, which the wgpu backend does not schedule"
+    )]
+    Threads {
+        /// The kernel.
+        kernel: String,
+        /// Threads per program.
+        threads: u64,
+    },
     /// A limit of this adapter (known only with the adapter).
     #[error("{what} needs {need}, more than this adapter's {limit_name} of {limit} ({adapter})")]
     AdapterLimit {
@@ -120,6 +130,9 @@ impl Refuse for Refusal {
             Refusal::ArrayTooLarge { .. } => "split the array".into(),
             Refusal::TooManyPrograms { .. } => "use larger blocks, or split the launch".into(),
             Refusal::LoopBudget { .. } => LOOP_BUDGET_HINT.into(),
+            Refusal::Threads { .. } => {
+                "run it on interpret, which runs a program's threads deterministically and checks them for races".into()
+            }
             Refusal::AdapterLimit { .. } => {
                 "use smaller blocks or arrays, or run on interpret, which has no adapter limits".into()
             }

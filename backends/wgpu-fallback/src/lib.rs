@@ -23,8 +23,10 @@ use std::sync::Arc;
 
 use tessel_plugin_api::abi::{BackendError, BuiltinBackend, Capabilities, DeviceClass, ErrorKind, MeshBox};
 use tessel_plugin_api::array::HostArray;
-use tessel_plugin_api::backend::{Artifact, Available, BackendImpl, Compiler, Launch, Options, export, mesh_spec, verify_with_mesh};
-use tessel_plugin_api::ir::{AxisSize, ForLoop, Op, ParamKind, Stmt, Type, Verified};
+use tessel_plugin_api::backend::{
+    Artifact, Available, BackendImpl, Compiler, Launch, Options, export, mesh_spec, verify_with_mesh,
+};
+use tessel_plugin_api::ir::{AxisSize, ForLoop, Op, ParamKind, Stmt, Type, Verified, synchronous};
 use tessel_plugin_api::launch::{LaunchAxis, resolve_grid};
 use tessel_plugin_api::mesh::MeshSpec;
 
@@ -144,6 +146,10 @@ impl WgpuCompiler {
                     return Err(Refusal::DeviceMesh { mesh: s.to_string() }.into());
                 }
                 let v = verify_with_mesh(&c.kernel, spec.as_ref())?;
+                let v = match synchronous::synchronous(&v) {
+                    Ok(lifted) => lifted.into_owned(),
+                    Err(threads) => return Err(Refusal::Threads { kernel: v.name().to_string(), threads }.into()),
+                };
                 let names: Vec<String> = v.grid().iter().map(|a| a.name.clone()).collect();
                 for m in &launch.external_meshes {
                     mesh::check_external(&mesh_spec(m), &names)?;

@@ -95,6 +95,7 @@ pub fn verify_with_mesh(kernel: &Kernel, mesh: Option<&MeshSpec>) -> Result<Veri
                     name: a.name.clone(),
                     size: AxisSize::Fixed(a.size),
                     seq: false,
+                    thread: false,
                     from: None,
                     span: Span::NONE,
                 });

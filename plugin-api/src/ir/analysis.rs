@@ -49,6 +49,7 @@ pub fn reads(op: &Op) -> Vec<&str> {
             [lo, hi].into_iter().chain(step).chain(iters.iter().map(|(_, v)| v)).collect()
         }
         Op::Yield(vs) => vs.iter().collect(),
+        Op::Sync(s) => s.operands(),
     };
     let mask = match op {
         Op::Load { mask, .. } | Op::Store { mask, .. } => mask.as_deref(),
@@ -75,11 +76,13 @@ pub fn readers<'b>(body: &'b [Stmt], value: &str) -> Vec<&'b Stmt> {
     out
 }
 
-/// Every `load` and `store` of argument or scratch `name` in `body`, nested bodies included.
+/// Every `load` and `store` of argument or scratch `name` in `body`, nested bodies included,
+/// and every asynchronous copy or product that reads or writes it.
 pub fn accesses<'b>(body: &'b [Stmt], name: &str) -> Vec<&'b Stmt> {
     let mut out = Vec::new();
     visit(body, &mut |s| match &s.op {
         Op::Load { src: r, .. } | Op::Store { dst: r, .. } if r == name => out.push(s),
+        Op::Sync(sync) if sync.regions().iter().any(|(r, _)| r.name == name) => out.push(s),
         _ => {}
     });
     out
@@ -259,6 +262,7 @@ pub fn uses<'s>(k: &Kernel, s: &'s Stmt, result: &[usize]) -> Vec<Use<'s>> {
             out
         }
         Op::ProgramId(_) | Op::NumPrograms(_) | Op::Iota { .. } | Op::Full(_) | Op::Zeros | Op::Yield(_) => Vec::new(),
+        Op::Sync(sync) => sync.operands().into_iter().filter_map(|o| value(o, How::Whole)).collect(),
         Op::Unary(_, a) | Op::Cast(a) | Op::Bitcast(a) | Op::Broadcast(a) => at(a).into_iter().collect(),
         Op::Binary(_, a, b) | Op::Compare(_, a, b) => [a, b].into_iter().filter_map(at).collect(),
         Op::Select(c, a, b) => [c, a, b].into_iter().filter_map(at).collect(),

@@ -26,7 +26,7 @@ pub fn batched(kernel: &Kernel, size: u64) -> Result<Kernel, String> {
         name.push('_');
     }
     // Last: `program_id` and `num_programs` by position keep their meaning.
-    axes.push(GridAxis { name: name.clone(), size: AxisSize::Fixed(size), seq: false, from: None, span: k.span });
+    axes.push(GridAxis { name: name.clone(), size: AxisSize::Fixed(size), seq: false, thread: false, from: None, span: k.span });
     k.grid = Some(axes);
     // The program's id on the new axis, for whole-array references: a name no value has.
     let mut taken = HashSet::new();

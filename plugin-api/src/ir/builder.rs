@@ -80,12 +80,19 @@ impl KernelBuilder {
     /// A kernel called `name` with no grid (one program) and no arguments yet.
     pub fn new(name: &str) -> KernelBuilder {
         KernelBuilder {
-            kernel: Kernel { name: name.to_string(), grid: None, params: Vec::new(), body: Vec::new(), span: Span::NONE },
+            kernel: Kernel {
+                name: name.to_string(),
+                grid: None,
+                params: Vec::new(),
+                barriers: Vec::new(),
+                body: Vec::new(),
+                span: Span::NONE,
+            },
         }
     }
 
     fn push_axis(mut self, name: &str, size: AxisSize, seq: bool) -> KernelBuilder {
-        let axis = GridAxis { name: name.to_string(), size, seq, from: None, span: Span::NONE };
+        let axis = GridAxis { name: name.to_string(), size, seq, thread: false, from: None, span: Span::NONE };
         self.kernel.grid.get_or_insert_with(Vec::new).push(axis);
         self
     }

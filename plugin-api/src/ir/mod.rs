@@ -91,21 +91,23 @@
 //! element outside the array gives `other` (or zero), a store outside the array does nothing, and a
 //! masked-off lane is neither read nor written. Scratch is its own array.
 
-mod diag;
-mod dtype;
-mod lexer;
 pub mod analysis;
 pub mod batch;
 pub mod builder;
 pub mod counters;
+mod diag;
+mod dtype;
 pub mod generic;
 pub mod index;
 pub mod legalize;
+mod lexer;
 pub mod limits;
 mod op_names;
+mod sync;
 pub mod parse;
 pub mod print;
 pub mod size;
+pub mod synchronous;
 mod values;
 pub mod verify;
 use std::fmt;
@@ -114,11 +116,11 @@ pub use diag::{Diagnostic, Diagnostics, SourceMap, Span};
 pub use dtype::DType;
 pub use index::BlockIndex;
 pub use op_names::{BinaryOp, CmpOp, ReduceOp, UnaryOp};
+pub use sync::{BarrierAt, BarrierDecl, RefAt, SyncOp};
 pub use parse::{ArgDecl, SizeParam, parse};
 pub use print::{print_kernel, print_module};
 pub use values::{ValueId, ValueMap, ValueSet, ValueTable};
 pub use verify::{Verified, verify, verify_derived};
-
 
 /// A value's or an argument's type: an element type and a shape (`[]` for a scalar).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -184,6 +186,9 @@ pub struct Kernel {
     pub grid: Option<Vec<GridAxis>>,
     /// Arguments: `in`, `out` and `scratch`, in declaration order.
     pub params: Vec<Param>,
+    /// Barriers (`barrier NAME[N] arrivals K`), in declaration order: the program's own, shared
+    /// by its threads (docs/language.md, "Threads, barriers and asynchronous operations").
+    pub barriers: Vec<BarrierDecl>,
     /// The body.
     pub body: Vec<Stmt>,
     /// Where the `kernel` line is.
@@ -200,6 +205,19 @@ impl Kernel {
     pub fn params_of(&self, kind: ParamKind) -> impl Iterator<Item = &Param> {
         self.params.iter().filter(move |p| p.kind == kind)
     }
+
+    /// The barrier array called `name`.
+    pub fn barrier(&self, name: &str) -> Option<&BarrierDecl> {
+        self.barriers.iter().find(|b| b.name == name)
+    }
+
+    /// Whether the kernel uses the concurrent model: a `thread` grid axis, a barrier or an
+    /// asynchronous statement (docs/language.md, "Threads, barriers and asynchronous operations").
+    pub fn is_concurrent(&self) -> bool {
+        let mut found = !self.barriers.is_empty() || self.grid.iter().flatten().any(|a| a.thread);
+        analysis::visit(&self.body, &mut |s| found |= matches!(s.op, Op::Sync(_)));
+        found
+    }
 }
 
 /// A grid axis: `i: 8`, `k: 4 seq`, `n: dyn`.
@@ -211,6 +229,10 @@ pub struct GridAxis {
     pub size: AxisSize,
     /// Whether its points run in order inside one program.
     pub seq: bool,
+    /// Whether its points are the **threads** of one program (`wg: 3 thread`): they run at the
+    /// same time, share the program's scratch and barriers, and order their accesses only
+    /// through barriers and waits (Pallas's `num_threads`, Mosaic GPU's warpgroups).
+    pub thread: bool,
     /// For a `dyn` axis written `dyn(n)`: the scalar `in` argument whose value at launch is its
     /// size (a dynamic grid from data, as Pallas's dynamic grid bounds are).
     pub from: Option<String>,
@@ -608,6 +630,9 @@ pub enum Op {
     If(IfElse),
     /// `yield v, ...`: the next values of a `for`'s `iter` arguments, or an `if` branch's results.
     Yield(Vec<Operand>),
+    /// A statement of the concurrent model: barriers, asynchronous copies and products, fences
+    /// and waits (docs/language.md, "Threads, barriers and asynchronous operations").
+    Sync(SyncOp),
 }
 
 /// `%r, ... = if %c { ... yield %a, ... } else { ... yield %b, ... }`: one of two bodies runs,
@@ -673,6 +698,7 @@ impl Op {
             Op::For(ForLoop { .. }) => "for",
             Op::If(_) => "if",
             Op::Yield(_) => "yield",
+            Op::Sync(s) => s.mnemonic(),
         }
     }
 
@@ -716,8 +742,9 @@ impl Op {
         )
     }
 
-    /// Whether the operation has exactly one result (all but `store`, `when`, `for`, `if`, `yield`).
+    /// Whether the operation has exactly one result (all but `store`, `when`, `for`, `if`,
+    /// `yield` and the concurrent model's statements).
     pub fn has_single_result(&self) -> bool {
-        !matches!(self, Op::Store { .. } | Op::Yield(_)) && !self.has_body()
+        !matches!(self, Op::Store { .. } | Op::Yield(_) | Op::Sync(_)) && !self.has_body()
     }
 }

@@ -75,6 +75,58 @@ impl fmt::Display for AxisRef {
     }
 }
 
+/// A grid axis's role as written after its size.
+fn role(a: &GridAxis) -> &'static str {
+    match (a.seq, a.thread) {
+        (true, _) => " seq",
+        (false, true) => " thread",
+        (false, false) => "",
+    }
+}
+
+impl fmt::Display for BarrierAt {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}[{}]", self.name, self.index)
+    }
+}
+
+impl fmt::Display for RefAt {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.name)?;
+        if let Some(ix) = &self.index {
+            write!(f, "[{}]", comma_list(ix))?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for SyncOp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let m = self.mnemonic();
+        match self {
+            SyncOp::Arrive(b) | SyncOp::Wait(b) => write!(f, "{m} {b}"),
+            SyncOp::Copy { dst, src, arrive } => {
+                write!(f, "{m} {dst}, {src}")?;
+                if let Some(b) = arrive {
+                    write!(f, " arrive {b}")?;
+                }
+                Ok(())
+            }
+            SyncOp::CommitCopies | SyncOp::Fence => f.write_str(m),
+            SyncOp::WaitCopies { pending, reads } => write!(f, "{m} {pending}{}", if *reads { " reads" } else { "" }),
+            SyncOp::Mma { acc, a, b, trans_a, trans_b } => {
+                write!(
+                    f,
+                    "{m} {acc}, {a}, {b}{}{}",
+                    if *trans_a { " trans_a" } else { "" },
+                    if *trans_b { " trans_b" } else { "" }
+                )
+            }
+            SyncOp::MmaWait { pending } => write!(f, "{m} {pending}"),
+        }
+    }
+}
+
 fn comma_list<T: fmt::Display>(items: &[T]) -> String {
     items.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
 }
@@ -98,14 +150,16 @@ impl Writer {
     fn write_kernel(&mut self, k: &Kernel) -> fmt::Result {
         writeln!(self.out, "kernel {}", k.name)?;
         if let Some(grid) = &k.grid {
-            let axes: Vec<String> =
-                grid.iter().map(|a| format!("{}: {}{}", a.name, a.size_text(), if a.seq { " seq" } else { "" })).collect();
+            let axes: Vec<String> = grid.iter().map(|a| format!("{}: {}{}", a.name, a.size_text(), role(a))).collect();
             writeln!(self.out, "  grid ({})", axes.join(", "))?;
         }
         for kind in [ParamKind::In, ParamKind::Out, ParamKind::Scratch] {
             for p in k.params_of(kind) {
                 self.write_param(p)?;
             }
+        }
+        for b in &k.barriers {
+            writeln!(self.out, "  barrier {}[{}] arrivals {}", b.name, b.count, b.arrivals)?;
         }
         writeln!(self.out, "{{")?;
         self.level = 1;
@@ -226,6 +280,7 @@ impl Writer {
             }
             Op::Yield(vals) if vals.is_empty() => write!(o, "yield"),
             Op::Yield(vals) => write!(o, "yield {}", comma_list(vals)),
+            Op::Sync(s) => write!(o, "{s}"),
         }
     }
 }

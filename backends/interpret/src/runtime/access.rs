@@ -49,6 +49,45 @@ impl ProgramState<'_, '_> {
         (starts, spans.clone(), shape, Some(strided_places(&lens, &strides, &spans)))
     }
 
+    /// The flat indices of the elements of `mem`'s array a `load` or `store` with `index` and
+    /// `mask` touches, in row-major order of the region (those outside the array left out; a
+    /// gather's mask is not read: every entry counts as touched).
+    pub(super) fn touched(&self, mem: MemRef, index: Option<&[Ix]>, mask: Option<usize>) -> Vec<usize> {
+        let shape = &self.array(mem).shape;
+        let entries: Vec<Option<i64>> = match self.gather(index) {
+            Some((_, e)) => e.into_iter().map(Some).collect(),
+            None => vec![None],
+        };
+        let strides = eval::strides(shape);
+        let mut out = Vec::new();
+        for &entry in &entries {
+            let (starts, lens, value, places) = self.region(mem, index, entry);
+            let lanes = if entry.is_none() { self.mask_lanes(mask, &value) } else { None };
+            let n: usize = lens.iter().product();
+            let mut on = vec![places.is_none() && lanes.is_none(); n];
+            match (&places, &lanes) {
+                (None, None) => {}
+                (None, Some(l)) => on.copy_from_slice(l),
+                (Some(p), l) => p.iter().enumerate().for_each(|(i, &f)| on[f] = l.as_ref().is_none_or(|l| l[i])),
+            }
+            let mut at = vec![0usize; lens.len()];
+            for lane in 0..n {
+                let inside = at.iter().zip(&starts).zip(shape).all(|((&i, &s), &d)| (0..d as i64).contains(&(s + i as i64)));
+                if on[lane] && inside {
+                    out.push(at.iter().zip(&starts).zip(&strides).map(|((&i, &s), &st)| (s as usize + i) * st).sum());
+                }
+                for d in (0..lens.len()).rev() {
+                    at[d] += 1;
+                    if at[d] < lens[d] {
+                        break;
+                    }
+                    at[d] = 0;
+                }
+            }
+        }
+        out
+    }
+
     fn mask_lanes(&self, mask: Option<usize>, shape: &[usize]) -> Option<Vec<bool>> {
         let m = self.slots[mask?].as_ref().expect("verifier: mask defined");
         let eval::Data::B(v) = &m.data else { unreachable!("verifier: bool mask") };
@@ -253,7 +292,7 @@ impl ProgramState<'_, '_> {
     /// [`Self::store`] of value `v` to a region without a gather, or to one entry of a gather,
     /// where the lanes of `mask` (or `lanes`, of the region's shape) allow. A resident output's
     /// block is not written here: the block it now holds is returned.
-    fn store_part(
+    pub(super) fn store_part(
         &self,
         mem: MemRef,
         index: Option<&[Ix]>,

@@ -68,7 +68,7 @@ impl Machine<'_> {
 }
 
 /// Row-major decoding of `n` over `axes` (the last listed fastest) into `point`.
-fn decode(mut n: u64, axes: &[usize], grid: &[LaunchAxis], point: &mut [i64]) {
+pub(super) fn decode(mut n: u64, axes: &[usize], grid: &[LaunchAxis], point: &mut [i64]) {
     for &a in axes.iter().rev() {
         let size = grid[a].size;
         point[a] = (n % size) as i64;
@@ -97,6 +97,7 @@ impl<'m, 'a> ProgramState<'m, 'a> {
             held: vec![None; params.len()],
             fresh: true,
             point: Vec::new(),
+            threads: None,
         }
     }
 
@@ -111,7 +112,7 @@ impl<'m, 'a> ProgramState<'m, 'a> {
     }
 
     /// Moves to grid point `point`: the origin of every argument's block there.
-    fn enter(&mut self, point: &[i64]) {
+    pub(super) fn enter(&mut self, point: &[i64]) {
         self.point.clear();
         self.point.extend_from_slice(point);
         for (n, p) in self.m.kernel.kernel().params.iter().enumerate() {

@@ -14,10 +14,12 @@
 //! `memory.rs` imports none of the others; the rest import it and this file, not each other.
 
 mod access;
+mod concurrent;
 mod dot;
 mod fused;
 mod grid;
 mod memory;
+mod threads;
 
 use std::sync::atomic::AtomicU32;
 
@@ -93,8 +95,15 @@ impl<'a> Machine<'a> {
             })
             .collect();
         let params = &kernel.kernel().params;
-        let resident = params.iter().map(|p| analysis::resident(kernel.kernel(), grid, p)).collect();
-        let own = params.iter().map(|p| p.kind == ParamKind::Scratch || analysis::own_blocks(kernel.kernel(), grid, p)).collect();
+        let resident: Vec<bool> = params.iter().map(|p| analysis::resident(kernel.kernel(), grid, p)).collect();
+        // A program of the concurrent model shares its scratch among its threads and holds no
+        // output block of its own: every access goes to memory (and is checked), one atomic at
+        // a time.
+        let concurrent = kernel.kernel().is_concurrent();
+        let resident = if concurrent { vec![false; params.len()] } else { resident };
+        let own = (params.iter())
+            .map(|p| !concurrent && (p.kind == ParamKind::Scratch || analysis::own_blocks(kernel.kernel(), grid, p)))
+            .collect();
         let dims = kernel.grid();
         let origins = (params.iter())
             .map(|p| {
@@ -125,7 +134,11 @@ impl<'a> Machine<'a> {
 
     /// [`Machine::run_programs`], failing where the launch was cancelled before every program ran.
     fn run_all(&self) -> Result<(), LaunchError> {
-        self.run_programs();
+        if self.kernel.kernel().is_concurrent() {
+            self.run_concurrent()?;
+        } else {
+            self.run_programs();
+        }
         if self.cancelled() {
             return Err(LaunchError::Cancelled { kernel: self.kernel.name().to_string() });
         }
@@ -208,7 +221,7 @@ impl<'a> Machine<'a> {
 /// The state of one program: its scratch and its values.
 struct ProgramState<'m, 'a> {
     m: &'m Machine<'a>,
-    scratch: Vec<Option<Array<'static>>>,
+    scratch: Vec<Option<Array<'m>>>,
     slots: Vec<Option<Val>>,
     /// Element origin of each argument's block at the current grid point.
     origins: Vec<Vec<i64>>,
@@ -218,6 +231,9 @@ struct ProgramState<'m, 'a> {
     /// Whether no program has run on this state yet (its scratch is still zeros).
     fresh: bool,
     point: Vec<i64>,
+    /// In a program of the concurrent model: the program's threads and barriers, and which
+    /// thread this state runs (`concurrent.rs`).
+    threads: Option<(&'m threads::Shared<'m>, usize)>,
 }
 
 impl<'m, 'a> ProgramState<'m, 'a> {
@@ -287,6 +303,15 @@ impl<'m, 'a> ProgramState<'m, 'a> {
             }
             Instr::Fused(f) => {
                 self.run_fused(f);
+                return;
+            }
+            Instr::Checked { stmt, instr } => {
+                self.check_access(*stmt, instr);
+                self.step(instr);
+                return;
+            }
+            Instr::Sync { stmt, op } => {
+                self.sync(*stmt, op);
                 return;
             }
         };

@@ -315,6 +315,7 @@ impl Writer<'_> {
             Op::For(f) => self.write_for(f, &s.results),
             Op::If(i) => self.write_if(i, &s.results),
             Op::Yield(_) => {}
+            Op::Sync(_) => unreachable!("plan refuses the concurrent model (Refusal::Unimplemented)"),
             Op::Tile { .. } | Op::Repeat { .. } => unreachable!("legalize rewrites tile and repeat before planning"),
         }
     }

@@ -351,6 +351,7 @@ impl<'k> Writer<'k> {
             Op::For(f) => self.write_for(s, f),
             Op::If(i) => self.write_if(s, i),
             Op::Yield(_) => unreachable!("yield is written by its for or if"),
+            Op::Sync(_) => unreachable!("checked() makes the concurrent model synchronous (ir::synchronous)"),
             Op::Tile { .. } | Op::Repeat { .. } => unreachable!("legalize rewrites tile and repeat before planning"),
         }
     }

@@ -73,7 +73,7 @@ impl Parser<'_> {
             self.diags.extend(d);
             self.recover_line();
         }
-        let mut kernel = Kernel { name, grid: None, params: Vec::new(), body: Vec::new(), span };
+        let mut kernel = Kernel { name, grid: None, params: Vec::new(), barriers: Vec::new(), body: Vec::new(), span };
         let mut missing_brace = false;
         loop {
             self.skip_newlines();
@@ -81,6 +81,7 @@ impl Parser<'_> {
                 Some(Tok::LBrace) => break,
                 Some(Tok::Ident(w)) if w == "grid" => self.grid(&mut kernel),
                 Some(Tok::Ident(w)) if w == "in" || w == "out" || w == "scratch" => self.param().map(|p| kernel.params.push(p)),
+                Some(Tok::Ident(w)) if w == "barrier" => self.barrier().map(|b| kernel.barriers.push(b)),
                 Some(Tok::Ident(w)) if w == "kernel" => {
                     let d = self.unexpected("`{` to open the body of kernel before the next kernel");
                     self.diags.push(d);
@@ -99,12 +100,12 @@ impl Parser<'_> {
                     break;
                 }
                 Some(Tok::RBrace) => {
-                    let d = self.unexpected("a header line (`grid`, `in`, `out`, `scratch`) or `{` to open the body");
+                    let d = self.unexpected("a header line (`grid`, `in`, `out`, `scratch`, `barrier`) or `{` to open the body");
                     self.diags.push(d);
                     self.pos += 1;
                     continue;
                 }
-                _ => Err(self.unexpected("a header line (`grid`, `in`, `out`, `scratch`) or `{` to open the body")),
+                _ => Err(self.unexpected("a header line (`grid`, `in`, `out`, `scratch`, `barrier`) or `{` to open the body")),
             };
             if let Err(d) = res {
                 self.diags.push(d);
@@ -247,7 +248,8 @@ impl Parser<'_> {
                 (AxisSize::Fixed(self.size("a grid size")?), None)
             };
             let seq = self.eat_ident("seq");
-            axes.push(GridAxis { name, size, seq, from, span: name_span.to(self.prev_span()) });
+            let thread = !seq && self.eat_ident("thread");
+            axes.push(GridAxis { name, size, seq, thread, from, span: name_span.to(self.prev_span()) });
             if self.eat(&Tok::RParen) {
                 break;
             }
@@ -259,6 +261,21 @@ impl Parser<'_> {
         }
         kernel.grid = Some(axes);
         self.expect_header_end()
+    }
+
+    /// `barrier NAME[COUNT] arrivals K`.
+    fn barrier(&mut self) -> PResult<BarrierDecl> {
+        let start = self.span();
+        self.pos += 1; // `barrier`
+        let (name, _) = self.ident("a barrier name, as in `barrier full[2] arrivals 1`")?;
+        self.expect(Tok::LBracket, "`[` and how many barriers, as in `barrier full[2] arrivals 1`")?;
+        let count: usize = self.size("a count of barriers")?;
+        self.expect(Tok::RBracket, "`]` after the count of barriers")?;
+        self.expect_keyword("arrivals")?;
+        let arrivals: usize = self.size("the arrivals that complete a phase")?;
+        let span = start.to(self.prev_span());
+        self.expect_header_end()?;
+        Ok(BarrierDecl { name, count, arrivals, span })
     }
 
     fn param(&mut self) -> PResult<Param> {

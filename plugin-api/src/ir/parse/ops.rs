@@ -163,6 +163,34 @@ impl Parser<'_> {
                 let trans_b = self.eat_ident("trans_b");
                 Op::Dot { a, b, trans_a, trans_b }
             }
+            "arrive" => Op::Sync(SyncOp::Arrive(self.barrier_at()?)),
+            "wait" => Op::Sync(SyncOp::Wait(self.barrier_at()?)),
+            "copy_async" => {
+                let dst = self.ref_at("the output or scratch the copy writes")?;
+                self.expect(Tok::Comma, "`,` and the region copied, as in `copy_async s[0, :, :], x[ds(%m, 64), :]`")?;
+                let src = self.ref_at("the argument or scratch the copy reads")?;
+                let arrive = if self.eat_ident("arrive") { Some(self.barrier_at()?) } else { None };
+                Op::Sync(SyncOp::Copy { dst, src, arrive })
+            }
+            "commit_copies" => Op::Sync(SyncOp::CommitCopies),
+            "wait_copies" => {
+                let pending = self.int("the groups that may stay pending, as in `wait_copies 0`")?;
+                Op::Sync(SyncOp::WaitCopies { pending, reads: self.eat_ident("reads") })
+            }
+            "fence" => Op::Sync(SyncOp::Fence),
+            "mma_async" => {
+                let acc = self.ref_at("the accumulator scratch")?;
+                self.expect(Tok::Comma, "`,` and the left operand, as in `mma_async acc, a[0, :, :], b[0, :, :]`")?;
+                let a = self.ref_at("the scratch of the left operand")?;
+                self.expect(Tok::Comma, "`,` and the right operand")?;
+                let b = self.ref_at("the scratch of the right operand")?;
+                let trans_a = self.eat_ident("trans_a");
+                let trans_b = self.eat_ident("trans_b");
+                Op::Sync(SyncOp::Mma { acc, a, b, trans_a, trans_b })
+            }
+            "mma_wait" => {
+                Op::Sync(SyncOp::MmaWait { pending: self.int("the groups that may stay pending, as in `mma_wait 0`")? })
+            }
             "when" => Op::When { cond: self.operand()?, body: Vec::new() },
             "for" => self.for_header()?,
             "if" => Op::If(IfElse { cond: self.operand()?, then: Vec::new(), els: Vec::new() }),
@@ -259,6 +287,21 @@ impl Parser<'_> {
         let value = self.operand()?;
         let mask = if self.eat_ident("mask") { Some(self.value_name("a `bool` mask value after `mask`")?) } else { None };
         Ok(Op::Store { dst, index, value, mask })
+    }
+
+    /// `NAME[k]`: one barrier of a barrier array.
+    fn barrier_at(&mut self) -> PResult<BarrierAt> {
+        let (name, _) = self.ident("a barrier, as in `full[%k]`")?;
+        self.expect(Tok::LBracket, "`[` and which barrier of the array, as in `full[%k]`")?;
+        let index = self.operand()?;
+        self.expect(Tok::RBracket, "`]` after the barrier's index")?;
+        Ok(BarrierAt { name, index })
+    }
+
+    /// `NAME[IDX]?`: a region, as `load` names it.
+    fn ref_at(&mut self, what: &str) -> PResult<RefAt> {
+        let (name, _) = self.ident(what)?;
+        Ok(RefAt { name, index: self.index_list()? })
     }
 
     fn index_list(&mut self) -> PResult<Option<Vec<Index>>> {

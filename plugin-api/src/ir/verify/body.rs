@@ -67,7 +67,7 @@ impl Checker<'_> {
         let span = s.span;
         // Result count.
         let want = match &s.op {
-            Op::Store { .. } | Op::When { .. } | Op::Yield(_) => 0,
+            Op::Store { .. } | Op::When { .. } | Op::Yield(_) | Op::Sync(_) => 0,
             Op::For(ForLoop { iters, .. }) => iters.len(),
             // As many as its branches yield.
             Op::If(_) => s.results.len(),

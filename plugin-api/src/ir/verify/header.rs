@@ -200,7 +200,7 @@ impl<'k> Checker<'k> {
         let Some(grid) = &k.grid else { return };
         for p in k.params_of(ParamKind::Out) {
             let Some(b) = &p.block else { continue };
-            for a in grid.iter().filter(|a| !a.seq && a.size != AxisSize::Fixed(1)) {
+            for a in grid.iter().filter(|a| !a.seq && !a.thread && a.size != AxisSize::Fixed(1)) {
                 if !b.index.iter().any(|e| e.uses(&a.name)) {
                     self.err(
                         p.span,

@@ -5,7 +5,7 @@ use super::{Arg, Checked, Checker, broadcast, literal_fits, shape_text, with_art
 use crate::ir::*;
 
 impl Checker<'_> {
-    fn ref_param(&mut self, name: &str, span: Span) -> Option<&Param> {
+    pub(super) fn ref_param(&mut self, name: &str, span: Span) -> Option<&Param> {
         let k = self.k;
         match k.param(name) {
             Some(p) => Some(p),
@@ -23,7 +23,7 @@ impl Checker<'_> {
 
     /// The shape an index list selects from a block, checking each index; an index that is an
     /// integer vector becomes a [`Index::Gather`].
-    fn indexed_shape(&mut self, p: &Param, index: Option<&mut [Index]>, span: Span) -> Checked<Vec<usize>> {
+    pub(super) fn indexed_shape(&mut self, p: &Param, index: Option<&mut [Index]>, span: Span) -> Checked<Vec<usize>> {
         let block = p.block_shape().to_vec();
         let Some(index) = index else { return Some(block) };
         if index.len() != block.len() {

@@ -12,6 +12,7 @@ mod body;
 mod header;
 mod memory;
 mod ops;
+mod sync;
 
 use std::collections::{HashMap, HashSet};
 
@@ -120,6 +121,7 @@ fn check(kernel: &Kernel) -> Result<Verified, Diagnostics> {
         nesting: 0,
     };
     c.header();
+    c.concurrency_header();
     c.body(&mut body, BodyKind::Kernel);
     let (diags, values, mesh_axes) = (c.diags, c.values, c.mesh_axes);
     kernel.body = body;

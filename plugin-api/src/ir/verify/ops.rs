@@ -31,6 +31,10 @@ impl Checker<'_> {
                 self.store(dst, index.as_deref_mut(), value, mask.as_deref(), span);
                 None
             }
+            Op::Sync(sync) => {
+                self.sync(sync, span);
+                None
+            }
             Op::ProgramId(a) | Op::NumPrograms(a) => {
                 let axes = self.axis_names();
                 if let (None, AxisRef::Name(n)) = (&self.k.grid, &*a) {

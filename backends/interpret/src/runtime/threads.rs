@@ -1,0 +1,576 @@
+//! Programs of the concurrent model (docs/language.md, "Threads, barriers and asynchronous
+//! operations"): a program's threads, their barriers, and the checks that make a run of one
+//! schedule stand for every schedule.
+//!
+//! **Schedule.** Each thread of a program is an OS thread, but only the one holding the
+//! program's baton runs: it runs until it waits for a barrier phase that has not completed, or
+//! ends; then the baton goes to the next thread in order (wrapping) that can run. So a launch
+//! follows one schedule whatever the machine, and where no thread can run while some have not
+//! ended, the barriers they wait on can never complete: a deadlock, reported naming each wait.
+//! Asynchronous copies and products do their reads and writes where they are issued.
+//!
+//! **Checks.** Every access of an output or scratch element, by a thread's `load` or `store` or
+//! by an asynchronous copy or product, is checked against the accesses of that element before it:
+//! two accesses conflict where one writes, and must be ordered by happens-before, else the run
+//! stops with a data race naming both statements. Happens-before is tracked with vector clocks
+//! over the threads; each asynchronous operation is an agent of its own, ordered after what its
+//! thread did before issuing it, and before what a thread does once it has seen it complete (a
+//! `wait` on the barrier phase it arrived on, `wait_copies`, `mma_wait`); a thread's products on
+//! one accumulator run in order. So a race is found whatever the schedule that would show it.
+//! Also checked: an asynchronous read of scratch that a thread stored without a `fence` after
+//! it, and a barrier that completes a phase twice ahead of a thread that waits on it (its next
+//! `wait` would take the later phase for the one it waits for, as a hardware barrier's phase
+//! parity does).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Condvar, Mutex, MutexGuard};
+
+/// Unwinds a thread out of its statements once its program has failed.
+pub(super) struct Abort;
+
+/// A thread's or an operation's knowledge: the threads' clocks it has seen, and the
+/// asynchronous operations it has seen complete.
+#[derive(Clone, Debug, Default)]
+struct Clock {
+    vc: Vec<u32>,
+    seen: HashSet<usize>,
+}
+
+impl Clock {
+    fn join(&mut self, other: &Clock) {
+        for (a, b) in self.vc.iter_mut().zip(&other.vc) {
+            *a = (*a).max(*b);
+        }
+        self.seen.extend(other.seen.iter().copied());
+    }
+}
+
+/// Who made an access.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Who {
+    /// Thread `t` at its own clock `epoch`.
+    Thread { t: usize, epoch: u32 },
+    /// Asynchronous operation number `n`.
+    Op(usize),
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Access {
+    who: Who,
+    stmt: usize,
+}
+
+/// The accesses of one element that later ones are checked against.
+#[derive(Default)]
+struct Cell {
+    write: Option<Access>,
+    reads: Vec<Access>,
+    /// The thread that last stored it and how many `fence`s that thread had made then.
+    stored: Option<(usize, u32)>,
+}
+
+/// What part of an asynchronous statement an operation is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    /// A copy's reads of its source.
+    CopyRead,
+    /// A copy's writes of its destination.
+    CopyWrite,
+    /// An `mma_async`.
+    Mma,
+}
+
+struct Op {
+    issuer: usize,
+    clock: Clock,
+    kind: Kind,
+    stmt: usize,
+    /// The barrier a copy arrives on.
+    barrier: Option<usize>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Status {
+    Ready,
+    /// Waiting for phase `phase` of barrier `barrier`, at statement `stmt`.
+    Blocked {
+        barrier: usize,
+        phase: u64,
+        stmt: usize,
+    },
+    Done,
+}
+
+struct Thread {
+    clock: Clock,
+    status: Status,
+    /// Waits made on each barrier.
+    waits: HashMap<usize, u64>,
+    fences: u32,
+    /// Copies without a barrier not yet in a group, then the committed groups still pending
+    /// (each a list of operations).
+    open_copies: Vec<usize>,
+    groups: Vec<Vec<usize>>,
+    /// Products not yet waited for, in issue order.
+    mmas: Vec<usize>,
+}
+
+struct Barrier {
+    arrivals: usize,
+    count: usize,
+    pending: Clock,
+    /// The knowledge released into each completed phase.
+    completed: Vec<Clock>,
+}
+
+struct State {
+    running: usize,
+    threads: Vec<Thread>,
+    barriers: Vec<Barrier>,
+    ops: Vec<Op>,
+    /// Per argument (by position), per flat element.
+    cells: HashMap<(usize, usize), Cell>,
+    failure: Option<String>,
+}
+
+/// One program's threads and barriers, shared by the threads' states.
+pub(super) struct Shared<'p> {
+    state: Mutex<State>,
+    turn: Condvar,
+    /// How each checked statement is named (`Program::stmts`).
+    stmts: &'p [String],
+    /// Each thread's name in messages: `thread wg=1`, with the program's point where the grid
+    /// has other axes.
+    names: Vec<String>,
+    /// Each argument's name and shape, for messages.
+    args: Vec<(String, Vec<usize>)>,
+    /// Each barrier's name in messages: `full[1]`.
+    barrier_names: Vec<String>,
+}
+
+/// An access to check: which argument, which elements, read or written.
+pub(super) struct Touch<'e> {
+    pub(super) mem: usize,
+    pub(super) elements: &'e [usize],
+    pub(super) write: bool,
+}
+
+impl<'p> Shared<'p> {
+    /// A program of `names.len()` threads with barriers of `(count, arrivals)` per declaration.
+    pub(super) fn new(
+        names: Vec<String>,
+        barriers: &[(String, usize, usize)],
+        args: Vec<(String, Vec<usize>)>,
+        stmts: &'p [String],
+    ) -> Shared<'p> {
+        let n = names.len();
+        let clock = |t: Option<usize>| Clock { vc: (0..n).map(|u| u32::from(Some(u) == t)).collect(), seen: HashSet::new() };
+        let threads = (0..n)
+            .map(|t| Thread {
+                clock: clock(Some(t)),
+                status: Status::Ready,
+                waits: HashMap::new(),
+                fences: 0,
+                open_copies: Vec::new(),
+                groups: Vec::new(),
+                mmas: Vec::new(),
+            })
+            .collect();
+        let mut list = Vec::new();
+        let mut barrier_names = Vec::new();
+        for (name, count, arrivals) in barriers {
+            for k in 0..*count {
+                list.push(Barrier { arrivals: *arrivals, count: 0, pending: clock(None), completed: Vec::new() });
+                barrier_names.push(format!("{name}[{k}]"));
+            }
+        }
+        Shared {
+            state: Mutex::new(State {
+                running: 0,
+                threads,
+                barriers: list,
+                ops: Vec::new(),
+                cells: HashMap::new(),
+                failure: None,
+            }),
+            turn: Condvar::new(),
+            stmts,
+            names,
+            args,
+            barrier_names,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The program's failure, once it has one.
+    pub(super) fn failure(&self) -> Option<String> {
+        self.lock().failure.clone()
+    }
+
+    /// Blocks thread `t` until it holds the baton; unwinds ([`Abort`]) once the program failed.
+    pub(super) fn begin(&self, t: usize) {
+        let st = self.lock();
+        drop(self.until_turn(st, t));
+    }
+
+    fn until_turn<'g>(&'g self, mut st: MutexGuard<'g, State>, t: usize) -> MutexGuard<'g, State> {
+        while st.running != t && st.failure.is_none() {
+            st = self.turn.wait(st).unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+        if st.failure.is_some() {
+            drop(st);
+            std::panic::resume_unwind(Box::new(Abort));
+        }
+        st
+    }
+
+    /// Thread `t` has ended (or unwound): the baton passes on.
+    pub(super) fn end(&self, t: usize) {
+        let mut st = self.lock();
+        st.threads[t].status = Status::Done;
+        if st.running == t {
+            self.pass(&mut st, t);
+        }
+    }
+
+    /// Stops the program with `message`, from outside its statements (a thread panicked).
+    pub(super) fn stop(&self, message: String) {
+        let mut st = self.lock();
+        st.failure.get_or_insert(message);
+        self.turn.notify_all();
+    }
+
+    /// Stops the program with `message` (a thread's statement failed in another way).
+    fn fail(&self, st: &mut State, message: String) -> ! {
+        if st.failure.is_none() {
+            st.failure = Some(message);
+        }
+        self.turn.notify_all();
+        std::panic::resume_unwind(Box::new(Abort));
+    }
+
+    /// Gives the baton to the next thread after `t` that can run; where none can and some have
+    /// not ended, the program is deadlocked.
+    fn pass(&self, st: &mut State, t: usize) {
+        if st.failure.is_some() {
+            // Every thread unwinds as it takes its turn.
+            self.turn.notify_all();
+            return;
+        }
+        let n = st.threads.len();
+        let can_run = |st: &State, u: usize| match st.threads[u].status {
+            Status::Ready => true,
+            Status::Blocked { barrier, phase, .. } => st.barriers[barrier].completed.len() as u64 >= phase,
+            Status::Done => false,
+        };
+        match (1..=n).map(|k| (t + k) % n).find(|&u| can_run(st, u)) {
+            Some(u) => st.running = u,
+            None if st.threads.iter().all(|th| th.status == Status::Done) => {}
+            None => {
+                let waits: Vec<String> = (0..n)
+                    .filter_map(|u| match st.threads[u].status {
+                        Status::Blocked { barrier, phase, stmt } => Some(format!(
+                            "{} waits at {} for phase {phase} of {}, which has completed {} ({} of {} arrivals made in the next)",
+                            self.names[u],
+                            self.stmts[stmt],
+                            self.barrier_names[barrier],
+                            st.barriers[barrier].completed.len(),
+                            st.barriers[barrier].count,
+                            st.barriers[barrier].arrivals
+                        )),
+                        _ => None,
+                    })
+                    .collect();
+                st.failure = Some(format!(
+                    "deadlocks: no thread can run, and the barriers they wait on can never complete: {}\n  make every phase a thread waits for complete: as many `arrive`s (and copies that `arrive`) as the barrier's `arrivals`, before the waits that need them",
+                    waits.join("; ")
+                ));
+            }
+        }
+        self.turn.notify_all();
+    }
+
+    /// `arrive B[k]` by thread `t`.
+    pub(super) fn arrive(&self, t: usize, barrier: usize, stmt: usize) {
+        let mut st = self.lock();
+        let clock = st.threads[t].clock.clone();
+        st.threads[t].clock.vc[t] += 1;
+        self.arrival(&mut st, barrier, &clock, stmt);
+    }
+
+    /// One arrival on `barrier` carrying `clock`; completes a phase at the last of its arrivals.
+    fn arrival(&self, st: &mut State, barrier: usize, clock: &Clock, stmt: usize) {
+        if barrier >= st.barriers.len() {
+            let m = format!(
+                "indexes a barrier past its array at {}: it has {} barriers\n  index barriers from 0",
+                self.stmts[stmt],
+                self.barrier_names.len()
+            );
+            self.fail(st, m);
+        }
+        let b = &mut st.barriers[barrier];
+        b.pending.join(clock);
+        b.count += 1;
+        if b.count < b.arrivals {
+            return;
+        }
+        b.count = 0;
+        let released = std::mem::replace(&mut b.pending, Clock { vc: vec![0; clock.vc.len()], seen: HashSet::new() });
+        b.completed.push(released);
+        let phase = b.completed.len() as u64;
+        // A thread that waits on this barrier and has seen fewer than `phase - 1` of its phases
+        // would take this phase for the one it waits for next.
+        let behind = st.threads.iter().enumerate().find(|(_, th)| th.waits.get(&barrier).is_some_and(|&w| w + 2 <= phase));
+        if let Some((u, th)) = behind {
+            let m = format!(
+                "completes phase {phase} of {} at {} while {} has waited for only {} of its phases: its next `wait` would see the later phase as the one it waits for\n  let the thread wait for every phase before the barrier completes the next: a barrier per stage of a pipeline, released by the threads that wait on it",
+                self.barrier_names[barrier], self.stmts[stmt], self.names[u], th.waits[&barrier]
+            );
+            self.fail(st, m);
+        }
+    }
+
+    /// `wait B[k]` by thread `t`: its next phase of the barrier, blocking until it completes.
+    pub(super) fn wait(&self, t: usize, barrier: usize, stmt: usize) {
+        let mut st = self.lock();
+        if barrier >= st.barriers.len() {
+            let m = format!("indexes a barrier past its array at {}\n  index barriers from 0", self.stmts[stmt]);
+            self.fail(&mut st, m);
+        }
+        let phase = {
+            let w = st.threads[t].waits.entry(barrier).or_insert(0);
+            *w += 1;
+            *w
+        };
+        if (st.barriers[barrier].completed.len() as u64) < phase {
+            st.threads[t].status = Status::Blocked { barrier, phase, stmt };
+            self.pass(&mut st, t);
+            st = self.until_turn(st, t);
+            st.threads[t].status = Status::Ready;
+        }
+        let released = st.barriers[barrier].completed[phase as usize - 1].clone();
+        st.threads[t].clock.join(&released);
+    }
+
+    /// `fence` by thread `t`.
+    pub(super) fn fence(&self, t: usize) {
+        self.lock().threads[t].fences += 1;
+    }
+
+    /// A `load` or `store` by thread `t`.
+    pub(super) fn access(&self, t: usize, touch: Touch<'_>, stmt: usize) {
+        let mut st = self.lock();
+        let who = Who::Thread { t, epoch: st.threads[t].clock.vc[t] };
+        self.check(&mut st, Access { who, stmt }, &touch);
+    }
+
+    /// An asynchronous copy issued by thread `t`: its reads and writes, checked, and its arrival
+    /// on `arrive` or its place in the thread's open group.
+    pub(super) fn copy(&self, t: usize, src: Touch<'_>, dst: Touch<'_>, arrive: Option<usize>, stmt: usize) {
+        let mut st = self.lock();
+        let clock = st.threads[t].clock.clone();
+        st.threads[t].clock.vc[t] += 1;
+        let read = st.ops.len();
+        st.ops.push(Op { issuer: t, clock: clock.clone(), kind: Kind::CopyRead, stmt, barrier: arrive });
+        st.ops.push(Op { issuer: t, clock: clock.clone(), kind: Kind::CopyWrite, stmt, barrier: arrive });
+        self.unfenced(&mut st, t, &src, stmt);
+        self.check(&mut st, Access { who: Who::Op(read), stmt }, &src);
+        self.check(&mut st, Access { who: Who::Op(read + 1), stmt }, &dst);
+        match arrive {
+            Some(b) => {
+                let mut landed = clock;
+                landed.seen.extend([read, read + 1]);
+                self.arrival(&mut st, b, &landed, stmt);
+            }
+            None => st.threads[t].open_copies.extend([read, read + 1]),
+        }
+    }
+
+    /// `commit_copies` by thread `t`.
+    pub(super) fn commit(&self, t: usize) {
+        let mut st = self.lock();
+        let th = &mut st.threads[t];
+        if !th.open_copies.is_empty() {
+            let group = std::mem::take(&mut th.open_copies);
+            th.groups.push(group);
+        }
+    }
+
+    /// `wait_copies N (reads)` by thread `t`.
+    pub(super) fn wait_copies(&self, t: usize, pending: usize, reads: bool) {
+        let mut st = self.lock();
+        let State { threads, ops, .. } = &mut *st;
+        let th = &mut threads[t];
+        let done = th.groups.len().saturating_sub(pending);
+        for group in &th.groups[..done] {
+            th.clock.seen.extend(group.iter().copied().filter(|&o| !reads || ops[o].kind == Kind::CopyRead));
+        }
+        if !reads {
+            th.groups.drain(..done);
+        }
+    }
+
+    /// An `mma_async` by thread `t`: reads of `a` and `b`, a read and write of `acc`.
+    pub(super) fn mma(&self, t: usize, operands: [Touch<'_>; 2], acc: Touch<'_>, stmt: usize) {
+        let mut st = self.lock();
+        let clock = st.threads[t].clock.clone();
+        st.threads[t].clock.vc[t] += 1;
+        let op = st.ops.len();
+        st.ops.push(Op { issuer: t, clock, kind: Kind::Mma, stmt, barrier: None });
+        for x in &operands {
+            self.unfenced(&mut st, t, x, stmt);
+            self.check(&mut st, Access { who: Who::Op(op), stmt }, x);
+        }
+        let read = Touch { write: false, ..acc };
+        self.check(&mut st, Access { who: Who::Op(op), stmt }, &read);
+        self.check(&mut st, Access { who: Who::Op(op), stmt }, &acc);
+        st.threads[t].mmas.push(op);
+    }
+
+    /// `mma_wait N` by thread `t`.
+    pub(super) fn mma_wait(&self, t: usize, pending: usize) {
+        let mut st = self.lock();
+        let th = &mut st.threads[t];
+        let done = th.mmas.len().saturating_sub(pending);
+        let finished: Vec<usize> = th.mmas.drain(..done).collect();
+        th.clock.seen.extend(finished);
+    }
+
+    /// Whether access `a` happens before `who`'s.
+    fn ordered(st: &State, a: &Access, who: Who) -> bool {
+        match (a.who, who) {
+            (Who::Thread { t, epoch }, Who::Thread { t: u, .. }) => t == u || st.threads[u].clock.vc[t] >= epoch,
+            (Who::Thread { t, epoch }, Who::Op(x)) => st.ops[x].clock.vc[t] >= epoch,
+            (Who::Op(o), Who::Thread { t: u, .. }) => st.threads[u].clock.seen.contains(&o),
+            (Who::Op(o), Who::Op(x)) => {
+                let (a, b) = (&st.ops[o], &st.ops[x]);
+                // One copy's read and write parts; a thread's products, which run in order.
+                let same_copy =
+                    a.stmt == b.stmt && a.issuer == b.issuer && o.abs_diff(x) == 1 && a.kind != b.kind && a.kind != Kind::Mma;
+                o == x
+                    || same_copy
+                    || b.clock.seen.contains(&o)
+                    || (a.kind == Kind::Mma && b.kind == Kind::Mma && a.issuer == b.issuer && o < x)
+            }
+        }
+    }
+
+    /// Checks `access` of `touch`'s elements against those before it, then records it.
+    fn check(&self, st: &mut State, access: Access, touch: &Touch<'_>) {
+        for &e in touch.elements {
+            let cell = st.cells.remove(&(touch.mem, e)).unwrap_or_default();
+            let writes = cell.write.iter().map(|a| (a, true));
+            let reads = cell.reads.iter().filter(|_| touch.write).map(|a| (a, false));
+            if let Some((other, wrote)) = writes.chain(reads).find(|(a, _)| !Self::ordered(st, a, access.who)) {
+                let m = self.race(st, (other, wrote), &access, touch, e);
+                self.fail(st, m);
+            }
+            let mut cell = cell;
+            if touch.write {
+                cell.write = Some(access);
+                cell.reads.clear();
+                cell.stored = match access.who {
+                    Who::Thread { t, .. } => Some((t, st.threads[t].fences)),
+                    Who::Op(_) => None,
+                };
+            } else {
+                cell.reads.retain(|r| !same_agent(r.who, access.who));
+                cell.reads.push(access);
+            }
+            st.cells.insert((touch.mem, e), cell);
+        }
+    }
+
+    /// An asynchronous read by thread `t`'s operation of scratch elements a thread stored with
+    /// no `fence` after.
+    fn unfenced(&self, st: &mut State, t: usize, touch: &Touch<'_>, stmt: usize) {
+        for &e in touch.elements {
+            let Some((u, fences)) = st.cells.get(&(touch.mem, e)).and_then(|c| c.stored) else { continue };
+            if st.threads[u].fences <= fences {
+                let (name, _) = &self.args[touch.mem];
+                let m = format!(
+                    "reads `{name}` {} asynchronously at {} ({}) after {} stored it with no `fence` since: the copy may read what was there before\n  write `fence` (Pallas's `plgpu.commit_smem()`) after the stores and before the asynchronous copy or product",
+                    self.element(touch.mem, e),
+                    self.stmts[stmt],
+                    self.names[t],
+                    self.names[u]
+                );
+                self.fail(st, m);
+            }
+        }
+    }
+
+    /// The message of a race between `earlier` (and whether it wrote) and `later` on element `e`.
+    fn race(&self, st: &State, (earlier, wrote): (&Access, bool), later: &Access, touch: &Touch<'_>, e: usize) -> String {
+        let (name, _) = &self.args[touch.mem];
+        let describe = |a: &Access| match a.who {
+            Who::Thread { t, .. } => format!("{} at {}", self.names[t], self.stmts[a.stmt]),
+            Who::Op(o) => {
+                let op = &st.ops[o];
+                let what = match op.kind {
+                    Kind::CopyRead => "the asynchronous copy",
+                    Kind::CopyWrite => "the asynchronous copy",
+                    Kind::Mma => "the asynchronous mma",
+                };
+                format!("{what} issued by {} at {}", self.names[op.issuer], self.stmts[a.stmt])
+            }
+        };
+        let hint = match (earlier.who, later.who) {
+            (Who::Op(o), _) => match (st.ops[o].kind, st.ops[o].barrier) {
+                (Kind::CopyWrite | Kind::CopyRead, Some(b)) => {
+                    format!(
+                        "wait for the copy to land (`wait {}` on its phase) before touching its regions",
+                        self.barrier_names[b]
+                    )
+                }
+                (Kind::CopyWrite, None) => {
+                    "wait for the copy (`commit_copies`, then `wait_copies 0`) before touching its destination".to_string()
+                }
+                (Kind::CopyRead, None) => {
+                    "wait until the copy has read its source (`wait_copies N reads`) before writing it".to_string()
+                }
+                (Kind::Mma, _) => {
+                    "wait for the mma (`mma_wait N`) before touching its accumulator or overwriting its operands".to_string()
+                }
+            },
+            (_, Who::Op(_)) => {
+                "order the access before the asynchronous operation: `arrive` after it, `wait` on that phase before issuing"
+                    .to_string()
+            }
+            _ => "order the two accesses through a barrier: `arrive` after the first, `wait` on that phase before the second"
+                .to_string(),
+        };
+        format!(
+            "has a data race on `{name}` {}: {} {} it, unordered with {}, which {} it\n  {hint}",
+            self.element(touch.mem, e),
+            describe(later),
+            if touch.write { "writes" } else { "reads" },
+            describe(earlier),
+            if wrote { "wrote" } else { "read" },
+        )
+    }
+
+    /// An element of argument `mem` by its index: `[3, 4]`.
+    fn element(&self, mem: usize, flat: usize) -> String {
+        let shape = &self.args[mem].1;
+        let mut idx = vec![0; shape.len()];
+        let mut rest = flat;
+        for d in (0..shape.len()).rev() {
+            idx[d] = rest % shape[d].max(1);
+            rest /= shape[d].max(1);
+        }
+        format!("[{}]", idx.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "))
+    }
+}
+
+/// Whether two accesses are by the same thread or operation (a later read replaces the earlier).
+fn same_agent(a: Who, b: Who) -> bool {
+    match (a, b) {
+        (Who::Thread { t, .. }, Who::Thread { t: u, .. }) => t == u,
+        (Who::Op(o), Who::Op(x)) => o == x,
+        _ => false,
+    }
+}

@@ -1,0 +1,118 @@
+//! The concurrent model's statements as synchronous ones, for a backend that runs a program as
+//! one thread (wgpu, a plugin): where each program has one thread, a kernel without a data race
+//! (which the reference interpreter checks, docs/language.md "Threads, barriers and asynchronous
+//! operations") gives the same results when every asynchronous operation completes where it is
+//! issued, so
+//!
+//! - `copy_async DST, SRC ...` becomes `%v = load SRC` and `store DST, %v`;
+//! - `mma_async ACC, A, B` becomes loads of the three, a `dot` (of `i32` casts for narrower
+//!   integers), an `add` into the accumulator and its `store`;
+//! - `arrive`, `wait`, `fence`, `commit_copies`, `wait_copies` and `mma_wait` are dropped, and
+//!   so are the kernel's barriers.
+//!
+//! A kernel with a `thread` axis of more than one point is not rewritten ([`synchronous`] says
+//! so): its threads meet at barriers, and running them one after another could wait forever.
+
+use std::borrow::Cow;
+use std::collections::HashSet;
+
+use super::*;
+
+/// `v` with its asynchronous statements made synchronous; `v` itself where it has none. `Err`
+/// gives the size of a `thread` axis of more than one point.
+pub fn synchronous(v: &Verified) -> Result<Cow<'_, Verified>, u64> {
+    let k = v.kernel();
+    if let Some(a) = k.grid.iter().flatten().find(|a| a.thread && a.size != AxisSize::Fixed(1)) {
+        return Err(match a.size {
+            AxisSize::Fixed(n) => n,
+            AxisSize::Dyn => u64::MAX,
+        });
+    }
+    if !k.is_concurrent() {
+        return Ok(Cow::Borrowed(v));
+    }
+    let mut kernel = k.clone();
+    kernel.barriers.clear();
+    let mut names = Names { v, taken: HashSet::new() };
+    kernel.body = rewrite(std::mem::take(&mut kernel.body), &mut names);
+    let lifted = verify::verify_derived(&kernel)
+        .unwrap_or_else(|d| panic!("kernel `{}` made synchronous does not verify:\n{d}", v.name()));
+    Ok(Cow::Owned(lifted))
+}
+
+/// Fresh value names: none the kernel has, none given before.
+struct Names<'v> {
+    v: &'v Verified,
+    taken: HashSet<String>,
+}
+
+impl Names<'_> {
+    fn fresh(&mut self, base: &str) -> String {
+        let mut name = base.to_string();
+        while self.v.values().get(&name).is_some() || self.taken.contains(&name) {
+            name.push('_');
+        }
+        self.taken.insert(name.clone());
+        name
+    }
+}
+
+fn rewrite(body: Vec<Stmt>, names: &mut Names<'_>) -> Vec<Stmt> {
+    let mut out = Vec::with_capacity(body.len());
+    for mut s in body {
+        for b in s.op.bodies_mut() {
+            *b = rewrite(std::mem::take(b), names);
+        }
+        match &s.op {
+            Op::Sync(SyncOp::Copy { dst, src, .. }) => {
+                let v = names.fresh("copied");
+                out.push(load(&v, src, s.span));
+                out.push(store(dst, &v, s.span));
+            }
+            Op::Sync(SyncOp::Mma { acc, a, b, trans_a, trans_b }) => {
+                out.extend(product(acc, a, b, (*trans_a, *trans_b), s.span, names))
+            }
+            Op::Sync(_) => {}
+            _ => out.push(s),
+        }
+    }
+    out
+}
+
+fn load(name: &str, r: &RefAt, span: Span) -> Stmt {
+    let op = Op::Load { src: r.name.clone(), index: r.index.clone(), mask: None, other: None };
+    Stmt { results: vec![name.to_string()], op, ty: None, span }
+}
+
+fn store(r: &RefAt, value: &str, span: Span) -> Stmt {
+    let op = Op::Store { dst: r.name.clone(), index: r.index.clone(), value: Operand::value(value), mask: None };
+    Stmt { results: Vec::new(), op, ty: None, span }
+}
+
+/// `ACC += A @ B`, one statement after another.
+fn product(acc: &RefAt, a: &RefAt, b: &RefAt, (trans_a, trans_b): (bool, bool), span: Span, names: &mut Names<'_>) -> Vec<Stmt> {
+    let stmt = |name: &str, op: Op, ty: Option<Type>| Stmt { results: vec![name.to_string()], op, ty, span };
+    let k = names.v.kernel();
+    let dtype = k.param(&a.name).expect("verified operand").ty.dtype;
+    let acc_dtype = k.param(&acc.name).expect("verified accumulator").ty.dtype;
+    let mut out = Vec::new();
+    let mut operand = |r: &RefAt, which: &str, out: &mut Vec<Stmt>| {
+        let v = names.fresh(which);
+        out.push(load(&v, r, span));
+        if dtype.is_float() || dtype == acc_dtype {
+            return v;
+        }
+        let wide = names.fresh(&format!("{which}_wide"));
+        // The cast's annotation names the element type; the verifier fills in the shape.
+        let shape = analysis::region_shape(k.param(&r.name).expect("verified operand"), r.index.as_deref());
+        out.push(stmt(&wide, Op::Cast(Operand::value(&v)), Some(Type::array(acc_dtype, shape))));
+        wide
+    };
+    let (x, y) = (operand(a, "mma_a", &mut out), operand(b, "mma_b", &mut out));
+    let (c, d, e) = (names.fresh("mma_acc"), names.fresh("mma_product"), names.fresh("mma_sum"));
+    out.push(load(&c, acc, span));
+    out.push(stmt(&d, Op::Dot { a: Operand::value(&x), b: Operand::value(&y), trans_a, trans_b }, None));
+    out.push(stmt(&e, Op::Binary(BinaryOp::Add, Operand::value(&c), Operand::value(&d)), None));
+    out.push(store(acc, &e, span));
+    out
+}

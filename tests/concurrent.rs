@@ -1,0 +1,199 @@
+//! The concurrent model (docs/language.md, "Threads, barriers and asynchronous operations"):
+//! kernels of `tests/concurrent/` run on the interpreter equal to products computed here in
+//! `f64`; mutations of them (a wait removed, a stage handed back before its product is waited
+//! for, a barrier that can never complete, a store not fenced before a copy reads it, two
+//! threads writing one element) are each refused with the statements named; wgpu runs a kernel
+//! of one thread per program made synchronous, and refuses one of several threads; Mosaic GPU
+//! refuses the model by name.
+
+mod common;
+
+use common::{root, wgpu_adapter};
+use tessel::{HostArray, LaunchArgs};
+use tessel_plugin_api::array::ArrayData;
+
+fn source(name: &str) -> String {
+    std::fs::read_to_string(root().join("tests/concurrent").join(name)).expect("a kernel of tests/concurrent")
+}
+
+/// Inputs whose products are exact in `f32`: small integers over 8.
+fn matrix(rows: usize, cols: usize, seed: usize) -> Vec<f32> {
+    (0..rows * cols).map(|i| ((i * 7 + seed * 13) % 11) as f32 / 8.0 - 0.5).collect()
+}
+
+fn product(a: &[f32], b: &[f32], (m, k, n): (usize, usize, usize)) -> Vec<f64> {
+    (0..m * n).map(|e| (0..k).map(|l| f64::from(a[e / n * k + l]) * f64::from(b[l * n + e % n])).sum()).collect()
+}
+
+fn array(shape: &[usize], v: Vec<f32>) -> HostArray {
+    HostArray { shape: shape.to_vec(), data: ArrayData::F32(v) }
+}
+
+/// Runs the kernel `text` on `backend` with `inputs`; its first output, or the error's text.
+fn run(backend: &str, text: &str, inputs: Vec<(&str, HostArray)>) -> Result<Vec<f32>, String> {
+    let kernels = tessel::load_source("concurrent.tk", text).map_err(|e| e.to_string())?;
+    let args = LaunchArgs { inputs: inputs.into_iter().map(|(n, a)| (n.to_string(), a)).collect(), grid: Default::default() };
+    let mut outs = tessel::run_kernel(backend, &kernels[0], &args).map_err(|e| e.to_string())?;
+    match outs.remove(0).1.data {
+        ArrayData::F32(v) => Ok(v),
+        other => panic!("an f32 output, not {other:?}"),
+    }
+}
+
+fn assert_equal(what: &str, got: &[f32], want: &[f64]) {
+    assert_eq!(got.len(), want.len(), "{what}: element count");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!((f64::from(*g) - w).abs() <= 1e-5 * (1.0 + w.abs()), "{what}: element {i} is {g}, numpy-style product says {w}");
+    }
+}
+
+fn pipeline_inputs() -> (Vec<(&'static str, HostArray)>, Vec<f64>) {
+    let (a, b) = (matrix(64, 32, 1), matrix(32, 48, 2));
+    let want = product(&a, &b, (64, 32, 48));
+    (vec![("a", array(&[64, 32], a)), ("b", array(&[32, 48], b))], want)
+}
+
+#[test]
+fn a_warp_specialized_pipeline_of_three_threads_multiplies_on_the_interpreter() {
+    let (inputs, want) = pipeline_inputs();
+    let got = run("interpret", &source("pipeline_matmul.tk"), inputs).unwrap_or_else(|e| panic!("{e}"));
+    assert_equal("pipeline_matmul on interpret", &got, &want);
+}
+
+fn epilogue_inputs() -> (Vec<(&'static str, HostArray)>, Vec<f64>) {
+    let (x, w) = (matrix(32, 16, 3), matrix(16, 8, 4));
+    let want = product(&x, &w, (32, 16, 8)).into_iter().map(|v| v.max(0.0) + 1.0).collect();
+    (vec![("x", array(&[32, 16], x)), ("w", array(&[16, 8], w))], want)
+}
+
+#[test]
+fn a_staged_epilogue_of_one_thread_runs_on_the_interpreter_and_on_wgpu_made_synchronous() {
+    let text = source("staged_epilogue.tk");
+    let (inputs, want) = epilogue_inputs();
+    let got = run("interpret", &text, inputs).unwrap_or_else(|e| panic!("{e}"));
+    assert_equal("staged_epilogue on interpret", &got, &want);
+    if wgpu_adapter("staged_epilogue on wgpu").is_some() {
+        let (inputs, _) = epilogue_inputs();
+        let got = run("wgpu", &text, inputs).unwrap_or_else(|e| panic!("{e}"));
+        assert_equal("staged_epilogue on wgpu", &got, &want);
+    }
+}
+
+#[test]
+fn wgpu_refuses_threads_that_meet_at_barriers_and_mosaic_gpu_refuses_the_model_by_name() {
+    let (inputs, _) = pipeline_inputs();
+    let e = run("wgpu", &source("pipeline_matmul.tk"), inputs).expect_err("wgpu does not schedule threads");
+    assert!(e.contains("runs 3 threads per program that meet at barriers, which the wgpu backend does not schedule"), "{e}");
+    let (inputs, _) = epilogue_inputs();
+    let e = run("mosaic-gpu", &source("staged_epilogue.tk"), inputs).expect_err("Mosaic GPU does not lower the model");
+    assert!(e.contains("Unimplemented primitive in Mosaic GPU lowering: copy_async") || e.contains("unavailable"), "{e}");
+}
+
+/// `file` with `from` replaced by `to` (once), which must be there.
+fn mutated(file: &str, from: &str, to: &str) -> String {
+    let text = source(file);
+    assert!(text.contains(from), "{file} has `{from}`");
+    text.replacen(from, to, 1)
+}
+
+#[test]
+fn mutations_of_the_pipeline_are_each_refused_naming_the_statements() {
+    let cases: [(&str, &str, &str, &[&str]); 6] = [
+        (
+            "the consumers' wait for a stage removed",
+            "      wait full[%stage]\n",
+            "",
+            &["has a data race on `as`", "mma_async acc[%wg, :, :], as[%stage", "copy_async as[%slot, :, :]"],
+        ),
+        (
+            "a stage handed back before its product is waited for",
+            "      mma_wait 0\n      arrive empty[%stage]",
+            "      arrive empty[%stage]\n      mma_wait 0",
+            &["has a data race on `as`", "the asynchronous mma issued by thread wg=", "wait for the mma (`mma_wait N`)"],
+        ),
+        (
+            "the producer's wait for a handed-back stage removed",
+            "        wait empty[%slot]\n",
+            "",
+            &["has a data race on `as`", "the asynchronous copy issued by thread wg=2 at `copy_async as[%slot, :, :]"],
+        ),
+        (
+            "a barrier that needs an arrival no thread makes",
+            "barrier empty[2] arrivals 2",
+            "barrier empty[2] arrivals 3",
+            &["deadlocks", "thread wg=2 waits at `wait empty[%slot]`", "phase 1 of empty[0], which has completed 0 (2 of 3 arrivals"],
+        ),
+        (
+            "a store into a stage with no fence before the product reads it",
+            "      %col = mul %k, 8\n",
+            "      %col = mul %k, 8\n      %zz = zeros : f32[64, 8]\n      store as[%slot, :, :], %zz\n      copy_async as[%slot, :, :], a[:, ds(%col, 8)] arrive full[%slot]\n",
+            &["has a data race on `as`"],
+        ),
+        (
+            "two consumers writing the same rows of the output",
+            "    store o[ds(%row, 32), :], %r",
+            "    store o[ds(0, 32), :], %r",
+            &["has a data race on `o` [0, 0]", "store o[ds(0, 32), :], %r", "order the two accesses through a barrier"],
+        ),
+    ];
+    for (what, from, to, says) in cases {
+        let (inputs, _) = pipeline_inputs();
+        let e = run("interpret", &mutated("pipeline_matmul.tk", from, to), inputs).expect_err(what);
+        for s in says {
+            assert!(e.contains(s), "{what}: the error should say `{s}`:\n{e}");
+        }
+        assert_eq!(e.lines().count(), 2, "{what}: one line of fact, one of what would work:\n{e}");
+    }
+}
+
+#[test]
+fn a_store_copied_out_without_a_fence_is_refused_and_with_one_runs() {
+    let (inputs, _) = epilogue_inputs();
+    let e = run("interpret", &mutated("staged_epilogue.tk", "  fence\n", ""), inputs).expect_err("no fence");
+    assert!(e.contains("reads `ys` [0, 0] asynchronously at `copy_async o[ds(%row, 16), :], ys`"), "{e}");
+    assert!(e.contains("with no `fence` since"), "{e}");
+    let (inputs, _) = epilogue_inputs();
+    let e = run("interpret", &mutated("staged_epilogue.tk", "  wait landed[0]\n", ""), inputs).expect_err("no wait");
+    assert!(e.contains("has a data race on `xs`") && e.contains("wait landed[0]"), "{e}");
+    let (inputs, _) = epilogue_inputs();
+    let e = run("interpret", &mutated("staged_epilogue.tk", "  mma_wait 0\n", ""), inputs).expect_err("no mma_wait");
+    assert!(e.contains("has a data race on `acc`") && e.contains("`%acc = load acc"), "{e}");
+}
+
+#[test]
+fn a_barrier_completed_twice_ahead_of_a_thread_that_waits_on_it_is_refused() {
+    // Thread 1 arrives twice on a barrier of one arrival before thread 0, which waited for its
+    // first phase, waits for the second: a hardware barrier's phase parity would hide one.
+    let text = "kernel k\n  grid (t: 2 thread)\n  out o: f32[4]\n  barrier b[1] arrivals 1\n  barrier go[1] arrivals 1\n  barrier done[1] arrivals 1\n{\n  %t = program_id t\n  %first = eq %t, 0\n  if %first {\n    wait b[0]\n    arrive go[0]\n    wait done[0]\n    wait b[0]\n  } else {\n    arrive b[0]\n    wait go[0]\n    arrive b[0]\n    arrive b[0]\n    arrive done[0]\n  }\n}\n";
+    let e = run("interpret", text, Vec::new()).expect_err("a phase overrun");
+    assert!(e.contains("completes phase 3 of b[0] at `arrive b[0]`") && e.contains("thread t=0 has waited for only 1"), "{e}");
+}
+
+#[test]
+fn the_concurrent_statements_print_as_they_parse() {
+    for file in ["pipeline_matmul.tk", "staged_epilogue.tk"] {
+        let k = &tessel::load_source(file, &source(file)).unwrap_or_else(|e| panic!("{e}"))[0];
+        let text = k.text().to_string();
+        let again = &tessel::load_source(file, &text).unwrap_or_else(|e| panic!("{file} printed:\n{text}\n{e}"))[0];
+        assert_eq!(again.text(), text, "{file}: print(parse(print(k))) == print(k)");
+        assert!(text.contains("barrier full[2] arrivals 2") || text.contains("barrier landed[1] arrivals 2"), "{text}");
+    }
+}
+
+#[test]
+fn the_verifier_names_what_is_wrong_with_a_concurrent_statement() {
+    let base = source("staged_epilogue.tk");
+    let cases = [
+        ("  wait landed[0]\n", "  wait gone[0]\n", "unknown barrier `gone`"),
+        ("  copy_async ws, w arrive landed[0]\n", "  copy_async ws, x arrive landed[0]\n", "`copy_async` copies f32[32, 16] of `x` into f32[16, 8] of `ws`"),
+        ("  mma_async acc, xs, ws\n", "  mma_async acc, ws, xs\n", "`mma_async` of f32[16, 8] and f32[16, 16] into f32[16, 8]"),
+        ("  copy_async xs, x[ds(%row, 16), :] arrive landed[0]\n", "  copy_async x, xs arrive landed[0]\n", "cannot write input `x`"),
+        ("  grid (i: 2)\n", "  grid (i: 2, t: 2 thread)\n  in  y: f32[4] block [2] at (t)\n", "`at (...)` of `y` uses thread axis `t`"),
+        ("  barrier landed[1] arrivals 2\n", "  barrier landed[0] arrivals 2\n", "barrier `landed` has 0 barriers of 2 arrivals"),
+    ];
+    for (from, to, says) in cases {
+        assert!(base.contains(from), "the kernel has `{from}`");
+        let e = tessel::load_source("k.tk", &base.replacen(from, to, 1)).expect_err(says).to_string();
+        assert!(e.contains(says), "should say `{says}`:\n{e}");
+    }
+}
