@@ -7,6 +7,7 @@ from typing import List
 
 from ._common import _dims, _literal, _scratch, _ty
 from ._jax_support import _jax
+from ._rules import rule
 
 
 class _Control:
@@ -190,7 +191,7 @@ class _Control:
         self.body.emit(f"{head}for {t} = {lo} to {hi}{iters} {{")
         self.body.depth += 1
         for var, a in zip(bj.invars[:bn], consts):
-            self.env[var] = self.env[a]
+            self.env[var] = self.read(a) if isinstance(a, core.Literal) else self.env[a]
         self.env[bj.invars[bn]] = t
         self.env[bj.invars[bn + 1]] = hi
         for var, n in zip(bj.invars[bn + 2:], names):
@@ -337,3 +338,9 @@ class _Control:
         self.body.emit("}")
         for out, r in zip(eqn.outvars, results):
             self.env[out] = r
+
+
+# The rules this family gives the writer (`_rules.RULES`): its methods of (writer, equation).
+rule("cond")(_Control.cond)
+rule("scan")(_Control.scan)
+rule("while")(_Control.fori_while)

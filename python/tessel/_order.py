@@ -5,6 +5,7 @@ element's place, then every operand moved there by `select` and `max`), and `dyn
 from __future__ import annotations
 
 from ._common import _axis_last, _dims, _inverse, _literal, _ty
+from ._rules import rule
 
 
 class _Order:
@@ -413,3 +414,9 @@ class _Order:
             emit(f"{c} = ne {out}, 0 : {_ty(eqn.outvars[0].aval, self.kernel, eqn)}")
             out = c
         self.define(eqn.outvars[0], out)
+
+
+# The rules this family gives the writer (`_rules.RULES`): its methods of (writer, equation).
+rule("dynamic_slice")(_Order.dynamic_slice)
+rule("dynamic_update_slice")(_Order.dynamic_update_slice)
+rule("gather")(_Order.value_gather)

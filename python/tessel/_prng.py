@@ -10,6 +10,7 @@ from typing import List
 import numpy as np
 
 from ._common import _dims, _ty
+from ._rules import rule
 
 
 def _key_impl(key) -> str:
@@ -188,3 +189,14 @@ class _Prng:
             y = self.body.let(f"reshape {y}", f"u32[{_dims(shape)}]" if shape else "u32")
         self.body.emit(f"store {state}[2], {self.body.let(f'add {count}, {n}', 'u32')}")
         return y
+
+
+# The rules this family gives the writer (`_rules.RULES`): its methods of (writer, equation).
+rule("prng_seed")(_Prng.prng_seed)
+rule("prng_random_bits")(_Prng.prng_random_bits)
+rule("random_seed")(_Prng.random_seed)
+rule("random_bits")(_Prng.random_bits)
+rule("random_fold_in")(_Prng.random_fold_in)
+rule("random_split")(_Prng.random_split)
+rule("random_wrap")(_Prng.random_wrap)
+rule("random_unwrap")(_Prng.random_unwrap)

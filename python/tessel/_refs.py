@@ -11,6 +11,7 @@ import numpy as np
 
 from ._common import _dims, _ty, _literal
 from ._jax_support import _jax
+from ._rules import rule
 
 
 class _Refs:
@@ -618,3 +619,8 @@ def _static_int(ix) -> Optional[int]:
     if isinstance(ix, (int, np.integer)) or (isinstance(ix, np.ndarray) and ix.shape == () and ix.dtype.kind in "iu"):
         return int(ix)
     return None
+
+
+# The rules this family gives the writer (`_rules.RULES`): its methods of (writer, equation).
+rule("dma_start")(_Refs.dma)
+rule("masked_load", "masked_swap")(_Refs.masked)

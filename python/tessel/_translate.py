@@ -289,6 +289,14 @@ def _mesh(mesh, kernel: str, eqn, kind: str = "mesh"):
     return text, [n for n, _, _ in axes]
 
 
+def _mesh_roles(mesh) -> List:
+    """A Mosaic GPU mesh's axes in `_mesh`'s order: (name, size, "", "cluster" or "thread")."""
+    names = list(mesh.grid_names or [f"i{a}" for a in range(len(mesh.grid))])
+    axes = [(n, s, "") for n, s in zip(names, mesh.grid)]
+    axes += [(n, s, "cluster") for n, s in zip(mesh.cluster_names or (), mesh.cluster or ())]
+    return axes + [(mesh.thread_name, mesh.num_threads, "thread")]
+
+
 def _translate_mesh(eqn, name: str) -> Translated:
     """`pl.kernel(body, mesh=...)` (`mpmd_map` with one mesh): the body runs once per point of
     the mesh on whole arrays, each `jax.lax.axis_index` a `program_id` of the mesh's axis; the
@@ -311,10 +319,20 @@ def _translate_mesh(eqn, name: str) -> Translated:
     lines += [f"  out {a}: {_ty(v, name, eqn)}" for a, v in zip(outs, p["out_avals"])]
     lines += [_scratch(a, var.aval, name, eqn) for a, var in zip(scratch, jaxpr.invars[nin + nout:])]
     w = _Writer(name, axes)
+    threads = getattr(mesh, "num_threads", None) if "mosaic_gpu" in type(mesh).__module__ else None
+    if threads is not None:
+        w.mgpu.thread_axis, w.mgpu.threads = mesh.thread_name, int(threads)
     for var, arg in zip(jaxpr.invars, ins + outs + scratch):
         w.env[var] = ("ref", arg)
     w.eqns(jaxpr)
-    text = "\n".join([f"kernel {name}"] + lines + w.scoped + ["{"] + w.body.lines + ["}"]) + "\n"
+    grid = []
+    if w.mgpu.used and threads is not None:
+        # The Mosaic GPU model: the mesh's warpgroups are the threads of one program, sharing
+        # its scratch and barriers (docs/language.md §10); the other axes are its programs.
+        roles = _mesh_roles(mesh)
+        axes_text = ", ".join(f"{n}: {s}" + (" thread" if r == "thread" else "") for n, s, r in roles)
+        grid = [f"  grid ({axes_text})"]
+    text = "\n".join([f"kernel {name}"] + grid + lines + w.scoped + ["{"] + w.body.lines + ["}"]) + "\n"
     return Translated(name, text, ins, outs, mesh_text, external)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._common import _axis_last, _dims, _dot_acc, _inverse, _ty
+from ._rules import rule
 
 
 def _bits(dt: str) -> int:
@@ -595,3 +596,11 @@ class _Values:
         v = self.body.fresh()
         self.body.emit(f"{v} = dot {self.value(a, eqn)}, {self.value(b, eqn)}{flags} : {acc}[{', '.join(map(str, lead + [m, n]))}]")
         self.define_product(eqn, v, acc)
+
+
+# The rules this family gives the writer (`_rules.RULES`): its methods of (writer, equation).
+rule("integer_pow")(_Values.integer_pow)
+rule("pad")(_Values.pad)
+rule("cumlogsumexp")(_Values.cumlogsumexp)
+rule("dot_general")(_Values.dot)
+rule("broadcast_in_dim", "broadcast_to")(_Values.broadcast)

@@ -43,8 +43,9 @@ def _pallas_calls(jaxpr, found: List[Any]) -> None:
     for eqn in jaxpr.eqns:
         if eqn.primitive.name in _CALLS:
             found.append(eqn)
-        elif eqn.primitive.name in _INLINE:
-            closed = eqn.params.get("jaxpr") or eqn.params.get("call_jaxpr")
+        elif eqn.primitive.name in _INLINE or eqn.primitive.name == "custom_vmap_call":
+            # A call read in place; `custom_vmap_call` wraps `plgpu.kernel`'s launch.
+            closed = eqn.params.get("jaxpr") or eqn.params.get("call_jaxpr") or eqn.params.get("call")
             if closed is not None:
                 _pallas_calls(closed.jaxpr if hasattr(closed, "jaxpr") else closed, found)
 

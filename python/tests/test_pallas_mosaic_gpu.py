@@ -1,0 +1,239 @@
+"""JAX's own Mosaic GPU Pallas ops (`jax.experimental.pallas.ops.gpu.*_mgpu`, written with
+`plgpu.kernel`: shared memory, TMA copies, barriers, warp-specialized pipelines, `wgmma`),
+unchanged, inside `jax.jit` under `tessel.pallas.installed(...)`: on the interpreter each equals
+the op's own reference function (or `jnp`'s product where the op has none); mutations of their
+translations (a wait removed, a stage handed back before its product is waited for, a stage
+refilled while a product reads it) are each refused by the interpreter's race check; wgpu refuses
+their warpgroups in its words; Mosaic GPU refuses the model in Pallas's words.
+
+On the CPU the ops read an SM count and a CUDA version from a device that is not there: the tests
+give them (`cores`, `cuda_version`), never the ops."""
+
+import contextlib
+import re
+import types
+
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+import tessel
+from tessel import pallas as tp
+
+from pallas_common import needs_mpmd
+
+pytestmark = needs_mpmd
+
+gpu_ops = pytest.importorskip("jax.experimental.pallas.ops.gpu.hopper_matmul_mgpu", reason="this jax has no Mosaic GPU ops")
+from jax.experimental.pallas.ops.gpu import attention_mgpu as am  # noqa: E402
+from jax.experimental.pallas.ops.gpu import hopper_matmul_mgpu as hm  # noqa: E402
+from jax.experimental.pallas.ops.gpu import hopper_mixed_type_matmul_mgpu as hmx  # noqa: E402
+from jax.experimental.pallas.ops.gpu import ragged_dot_mgpu as rd  # noqa: E402
+from jax.experimental.pallas.ops.gpu import transposed_ragged_dot_mgpu as trd  # noqa: E402
+
+RNG = np.random.default_rng(52)
+#: Streaming multiprocessors the ops' persistent grids spread over (an H100 has 132).
+SMS = 2
+
+
+class _WithCores:
+    """A device as the ops read it: the CPU device, with an SM count."""
+
+    core_count = SMS
+
+    def __init__(self, device):
+        self._device = device
+
+    def __getattr__(self, name):
+        return getattr(self._device, name)
+
+
+@contextlib.contextmanager
+def cores(monkeypatch):
+    """While an op is traced: `jax.devices()` and the default device carry an SM count."""
+    devices = jax.devices
+    with monkeypatch.context() as m:
+        m.setattr(hm, "get_num_sms", lambda: SMS)
+        m.setattr(hmx, "backend", types.SimpleNamespace(get_default_device=lambda: _WithCores(devices()[0])))
+        m.setattr(jax, "devices", lambda *a: [_WithCores(d) for d in devices(*a)])
+        yield
+    assert jax.devices is devices
+
+
+@pytest.fixture
+def cuda_version(monkeypatch):
+    """The CUDA runtime version attention reads (12.9.1: causal masking allowed)."""
+    monkeypatch.setattr(am, "cuda_versions", types.SimpleNamespace(cuda_runtime_get_version=lambda: 12091))
+
+
+def traced(monkeypatch, op):
+    """`op` with the device facts given while JAX traces it (inside `tp.run`'s `jax.jit`)."""
+
+    def f(*args):
+        with cores(monkeypatch):
+            return op(*args)
+
+    return f
+
+
+def close(got, want, dtype, what):
+    """Equal within two units in the last place of the output's dtype at the output's scale."""
+    eps = {np.dtype(np.float16): 2.0**-10, np.dtype(jnp.bfloat16): 2.0**-7}.get(np.dtype(dtype), 1e-6)
+    got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
+    scale = max(1.0, float(np.abs(want).max()))
+    np.testing.assert_allclose(got, want, atol=2 * eps * scale, rtol=0, err_msg=what)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, jnp.bfloat16], ids=["f16", "bf16"])
+@pytest.mark.parametrize("with_c", [False, True], ids=["ab", "ab+c"])
+@pytest.mark.parametrize("grid_minor_dim", list(hm.MatmulDimension), ids=str)
+@pytest.mark.parametrize("wg_dimension", list(hm.MatmulDimension), ids=str)
+@pytest.mark.parametrize("grid_tile_width", [1, 2])
+def test_hopper_matmul_runs_unchanged_on_the_interpreter(monkeypatch, dtype, with_c, grid_minor_dim, wg_dimension, grid_tile_width):
+    config = hm.TuningConfig(tile_m=64, tile_n=64, tile_k=32, max_concurrent_steps=2, epi_tile_m=32, epi_tile_n=32,
+                             grid_minor_dim=grid_minor_dim, wg_dimension=wg_dimension, grid_tile_width=grid_tile_width)
+    a = RNG.standard_normal((128, 128)).astype(dtype)
+    b = RNG.standard_normal((128, 256)).astype(dtype)
+    c = RNG.standard_normal((128, 256)).astype(dtype) if with_c else None
+    want = jnp.dot(a, b, preferred_element_type=jnp.float32) + (c.astype(np.float32) if with_c else 0)
+    want = np.asarray(want.astype(dtype))
+    op = traced(monkeypatch, lambda a, b, *c: hm.matmul(a, b, c[0] if c else None, config))
+    got = tp.run(op, a, b, *([c] if with_c else []), backend="interpret")
+    assert got.dtype == np.dtype(dtype)
+    close(got, want, dtype, "hopper_matmul_mgpu on interpret")
+
+
+@pytest.mark.parametrize("dtype", [np.float16, jnp.bfloat16], ids=["f16", "bf16"])
+def test_hopper_mixed_type_matmul_equals_its_reference(monkeypatch, dtype):
+    config = hmx.TuningConfig(tile_m=64, tile_n=64, tile_k=32, max_concurrent_steps=2, epi_tile_m=32, epi_tile_n=32)
+    a = RNG.integers(-100, 100, (128, 128)).astype(np.int8)
+    b = RNG.standard_normal((128, 256)).astype(dtype)
+    op = traced(monkeypatch, lambda a, b: hmx.mixed_matmul_kernel(a, b, out_dtype=dtype, config=config))
+    got = tp.run(op, a, b, backend="interpret")
+    close(got, hmx.reference(a, b, out_dtype=dtype), dtype, "hopper_mixed_type_matmul_mgpu on interpret")
+
+
+def _qkv(dtype, seq=128, heads=2, head_dim=64):
+    return [RNG.standard_normal((1, seq, heads, head_dim)).astype(dtype) for _ in range(3)]
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])
+def test_attention_forward_equals_its_reference(monkeypatch, cuda_version, causal):
+    config = am.TuningConfig(block_q=64, block_kv=64, max_concurrent_steps=2, causal=causal)
+    q, k, v = _qkv(np.float16)
+    got = tp.run(traced(monkeypatch, lambda q, k, v: am.attention(q, k, v, config)), q, k, v, backend="interpret")
+    close(got, am.attention_reference(q, k, v, causal=causal), np.float16, "attention_mgpu on interpret")
+
+
+def test_attention_with_the_pipeline_emitter_equals_its_reference(monkeypatch, cuda_version):
+    config = am.TuningConfig(block_q=64, block_kv=64, max_concurrent_steps=2)
+    # f16: the op casts its probabilities to f16 whatever the inputs (a bf16 run fails in JAX).
+    q, k, v = _qkv(np.float16)
+    op = traced(monkeypatch, lambda q, k, v: am.attention_with_pipeline_emitter(q, k, v, config))
+    got = tp.run(op, q, k, v, backend="interpret")
+    close(got, am.attention_reference(q, k, v), np.float16, "attention_with_pipeline_emitter on interpret")
+
+
+def test_attention_gradients_through_its_backward_kernels_equal_the_reference(monkeypatch, cuda_version):
+    config = am.TuningConfig(block_q=64, block_kv=64, max_concurrent_steps=2,
+                             block_q_dkv=64, block_kv_dkv=64, block_q_dq=64, block_kv_dq=64)
+    q, k, v = _qkv(np.float16)
+
+    def loss(q, k, v):
+        return am.attention(q, k, v, config).astype(jnp.float32).sum()
+
+    def loss_ref(q, k, v):
+        return am.attention_reference(q, k, v).astype(jnp.float32).sum()
+
+    grads = traced(monkeypatch, jax.grad(loss, argnums=(0, 1, 2)))
+    got = tp.run(grads, q, k, v, backend="interpret")
+    for name, g, r in zip("qkv", got, jax.grad(loss_ref, argnums=(0, 1, 2))(q, k, v)):
+        close(g, r, np.float16, f"d{name} of attention_mgpu on interpret")
+
+
+def _groups(m, sizes):
+    assert sum(sizes) == m
+    return np.array(sizes, np.int32)
+
+
+@pytest.mark.parametrize("transpose_rhs", [False, True], ids=["rhs", "rhs^T"])
+def test_ragged_dot_equals_a_product_per_group(monkeypatch, transpose_rhs):
+    lhs = RNG.standard_normal((256, 128)).astype(np.float16)
+    rhs = RNG.standard_normal((4, 128, 128) if not transpose_rhs else (4, 128, 128)).astype(np.float16)
+    sizes = _groups(256, [64, 0, 128, 64])
+    op = traced(monkeypatch, lambda l, r, g: rd.ragged_dot(l, r, group_sizes=g, block_m=64, block_n=64, block_k=64,
+                                                          max_concurrent_steps=2, grid_block_n=1, transpose_rhs=transpose_rhs))
+    got = tp.run(op, lhs, rhs, sizes, backend="interpret")
+    want, start = np.zeros((256, 128), np.float32), 0
+    for g, n in enumerate(sizes):
+        r = rhs[g].T if transpose_rhs else rhs[g]
+        want[start:start + n] = lhs[start:start + n].astype(np.float32) @ r.astype(np.float32)
+        start += n
+    close(got, want.astype(np.float16), np.float16, "ragged_dot_mgpu on interpret")
+
+
+def test_transposed_ragged_dot_equals_its_reference(monkeypatch):
+    lhs = RNG.standard_normal((256, 128)).astype(np.float16)
+    rhs = RNG.standard_normal((256, 128)).astype(np.float16)
+    sizes = _groups(256, [64, 0, 128, 64])
+    op = traced(monkeypatch, lambda l, r, g: trd.transposed_ragged_dot(l, r, group_sizes=g, block_m=64, block_n=64, block_k=64,
+                                                                       max_concurrent_steps=2, grid_block_n=1))
+    got = tp.run(op, lhs, rhs, sizes, backend="interpret")
+    close(got, trd.ref_transposed_ragged_dot(lhs, rhs, sizes), np.float16, "transposed_ragged_dot_mgpu on interpret")
+
+
+def _matmul_translation(monkeypatch):
+    config = hm.TuningConfig(tile_m=64, tile_n=64, tile_k=32, max_concurrent_steps=2, epi_tile_m=32, epi_tile_n=32)
+    a = RNG.standard_normal((128, 128)).astype(np.float16)
+    b = RNG.standard_normal((128, 256)).astype(np.float16)
+    with cores(monkeypatch):
+        (t,) = tp.translate(lambda a, b: hm.matmul(a, b, None, config), a, b)
+    return t, a, b
+
+
+def test_the_matmul_translates_to_threads_barriers_and_asynchronous_copies(monkeypatch):
+    t, _, _ = _matmul_translation(monkeypatch)
+    assert t.mesh == "mosaic_gpu(cluster_grid: 2, cluster: 1 cluster, wg: 3 thread)", t.mesh
+    assert "  grid (cluster_grid: 2, cluster: 1, wg: 3 thread)\n" in t.text, t.text
+    for line in ["barrier r1[2] arrivals 2", "barrier r4[2] arrivals 2", "scratch r2: f16[2, 64, 32]", "scratch r5: f32[3, 64, 64]"]:
+        assert line in t.text, t.text
+    for stmt in ["copy_async r2[", "arrive r4[", "wait r4[", "mma_async r5[", "mma_wait 0", "arrive r1[", "fence", "wait_copies 0 reads"]:
+        assert stmt in t.text, t.text
+
+
+def _run_text(text, a, b):
+    k = tessel.compile(text)
+    return k.run(x0=a, x1=b, backend="interpret").outputs["o0"]
+
+
+def test_mutations_of_the_matmul_are_refused_by_the_race_check(monkeypatch):
+    t, a, b = _matmul_translation(monkeypatch)
+    close(_run_text(t.text, a, b), (a.astype(np.float32) @ b.astype(np.float32)).astype(np.float16), np.float16, "as translated")
+    consumer = t.text.index("mma_async")
+    mutations = {
+        "a consumer's wait for its stage removed": (r"\n *wait r4\[%v\d+\]", "", "has a data race on `r2`"),
+        "a stage handed back before its product is waited for": (r"(\n *mma_wait 0)(\n *arrive r1\[%v\d+\])", r"\2\1", "has a data race on `r2`"),
+        "the producer refilling a stage without waiting for it": (r"\n *wait r1\[%v\d+\]", "", "has a data race on `r2`"),
+    }
+    for what, (pattern, repl, says) in mutations.items():
+        if what.startswith("a consumer") or what.startswith("a stage"):
+            head, tail = t.text[:consumer - 200], t.text[consumer - 200:]
+            text = head + re.sub(pattern, repl, tail, count=1)
+        else:
+            text = re.sub(pattern, repl, t.text, count=1)
+        assert text != t.text, what
+        with pytest.raises(tessel.TesselError) as e:
+            _run_text(text, a, b)
+        assert says in str(e.value), f"{what}: {e.value}"
+
+
+def test_wgpu_and_mosaic_gpu_refuse_the_warpgroups_in_their_words(monkeypatch):
+    t, a, b = _matmul_translation(monkeypatch)
+    k = tessel.compile(t.text)
+    with pytest.raises(tessel.UnsupportedError) as e:
+        k.lower("mosaic-gpu", mesh=t.mesh)
+    assert str(e.value).splitlines()[0] == "Unimplemented primitive in Mosaic GPU lowering: copy_async", str(e.value)
+    with pytest.raises(tessel.UnsupportedError) as e:
+        k.lower("wgpu", mesh=t.mesh)
+    assert "runs 3 threads per program that meet at barriers, which the wgpu backend does not schedule" in str(e.value)
