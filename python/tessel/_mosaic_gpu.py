@@ -387,3 +387,10 @@ def _load(w, eqn) -> None:
     if transposed:
         raise w.refuse("a load through `plgpu.transpose_ref`", eqn, "transpose the value after loading it")
     w.define(eqn.outvars[0], w.body.let(f"load {text}", _ty(eqn.outvars[0].aval, w.kernel, eqn)))
+
+
+@rule("core_map", effect=True)
+def _core_map(w, eqn) -> None:
+    """`plgpu.warp_map` (a `core_map` over the warps of a warpgroup): refused by name."""
+    raise w.refuse("`plgpu.warp_map` (a `core_map` over the four warps of a warpgroup)", eqn,
+                   "tessel's threads are warpgroups: give the kernel `num_threads` warpgroups and branch on `lax.axis_index`")

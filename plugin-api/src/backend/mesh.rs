@@ -99,7 +99,9 @@ pub fn verify_with_mesh(kernel: &Kernel, mesh: Option<&MeshSpec>) -> Result<Veri
                     from: None,
                     span: Span::NONE,
                 });
-                kernel.grid = Some(axes.collect());
+                // A mesh of no axes (Pallas's `plgpu.kernel` without a grid) is one program.
+                let axes: Vec<GridAxis> = axes.collect();
+                kernel.grid = (!axes.is_empty()).then_some(axes);
             }
             Some(grid) => {
                 for a in grid {

@@ -83,7 +83,7 @@ impl Machine<'_> {
             .collect();
         let barriers: Vec<(String, usize, usize)> =
             self.kernel.kernel().barriers.iter().map(|b| (b.name.clone(), b.count, b.arrivals)).collect();
-        let args = params.iter().map(|p| (p.name.clone(), p.ty.shape.clone())).collect();
+        let args = params.iter().map(|p| (p.name.clone(), p.ty.shape.clone(), p.kind == ParamKind::Scratch)).collect();
         let shared = Shared::new(names, &barriers, args, &self.program.stmts);
         let panicked: Mutex<Option<Box<dyn std::any::Any + Send>>> = Mutex::new(None);
         std::thread::scope(|s| {
@@ -104,6 +104,7 @@ impl Machine<'_> {
                                 prog.enter(&at);
                                 prog.exec(&self.program.body);
                             }
+                            shared.finish(t);
                         }));
                         if let Err(p) = run
                             && !p.is::<Abort>()

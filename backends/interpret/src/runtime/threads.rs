@@ -28,17 +28,22 @@ use std::sync::{Condvar, Mutex, MutexGuard};
 /// Unwinds a thread out of its statements once its program has failed.
 pub(super) struct Abort;
 
-/// A thread's or an operation's knowledge: the threads' clocks it has seen, and the
-/// asynchronous operations it has seen complete.
+/// A thread's or an operation's knowledge: the threads' clocks it has seen, the asynchronous
+/// operations it has seen complete, and the threads' clocks that a `fence` it has seen covered
+/// (a store before such a fence is seen by asynchronous copies and products after it).
 #[derive(Clone, Debug, Default)]
 struct Clock {
     vc: Vec<u32>,
     seen: HashSet<usize>,
+    fenced: Vec<u32>,
 }
 
 impl Clock {
     fn join(&mut self, other: &Clock) {
         for (a, b) in self.vc.iter_mut().zip(&other.vc) {
+            *a = (*a).max(*b);
+        }
+        for (a, b) in self.fenced.iter_mut().zip(&other.fenced) {
             *a = (*a).max(*b);
         }
         self.seen.extend(other.seen.iter().copied());
@@ -65,7 +70,7 @@ struct Access {
 struct Cell {
     write: Option<Access>,
     reads: Vec<Access>,
-    /// The thread that last stored it and how many `fence`s that thread had made then.
+    /// The thread that last stored it and its clock then (a store, not an asynchronous write).
     stored: Option<(usize, u32)>,
 }
 
@@ -106,7 +111,6 @@ struct Thread {
     status: Status,
     /// Waits made on each barrier.
     waits: HashMap<usize, u64>,
-    fences: u32,
     /// Copies without a barrier not yet in a group, then the committed groups still pending
     /// (each a list of operations).
     open_copies: Vec<usize>,
@@ -142,8 +146,9 @@ pub(super) struct Shared<'p> {
     /// Each thread's name in messages: `thread wg=1`, with the program's point where the grid
     /// has other axes.
     names: Vec<String>,
-    /// Each argument's name and shape, for messages.
-    args: Vec<(String, Vec<usize>)>,
+    /// Each argument's name, shape and whether it is scratch (whose stores an asynchronous
+    /// operation sees only through a `fence`).
+    args: Vec<(String, Vec<usize>, bool)>,
     /// Each barrier's name in messages: `full[1]`.
     barrier_names: Vec<String>,
 }
@@ -160,17 +165,17 @@ impl<'p> Shared<'p> {
     pub(super) fn new(
         names: Vec<String>,
         barriers: &[(String, usize, usize)],
-        args: Vec<(String, Vec<usize>)>,
+        args: Vec<(String, Vec<usize>, bool)>,
         stmts: &'p [String],
     ) -> Shared<'p> {
         let n = names.len();
-        let clock = |t: Option<usize>| Clock { vc: (0..n).map(|u| u32::from(Some(u) == t)).collect(), seen: HashSet::new() };
+        let clock =
+            |t: Option<usize>| Clock { vc: (0..n).map(|u| u32::from(Some(u) == t)).collect(), seen: HashSet::new(), fenced: vec![0; n] };
         let threads = (0..n)
             .map(|t| Thread {
                 clock: clock(Some(t)),
                 status: Status::Ready,
                 waits: HashMap::new(),
-                fences: 0,
                 open_copies: Vec::new(),
                 groups: Vec::new(),
                 mmas: Vec::new(),
@@ -225,6 +230,23 @@ impl<'p> Shared<'p> {
             std::panic::resume_unwind(Box::new(Abort));
         }
         st
+    }
+
+    /// Thread `t` has run its last statement: a copy without a barrier must have read its
+    /// source by then (the scratch it reads is gone with the program; its writes may land later).
+    pub(super) fn finish(&self, t: usize) {
+        let mut st = self.lock();
+        let th = &st.threads[t];
+        let reading = th.open_copies.iter().chain(th.groups.iter().flatten()).copied();
+        let unread = reading.filter(|&o| st.ops[o].kind == Kind::CopyRead).find(|o| !th.clock.seen.contains(o));
+        if let Some(o) = unread {
+            let m = format!(
+                "ends with the asynchronous copy at {} ({}) still reading its source: the scratch it reads is gone with the program\n  wait for it before the end: `commit_copies`, then `wait_copies 0 reads` (Pallas's `plgpu.wait_smem_to_gmem(0, wait_read_only=True)`)",
+                self.stmts[st.ops[o].stmt],
+                self.names[t]
+            );
+            self.fail(&mut st, m);
+        }
     }
 
     /// Thread `t` has ended (or unwound): the baton passes on.
@@ -318,7 +340,8 @@ impl<'p> Shared<'p> {
             return;
         }
         b.count = 0;
-        let released = std::mem::replace(&mut b.pending, Clock { vc: vec![0; clock.vc.len()], seen: HashSet::new() });
+        let n = clock.vc.len();
+        let released = std::mem::replace(&mut b.pending, Clock { vc: vec![0; n], seen: HashSet::new(), fenced: vec![0; n] });
         b.completed.push(released);
         let phase = b.completed.len() as u64;
         // A thread that waits on this barrier and has seen fewer than `phase - 1` of its phases
@@ -355,9 +378,13 @@ impl<'p> Shared<'p> {
         st.threads[t].clock.join(&released);
     }
 
-    /// `fence` by thread `t`.
+    /// `fence` by thread `t`: every store that happens before it is seen by the asynchronous
+    /// operations that happen after it.
     pub(super) fn fence(&self, t: usize) {
-        self.lock().threads[t].fences += 1;
+        let mut st = self.lock();
+        let clock = &mut st.threads[t].clock;
+        clock.fenced = clock.vc.clone();
+        clock.vc[t] += 1;
     }
 
     /// A `load` or `store` by thread `t`.
@@ -376,7 +403,8 @@ impl<'p> Shared<'p> {
         let read = st.ops.len();
         st.ops.push(Op { issuer: t, clock: clock.clone(), kind: Kind::CopyRead, stmt, barrier: arrive });
         st.ops.push(Op { issuer: t, clock: clock.clone(), kind: Kind::CopyWrite, stmt, barrier: arrive });
-        self.unfenced(&mut st, t, &src, stmt);
+        self.unfenced(&mut st, t, read, &src, stmt);
+        self.unfenced(&mut st, t, read + 1, &dst, stmt);
         self.check(&mut st, Access { who: Who::Op(read), stmt }, &src);
         self.check(&mut st, Access { who: Who::Op(read + 1), stmt }, &dst);
         match arrive {
@@ -421,7 +449,7 @@ impl<'p> Shared<'p> {
         let op = st.ops.len();
         st.ops.push(Op { issuer: t, clock, kind: Kind::Mma, stmt, barrier: None });
         for x in &operands {
-            self.unfenced(&mut st, t, x, stmt);
+            self.unfenced(&mut st, t, op, x, stmt);
             self.check(&mut st, Access { who: Who::Op(op), stmt }, x);
         }
         let read = Touch { write: false, ..acc };
@@ -473,7 +501,7 @@ impl<'p> Shared<'p> {
                 cell.write = Some(access);
                 cell.reads.clear();
                 cell.stored = match access.who {
-                    Who::Thread { t, .. } => Some((t, st.threads[t].fences)),
+                    Who::Thread { t, epoch } => Some((t, epoch)),
                     Who::Op(_) => None,
                 };
             } else {
@@ -484,19 +512,24 @@ impl<'p> Shared<'p> {
         }
     }
 
-    /// An asynchronous read by thread `t`'s operation of scratch elements a thread stored with
-    /// no `fence` after.
-    fn unfenced(&self, st: &mut State, t: usize, touch: &Touch<'_>, stmt: usize) {
+    /// An asynchronous read or write, by operation `op` of thread `t`, of elements a thread
+    /// stored with no `fence` between the store and the operation's issue.
+    fn unfenced(&self, st: &mut State, t: usize, op: usize, touch: &Touch<'_>, stmt: usize) {
+        if !self.args[touch.mem].2 {
+            return;
+        }
         for &e in touch.elements {
-            let Some((u, fences)) = st.cells.get(&(touch.mem, e)).and_then(|c| c.stored) else { continue };
-            if st.threads[u].fences <= fences {
-                let (name, _) = &self.args[touch.mem];
+            let Some((u, epoch)) = st.cells.get(&(touch.mem, e)).and_then(|c| c.stored) else { continue };
+            if st.ops[op].clock.fenced[u] < epoch {
+                let name = &self.args[touch.mem].0;
                 let m = format!(
-                    "reads `{name}` {} asynchronously at {} ({}) after {} stored it with no `fence` since: the copy may read what was there before\n  write `fence` (Pallas's `plgpu.commit_smem()`) after the stores and before the asynchronous copy or product",
+                    "{} `{name}` {} asynchronously at {} ({}) after {} stored it with no `fence` between: {}\n  write `fence` (Pallas's `plgpu.commit_smem()`) after the stores and before the asynchronous copy or product",
+                    if touch.write { "writes" } else { "reads" },
                     self.element(touch.mem, e),
                     self.stmts[stmt],
                     self.names[t],
-                    self.names[u]
+                    self.names[u],
+                    if touch.write { "the asynchronous write may land before the store" } else { "the asynchronous read may not see the store" },
                 );
                 self.fail(st, m);
             }
@@ -505,7 +538,7 @@ impl<'p> Shared<'p> {
 
     /// The message of a race between `earlier` (and whether it wrote) and `later` on element `e`.
     fn race(&self, st: &State, (earlier, wrote): (&Access, bool), later: &Access, touch: &Touch<'_>, e: usize) -> String {
-        let (name, _) = &self.args[touch.mem];
+        let name = &self.args[touch.mem].0;
         let describe = |a: &Access| match a.who {
             Who::Thread { t, .. } => format!("{} at {}", self.names[t], self.stmts[a.stmt]),
             Who::Op(o) => {
