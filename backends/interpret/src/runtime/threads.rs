@@ -17,24 +17,27 @@
 //! thread did before issuing it, and before what a thread does once it has seen it complete (a
 //! `wait` on the barrier phase it arrived on, `wait_copies`, `mma_wait`); a thread's products on
 //! one accumulator run in order. So a race is found whatever the schedule that would show it.
+//! Operations complete in order along **channels** (a thread's products; its copies without a
+//! barrier, their reads and their writes; its copies arriving on one barrier), so what a thread
+//! has seen complete is one counter per channel, joined as its clock is.
 //! Also checked: an asynchronous read of scratch that a thread stored without a `fence` after
 //! it, and a barrier that completes a phase twice ahead of a thread that waits on it (its next
 //! `wait` would take the later phase for the one it waits for, as a hardware barrier's phase
 //! parity does).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Condvar, Mutex, MutexGuard};
 
 /// Unwinds a thread out of its statements once its program has failed.
 pub(super) struct Abort;
 
-/// A thread's or an operation's knowledge: the threads' clocks it has seen, the asynchronous
-/// operations it has seen complete, and the threads' clocks that a `fence` it has seen covered
-/// (a store before such a fence is seen by asynchronous copies and products after it).
+/// A thread's or an operation's knowledge: the threads' clocks it has seen, how far along each
+/// channel it has seen operations complete, and the threads' clocks that a `fence` it has seen
+/// covered (a store before such a fence is seen by asynchronous copies and products after it).
 #[derive(Clone, Debug, Default)]
 struct Clock {
     vc: Vec<u32>,
-    seen: HashSet<usize>,
+    seen: Vec<u32>,
     fenced: Vec<u32>,
 }
 
@@ -46,8 +49,34 @@ impl Clock {
         for (a, b) in self.fenced.iter_mut().zip(&other.fenced) {
             *a = (*a).max(*b);
         }
-        self.seen.extend(other.seen.iter().copied());
+        for (a, b) in self.seen.iter_mut().zip(&other.seen) {
+            *a = (*a).max(*b);
+        }
     }
+}
+
+/// Where an asynchronous operation completes, in order with the others of its channel.
+#[derive(Clone, Copy)]
+enum Channel {
+    /// A thread's products.
+    Mma,
+    /// The reads of a thread's copies without a barrier.
+    BulkRead,
+    /// The writes of a thread's copies without a barrier.
+    BulkWrite,
+    /// A thread's copies arriving on barrier `b`.
+    Barrier(usize),
+}
+
+/// The number of channel `which` of thread `t`, of a program with `barriers` barriers.
+fn channel(t: usize, barriers: usize, which: Channel) -> usize {
+    t * (3 + barriers)
+        + match which {
+            Channel::Mma => 0,
+            Channel::BulkRead => 1,
+            Channel::BulkWrite => 2,
+            Channel::Barrier(b) => 3 + b,
+        }
 }
 
 /// Who made an access.
@@ -92,6 +121,9 @@ struct Op {
     stmt: usize,
     /// The barrier a copy arrives on.
     barrier: Option<usize>,
+    /// Where it completes: seen by whoever has seen `seq` along `channel`.
+    channel: usize,
+    seq: u32,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -111,12 +143,14 @@ struct Thread {
     status: Status,
     /// Waits made on each barrier.
     waits: HashMap<usize, u64>,
-    /// Copies without a barrier not yet in a group, then the committed groups still pending
-    /// (each a list of operations).
-    open_copies: Vec<usize>,
-    groups: Vec<Vec<usize>>,
-    /// Products not yet waited for, in issue order.
-    mmas: Vec<usize>,
+    /// Groups of copies without a barrier committed, and the read parts of those not yet seen
+    /// read (committed or open), for the end's check.
+    committed: u32,
+    unread: Vec<usize>,
+    /// Products issued.
+    mmas: u32,
+    /// Copies issued on each barrier.
+    arrived: Vec<u32>,
 }
 
 struct Barrier {
@@ -132,8 +166,8 @@ struct State {
     threads: Vec<Thread>,
     barriers: Vec<Barrier>,
     ops: Vec<Op>,
-    /// Per argument (by position), per flat element.
-    cells: HashMap<(usize, usize), Cell>,
+    /// Per argument (by position), per flat element, made on the first access.
+    cells: Vec<Vec<Cell>>,
     failure: Option<String>,
 }
 
@@ -169,16 +203,22 @@ impl<'p> Shared<'p> {
         stmts: &'p [String],
     ) -> Shared<'p> {
         let n = names.len();
-        let clock =
-            |t: Option<usize>| Clock { vc: (0..n).map(|u| u32::from(Some(u) == t)).collect(), seen: HashSet::new(), fenced: vec![0; n] };
+        let nb: usize = barriers.iter().map(|(_, count, _)| count).sum();
+        let channels = n * (3 + nb);
+        let clock = |t: Option<usize>| Clock {
+            vc: (0..n).map(|u| u32::from(Some(u) == t)).collect(),
+            seen: vec![0; channels],
+            fenced: vec![0; n],
+        };
         let threads = (0..n)
             .map(|t| Thread {
                 clock: clock(Some(t)),
                 status: Status::Ready,
                 waits: HashMap::new(),
-                open_copies: Vec::new(),
-                groups: Vec::new(),
-                mmas: Vec::new(),
+                committed: 0,
+                unread: Vec::new(),
+                mmas: 0,
+                arrived: vec![0; nb],
             })
             .collect();
         let mut list = Vec::new();
@@ -189,15 +229,9 @@ impl<'p> Shared<'p> {
                 barrier_names.push(format!("{name}[{k}]"));
             }
         }
+        let cells = args.iter().map(|_| Vec::new()).collect();
         Shared {
-            state: Mutex::new(State {
-                running: 0,
-                threads,
-                barriers: list,
-                ops: Vec::new(),
-                cells: HashMap::new(),
-                failure: None,
-            }),
+            state: Mutex::new(State { running: 0, threads, barriers: list, ops: Vec::new(), cells, failure: None }),
             turn: Condvar::new(),
             stmts,
             names,
@@ -237,8 +271,7 @@ impl<'p> Shared<'p> {
     pub(super) fn finish(&self, t: usize) {
         let mut st = self.lock();
         let th = &st.threads[t];
-        let reading = th.open_copies.iter().chain(th.groups.iter().flatten()).copied();
-        let unread = reading.filter(|&o| st.ops[o].kind == Kind::CopyRead).find(|o| !th.clock.seen.contains(o));
+        let unread = th.unread.iter().copied().find(|&o| th.clock.seen[st.ops[o].channel] < st.ops[o].seq);
         if let Some(o) = unread {
             let m = format!(
                 "ends with the asynchronous copy at {} ({}) still reading its source: the scratch it reads is gone with the program\n  wait for it before the end: `commit_copies`, then `wait_copies 0 reads` (Pallas's `plgpu.wait_smem_to_gmem(0, wait_read_only=True)`)",
@@ -340,8 +373,8 @@ impl<'p> Shared<'p> {
             return;
         }
         b.count = 0;
-        let n = clock.vc.len();
-        let released = std::mem::replace(&mut b.pending, Clock { vc: vec![0; n], seen: HashSet::new(), fenced: vec![0; n] });
+        let empty = Clock { vc: vec![0; clock.vc.len()], seen: vec![0; clock.seen.len()], fenced: vec![0; clock.fenced.len()] };
+        let released = std::mem::replace(&mut b.pending, empty);
         b.completed.push(released);
         let phase = b.completed.len() as u64;
         // A thread that waits on this barrier and has seen fewer than `phase - 1` of its phases
@@ -398,56 +431,75 @@ impl<'p> Shared<'p> {
     /// on `arrive` or its place in the thread's open group.
     pub(super) fn copy(&self, t: usize, src: Touch<'_>, dst: Touch<'_>, arrive: Option<usize>, stmt: usize) {
         let mut st = self.lock();
+        if arrive.is_some_and(|b| b >= st.barriers.len()) {
+            let m = format!("indexes a barrier past its array at {}\n  index barriers from 0", self.stmts[stmt]);
+            self.fail(&mut st, m);
+        }
+        let nb = st.barriers.len();
         let clock = st.threads[t].clock.clone();
         st.threads[t].clock.vc[t] += 1;
         let read = st.ops.len();
-        st.ops.push(Op { issuer: t, clock: clock.clone(), kind: Kind::CopyRead, stmt, barrier: arrive });
-        st.ops.push(Op { issuer: t, clock: clock.clone(), kind: Kind::CopyWrite, stmt, barrier: arrive });
+        let th = &mut st.threads[t];
+        let (channels, seq) = match arrive {
+            Some(b) => {
+                th.arrived[b] += 1;
+                let c = channel(t, nb, Channel::Barrier(b));
+                ([c, c], th.arrived[b])
+            }
+            None => {
+                th.unread.push(read);
+                ([channel(t, nb, Channel::BulkRead), channel(t, nb, Channel::BulkWrite)], th.committed + 1)
+            }
+        };
+        for (kind, channel) in [(Kind::CopyRead, channels[0]), (Kind::CopyWrite, channels[1])] {
+            st.ops.push(Op { issuer: t, clock: clock.clone(), kind, stmt, barrier: arrive, channel, seq });
+        }
         self.unfenced(&mut st, t, read, &src, stmt);
         self.unfenced(&mut st, t, read + 1, &dst, stmt);
         self.check(&mut st, Access { who: Who::Op(read), stmt }, &src);
         self.check(&mut st, Access { who: Who::Op(read + 1), stmt }, &dst);
-        match arrive {
-            Some(b) => {
-                let mut landed = clock;
-                landed.seen.extend([read, read + 1]);
-                self.arrival(&mut st, b, &landed, stmt);
-            }
-            None => st.threads[t].open_copies.extend([read, read + 1]),
+        if let Some(b) = arrive {
+            let mut landed = clock;
+            landed.seen[channels[0]] = landed.seen[channels[0]].max(seq);
+            self.arrival(&mut st, b, &landed, stmt);
         }
     }
 
-    /// `commit_copies` by thread `t`.
+    /// `commit_copies` by thread `t`: its copies since the last commit are one group.
     pub(super) fn commit(&self, t: usize) {
         let mut st = self.lock();
-        let th = &mut st.threads[t];
-        if !th.open_copies.is_empty() {
-            let group = std::mem::take(&mut th.open_copies);
-            th.groups.push(group);
+        let State { threads, ops, .. } = &mut *st;
+        let th = &mut threads[t];
+        if th.unread.last().is_some_and(|&o| ops[o].seq == th.committed + 1) {
+            th.committed += 1;
         }
     }
 
     /// `wait_copies N (reads)` by thread `t`.
     pub(super) fn wait_copies(&self, t: usize, pending: usize, reads: bool) {
         let mut st = self.lock();
+        let nb = st.barriers.len();
         let State { threads, ops, .. } = &mut *st;
         let th = &mut threads[t];
-        let done = th.groups.len().saturating_sub(pending);
-        for group in &th.groups[..done] {
-            th.clock.seen.extend(group.iter().copied().filter(|&o| !reads || ops[o].kind == Kind::CopyRead));
-        }
+        let done = th.committed.saturating_sub(u32::try_from(pending).unwrap_or(u32::MAX));
+        let (r, w) = (channel(t, nb, Channel::BulkRead), channel(t, nb, Channel::BulkWrite));
+        th.clock.seen[r] = th.clock.seen[r].max(done);
         if !reads {
-            th.groups.drain(..done);
+            th.clock.seen[w] = th.clock.seen[w].max(done);
         }
+        let seen = th.clock.seen[r];
+        th.unread.retain(|&o| ops[o].seq > seen);
     }
 
     /// An `mma_async` by thread `t`: reads of `a` and `b`, a read and write of `acc`.
     pub(super) fn mma(&self, t: usize, operands: [Touch<'_>; 2], acc: Touch<'_>, stmt: usize) {
         let mut st = self.lock();
+        let nb = st.barriers.len();
         let clock = st.threads[t].clock.clone();
         st.threads[t].clock.vc[t] += 1;
-        let op = st.ops.len();
-        st.ops.push(Op { issuer: t, clock, kind: Kind::Mma, stmt, barrier: None });
+        st.threads[t].mmas += 1;
+        let (op, seq) = (st.ops.len(), st.threads[t].mmas);
+        st.ops.push(Op { issuer: t, clock, kind: Kind::Mma, stmt, barrier: None, channel: channel(t, nb, Channel::Mma), seq });
         for x in &operands {
             self.unfenced(&mut st, t, op, x, stmt);
             self.check(&mut st, Access { who: Who::Op(op), stmt }, x);
@@ -455,16 +507,15 @@ impl<'p> Shared<'p> {
         let read = Touch { write: false, ..acc };
         self.check(&mut st, Access { who: Who::Op(op), stmt }, &read);
         self.check(&mut st, Access { who: Who::Op(op), stmt }, &acc);
-        st.threads[t].mmas.push(op);
     }
 
     /// `mma_wait N` by thread `t`.
     pub(super) fn mma_wait(&self, t: usize, pending: usize) {
         let mut st = self.lock();
+        let c = channel(t, st.barriers.len(), Channel::Mma);
         let th = &mut st.threads[t];
-        let done = th.mmas.len().saturating_sub(pending);
-        let finished: Vec<usize> = th.mmas.drain(..done).collect();
-        th.clock.seen.extend(finished);
+        let done = th.mmas.saturating_sub(u32::try_from(pending).unwrap_or(u32::MAX));
+        th.clock.seen[c] = th.clock.seen[c].max(done);
     }
 
     /// Whether access `a` happens before `who`'s.
@@ -472,7 +523,7 @@ impl<'p> Shared<'p> {
         match (a.who, who) {
             (Who::Thread { t, epoch }, Who::Thread { t: u, .. }) => t == u || st.threads[u].clock.vc[t] >= epoch,
             (Who::Thread { t, epoch }, Who::Op(x)) => st.ops[x].clock.vc[t] >= epoch,
-            (Who::Op(o), Who::Thread { t: u, .. }) => st.threads[u].clock.seen.contains(&o),
+            (Who::Op(o), Who::Thread { t: u, .. }) => st.threads[u].clock.seen[st.ops[o].channel] >= st.ops[o].seq,
             (Who::Op(o), Who::Op(x)) => {
                 let (a, b) = (&st.ops[o], &st.ops[x]);
                 // One copy's read and write parts; a thread's products, which run in order.
@@ -480,7 +531,7 @@ impl<'p> Shared<'p> {
                     a.stmt == b.stmt && a.issuer == b.issuer && o.abs_diff(x) == 1 && a.kind != b.kind && a.kind != Kind::Mma;
                 o == x
                     || same_copy
-                    || b.clock.seen.contains(&o)
+                    || b.clock.seen[a.channel] >= a.seq
                     || (a.kind == Kind::Mma && b.kind == Kind::Mma && a.issuer == b.issuer && o < x)
             }
         }
@@ -488,27 +539,31 @@ impl<'p> Shared<'p> {
 
     /// Checks `access` of `touch`'s elements against those before it, then records it.
     fn check(&self, st: &mut State, access: Access, touch: &Touch<'_>) {
+        if st.cells[touch.mem].is_empty() {
+            let n = self.args[touch.mem].1.iter().product::<usize>().max(1);
+            st.cells[touch.mem] = (0..n).map(|_| Cell::default()).collect();
+        }
+        let stored = match access.who {
+            Who::Thread { t, epoch } => Some((t, epoch)),
+            Who::Op(_) => None,
+        };
         for &e in touch.elements {
-            let cell = st.cells.remove(&(touch.mem, e)).unwrap_or_default();
-            let writes = cell.write.iter().map(|a| (a, true));
-            let reads = cell.reads.iter().filter(|_| touch.write).map(|a| (a, false));
+            let cell = &st.cells[touch.mem][e];
+            let writes = cell.write.iter().map(|a| (*a, true));
+            let reads = cell.reads.iter().filter(|_| touch.write).map(|a| (*a, false));
             if let Some((other, wrote)) = writes.chain(reads).find(|(a, _)| !Self::ordered(st, a, access.who)) {
-                let m = self.race(st, (other, wrote), &access, touch, e);
+                let m = self.race(st, (&other, wrote), &access, touch, e);
                 self.fail(st, m);
             }
-            let mut cell = cell;
+            let cell = &mut st.cells[touch.mem][e];
             if touch.write {
                 cell.write = Some(access);
                 cell.reads.clear();
-                cell.stored = match access.who {
-                    Who::Thread { t, epoch } => Some((t, epoch)),
-                    Who::Op(_) => None,
-                };
+                cell.stored = stored;
             } else {
                 cell.reads.retain(|r| !same_agent(r.who, access.who));
                 cell.reads.push(access);
             }
-            st.cells.insert((touch.mem, e), cell);
         }
     }
 
@@ -519,7 +574,7 @@ impl<'p> Shared<'p> {
             return;
         }
         for &e in touch.elements {
-            let Some((u, epoch)) = st.cells.get(&(touch.mem, e)).and_then(|c| c.stored) else { continue };
+            let Some((u, epoch)) = st.cells[touch.mem].get(e).and_then(|c| c.stored) else { continue };
             if st.ops[op].clock.fenced[u] < epoch {
                 let name = &self.args[touch.mem].0;
                 let m = format!(
