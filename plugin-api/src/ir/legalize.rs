@@ -33,7 +33,7 @@ pub fn legalized(v: &Verified) -> Result<Cow<'_, Verified>, Diagnostics> {
         return Ok(Cow::Borrowed(v));
     }
     let mut kernel = v.kernel().clone();
-    let mut names = Names { v, taken: HashSet::new() };
+    let mut names = Names::new(v);
     kernel.body = rewrite(std::mem::take(&mut kernel.body), &mut names);
     verify::verify_derived(&kernel).map(Cow::Owned)
 }
@@ -61,13 +61,18 @@ fn batched(s: &Stmt) -> Option<(&str, &str, (bool, bool), &Type)> {
 }
 
 /// Fresh value names: none the kernel has, none given before.
-struct Names<'v> {
-    v: &'v Verified,
+pub(super) struct Names<'v> {
+    pub(super) v: &'v Verified,
     taken: HashSet<String>,
 }
 
-impl Names<'_> {
-    fn fresh(&mut self, base: &str) -> String {
+impl<'v> Names<'v> {
+    /// Names for rewriting `v`.
+    pub(super) fn new(v: &'v Verified) -> Names<'v> {
+        Names { v, taken: HashSet::new() }
+    }
+
+    pub(super) fn fresh(&mut self, base: &str) -> String {
         let mut name = base.to_string();
         while self.v.values().get(&name).is_some() || self.taken.contains(&name) {
             name.push('_');

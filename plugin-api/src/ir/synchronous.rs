@@ -14,8 +14,8 @@
 //! so): its threads meet at barriers, and running them one after another could wait forever.
 
 use std::borrow::Cow;
-use std::collections::HashSet;
 
+use super::legalize::Names;
 use super::*;
 
 /// `v` with its asynchronous statements made synchronous; `v` itself where it has none. `Err`
@@ -33,28 +33,11 @@ pub fn synchronous(v: &Verified) -> Result<Cow<'_, Verified>, u64> {
     }
     let mut kernel = k.clone();
     kernel.barriers.clear();
-    let mut names = Names { v, taken: HashSet::new() };
+    let mut names = Names::new(v);
     kernel.body = rewrite(std::mem::take(&mut kernel.body), &mut names);
     let lifted = verify::verify_derived(&kernel)
         .unwrap_or_else(|d| panic!("kernel `{}` made synchronous does not verify:\n{d}", v.name()));
     Ok(Cow::Owned(lifted))
-}
-
-/// Fresh value names: none the kernel has, none given before.
-struct Names<'v> {
-    v: &'v Verified,
-    taken: HashSet<String>,
-}
-
-impl Names<'_> {
-    fn fresh(&mut self, base: &str) -> String {
-        let mut name = base.to_string();
-        while self.v.values().get(&name).is_some() || self.taken.contains(&name) {
-            name.push('_');
-        }
-        self.taken.insert(name.clone());
-        name
-    }
 }
 
 fn rewrite(body: Vec<Stmt>, names: &mut Names<'_>) -> Vec<Stmt> {

@@ -12,7 +12,7 @@ use tessel_plugin_api::ir::{BinaryOp, Literal, ParamKind};
 use tessel_plugin_api::launch::LaunchError;
 
 use super::grid::decode;
-use super::memory::{Array, Storage};
+use super::memory::Storage;
 use super::threads::{Abort, Shared, Touch};
 use super::{Machine, ProgramState};
 use crate::eval::{self, Val};
@@ -134,21 +134,11 @@ impl<'m, 'a> ProgramState<'m, 'a> {
         t: usize,
     ) -> ProgramState<'m, 'a> {
         let params = &m.kernel.kernel().params;
-        let scratch = (params.iter().zip(scratch))
-            .map(|(p, cells)| {
-                cells.as_ref().map(|c| Array { storage: Storage::Lent(c), shape: p.ty.shape.clone(), dtype: p.ty.dtype })
-            })
-            .collect();
-        ProgramState {
-            m,
-            scratch,
-            slots: vec![None; m.program.slots],
-            origins: vec![Vec::new(); params.len()],
-            held: vec![None; params.len()],
-            fresh: false,
-            point: Vec::new(),
-            threads: Some((shared, t)),
-        }
+        let cells = |p: &tessel_plugin_api::ir::Param| {
+            let n = params.iter().position(|q| q.name == p.name).expect("a parameter of the kernel");
+            Storage::Lent(scratch[n].as_deref().expect("scratch has cells"))
+        };
+        ProgramState::with_scratch(m, cells, Some((shared, t)))
     }
 
     /// The program's threads and this state's thread.

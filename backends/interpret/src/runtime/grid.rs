@@ -78,16 +78,21 @@ pub(super) fn decode(mut n: u64, axes: &[usize], grid: &[LaunchAxis], point: &mu
 
 impl<'m, 'a> ProgramState<'m, 'a> {
     fn new(m: &'m Machine<'a>) -> ProgramState<'m, 'a> {
+        ProgramState::with_scratch(m, |p| Storage::zeros(p.ty.numel()), None)
+    }
+
+    /// A state whose scratch arrays have the storage `storage` gives each (zeros of its own,
+    /// or the cells a program's threads share), run as thread `threads` of a program of the
+    /// concurrent model where given.
+    pub(super) fn with_scratch(
+        m: &'m Machine<'a>,
+        mut storage: impl FnMut(&tessel_plugin_api::ir::Param) -> Storage<'m>,
+        threads: Option<(&'m super::threads::Shared<'m>, usize)>,
+    ) -> ProgramState<'m, 'a> {
         let params = &m.kernel.kernel().params;
         let scratch = params
             .iter()
-            .map(|p| {
-                (p.kind == ParamKind::Scratch).then(|| Array {
-                    storage: Storage::zeros(p.ty.numel()),
-                    shape: p.ty.shape.clone(),
-                    dtype: p.ty.dtype,
-                })
-            })
+            .map(|p| (p.kind == ParamKind::Scratch).then(|| Array { storage: storage(p), shape: p.ty.shape.clone(), dtype: p.ty.dtype }))
             .collect();
         ProgramState {
             m,
@@ -95,9 +100,9 @@ impl<'m, 'a> ProgramState<'m, 'a> {
             slots: vec![None; m.program.slots],
             origins: vec![Vec::new(); params.len()],
             held: vec![None; params.len()],
-            fresh: true,
+            fresh: threads.is_none(),
             point: Vec::new(),
-            threads: None,
+            threads,
         }
     }
 
