@@ -166,7 +166,28 @@ fn a_barrier_completed_twice_ahead_of_a_thread_that_waits_on_it_is_refused() {
     // first phase, waits for the second: a hardware barrier's phase parity would hide one.
     let text = "kernel k\n  grid (t: 2 thread)\n  out o: f32[4]\n  barrier b[1] arrivals 1\n  barrier go[1] arrivals 1\n  barrier done[1] arrivals 1\n{\n  %t = program_id t\n  %first = eq %t, 0\n  if %first {\n    wait b[0]\n    arrive go[0]\n    wait done[0]\n    wait b[0]\n  } else {\n    arrive b[0]\n    wait go[0]\n    arrive b[0]\n    arrive b[0]\n    arrive done[0]\n  }\n}\n";
     let e = run("interpret", text, Vec::new()).expect_err("a phase overrun");
-    assert!(e.contains("completes phase 3 of b[0] at `arrive b[0]`") && e.contains("thread t=0 has waited for only 1"), "{e}");
+    assert!(e.contains("lets b[0] complete phase 3 at `wait b[0]`") && e.contains("while thread t=0 waits for phase 2"), "{e}");
+}
+
+#[test]
+fn a_barrier_index_past_its_array_is_refused_not_taken_from_the_next_array() {
+    // `full[2]` of an array of 2 would be `empty[0]` if barriers were one flat array.
+    let (inputs, _) = pipeline_inputs();
+    let text = mutated("pipeline_matmul.tk", "      arrive empty[%stage]", "      %past = add %stage, 2\n      arrive empty[%past]");
+    let e = run("interpret", &text, inputs).expect_err("an index past the array");
+    assert!(e.contains("indexes barrier 2 of an array of 2 at `arrive empty[%past]`"), "{e}");
+    let e = tessel::load_source("k.tk", &mutated("staged_epilogue.tk", "  wait landed[0]", "  wait landed[1]")).expect_err("a literal past the array");
+    assert!(e.to_string().contains("barrier 1 of `landed`, which has 1 barriers"), "{e}");
+}
+
+#[test]
+fn two_copies_of_one_statement_in_a_loop_are_not_taken_for_one() {
+    // Each trip copies the previous trip's destination: the copy of trip k + 1 reads what the
+    // copy of trip k may still be writing, with no wait between.
+    let text = "kernel k\n  in  x: f32[8]\n  out o: f32[8]\n  scratch s: f32[4, 8]\n  barrier b[1] arrivals 3\n{\n  copy_async s[0, :], x arrive b[0]\n  for %k = 0 to 2 {\n    %n = add %k, 1\n    copy_async s[%n, :], s[%k, :] arrive b[0]\n  }\n  wait b[0]\n  %v = load s[2, :]\n  store o, %v\n}\n";
+    let x = array(&[8], (0..8).map(|i| i as f32).collect());
+    let e = run("interpret", text, vec![("x", x)]).expect_err("a copy reading a copy in flight");
+    assert!(e.contains("has a data race on `s`"), "{e}");
 }
 
 #[test]

@@ -281,3 +281,9 @@ def _tile(w, eqn) -> None:
         raise w.refuse(f"`tile` with repetitions {reps} of a {len(eqn.invars[0].aval.shape)}-dimensional value", eqn,
                           "give one repetition count of at least 1 per dimension (reshape first to add dimensions)")
     w.op(eqn, f"tile {w.value(eqn.invars[0], eqn)} reps ({', '.join(map(str, reps))})")
+
+
+@rule("delay", "trace_value", "add_dependency", effect=True)
+def _no_effect_here(w, eqn) -> None:
+    """Nothing: a delay, a value traced for a profiler or `pltpu.touch` changes no result where a
+    kernel runs."""

@@ -43,12 +43,18 @@ class MosaicState:
 
 
 def _kind(aval) -> str:
-    """`smem`, `regs`, `gmem`, `barrier` or "" for a `run_scoped` allocation's aval."""
+    """`smem`, `regs`, `gmem`, `barrier`, `cluster barrier` for a Mosaic GPU `run_scoped`
+    allocation's aval, "" for any other (Pallas TPU's SMEM among them)."""
     inner = getattr(aval, "inner_aval", None)
-    if type(getattr(inner, "dtype", None)).__name__ in ("BarrierType", "ClusterBarrierType"):
+    dtype = type(getattr(inner, "dtype", None)).__name__
+    if dtype == "BarrierType":
         return "barrier"
-    space = str(getattr(aval, "memory_space", "") or "")
-    return space if space in ("smem", "regs", "gmem") else ""
+    if dtype == "ClusterBarrierType":
+        return "cluster barrier"
+    space = getattr(aval, "memory_space", None)
+    if "mosaic_gpu" not in type(space).__module__:
+        return ""
+    return str(space) if str(space) in ("smem", "regs", "gmem") else ""
 
 
 def is_mosaic_scope(eqn) -> bool:
@@ -82,6 +88,9 @@ def mosaic_run_scoped(w, eqn) -> None:
         kind = _kind(var.aval)
         inner = var.aval.inner_aval
         name = f"r{len(w.scoped)}"
+        if kind == "cluster barrier":
+            raise w.refuse("a `plgpu.ClusterBarrier` (arrivals from the blocks of a cluster)", eqn,
+                           "tessel runs a cluster's blocks as separate programs: use a `plgpu.Barrier` within a block")
         if kind == "barrier":
             if not shared:
                 raise w.refuse("a barrier allocated per warpgroup (`run_scoped` without `collective_axes`)", eqn,
@@ -212,9 +221,16 @@ def _copy_gmem_to_smem(w, eqn) -> None:
     src, dst, bar = eqn.invars[:3]
     st, dt, bt = _split(eqn, p["src_transforms_treedef"], p["dst_transforms_treedef"], p["barrier_transforms_treedef"])
     w.mgpu.used = True
-    s, _, _ = region(w, eqn, src, st)
-    d, _, _ = region(w, eqn, dst, dt)
-    w.body.emit(f"copy_async {d}, {s} arrive {_barrier(w, eqn, bar, bt)}")
+    w.body.emit(f"copy_async {_copied(w, eqn, dst, dt)}, {_copied(w, eqn, src, st)} arrive {_barrier(w, eqn, bar, bt)}")
+
+
+def _copied(w, eqn, ref, transforms) -> str:
+    """The region a copy reads or writes; a transposed view is refused (a copy moves elements
+    in the order its view gives them, which `region` does not express)."""
+    text, _, transposed = region(w, eqn, ref, transforms)
+    if transposed:
+        raise w.refuse("a copy through `plgpu.transpose_ref`", eqn, "copy the ref untransposed and transpose where it is read")
+    return text
 
 
 @rule("copy_smem_to_gmem", effect=True)
@@ -227,17 +243,17 @@ def _copy_smem_to_gmem(w, eqn) -> None:
     leaves = sum(t.num_leaves for t in trees)
     st, dt = (trees[0].unflatten(eqn.invars[2:2 + trees[0].num_leaves]), trees[1].unflatten(eqn.invars[2 + trees[0].num_leaves:2 + leaves]))
     w.mgpu.used = True
-    s, _, _ = region(w, eqn, src, st)
-    d, _, _ = region(w, eqn, dst, dt)
-    lines = [f"copy_async {d}, {s}"] + (["commit_copies"] if p.get("commit_group", True) else [])
+    copy = f"copy_async {_copied(w, eqn, dst, dt)}, {_copied(w, eqn, src, st)}"
     if p.get("has_user_predicate"):
         w.body.emit(f"when {w.value(eqn.invars[2 + leaves], eqn)} {{")
-        for line in lines:
-            w.body.emit(f"  {line}")
+        w.body.emit(f"  {copy}")
         w.body.emit("}")
     else:
-        for line in lines:
-            w.body.emit(line)
+        w.body.emit(copy)
+    if p.get("commit_group", True):
+        # Not predicated: every warpgroup's commit makes a group, an empty one where it copied
+        # nothing, as Mosaic GPU's does.
+        w.body.emit("commit_copies")
 
 
 @rule("barrier_wait", "barrier_arrive", effect=True)

@@ -158,9 +158,9 @@ class _Writer(_Refs, _MultiIndex, _Values, _Order, _Prng, _Control):
                 self.defs[o] = eqn
         for eqn in jaxpr.eqns:
             effects = eqn.primitive.name in _EFFECTS or eqn.primitive.name in EFFECTFUL or eqn.primitive.name in _INLINE
-            # An equation that makes nothing, or has effects, is there for what it does: written
-            # (or refused by name), never dropped as unused.
-            effects = effects or not eqn.outvars or bool(getattr(eqn, "effects", None))
+            # An equation that makes nothing is there for what it does: written (or refused by
+            # name), never dropped as unused.
+            effects = effects or not eqn.outvars
             if effects or any(o in self.uses for o in eqn.outvars):
                 self.eqn(eqn)
 

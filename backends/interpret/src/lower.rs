@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use tessel_plugin_api::ir::*;
 
 use crate::eval::Val;
-use crate::program::{Branch, DotArg, Instr, Ix, MemRef, Program, Region, Src, SyncInstr};
+use crate::program::{BarrierRef, Branch, DotArg, Instr, Ix, MemRef, Program, Region, Src, SyncInstr};
 
 struct Lowerer<'a> {
     v: &'a Verified,
@@ -141,7 +141,8 @@ impl Lowerer<'_> {
         let k = self.v.kernel();
         let barrier = |b: &BarrierAt, l: &mut Self| {
             let first: usize = k.barriers.iter().take_while(|d| d.name != b.name).map(|d| d.count).sum();
-            (first, l.src(&b.index, DType::I32))
+            let count = k.barrier(&b.name).expect("verifier: a declared barrier").count;
+            BarrierRef { first, count, index: l.src(&b.index, DType::I32) }
         };
         let region = |r: &RefAt, l: &mut Self| {
             let mem = l.mem(&r.name);

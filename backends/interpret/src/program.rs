@@ -196,13 +196,21 @@ pub(crate) struct Region {
     pub dtype: DType,
 }
 
-/// The concurrent model's statements (`SyncOp`), with barriers by their number among all the
-/// kernel's barriers (`Program::barriers`).
+/// One barrier of a barrier array: the array's first barrier among all the kernel's (in
+/// declaration order), its count, and the index into it.
+#[derive(Clone, Debug)]
+pub(crate) struct BarrierRef {
+    pub first: usize,
+    pub count: usize,
+    pub index: Src,
+}
+
+/// The concurrent model's statements (`SyncOp`).
 #[derive(Clone, Debug)]
 pub(crate) enum SyncInstr {
-    Arrive { barrier: (usize, Src) },
-    Wait { barrier: (usize, Src) },
-    Copy { dst: Region, src: Region, arrive: Option<(usize, Src)> },
+    Arrive { barrier: BarrierRef },
+    Wait { barrier: BarrierRef },
+    Copy { dst: Region, src: Region, arrive: Option<BarrierRef> },
     CommitCopies,
     WaitCopies { pending: usize, reads: bool },
     Fence,

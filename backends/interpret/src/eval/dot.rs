@@ -50,8 +50,12 @@ fn sgemm(a: Strided<'_>, b: Strided<'_>, m: usize, k: usize, n: usize) -> Vec<f3
     }
     // The GEMM writes every element without reading it (`read_dst` false): no zeroing first.
     let mut c = Vec::<f32>::with_capacity(m * n);
-    let rows_per_task = if m * n * k >= SPLIT_MACS { m.div_ceil(4 * rayon::current_num_threads()).max(8) } else { m };
-    c.spare_capacity_mut()[..m * n].par_chunks_mut(rows_per_task * n).enumerate().for_each(|(t, c)| {
+    // A thread outside rayon's pool (a thread of a program of the concurrent model, whose pool
+    // worker waits for it) multiplies on its own: work it handed the pool could wait forever for
+    // workers that are all waiting for such threads.
+    let in_pool = rayon::current_thread_index().is_some();
+    let rows_per_task = if in_pool && m * n * k >= SPLIT_MACS { m.div_ceil(4 * rayon::current_num_threads()).max(8) } else { m };
+    let task = |(t, c): (usize, &mut [std::mem::MaybeUninit<f32>])| {
         let rows = c.len() / n;
         let a_task = &a.data[t * rows_per_task * a.rows as usize..];
         // The last element either operand is read at, which must lie inside its slice.
@@ -85,7 +89,13 @@ fn sgemm(a: Strided<'_>, b: Strided<'_>, m: usize, k: usize, n: usize) -> Vec<f3
                 gemm::Parallelism::None,
             );
         }
-    });
+    };
+    let spare = &mut c.spare_capacity_mut()[..m * n];
+    if in_pool {
+        spare.par_chunks_mut(rows_per_task * n).enumerate().for_each(task);
+    } else {
+        task((0, spare));
+    }
     // SAFETY: the tasks above wrote all `m × n` elements.
     #[allow(unsafe_code)]
     unsafe {

@@ -16,7 +16,7 @@ use super::memory::Storage;
 use super::threads::{Abort, Shared, Touch};
 use super::{Machine, ProgramState};
 use crate::eval::{self, Val};
-use crate::program::{Instr, Region, Src, SyncInstr};
+use crate::program::{BarrierRef, Instr, Region, SyncInstr};
 
 /// Each thread's stack: as deep as a program's nesting may go (the verifier's limits).
 const THREAD_STACK: usize = 64 << 20;
@@ -115,7 +115,11 @@ impl Machine<'_> {
                         }
                         shared.end(t);
                     })
-                    .expect("the OS starts a thread");
+                    .unwrap_or_else(|e| {
+                        // The others must not wait for it: stop the program, then say why.
+                        shared.stop(format!("could not start a thread of the program: {e}"));
+                        panic!("the OS did not start a thread of a program: {e}")
+                    });
             }
         });
         if let Some(p) = panicked.into_inner().expect("no thread panics holding it") {
@@ -178,24 +182,29 @@ impl<'m, 'a> ProgramState<'m, 'a> {
         self.store_part(r.mem, r.index.as_deref(), v, None, None, None);
     }
 
-    fn barrier(&self, (first, index): &(usize, Src)) -> usize {
-        let k = self.get(index).as_i64();
-        usize::try_from(k).map_or(usize::MAX, |k| first + k)
+    /// The barrier `b` names, among all the program's; an index outside its array stops the
+    /// program.
+    fn barrier(&self, b: &BarrierRef, stmt: usize) -> usize {
+        let k = self.get(&b.index).as_i64();
+        match usize::try_from(k) {
+            Ok(k) if k < b.count => b.first + k,
+            _ => self.thread().0.out_of_range(stmt, k, b.count),
+        }
     }
 
     /// A statement of the concurrent model.
     pub(super) fn sync(&mut self, stmt: usize, op: &SyncInstr) {
         let (shared, t) = self.thread();
         match op {
-            SyncInstr::Arrive { barrier } => shared.arrive(t, self.barrier(barrier), stmt),
-            SyncInstr::Wait { barrier } => shared.wait(t, self.barrier(barrier), stmt),
+            SyncInstr::Arrive { barrier } => shared.arrive(t, self.barrier(barrier, stmt), stmt),
+            SyncInstr::Wait { barrier } => shared.wait(t, self.barrier(barrier, stmt), stmt),
             SyncInstr::Fence => shared.fence(t),
             SyncInstr::CommitCopies => shared.commit(t),
             SyncInstr::WaitCopies { pending, reads } => shared.wait_copies(t, *pending, *reads),
             SyncInstr::MmaWait { pending } => shared.mma_wait(t, *pending),
             SyncInstr::Copy { dst, src, arrive } => {
                 let (from, to) = (self.region_touch(src), self.region_touch(dst));
-                let arrive = arrive.as_ref().map(|b| self.barrier(b));
+                let arrive = arrive.as_ref().map(|b| self.barrier(b, stmt));
                 let v = self.read(src);
                 shared.copy(
                     t,

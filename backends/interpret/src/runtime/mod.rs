@@ -135,7 +135,12 @@ impl<'a> Machine<'a> {
     /// [`Machine::run_programs`], failing where the launch was cancelled before every program ran.
     fn run_all(&self) -> Result<(), LaunchError> {
         if self.kernel.kernel().is_concurrent() {
-            self.run_concurrent()?;
+            let run = self.run_concurrent();
+            // A cancelled launch stops its threads where they are: whatever they then report is
+            // not the kernel's doing.
+            if !self.cancelled() {
+                run?;
+            }
         } else {
             self.run_programs();
         }

@@ -358,14 +358,6 @@ impl<'p> Shared<'p> {
 
     /// One arrival on `barrier` carrying `clock`; completes a phase at the last of its arrivals.
     fn arrival(&self, st: &mut State, barrier: usize, clock: &Clock, stmt: usize) {
-        if barrier >= st.barriers.len() {
-            let m = format!(
-                "indexes a barrier past its array at {}: it has {} barriers\n  index barriers from 0",
-                self.stmts[stmt],
-                self.barrier_names.len()
-            );
-            self.fail(st, m);
-        }
         let b = &mut st.barriers[barrier];
         b.pending.join(clock);
         b.count += 1;
@@ -377,31 +369,39 @@ impl<'p> Shared<'p> {
         let released = std::mem::replace(&mut b.pending, empty);
         b.completed.push(released);
         let phase = b.completed.len() as u64;
-        // A thread that waits on this barrier and has seen fewer than `phase - 1` of its phases
-        // would take this phase for the one it waits for next.
-        let behind = st.threads.iter().enumerate().find(|(_, th)| th.waits.get(&barrier).is_some_and(|&w| w + 2 <= phase));
-        if let Some((u, th)) = behind {
-            let m = format!(
-                "completes phase {phase} of {} at {} while {} has waited for only {} of its phases: its next `wait` would see the later phase as the one it waits for\n  let the thread wait for every phase before the barrier completes the next: a barrier per stage of a pipeline, released by the threads that wait on it",
-                self.barrier_names[barrier], self.stmts[stmt], self.names[u], th.waits[&barrier]
-            );
+        // A thread still waiting for an earlier phase would find this one: on a GPU it waits
+        // for a phase's parity, which is this phase's too.
+        let behind = st.threads.iter().position(|th| matches!(th.status, Status::Blocked { barrier: b, phase: p, .. } if b == barrier && p < phase));
+        if let Some(u) = behind {
+            let m = self.missed(barrier, phase, u, st.threads[u].waits[&barrier], stmt);
             self.fail(st, m);
         }
+    }
+
+    /// The message of a barrier completing `phase` while thread `u` has yet to see its `waits`-th.
+    fn missed(&self, barrier: usize, phase: u64, u: usize, waits: u64, stmt: usize) -> String {
+        format!(
+            "lets {} complete phase {phase} at {} while {} waits for phase {waits}: a GPU's barrier wait tells phases apart by their parity, so it would take the later phase for the one it waits for\n  let each thread see every phase before the barrier completes the next: a barrier per stage of a pipeline, released by the threads that wait on it",
+            self.barrier_names[barrier],
+            self.stmts[stmt],
+            self.names[u],
+        )
     }
 
     /// `wait B[k]` by thread `t`: its next phase of the barrier, blocking until it completes.
     pub(super) fn wait(&self, t: usize, barrier: usize, stmt: usize) {
         let mut st = self.lock();
-        if barrier >= st.barriers.len() {
-            let m = format!("indexes a barrier past its array at {}\n  index barriers from 0", self.stmts[stmt]);
-            self.fail(&mut st, m);
-        }
         let phase = {
             let w = st.threads[t].waits.entry(barrier).or_insert(0);
             *w += 1;
             *w
         };
-        if (st.barriers[barrier].completed.len() as u64) < phase {
+        let completed = st.barriers[barrier].completed.len() as u64;
+        if completed > phase {
+            let m = self.missed(barrier, completed, t, phase, stmt);
+            self.fail(&mut st, m);
+        }
+        if completed < phase {
             st.threads[t].status = Status::Blocked { barrier, phase, stmt };
             self.pass(&mut st, t);
             st = self.until_turn(st, t);
@@ -409,6 +409,17 @@ impl<'p> Shared<'p> {
         }
         let released = st.barriers[barrier].completed[phase as usize - 1].clone();
         st.threads[t].clock.join(&released);
+    }
+
+    /// An index `k` outside a barrier array of `count` at statement `stmt`: the program stops.
+    pub(super) fn out_of_range(&self, stmt: usize, k: i64, count: usize) -> ! {
+        let mut st = self.lock();
+        let m = format!(
+            "indexes barrier {k} of an array of {count} at {}\n  index the barriers of an array from 0 to {}",
+            self.stmts[stmt],
+            count.saturating_sub(1)
+        );
+        self.fail(&mut st, m)
     }
 
     /// `fence` by thread `t`: every store that happens before it is seen by the asynchronous
@@ -431,10 +442,6 @@ impl<'p> Shared<'p> {
     /// on `arrive` or its place in the thread's open group.
     pub(super) fn copy(&self, t: usize, src: Touch<'_>, dst: Touch<'_>, arrive: Option<usize>, stmt: usize) {
         let mut st = self.lock();
-        if arrive.is_some_and(|b| b >= st.barriers.len()) {
-            let m = format!("indexes a barrier past its array at {}\n  index barriers from 0", self.stmts[stmt]);
-            self.fail(&mut st, m);
-        }
         let nb = st.barriers.len();
         let clock = st.threads[t].clock.clone();
         st.threads[t].clock.vc[t] += 1;
@@ -465,14 +472,10 @@ impl<'p> Shared<'p> {
         }
     }
 
-    /// `commit_copies` by thread `t`: its copies since the last commit are one group.
+    /// `commit_copies` by thread `t`: its copies since the last commit are one group (an empty
+    /// one where there are none, as PTX's `cp.async.bulk.commit_group` makes).
     pub(super) fn commit(&self, t: usize) {
-        let mut st = self.lock();
-        let State { threads, ops, .. } = &mut *st;
-        let th = &mut threads[t];
-        if th.unread.last().is_some_and(|&o| ops[o].seq == th.committed + 1) {
-            th.committed += 1;
-        }
+        self.lock().threads[t].committed += 1;
     }
 
     /// `wait_copies N (reads)` by thread `t`.
@@ -527,8 +530,10 @@ impl<'p> Shared<'p> {
             (Who::Op(o), Who::Op(x)) => {
                 let (a, b) = (&st.ops[o], &st.ops[x]);
                 // One copy's read and write parts; a thread's products, which run in order.
-                let same_copy =
-                    a.stmt == b.stmt && a.issuer == b.issuer && o.abs_diff(x) == 1 && a.kind != b.kind && a.kind != Kind::Mma;
+                let same_copy = a.stmt == b.stmt && a.issuer == b.issuer && a.kind != Kind::Mma && b.kind != Kind::Mma && a.kind != b.kind && o.abs_diff(x) == 1 && {
+                    let first = if o < x { a } else { b };
+                    first.kind == Kind::CopyRead
+                };
                 o == x
                     || same_copy
                     || b.clock.seen[a.channel] >= a.seq

@@ -93,6 +93,16 @@ impl Checker<'_> {
     }
 
     fn barrier_at(&mut self, b: &BarrierAt, span: Span) {
+        if let (Some(d), Operand::Lit(Literal::Int(k))) = (self.k.barrier(&b.name), &b.index)
+            && d.count > 0
+            && !(0..d.count as i64).contains(k)
+        {
+            self.err(
+                span,
+                format!("barrier {k} of `{}`, which has {} barriers", b.name, d.count),
+                format!("expected an index from 0 to {}", d.count - 1),
+            );
+        }
         if self.k.barrier(&b.name).is_none() {
             let names: Vec<&str> = self.k.barriers.iter().map(|b| b.name.as_str()).collect();
             let expected = if names.is_empty() {
