@@ -191,6 +191,20 @@ fn two_copies_of_one_statement_in_a_loop_are_not_taken_for_one() {
 }
 
 #[test]
+fn a_product_with_its_left_operand_in_registers_runs_on_the_interpreter_and_on_wgpu() {
+    // `mma_async acc, %x, ws`: the left operand a value, read where the product is issued.
+    let text = mutated("staged_epilogue.tk", "  mma_async acc, xs, ws\n", "  %x = load xs\n  mma_async acc, %x, ws\n");
+    let (inputs, want) = epilogue_inputs();
+    assert_equal("a register operand on interpret", &run("interpret", &text, inputs).unwrap_or_else(|e| panic!("{e}")), &want);
+    if wgpu_adapter("a register operand on wgpu").is_some() {
+        let (inputs, _) = epilogue_inputs();
+        assert_equal("a register operand on wgpu", &run("wgpu", &text, inputs).unwrap_or_else(|e| panic!("{e}")), &want);
+    }
+    let printed = tessel::load_source("k.tk", &text).unwrap_or_else(|e| panic!("{e}"))[0].text().to_string();
+    assert!(printed.contains("mma_async acc, %x, ws\n"), "{printed}");
+}
+
+#[test]
 fn the_concurrent_statements_print_as_they_parse() {
     for file in ["pipeline_matmul.tk", "staged_epilogue.tk"] {
         let k = &tessel::load_source(file, &source(file)).unwrap_or_else(|e| panic!("{e}"))[0];

@@ -8,7 +8,8 @@ accumulators, and the waits between them, as the statements of docs/language.md 
   thread, indexed by the thread's `program_id`, zeroed where the scope begins.
 - `copy_gmem_to_smem` is `copy_async ... arrive B[k]`; `copy_smem_to_gmem` a `copy_async` joining
   the thread's group (and `commit_copies` where it commits); `barrier_wait`/`barrier_arrive` are
-  `wait`/`arrive`; `wgmma` is `mma_async` (a transposed operand read with `trans_a`/`trans_b`),
+  `wait`/`arrive`; `wgmma` is `mma_async` (a transposed operand read with `trans_a`/`trans_b`, a
+  left operand in registers as a value),
   `wgmma_wait` `mma_wait`, and reading an accumulator `mma_wait` (its `wait_n`) then `load`;
   `commit_smem` is `fence`, `wait_smem_to_gmem` `wait_copies`; `set_max_registers` changes no
   result and is dropped.
@@ -272,13 +273,10 @@ def _wgmma(w, eqn) -> None:
     ct, at, bt = _split(eqn, p.get("acc_transforms_tree"), p.get("a_transforms_tree"), p.get("b_transforms_tree"))
     w.mgpu.used = True
     c, _, _ = region(w, eqn, acc, ct)
-    if not isinstance(w.env.get(a), tuple):
-        # The left operand from registers (a value): staged through the thread's own scratch,
-        # which the product reads once it is fenced.
-        staged = allocate(w, eqn, a.aval, True)
-        x, ta = f"{staged}{_prefixed(w.mgpu, staged, '')}", False
-        w.body.emit(f"store {x}, {w.value(a, eqn)}")
-        w.body.emit("fence")
+    _, core, _ = _jax()
+    if isinstance(a, core.Literal) or not isinstance(w.env.get(a), tuple):
+        # The left operand in registers: a value, read where the product is issued.
+        x, ta = w.value(a, eqn), False
     else:
         x, _, ta = region(w, eqn, a, at)
     y, _, tb = region(w, eqn, b, bt)

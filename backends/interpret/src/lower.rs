@@ -161,7 +161,10 @@ impl Lowerer<'_> {
             SyncOp::Fence => SyncInstr::Fence,
             SyncOp::Mma { acc, a, b, trans_a, trans_b } => SyncInstr::Mma {
                 acc: region(acc, self),
-                a: region(a, self),
+                a: match a {
+                    MmaLhs::Ref(r) => Ok(region(r, self)),
+                    MmaLhs::Value(v) => Err(self.src(v, DType::F32)),
+                },
                 b: region(b, self),
                 trans_a: *trans_a,
                 trans_b: *trans_b,

@@ -214,7 +214,8 @@ pub(crate) enum SyncInstr {
     CommitCopies,
     WaitCopies { pending: usize, reads: bool },
     Fence,
-    Mma { acc: Region, a: Region, b: Region, trans_a: bool, trans_b: bool },
+    /// `a` a region, or (`Err`) a value in registers.
+    Mma { acc: Region, a: Result<Region, Src>, b: Region, trans_a: bool, trans_b: bool },
     MmaWait { pending: usize },
 }
 

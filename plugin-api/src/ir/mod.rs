@@ -116,7 +116,7 @@ pub use diag::{Diagnostic, Diagnostics, SourceMap, Span};
 pub use dtype::DType;
 pub use index::BlockIndex;
 pub use op_names::{BinaryOp, CmpOp, ReduceOp, UnaryOp};
-pub use sync::{BarrierAt, BarrierDecl, RefAt, SyncOp};
+pub use sync::{BarrierAt, BarrierDecl, MmaLhs, RefAt, SyncOp};
 pub use parse::{ArgDecl, SizeParam, parse};
 pub use print::{print_kernel, print_module};
 pub use values::{ValueId, ValueMap, ValueSet, ValueTable};

@@ -100,6 +100,15 @@ impl fmt::Display for RefAt {
     }
 }
 
+impl fmt::Display for MmaLhs {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MmaLhs::Ref(r) => write!(f, "{r}"),
+            MmaLhs::Value(v) => write!(f, "{v}"),
+        }
+    }
+}
+
 impl fmt::Display for SyncOp {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let m = self.mnemonic();

@@ -70,12 +70,12 @@ pub enum SyncOp {
     Fence,
     /// `mma_async ACC[...], A[...], B[...] (trans_a)? (trans_b)?`: `ACC += A @ B` asynchronously
     /// (`f32` accumulation of float operands), one group; successive ones of a thread on one
-    /// accumulator run in order.
+    /// accumulator run in order. `A` may be a value (`%a`: the operand in registers).
     Mma {
         /// The `f32` (or `i32`) accumulator, read and written.
         acc: RefAt,
-        /// Left operand `[M, K]` (`[K, M]` with `trans_a`).
-        a: RefAt,
+        /// Left operand `[M, K]` (`[K, M]` with `trans_a`): a region, or a value.
+        a: MmaLhs,
         /// Right operand `[K, N]` (`[N, K]` with `trans_b`).
         b: RefAt,
         /// `a` is given as `[K, M]`.
@@ -88,6 +88,15 @@ pub enum SyncOp {
         /// Groups that may stay pending.
         pending: usize,
     },
+}
+
+/// The left operand of `mma_async`: a region of scratch, or a value (registers).
+#[derive(Clone, Debug, PartialEq)]
+pub enum MmaLhs {
+    /// Read from memory, asynchronously.
+    Ref(RefAt),
+    /// A value, read where the product is issued.
+    Value(Operand),
 }
 
 impl SyncOp {
@@ -109,7 +118,8 @@ impl SyncOp {
     pub fn regions(&self) -> Vec<(&RefAt, bool)> {
         match self {
             SyncOp::Copy { dst, src, .. } => vec![(src, false), (dst, true)],
-            SyncOp::Mma { acc, a, b, .. } => vec![(a, false), (b, false), (acc, true)],
+            SyncOp::Mma { acc, a: MmaLhs::Ref(a), b, .. } => vec![(a, false), (b, false), (acc, true)],
+            SyncOp::Mma { acc, b, .. } => vec![(b, false), (acc, true)],
             _ => Vec::new(),
         }
     }
@@ -126,6 +136,9 @@ impl SyncOp {
     /// The values the statement reads: barrier indices and the starts of its regions' indices.
     pub fn operands(&self) -> Vec<&Operand> {
         let mut out: Vec<&Operand> = self.barrier().map(|b| &b.index).into_iter().collect();
+        if let SyncOp::Mma { a: MmaLhs::Value(v), .. } = self {
+            out.push(v);
+        }
         for (r, _) in self.regions() {
             for ix in r.index.iter().flatten() {
                 match ix {

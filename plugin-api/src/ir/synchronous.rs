@@ -73,28 +73,37 @@ fn store(r: &RefAt, value: &str, span: Span) -> Stmt {
 }
 
 /// `ACC += A @ B`, one statement after another.
-fn product(acc: &RefAt, a: &RefAt, b: &RefAt, (trans_a, trans_b): (bool, bool), span: Span, names: &mut Names<'_>) -> Vec<Stmt> {
+fn product(acc: &RefAt, a: &MmaLhs, b: &RefAt, (trans_a, trans_b): (bool, bool), span: Span, names: &mut Names<'_>) -> Vec<Stmt> {
     let stmt = |name: &str, op: Op, ty: Option<Type>| Stmt { results: vec![name.to_string()], op, ty, span };
     let k = names.v.kernel();
-    let dtype = k.param(&a.name).expect("verified operand").ty.dtype;
+    let dtype = k.param(&b.name).expect("verified operand").ty.dtype;
     let acc_dtype = k.param(&acc.name).expect("verified accumulator").ty.dtype;
     let mut out = Vec::new();
-    let mut operand = |r: &RefAt, which: &str, out: &mut Vec<Stmt>| {
-        let v = names.fresh(which);
-        out.push(load(&v, r, span));
+    // Each operand as a value (a region loaded), widened to the accumulator's integers.
+    let mut operand = |a: &MmaLhs, which: &str, out: &mut Vec<Stmt>| {
+        let (v, shape) = match a {
+            MmaLhs::Ref(r) => {
+                let v = names.fresh(which);
+                out.push(load(&v, r, span));
+                (Operand::value(&v), analysis::region_shape(k.param(&r.name).expect("verified operand"), r.index.as_deref()))
+            }
+            MmaLhs::Value(v) => {
+                let Operand::Value(n) = v else { unreachable!("the verifier takes a value") };
+                (v.clone(), names.v.value_type(n).shape.clone())
+            }
+        };
         if dtype.is_float() || dtype == acc_dtype {
             return v;
         }
         let wide = names.fresh(&format!("{which}_wide"));
-        // The cast's annotation names the element type; the verifier fills in the shape.
-        let shape = analysis::region_shape(k.param(&r.name).expect("verified operand"), r.index.as_deref());
-        out.push(stmt(&wide, Op::Cast(Operand::value(&v)), Some(Type::array(acc_dtype, shape))));
-        wide
+        out.push(stmt(&wide, Op::Cast(v), Some(Type::array(acc_dtype, shape))));
+        Operand::value(&wide)
     };
-    let (x, y) = (operand(a, "mma_a", &mut out), operand(b, "mma_b", &mut out));
+    let x = operand(a, "mma_a", &mut out);
+    let y = operand(&MmaLhs::Ref(b.clone()), "mma_b", &mut out);
     let (c, d, e) = (names.fresh("mma_acc"), names.fresh("mma_product"), names.fresh("mma_sum"));
     out.push(load(&c, acc, span));
-    out.push(stmt(&d, Op::Dot { a: Operand::value(&x), b: Operand::value(&y), trans_a, trans_b }, None));
+    out.push(stmt(&d, Op::Dot { a: x, b: y, trans_a, trans_b }, None));
     out.push(stmt(&e, Op::Binary(BinaryOp::Add, Operand::value(&c), Operand::value(&d)), None));
     out.push(store(acc, &e, span));
     out

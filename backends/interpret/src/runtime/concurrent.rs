@@ -216,15 +216,20 @@ impl<'m, 'a> ProgramState<'m, 'a> {
                 self.write(dst, &v);
             }
             SyncInstr::Mma { acc, a, b, trans_a, trans_b } => {
-                let (ta, tb, tc) = (self.region_touch(a), self.region_touch(b), self.region_touch(acc));
-                shared.mma(
-                    t,
-                    [Touch { mem: a.mem.0, elements: &ta, write: false }, Touch { mem: b.mem.0, elements: &tb, write: false }],
-                    Touch { mem: acc.mem.0, elements: &tc, write: true },
-                    stmt,
-                );
+                let (tb, tc) = (self.region_touch(b), self.region_touch(acc));
+                let ta = a.as_ref().map(|a| (a.mem.0, self.region_touch(a)));
+                let mut operands = vec![Touch { mem: b.mem.0, elements: &tb, write: false }];
+                if let Ok((mem, elements)) = &ta {
+                    operands.insert(0, Touch { mem: *mem, elements, write: false });
+                }
+                shared.mma(t, &operands, Touch { mem: acc.mem.0, elements: &tc, write: true }, stmt);
                 let widen = |v: Val| if v.dtype.is_float() || v.dtype == acc.dtype { v } else { eval::cast(v.view(), acc.dtype) };
-                let (x, y) = (widen(self.read(a)), widen(self.read(b)));
+                let lhs = match a {
+                    Ok(a) => self.read(a),
+                    // A value: read where the product is issued, as registers are.
+                    Err(v) => self.get(v).clone(),
+                };
+                let (x, y) = (widen(lhs), widen(self.read(b)));
                 let product = eval::dot(&x, &y, *trans_a, *trans_b);
                 let sum = eval::binary(BinaryOp::Add, self.read(acc).view(), product.view());
                 self.write(acc, &sum);

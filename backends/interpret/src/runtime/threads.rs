@@ -495,7 +495,7 @@ impl<'p> Shared<'p> {
     }
 
     /// An `mma_async` by thread `t`: reads of `a` and `b`, a read and write of `acc`.
-    pub(super) fn mma(&self, t: usize, operands: [Touch<'_>; 2], acc: Touch<'_>, stmt: usize) {
+    pub(super) fn mma(&self, t: usize, operands: &[Touch<'_>], acc: Touch<'_>, stmt: usize) {
         let mut st = self.lock();
         let nb = st.barriers.len();
         let clock = st.threads[t].clock.clone();
@@ -503,7 +503,7 @@ impl<'p> Shared<'p> {
         st.threads[t].mmas += 1;
         let (op, seq) = (st.ops.len(), st.threads[t].mmas);
         st.ops.push(Op { issuer: t, clock, kind: Kind::Mma, stmt, barrier: None, channel: channel(t, nb, Channel::Mma), seq });
-        for x in &operands {
+        for x in operands {
             self.unfenced(&mut st, t, op, x, stmt);
             self.check(&mut st, Access { who: Who::Op(op), stmt }, x);
         }

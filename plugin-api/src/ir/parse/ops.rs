@@ -181,7 +181,10 @@ impl Parser<'_> {
             "mma_async" => {
                 let acc = self.ref_at("the accumulator scratch")?;
                 self.expect(Tok::Comma, "`,` and the left operand, as in `mma_async acc, a[0, :, :], b[0, :, :]`")?;
-                let a = self.ref_at("the scratch of the left operand")?;
+                let a = match self.peek() {
+                    Some(Tok::Value(_)) => MmaLhs::Value(self.operand()?),
+                    _ => MmaLhs::Ref(self.ref_at("the scratch of the left operand, or a value")?),
+                };
                 self.expect(Tok::Comma, "`,` and the right operand")?;
                 let b = self.ref_at("the scratch of the right operand")?;
                 let trans_a = self.eat_ident("trans_a");

@@ -63,9 +63,11 @@ impl Checker<'_> {
                 }
             }
             SyncOp::Mma { acc, a, b, trans_a, trans_b } => {
-                let (Some(c), Some(x), Some(y)) =
-                    (self.region(acc, true, span), self.region(a, false, span), self.region(b, false, span))
-                else {
+                let x = match a {
+                    MmaLhs::Ref(r) => self.region(r, false, span),
+                    MmaLhs::Value(v) => self.val(v, span, "the left operand of `mma_async`"),
+                };
+                let (Some(c), Some(x), Some(y)) = (self.region(acc, true, span), x, self.region(b, false, span)) else {
                     return;
                 };
                 let float = x.dtype.is_float();
