@@ -237,3 +237,39 @@ def test_wgpu_and_mosaic_gpu_refuse_the_warpgroups_in_their_words(monkeypatch):
     with pytest.raises(tessel.UnsupportedError) as e:
         k.lower("wgpu", mesh=t.mesh)
     assert "runs 3 threads per program that meet at barriers, which the wgpu backend does not schedule" in str(e.value)
+
+
+def _with_pallas_interpret(module, op):
+    """`op` with `module`'s `plgpu.kernel` in Pallas's own GPU interpret mode."""
+    params = pytest.importorskip("jax._src.pallas.mosaic_gpu.interpret.params", reason="this jax has no GPU interpret mode")
+    real = module.plgpu
+
+    def run(*args):
+        module.plgpu = types.SimpleNamespace(**{n: getattr(real, n) for n in dir(real) if not n.startswith("__")})
+        module.plgpu.kernel = lambda *a, **k: real.kernel(*a, **{**k, "interpret": params.InterpretGPUParams()})
+        try:
+            return op(*args)
+        finally:
+            module.plgpu = real
+
+    return run
+
+
+def test_the_matmul_and_the_ragged_dot_equal_pallas_gpu_interpret_mode_bit_for_bit(monkeypatch):
+    """The oracle where it runs (jax 0.10.2: these two ops): Pallas's GPU interpret mode, each
+    warpgroup a Python thread, gives the same bits as tessel's interpreter."""
+    config = hm.TuningConfig(tile_m=64, tile_n=64, tile_k=32, max_concurrent_steps=2, epi_tile_m=32, epi_tile_n=32)
+    a = RNG.standard_normal((128, 128)).astype(np.float16)
+    b = RNG.standard_normal((128, 256)).astype(np.float16)
+    matmul = traced(monkeypatch, lambda a, b: hm.matmul(a, b, None, config))
+    ours = tp.run(matmul, a, b, backend="interpret")
+    theirs = np.asarray(jax.jit(_with_pallas_interpret(hm, matmul))(a, b))
+    np.testing.assert_array_equal(ours, theirs, err_msg="hopper_matmul_mgpu")
+    lhs = RNG.standard_normal((256, 128)).astype(np.float16)
+    rhs = RNG.standard_normal((4, 128, 128)).astype(np.float16)
+    sizes = _groups(256, [64, 0, 128, 64])
+    ragged = traced(monkeypatch, lambda l, r, g: rd.ragged_dot(l, r, group_sizes=g, block_m=64, block_n=64, block_k=64,
+                                                              max_concurrent_steps=2, grid_block_n=1))
+    ours = tp.run(ragged, lhs, rhs, sizes, backend="interpret")
+    theirs = np.asarray(jax.jit(_with_pallas_interpret(rd, ragged))(lhs, rhs, sizes))
+    np.testing.assert_array_equal(ours, theirs, err_msg="ragged_dot_mgpu")
