@@ -28,7 +28,7 @@ pub(crate) fn lower(v: &Verified, fuse: bool) -> Program {
     let slots = v.values().len();
     let stmts = std::mem::take(&mut l.stmts);
     if !fuse || concurrent {
-        return Program { body, slots, stmts };
+        return Program { body, slots, stmts, concurrent };
     }
     let mut uses = HashMap::new();
     crate::fuse::count_uses(&body, &mut uses);
@@ -36,7 +36,7 @@ pub(crate) fn lower(v: &Verified, fuse: bool) -> Program {
     let mut uses = HashMap::new();
     crate::fuse::count_uses(&body, &mut uses);
     let body = crate::fuse::fuse(body, &crate::fuse::Facts { v, shapes: &l.shapes, uses: &uses });
-    Program { body, slots, stmts }
+    Program { body, slots, stmts, concurrent: false }
 }
 
 /// The line of each statement of `k` in its canonical text, by the statement's address: the

@@ -263,6 +263,9 @@ pub(crate) struct Program {
     /// For a kernel of the concurrent model, each checked statement as errors name it: its
     /// canonical text and its line in the kernel's canonical text (`tessel check`).
     pub stmts: Vec<String>,
+    /// Whether the kernel is of the concurrent model (`Kernel::is_concurrent`), decided once
+    /// when it is lowered: its programs run through `runtime/concurrent.rs`.
+    pub concurrent: bool,
 }
 
 impl Program {

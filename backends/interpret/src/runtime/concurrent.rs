@@ -137,11 +137,7 @@ impl<'m, 'a> ProgramState<'m, 'a> {
         shared: &'m Shared<'m>,
         t: usize,
     ) -> ProgramState<'m, 'a> {
-        let params = &m.kernel.kernel().params;
-        let cells = |p: &tessel_plugin_api::ir::Param| {
-            let n = params.iter().position(|q| q.name == p.name).expect("a parameter of the kernel");
-            Storage::Lent(scratch[n].as_deref().expect("scratch has cells"))
-        };
+        let cells = |n: usize, _: &_| Storage::Lent(scratch[n].as_deref().expect("scratch has cells"));
         ProgramState::with_scratch(m, cells, Some((shared, t)))
     }
 

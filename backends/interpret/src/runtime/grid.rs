@@ -78,7 +78,7 @@ pub(super) fn decode(mut n: u64, axes: &[usize], grid: &[LaunchAxis], point: &mu
 
 impl<'m, 'a> ProgramState<'m, 'a> {
     fn new(m: &'m Machine<'a>) -> ProgramState<'m, 'a> {
-        ProgramState::with_scratch(m, |p| Storage::zeros(p.ty.numel()), None)
+        ProgramState::with_scratch(m, |_, p| Storage::zeros(p.ty.numel()), None)
     }
 
     /// A state whose scratch arrays have the storage `storage` gives each (zeros of its own,
@@ -86,13 +86,12 @@ impl<'m, 'a> ProgramState<'m, 'a> {
     /// concurrent model where given.
     pub(super) fn with_scratch(
         m: &'m Machine<'a>,
-        mut storage: impl FnMut(&tessel_plugin_api::ir::Param) -> Storage<'m>,
+        mut storage: impl FnMut(usize, &tessel_plugin_api::ir::Param) -> Storage<'m>,
         threads: Option<(&'m super::threads::Shared<'m>, usize)>,
     ) -> ProgramState<'m, 'a> {
         let params = &m.kernel.kernel().params;
-        let scratch = params
-            .iter()
-            .map(|p| (p.kind == ParamKind::Scratch).then(|| Array { storage: storage(p), shape: p.ty.shape.clone(), dtype: p.ty.dtype }))
+        let scratch = (params.iter().enumerate())
+            .map(|(n, p)| (p.kind == ParamKind::Scratch).then(|| Array { storage: storage(n, p), shape: p.ty.shape.clone(), dtype: p.ty.dtype }))
             .collect();
         ProgramState {
             m,

@@ -99,7 +99,7 @@ impl<'a> Machine<'a> {
         // A program of the concurrent model shares its scratch among its threads and holds no
         // output block of its own: every access goes to memory (and is checked), one atomic at
         // a time.
-        let concurrent = kernel.kernel().is_concurrent();
+        let concurrent = program.concurrent;
         let resident = if concurrent { vec![false; params.len()] } else { resident };
         let own = (params.iter())
             .map(|p| !concurrent && (p.kind == ParamKind::Scratch || analysis::own_blocks(kernel.kernel(), grid, p)))
@@ -134,7 +134,7 @@ impl<'a> Machine<'a> {
 
     /// [`Machine::run_programs`], failing where the launch was cancelled before every program ran.
     fn run_all(&self) -> Result<(), LaunchError> {
-        if self.kernel.kernel().is_concurrent() {
+        if self.program.concurrent {
             let run = self.run_concurrent();
             // A cancelled launch stops its threads where they are: whatever they then report is
             // not the kernel's doing.

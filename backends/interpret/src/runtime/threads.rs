@@ -604,8 +604,7 @@ impl<'p> Shared<'p> {
             Who::Op(o) => {
                 let op = &st.ops[o];
                 let what = match op.kind {
-                    Kind::CopyRead => "the asynchronous copy",
-                    Kind::CopyWrite => "the asynchronous copy",
+                    Kind::CopyRead | Kind::CopyWrite => "the asynchronous copy",
                     Kind::Mma => "the asynchronous mma",
                 };
                 format!("{what} issued by {} at {}", self.names[op.issuer], self.stmts[a.stmt])
