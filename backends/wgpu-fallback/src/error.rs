@@ -92,15 +92,16 @@ pub enum Refusal {
         /// What the driver's budget leaves the kernel.
         room: u64,
     },
-    /// A kernel of the concurrent model with several threads per program.
-    #[error(
-        "kernel `{kernel}` runs {threads} threads per program that meet at barriers, which the wgpu backend does not schedule"
-    )]
+    /// A kernel of the concurrent model whose threads the backend does not schedule as one
+    /// (`ir::schedule`).
+    #[error("kernel `{kernel}` runs {threads} threads per program {why}, which the wgpu backend does not schedule")]
     Threads {
         /// The kernel.
         kernel: String,
         /// Threads per program.
         threads: u64,
+        /// How they run (`ir::schedule::Why`).
+        why: String,
     },
     /// A limit of this adapter (known only with the adapter).
     #[error("{what} needs {need}, more than this adapter's {limit_name} of {limit} ({adapter})")]

@@ -148,7 +148,9 @@ impl WgpuCompiler {
                 let v = verify_with_mesh(&c.kernel, spec.as_ref())?;
                 let v = match synchronous::synchronous(&v) {
                     Ok(lifted) => lifted.into_owned(),
-                    Err(threads) => return Err(Refusal::Threads { kernel: v.name().to_string(), threads }.into()),
+                    Err(u) => {
+                        return Err(Refusal::Threads { kernel: v.name().to_string(), threads: u.threads, why: u.why.to_string() }.into());
+                    }
                 };
                 let names: Vec<String> = v.grid().iter().map(|a| a.name.clone()).collect();
                 for m in &launch.external_meshes {

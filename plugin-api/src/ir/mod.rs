@@ -106,6 +106,7 @@ mod op_names;
 mod sync;
 pub mod parse;
 pub mod print;
+pub mod schedule;
 pub mod size;
 pub mod synchronous;
 mod values;

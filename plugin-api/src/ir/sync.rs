@@ -133,6 +133,28 @@ impl SyncOp {
         }
     }
 
+    /// [`SyncOp::operands`], to change.
+    pub fn operands_mut(&mut self) -> Vec<&mut Operand> {
+        let (barrier, lhs, regions): (Option<&mut BarrierAt>, Option<&mut Operand>, Vec<&mut RefAt>) = match self {
+            SyncOp::Arrive(b) | SyncOp::Wait(b) => (Some(b), None, Vec::new()),
+            SyncOp::Copy { dst, src, arrive } => (arrive.as_mut(), None, vec![src, dst]),
+            SyncOp::Mma { acc, a: MmaLhs::Ref(a), b, .. } => (None, None, vec![a, b, acc]),
+            SyncOp::Mma { acc, a: MmaLhs::Value(v), b, .. } => (None, Some(v), vec![b, acc]),
+            _ => (None, None, Vec::new()),
+        };
+        let mut out: Vec<&mut Operand> = barrier.map(|b| &mut b.index).into_iter().chain(lhs).collect();
+        for r in regions {
+            for ix in r.index.iter_mut().flatten() {
+                match ix {
+                    Index::Full => {}
+                    Index::Slice { start, .. } => out.push(start),
+                    Index::At(at) | Index::Gather { index: at, .. } => out.push(at),
+                }
+            }
+        }
+        out
+    }
+
     /// The values the statement reads: barrier indices and the starts of its regions' indices.
     pub fn operands(&self) -> Vec<&Operand> {
         let mut out: Vec<&Operand> = self.barrier().map(|b| &b.index).into_iter().collect();

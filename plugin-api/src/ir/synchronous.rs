@@ -10,34 +10,37 @@
 //! - `arrive`, `wait`, `fence`, `commit_copies`, `wait_copies` and `mma_wait` are dropped, and
 //!   so are the kernel's barriers.
 //!
-//! A kernel with a `thread` axis of more than one point is not rewritten ([`synchronous`] says
-//! so): its threads meet at barriers, and running them one after another could wait forever.
+//! A kernel with a `thread` axis of more than one point is first made one thread with its
+//! schedule compiled in ([`schedule::scheduled`]); [`synchronous`] says where it cannot be.
 
 use std::borrow::Cow;
 
 use super::legalize::Names;
+use super::schedule::{self, Unscheduled};
 use super::*;
 
-/// `v` with its asynchronous statements made synchronous; `v` itself where it has none. `Err`
-/// gives the size of a `thread` axis of more than one point.
-pub fn synchronous(v: &Verified) -> Result<Cow<'_, Verified>, u64> {
-    let k = v.kernel();
-    if let Some(a) = k.grid.iter().flatten().find(|a| a.thread && a.size != AxisSize::Fixed(1)) {
-        return Err(match a.size {
-            AxisSize::Fixed(n) => n,
-            AxisSize::Dyn => u64::MAX,
-        });
+/// `v` with its threads scheduled as one and its asynchronous statements made synchronous; `v`
+/// itself where it has neither.
+pub fn synchronous(v: &Verified) -> Result<Cow<'_, Verified>, Unscheduled> {
+    if let Some(kernel) = schedule::scheduled(v)? {
+        let one = verify::verify_derived(&kernel)
+            .unwrap_or_else(|d| panic!("kernel `{}` scheduled as one thread does not verify:\n{d}", v.name()));
+        return Ok(Cow::Owned(lifted(&one)));
     }
-    if !k.is_concurrent() {
+    if !v.kernel().is_concurrent() {
         return Ok(Cow::Borrowed(v));
     }
-    let mut kernel = k.clone();
+    Ok(Cow::Owned(lifted(v)))
+}
+
+/// `v`'s asynchronous statements made synchronous and its barriers dropped.
+fn lifted(v: &Verified) -> Verified {
+    let mut kernel = v.kernel().clone();
     kernel.barriers.clear();
     let mut names = Names::new(v);
     kernel.body = rewrite(std::mem::take(&mut kernel.body), &mut names);
-    let lifted = verify::verify_derived(&kernel)
-        .unwrap_or_else(|d| panic!("kernel `{}` made synchronous does not verify:\n{d}", v.name()));
-    Ok(Cow::Owned(lifted))
+    verify::verify_derived(&kernel)
+        .unwrap_or_else(|d| panic!("kernel `{}` made synchronous does not verify:\n{d}", v.name()))
 }
 
 fn rewrite(body: Vec<Stmt>, names: &mut Names<'_>) -> Vec<Stmt> {
