@@ -2,9 +2,10 @@
 //! kernels of `tests/concurrent/` run on the interpreter equal to products computed here in
 //! `f64`; mutations of them (a wait removed, a stage handed back before its product is waited
 //! for, a barrier that can never complete, a store not fenced before a copy reads it, two
-//! threads writing one element) are each refused with the statements named; wgpu runs a kernel
-//! of one thread per program made synchronous, and refuses one of several threads; Mosaic GPU
-//! refuses the model by name.
+//! threads writing one element) are each refused with the statements named; wgpu runs them made
+//! synchronous, several threads per program scheduled as one (`ir::schedule`, whose kernel the
+//! interpreter runs too, to the same results), and refuses threads through `seq` steps; Mosaic
+//! GPU refuses the model by name.
 
 mod common;
 
@@ -31,13 +32,33 @@ fn array(shape: &[usize], v: Vec<f32>) -> HostArray {
 
 /// Runs the kernel `text` on `backend` with `inputs`; its first output, or the error's text.
 fn run(backend: &str, text: &str, inputs: Vec<(&str, HostArray)>) -> Result<Vec<f32>, String> {
+    Ok(run_all(backend, text, inputs)?.remove(0))
+}
+
+/// Runs the kernel `text` on `backend` with `inputs`; its outputs in order, or the error's text.
+fn run_all(backend: &str, text: &str, inputs: Vec<(&str, HostArray)>) -> Result<Vec<Vec<f32>>, String> {
     let kernels = tessel::load_source("concurrent.tk", text).map_err(|e| e.to_string())?;
     let args = LaunchArgs { inputs: inputs.into_iter().map(|(n, a)| (n.to_string(), a)).collect(), grid: Default::default() };
-    let mut outs = tessel::run_kernel(backend, &kernels[0], &args).map_err(|e| e.to_string())?;
-    match outs.remove(0).1.data {
-        ArrayData::F32(v) => Ok(v),
-        other => panic!("an f32 output, not {other:?}"),
-    }
+    let outs = tessel::run_kernel(backend, &kernels[0], &args).map_err(|e| e.to_string())?;
+    Ok(outs
+        .into_iter()
+        .map(|(_, a)| match a.data {
+            ArrayData::F32(v) => v,
+            other => panic!("an f32 output, not {other:?}"),
+        })
+        .collect())
+}
+
+/// The kernel `text` as wgpu runs it: its threads scheduled as one, its asynchronous
+/// statements made synchronous (`ir::synchronous`), printed.
+fn as_one_thread(text: &str) -> String {
+    use tessel_plugin_api::ir;
+    let module = ir::parse(text).unwrap_or_else(|d| panic!("{d}"));
+    let v = ir::verify(&module.kernels[0]).unwrap_or_else(|d| panic!("{d}"));
+    let one = ir::synchronous::synchronous(&v).unwrap_or_else(|u| panic!("not scheduled: {u:?}"));
+    let k = one.kernel();
+    assert!(!k.is_concurrent() || k.grid.iter().flatten().all(|a| !a.thread || a.size == ir::AxisSize::Fixed(1)), "{k:?}");
+    ir::print_kernel(k)
 }
 
 fn assert_equal(what: &str, got: &[f32], want: &[f64]) {
@@ -80,10 +101,47 @@ fn a_staged_epilogue_of_one_thread_runs_on_the_interpreter_and_on_wgpu_made_sync
 }
 
 #[test]
-fn wgpu_refuses_threads_that_meet_at_barriers_and_mosaic_gpu_refuses_the_model_by_name() {
+fn the_pipeline_scheduled_as_one_thread_multiplies_on_the_interpreter_and_on_wgpu() {
+    let one = as_one_thread(&source("pipeline_matmul.tk"));
+    assert!(one.contains("  grid (wg: 1 thread)\n"), "the thread axis keeps its name with one point:\n{one}");
+    for line in one.lines().map(str::trim_start) {
+        for absent in ["barrier ", "wait ", "arrive ", "copy_async ", "mma_async "] {
+            assert!(!line.starts_with(absent), "`{line}` is left in the scheduled kernel:\n{one}");
+        }
+    }
+    let (inputs, want) = pipeline_inputs();
+    assert_equal("pipeline_matmul scheduled, on interpret", &run("interpret", &one, inputs).unwrap_or_else(|e| panic!("{e}\n{one}")), &want);
+    if wgpu_adapter("pipeline_matmul on wgpu").is_some() {
+        let (inputs, _) = pipeline_inputs();
+        let got = run("wgpu", &source("pipeline_matmul.tk"), inputs).unwrap_or_else(|e| panic!("{e}"));
+        assert_equal("pipeline_matmul on wgpu", &got, &want);
+    }
+}
+
+#[test]
+fn a_handoff_through_if_results_and_a_while_loop_keeps_its_values_across_waits_on_every_backend() {
+    let x = matrix(4, 16, 5);
+    let twice: Vec<f64> = x.iter().map(|v| 2.0 * f64::from(*v)).collect();
+    let total: Vec<f64> = (0..16).map(|c| (0..4).map(|r| twice[r * 16 + c]).sum()).collect();
+    let text = source("handoff.tk");
+    let mut runs = vec![("interpret", text.clone()), ("interpret, scheduled", as_one_thread(&text))];
+    if wgpu_adapter("handoff on wgpu").is_some() {
+        runs.push(("wgpu", text.clone()));
+    }
+    for (what, text) in runs {
+        let backend = what.split(',').next().expect("a backend");
+        let got = run_all(backend, &text, vec![("x", array(&[4, 16], x.clone()))]).unwrap_or_else(|e| panic!("{what}: {e}\n{text}"));
+        assert_equal(&format!("o of handoff on {what}"), &got[0], &twice);
+        assert_equal(&format!("total of handoff on {what}"), &got[1], &total);
+    }
+}
+
+#[test]
+fn wgpu_refuses_threads_through_seq_steps_and_mosaic_gpu_refuses_the_model_by_name() {
+    let text = mutated("pipeline_matmul.tk", "grid (wg: 3 thread)", "grid (s: 2 seq, wg: 3 thread)");
     let (inputs, _) = pipeline_inputs();
-    let e = run("wgpu", &source("pipeline_matmul.tk"), inputs).expect_err("wgpu does not schedule threads");
-    assert!(e.contains("runs 3 threads per program that meet at barriers, which the wgpu backend does not schedule"), "{e}");
+    let e = run("wgpu", &text, inputs).expect_err("wgpu does not schedule threads through seq steps");
+    assert!(e.contains("runs 3 threads per program each through the steps of `seq` axis `s` at its own pace"), "{e}");
     let (inputs, _) = epilogue_inputs();
     let e = run("mosaic-gpu", &source("staged_epilogue.tk"), inputs).expect_err("Mosaic GPU does not lower the model");
     assert!(e.contains("Unimplemented primitive in Mosaic GPU lowering: copy_async") || e.contains("unavailable"), "{e}");

@@ -205,6 +205,11 @@ fn every_wgpu_refusal_is_reached_with_its_words() {
         "huge",
         "kernel huge\n  in x: f32[4]\n  out o: f32[2147483647] block [4] at (0)\n{\n  %x = load x\n  store o, %x\n}\n",
     );
+    let seq_threads = kernel(
+        &dir,
+        "seq_threads",
+        "kernel seq_threads\n  grid (k: 2 seq, wg: 2 thread)\n  in x: f32[16]\n  out o: f32[16]\n{\n  %wg = program_id wg\n  %first = eq %wg, 0\n  when %first {\n    %x = load x\n    store o, %x\n  }\n}\n",
+    );
     let out = dir.path().join("out").display().to_string();
     let lower = |k: &str, flags: &[&str]| lower_on("wgpu", k, flags);
     let adapter = wgpu_adapter("every wgpu refusal: the adapter's limits");
@@ -253,8 +258,8 @@ fn every_wgpu_refusal_is_reached_with_its_words() {
         },
         Case {
             kind: K::Threads,
-            how: lower(&file("tests/concurrent/pipeline_matmul.tk"), &[]),
-            first: "kernel `pipeline_matmul` runs 3 threads per program that meet at barriers, which the wgpu backend does not schedule".into(),
+            how: lower(&seq_threads, &[]),
+            first: "kernel `seq_threads` runs 2 threads per program each through the steps of `seq` axis `k` at its own pace, which the wgpu backend does not schedule".into(),
         },
         Case {
             kind: K::Workspace,

@@ -1,10 +1,11 @@
 """JAX's own Mosaic GPU Pallas ops (`jax.experimental.pallas.ops.gpu.*_mgpu`, written with
 `plgpu.kernel`: shared memory, TMA copies, barriers, warp-specialized pipelines, `wgmma`),
-unchanged, inside `jax.jit` under `tessel.pallas.installed(...)`: on the interpreter each equals
-the op's own reference function (or `jnp`'s product where the op has none); mutations of their
-translations (a wait removed, a stage handed back before its product is waited for, a stage
-refilled while a product reads it) are each refused by the interpreter's race check; wgpu refuses
-their warpgroups in its words; Mosaic GPU refuses the model in Pallas's words.
+unchanged, inside `jax.jit` under `tessel.pallas.installed(...)`: on the interpreter and on wgpu
+(its warpgroups made one thread with the interpreter's schedule compiled in, `ir::schedule`) each
+equals the op's own reference function (or `jnp`'s product where the op has none); mutations of
+their translations (a wait removed, a stage handed back before its product is waited for, a stage
+refilled while a product reads it) are each refused by the interpreter's race check; Mosaic GPU
+refuses the model in Pallas's words.
 
 On the CPU the ops read an SM count and a CUDA version from a device that is not there: the tests
 give them (`cores`, `cuda_version`), never the ops."""
@@ -21,7 +22,7 @@ import jax.numpy as jnp
 import tessel
 from tessel import pallas as tp
 
-from pallas_common import needs_mpmd
+from pallas_common import backends, needs_mpmd
 
 pytestmark = needs_mpmd
 
@@ -85,12 +86,7 @@ def close(got, want, dtype, what):
     np.testing.assert_allclose(got, want, atol=2 * eps * scale, rtol=0, err_msg=what)
 
 
-@pytest.mark.parametrize("dtype", [np.float16, jnp.bfloat16], ids=["f16", "bf16"])
-@pytest.mark.parametrize("with_c", [False, True], ids=["ab", "ab+c"])
-@pytest.mark.parametrize("grid_minor_dim", list(hm.MatmulDimension), ids=str)
-@pytest.mark.parametrize("wg_dimension", list(hm.MatmulDimension), ids=str)
-@pytest.mark.parametrize("grid_tile_width", [1, 2])
-def test_hopper_matmul_runs_unchanged_on_the_interpreter(monkeypatch, dtype, with_c, grid_minor_dim, wg_dimension, grid_tile_width):
+def _matmul(monkeypatch, backend, dtype, with_c, grid_minor_dim, wg_dimension, grid_tile_width):
     config = hm.TuningConfig(tile_m=64, tile_n=64, tile_k=32, max_concurrent_steps=2, epi_tile_m=32, epi_tile_n=32,
                              grid_minor_dim=grid_minor_dim, wg_dimension=wg_dimension, grid_tile_width=grid_tile_width)
     a = RNG.standard_normal((128, 128)).astype(dtype)
@@ -99,43 +95,71 @@ def test_hopper_matmul_runs_unchanged_on_the_interpreter(monkeypatch, dtype, wit
     want = jnp.dot(a, b, preferred_element_type=jnp.float32) + (c.astype(np.float32) if with_c else 0)
     want = np.asarray(want.astype(dtype))
     op = traced(monkeypatch, lambda a, b, *c: hm.matmul(a, b, c[0] if c else None, config))
-    got = tp.run(op, a, b, *([c] if with_c else []), backend="interpret")
+    got = tp.run(op, a, b, *([c] if with_c else []), backend=backend)
     assert got.dtype == np.dtype(dtype)
-    close(got, want, dtype, "hopper_matmul_mgpu on interpret")
+    close(got, want, dtype, f"hopper_matmul_mgpu on {backend}")
 
 
 @pytest.mark.parametrize("dtype", [np.float16, jnp.bfloat16], ids=["f16", "bf16"])
-def test_hopper_mixed_type_matmul_equals_its_reference(monkeypatch, dtype):
+@pytest.mark.parametrize("with_c", [False, True], ids=["ab", "ab+c"])
+@pytest.mark.parametrize("grid_minor_dim", list(hm.MatmulDimension), ids=str)
+@pytest.mark.parametrize("wg_dimension", list(hm.MatmulDimension), ids=str)
+@pytest.mark.parametrize("grid_tile_width", [1, 2])
+def test_hopper_matmul_runs_unchanged_on_the_interpreter(monkeypatch, dtype, with_c, grid_minor_dim, wg_dimension, grid_tile_width):
+    _matmul(monkeypatch, "interpret", dtype, with_c, grid_minor_dim, wg_dimension, grid_tile_width)
+
+
+#: The matmul's settings on wgpu: an orthogonal array (the first five columns of L8), so every
+#: pair of values of any two settings is run, in 8 of the 32 launches.
+PAIRWISE = [(0, 0, 0, 0, 0), (0, 0, 0, 1, 1), (0, 1, 1, 0, 0), (0, 1, 1, 1, 1),
+            (1, 0, 1, 0, 1), (1, 0, 1, 1, 0), (1, 1, 0, 0, 1), (1, 1, 0, 1, 0)]
+
+
+@pytest.mark.parametrize("setting", PAIRWISE, ids=lambda s: "".join(map(str, s)))
+def test_hopper_matmul_runs_unchanged_on_wgpu(monkeypatch, setting):
+    if "wgpu" not in backends():
+        pytest.skip("wgpu has no adapter here")
+    d, c, g, w, t = setting
+    dims = list(hm.MatmulDimension)
+    _matmul(monkeypatch, "wgpu", [np.float16, jnp.bfloat16][d], bool(c), dims[g], dims[w], [1, 2][t])
+
+
+@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("dtype", [np.float16, jnp.bfloat16], ids=["f16", "bf16"])
+def test_hopper_mixed_type_matmul_equals_its_reference(monkeypatch, dtype, backend):
     config = hmx.TuningConfig(tile_m=64, tile_n=64, tile_k=32, max_concurrent_steps=2, epi_tile_m=32, epi_tile_n=32)
     a = RNG.integers(-100, 100, (128, 128)).astype(np.int8)
     b = RNG.standard_normal((128, 256)).astype(dtype)
     op = traced(monkeypatch, lambda a, b: hmx.mixed_matmul_kernel(a, b, out_dtype=dtype, config=config))
-    got = tp.run(op, a, b, backend="interpret")
-    close(got, hmx.reference(a, b, out_dtype=dtype), dtype, "hopper_mixed_type_matmul_mgpu on interpret")
+    got = tp.run(op, a, b, backend=backend)
+    close(got, hmx.reference(a, b, out_dtype=dtype), dtype, f"hopper_mixed_type_matmul_mgpu on {backend}")
 
 
 def _qkv(dtype, seq=128, heads=2, head_dim=64):
     return [RNG.standard_normal((1, seq, heads, head_dim)).astype(dtype) for _ in range(3)]
 
 
+@pytest.mark.parametrize("backend", backends())
 @pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])
-def test_attention_forward_equals_its_reference(monkeypatch, cuda_version, causal):
+def test_attention_forward_equals_its_reference(monkeypatch, cuda_version, causal, backend):
     config = am.TuningConfig(block_q=64, block_kv=64, max_concurrent_steps=2, causal=causal)
     q, k, v = _qkv(np.float16)
-    got = tp.run(traced(monkeypatch, lambda q, k, v: am.attention(q, k, v, config)), q, k, v, backend="interpret")
-    close(got, am.attention_reference(q, k, v, causal=causal), np.float16, "attention_mgpu on interpret")
+    got = tp.run(traced(monkeypatch, lambda q, k, v: am.attention(q, k, v, config)), q, k, v, backend=backend)
+    close(got, am.attention_reference(q, k, v, causal=causal), np.float16, f"attention_mgpu on {backend}")
 
 
-def test_attention_with_the_pipeline_emitter_equals_its_reference(monkeypatch, cuda_version):
+@pytest.mark.parametrize("backend", backends())
+def test_attention_with_the_pipeline_emitter_equals_its_reference(monkeypatch, cuda_version, backend):
     config = am.TuningConfig(block_q=64, block_kv=64, max_concurrent_steps=2)
     # f16: the op casts its probabilities to f16 whatever the inputs (a bf16 run fails in JAX).
     q, k, v = _qkv(np.float16)
     op = traced(monkeypatch, lambda q, k, v: am.attention_with_pipeline_emitter(q, k, v, config))
-    got = tp.run(op, q, k, v, backend="interpret")
-    close(got, am.attention_reference(q, k, v), np.float16, "attention_with_pipeline_emitter on interpret")
+    got = tp.run(op, q, k, v, backend=backend)
+    close(got, am.attention_reference(q, k, v), np.float16, f"attention_with_pipeline_emitter on {backend}")
 
 
-def test_attention_gradients_through_its_backward_kernels_equal_the_reference(monkeypatch, cuda_version):
+@pytest.mark.parametrize("backend", backends())
+def test_attention_gradients_through_its_backward_kernels_equal_the_reference(monkeypatch, cuda_version, backend):
     config = am.TuningConfig(block_q=64, block_kv=64, max_concurrent_steps=2,
                              block_q_dkv=64, block_kv_dkv=64, block_q_dq=64, block_kv_dq=64)
     q, k, v = _qkv(np.float16)
@@ -147,9 +171,9 @@ def test_attention_gradients_through_its_backward_kernels_equal_the_reference(mo
         return am.attention_reference(q, k, v).astype(jnp.float32).sum()
 
     grads = traced(monkeypatch, jax.grad(loss, argnums=(0, 1, 2)))
-    got = tp.run(grads, q, k, v, backend="interpret")
+    got = tp.run(grads, q, k, v, backend=backend)
     for name, g, r in zip("qkv", got, jax.grad(loss_ref, argnums=(0, 1, 2))(q, k, v)):
-        close(g, r, np.float16, f"d{name} of attention_mgpu on interpret")
+        close(g, r, np.float16, f"d{name} of attention_mgpu on {backend}")
 
 
 def _groups(m, sizes):
@@ -157,30 +181,32 @@ def _groups(m, sizes):
     return np.array(sizes, np.int32)
 
 
+@pytest.mark.parametrize("backend", backends())
 @pytest.mark.parametrize("transpose_rhs", [False, True], ids=["rhs", "rhs^T"])
-def test_ragged_dot_equals_a_product_per_group(monkeypatch, transpose_rhs):
+def test_ragged_dot_equals_a_product_per_group(monkeypatch, transpose_rhs, backend):
     lhs = RNG.standard_normal((256, 128)).astype(np.float16)
     rhs = RNG.standard_normal((4, 128, 128) if not transpose_rhs else (4, 128, 128)).astype(np.float16)
     sizes = _groups(256, [64, 0, 128, 64])
     op = traced(monkeypatch, lambda l, r, g: rd.ragged_dot(l, r, group_sizes=g, block_m=64, block_n=64, block_k=64,
                                                           max_concurrent_steps=2, grid_block_n=1, transpose_rhs=transpose_rhs))
-    got = tp.run(op, lhs, rhs, sizes, backend="interpret")
+    got = tp.run(op, lhs, rhs, sizes, backend=backend)
     want, start = np.zeros((256, 128), np.float32), 0
     for g, n in enumerate(sizes):
         r = rhs[g].T if transpose_rhs else rhs[g]
         want[start:start + n] = lhs[start:start + n].astype(np.float32) @ r.astype(np.float32)
         start += n
-    close(got, want.astype(np.float16), np.float16, "ragged_dot_mgpu on interpret")
+    close(got, want.astype(np.float16), np.float16, f"ragged_dot_mgpu on {backend}")
 
 
-def test_transposed_ragged_dot_equals_its_reference(monkeypatch):
+@pytest.mark.parametrize("backend", backends())
+def test_transposed_ragged_dot_equals_its_reference(monkeypatch, backend):
     lhs = RNG.standard_normal((256, 128)).astype(np.float16)
     rhs = RNG.standard_normal((256, 128)).astype(np.float16)
     sizes = _groups(256, [64, 0, 128, 64])
     op = traced(monkeypatch, lambda l, r, g: trd.transposed_ragged_dot(l, r, group_sizes=g, block_m=64, block_n=64, block_k=64,
                                                                        max_concurrent_steps=2, grid_block_n=1))
-    got = tp.run(op, lhs, rhs, sizes, backend="interpret")
-    close(got, trd.ref_transposed_ragged_dot(lhs, rhs, sizes), np.float16, "transposed_ragged_dot_mgpu on interpret")
+    got = tp.run(op, lhs, rhs, sizes, backend=backend)
+    close(got, trd.ref_transposed_ragged_dot(lhs, rhs, sizes), np.float16, f"transposed_ragged_dot_mgpu on {backend}")
 
 
 def _matmul_translation(monkeypatch):
@@ -228,15 +254,12 @@ def test_mutations_of_the_matmul_are_refused_by_the_race_check(monkeypatch):
         assert says in str(e.value), f"{what}: {e.value}"
 
 
-def test_wgpu_and_mosaic_gpu_refuse_the_warpgroups_in_their_words(monkeypatch):
+def test_mosaic_gpu_refuses_the_warpgroups_in_its_words(monkeypatch):
     t, a, b = _matmul_translation(monkeypatch)
     k = tessel.compile(t.text)
     with pytest.raises(tessel.UnsupportedError) as e:
         k.lower("mosaic-gpu", mesh=t.mesh)
     assert str(e.value).splitlines()[0] == "Unimplemented primitive in Mosaic GPU lowering: copy_async", str(e.value)
-    with pytest.raises(tessel.UnsupportedError) as e:
-        k.lower("wgpu", mesh=t.mesh)
-    assert "runs 3 threads per program that meet at barriers, which the wgpu backend does not schedule" in str(e.value)
 
 
 def _with_pallas_interpret(module, op):

@@ -75,7 +75,7 @@ impl fmt::Display for Why {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Why::SeveralAxes => f.write_str("over several thread axes"),
-            Why::Seq(axis) => write!(f, "through the steps of `seq` axis `{axis}`, each thread in its own order"),
+            Why::Seq(axis) => write!(f, "each through the steps of `seq` axis `{axis}` at its own pace"),
         }
     }
 }

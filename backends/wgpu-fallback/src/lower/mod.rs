@@ -338,8 +338,10 @@ impl Plan {
     /// How many adjacent elements of a value of `shape` an invocation owns together: in the
     /// row layout, whole rows of values whose rows are that long and single elements of others
     /// (so that row `r` of every value lives with invocation `r % wg`); otherwise [`Plan::group`].
+    /// A scalar is one element, owned alone: its loads and stores are one slot, not a group's.
     pub fn group_of(&self, shape: &[usize]) -> usize {
         match self.row_layout {
+            _ if shape.is_empty() => 1,
             Some((c, _)) if shape.len() >= 2 && shape.last() == Some(&c) => c,
             Some(_) => 1,
             None => self.group,
