@@ -10,16 +10,20 @@
 //! Each thread's body is cut at its **points**: its start, every `wait` (the thread stops
 //! there until the phase it waits for completes), the head of every loop holding a `wait`, and
 //! the join after every `when`/`if` holding one. The code from a point to the next is one
-//! **segment**; each thread's **program counter** (scratch `i32[T]`) says which point it is at.
-//! The rewritten body is
+//! **segment**, which gives the next point as a value; each thread's **program counter** says
+//! which point it is at (a value carried while the thread runs, scratch `i32[T]` between its
+//! turns). The rewritten body is
 //!
 //! ```text
-//! for %round = ... while %moved_and_some_thread_alive {
-//!   for %t = 0 to T {                       // each thread in turn,
-//!     for %step = ... while %ran_and_alive {  // running segments until it blocks or ends
-//!       %pc = load pc[%t]
-//!       when (eq %pc, 0) { <segment 0> }  ...  when (eq %pc, S) { <segment S> }
+//! %moved... = for %round = ... while %moved_and_some_thread_alive {
+//!   for %t = 0 to T iter (%moved) {           // each thread in turn,
+//!     %pc0 = load pc[%t]
+//!     for %step = ... iter (%pc = %pc0, ...) while %ran_and_alive {  // until it blocks or ends
+//!       %p0, %r0 = if (eq %pc, 0) { <segment 0> yield next, ran } else { yield %pc, false }
+//!       ...
+//!       %pS, %rS = if (eq %pc, S) { <segment S> yield next, ran } else { yield %pS-1, %rS-1 }
 //!     }
+//!     store pc[%t], ...
 //!   }
 //! }
 //! ```
@@ -105,7 +109,6 @@ pub fn scheduled(v: &Verified) -> Result<Option<Kernel>, Unscheduled> {
         axis: (pos, axis.name.clone()),
         threads,
         pc: String::new(),
-        flags: String::new(),
         t,
         counters: HashMap::new(),
         states: Vec::new(),
@@ -115,7 +118,6 @@ pub fn scheduled(v: &Verified) -> Result<Option<Kernel>, Unscheduled> {
         names,
     };
     s.pc = s.scratch("sched_pc", Type::array(DType::I32, [threads as usize]));
-    s.flags = s.scratch("sched_flags", Type::array(DType::I32, [2]));
     for b in &k.barriers {
         let c = Counters {
             phase: s.scratch(&format!("{}_phase", b.name), Type::array(DType::I32, [b.count])),
@@ -127,9 +129,8 @@ pub fn scheduled(v: &Verified) -> Result<Option<Kernel>, Unscheduled> {
     }
     let body = s.inline(&k.body);
     s.state(|s, _| {
-        let mut seg = vec![s.ran()];
-        seg.extend(s.run(&body, 0, &End::Top));
-        seg
+        let (code, next) = s.run(&body, 0, &End::Top);
+        Segment { code, next, ran: None }
     });
     let body = s.finish();
     let mut kernel = k.clone();
@@ -142,6 +143,14 @@ pub fn scheduled(v: &Verified) -> Result<Option<Kernel>, Unscheduled> {
     }
     kernel.body = body;
     Ok(Some(kernel))
+}
+
+/// The code from one point to the next: the value of the next point, and whether it ran (a
+/// value; `None`: it always does).
+struct Segment {
+    code: Vec<Stmt>,
+    next: String,
+    ran: Option<String>,
 }
 
 /// A barrier's counters: scratch names and its arrivals per phase.
@@ -169,14 +178,11 @@ struct Scheduler<'v> {
     threads: u64,
     /// The thread loop's variable.
     t: String,
-    /// Scratch `i32[T]`: each thread's point.
+    /// Scratch `i32[T]`: each thread's point between its turns.
     pc: String,
-    /// Scratch `i32[2]`: whether this step's segment ran (0), whether any thread moved in
-    /// this round (1).
-    flags: String,
     counters: HashMap<String, Counters>,
     /// Each state's segment (`None` while it is being written).
-    states: Vec<Option<Vec<Stmt>>>,
+    states: Vec<Option<Segment>>,
     /// A value's slot.
     slots: HashMap<String, String>,
     /// A loop result and the carried value whose slot it shares.
@@ -211,10 +217,6 @@ impl Scheduler<'_> {
         Operand::value(&r)
     }
 
-    fn when(&self, cond: Operand, body: Vec<Stmt>) -> Stmt {
-        self.stmt(&[], Op::When { cond, body }, None)
-    }
-
     fn thread(&self) -> Index {
         Index::At(Operand::value(&self.t))
     }
@@ -223,18 +225,31 @@ impl Scheduler<'_> {
         Operand::Lit(Literal::Int(v))
     }
 
-    /// `store pc[%t], state`.
-    fn go(&self, state: i64) -> Stmt {
-        self.store(&self.pc, vec![self.thread()], Self::lit(state))
+    /// `%c = full v : i32` (a `yield` takes values, not literals).
+    fn constant(&mut self, v: i64, out: &mut Vec<Stmt>) -> String {
+        let c = self.names.fresh(if v == DONE { "ended" } else { "point" });
+        out.push(self.stmt(&[&c], Op::Full(Literal::Int(v)), Some(Type::scalar(DType::I32))));
+        c
     }
 
-    /// Marks the step as having run.
-    fn ran(&self) -> Stmt {
-        self.store(&self.flags, vec![Index::At(Self::lit(0))], Self::lit(1))
+    /// `%b = full true|false : bool`.
+    fn flag(&mut self, v: bool, out: &mut Vec<Stmt>) -> String {
+        let b = self.names.fresh(if v { "yes" } else { "no" });
+        out.push(self.stmt(&[&b], Op::Full(Literal::Bool(v)), Some(Type::scalar(DType::Bool))));
+        b
+    }
+
+    /// `%r... = if %cond { then; yield then_values } else { els; yield else_values }`.
+    fn choose(&mut self, base: &str, cond: Operand, (mut then, a): (Vec<Stmt>, Vec<String>), (mut els, b): (Vec<Stmt>, Vec<String>)) -> (Stmt, Vec<String>) {
+        let results: Vec<String> = a.iter().map(|_| self.names.fresh(base)).collect();
+        then.push(self.stmt(&[], Op::Yield(a.iter().map(|v| Operand::value(v)).collect()), None));
+        els.push(self.stmt(&[], Op::Yield(b.iter().map(|v| Operand::value(v)).collect()), None));
+        let refs: Vec<&str> = results.iter().map(String::as_str).collect();
+        (self.stmt(&refs, Op::If(IfElse { cond, then, els }), None), results)
     }
 
     /// A new state whose segment `f` writes (given the state's number).
-    fn state(&mut self, f: impl FnOnce(&mut Self, i64) -> Vec<Stmt>) -> i64 {
+    fn state(&mut self, f: impl FnOnce(&mut Self, i64) -> Segment) -> i64 {
         let n = self.states.len();
         self.states.push(None);
         let seg = f(self, n as i64);
@@ -345,46 +360,47 @@ impl Scheduler<'_> {
         out.push(self.store(&phase, at(), Operand::value(&p2)));
     }
 
-    /// The code from `body[from]` on to the next point, where it sets the thread's point.
-    fn run(&mut self, body: &[Stmt], from: usize, end: &End) -> Vec<Stmt> {
+    /// The code from `body[from]` on to the next point, and the value it gives that point.
+    fn run(&mut self, body: &[Stmt], from: usize, end: &End) -> (Vec<Stmt>, String) {
         let mut out = Vec::new();
         for (n, s) in body.iter().enumerate().skip(from) {
             if !matches!(s.op, Op::Sync(SyncOp::Wait(_))) && !has_wait(s) {
                 match &s.op {
-                    Op::Yield(values) => self.ended(end, values, &mut out),
+                    Op::Yield(values) => {
+                        let next = self.ended(end, values, &mut out);
+                        return (out, next);
+                    }
                     _ => out.push(s.clone()),
                 }
                 continue;
             }
-            match &s.op {
+            let next = match &s.op {
                 Op::Sync(SyncOp::Wait(b)) => {
-                    let state = self.state(|me, _| me.wait(b, body, n, end));
-                    out.push(self.go(state));
+                    let state = self.state(|me, state| me.wait(b, state, body, n, end));
+                    self.constant(state, &mut out)
                 }
                 Op::When { cond, body: inner } => {
                     let join = self.state(|me, _| {
-                        let mut seg = vec![me.ran()];
-                        seg.extend(me.run(body, n + 1, end));
-                        seg
+                        let (code, next) = me.run(body, n + 1, end);
+                        Segment { code, next, ran: None }
                     });
-                    let taken = self.run(inner, 0, &End::Join(join, Vec::new()));
-                    out.push(self.when(cond.clone(), taken));
-                    let not = self.names.fresh("skip");
-                    out.push(self.stmt(&[&not], Op::Unary(UnaryOp::Not, cond.clone()), None));
-                    out.push(self.when(Operand::value(&not), vec![self.go(join)]));
+                    let (taken, a) = self.run(inner, 0, &End::Join(join, Vec::new()));
+                    let mut skipped = Vec::new();
+                    let b = self.constant(join, &mut skipped);
+                    let (stmt, next) = self.choose("point", cond.clone(), (taken, vec![a]), (skipped, vec![b]));
+                    out.push(stmt);
+                    next[0].clone()
                 }
                 Op::If(IfElse { cond, then, els }) => {
                     let join = self.state(|me, _| {
-                        let mut seg = vec![me.ran()];
-                        seg.extend(me.run(body, n + 1, end));
-                        seg
+                        let (code, next) = me.run(body, n + 1, end);
+                        Segment { code, next, ran: None }
                     });
-                    let then = self.run(then, 0, &End::Join(join, s.results.clone()));
-                    let els = self.run(els, 0, &End::Join(join, s.results.clone()));
-                    out.push(self.when(cond.clone(), then));
-                    let not = self.names.fresh("otherwise");
-                    out.push(self.stmt(&[&not], Op::Unary(UnaryOp::Not, cond.clone()), None));
-                    out.push(self.when(Operand::value(&not), els));
+                    let (then, a) = self.run(then, 0, &End::Join(join, s.results.clone()));
+                    let (els, b) = self.run(els, 0, &End::Join(join, s.results.clone()));
+                    let (stmt, next) = self.choose("point", cond.clone(), (then, vec![a]), (els, vec![b]));
+                    out.push(stmt);
+                    next[0].clone()
                 }
                 Op::For(l) => {
                     for (r, (carried, _)) in s.results.iter().zip(&l.iters) {
@@ -395,27 +411,25 @@ impl Scheduler<'_> {
                         self.keep(carried, init, &mut out);
                     }
                     let head = self.state(|me, head| me.head(l, head, body, n, end));
-                    out.push(self.go(head));
+                    self.constant(head, &mut out)
                 }
                 _ => unreachable!("only waits and bodies hold waits"),
-            }
-            return out;
+            };
+            return (out, next);
         }
-        if !matches!(body.last().map(|s| &s.op), Some(Op::Yield(_))) {
-            self.ended(end, &[], &mut out);
-        }
-        out
+        let next = self.ended(end, &[], &mut out);
+        (out, next)
     }
 
-    /// The end of a body: its `yield`ed values kept, the thread's next point set.
-    fn ended(&mut self, end: &End, values: &[Operand], out: &mut Vec<Stmt>) {
+    /// The end of a body: its `yield`ed values kept; the thread's next point.
+    fn ended(&mut self, end: &End, values: &[Operand], out: &mut Vec<Stmt>) -> String {
         match end {
-            End::Top => out.push(self.go(DONE)),
+            End::Top => self.constant(DONE, out),
             End::Join(join, results) => {
                 for (r, v) in results.iter().zip(values) {
                     self.keep(r, v, out);
                 }
-                out.push(self.go(*join));
+                self.constant(*join, out)
             }
             End::Loop { head, var, step, iters } => {
                 for (c, v) in iters.iter().zip(values) {
@@ -423,36 +437,43 @@ impl Scheduler<'_> {
                 }
                 let next = self.binary("next", BinaryOp::Add, Operand::value(var), step.clone(), out);
                 self.keep(var, &next, out);
-                out.push(self.go(*head));
+                self.constant(*head, out)
             }
         }
     }
 
-    /// The segment at `wait B[k]` (`body[at]`): once the phase has completed, the code after it.
-    fn wait(&mut self, b: &BarrierAt, body: &[Stmt], at: usize, end: &End) -> Vec<Stmt> {
+    /// The segment at `wait B[k]` (`body[at]`, state `state`): once the phase has completed,
+    /// the code after it; until then, the thread stays and has not run.
+    fn wait(&mut self, b: &BarrierAt, state: i64, body: &[Stmt], at: usize, end: &End) -> Segment {
         let c = &self.counters[&b.name];
         let (phase, seen) = (c.phase.clone(), c.seen.clone());
-        let mut out = Vec::new();
+        let mut code = Vec::new();
         let n = self.names.fresh("seen");
-        out.push(self.load(&n, &seen, vec![self.thread(), Index::At(b.index.clone())]));
+        code.push(self.load(&n, &seen, vec![self.thread(), Index::At(b.index.clone())]));
         let p = self.names.fresh("completed");
-        out.push(self.load(&p, &phase, vec![Index::At(b.index.clone())]));
-        let ok = self.compare("phase_reached", CmpOp::Lt, Operand::value(&n), Operand::value(&p), &mut out);
-        let mut passed = vec![self.ran()];
+        code.push(self.load(&p, &phase, vec![Index::At(b.index.clone())]));
+        let ok = self.compare("phase_reached", CmpOp::Lt, Operand::value(&n), Operand::value(&p), &mut code);
+        let mut passed = Vec::new();
         let n1 = self.binary("seen_next", BinaryOp::Add, Operand::value(&n), Self::lit(1), &mut passed);
         passed.push(self.store(&seen, vec![self.thread(), Index::At(b.index.clone())], n1));
-        passed.extend(self.run(body, at + 1, end));
-        out.push(self.when(ok, passed));
-        out
+        let (after, next) = self.run(body, at + 1, end);
+        passed.extend(after);
+        let went = self.flag(true, &mut passed);
+        let mut stays = Vec::new();
+        let here = self.constant(state, &mut stays);
+        let idle = self.flag(false, &mut stays);
+        let (stmt, r) = self.choose("waited", ok, (passed, vec![next, went]), (stays, vec![here, idle]));
+        code.push(stmt);
+        Segment { code, next: r[0].clone(), ran: Some(r[1].clone()) }
     }
 
-    /// The segment at the head of loop `l` (`body[at]`): a trip's code while `%i < hi` (and
-    /// its `while` flag), else the code after the loop.
-    fn head(&mut self, l: &ForLoop, head: i64, body: &[Stmt], at: usize, end: &End) -> Vec<Stmt> {
-        let mut out = vec![self.ran()];
-        let mut go = self.compare("trip", CmpOp::Lt, Operand::value(&l.var), l.hi.clone(), &mut out);
+    /// The segment at the head of loop `l` (`body[at]`, state `head`): a trip's code while
+    /// `%i < hi` (and its `while` flag), else the code after the loop.
+    fn head(&mut self, l: &ForLoop, head: i64, body: &[Stmt], at: usize, end: &End) -> Segment {
+        let mut code = Vec::new();
+        let mut go = self.compare("trip", CmpOp::Lt, Operand::value(&l.var), l.hi.clone(), &mut code);
         if let Some(flag) = &l.cond {
-            go = self.binary("trip_while", BinaryOp::And, go, Operand::value(flag), &mut out);
+            go = self.binary("trip_while", BinaryOp::And, go, Operand::value(flag), &mut code);
         }
         let back = End::Loop {
             head,
@@ -460,73 +481,87 @@ impl Scheduler<'_> {
             step: l.step.clone().unwrap_or(Self::lit(1)),
             iters: l.iters.iter().map(|(c, _)| c.clone()).collect(),
         };
-        let trip = self.run(&l.body, 0, &back);
-        out.push(self.when(go.clone(), trip));
-        let not = self.names.fresh("trips_done");
-        out.push(self.stmt(&[&not], Op::Unary(UnaryOp::Not, go), None));
-        let after = self.run(body, at + 1, end);
-        out.push(self.when(Operand::value(&not), after));
-        out
+        let (trip, a) = self.run(&l.body, 0, &back);
+        let (after, b) = self.run(body, at + 1, end);
+        let (stmt, next) = self.choose("point", go, (trip, vec![a]), (after, vec![b]));
+        code.push(stmt);
+        Segment { code, next: next[0].clone(), ran: None }
     }
 
     /// The scheduler around the segments, each segment's values from other segments loaded at
     /// its start and stored where they are defined.
     fn finish(&mut self) -> Vec<Stmt> {
-        let segments: Vec<Vec<Stmt>> = self.states.iter_mut().map(|s| s.take().expect("every state written")).collect();
-        // What each segment reads from elsewhere.
-        let imports: Vec<Vec<String>> = segments.iter().map(|seg| self.imported(seg)).collect();
+        let segments: Vec<Segment> = self.states.iter_mut().map(|s| s.take().expect("every state written")).collect();
+        // What each segment reads from elsewhere lives in a slot.
+        let imports: Vec<Vec<String>> = segments.iter().map(|seg| self.imported(&seg.code)).collect();
         let mut kept: HashSet<String> = HashSet::new();
         for v in imports.iter().flatten() {
-            let slot = self.slot(v);
+            self.slot(v);
             kept.insert(v.clone());
-            let _ = slot;
         }
+        // One step of thread `%t`: the segment at its point, which gives the next point and
+        // whether it ran (a `wait` whose phase has not completed does not).
+        let (pc, go, any) = (self.names.fresh("pc"), self.names.fresh("step_go"), self.names.fresh("ran_before"));
         let mut step = Vec::new();
-        step.push(self.store(&self.flags, vec![Index::At(Self::lit(0))], Self::lit(0)));
-        let pc = self.names.fresh("pc");
-        step.push(self.load(&pc, &self.pc.clone(), vec![self.thread()]));
-        for (n, (mut seg, imports)) in segments.into_iter().zip(imports).enumerate() {
-            self.stored(&mut seg, &kept);
+        let (mut next, mut ran) = (pc.clone(), self.flag(false, &mut step));
+        for (n, (seg, imports)) in segments.into_iter().zip(imports).enumerate() {
+            let Segment { mut code, next: seg_next, ran: seg_ran } = seg;
+            self.stored(&mut code, &kept);
             let mut renames = HashMap::new();
-            let mut loads = Vec::new();
+            let mut then = Vec::new();
             for v in imports {
                 let slot = self.slot(&v);
                 let local = self.names.fresh(&format!("{v}_{n}"));
                 let rank = self.names.v.value_type(self.aliases.get(&v).map_or(&v, |s| s)).shape.len();
-                loads.push(self.load(&local, &slot, self.slot_index(rank)));
+                then.push(self.load(&local, &slot, self.slot_index(rank)));
                 renames.insert(v, local);
             }
-            rename(&mut seg, &renames);
-            loads.extend(seg);
+            rename(&mut code, &renames);
+            then.extend(code);
+            let seg_ran = seg_ran.unwrap_or_else(|| self.flag(true, &mut then));
             let here = self.compare("at", CmpOp::Eq, Operand::value(&pc), Self::lit(n as i64), &mut step);
-            step.push(self.when(here, loads));
+            let (stmt, r) = self.choose("after", here, (then, vec![seg_next, seg_ran]), (Vec::new(), vec![next, ran]));
+            step.push(stmt);
+            (next, ran) = (r[0].clone(), r[1].clone());
         }
         // The thread runs on while its segment ran and it has not ended.
-        let ran = self.names.fresh("ran");
-        step.push(self.load(&ran, &self.flags.clone(), vec![Index::At(Self::lit(0))]));
-        let ran = self.compare("ran_any", CmpOp::Ne, Operand::value(&ran), Self::lit(0), &mut step);
-        let now = self.names.fresh("pc_now");
-        step.push(self.load(&now, &self.pc.clone(), vec![self.thread()]));
-        let alive = self.compare("running", CmpOp::Ne, Operand::value(&now), Self::lit(DONE), &mut step);
-        let again = self.binary("again", BinaryOp::And, ran.clone(), alive, &mut step);
-        step.push(self.when(ran, vec![self.store(&self.flags, vec![Index::At(Self::lit(1))], Self::lit(1))]));
-        step.push(self.stmt(&[], Op::Yield(vec![again]), None));
-        let steps = self.unbounded_loop("step", step);
+        let alive = self.compare("running", CmpOp::Ne, Operand::value(&next), Self::lit(DONE), &mut step);
+        let again = self.binary("again", BinaryOp::And, Operand::value(&ran), alive, &mut step);
+        let moved = self.binary("ran_since", BinaryOp::Or, Operand::value(&any), Operand::value(&ran), &mut step);
+        step.push(self.stmt(&[], Op::Yield(vec![Operand::value(&next), again, moved]), None));
+        // Each thread in turn, from its point to where it blocks or ends.
+        let (moved_before, first) = (self.names.fresh("moved_before"), self.names.fresh("first_pc"));
+        let mut turn = vec![self.load(&first, &self.pc.clone(), vec![self.thread()])];
+        let (start, none) = (self.flag(true, &mut turn), self.flag(false, &mut turn));
+        let (last, ran_turn) = (self.names.fresh("last_pc"), self.names.fresh("ran_turn"));
+        let steps = ForLoop {
+            var: self.names.fresh("step"),
+            lo: Self::lit(0),
+            hi: Self::lit(UNBOUNDED),
+            step: None,
+            iters: vec![(pc, Operand::value(&first)), (go.clone(), Operand::value(&start)), (any, Operand::value(&none))],
+            cond: Some(go),
+            body: step,
+        };
+        let stopped = self.names.fresh("stopped");
+        turn.push(self.stmt(&[&last, &stopped, &ran_turn], Op::For(steps), None));
+        turn.push(self.store(&self.pc.clone(), vec![self.thread()], Operand::value(&last)));
+        let moved = self.binary("moved_since", BinaryOp::Or, Operand::value(&moved_before), Operand::value(&ran_turn), &mut turn);
+        turn.push(self.stmt(&[], Op::Yield(vec![moved]), None));
+        // Rounds go on while some thread moved and some has not ended.
+        let mut round = Vec::new();
+        let nobody = self.flag(false, &mut round);
         let threads = ForLoop {
             var: self.t.clone(),
             lo: Self::lit(0),
             hi: Self::lit(self.threads as i64),
             step: None,
-            iters: Vec::new(),
+            iters: vec![(moved_before, Operand::value(&nobody))],
             cond: None,
-            body: steps,
+            body: turn,
         };
-        // Rounds go on while some thread moved and some has not ended.
-        let mut round = vec![self.store(&self.flags, vec![Index::At(Self::lit(1))], Self::lit(0))];
-        round.push(self.stmt(&[], Op::For(threads), None));
         let moved = self.names.fresh("moved");
-        round.push(self.load(&moved, &self.flags.clone(), vec![Index::At(Self::lit(1))]));
-        let moved = self.compare("moved_any", CmpOp::Ne, Operand::value(&moved), Self::lit(0), &mut round);
+        round.push(self.stmt(&[&moved], Op::For(threads), None));
         let pcs = self.names.fresh("pcs");
         round.push(self.stmt(&[&pcs], Op::Load { src: self.pc.clone(), index: None, mask: None, other: None }, None));
         let alive = self.compare("alive", CmpOp::Ne, Operand::value(&pcs), Self::lit(DONE), &mut round);
@@ -537,7 +572,7 @@ impl Scheduler<'_> {
         let reduce = Op::Reduce { op: ReduceOp::Max, arg: Operand::value(&count), axis: 0, keepdims: false };
         round.push(self.stmt(&[&most], reduce, None));
         let some = self.compare("some_alive", CmpOp::Ne, Operand::value(&most), Self::lit(0), &mut round);
-        let go = self.binary("go_on", BinaryOp::And, moved, some, &mut round);
+        let go = self.binary("go_on", BinaryOp::And, Operand::value(&moved), some, &mut round);
         round.push(self.stmt(&[], Op::Yield(vec![go]), None));
         self.unbounded_loop("round", round)
     }
