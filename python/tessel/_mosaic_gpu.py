@@ -326,25 +326,41 @@ def _set_max_registers(w, eqn) -> None:
 
 
 def get(w, eqn) -> None:
-    """`s[...]` of Mosaic GPU scratch."""
+    """`s[...]` of Mosaic GPU scratch (through a transposed view: loaded, then transposed)."""
     ts = w.transforms(eqn, eqn.params["tree"], eqn.invars[1:])
-    text, _, transposed = region(w, eqn, eqn.invars[0], ts)
-    if transposed:
-        raise w.refuse("a load through `plgpu.transpose_ref`", eqn, "transpose the value after loading it")
-    w.define(eqn.outvars[0], w.body.let(f"load {text}", _ty(eqn.outvars[0].aval, w.kernel, eqn)))
+    _define_loaded(w, eqn, eqn.invars[0], ts, eqn.outvars[0])
+
+
+class _Aval:
+    """A dtype and a shape, as `_ty` reads an aval."""
+
+    def __init__(self, dtype, shape):
+        self.dtype, self.shape = dtype, shape
+
+
+def _define_loaded(w, eqn, ref, transforms, out) -> None:
+    """`out` as a load of `ref`'s region, transposed where the view is (`plgpu.transpose_ref`)."""
+    text, selected, transposed = region(w, eqn, ref, transforms)
+    if not transposed:
+        w.define(out, w.body.let(f"load {text}", _ty(out.aval, w.kernel, eqn)))
+        return
+    loaded = w.body.let(f"load {text}", _ty(_Aval(out.aval.dtype, tuple(selected)), w.kernel, eqn))
+    w.define(out, w.body.let(f"transpose {loaded} perm (1, 0)", _ty(out.aval, w.kernel, eqn)))
 
 
 def swap(w, eqn) -> None:
-    """`s[...] = v` of Mosaic GPU scratch (and the value before, where the kernel reads it)."""
+    """`s[...] = v` of Mosaic GPU scratch (and the value before, where the kernel reads it);
+    through a transposed view, `v` transposed is stored."""
     ref, val = eqn.invars[:2]
     ts = w.transforms(eqn, eqn.params["tree"], eqn.invars[2:])
-    text, _, transposed = region(w, eqn, ref, ts)
-    if transposed:
-        raise w.refuse("a store through `plgpu.transpose_ref`", eqn, "transpose the value before storing it")
+    text, selected, transposed = region(w, eqn, ref, ts)
     old = eqn.outvars[0]
     if old in w.uses:
-        w.define(old, w.body.let(f"load {text}", _ty(old.aval, w.kernel, eqn)))
-    w.body.emit(f"store {text}, {w.value(val, eqn)}")
+        _define_loaded(w, eqn, ref, ts, old)
+    value = w.value(val, eqn)
+    if transposed:
+        value = w.body.let(f"transpose {value} perm (1, 0)", _ty(_Aval(val.aval.dtype, tuple(selected)), w.kernel, eqn))
+    w.body.emit(f"store {text}, {value}")
 
 
 @rule("layout_cast")
@@ -397,10 +413,7 @@ def _run_state(w, eqn) -> None:
 def _load(w, eqn) -> None:
     """`plgpu.load(ref, idx, layout=...)`: a load, in whatever layout."""
     ts = list(eqn.params["tree"].unflatten(eqn.invars[1:]))
-    text, _, transposed = region(w, eqn, eqn.invars[0], ts)
-    if transposed:
-        raise w.refuse("a load through `plgpu.transpose_ref`", eqn, "transpose the value after loading it")
-    w.define(eqn.outvars[0], w.body.let(f"load {text}", _ty(eqn.outvars[0].aval, w.kernel, eqn)))
+    _define_loaded(w, eqn, eqn.invars[0], ts, eqn.outvars[0])
 
 
 @rule("core_map", effect=True)
