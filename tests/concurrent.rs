@@ -124,7 +124,14 @@ fn a_handoff_through_if_results_and_a_while_loop_keeps_its_values_across_waits_o
     let twice: Vec<f64> = x.iter().map(|v| 2.0 * f64::from(*v)).collect();
     let total: Vec<f64> = (0..16).map(|c| (0..4).map(|r| twice[r * 16 + c]).sum()).collect();
     let text = source("handoff.tk");
-    let mut runs = vec![("interpret", text.clone()), ("interpret, scheduled", as_one_thread(&text))];
+    // The consumer's loop stepping by a value (`%wg` is 1 there): the schedule's loop head
+    // tests the step as the language does (a step that is not positive runs no trip).
+    let stepped = mutated("handoff.tk", "for %j = 0 to 4 iter", "for %j = 0 to 4 step %wg iter");
+    let mut runs = vec![
+        ("interpret", text.clone()),
+        ("interpret, scheduled", as_one_thread(&text)),
+        ("interpret, scheduled, stepped by a value", as_one_thread(&stepped)),
+    ];
     if wgpu_adapter("handoff on wgpu").is_some() {
         runs.push(("wgpu", text.clone()));
     }

@@ -472,6 +472,11 @@ impl Scheduler<'_> {
     fn head(&mut self, l: &ForLoop, head: i64, body: &[Stmt], at: usize, end: &End) -> Segment {
         let mut code = Vec::new();
         let mut go = self.compare("trip", CmpOp::Lt, Operand::value(&l.var), l.hi.clone(), &mut code);
+        if let Some(step @ Operand::Value(_)) = &l.step {
+            // A step that is not positive runs the body zero times (docs/language.md §8).
+            let forward = self.compare("trip_step", CmpOp::Gt, step.clone(), Self::lit(0), &mut code);
+            go = self.binary("trip_forward", BinaryOp::And, go, forward, &mut code);
+        }
         if let Some(flag) = &l.cond {
             go = self.binary("trip_while", BinaryOp::And, go, Operand::value(flag), &mut code);
         }
