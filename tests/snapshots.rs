@@ -108,3 +108,24 @@ fn errors_of_every_malformed_kernel() {
         snapshot("errors", &path, &err);
     }
 }
+
+/// The kernels of `tests/concurrent/` as wgpu runs them: several threads per program scheduled as
+/// one (`ir::schedule`), their asynchronous statements made synchronous (`ir::synchronous`), in
+/// `snapshots/schedule/` — the schedule read as the decision it is.
+#[test]
+fn the_schedule_compiled_into_every_concurrent_kernel() {
+    use tessel_plugin_api::ir;
+    let files = tk_files("tests/concurrent");
+    assert!(files.len() >= 3, "the concurrent kernels are missing");
+    for path in files {
+        let source = std::fs::read_to_string(&path).expect("readable");
+        let module = ir::parse(&source).unwrap_or_else(|d| panic!("{}: {d}", path.display()));
+        let v = ir::verify(&module.kernels[0]).unwrap_or_else(|d| panic!("{}: {d}", path.display()));
+        let one = ir::synchronous::synchronous(&v).unwrap_or_else(|u| panic!("{}: not scheduled: {u:?}", path.display()));
+        let text = ir::print_kernel(one.kernel());
+        // What wgpu runs is a kernel of the language: its text checks and prints back as itself.
+        let again = tessel::load_source("scheduled.tk", &text).unwrap_or_else(|e| panic!("{}: {e}\n{text}", path.display()));
+        assert_eq!(ir::print_kernel(again[0].kernel()), text, "{}: the scheduled text is not stable", path.display());
+        snapshot("schedule", &path, &text);
+    }
+}
