@@ -499,10 +499,8 @@ impl Scheduler<'_> {
         let segments: Vec<Segment> = self.states.iter_mut().map(|s| s.take().expect("every state written")).collect();
         // What each segment reads from elsewhere lives in a slot.
         let imports: Vec<Vec<String>> = segments.iter().map(|seg| self.imported(&seg.code)).collect();
-        let mut kept: HashSet<String> = HashSet::new();
         for v in imports.iter().flatten() {
             self.slot(v);
-            kept.insert(v.clone());
         }
         // One step of thread `%t`: the segment at its point, which gives the next point and
         // whether it ran (a `wait` whose phase has not completed does not).
@@ -511,7 +509,7 @@ impl Scheduler<'_> {
         let (mut next, mut ran) = (pc.clone(), self.flag(false, &mut step));
         for (n, (seg, imports)) in segments.into_iter().zip(imports).enumerate() {
             let Segment { mut code, next: seg_next, ran: seg_ran } = seg;
-            self.stored(&mut code, &kept);
+            self.stored(&mut code);
             let mut renames = HashMap::new();
             let mut then = Vec::new();
             for v in imports {
@@ -624,14 +622,14 @@ impl Scheduler<'_> {
         out
     }
 
-    /// Each definition of a value in `kept` followed by its store to the value's slot.
-    fn stored(&mut self, seg: &mut Vec<Stmt>, kept: &HashSet<String>) {
+    /// Each definition of a value that has a slot followed by its store to the slot.
+    fn stored(&mut self, seg: &mut Vec<Stmt>) {
         let mut out = Vec::with_capacity(seg.len());
         for mut s in std::mem::take(seg) {
             for b in s.op.bodies_mut() {
-                self.stored(b, kept);
+                self.stored(b);
             }
-            let defined: Vec<String> = s.results.iter().filter(|r| kept.contains(*r)).cloned().collect();
+            let defined: Vec<String> = s.results.iter().filter(|r| self.slots.contains_key(*r)).cloned().collect();
             out.push(s);
             for r in defined {
                 self.keep(&r, &Operand::value(&r), &mut out);
