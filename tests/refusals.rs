@@ -210,6 +210,13 @@ fn every_wgpu_refusal_is_reached_with_its_words() {
         "seq_threads",
         "kernel seq_threads\n  grid (k: 2 seq, wg: 2 thread)\n  in x: f32[16]\n  out o: f32[16]\n{\n  %wg = program_id wg\n  %first = eq %wg, 0\n  when %first {\n    %x = load x\n    store o, %x\n  }\n}\n",
     );
+    // A load, 16,383 `add`s and a store: one statement past the limit.
+    let adds: String = (1..16_384).map(|i| format!("  %v{i} = add %v{}, 1.0\n", i - 1)).collect();
+    let chain = kernel(
+        &dir,
+        "chain",
+        &format!("kernel chain\n  in x: f32[8]\n  out o: f32[8]\n{{\n  %v0 = load x\n{adds}  store o, %v16383\n}}\n"),
+    );
     let out = dir.path().join("out").display().to_string();
     let lower = |k: &str, flags: &[&str]| lower_on("wgpu", k, flags);
     let adapter = wgpu_adapter("every wgpu refusal: the adapter's limits");
@@ -247,6 +254,11 @@ fn every_wgpu_refusal_is_reached_with_its_words() {
             how: lower(&wide, &[]),
             first: "kernel `wide` has 4294967296 parallel programs, more than the 2147483648 the wgpu backend runs in one launch"
                 .into(),
+        },
+        Case {
+            kind: K::TooLong,
+            how: lower(&chain, &[]),
+            first: "kernel `chain` has 16385 statements, more than the 16384 the wgpu backend compiles (naga's shader compiler takes time quadratic in a function's length)".into(),
         },
         Case {
             kind: K::LoopBudget,

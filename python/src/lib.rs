@@ -32,25 +32,53 @@ use tessel_plugin_api::launch::MAX_AXIS_SIZE;
 use arrays::{Lent, fresh_outputs, lend, numpy_name};
 use interrupt::interruptible;
 
-/// The runtime every call shares, and the plugins `load_plugin` added (a new plugin makes a new
-/// runtime with all of them; launches in flight keep the one they started with).
+/// The runtimes calls share, by which plugins of `TESSEL_PLUGIN_PATH` they load, and the plugins
+/// `load_plugin` added (a new plugin makes new runtimes with all of them; launches in flight keep
+/// the one they started with). As in the CLI, a library on the path is loaded only by a call that
+/// may need it: a call naming a built-in backend loads none of them (one that crashes while
+/// loading cannot take down `interpret` or `wgpu`), a call naming a plugin's backend loads them
+/// in order until one provides it, `auto` and the list of backends load every one.
 struct State {
-    runtime: Option<Arc<Runtime>>,
+    runtimes: BTreeMap<Reach, Arc<Runtime>>,
     plugins: Vec<PathBuf>,
 }
 
-static STATE: RwLock<State> = RwLock::new(State { runtime: None, plugins: Vec::new() });
+/// Which plugins of `TESSEL_PLUGIN_PATH` a runtime loads.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Reach {
+    /// None: every built-in backend is there without them.
+    Builtins,
+    /// Those up to the one providing this backend.
+    Named(String),
+    /// All of them.
+    Every,
+}
 
-fn runtime() -> Result<Arc<Runtime>, Error> {
-    if let Some(rt) = STATE.read().ok().and_then(|s| s.runtime.clone()) {
+static STATE: RwLock<State> = RwLock::new(State { runtimes: BTreeMap::new(), plugins: Vec::new() });
+
+/// The runtime for a call on `backend` (a name, or `auto`).
+fn runtime(backend: &str) -> Result<Arc<Runtime>, Error> {
+    static BUILTINS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    let builtins = BUILTINS.get_or_init(|| tessel::registry::Registry::builtins().backends.iter().map(|b| b.name.clone()).collect());
+    let reach = match backend {
+        "auto" => Reach::Every,
+        b if builtins.iter().any(|n| n == b) => Reach::Builtins,
+        b => Reach::Named(b.to_string()),
+    };
+    if let Some(rt) = STATE.read().ok().and_then(|s| s.runtimes.get(&reach).cloned()) {
         return Ok(rt);
     }
     let mut s = STATE.write().map_err(|_| poisoned())?;
-    if let Some(rt) = &s.runtime {
+    if let Some(rt) = s.runtimes.get(&reach) {
         return Ok(Arc::clone(rt));
     }
-    let rt = Arc::new(Runtime::new(&s.plugins)?);
-    s.runtime = Some(Arc::clone(&rt));
+    let named = match &reach {
+        Reach::Builtins => builtins.first().map(String::as_str),
+        Reach::Named(b) => Some(b.as_str()),
+        Reach::Every => None,
+    };
+    let rt = Arc::new(Runtime::for_backend(&s.plugins, named)?);
+    s.runtimes.insert(reach, Arc::clone(&rt));
     Ok(rt)
 }
 
@@ -247,7 +275,7 @@ impl Kernel {
         // Without a backend named, no tuning record applies and no runtime is needed yet.
         let binding = match backend {
             "auto" => self.generic().bind(given, &BTreeMap::new(), shapes).map_err(Error::from)?,
-            b => runtime()?.bind(self.generic(), given, shapes, Some(b))?.0,
+            b => runtime(b)?.bind(self.generic(), given, shapes, Some(b))?.0,
         };
         let mut kept = self.specialized.lock().map_err(|_| poisoned())?;
         if let Some(v) = kept.get(&binding.values) {
@@ -378,7 +406,7 @@ impl Kernel {
             args.outputs.insert(n.clone(), BytesMut { ty: ty.clone(), bytes: w.as_slice_mut()?, keep: false });
         }
         let report = interruptible(py, || {
-            let rt = runtime()?;
+            let rt = runtime(how.backend)?;
             let (mesh, externals) = how.meshes(&rt)?;
             let calls = [KernelLaunch { kernel: &kernel, mesh: mesh.as_ref() }];
             let externals: Vec<&MeshBox> = externals.iter().collect();
@@ -538,7 +566,7 @@ impl Kernel {
         let how = Launch::new(backend, mesh, external_meshes, grid, params);
         detached(py, move || {
             let kernel = self.specialize(&how.params, &BTreeMap::new(), how.backend)?;
-            let rt = runtime()?;
+            let rt = runtime(backend)?;
             let (mesh, externals) = how.meshes(&rt)?;
             let externals: Vec<&MeshBox> = externals.iter().collect();
             let calls = [KernelLaunch { kernel: &kernel.0, mesh: mesh.as_ref() }];
@@ -596,7 +624,7 @@ impl Kernel {
 /// version, platform, available, reason, capabilities).
 #[pyfunction]
 fn backends(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
-    let text = detached(py, || Ok(tessel::cli::backends_json(&*runtime()?)))?;
+    let text = detached(py, || Ok(tessel::cli::backends_json(&*runtime("auto")?)))?;
     let report = py.import("json")?.call_method1("loads", (text,))?;
     report.get_item("backends")
 }
@@ -634,11 +662,12 @@ fn load_plugin(py: Python<'_>, path: PathBuf) -> PyResult<()> {
         if !plugins.contains(&path) {
             plugins.push(path);
         }
-        let rt = Runtime::new(&plugins)?;
+        // Loaded now, so that a plugin that fails is an error here; the path's plugins are not.
+        let rt = Runtime::for_backend(&plugins, Some("interpret"))?;
         GENERATION.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         ffi::forget();
         s.plugins = plugins;
-        s.runtime = Some(Arc::new(rt));
+        s.runtimes = BTreeMap::from([(Reach::Builtins, Arc::new(rt))]);
         Ok(())
     })
 }
@@ -709,7 +738,7 @@ fn _counts(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
 #[pyo3(signature = (text, backend = "auto", mesh = "", externals = ""))]
 fn _ffi_prepare(py: Python<'_>, text: &str, backend: &str, mesh: &str, externals: &str) -> PyResult<(String, Vec<String>)> {
     detached(py, || {
-        let p = ffi::prepared(&*runtime()?, text, backend, mesh, externals)?;
+        let p = ffi::prepared(&*runtime(backend)?, text, backend, mesh, externals)?;
         Ok((p.plan.backend().to_string(), p.plan.decisions().to_vec()))
     })
 }

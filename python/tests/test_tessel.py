@@ -10,6 +10,7 @@ executable) set; TESSEL_REQUIRE_ADAPTER=1 makes a missing wgpu adapter a failure
 import json
 import os
 import pathlib
+import shutil
 import signal
 import subprocess
 import textwrap
@@ -347,6 +348,38 @@ def test_a_plugin_loads_from_python_and_a_broken_one_is_an_error(tmp_path):
     assert str(plugin) in b["source"] and b["available"]
     x = RNG.standard_normal(1024, dtype=np.float32)
     np.testing.assert_array_equal(example("add")(x=x, y=x, backend="mybackend")["o"], x + x)
+
+
+def test_a_library_that_crashes_while_loading_takes_down_only_the_calls_that_load_it(tmp_path):
+    """A library on TESSEL_PLUGIN_PATH whose loading aborts the process: calls naming a built-in
+    backend never load it (in Python and inside `jax.jit`), as in the CLI; `auto`, which loads
+    every plugin, is the one call it takes down (a crash inside `dlopen` cannot be caught)."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler to build the library that crashes while loading")
+    src = tmp_path / "boom.c"
+    src.write_text("#include <stdlib.h>\n__attribute__((constructor)) static void boom(void) { abort(); }\n")
+    lib = tmp_path / "plugins" / "libtessel_boom.so"
+    lib.parent.mkdir()
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
+    code = """
+import sys, numpy as np, jax, tessel, tessel.jax as tj
+k = tessel.load(sys.argv[1])
+x = np.ones(1024, np.float32)
+for b in sys.argv[2:]:
+    assert float(k(x=x, y=x, backend=b)["o"][0]) == 2.0
+    assert float(jax.jit(lambda x: tj.call(sys.argv[1], x, x, backend=b))(x)[0]) == 2.0
+    print(b, "ok", flush=True)
+"""
+    env = dict(os.environ, TESSEL_PLUGIN_PATH=str(lib.parent), JAX_PLATFORMS="cpu")
+    run = lambda *backends: subprocess.run([os.sys.executable, "-c", code, str(EXAMPLES / "add.tk"), *backends],
+                                           capture_output=True, text=True, env=env, timeout=300)
+    builtins = ["interpret"] + (["wgpu"] if next(b for b in tessel.backends() if b["name"] == "wgpu")["available"] else [])
+    r = run(*builtins)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split("\n")[:-1] == [f"{b} ok" for b in builtins]
+    r = run("auto")
+    assert r.returncode == -signal.SIGABRT and "auto ok" not in r.stdout, (r.returncode, r.stdout, r.stderr[-2000:])
 
 
 def test_a_panic_in_a_plugin_is_a_tessel_error_and_the_interpreter_lives_on(monkeypatch):

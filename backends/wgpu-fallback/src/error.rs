@@ -4,7 +4,7 @@
 use tessel_plugin_api::abi::BackendError;
 use tessel_plugin_api::refusal::Refusal as Refuse;
 
-use crate::limits::{MAX_BLOCK_ELEMENTS, MAX_PROGRAMS, WORKSPACE_BUDGET};
+use crate::limits::{MAX_BLOCK_ELEMENTS, MAX_PROGRAMS, MAX_STATEMENTS, WORKSPACE_BUDGET};
 
 /// What works instead of a kernel past a driver's loop budget: the refusal's hint, and the
 /// runtime's where the module's own check finds the budget spent (`runtime.rs`).
@@ -69,6 +69,14 @@ pub enum Refusal {
         /// `parallel programs` or ``seq` steps per program``.
         what: &'static str,
     },
+    /// A kernel past the statements one shader compiles in reasonable time.
+    #[error("kernel `{kernel}` has {statements} statements, more than the {MAX_STATEMENTS} the wgpu backend compiles (naga's shader compiler takes time quadratic in a function's length)")]
+    TooLong {
+        /// The kernel.
+        kernel: String,
+        /// Its statements, nested ones included.
+        statements: usize,
+    },
     /// A workspace per program past one storage binding.
     #[error(
         "kernel `{kernel}` needs {bytes} bytes of workspace per program, more than the {WORKSPACE_BUDGET} of a storage binding"
@@ -130,6 +138,9 @@ impl Refuse for Refusal {
             Refusal::BlockTooLarge { .. } | Refusal::Workspace { .. } => "use smaller blocks".into(),
             Refusal::ArrayTooLarge { .. } => "split the array".into(),
             Refusal::TooManyPrograms { .. } => "use larger blocks, or split the launch".into(),
+            Refusal::TooLong { .. } => {
+                "run it on interpret, whose compile is linear in the kernel's length, or loop with `for` instead of unrolling".into()
+            }
             Refusal::LoopBudget { .. } => LOOP_BUDGET_HINT.into(),
             Refusal::Threads { .. } => {
                 "run it on interpret, which runs a program's threads deterministically and checks them for races".into()

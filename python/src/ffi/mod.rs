@@ -454,7 +454,7 @@ unsafe fn handle(frame: *mut CallFrame, platform: Platform) -> Result<(), Failur
         return Err(invalid("the custom call has no `text` attribute (the kernel)\n  call kernels through tessel.jax.call or tessel.pallas.install".into()));
     }
     let backend = if backend.is_empty() { "auto" } else { backend };
-    let rt = crate::runtime()?;
+    let rt = crate::runtime(backend)?;
     let p = prepared(&rt, text, backend, mesh, externals)?;
     let name = p.kernel.name();
     let kept = kept_outputs(keep, &p)?;

@@ -20,7 +20,7 @@ use tessel_plugin_api::launch::LaunchAxis;
 
 use crate::error::Refusal;
 use crate::limits::{
-    MAX_BLOCK_ELEMENTS, MAX_GROUPS, MAX_PROGRAMS, MAX_STAGED_WORDS, MAX_STORAGE_BINDINGS, MAX_WORKGROUP, WORKSPACE_BUDGET,
+    MAX_BLOCK_ELEMENTS, MAX_GROUPS, MAX_PROGRAMS, MAX_STATEMENTS, MAX_STAGED_WORDS, MAX_STORAGE_BINDINGS, MAX_WORKGROUP, WORKSPACE_BUDGET,
 };
 use values::{accumulating_dots, forwarded_loads, fused_reductions, inlined_values, row_forwarded};
 
@@ -176,6 +176,11 @@ pub fn plan_keeping(kernel: Verified, grid: Vec<LaunchAxis>, target: impl Into<T
         if n > MAX_PROGRAMS {
             return Err(Refusal::TooManyPrograms { kernel: k.name.clone(), count: n, what }.into());
         }
+    }
+    let mut statements = 0;
+    analysis::visit(&k.body, &mut |_| statements += 1);
+    if statements > MAX_STATEMENTS {
+        return Err(Refusal::TooLong { kernel: k.name.clone(), statements }.into());
     }
     let v = &kernel;
     let row_layout = row_layout(v).filter(|_| strategy == Strategy::Cpu);

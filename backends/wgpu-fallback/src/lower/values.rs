@@ -99,17 +99,18 @@ pub(super) fn fused_reductions(v: &Verified, row_layout: Option<(usize, u32)>) -
 
 /// Elementwise block values that need no private array: made by an elementwise operation and
 /// read once, at its own elements, by an elementwise operation or a whole `store` of the same body
-/// (so they are computed inside their reader's loop, element by element).
+/// (so they are computed inside their reader's loop, element by element). A chain of them is cut
+/// every [`INLINE_DEPTH`] links (that value is kept in its array): the writer reads an inlined
+/// value by writing its operands first, so an uncut chain of 100,000 `add`s would nest as deep.
 pub(super) fn inlined_values(v: &Verified) -> ValueSet {
-    fn walk(v: &Verified, body: &[Stmt], out: &mut ValueSet) {
-        let all = &v.kernel().body;
+    fn walk(v: &Verified, body: &[Stmt], readers: &analysis::Readers<'_>, depth: &mut ValueMap<usize>, out: &mut ValueSet) {
         for s in body {
             for b in s.op.bodies() {
-                walk(v, b, out);
+                walk(v, b, readers, depth, out);
             }
             let Some(x) = s.results.first().filter(|x| elementwise(&s.op) && !v.value_type(x).is_scalar()) else { continue };
-            let [r] = analysis::readers(all, x)[..] else { continue };
-            let in_body = body.iter().any(|t| std::ptr::eq(t, r));
+            let [r] = readers.of_value(x)[..] else { continue };
+            let in_body = body.as_ptr_range().contains(&(r as *const Stmt));
             let once = analysis::reads(&r.op).iter().filter(|n| **n == x.as_str()).count() == 1;
             let shape = &v.value_type(x).shape;
             let fits = match &r.op {
@@ -120,15 +121,25 @@ pub(super) fn inlined_values(v: &Verified) -> ValueSet {
                 }
                 op => elementwise(op) && r.results.first().is_some_and(|y| &v.value_type(y).shape == shape),
             };
-            if in_body && once && fits {
+            // Links of inlined values behind this one, itself included.
+            let links = 1 + (analysis::reads(&s.op).iter())
+                .filter_map(|n| depth.get(v.id(n)).copied())
+                .max()
+                .unwrap_or(0);
+            if in_body && once && fits && links <= INLINE_DEPTH {
                 out.insert(v.id(x));
+                depth.insert(v.id(x), links);
             }
         }
     }
     let mut out = ValueSet::new();
-    walk(v, &v.kernel().body, &mut out);
+    let body = &v.kernel().body;
+    walk(v, body, &analysis::Readers::of(body), &mut ValueMap::new(), &mut out);
     out
 }
+
+/// The most inlined values read through one another (see [`inlined_values`]).
+pub(super) const INLINE_DEPTH: usize = 64;
 
 /// `dot`s whose result is added into a [`resident`](analysis::resident) output and stored back
 /// (`%acc = load c`, `%s = add %acc, %p`, `store c, %s`, each value read once, nothing else
