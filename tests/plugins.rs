@@ -340,8 +340,8 @@ fn as_root() -> bool {
     text(&out.stdout).trim() == "0"
 }
 
-/// A plugin that any user could have replaced (the file, or a folder above it without the
-/// sticky bit, writable by every user) is refused as root, as `ssh` refuses such a key, and
+/// A plugin that another user could have replaced (the file, or a folder above it without the
+/// sticky bit, writable by its group or every user) is refused as root, as `ssh` refuses such a key, and
 /// loaded with a warning for any other user (it used to be loaded silently).
 #[test]
 fn a_plugin_any_user_may_write_is_refused_as_root() {
@@ -349,17 +349,20 @@ fn a_plugin_any_user_may_write_is_refused_as_root() {
     let dir = plugin_copy("libtessel_interpret.so");
     let file = dir.path().join("libtessel_interpret.so");
     let chmod = |p: &Path, mode| std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
-    for (what, writable, fix) in [
-        ("the file is writable by every user", &file, &file),
-        ("its folder", &dir.path().to_path_buf(), &dir.path().to_path_buf()),
+    let folder = dir.path().to_path_buf();
+    for (what, writable, fix, bad, good) in [
+        ("the file is writable by every user", &file, &file, 0o666, 0o644),
+        ("the file is writable by its group (gid ", &file, &file, 0o664, 0o644),
+        ("its folder", &folder, &folder, 0o777, 0o700),
+        ("is writable by its group (gid ", &folder, &folder, 0o770, 0o700),
     ] {
-        chmod(writable, if writable == &file { 0o666 } else { 0o777 });
+        chmod(writable, bad);
         let out = tessel(&["--plugin", file.to_str().unwrap(), "backends"], None, &[]);
         if as_root() {
             assert_refused(
                 &out,
                 "libtessel_interpret.so",
-                &["is not loaded: ", what, &format!("chmod o-w {}", fix.canonicalize().unwrap().display())],
+                &["is not loaded: ", what, &format!("chmod go-w {}", fix.canonicalize().unwrap().display())],
             );
             // From TESSEL_PLUGIN_PATH it is listed as a failed plugin, and named where its
             // backend is asked for.
@@ -376,7 +379,7 @@ fn a_plugin_any_user_may_write_is_refused_as_root() {
             assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
             assert!(text(&out.stderr).contains("warning: plugin") && text(&out.stderr).contains(what), "{}", text(&out.stderr));
         }
-        chmod(writable, if writable == &file { 0o644 } else { 0o700 });
+        chmod(writable, good);
     }
     let out = tessel(&["--plugin", file.to_str().unwrap(), "backends"], None, &[]);
     assert_eq!(out.status.code(), Some(0), "owner-only again: {}", text(&out.stderr));

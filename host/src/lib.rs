@@ -220,6 +220,16 @@ pub fn load_file(path: &Path) -> Result<Vec<Verified>> {
     load_source(&path.display().to_string(), &read_kernel_text(path)?)
 }
 
+/// Kernel text given whole (`tessel.compile`, the FFI handler's attribute) holds to the limit of
+/// a kernel file, [`limits::KERNEL_FILE`].
+fn within_limit(name: &str, text: &str) -> Result<()> {
+    let size = text.len() as u64;
+    if size > limits::KERNEL_FILE {
+        return Err(Error::TooLarge { path: PathBuf::from(name), source: limits::TooLarge { size: Some(size), limit: limits::KERNEL_FILE } });
+    }
+    Ok(())
+}
+
 /// The text of a kernel file, at most [`limits::KERNEL_FILE`] bytes of UTF-8.
 pub fn read_kernel_text(path: &Path) -> Result<String> {
     limits::read_to_string(path, limits::KERNEL_FILE).map_err(|source| match limits::too_large(&source) {
@@ -231,6 +241,7 @@ pub fn read_kernel_text(path: &Path) -> Result<String> {
 /// Parses and verifies `.tk` text named `name` in messages. A generic kernel takes its defaults
 /// (one without is an error); its errors name them.
 pub fn load_source(name: &str, source: &str) -> Result<Vec<Verified>> {
+    within_limit(name, source)?;
     let render = |d: ir::Diagnostics| Error::Kernel(d.render(name, source));
     // Two kernels of one name are reported by the verifier, with everything else.
     let generic = ir::generic::has_parameters(source).then(|| Source::parse(source).ok()).flatten();
@@ -277,6 +288,7 @@ pub fn read_kernels(path: &Path) -> Result<KernelFile> {
 
 /// Parses `.tk` text named `name` in messages (see [`read_kernels`]).
 pub fn parse_kernels(name: &str, text: &str) -> Result<KernelFile> {
+    within_limit(name, text)?;
     let source = Source::parse(text).map_err(|d| Error::Kernel(d.render(name, text)))?;
     Ok(KernelFile { name: name.to_string(), source })
 }

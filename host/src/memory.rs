@@ -124,7 +124,7 @@ pub fn check(what: impl FnOnce() -> String, need: Need) -> crate::Result<()> {
 /// handler ask.
 pub fn outputs_fit(kernels: &[&Verified]) -> crate::Result<()> {
     let need = Need { inputs: 0, ..Need::of(kernels, threads()) };
-    check(|| format!("the outputs of `{}`", kernels.iter().map(|k| k.name()).collect::<Vec<_>>().join("`, `")), need)
+    check(|| format!("making the outputs of `{}`", kernels.iter().map(|k| k.name()).collect::<Vec<_>>().join("`, `")), need)
 }
 
 /// The threads that run programs at once: the interpreter's pool, rayon's global one. rayon

@@ -118,7 +118,7 @@ pub enum PluginError {
         path: PathBuf,
     },
     /// A plugin that any user could have replaced, refused when running as root.
-    #[error("plugin `{}` is not loaded: {why}, so any user could have put code there that would run as root\n  make it writable only by its owner (`chmod o-w {}`), or load it as another user", path.display(), fix.display())]
+    #[error("plugin `{}` is not loaded: {why}, so another user could have put code there that would run as root\n  make it writable only by its owner (`chmod go-w {}`), or load it as another user", path.display(), fix.display())]
     WorldWritable {
         /// The path.
         path: PathBuf,
@@ -273,31 +273,41 @@ impl Registry {
     }
 }
 
-/// Whether a user other than the owner could have replaced the plugin: the file writable by
-/// every user, or one of its folders writable by every user without the sticky bit (which `/tmp`
+/// Whether a user other than the owner could have replaced the plugin: the file writable by its
+/// group or every user, or one of its folders so writable without the sticky bit (which `/tmp`
 /// has: there only a file's owner may replace it). As `ssh` treats a key, such a plugin is refused
 /// when running as root (its code would run as root); for any other user it is loaded with a
 /// warning (returned).
 fn check_writers(path: &Path, canonical: &Path) -> Result<Option<String>, PluginError> {
-    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
     const OTHERS_WRITE: u32 = 0o002;
+    const GROUP_WRITE: u32 = 0o020;
     const STICKY: u32 = 0o1000;
-    let mode = |p: &Path| std::fs::metadata(p).map(|m| m.permissions().mode()).unwrap_or(0);
-    let found = if mode(canonical) & OTHERS_WRITE != 0 {
-        Some(("the file is writable by every user".to_string(), canonical.to_path_buf()))
+    let meta = |p: &Path| std::fs::metadata(p).map(|m| (m.permissions().mode(), m.gid())).unwrap_or((0, 0));
+    // Who besides the owner may write `p`, where someone may.
+    let writers = |p: &Path| {
+        let (mode, gid) = meta(p);
+        if mode & OTHERS_WRITE != 0 {
+            Some("every user".to_string())
+        } else if mode & GROUP_WRITE != 0 {
+            Some(format!("its group (gid {gid})"))
+        } else {
+            None
+        }
+    };
+    let found = if let Some(who) = writers(canonical) {
+        Some((format!("the file is writable by {who}"), canonical.to_path_buf()))
     } else {
-        canonical
-            .ancestors()
-            .skip(1)
-            .find(|d| mode(d) & (OTHERS_WRITE | STICKY) == OTHERS_WRITE)
-            .map(|d| (format!("its folder `{}` is writable by every user (and not sticky)", d.display()), d.to_path_buf()))
+        (canonical.ancestors().skip(1))
+            .find_map(|d| writers(d).filter(|_| meta(d).0 & STICKY == 0).map(|who| (d, who)))
+            .map(|(d, who)| (format!("its folder `{}` is writable by {who} (and not sticky)", d.display()), d.to_path_buf()))
     };
     let Some((why, fix)) = found else { return Ok(None) };
     if running_as_root() {
         return Err(PluginError::WorldWritable { path: path.to_path_buf(), why, fix });
     }
     Ok(Some(format!(
-        "plugin `{}` is loaded although {why}: any user could have put code there; `chmod o-w {}` (as root it would be refused)",
+        "plugin `{}` is loaded although {why}: another user could have put code there; `chmod go-w {}` (as root it would be refused)",
         path.display(),
         fix.display()
     )))

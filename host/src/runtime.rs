@@ -151,7 +151,7 @@ impl Runtime {
             let failed: String =
                 self.registry.failed.iter().map(|f| format!("\n  not loaded: {}", first_line(&f.error.to_string()))).collect();
             Error::UnknownBackend {
-                name: name.to_string(),
+                name: tessel_plugin_api::clip::clip(name).into_owned(),
                 suggestion: close.map(|n| format!("; did you mean `{n}`?")).unwrap_or_default(),
                 available: available + &failed,
             }

@@ -6,6 +6,7 @@ pub mod abi;
 pub mod array;
 pub mod backend;
 pub mod cancel;
+pub mod clip;
 pub mod ir;
 pub mod launch;
 pub mod libm;

@@ -48,7 +48,8 @@ pub struct MeshSpec {
 /// A mesh text that does not parse.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "bad mesh `{text}`: {why}\n  expected KIND(NAME: SIZE [cluster|thread], ...), such as `grid(i: 4, j: 2)` or `mosaic_gpu(i: 4, c: 2 cluster, wg: 2 thread)`"
+    "bad mesh `{}`: {why}\n  expected KIND(NAME: SIZE [cluster|thread], ...), such as `grid(i: 4, j: 2)` or `mosaic_gpu(i: 4, c: 2 cluster, wg: 2 thread)`",
+    crate::clip::clip(text)
 )]
 pub struct MeshParseError {
     /// The text given.
@@ -56,6 +57,10 @@ pub struct MeshParseError {
     /// What is wrong with it.
     pub why: String,
 }
+
+/// The most axes a mesh has: far past any machine's (a mesh's programs are the product of its
+/// sizes), and few enough that a message naming the mesh stays readable.
+pub const MAX_MESH_AXES: usize = 64;
 
 fn is_name(s: &str) -> bool {
     let mut c = s.chars();
@@ -65,7 +70,7 @@ fn is_name(s: &str) -> bool {
 impl MeshSpec {
     /// Parses `KIND(NAME: SIZE [cluster|thread], ...)`.
     pub fn parse(text: &str) -> Result<MeshSpec, MeshParseError> {
-        let err = |why: String| MeshParseError { text: text.to_string(), why };
+        let err = |why: String| MeshParseError { text: text.to_string(), why: crate::clip::clip(&why).into_owned() };
         let t = text.trim();
         let open = t.find('(').ok_or_else(|| err("there is no `(` after the kind".into()))?;
         let kind = t[..open].trim();
@@ -74,7 +79,12 @@ impl MeshSpec {
         }
         let inner = t[open + 1..].strip_suffix(')').ok_or_else(|| err("it does not end with `)`".into()))?;
         let mut axes: Vec<MeshAxis> = Vec::new();
-        for part in inner.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let parts = inner.split(',').map(str::trim).filter(|p| !p.is_empty());
+        let count = parts.clone().count();
+        if count > MAX_MESH_AXES {
+            return Err(err(format!("it has {count} axes, more than the {MAX_MESH_AXES} a mesh may have")));
+        }
+        for part in parts {
             let (name, rest) = part.split_once(':').ok_or_else(|| err(format!("axis `{part}` has no `: SIZE`")))?;
             let name = name.trim();
             if !is_name(name) {
@@ -136,6 +146,17 @@ mod tests {
         assert_eq!(m.to_string(), "mosaic_gpu(i: 4, j: 2, c: 2 cluster, wg: 2 thread)");
         assert_eq!(m.axes_of(AxisRole::Cluster).count(), 1);
         assert_eq!(MeshSpec::parse("grid()").expect("empty").axes.len(), 0);
+    }
+
+    #[test]
+    fn a_mesh_of_too_many_axes_is_refused_and_quoted_short() {
+        let axes = |n: usize| (0..n).map(|i| format!("a{i}: 1")).collect::<Vec<_>>().join(", ");
+        assert!(MeshSpec::parse(&format!("grid({})", axes(MAX_MESH_AXES))).is_ok());
+        let text = format!("grid({})", axes(10_000));
+        let e = MeshSpec::parse(&text).expect_err("10,000 axes");
+        assert_eq!(e.why, "it has 10000 axes, more than the 64 a mesh may have");
+        let shown = e.to_string();
+        assert!(shown.len() < 600 && shown.contains(&format!("({} bytes in all)", text.len())), "{shown}");
     }
 
     #[test]

@@ -28,6 +28,7 @@ use tessel_plugin_api::ir::generic::Generic;
 use tessel_plugin_api::ir::size::SizeExpr;
 use tessel_plugin_api::ir::{ArgDecl, ParamKind, Type, Verified};
 use tessel_plugin_api::launch::MAX_AXIS_SIZE;
+use tessel_plugin_api::clip::clip;
 
 use arrays::{Lent, fresh_outputs, lend, numpy_name};
 use interrupt::interruptible;
@@ -154,13 +155,28 @@ fn raise(py: Python<'_>, f: Failure) -> PyErr {
     build().unwrap_or_else(|e| e)
 }
 
-/// Runs `f` without the GIL; a panic inside becomes a [`Failure::Panic`].
+/// Runs `f` without the GIL; a panic inside becomes a [`Failure::Panic`]. What `f` warned of
+/// ([`warn_later`]) is then a Python `UserWarning`, as the CLI's `warning:` lines.
 fn detached<T: Send>(py: Python<'_>, f: impl FnOnce() -> Result<T, Failure> + Send) -> PyResult<T> {
-    py.detach(|| match catch_unwind(AssertUnwindSafe(f)) {
+    let r = py.detach(|| match catch_unwind(AssertUnwindSafe(f)) {
         Ok(r) => r,
         Err(p) => Err(Failure::Panic(panic_message(&*p))),
-    })
-    .map_err(|f| raise(py, f))
+    });
+    for w in WARNINGS.with_borrow_mut(std::mem::take) {
+        let text = std::ffi::CString::new(w.replace('\0', " ")).expect("no NUL left");
+        PyErr::warn(py, &py.get_type::<pyo3::exceptions::PyUserWarning>(), &text, 1)?;
+    }
+    r.map_err(|f| raise(py, f))
+}
+
+thread_local! {
+    /// Warnings of the work [`detached`] runs on this thread, raised when it returns.
+    static WARNINGS: std::cell::RefCell<Vec<String>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// A warning for the Python caller of the [`detached`] work running on this thread.
+fn warn_later(warning: String) {
+    WARNINGS.with_borrow_mut(|w| w.push(warning));
 }
 
 /// The text of a caught panic.
@@ -275,7 +291,11 @@ impl Kernel {
         // Without a backend named, no tuning record applies and no runtime is needed yet.
         let binding = match backend {
             "auto" => self.generic().bind(given, &BTreeMap::new(), shapes).map_err(Error::from)?,
-            b => runtime(b)?.bind(self.generic(), given, shapes, Some(b))?.0,
+            b => {
+                let (binding, tuned) = runtime(b)?.bind(self.generic(), given, shapes, Some(b))?;
+                tuned.warning.into_iter().for_each(warn_later);
+                binding
+            }
         };
         let mut kept = self.specialized.lock().map_err(|_| poisoned())?;
         if let Some(v) = kept.get(&binding.values) {
@@ -340,6 +360,40 @@ impl Kernel {
             }
         }
         Ok(sizes)
+    }
+
+    /// `params={...}` as the kernel's parameter values, each an int of 64 bits, named in the
+    /// message where one is not (a bare `OverflowError` named neither parameter nor kernel).
+    fn param_values<'py>(&self, py: Python<'py>, params: Option<Bound<'py, PyDict>>) -> PyResult<BTreeMap<String, i64>> {
+        let Some(params) = params else { return Ok(BTreeMap::new()) };
+        let kernel = self.generic().name();
+        let mut values = BTreeMap::new();
+        for (name, value) in params.iter() {
+            let Ok(name) = name.extract::<String>() else {
+                let m = format!(
+                    "params={{...}} of kernel `{kernel}` has the key {}, not a parameter name\n  name each parameter by a string: params={{\"B\": 128}}",
+                    clip(&name.repr()?.to_string())
+                );
+                return Err(raise(py, Failure::Input(m)));
+            };
+            let is_int = value.is_instance_of::<pyo3::types::PyInt>() && !value.is_instance_of::<pyo3::types::PyBool>();
+            match value.extract::<i64>() {
+                Ok(n) if is_int => {
+                    values.insert(name, n);
+                }
+                _ => {
+                    let m = format!(
+                        "parameter `{}` of kernel `{kernel}` cannot be {}\n  expected an int from {} to {}",
+                        clip(&name),
+                        clip(&value.repr()?.to_string()),
+                        i64::MIN,
+                        i64::MAX
+                    );
+                    return Err(raise(py, Failure::Input(m)));
+                }
+            }
+        }
+        Ok(values)
     }
 
     /// Every `in` argument, lent, refusing missing and unknown names first.
@@ -452,9 +506,9 @@ impl<'a> Launch<'a> {
         mesh: Option<String>,
         external_meshes: Option<Vec<String>>,
         grid: BTreeMap<String, u64>,
-        params: Option<BTreeMap<String, i64>>,
+        params: BTreeMap<String, i64>,
     ) -> Launch<'a> {
-        Launch { backend, mesh, external_meshes: external_meshes.unwrap_or_default(), grid, params: params.unwrap_or_default() }
+        Launch { backend, mesh, external_meshes: external_meshes.unwrap_or_default(), grid, params }
     }
 
     /// The kernel's mesh and the external meshes, made by the backend named (with "auto", by
@@ -510,7 +564,7 @@ impl Kernel {
     #[pyo3(signature = (*, backend = "auto", **arrays))]
     fn __call__<'py>(&self, py: Python<'py>, backend: &str, arrays: Option<&Bound<'py, PyDict>>) -> PyResult<Bound<'py, PyDict>> {
         let inputs = self.lend_inputs(py, arrays)?;
-        let how = Launch::new(backend, None, None, BTreeMap::new(), None);
+        let how = Launch::new(backend, None, None, BTreeMap::new(), BTreeMap::new());
         Ok(self.launch(py, how, inputs)?.1)
     }
 
@@ -526,11 +580,12 @@ impl Kernel {
         mesh: Option<String>,
         external_meshes: Option<Vec<String>>,
         grid: Option<Bound<'py, PyDict>>,
-        params: Option<BTreeMap<String, i64>>,
+        params: Option<Bound<'py, PyDict>>,
         explain: bool,
         arrays: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<RunResult> {
         let grid = self.grid_sizes(py, grid)?;
+        let params = self.param_values(py, params)?;
         let inputs = self.lend_inputs(py, arrays)?;
         let how = Launch::new(backend, mesh, external_meshes, grid, params);
         let (report, outputs, params) = self.launch(py, how, inputs)?;
@@ -560,9 +615,10 @@ impl Kernel {
         mesh: Option<String>,
         external_meshes: Option<Vec<String>>,
         grid: Option<Bound<'py, PyDict>>,
-        params: Option<BTreeMap<String, i64>>,
+        params: Option<Bound<'py, PyDict>>,
     ) -> PyResult<String> {
         let grid = self.grid_sizes(py, grid)?;
+        let params = self.param_values(py, params)?;
         let how = Launch::new(backend, mesh, external_meshes, grid, params);
         detached(py, move || {
             let kernel = self.specialize(&how.params, &BTreeMap::new(), how.backend)?;
@@ -582,14 +638,14 @@ impl Kernel {
     /// `params`, with a backend named (not `auto`) its tuning record's values. Returns its text
     /// and its `in` and `out` arguments in declared order as (name, dtype name, shape).
     #[pyo3(signature = (shapes, params = None, backend = "auto"))]
-    fn _specialize(
+    fn _specialize<'py>(
         &self,
-        py: Python<'_>,
+        py: Python<'py>,
         shapes: BTreeMap<String, Vec<usize>>,
-        params: Option<BTreeMap<String, i64>>,
+        params: Option<Bound<'py, PyDict>>,
         backend: &str,
     ) -> PyResult<(String, Vec<Signature>, Vec<Signature>)> {
-        let params = params.unwrap_or_default();
+        let params = self.param_values(py, params)?;
         let kernel = detached(py, || {
             let (kernel, _) = self.specialize(&params, &shapes, backend)?;
             let types: BTreeMap<String, Type> = kernel

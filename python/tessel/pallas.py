@@ -246,16 +246,20 @@ def uninstall() -> None:
 
 @contextlib.contextmanager
 def installed(backend: str = "auto", explain: bool = False):
-    """`install(backend)` for a block; the rules there were before come back after it."""
+    """`install(backend)` for a block; the rules there were before come back after it.
+
+    The block holds tessel's lock on JAX's lowering rules from start to end: JAX's table of rules
+    and its caches of compiled code are global to the process, so two blocks with different rules
+    at once would each lower with the other's. A block opened in another thread waits until this
+    one ends (blocks nest freely in one thread); do not wait inside a block for a thread that
+    opens one."""
     with _rules_lock:
         saved = _current()
         first = not _before
-    try:
-        with _rules_lock:
+        try:
             install(backend, explain)
-        yield
-    finally:
-        with _rules_lock:
+            yield
+        finally:
             _restore(saved)
             if first:
                 _before.clear()

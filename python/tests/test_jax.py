@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -247,7 +248,7 @@ def test_outputs_larger_than_memory_are_refused_when_lowered():
     body = "".join(f"  store o{n}, %z\n" for n in range(3))
     k = tessel.compile(f"kernel big\n  grid (i: 1073741824)\n{outs}{{\n  %z = zeros : f32[1024]\n{body}}}\n")
     calls = tj.stats()["calls"]
-    with pytest.raises(tessel.TesselError, match=r"the outputs of `big` needs 12288.0 GB of memory \(outputs 12288.0 GB\), more than the "):
+    with pytest.raises(tessel.TesselError, match=r"making the outputs of `big` needs 12288.0 GB of memory \(outputs 12288.0 GB\), more than the "):
         jax.jit(lambda: tj.call(k, backend="interpret")).lower()
     assert tj.stats()["calls"] == calls, "nothing ran"
 
@@ -472,6 +473,50 @@ def test_install_uninstall_and_interpret_mode():
         assert 'backend = "interpret"' in jax.jit(doubled).lower(x).as_text()
     finally:
         tp.uninstall()
+    with pytest.raises(Exception, match="Only interpret mode is supported on CPU backend"):
+        jax.jit(doubled)(x)
+
+
+def test_installed_blocks_in_two_threads_take_turns_and_leave_the_rules_as_they_were():
+    """Thread A's block is open when thread B opens its own: B waits for A's to end (JAX's rules
+    are global), then runs under its own rules; after both, no rules of tessel's are left."""
+    x = f32(512)
+    tp.uninstall()
+    a_inside, a_may_leave = threading.Event(), threading.Event()
+    events, errors = [], []
+
+    def a():
+        try:
+            with tp.installed(backend="interpret"):
+                events.append("a in")
+                a_inside.set()
+                a_may_leave.wait(timeout=60)
+                np.testing.assert_array_equal(np.asarray(jax.jit(doubled)(x)), x * 2.0 + 1.0)
+                events.append("a out")
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    def b():
+        try:
+            a_inside.wait(timeout=60)
+            with tp.installed(backend="interpret", explain=True):
+                events.append("b in")
+                np.testing.assert_array_equal(np.asarray(jax.jit(doubled)(x)), x * 2.0 + 1.0)
+            events.append("b out")
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    ta, tb = threading.Thread(target=a), threading.Thread(target=b)
+    ta.start()
+    tb.start()
+    a_inside.wait(timeout=60)
+    time.sleep(0.5)  # B is at its `installed` now, and must still be waiting there
+    assert events == ["a in"], events
+    a_may_leave.set()
+    ta.join(timeout=120)
+    tb.join(timeout=120)
+    assert not errors, errors
+    assert events == ["a in", "a out", "b in", "b out"], events
     with pytest.raises(Exception, match="Only interpret mode is supported on CPU backend"):
         jax.jit(doubled)(x)
 

@@ -533,7 +533,7 @@ def test_outputs_larger_than_memory_are_refused_before_xla_makes_them():
         out = [jax.ShapeDtypeStruct((1 << 40,), jnp.float32)] * 3
         return pl.pallas_call(body, out_shape=out, grid=(1 << 30,), in_specs=[], out_specs=[spec] * 3)()
 
-    with pytest.raises(tessel.TesselError, match=r"the outputs of `huge` needs 12288.0 GB of memory \(outputs 12288.0 GB\)"):
+    with pytest.raises(tessel.TesselError, match=r"making the outputs of `huge` needs 12288.0 GB of memory \(outputs 12288.0 GB\)"):
         tp.run(huge, backend="interpret")
 
 

@@ -421,6 +421,14 @@ def test_a_tuning_record_gives_the_values_for_the_backend_it_was_made_on(tmp_pat
     assert k.run(x=x, backend="interpret", params={"BM": 8}).params["BM"] == 8
     # Another shape has no record: the default.
     assert k.run(x=x[:47], backend="interpret").params["BM"] == 16
+    # A record edited to a value that is not a candidate is ignored with a warning naming it (as
+    # the CLI's `warning:` line), never silently.
+    record = next(l for l in tune.stdout.splitlines() if l.startswith("record: ")).split(" ", 1)[1]
+    edited = json.loads(pathlib.Path(record).read_text())
+    edited["chosen"]["BM"] = 12
+    pathlib.Path(record).write_text(json.dumps(edited))
+    with pytest.warns(UserWarning, match=r"tuning record .* ignored \(it chooses BM = 12, which is not one of its candidates"):
+        assert k.run(x=x, backend="interpret").params["BM"] == 16
 
 
 def test_inputs_are_read_in_place_and_outputs_written_once():
@@ -504,6 +512,36 @@ def test_arrays_of_the_other_byte_order_are_converted_not_read_as_native(backend
     assert big_x.dtype == np.dtype(">f4") and np.array_equal(big_x, x)
 
 
+@pytest.mark.parametrize("value", [2**70, -(2**70), 2.5, "8", True])
+def test_a_parameter_value_past_64_bits_or_not_an_int_is_an_input_error_naming_it(value):
+    k = example("softmax")
+    x = np.ones((64, 256), np.float32)
+    calls = (lambda: k.run(x=x, params={"BM": value}), lambda: k.lower(params={"BM": value}),
+             lambda: k._specialize({"x": [64, 256]}, {"BM": value}))
+    for call in calls:
+        with pytest.raises(tessel.InputError) as e:
+            call()
+        assert f"parameter `BM` of kernel `softmax` cannot be {value!r}" in str(e.value), str(e.value)
+    with pytest.raises(tessel.InputError, match="params=\\{...\\} of kernel `softmax` has the key 1, not a parameter name"):
+        k.run(x=x, params={1: 8})
+
+
+def test_long_names_and_text_past_the_file_limit_are_quoted_short():
+    x = np.ones(1024, np.float32)
+    name = "b" * (1 << 20)
+    with pytest.raises(tessel.InputError) as e:
+        example("add")(x=x, y=x, backend=name)
+    assert len(str(e.value)) < 2000 and f"({len(name)} bytes in all)" in str(e.value), str(e.value)[:300]
+    mesh = "grid(" + ", ".join(f"a{i}: 1" for i in range(10_000)) + ")"
+    with pytest.raises(tessel.TesselError) as e:
+        example("add").run(x=x, y=x, backend="interpret", mesh=mesh)
+    assert len(str(e.value)) < 2000 and "it has 10000 axes, more than the 64 a mesh may have" in str(e.value)
+    # Kernel text is held to the 16 MiB of a kernel file, given whole as well as read from one.
+    text = (EXAMPLES / "add.tk").read_text() + "#" * (16 << 20) + "\n"
+    with pytest.raises(tessel.TesselError, match=r"more than the 16 MiB tessel reads"):
+        tessel.compile(text)
+
+
 @pytest.mark.parametrize("size", [-5, 0, 2**31, 2**80, 2.5, "8", None])
 def test_a_grid_size_out_of_range_is_an_input_error_naming_the_axis(size):
     k = tessel.compile(DYN_COPY)
@@ -542,7 +580,7 @@ def test_outputs_larger_than_memory_are_refused_before_numpy_allocates_them():
     with pytest.raises(tessel.TesselError) as e:
         k(backend="interpret")
     msg = str(e.value)
-    assert "the outputs of `big` needs 12288.0 GB of memory (outputs 12288.0 GB), more than the " in msg, msg
+    assert "making the outputs of `big` needs 12288.0 GB of memory (outputs 12288.0 GB), more than the " in msg, msg
     assert " this process has available\n  use smaller arrays" in msg, msg
 
 
@@ -567,7 +605,7 @@ def test_outputs_past_the_address_space_limit_are_refused_in_a_process_under_uli
     """)
     r = subprocess.run([os.sys.executable, "-c", code, str(EXAMPLES / "add.tk")], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    assert "TesselError the outputs of `big` needs 48.0 GB of memory (outputs 48.0 GB), more than the " in r.stdout, r.stdout + r.stderr
+    assert "TesselError making the outputs of `big` needs 48.0 GB of memory (outputs 48.0 GB), more than the " in r.stdout, r.stdout + r.stderr
     assert r.stdout.rstrip().endswith("usable"), r.stdout
     assert "Traceback" not in r.stderr and "panicked" not in r.stderr, r.stderr
 

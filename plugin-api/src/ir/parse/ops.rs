@@ -372,6 +372,11 @@ impl Parser<'_> {
                     return Err(Diagnostic::new(self.prev_span(), format!("float `{s}` is past the largest 64-bit float"))
                         .expected("expected a float below about 1.8e308, or `inf` for infinity"));
                 }
+                let mantissa = s.split(['e', 'E']).next().unwrap_or_default();
+                if v == 0.0 && mantissa.bytes().any(|b| (b'1'..=b'9').contains(&b)) {
+                    return Err(Diagnostic::new(self.prev_span(), format!("float `{s}` is below the smallest 64-bit float, and would be 0.0"))
+                        .expected("expected a float above about 4.9e-324, or 0.0"));
+                }
                 Literal::Float(sign * v)
             }
             Some(Tok::Ident(w)) if w == "inf" => {
