@@ -47,6 +47,11 @@ impl Token {
         self.0.store(true, Ordering::Relaxed);
     }
 
+    /// Whether `other` is this token (a clone of it), not another with the same state.
+    pub fn same(&self, other: &Token) -> bool {
+        std::ptr::eq(&*self.0, &*other.0)
+    }
+
     /// Whether [`Token::cancel`] was called.
     pub fn is_cancelled(&self) -> bool {
         self.0.load(Ordering::Relaxed)

@@ -141,6 +141,14 @@ class Translated:
     copied: List[int] = field(default_factory=list)
 
 
+#: Bodies a kernel nests inside one another at most (`plugin-api/src/ir/limits.rs`, MAX_NESTING).
+MAX_NESTING = 64
+
+
+class _TooDeep(Exception):
+    """A body opened past [`MAX_NESTING`]: the writer names the equation that opened it."""
+
+
 @dataclass
 class _Body:
     """The statements of one kernel body being written."""
@@ -154,6 +162,11 @@ class _Body:
         return f"%v{next(self.counter)}"
 
     def emit(self, line: str) -> None:
+        # A line that opens a body at depth d opens the d-th body inside another (the kernel's
+        # own is depth 1): past the limit, the writer refuses it at the user's line, not the
+        # verifier at a line of the text written.
+        if line.endswith("{") and self.depth > MAX_NESTING:
+            raise _TooDeep()
         self.lines.append("  " * self.depth + line)
 
     def let(self, rhs: str, ty: str) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Tuple
 
 
-from ._common import _EFFECTS, _where, _refuse, _ty, _literal, _Body
+from ._common import _EFFECTS, MAX_NESTING, _where, _refuse, _ty, _literal, _Body, _TooDeep
 from ._control import _Control
 from ._errors import UnsupportedError
 from ._jax_support import _INLINE, _jax
@@ -170,6 +170,11 @@ class _Writer(_Refs, _MultiIndex, _Values, _Order, _Prng, _Control):
         self.runs = {}
         try:
             self.write(eqn)
+        except _TooDeep:
+            raise self.refuse(
+                f"a body nested {MAX_NESTING + 1} deep (`pl.when`, `lax.cond`, `fori_loop`, `while_loop` inside one another)", eqn,
+                f"tessel's kernels nest at most {MAX_NESTING} bodies (docs/language.md, Limits): merge conditions with `&`, or loops into one",
+            ) from None
         finally:
             self.place = outer
 

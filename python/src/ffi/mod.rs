@@ -30,6 +30,7 @@ use tessel_plugin_api::ir::{ParamKind, Type, Verified, batch};
 
 pub mod c_api;
 mod cuda;
+mod sigint;
 
 use c_api::*;
 
@@ -490,10 +491,16 @@ unsafe fn handle(frame: *mut CallFrame, platform: Platform) -> Result<(), Failur
     let batch = Batch { kernel, per, launches, batched: batched.is_some() };
     match platform {
         Platform::Host => {
-            for n in 0..launches {
-                // SAFETY: XLA's host buffers, as `launch_host` needs them.
-                unsafe { launch_host(&planned, &p, &batch, &ins, &outs, &kept, n)? };
-            }
+            // Under a token Ctrl-C cancels (`sigint`): the launch stops, XLA raises its error.
+            let token = tessel_plugin_api::cancel::Token::new();
+            let _watched = sigint::watch(&token);
+            token.scope(|| {
+                for n in 0..launches {
+                    // SAFETY: XLA's host buffers, as `launch_host` needs them.
+                    unsafe { launch_host(&planned, &p, &batch, &ins, &outs, &kept, n)? };
+                }
+                Ok::<(), Failure>(())
+            })?;
         }
         // SAFETY: XLA's device buffers and its call frame (for the stream).
         Platform::Cuda => unsafe { cuda::launch(frame, &planned, &p, &batch, &ins, &outs, &kept)? },
