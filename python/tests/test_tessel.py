@@ -740,3 +740,47 @@ def test_ctrl_c_interrupts_a_long_wgpu_launch_without_waiting_for_the_device():
     rest, err, latency, code = interrupted_launch(SPIN_WGPU, (4096, 256), "wgpu")
     assert latency < 5, f"KeyboardInterrupt came {latency:.1f} s after SIGINT"
     assert rest == ["usable"] and code == 0, (rest, err)
+
+
+def test_ctrl_c_interrupts_the_wgpu_call_after_an_interrupted_one():
+    """The call after an interrupted wgpu launch waits for the work the device still runs (its
+    queue is in order); that wait follows its own token, so a second Ctrl-C interrupts it at once
+    (it waited inside the driver's submit, 6.2 s after the second SIGINT); once the device is
+    done, wgpu runs kernels as before."""
+    wgpu_or_skip()
+    code = textwrap.dedent(f"""
+        import signal, sys, time, numpy as np, tessel
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        add = tessel.load(sys.argv[1])
+        y = np.arange(4096, dtype=np.float32)
+        add(x=y, y=y, backend="wgpu")
+        k = tessel.compile({SPIN_WGPU!r})
+        print("started", flush=True)
+        for what in ("first", "second"):
+            try:
+                k(x=np.zeros((4096, 256), np.float32), backend="wgpu") if what == "first" else add(x=y, y=y, backend="wgpu")
+                print(what, "finished", flush=True)
+            except KeyboardInterrupt:
+                print(what, "interrupted", time.monotonic(), flush=True)
+        o = add(x=y, y=y, backend="wgpu")["o"]
+        print("usable" if np.array_equal(o, y + y) else "wrong", flush=True)
+    """)
+    p = subprocess.Popen([os.sys.executable, "-c", code, str(EXAMPLES / "add.tk")], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "started", p.communicate()
+        lines = []
+        for _ in range(2):
+            time.sleep(1.0)
+            sent = time.monotonic()
+            p.send_signal(signal.SIGINT)
+            line = p.stdout.readline().split()
+            lines.append((line, float(line[2]) - sent if len(line) == 3 else None))
+        out, err = p.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.communicate()
+        pytest.fail("wgpu went on for 120 s after SIGINT")
+    assert [l[:2] for l, _ in lines] == [["first", "interrupted"], ["second", "interrupted"]], (lines, err[-2000:])
+    assert all(latency < 5 for _, latency in lines), lines
+    assert out.split() == ["usable"] and p.returncode == 0, (out, err[-2000:])

@@ -65,6 +65,10 @@ pub struct Gpu {
     /// Status words of the loop check (`lower/loops.rs`), one per launch in flight, kept for the
     /// next (a launch repeated on one thread binds the same word, so its bind group is reused).
     loop_checks: Mutex<Vec<LoopCheck>>,
+    /// Whether a wait was given up on (Ctrl-C) with work still on the device: the next submit
+    /// would block inside the driver until that work ends (lavapipe's does, not following any
+    /// token), so it waits first, under its own launch's token ([`Gpu::settle`]).
+    abandoned: std::sync::atomic::AtomicBool,
 }
 
 /// A status word the modules of one launch set when the driver cut their loops short, and the
@@ -233,6 +237,7 @@ pub fn gpu() -> Result<&'static Gpu, BackendError> {
             bind_groups: Mutex::new(std::collections::VecDeque::new()),
             workspace: Mutex::new(None),
             loop_checks: Mutex::new(Vec::new()),
+            abandoned: std::sync::atomic::AtomicBool::new(false),
             description: a.description.clone(),
         })
     })
@@ -344,6 +349,7 @@ impl Gpu {
     /// Copies a buffer out.
     pub fn download(&self, b: &DeviceBuffer) -> Result<HostArray, BackendError> {
         let bytes = b.buffer.size();
+        self.settle()?;
         let staging = self.scoped("a download", || {
             let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("tessel download"),
@@ -389,6 +395,15 @@ impl Gpu {
         Ok(words)
     }
 
+    /// Before a submit: where an earlier wait was given up on, waits for that work first (under
+    /// this launch's token, so that Ctrl-C stops this wait too).
+    fn settle(&self) -> Result<(), BackendError> {
+        if self.abandoned.load(std::sync::atomic::Ordering::Relaxed) {
+            self.wait()?;
+        }
+        Ok(())
+    }
+
     /// Waits for the work submitted so far. Under a cancellation token
     /// ([`tessel_plugin_api::cancel`]: the Python module's, on Ctrl-C) it wakes every
     /// [`CANCEL_POLL`] and, once the token is cancelled, stops waiting and fails: the device
@@ -399,8 +414,12 @@ impl Gpu {
         let timeout = token.as_ref().map(|_| CANCEL_POLL);
         loop {
             match self.device.poll(wgpu::PollType::Wait { submission_index: None, timeout }) {
-                Ok(_) => break,
+                Ok(_) => {
+                    self.abandoned.store(false, std::sync::atomic::Ordering::Relaxed);
+                    break;
+                }
                 Err(wgpu::PollError::Timeout) if token.as_ref().is_some_and(|t| t.is_cancelled()) => {
+                    self.abandoned.store(true, std::sync::atomic::Ordering::Relaxed);
                     return Err(tessel_plugin_api::cancel::cancelled());
                 }
                 Err(wgpu::PollError::Timeout) => {}
@@ -672,6 +691,7 @@ impl Gpu {
             _ => None,
         };
         let last = prepared.len().saturating_sub(1);
+        self.settle()?;
         self.scoped("the launch", || -> Result<(), BackendError> {
             let mut enc = self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
             if let Some(c) = &check {
