@@ -8,6 +8,7 @@ pub mod backend;
 pub mod cancel;
 pub mod clip;
 pub mod ir;
+pub mod kept;
 pub mod launch;
 pub mod libm;
 pub mod mesh;

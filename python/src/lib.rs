@@ -14,10 +14,10 @@ mod arrays;
 mod ffi;
 mod interrupt;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, RwLock};
 
 use numpy::PyArrayMethods;
 use pyo3::prelude::*;
@@ -29,6 +29,7 @@ use tessel_plugin_api::ir::size::SizeExpr;
 use tessel_plugin_api::ir::{ArgDecl, ParamKind, Type, Verified};
 use tessel_plugin_api::launch::MAX_AXIS_SIZE;
 use tessel_plugin_api::clip::clip;
+use tessel_plugin_api::kept::Kept;
 
 use arrays::{Lent, fresh_outputs, lend, numpy_name};
 use interrupt::interruptible;
@@ -192,9 +193,9 @@ struct Kernel {
     file: Arc<KernelFile>,
     index: usize,
     /// Specializations by their parameter values (`{}` for a kernel without parameters).
-    specialized: Mutex<HashMap<BTreeMap<String, i64>, Arc<Verified>>>,
+    specialized: Kept<BTreeMap<String, i64>, Arc<Verified>>,
     /// Each launch's plan (the backend's acceptance, asked once) by what decides it.
-    plans: Mutex<HashMap<PlanKey, tessel::Plan>>,
+    plans: Kept<PlanKey, tessel::Plan>,
 }
 
 /// What decides a launch's plan: the runtime's generation (a plugin loaded since makes a new
@@ -269,7 +270,7 @@ impl Kernel {
             }
         };
         let k =
-            Kernel { file: Arc::new(file), index, specialized: Mutex::new(HashMap::new()), plans: Mutex::new(HashMap::new()) };
+            Kernel { file: Arc::new(file), index, specialized: Kept::new(KEPT), plans: Kept::new(KEPT) };
         if k.generic().params().iter().all(|p| p.default.is_some()) {
             detached(py, || k.specialize(&BTreeMap::new(), &BTreeMap::new(), "auto").map(drop))?;
         }
@@ -297,15 +298,7 @@ impl Kernel {
                 binding
             }
         };
-        let mut kept = self.specialized.lock().map_err(|_| poisoned())?;
-        if let Some(v) = kept.get(&binding.values) {
-            return Ok((Arc::clone(v), binding.values));
-        }
-        let v = Arc::new(self.file.specialize(self.generic(), &binding)?);
-        if kept.len() >= KEPT {
-            kept.clear();
-        }
-        kept.insert(binding.values.clone(), Arc::clone(&v));
+        let v = self.specialized.get_or_try_insert(binding.values.clone(), || Ok::<_, Error>(Arc::new(self.file.specialize(self.generic(), &binding)?)))?;
         Ok((v, binding.values))
     }
 
@@ -474,17 +467,11 @@ impl Kernel {
                 how.external_meshes.clone(),
                 how.grid.clone(),
             );
-            let known = self.plans.lock().ok().and_then(|m| m.get(&key).cloned());
-            let planned = match known {
+            let planned = match self.plans.get(&key) {
                 Some(plan) => rt.resume(plan, &launch)?,
                 None => {
                     let planned = rt.plan(tessel::Choice::of(how.backend), &launch)?;
-                    if let Ok(mut m) = self.plans.lock() {
-                        if m.len() >= KEPT {
-                            m.clear();
-                        }
-                        m.insert(key, planned.plan().clone());
-                    }
+                    self.plans.insert(key, planned.plan().clone());
                     planned
                 }
             };

@@ -12,12 +12,16 @@ use tessel_plugin_api::abi::{BackendError, ErrorKind};
 use tessel_plugin_api::array::HostArray;
 use tessel_plugin_api::cancel;
 use tessel_plugin_api::ir::{ParamKind, Type};
+use tessel_plugin_api::kept::Kept;
 
 use crate::emit;
 use crate::error::Refusal;
 use crate::limits::DEFAULT_SHARED_BYTES;
 use crate::lower::Plan;
 use crate::wgmma::Schedule;
+
+/// Loaded functions kept.
+const FUNCTIONS_KEPT: usize = 256;
 
 /// A device buffer: 2 bytes an element for 16-bit floats, else 4 (`bool` as 0 or 1).
 pub struct DeviceBuffer {
@@ -42,7 +46,9 @@ unsafe impl DeviceRepr for TensorMapArg {}
 /// One GPU: its (primary) context and the functions loaded into it so far, by PTX text.
 pub struct Device {
     ctx: Arc<CudaContext>,
-    functions: Mutex<HashMap<String, CudaFunction>>,
+    /// Loaded functions, by their PTX (at most [`FUNCTIONS_KEPT`]; modules stay loaded by their
+    /// functions still in use).
+    functions: Kept<String, CudaFunction>,
     /// "NVIDIA H200, compute capability 9.0".
     pub description: String,
     /// The most dynamic shared memory a CTA may opt into, in bytes.
@@ -99,7 +105,7 @@ fn open(ordinal: usize) -> Result<Device, String> {
         max_shared: u64::try_from(max_shared).unwrap_or(0),
         sms: u64::try_from(sms).unwrap_or(1),
         ctx,
-        functions: Mutex::new(HashMap::new()),
+        functions: Kept::new(FUNCTIONS_KEPT),
         description: format!("{name}, compute capability {major}.{minor}"),
     })
 }
@@ -219,13 +225,11 @@ impl Device {
     }
 
     fn function(&self, plan: &Plan, ptx: &str) -> Result<CudaFunction, BackendError> {
-        /// Loaded functions kept, by their PTX.
-        const FUNCTIONS_KEPT: usize = 256;
-        let mut cache =
-            self.functions.lock().map_err(|_| BackendError::new(ErrorKind::Internal, "the function cache is poisoned"))?;
-        if let Some(f) = cache.get(ptx) {
-            return Ok(f.clone());
-        }
+        self.functions.get_or_try_insert(ptx.to_string(), || self.load(plan, ptx))
+    }
+
+    /// The function of `ptx`, loaded and checked.
+    fn load(&self, plan: &Plan, ptx: &str) -> Result<CudaFunction, BackendError> {
         let module =
             self.ctx.load_module(cudarc::nvrtc::Ptx::from_src(ptx)).map_err(|e| device_error("module load (PTX JIT)", e))?;
         let f = module.load_function(&plan.entry).map_err(|e| device_error("function lookup", e))?;
@@ -260,12 +264,6 @@ impl Device {
             f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes)
                 .map_err(|e| device_error("opting into shared memory", e))?;
         }
-        // Bounded as every cache is: a full one starts afresh (modules stay loaded by their
-        // functions that are still in use).
-        if cache.len() >= FUNCTIONS_KEPT {
-            cache.clear();
-        }
-        cache.insert(ptx.to_string(), f.clone());
         Ok(f)
     }
 

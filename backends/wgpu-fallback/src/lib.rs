@@ -43,11 +43,16 @@ pub fn exp_wgsl() -> String {
 }
 
 /// The wgpu backend.
-#[derive(Default)]
 pub struct Wgpu {
     /// Launches lowered again for the outputs they keep ([`lower::plan_keeping`]): by plan key
     /// and the kept outputs, so that a kept output is never a register block starting as zeros.
-    kept_variants: std::sync::Mutex<std::collections::HashMap<(PlanKey, BTreeSet<String>), Arc<Vec<emit::Lowered>>>>,
+    kept_variants: tessel_plugin_api::kept::Kept<(PlanKey, BTreeSet<String>), Arc<Vec<emit::Lowered>>>,
+}
+
+impl Default for Wgpu {
+    fn default() -> Wgpu {
+        Wgpu::new()
+    }
 }
 
 /// A launch's key and the target it is planned for.
@@ -117,7 +122,7 @@ fn check_type(what: &str, ty: &Type) -> Result<(), BackendError> {
 impl Wgpu {
     /// The backend object.
     pub fn new() -> Wgpu {
-        Wgpu::default()
+        Wgpu { kept_variants: tessel_plugin_api::kept::Kept::new(VARIANTS_KEPT) }
     }
 }
 
@@ -315,27 +320,19 @@ impl Wgpu {
         let compiler = self.compiler()?;
         let target = compiler.target;
         let key = ((launch.key, target), launch.kept.clone());
-        if let Some(v) = self.kept_variants.lock().ok().and_then(|m| m.get(&key).cloned()) {
-            return Ok(v);
-        }
-        let plans = compiler.plan(launch)?;
-        let mut lowered = Vec::with_capacity(plans.len());
-        for p in plans.iter() {
-            if p.resident.keys().any(|n| launch.kept.contains(n)) {
-                let again = lower::plan_keeping(p.kernel.clone(), p.grid.clone(), target, &launch.kept)?;
-                lowered.push(emit::lower(&again));
-            } else {
-                lowered.push(emit::lower(p));
+        self.kept_variants.get_or_try_insert(key, || {
+            let plans = compiler.plan(launch)?;
+            let mut lowered = Vec::with_capacity(plans.len());
+            for p in plans.iter() {
+                if p.resident.keys().any(|n| launch.kept.contains(n)) {
+                    let again = lower::plan_keeping(p.kernel.clone(), p.grid.clone(), target, &launch.kept)?;
+                    lowered.push(emit::lower(&again));
+                } else {
+                    lowered.push(emit::lower(p));
+                }
             }
-        }
-        let lowered = Arc::new(lowered);
-        if let Ok(mut m) = self.kept_variants.lock() {
-            if m.len() >= VARIANTS_KEPT {
-                m.clear();
-            }
-            m.insert(key, Arc::clone(&lowered));
-        }
-        Ok(lowered)
+            Ok(Arc::new(lowered))
+        })
     }
 }
 

@@ -17,6 +17,7 @@ use super::{Artifact, Available, BackendImpl, Compiler, Launch, invalid};
 use crate::abi::*;
 use crate::array::{DataRef, HostArray};
 use crate::ir::{self, DType, Kernel, Type};
+use crate::kept::Kept;
 use crate::mesh::MeshSpec;
 
 pub(super) struct Exported<B: BackendImpl> {
@@ -24,16 +25,16 @@ pub(super) struct Exported<B: BackendImpl> {
     buffers: Mutex<HashMap<u64, B::Buffer>>,
     next: AtomicU64,
     /// Compiled launches by [`cache_key`](super::cache_key).
-    compiled: Mutex<HashMap<[u8; 32], Arc<Artifact<B>>>>,
+    compiled: Kept<[u8; 32], Arc<Artifact<B>>>,
     /// The lowered text of each compiled launch, by the same key: made once, since every run
     /// through the host lowers first (the interpreter's text is its whole program, printed).
-    lowered: Mutex<HashMap<[u8; 32], RVec<Stage>>>,
+    lowered: Kept<[u8; 32], RVec<Stage>>,
     /// Plans, by the same key: the host asks before every launch, and neither the asking nor
     /// the launch or lowering that follows plans again.
-    planned: Mutex<HashMap<[u8; 32], Arc<Plan<B>>>>,
+    planned: Kept<[u8; 32], Arc<Plan<B>>>,
     /// The parsed kernels of recent requests, by [`request_key`]: a launch repeated is not
     /// parsed again.
-    decoded: Mutex<HashMap<[u8; 32], ParsedKernels>>,
+    decoded: Kept<[u8; 32], ParsedKernels>,
     hits: AtomicU64,
     misses: AtomicU64,
     /// Calls of `Compiler::plan`.
@@ -62,10 +63,10 @@ impl<B: BackendImpl> Exported<B> {
             backend,
             buffers: Mutex::new(HashMap::new()),
             next: AtomicU64::new(1),
-            compiled: Mutex::new(HashMap::new()),
-            lowered: Mutex::new(HashMap::new()),
-            planned: Mutex::new(HashMap::new()),
-            decoded: Mutex::new(HashMap::new()),
+            compiled: Kept::new(COMPILED_KEPT),
+            lowered: Kept::new(COMPILED_KEPT),
+            planned: Kept::new(PLANS_KEPT),
+            decoded: Kept::new(DECODED_KEPT),
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
             plans: AtomicU64::new(0),
@@ -76,34 +77,21 @@ impl<B: BackendImpl> Exported<B> {
     /// [`decode`](super::decode), reusing the kernels parsed for the same request before.
     fn decode<'a>(&self, req: &LaunchRequest<'a>) -> Result<Launch<'a>, BackendError> {
         let key = request_key(req);
-        let known = self.decoded.lock().ok().and_then(|m| m.get(&key).cloned());
+        let known = self.decoded.get(&key);
         let launch = decode_keyed(req, key, known.as_deref().map(Vec::as_slice))?;
-        if known.is_none()
-            && let Ok(mut m) = self.decoded.lock()
-        {
-            if m.len() >= DECODED_KEPT {
-                m.clear();
-            }
-            m.insert(key, Arc::new(launch.calls.iter().map(|c| Arc::clone(&c.kernel)).collect()));
+        if known.is_none() {
+            self.decoded.insert(key, Arc::new(launch.calls.iter().map(|c| Arc::clone(&c.kernel)).collect()));
         }
         Ok(launch)
     }
 
     /// The plan of `launch` from the cache, else `Compiler::plan`, counted and kept.
     fn plan(&self, launch: &Launch<'_>, compiler: &B::Compiler, key: &[u8; 32]) -> Result<Arc<Plan<B>>, BackendError> {
-        if let Some(p) = self.planned.lock().ok().and_then(|m| m.get(key).cloned()) {
-            return Ok(p);
-        }
-        self.plans.fetch_add(1, Ordering::Relaxed);
-        ir::counters::planned();
-        let plan = Arc::new(compiler.plan(launch)?);
-        if let Ok(mut m) = self.planned.lock() {
-            if m.len() >= PLANS_KEPT {
-                m.clear();
-            }
-            m.insert(*key, Arc::clone(&plan));
-        }
-        Ok(plan)
+        self.planned.get_or_try_insert(*key, || {
+            self.plans.fetch_add(1, Ordering::Relaxed);
+            ir::counters::planned();
+            Ok(Arc::new(compiler.plan(launch)?))
+        })
     }
 
     /// The key of `launch` in the plan and compile caches (and the lowered-text cache beside
@@ -115,23 +103,18 @@ impl<B: BackendImpl> Exported<B> {
     /// The compiled launch from the cache; else compiled from its plan (kept, or made now), and
     /// its key.
     fn compiled(&self, launch: &Launch<'_>) -> Result<(Arc<Artifact<B>>, [u8; 32], B::Compiler), BackendError> {
-        let poisoned = || BackendError::new(ErrorKind::Internal, "the compile cache is poisoned");
         let compiler = self.backend.compiler()?;
         let key = self.cache_key(launch, &compiler);
-        if let Some(c) = self.compiled.lock().map_err(|_| poisoned())?.get(&key) {
+        if let Some(c) = self.compiled.get(&key) {
             self.hits.fetch_add(1, Ordering::Relaxed);
-            return Ok((Arc::clone(c), key, compiler));
+            return Ok((c, key, compiler));
         }
         self.misses.fetch_add(1, Ordering::Relaxed);
         let start = std::time::Instant::now();
         let plan = Arc::unwrap_or_clone(self.plan(launch, &compiler, &key)?);
         let c = Arc::new(compiler.compile(launch, plan)?);
         self.compile_ns.fetch_add(start.elapsed().as_nanos().try_into().unwrap_or(u64::MAX), Ordering::Relaxed);
-        let mut compiled = self.compiled.lock().map_err(|_| poisoned())?;
-        if compiled.len() >= COMPILED_KEPT {
-            compiled.clear();
-        }
-        compiled.insert(key, Arc::clone(&c));
+        self.compiled.insert(key, Arc::clone(&c));
         Ok((c, key, compiler))
     }
 
@@ -250,19 +233,11 @@ impl<B: BackendImpl> Backend for Exported<B> {
         guard("lower", || {
             let launch = self.decode(req)?;
             let (compiled, key, compiler) = self.compiled(&launch)?;
-            let poisoned = || BackendError::new(ErrorKind::Internal, "the lowered-text cache is poisoned");
-            if let Some(stages) = self.lowered.lock().map_err(|_| poisoned())?.get(&key) {
-                return Ok(stages.clone());
-            }
-            let stages: RVec<Stage> = (compiler.stages(&compiled).into_iter())
-                .map(|(name, text)| Stage { name: name.into(), text: text.into() })
-                .collect();
-            let mut lowered = self.lowered.lock().map_err(|_| poisoned())?;
-            if lowered.len() >= COMPILED_KEPT {
-                lowered.clear();
-            }
-            lowered.insert(key, stages.clone());
-            Ok(stages)
+            self.lowered.get_or_try_insert(key, || {
+                Ok((compiler.stages(&compiled).into_iter())
+                    .map(|(name, text)| Stage { name: name.into(), text: text.into() })
+                    .collect())
+            })
         })
     }
 
@@ -308,7 +283,7 @@ impl<B: BackendImpl> Backend for Exported<B> {
     }
 
     fn cache_stats(&self) -> CacheStats {
-        let entries = self.compiled.lock().map_or(0, |c| c.len() as u64);
+        let entries = self.compiled.len() as u64;
         CacheStats {
             hits: self.hits.load(Ordering::Relaxed),
             misses: self.misses.load(Ordering::Relaxed),

@@ -18,13 +18,13 @@ use tessel_mosaic_gpu::external::{self, Compiled};
 use tessel_plugin_api::ir::DType;
 
 use super::c_api::*;
-use super::{Batch, Failure, INTERNAL, Prepared, Raw, launch_host, locked};
+use super::{Batch, Failure, INTERNAL, Prepared, Raw, launch_host};
 
 /// Calls that ran through host memory.
 pub static STAGED: AtomicU64 = AtomicU64::new(0);
 
 /// The most compiled kernels (one per batch size) kept per prepared launch.
-const COMPILED_KEPT: usize = 8;
+pub(super) const COMPILED_KEPT: usize = 8;
 
 /// A failure of the Mosaic GPU backend as tessel reports it.
 fn mosaic_error(e: tessel_plugin_api::abi::BackendError) -> Failure {
@@ -60,17 +60,8 @@ unsafe fn stream(frame: &CallFrame) -> Result<*mut c_void, Failure> {
 /// The kernel `batch` launches, compiled for mosaic-gpu once per batch size.
 fn compiled(p: &Prepared, batch: &Batch<'_>) -> Result<Arc<Compiled>, Failure> {
     let size = if batch.batched { batch.per } else { 1 };
-    if let Some((_, c)) = locked(&p.on_device).iter().find(|(s, _)| *s == size) {
-        return Ok(Arc::clone(c));
-    }
     let mesh = if batch.batched { None } else { p.mesh.as_ref() };
-    let c = Arc::new(external::compile(batch.kernel.kernel(), mesh).map_err(mosaic_error)?);
-    let mut kept = locked(&p.on_device);
-    if kept.len() >= COMPILED_KEPT {
-        kept.clear();
-    }
-    kept.push((size, Arc::clone(&c)));
-    Ok(c)
+    p.on_device.get_or_try_insert(size, || Ok(Arc::new(external::compile(batch.kernel.kernel(), mesh).map_err(mosaic_error)?)))
 }
 
 /// The call's launches on XLA's device buffers `ins` and `outs`, in XLA's stream.

@@ -18,14 +18,15 @@
 //! `JaxRuntimeError`.
 #![allow(unsafe_code)]
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::ffi::{CString, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::{Arc, Mutex};
 
 use tessel::{BytesMut, BytesRef, Choice, Error, InPlace, KernelLaunch, Launch, Plan, Runtime};
 use tessel_plugin_api::abi::MeshBox;
+use tessel_plugin_api::kept::Kept;
 use tessel_plugin_api::ir::{ParamKind, Type, Verified, batch};
 
 pub mod c_api;
@@ -47,9 +48,9 @@ pub struct Prepared {
     pub outputs: Vec<(String, Type)>,
     /// The kernel batched over a grid axis, by batch size (`None`: it cannot be, or the
     /// backend refuses it).
-    batches: Mutex<Vec<(usize, Option<Batched>)>>,
+    batches: Kept<usize, Option<Batched>>,
     /// The kernel compiled for launches on XLA's CUDA buffers (`cuda.rs`), by batch size.
-    on_device: Mutex<Vec<(usize, Arc<tessel_mosaic_gpu::external::Compiled>)>>,
+    on_device: Kept<usize, Arc<tessel_mosaic_gpu::external::Compiled>>,
 }
 
 /// A kernel batched over a grid axis and the backend's acceptance of it.
@@ -66,25 +67,18 @@ impl Prepared {
         if self.mesh.is_some() || !self.externals.is_empty() {
             return None;
         }
-        if let Some((_, v)) = locked(&self.batches).iter().find(|(c, _)| *c == count) {
-            return v.clone();
-        }
         // Planned outside the lock: another thread batching another size does not wait on it
         // (two threads with the same new size both plan it, and one result is kept).
-        let v = batch::batched(self.kernel.kernel(), count as u64)
-            .ok()
-            .and_then(|k| tessel_plugin_api::ir::verify(&k).ok())
-            .and_then(|v| {
-                let plan = rt.plan(Choice::Named(self.plan.backend()), &Launch::one(&v)).ok()?.into_plan();
-                Some(Arc::new((v, plan)))
-            });
-        let mut kept = locked(&self.batches);
-        if kept.len() >= BATCHES_KEPT {
-            kept.clear();
-        }
-        if !kept.iter().any(|(c, _)| *c == count) {
-            kept.push((count, v.clone()));
-        }
+        let made: Result<_, std::convert::Infallible> = self.batches.get_or_try_insert(count, || {
+            Ok(batch::batched(self.kernel.kernel(), count as u64)
+                .ok()
+                .and_then(|k| tessel_plugin_api::ir::verify(&k).ok())
+                .and_then(|v| {
+                    let plan = rt.plan(Choice::Named(self.plan.backend()), &Launch::one(&v)).ok()?.into_plan();
+                    Some(Arc::new((v, plan)))
+                }))
+        });
+        let Ok(v) = made;
         v
     }
 }
@@ -98,14 +92,14 @@ fn locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// Forgets every prepared launch: their plans and meshes belong to the runtime they were made
 /// with (`tessel.load_plugin` makes a new one).
 pub fn forget() {
-    locked(&CACHE).clear();
+    CACHE.clear();
 }
 
 /// The most prepared launches kept; the cache starts afresh when full.
 const KEPT: usize = 256;
 
 /// Prepared launches by [`key`], shared by every thread.
-static CACHE: LazyLock<Mutex<HashMap<[u8; 32], Arc<Prepared>>>> = LazyLock::new(Default::default);
+static CACHE: Kept<[u8; 32], Arc<Prepared>> = Kept::new(KEPT);
 static CALLS: AtomicU64 = AtomicU64::new(0);
 static HITS: AtomicU64 = AtomicU64::new(0);
 static MISSES: AtomicU64 = AtomicU64::new(0);
@@ -173,22 +167,16 @@ fn key(text: &[u8], backend: &[u8], mesh: &[u8], externals: &[u8]) -> [u8; 32] {
 /// the cache or prepared now (and kept).
 pub fn prepared(rt: &Runtime, text: &str, backend: &str, mesh: &str, externals: &str) -> Result<Arc<Prepared>, Error> {
     let k = key(text.as_bytes(), backend.as_bytes(), mesh.as_bytes(), externals.as_bytes());
-    if let Some(p) = locked(&CACHE).get(&k).cloned() {
+    if let Some(p) = CACHE.get(&k) {
         HITS.fetch_add(1, Ordering::Relaxed);
         return Ok(p);
     }
     MISSES.fetch_add(1, Ordering::Relaxed);
     let p = Arc::new(prepare(rt, text, backend, mesh, externals)?);
-    {
-        let mut c = locked(&CACHE);
-        if c.len() >= KEPT {
-            c.clear();
-        }
-        c.insert(k, Arc::clone(&p));
-        // `auto` resolved: the handler's calls name the backend chosen, and find it too.
-        if backend != p.plan.backend() {
-            c.insert(key(text.as_bytes(), p.plan.backend().as_bytes(), mesh.as_bytes(), externals.as_bytes()), Arc::clone(&p));
-        }
+    CACHE.insert(k, Arc::clone(&p));
+    // `auto` resolved: the handler's calls name the backend chosen, and find it too.
+    if backend != p.plan.backend() {
+        CACHE.insert(key(text.as_bytes(), p.plan.backend().as_bytes(), mesh.as_bytes(), externals.as_bytes()), Arc::clone(&p));
     }
     Ok(p)
 }
@@ -223,8 +211,8 @@ fn prepare(rt: &Runtime, text: &str, backend: &str, mesh: &str, externals: &str)
         externals,
         inputs,
         outputs,
-        batches: Mutex::new(Vec::new()),
-        on_device: Mutex::new(Vec::new()),
+        batches: Kept::new(BATCHES_KEPT),
+        on_device: Kept::new(cuda::COMPILED_KEPT),
     })
 }
 
