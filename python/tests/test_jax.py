@@ -641,6 +641,24 @@ def test_ctrl_c_stops_a_long_kernel_inside_jit_and_the_process_goes_on():
     assert float(lines[1]) - sent < 5, f"KeyboardInterrupt came {float(lines[1]) - sent:.1f} s after SIGINT"
 
 
+def test_a_kernel_of_100000_statements_runs_in_python_and_inside_jit():
+    """A chain `%v1 = add %v0, 1.0; ...` of 100,000 statements (it crashed the Python module at
+    about 4,000 on wgpu, with a signal: the launch's thread has a smaller stack; the interpreter's
+    compile took time quadratic in its length): right on the interpreter from Python and inside
+    `jax.jit`, refused by wgpu by name, never a crash."""
+    n = 100_000
+    text = "kernel chain\n  grid (i: 4)\n  in x: f32[64] block [16] at (i)\n  out o: f32[64] block [16] at (i)\n{\n  %v0 = load x\n"
+    text += "".join(f"  %v{k} = add %v{k - 1}, 1.0\n" for k in range(1, n + 1)) + f"  store o, %v{n}\n}}\n"
+    x = np.arange(64, dtype=np.float32)
+    want = x + np.float32(n)  # exact: every partial sum is an integer below 2^24
+    k = tessel.compile(text)
+    np.testing.assert_array_equal(k(x=x, backend="interpret")["o"], want)
+    np.testing.assert_array_equal(np.asarray(jax.jit(lambda x: tj.call(k, x, backend="interpret"))(x)), want)
+    if "wgpu" in backends():
+        with pytest.raises(tessel.UnsupportedError, match="has 100002 statements, more than the 16384 the wgpu backend compiles"):
+            k(x=x, backend="wgpu")
+
+
 # ---- scale-out ----
 
 
