@@ -255,6 +255,7 @@ enum Platform {
 /// # Safety
 /// `frame` is a call frame XLA made for a custom call of this handler.
 pub unsafe extern "C" fn tessel_call(frame: *mut CallFrame) -> *mut FfiError {
+    // SAFETY: XLA's call frame, as the caller promises.
     unsafe { entry(frame, Platform::Host) }
 }
 
@@ -264,10 +265,16 @@ pub unsafe extern "C" fn tessel_call(frame: *mut CallFrame) -> *mut FfiError {
 /// # Safety
 /// As [`tessel_call`].
 pub unsafe extern "C" fn tessel_call_cuda(frame: *mut CallFrame) -> *mut FfiError {
+    // SAFETY: XLA's call frame, as the caller promises.
     unsafe { entry(frame, Platform::Cuda) }
 }
 
+/// The handler on `platform`, its failures (panics too) as XLA FFI errors.
+///
+/// # Safety
+/// `frame` is a call frame XLA made for a custom call of this handler.
 unsafe fn entry(frame: *mut CallFrame, platform: Platform) -> *mut FfiError {
+    // SAFETY: XLA's call frame, as the caller promises.
     let result = catch_unwind(AssertUnwindSafe(|| unsafe { handle(frame, platform) }));
     let failure = match result {
         Ok(Ok(())) => return std::ptr::null_mut(),
@@ -341,6 +348,7 @@ unsafe fn string_attr<'a>(frame: &'a CallFrame, name: &str) -> Result<&'a str, F
         }
         // SAFETY: a string attribute is a byte span.
         let s = unsafe { &*(v as *const ByteSpan) };
+        // SAFETY: XLA's span: `len` bytes at `ptr`, alive for the call.
         let bytes = if s.len == 0 { &[][..] } else { unsafe { std::slice::from_raw_parts(s.ptr as *const u8, s.len) } };
         return std::str::from_utf8(bytes).map_err(|_| invalid(format!("attribute `{name}` is not UTF-8")));
     }
@@ -424,12 +432,14 @@ unsafe fn handle(frame: *mut CallFrame, platform: Platform) -> Result<(), Failur
     if unsafe { metadata(frame) } {
         return Ok(());
     }
+    // SAFETY: XLA's frame, at least as large as the struct read (checked above).
     let frame = unsafe { &*frame };
     if frame.stage != STAGE_EXECUTE {
         return Ok(());
     }
     CALLS.fetch_add(1, Ordering::Relaxed);
     let _in_flight = InFlight::enter();
+    // SAFETY: the frame's attributes, as XLA lays them out for this call.
     let (text, backend, mesh, externals, keep) = unsafe {
         (
             string_attr(frame, "text")?,
@@ -447,6 +457,7 @@ unsafe fn handle(frame: *mut CallFrame, platform: Platform) -> Result<(), Failur
     let p = prepared(&rt, text, backend, mesh, externals)?;
     let name = p.kernel.name();
     let kept = kept_outputs(keep, &p)?;
+    // SAFETY: the frame's operand and result lists, as XLA lays them out for this call.
     let (mut ins, outs) = unsafe { (buffers(&frame.args, "operand")?, buffers(&frame.rets, "result")?) };
     if ins.len() != p.inputs.len() + kept.len() || outs.len() != p.outputs.len() {
         return Err(invalid(format!(
@@ -544,10 +555,13 @@ unsafe fn launch_host(
     }
     for (raw, (arg, ty)) in outs.iter().zip(&p.outputs) {
         let len = batch.bytes(ty);
-        // SAFETY: a result buffer of the call, as above, that nothing else reads or writes
-        // during the call: an operand XLA aliases to it (a kept output's) is not read.
-        let bytes =
-            if len == 0 { &mut [][..] } else { unsafe { std::slice::from_raw_parts_mut(raw.data.add(n * len), len) } };
+        let bytes = if len == 0 {
+            &mut [][..]
+        } else {
+            // SAFETY: a result buffer of the call, as above, that nothing else reads or writes
+            // during the call: an operand XLA aliases to it (a kept output's) is not read.
+            unsafe { std::slice::from_raw_parts_mut(raw.data.add(n * len), len) }
+        };
         args.outputs.insert(arg.clone(), BytesMut { ty: batch.ty(ty), bytes, keep: kept.contains(arg) });
     }
     planned.launch_in_place(&mut args)?;
