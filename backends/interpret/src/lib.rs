@@ -9,7 +9,6 @@
 mod coarsen;
 pub mod error;
 mod eval;
-mod fastmath;
 mod fuse;
 mod limits;
 mod lower;

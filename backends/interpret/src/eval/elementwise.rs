@@ -51,7 +51,7 @@ pub(crate) fn unary(op: UnaryOp, a: View<'_>) -> Val {
             match op {
                 UnaryOp::Neg => map(v, |x| -x),
                 UnaryOp::Abs => map(v, f32::abs),
-                UnaryOp::Exp => crate::fastmath::exp(v),
+                UnaryOp::Exp => super::fastmath::exp(v),
                 UnaryOp::Exp2 => via_f64(v, f64::exp2),
                 UnaryOp::Log => via_f64(v, f64::ln),
                 UnaryOp::Log2 => via_f64(v, f64::log2),

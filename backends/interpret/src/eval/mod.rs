@@ -18,6 +18,7 @@
 mod cast;
 mod dot;
 mod elementwise;
+mod fastmath;
 mod float;
 mod layout;
 mod reduce;

@@ -10,7 +10,7 @@
 
 /// `log2(e)`.
 const LOG2_E: f64 = std::f64::consts::LOG2_E;
-use crate::eval::{Put, Sink};
+use super::{Put, Sink};
 
 /// `ln 2` in two parts: the first has 32 trailing zero bits, so `n * LN2_HI` is exact.
 const LN2_HI: f64 = 0.693_147_180_369_123_8;
