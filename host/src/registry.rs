@@ -283,13 +283,16 @@ fn check_writers(path: &Path, canonical: &Path) -> Result<Option<String>, Plugin
     const OTHERS_WRITE: u32 = 0o002;
     const GROUP_WRITE: u32 = 0o020;
     const STICKY: u32 = 0o1000;
-    let meta = |p: &Path| std::fs::metadata(p).map(|m| (m.permissions().mode(), m.gid())).unwrap_or((0, 0));
-    // Who besides the owner may write `p`, where someone may.
+    let meta = |p: &Path| std::fs::metadata(p).map(|m| (m.permissions().mode(), m.gid(), m.uid())).unwrap_or((0, 0, 0));
+    let root = running_as_root();
+    // Who besides the owner may write `p`, where someone may. A group's write counts always as
+    // root (as `ssh` refuses a group-writable key); for another user not where the group is the
+    // owner's own (a user private group, gid = uid: umask 002 makes every file so).
     let writers = |p: &Path| {
-        let (mode, gid) = meta(p);
+        let (mode, gid, uid) = meta(p);
         if mode & OTHERS_WRITE != 0 {
             Some("every user".to_string())
-        } else if mode & GROUP_WRITE != 0 {
+        } else if mode & GROUP_WRITE != 0 && (root || gid != uid) {
             Some(format!("its group (gid {gid})"))
         } else {
             None
@@ -303,7 +306,7 @@ fn check_writers(path: &Path, canonical: &Path) -> Result<Option<String>, Plugin
             .map(|(d, who)| (format!("its folder `{}` is writable by {who} (and not sticky)", d.display()), d.to_path_buf()))
     };
     let Some((why, fix)) = found else { return Ok(None) };
-    if running_as_root() {
+    if root {
         return Err(PluginError::WorldWritable { path: path.to_path_buf(), why, fix });
     }
     Ok(Some(format!(

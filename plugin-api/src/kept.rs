@@ -5,6 +5,7 @@
 //! compilations again, never a wrong answer. (wgpu's pipelines and bind groups, which the device
 //! holds, drop their oldest entry instead: `tessel_wgpu::runtime`.)
 
+use std::borrow::Borrow;
 use std::collections::HashMap;
 use std::hash::Hash;
 use std::sync::{Mutex, PoisonError};
@@ -28,19 +29,29 @@ impl<K: Eq + Hash, V: Clone> Kept<K, V> {
         f(map.get_or_insert_with(HashMap::new))
     }
 
-    /// The value kept for `key`.
-    pub fn get(&self, key: &K) -> Option<V> {
+    /// The value kept for `key` (or a borrowed form of it: a `&str` for a `String` key).
+    pub fn get<Q: Hash + Eq + ?Sized>(&self, key: &Q) -> Option<V>
+    where
+        K: Borrow<Q>,
+    {
         self.with(|m| m.get(key).cloned())
     }
 
     /// Keeps `value` for `key`, emptying the cache first where it is full.
     pub fn insert(&self, key: K, value: V) {
+        self.insert_all([(key, value)]);
+    }
+
+    /// Keeps every entry, in one step: emptied first where they would not all fit, so that none
+    /// of them empties the cache of the others.
+    pub fn insert_all<const N: usize>(&self, entries: [(K, V); N]) {
         let cap = self.cap;
         self.with(|m| {
-            if m.len() >= cap && !m.contains_key(&key) {
+            let new = entries.iter().filter(|(k, _)| !m.contains_key(k)).count();
+            if m.len() + new > cap {
                 m.clear();
             }
-            m.insert(key, value);
+            m.extend(entries);
         });
     }
 
@@ -93,5 +104,9 @@ mod tests {
         assert_eq!(k.get(&5), None, "an error is not kept");
         k.clear();
         assert!(k.is_empty());
+        let both: Kept<String, u32> = Kept::new(2);
+        both.insert("a".into(), 1);
+        both.insert_all([("b".into(), 2), ("c".into(), 3)]);
+        assert_eq!((both.len(), both.get("a"), both.get("b"), both.get("c")), (2, None, Some(2), Some(3)), "two new entries at once fit together");
     }
 }

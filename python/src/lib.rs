@@ -282,7 +282,8 @@ impl Kernel {
                 );
                 return Err(raise(py, Failure::Input(m)));
             };
-            let is_int = size.is_instance_of::<pyo3::types::PyInt>() && !size.is_instance_of::<pyo3::types::PyBool>();
+            // An int or a numpy integer (what `operator.index` takes), never a bool.
+            let is_int = !size.is_instance_of::<pyo3::types::PyBool>();
             match size.extract::<i64>() {
                 Ok(n) if is_int && (1..=MAX_AXIS_SIZE as i64).contains(&n) => {
                     sizes.insert(axis, n as u64);
@@ -313,7 +314,8 @@ impl Kernel {
                 );
                 return Err(raise(py, Failure::Input(m)));
             };
-            let is_int = value.is_instance_of::<pyo3::types::PyInt>() && !value.is_instance_of::<pyo3::types::PyBool>();
+            // An int or a numpy integer (what `operator.index` takes), never a bool.
+            let is_int = !value.is_instance_of::<pyo3::types::PyBool>();
             match value.extract::<i64>() {
                 Ok(n) if is_int => {
                     values.insert(name, n);

@@ -35,7 +35,11 @@ static STATE: RwLock<State> = RwLock::new(State { runtimes: BTreeMap::new(), plu
 pub(crate) fn runtime(backend: &str) -> Result<Arc<Runtime>, Error> {
     static BUILTINS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
     let builtins = BUILTINS.get_or_init(|| tessel::registry::Registry::builtins().backends.iter().map(|b| b.name.clone()).collect());
+    // Without plugins on the path, every call shares one runtime (one wgpu device, one set of
+    // plans); a name nobody provides is then refused by that one.
+    let path = std::env::var_os("TESSEL_PLUGIN_PATH").is_some_and(|p| std::env::split_paths(&p).any(|d| !d.as_os_str().is_empty()));
     let reach = match backend {
+        _ if !path => Reach::Builtins,
         "auto" => Reach::Every,
         b if builtins.iter().any(|n| n == b) => Reach::Builtins,
         b => Reach::Named(b.to_string()),
@@ -53,7 +57,11 @@ pub(crate) fn runtime(backend: &str) -> Result<Arc<Runtime>, Error> {
         Reach::Every => None,
     };
     let rt = Arc::new(Runtime::for_backend(&s.plugins, named)?);
-    s.runtimes.insert(reach, Arc::clone(&rt));
+    // A name no plugin provides (a typo) gets its refusal from this runtime, which is not kept:
+    // one runtime per wrong name would each hold every plugin of the path.
+    if named.is_none_or(|n| rt.registry().get(n).is_some()) {
+        s.runtimes.insert(reach, Arc::clone(&rt));
+    }
     Ok(rt)
 }
 

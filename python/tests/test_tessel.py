@@ -524,6 +524,8 @@ def test_a_parameter_value_past_64_bits_or_not_an_int_is_an_input_error_naming_i
         assert f"parameter `BM` of kernel `softmax` cannot be {value!r}" in str(e.value), str(e.value)
     with pytest.raises(tessel.InputError, match="params=\\{...\\} of kernel `softmax` has the key 1, not a parameter name"):
         k.run(x=x, params={1: 8})
+    # A numpy integer is an int here, as `operator.index` takes it.
+    assert k.run(x=x, params={"BM": np.int64(16)}).params["BM"] == 16
 
 
 def test_long_names_and_text_past_the_file_limit_are_quoted_short():
@@ -555,6 +557,7 @@ def test_a_grid_size_out_of_range_is_an_input_error_naming_the_axis(size):
         k.run(x=x, grid={1: 8})
     # The largest size and the smallest are taken (8 programs cover the array; 1 leaves the rest zero).
     np.testing.assert_array_equal(k.run(x=x, grid={"i": 8}).outputs["o"], x)
+    np.testing.assert_array_equal(k.run(x=x, grid={"i": np.int32(8)}).outputs["o"], x)
     one = k.run(x=x, grid={"i": 1}).outputs["o"]
     np.testing.assert_array_equal(one[:128], x[:128])
     assert not one[128:].any()

@@ -154,8 +154,12 @@ impl Drop for InFlight {
     }
 }
 
-fn key(text: &[u8], backend: &[u8], mesh: &[u8], externals: &[u8]) -> [u8; 32] {
+fn key(rt: &Runtime, text: &[u8], backend: &[u8], mesh: &[u8], externals: &[u8]) -> [u8; 32] {
     let mut h = blake3::Hasher::new();
+    // The runtime too: a launch prepared by one runtime's backend never runs on another's (a
+    // plugin on the path named like a built-in replaces it only in the runtime that loads every
+    // plugin). Runtimes are dropped only by `load_plugin`, which empties this cache ([`forget`]).
+    h.update(&(std::ptr::from_ref(rt) as usize as u64).to_le_bytes());
     for part in [text, backend, mesh, externals] {
         h.update(&(part.len() as u64).to_le_bytes());
         h.update(part);
@@ -166,17 +170,19 @@ fn key(text: &[u8], backend: &[u8], mesh: &[u8], externals: &[u8]) -> [u8; 32] {
 /// The launch of kernel `text` on `backend` with `mesh` and `externals` (one mesh a line), from
 /// the cache or prepared now (and kept).
 pub fn prepared(rt: &Runtime, text: &str, backend: &str, mesh: &str, externals: &str) -> Result<Arc<Prepared>, Error> {
-    let k = key(text.as_bytes(), backend.as_bytes(), mesh.as_bytes(), externals.as_bytes());
+    let k = key(rt, text.as_bytes(), backend.as_bytes(), mesh.as_bytes(), externals.as_bytes());
     if let Some(p) = CACHE.get(&k) {
         HITS.fetch_add(1, Ordering::Relaxed);
         return Ok(p);
     }
     MISSES.fetch_add(1, Ordering::Relaxed);
     let p = Arc::new(prepare(rt, text, backend, mesh, externals)?);
-    CACHE.insert(k, Arc::clone(&p));
-    // `auto` resolved: the handler's calls name the backend chosen, and find it too.
-    if backend != p.plan.backend() {
-        CACHE.insert(key(text.as_bytes(), p.plan.backend().as_bytes(), mesh.as_bytes(), externals.as_bytes()), Arc::clone(&p));
+    if backend == p.plan.backend() {
+        CACHE.insert(k, Arc::clone(&p));
+    } else {
+        // `auto` resolved: the handler's calls name the backend chosen, and find it too.
+        let chosen = key(rt, text.as_bytes(), p.plan.backend().as_bytes(), mesh.as_bytes(), externals.as_bytes());
+        CACHE.insert_all([(k, Arc::clone(&p)), (chosen, Arc::clone(&p))]);
     }
     Ok(p)
 }

@@ -15,7 +15,7 @@
 //! place (`signal.signal` in Python), chaining to that one. Where SIGINT is ignored (a
 //! background job), nothing is installed: Ctrl-C means nothing there.
 
-use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock, PoisonError};
 
 use tessel_plugin_api::cancel::Token;
@@ -28,6 +28,14 @@ static PREVIOUS: AtomicUsize = AtomicUsize::new(libc::SIG_DFL);
 static PREVIOUS_FLAGS: AtomicI32 = AtomicI32::new(0);
 /// The tokens of the launches running now.
 static RUNNING: Mutex<Vec<Token>> = Mutex::new(Vec::new());
+/// The process that made the pipe: a child made by `fork` has the pipe but not its reader, and
+/// its SIGINT is not the parent's.
+static OWNER: AtomicI32 = AtomicI32::new(0);
+/// Set while [`on_sigint`] runs: a handler installed after ours that chains back to it (and
+/// which ours then chains to) must not make the two call each other without end.
+static INSIDE: AtomicBool = AtomicBool::new(false);
+/// Installs take turns (the handler itself never takes this lock).
+static INSTALLING: Mutex<()> = Mutex::new(());
 
 /// A launch's token, cancelled by SIGINT while the value lives.
 pub(super) struct Watched(Token);
@@ -50,13 +58,28 @@ pub(super) fn watch(token: &Token) -> Watched {
 
 /// Our handler: one byte down the pipe, then the signal to the handler before ours.
 extern "C" fn on_sigint(signal: libc::c_int, info: *mut libc::siginfo_t, context: *mut libc::c_void) {
+    if INSIDE.swap(true, Ordering::Acquire) {
+        return;
+    }
+    let saved = errno::get();
+    // SAFETY: `getpid` is async-signal-safe.
+    #[allow(unsafe_code, reason = "libc::getpid is an FFI call")]
+    let here = unsafe { libc::getpid() };
     let fd = PIPE.load(Ordering::Relaxed);
-    if fd >= 0 {
+    if fd >= 0 && here == OWNER.load(Ordering::Relaxed) {
         // SAFETY: `write` is async-signal-safe; a full pipe (non-blocking) drops the byte, and
         // the bytes already there cancel the same launches.
         #[allow(unsafe_code, reason = "libc::write is an FFI call")]
         let _ = unsafe { libc::write(fd, [1u8].as_ptr().cast(), 1) };
     }
+    // What the interrupted code saw in `errno` is as it was for the handler we pass on to.
+    errno::set(saved);
+    chain(signal, info, context);
+    INSIDE.store(false, Ordering::Release);
+}
+
+/// The signal to the handler before ours, as the kernel would have delivered it.
+fn chain(signal: libc::c_int, info: *mut libc::siginfo_t, context: *mut libc::c_void) {
     let previous = PREVIOUS.load(Ordering::Relaxed);
     match previous {
         libc::SIG_IGN => {}
@@ -95,16 +118,19 @@ fn install() {
     static READER: OnceLock<bool> = OnceLock::new();
     let ready = *READER.get_or_init(|| {
         let mut fds = [0 as libc::c_int; 2];
-        // SAFETY: `fds` has room for the two descriptors `pipe2` writes.
-        #[allow(unsafe_code, reason = "libc::pipe2 is an FFI call")]
-        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        // SAFETY: `fds` has room for the two descriptors `pipe` writes.
+        #[allow(unsafe_code, reason = "libc::pipe is an FFI call")]
+        if unsafe { libc::pipe(fds.as_mut_ptr()) } != 0 {
             return false;
         }
         let [read, write] = fds;
-        // The write end never blocks the signal handler.
-        // SAFETY: `fcntl` on a descriptor just made.
+        // Neither end goes to a program this process runs; the write end never blocks the signal
+        // handler.
+        // SAFETY: `fcntl` on descriptors just made.
         #[allow(unsafe_code, reason = "libc::fcntl is an FFI call")]
         unsafe {
+            libc::fcntl(read, libc::F_SETFD, libc::FD_CLOEXEC);
+            libc::fcntl(write, libc::F_SETFD, libc::FD_CLOEXEC);
             libc::fcntl(write, libc::F_SETFL, libc::O_NONBLOCK);
         }
         let started = std::thread::Builder::new().name("tessel-sigint".into()).spawn(move || {
@@ -123,12 +149,16 @@ fn install() {
         if started.is_err() {
             return false;
         }
+        // SAFETY: `getpid` has no preconditions.
+        #[allow(unsafe_code, reason = "libc::getpid is an FFI call")]
+        OWNER.store(unsafe { libc::getpid() }, Ordering::Relaxed);
         PIPE.store(write, Ordering::Relaxed);
         true
     });
     if !ready {
         return;
     }
+    let _turn = INSTALLING.lock().unwrap_or_else(PoisonError::into_inner);
     // SAFETY: `sigaction` reads and writes the structs given; `current` is a valid out-pointer.
     #[allow(unsafe_code, reason = "libc::sigaction is an FFI call")]
     unsafe {
@@ -147,5 +177,42 @@ fn install() {
         ourself.sa_flags = libc::SA_SIGINFO | (current.sa_flags & (libc::SA_RESTART | libc::SA_ONSTACK));
         ourself.sa_mask = current.sa_mask;
         libc::sigaction(libc::SIGINT, &ourself, std::ptr::null_mut());
+    }
+}
+
+/// `errno`, read and restored around the handler's own calls.
+mod errno {
+    #[cfg(target_os = "linux")]
+    fn location() -> *mut libc::c_int {
+        // SAFETY: the calling thread's `errno`, always valid.
+        #[allow(unsafe_code, reason = "libc::__errno_location is an FFI call")]
+        unsafe {
+            libc::__errno_location()
+        }
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    fn location() -> *mut libc::c_int {
+        // SAFETY: the calling thread's `errno`, always valid.
+        #[allow(unsafe_code, reason = "libc::__error is an FFI call")]
+        unsafe {
+            libc::__error()
+        }
+    }
+
+    pub(super) fn get() -> libc::c_int {
+        // SAFETY: a valid pointer to this thread's `errno`.
+        #[allow(unsafe_code, reason = "reading errno")]
+        unsafe {
+            *location()
+        }
+    }
+
+    pub(super) fn set(value: libc::c_int) {
+        // SAFETY: as above.
+        #[allow(unsafe_code, reason = "writing errno")]
+        unsafe {
+            *location() = value;
+        }
     }
 }
