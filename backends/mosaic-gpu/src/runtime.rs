@@ -225,7 +225,12 @@ impl Device {
     }
 
     fn function(&self, plan: &Plan, ptx: &str) -> Result<CudaFunction, BackendError> {
-        self.functions.get_or_try_insert(ptx.to_string(), || self.load(plan, ptx))
+        if let Some(f) = self.functions.get(ptx) {
+            return Ok(f);
+        }
+        let f = self.load(plan, ptx)?;
+        self.functions.insert(ptx.to_string(), f.clone());
+        Ok(f)
     }
 
     /// The function of `ptx`, loaded and checked.
