@@ -10,7 +10,7 @@ raised from inside tessel's Python code by accident (a `KeyError` in `tessel/jax
 Budget: TESSEL_FUZZ_EXAMPLES examples per test (default 40, what `scripts/test` runs; the draws
 are derandomized there, so a run is repeatable). `scripts/fuzz` runs many more with fresh draws
 and keeps hypothesis's database of failing examples under target/hypothesis. A failure found
-becomes an `@example` below, which every later run tries first.
+becomes an `@example(...)` on its test, which every later run tries first.
 """
 
 import os
@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import HealthCheck, event, example, given, settings  # noqa: E402
+from hypothesis import HealthCheck, event, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")

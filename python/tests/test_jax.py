@@ -4,7 +4,6 @@ values come from numpy, `jnp` on XLA, or Pallas's own interpret mode, never from
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import textwrap
@@ -605,7 +604,7 @@ def test_ctrl_c_stops_a_long_kernel_inside_jit_and_the_process_goes_on():
     """SIGINT while XLA runs a `tessel_call` of a kernel that would take minutes: the launch stops
     within moments (it ran to its end: Python's handler only notes the signal while the main
     thread waits inside jaxlib), `KeyboardInterrupt` is raised, and jitted calls run as before."""
-    from test_tessel import SPIN
+    from test_tessel import SPIN, interrupt_child
 
     code = textwrap.dedent(f"""
         import signal, sys, time, numpy as np, jax, tessel, tessel.jax as tj
@@ -624,21 +623,9 @@ def test_ctrl_c_stops_a_long_kernel_inside_jit_and_the_process_goes_on():
             print("interrupted", time.monotonic(), flush=True)
         print("usable" if np.array_equal(np.asarray(g(y, y)), y + y) else "wrong", flush=True)
     """)
-    p = subprocess.Popen([sys.executable, "-c", code, str(EXAMPLES / "add.tk")], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, env=dict(os.environ, JAX_PLATFORMS="cpu"))
-    try:
-        assert p.stdout.readline().strip() == "started", p.communicate()
-        time.sleep(1.0)
-        sent = time.monotonic()
-        p.send_signal(signal.SIGINT)
-        out, err = p.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        p.communicate()
-        pytest.fail("the kernel went on for 60 s after SIGINT")
-    lines = out.split()
-    assert lines[:1] == ["interrupted"] and lines[2:] == ["usable"], (out, err[-2000:])
-    assert float(lines[1]) - sent < 5, f"KeyboardInterrupt came {float(lines[1]) - sent:.1f} s after SIGINT"
+    rest, err, latency, code = interrupt_child(code, [str(EXAMPLES / "add.tk")], env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=60)
+    assert rest == ["usable"] and code == 0, (rest, err[-2000:])
+    assert latency < 5, f"KeyboardInterrupt came {latency:.1f} s after SIGINT"
 
 
 def test_a_kernel_of_100000_statements_runs_in_python_and_inside_jit():

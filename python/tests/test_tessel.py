@@ -698,18 +698,25 @@ def interrupted_launch(kernel, shape, backend, plugin=None, after="interpret"):
         o = add(x=y, y=y, backend={after!r})["o"]
         print("usable" if np.array_equal(o, y + y) else "wrong", flush=True)
     """)
-    p = subprocess.Popen([os.sys.executable, "-c", code, str(EXAMPLES / "add.tk"), str(plugin or "")], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
+    return interrupt_child(code, [str(EXAMPLES / "add.tk"), str(plugin or "")])
+
+
+def interrupt_child(code, args, env=None, timeout=30):
+    """Runs `code` in a child Python with `args`, sends it SIGINT a second after it prints
+    "started", and returns (the words it printed after "interrupted T", its stderr, seconds from
+    SIGINT to T, exit code); a child still running `timeout` seconds after SIGINT fails the test."""
+    p = subprocess.Popen([os.sys.executable, "-c", code, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, env=env)
     try:
         assert p.stdout.readline().strip() == "started", p.communicate()
         time.sleep(1.0)
         sent = time.monotonic()
         p.send_signal(signal.SIGINT)
-        out, err = p.communicate(timeout=30)
+        out, err = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         p.kill()
         p.communicate()
-        pytest.fail("the launch went on for 30 s after SIGINT")
+        pytest.fail(f"the launch went on for {timeout} s after SIGINT")
     lines = out.split()
     assert lines[:1] == ["interrupted"], (out, err)
     return lines[2:], err, float(lines[1]) - sent, p.returncode
