@@ -65,10 +65,13 @@ pub struct Gpu {
     /// Status words of the loop check (`lower/loops.rs`), one per launch in flight, kept for the
     /// next (a launch repeated on one thread binds the same word, so its bind group is reused).
     loop_checks: Mutex<Vec<LoopCheck>>,
-    /// Whether a wait was given up on (Ctrl-C) with work still on the device: the next submit
-    /// would block inside the driver until that work ends (lavapipe's does, not following any
-    /// token), so it waits first, under its own launch's token ([`Gpu::settle`]).
-    abandoned: std::sync::atomic::AtomicBool,
+    /// Waits given up on (Ctrl-C) with work still on the device, counted, and how many of them
+    /// a finished wait has covered since: while some are not, the next submit would block inside
+    /// the driver until that work ends (lavapipe's does, not following any token), so it waits
+    /// first, under its own launch's token ([`Gpu::settle`]). A wait covers the abandons counted
+    /// before it began (it waits for everything submitted by then), never one counted during it.
+    abandoned: std::sync::atomic::AtomicU64,
+    settled: std::sync::atomic::AtomicU64,
 }
 
 /// A status word the modules of one launch set when the driver cut their loops short, and the
@@ -237,7 +240,8 @@ pub fn gpu() -> Result<&'static Gpu, BackendError> {
             bind_groups: Mutex::new(std::collections::VecDeque::new()),
             workspace: Mutex::new(None),
             loop_checks: Mutex::new(Vec::new()),
-            abandoned: std::sync::atomic::AtomicBool::new(false),
+            abandoned: std::sync::atomic::AtomicU64::new(0),
+            settled: std::sync::atomic::AtomicU64::new(0),
             description: a.description.clone(),
         })
     })
@@ -398,7 +402,7 @@ impl Gpu {
     /// Before a submit: where an earlier wait was given up on, waits for that work first (under
     /// this launch's token, so that Ctrl-C stops this wait too).
     fn settle(&self) -> Result<(), BackendError> {
-        if self.abandoned.load(std::sync::atomic::Ordering::Relaxed) {
+        if self.abandoned.load(std::sync::atomic::Ordering::Acquire) > self.settled.load(std::sync::atomic::Ordering::Acquire) {
             self.wait()?;
         }
         Ok(())
@@ -410,16 +414,18 @@ impl Gpu {
     /// finishes the work on its own (wgpu keeps the buffers it uses alive), and the next launch
     /// queues behind it.
     fn wait(&self) -> Result<(), BackendError> {
+        use std::sync::atomic::Ordering::AcqRel;
         let token = tessel_plugin_api::cancel::current();
         let timeout = token.as_ref().map(|_| CANCEL_POLL);
+        let before = self.abandoned.load(std::sync::atomic::Ordering::Acquire);
         loop {
             match self.device.poll(wgpu::PollType::Wait { submission_index: None, timeout }) {
                 Ok(_) => {
-                    self.abandoned.store(false, std::sync::atomic::Ordering::Relaxed);
+                    self.settled.fetch_max(before, AcqRel);
                     break;
                 }
                 Err(wgpu::PollError::Timeout) if token.as_ref().is_some_and(|t| t.is_cancelled()) => {
-                    self.abandoned.store(true, std::sync::atomic::Ordering::Relaxed);
+                    self.abandoned.fetch_add(1, AcqRel);
                     return Err(tessel_plugin_api::cancel::cancelled());
                 }
                 Err(wgpu::PollError::Timeout) => {}
