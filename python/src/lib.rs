@@ -271,68 +271,41 @@ impl Kernel {
     /// The sizes of `dyn` grid axes given as `grid={"n": 16}`: each a Python int from 1 to
     /// [`MAX_AXIS_SIZE`] (a `program_id` is an `i32`); anything else is refused naming the axis.
     fn grid_sizes<'py>(&self, py: Python<'py>, grid: Option<Bound<'py, PyDict>>) -> PyResult<BTreeMap<String, u64>> {
-        let Some(grid) = grid else { return Ok(BTreeMap::new()) };
         let kernel = self.generic().name();
-        let mut sizes = BTreeMap::new();
-        for (axis, size) in grid.iter() {
-            let Ok(axis) = axis.extract::<String>() else {
-                let m = format!(
-                    "grid={{...}} of kernel `{kernel}` has the key {}, not an axis name\n  name each `dyn` axis by a string: grid={{\"n\": 16}}",
-                    axis.repr()?
-                );
-                return Err(raise(py, Failure::Input(m)));
-            };
-            // An int or a numpy integer (what `operator.index` takes), never a bool.
-            let is_int = !size.is_instance_of::<pyo3::types::PyBool>();
-            match size.extract::<i64>() {
-                Ok(n) if is_int && (1..=MAX_AXIS_SIZE as i64).contains(&n) => {
-                    sizes.insert(axis, n as u64);
-                }
-                _ => {
-                    let m = format!(
-                        "grid axis `{axis}` of kernel `{kernel}` cannot have size {}\n  expected an int from 1 to {MAX_AXIS_SIZE}",
-                        size.repr()?
-                    );
-                    return Err(raise(py, Failure::Input(m)));
-                }
-            }
-        }
-        Ok(sizes)
+        let sizes = int_entries(
+            py,
+            grid,
+            |n| (1..=MAX_AXIS_SIZE as i64).contains(&n),
+            |key| format!("grid={{...}} of kernel `{kernel}` has the key {key}, not an axis name\n  name each `dyn` axis by a string: grid={{\"n\": 16}}"),
+            |axis, size| format!("grid axis `{axis}` of kernel `{kernel}` cannot have size {size}\n  expected an int from 1 to {MAX_AXIS_SIZE}"),
+        )?;
+        Ok(sizes.into_iter().map(|(axis, n)| (axis, n as u64)).collect())
     }
 
     /// `params={...}` as the kernel's parameter values, each an int of 64 bits, named in the
     /// message where one is not (a bare `OverflowError` named neither parameter nor kernel).
     fn param_values<'py>(&self, py: Python<'py>, params: Option<Bound<'py, PyDict>>) -> PyResult<BTreeMap<String, i64>> {
-        let Some(params) = params else { return Ok(BTreeMap::new()) };
         let kernel = self.generic().name();
-        let mut values = BTreeMap::new();
-        for (name, value) in params.iter() {
-            let Ok(name) = name.extract::<String>() else {
-                let m = format!(
+        int_entries(
+            py,
+            params,
+            |_| true,
+            |key| {
+                format!(
                     "params={{...}} of kernel `{kernel}` has the key {}, not a parameter name\n  name each parameter by a string: params={{\"B\": 128}}",
-                    clip(&name.repr()?.to_string())
-                );
-                return Err(raise(py, Failure::Input(m)));
-            };
-            // An int or a numpy integer (what `operator.index` takes), never a bool.
-            let is_int = !value.is_instance_of::<pyo3::types::PyBool>();
-            match value.extract::<i64>() {
-                Ok(n) if is_int => {
-                    values.insert(name, n);
-                }
-                _ => {
-                    let m = format!(
-                        "parameter `{}` of kernel `{kernel}` cannot be {}\n  expected an int from {} to {}",
-                        clip(&name),
-                        clip(&value.repr()?.to_string()),
-                        i64::MIN,
-                        i64::MAX
-                    );
-                    return Err(raise(py, Failure::Input(m)));
-                }
-            }
-        }
-        Ok(values)
+                    clip(&key)
+                )
+            },
+            |name, value| {
+                format!(
+                    "parameter `{}` of kernel `{kernel}` cannot be {}\n  expected an int from {} to {}",
+                    clip(name),
+                    clip(&value),
+                    i64::MIN,
+                    i64::MAX
+                )
+            },
+        )
     }
 
     /// Every `in` argument, lent, refusing missing and unknown names first.
@@ -651,6 +624,32 @@ fn load_plugin(py: Python<'_>, path: PathBuf) -> PyResult<()> {
         ffi::forget();
         Ok(())
     })
+}
+
+/// The entries of a `{name: int}` dict given to a call (`grid=`, `params=`): each key a str, each
+/// value an int or a numpy integer (what `operator.index` takes, never a bool) that `fits`;
+/// anything else is an `InputError` with `bad_key(the key's repr)` or `bad_value(name, the
+/// value's repr)`.
+fn int_entries<'py>(
+    py: Python<'py>,
+    dict: Option<Bound<'py, PyDict>>,
+    fits: impl Fn(i64) -> bool,
+    bad_key: impl Fn(String) -> String,
+    bad_value: impl Fn(&str, String) -> String,
+) -> PyResult<BTreeMap<String, i64>> {
+    let mut entries = BTreeMap::new();
+    for (key, value) in dict.iter().flat_map(|d| d.iter()) {
+        let Ok(name) = key.extract::<String>() else {
+            return Err(raise(py, Failure::Input(bad_key(key.repr()?.to_string()))));
+        };
+        match value.extract::<i64>() {
+            Ok(n) if !value.is_instance_of::<pyo3::types::PyBool>() && fits(n) => {
+                entries.insert(name, n);
+            }
+            _ => return Err(raise(py, Failure::Input(bad_value(&name, value.repr()?.to_string())))),
+        }
+    }
+    Ok(entries)
 }
 
 /// An argument as `tessel.jax` sees it: name, numpy dtype name, shape.

@@ -36,8 +36,13 @@ pub(crate) fn runtime(backend: &str) -> Result<Arc<Runtime>, Error> {
     static BUILTINS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
     let builtins = BUILTINS.get_or_init(|| tessel::registry::Registry::builtins().backends.iter().map(|b| b.name.clone()).collect());
     // Without plugins on the path, every call shares one runtime (one wgpu device, one set of
-    // plans); a name nobody provides is then refused by that one.
-    let path = std::env::var_os("TESSEL_PLUGIN_PATH").is_some_and(|p| std::env::split_paths(&p).any(|d| !d.as_os_str().is_empty()));
+    // plans); a name nobody provides is then refused by that one. The path is read once, as the
+    // module read it once when it made its one runtime at the first call (not on every call of
+    // the XLA handler).
+    static PATH: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let path = *PATH.get_or_init(|| {
+        std::env::var_os("TESSEL_PLUGIN_PATH").is_some_and(|p| std::env::split_paths(&p).any(|d| !d.as_os_str().is_empty()))
+    });
     let reach = match backend {
         _ if !path => Reach::Builtins,
         "auto" => Reach::Every,

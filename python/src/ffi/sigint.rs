@@ -158,25 +158,37 @@ fn install() {
     if !ready {
         return;
     }
+    let ours = on_sigint as extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) as usize;
+    // Where ours is in place (every launch after the first) or SIGINT is ignored: nothing to do,
+    // one system call and no lock.
+    let settled = |current: &libc::sigaction| current.sa_sigaction == ours || current.sa_sigaction == libc::SIG_IGN;
+    if current().is_none_or(|c| settled(&c)) {
+        return;
+    }
     let _turn = INSTALLING.lock().unwrap_or_else(PoisonError::into_inner);
-    // SAFETY: `sigaction` reads and writes the structs given; `current` is a valid out-pointer.
+    let Some(current) = current().filter(|c| !settled(c)) else { return };
+    PREVIOUS_FLAGS.store(current.sa_flags, Ordering::Relaxed);
+    PREVIOUS.store(current.sa_sigaction, Ordering::Relaxed);
+    // SAFETY: a zeroed `sigaction` is a valid value of the C struct, filled in below; `sigaction`
+    // only reads the struct given.
     #[allow(unsafe_code, reason = "libc::sigaction is an FFI call")]
     unsafe {
-        let mut current: libc::sigaction = std::mem::zeroed();
-        if libc::sigaction(libc::SIGINT, std::ptr::null(), &mut current) != 0 {
-            return;
-        }
-        let ours = on_sigint as extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) as usize;
-        if current.sa_sigaction == ours || current.sa_sigaction == libc::SIG_IGN {
-            return;
-        }
-        PREVIOUS_FLAGS.store(current.sa_flags, Ordering::Relaxed);
-        PREVIOUS.store(current.sa_sigaction, Ordering::Relaxed);
         let mut ourself: libc::sigaction = std::mem::zeroed();
         ourself.sa_sigaction = ours;
         ourself.sa_flags = libc::SA_SIGINFO | (current.sa_flags & (libc::SA_RESTART | libc::SA_ONSTACK));
         ourself.sa_mask = current.sa_mask;
         libc::sigaction(libc::SIGINT, &ourself, std::ptr::null_mut());
+    }
+}
+
+/// SIGINT's handler now, as `sigaction` reports it.
+fn current() -> Option<libc::sigaction> {
+    // SAFETY: a zeroed `sigaction` is a valid value of the C struct; `sigaction` writes the
+    // current one into it and reads nothing.
+    #[allow(unsafe_code, reason = "libc::sigaction is an FFI call")]
+    unsafe {
+        let mut current: libc::sigaction = std::mem::zeroed();
+        (libc::sigaction(libc::SIGINT, std::ptr::null(), &mut current) == 0).then_some(current)
     }
 }
 
