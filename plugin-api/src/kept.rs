@@ -67,6 +67,12 @@ impl<K: Eq + Hash, V: Clone> Kept<K, V> {
         Ok(v)
     }
 
+    /// [`Kept::get_or_try_insert`] for a `make` that cannot fail.
+    pub fn get_or_insert_with(&self, key: K, make: impl FnOnce() -> V) -> V {
+        let Ok(v) = self.get_or_try_insert::<std::convert::Infallible>(key, || Ok(make()));
+        v
+    }
+
     /// Entries kept now.
     pub fn len(&self) -> usize {
         self.with(|m| m.len())

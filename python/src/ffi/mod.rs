@@ -69,17 +69,15 @@ impl Prepared {
         }
         // Planned outside the lock: another thread batching another size does not wait on it
         // (two threads with the same new size both plan it, and one result is kept).
-        let made: Result<_, std::convert::Infallible> = self.batches.get_or_try_insert(count, || {
-            Ok(batch::batched(self.kernel.kernel(), count as u64)
+        self.batches.get_or_insert_with(count, || {
+            batch::batched(self.kernel.kernel(), count as u64)
                 .ok()
                 .and_then(|k| tessel_plugin_api::ir::verify(&k).ok())
                 .and_then(|v| {
                     let plan = rt.plan(Choice::Named(self.plan.backend()), &Launch::one(&v)).ok()?.into_plan();
                     Some(Arc::new((v, plan)))
-                }))
-        });
-        let Ok(v) = made;
-        v
+                })
+        })
     }
 }
 
