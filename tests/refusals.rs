@@ -132,6 +132,9 @@ fn every_mosaic_gpu_refusal_is_reached_with_its_words() {
         "wide",
         "kernel wide\n  grid (i: 65536, j: 65536)\n  in x: f32[8]\n  out o: f32[8]\n{\n  %x = load x\n  store o, %x\n}\n",
     );
+    // Threads that wait on each other, more than a CTA has warpgroups.
+    let pipeline = std::fs::read_to_string(root().join("tests/concurrent/pipeline_matmul.tk")).unwrap();
+    let twelve_threads = kernel(&dir, "twelve_threads", &pipeline.replace("grid (wg: 3 thread)", "grid (wg: 12 thread)"));
     // 16 GiB of f32, which an H200 holds: past 32-bit element indices.
     let long = kernel(
         &dir,
@@ -178,8 +181,8 @@ fn every_mosaic_gpu_refusal_is_reached_with_its_words() {
         Case { kind: K::SharedMemory, how: How::Elsewhere("the shared memory of a device is known only on a Hopper GPU (scripts/gpu-check)"), first: String::new() },
         Case {
             kind: K::Unimplemented,
-            how: lower(&file("tests/concurrent/staged_epilogue.tk"), &[]),
-            first: "Unimplemented primitive in Mosaic GPU lowering: copy_async".into(),
+            how: lower(&twelve_threads, &[]),
+            first: "Unimplemented primitive in Mosaic GPU lowering: barriers between 12 threads of one program (at most 8 warpgroups of a CTA run at once)".into(),
         },
     ]);
 }

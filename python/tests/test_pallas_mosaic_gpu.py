@@ -4,14 +4,17 @@ unchanged, inside `jax.jit` under `tessel.pallas.installed(...)`: on the interpr
 (its warpgroups made one thread with the interpreter's schedule compiled in, `ir::schedule`) each
 equals the op's own reference function (or `jnp`'s product where the op has none); mutations of
 their translations (a wait removed, a stage handed back before its product is waited for, a stage
-refilled while a product reads it) are each refused by the interpreter's race check; Mosaic GPU
-refuses the model in Pallas's words.
+refilled while a product reads it) are each refused by the interpreter's race check; on Mosaic GPU
+each lowers to PTX that `ptxas` takes, its warpgroups at once, its barriers mbarriers.
 
 On the CPU the ops read an SM count and a CUDA version from a device that is not there: the tests
 give them (`cores`, `cuda_version`), never the ops."""
 
 import contextlib
+import os
 import re
+import subprocess
+import tempfile
 import types
 
 import numpy as np
@@ -254,12 +257,70 @@ def test_mutations_of_the_matmul_are_refused_by_the_race_check(monkeypatch):
         assert says in str(e.value), f"{what}: {e.value}"
 
 
-def test_mosaic_gpu_refuses_the_warpgroups_in_its_words(monkeypatch):
-    t, a, b = _matmul_translation(monkeypatch)
-    k = tessel.compile(t.text)
-    with pytest.raises(tessel.UnsupportedError) as e:
-        k.lower("mosaic-gpu", mesh=t.mesh)
-    assert str(e.value).splitlines()[0] == "Unimplemented primitive in Mosaic GPU lowering: copy_async", str(e.value)
+def _ptxas():
+    """NVIDIA's assembler from the `nvidia-cuda-nvcc` wheel (`scripts/test` installs it), or None."""
+    import glob
+    import os
+    import sys
+    found = os.environ.get("TESSEL_PTXAS") or next(iter(sorted(glob.glob(f"{sys.prefix}/lib/python3*/site-packages/nvidia/*/bin/ptxas"))), None)
+    return found if found and os.path.exists(found) else None
+
+
+_F16 = np.float16
+_QKV = _qkv(_F16)
+_ATTENTION = dict(block_q=64, block_kv=64, max_concurrent_steps=2)
+_LHS, _RHS = RNG.standard_normal((256, 128)).astype(_F16), RNG.standard_normal((4, 128, 128)).astype(_F16)
+_SIZES = _groups(256, [64, 0, 128, 64])
+_RAGGED = dict(group_sizes=None, block_m=64, block_n=64, block_k=64, max_concurrent_steps=2, grid_block_n=1)
+_TILES = dict(tile_m=64, tile_n=64, tile_k=32, max_concurrent_steps=2, epi_tile_m=32, epi_tile_n=32)
+
+#: Each op at a small size: the function to translate and its arguments.
+_OPS = {
+    "hopper_matmul": (lambda a, b: hm.matmul(a, b, None, hm.TuningConfig(**_TILES)),
+                      (RNG.standard_normal((128, 128)).astype(_F16), RNG.standard_normal((128, 256)).astype(_F16))),
+    "mixed_type_matmul": (lambda a, b: hmx.mixed_matmul_kernel(a, b, out_dtype=_F16, config=hmx.TuningConfig(**_TILES)),
+                          (RNG.integers(-100, 100, (128, 128)).astype(np.int8), RNG.standard_normal((128, 256)).astype(_F16))),
+    "attention": (lambda q, k, v: am.attention(q, k, v, am.TuningConfig(**_ATTENTION)), _QKV),
+    "attention_causal": (lambda q, k, v: am.attention(q, k, v, am.TuningConfig(**_ATTENTION, causal=True)), _QKV),
+    "attention_with_pipeline_emitter": (lambda q, k, v: am.attention_with_pipeline_emitter(q, k, v, am.TuningConfig(**_ATTENTION)), _QKV),
+    "attention_grad": (jax.grad(lambda q, k, v: am.attention(q, k, v, am.TuningConfig(
+        **_ATTENTION, block_q_dkv=64, block_kv_dkv=64, block_q_dq=64, block_kv_dq=64)).astype(jnp.float32).sum(), argnums=(0, 1, 2)), _QKV),
+    "ragged_dot": (lambda l, r, g: rd.ragged_dot(l, r, **{**_RAGGED, "group_sizes": g}), (_LHS, _RHS, _SIZES)),
+    "ragged_dot_rhs_t": (lambda l, r, g: rd.ragged_dot(l, r, **{**_RAGGED, "group_sizes": g}, transpose_rhs=True), (_LHS, _RHS, _SIZES)),
+    "transposed_ragged_dot": (lambda l, r, g: trd.transposed_ragged_dot(l, r, **{**_RAGGED, "group_sizes": g}),
+                              (_LHS, RNG.standard_normal((256, 128)).astype(_F16), _SIZES)),
+}
+
+
+@pytest.mark.parametrize("op", list(_OPS))
+def test_each_op_lowers_for_mosaic_gpu_with_its_warpgroups_at_once_and_its_barriers_mbarriers(monkeypatch, cuda_version, op):
+    """Every kernel of each op lowers to PTX whose CTA has a warpgroup per thread, running at
+    once, with an mbarrier per barrier of the kernel (thread 0 makes them, warpgroups arrive and
+    wait with their phase's parity), and `ptxas` assembles it for sm_90a. (The emulated runs of
+    the matmul and the attention against the interpreter are tests/mosaic.rs's.)"""
+    f, args = _OPS[op]
+    with cores(monkeypatch):
+        translations = tp.translate(f, *args)
+    assert translations, op
+    ptxas = _ptxas()
+    for i, t in enumerate(translations):
+        ptx = tessel.compile(t.text).lower("mosaic-gpu", mesh=t.mesh)
+        threads = re.search(r"(\w+): (\d+) thread\)", t.mesh or "")
+        warpgroups = int(threads.group(2)) if threads else 1
+        assert f".maxntid {128 * warpgroups}, 1, 1" in ptx, f"{op}[{i}]: a warpgroup per thread"
+        barriers = sum(int(n) for n in re.findall(r"^  barrier \w+\[(\d+)\]", t.text, re.M))
+        assert ptx.count("mbarrier.init.shared::cta.b64") == barriers, f"{op}[{i}]: an mbarrier per barrier"
+        if barriers:
+            assert "mbarrier.try_wait.parity" in ptx and "mbarrier.arrive" in ptx, f"{op}[{i}]"
+        if ptxas:
+            with tempfile.TemporaryDirectory() as d:
+                path = os.path.join(d, "k.ptx")
+                with open(path, "w") as out:
+                    out.write(ptx)
+                r = subprocess.run([ptxas, "-arch=sm_90a", "-v", path, "-o", os.path.join(d, "k.cubin")], capture_output=True, text=True)
+            assert r.returncode == 0, f"{op}[{i}]: ptxas: {r.stderr}"
+    if not ptxas:
+        pytest.skip("no ptxas here (pip install nvidia-cuda-nvcc): lowered, not assembled")
 
 
 def _with_pallas_interpret(module, op):

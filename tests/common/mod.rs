@@ -40,7 +40,11 @@ pub fn array_of(ty: &tessel_plugin_api::ir::Type, values: &[f64]) -> tessel::Hos
 /// file's header gives (`# in  NAME = v, v, ...`: block tables, lengths, group offsets, which
 /// must make sense for the kernel to do any work).
 #[allow(dead_code)] // not every test binary launches kernel files
-pub fn file_inputs(path: &Path, kernel: &tessel_plugin_api::ir::Verified, seed: u64) -> std::collections::BTreeMap<String, tessel::HostArray> {
+pub fn file_inputs(
+    path: &Path,
+    kernel: &tessel_plugin_api::ir::Verified,
+    seed: u64,
+) -> std::collections::BTreeMap<String, tessel::HostArray> {
     let mut inputs = tessel::inputs::random_inputs(kernel.kernel(), seed);
     for (name, values) in header_inputs(path) {
         let p = kernel.kernel().param(&name).unwrap_or_else(|| panic!("{}: no input `{name}`", path.display()));
@@ -280,7 +284,14 @@ pub fn emulate_counted(
             swizzle: words[7].parse().expect("swizzle"),
         });
     }
-    let shared_bytes = if shared { per_cta } else { 0 };
+    // The concurrent model's mbarriers, after the workspace ("// N mbarriers: B bytes of shared
+    // memory from byte O; ...").
+    let barriers = ptx.lines().find_map(|l| l.strip_prefix("// ").filter(|l| l.contains(" mbarriers: ")));
+    let barrier_end = barriers.map_or(0, |l| {
+        let w: Vec<&str> = l.split_whitespace().collect();
+        w[2].parse::<usize>().expect("barrier bytes") + w[9].trim_end_matches(';').parse::<usize>().expect("barrier offset")
+    });
+    let shared_bytes = (if shared { per_cta } else { 0 }).max(barrier_end);
     let counts = module.launch_with_maps(&mut mem, &params, &maps, ctas, threads, shared_bytes, reverse)?;
     let outputs = outputs
         .into_iter()

@@ -5,7 +5,9 @@
 use tessel_plugin_api::abi::BackendError;
 use tessel_plugin_api::refusal::Refusal as Refuse;
 
-use crate::limits::{MAX_ARRAY_ELEMENTS, MAX_BLOCK_ELEMENTS, MAX_CTAS, MAX_NUM_THREADS, THREADS};
+use crate::limits::{
+    MAX_ARRAY_ELEMENTS, MAX_BARRIERS_PER_ARRAY, MAX_BLOCK_ELEMENTS, MAX_CTAS, MAX_NUM_THREADS, MAX_WARPGROUPS, THREADS,
+};
 
 /// What the Mosaic GPU backend refuses.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, strum::EnumDiscriminants)]
@@ -119,11 +121,11 @@ pub enum Refusal {
         /// What the device allows.
         limit: u64,
     },
-    /// A statement of the concurrent model (threads, barriers, asynchronous copies and
-    /// products), which this backend does not lower yet.
+    /// A part of the concurrent model this backend does not lower: threads that wait on each
+    /// other past a CTA's warpgroups, a barrier array past a register of parity bits.
     #[error("Unimplemented primitive in Mosaic GPU lowering: {op}")]
     Unimplemented {
-        /// The statement's mnemonic, or `thread axis` / `barrier`.
+        /// What it is, with the limit it passes.
         op: String,
     },
 }
@@ -145,7 +147,7 @@ impl Refuse for Refusal {
             Refusal::BlockTooLarge { .. } | Refusal::Workspace { .. } | Refusal::SharedMemory { .. } => "use smaller blocks".into(),
             Refusal::TooManyCtas { .. } => "use larger blocks or make an axis `seq`".into(),
             Refusal::ArrayTooLarge { .. } => "split the array, or run on interpret".into(),
-            Refusal::Unimplemented { .. } => "the interpret backend runs threads, barriers, asynchronous copies and mma_async, deterministically and checked for races (docs/language.md, \"Threads, barriers and asynchronous operations\"); Mosaic GPU does not lower them yet".into(),
+            Refusal::Unimplemented { .. } => format!("give the threads that wait on each other at most {MAX_WARPGROUPS} points and each barrier array at most {MAX_BARRIERS_PER_ARRAY} barriers, or run on interpret (which checks the kernel for races) or wgpu (docs/language.md, \"Threads, barriers and asynchronous operations\")"),
         }
     }
 }

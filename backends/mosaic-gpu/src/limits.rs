@@ -23,3 +23,6 @@ pub const DEFAULT_SHARED_BYTES: u64 = 48 * 1024;
 pub const MAX_ARRAY_ELEMENTS: usize = i32::MAX as usize;
 /// The most CTAs one launch may have (`gridDim.x`).
 pub const MAX_CTAS: u64 = i32::MAX as u64;
+/// The most barriers of one `barrier` array of the concurrent model: each thread keeps the
+/// parity of the next phase it waits for of each in a bit of one 32-bit register.
+pub const MAX_BARRIERS_PER_ARRAY: usize = 32;

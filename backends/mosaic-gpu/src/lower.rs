@@ -24,7 +24,8 @@ use tessel_plugin_api::ir::*;
 use crate::attention::{self, Attention};
 use crate::error::Refusal;
 use crate::limits::{
-    MAX_ARRAY_ELEMENTS, MAX_BLOCK_ELEMENTS, MAX_CTAS, MAX_REGISTERS_PER_VALUE, MAX_SHARED_BYTES, MAX_WARPGROUPS, THREADS,
+    MAX_ARRAY_ELEMENTS, MAX_BARRIERS_PER_ARRAY, MAX_BLOCK_ELEMENTS, MAX_CTAS, MAX_REGISTERS_PER_VALUE, MAX_SHARED_BYTES,
+    MAX_WARPGROUPS, THREADS,
 };
 use crate::wgmma::{self, Gemm, Schedule, TensorMapSpec};
 
@@ -81,6 +82,10 @@ pub struct Plan {
     /// The Hopper path for attention (`crate::attention`), when the kernel takes it: the
     /// workspace is its query, probabilities and stages, and the entry takes tensor maps too.
     pub attention: Option<Attention>,
+    /// Bytes of the kernel's barriers (docs/language.md §10): an mbarrier of 8 bytes each, in
+    /// the order the kernel declares them, in shared memory after the workspace (or alone there
+    /// when the workspace is global).
+    pub barrier_bytes: u64,
 }
 
 impl Plan {
@@ -122,6 +127,12 @@ impl Plan {
 
     /// Bytes of dynamic shared memory per CTA at launch.
     pub fn shared_bytes(&self) -> u64 {
+        self.barrier_offset() + self.barrier_bytes
+    }
+
+    /// Where the mbarriers start in the CTA's dynamic shared memory: after the workspace, when
+    /// the workspace is there.
+    pub fn barrier_offset(&self) -> u64 {
         if self.shared { self.workspace_per_cta } else { 0 }
     }
 
@@ -214,7 +225,7 @@ impl Planner {
 /// other the general one.
 pub fn plan(kernel: &Verified, thread_axis: Option<&str>, schedule: Schedule) -> Result<Plan, BackendError> {
     let kernel = &*legalize::for_backend(kernel);
-    if let Some(op) = concurrent_part(kernel.kernel()) {
+    if let Some(op) = unlowered_concurrency(kernel.kernel(), thread_axis) {
         return Err(Refusal::Unimplemented { op }.into());
     }
     // Element indices are 32-bit (`mul.wide.u32` to byte offsets), signed where they meet `ds`.
@@ -223,23 +234,39 @@ pub fn plan(kernel: &Verified, thread_axis: Option<&str>, schedule: Schedule) ->
             return Err(Refusal::ArrayTooLarge { name: p.name.clone(), ty: p.ty.to_string(), elements: p.ty.numel() }.into());
         }
     }
+    if kernel.kernel().is_concurrent() {
+        return plan_general(kernel, thread_axis);
+    }
     match hopper(kernel, thread_axis, schedule) {
         Some(p) => Ok(p),
         None => plan_general(kernel, thread_axis),
     }
 }
 
-/// The first part of the concurrent model a kernel uses, named as a refusal names it: a
-/// statement's mnemonic, `barrier` or `thread axis`.
-pub fn concurrent_part(k: &Kernel) -> Option<String> {
-    let mut op = None;
-    analysis::visit(&k.body, &mut |s| {
-        if let (None, Op::Sync(sync)) = (&op, &s.op) {
-            op = Some(sync.mnemonic().to_string());
-        }
-    });
-    op.or_else(|| (!k.barriers.is_empty()).then(|| "barrier".to_string()))
-        .or_else(|| k.grid.iter().flatten().any(|a| a.thread).then(|| "thread axis".to_string()))
+/// What of the concurrent model (docs/language.md §10) this backend cannot lower in `k`, named
+/// as the refusal names it. Its threads wait for each other, so each needs a warpgroup of its
+/// own: a thread axis of more points than a CTA has warpgroups is refused where the kernel has
+/// barriers (a warpgroup running two points in turn could wait on the second forever). A
+/// barrier's phase parity is a bit of one register per array, so an array holds at most 32.
+pub fn unlowered_concurrency(k: &Kernel, thread_axis: Option<&str>) -> Option<String> {
+    if k.barriers.is_empty() {
+        return None;
+    }
+    let points = (k.grid.iter().flatten())
+        .filter(|a| a.thread || Some(a.name.as_str()) == thread_axis)
+        .map(|a| match a.size {
+            AxisSize::Fixed(n) => n,
+            AxisSize::Dyn => 1,
+        })
+        .max()
+        .unwrap_or(1);
+    if points > u64::from(MAX_WARPGROUPS) {
+        return Some(format!(
+            "barriers between {points} threads of one program (at most {MAX_WARPGROUPS} warpgroups of a CTA run at once)"
+        ));
+    }
+    (k.barriers.iter().find(|b| b.count > MAX_BARRIERS_PER_ARRAY))
+        .map(|b| format!("barrier {}[{}] (at most {MAX_BARRIERS_PER_ARRAY} in one array)", b.name, b.count))
 }
 
 /// The Hopper path's plan, where the kernel takes it: a matmul (`crate::wgmma`) or an attention
@@ -277,13 +304,19 @@ fn hopper(kernel: &Verified, thread_axis: Option<&str>, schedule: Schedule) -> O
         shared: true,
         gemm,
         attention,
+        barrier_bytes: 0,
     })
 }
 
 /// The general path's plan (every kernel the backend lowers), even where the Hopper path would
 /// take the kernel: how a kernel did before that path, for comparisons.
+///
+/// A kernel of the concurrent model runs its threads as the CTA's warpgroups, at once, meeting
+/// at its barriers (mbarriers), with each copy and product made by the thread that issues it
+/// ([`synchronous::per_thread`]).
 pub fn plan_general(kernel: &Verified, thread_axis: Option<&str>) -> Result<Plan, BackendError> {
-    let kernel = &*legalize::for_backend(kernel);
+    let staged = synchronous::per_thread(kernel);
+    let kernel = &*legalize::for_backend(&staged);
     let k = kernel.kernel();
     let registers = in_registers(kernel);
     let mut planner = Planner { values: ValueMap::new(), yielded: ValueMap::new(), next: 0, in_registers: registers };
@@ -295,7 +328,9 @@ pub fn plan_general(kernel: &Verified, thread_axis: Option<&str>) -> Result<Plan
     let scratch_bytes = planner.next;
     planner.body(kernel, &k.body)?;
     let value_bytes = planner.next - scratch_bytes;
-    let thread_axis = thread_axis.and_then(|t| kernel.grid().iter().position(|a| a.name == t));
+    // The mesh's thread axis, else the kernel's own (`grid (wg: 3 thread)`).
+    let own = kernel.grid().iter().find(|a| a.thread).map(|a| a.name.as_str());
+    let thread_axis = thread_axis.or(own).and_then(|t| kernel.grid().iter().position(|a| a.name == t));
     let mut ctas: u64 = 1;
     let mut warpgroups: u32 = 1;
     let mut thread_points: u32 = 1;
@@ -314,6 +349,7 @@ pub fn plan_general(kernel: &Verified, thread_axis: Option<&str>) -> Result<Plan
         return Err(Refusal::TooManyCtas { ctas }.into());
     }
     let workspace_per_cta = (scratch_bytes + u64::from(warpgroups) * value_bytes).max(16);
+    let barrier_bytes = 8 * k.barriers.iter().map(|b| b.count as u64).sum::<u64>();
     if workspace_per_cta >= u64::from(u32::MAX) {
         return Err(Refusal::Workspace { kernel: k.name.clone(), bytes: workspace_per_cta }.into());
     }
@@ -331,9 +367,10 @@ pub fn plan_general(kernel: &Verified, thread_axis: Option<&str>) -> Result<Plan
         thread_points,
         thread_axis,
         in_registers: planner.in_registers,
-        shared: workspace_per_cta <= MAX_SHARED_BYTES,
+        shared: workspace_per_cta + barrier_bytes <= MAX_SHARED_BYTES,
         gemm: None,
         attention: None,
+        barrier_bytes,
     })
 }
 

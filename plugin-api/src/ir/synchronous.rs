@@ -12,6 +12,11 @@
 //!
 //! A kernel with a `thread` axis of more than one point is first made one thread with its
 //! schedule compiled in ([`schedule::scheduled`]); [`synchronous`] says where it cannot be.
+//!
+//! A backend whose threads of a program do run at once and wait for each other (Mosaic GPU's
+//! warpgroups) keeps the threads and barriers and makes only each thread's copies and products
+//! synchronous ([`per_thread`]): a copy that lands as an arrival becomes its load, its store and
+//! the thread's own `arrive`, so the arrival still comes once the data is in place.
 
 use std::borrow::Cow;
 
@@ -33,31 +38,59 @@ pub fn synchronous(v: &Verified) -> Result<Cow<'_, Verified>, Unscheduled> {
     Ok(Cow::Owned(lifted(v)))
 }
 
-/// `v`'s asynchronous statements made synchronous and its barriers dropped.
-fn lifted(v: &Verified) -> Verified {
-    let mut kernel = v.kernel().clone();
-    kernel.barriers.clear();
-    let mut names = Names::new(v);
-    kernel.body = rewrite(std::mem::take(&mut kernel.body), &mut names);
-    verify::verify_derived(&kernel)
-        .unwrap_or_else(|d| panic!("kernel `{}` made synchronous does not verify:\n{d}", v.name()))
+/// `v` with each thread's asynchronous copies and products made synchronous, its threads and
+/// barriers kept: for a backend whose threads of a program run at once and wait for each other
+/// at barriers (Mosaic GPU's warpgroups), but which copies and multiplies with the issuing
+/// thread itself. A copy that lands as an arrival becomes its load, its store and an `arrive`
+/// on that barrier (the thread's own arrival, made once the data is in place); `arrive` and
+/// `wait` stay; `fence`, `commit_copies`, `wait_copies` and `mma_wait` are dropped, since what
+/// they wait for is done where it is issued. A kernel without asynchronous statements is `v`.
+pub fn per_thread(v: &Verified) -> Cow<'_, Verified> {
+    let asynchronous = |s: &Stmt| matches!(&s.op, Op::Sync(op) if !matches!(op, SyncOp::Arrive(_) | SyncOp::Wait(_)));
+    let mut any = false;
+    analysis::visit(&v.kernel().body, &mut |s| any |= asynchronous(s));
+    if !any {
+        return Cow::Borrowed(v);
+    }
+    Cow::Owned(rewritten(v, true))
 }
 
-fn rewrite(body: Vec<Stmt>, names: &mut Names<'_>) -> Vec<Stmt> {
+/// `v`'s asynchronous statements made synchronous and its barriers dropped.
+fn lifted(v: &Verified) -> Verified {
+    rewritten(v, false)
+}
+
+/// `v`'s copies and products made synchronous; its barriers, `arrive`s and `wait`s kept or
+/// dropped as `barriers` says.
+fn rewritten(v: &Verified, barriers: bool) -> Verified {
+    let mut kernel = v.kernel().clone();
+    if !barriers {
+        kernel.barriers.clear();
+    }
+    let mut names = Names::new(v);
+    kernel.body = rewrite(std::mem::take(&mut kernel.body), &mut names, barriers);
+    verify::verify_derived(&kernel).unwrap_or_else(|d| panic!("kernel `{}` made synchronous does not verify:\n{d}", v.name()))
+}
+
+fn rewrite(body: Vec<Stmt>, names: &mut Names<'_>, barriers: bool) -> Vec<Stmt> {
     let mut out = Vec::with_capacity(body.len());
     for mut s in body {
         for b in s.op.bodies_mut() {
-            *b = rewrite(std::mem::take(b), names);
+            *b = rewrite(std::mem::take(b), names, barriers);
         }
         match &s.op {
-            Op::Sync(SyncOp::Copy { dst, src, .. }) => {
+            Op::Sync(SyncOp::Copy { dst, src, arrive }) => {
                 let v = names.fresh("copied");
                 out.push(load(&v, src, s.span));
                 out.push(store(dst, &v, s.span));
+                if let (true, Some(b)) = (barriers, arrive) {
+                    out.push(Stmt { results: Vec::new(), op: Op::Sync(SyncOp::Arrive(b.clone())), ty: None, span: s.span });
+                }
             }
             Op::Sync(SyncOp::Mma { acc, a, b, trans_a, trans_b }) => {
                 out.extend(product(acc, a, b, (*trans_a, *trans_b), s.span, names))
             }
+            Op::Sync(SyncOp::Arrive(_) | SyncOp::Wait(_)) if barriers => out.push(s),
             Op::Sync(_) => {}
             _ => out.push(s),
         }

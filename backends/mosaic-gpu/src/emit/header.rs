@@ -25,6 +25,15 @@ impl Writer<'_> {
             self.plan.workspace_per_cta,
             if self.plan.shared { "shared memory" } else { "global workspace" }
         );
+        if self.plan.barrier_bytes > 0 {
+            let _ = writeln!(
+                head,
+                "// {} mbarriers: {} bytes of shared memory from byte {}; warpgroups run at once and wait on them",
+                self.plan.barrier_bytes / 8,
+                self.plan.barrier_bytes,
+                self.plan.barrier_offset()
+            );
+        }
         let gemm = self.plan.gemm.as_ref();
         // After the Hopper path's line: how its warpgroups divide the work, where they do.
         let specialized = |head: &mut String| {
@@ -90,11 +99,12 @@ impl Writer<'_> {
         }
         let _ = writeln!(head, ".version 8.0\n.target sm_90a\n.address_size 64\n");
         let mut params = Vec::new();
-        if self.plan.shared {
+        if self.plan.shared || self.plan.barrier_bytes > 0 {
             // The 128-byte swizzle repeats every 1024 bytes: its stages start on that boundary.
             let align = if self.plan.tensor_maps().is_empty() { 16 } else { 1024 };
             let _ = writeln!(head, ".extern .shared .align {align} .b8 {SHARED}[];\n");
-        } else {
+        }
+        if !self.plan.shared {
             params.push(format!("\t.param .u64 {}_workspace", self.plan.entry));
         }
         for p in k.params.iter().filter(|p| p.kind != ParamKind::Scratch) {

@@ -48,6 +48,9 @@ impl Writer<'_> {
             self.insf(format_args!("mul.wide.u32 {off}, {cta}, {}", plan.workspace_per_cta));
             self.insf(format_args!("add.u64 {ws}, {base}, {off}"));
         }
+        if plan.barrier_bytes > 0 {
+            self.init_mbarriers(&tid_x);
+        }
         let voff = self.rd();
         self.ins(format!("mul.wide.u32 {voff}, {}, {}", self.warpgroup, plan.value_bytes));
         self.values = self.rd();
@@ -315,7 +318,9 @@ impl Writer<'_> {
             Op::For(f) => self.write_for(f, &s.results),
             Op::If(i) => self.write_if(i, &s.results),
             Op::Yield(_) => {}
-            Op::Sync(_) => unreachable!("plan refuses the concurrent model (Refusal::Unimplemented)"),
+            Op::Sync(SyncOp::Arrive(b)) => self.write_arrive(b),
+            Op::Sync(SyncOp::Wait(b)) => self.write_wait(b),
+            Op::Sync(_) => unreachable!("the plan makes copies and products synchronous (synchronous::per_thread)"),
             Op::Tile { .. } | Op::Repeat { .. } => unreachable!("legalize rewrites tile and repeat before planning"),
         }
     }

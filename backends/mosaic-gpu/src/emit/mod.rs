@@ -9,6 +9,7 @@
 //! - `ops.rs`: element operations and the inline maths functions;
 //! - `memory.rs`: workspace slots, operands, `load` and `store`;
 //! - `reduce.rs`, `dot.rs`: `reduce` and `dot` (`mma.sync`) on the general path;
+//! - `barriers.rs`: the concurrent model's barriers as mbarriers, on the general path;
 //! - `kernel.rs`: the general path's kernel frame and statements;
 //! - `wgmma.rs`: the Hopper path (`crate::wgmma`): TMA, mbarriers, `wgmma.mma_async`;
 //! - `attention.rs`: the Hopper attention path (`crate::attention`), on `wgmma.rs`'s pieces.
@@ -18,6 +19,7 @@
 //! accepts for `.f32`, `.s32` and `.u32` instructions alike.
 
 mod attention;
+mod barriers;
 mod conv;
 mod dot;
 mod grid;

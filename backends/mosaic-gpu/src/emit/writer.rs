@@ -42,6 +42,8 @@ pub(super) struct Writer<'p> {
     pub(super) unroll: bool,
     /// Inside an unrolled element loop: the element register and its `j`.
     pub(super) element: Option<(String, usize)>,
+    /// The kernel's barrier arrays, once made (`barriers.rs`).
+    pub(super) mbarriers: Vec<super::barriers::Mbarriers>,
 }
 
 /// What a name counts: a register class, or labels.
@@ -216,6 +218,7 @@ impl<'p> Writer<'p> {
             in_registers: ValueMap::new(),
             unroll: false,
             element: None,
+            mbarriers: Vec::new(),
         }
     }
 
