@@ -474,3 +474,29 @@ fn the_concurrent_kernels_run_their_warpgroups_at_once_meeting_at_mbarriers() {
         }
     }
 }
+
+/// The mbarrier waits are what orders the warpgroups: with the consumers' `wait` for their stage
+/// removed (a kernel the interpreter refuses as a data race), the emulated PTX multiplies stages
+/// before their copies land in some thread order and differs from the kernel as written.
+#[test]
+fn without_its_wait_the_pipeline_reads_stages_before_their_copies_on_the_emulator() {
+    use tessel::{KernelLaunch, Runtime};
+    let rt = Runtime::new(&[]).expect("runtime");
+    let text = std::fs::read_to_string(root().join("tests/concurrent/pipeline_matmul.tk")).unwrap();
+    let racy = text.replacen("      wait full[%stage]\n", "", 1);
+    assert_ne!(racy, text, "the consumers' wait is in the kernel");
+    let kernels = tessel::load_source("pipeline_matmul.tk", &text).expect("kernel");
+    let mutated = tessel::load_source("racy.tk", &racy).expect("the mutation verifies");
+    let args = tessel::LaunchArgs { inputs: tessel::inputs::random_inputs(kernels[0].kernel(), 3), grid: Default::default() };
+    let call = [KernelLaunch { kernel: &kernels[0], mesh: None }];
+    let want = rt.launch("interpret", &call, &[], &args).expect("the kernel as written runs");
+    let racy_call = [KernelLaunch { kernel: &mutated[0], mesh: None }];
+    let e = rt.launch("interpret", &racy_call, &[], &args).expect_err("the interpreter finds the race");
+    assert!(e.to_string().contains("data race"), "{e}");
+    let (_, ptx) = rt.lower("mosaic-gpu", &racy_call, &[], &Default::default()).expect("lowers").remove(0);
+    let differs = [false, true].iter().any(|&reverse| {
+        let got = emulate(&ptx, &mutated[0], &args, reverse).expect("emulates");
+        got[0].1.to_f64() != want[0].1.to_f64()
+    });
+    assert!(differs, "without the wait some thread order reads a stage before its copy");
+}
