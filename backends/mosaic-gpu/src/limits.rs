@@ -26,3 +26,5 @@ pub const MAX_CTAS: u64 = i32::MAX as u64;
 /// The most barriers of one `barrier` array of the concurrent model: each thread keeps the
 /// parity of the next phase it waits for of each in a bit of one 32-bit register.
 pub const MAX_BARRIERS_PER_ARRAY: usize = 32;
+/// The most arrivals one mbarrier phase may count (`mbarrier.init`'s range).
+pub const MAX_ARRIVALS: usize = (1 << 20) - 1;

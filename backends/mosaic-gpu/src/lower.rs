@@ -24,8 +24,8 @@ use tessel_plugin_api::ir::*;
 use crate::attention::{self, Attention};
 use crate::error::Refusal;
 use crate::limits::{
-    MAX_ARRAY_ELEMENTS, MAX_BARRIERS_PER_ARRAY, MAX_BLOCK_ELEMENTS, MAX_CTAS, MAX_REGISTERS_PER_VALUE, MAX_SHARED_BYTES,
-    MAX_WARPGROUPS, THREADS,
+    MAX_ARRAY_ELEMENTS, MAX_ARRIVALS, MAX_BARRIERS_PER_ARRAY, MAX_BLOCK_ELEMENTS, MAX_CTAS, MAX_REGISTERS_PER_VALUE,
+    MAX_SHARED_BYTES, MAX_WARPGROUPS, THREADS,
 };
 use crate::wgmma::{self, Gemm, Schedule, TensorMapSpec};
 
@@ -225,9 +225,6 @@ impl Planner {
 /// other the general one.
 pub fn plan(kernel: &Verified, thread_axis: Option<&str>, schedule: Schedule) -> Result<Plan, BackendError> {
     let kernel = &*legalize::for_backend(kernel);
-    if let Some(op) = unlowered_concurrency(kernel.kernel(), thread_axis) {
-        return Err(Refusal::Unimplemented { op }.into());
-    }
     // Element indices are 32-bit (`mul.wide.u32` to byte offsets), signed where they meet `ds`.
     for p in &kernel.kernel().params {
         if p.ty.numel() > MAX_ARRAY_ELEMENTS {
@@ -245,28 +242,39 @@ pub fn plan(kernel: &Verified, thread_axis: Option<&str>, schedule: Schedule) ->
 
 /// What of the concurrent model (docs/language.md §10) this backend cannot lower in `k`, named
 /// as the refusal names it. Its threads wait for each other, so each needs a warpgroup of its
-/// own: a thread axis of more points than a CTA has warpgroups is refused where the kernel has
-/// barriers (a warpgroup running two points in turn could wait on the second forever). A
-/// barrier's phase parity is a bit of one register per array, so an array holds at most 32.
-pub fn unlowered_concurrency(k: &Kernel, thread_axis: Option<&str>) -> Option<String> {
+/// own: threads with barriers on several `thread` axes, or more of them than a CTA has
+/// warpgroups (a warpgroup running two points in turn could wait on the second forever), are
+/// refused. A barrier's phase parity is a bit of one register per array, so an array holds at
+/// most 32; `mbarrier.init` counts at most 2^20 - 1 arrivals.
+pub fn unlowered_concurrency(k: &Kernel) -> Option<String> {
     if k.barriers.is_empty() {
         return None;
     }
-    let points = (k.grid.iter().flatten())
-        .filter(|a| a.thread || Some(a.name.as_str()) == thread_axis)
+    let sizes: Vec<u64> = (k.grid.iter().flatten())
+        .filter(|a| a.thread)
         .map(|a| match a.size {
             AxisSize::Fixed(n) => n,
             AxisSize::Dyn => 1,
         })
-        .max()
-        .unwrap_or(1);
+        .filter(|&n| n > 1)
+        .collect();
+    if sizes.len() > 1 {
+        return Some(format!(
+            "barriers between the threads of {} `thread` axes (a program's warpgroups are one axis)",
+            sizes.len()
+        ));
+    }
+    let points = sizes.first().copied().unwrap_or(1);
     if points > u64::from(MAX_WARPGROUPS) {
         return Some(format!(
             "barriers between {points} threads of one program (at most {MAX_WARPGROUPS} warpgroups of a CTA run at once)"
         ));
     }
-    (k.barriers.iter().find(|b| b.count > MAX_BARRIERS_PER_ARRAY))
-        .map(|b| format!("barrier {}[{}] (at most {MAX_BARRIERS_PER_ARRAY} in one array)", b.name, b.count))
+    if let Some(b) = k.barriers.iter().find(|b| b.count > MAX_BARRIERS_PER_ARRAY) {
+        return Some(format!("barrier {}[{}] (at most {MAX_BARRIERS_PER_ARRAY} in one array)", b.name, b.count));
+    }
+    (k.barriers.iter().find(|b| b.arrivals > MAX_ARRIVALS))
+        .map(|b| format!("barrier {} of {} arrivals (an mbarrier counts at most {MAX_ARRIVALS})", b.name, b.arrivals))
 }
 
 /// The Hopper path's plan, where the kernel takes it: a matmul (`crate::wgmma`) or an attention
@@ -315,6 +323,9 @@ fn hopper(kernel: &Verified, thread_axis: Option<&str>, schedule: Schedule) -> O
 /// at its barriers (mbarriers), with each copy and product made by the thread that issues it
 /// ([`synchronous::per_thread`]).
 pub fn plan_general(kernel: &Verified, thread_axis: Option<&str>) -> Result<Plan, BackendError> {
+    if let Some(op) = unlowered_concurrency(kernel.kernel()) {
+        return Err(Refusal::Unimplemented { op }.into());
+    }
     let staged = synchronous::per_thread(kernel);
     let kernel = &*legalize::for_backend(&staged);
     let k = kernel.kernel();
@@ -328,9 +339,14 @@ pub fn plan_general(kernel: &Verified, thread_axis: Option<&str>) -> Result<Plan
     let scratch_bytes = planner.next;
     planner.body(kernel, &k.body)?;
     let value_bytes = planner.next - scratch_bytes;
-    // The mesh's thread axis, else the kernel's own (`grid (wg: 3 thread)`).
-    let own = kernel.grid().iter().find(|a| a.thread).map(|a| a.name.as_str());
-    let thread_axis = thread_axis.or(own).and_then(|t| kernel.grid().iter().position(|a| a.name == t));
+    // The mesh's thread axis, else the kernel's own (`grid (wg: 3 thread)`, the one of several
+    // points). Threads that meet at barriers are the kernel's own only: a mesh's thread axis on a
+    // kernel without one is separate programs, each with its own barriers (separate CTAs here).
+    let own = (kernel.grid().iter().filter(|a| a.thread))
+        .max_by_key(|a| matches!(a.size, AxisSize::Fixed(n) if n > 1))
+        .map(|a| a.name.as_str());
+    let thread_axis = if k.barriers.is_empty() { thread_axis.or(own) } else { own };
+    let thread_axis = thread_axis.and_then(|t| kernel.grid().iter().position(|a| a.name == t));
     let mut ctas: u64 = 1;
     let mut warpgroups: u32 = 1;
     let mut thread_points: u32 = 1;

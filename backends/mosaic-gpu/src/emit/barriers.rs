@@ -15,14 +15,7 @@
 use tessel_plugin_api::ir::BarrierAt;
 
 use super::header::SHARED;
-use super::writer::Writer;
-
-/// One barrier array: its first mbarrier's address and the thread's parity bits.
-pub(super) struct Mbarriers {
-    name: String,
-    first: String,
-    parity: String,
-}
+use super::writer::{Mbarriers, Writer};
 
 impl Writer<'_> {
     /// Thread 0 of the CTA (`tid_x` 0) makes every mbarrier, then the CTA meets, so that no

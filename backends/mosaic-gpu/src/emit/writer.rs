@@ -43,7 +43,15 @@ pub(super) struct Writer<'p> {
     /// Inside an unrolled element loop: the element register and its `j`.
     pub(super) element: Option<(String, usize)>,
     /// The kernel's barrier arrays, once made (`barriers.rs`).
-    pub(super) mbarriers: Vec<super::barriers::Mbarriers>,
+    pub(super) mbarriers: Vec<Mbarriers>,
+}
+
+/// One barrier array of the concurrent model (`barriers.rs`): its first mbarrier's address
+/// register and the register of the thread's parity bits.
+pub(super) struct Mbarriers {
+    pub(super) name: String,
+    pub(super) first: String,
+    pub(super) parity: String,
 }
 
 /// What a name counts: a register class, or labels.
