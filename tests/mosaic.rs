@@ -140,9 +140,32 @@ fn without_a_gpu_mosaic_is_unavailable_with_a_reason() {
     assert!(!r.stderr.contains("panicked"), "{}", r.stderr);
 }
 
+/// `ptx` run on the emulator with its threads in order and in reverse gives the interpreter's
+/// outputs `want`, within each dtype's tolerance (a missing barrier makes an order differ).
+fn agrees_in_both_orders(
+    name: &str,
+    ptx: &str,
+    kernel: &tessel_plugin_api::ir::Verified,
+    args: &tessel::LaunchArgs,
+    want: &[(String, tessel::HostArray)],
+) {
+    for reverse in [false, true] {
+        let got = emulate(ptx, kernel, args, reverse).unwrap_or_else(|e| panic!("{name}: {e}"));
+        for ((n, g), (_, w)) in got.iter().zip(want) {
+            let tol = tessel::Tolerance::for_dtype(w.dtype());
+            let bad: Vec<String> = (g.to_f64().iter().zip(w.to_f64()).enumerate())
+                .filter(|(_, (a, b))| !tol.close(**a, *b))
+                .take(3)
+                .map(|(i, (a, b))| format!("[{i}] {a} vs {b}"))
+                .collect();
+            assert!(bad.is_empty(), "{name}: output {n} (reverse={reverse}) differs from the interpreter: {}", bad.join(", "));
+        }
+    }
+}
+
 #[test]
 fn emulated_ptx_agrees_with_the_interpreter() {
-    use tessel::{KernelLaunch, Runtime, Tolerance};
+    use tessel::{KernelLaunch, Runtime};
     let rt = Runtime::new(&[]).expect("runtime");
     let mut checked = 0;
     for path in kernel_files() {
@@ -160,26 +183,7 @@ fn emulated_ptx_agrees_with_the_interpreter() {
             let args = tessel::LaunchArgs { inputs: file_inputs(&path, kernel, 7), grid: Default::default() };
             let want = rt.launch("interpret", &call, &[], &args).expect("interpreter runs");
             // Both thread orders: a missing barrier would make them differ.
-            for reverse in [false, true] {
-                let got = emulate(&ptx, kernel, &args, reverse).unwrap_or_else(|e| panic!("{name}: {e}"));
-                for ((n, g), (_, w)) in got.iter().zip(&want) {
-                    let tol = Tolerance::for_dtype(w.dtype());
-                    let bad: Vec<String> = g
-                        .to_f64()
-                        .iter()
-                        .zip(w.to_f64())
-                        .enumerate()
-                        .filter(|(_, (a, b))| !tol.close(**a, *b))
-                        .take(3)
-                        .map(|(i, (a, b))| format!("[{i}] {a} vs {b}"))
-                        .collect();
-                    assert!(
-                        bad.is_empty(),
-                        "{name}: output {n} (reverse={reverse}) differs from the interpreter: {}",
-                        bad.join(", ")
-                    );
-                }
-            }
+            agrees_in_both_orders(&name, &ptx, kernel, &args, &want);
             checked += 1;
         }
     }
@@ -422,7 +426,7 @@ const SPILLS: &[&str] = &["attention"];
 
 #[test]
 fn the_concurrent_kernels_run_their_warpgroups_at_once_meeting_at_mbarriers() {
-    use tessel::{KernelLaunch, Runtime, Tolerance};
+    use tessel::{KernelLaunch, Runtime};
     let rt = Runtime::new(&[]).expect("runtime");
     // The language's own kernels, and JAX's ops as `tessel.pallas.translate` writes them.
     let mut files: Vec<_> = ["tests/concurrent", "tests/concurrent/jax"]
@@ -453,22 +457,7 @@ fn the_concurrent_kernels_run_their_warpgroups_at_once_meeting_at_mbarriers() {
         let args =
             tessel::LaunchArgs { inputs: tessel::inputs::random_inputs(kernels[0].kernel(), 11), grid: Default::default() };
         let want = rt.launch("interpret", &call, &[], &args).expect("the interpreter runs it race-free");
-        for reverse in [false, true] {
-            let got = emulate(&ptx, &kernels[0], &args, reverse).unwrap_or_else(|e| panic!("{name}: {e}"));
-            for ((n, g), (_, w)) in got.iter().zip(&want) {
-                let tol = Tolerance::for_dtype(w.dtype());
-                let bad: Vec<String> = (g.to_f64().iter().zip(w.to_f64()).enumerate())
-                    .filter(|(_, (a, b))| !tol.close(**a, *b))
-                    .take(3)
-                    .map(|(i, (a, b))| format!("[{i}] {a} vs {b}"))
-                    .collect();
-                assert!(
-                    bad.is_empty(),
-                    "{name}: output {n} (reverse={reverse}) differs from the interpreter: {}",
-                    bad.join(", ")
-                );
-            }
-        }
+        agrees_in_both_orders(&name, &ptx, &kernels[0], &args, &want);
     }
 }
 
@@ -504,7 +493,7 @@ fn without_its_wait_the_pipeline_reads_stages_before_their_copies_on_the_emulato
 /// complete each other's phases).
 #[test]
 fn a_mesh_thread_axis_over_a_kernel_with_barriers_stays_separate_programs() {
-    use tessel::{KernelLaunch, Runtime, Tolerance};
+    use tessel::{KernelLaunch, Runtime};
     let rt = Runtime::new(&[]).expect("runtime");
     let kernels = tessel::load_file(&root().join("tests/concurrent/staged_epilogue.tk")).expect("kernel");
     let mesh = rt.mesh("mosaic-gpu", "mosaic_gpu(i: 2 thread)").expect("mesh");
@@ -513,9 +502,5 @@ fn a_mesh_thread_axis_over_a_kernel_with_barriers_stays_separate_programs() {
     assert!(ptx.contains("// 2 CTAs of 128 threads"), "{}", ptx.lines().take(4).collect::<Vec<_>>().join("\n"));
     let args = tessel::LaunchArgs { inputs: tessel::inputs::random_inputs(kernels[0].kernel(), 5), grid: Default::default() };
     let want = rt.launch("interpret", &call, &[], &args).expect("the interpreter runs it");
-    for reverse in [false, true] {
-        let got = emulate(&ptx, &kernels[0], &args, reverse).expect("emulates");
-        let tol = Tolerance::for_dtype(want[0].1.dtype());
-        assert!(got[0].1.to_f64().iter().zip(want[0].1.to_f64()).all(|(a, b)| tol.close(*a, b)), "reverse={reverse}");
-    }
+    agrees_in_both_orders("staged_epilogue on a mesh", &ptx, &kernels[0], &args, &want);
 }
