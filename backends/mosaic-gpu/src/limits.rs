@@ -28,3 +28,13 @@ pub const MAX_CTAS: u64 = i32::MAX as u64;
 pub const MAX_BARRIERS_PER_ARRAY: usize = 32;
 /// The most arrivals one mbarrier phase may count (`mbarrier.init`'s range).
 pub const MAX_ARRIVALS: usize = (1 << 20) - 1;
+
+/// Bytes of one element of `d` in an array or a scratch buffer: 16-bit floats and integers 2,
+/// 8-bit integers 1, the rest (`bool` included) 4 (as numpy and TMA have them). A value's
+/// workspace slot holds every element as 4.
+pub fn element_bytes(d: tessel_plugin_api::ir::DType) -> usize {
+    match d {
+        tessel_plugin_api::ir::DType::Bool => 4,
+        d => d.bits() as usize / 8,
+    }
+}

@@ -25,7 +25,7 @@ use crate::attention::{self, Attention};
 use crate::error::Refusal;
 use crate::limits::{
     MAX_ARRAY_ELEMENTS, MAX_ARRIVALS, MAX_BARRIERS_PER_ARRAY, MAX_BLOCK_ELEMENTS, MAX_CTAS, MAX_REGISTERS_PER_VALUE,
-    MAX_SHARED_BYTES, MAX_WARPGROUPS, THREADS,
+    MAX_SHARED_BYTES, MAX_WARPGROUPS, THREADS, element_bytes,
 };
 use crate::wgmma::{self, Gemm, Schedule, TensorMapSpec};
 
@@ -176,11 +176,17 @@ struct Planner {
 }
 
 impl Planner {
-    fn place(&mut self, name: &str, ty: &Type) -> Result<Slot, BackendError> {
+    /// A slot of `bytes` an element, at a 16-byte boundary.
+    fn place_of(&mut self, name: &str, ty: &Type, bytes: usize) -> Result<Slot, BackendError> {
         check_value(name, ty)?;
         let slot = Slot { offset: self.next, shape: ty.shape.clone(), dtype: ty.dtype };
-        self.next += (ty.numel().max(1) as u64 * 4).div_ceil(16) * 16;
+        self.next += (ty.numel().max(1) as u64 * bytes as u64).div_ceil(16) * 16;
         Ok(slot)
+    }
+
+    /// A value's slot: 4 bytes an element.
+    fn place(&mut self, name: &str, ty: &Type) -> Result<Slot, BackendError> {
+        self.place_of(name, ty, 4)
     }
 
     fn body(&mut self, v: &Verified, body: &[Stmt]) -> Result<(), BackendError> {
@@ -333,7 +339,8 @@ pub fn plan_general(kernel: &Verified, thread_axis: Option<&str>) -> Result<Plan
     let mut planner = Planner { values: ValueMap::new(), yielded: ValueMap::new(), next: 0, in_registers: registers };
     let mut scratch = HashMap::new();
     for p in k.params_of(ParamKind::Scratch) {
-        let slot = planner.place(&p.name, &p.ty)?;
+        // Scratch as arrays hold their elements (2 bytes an f16), as loads and stores read it.
+        let slot = planner.place_of(&p.name, &p.ty, element_bytes(p.ty.dtype))?;
         scratch.insert(p.name.clone(), slot);
     }
     let scratch_bytes = planner.next;

@@ -35,14 +35,7 @@ pub fn half_bits(d: DType) -> bool {
     matches!(d, DType::F16 | DType::BF16)
 }
 
-/// Bytes of one element of `d` in an array: 16-bit floats and integers 2, 8-bit integers 1, the
-/// rest (`bool` included) 4. The workspace holds every element as 4.
-pub fn element_bytes(d: DType) -> usize {
-    match d {
-        DType::Bool => 4,
-        d => d.bits() as usize / 8,
-    }
-}
+pub use crate::limits::element_bytes;
 
 /// The `ld` type of an array element of `d` (read into a 32-bit register: 8- and 16-bit integers
 /// sign- or zero-extended as their type is).

@@ -1,7 +1,7 @@
 //! The workspace and the arrays: a value's or a scratch buffer's slot (in the workspace, shared
 //! or global, or in registers), operands read with numpy broadcasting, and `load`/`store` of an
-//! argument's block with bounds and masks checked lane by lane. Arrays hold 16-bit floats as 2
-//! bytes an element; the workspace holds every element as the 4 bytes of an `f32`.
+//! argument's block with bounds and masks checked lane by lane. Arrays and scratch hold 16-bit
+//! floats as 2 bytes an element; a value's slot holds every element as the 4 bytes of an `f32`.
 
 use tessel_plugin_api::ir::{DType, Index, Literal, Operand};
 
@@ -200,11 +200,9 @@ impl Writer<'_> {
             }
         };
         let dtype = p.ty.dtype;
-        // Arrays hold 16-bit floats and narrow integers at their width (as numpy and TMA have
-        // them); the workspace holds every element as 4 bytes.
-        let array = self.args.iter().any(|(a, _)| a == name);
-        let (bytes, load, store) =
-            if array { (element_bytes(dtype), load_ty(dtype), store_ty(dtype)) } else { (4, "b32", "b32") };
+        // Arrays and scratch hold 16-bit floats and narrow integers at their width (as numpy
+        // and TMA have them).
+        let (bytes, load, store) = (element_bytes(dtype), load_ty(dtype), store_ty(dtype));
         let mask_shape = mask.map(|m| self.shape_of(m));
         self.each(n, |w, e| {
             let ok = w.p();
