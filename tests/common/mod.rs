@@ -284,14 +284,19 @@ pub fn emulate_counted(
             swizzle: words[7].parse().expect("swizzle"),
         });
     }
-    // The concurrent model's mbarriers, after the workspace ("// N mbarriers: B bytes of shared
-    // memory from byte O; ...").
-    let barriers = ptx.lines().find_map(|l| l.strip_prefix("// ").filter(|l| l.contains(" mbarriers: ")));
-    let barrier_end = barriers.map_or(0, |l| {
+    // Scratch in shared memory alone ("// the scratch: B bytes of shared memory from byte 0") and
+    // the concurrent model's mbarriers ("// N mbarriers: B bytes of shared memory from byte O;").
+    let end_of = |l: &str| {
         let w: Vec<&str> = l.split_whitespace().collect();
-        w[2].parse::<usize>().expect("barrier bytes") + w[9].trim_end_matches(';').parse::<usize>().expect("barrier offset")
-    });
-    let shared_bytes = (if shared { per_cta } else { 0 }).max(barrier_end);
+        let (bytes, from) = (w[w.len() - 8], w[w.len() - 1].trim_end_matches(';'));
+        bytes.parse::<usize>().expect("bytes") + from.parse::<usize>().expect("offset")
+    };
+    let extra = (ptx.lines().filter_map(|l| l.strip_prefix("// ")))
+        .filter(|l| l.starts_with("the scratch: ") || l.contains(" mbarriers: "))
+        .map(|l| end_of(l.split(';').next().expect("a line")))
+        .max()
+        .unwrap_or(0);
+    let shared_bytes = (if shared { per_cta } else { 0 }).max(extra);
     let counts = module.launch_with_maps(&mut mem, &params, &maps, ctas, threads, shared_bytes, reverse)?;
     let outputs = outputs
         .into_iter()

@@ -8,9 +8,11 @@
 //! a loop inside the CTA. Each operation is a loop of a warpgroup's threads over the elements of
 //! its result, thread `t` owning elements `t`, `t + 128`, ... A value that every thread only
 //! writes and reads at its own elements lives in registers ([`in_registers`]; the loops touching
-//! it are unrolled); every other block value lives in the CTA's workspace, 4 bytes an element: in
-//! shared memory when the CTA's values and scratch fit the 227 KiB a Hopper CTA may have
-//! ([`MAX_SHARED_BYTES`]), else in the CTA's region of a global buffer. A barrier stands only
+//! it are unrolled); every other block value lives in the CTA's workspace, 4 bytes an element,
+//! after the scratch (its elements at their width): in shared memory when the CTA's values and
+//! scratch fit the 227 KiB a Hopper CTA may have ([`MAX_SHARED_BYTES`]), else in the CTA's region
+//! of a global buffer, the scratch staying in shared memory alone where it fits
+//! ([`Plan::scratch_shared`]). A barrier stands only
 //! where an operation meets another thread's elements (emit/writer.rs). Reductions give each output element to one thread, which accumulates in the
 //! interpreter's order; float `dot` runs on the tensor cores (`mma.sync`, see emit/dot.rs), integer
 //! `dot` like a reduction. Loads and stores check the array bounds and masks lane by lane
@@ -131,9 +133,21 @@ impl Plan {
     }
 
     /// Where the mbarriers start in the CTA's dynamic shared memory: after the workspace, when
-    /// the workspace is there.
+    /// the workspace is there, or after the scratch, when that is there alone.
     pub fn barrier_offset(&self) -> u64 {
-        if self.shared { self.workspace_per_cta } else { 0 }
+        match (self.shared, self.scratch_shared()) {
+            (true, _) => self.workspace_per_cta,
+            (false, true) => self.scratch_bytes,
+            (false, false) => 0,
+        }
+    }
+
+    /// Whether the scratch is in the CTA's dynamic shared memory: with the whole workspace, or
+    /// alone (at its start, the values in the global workspace) when the values outgrow shared
+    /// memory and the scratch does not. The general path's only.
+    pub fn scratch_shared(&self) -> bool {
+        let general = self.gemm.is_none() && self.attention.is_none();
+        self.shared || (general && self.scratch_bytes > 0 && self.scratch_bytes + self.barrier_bytes <= MAX_SHARED_BYTES)
     }
 
     /// The tensor maps the entry takes after the arrays, in order (the Hopper paths').

@@ -25,6 +25,9 @@ impl Writer<'_> {
             self.plan.workspace_per_cta,
             if self.plan.shared { "shared memory" } else { "global workspace" }
         );
+        if !self.plan.shared && self.plan.scratch_shared() {
+            let _ = writeln!(head, "// the scratch: {} bytes of shared memory from byte 0", self.plan.scratch_bytes);
+        }
         if self.plan.barrier_bytes > 0 {
             let _ = writeln!(
                 head,
@@ -99,7 +102,7 @@ impl Writer<'_> {
         }
         let _ = writeln!(head, ".version 8.0\n.target sm_90a\n.address_size 64\n");
         let mut params = Vec::new();
-        if self.plan.shared || self.plan.barrier_bytes > 0 {
+        if self.plan.shared_bytes() > 0 {
             // The 128-byte swizzle repeats every 1024 bytes: its stages start on that boundary.
             let align = if self.plan.tensor_maps().is_empty() { 16 } else { 1024 };
             let _ = writeln!(head, ".extern .shared .align {align} .b8 {SHARED}[];\n");

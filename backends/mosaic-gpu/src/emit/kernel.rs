@@ -26,19 +26,6 @@ impl Writer<'_> {
         if plan.shared {
             self.comment("the CTA's workspace: its dynamic shared memory");
             self.insf(format_args!("mov.u64 {ws}, {SHARED}"));
-            if plan.scratch_bytes > 0 {
-                // Scratch starts zeroed (docs/language.md §8); shared memory does not. Every
-                // thread of the CTA clears words, then the whole CTA waits.
-                self.comment("zero the scratch");
-                let (zero, words) = (self.imm(0), (plan.scratch_bytes / 4) as usize);
-                self.count(&tid_x, words, plan.threads(), false, ("zero", "zeroed"), |w, i| {
-                    let addr = w.rd();
-                    w.insf(format_args!("mul.wide.u32 {addr}, {i}, 4"));
-                    w.insf(format_args!("add.u64 {addr}, {ws}, {addr}"));
-                    w.insf(format_args!("st.shared.b32 [{addr}], {zero}"));
-                });
-                self.ins("bar.sync 0");
-            }
         } else {
             self.comment("the CTA's workspace region: workspace + ctaid.x * bytes per CTA");
             let base = self.rd();
@@ -47,6 +34,29 @@ impl Writer<'_> {
             let off = self.rd();
             self.insf(format_args!("mul.wide.u32 {off}, {cta}, {}", plan.workspace_per_cta));
             self.insf(format_args!("add.u64 {ws}, {base}, {off}"));
+        }
+        self.scratch = ws.clone();
+        if plan.scratch_shared() {
+            if !plan.shared {
+                // The values outgrow shared memory, the scratch does not: it is there alone.
+                self.comment("the scratch: the CTA's dynamic shared memory (the values are global)");
+                let base = self.rd();
+                self.insf(format_args!("mov.u64 {base}, {SHARED}"));
+                self.scratch = base;
+            }
+            if plan.scratch_bytes > 0 {
+                // Scratch starts zeroed (docs/language.md §8); shared memory does not. Every
+                // thread of the CTA clears words, then the whole CTA waits.
+                self.comment("zero the scratch");
+                let (zero, words, base) = (self.imm(0), (plan.scratch_bytes / 4) as usize, self.scratch.clone());
+                self.count(&tid_x, words, plan.threads(), false, ("zero", "zeroed"), |w, i| {
+                    let addr = w.rd();
+                    w.insf(format_args!("mul.wide.u32 {addr}, {i}, 4"));
+                    w.insf(format_args!("add.u64 {addr}, {base}, {addr}"));
+                    w.insf(format_args!("st.shared.b32 [{addr}], {zero}"));
+                });
+                self.ins("bar.sync 0");
+            }
         }
         if plan.barrier_bytes > 0 {
             self.init_mbarriers(&tid_x);

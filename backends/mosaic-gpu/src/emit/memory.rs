@@ -38,7 +38,7 @@ impl Writer<'_> {
         // Values live in this warpgroup's copy; scratch in the region the CTA shares.
         let (slot, region) = match self.plan.value_slot(name) {
             Some(s) => (s, self.values.clone()),
-            None => (self.plan.scratch.get(name).unwrap_or_else(|| panic!("planned slot for {name}")), self.workspace.clone()),
+            None => panic!("no value slot for {name} (scratch is read by load and store only)"),
         };
         let offset = slot.offset;
         let (base, wide) = (self.rd(), self.rd());
@@ -194,9 +194,9 @@ impl Writer<'_> {
             None => {
                 let slot = self.plan.scratch[name].offset;
                 let r = self.rd();
-                let ws = self.workspace.clone();
-                self.insf(format_args!("add.u64 {r}, {ws}, {slot}"));
-                (r, self.space())
+                let base = self.scratch.clone();
+                self.insf(format_args!("add.u64 {r}, {base}, {slot}"));
+                (r, if self.plan.scratch_shared() { "shared" } else { "global" })
             }
         };
         let dtype = p.ty.dtype;

@@ -23,8 +23,12 @@ pub(super) struct Writer<'p> {
     pub(super) tid: String,
     /// The thread's warpgroup: the thread axis coordinate and its named barrier.
     pub(super) warpgroup: String,
-    /// The CTA's workspace region (scratch).
+    /// The CTA's workspace region (its values, and its scratch where that is not in shared
+    /// memory alone).
     pub(super) workspace: String,
+    /// The CTA's scratch: in the workspace, or the dynamic shared memory
+    /// ([`crate::lower::Plan::scratch_shared`]).
+    pub(super) scratch: String,
     /// This warpgroup's values.
     pub(super) values: String,
     /// Pointer register of each `in`/`out` argument.
@@ -218,6 +222,7 @@ impl<'p> Writer<'p> {
             tid: String::new(),
             warpgroup: String::new(),
             workspace: String::new(),
+            scratch: String::new(),
             values: String::new(),
             args: Vec::new(),
             coords: Vec::new(),
