@@ -341,9 +341,9 @@ pub fn recognize(v: &Verified, thread_axis: Option<&str>, schedule: Schedule) ->
         dv,
         stages: MAX_STAGES,
         maps: [
-            TensorMapSpec { array: q.clone(), boxes: [ROW as u32, bq as u32] },
-            TensorMapSpec { array: kn.to_string(), boxes: [ROW as u32, bkv as u32] },
-            TensorMapSpec { array: vn.to_string(), boxes: [ROW as u32, bkv as u32] },
+            TensorMapSpec::swizzled(q, [ROW as u32, bq as u32]),
+            TensorMapSpec::swizzled(kn, [ROW as u32, bkv as u32]),
+            TensorMapSpec::swizzled(vn, [ROW as u32, bkv as u32]),
         ],
         q_value: qv.clone(),
         scores: sd.results[0].clone(),

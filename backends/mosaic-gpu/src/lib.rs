@@ -12,6 +12,7 @@ pub mod limits;
 pub mod lower;
 pub mod mesh;
 pub mod runtime;
+pub mod tma;
 pub mod wgmma;
 
 use std::collections::{BTreeMap, HashMap};

@@ -29,6 +29,7 @@ use crate::limits::{
     MAX_ARRAY_ELEMENTS, MAX_ARRIVALS, MAX_BARRIERS_PER_ARRAY, MAX_BLOCK_ELEMENTS, MAX_CTAS, MAX_REGISTERS_PER_VALUE,
     MAX_SHARED_BYTES, MAX_WARPGROUPS, THREADS, element_bytes,
 };
+use crate::tma;
 use crate::wgmma::{self, Gemm, Schedule, TensorMapSpec};
 
 /// Where a value or a scratch buffer lives in a CTA's workspace region.
@@ -88,6 +89,9 @@ pub struct Plan {
     /// the order the kernel declares them, in shared memory after the workspace (or alone there
     /// when the workspace is global).
     pub barrier_bytes: u64,
+    /// The general path's tensor maps: those of the concurrent model's copies by TMA
+    /// (`crate::tma`), in the order the entry takes them.
+    pub maps: Vec<TensorMapSpec>,
 }
 
 impl Plan {
@@ -155,13 +159,8 @@ impl Plan {
         match (&self.gemm, &self.attention) {
             (Some(g), _) => &g.maps,
             (_, Some(a)) => &a.maps,
-            _ => &[],
+            _ => &self.maps,
         }
-    }
-
-    /// The 16-bit float the tensor maps copy.
-    pub fn map_dtype(&self) -> Option<DType> {
-        self.gemm.as_ref().map(|g| g.dtype).or(self.attention.as_ref().map(|a| a.dtype))
     }
 
     /// Bytes of the global workspace buffer (0 when the workspace is in shared memory).
@@ -333,6 +332,7 @@ fn hopper(kernel: &Verified, thread_axis: Option<&str>, schedule: Schedule) -> O
         gemm,
         attention,
         barrier_bytes: 0,
+        maps: Vec::new(),
     })
 }
 
@@ -346,18 +346,41 @@ pub fn plan_general(kernel: &Verified, thread_axis: Option<&str>) -> Result<Plan
     if let Some(op) = unlowered_concurrency(kernel.kernel()) {
         return Err(Refusal::Unimplemented { op }.into());
     }
-    let staged = synchronous::per_thread(kernel);
+    // The concurrent model's copies into scratch go by TMA where the scratch is in shared memory
+    // (it fits there with the barriers) and the copy is one TMA makes (`crate::tma`).
+    let source = kernel.kernel();
+    let barrier_bytes = 8 * source.barriers.iter().map(|b| b.count as u64).sum::<u64>();
+    let scratch_fits =
+        (source.params_of(ParamKind::Scratch)).map(|p| scratch_slot_bytes(&p.ty)).sum::<u64>().saturating_add(barrier_bytes)
+            <= MAX_SHARED_BYTES;
+    let by_tma = |op: &SyncOp| scratch_fits && tma::copy(source, op).is_some();
+    let staged = synchronous::per_thread(kernel, &by_tma);
     let kernel = &*legalize::for_backend(&staged);
     let k = kernel.kernel();
+    let mut maps: Vec<TensorMapSpec> = Vec::new();
+    analysis::visit(&k.body, &mut |s| {
+        if let Op::Sync(op) = &s.op
+            && let Some(c) = tma::copy(k, op)
+            && !maps.iter().any(|m| m.array == c.array && m.boxes == c.boxes)
+        {
+            maps.push(c.map(maps.len()));
+        }
+    });
     let registers = in_registers(kernel);
     let mut planner = Planner { values: ValueMap::new(), yielded: ValueMap::new(), next: 0, in_registers: registers };
     let mut scratch = HashMap::new();
     for p in k.params_of(ParamKind::Scratch) {
-        // Scratch as arrays hold their elements (2 bytes an f16), as loads and stores read it.
+        // Scratch as arrays hold their elements (2 bytes an f16), as loads and stores read it,
+        // each buffer of a kernel with barriers 128-byte aligned for the tensor copies that may
+        // land in it.
+        if !k.barriers.is_empty() {
+            planner.next = planner.next.next_multiple_of(tma::ALIGN);
+        }
         let slot = planner.place_of(&p.name, &p.ty, element_bytes(p.ty.dtype))?;
         scratch.insert(p.name.clone(), slot);
     }
     let scratch_bytes = planner.next;
+    debug_assert!(!scratch_fits || scratch_bytes + barrier_bytes <= MAX_SHARED_BYTES, "scratch_slot_bytes as placed");
     planner.body(kernel, &k.body)?;
     let value_bytes = planner.next - scratch_bytes;
     // The mesh's thread axis, else the kernel's own (`grid (wg: 3 thread)`, the one of several
@@ -386,7 +409,6 @@ pub fn plan_general(kernel: &Verified, thread_axis: Option<&str>) -> Result<Plan
         return Err(Refusal::TooManyCtas { ctas }.into());
     }
     let workspace_per_cta = (scratch_bytes + u64::from(warpgroups) * value_bytes).max(16);
-    let barrier_bytes = 8 * k.barriers.iter().map(|b| b.count as u64).sum::<u64>();
     if workspace_per_cta >= u64::from(u32::MAX) {
         return Err(Refusal::Workspace { kernel: k.name.clone(), bytes: workspace_per_cta }.into());
     }
@@ -408,7 +430,15 @@ pub fn plan_general(kernel: &Verified, thread_axis: Option<&str>) -> Result<Plan
         gemm: None,
         attention: None,
         barrier_bytes,
+        maps,
     })
+}
+
+/// Bytes a scratch buffer of type `ty` takes in the workspace: its elements at their width, from
+/// a [`tma::ALIGN`] boundary, to the next 16-byte one (at most; a 16-byte aligned buffer before
+/// it takes up to 112 bytes of padding, counted here).
+fn scratch_slot_bytes(ty: &Type) -> u64 {
+    (ty.numel().max(1) as u64 * element_bytes(ty.dtype) as u64).div_ceil(16) * 16 + (tma::ALIGN - 16)
 }
 
 /// One access of a value's slot, a scratch buffer or an array by an operation.

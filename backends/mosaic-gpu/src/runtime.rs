@@ -329,18 +329,15 @@ impl Device {
     }
 }
 
-/// The tensor maps of the Hopper path's operands (`crate::wgmma`): 2-D, 16-bit floats, the
-/// plan's boxes, 128-byte swizzle, zeros outside the array; `args` gives each array's address.
+/// The tensor maps of the plan's operands (the Hopper paths', `crate::wgmma`, and the concurrent
+/// model's copies, `crate::tma`): 2-D, the array's dtype, the plan's boxes and swizzle, zeros
+/// outside the array; `args` gives each array's address.
 fn tensor_maps(plan: &Plan, args: &HashMap<String, u64>) -> Result<Vec<TensorMapArg>, BackendError> {
     use sys::{
         CUtensorMapDataType as T, CUtensorMapFloatOOBfill as Fill, CUtensorMapInterleave as Interleave,
         CUtensorMapL2promotion as L2, CUtensorMapSwizzle as Swizzle,
     };
-    let dtype = if plan.map_dtype() == Some(tessel_plugin_api::ir::DType::BF16) {
-        T::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-    } else {
-        T::CU_TENSOR_MAP_DATA_TYPE_FLOAT16
-    };
+    use tessel_plugin_api::ir::DType;
     plan.tensor_maps()
         .iter()
         .map(|m| {
@@ -349,7 +346,20 @@ fn tensor_maps(plan: &Plan, args: &HashMap<String, u64>) -> Result<Vec<TensorMap
             let ptr = *args.get(&m.array).ok_or_else(missing)?;
             let (rows, cols) = (ty.shape[0] as u64, ty.shape[1] as u64);
             let dims = [cols, rows];
-            let strides = [cols * 2];
+            let strides = [cols * crate::limits::element_bytes(ty.dtype) as u64];
+            let dtype = match ty.dtype {
+                DType::F16 => T::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+                DType::BF16 => T::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                DType::F32 => T::CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
+                DType::I32 => T::CU_TENSOR_MAP_DATA_TYPE_INT32,
+                DType::U32 | DType::Bool => T::CU_TENSOR_MAP_DATA_TYPE_UINT32,
+                DType::I16 | DType::U16 => T::CU_TENSOR_MAP_DATA_TYPE_UINT16,
+                DType::I8 | DType::U8 => T::CU_TENSOR_MAP_DATA_TYPE_UINT8,
+            };
+            let swizzle = match m.swizzle {
+                0 => Swizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
+                _ => Swizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            };
             let element_strides = [1u32, 1];
             let mut map = sys::CUtensorMap { opaque: [0; 16] };
             // SAFETY: every pointer is to a live array of the rank (2) the call is given, or of
@@ -366,7 +376,7 @@ fn tensor_maps(plan: &Plan, args: &HashMap<String, u64>) -> Result<Vec<TensorMap
                     m.boxes.as_ptr(),
                     element_strides.as_ptr(),
                     Interleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
-                    Swizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+                    swizzle,
                     L2::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                     Fill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
                 )

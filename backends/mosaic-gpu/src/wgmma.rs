@@ -125,14 +125,27 @@ impl Schedule {
     }
 }
 
-/// A tensor map the runtime encodes for one operand: a 2-D array of 16-bit floats, boxes of
-/// `boxes[0]` contiguous elements by `boxes[1]` rows, 128-byte swizzle, zero fill.
+/// A tensor map the runtime encodes for one operand: a 2-D array (of its dtype), boxes of
+/// `boxes[0]` contiguous elements by `boxes[1]` rows, zero fill, swizzled or not.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TensorMapSpec {
     /// The operand (an `in` argument).
     pub array: String,
     /// Box size, the contiguous dimension first.
     pub boxes: [u32; 2],
+    /// The entry parameter that holds it, after the entry's name: `ARRAY_map` (the Hopper
+    /// paths'), `ARRAY_mapN` (the Nth map of the array, the concurrent model's copies).
+    pub param: String,
+    /// Bytes of the swizzle pattern: [`SWIZZLE`] (the Hopper paths' stages), or 0 (none: the box
+    /// lands row-major, as scratch is laid out).
+    pub swizzle: u32,
+}
+
+impl TensorMapSpec {
+    /// The Hopper paths' map of `array`: 128-byte swizzle, one map an operand.
+    pub fn swizzled(array: &str, boxes: [u32; 2]) -> TensorMapSpec {
+        TensorMapSpec { array: array.to_string(), boxes, param: format!("{array}_map"), swizzle: SWIZZLE }
+    }
 }
 
 /// How the accumulator starts.
@@ -529,8 +542,8 @@ pub fn recognize(v: &Verified, thread_axis: Option<&str>, schedule: Schedule) ->
         stages: if schedule == Schedule::Persistent { MAX_STAGES } else { steps.min(MAX_STAGES) },
         init,
         maps: [
-            TensorMapSpec { array: a.to_string(), boxes: [ROW as u32, if *trans_a { bk } else { bm } as u32] },
-            TensorMapSpec { array: b.to_string(), boxes: [ROW as u32, if *trans_b { bn } else { bk } as u32] },
+            TensorMapSpec::swizzled(a, [ROW as u32, if *trans_a { bk } else { bm } as u32]),
+            TensorMapSpec::swizzled(b, [ROW as u32, if *trans_b { bn } else { bk } as u32]),
         ],
         epilogue,
         schedule,

@@ -44,41 +44,44 @@ pub fn synchronous(v: &Verified) -> Result<Cow<'_, Verified>, Unscheduled> {
 /// thread itself. A copy that lands as an arrival becomes its load, its store and an `arrive`
 /// on that barrier (the thread's own arrival, made once the data is in place); `arrive` and
 /// `wait` stay; `fence`, `commit_copies`, `wait_copies` and `mma_wait` are dropped, since what
-/// they wait for is done where it is issued. A kernel without asynchronous statements is `v`.
-pub fn per_thread(v: &Verified) -> Cow<'_, Verified> {
+/// they wait for is done where it is issued. A copy `keep` takes stays as it is (the backend
+/// makes it asynchronous itself, waits and all: Mosaic GPU's copies by TMA). A kernel without
+/// asynchronous statements is `v`.
+pub fn per_thread<'v>(v: &'v Verified, keep: &dyn Fn(&SyncOp) -> bool) -> Cow<'v, Verified> {
     let asynchronous = |s: &Stmt| matches!(&s.op, Op::Sync(op) if !matches!(op, SyncOp::Arrive(_) | SyncOp::Wait(_)));
     let mut any = false;
     analysis::visit(&v.kernel().body, &mut |s| any |= asynchronous(s));
     if !any {
         return Cow::Borrowed(v);
     }
-    Cow::Owned(rewritten(v, true))
+    Cow::Owned(rewritten(v, true, keep))
 }
 
 /// `v`'s asynchronous statements made synchronous and its barriers dropped.
 fn lifted(v: &Verified) -> Verified {
-    rewritten(v, false)
+    rewritten(v, false, &|_| false)
 }
 
-/// `v`'s copies and products made synchronous; its barriers, `arrive`s and `wait`s kept or
-/// dropped as `barriers` says.
-fn rewritten(v: &Verified, barriers: bool) -> Verified {
+/// `v`'s copies (but those `keep` takes) and products made synchronous; its barriers,
+/// `arrive`s and `wait`s kept or dropped as `barriers` says.
+fn rewritten(v: &Verified, barriers: bool, keep: &dyn Fn(&SyncOp) -> bool) -> Verified {
     let mut kernel = v.kernel().clone();
     if !barriers {
         kernel.barriers.clear();
     }
     let mut names = Names::new(v);
-    kernel.body = rewrite(std::mem::take(&mut kernel.body), &mut names, barriers);
+    kernel.body = rewrite(std::mem::take(&mut kernel.body), &mut names, barriers, keep);
     verify::verify_derived(&kernel).unwrap_or_else(|d| panic!("kernel `{}` made synchronous does not verify:\n{d}", v.name()))
 }
 
-fn rewrite(body: Vec<Stmt>, names: &mut Names<'_>, barriers: bool) -> Vec<Stmt> {
+fn rewrite(body: Vec<Stmt>, names: &mut Names<'_>, barriers: bool, keep: &dyn Fn(&SyncOp) -> bool) -> Vec<Stmt> {
     let mut out = Vec::with_capacity(body.len());
     for mut s in body {
         for b in s.op.bodies_mut() {
-            *b = rewrite(std::mem::take(b), names, barriers);
+            *b = rewrite(std::mem::take(b), names, barriers, keep);
         }
         match &s.op {
+            Op::Sync(op @ SyncOp::Copy { .. }) if barriers && keep(op) => out.push(s),
             Op::Sync(SyncOp::Copy { dst, src, arrive }) => {
                 let v = names.fresh("copied");
                 out.push(load(&v, src, s.span));

@@ -96,8 +96,8 @@ impl Writer<'_> {
         for m in self.plan.tensor_maps() {
             let _ = writeln!(
                 head,
-                "// tensor map {}_{}_map: {}, box {} x {}, swizzle {}",
-                self.plan.entry, m.array, m.array, m.boxes[0], m.boxes[1], SWIZZLE
+                "// tensor map {}_{}: {}, box {} x {}, swizzle {}",
+                self.plan.entry, m.param, m.array, m.boxes[0], m.boxes[1], m.swizzle
             );
         }
         let _ = writeln!(head, ".version 8.0\n.target sm_90a\n.address_size 64\n");
@@ -114,7 +114,7 @@ impl Writer<'_> {
             params.push(format!("\t.param .u64 {}_{}", self.plan.entry, p.name));
         }
         for m in self.plan.tensor_maps() {
-            params.push(format!("\t.param .align 64 .b8 {}_{}_map[128]", self.plan.entry, m.array));
+            params.push(format!("\t.param .align 64 .b8 {}_{}[128]", self.plan.entry, m.param));
         }
         let _ = writeln!(
             head,

@@ -330,6 +330,10 @@ impl Writer<'_> {
             Op::Yield(_) => {}
             Op::Sync(SyncOp::Arrive(b)) => self.write_arrive(b),
             Op::Sync(SyncOp::Wait(b)) => self.write_wait(b),
+            Op::Sync(op @ SyncOp::Copy { arrive: Some(b), .. }) => {
+                let c = crate::tma::copy(self.plan.kernel.kernel(), op).expect("the plan keeps copies TMA makes");
+                self.write_tma_copy(&c, b)
+            }
             Op::Sync(_) => unreachable!("the plan makes copies and products synchronous (synchronous::per_thread)"),
             Op::Tile { .. } | Op::Repeat { .. } => unreachable!("legalize rewrites tile and repeat before planning"),
         }

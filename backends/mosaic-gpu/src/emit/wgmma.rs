@@ -349,7 +349,7 @@ impl Writer<'_> {
         let maps: Vec<String> = (plan.tensor_maps().iter())
             .map(|m| {
                 let r = self.rd();
-                self.insf(format_args!("mov.b64 {r}, {entry}_{}_map", m.array));
+                self.insf(format_args!("mov.b64 {r}, {entry}_{}", m.param));
                 self.insf(format_args!("cvta.param.u64 {r}, {r}"));
                 r
             })
