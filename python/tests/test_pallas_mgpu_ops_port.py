@@ -1,6 +1,7 @@
 """JAX's tests of its Mosaic GPU ops, ported: `tests/pallas/mgpu_matmul_test.py`,
-`mgpu_ragged_dot_test.py` and `mgpu_attention_test.py` (the Hopper cases; the Blackwell ones need
-`tcgen05_mma`/TMEM), each op unchanged inside `jax.jit` on tessel's interpreter.
+`mgpu_ragged_dot_test.py` and `mgpu_attention_test.py`'s flash attention cases (the Hopper ones;
+the Blackwell ones need `tcgen05_mma`/TMEM), each op unchanged inside `jax.jit` on tessel's
+interpreter.
 
 What differs from JAX's files, and why:
 - **Sizes.** JAX runs 4096-sized problems on an H100; the interpreter runs on two cores, so each
@@ -184,3 +185,68 @@ def test_ragged_dot_transposed(monkeypatch, case):
         lhs, rhs, group_sizes, ragged_dot_dimension_numbers=jax.lax.RaggedDotDimensionNumbers(
             dot_dimension_numbers=(((0,), (0,)), ((), ())), lhs_ragged_dimensions=[0], rhs_group_dimensions=[]))
     np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(out_ref, np.float32), atol=1e-3, rtol=1e-3)
+
+
+# --- mgpu_attention_test.py: FlashAttentionTestCase ---
+
+FLASH = [c for c in pairwise(dict(
+    batch_size=(1, 4), num_q_and_kv_heads=((4, 1), (6, 3), (4, 4)), head_dim=(64, 128, 256),
+    blocks=((64, 64), (64, 128), (128, 64)), attention_impl=("attention", "attention_with_pipeline_emitter"),
+    causal=(True, False)))
+    # JAX's own skips: what the op does not support.
+    if not (c["causal"] and c["attention_impl"] == "attention_with_pipeline_emitter")
+    and not (c["head_dim"] >= 256 and max(c["blocks"]) >= 128)]
+
+
+@pytest.mark.parametrize("case", FLASH, ids=ids(FLASH))
+def test_flash_attention(monkeypatch, cuda_version, case):
+    # Two query blocks and two key blocks a head (JAX's 4096-long sequences on the GPU).
+    block_q, block_kv = case["blocks"]
+    q_seq_len, kv_seq_len = 2 * block_q, 2 * block_kv
+    num_q_heads, num_kv_heads = case["num_q_and_kv_heads"]
+    batch_size, head_dim, causal = case["batch_size"], case["head_dim"], case["causal"]
+    k1, k2, k3 = jax.random.split(jax.random.key(42), 3)
+    q = normal(k1, (batch_size, q_seq_len, num_q_heads, head_dim))
+    k = normal(k2, (batch_size, kv_seq_len, num_kv_heads, head_dim))
+    v = normal(k3, (batch_size, kv_seq_len, num_kv_heads, head_dim))
+    impl = getattr(am, case["attention_impl"])
+    config = am.TuningConfig(block_q=block_q, block_kv=block_kv, max_concurrent_steps=2, causal=causal)
+    out, (lse,) = tp.run(traced(monkeypatch, lambda q, k, v: impl(q, k, v, config, save_residuals=True)), q, k, v,
+                         backend="interpret")
+    out_ref, (lse_ref,) = am.attention_reference(q, k, v, causal=causal, save_residuals=True)
+    np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(out_ref, np.float32), atol=2e-3, rtol=1e-3)
+    np.testing.assert_allclose(lse, lse_ref, atol=2e-3, rtol=1e-3)
+
+
+BWD = pairwise(dict(seq_lens=((128, 128), (128, 256)), num_q_and_kv_heads=((4, 4), (4, 1), (6, 3)),
+                    bwd_blocks=((64, 64, 64, 64), (64, 128, 128, 64), (128, 128, 128, 128)), head_dim=(64, 128, 256)))
+
+
+@pytest.mark.parametrize("case", BWD, ids=ids(BWD))
+def test_bwd_flash_attention(monkeypatch, cuda_version, case):
+    # JAX's seq_lens (512, 512) and (3584, 4096) become (128, 128) and (128, 256), twice that with
+    # blocks of 128 (whole blocks for each compute warpgroup): a query length shorter than the
+    # keys', as in JAX's second case; batch 1 (JAX's 3: the interpreter's time).
+    num_q_heads, num_kv_heads = case["num_q_and_kv_heads"]
+    scale = max(case["bwd_blocks"]) // 64
+    kv_seq_len, q_seq_len = (n * scale for n in case["seq_lens"])
+    block_q_dq, block_kv_dq, block_q_dkv, block_kv_dkv = case["bwd_blocks"]
+    head_dim = case["head_dim"]
+    compute_wgs = 2 if head_dim <= 128 else 1
+    k1, k2, k3 = jax.random.split(jax.random.key(42), 3)
+    q = normal(k1, (1, q_seq_len, num_q_heads, head_dim))
+    k = normal(k2, (1, kv_seq_len, num_kv_heads, head_dim))
+    v = normal(k3, (1, kv_seq_len, num_kv_heads, head_dim))
+    config = am.TuningConfig(block_q=block_q_dq, block_kv=block_kv_dq, max_concurrent_steps=2, compute_wgs_bwd=compute_wgs,
+                             block_q_dkv=block_q_dkv, block_kv_dkv=block_kv_dkv, block_q_dq=block_q_dq, block_kv_dq=block_kv_dq)
+
+    def f(q, k, v):
+        return am.attention(q, k, v, config).astype(jnp.float32).sum()
+
+    def f_ref(q, k, v):
+        return am.attention_reference(q, k, v).astype(jnp.float32).sum()
+
+    dq, dk, dv = tp.run(traced(monkeypatch, jax.grad(f, argnums=(0, 1, 2))), q, k, v, backend="interpret")
+    dq_ref, dk_ref, dv_ref = jax.grad(f_ref, argnums=(0, 1, 2))(q, k, v)
+    for name, got, want, atol in (("dq", dq, dq_ref, 7e-2), ("dk", dk, dk_ref, 7e-2), ("dv", dv, dv_ref, 5e-2)):
+        np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32), atol=atol, rtol=0, err_msg=name)
