@@ -346,13 +346,25 @@ pub fn plan_general(kernel: &Verified, thread_axis: Option<&str>) -> Result<Plan
     if let Some(op) = unlowered_concurrency(kernel.kernel()) {
         return Err(Refusal::Unimplemented { op }.into());
     }
+    // The scratch first (the kernel's params, which making copies synchronous and legalizing
+    // leave as they are): as arrays hold their elements (2 bytes an f16), as loads and stores
+    // read it, each buffer of a kernel with barriers 128-byte aligned for the tensor copies that
+    // may land in it.
+    let source = kernel.kernel();
+    let mut planner = Planner { values: ValueMap::new(), yielded: ValueMap::new(), next: 0, in_registers: ValueSet::new() };
+    let mut scratch = HashMap::new();
+    for p in source.params_of(ParamKind::Scratch) {
+        if !source.barriers.is_empty() {
+            planner.next = planner.next.next_multiple_of(tma::ALIGN);
+        }
+        let slot = planner.place_of(&p.name, &p.ty, element_bytes(p.ty.dtype))?;
+        scratch.insert(p.name.clone(), slot);
+    }
+    let scratch_bytes = planner.next;
+    let barrier_bytes = 8 * source.barriers.iter().map(|b| b.count as u64).sum::<u64>();
     // The concurrent model's copies into scratch go by TMA where the scratch is in shared memory
     // (it fits there with the barriers) and the copy is one TMA makes (`crate::tma`).
-    let source = kernel.kernel();
-    let barrier_bytes = 8 * source.barriers.iter().map(|b| b.count as u64).sum::<u64>();
-    let scratch_fits =
-        (source.params_of(ParamKind::Scratch)).map(|p| scratch_slot_bytes(&p.ty)).sum::<u64>().saturating_add(barrier_bytes)
-            <= MAX_SHARED_BYTES;
+    let scratch_fits = scratch_bytes + barrier_bytes <= MAX_SHARED_BYTES;
     let by_tma = |op: &SyncOp| scratch_fits && tma::copy(source, op).is_some();
     let staged = synchronous::per_thread(kernel, &by_tma);
     let kernel = &*legalize::for_backend(&staged);
@@ -366,21 +378,7 @@ pub fn plan_general(kernel: &Verified, thread_axis: Option<&str>) -> Result<Plan
             maps.push(c.map(maps.len()));
         }
     });
-    let registers = in_registers(kernel);
-    let mut planner = Planner { values: ValueMap::new(), yielded: ValueMap::new(), next: 0, in_registers: registers };
-    let mut scratch = HashMap::new();
-    for p in k.params_of(ParamKind::Scratch) {
-        // Scratch as arrays hold their elements (2 bytes an f16), as loads and stores read it,
-        // each buffer of a kernel with barriers 128-byte aligned for the tensor copies that may
-        // land in it.
-        if !k.barriers.is_empty() {
-            planner.next = planner.next.next_multiple_of(tma::ALIGN);
-        }
-        let slot = planner.place_of(&p.name, &p.ty, element_bytes(p.ty.dtype))?;
-        scratch.insert(p.name.clone(), slot);
-    }
-    let scratch_bytes = planner.next;
-    debug_assert!(!scratch_fits || scratch_bytes + barrier_bytes <= MAX_SHARED_BYTES, "scratch_slot_bytes as placed");
+    planner.in_registers = in_registers(kernel);
     planner.body(kernel, &k.body)?;
     let value_bytes = planner.next - scratch_bytes;
     // The mesh's thread axis, else the kernel's own (`grid (wg: 3 thread)`, the one of several
@@ -432,13 +430,6 @@ pub fn plan_general(kernel: &Verified, thread_axis: Option<&str>) -> Result<Plan
         barrier_bytes,
         maps,
     })
-}
-
-/// Bytes a scratch buffer of type `ty` takes in the workspace: its elements at their width, from
-/// a [`tma::ALIGN`] boundary, to the next 16-byte one (at most; a 16-byte aligned buffer before
-/// it takes up to 112 bytes of padding, counted here).
-fn scratch_slot_bytes(ty: &Type) -> u64 {
-    (ty.numel().max(1) as u64 * element_bytes(ty.dtype) as u64).div_ceil(16) * 16 + (tma::ALIGN - 16)
 }
 
 /// One access of a value's slot, a scratch buffer or an array by an operation.

@@ -124,6 +124,11 @@ impl Registers {
 pub(crate) const TENSOR_MAP_TAG: u64 = 0x7E45_0000_0000_0000;
 
 impl Cta<'_> {
+    /// The memory an `ld`/`st` of state space `.shared` or `.global` (by its opcode) reaches.
+    pub(crate) fn space(&mut self, op: &str) -> &mut Memory {
+        if op.contains(".shared.") { &mut self.shared } else { self.mem }
+    }
+
     /// Lands the tensor copies in flight on the mbarrier at `addr` (a thread waits on it), then
     /// whether the phase of `parity` has completed.
     pub(crate) fn phase_done(&mut self, addr: u64, parity: u32) -> Result<bool, String> {

@@ -165,33 +165,20 @@ pub(crate) fn exec(ins: &Instr, th: &mut Thread, cta: &mut Cta<'_>, tid: u32) ->
             cta.shared.store(x(0, th), u(x(1, th)))?;
             return Ok(());
         }
-        // Scratch of 16-bit and 8-bit elements: narrow loads extended into a 32-bit register,
-        // narrow stores of its low bits.
-        "ld.shared.u16" => u64::from(cta.shared.load_n(x(1, th), 2)?),
-        "ld.shared.u8" => u64::from(cta.shared.load_n(x(1, th), 1)?),
-        "ld.shared.s16" => u64::from(cta.shared.load_n(x(1, th), 2)? as u16 as i16 as i32 as u32),
-        "ld.shared.s8" => u64::from(cta.shared.load_n(x(1, th), 1)? as u8 as i8 as i32 as u32),
-        "st.shared.u16" | "st.shared.b16" => {
-            cta.shared.store_n(x(0, th), 2, u(x(1, th)) & 0xFFFF)?;
-            return Ok(());
-        }
-        "st.shared.u8" | "st.shared.b8" => {
-            cta.shared.store_n(x(0, th), 1, u(x(1, th)) & 0xFF)?;
-            return Ok(());
-        }
         "cvt.rna.tf32.f32" => u64::from(tf32_rna(u(x(1, th)))),
         "bra" | "bra.uni" => {
             th.pc = x(0, th) as usize;
             return Ok(());
         }
         "ld.global.b32" => u64::from(cta.mem.load(x(1, th))?),
-        "ld.global.u16" => u64::from(cta.mem.load_n(x(1, th), 2)?),
-        "ld.global.u8" => u64::from(cta.mem.load_n(x(1, th), 1)?),
-        // Narrow signed loads into a 32-bit register: sign-extended.
-        "ld.global.s16" => u64::from(cta.mem.load_n(x(1, th), 2)? as u16 as i16 as i32 as u32),
-        "ld.global.s8" => u64::from(cta.mem.load_n(x(1, th), 1)? as u8 as i8 as i32 as u32),
-        "st.global.b8" | "st.global.u8" => {
-            cta.mem.store_n(x(0, th), 1, u(x(1, th)) & 0xFF)?;
+        // Arrays, and scratch, of 16-bit and 8-bit elements: narrow loads into a 32-bit register
+        // (zero- or sign-extended), narrow stores of its low bits.
+        "ld.global.u16" | "ld.shared.u16" => u64::from(cta.space(op).load_n(x(1, th), 2)?),
+        "ld.global.u8" | "ld.shared.u8" => u64::from(cta.space(op).load_n(x(1, th), 1)?),
+        "ld.global.s16" | "ld.shared.s16" => u64::from(cta.space(op).load_n(x(1, th), 2)? as u16 as i16 as i32 as u32),
+        "ld.global.s8" | "ld.shared.s8" => u64::from(cta.space(op).load_n(x(1, th), 1)? as u8 as i8 as i32 as u32),
+        "st.global.b8" | "st.global.u8" | "st.shared.b8" | "st.shared.u8" => {
+            cta.space(op).store_n(x(0, th), 1, u(x(1, th)) & 0xFF)?;
             return Ok(());
         }
         // Two 32-bit registers at an 8-byte-aligned address.
@@ -209,8 +196,8 @@ pub(crate) fn exec(ins: &Instr, th: &mut Thread, cta: &mut Cta<'_>, tid: u32) ->
             }
             return Ok(());
         }
-        "st.global.u16" | "st.global.b16" => {
-            cta.mem.store_n(x(0, th), 2, u(x(1, th)) & 0xFFFF)?;
+        "st.global.u16" | "st.global.b16" | "st.shared.u16" | "st.shared.b16" => {
+            cta.space(op).store_n(x(0, th), 2, u(x(1, th)) & 0xFFFF)?;
             return Ok(());
         }
         "cvt.u64.u32" => x(1, th) & 0xFFFF_FFFF,
