@@ -4,6 +4,7 @@
 //! (`lower.rs` plans, `emit/` writes) without a device, and runs them through cudarc
 //! (`runtime.rs`) where a Hopper GPU and its driver exist.
 
+pub mod async_mma;
 pub mod attention;
 pub mod emit;
 pub mod error;

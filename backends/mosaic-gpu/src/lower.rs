@@ -23,6 +23,7 @@ use std::collections::{HashMap, HashSet};
 use tessel_plugin_api::abi::BackendError;
 use tessel_plugin_api::ir::*;
 
+use crate::async_mma::{self, AsyncMma};
 use crate::attention::{self, Attention};
 use crate::error::Refusal;
 use crate::limits::{
@@ -92,6 +93,9 @@ pub struct Plan {
     /// The general path's tensor maps: those of the concurrent model's copies by TMA
     /// (`crate::tma`), in the order the entry takes them.
     pub maps: Vec<TensorMapSpec>,
+    /// The concurrent model's products on `wgmma` (`crate::async_mma`): their operand buffers'
+    /// swizzled layouts and their accumulators in registers (which take no scratch slot).
+    pub mma: AsyncMma,
 }
 
 impl Plan {
@@ -161,6 +165,11 @@ impl Plan {
             (_, Some(a)) => &a.maps,
             _ => &self.maps,
         }
+    }
+
+    /// The copy `op` by TMA, laid out as its scratch is, where the plan makes it by TMA.
+    pub fn tma_copy<'s>(&'s self, op: &'s SyncOp) -> Option<tma::TmaCopy<'s>> {
+        tma::copy(self.kernel.kernel(), op).map(|c| self.mma.lay_out(c))
     }
 
     /// Bytes of the global workspace buffer (0 when the workspace is in shared memory).
@@ -333,6 +342,7 @@ fn hopper(kernel: &Verified, thread_axis: Option<&str>, schedule: Schedule) -> O
         attention,
         barrier_bytes: 0,
         maps: Vec::new(),
+        mma: AsyncMma::default(),
     })
 }
 
@@ -351,34 +361,44 @@ pub fn plan_general(kernel: &Verified, thread_axis: Option<&str>) -> Result<Plan
     // read it, each buffer of a kernel with barriers 128-byte aligned for the tensor copies that
     // may land in it.
     let source = kernel.kernel();
-    let mut planner = Planner { values: ValueMap::new(), yielded: ValueMap::new(), next: 0, in_registers: ValueSet::new() };
-    let mut scratch = HashMap::new();
-    for p in source.params_of(ParamKind::Scratch) {
-        if !source.barriers.is_empty() {
-            planner.next = planner.next.next_multiple_of(tma::ALIGN);
-        }
-        let slot = planner.place_of(&p.name, &p.ty, element_bytes(p.ty.dtype))?;
-        scratch.insert(p.name.clone(), slot);
-    }
-    let scratch_bytes = planner.next;
     let barrier_bytes = 8 * source.barriers.iter().map(|b| b.count as u64).sum::<u64>();
+    let fits = |scratch_bytes: u64| scratch_bytes + barrier_bytes <= MAX_SHARED_BYTES;
+    let (mut scratch, mut scratch_bytes) = place_scratch(source, &AsyncMma::default())?;
     // The concurrent model's copies into scratch go by TMA where the scratch is in shared memory
     // (it fits there with the barriers) and the copy is one TMA makes (`crate::tma`).
-    let scratch_fits = scratch_bytes + barrier_bytes <= MAX_SHARED_BYTES;
+    let scratch_fits = fits(scratch_bytes);
     let by_tma = |op: &SyncOp| scratch_fits && tma::copy(source, op).is_some();
-    let staged = synchronous::per_thread(kernel, &by_tma);
+    // Its products on `wgmma` where their buffers allow (`crate::async_mma`): operand buffers
+    // swizzled, accumulators in registers; the scratch placed again for that, where it fits.
+    let mut mma = AsyncMma::default();
+    if !source.barriers.is_empty() && scratch_fits {
+        let taken = async_mma::analyse(source, &by_tma);
+        let (laid_out, bytes) = place_scratch(source, &taken)?;
+        if !taken.accumulators.is_empty() && fits(bytes) {
+            (scratch, scratch_bytes, mma) = (laid_out, bytes, taken);
+        }
+    }
+    let mut planner =
+        Planner { values: ValueMap::new(), yielded: ValueMap::new(), next: scratch_bytes, in_registers: ValueSet::new() };
+    let keep = |op: &SyncOp| by_tma(op) || mma.takes(op);
+    let staged = synchronous::per_thread(kernel, &keep);
     let kernel = &*legalize::for_backend(&staged);
     let k = kernel.kernel();
     let mut maps: Vec<TensorMapSpec> = Vec::new();
     analysis::visit(&k.body, &mut |s| {
         if let Op::Sync(op) = &s.op
-            && let Some(c) = tma::copy(k, op)
-            && !maps.iter().any(|m| m.array == c.array && m.boxes == c.boxes)
+            && let Some(c) = tma::copy(k, op).map(|c| mma.lay_out(c))
+            && !maps.iter().any(|m| c.reads_through(m))
         {
             maps.push(c.map(maps.len()));
         }
     });
     planner.in_registers = in_registers(kernel);
+    // A value an accumulator in registers is loaded into or stored from is read and written in
+    // the `wgmma` layout, across the warpgroup's threads: it keeps its slot.
+    for v in mma.moved_values(k) {
+        planner.in_registers.remove(kernel.id(&v));
+    }
     planner.body(kernel, &k.body)?;
     let value_bytes = planner.next - scratch_bytes;
     // The mesh's thread axis, else the kernel's own (`grid (wg: 3 thread)`, the one of several
@@ -429,7 +449,28 @@ pub fn plan_general(kernel: &Verified, thread_axis: Option<&str>) -> Result<Plan
         attention: None,
         barrier_bytes,
         maps,
+        mma,
     })
+}
+
+/// The slots of kernel `k`'s scratch buffers from offset 0, and the bytes they take: each as
+/// arrays hold their elements, buffers of a kernel with barriers aligned for the tensor copies
+/// that may land in them (1024 bytes for a swizzled one), accumulators `mma` keeps in
+/// registers without one.
+fn place_scratch(k: &Kernel, mma: &AsyncMma) -> Result<(HashMap<String, Slot>, u64), BackendError> {
+    let mut planner = Planner { values: ValueMap::new(), yielded: ValueMap::new(), next: 0, in_registers: ValueSet::new() };
+    let mut scratch = HashMap::new();
+    for p in k.params_of(ParamKind::Scratch).filter(|p| mma.accumulator(&p.name).is_none()) {
+        let align = match (mma.span(&p.name), k.barriers.is_empty()) {
+            (0, true) => 1,
+            (0, false) => tma::ALIGN,
+            _ => async_mma::SWIZZLED_ALIGN,
+        };
+        planner.next = planner.next.next_multiple_of(align);
+        let slot = planner.place_of(&p.name, &p.ty, element_bytes(p.ty.dtype))?;
+        scratch.insert(p.name.clone(), slot);
+    }
+    Ok((scratch, planner.next))
 }
 
 /// One access of a value's slot, a scratch buffer or an array by an operation.

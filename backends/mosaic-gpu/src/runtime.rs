@@ -358,6 +358,8 @@ fn tensor_maps(plan: &Plan, args: &HashMap<String, u64>) -> Result<Vec<TensorMap
             };
             let swizzle = match m.swizzle {
                 0 => Swizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
+                32 => Swizzle::CU_TENSOR_MAP_SWIZZLE_32B,
+                64 => Swizzle::CU_TENSOR_MAP_SWIZZLE_64B,
                 _ => Swizzle::CU_TENSOR_MAP_SWIZZLE_128B,
             };
             let element_strides = [1u32, 1];

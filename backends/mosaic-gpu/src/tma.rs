@@ -34,12 +34,38 @@ pub struct TmaCopy<'k> {
     pub leading: Vec<(&'k Operand, u64)>,
     /// Bytes the copy brings.
     pub bytes: u64,
+    /// Bytes of an element.
+    pub elem: u64,
+    /// The swizzle span of the scratch's layout in bytes (`crate::async_mma`), 0 for row-major.
+    pub swizzle: u32,
 }
 
 impl TmaCopy<'_> {
+    /// The copy into scratch laid out in swizzled slabs of `span` bytes (0: row-major).
+    pub fn laid_out(self, span: u32) -> Self {
+        TmaCopy { swizzle: span, ..self }
+    }
+
+    /// Boxes the copy takes: one per slab of a swizzled layout (each `span` bytes wide, landing
+    /// `rows` rows of `span` bytes, one after another), else one.
+    pub fn slabs(&self) -> u32 {
+        if self.swizzle == 0 { 1 } else { (u64::from(self.boxes[0]) * self.elem / u64::from(self.swizzle)) as u32 }
+    }
+
+    /// The box of one tensor copy: a slab's columns, the rows.
+    pub fn slab_box(&self) -> [u32; 2] {
+        [self.boxes[0] / self.slabs(), self.boxes[1]]
+    }
+
     /// The tensor map this copy reads through (the `n`th of the kernel).
     pub fn map(&self, n: usize) -> TensorMapSpec {
-        TensorMapSpec { array: self.array.to_string(), boxes: self.boxes, param: format!("{}_map{n}", self.array), swizzle: 0 }
+        let param = format!("{}_map{n}", self.array);
+        TensorMapSpec { array: self.array.to_string(), boxes: self.slab_box(), param, swizzle: self.swizzle }
+    }
+
+    /// Whether `m` is the tensor map of this copy.
+    pub fn reads_through(&self, m: &TensorMapSpec) -> bool {
+        m.array == self.array && m.boxes == self.slab_box() && m.swizzle == self.swizzle
     }
 }
 
@@ -89,7 +115,7 @@ pub fn copy<'k>(k: &'k Kernel, op: &'k SyncOp) -> Option<TmaCopy<'k>> {
     if !leading.is_empty() && !bytes.is_multiple_of(ALIGN) {
         return None;
     }
-    Some(TmaCopy { array: &a.name, boxes: [cols as u32, rows as u32], x, y, scratch: &s.name, leading, bytes })
+    Some(TmaCopy { array: &a.name, boxes: [cols as u32, rows as u32], x, y, scratch: &s.name, leading, bytes, elem, swizzle: 0 })
 }
 
 /// The start and length of a region of a 2-D array along each dimension: `:` or `ds(s, n)`.

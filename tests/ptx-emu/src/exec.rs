@@ -200,7 +200,7 @@ pub(crate) fn exec(ins: &Instr, th: &mut Thread, cta: &mut Cta<'_>, tid: u32) ->
             cta.space(op).store_n(x(0, th), 2, u(x(1, th)) & 0xFFFF)?;
             return Ok(());
         }
-        "cvt.u64.u32" => x(1, th) & 0xFFFF_FFFF,
+        "cvt.u64.u32" | "cvt.u32.u64" => x(1, th) & 0xFFFF_FFFF,
         "or.b64" => x(1, th) | x(2, th),
         "mov.b64" | "cvta.param.u64" => x(1, th),
         "fence.mbarrier_init.release.cluster" | "fence.proxy.async.shared::cta" | "wgmma.fence.sync.aligned" => return Ok(()),

@@ -187,6 +187,7 @@ const OPS: &[&str] = &[
     "ld.global.v2.b32",
     "st.global.v2.b32",
     "cvt.u64.u32",
+    "cvt.u32.u64",
     "or.b64",
     "mov.b64",
     "cvta.param.u64",

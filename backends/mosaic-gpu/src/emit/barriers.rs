@@ -97,8 +97,7 @@ impl Writer<'_> {
     /// as its arrival on the barrier and starts the tensor copy, which completes them.
     pub(super) fn write_tma_copy(&mut self, c: &TmaCopy<'_>, bar: &BarrierAt) {
         let plan = self.plan;
-        let n = (plan.maps.iter().position(|m| m.array == c.array && m.boxes == c.boxes))
-            .expect("the plan has a tensor map for each copy by TMA");
+        let n = (plan.maps.iter().position(|m| c.reads_through(m))).expect("the plan has a tensor map for each copy by TMA");
         let param = format!("{}_{}", plan.entry, plan.maps[n].param);
         let (addr, _, _) = self.mbarrier(bar);
         let (x, y) = (self.scalar(&c.x), self.scalar(&c.y));
@@ -120,9 +119,16 @@ impl Writer<'_> {
         self.insf(format_args!("mbarrier.arrive.expect_tx.shared::cta.b64 {state}, [{addr}], {}", c.bytes));
         self.insf(format_args!("mov.b64 {map}, {param}"));
         self.insf(format_args!("cvta.param.u64 {map}, {map}"));
-        self.insf(format_args!(
-            "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [{dst}], [{map}, {{{x}, {y}}}], [{addr}]"
-        ));
+        // A swizzled buffer takes a box a slab: `rows` rows of `span` bytes each, one after another.
+        let [width, rows] = c.slab_box();
+        for slab in 0..c.slabs() {
+            let (at, column) = (self.rd(), self.r());
+            self.insf(format_args!("add.u64 {at}, {dst}, {}", u64::from(slab) * u64::from(rows) * u64::from(c.swizzle)));
+            self.insf(format_args!("add.u32 {column}, {x}, {}", slab * width));
+            self.insf(format_args!(
+                "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [{at}], [{map}, {{{column}, {y}}}], [{addr}]"
+            ));
+        }
         self.place_label(&skip);
     }
 }

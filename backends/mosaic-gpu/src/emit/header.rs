@@ -133,6 +133,9 @@ impl Writer<'_> {
         if let Some(g) = gemm {
             let _ = writeln!(head, "\t.reg .f32 %f<{}>;", g.bn / 2 + 1);
         }
+        for (i, (_, [m, n])) in self.plan.mma.accumulators.iter().enumerate() {
+            let _ = writeln!(head, "\t.reg .f32 %acc{i}_<{}>;", m / crate::async_mma::WG_ROWS * n / 2);
+        }
         head.push('\n');
         head + &self.out + "\tret;\n}\n"
     }

@@ -61,6 +61,7 @@ impl Writer<'_> {
         if plan.barrier_bytes > 0 {
             self.init_mbarriers(&tid_x);
         }
+        self.zero_accumulators();
         let voff = self.rd();
         self.ins(format!("mul.wide.u32 {voff}, {}, {}", self.warpgroup, plan.value_bytes));
         self.values = self.rd();
@@ -142,10 +143,23 @@ impl Writer<'_> {
         let ty = s.ty.clone();
         let out_shape = ty.as_ref().map(|t| t.shape.clone()).unwrap_or_default();
         let n = out_shape.iter().product::<usize>();
-        let (reads, writes) = uses(&self.plan.kernel, s, &out_shape);
+        let (mut reads, mut writes) = uses(&self.plan.kernel, s, &out_shape);
+        // An accumulator in registers moves to and from a value in the `wgmma` layout: across
+        // the warpgroup's threads.
+        let accumulator = match &s.op {
+            Op::Load { src: a, .. } | Op::Store { dst: a, .. } => self.plan.mma.accumulator(a).map(|_| a.clone()),
+            _ => None,
+        };
+        if accumulator.is_some() {
+            for u in reads.iter_mut().chain(writes.iter_mut()) {
+                u.own = false;
+            }
+        }
         self.sync(&reads, &writes);
         self.unroll = reads.iter().chain(&writes).any(|u| self.in_regs(&u.name));
         match &s.op {
+            Op::Load { src, .. } if accumulator.is_some() => self.write_accumulator_load(src, &dst),
+            Op::Store { dst: acc, value, .. } if accumulator.is_some() => self.write_accumulator_store(acc, value),
             Op::Load { src, index, mask, other } => {
                 self.write_access(src, index.as_deref(), mask.as_deref(), Access::Load { dst: &dst, other: *other })
             }
@@ -331,9 +345,11 @@ impl Writer<'_> {
             Op::Sync(SyncOp::Arrive(b)) => self.write_arrive(b),
             Op::Sync(SyncOp::Wait(b)) => self.write_wait(b),
             Op::Sync(op @ SyncOp::Copy { arrive: Some(b), .. }) => {
-                let c = crate::tma::copy(self.plan.kernel.kernel(), op).expect("the plan keeps copies TMA makes");
+                let c = self.plan.tma_copy(op).expect("the plan keeps copies TMA makes");
                 self.write_tma_copy(&c, b)
             }
+            Op::Sync(op @ SyncOp::Mma { .. }) => self.write_async_mma(op),
+            Op::Sync(SyncOp::MmaWait { pending }) => self.write_mma_wait(*pending),
             Op::Sync(_) => unreachable!("the plan makes copies and products synchronous (synchronous::per_thread)"),
             Op::Tile { .. } | Op::Repeat { .. } => unreachable!("legalize rewrites tile and repeat before planning"),
         }

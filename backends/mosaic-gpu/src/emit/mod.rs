@@ -10,6 +10,8 @@
 //! - `memory.rs`: workspace slots, operands, `load` and `store`;
 //! - `reduce.rs`, `dot.rs`: `reduce` and `dot` (`mma.sync`) on the general path;
 //! - `barriers.rs`: the concurrent model's barriers as mbarriers, on the general path;
+//! - `products.rs`: the concurrent model's products on `wgmma` (`crate::async_mma`), on the
+//!   general path, with `wgmma.rs`'s descriptors;
 //! - `kernel.rs`: the general path's kernel frame and statements;
 //! - `wgmma.rs`: the Hopper path (`crate::wgmma`): TMA, mbarriers, `wgmma.mma_async`;
 //! - `attention.rs`: the Hopper attention path (`crate::attention`), on `wgmma.rs`'s pieces.
@@ -27,6 +29,7 @@ mod header;
 mod kernel;
 mod memory;
 mod ops;
+mod products;
 mod reduce;
 mod wgmma;
 mod writer;

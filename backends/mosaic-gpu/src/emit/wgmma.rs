@@ -16,10 +16,17 @@ use crate::wgmma::{Epilogue, Gemm, Init, Mma, PRODUCER_REGISTERS, ROW, SWIZZLE, 
 const ATOM: u64 = 8 * SWIZZLE as u64;
 
 /// The constant bits of a shared-memory matrix descriptor (PTX ISA "Matrix Descriptor Format"):
-/// leading and stride byte offsets (>> 4, bits 16 and 32) and the 128-byte swizzle mode (1 in
-/// bits 62-63). The start address (>> 4, bits 0-13) is added per use.
-fn descriptor_bits(lbo: u64, sbo: u64) -> u64 {
-    ((lbo >> 4) << 16) | ((sbo >> 4) << 32) | (1 << 62)
+/// leading and stride byte offsets (>> 4, bits 16 and 32) and the swizzle mode of `span` bytes
+/// (bits 62-63: 1 for 128, 2 for 64, 3 for 32). The start address (>> 4, bits 0-13) is added
+/// per use.
+pub(super) fn descriptor_bits(lbo: u64, sbo: u64, span: u32) -> u64 {
+    let mode: u64 = match span {
+        128 => 1,
+        64 => 2,
+        32 => 3,
+        _ => unreachable!("a swizzle span of 128, 64 or 32 bytes"),
+    };
+    ((lbo >> 4) << 16) | ((sbo >> 4) << 32) | (mode << 62)
 }
 
 impl Writer<'_> {
@@ -593,7 +600,7 @@ impl Writer<'_> {
         self.insf(format_args!("add.u32 {addr}, {base}, {offset}"));
         self.insf(format_args!("shr.u32 {addr}, {addr}, 4"));
         self.insf(format_args!("cvt.u64.u32 {d}, {addr}"));
-        self.insf(format_args!("or.b64 {d}, {d}, {:#018x}", descriptor_bits(lbo, sbo)));
+        self.insf(format_args!("or.b64 {d}, {d}, {:#018x}", descriptor_bits(lbo, sbo, SWIZZLE)));
         d
     }
 
