@@ -521,3 +521,28 @@ fn a_mesh_thread_axis_over_a_kernel_with_barriers_stays_separate_programs() {
     let want = rt.launch("interpret", &call, &[], &args).expect("the interpreter runs it");
     agrees_in_both_orders("staged_epilogue on a mesh", &ptx, &kernels[0], &args, &want);
 }
+
+/// The products on `wgmma` are asynchronous until their `mma_wait`: with JAX's Hopper matmul's
+/// consumers handing a stage back (`arrive`) before waiting for the product that reads it (a
+/// kernel the interpreter refuses as a data race), the producer's next tensor copy into that
+/// stage lands while the `wgmma` may still read it, which the emulator reports in some thread
+/// order; as written, both orders agree with the interpreter (the test above).
+#[test]
+fn a_stage_handed_back_before_its_mma_wait_is_reported_by_the_emulator() {
+    use tessel::{KernelLaunch, Runtime};
+    let rt = Runtime::new(&[]).expect("runtime");
+    let text = std::fs::read_to_string(root().join("tests/concurrent/jax/hopper_matmul.tk")).unwrap();
+    let racy =
+        text.replacen("        mma_wait 0\n        arrive r1[%v136]\n", "        arrive r1[%v136]\n        mma_wait 0\n", 1);
+    assert_ne!(racy, text, "the consumers wait for their product, then hand the stage back");
+    let mutated = tessel::load_source("racy.tk", &racy).expect("the mutation verifies");
+    let args = tessel::LaunchArgs { inputs: tessel::inputs::random_inputs(mutated[0].kernel(), 5), grid: Default::default() };
+    let call = [KernelLaunch { kernel: &mutated[0], mesh: None }];
+    let e = rt.launch("interpret", &call, &[], &args).expect_err("the interpreter finds the race");
+    assert!(e.to_string().contains("data race"), "{e}");
+    let (_, ptx) = rt.lower("mosaic-gpu", &call, &[], &Default::default()).expect("lowers").remove(0);
+    assert_eq!(ptx.matches("wgmma.mma_async").count(), 2, "the products are on wgmma");
+    let reports: Vec<String> =
+        [false, true].iter().filter_map(|&reverse| emulate(&ptx, &mutated[0], &args, reverse).err()).collect();
+    assert!(reports.iter().any(|e| e.contains("still reads")), "some thread order refills a stage a wgmma reads: {reports:?}");
+}

@@ -16,6 +16,8 @@ pub(crate) enum Wait {
     Mma(usize),
     /// At the `wgmma.mma_async` at this pc, for the warpgroup.
     Wgmma(usize),
+    /// At the `wgmma.wait_group` at this pc, for the warpgroup.
+    WgmmaWait(usize),
     /// At the `shfl.sync` at this pc, for the warp.
     Shfl(usize),
     /// At the `setmaxnreg` at this pc, for the warpgroup (and, for `inc`, the registers).
@@ -32,6 +34,8 @@ pub(crate) struct Thread {
     pub(crate) wait: Wait,
     /// `wgmma` results not yet retired.
     pub(crate) pending: Pending,
+    /// Its warpgroup has met at the `wgmma.wait_group` at `pc`: the thread runs it.
+    pub(crate) met: bool,
 }
 
 /// What a launch executed, summed over its threads (predicated-off instructions not counted):

@@ -411,7 +411,7 @@ mod tests {
                 for (i, (r, c)) in [(g, 2 * t), (g, 2 * t + 1), (g + 8, 2 * t), (g + 8, 2 * t + 1)].into_iter().enumerate() {
                     regs[rc[i]] = b(cm(r, c));
                 }
-                Thread { regs, pc: 0, wait: Wait::No, pending: Pending::default() }
+                Thread { regs, pc: 0, wait: Wait::No, pending: Pending::default(), met: false }
             })
             .collect();
         let args = [Arg::Vec(d.to_vec()), Arg::Vec(ra.to_vec()), Arg::Vec(rb.to_vec()), Arg::Vec(rc.to_vec())];

@@ -1,6 +1,8 @@
 //! Scheduling a launch: CTAs one after another; inside a CTA each thread runs until it waits
-//! (a barrier, a warp's `mma.sync`, a warpgroup's `wgmma`, an mbarrier phase) or ends, in thread
-//! order or in reverse, and waits are released once every thread they need has arrived. A wait
+//! (a barrier, a warp's `mma.sync`, a warpgroup's `wgmma` or `wgmma.wait_group`, an mbarrier
+//! phase) or ends, in thread order (all of them each round) or in reverse (each round only the
+//! last warpgroup with a thread that can run: a kernel's later warpgroups, its producer, run
+//! ahead of the others), and waits are released once every thread they need has arrived. A wait
 //! nothing can release is a deadlock, reported with where the threads stand.
 
 use crate::cta::{Counts, Cta, Registers, Thread, Wait};
@@ -35,6 +37,12 @@ impl Module {
                 Kind::Mma(_) => th.wait = Wait::Mma(th.pc),
                 Kind::Wgmma(_) => th.wait = Wait::Wgmma(th.pc),
                 Kind::Shfl => th.wait = Wait::Shfl(th.pc),
+                Kind::WgmmaWait if th.met => {
+                    th.met = false;
+                    th.pc += 1;
+                    exec(ins, th, cta, tid).map_err(|e| format!("line {} `{}`: {e}", ins.line, ins.op))?;
+                }
+                Kind::WgmmaWait => th.wait = Wait::WgmmaWait(th.pc),
                 Kind::SetMaxNReg => th.wait = Wait::SetMaxNReg(th.pc),
                 Kind::MbarWait => {
                     let (Some(Arg::Reg(p)), Some(Arg::Mem(a)), Some(parity)) =
@@ -77,12 +85,15 @@ impl Module {
 
     fn run_cta(&self, cta: &mut Cta<'_>, block: u32, reverse: bool) -> Result<(), String> {
         let mut threads: Vec<Thread> = (0..block)
-            .map(|_| Thread { regs: vec![0; self.registers], pc: 0, wait: Wait::No, pending: Pending::default() })
+            .map(|_| Thread { regs: vec![0; self.registers], pc: 0, wait: Wait::No, pending: Pending::default(), met: false })
             .collect();
         let order: Vec<u32> = if reverse { (0..block).rev().collect() } else { (0..block).collect() };
         let mut steps: u64 = 0;
         loop {
-            for &t in &order {
+            // In order, every thread steps; in reverse, only the first warpgroup (from the last)
+            // with a thread that can run: it runs ahead of the others as far as it can.
+            let alone = reverse.then(|| order.iter().find(|&&t| threads[t as usize].wait == Wait::No).map(|t| t / 128)).flatten();
+            for &t in order.iter().filter(|&&t| alone.is_none_or(|g| t / 128 == g)) {
                 self.step(&mut threads[t as usize], t, cta, &mut steps)?;
             }
             if threads.iter().all(|t| t.wait == Wait::Done) {
@@ -131,6 +142,18 @@ impl Module {
                     for t in group.iter_mut() {
                         t.pc += 1;
                         t.wait = Wait::No;
+                    }
+                    moved = true;
+                }
+            }
+            // Warpgroups whose 128 threads all wait at the same `wgmma.wait_group`: each retires
+            // its products when it runs on.
+            for group in threads.chunks_mut(128) {
+                let Wait::WgmmaWait(pc) = group[0].wait else { continue };
+                if group.len() == 128 && group.iter().all(|t| t.wait == Wait::WgmmaWait(pc)) {
+                    for t in group.iter_mut() {
+                        t.wait = Wait::No;
+                        t.met = true;
                     }
                     moved = true;
                 }
@@ -201,7 +224,7 @@ impl Module {
                     moved = true;
                 }
             }
-            if !moved {
+            if !moved && !threads.iter().any(|t| t.wait == Wait::No) {
                 let done = threads.iter().filter(|t| t.wait == Wait::Done).count();
                 let waits: Vec<String> = threads
                     .iter()

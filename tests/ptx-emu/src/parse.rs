@@ -44,6 +44,10 @@ pub(crate) enum Kind {
     Mma(Mma),
     /// `wgmma.mma_async`: wait for the warpgroup's 128 threads.
     Wgmma(Wgmma),
+    /// `wgmma.wait_group`: wait for the warpgroup's 128 threads, then each retires its
+    /// products when it runs on (so another warpgroup may run between the meeting and the
+    /// retiring, as on hardware, where the wait takes its time).
+    WgmmaWait,
     /// `mbarrier.try_wait.parity`: wait until the phase of that parity has completed.
     MbarWait,
     /// `setmaxnreg.inc|dec`: wait for the warpgroup's 128 threads, then (for `inc`) for the
@@ -379,6 +383,7 @@ pub fn parse(ptx: &str) -> Result<Module, String> {
             "shfl.sync.bfly.b32" => Kind::Shfl,
             "ret" => Kind::Ret,
             "mbarrier.try_wait.parity.shared::cta.b64" => Kind::MbarWait,
+            "wgmma.wait_group.sync.aligned" => Kind::WgmmaWait,
             "setmaxnreg.inc.sync.aligned.u32" | "setmaxnreg.dec.sync.aligned.u32" => {
                 let ok = matches!(args[..], [Arg::Imm(n)] if (24..=256).contains(&n) && n % 8 == 0);
                 if !ok {
