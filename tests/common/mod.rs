@@ -269,19 +269,22 @@ pub fn emulate_counted(
         params.push(addr);
     }
     // The tensor maps the runtime would encode, from the PTX's header ("// tensor map PARAM: ARRAY,
-    // box X x Y, swizzle S"), in the entry's order.
+    // box X x Y ..., swizzle S", the contiguous dimension first), in the entry's order.
     let mut maps = Vec::new();
     for line in ptx.lines().filter_map(|l| l.strip_prefix("// tensor map ")) {
-        let words: Vec<&str> = line.split([' ', ',', ':']).filter(|w| !w.is_empty()).collect();
-        let (addr, ty) = &arrays[words[1]];
+        let (array, rest) = line.split_once(": ").and_then(|(_, r)| r.split_once(", box ")).expect("a tensor map line");
+        let (boxes, swizzle) = rest.split_once(", swizzle ").expect("a swizzle");
+        let (addr, ty) = &arrays[array];
         let elem = width(ty) as u64;
+        let dims: Vec<u64> = ty.shape.iter().rev().map(|&n| n as u64).collect();
+        let strides = (1..dims.len()).map(|d| dims[..d].iter().product::<u64>() * elem).collect();
         maps.push(tessel_ptx_emu::TensorMap {
             address: *addr,
-            dims: [ty.shape[1] as u64, ty.shape[0] as u64],
-            row_bytes: ty.shape[1] as u64 * elem,
+            dims,
+            strides,
             elem_bytes: elem as u32,
-            boxes: [words[3].parse().expect("box"), words[5].parse().expect("box")],
-            swizzle: words[7].parse().expect("swizzle"),
+            boxes: boxes.split(" x ").map(|b| b.parse().expect("box")).collect(),
+            swizzle: swizzle.parse().expect("swizzle"),
         });
     }
     // Scratch in shared memory alone ("// the scratch: B bytes of shared memory from byte 0") and

@@ -12,7 +12,8 @@
 //!   Layout"). No thread reads or writes it, so no other code sees the layout;
 //! - an **accumulator in registers**: `f32` scratch whose every access is by one warpgroup at its
 //!   own tile (the leading index is its point of the thread axis, `program_id` of that axis: how
-//!   Pallas's `plgpu.ACC` is translated), whole: zeroed or set by a `store`, accumulated by such
+//!   Pallas's `plgpu.ACC` is translated; or a 2-D buffer in a kernel of one thread a program),
+//!   whole: zeroed or set by a `store`, accumulated by such
 //!   products, read by a `load`. Each warpgroup keeps its tile in the registers of the `wgmma`
 //!   accumulator layout across the kernel; the `store` and `load` move it from and to a value.
 //!
@@ -108,7 +109,10 @@ pub fn analyse(k: &Kernel, by_tma: &dyn Fn(&SyncOp) -> bool) -> AsyncMma {
             accesses.entry(dst).or_default().push(Access::Store { index: index.as_deref(), masked: mask.is_some() });
         }
         Op::Sync(op @ SyncOp::Copy { dst, src, .. }) => {
-            accesses.entry(&dst.name).or_default().push(if by_tma(op) { Access::Tma } else { Access::Other });
+            // A tensor copy of one 2-D tile lands as its slabs (`rows` rows each).
+            let tile = k.param(&dst.name).map(|p| analysis::region_shape(p, dst.index.as_deref()).len());
+            let whole_tile = by_tma(op) && tile == Some(2);
+            accesses.entry(&dst.name).or_default().push(if whole_tile { Access::Tma } else { Access::Other });
             accesses.entry(&src.name).or_default().push(Access::Other);
         }
         Op::Sync(op @ SyncOp::Mma { acc, a, b, .. }) => {
@@ -262,6 +266,8 @@ struct Facts {
     thread_ids: HashSet<String>,
     /// Values defined by `mul` of a value by a literal: the literal.
     multiples: HashMap<String, i64>,
+    /// Whether a program has one thread (no `thread` axis of more than one point).
+    one_thread: bool,
 }
 
 impl Facts {
@@ -271,7 +277,8 @@ impl Facts {
             AxisRef::Name(n) => grid.iter().any(|g| g.thread && &g.name == n),
             AxisRef::Pos(p) => grid.get(*p).is_some_and(|g| g.thread),
         };
-        let mut facts = Facts { thread_ids: HashSet::new(), multiples: HashMap::new() };
+        let one_thread = !grid.iter().any(|g| g.thread && !matches!(g.size, AxisSize::Fixed(1)));
+        let mut facts = Facts { thread_ids: HashSet::new(), multiples: HashMap::new(), one_thread };
         analysis::visit(&k.body, &mut |s| {
             let Some(r) = s.results.first() else { return };
             match &s.op {
@@ -299,20 +306,25 @@ impl Facts {
     }
 
     /// Whether region `index` of scratch `p` is the thread's own whole tile: its one leading
-    /// index a point of the thread axis, its trailing two dimensions whole.
+    /// index a point of the thread axis, its trailing two dimensions whole; or, in a kernel of
+    /// one thread a program, the whole of a 2-D buffer.
     fn own_tile(&self, p: &Param, index: Option<&[Index]>) -> bool {
         let shape = &p.ty.shape;
-        let Some(ix) = index else { return false };
         let whole = |i: &Index, len: usize| match i {
             Index::Full => true,
             Index::Slice { start: Operand::Lit(Literal::Int(0)), size, stride: 1 } => *size == len,
             _ => false,
         };
-        shape.len() == 3
-            && ix.len() == 3
-            && matches!(&ix[0], Index::At(Operand::Value(v)) if self.thread_ids.contains(v))
-            && whole(&ix[1], shape[1])
-            && whole(&ix[2], shape[2])
+        match (shape.len(), index) {
+            (2, None) => self.one_thread,
+            (2, Some(ix)) => self.one_thread && whole(&ix[0], shape[0]) && whole(&ix[1], shape[1]),
+            (3, Some(ix)) => {
+                matches!(&ix[0], Index::At(Operand::Value(v)) if self.thread_ids.contains(v))
+                    && whole(&ix[1], shape[1])
+                    && whole(&ix[2], shape[2])
+            }
+            _ => false,
+        }
     }
 }
 

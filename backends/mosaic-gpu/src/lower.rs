@@ -199,16 +199,16 @@ struct Planner {
 
 impl Planner {
     /// A slot of `bytes` an element, at a 16-byte boundary.
-    fn place_of(&mut self, name: &str, ty: &Type, bytes: usize) -> Result<Slot, BackendError> {
-        check_value(name, ty)?;
+    fn place_of(&mut self, ty: &Type, bytes: usize) -> Slot {
         let slot = Slot { offset: self.next, shape: ty.shape.clone(), dtype: ty.dtype };
         self.next += (ty.numel().max(1) as u64 * bytes as u64).div_ceil(16) * 16;
-        Ok(slot)
+        slot
     }
 
     /// A value's slot: 4 bytes an element.
     fn place(&mut self, name: &str, ty: &Type) -> Result<Slot, BackendError> {
-        self.place_of(name, ty, 4)
+        check_value(name, ty)?;
+        Ok(self.place_of(ty, 4))
     }
 
     fn body(&mut self, v: &Verified, body: &[Stmt]) -> Result<(), BackendError> {
@@ -358,29 +358,35 @@ pub fn plan_general(kernel: &Verified, thread_axis: Option<&str>) -> Result<Plan
     }
     // The scratch first (the kernel's params, which making copies synchronous and legalizing
     // leave as they are): as arrays hold their elements (2 bytes an f16), as loads and stores
-    // read it, each buffer of a kernel with barriers 128-byte aligned for the tensor copies that
-    // may land in it.
+    // read it, each buffer of a kernel with barriers aligned for the tensor copies that may land
+    // in it (`place_scratch`).
     let source = kernel.kernel();
     let barrier_bytes = 8 * source.barriers.iter().map(|b| b.count as u64).sum::<u64>();
     let fits = |scratch_bytes: u64| scratch_bytes + barrier_bytes <= MAX_SHARED_BYTES;
-    let (mut scratch, mut scratch_bytes) = place_scratch(source, &AsyncMma::default())?;
+    // Its products on `wgmma` where their buffers allow (`crate::async_mma`): operand buffers
+    // swizzled, accumulators in registers (no scratch), where the scratch then fits shared memory
+    // with the barriers; else the scratch as the kernel declares it.
+    let tma_able = |op: &SyncOp| tma::copy(source, op).is_some();
+    let taken = (!source.barriers.is_empty()).then(|| async_mma::analyse(source, &tma_able));
+    let laid_out = (taken.filter(|t| !t.accumulators.is_empty()))
+        .map(|t| (place_scratch(source, &t), t))
+        .filter(|((_, bytes), _)| fits(*bytes));
+    let ((scratch, scratch_bytes), mma) =
+        laid_out.unwrap_or_else(|| (place_scratch(source, &AsyncMma::default()), AsyncMma::default()));
     // The concurrent model's copies into scratch go by TMA where the scratch is in shared memory
     // (it fits there with the barriers) and the copy is one TMA makes (`crate::tma`).
     let scratch_fits = fits(scratch_bytes);
-    let by_tma = |op: &SyncOp| scratch_fits && tma::copy(source, op).is_some();
-    // Its products on `wgmma` where their buffers allow (`crate::async_mma`): operand buffers
-    // swizzled, accumulators in registers; the scratch placed again for that, where it fits.
-    let mut mma = AsyncMma::default();
-    if !source.barriers.is_empty() && scratch_fits {
-        let taken = async_mma::analyse(source, &by_tma);
-        let (laid_out, bytes) = place_scratch(source, &taken)?;
-        if !taken.accumulators.is_empty() && fits(bytes) {
-            (scratch, scratch_bytes, mma) = (laid_out, bytes, taken);
-        }
-    }
+    let by_tma = |op: &SyncOp| scratch_fits && tma_able(op);
     let mut planner =
         Planner { values: ValueMap::new(), yielded: ValueMap::new(), next: scratch_bytes, in_registers: ValueSet::new() };
-    let keep = |op: &SyncOp| by_tma(op) || mma.takes(op);
+    // Copies out by TMA complete in bulk groups: then `commit_copies`, `wait_copies` and `fence`
+    // (which orders stores to scratch before such copies read it) stay too.
+    let mut stores_by_tma = false;
+    analysis::visit(&source.body, &mut |s| {
+        stores_by_tma |= matches!(&s.op, Op::Sync(op) if by_tma(op) && tma::copy(source, op).is_some_and(|c| c.store));
+    });
+    let groups = |op: &SyncOp| stores_by_tma && matches!(op, SyncOp::CommitCopies | SyncOp::WaitCopies { .. } | SyncOp::Fence);
+    let keep = |op: &SyncOp| by_tma(op) || mma.takes(op) || groups(op);
     let staged = synchronous::per_thread(kernel, &keep);
     let kernel = &*legalize::for_backend(&staged);
     let k = kernel.kernel();
@@ -457,7 +463,7 @@ pub fn plan_general(kernel: &Verified, thread_axis: Option<&str>) -> Result<Plan
 /// arrays hold their elements, buffers of a kernel with barriers aligned for the tensor copies
 /// that may land in them (1024 bytes for a swizzled one), accumulators `mma` keeps in
 /// registers without one.
-fn place_scratch(k: &Kernel, mma: &AsyncMma) -> Result<(HashMap<String, Slot>, u64), BackendError> {
+fn place_scratch(k: &Kernel, mma: &AsyncMma) -> (HashMap<String, Slot>, u64) {
     let mut planner = Planner { values: ValueMap::new(), yielded: ValueMap::new(), next: 0, in_registers: ValueSet::new() };
     let mut scratch = HashMap::new();
     for p in k.params_of(ParamKind::Scratch).filter(|p| mma.accumulator(&p.name).is_none()) {
@@ -467,10 +473,11 @@ fn place_scratch(k: &Kernel, mma: &AsyncMma) -> Result<(HashMap<String, Slot>, u
             _ => async_mma::SWIZZLED_ALIGN,
         };
         planner.next = planner.next.next_multiple_of(align);
-        let slot = planner.place_of(&p.name, &p.ty, element_bytes(p.ty.dtype))?;
-        scratch.insert(p.name.clone(), slot);
+        // Scratch is not a value: shared memory (or the workspace) bounds it, not the elements a
+        // statement's loop covers.
+        scratch.insert(p.name.clone(), planner.place_of(&p.ty, element_bytes(p.ty.dtype)));
     }
-    Ok((scratch, planner.next))
+    (scratch, planner.next)
 }
 
 /// One access of a value's slot, a scratch buffer or an array by an operation.

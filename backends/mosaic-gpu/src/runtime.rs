@@ -330,7 +330,7 @@ impl Device {
 }
 
 /// The tensor maps of the plan's operands (the Hopper paths', `crate::wgmma`, and the concurrent
-/// model's copies, `crate::tma`): 2-D, the array's dtype, the plan's boxes and swizzle, zeros
+/// model's copies, `crate::tma`): of the array's rank (1 to 5), its dtype, the plan's boxes and swizzle, zeros
 /// outside the array; `args` gives each array's address.
 fn tensor_maps(plan: &Plan, args: &HashMap<String, u64>) -> Result<Vec<TensorMapArg>, BackendError> {
     use sys::{
@@ -344,9 +344,16 @@ fn tensor_maps(plan: &Plan, args: &HashMap<String, u64>) -> Result<Vec<TensorMap
             let missing = || BackendError::new(ErrorKind::Internal, format!("the tensor map's array `{}` is not bound", m.array));
             let ty = &plan.kernel.kernel().params.iter().find(|p| p.name == m.array).ok_or_else(missing)?.ty;
             let ptr = *args.get(&m.array).ok_or_else(missing)?;
-            let (rows, cols) = (ty.shape[0] as u64, ty.shape[1] as u64);
-            let dims = [cols, rows];
-            let strides = [cols * crate::limits::element_bytes(ty.dtype) as u64];
+            // The contiguous dimension first; bytes from one element to the next along the others.
+            let dims: Vec<u64> = ty.shape.iter().rev().map(|&n| n as u64).collect();
+            let elem = crate::limits::element_bytes(ty.dtype) as u64;
+            let strides: Vec<u64> = (1..dims.len()).map(|d| dims[..d].iter().product::<u64>() * elem).collect();
+            if dims.len() != m.boxes.len() || !(1..=5).contains(&dims.len()) {
+                return Err(BackendError::new(
+                    ErrorKind::Internal,
+                    format!("the tensor map of `{}` has boxes of another rank", m.array),
+                ));
+            }
             let dtype = match ty.dtype {
                 DType::F16 => T::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
                 DType::BF16 => T::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
@@ -362,16 +369,16 @@ fn tensor_maps(plan: &Plan, args: &HashMap<String, u64>) -> Result<Vec<TensorMap
                 64 => Swizzle::CU_TENSOR_MAP_SWIZZLE_64B,
                 _ => Swizzle::CU_TENSOR_MAP_SWIZZLE_128B,
             };
-            let element_strides = [1u32, 1];
+            let element_strides = vec![1u32; dims.len()];
             let mut map = sys::CUtensorMap { opaque: [0; 16] };
-            // SAFETY: every pointer is to a live array of the rank (2) the call is given, or of
-            // rank - 1 for the strides; the global address is the array's.
+            // SAFETY: every pointer is to a live array of the rank the call is given (checked
+            // above), or of rank - 1 for the strides; the global address is the array's.
             #[allow(unsafe_code, reason = "encoding a tensor map")]
             let r = unsafe {
                 sys::cuTensorMapEncodeTiled(
                     &mut map,
                     dtype,
-                    2,
+                    dims.len() as u32,
                     ptr as *mut std::ffi::c_void,
                     dims.as_ptr(),
                     strides.as_ptr(),

@@ -1,12 +1,17 @@
-//! The concurrent model's copies from global memory into shared scratch by TMA (docs/language.md
-//! §10, per backend). `copy_async S[...], X[ds(%r, R), ds(%c, C)] arrive B[k]` of a 2-D input
-//! array into an `[R, C]` tile of scratch (whole trailing dimensions, single indices before
-//! them) is one `cp.async.bulk.tensor` of an `R x C` box at `(%c, %r)`, its bytes counted on the
+//! The concurrent model's copies between global memory and shared scratch by TMA (docs/language.md
+//! §10, per backend). `copy_async S[...], X[...] arrive B[k]` of an input array of 1 to 5
+//! dimensions (its window single indices, `:` and `ds(%s, N)` of stride 1) into a tile of scratch
+//! (whole trailing dimensions, single indices before them) is one `cp.async.bulk.tensor` of the
+//! window's box (1 along a single index) at the window's start, its bytes counted on the
 //! barrier's mbarrier (`mbarrier.arrive.expect_tx`, the copy's one arrival): the box lands
-//! row-major, as scratch is laid out (no swizzle), and reads past the array are zeros, as the
-//! language reads them. Other copies are made by the issuing warpgroup (`ir::synchronous`).
+//! densely, row-major, as scratch is laid out (or, in a buffer `crate::async_mma` swizzles, one
+//! box a slab), and reads past the array are zeros, as the language reads them. A copy without a
+//! barrier from a scratch tile out to an `out` array is the reverse (`cp.async.bulk.tensor` to
+//! global memory, elements past the array dropped, as stores drop them), in the issuing thread's
+//! bulk group: `commit_copies` closes the group, `wait_copies N (reads)` waits for its writes (or
+//! its reads). Other copies are made by the issuing warpgroup (`ir::synchronous`).
 
-use tessel_plugin_api::ir::{Index, Kernel, Literal, Operand, ParamKind, RefAt, SyncOp};
+use tessel_plugin_api::ir::{Index, Kernel, Literal, Operand, ParamKind, RefAt, SyncOp, analysis};
 
 use crate::limits::element_bytes;
 use crate::wgmma::TensorMapSpec;
@@ -17,17 +22,16 @@ pub const ALIGN: u64 = 128;
 /// The most elements of one box dimension.
 const MAX_BOX: usize = 256;
 
-/// One copy by TMA: the box of `array` at column `x` and row `y` into `scratch`, at the tile
-/// its leading indices choose.
+/// One copy by TMA: the box of `array` at `coords` into `scratch`, at the tile its leading
+/// indices choose.
 #[derive(Debug)]
 pub struct TmaCopy<'k> {
     /// The `in` array read.
     pub array: &'k str,
-    /// The box: columns (contiguous), then rows.
-    pub boxes: [u32; 2],
-    /// The box's first column and row.
-    pub x: Operand,
-    pub y: Operand,
+    /// The box per dimension of the array, the contiguous one first.
+    pub boxes: Vec<u32>,
+    /// The box's first element per dimension, the contiguous one first.
+    pub coords: Vec<Operand>,
     /// The scratch written.
     pub scratch: &'k str,
     /// Each leading index of the scratch and the bytes one step of it moves.
@@ -38,6 +42,9 @@ pub struct TmaCopy<'k> {
     pub elem: u64,
     /// The swizzle span of the scratch's layout in bytes (`crate::async_mma`), 0 for row-major.
     pub swizzle: u32,
+    /// From the scratch out to the array (an `out` array's copy without a barrier, which joins
+    /// the issuing thread's bulk group), rather than into the scratch.
+    pub store: bool,
 }
 
 impl TmaCopy<'_> {
@@ -52,9 +59,16 @@ impl TmaCopy<'_> {
         if self.swizzle == 0 { 1 } else { (u64::from(self.boxes[0]) * self.elem / u64::from(self.swizzle)) as u32 }
     }
 
-    /// The box of one tensor copy: a slab's columns, the rows.
-    pub fn slab_box(&self) -> [u32; 2] {
-        [self.boxes[0] / self.slabs(), self.boxes[1]]
+    /// The box of one tensor copy: a slab's columns, the other dimensions whole.
+    pub fn slab_box(&self) -> Vec<u32> {
+        let mut boxes = self.boxes.clone();
+        boxes[0] /= self.slabs();
+        boxes
+    }
+
+    /// Rows of the box: its elements past the contiguous dimension.
+    pub fn rows(&self) -> u64 {
+        self.boxes[1..].iter().map(|&b| u64::from(b)).product()
     }
 
     /// The tensor map this copy reads through (the `n`th of the kernel).
@@ -69,34 +83,51 @@ impl TmaCopy<'_> {
     }
 }
 
-/// The copy `op` of kernel `k` as a TMA copy, where it is one: a copy with a barrier from a 2-D
-/// `in` array (no block) into scratch of its dtype, the box at most 256 a side with rows of a
-/// multiple of 16 bytes, the array's rows too, and the tile 128-byte aligned.
+/// The copy `op` of kernel `k` as a TMA copy, where it is one: a copy with a barrier from an
+/// `in` array into scratch, or one without from scratch out to an `out` array (which joins the
+/// thread's group of copies, `commit_copies`), of 1 to 5 dimensions (no block), of one dtype,
+/// each box dimension at most 256 with rows of a multiple of 16 bytes, the array's rows too, and
+/// the tile 128-byte aligned.
 pub fn copy<'k>(k: &'k Kernel, op: &'k SyncOp) -> Option<TmaCopy<'k>> {
-    let SyncOp::Copy { dst, src, arrive: Some(_) } = op else { return None };
-    let (a, s) = (k.param(&src.name)?, k.param(&dst.name)?);
-    if a.kind != ParamKind::In || a.block.is_some() || a.ty.shape.len() != 2 || s.kind != ParamKind::Scratch {
+    match op {
+        SyncOp::Copy { dst, src, arrive: Some(_) } => tensor_copy(k, src, dst, ParamKind::In),
+        SyncOp::Copy { dst, src, arrive: None } => tensor_copy(k, dst, src, ParamKind::Out),
+        _ => None,
+    }
+}
+
+/// The copy between region `global` of an array of `kind` and region `shared` of scratch.
+fn tensor_copy<'k>(k: &'k Kernel, global: &'k RefAt, shared: &'k RefAt, kind: ParamKind) -> Option<TmaCopy<'k>> {
+    let (a, s) = (k.param(&global.name)?, k.param(&shared.name)?);
+    let rank = a.ty.shape.len();
+    if a.kind != kind || a.block.is_some() || !(1..=5).contains(&rank) || s.kind != ParamKind::Scratch {
         return None;
     }
     if a.ty.dtype != s.ty.dtype {
         return None;
     }
     let elem = element_bytes(a.ty.dtype) as u64;
-    let [(y, rows), (x, cols)] = window(src, &a.ty.shape)?;
+    // The window, the contiguous dimension first.
+    let mut window = window(global, &a.ty.shape)?;
+    window.reverse();
     let fits = |n: usize| (1..=MAX_BOX).contains(&n);
-    if !fits(rows) || !fits(cols) || !(cols as u64 * elem).is_multiple_of(16) || !(a.ty.shape[1] as u64 * elem).is_multiple_of(16)
+    if !window.iter().all(|(_, n)| fits(*n))
+        || !(window[0].1 as u64 * elem).is_multiple_of(16)
+        || !(a.ty.shape[rank - 1] as u64 * elem).is_multiple_of(16)
     {
         return None;
     }
-    // The destination: the scratch's trailing [rows, cols] whole, single indices before them.
+    // The scratch's side: its trailing dimensions (the window's, single indices dropped) whole,
+    // single indices before them.
+    let tile = analysis::region_shape(a, global.index.as_deref());
     let shape = &s.ty.shape;
-    let lead = shape.len().checked_sub(2)?;
-    if shape[lead..] != [rows, cols] {
+    let lead = shape.len().checked_sub(tile.len())?;
+    if shape[lead..] != tile[..] {
         return None;
     }
-    let bytes = (rows * cols) as u64 * elem;
+    let bytes = tile.iter().product::<usize>() as u64 * elem;
     let mut leading = Vec::new();
-    if let Some(ix) = &dst.index {
+    if let Some(ix) = &shared.index {
         let mut stride = bytes;
         for (d, i) in ix.iter().enumerate().rev() {
             match (d >= lead, i) {
@@ -115,17 +146,22 @@ pub fn copy<'k>(k: &'k Kernel, op: &'k SyncOp) -> Option<TmaCopy<'k>> {
     if !leading.is_empty() && !bytes.is_multiple_of(ALIGN) {
         return None;
     }
-    Some(TmaCopy { array: &a.name, boxes: [cols as u32, rows as u32], x, y, scratch: &s.name, leading, bytes, elem, swizzle: 0 })
+    let (coords, boxes) = window.into_iter().map(|(start, n)| (start, n as u32)).unzip();
+    let store = kind == ParamKind::Out;
+    Some(TmaCopy { array: &a.name, boxes, coords, scratch: &s.name, leading, bytes, elem, swizzle: 0, store })
 }
 
-/// The start and length of a region of a 2-D array along each dimension: `:` or `ds(s, n)`.
-fn window(r: &RefAt, shape: &[usize]) -> Option<[(Operand, usize); 2]> {
+/// The start and length of a region of an array along each dimension: `:`, `ds(s, n)`, or a
+/// single index (length 1).
+fn window(r: &RefAt, shape: &[usize]) -> Option<Vec<(Operand, usize)>> {
     let zero = Operand::Lit(Literal::Int(0));
-    let Some(ix) = &r.index else { return Some([(zero.clone(), shape[0]), (zero, shape[1])]) };
-    let dim = |d: usize| match &ix[d] {
-        Index::Full => Some((zero.clone(), shape[d])),
-        Index::Slice { start, size, stride: 1 } => Some((start.clone(), *size)),
-        _ => None,
-    };
-    Some([dim(0)?, dim(1)?])
+    let Some(ix) = &r.index else { return Some(shape.iter().map(|&n| (zero.clone(), n)).collect()) };
+    (ix.iter().zip(shape))
+        .map(|(i, &n)| match i {
+            Index::Full => Some((zero.clone(), n)),
+            Index::Slice { start, size, stride: 1 } => Some((start.clone(), *size)),
+            Index::At(at @ (Operand::Value(_) | Operand::Lit(Literal::Int(_)))) => Some((at.clone(), 1)),
+            _ => None,
+        })
+        .collect()
 }

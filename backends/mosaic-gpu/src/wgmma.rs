@@ -131,8 +131,9 @@ impl Schedule {
 pub struct TensorMapSpec {
     /// The operand (an `in` argument).
     pub array: String,
-    /// Box size, the contiguous dimension first.
-    pub boxes: [u32; 2],
+    /// Box size per dimension of the array, the contiguous one first (2 for the Hopper paths'
+    /// operands; 1 to 5).
+    pub boxes: Vec<u32>,
     /// The entry parameter that holds it, after the entry's name: `ARRAY_map` (the Hopper
     /// paths'), `ARRAY_mapN` (the Nth map of the array, the concurrent model's copies).
     pub param: String,
@@ -144,7 +145,7 @@ pub struct TensorMapSpec {
 impl TensorMapSpec {
     /// The Hopper paths' map of `array`: 128-byte swizzle, one map an operand.
     pub fn swizzled(array: &str, boxes: [u32; 2]) -> TensorMapSpec {
-        TensorMapSpec { array: array.to_string(), boxes, param: format!("{array}_map"), swizzle: SWIZZLE }
+        TensorMapSpec { array: array.to_string(), boxes: boxes.to_vec(), param: format!("{array}_map"), swizzle: SWIZZLE }
     }
 }
 

@@ -44,9 +44,9 @@ pub fn synchronous(v: &Verified) -> Result<Cow<'_, Verified>, Unscheduled> {
 /// thread itself. A copy that lands as an arrival becomes its load, its store and an `arrive`
 /// on that barrier (the thread's own arrival, made once the data is in place); `arrive` and
 /// `wait` stay; `fence`, `commit_copies`, `wait_copies` and `mma_wait` are dropped, since what
-/// they wait for is done where it is issued. A copy, a product or an `mma_wait` that `keep`
-/// takes stays as it is (the backend makes it asynchronous itself, waits and all: Mosaic GPU's
-/// copies by TMA and products on `wgmma`). A kernel without asynchronous statements is `v`.
+/// they wait for is done where it is issued. A statement that `keep` takes stays as it is (the
+/// backend makes it asynchronous itself, waits and all: Mosaic GPU's copies by TMA, products on
+/// `wgmma`, and their waits). A kernel without asynchronous statements is `v`.
 pub fn per_thread<'v>(v: &'v Verified, keep: &dyn Fn(&SyncOp) -> bool) -> Cow<'v, Verified> {
     let asynchronous = |s: &Stmt| matches!(&s.op, Op::Sync(op) if !matches!(op, SyncOp::Arrive(_) | SyncOp::Wait(_)));
     let mut any = false;
@@ -81,9 +81,7 @@ fn rewrite(body: Vec<Stmt>, names: &mut Names<'_>, barriers: bool, keep: &dyn Fn
             *b = rewrite(std::mem::take(b), names, barriers, keep);
         }
         match &s.op {
-            Op::Sync(op @ (SyncOp::Copy { .. } | SyncOp::Mma { .. } | SyncOp::MmaWait { .. })) if barriers && keep(op) => {
-                out.push(s)
-            }
+            Op::Sync(op) if barriers && !matches!(op, SyncOp::Arrive(_) | SyncOp::Wait(_)) && keep(op) => out.push(s),
             Op::Sync(SyncOp::Copy { dst, src, arrive }) => {
                 let v = names.fresh("copied");
                 out.push(load(&v, src, s.span));

@@ -7,6 +7,24 @@ use crate::hopper::{self, Async, Descriptor, Mbarrier, Read};
 use crate::memory::Memory;
 use crate::parse::{Arg, Instr, Kind, Mma};
 
+/// The tensor copies from shared to global memory, of 1 to 5 dimensions.
+const TENSOR_STORES: [&str; 5] = [
+    "cp.async.bulk.tensor.1d.global.shared::cta.bulk_group",
+    "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group",
+    "cp.async.bulk.tensor.3d.global.shared::cta.bulk_group",
+    "cp.async.bulk.tensor.4d.global.shared::cta.bulk_group",
+    "cp.async.bulk.tensor.5d.global.shared::cta.bulk_group",
+];
+
+/// The tensor copies from global to shared memory, of 1 to 5 dimensions.
+const TENSOR_COPIES: [&str; 5] = [
+    "cp.async.bulk.tensor.1d.shared::cluster.global.mbarrier::complete_tx::bytes",
+    "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes",
+    "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes",
+    "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes",
+    "cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes",
+];
+
 fn f(v: u64) -> f32 {
     f32::from_bits(v as u32)
 }
@@ -221,19 +239,38 @@ pub(crate) fn exec(ins: &Instr, th: &mut Thread, cta: &mut Cta<'_>, tid: u32) ->
             // The state operand: the phase arrived on.
             u64::from(bar.phase)
         }
-        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes" => {
-            let (Arg::Tensor(map, coords), Arg::Mem(bar)) = (&a[1], &a[2]) else {
-                return Err("takes [dst], [tensor map, {x, y}], [mbarrier]".into());
+        // Made at once: its reads and writes are done where it is issued, so that
+        // `cp.async.bulk.wait_group` has nothing left to wait for.
+        _ if TENSOR_STORES.contains(&op) => {
+            let (Arg::Tensor(map, coords), Arg::Mem(src)) = (&a[0], &a[1]) else {
+                return Err("takes [tensor map, {x, y, ...}], [src]".into());
             };
             let handle = th.regs[*map];
             let map = (handle & !0xFFFF == TENSOR_MAP_TAG)
                 .then(|| cta.tensor_maps.get((handle & 0xFFFF) as usize))
                 .flatten()
                 .ok_or(format!("{handle:#x} is not the address of a tensor-map parameter"))?;
-            let c = [s(th.regs[coords[0]]).into(), s(th.regs[coords[1]]).into()];
+            let c: Vec<i64> = coords.iter().map(|&r| s(th.regs[r]).into()).collect();
+            for (global, shared) in hopper::box_stores(map, th.regs[*src] & 0xFFFF_FFFF, &c)? {
+                let v = cta.shared.load_n(shared, 1)?;
+                cta.mem.store_n(global, 1, v)?;
+            }
+            return Ok(());
+        }
+        "cp.async.bulk.commit_group" | "cp.async.bulk.wait_group" | "cp.async.bulk.wait_group.read" => return Ok(()),
+        _ if TENSOR_COPIES.contains(&op) => {
+            let (Arg::Tensor(map, coords), Arg::Mem(bar)) = (&a[1], &a[2]) else {
+                return Err("takes [dst], [tensor map, {x, y, ...}], [mbarrier]".into());
+            };
+            let handle = th.regs[*map];
+            let map = (handle & !0xFFFF == TENSOR_MAP_TAG)
+                .then(|| cta.tensor_maps.get((handle & 0xFFFF) as usize))
+                .flatten()
+                .ok_or(format!("{handle:#x} is not the address of a tensor-map parameter"))?;
+            let c: Vec<i64> = coords.iter().map(|&r| s(th.regs[r]).into()).collect();
             let dst = x(0, th) & 0xFFFF_FFFF;
             let mem = &*cta.mem;
-            let writes = hopper::box_writes(map, dst, c, |at| mem.load_n(at, 1).map(|b| b as u8))?;
+            let writes = hopper::box_writes(map, dst, &c, |at| mem.load_n(at, 1).map(|b| b as u8))?;
             let lo = writes.iter().map(|(at, _)| *at).min().unwrap_or(dst);
             let hi = writes.iter().map(|(at, _)| at + 1).max().unwrap_or(dst);
             cta.asynchronous.check_overwrite((lo, hi))?;

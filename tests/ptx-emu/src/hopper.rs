@@ -14,20 +14,21 @@
 
 use std::collections::HashMap;
 
-/// A tensor map as `cuTensorMapEncodeTiled` describes it, for a 2-D tensor: what the runtime
-/// encodes into the 128 opaque bytes of a `CUtensorMap`, here given to the emulator directly.
+/// A tensor map as `cuTensorMapEncodeTiled` describes it, for a tensor of 1 to 5 dimensions:
+/// what the runtime encodes into the 128 opaque bytes of a `CUtensorMap`, here given to the
+/// emulator directly.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TensorMap {
-    /// Global address of element (0, 0).
+    /// Global address of element (0, ..., 0).
     pub address: u64,
     /// Elements per dimension, the contiguous one first.
-    pub dims: [u64; 2],
-    /// Bytes from one row (dimension 1) to the next.
-    pub row_bytes: u64,
+    pub dims: Vec<u64>,
+    /// Bytes from one element to the next along each dimension but the first.
+    pub strides: Vec<u64>,
     /// Bytes of one element.
     pub elem_bytes: u32,
-    /// The box copied, in elements, the contiguous dimension first.
-    pub boxes: [u32; 2],
+    /// The box copied, in elements per dimension, the contiguous one first.
+    pub boxes: Vec<u32>,
     /// The shared-memory swizzle span in bytes: 0 (none), 32, 64 or 128.
     pub swizzle: u32,
 }
@@ -71,15 +72,17 @@ impl Mbarrier {
     }
 }
 
-/// The box a tensor copy reads at coordinates `c`: (shared address, byte) pairs, with zeros where
-/// the box leaves the tensor (out-of-bounds fill "none": zeros) and the map's swizzle applied.
-pub(crate) fn box_writes(
-    map: &TensorMap,
-    dst: u64,
-    c: [i64; 2],
-    read: impl Fn(u64) -> Result<u8, String>,
-) -> Result<Vec<(u64, u8)>, String> {
-    let row = u64::from(map.boxes[0]) * u64::from(map.elem_bytes);
+/// The places of the box at coordinates `c` (the contiguous dimension first) of a tensor map, as
+/// (global address of the element or `None` outside the tensor, shared address of its first
+/// byte): the box dense in shared memory (its first dimension a row, the others rows after
+/// rows), swizzled as the map says, its shared start `dst` aligned as the swizzle needs.
+fn box_places(map: &TensorMap, dst: u64, c: &[i64]) -> Result<Vec<(Option<u64>, u64)>, String> {
+    let rank = map.dims.len();
+    if c.len() != rank || map.boxes.len() != rank || map.strides.len() + 1 != rank {
+        return Err(format!("a tensor copy of {} coordinates through a tensor map of {rank} dimensions", c.len()));
+    }
+    let elem = u64::from(map.elem_bytes);
+    let row = u64::from(map.boxes[0]) * elem;
     if map.swizzle != 0 && row > u64::from(map.swizzle) {
         return Err(format!("a box row of {row} bytes is wider than its {}-byte swizzle", map.swizzle));
     }
@@ -87,23 +90,56 @@ pub(crate) fn box_writes(
     if !dst.is_multiple_of(align) {
         return Err(format!("tensor copy to shared address {dst:#x}, which is not {align}-byte aligned"));
     }
-    let mut out = Vec::with_capacity((row * u64::from(map.boxes[1])) as usize);
-    for r in 0..i64::from(map.boxes[1]) {
+    let rows: u64 = map.boxes[1..].iter().map(|&b| u64::from(b)).product();
+    let mut out = Vec::with_capacity((u64::from(map.boxes[0]) * rows) as usize);
+    for r in 0..rows {
+        // The row's coordinates along the outer dimensions, the second one fastest.
+        let (mut rest, mut outer) = (r, Vec::with_capacity(rank - 1));
+        for &b in &map.boxes[1..] {
+            outer.push(c[outer.len() + 1] + (rest % u64::from(b)) as i64);
+            rest /= u64::from(b);
+        }
+        let inside_rows = outer.iter().zip(&map.dims[1..]).all(|(&y, &n)| y >= 0 && (y as u64) < n);
+        let base: u64 = map.address + outer.iter().zip(&map.strides).map(|(&y, &s)| (y.max(0) as u64) * s).sum::<u64>();
         for e in 0..i64::from(map.boxes[0]) {
-            let (x, y) = (c[0] + e, c[1] + r);
-            let inside = x >= 0 && y >= 0 && (x as u64) < map.dims[0] && (y as u64) < map.dims[1];
-            for byte in 0..u64::from(map.elem_bytes) {
-                let v = if inside {
-                    read(map.address + y as u64 * map.row_bytes + x as u64 * u64::from(map.elem_bytes) + byte)?
-                } else {
-                    0
-                };
-                let at = dst + r as u64 * row + e as u64 * u64::from(map.elem_bytes) + byte;
-                out.push((swizzle(at, map.swizzle), v));
-            }
+            let x = c[0] + e;
+            let inside = inside_rows && x >= 0 && (x as u64) < map.dims[0];
+            out.push((inside.then(|| base + x as u64 * elem), dst + r * row + e as u64 * elem));
         }
     }
     Ok(out)
+}
+
+/// The box a tensor copy into shared memory reads at coordinates `c`: (shared address, byte)
+/// pairs, with zeros where the box leaves the tensor (out-of-bounds fill "none": zeros).
+pub(crate) fn box_writes(
+    map: &TensorMap,
+    dst: u64,
+    c: &[i64],
+    read: impl Fn(u64) -> Result<u8, String>,
+) -> Result<Vec<(u64, u8)>, String> {
+    let mut out = Vec::new();
+    for (global, shared) in box_places(map, dst, c)? {
+        for byte in 0..u64::from(map.elem_bytes) {
+            let v = match global {
+                Some(g) => read(g + byte)?,
+                None => 0,
+            };
+            out.push((swizzle(shared + byte, map.swizzle), v));
+        }
+    }
+    Ok(out)
+}
+
+/// The bytes a tensor copy out of shared memory at `src` writes at coordinates `c`: (global
+/// address, shared address) pairs, none where the box leaves the tensor.
+pub(crate) fn box_stores(map: &TensorMap, src: u64, c: &[i64]) -> Result<Vec<(u64, u64)>, String> {
+    let places = box_places(map, src, c)?;
+    let bytes = u64::from(map.elem_bytes);
+    Ok((places.into_iter())
+        .filter_map(|(global, shared)| Some((global?, shared)))
+        .flat_map(|(g, s)| (0..bytes).map(move |b| (g + b, swizzle(s + b, map.swizzle))))
+        .collect())
 }
 
 /// A shared-memory matrix descriptor (PTX ISA "Matrix Descriptor Format"): start address, leading
@@ -399,13 +435,32 @@ mod tests {
 
     #[test]
     fn boxes_fill_zeros_outside_the_tensor_and_refuse_misaligned_swizzled_copies() {
-        let map = TensorMap { address: 0, dims: [3, 2], row_bytes: 16, elem_bytes: 2, boxes: [4, 2], swizzle: 0 };
-        let w = box_writes(&map, 0, [1, 1], |a| Ok(a as u8 + 1)).unwrap();
+        let map = TensorMap { address: 0, dims: vec![3, 2], strides: vec![16], elem_bytes: 2, boxes: vec![4, 2], swizzle: 0 };
+        let w = box_writes(&map, 0, &[1, 1], |a| Ok(a as u8 + 1)).unwrap();
         // Row 0 of the box is tensor row 1: elements 1, 2 inside, 3, 4 outside; row 1 outside.
         let bytes: Vec<u8> = w.iter().map(|(_, v)| *v).collect();
         assert_eq!(&bytes[..8], &[19, 20, 21, 22, 0, 0, 0, 0]);
         assert!(bytes[8..].iter().all(|&v| v == 0));
-        let map = TensorMap { swizzle: 128, boxes: [64, 8], ..map };
-        assert!(box_writes(&map, 128, [0, 0], |_| Ok(0)).unwrap_err().contains("not 1024-byte aligned"));
+        let map = TensorMap { swizzle: 128, boxes: vec![64, 8], ..map };
+        assert!(box_writes(&map, 128, &[0, 0], |_| Ok(0)).unwrap_err().contains("not 1024-byte aligned"));
+    }
+
+    #[test]
+    fn a_box_of_four_dimensions_lands_its_rows_densely_and_reads_zeros_past_each_dimension() {
+        // A [1, 3, 2, 4] tensor of 1-byte elements (element (b, s, h, d) = 8 s + 4 h + d + 1):
+        // the box [d 4, h 1, s 4, b 1] at (0, 1, 0, 0) is 4 rows of head 1, the last past the
+        // sequence.
+        let map = TensorMap {
+            address: 0,
+            dims: vec![4, 2, 3, 1],
+            strides: vec![4, 8, 24],
+            elem_bytes: 1,
+            boxes: vec![4, 1, 4, 1],
+            swizzle: 0,
+        };
+        let w = box_writes(&map, 0, &[0, 1, 0, 0], |a| Ok(a as u8 + 1)).unwrap();
+        let bytes: Vec<u8> = w.iter().map(|(_, v)| *v).collect();
+        assert_eq!(bytes, [5, 6, 7, 8, 13, 14, 15, 16, 21, 22, 23, 24, 0, 0, 0, 0]);
+        assert!(w.iter().enumerate().all(|(i, (at, _))| *at == i as u64));
     }
 }

@@ -14,8 +14,6 @@
 
 use tessel_plugin_api::ir::BarrierAt;
 
-use crate::tma::TmaCopy;
-
 use super::header::SHARED;
 use super::writer::{Mbarriers, Writer};
 
@@ -88,47 +86,5 @@ impl Writer<'_> {
         self.insf(format_args!("@!{ready} bra {top}"));
         self.insf(format_args!("shl.b32 {mask}, {one}, {k}"));
         self.insf(format_args!("xor.b32 {parity}, {parity}, {mask}"));
-    }
-}
-
-impl Writer<'_> {
-    /// A copy by TMA (`crate::tma`): once the warpgroup's own accesses are done (its threads
-    /// meet), its thread 0 orders them before the asynchronous proxy's, counts the copy's bytes
-    /// as its arrival on the barrier and starts the tensor copy, which completes them.
-    pub(super) fn write_tma_copy(&mut self, c: &TmaCopy<'_>, bar: &BarrierAt) {
-        let plan = self.plan;
-        let n = (plan.maps.iter().position(|m| c.reads_through(m))).expect("the plan has a tensor map for each copy by TMA");
-        let param = format!("{}_{}", plan.entry, plan.maps[n].param);
-        let (addr, _, _) = self.mbarrier(bar);
-        let (x, y) = (self.scalar(&c.x), self.scalar(&c.y));
-        let dst = self.rd();
-        let slot = plan.scratch[c.scratch].offset;
-        let base = self.scratch.clone();
-        self.insf(format_args!("add.u64 {dst}, {base}, {slot}"));
-        for (at, stride) in &c.leading {
-            let (k, step) = (self.scalar(at), self.rd());
-            self.insf(format_args!("mul.wide.u32 {step}, {k}, {stride}"));
-            self.insf(format_args!("add.u64 {dst}, {dst}, {step}"));
-        }
-        self.barrier();
-        let (others, skip, state, map) = (self.p(), self.label("copied"), self.rd(), self.rd());
-        let tid = self.tid.clone();
-        self.insf(format_args!("setp.ne.u32 {others}, {tid}, 0"));
-        self.insf(format_args!("@{others} bra {skip}"));
-        self.ins("fence.proxy.async.shared::cta");
-        self.insf(format_args!("mbarrier.arrive.expect_tx.shared::cta.b64 {state}, [{addr}], {}", c.bytes));
-        self.insf(format_args!("mov.b64 {map}, {param}"));
-        self.insf(format_args!("cvta.param.u64 {map}, {map}"));
-        // A swizzled buffer takes a box a slab: `rows` rows of `span` bytes each, one after another.
-        let [width, rows] = c.slab_box();
-        for slab in 0..c.slabs() {
-            let (at, column) = (self.rd(), self.r());
-            self.insf(format_args!("add.u64 {at}, {dst}, {}", u64::from(slab) * u64::from(rows) * u64::from(c.swizzle)));
-            self.insf(format_args!("add.u32 {column}, {x}, {}", slab * width));
-            self.insf(format_args!(
-                "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [{at}], [{map}, {{{column}, {y}}}], [{addr}]"
-            ));
-        }
-        self.place_label(&skip);
     }
 }

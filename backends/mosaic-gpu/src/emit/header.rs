@@ -94,10 +94,15 @@ impl Writer<'_> {
             specialized(&mut head);
         }
         for m in self.plan.tensor_maps() {
+            let boxes: Vec<String> = m.boxes.iter().map(u32::to_string).collect();
             let _ = writeln!(
                 head,
-                "// tensor map {}_{}: {}, box {} x {}, swizzle {}",
-                self.plan.entry, m.param, m.array, m.boxes[0], m.boxes[1], m.swizzle
+                "// tensor map {}_{}: {}, box {}, swizzle {}",
+                self.plan.entry,
+                m.param,
+                m.array,
+                boxes.join(" x "),
+                m.swizzle
             );
         }
         let _ = writeln!(head, ".version 8.0\n.target sm_90a\n.address_size 64\n");

@@ -126,6 +126,7 @@ impl Writer<'_> {
             }
             None => seq_loop(self, false),
         }
+        self.write_final_wait_copies();
     }
 
     fn write_body(&mut self, body: &[Stmt]) {
@@ -344,13 +345,18 @@ impl Writer<'_> {
             Op::Yield(_) => {}
             Op::Sync(SyncOp::Arrive(b)) => self.write_arrive(b),
             Op::Sync(SyncOp::Wait(b)) => self.write_wait(b),
-            Op::Sync(op @ SyncOp::Copy { arrive: Some(b), .. }) => {
+            Op::Sync(op @ SyncOp::Copy { arrive, .. }) => {
                 let c = self.plan.tma_copy(op).expect("the plan keeps copies TMA makes");
-                self.write_tma_copy(&c, b)
+                match arrive {
+                    Some(b) => self.write_tma_copy(&c, b),
+                    None => self.write_tma_store(&c),
+                }
             }
+            Op::Sync(SyncOp::CommitCopies) => self.write_commit_copies(),
+            Op::Sync(SyncOp::WaitCopies { pending, reads }) => self.write_wait_copies(*pending, *reads),
+            Op::Sync(SyncOp::Fence) => self.ins("fence.proxy.async.shared::cta"),
             Op::Sync(op @ SyncOp::Mma { .. }) => self.write_async_mma(op),
             Op::Sync(SyncOp::MmaWait { pending }) => self.write_mma_wait(*pending),
-            Op::Sync(_) => unreachable!("the plan makes copies and products synchronous (synchronous::per_thread)"),
             Op::Tile { .. } | Op::Repeat { .. } => unreachable!("legalize rewrites tile and repeat before planning"),
         }
     }

@@ -10,6 +10,7 @@
 //! - `memory.rs`: workspace slots, operands, `load` and `store`;
 //! - `reduce.rs`, `dot.rs`: `reduce` and `dot` (`mma.sync`) on the general path;
 //! - `barriers.rs`: the concurrent model's barriers as mbarriers, on the general path;
+//! - `tma.rs`: the concurrent model's copies by TMA (`crate::tma`), on the general path;
 //! - `products.rs`: the concurrent model's products on `wgmma` (`crate::async_mma`), on the
 //!   general path, with `wgmma.rs`'s descriptors;
 //! - `kernel.rs`: the general path's kernel frame and statements;
@@ -31,6 +32,7 @@ mod memory;
 mod ops;
 mod products;
 mod reduce;
+mod tma;
 mod wgmma;
 mod writer;
 
