@@ -3,13 +3,14 @@
 //! layouts that asks of the scratch they read and accumulate in. Chosen by what the kernel does
 //! with each buffer, not by how it is spelled:
 //!
-//! - an **operand buffer**: `f16`/`bf16` scratch whose every write is a copy by TMA
-//!   ([`crate::tma`]) and whose every read is an operand of such a product. It is laid out in the
-//!   swizzled slabs `wgmma` reads through shared-memory descriptors and TMA writes: its tiles (the
-//!   trailing two dimensions, `[R, C]`) as slabs of `span / 2` columns (`span`: 128, 64 or 32
-//!   bytes, the widest the tile's rows divide into), each slab `R` rows of `span` bytes, the 16-byte
-//!   chunks of a row swizzled with its row in the atom of 8 rows (PTX ISA "Shared Memory Matrix
-//!   Layout"). No thread reads or writes it, so no other code sees the layout;
+//! - an **operand buffer**: `f16`/`bf16` scratch read by such products, whose copies by TMA move
+//!   whole 2-D tiles. It is laid out in the swizzled slabs `wgmma` reads through shared-memory
+//!   descriptors and TMA writes: its tiles (the trailing two dimensions, `[R, C]`) as slabs of
+//!   `span / 2` columns (`span`: 128, 64 or 32 bytes, the widest the tile's rows divide into),
+//!   each slab `R` rows of `span` bytes, the 16-byte chunks of a row swizzled with its row in the
+//!   atom of 8 rows (PTX ISA "Shared Memory Matrix Layout"). Loads and stores of threads find its
+//!   elements there (`emit/memory.rs`), tensor copies copy a box a slab, and a product that reads
+//!   what threads wrote follows a proxy fence;
 //! - an **accumulator in registers**: `f32` scratch whose every access is by one warpgroup at its
 //!   own tile (the leading index is its point of the thread axis, `program_id` of that axis: how
 //!   Pallas's `plgpu.ACC` is translated; or a 2-D buffer in a kernel of one thread a program),
@@ -48,6 +49,9 @@ pub struct AsyncMma {
     pub accumulators: Vec<(String, [usize; 2])>,
     /// Whether every product of the kernel is taken, so that `mma_wait N` counts them all.
     pub all: bool,
+    /// Operand buffers that threads write (with `store`, or copies they make): a product reading
+    /// one follows a proxy fence, so that `wgmma` sees those writes.
+    pub thread_written: HashSet<String>,
 }
 
 impl AsyncMma {
@@ -63,6 +67,16 @@ impl AsyncMma {
             SyncOp::MmaWait { .. } => !self.accumulators.is_empty(),
             _ => false,
         }
+    }
+
+    /// Whether product `op` reads an operand buffer that threads write.
+    pub fn reads_thread_writes(&self, op: &SyncOp) -> bool {
+        let SyncOp::Mma { a, b, .. } = op else { return false };
+        let a = match a {
+            MmaLhs::Ref(a) => Some(&a.name),
+            MmaLhs::Value(_) => None,
+        };
+        a.into_iter().chain([&b.name]).any(|n| self.thread_written.contains(n))
     }
 
     /// The values of kernel `k` loaded from or stored to an accumulator in registers.
@@ -109,11 +123,14 @@ pub fn analyse(k: &Kernel, by_tma: &dyn Fn(&SyncOp) -> bool) -> AsyncMma {
             accesses.entry(dst).or_default().push(Access::Store { index: index.as_deref(), masked: mask.is_some() });
         }
         Op::Sync(op @ SyncOp::Copy { dst, src, .. }) => {
-            // A tensor copy of one 2-D tile lands as its slabs (`rows` rows each).
-            let tile = k.param(&dst.name).map(|p| analysis::region_shape(p, dst.index.as_deref()).len());
-            let whole_tile = by_tma(op) && tile == Some(2);
-            accesses.entry(&dst.name).or_default().push(if whole_tile { Access::Tma } else { Access::Other });
-            accesses.entry(&src.name).or_default().push(Access::Other);
+            // By TMA, a copy lands (or leaves) as slabs of one 2-D tile (`rows` rows each); made
+            // by the thread, it is its loads and stores.
+            let tensor = by_tma(op);
+            let tile = |r: &RefAt| k.param(&r.name).map(|p| analysis::region_shape(p, r.index.as_deref()).len()) == Some(2);
+            for (r, written) in [(dst, true), (src, false)] {
+                let access = if tensor { Access::Tensor { tile: tile(r) } } else { Access::Copy { written } };
+                accesses.entry(&r.name).or_default().push(access);
+            }
         }
         Op::Sync(op @ SyncOp::Mma { acc, a, b, .. }) => {
             all_products += 1;
@@ -137,7 +154,8 @@ pub fn analyse(k: &Kernel, by_tma: &dyn Fn(&SyncOp) -> bool) -> AsyncMma {
             let list = accesses.get(name).map(Vec::as_slice).unwrap_or_default();
             list.iter().all(|a| match (a, role) {
                 (Access::Product(n), _) => taken[*n],
-                (Access::Tma, Role::Operand) => true,
+                (Access::Tensor { tile }, Role::Operand) => *tile,
+                (Access::Load { .. } | Access::Store { .. } | Access::Copy { .. }, Role::Operand) => true,
                 (Access::Load { index, masked: false } | Access::Store { index, masked: false }, Role::Accumulator) => {
                     facts.own_tile(p, *index)
                 }
@@ -164,6 +182,10 @@ pub fn analyse(k: &Kernel, by_tma: &dyn Fn(&SyncOp) -> bool) -> AsyncMma {
         let (SyncOp::Mma { acc, a: MmaLhs::Ref(a), b, .. }, true, Some(s)) = (op, taken[n], s) else { continue };
         for (name, span) in [(&a.name, s.spans[0]), (&b.name, s.spans[1])] {
             out.swizzled.insert(name.clone(), span);
+            let writes = |x: &Access<'_>| matches!(x, Access::Store { .. } | Access::Copy { written: true });
+            if accesses.get(name.as_str()).is_some_and(|list| list.iter().any(writes)) {
+                out.thread_written.insert(name.clone());
+            }
         }
         accumulators.insert(acc.name.clone(), s.acc);
     }
@@ -180,18 +202,14 @@ enum Role {
 
 /// One access of a buffer.
 enum Access<'k> {
-    Load {
-        index: Option<&'k [Index]>,
-        masked: bool,
-    },
-    Store {
-        index: Option<&'k [Index]>,
-        masked: bool,
-    },
-    /// A copy into it by TMA.
-    Tma,
-    /// Any other copy into or out of it.
-    Other,
+    /// A thread's `load` of a region.
+    Load { index: Option<&'k [Index]>, masked: bool },
+    /// A thread's `store` to a region.
+    Store { index: Option<&'k [Index]>, masked: bool },
+    /// A copy by TMA into or out of it: of one whole 2-D tile, or not.
+    Tensor { tile: bool },
+    /// A copy made by the issuing thread, into it (`written`) or out of it.
+    Copy { written: bool },
     /// The `n`th product reads or accumulates in it.
     Product(usize),
 }

@@ -17,7 +17,7 @@ pub(crate) enum Wait {
     /// At the `wgmma.mma_async` at this pc, for the warpgroup.
     Wgmma(usize),
     /// At the `wgmma.wait_group` at this pc, for the warpgroup.
-    WgmmaWait(usize),
+    WgmmaGroup(usize),
     /// At the `shfl.sync` at this pc, for the warp.
     Shfl(usize),
     /// At the `setmaxnreg` at this pc, for the warpgroup (and, for `inc`, the registers).

@@ -42,7 +42,7 @@ impl Module {
                     th.pc += 1;
                     exec(ins, th, cta, tid).map_err(|e| format!("line {} `{}`: {e}", ins.line, ins.op))?;
                 }
-                Kind::WgmmaWait => th.wait = Wait::WgmmaWait(th.pc),
+                Kind::WgmmaWait => th.wait = Wait::WgmmaGroup(th.pc),
                 Kind::SetMaxNReg => th.wait = Wait::SetMaxNReg(th.pc),
                 Kind::MbarWait => {
                     let (Some(Arg::Reg(p)), Some(Arg::Mem(a)), Some(parity)) =
@@ -149,8 +149,8 @@ impl Module {
             // Warpgroups whose 128 threads all wait at the same `wgmma.wait_group`: each retires
             // its products when it runs on.
             for group in threads.chunks_mut(128) {
-                let Wait::WgmmaWait(pc) = group[0].wait else { continue };
-                if group.len() == 128 && group.iter().all(|t| t.wait == Wait::WgmmaWait(pc)) {
+                let Wait::WgmmaGroup(pc) = group[0].wait else { continue };
+                if group.len() == 128 && group.iter().all(|t| t.wait == Wait::WgmmaGroup(pc)) {
                     for t in group.iter_mut() {
                         t.wait = Wait::No;
                         t.met = true;

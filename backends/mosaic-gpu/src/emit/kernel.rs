@@ -156,6 +156,18 @@ impl Writer<'_> {
                 u.own = false;
             }
         }
+        // A product on `wgmma` reads its operand buffers across the warpgroup, through the
+        // asynchronous proxy: after what its threads wrote there, fenced.
+        if let Op::Sync(op @ SyncOp::Mma { a, b, .. }) = &s.op {
+            if let MmaLhs::Ref(a) = a {
+                reads.push(Use::across(&a.name));
+            }
+            reads.push(Use::across(&b.name));
+            if self.plan.mma.reads_thread_writes(op) {
+                self.ins("fence.proxy.async.shared::cta");
+                self.barrier();
+            }
+        }
         self.sync(&reads, &writes);
         self.unroll = reads.iter().chain(&writes).any(|u| self.in_regs(&u.name));
         match &s.op {

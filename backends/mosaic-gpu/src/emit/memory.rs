@@ -189,6 +189,8 @@ impl Writer<'_> {
             }
         }
         let n: usize = lens.iter().product();
+        // A swizzled operand buffer (`crate::async_mma`): its tiles' elements where `wgmma` reads them.
+        let span = self.plan.mma.span(name);
         let (base, space) = match self.args.iter().find(|(a, _)| a == name) {
             Some((_, r)) => (r.clone(), "global"),
             None => {
@@ -235,7 +237,12 @@ impl Writer<'_> {
                 w.insf(format_args!("and.pred {ok}, {ok}, {on}"));
             }
             let (wide, addr) = (w.rd(), w.rd());
-            w.insf(format_args!("mul.wide.u32 {wide}, {flat}, {bytes}"));
+            if span == 0 {
+                w.insf(format_args!("mul.wide.u32 {wide}, {flat}, {bytes}"));
+            } else {
+                let at = w.swizzled_offset(&flat, [dims[dims.len() - 2], dims[dims.len() - 1]], bytes, span);
+                w.insf(format_args!("cvt.u64.u32 {wide}, {at}"));
+            }
             w.insf(format_args!("add.u64 {addr}, {base}, {wide}"));
             match access {
                 Access::Load { dst, other } => {
@@ -254,5 +261,29 @@ impl Writer<'_> {
                 }
             }
         });
+    }
+
+    /// The byte offset in a swizzled buffer (`crate::async_mma`) of its element `flat`: its tile
+    /// of `[rows, cols]`, in slabs of `span` bytes a row, `rows` rows each, the row's 16-byte
+    /// chunks XORed with its row in the atom (bits 4.. with bits 7.., as the hardware swizzles
+    /// shared addresses; buffers start 1024-byte aligned, so offsets swizzle as addresses do).
+    fn swizzled_offset(&mut self, flat: &str, [rows, cols]: [usize; 2], bytes: usize, span: u32) -> String {
+        let slab = span as usize / bytes;
+        let (tile, r, c, off, x) = (self.r(), self.r(), self.r(), self.r(), self.r());
+        self.insf(format_args!("div.u32 {tile}, {flat}, {}", rows * cols));
+        self.insf(format_args!("div.u32 {r}, {flat}, {cols}"));
+        self.insf(format_args!("rem.u32 {r}, {r}, {rows}"));
+        self.insf(format_args!("rem.u32 {c}, {flat}, {cols}"));
+        self.insf(format_args!("mul.lo.u32 {off}, {tile}, {}", rows * cols * bytes));
+        self.insf(format_args!("mad.lo.u32 {off}, {r}, {span}, {off}"));
+        self.insf(format_args!("div.u32 {x}, {c}, {slab}"));
+        self.insf(format_args!("mad.lo.u32 {off}, {x}, {}, {off}", rows * span as usize));
+        self.insf(format_args!("rem.u32 {x}, {c}, {slab}"));
+        self.insf(format_args!("mad.lo.u32 {off}, {x}, {bytes}, {off}"));
+        self.insf(format_args!("shr.u32 {x}, {off}, 7"));
+        self.insf(format_args!("and.b32 {x}, {x}, {}", span / 16 - 1));
+        self.insf(format_args!("shl.b32 {x}, {x}, 4"));
+        self.insf(format_args!("xor.b32 {off}, {off}, {x}"));
+        off
     }
 }

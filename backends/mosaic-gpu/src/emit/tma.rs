@@ -20,15 +20,10 @@ impl Writer<'_> {
         let state = self.rd();
         self.ins("fence.proxy.async.shared::cta");
         self.insf(format_args!("mbarrier.arrive.expect_tx.shared::cta.b64 {state}, [{addr}], {}", c.bytes));
-        // A swizzled buffer takes a box a slab: `rows` rows of `span` bytes each, one after another.
-        let (width, rank) = (c.slab_box()[0], c.boxes.len());
-        for slab in 0..c.slabs() {
-            let (at, column) = (self.rd(), self.r());
-            self.insf(format_args!("add.u64 {at}, {tile}, {}", u64::from(slab) * c.rows() * u64::from(c.swizzle)));
-            self.insf(format_args!("add.u32 {column}, {}, {}", coords[0], slab * width));
-            let at_box = std::iter::once(column).chain(coords[1..].iter().cloned()).collect::<Vec<_>>().join(", ");
+        for (at, at_box) in self.slab_boxes(c, &tile, &coords) {
             self.insf(format_args!(
-                "cp.async.bulk.tensor.{rank}d.shared::cluster.global.mbarrier::complete_tx::bytes [{at}], [{map}, {{{at_box}}}], [{addr}]"
+                "cp.async.bulk.tensor.{}d.shared::cluster.global.mbarrier::complete_tx::bytes [{at}], [{map}, {{{at_box}}}], [{addr}]",
+                c.boxes.len()
             ));
         }
         self.place_label(&skip);
@@ -42,11 +37,12 @@ impl Writer<'_> {
         self.ins("fence.proxy.async.shared::cta");
         self.barrier();
         let skip = self.unless_thread_zero("stored");
-        let rank = c.boxes.len();
-        self.insf(format_args!(
-            "cp.async.bulk.tensor.{rank}d.global.shared::cta.bulk_group [{map}, {{{}}}], [{tile}]",
-            coords.join(", ")
-        ));
+        for (at, at_box) in self.slab_boxes(c, &tile, &coords) {
+            self.insf(format_args!(
+                "cp.async.bulk.tensor.{}d.global.shared::cta.bulk_group [{map}, {{{at_box}}}], [{at}]",
+                c.boxes.len()
+            ));
+        }
         self.place_label(&skip);
     }
 
@@ -102,6 +98,20 @@ impl Writer<'_> {
         self.insf(format_args!("mov.b64 {map}, {param}"));
         self.insf(format_args!("cvta.param.u64 {map}, {map}"));
         (map, coords, tile)
+    }
+
+    /// The boxes of a copy: one, or one a slab of a swizzled buffer (`rows` rows of `span` bytes
+    /// each, one after another): each box's shared address and coordinates.
+    fn slab_boxes(&mut self, c: &TmaCopy<'_>, tile: &str, coords: &[String]) -> Vec<(String, String)> {
+        let width = c.slab_box()[0];
+        (0..c.slabs())
+            .map(|slab| {
+                let (at, column) = (self.rd(), self.r());
+                self.insf(format_args!("add.u64 {at}, {tile}, {}", u64::from(slab) * c.rows() * u64::from(c.swizzle)));
+                self.insf(format_args!("add.u32 {column}, {}, {}", coords[0], slab * width));
+                (at, std::iter::once(column).chain(coords[1..].iter().cloned()).collect::<Vec<_>>().join(", "))
+            })
+            .collect()
     }
 
     /// Code from here to the returned label runs on the warpgroup's thread 0 only.
