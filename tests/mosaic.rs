@@ -428,7 +428,7 @@ const BY_TMA: &[(&str, usize, usize)] =
 /// Concurrent kernels whose products go on `wgmma` (`crate::async_mma`: operands copied in by
 /// TMA, accumulators in registers), with how many `wgmma.mma_async`s their PTX issues (one per
 /// 64 rows by 16 of the contraction).
-const BY_WGMMA: &[(&str, usize)] = &[("hopper_matmul", 2), ("attention", 4)];
+const BY_WGMMA: &[(&str, usize)] = &[("hopper_matmul", 2), ("attention", 8)];
 
 #[test]
 fn the_concurrent_kernels_run_their_warpgroups_at_once_meeting_at_mbarriers() {

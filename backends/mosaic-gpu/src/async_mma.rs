@@ -18,7 +18,11 @@
 //!   products, read by a `load`. Each warpgroup keeps its tile in the registers of the `wgmma`
 //!   accumulator layout across the kernel; the `store` and `load` move it from and to a value.
 //!
-//! A product is taken when its accumulator and both operands are such buffers (a fixed point:
+//! A product's left operand may also be a value (`%a`, Pallas's operand in registers): each
+//! thread gathers its elements of the `wgmma` register layout from the value where the product
+//! is issued.
+//!
+//! A product is taken when its accumulator and its operands are such buffers (a fixed point:
 //! one product that cannot be taken keeps its buffers, and so every other product on them, on
 //! the synchronous path), its operand windows start on the layout's atoms (rows at multiples of
 //! 8, columns at multiples of a slab, proved from the index: a literal or a `mul` by one), its
@@ -79,12 +83,16 @@ impl AsyncMma {
         a.into_iter().chain([&b.name]).any(|n| self.thread_written.contains(n))
     }
 
-    /// The values of kernel `k` loaded from or stored to an accumulator in registers.
+    /// The values of kernel `k` loaded from or stored to an accumulator in registers, or read as
+    /// a product's operand in registers: each read and written across the warpgroup's threads.
     pub fn moved_values(&self, k: &Kernel) -> Vec<String> {
         let mut out = Vec::new();
         analysis::visit(&k.body, &mut |s| match &s.op {
             Op::Load { src, .. } if self.accumulator(src).is_some() => out.extend(s.results.iter().cloned()),
             Op::Store { dst, value: Operand::Value(v), .. } if self.accumulator(dst).is_some() => out.push(v.clone()),
+            Op::Sync(SyncOp::Mma { acc, a: MmaLhs::Value(Operand::Value(v)), .. }) if self.accumulator(&acc.name).is_some() => {
+                out.push(v.clone())
+            }
             _ => {}
         });
         out
@@ -109,7 +117,8 @@ pub fn span_of(row_bytes: usize) -> Option<u32> {
 }
 
 /// Decides, for kernel `k` whose copies `by_tma` makes by TMA, which products go on `wgmma`.
-pub fn analyse(k: &Kernel, by_tma: &dyn Fn(&SyncOp) -> bool) -> AsyncMma {
+pub fn analyse(v: &Verified, by_tma: &dyn Fn(&SyncOp) -> bool) -> AsyncMma {
+    let k = v.kernel();
     let facts = Facts::of(k);
     // Every access of every scratch buffer, and each product that could be taken.
     let mut accesses: HashMap<&str, Vec<Access<'_>>> = HashMap::new();
@@ -140,7 +149,7 @@ pub fn analyse(k: &Kernel, by_tma: &dyn Fn(&SyncOp) -> bool) -> AsyncMma {
                 accesses.entry(&a.name).or_default().push(Access::Product(n));
             }
             accesses.entry(&b.name).or_default().push(Access::Product(n));
-            products.push((op, shape(k, &facts, op)));
+            products.push((op, shape(v, &facts, op)));
         }
         _ => {}
     });
@@ -167,7 +176,10 @@ pub fn analyse(k: &Kernel, by_tma: &dyn Fn(&SyncOp) -> bool) -> AsyncMma {
                 let SyncOp::Mma { acc, a, b, .. } = op else { unreachable!("products are mma_async") };
                 taken[n]
                     && fits(&acc.name, Role::Accumulator)
-                    && matches!(a, MmaLhs::Ref(a) if fits(&a.name, Role::Operand))
+                    && match a {
+                        MmaLhs::Ref(a) => fits(&a.name, Role::Operand),
+                        MmaLhs::Value(_) => true,
+                    }
                     && fits(&b.name, Role::Operand)
             })
             .collect();
@@ -179,8 +191,12 @@ pub fn analyse(k: &Kernel, by_tma: &dyn Fn(&SyncOp) -> bool) -> AsyncMma {
     let mut out = AsyncMma::default();
     let mut accumulators = BTreeMap::new();
     for (n, (op, s)) in products.iter().enumerate() {
-        let (SyncOp::Mma { acc, a: MmaLhs::Ref(a), b, .. }, true, Some(s)) = (op, taken[n], s) else { continue };
-        for (name, span) in [(&a.name, s.spans[0]), (&b.name, s.spans[1])] {
+        let (SyncOp::Mma { acc, a, b, .. }, true, Some(s)) = (op, taken[n], s) else { continue };
+        let a = match a {
+            MmaLhs::Ref(a) => Some((&a.name, s.spans[0])),
+            MmaLhs::Value(_) => None,
+        };
+        for (name, span) in a.into_iter().chain([(&b.name, s.spans[1])]) {
             out.swizzled.insert(name.clone(), span);
             let writes = |x: &Access<'_>| matches!(x, Access::Store { .. } | Access::Copy { written: true });
             if accesses.get(name.as_str()).is_some_and(|list| list.iter().any(writes)) {
@@ -221,12 +237,25 @@ struct Shape {
     spans: [u32; 2],
 }
 
-/// The shape of product `op` where one `wgmma` sequence makes it: `f16`/`bf16` operands of 2-D
-/// tiles in swizzled slabs, windows on atoms, an `f32` accumulator tile of the thread.
-fn shape(k: &Kernel, facts: &Facts, op: &SyncOp) -> Option<Shape> {
-    let SyncOp::Mma { acc, a: MmaLhs::Ref(a), b, trans_a, trans_b } = op else { return None };
-    let (pa, pb, pc) = (k.param(&a.name)?, k.param(&b.name)?, k.param(&acc.name)?);
-    if !matches!(pa.ty.dtype, DType::F16 | DType::BF16) || pa.ty.dtype != pb.ty.dtype || pc.ty.dtype != DType::F32 {
+/// The shape of product `op` where one `wgmma` sequence makes it: `f16`/`bf16` operands, `b` a
+/// 2-D tile in swizzled slabs and `a` one too or a value (the operand in registers), windows on
+/// atoms, an `f32` accumulator tile of the thread.
+fn shape(v: &Verified, facts: &Facts, op: &SyncOp) -> Option<Shape> {
+    let k = v.kernel();
+    let SyncOp::Mma { acc, a, b, trans_a, trans_b } = op else { return None };
+    let (pb, pc) = (k.param(&b.name)?, k.param(&acc.name)?);
+    let ((wa, sa), dtype) = match a {
+        MmaLhs::Ref(a) => {
+            let pa = k.param(&a.name)?;
+            (operand(facts, pa, a)?, pa.ty.dtype)
+        }
+        MmaLhs::Value(Operand::Value(name)) => {
+            let ty = v.value_type(name);
+            ((ty.shape.clone().try_into().ok()?, 0), ty.dtype)
+        }
+        MmaLhs::Value(_) => return None,
+    };
+    if !matches!(dtype, DType::F16 | DType::BF16) || dtype != pb.ty.dtype || pc.ty.dtype != DType::F32 {
         return None;
     }
     if !facts.own_tile(pc, acc.index.as_deref()) {
@@ -234,10 +263,9 @@ fn shape(k: &Kernel, facts: &Facts, op: &SyncOp) -> Option<Shape> {
     }
     let tile = |p: &Param| -> Option<[usize; 2]> { p.ty.shape[p.ty.shape.len().checked_sub(2)?..].try_into().ok() };
     let [m, n] = tile(pc)?;
-    let (wa, sa) = operand(facts, pa, a)?;
     let (wb, sb) = operand(facts, pb, b)?;
     // A is [M, K] (trans_a: [K, M]); B is [K, N] (trans_b: [N, K]).
-    let (am, ak) = if *trans_a { (wa[1], wa[0]) } else { (wa[0], wa[1]) };
+    let [am, ak]: [usize; 2] = if *trans_a { [wa[1], wa[0]] } else { wa };
     let (bk, bn) = if *trans_b { (wb[1], wb[0]) } else { (wb[0], wb[1]) };
     let ok = am == m
         && bn == n

@@ -367,7 +367,7 @@ pub fn plan_general(kernel: &Verified, thread_axis: Option<&str>) -> Result<Plan
     // swizzled, accumulators in registers (no scratch), where the scratch then fits shared memory
     // with the barriers; else the scratch as the kernel declares it.
     let tma_able = |op: &SyncOp| tma::copy(source, op).is_some();
-    let taken = (!source.barriers.is_empty()).then(|| async_mma::analyse(source, &tma_able));
+    let taken = (!source.barriers.is_empty()).then(|| async_mma::analyse(kernel, &tma_able));
     let laid_out = (taken.filter(|t| !t.accumulators.is_empty()))
         .map(|t| (place_scratch(source, &t), t))
         .filter(|((_, bytes), _)| fits(*bytes));

@@ -102,15 +102,20 @@ pub(crate) fn mma(kind: Mma, args: &[Arg], warp: &mut [Thread]) {
 }
 
 /// One warpgroup's `wgmma.mma_async`: descriptors, scale-d and immediates are the same in every
-/// thread (the instruction is `.aligned`). The accumulator it reads is what the registers will
-/// hold once the `wgmma`s before it retire; what it writes waits in each thread's
-/// [`Pending`](crate::hopper::Pending).
+/// thread (the instruction is `.aligned`); the left operand is a descriptor, or four registers
+/// of each thread (the `mma.m16n8k16` A layout per warp, read where the instruction is issued).
+/// The accumulator it reads is what the registers will hold once the `wgmma`s before it retire;
+/// what it writes waits in each thread's [`Pending`](crate::hopper::Pending).
 pub(crate) fn wgmma(ins: &Instr, group: &mut [Thread], shared: &Memory, asynchronous: &mut Async) -> Result<(), String> {
     let Kind::Wgmma(w) = ins.kind else { unreachable!("waits at a wgmma") };
-    let [Arg::Vec(d), Arg::Reg(da), Arg::Reg(db), Arg::Reg(scale), Arg::Imm(sa), Arg::Imm(sb), Arg::Imm(ta), Arg::Imm(tb)] =
-        &ins.args[..]
-    else {
-        unreachable!("parse checks the operands")
+    let (d, left, db, scale, sa, sb, ta, tb) = match &ins.args[..] {
+        [Arg::Vec(d), Arg::Reg(da), Arg::Reg(db), Arg::Reg(scale), Arg::Imm(sa), Arg::Imm(sb), Arg::Imm(ta), Arg::Imm(tb)] => {
+            (d, Err(*da), db, scale, sa, sb, *ta, tb)
+        }
+        [Arg::Vec(d), Arg::Vec(ra), Arg::Reg(db), Arg::Reg(scale), Arg::Imm(sa), Arg::Imm(sb), Arg::Imm(tb)] => {
+            (d, Ok(ra), db, scale, sa, sb, 0, tb)
+        }
+        _ => unreachable!("parse checks the operands"),
     };
     let uniform = |r: usize| {
         let v = group[0].regs[r];
@@ -120,7 +125,12 @@ pub(crate) fn wgmma(ins: &Instr, group: &mut [Thread], shared: &Memory, asynchro
             Err("the warpgroup's threads give different operands".to_string())
         }
     };
-    let (a, b) = (Descriptor::decode(uniform(*da)?)?, Descriptor::decode(uniform(*db)?)?);
+    let b = Descriptor::decode(uniform(*db)?)?;
+    // Element (m, k) of A: from its descriptor, or from the register of the thread that holds it.
+    let a: Result<Descriptor, Vec<Vec<u64>>> = match left {
+        Err(da) => Ok(Descriptor::decode(uniform(da)?)?),
+        Ok(ra) => Err(group.iter().map(|t| ra.iter().map(|&r| t.regs[r]).collect()).collect()),
+    };
     let accumulate = uniform(*scale)? != 0;
     let negate = |v: u64| match v as i64 {
         1 => Ok(false),
@@ -130,12 +140,22 @@ pub(crate) fn wgmma(ins: &Instr, group: &mut [Thread], shared: &Memory, asynchro
     let mut acc: Vec<Vec<u64>> =
         group.iter().map(|t| d.iter().map(|&r| t.pending.latest(r).unwrap_or(t.regs[r])).collect()).collect();
     let bytes = std::cell::Cell::new([(u64::MAX, 0); 2]);
-    w.run(a, b, (negate(*sa)?, negate(*sb)?), (*ta != 0, *tb != 0), accumulate, &mut acc, |operand, at| {
+    let load = |operand: usize, at: u64| {
         let mut seen = bytes.get();
         seen[operand] = (seen[operand].0.min(at), seen[operand].1.max(at + 2));
         bytes.set(seen);
         shared.load_n(at, 2).map(|v| v as u16)
-    })?;
+    };
+    let left = |m: u64, k: u64| match &a {
+        Ok(desc) => load(0, desc.address(m, k, ta == 0)),
+        Err(regs) => {
+            let (warp, row, col) = (m / 16, m % 16, k % 8);
+            let thread = (warp * 32 + (row % 8) * 4 + col / 2) as usize;
+            let reg = (row / 8 + 2 * (k / 8)) as usize;
+            Ok((regs[thread][reg] >> (16 * (col % 2))) as u16)
+        }
+    };
+    w.run(&left, b, (negate(*sa)?, negate(*sb)?), *tb != 0, accumulate, &mut acc, |at| load(1, at))?;
     // Its operands stay read until every thread retires it.
     let serial = asynchronous.serial;
     asynchronous.serial += 1;

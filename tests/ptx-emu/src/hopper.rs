@@ -215,20 +215,20 @@ impl Wgmma {
         (16 * w + lane / 4 + 8 * ((i / 2) % 2), 8 * (i / 4) + 2 * (lane % 4) + i % 2)
     }
 
-    /// D = A B (+ D where `accumulate`): A 64x16 and B 16xN read from shared memory (`load` of
-    /// operand 0, A, or 1, B, at an address), summed in `f64` and rounded once, as the
-    /// `mma.sync` emulation does. `d` holds the warpgroup's 128 threads' accumulator registers
-    /// (N/2 each), read and written in place.
+    /// D = A B (+ D where `accumulate`): A 64x16 (`left` gives element (m, k)) and B 16xN read
+    /// from shared memory through its descriptor (`load` at an address), summed in `f64` and
+    /// rounded once, as the `mma.sync` emulation does. `d` holds the warpgroup's 128 threads'
+    /// accumulator registers (N/2 each), read and written in place.
     #[allow(clippy::too_many_arguments, reason = "the instruction's operands")]
     pub fn run(
         &self,
-        a: Descriptor,
+        left: &dyn Fn(u64, u64) -> Result<u16, String>,
         b: Descriptor,
         (neg_a, neg_b): (bool, bool),
-        (trans_a, trans_b): (bool, bool),
+        trans_b: bool,
         accumulate: bool,
         d: &mut [Vec<u64>],
-        load: impl Fn(usize, u64) -> Result<u16, String>,
+        load: impl Fn(u64) -> Result<u16, String>,
     ) -> Result<(), String> {
         let n = self.n as usize;
         let value = |bits: u16| {
@@ -241,14 +241,14 @@ impl Wgmma {
         let mut am = vec![[0f64; 16]; 64];
         for (m, row) in am.iter_mut().enumerate() {
             for (k, x) in row.iter_mut().enumerate() {
-                let v = value(load(0, a.address(m as u64, k as u64, !trans_a))?);
+                let v = value(left(m as u64, k as u64)?);
                 *x = if neg_a { -v } else { v };
             }
         }
         let mut bm = vec![vec![0f64; n]; 16];
         for (k, row) in bm.iter_mut().enumerate() {
             for (col, x) in row.iter_mut().enumerate() {
-                let v = value(load(1, b.address(col as u64, k as u64, !trans_b))?);
+                let v = value(load(b.address(col as u64, k as u64, !trans_b))?);
                 *x = if neg_b { -v } else { v };
             }
         }

@@ -376,10 +376,18 @@ pub fn parse(ptx: &str) -> Result<Module, String> {
             return Err(format!("line {line}: `{op}` is not in the emulated subset"));
         }
         if let Some(w) = wgmma {
-            let ok = matches!(&args[..], [Arg::Vec(d), Arg::Reg(_), Arg::Reg(_), Arg::Reg(_), Arg::Imm(_), Arg::Imm(_), Arg::Imm(_), Arg::Imm(_)] if d.len() == w.n as usize / 2);
+            let ok = match &args[..] {
+                [Arg::Vec(d), Arg::Reg(_), Arg::Reg(_), Arg::Reg(_), Arg::Imm(_), Arg::Imm(_), Arg::Imm(_), Arg::Imm(_)] => {
+                    d.len() == w.n as usize / 2
+                }
+                [Arg::Vec(d), Arg::Vec(a), Arg::Reg(_), Arg::Reg(_), Arg::Imm(_), Arg::Imm(_), Arg::Imm(_)] => {
+                    d.len() == w.n as usize / 2 && a.len() == 4
+                }
+                _ => false,
+            };
             if !ok {
                 return Err(format!(
-                    "line {line}: `{op}` takes {{{} registers}}, two descriptors, scale-d and four immediates",
+                    "line {line}: `{op}` takes {{{} registers}}, two descriptors (or {{4 registers}} of A and B's), scale-d and four (three) immediates",
                     w.n / 2
                 ));
             }

@@ -159,8 +159,10 @@ impl Writer<'_> {
         // A product on `wgmma` reads its operand buffers across the warpgroup, through the
         // asynchronous proxy: after what its threads wrote there, fenced.
         if let Op::Sync(op @ SyncOp::Mma { a, b, .. }) = &s.op {
-            if let MmaLhs::Ref(a) = a {
-                reads.push(Use::across(&a.name));
+            match a {
+                MmaLhs::Ref(a) => reads.push(Use::across(&a.name)),
+                MmaLhs::Value(Operand::Value(v)) => reads.push(Use::across(v)),
+                MmaLhs::Value(Operand::Lit(_)) => {}
             }
             reads.push(Use::across(&b.name));
             if self.plan.mma.reads_thread_writes(op) {

@@ -11,6 +11,13 @@ use super::writer::Writer;
 use crate::async_mma::WG_ROWS;
 use crate::limits::element_bytes;
 
+/// The left operand of a product: in shared memory, or each thread's registers per 64 rows and
+/// 16 of the contraction.
+enum Left {
+    Shared(Window),
+    Registers(Vec<[String; 4]>),
+}
+
 /// An operand buffer's window as a descriptor sees it: the shared address its window starts at,
 /// and its tile's rows, swizzle span and elements a slab.
 struct Window {
@@ -40,13 +47,18 @@ impl Writer<'_> {
     /// `mma_async ACC, A, B`: the warpgroup's `wgmma`s, 64 rows of the accumulator by 16 of
     /// the contraction each, committed as one group.
     pub(super) fn write_async_mma(&mut self, op: &SyncOp) {
-        let SyncOp::Mma { acc, a: MmaLhs::Ref(a), b, trans_a, trans_b } = op else {
-            unreachable!("the plan takes products of operand buffers only")
-        };
+        let SyncOp::Mma { acc, a, b, trans_a, trans_b } = op else { unreachable!("a product") };
         let (i, [m, n]) = self.plan.mma.accumulator(&acc.name).expect("the plan takes this product");
-        let dtype = self.plan.kernel.kernel().param(&a.name).expect("verified operand").ty.dtype;
-        let (wa, wb) = (self.window(a), self.window(b));
+        let dtype = self.plan.kernel.kernel().param(&b.name).expect("verified operand").ty.dtype;
         let contraction = self.region_columns(b, *trans_b);
+        // The left operand: a buffer's window, or each thread's registers of the value, all of
+        // them gathered before the fence that orders them before the products.
+        let left = match a {
+            MmaLhs::Ref(a) => Left::Shared(self.window(a)),
+            MmaLhs::Value(Operand::Value(v)) => Left::Registers(self.left_fragments(v, [m as u64, contraction], *trans_a, dtype)),
+            MmaLhs::Value(Operand::Lit(_)) => unreachable!("the plan takes products of value operands"),
+        };
+        let wb = self.window(b);
         let one = self.p();
         self.insf(format_args!("setp.eq.u32 {one}, 0, 0"));
         self.ins("wgmma.fence.sync.aligned");
@@ -54,22 +66,79 @@ impl Writer<'_> {
         for block in 0..(m / WG_ROWS) as u64 {
             let regs: Vec<String> = (0..n / 2).map(|j| Self::accumulator_register(i, block as usize * n / 2 + j)).collect();
             for kk in (0..contraction).step_by(16) {
-                // A is K-major ([M, K]) or, with trans_a, M-major ([K, M]); B is N-major ([K, N])
-                // or, with trans_b, K-major ([N, K]).
-                let da = if *trans_a {
-                    self.mn_major(&wa, kk, block * WG_ROWS as u64)
-                } else {
-                    self.k_major(&wa, kk, block * WG_ROWS as u64)
-                };
+                // B is N-major ([K, N]) or, with trans_b, K-major ([N, K]).
                 let db = if *trans_b { self.k_major(&wb, kk, 0) } else { self.mn_major(&wb, kk, 0) };
-                let (ia, ib) = (u8::from(*trans_a), u8::from(!trans_b));
-                self.insf(format_args!(
-                    "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ty}.{ty} {{{}}}, {da}, {db}, {one}, 1, 1, {ia}, {ib}",
-                    regs.join(", ")
-                ));
+                let ib = u8::from(!trans_b);
+                let d = regs.join(", ");
+                match &left {
+                    // A is K-major ([M, K]) or, with trans_a, M-major ([K, M]).
+                    Left::Shared(wa) => {
+                        let da = if *trans_a {
+                            self.mn_major(wa, kk, block * WG_ROWS as u64)
+                        } else {
+                            self.k_major(wa, kk, block * WG_ROWS as u64)
+                        };
+                        let ia = u8::from(*trans_a);
+                        self.insf(format_args!(
+                            "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ty}.{ty} {{{d}}}, {da}, {db}, {one}, 1, 1, {ia}, {ib}"
+                        ));
+                    }
+                    Left::Registers(fragments) => {
+                        let ra = fragments[(block * contraction.div_ceil(16) + kk / 16) as usize].join(", ");
+                        self.insf(format_args!(
+                            "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ty}.{ty} {{{d}}}, {{{ra}}}, {db}, {one}, 1, 1, {ib}"
+                        ));
+                    }
+                }
             }
         }
         self.ins("wgmma.commit_group.sync.aligned");
+    }
+
+    /// Each thread's registers of the left operand `v` (`[M, K]`, `[K, M]` with `trans`) for
+    /// every 64 rows and 16 of the contraction: four of two elements each (PTX ISA "Register
+    /// Fragments" of `wgmma` A, the `mma.m16n8k16` layout per warp): warp `w`'s rows from `16 w`,
+    /// row `lane / 4` (+8 for the second and fourth), columns `2 (lane % 4)` and one more (+8 for
+    /// the third and fourth), the first in the low half.
+    fn left_fragments(&mut self, v: &str, [m, k]: [u64; 2], trans: bool, dtype: DType) -> Vec<[String; 4]> {
+        let tid = self.tid.clone();
+        let (row, col, first) = (self.r(), self.r(), self.r());
+        self.insf(format_args!("div.u32 {row}, {tid}, 32"));
+        self.insf(format_args!("mul.lo.u32 {row}, {row}, 16"));
+        self.insf(format_args!("rem.u32 {col}, {tid}, 32"));
+        self.insf(format_args!("div.u32 {col}, {col}, 4"));
+        self.insf(format_args!("add.u32 {row}, {row}, {col}"));
+        self.insf(format_args!("rem.u32 {col}, {tid}, 4"));
+        self.insf(format_args!("mul.lo.u32 {col}, {col}, 2"));
+        // The flat index of the thread's first element; each other is a constant from it.
+        let at = |r: u64, c: u64| if trans { c * m + r } else { r * k + c };
+        let (a, b) = if trans { (col.clone(), row.clone()) } else { (row.clone(), col.clone()) };
+        let stride = if trans { m } else { k };
+        self.insf(format_args!("mad.lo.u32 {first}, {a}, {stride}, {b}"));
+        let ty = half_ty(dtype);
+        let mut out = Vec::new();
+        for block in 0..m / WG_ROWS as u64 {
+            for kk in (0..k).step_by(16) {
+                let regs = std::array::from_fn(|q| {
+                    let q = q as u64;
+                    let halves: Vec<String> = (0..2)
+                        .map(|h| {
+                            let (e, x) = (self.r(), self.h());
+                            let offset = at(WG_ROWS as u64 * block + 8 * (q % 2), kk + 8 * (q / 2) + h);
+                            self.insf(format_args!("add.u32 {e}, {first}, {offset}"));
+                            let bits = self.load_slot(v, &e);
+                            self.insf(format_args!("cvt.rn.{ty}.f32 {x}, {bits}"));
+                            x
+                        })
+                        .collect();
+                    let r = self.r();
+                    self.insf(format_args!("mov.b32 {r}, {{{}, {}}}", halves[0], halves[1]));
+                    r
+                });
+                out.push(regs);
+            }
+        }
+        out
     }
 
     /// `mma_wait N`: at most `N` of the warpgroup's groups pending (all of them when some of
