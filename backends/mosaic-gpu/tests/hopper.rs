@@ -105,10 +105,10 @@ fn emulate(p: &Plan, ptx: &str, a: &[u16], b: &[u16], reverse: bool) -> Result<V
     let pc = mem.alloc(so[0] * so[1] * if half { 2 } else { 4 });
     let map = |address: u64, s: &[usize], i: usize| TensorMap {
         address,
-        dims: [s[1] as u64, s[0] as u64],
-        row_bytes: s[1] as u64 * 2,
+        dims: vec![s[1] as u64, s[0] as u64],
+        strides: vec![s[1] as u64 * 2],
         elem_bytes: 2,
-        boxes: g.maps[i].boxes,
+        boxes: g.maps[i].boxes.clone(),
         swizzle: 128,
     };
     let maps = [map(pa, &sa, 0), map(pb, &sb, 1)];

@@ -29,7 +29,7 @@ fn flash_attention_in_16_bit_floats_takes_the_hopper_path() {
     assert_eq!((p.warpgroups, p.ctas), (1, 3));
     // The query block, the probabilities, three stages of a key and a value block, four mbarriers.
     assert_eq!(p.shared_bytes(), 64 * 64 * 2 + 64 * 64 * 2 + 3 * (64 * 64 * 2 + 64 * 128 * 2) + 32);
-    assert_eq!(p.tensor_maps().iter().map(|m| m.boxes).collect::<Vec<_>>(), [[64, 64], [64, 64], [64, 64]]);
+    assert_eq!(p.tensor_maps().iter().map(|m| m.boxes.clone()).collect::<Vec<_>>(), [[64, 64], [64, 64], [64, 64]]);
 
     let p = planned(&kernel_file("attention_causal_bf16"));
     let a = p.attention.as_ref().expect("the Hopper attention path");
@@ -38,7 +38,8 @@ fn flash_attention_in_16_bit_floats_takes_the_hopper_path() {
 
     // 128-row blocks of head dimension 128: three stages would pass the 227 KiB of shared
     // memory, two fit.
-    let text = std::fs::read_to_string(format!("{}/../../benches/kernels/attention_bf16_16384.tk", env!("CARGO_MANIFEST_DIR"))).expect("kernel file");
+    let text = std::fs::read_to_string(format!("{}/../../benches/kernels/attention_bf16_16384.tk", env!("CARGO_MANIFEST_DIR")))
+        .expect("kernel file");
     let p = planned(&text);
     let a = p.attention.as_ref().expect("the Hopper attention path");
     assert_eq!((a.bq, a.d, a.bkv, a.dv, a.stages, p.ctas), (128, 128, 128, 128, 2, 128));
@@ -69,7 +70,13 @@ fn other_kernels_keep_the_general_path() {
         "a store in the loop",
     );
     // An `if` without results (it would only guard statements).
-    general(&f16.replace("    %ss = mul %s, 0.125\n", "    %ss = mul %s, 0.125\n    %c = gt %j, 0\n    if %c {\n      %u = add %j, 1\n    } else {\n    }\n"), "an if without results");
+    general(
+        &f16.replace(
+            "    %ss = mul %s, 0.125\n",
+            "    %ss = mul %s, 0.125\n    %c = gt %j, 0\n    if %c {\n      %u = add %j, 1\n    } else {\n    }\n",
+        ),
+        "an if without results",
+    );
     // Key rows from a carried value: a later trip's start is not known before the trip.
     general(
         &f16.replace("iter (%mi = %m0", "iter (%row = %z0, %mi = %m0")
@@ -80,7 +87,13 @@ fn other_kernels_keep_the_general_path() {
         "a carried start",
     );
     // Keys and values from one array.
-    general(&f16.replace("load v[ds(%j, 64), :]", "load k[ds(%j, 64), :]").replace("v: f16[320, 128]", "v: f16[320, 64]").replace("[64, 128]", "[64, 64]").replace("[192, 128]", "[192, 64]"), "one array for both");
+    general(
+        &f16.replace("load v[ds(%j, 64), :]", "load k[ds(%j, 64), :]")
+            .replace("v: f16[320, 128]", "v: f16[320, 64]")
+            .replace("[64, 128]", "[64, 64]")
+            .replace("[192, 128]", "[192, 64]"),
+        "one array for both",
+    );
     // Key blocks of 32 rows: not a 64-element swizzle row of the probabilities.
     general(
         &f16.replace("ds(%j, 64)", "ds(%j, 32)").replace("step 64", "step 32").replace("%p : f16[64, 64]", "%p : f16[64, 32]"),
@@ -143,10 +156,10 @@ fn emulate(p: &Plan, ptx: &str, inputs: [&[u16]; 3], reverse: bool) -> Result<Ve
         let spec = p.tensor_maps().iter().find(|m| m.array == name).expect("a tensor map");
         maps.push(TensorMap {
             address: at,
-            dims: [s[1] as u64, s[0] as u64],
-            row_bytes: s[1] as u64 * 2,
+            dims: vec![s[1] as u64, s[0] as u64],
+            strides: vec![s[1] as u64 * 2],
             elem_bytes: 2,
-            boxes: spec.boxes,
+            boxes: spec.boxes.clone(),
             swizzle: 128,
         });
     }
@@ -171,7 +184,11 @@ fn the_hopper_attention_agrees_with_attention_in_f64_in_both_thread_orders() {
         .expect("kernel file")
         .replace("16384", "384")
         .replace("grid (i: 128)", "grid (i: 3)");
-    let cases = [("attention_f16", kernel_file("attention_f16"), false), ("attention_causal_bf16", kernel_file("attention_causal_bf16"), true), ("attention_bf16_384", bench, false)];
+    let cases = [
+        ("attention_f16", kernel_file("attention_f16"), false),
+        ("attention_causal_bf16", kernel_file("attention_causal_bf16"), true),
+        ("attention_bf16_384", bench, false),
+    ];
     for (file, text, causal) in cases {
         let p = planned(&text);
         assert!(p.attention.is_some(), "{file}: the Hopper attention path");
