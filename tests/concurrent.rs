@@ -110,7 +110,11 @@ fn the_pipeline_scheduled_as_one_thread_multiplies_on_the_interpreter_and_on_wgp
         }
     }
     let (inputs, want) = pipeline_inputs();
-    assert_equal("pipeline_matmul scheduled, on interpret", &run("interpret", &one, inputs).unwrap_or_else(|e| panic!("{e}\n{one}")), &want);
+    assert_equal(
+        "pipeline_matmul scheduled, on interpret",
+        &run("interpret", &one, inputs).unwrap_or_else(|e| panic!("{e}\n{one}")),
+        &want,
+    );
     if wgpu_adapter("pipeline_matmul on wgpu").is_some() {
         let (inputs, _) = pipeline_inputs();
         let got = run("wgpu", &source("pipeline_matmul.tk"), inputs).unwrap_or_else(|e| panic!("{e}"));
@@ -137,7 +141,8 @@ fn a_handoff_through_if_results_and_a_while_loop_keeps_its_values_across_waits_o
     }
     for (what, text) in runs {
         let backend = what.split(',').next().expect("a backend");
-        let got = run_all(backend, &text, vec![("x", array(&[4, 16], x.clone()))]).unwrap_or_else(|e| panic!("{what}: {e}\n{text}"));
+        let got =
+            run_all(backend, &text, vec![("x", array(&[4, 16], x.clone()))]).unwrap_or_else(|e| panic!("{what}: {e}\n{text}"));
         assert_equal(&format!("o of handoff on {what}"), &got[0], &twice);
         assert_equal(&format!("total of handoff on {what}"), &got[1], &total);
     }
@@ -183,13 +188,20 @@ fn mutations_of_the_pipeline_are_each_refused_naming_the_statements() {
             "a barrier that needs an arrival no thread makes",
             "barrier empty[2] arrivals 2",
             "barrier empty[2] arrivals 3",
-            &["deadlocks", "thread wg=2 waits at `wait empty[%slot]`", "phase 1 of empty[0], which has completed 0 (2 of 3 arrivals"],
+            &[
+                "deadlocks",
+                "thread wg=2 waits at `wait empty[%slot]`",
+                "phase 1 of empty[0], which has completed 0 (2 of 3 arrivals",
+            ],
         ),
         (
             "a store into a stage with no fence before a copy writes it",
             "      %col = mul %k, 8\n",
             "      %col = mul %k, 8\n      %zz = zeros : f32[64, 8]\n      store as[%slot, :, :], %zz\n",
-            &["writes `as` [0, 0, 0] asynchronously at `copy_async as[%slot, :, :]", "after thread wg=2 stored it with no `fence` between"],
+            &[
+                "writes `as` [0, 0, 0] asynchronously at `copy_async as[%slot, :, :]",
+                "after thread wg=2 stored it with no `fence` between",
+            ],
         ),
         (
             "two consumers writing the same rows of the output",
@@ -235,10 +247,12 @@ fn a_barrier_completed_twice_ahead_of_a_thread_that_waits_on_it_is_refused() {
 fn a_barrier_index_past_its_array_is_refused_not_taken_from_the_next_array() {
     // `full[2]` of an array of 2 would be `empty[0]` if barriers were one flat array.
     let (inputs, _) = pipeline_inputs();
-    let text = mutated("pipeline_matmul.tk", "      arrive empty[%stage]", "      %past = add %stage, 2\n      arrive empty[%past]");
+    let text =
+        mutated("pipeline_matmul.tk", "      arrive empty[%stage]", "      %past = add %stage, 2\n      arrive empty[%past]");
     let e = run("interpret", &text, inputs).expect_err("an index past the array");
     assert!(e.contains("indexes barrier 2 of an array of 2 at `arrive empty[%past]`"), "{e}");
-    let e = tessel::load_source("k.tk", &mutated("staged_epilogue.tk", "  wait landed[0]", "  wait landed[1]")).expect_err("a literal past the array");
+    let e = tessel::load_source("k.tk", &mutated("staged_epilogue.tk", "  wait landed[0]", "  wait landed[1]"))
+        .expect_err("a literal past the array");
     assert!(e.to_string().contains("barrier 1 of `landed`, which has 1 barriers"), "{e}");
 }
 
@@ -282,11 +296,25 @@ fn the_verifier_names_what_is_wrong_with_a_concurrent_statement() {
     let base = source("staged_epilogue.tk");
     let cases = [
         ("  wait landed[0]\n", "  wait gone[0]\n", "unknown barrier `gone`"),
-        ("  copy_async ws, w arrive landed[0]\n", "  copy_async ws, x arrive landed[0]\n", "`copy_async` copies f32[32, 16] of `x` into f32[16, 8] of `ws`"),
+        (
+            "  copy_async ws, w arrive landed[0]\n",
+            "  copy_async ws, x arrive landed[0]\n",
+            "`copy_async` copies f32[32, 16] of `x` into f32[16, 8] of `ws`",
+        ),
         ("  mma_async acc, xs, ws\n", "  mma_async acc, ws, xs\n", "`mma_async` of f32[16, 8] and f32[16, 16] into f32[16, 8]"),
-        ("  copy_async xs, x[ds(%row, 16), :] arrive landed[0]\n", "  copy_async x, xs arrive landed[0]\n", "cannot write input `x`"),
-        ("  grid (i: 2)\n", "  grid (i: 2, t: 2 thread)\n  in  y: f32[4] block [2] at (t)\n", "`at (...)` of `y` uses thread axis `t`"),
+        (
+            "  copy_async xs, x[ds(%row, 16), :] arrive landed[0]\n",
+            "  copy_async x, xs arrive landed[0]\n",
+            "cannot write input `x`",
+        ),
+        (
+            "  grid (i: 2)\n",
+            "  grid (i: 2, t: 2 thread)\n  in  y: f32[4] block [2] at (t)\n",
+            "`at (...)` of `y` uses thread axis `t`",
+        ),
         ("  barrier landed[1] arrivals 2\n", "  barrier landed[0] arrivals 2\n", "barrier `landed` has 0 barriers of 2 arrivals"),
+        ("  mma_async acc, xs, ws\n", "  max_registers 250 increase\n  mma_async acc, xs, ws\n", "`max_registers 250`"),
+        ("  mma_async acc, xs, ws\n", "  max_registers 40 more\n  mma_async acc, xs, ws\n", "`increase` or `decrease`"),
     ];
     for (from, to, says) in cases {
         assert!(base.contains(from), "the kernel has `{from}`");

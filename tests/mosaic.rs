@@ -451,9 +451,8 @@ const BY_WGMMA: &[(&str, usize)] = &[
     ("ragged_dot_rhs_t", 4),
 ];
 
-/// Concurrent kernels whose PTX `ptxas` spills: the causal attention's masking outgrows the 168
-/// registers a thread of three warpgroups has (JAX's `set_max_registers`, which would give its
-/// consumers more, is dropped at import).
+/// Concurrent kernels whose PTX `ptxas` spills: the causal attention's masking outgrows the 232
+/// registers a thread its consumers take (`max_registers`, `setmaxnreg`).
 const SPILLS: &[&str] = &["attention_causal"];
 
 #[test]
@@ -489,6 +488,12 @@ fn the_concurrent_kernels_run_their_warpgroups_at_once_meeting_at_mbarriers() {
             tessel_plugin_api::ir::AxisSize::Dyn => unreachable!("a thread axis is fixed"),
         });
         assert!(ptx.contains(&format!(".maxntid {}, 1, 1", 128 * threads)), "{name}: a warpgroup per thread");
+        // Pallas's `set_max_registers` moves registers between three or more warpgroups, which
+        // start with 168 a thread.
+        let hints = kernels[0].text().matches("max_registers").count();
+        let moved = if threads >= 3 { hints } else { 0 };
+        assert_eq!(ptx.matches("setmaxnreg.").count(), moved, "{name}: setmaxnreg per max_registers");
+        assert_eq!(ptx.contains(".maxnreg 168"), moved > 0, "{name}: registers at entry");
         if let Some(ptxas) = ptxas() {
             let info = assemble(&ptxas, &name, &ptx).unwrap_or_else(|e| panic!("ptxas {name}: {e}"));
             assert!(info.contains("0 bytes spill stores") || SPILLS.contains(&name.as_str()), "{name}: {info}");

@@ -11,8 +11,8 @@ accumulators, and the waits between them, as the statements of docs/language.md 
   `wait`/`arrive`; `wgmma` is `mma_async` (a transposed operand read with `trans_a`/`trans_b`, a
   left operand in registers as a value),
   `wgmma_wait` `mma_wait`, and reading an accumulator `mma_wait` (its `wait_n`) then `load`;
-  `commit_smem` is `fence`, `wait_smem_to_gmem` `wait_copies`; `set_max_registers` changes no
-  result and is dropped.
+  `commit_smem` is `fence`, `wait_smem_to_gmem` `wait_copies`; `set_max_registers` is
+  `max_registers`, a hint that changes no result.
 - A kernel that uses any of them on a mesh with `num_threads` declares its grid with the thread
   axis (`wg: 3 thread`), so its warpgroups share their scratch and barriers as Mosaic GPU's do.
 """
@@ -322,7 +322,10 @@ def _commit_smem(w, eqn) -> None:
 
 @rule("set_max_registers_p", effect=True)
 def _set_max_registers(w, eqn) -> None:
-    """Nothing: how many registers a warpgroup holds changes no result."""
+    """`max_registers N increase|decrease`: a hint (Mosaic GPU's `setmaxnreg`) that changes no
+    result."""
+    n = _literal_int(w, eqn, eqn.invars[0], "the registers a thread")
+    w.body.emit(f"max_registers {n} {eqn.params['action']}")
 
 
 def get(w, eqn) -> None:

@@ -170,6 +170,7 @@ impl Lowerer<'_> {
                 trans_b: *trans_b,
             },
             SyncOp::MmaWait { pending } => SyncInstr::MmaWait { pending: *pending },
+            SyncOp::MaxRegisters { .. } => SyncInstr::Hint,
         }
     }
 

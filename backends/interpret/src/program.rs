@@ -208,15 +208,36 @@ pub(crate) struct BarrierRef {
 /// The concurrent model's statements (`SyncOp`).
 #[derive(Clone, Debug)]
 pub(crate) enum SyncInstr {
-    Arrive { barrier: BarrierRef },
-    Wait { barrier: BarrierRef },
-    Copy { dst: Region, src: Region, arrive: Option<BarrierRef> },
+    Arrive {
+        barrier: BarrierRef,
+    },
+    Wait {
+        barrier: BarrierRef,
+    },
+    Copy {
+        dst: Region,
+        src: Region,
+        arrive: Option<BarrierRef>,
+    },
     CommitCopies,
-    WaitCopies { pending: usize, reads: bool },
+    WaitCopies {
+        pending: usize,
+        reads: bool,
+    },
     Fence,
     /// `a` a region, or (`Err`) a value in registers.
-    Mma { acc: Region, a: Result<Region, Src>, b: Region, trans_a: bool, trans_b: bool },
-    MmaWait { pending: usize },
+    Mma {
+        acc: Region,
+        a: Result<Region, Src>,
+        b: Region,
+        trans_a: bool,
+        trans_b: bool,
+    },
+    MmaWait {
+        pending: usize,
+    },
+    /// A statement that changes no result (`max_registers`).
+    Hint,
 }
 
 /// A branch of an `if`: its body, and what it yields.

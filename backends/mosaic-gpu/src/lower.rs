@@ -110,6 +110,18 @@ impl Plan {
         }
     }
 
+    /// The registers a thread has at entry (`.maxnreg`), where the kernel moves registers between
+    /// its warpgroups with `setmaxnreg`: a warp-specialized Hopper path, or a concurrent kernel's
+    /// `max_registers` (the SM's 64K over the CTA's threads).
+    pub fn entry_registers(&self) -> Option<u32> {
+        if let Some((_, entry, _)) = self.specialized() {
+            return Some(entry);
+        }
+        let mut hinted = false;
+        analysis::visit(&self.kernel.kernel().body, &mut |s| hinted |= matches!(s.op, Op::Sync(SyncOp::MaxRegisters { .. })));
+        hinted.then(|| wgmma::entry_registers(self.warpgroups))
+    }
+
     /// CUDA threads per CTA.
     pub fn threads(&self) -> u32 {
         THREADS * self.warpgroups
@@ -386,7 +398,19 @@ pub fn plan_general(kernel: &Verified, thread_axis: Option<&str>) -> Result<Plan
         stores_by_tma |= matches!(&s.op, Op::Sync(op) if by_tma(op) && tma::copy(source, op).is_some_and(|c| c.store));
     });
     let groups = |op: &SyncOp| stores_by_tma && matches!(op, SyncOp::CommitCopies | SyncOp::WaitCopies { .. } | SyncOp::Fence);
-    let keep = |op: &SyncOp| by_tma(op) || mma.takes(op) || groups(op);
+    // A warpgroup's `max_registers` is `setmaxnreg` where the warpgroups run at once and start
+    // with fewer registers than a thread may have (three or more: 168 each of the SM's 64K).
+    let points = (source.grid.iter().flatten())
+        .filter(|a| a.thread)
+        .map(|a| match a.size {
+            AxisSize::Fixed(n) => n as u32,
+            AxisSize::Dyn => 1,
+        })
+        .max()
+        .unwrap_or(1);
+    let redistributes = !source.barriers.is_empty() && wgmma::entry_registers(points.min(MAX_WARPGROUPS)) < wgmma::MAX_REGISTERS;
+    let hints = |op: &SyncOp| redistributes && matches!(op, SyncOp::MaxRegisters { .. });
+    let keep = |op: &SyncOp| by_tma(op) || mma.takes(op) || groups(op) || hints(op);
     let staged = synchronous::per_thread(kernel, &keep);
     let kernel = &*legalize::for_backend(&staged);
     let k = kernel.kernel();

@@ -250,7 +250,7 @@ impl Device {
         // A warp-specialized kernel moves registers between its warpgroups (`setmaxnreg`) out
         // of the pool its CTA starts with: the driver's compiler must have kept the `.maxnreg`
         // count at entry, or a consumer's `setmaxnreg.inc` could wait forever.
-        if let Some((_, entry, _)) = plan.specialized() {
+        if let Some(entry) = plan.entry_registers() {
             let regs = f.num_regs().map_err(|e| device_error("reading the register count", e))?;
             if u32::try_from(regs).ok() != Some(entry) {
                 return Err(BackendError::new(

@@ -46,6 +46,9 @@ pub const MAX_ACCUMULATOR: usize = 128 * 256;
 /// Rows of the output one warpgroup's `wgmma` covers.
 pub const WG_ROWS: usize = 64;
 
+/// The most registers a thread is given: `setmaxnreg`'s multiples of 8 below `ptxas`'s 255.
+pub const MAX_REGISTERS: u32 = 240;
+
 /// Registers a thread of the producer warpgroup keeps (`setmaxnreg.dec`): it only counts steps
 /// and issues copies.
 pub const PRODUCER_REGISTERS: u32 = 40;
@@ -55,7 +58,7 @@ pub const PRODUCER_REGISTERS: u32 = 40;
 /// takes, at most 240. The header's `.maxnreg`, so that `ptxas` knows it and keeps the
 /// `setmaxnreg`s.
 pub fn entry_registers(warpgroups: u32) -> u32 {
-    (65_536 / (THREADS * warpgroups) / 8 * 8).min(240)
+    (65_536 / (THREADS * warpgroups) / 8 * 8).min(MAX_REGISTERS)
 }
 
 /// Registers a thread of the `consumers` warpgroups raises its budget to (`setmaxnreg.inc`): the
@@ -64,7 +67,7 @@ pub fn entry_registers(warpgroups: u32) -> u32 {
 pub fn consumer_registers(consumers: u32) -> u32 {
     let entry = entry_registers(consumers + 1);
     let pool = entry * THREADS * (consumers + 1) - PRODUCER_REGISTERS * THREADS;
-    (pool / (THREADS * consumers) / 8 * 8).clamp(entry, 240)
+    (pool / (THREADS * consumers) / 8 * 8).clamp(entry, MAX_REGISTERS)
 }
 
 /// How a CTA on this path divides its work.

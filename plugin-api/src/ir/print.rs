@@ -132,6 +132,9 @@ impl fmt::Display for SyncOp {
                 )
             }
             SyncOp::MmaWait { pending } => write!(f, "{m} {pending}"),
+            SyncOp::MaxRegisters { count, increase } => {
+                write!(f, "{m} {count} {}", if *increase { "increase" } else { "decrease" })
+            }
         }
     }
 }
@@ -263,8 +266,12 @@ impl Writer {
             Op::Tile { arg, reps } => write!(o, "tile {arg} reps ({})", comma_list(reps)),
             Op::Repeat { arg, times, axis } => write!(o, "repeat {arg} times {times} axis {axis}"),
             Op::Concatenate { args, axis } => write!(o, "concatenate {} axis {axis}", comma_list(args)),
-            Op::Slice { arg, start, stride } if stride.iter().all(|&k| k == 1) => write!(o, "slice {arg} start ({})", comma_list(start)),
-            Op::Slice { arg, start, stride } => write!(o, "slice {arg} start ({}) stride ({})", comma_list(start), comma_list(stride)),
+            Op::Slice { arg, start, stride } if stride.iter().all(|&k| k == 1) => {
+                write!(o, "slice {arg} start ({})", comma_list(start))
+            }
+            Op::Slice { arg, start, stride } => {
+                write!(o, "slice {arg} start ({}) stride ({})", comma_list(start), comma_list(stride))
+            }
             Op::Reduce { arg, axis, keepdims, .. } => {
                 write!(o, "{m} {arg} axis {axis}{}", if *keepdims { " keepdims" } else { "" })
             }

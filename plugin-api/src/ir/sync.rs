@@ -88,6 +88,15 @@ pub enum SyncOp {
         /// Groups that may stay pending.
         pending: usize,
     },
+    /// `max_registers N increase|decrease`: a hint that the thread (a warpgroup) needs at most
+    /// (`decrease`) or at least (`increase`) `N` registers a CUDA thread from here on (Pallas's
+    /// `set_max_registers`); it changes no result.
+    MaxRegisters {
+        /// Registers a CUDA thread: a multiple of 8 from 24 to 256.
+        count: usize,
+        /// Raise the thread's registers to `count` (else lower them).
+        increase: bool,
+    },
 }
 
 /// The left operand of `mma_async`: a region of scratch, or a value (registers).
@@ -111,6 +120,7 @@ impl SyncOp {
             SyncOp::Fence => "fence",
             SyncOp::Mma { .. } => "mma_async",
             SyncOp::MmaWait { .. } => "mma_wait",
+            SyncOp::MaxRegisters { .. } => "max_registers",
         }
     }
 

@@ -198,6 +198,7 @@ impl<'m, 'a> ProgramState<'m, 'a> {
             SyncInstr::CommitCopies => shared.commit(t),
             SyncInstr::WaitCopies { pending, reads } => shared.wait_copies(t, *pending, *reads),
             SyncInstr::MmaWait { pending } => shared.mma_wait(t, *pending),
+            SyncInstr::Hint => {}
             SyncInstr::Copy { dst, src, arrive } => {
                 let (from, to) = (self.region_touch(src), self.region_touch(dst));
                 let arrive = arrive.as_ref().map(|b| self.barrier(b, stmt));

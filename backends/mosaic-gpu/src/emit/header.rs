@@ -130,7 +130,7 @@ impl Writer<'_> {
         );
         // Registers at entry, fixed: `setmaxnreg` moves registers between warpgroups of a CTA
         // whose count `ptxas` knows (else it drops them, C7508), and `inc` takes from that pool.
-        if let Some((_, entry, _)) = self.plan.specialized() {
+        if let Some(entry) = self.plan.entry_registers() {
             let _ = writeln!(head, ".maxnreg {entry}");
         }
         head.push_str("{\n");

@@ -369,6 +369,10 @@ impl Writer<'_> {
             Op::Sync(SyncOp::CommitCopies) => self.write_commit_copies(),
             Op::Sync(SyncOp::WaitCopies { pending, reads }) => self.write_wait_copies(*pending, *reads),
             Op::Sync(SyncOp::Fence) => self.ins("fence.proxy.async.shared::cta"),
+            Op::Sync(SyncOp::MaxRegisters { count, increase }) => {
+                let how = if *increase { "inc" } else { "dec" };
+                self.insf(format_args!("setmaxnreg.{how}.sync.aligned.u32 {count}"));
+            }
             Op::Sync(op @ SyncOp::Mma { .. }) => self.write_async_mma(op),
             Op::Sync(SyncOp::MmaWait { pending }) => self.write_mma_wait(*pending),
             Op::Tile { .. } | Op::Repeat { .. } => unreachable!("legalize rewrites tile and repeat before planning"),

@@ -194,6 +194,15 @@ impl Parser<'_> {
             "mma_wait" => {
                 Op::Sync(SyncOp::MmaWait { pending: self.int("the groups that may stay pending, as in `mma_wait 0`")? })
             }
+            "max_registers" => {
+                let count = self.int("the registers a CUDA thread, as in `max_registers 232 increase`")?;
+                let increase = match (self.eat_ident("increase"), self.eat_ident("decrease")) {
+                    (true, _) => true,
+                    (_, true) => false,
+                    _ => return Err(self.unexpected("`increase` or `decrease`, as in `max_registers 40 decrease`")),
+                };
+                Op::Sync(SyncOp::MaxRegisters { count, increase })
+            }
             "when" => Op::When { cond: self.operand()?, body: Vec::new() },
             "for" => self.for_header()?,
             "if" => Op::If(IfElse { cond: self.operand()?, then: Vec::new(), els: Vec::new() }),
@@ -222,8 +231,9 @@ impl Parser<'_> {
         let binary = BinaryOp::from_name(name);
         let compare = CmpOp::from_name(name);
         if reduce.is_none() && binary.is_none() && compare.is_none() {
-            return Err(Diagnostic::new(name_span, format!("unknown operation `{name}`"))
-                .expected("expected an operation of docs/language.md, such as load, store, add, exp, sum, dot, when, for or if"));
+            return Err(Diagnostic::new(name_span, format!("unknown operation `{name}`")).expected(
+                "expected an operation of docs/language.md, such as load, store, add, exp, sum, dot, when, for or if",
+            ));
         }
         let lhs = self.operand()?;
         if let Some(op) = reduce
@@ -267,11 +277,8 @@ impl Parser<'_> {
                 self.expect(Tok::Comma, "`,` or `)` in `iter (...)`")?;
             }
         }
-        let cond = if self.eat_ident("while") {
-            Some(self.value_name("a carried `bool` such as `%go` after `while`")?)
-        } else {
-            None
-        };
+        let cond =
+            if self.eat_ident("while") { Some(self.value_name("a carried `bool` such as `%go` after `while`")?) } else { None };
         Ok(Op::For(ForLoop { var, lo, hi, step, iters, cond, body: Vec::new() }))
     }
 
@@ -374,8 +381,11 @@ impl Parser<'_> {
                 }
                 let mantissa = s.split(['e', 'E']).next().unwrap_or_default();
                 if v == 0.0 && mantissa.bytes().any(|b| (b'1'..=b'9').contains(&b)) {
-                    return Err(Diagnostic::new(self.prev_span(), format!("float `{s}` is below the smallest 64-bit float, and would be 0.0"))
-                        .expected("expected a float above about 4.9e-324, or 0.0"));
+                    return Err(Diagnostic::new(
+                        self.prev_span(),
+                        format!("float `{s}` is below the smallest 64-bit float, and would be 0.0"),
+                    )
+                    .expected("expected a float above about 4.9e-324, or 0.0"));
                 }
                 Literal::Float(sign * v)
             }

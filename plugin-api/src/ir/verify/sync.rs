@@ -90,6 +90,15 @@ impl Checker<'_> {
                     );
                 }
             }
+            SyncOp::MaxRegisters { count, .. } => {
+                if !(24..=256).contains(count) || !count.is_multiple_of(8) {
+                    self.err(
+                        span,
+                        format!("`max_registers {count}`"),
+                        "expected a multiple of 8 from 24 to 256 registers".to_string(),
+                    );
+                }
+            }
             SyncOp::CommitCopies | SyncOp::WaitCopies { .. } | SyncOp::Fence | SyncOp::MmaWait { .. } => {}
         }
     }
