@@ -226,8 +226,14 @@ def _sign(w, eqn) -> None:
     # `//` on integers uses it.
     x = w.value(eqn.invars[0], eqn)
     ty = _ty(eqn.outvars[0].aval, w.kernel, eqn)
-    one = "1.0" if "f" in ty.split("[")[0] else "1"
+    dtype = ty.split("[")[0]
+    one = "1.0" if "f" in dtype else "1"
     neg, pos, t = w.body.fresh(), w.body.fresh(), w.body.fresh()
+    if dtype.startswith("u"):
+        # Unsigned: nothing is below zero.
+        w.body.emit(f"{pos} = gt {x}, 0")
+        w.op(eqn, f"select {pos}, {one}, {x}")
+        return
     w.body.emit(f"{neg} = lt {x}, 0")
     w.body.emit(f"{t} = select {neg}, -{one}, {x} : {ty}")
     w.body.emit(f"{pos} = gt {x}, 0")
@@ -256,13 +262,14 @@ def _round(w, eqn) -> None:
     # except at a tie, where x + 0.5 with the sign of x is exact.
     x = w.value(eqn.invars[0], eqn)
     ty = _ty(eqn.outvars[0].aval, w.kernel, eqn)
-    r, d, a, tie, neg, h, away = (w.body.fresh() for _ in range(7))
+    r, d, a, tie, neg, half, h, away = (w.body.fresh() for _ in range(8))
     w.body.emit(f"{r} = round {x} : {ty}")
     w.body.emit(f"{d} = sub {x}, {r} : {ty}")
     w.body.emit(f"{a} = abs {d} : {ty}")
     w.body.emit(f"{tie} = eq {a}, 0.5")
     w.body.emit(f"{neg} = lt {x}, 0.0")
-    w.body.emit(f"{h} = select {neg}, -0.5, 0.5 : {ty}")
+    w.body.emit(f"{half} = full 0.5 : {ty}")
+    w.body.emit(f"{h} = select {neg}, -0.5, {half} : {ty}")
     w.body.emit(f"{away} = add {x}, {h} : {ty}")
     w.op(eqn, f"select {tie}, {away}, {r}")
 

@@ -271,6 +271,10 @@ def _wgmma(w, eqn) -> None:
     p = eqn.params
     acc, a, b = eqn.invars[:3]
     ct, at, bt = _split(eqn, p.get("acc_transforms_tree"), p.get("a_transforms_tree"), p.get("b_transforms_tree"))
+    acc_dtype = str(acc.aval.dtype)
+    if acc_dtype not in ("float32", "int32"):
+        raise w.refuse(f"a `wgmma` into a {acc_dtype} accumulator", eqn,
+                       "accumulate in float32 (`plgpu.ACC(shape, jnp.float32)`) and cast the result")
     w.mgpu.used = True
     c, _, _ = region(w, eqn, acc, ct)
     _, core, _ = _jax()

@@ -316,7 +316,9 @@ def _translate_mesh(eqn, name: str) -> Translated:
     outs = [f"o{i}" for i in range(nout)]
     scratch = [f"s{i}" for i in range(len(jaxpr.invars) - nin - nout)]
     lines = [f"  in  {a}: {_ty(v.aval, name, eqn)}" for a, v in zip(ins, eqn.invars)]
-    lines += [f"  out {a}: {_ty(v, name, eqn)}" for a, v in zip(outs, p["out_avals"])]
+    # A 0-d output is an array of one element (tessel's outputs are arrays): a store of a 0-d
+    # value fills it, and XLA's buffer of one element is the same bytes.
+    lines += [f"  out {a}: {_ty(v, name, eqn)}{'[1]' if not v.shape else ''}" for a, v in zip(outs, p["out_avals"])]
     lines += [_scratch(a, var.aval, name, eqn) for a, var in zip(scratch, jaxpr.invars[nin + nout:])]
     w = _Writer(name, axes)
     threads = getattr(mesh, "num_threads", None) if "mosaic_gpu" in type(mesh).__module__ else None

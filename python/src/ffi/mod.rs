@@ -393,8 +393,11 @@ fn batch(
 ) -> Result<(), Failure> {
     for (raw, (name, ty)) in raws.iter().zip(decl) {
         let dtype = c_api::dtype(raw.dtype);
-        let lead = raw.dims.len().checked_sub(ty.shape.len());
-        let ok = dtype == Some(ty.dtype) && lead.is_some_and(|l| raw.dims[l..] == ty.shape[..]);
+        // A 0-d array is a kernel's array of one element (`tessel.pallas` declares a 0-d output
+        // so): the same bytes.
+        let dims = if raw.dims.is_empty() && ty.shape == [1] { vec![1] } else { raw.dims.clone() };
+        let lead = dims.len().checked_sub(ty.shape.len());
+        let ok = dtype == Some(ty.dtype) && lead.is_some_and(|l| dims[l..] == ty.shape[..]);
         if !ok {
             let got = dtype.map_or_else(|| format!("XLA dtype {}", raw.dtype), |d| d.name().to_string());
             let dims: Vec<String> = raw.dims.iter().map(usize::to_string).collect();
@@ -403,7 +406,7 @@ fn batch(
                 dims.join(", ")
             )));
         }
-        let lead = raw.dims[..lead.unwrap_or(0)].to_vec();
+        let lead = dims[..lead.unwrap_or(0)].to_vec();
         match batch {
             None => *batch = Some((lead, name.clone())),
             Some((b, first)) if *b != lead => {
