@@ -752,3 +752,55 @@ def test_broadcast_in_dim(axis, backend):
     x = np.arange(128, dtype=np.float32)
     got = tp.run(plgpu.kernel(kernel, out_type=jax.ShapeDtypeStruct((128, 128), jnp.float32)), x, backend=backend)
     np.testing.assert_array_equal(got, np.broadcast_to(x[None, :] if axis == 0 else x[:, None], (128, 128)))
+
+
+# 7. The warp-specialized pipeline (`emit_pipeline_warp_specialized`): a memory warpgroup
+# copies, the compute warpgroups consume. On wgpu the warpgroups are scheduled as one thread.
+
+@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("manual", [False, True], ids=["auto_release", "manual_release"])
+@pytest.mark.parametrize("static", [False, True], ids=["dynamic_grid", "static_grid"])
+def test_warp_specialized_elementwise_add(static, manual, backend):
+    m = n = 128
+    block = 64
+    spec = pl.BlockSpec(block_shape=(block, block), index_map=lambda i, j: (i, j))
+
+    def add(_, x_smem, y_smem, o_smem, *consumed):
+        o_smem[...] = x_smem[...] + y_smem[...]
+        for barrier in consumed:
+            plgpu.barrier_arrive(barrier)
+
+    def pipeline(*gmem_refs):
+        grid = (m // block, n // block)
+        if not static:
+            grid = tuple(jnp.asarray(g) for g in grid)
+        return plgpu.emit_pipeline_warp_specialized(
+            add, grid=grid, max_concurrent_steps=2, num_compute_wgs=1, memory_registers=40, wg_axis="wg",
+            in_specs=[spec, spec], out_specs=[spec], manual_consumed_barriers=manual,
+        )(*gmem_refs)
+
+    kernel = plgpu.kernel(pipeline, out_type=jax.ShapeDtypeStruct((m, n), jnp.float32), num_threads=2,
+                          thread_name="wg")
+    x, y = _uniform((m, n), np.float32), _uniform((m, n), np.float32)
+    np.testing.assert_allclose(tp.run(kernel, x, y, backend=backend), x + y, atol=1e-4)
+
+
+@pytest.mark.parametrize("delay_release", [0, 1])
+def test_warp_specialized_repeat(delay_release):
+    """The original's `test_repeat`: the pipeline run three times over one input."""
+    spec = plgpu.BlockSpec((64, 64), lambda i: (0, i), delay_release=delay_release)
+
+    def body(_, x_smem, o_smem):
+        o_smem[...] = x_smem[...] + 1.0
+
+    def kernel(x_gmem, o_gmem):
+        for _ in range(3):
+            plgpu.emit_pipeline_warp_specialized(
+                body, grid=(4,), max_concurrent_steps=2, num_compute_wgs=1, memory_registers=40, wg_axis="wg",
+                in_specs=[spec], out_specs=[plgpu.BlockSpec((64, 64), lambda i: (0, i))],
+            )(x_gmem, o_gmem)
+
+    x = _uniform((64, 256), np.float32)
+    kernel = plgpu.kernel(kernel, out_type=jax.ShapeDtypeStruct((64, 256), jnp.float32), num_threads=2,
+                          thread_name="wg")
+    np.testing.assert_array_equal(tp.run(kernel, x, backend="interpret"), x + 1)
