@@ -167,6 +167,14 @@ pub(crate) fn wgmma(ins: &Instr, group: &mut [Thread], shared: &Memory, asynchro
     Ok(())
 }
 
+/// The tensor map whose parameter's address is `handle`.
+fn tensor_map<'c>(cta: &'c Cta<'_>, handle: u64) -> Result<&'c crate::hopper::TensorMap, String> {
+    (handle & !0xFFFF == TENSOR_MAP_TAG)
+        .then(|| cta.tensor_maps.get((handle & 0xFFFF) as usize))
+        .flatten()
+        .ok_or(format!("{handle:#x} is not the address of a tensor-map parameter"))
+}
+
 pub(crate) fn exec(ins: &Instr, th: &mut Thread, cta: &mut Cta<'_>, tid: u32) -> Result<(), String> {
     let (params, id, grid) = (cta.params, cta.id, cta.grid);
     let val = |a: &Arg, th: &Thread| -> u64 {
@@ -265,11 +273,7 @@ pub(crate) fn exec(ins: &Instr, th: &mut Thread, cta: &mut Cta<'_>, tid: u32) ->
             let (Arg::Tensor(map, coords), Arg::Mem(src)) = (&a[0], &a[1]) else {
                 return Err("takes [tensor map, {x, y, ...}], [src]".into());
             };
-            let handle = th.regs[*map];
-            let map = (handle & !0xFFFF == TENSOR_MAP_TAG)
-                .then(|| cta.tensor_maps.get((handle & 0xFFFF) as usize))
-                .flatten()
-                .ok_or(format!("{handle:#x} is not the address of a tensor-map parameter"))?;
+            let map = tensor_map(cta, th.regs[*map])?;
             let c: Vec<i64> = coords.iter().map(|&r| s(th.regs[r]).into()).collect();
             for (global, shared) in hopper::box_stores(map, th.regs[*src] & 0xFFFF_FFFF, &c)? {
                 let v = cta.shared.load_n(shared, 1)?;
@@ -282,11 +286,7 @@ pub(crate) fn exec(ins: &Instr, th: &mut Thread, cta: &mut Cta<'_>, tid: u32) ->
             let (Arg::Tensor(map, coords), Arg::Mem(bar)) = (&a[1], &a[2]) else {
                 return Err("takes [dst], [tensor map, {x, y, ...}], [mbarrier]".into());
             };
-            let handle = th.regs[*map];
-            let map = (handle & !0xFFFF == TENSOR_MAP_TAG)
-                .then(|| cta.tensor_maps.get((handle & 0xFFFF) as usize))
-                .flatten()
-                .ok_or(format!("{handle:#x} is not the address of a tensor-map parameter"))?;
+            let map = tensor_map(cta, th.regs[*map])?;
             let c: Vec<i64> = coords.iter().map(|&r| s(th.regs[r]).into()).collect();
             let dst = x(0, th) & 0xFFFF_FFFF;
             let mem = &*cta.mem;

@@ -151,29 +151,34 @@ impl Writer<'_> {
     /// `store ACC[t, :, :], value`: each thread's accumulator registers from its elements of
     /// the value, once no product still writes them.
     pub(super) fn write_accumulator_store(&mut self, acc: &str, value: &Operand) {
-        let (i, [m, n]) = self.plan.mma.accumulator(acc).expect("an accumulator in registers");
-        self.ins("wgmma.wait_group.sync.aligned 0");
-        let first = self.fragment_element(n);
-        for (j, offset) in fragment_offsets(m, n).into_iter().enumerate() {
-            let e = self.r();
-            self.insf(format_args!("add.u32 {e}, {first}, {offset}"));
-            let x = self.operand(value, DType::F32, &e, &[m, n]);
-            self.insf(format_args!("mov.b32 {}, {x}", Self::accumulator_register(i, j)));
+        let tile = self.plan.mma.accumulator(acc).expect("an accumulator in registers").1;
+        for (reg, e) in self.accumulator_elements(acc) {
+            let x = self.operand(value, DType::F32, &e, &tile);
+            self.insf(format_args!("mov.b32 {reg}, {x}"));
         }
     }
 
     /// `%v = load ACC[t, :, :]`: each thread's accumulator registers to its elements of the
     /// value's slot, once no product still writes them.
     pub(super) fn write_accumulator_load(&mut self, acc: &str, dst: &str) {
+        for (reg, e) in self.accumulator_elements(acc) {
+            self.store_slot(dst, &e, &reg);
+        }
+    }
+
+    /// Once no product still writes them, each of the thread's accumulator registers of `acc`
+    /// and the register of its element's flat index in the tile.
+    fn accumulator_elements(&mut self, acc: &str) -> Vec<(String, String)> {
         let (i, [m, n]) = self.plan.mma.accumulator(acc).expect("an accumulator in registers");
         self.ins("wgmma.wait_group.sync.aligned 0");
         let first = self.fragment_element(n);
-        for (j, offset) in fragment_offsets(m, n).into_iter().enumerate() {
-            let e = self.r();
-            self.insf(format_args!("add.u32 {e}, {first}, {offset}"));
-            let reg = Self::accumulator_register(i, j);
-            self.store_slot(dst, &e, &reg);
-        }
+        (fragment_offsets(m, n).into_iter().enumerate())
+            .map(|(j, offset)| {
+                let e = self.r();
+                self.insf(format_args!("add.u32 {e}, {first}, {offset}"));
+                (Self::accumulator_register(i, j), e)
+            })
+            .collect()
     }
 
     /// The flat index in an `[M, N]` tile of the thread's first accumulator element: warp `w`
