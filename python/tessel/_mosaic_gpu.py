@@ -19,6 +19,8 @@ accumulators, and the waits between them, as the statements of docs/language.md 
 
 from __future__ import annotations
 
+import re
+
 from typing import Dict, List, Optional, Tuple
 
 from ._common import _dims, _ty
@@ -200,6 +202,10 @@ def _split(eqn, *trees):
 def _barrier(w, eqn, ref, transforms) -> str:
     """`b[%k]`: the barrier a barrier ref names."""
     text, shape, _ = region(w, eqn, ref, transforms)
+    one = re.fullmatch(r"(\w+)\[ds\((.+), 1\)\]", text)
+    if one:
+        # A window of one barrier (`barrier.at[2:4].at[1:2]`): that barrier.
+        return f"{one.group(1)}[{one.group(2)}]"
     if "[" in text:
         return text
     if shape not in ((1,), ()):

@@ -283,6 +283,47 @@ def test_multiple_wg_with_grid(backend):
     np.testing.assert_array_equal(tp.run(kernel, backend=backend), want)
 
 
+@pytest.mark.parametrize("backend", backends())
+def test_cond_returning_array(backend):
+    def kernel(x_ref, o_ref):
+        total = jnp.sum(x_ref[...], dtype=jnp.int32)
+        twice, acc = lax.cond(total % 2 == 0, lambda: (total * 2, x_ref[...]), lambda: (total, x_ref[...]))
+        o_ref[...] = jnp.broadcast_to(jnp.sum(acc, dtype=jnp.int32) + twice, o_ref.shape)
+
+    x = np.arange(256, dtype=np.int32)
+    got = tp.run(plgpu.kernel(kernel, out_type=jax.ShapeDtypeStruct((256,), jnp.int32)), x, backend=backend)
+    np.testing.assert_array_equal(got, np.full(256, x.sum() * 3, np.int32))
+
+
+@pytest.mark.parametrize("backend", backends())
+def test_cross_wg_barrier(backend):
+    def kernel(o_ref, barrier):
+        plgpu.barrier_arrive(barrier)
+        plgpu.barrier_wait(barrier)
+        wg = lax.axis_index("wg")
+        o_ref[wg] = jnp.broadcast_to(wg, (128,))
+
+    kernel = plgpu.kernel(kernel, out_type=jax.ShapeDtypeStruct((2, 128), jnp.int32),
+                          scratch_types=[plgpu.Barrier(num_arrivals=2)], num_threads=2, thread_name="wg")
+    np.testing.assert_array_equal(tp.run(kernel, backend=backend), np.repeat([0, 1], 128).reshape(2, 128))
+
+
+@pytest.mark.parametrize("backend", backends())
+def test_tile_slicing(backend):
+    def kernel(x_ref, o_ref):
+        def sum_tiles(row, acc):
+            for col in range(2):
+                acc += x_ref[pl.ds(row * 64, 64), pl.ds(col * 64, 64)]
+            return acc
+
+        acc = plgpu.layout_cast(jnp.zeros((64, 64), jnp.uint16), plgpu.Layout.WGMMA)
+        o_ref[...] = lax.fori_loop(0, 4, sum_tiles, acc)
+
+    x = np.arange(256 * 128, dtype=np.uint16).reshape(256, 128)
+    got = tp.run(plgpu.kernel(kernel, out_type=jax.ShapeDtypeStruct((64, 64), jnp.uint16)), x, backend=backend)
+    np.testing.assert_array_equal(got, x.reshape(4, 64, 2, 64).sum(axis=(0, 2), dtype=np.uint16))
+
+
 # 3. Copies between global and shared memory, barriers.
 
 @pytest.mark.parametrize("backend", backends())
@@ -436,6 +477,84 @@ def test_manual_double_buffer(backend):
     kernel = plgpu.kernel(kernel, out_type=jax.ShapeDtypeStruct((128, 64), jnp.float32), grid=(4, 1),
                           grid_names=("x", "y"))
     np.testing.assert_array_equal(tp.run(kernel, x, backend=backend), x + 1)
+
+
+@pytest.mark.parametrize("backend", backends())
+def test_barrier_repeated_indexing(backend):
+    def kernel(o_ref, barrier_ref):
+        plgpu.barrier_arrive(barrier_ref.at[2:4].at[1:2])
+        plgpu.barrier_wait(barrier_ref.at[3])
+        o_ref[...] = jnp.ones_like(o_ref)
+
+    kernel = plgpu.kernel(kernel, out_type=jax.ShapeDtypeStruct((128,), jnp.float32),
+                          scratch_types=[plgpu.Barrier(num_barriers=4)])
+    np.testing.assert_array_equal(tp.run(kernel, backend=backend), np.ones(128, np.float32))
+
+
+GMEM_INDEXERS = {
+    "1d_none": ((256,), (slice(0, 128), slice(None, 32))),
+    "1d_offset": ((256,), (slice(32, 96), slice(0, 32))),
+    "2d_extract": ((64, 64), (4, slice(0, 64))),
+}
+
+
+@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("case", list(GMEM_INDEXERS))
+def test_copy_smem_to_gmem_with_multiple_gmem_indexers(case, backend):
+    shape, indexers = GMEM_INDEXERS[case]
+
+    def kernel(x_ref, o_ref, scratch_ref):
+        scratch_ref[...] = x_ref[...] + 1
+        plgpu.commit_smem()
+        src, dst = scratch_ref, o_ref
+        for ix in indexers:
+            src, dst = src.at[ix], dst.at[ix]
+        plgpu.copy_smem_to_gmem(src, dst)
+        plgpu.wait_smem_to_gmem(0)
+
+    x = np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
+    kernel = plgpu.kernel(kernel, out_type=jax.ShapeDtypeStruct(shape, jnp.float32),
+                          scratch_types=[plgpu.SMEM(shape, jnp.float32)])
+    got, want = tp.run(kernel, x, backend=backend), x + 1
+    for ix in indexers:
+        got, want = got[ix], want[ix]
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("case", list(GMEM_INDEXERS))
+def test_copy_gmem_to_smem_with_multiple_gmem_indexers(case, backend):
+    shape, indexers = GMEM_INDEXERS[case]
+
+    def kernel(x_ref, o_ref, scratch_ref, barrier_ref):
+        src, dst = x_ref, scratch_ref
+        for ix in indexers:
+            src, dst = src.at[ix], dst.at[ix]
+        plgpu.copy_gmem_to_smem(src, dst, barrier_ref)
+        plgpu.barrier_wait(barrier_ref)
+        o_ref[...] = scratch_ref[...] + 1
+
+    x = np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
+    kernel = plgpu.kernel(kernel, out_type=jax.ShapeDtypeStruct(shape, jnp.float32),
+                          scratch_types=[plgpu.SMEM(shape, jnp.float32), plgpu.Barrier()])
+    got, want = tp.run(kernel, x, backend=backend), x + 1
+    for ix in indexers:
+        got, want = got[ix], want[ix]
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("backend", backends())
+def test_gmem_to_smem_with_multiple_smem_indexers(backend):
+    def kernel(x_ref, o_ref, scratch_ref, barrier_ref):
+        plgpu.copy_gmem_to_smem(x_ref, scratch_ref, barrier_ref)
+        plgpu.barrier_wait(barrier_ref)
+        o_ref[pl.ds(0, 32)] = scratch_ref.at[0, :, :][pl.ds(0, 32)]
+        o_ref[pl.ds(32, 32)] = scratch_ref.at[0, :, :][pl.ds(32, 32)]
+
+    x = np.arange(2 * 64 * 64, dtype=np.float32).reshape(2, 64, 64)
+    kernel = plgpu.kernel(kernel, out_type=jax.ShapeDtypeStruct((64, 64), jnp.float32),
+                          scratch_types=[plgpu.SMEM((2, 64, 64), jnp.float32), plgpu.Barrier()])
+    np.testing.assert_array_equal(tp.run(kernel, x, backend=backend), x[0])
 
 
 # 6. Reductions and layouts.

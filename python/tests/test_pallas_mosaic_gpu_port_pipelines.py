@@ -88,6 +88,57 @@ def test_stage4(backend):
     np.testing.assert_allclose(tp.run(kernel, x, x, backend=backend), x + x)
 
 
+@pytest.mark.parametrize("backend", backends())
+def test_emit_with_no_output(backend):
+    m, n = 16, 128
+
+    def kernel(x_gmem, o_gmem):
+        def scope(acc_ref):
+            acc_ref[...] = jnp.zeros_like(acc_ref)
+
+            def body(_, x_smem):
+                acc_ref[...] += x_smem[...]
+
+            plgpu.emit_pipeline(body, in_specs=[plgpu.BlockSpec((1, n), lambda i: (i, 0), delay_release=1)],
+                                grid=(m,), max_concurrent_steps=2)(x_gmem)
+            return acc_ref[...]
+
+        o_gmem[...] = pl.run_scoped(scope, plgpu.SMEM((1, n), jnp.float32))
+
+    x = uniform((m, n), np.float32)
+    got = tp.run(plgpu.kernel(kernel, out_type=jax.ShapeDtypeStruct((1, n), jnp.float32)), x, backend=backend)
+    np.testing.assert_allclose(got, x.sum(0, keepdims=True), rtol=1e-6)
+
+
+@pytest.mark.parametrize("backend", backends())
+def test_emit_with_2d_grid(backend):
+    def body(_, x_smem, o_smem):
+        o_smem[...] = x_smem[...] + 1.0
+
+    def kernel(x_gmem, o_gmem):
+        spec = plgpu.BlockSpec((32, 16, 8), lambda i, j: (0, i, j))
+        plgpu.emit_pipeline(body, in_specs=[spec], out_specs=[spec], grid=(4, 5), max_concurrent_steps=2)(x_gmem, o_gmem)
+
+    x = np.arange(32 * 64 * 40, dtype=np.float32).reshape(32, 64, 40)
+    kernel = plgpu.kernel(kernel, out_type=jax.ShapeDtypeStruct(x.shape, jnp.float32))
+    np.testing.assert_array_equal(tp.run(kernel, x, backend=backend), x + 1)
+
+
+def test_different_delay_release():
+    """Three inputs released 0, 1 and 2 steps late, four steps in flight."""
+    def body(_, x_smem, y_smem, z_smem, o_smem):
+        o_smem[...] = x_smem[...] + y_smem[...] + z_smem[...]
+
+    def kernel(x, y, z, o):
+        specs = [plgpu.BlockSpec((32, 32), lambda i, j: (i, j), delay_release=d) for d in (0, 1, 2)]
+        plgpu.emit_pipeline(body, in_specs=specs, out_specs=[plgpu.BlockSpec((32, 32), lambda i, j: (i, j))],
+                            grid=(4, 2), max_concurrent_steps=4)(x, y, z, o)
+
+    x, y, z = (uniform((128, 64), np.float32) for _ in range(3))
+    kernel = plgpu.kernel(kernel, out_type=jax.ShapeDtypeStruct((128, 64), jnp.float32))
+    np.testing.assert_allclose(tp.run(kernel, x, y, z, backend="interpret"), x + y + z, rtol=1e-6)
+
+
 # 5. Products on the tensor cores (`wgmma`): the interpreter.
 
 def test_wgmma():
