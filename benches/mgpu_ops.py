@@ -16,11 +16,9 @@ import argparse
 import contextlib
 import glob
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 import types
 
 import numpy as np
@@ -33,6 +31,8 @@ from jax.experimental.pallas.ops.gpu import ragged_dot_mgpu as rd
 
 import tessel
 from tessel import pallas as tp
+
+from jax_cuda import per_call  # the same timing as tessel's other JAX figures
 
 F16 = jnp.float16
 
@@ -58,19 +58,6 @@ def ops(rng):
     ]
 
 
-def per_call(f, args, calls=10, rounds=5):
-    """Median seconds a call over `rounds` rounds of `calls` back-to-back calls."""
-    jax.block_until_ready(f(*args))
-    times = []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            out = f(*args)
-        jax.block_until_ready(out)
-        times.append((time.perf_counter() - t0) / calls)
-    return statistics.median(times)
-
-
 def time_on_gpu() -> int:
     gpu = jax.devices("gpu")[0]
     print(f"jax {jax.__version__} on {gpu.device_kind}: JAX's Mosaic GPU compile against tessel's mosaic-gpu, in jax.jit")
@@ -85,9 +72,9 @@ def time_on_gpu() -> int:
         want = np.asarray(theirs(*args), np.float32)
         ok = np.allclose(got, want, atol=2e-2, rtol=2e-2)
         failures += not ok
-        t_theirs = per_call(theirs, args)
+        t_theirs = per_call(theirs, args, calls=10)
         with tp.installed("mosaic-gpu"):
-            t_ours = per_call(ours, args)
+            t_ours = per_call(ours, args, calls=10)
         x, t = flops / t_theirs / 1e12, flops / t_ours / 1e12
         print(f"{name:<28} {x:>14.1f} {t:>17.1f} {t / x:>11.2f}{'' if ok else '  WRONG'}")
     return 1 if failures else 0

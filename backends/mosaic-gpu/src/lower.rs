@@ -290,14 +290,7 @@ pub fn unlowered_concurrency(k: &Kernel) -> Option<String> {
     if k.barriers.is_empty() {
         return None;
     }
-    let sizes: Vec<u64> = (k.grid.iter().flatten())
-        .filter(|a| a.thread)
-        .map(|a| match a.size {
-            AxisSize::Fixed(n) => n,
-            AxisSize::Dyn => 1,
-        })
-        .filter(|&n| n > 1)
-        .collect();
+    let sizes = thread_axis_sizes(k);
     if sizes.len() > 1 {
         return Some(format!(
             "barriers between the threads of {} `thread` axes (a program's warpgroups are one axis)",
@@ -315,6 +308,18 @@ pub fn unlowered_concurrency(k: &Kernel) -> Option<String> {
     }
     (k.barriers.iter().find(|b| b.arrivals > MAX_ARRIVALS))
         .map(|b| format!("barrier {} of {} arrivals (an mbarrier counts at most {MAX_ARRIVALS})", b.name, b.arrivals))
+}
+
+/// The sizes of kernel `k`'s own `thread` axes of more than one point (a program's threads).
+fn thread_axis_sizes(k: &Kernel) -> Vec<u64> {
+    (k.grid.iter().flatten())
+        .filter(|a| a.thread)
+        .map(|a| match a.size {
+            AxisSize::Fixed(n) => n,
+            AxisSize::Dyn => 1,
+        })
+        .filter(|&n| n > 1)
+        .collect()
 }
 
 /// The Hopper path's plan, where the kernel takes it: a matmul (`crate::wgmma`) or an attention
@@ -400,15 +405,8 @@ pub fn plan_general(kernel: &Verified, thread_axis: Option<&str>) -> Result<Plan
     let groups = |op: &SyncOp| stores_by_tma && matches!(op, SyncOp::CommitCopies | SyncOp::WaitCopies { .. } | SyncOp::Fence);
     // A warpgroup's `max_registers` is `setmaxnreg` where the warpgroups run at once and start
     // with fewer registers than a thread may have (three or more: 168 each of the SM's 64K).
-    let points = (source.grid.iter().flatten())
-        .filter(|a| a.thread)
-        .map(|a| match a.size {
-            AxisSize::Fixed(n) => n as u32,
-            AxisSize::Dyn => 1,
-        })
-        .max()
-        .unwrap_or(1);
-    let redistributes = !source.barriers.is_empty() && wgmma::entry_registers(points.min(MAX_WARPGROUPS)) < wgmma::MAX_REGISTERS;
+    let points = thread_axis_sizes(source).first().map_or(1, |&n| n.min(u64::from(MAX_WARPGROUPS)) as u32);
+    let redistributes = !source.barriers.is_empty() && wgmma::entry_registers(points) < wgmma::MAX_REGISTERS;
     let hints = |op: &SyncOp| redistributes && matches!(op, SyncOp::MaxRegisters { .. });
     let keep = |op: &SyncOp| by_tma(op) || mma.takes(op) || groups(op) || hints(op);
     let staged = synchronous::per_thread(kernel, &keep);

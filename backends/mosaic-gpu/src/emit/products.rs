@@ -101,15 +101,8 @@ impl Writer<'_> {
     /// row `lane / 4` (+8 for the second and fourth), columns `2 (lane % 4)` and one more (+8 for
     /// the third and fourth), the first in the low half.
     fn left_fragments(&mut self, v: &str, [m, k]: [u64; 2], trans: bool, dtype: DType) -> Vec<[String; 4]> {
-        let tid = self.tid.clone();
-        let (row, col, first) = (self.r(), self.r(), self.r());
-        self.insf(format_args!("div.u32 {row}, {tid}, 32"));
-        self.insf(format_args!("mul.lo.u32 {row}, {row}, 16"));
-        self.insf(format_args!("rem.u32 {col}, {tid}, 32"));
-        self.insf(format_args!("div.u32 {col}, {col}, 4"));
-        self.insf(format_args!("add.u32 {row}, {row}, {col}"));
-        self.insf(format_args!("rem.u32 {col}, {tid}, 4"));
-        self.insf(format_args!("mul.lo.u32 {col}, {col}, 2"));
+        let (row, col) = self.lane_origin();
+        let first = self.r();
         // The flat index of the thread's first element; each other is a constant from it.
         let at = |r: u64, c: u64| if trans { c * m + r } else { r * k + c };
         let (a, b) = if trans { (col.clone(), row.clone()) } else { (row.clone(), col.clone()) };
@@ -181,20 +174,28 @@ impl Writer<'_> {
             .collect()
     }
 
-    /// The flat index in an `[M, N]` tile of the thread's first accumulator element: warp `w`
-    /// of the warpgroup holds rows `16 w + lane / 4` (and 8 below) from column `2 (lane % 4)`.
+    /// The flat index in an `[M, N]` tile of the thread's first accumulator element.
     fn fragment_element(&mut self, n: usize) -> String {
-        let (row, t, e) = (self.r(), self.r(), self.r());
+        let (row, col) = self.lane_origin();
+        let e = self.r();
+        self.insf(format_args!("mad.lo.u32 {e}, {row}, {n}, {col}"));
+        e
+    }
+
+    /// The row and column of the thread's first element in a warpgroup's 64-row fragment (of
+    /// the accumulator, or of a register left operand): warp `w` holds rows `16 w + lane / 4`
+    /// (and 8 below) from column `2 (lane % 4)`.
+    fn lane_origin(&mut self) -> (String, String) {
+        let (row, col) = (self.r(), self.r());
         let tid = self.tid.clone();
         self.insf(format_args!("div.u32 {row}, {tid}, 32"));
         self.insf(format_args!("mul.lo.u32 {row}, {row}, 16"));
-        self.insf(format_args!("rem.u32 {t}, {tid}, 32"));
-        self.insf(format_args!("div.u32 {t}, {t}, 4"));
-        self.insf(format_args!("add.u32 {row}, {row}, {t}"));
-        self.insf(format_args!("rem.u32 {t}, {tid}, 4"));
-        self.insf(format_args!("mul.lo.u32 {t}, {t}, 2"));
-        self.insf(format_args!("mad.lo.u32 {e}, {row}, {n}, {t}"));
-        e
+        self.insf(format_args!("rem.u32 {col}, {tid}, 32"));
+        self.insf(format_args!("div.u32 {col}, {col}, 4"));
+        self.insf(format_args!("add.u32 {row}, {row}, {col}"));
+        self.insf(format_args!("rem.u32 {col}, {tid}, 4"));
+        self.insf(format_args!("mul.lo.u32 {col}, {col}, 2"));
+        (row, col)
     }
 
     /// The operand buffer region `r`'s window: the shared address of its first element.
