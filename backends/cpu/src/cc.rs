@@ -1,0 +1,177 @@
+//! The system's C compiler, and the shared libraries it makes, cached on disk by the hash of the
+//! source, the compiler and the machine (`-march=native` code runs only where it was made).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, OnceLock};
+
+use tessel_plugin_api::abi::{BackendError, ErrorKind};
+
+/// Flags every file is compiled with: optimized and vectorized for this machine, every float
+/// operation rounded once as written (no contraction into fused multiply-adds, no fast maths).
+const FLAGS: &[&str] = &[
+    "-O3",
+    "-march=native",
+    "-std=gnu11",
+    "-fPIC",
+    "-shared",
+    "-ffp-contract=off",
+    "-fno-math-errno",
+    "-fno-trapping-math",
+    "-w",
+];
+
+/// The compiler found on this machine.
+#[derive(Debug)]
+pub struct Toolchain {
+    /// `$CC`, else `cc`.
+    pub cc: String,
+    /// The first line of `cc --version`.
+    pub version: String,
+    /// What `-march=native` means here (`skylake-avx512`), or a hash of the CPU's flags.
+    pub machine: String,
+}
+
+/// The toolchain, looked for once per process: `Err(why not)` where there is no C compiler.
+pub fn toolchain() -> Result<&'static Toolchain, &'static str> {
+    static T: OnceLock<Result<Toolchain, String>> = OnceLock::new();
+    T.get_or_init(find).as_ref().map_err(|e| e.as_str())
+}
+
+fn find() -> Result<Toolchain, String> {
+    let cc = std::env::var("CC").ok().filter(|c| !c.is_empty()).unwrap_or_else(|| "cc".to_string());
+    let out = Command::new(&cc).arg("--version").output().map_err(|e| {
+        format!("no C compiler: `{cc} --version` failed ({e}); install gcc or clang, or set CC")
+    })?;
+    if !out.status.success() {
+        return Err(format!("no C compiler: `{cc} --version` exited with {}", out.status));
+    }
+    let version = String::from_utf8_lossy(&out.stdout).lines().next().unwrap_or_default().trim().to_string();
+    let machine = Command::new(&cc)
+        .args(["-march=native", "-Q", "--help=target"])
+        .output()
+        .ok()
+        .and_then(|o| {
+            let text = String::from_utf8_lossy(&o.stdout).into_owned();
+            let line = text.lines().find(|l| l.trim_start().starts_with("-march="))?.to_string();
+            line.split_whitespace().nth(1).map(str::to_string)
+        })
+        .unwrap_or_else(|| {
+            let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+            let flags = info.lines().find(|l| l.starts_with("flags") || l.starts_with("Features")).unwrap_or_default();
+            format!("cpu-{}", &blake3::hash(flags.as_bytes()).to_hex()[..16])
+        });
+    Ok(Toolchain { cc, version, machine })
+}
+
+/// A compiled file, loaded.
+#[derive(Debug)]
+pub struct Library {
+    lib: libloading::Library,
+    /// Where it was loaded from (in the cache, or a temporary file already removed).
+    pub path: PathBuf,
+}
+
+/// A generated kernel function: `void tk_kN(const tk_ctx *, const int64_t *point, char *arena)`.
+pub type KernelFn = unsafe extern "C" fn(*const crate::run::Ctx, *const i64, *mut u8);
+
+impl Library {
+    /// The kernel function called `name`.
+    pub fn kernel(&self, name: &str) -> Result<KernelFn, BackendError> {
+        // SAFETY: the symbol is a function the generated C defines with exactly this signature
+        // (`emit::Writer::kernel`), and `self.lib` outlives every use: the artifact holds both.
+        #[allow(unsafe_code)]
+        let f = unsafe { self.lib.get::<KernelFn>(name.as_bytes()) };
+        f.map(|s| *s).map_err(|e| internal(format!("{} has no function `{name}`: {e}", self.path.display())))
+    }
+}
+
+fn internal(msg: String) -> BackendError {
+    BackendError::new(ErrorKind::Internal, msg)
+}
+
+/// The cache folder for compiled kernels: the host's rule (`TESSEL_CACHE=off`, `TESSEL_CACHE_DIR`,
+/// `XDG_CACHE_HOME/tessel`, `~/.cache/tessel`), its `cpu/` folder.
+fn cache_dir() -> Option<PathBuf> {
+    if std::env::var("TESSEL_CACHE").is_ok_and(|v| v == "off") {
+        return None;
+    }
+    let base = std::env::var_os("TESSEL_CACHE_DIR")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("XDG_CACHE_HOME").map(|d| PathBuf::from(d).join("tessel")))
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/tessel")))?;
+    let dir = base.join("cpu");
+    std::fs::create_dir_all(&dir).ok()?;
+    Some(dir)
+}
+
+/// The key of `source` compiled by `t`: what the library's file is named by.
+pub fn key(t: &Toolchain, source: &str) -> String {
+    let mut h = blake3::Hasher::new();
+    for part in [t.cc.as_str(), &t.version, &t.machine, &FLAGS.join(" "), source] {
+        h.update(part.as_bytes());
+        h.update(&[0]);
+    }
+    h.finalize().to_hex()[..32].to_string()
+}
+
+/// `source` compiled and loaded: from the disk cache where it was compiled before.
+pub fn build(source: &str) -> Result<Arc<Library>, BackendError> {
+    let t = toolchain().map_err(|e| BackendError::new(ErrorKind::Unavailable, e))?;
+    let key = key(t, source);
+    let dir = cache_dir();
+    if let Some(dir) = &dir {
+        let path = dir.join(format!("{key}.so"));
+        if path.exists() {
+            if let Ok(lib) = open(&path) {
+                return Ok(Arc::new(lib));
+            }
+        }
+    }
+    static COUNT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = COUNT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let work = dir.clone().unwrap_or_else(std::env::temp_dir);
+    let stem = format!("{key}.tmp{}-{n}", std::process::id());
+    let c_path = work.join(format!("{stem}.c"));
+    let so_tmp = work.join(format!("{stem}.so"));
+    std::fs::write(&c_path, source).map_err(|e| internal(format!("cannot write {}: {e}", c_path.display())))?;
+    let out = Command::new(&t.cc).args(FLAGS).arg("-o").arg(&so_tmp).arg(&c_path).arg("-lm").output();
+    let result = match out {
+        Ok(o) if o.status.success() => Ok(()),
+        Ok(o) => Err(format!(
+            "{} failed on {} ({}):\n{}",
+            t.cc,
+            c_path.display(),
+            o.status,
+            String::from_utf8_lossy(&o.stderr).lines().take(20).collect::<Vec<_>>().join("\n")
+        )),
+        Err(e) => Err(format!("cannot run {}: {e}", t.cc)),
+    };
+    if let Err(e) = result {
+        let _ = std::fs::remove_file(&so_tmp);
+        return Err(internal(e));
+    }
+    let _ = std::fs::remove_file(&c_path);
+    let lib = match &dir {
+        Some(dir) => {
+            let path = dir.join(format!("{key}.so"));
+            std::fs::rename(&so_tmp, &path).map_err(|e| internal(format!("cannot move {}: {e}", so_tmp.display())))?;
+            open(&path)?
+        }
+        None => {
+            let lib = open(&so_tmp);
+            let _ = std::fs::remove_file(&so_tmp);
+            lib?
+        }
+    };
+    Ok(Arc::new(lib))
+}
+
+fn open(path: &Path) -> Result<Library, BackendError> {
+    // SAFETY: the library is one this backend compiled from its own C (the cache folder is the
+    // user's own); loading it runs no initialisers beyond the C runtime's.
+    #[allow(unsafe_code)]
+    let lib = unsafe { libloading::Library::new(path) };
+    lib.map(|lib| Library { lib, path: path.to_path_buf() })
+        .map_err(|e| internal(format!("cannot load {}: {e}", path.display())))
+}

@@ -1,0 +1,105 @@
+/* tessel cpu backend: what every generated file starts with. Values are held in 32-bit
+ * "compute" types (float for f32/f16/bf16, int32_t for signed and bool, uint32_t for unsigned),
+ * narrowed after every operation as docs/language.md §8 says; arrays keep their own element
+ * types. Compiled without -ffast-math and with -ffp-contract=off: every operation rounds once. */
+#include <stdint.h>
+#include <string.h>
+#include <math.h>
+
+typedef struct tk_ctx {
+    void *const *args;    /* one per kernel argument, in declaration order (scratch: NULL) */
+    const int64_t *grid;  /* the size of every grid axis */
+    /* dst[m x n] = a[m x k] b[k x n], each operand at its (row, column) strides in elements */
+    void (*sgemm)(int64_t m, int64_t n, int64_t k, float *dst, int64_t drs, int64_t dcs,
+                  const float *a, int64_t ars, int64_t acs, const float *b, int64_t brs, int64_t bcs,
+                  int32_t parallel);
+    int32_t parallel_dot; /* whether a product may use the pool (few programs) */
+} tk_ctx;
+
+/* A multiply-add, fused where the machine has the instruction (libm's programs need it neither
+ * way; a software fmaf would be slow). */
+#ifdef __FMA__
+#define TK_FMA(a, b, c) fmaf(a, b, c)
+#else
+#define TK_FMA(a, b, c) ((a) * (b) + (c))
+#endif
+
+static inline uint32_t tk_fbits(float x) { uint32_t u; memcpy(&u, &x, 4); return u; }
+static inline float tk_bitsf(uint32_t u) { float x; memcpy(&x, &u, 4); return x; }
+static inline int32_t tk_isnan(float x) { return (tk_fbits(x) & 0x7fffffffu) > 0x7f800000u; }
+
+/* The nearest f16 (ties to even) of x, as a float. */
+static inline float tk_rf16(float x) {
+    uint32_t b = tk_fbits(x), s = b & 0x80000000u, a = b & 0x7fffffffu;
+    float q = (fabsf(x) + 0.5f) - 0.5f; /* subnormal f16: a multiple of 2^-24 */
+    uint32_t n = (a + 0xfffu + ((a >> 13) & 1u)) & 0xffffe000u;
+    uint32_t r = a < 0x38800000u ? tk_fbits(q) : n;
+    r = a >= 0x477ff000u ? 0x7f800000u : r;
+    return a > 0x7f800000u ? x : tk_bitsf(s | r);
+}
+
+/* The nearest bf16 (ties to even) of x, as a float. */
+static inline float tk_rbf16(float x) {
+    uint32_t b = tk_fbits(x);
+    float r = tk_bitsf((b + 0x7fffu + ((b >> 16) & 1u)) & 0xffff0000u);
+    return (b & 0x7fffffffu) > 0x7f800000u ? x : r;
+}
+
+/* f16 bits to float, exactly. */
+static inline float tk_h2f(uint16_t h) {
+    uint32_t s = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    float sub = (float)m * 5.9604644775390625e-8f; /* 2^-24 */
+    uint32_t norm = e == 31u ? (0x7f800000u | (m << 13)) : (((e + 112u) << 23) | (m << 13));
+    return e == 0u ? tk_bitsf(s | tk_fbits(sub)) : tk_bitsf(s | norm);
+}
+
+/* The f16 bits of a float that is an f16 value (tk_rf16 made it one); NaN stays NaN. */
+static inline uint16_t tk_f2h(float x) {
+    uint32_t b = tk_fbits(x), s = (b >> 16) & 0x8000u, a = b & 0x7fffffffu;
+    uint32_t sub = (uint32_t)(fabsf(x) * 16777216.0f); /* 2^24: exact for f16 subnormals */
+    uint32_t norm = ((a >> 13) - (112u << 10)) & 0x7fffu;
+    uint32_t r = a < 0x38800000u ? sub : norm;
+    r = a >= 0x7f800000u ? (a > 0x7f800000u ? (0x7e00u | ((a >> 13) & 0x3ffu)) : 0x7c00u) : r;
+    return (uint16_t)(s | r);
+}
+
+static inline float tk_b2f(uint16_t h) { return tk_bitsf((uint32_t)h << 16); }
+static inline uint16_t tk_f2b(float x) { return (uint16_t)(tk_fbits(x) >> 16); }
+
+/* max and min that propagate NaN (jnp.maximum), as the interpreter folds them. */
+static inline float tk_max(float a, float b) { return a > b ? a : (b >= a ? b : a + b); }
+static inline float tk_min(float a, float b) { return a < b ? a : (b <= a ? b : a + b); }
+
+/* Float to integer: toward zero, saturating, NaN gives 0. */
+static inline int32_t tk_f2i(float x) {
+    int32_t v = (int32_t)fminf(fmaxf(x, -2147483648.0f), 2147483520.0f);
+    v = x >= 2147483648.0f ? 2147483647 : v;
+    return tk_isnan(x) ? 0 : v;
+}
+static inline uint32_t tk_f2u(float x) {
+    uint32_t v = (uint32_t)(int64_t)fminf(fmaxf(x, 0.0f), 4294967040.0f);
+    v = x >= 4294967296.0f ? 4294967295u : v;
+    return tk_isnan(x) ? 0u : v;
+}
+
+static inline int32_t tk_div_i32(int32_t a, int32_t b) {
+    return b == 0 ? 0 : (b == -1 ? (int32_t)(0u - (uint32_t)a) : a / b);
+}
+static inline int32_t tk_rem_i32(int32_t a, int32_t b) { return (b == 0 || b == -1) ? 0 : a % b; }
+static inline uint32_t tk_div_u32(uint32_t a, uint32_t b) { return b == 0u ? 0u : a / b; }
+static inline uint32_t tk_rem_u32(uint32_t a, uint32_t b) { return b == 0u ? 0u : a % b; }
+static inline uint32_t tk_mulhi(uint32_t a, uint32_t b) { return (uint32_t)(((uint64_t)a * b) >> 32); }
+static inline uint32_t tk_clz(uint32_t a) { return a == 0u ? 32u : (uint32_t)__builtin_clz(a); }
+
+/* Block indices that are computed (docs/language.md §2): floor division and modulo, 0 for 0. */
+static inline int32_t tk_ifloordiv(int32_t a, int32_t b) {
+    if (b == 0) return 0;
+    if (b == -1) return (int32_t)(0u - (uint32_t)a);
+    int32_t q = a / b;
+    return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+static inline int32_t tk_ifloormod(int32_t a, int32_t b) {
+    if (b == 0 || b == -1) return 0;
+    int32_t r = a % b;
+    return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}

@@ -1,0 +1,334 @@
+//! tessel's compiling CPU backend, shipped as a plugin (`libtessel_cpu.so` on the plugin path;
+//! never linked into the host). Each launch's kernels become one C file (`emit/`), compiled by
+//! the system's C compiler for the machine it runs on and cached on disk (`cc.rs`), and run with
+//! the grid's programs spread over all cores (`run.rs`).
+//!
+//! It declares the `Cpu` device class, and ranks before the interpreter (a built-in of the same
+//! class) under `auto`; what it refuses (`error.rs`) the interpreter runs.
+
+mod cc;
+pub mod emit;
+pub mod error;
+mod run;
+
+use std::collections::BTreeMap;
+use std::ffi::c_void;
+use std::sync::Arc;
+
+pub use error::Refusal;
+use tessel_plugin_api::abi::{BackendError, Capabilities, DeviceClass, ErrorKind, MeshBox};
+use tessel_plugin_api::array::{DataRef, HostArray};
+use tessel_plugin_api::backend::{
+    Artifact, Available, BackendImpl, Compiler, Launch, Options, SpecMesh, make_mesh_object, mesh_spec,
+    verify_with_mesh,
+};
+use tessel_plugin_api::ir::{BlockIndex, DType, Index, Op, ParamKind, Type, Verified, analysis, legalize};
+use tessel_plugin_api::launch::{self, LaunchError};
+use tessel_plugin_api::mesh::MeshSpec;
+
+/// The backend's name.
+pub const NAME: &str = "cpu";
+
+/// The compiling CPU backend.
+#[derive(Debug, Default)]
+pub struct Cpu;
+
+impl Cpu {
+    /// The backend object.
+    pub fn new() -> Cpu {
+        Cpu
+    }
+}
+
+/// Refuses what the C writer does not compile: the concurrent model, gathers and scatters,
+/// computed block indices.
+fn check(v: &Verified) -> Result<(), BackendError> {
+    let k = v.kernel();
+    if k.is_concurrent() {
+        return Err(Refusal::Concurrent { kernel: k.name.clone() }.into());
+    }
+    let construct = |what: &str| -> BackendError { Refusal::Construct { kernel: k.name.clone(), what: what.into() }.into() };
+    if k.params.iter().filter_map(|p| p.block.as_ref()).flat_map(|b| &b.index).any(|i| matches!(i, BlockIndex::Computed(_))) {
+        return Err(construct("a computed block index"));
+    }
+    let mut gather = false;
+    analysis::visit(&k.body, &mut |s| {
+        if let Op::Load { index: Some(ix), .. } | Op::Store { index: Some(ix), .. } = &s.op {
+            gather |= ix.iter().any(|i| matches!(i, Index::Gather { .. }));
+        }
+    });
+    if gather {
+        return Err(construct("a gather or scatter index"));
+    }
+    Ok(())
+}
+
+/// The compiler: kernels verified with their meshes, then C, then a library.
+#[derive(Clone, Copy, Debug)]
+pub struct CpuCompiler;
+
+/// One launch compiled: its kernels in order, and the C they were compiled from.
+#[derive(Debug)]
+pub struct CompiledLaunch {
+    kernels: Vec<run::Kernel>,
+    source: String,
+}
+
+/// The C file a launch's kernels become (legalized as every backend's lowering takes them).
+pub fn lower_to_c(kernels: &[Verified]) -> emit::Emitted {
+    let legal: Vec<Verified> = kernels.iter().map(|k| legalize::for_backend(k).into_owned()).collect();
+    emit::emit(&legal)
+}
+
+impl Compiler for CpuCompiler {
+    type Plan = Vec<Verified>;
+    type Artifact = CompiledLaunch;
+
+    /// The compiler and the machine its code is made for.
+    fn options(&self) -> Options {
+        match cc::toolchain() {
+            Ok(t) => Options::new().with("cc", &t.version).with("march", &t.machine),
+            Err(_) => Options::new().with("cc", "none"),
+        }
+    }
+
+    fn plan(&self, launch: &Launch<'_>) -> Result<Vec<Verified>, BackendError> {
+        launch
+            .calls
+            .iter()
+            .map(|c| {
+                let spec = c.mesh.map(mesh_spec);
+                if let Some(s) = spec.as_ref().filter(|s| s.kind == "device") {
+                    return Err(Refusal::DeviceMesh { mesh: s.to_string() }.into());
+                }
+                let v = verify_with_mesh(&c.kernel, spec.as_ref())?;
+                check(&v)?;
+                Ok(v)
+            })
+            .collect()
+    }
+
+    fn compile(&self, _: &Launch<'_>, plan: Vec<Verified>) -> Result<CompiledLaunch, BackendError> {
+        let legal: Vec<Verified> = plan.iter().map(|k| legalize::for_backend(k).into_owned()).collect();
+        let e = emit::emit(&legal);
+        let lib = cc::build(&e.source)?;
+        let kernels = legal
+            .into_iter()
+            .zip(&e.kernels)
+            .map(|(v, (name, arena))| run::Kernel::new(v, Arc::clone(&lib), name, *arena))
+            .collect::<Result<_, _>>()?;
+        Ok(CompiledLaunch { kernels, source: e.source })
+    }
+
+    fn stages(&self, compiled: &CompiledLaunch) -> Vec<(String, String)> {
+        let name = compiled.kernels.first().map_or("launch", |k| k.verified.name());
+        vec![(format!("{name}.c"), compiled.source.clone())]
+    }
+
+    /// Lowers without compiling: the C is the text (no compiler needed).
+    fn lower(&self, launch: &Launch<'_>) -> Result<Vec<(String, String)>, BackendError> {
+        let plan = self.plan(launch)?;
+        let e = lower_to_c(&plan);
+        Ok(vec![(format!("{}.c", plan.first().map_or("launch", |k| k.name())), e.source)])
+    }
+}
+
+fn launch_error(e: LaunchError) -> BackendError {
+    BackendError::new(ErrorKind::InvalidInput, e.to_string())
+}
+
+/// A pointer to an input's elements.
+fn input_ptr(d: &DataRef<'_>) -> *mut c_void {
+    let p: *const c_void = match d {
+        DataRef::F32(v) => v.as_ptr().cast(),
+        DataRef::F16(v) => v.as_ptr().cast(),
+        DataRef::BF16(v) => v.as_ptr().cast(),
+        DataRef::I32(v) => v.as_ptr().cast(),
+        DataRef::U32(v) => v.as_ptr().cast(),
+        DataRef::Bool(v) => v.as_ptr().cast(),
+        DataRef::I8(v) => v.as_ptr().cast(),
+        DataRef::U8(v) => v.as_ptr().cast(),
+        DataRef::I16(v) => v.as_ptr().cast(),
+        DataRef::U16(v) => v.as_ptr().cast(),
+    };
+    p.cast_mut()
+}
+
+impl CompiledLaunch {
+    /// Runs kernel `n` on inputs read in place and outputs written in place (little-endian bytes
+    /// of the outputs' types; those not aligned for their type go through an aligned copy).
+    fn run_kernel(
+        &self,
+        n: usize,
+        grid: &BTreeMap<String, u64>,
+        inputs: &BTreeMap<String, DataRef<'_>>,
+        outputs: &mut BTreeMap<String, &mut [u8]>,
+    ) -> Result<(), BackendError> {
+        let k = &self.kernels[n];
+        let grid = launch::resolve_grid(&k.verified, grid).map_err(launch_error)?;
+        let mut args = Vec::new();
+        let mut copies: Vec<(String, Vec<u64>)> = Vec::new();
+        for p in &k.verified.kernel().params {
+            let bytes = p.ty.numel() * (p.ty.dtype.bits() as usize).div_ceil(8);
+            match p.kind {
+                ParamKind::In => {
+                    let d = inputs.get(&p.name).ok_or_else(|| missing(&p.name))?;
+                    if d.len() != p.ty.numel() {
+                        return Err(BackendError::new(ErrorKind::InvalidInput, format!("input `{}` has {} elements, not the {} of {}", p.name, d.len(), p.ty.numel(), p.ty)));
+                    }
+                    args.push(input_ptr(d));
+                }
+                ParamKind::Out => {
+                    let out = outputs.get_mut(&p.name).ok_or_else(|| missing(&p.name))?;
+                    if out.len() != bytes {
+                        return Err(BackendError::new(ErrorKind::InvalidInput, format!("output `{}` has {} bytes, not the {bytes} of {}", p.name, out.len(), p.ty)));
+                    }
+                    let align = (p.ty.dtype.bits() as usize / 8).max(1);
+                    if (out.as_ptr() as usize) % align == 0 {
+                        args.push(out.as_mut_ptr().cast());
+                    } else {
+                        let mut copy = vec![0u64; bytes.div_ceil(8)];
+                        bytemuck_copy(out, &mut copy);
+                        args.push(copy.as_mut_ptr().cast());
+                        copies.push((p.name.clone(), copy));
+                    }
+                }
+                ParamKind::Scratch => args.push(std::ptr::null_mut()),
+            }
+        }
+        k.run(&grid, &args)?;
+        for (name, copy) in copies {
+            let out = outputs.get_mut(&name).expect("bound above");
+            let len = out.len();
+            for (i, b) in out.iter_mut().enumerate().take(len) {
+                *b = (copy[i / 8] >> (8 * (i % 8))) as u8;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn bytemuck_copy(from: &[u8], to: &mut [u64]) {
+    for (i, b) in from.iter().enumerate() {
+        to[i / 8] |= u64::from(*b) << (8 * (i % 8));
+    }
+}
+
+fn missing(name: &str) -> BackendError {
+    BackendError::new(ErrorKind::InvalidInput, format!("argument `{name}` was not given"))
+}
+
+impl BackendImpl for Cpu {
+    type Buffer = HostArray;
+
+    fn name(&self) -> &str {
+        NAME
+    }
+
+    fn version(&self) -> &str {
+        env!("CARGO_PKG_VERSION")
+    }
+
+    fn platform(&self) -> String {
+        match cc::toolchain() {
+            Ok(t) => format!("CPU ({}), {} threads, C by {}", t.machine, rayon::current_num_threads(), t.version),
+            Err(e) => format!("CPU, {} threads, {e}", rayon::current_num_threads()),
+        }
+    }
+
+    fn availability(&self) -> Result<Available, String> {
+        let t = cc::toolchain().map_err(str::to_string)?;
+        Ok(Available { class: DeviceClass::Cpu, on: format!("compiled for {} by {}", t.machine, t.version) })
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            mesh_kinds: vec!["grid".into()].into(),
+            portable_meshes: true,
+            dtypes: DType::ALL.iter().map(|d| d.name().into()).collect(),
+            dynamic_grid: true,
+            multiple_kernels: true,
+            external_meshes: true,
+            targets: vec!["c".into()].into(),
+            max_block_elements: 1 << 24,
+        }
+    }
+
+    fn make_mesh(&self, spec: &MeshSpec) -> Result<MeshBox, BackendError> {
+        match spec.kind.as_str() {
+            "grid" => Ok(make_mesh_object(SpecMesh(spec.clone()))),
+            "device" => Err(Refusal::DeviceMesh { mesh: spec.to_string() }.into()),
+            other => Err(Refusal::MeshKind {
+                kind: other.to_string(),
+                grid: MeshSpec { kind: "grid".into(), axes: spec.axes.clone() }.to_string(),
+            }
+            .into()),
+        }
+    }
+
+    type Compiler = CpuCompiler;
+
+    fn compiler(&self) -> Result<CpuCompiler, BackendError> {
+        Ok(CpuCompiler)
+    }
+
+    fn alloc(&self, ty: &Type) -> Result<HostArray, BackendError> {
+        Ok(HostArray::zeros(ty.dtype, &ty.shape))
+    }
+
+    fn upload(&self, buffer: &mut HostArray, data: HostArray) -> Result<(), BackendError> {
+        tessel_plugin_api::backend::check_upload(&buffer.ty(), &data)?;
+        *buffer = data;
+        Ok(())
+    }
+
+    fn download<'b>(&self, buffer: &'b HostArray) -> Result<std::borrow::Cow<'b, HostArray>, BackendError> {
+        Ok(std::borrow::Cow::Borrowed(buffer))
+    }
+
+    fn run_host(
+        &self,
+        compiled: &Artifact<Self>,
+        launch: &Launch<'_>,
+        inputs: &BTreeMap<String, DataRef<'_>>,
+        outputs: &mut BTreeMap<String, &mut [u8]>,
+    ) -> Option<Result<(), BackendError>> {
+        if compiled.kernels.len() != 1 {
+            return None;
+        }
+        Some(compiled.run_kernel(0, &launch.grid, inputs, outputs))
+    }
+
+    /// Runs the kernels in order; each sees the outputs of the ones before it.
+    fn run(
+        &self,
+        compiled: &Artifact<Self>,
+        launch: &Launch<'_>,
+        buffers: &mut BTreeMap<String, HostArray>,
+    ) -> Result<(), BackendError> {
+        if let Some(name) = launch.kept.iter().next() {
+            return Err(Refusal::KeptInSeveralKernels { name: name.clone() }.into());
+        }
+        for n in 0..compiled.kernels.len() {
+            let k = compiled.kernels[n].verified.kernel();
+            let mut outs: Vec<(String, HostArray)> =
+                k.params_of(ParamKind::Out).map(|p| (p.name.clone(), HostArray::zeros(p.ty.dtype, &p.ty.shape))).collect();
+            let mut words: Vec<(String, Vec<u8>)> = outs.iter().map(|(n, a)| (n.clone(), a.le_bytes().into_owned())).collect();
+            {
+                let inputs: BTreeMap<String, DataRef<'_>> = k
+                    .params_of(ParamKind::In)
+                    .filter_map(|p| buffers.get(&p.name).map(|a| (p.name.clone(), a.data.as_data_ref())))
+                    .collect();
+                let mut outputs: BTreeMap<String, &mut [u8]> = words.iter_mut().map(|(n, w)| (n.clone(), w.as_mut_slice())).collect();
+                compiled.run_kernel(n, &launch.grid, &inputs, &mut outputs)?;
+            }
+            for ((name, a), (_, w)) in outs.iter_mut().zip(&words) {
+                *a = HostArray::from_le_bytes(a.dtype(), &a.ty().shape, w).map_err(|e| BackendError::new(ErrorKind::Internal, e))?;
+                buffers.insert(name.clone(), a.clone());
+            }
+        }
+        Ok(())
+    }
+}
+
+tessel_plugin_api::export_plugin!(Cpu::new());

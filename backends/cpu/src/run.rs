@@ -1,0 +1,175 @@
+//! Running a compiled kernel: its arguments' memory bound, its programs spread over rayon's
+//! workers, each worker with an arena of its own for the programs it runs.
+
+use std::ffi::c_void;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use rayon::prelude::*;
+use tessel_plugin_api::abi::BackendError;
+use tessel_plugin_api::ir::Verified;
+use tessel_plugin_api::launch::LaunchAxis;
+
+use crate::cc::{KernelFn, Library};
+
+/// `tk_ctx` of `prelude.h`.
+#[repr(C)]
+pub struct Ctx {
+    args: *const *mut c_void,
+    grid: *const i64,
+    sgemm: extern "C" fn(i64, i64, i64, *mut f32, i64, i64, *const f32, i64, i64, *const f32, i64, i64, i32),
+    parallel_dot: i32,
+}
+
+/// A kernel compiled: its function, the arena a program needs, and the library holding it.
+pub struct Kernel {
+    /// The kernel as lowered (legalized).
+    pub verified: Verified,
+    func: KernelFn,
+    arena: usize,
+    _lib: Arc<Library>,
+}
+
+impl std::fmt::Debug for Kernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Kernel").field("name", &self.verified.name()).field("arena", &self.arena).finish()
+    }
+}
+
+impl Kernel {
+    pub(crate) fn new(verified: Verified, lib: Arc<Library>, name: &str, arena: usize) -> Result<Kernel, BackendError> {
+        Ok(Kernel { verified, func: lib.kernel(name)?, arena, _lib: lib })
+    }
+
+    /// Runs every program of `grid` on `args` (one pointer per argument in declaration order,
+    /// null for scratch; the caller keeps the memory alive and of the declared types and sizes).
+    pub fn run(&self, grid: &[LaunchAxis], args: &[*mut c_void]) -> Result<(), BackendError> {
+        let sizes: Vec<i64> = grid.iter().map(|a| a.size as i64).collect();
+        let parallel: Vec<usize> = (0..grid.len()).filter(|&n| !grid[n].seq).collect();
+        let programs: u64 = parallel.iter().map(|&n| grid[n].size).product();
+        if programs == 0 || grid.iter().any(|a| a.size == 0) {
+            return Ok(());
+        }
+        let threads = rayon::current_num_threads() as u64;
+        let ctx = Ctx {
+            args: args.as_ptr(),
+            grid: sizes.as_ptr(),
+            sgemm,
+            parallel_dot: i32::from(programs < threads),
+        };
+        let shared = Shared(&ctx);
+        let cancelled = AtomicBool::new(false);
+        let token = tessel_plugin_api::cancel::current();
+        let one = |arena: &mut Arena, p: u64| {
+            if cancelled.load(Ordering::Relaxed) {
+                return;
+            }
+            if token.as_ref().is_some_and(|t| t.is_cancelled()) {
+                cancelled.store(true, Ordering::Relaxed);
+                return;
+            }
+            let mut point = vec![0i64; grid.len()];
+            let mut rest = p;
+            for &n in parallel.iter().rev() {
+                point[n] = (rest % grid[n].size) as i64;
+                rest /= grid[n].size;
+            }
+            let ctx = shared.get();
+            // SAFETY: `func` is the kernel's C function, called with its context (every pointer in
+            // it alive for this call: `args`, `sizes`, `ctx` outlive the loop), a point of the
+            // grid, and an arena of the size the C was laid out for, 64-byte aligned, used by
+            // this worker alone.
+            #[allow(unsafe_code)]
+            unsafe {
+                (self.func)(ctx, point.as_ptr(), arena.ptr())
+            };
+        };
+        if programs == 1 {
+            one(&mut Arena::new(self.arena), 0);
+        } else {
+            (0..programs).into_par_iter().for_each_init(|| Arena::new(self.arena), |a, p| one(a, p));
+        }
+        if cancelled.load(Ordering::Relaxed) {
+            return Err(tessel_plugin_api::cancel::cancelled());
+        }
+        Ok(())
+    }
+}
+
+/// The context, shared by the workers (it only holds pointers to memory they read, and to
+/// outputs whose elements the programs write, each element by the program that owns it).
+struct Shared<'a>(&'a Ctx);
+// SAFETY: see `Shared`: the workers read the context; what its pointers reach is either read only
+// or written by programs at disjoint places (overlapping writes are the author's, as in Pallas).
+#[allow(unsafe_code)]
+unsafe impl Sync for Shared<'_> {}
+impl Shared<'_> {
+    fn get(&self) -> *const Ctx {
+        self.0
+    }
+}
+
+/// A worker's memory for block values and scratch: 64-byte aligned.
+struct Arena(Vec<u8>);
+
+impl Arena {
+    fn new(bytes: usize) -> Arena {
+        Arena(vec![0u8; bytes + 64])
+    }
+    fn ptr(&mut self) -> *mut u8 {
+        let p = self.0.as_mut_ptr();
+        p.wrapping_add(p.align_offset(64))
+    }
+}
+
+/// `dst = a b` through the `gemm` crate, for the C's float products.
+#[allow(clippy::too_many_arguments)]
+extern "C" fn sgemm(
+    m: i64,
+    n: i64,
+    k: i64,
+    dst: *mut f32,
+    drs: i64,
+    dcs: i64,
+    a: *const f32,
+    ars: i64,
+    acs: i64,
+    b: *const f32,
+    brs: i64,
+    bcs: i64,
+    parallel: i32,
+) {
+    let par = if parallel != 0 { gemm::Parallelism::Rayon(0) } else { gemm::Parallelism::None };
+    let (m, n, k) = (m as usize, n as usize, k as usize);
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        for i in 0..m {
+            for j in 0..n {
+                // SAFETY: (i, j) lies inside the m x n destination at its strides.
+                #[allow(unsafe_code)]
+                unsafe {
+                    *dst.offset(i as isize * drs as isize + j as isize * dcs as isize) = 0.0;
+                }
+            }
+        }
+        return;
+    }
+    let run = || {
+        // SAFETY: the C passes operands of m x k and k x n elements and a destination of m x n
+        // at these strides, all inside its arena (`emit/shape.rs`); the destination is written
+        // without being read (`read_dst` false).
+        #[allow(unsafe_code)]
+        unsafe {
+            gemm::gemm(
+                m, n, k, dst, dcs as isize, drs as isize, false, a, acs as isize, ars as isize, b, bcs as isize,
+                brs as isize, 0.0, 1.0, false, false, false, par,
+            );
+        }
+    };
+    // A panic must not cross into C: it would unwind through frames that cannot take it.
+    if std::panic::catch_unwind(run).is_err() {
+        std::process::abort();
+    }
+}
