@@ -163,10 +163,12 @@ impl Runtime {
     /// CPU, then a device emulated in software, which the multi-threaded interpreter outruns:
     /// `examples/matmul.tk` takes 9 ms on the interpreter and 320-400 ms on lavapipe). The
     /// unavailable come first, so that `auto`'s report says why each is not used before it names
-    /// the one chosen; ties keep the registry's name order.
+    /// the one chosen. Within a class a plugin ranks before a built-in: the built-in interpreter,
+    /// the reference, is the CPU's fallback, and a compiling CPU plugin (`tessel-cpu`) goes first.
+    /// Other ties keep the registry's name order.
     pub fn ranked(&self) -> Vec<(&Loaded, Availability)> {
         let mut v: Vec<(&Loaded, Availability)> = self.registry.backends.iter().map(|b| (b, b.backend.availability())).collect();
-        v.sort_by_key(|(_, a)| (a.available, a.class));
+        v.sort_by_key(|(b, a)| (a.available, a.class, b.source == crate::registry::Source::BuiltIn));
         v
     }
 

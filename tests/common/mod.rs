@@ -354,3 +354,18 @@ pub fn tessel_env(args: &[&str], envs: &[(&str, &str)]) -> Outcome {
         stderr: String::from_utf8(out.stderr).expect("utf-8"),
     }
 }
+
+/// The cpu backend's plugin (`libtessel_cpu.so`), built here, or `None` after a recorded skip
+/// where this machine has no C compiler for it (`TESSEL_REQUIRE_CC=1`, set by CI, makes that a
+/// failure).
+pub fn cpu_plugin(test: &str) -> Option<PathBuf> {
+    static BUILT: std::sync::Once = std::sync::Once::new();
+    BUILT.call_once(|| cargo_build(&["-p", "tessel-cpu"]));
+    let cc = std::env::var("CC").ok().filter(|c| !c.is_empty()).unwrap_or_else(|| "cc".into());
+    if !std::process::Command::new(&cc).arg("--version").output().is_ok_and(|o| o.status.success()) {
+        skip(test, &format!("the cpu backend needs a C compiler (`{cc}`)"), "TESSEL_REQUIRE_CC");
+        return None;
+    }
+    let lib = format!("{}tessel_cpu{}", std::env::consts::DLL_PREFIX, std::env::consts::DLL_SUFFIX);
+    Some(target_dir().join(lib))
+}

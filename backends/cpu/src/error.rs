@@ -28,14 +28,6 @@ pub enum Refusal {
         /// The kernel.
         kernel: String,
     },
-    /// A construct this backend does not compile yet.
-    #[error("`{what}` in kernel `{kernel}` is not compiled by the cpu backend")]
-    Construct {
-        /// The kernel.
-        kernel: String,
-        /// What it uses: `a gather index`, `a computed block index`.
-        what: String,
-    },
     /// A kept output in a launch of several kernels, which runs on fresh outputs.
     #[error("output `{name}` starts from given contents (an aliased input) in a launch of several kernels, which the cpu backend runs on fresh outputs")]
     KeptInSeveralKernels {
@@ -49,7 +41,7 @@ impl Refuse for Refusal {
         match self {
             Refusal::DeviceMesh { .. } => "pass a kernel mesh such as grid(...) or none".into(),
             Refusal::MeshKind { grid, .. } => format!("write {grid}"),
-            Refusal::Concurrent { .. } | Refusal::Construct { .. } => {
+            Refusal::Concurrent { .. } => {
                 "run it on the interpret backend (`--backend interpret`, or `auto`, which falls back to it)".into()
             }
             Refusal::KeptInSeveralKernels { .. } => "launch the kernel that keeps it on its own".into(),

@@ -22,7 +22,7 @@ use tessel_plugin_api::backend::{
     Artifact, Available, BackendImpl, Compiler, Launch, Options, SpecMesh, make_mesh_object, mesh_spec,
     verify_with_mesh,
 };
-use tessel_plugin_api::ir::{BlockIndex, DType, Index, Op, ParamKind, Type, Verified, analysis, legalize};
+use tessel_plugin_api::ir::{DType, ParamKind, Type, Verified, legalize};
 use tessel_plugin_api::launch::{self, LaunchError};
 use tessel_plugin_api::mesh::MeshSpec;
 
@@ -40,25 +40,11 @@ impl Cpu {
     }
 }
 
-/// Refuses what the C writer does not compile: the concurrent model, gathers and scatters,
-/// computed block indices.
+/// Refuses what the C writer does not compile: the concurrent model.
 fn check(v: &Verified) -> Result<(), BackendError> {
     let k = v.kernel();
     if k.is_concurrent() {
         return Err(Refusal::Concurrent { kernel: k.name.clone() }.into());
-    }
-    let construct = |what: &str| -> BackendError { Refusal::Construct { kernel: k.name.clone(), what: what.into() }.into() };
-    if k.params.iter().filter_map(|p| p.block.as_ref()).flat_map(|b| &b.index).any(|i| matches!(i, BlockIndex::Computed(_))) {
-        return Err(construct("a computed block index"));
-    }
-    let mut gather = false;
-    analysis::visit(&k.body, &mut |s| {
-        if let Op::Load { index: Some(ix), .. } | Op::Store { index: Some(ix), .. } = &s.op {
-            gather |= ix.iter().any(|i| matches!(i, Index::Gather { .. }));
-        }
-    });
-    if gather {
-        return Err(construct("a gather or scatter index"));
     }
     Ok(())
 }

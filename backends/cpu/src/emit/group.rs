@@ -17,9 +17,8 @@ use super::{Place, Writer, c};
 
 /// Whether `op` computes each element from the same element of its operands (or from memory).
 pub(super) fn elementwise(op: &Op) -> bool {
-    let no_gather = |ix: &Option<Vec<Index>>| !ix.iter().flatten().any(|i| matches!(i, Index::Gather { .. }));
     match op {
-        Op::Load { index, .. } | Op::Store { index, .. } => no_gather(index),
+        Op::Load { .. } | Op::Store { .. } => true,
         Op::Unary(..)
         | Op::Binary(..)
         | Op::Compare(..)
@@ -63,6 +62,8 @@ struct Access {
     range: Vec<(String, String)>,
     /// The array's dimensions.
     dims: Vec<usize>,
+    /// Whether an index vector places elements (their range is not known before the loop).
+    gathered: bool,
 }
 
 impl Access {
@@ -82,6 +83,9 @@ impl Access {
     }
 
     fn fast(&self) -> Vec<String> {
+        if self.gathered {
+            return vec!["0".into()];
+        }
         self.range.iter().zip(&self.dims).map(|((lo, hi), d)| format!("({lo}) >= 0 && ({hi}) < {d}")).collect()
     }
 }
@@ -97,12 +101,13 @@ impl<'v> Writer<'v, '_> {
     }
 
     /// The coordinates of a load's or store's elements over `shape`.
-    fn access(&self, name: &str, index: Option<&[Index]>, shape: &[usize]) -> Access {
+    fn access(&self, name: &str, index: Option<&[Index]>, shape: &[usize], temps: Option<&HashSet<ValueId>>) -> Access {
         let (n, p) = self.param(name);
         let dims = p.ty.shape.clone();
         let mut coords = Vec::new();
         let mut range = Vec::new();
         let mut k = 0;
+        let mut gathered = false;
         for d in 0..dims.len() {
             let origin = if p.block.is_some() { format!("o{n}_{d}") } else { "0".into() };
             let (rel, lo, hi) = match index.map(|ix| &ix[d]) {
@@ -121,12 +126,21 @@ impl<'v> Writer<'v, '_> {
                     let s = format!("(int64_t){}", self.scalar(at, DType::I32));
                     (s.clone(), s.clone(), s)
                 }
-                Some(Index::Gather { .. }) => unreachable!("plan: gathers are refused"),
+                // The index vector's element at this loop variable; its range is unknown, so
+                // a run with a gather always checks its bounds.
+                Some(Index::Gather { index, .. }) => {
+                    let Operand::Value(iv) = index else { unreachable!("verifier: an index vector is a value") };
+                    let id = self.id(iv);
+                    let e = if temps.is_some_and(|t| t.contains(&id)) { format!("t{}", id.index()) } else { format!("v{}[{}]", id.index(), var(k)) };
+                    k += 1;
+                    gathered = true;
+                    (format!("(int64_t){e}"), String::new(), String::new())
+                }
             };
             coords.push(format!("{origin} + {rel}"));
             range.push((format!("{origin} + {lo}"), format!("{origin} + {hi}")));
         }
-        Access { coords, range, dims }
+        Access { coords, range, dims, gathered }
     }
 
     /// The flat index of the iteration point in a value of `vshape`, broadcast over `shape`.
@@ -201,7 +215,7 @@ impl<'v> Writer<'v, '_> {
         let Op::Load { src, index, mask, other } = &s.op else { unreachable!() };
         let d = s.ty.as_ref().expect("verified").dtype;
         let (n, p) = self.param(src);
-        let a = self.access(src, index.as_deref(), &ctx.shape);
+        let a = self.access(src, index.as_deref(), &ctx.shape, Some(&ctx.temps));
         let read = if p.kind == ParamKind::Scratch {
             format!("a{n}[{}]", a.address())
         } else {
@@ -230,7 +244,7 @@ impl<'v> Writer<'v, '_> {
         let Op::Store { dst, index, value, mask } = &s.op else { unreachable!() };
         let (n, p) = self.param(dst);
         let d = p.ty.dtype;
-        let a = self.access(dst, index.as_deref(), &ctx.shape);
+        let a = self.access(dst, index.as_deref(), &ctx.shape, Some(&ctx.temps));
         let x = self.element(value, d, ctx);
         let x = if p.kind == ParamKind::Scratch { x } else { c::to_storage(d, &x) };
         let m = mask.as_ref().map(|m| self.element(&Operand::Value(m.clone()), DType::Bool, ctx));
@@ -329,7 +343,7 @@ impl<'v> Writer<'v, '_> {
         for s in members {
             match &s.op {
                 Op::Load { src: name, index, .. } | Op::Store { dst: name, index, .. } => {
-                    fast.extend(self.access(name, index.as_deref(), &shape).fast());
+                    fast.extend(self.access(name, index.as_deref(), &shape, None).fast());
                 }
                 _ => {}
             }

@@ -20,8 +20,11 @@ mod shape;
 use std::collections::HashMap;
 use std::fmt::Write as _;
 
+use tessel_plugin_api::ir::size::{SizeExpr, SizeOp};
+
 use tessel_plugin_api::ir::{
-    BlockIndex, DType, ForLoop, IfElse, Literal, Op, Operand, ParamKind, Stmt, Type, ValueId, Verified, analysis,
+    BlockIndex, DType, ForLoop, IfElse, Literal, Op, Operand, ParamKind, Stmt, Type, ValueId, Verified,
+    analysis,
 };
 
 pub use c::{compute, storage};
@@ -228,13 +231,69 @@ impl<'v, 'c> Writer<'v, 'c> {
         for (n, p) in k.params.iter().enumerate() {
             let Some(b) = &p.block else { continue };
             for (d, ix) in b.index.iter().enumerate() {
-                let BlockIndex::Affine(e) = ix else { unreachable!("plan: computed block indices refused") };
-                let mut expr = format!("(int64_t){}", e.constant);
-                for (coef, axis) in &e.terms {
-                    let g = axes.iter().position(|a| a == axis).expect("verifier: an axis of the grid");
-                    let _ = write!(expr, " + (int64_t){coef} * g{g}");
-                }
+                let expr = match ix {
+                    BlockIndex::Affine(e) => {
+                        let mut expr = format!("(int64_t){}", e.constant);
+                        for (coef, axis) in &e.terms {
+                            let g = axes.iter().position(|a| a == axis).expect("verifier: an axis of the grid");
+                            let _ = write!(expr, " + (int64_t){coef} * g{g}");
+                        }
+                        expr
+                    }
+                    // Brought into the array's blocks: negative counts from the end once, then
+                    // clamped (docs/language.md §2).
+                    BlockIndex::Computed(e) => {
+                        let blocks = p.ty.shape[d].div_ceil(b.shape[d].max(1)) as i64;
+                        let v = self.size_expr(e, &axes);
+                        format!("tk_iclamp({v}, {blocks})")
+                    }
+                };
                 self.line(format!("const int64_t o{n}_{d} = ({expr}) * (int64_t){};", b.shape[d]));
+            }
+        }
+    }
+
+    /// A computed block index in 32-bit two's complement (`IndexEval`'s arithmetic): reads of
+    /// integer inputs give 0 outside their arrays.
+    fn size_expr(&self, e: &SizeExpr, axes: &[&str]) -> String {
+        let go = |e: &SizeExpr| self.size_expr(e, axes);
+        let wrap = |op: &str, a: &SizeExpr, b: &SizeExpr| format!("(int32_t)((uint32_t)({}) {op} (uint32_t)({}))", go(a), go(b));
+        match e {
+            SizeExpr::Int(v) => format!("(int32_t){}", *v as i32),
+            SizeExpr::Name(n) => {
+                let g = axes.iter().position(|a| a == n).expect("verifier: a grid axis");
+                format!("(int32_t)g{g}")
+            }
+            SizeExpr::Neg(a) => format!("(int32_t)(0u - (uint32_t)({}))", go(a)),
+            SizeExpr::Bin(op, a, b) => match op {
+                SizeOp::Add => wrap("+", a, b),
+                SizeOp::Sub => wrap("-", a, b),
+                SizeOp::Mul => wrap("*", a, b),
+                SizeOp::Div => format!("tk_ifloordiv({}, {})", go(a), go(b)),
+                SizeOp::Rem => format!("tk_ifloormod({}, {})", go(a), go(b)),
+                SizeOp::Cdiv => format!("tk_icdiv({}, {})", go(a), go(b)),
+                SizeOp::Min => format!("tk_imin({}, {})", go(a), go(b)),
+                SizeOp::Max => format!("tk_imax({}, {})", go(a), go(b)),
+                SizeOp::Eq => format!("(int32_t)(({}) == ({}))", go(a), go(b)),
+                SizeOp::Ne => format!("(int32_t)(({}) != ({}))", go(a), go(b)),
+                SizeOp::Lt => format!("(int32_t)(({}) < ({}))", go(a), go(b)),
+                SizeOp::Le => format!("(int32_t)(({}) <= ({}))", go(a), go(b)),
+                SizeOp::Gt => format!("(int32_t)(({}) > ({}))", go(a), go(b)),
+                SizeOp::Ge => format!("(int32_t)(({}) >= ({}))", go(a), go(b)),
+            },
+            SizeExpr::Select(abc) => format!("(({}) != 0 ? ({}) : ({}))", go(&abc[0]), go(&abc[1]), go(&abc[2])),
+            SizeExpr::Read(name, ix) => {
+                let k = self.v.kernel();
+                let (n, p) = k.params.iter().enumerate().find(|(_, p)| p.name == *name).expect("verifier: an input");
+                let dims = &p.ty.shape;
+                let at: Vec<String> = ix.iter().map(go).collect();
+                let mut addr = "0".to_string();
+                let mut inside = vec!["1".to_string()];
+                for (d, i) in at.iter().enumerate() {
+                    addr = format!("({addr}) * {} + (int64_t)({i})", dims[d]);
+                    inside.push(format!("(uint64_t)(int64_t)({i}) < {}u", dims[d]));
+                }
+                format!("(({}) ? (int32_t)a{n}[{addr}] : 0)", inside.join(" && "))
             }
         }
     }

@@ -103,3 +103,13 @@ static inline int32_t tk_ifloormod(int32_t a, int32_t b) {
     int32_t r = a % b;
     return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
 }
+static inline int32_t tk_icdiv(int32_t a, int32_t b) {
+    return (int32_t)((uint32_t)tk_ifloordiv(a, b) + (uint32_t)(tk_ifloormod(a, b) != 0));
+}
+static inline int32_t tk_imin(int32_t a, int32_t b) { return a < b ? a : b; }
+static inline int32_t tk_imax(int32_t a, int32_t b) { return a > b ? a : b; }
+/* A computed block index brought into 0 ..= blocks - 1: negative counts from the end once. */
+static inline int64_t tk_iclamp(int32_t v, int64_t blocks) {
+    int64_t b = v < 0 ? (int64_t)v + blocks : (int64_t)v;
+    return b < 0 ? 0 : (b > blocks - 1 ? blocks - 1 : b);
+}

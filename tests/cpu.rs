@@ -1,0 +1,187 @@
+//! The cpu backend, loaded as a plugin (`libtessel_cpu.so`, never linked into the host): every
+//! kernel file against the interpreter on seeded inputs, the conformance suite, `auto` choosing
+//! it before the interpreter (and falling back to the interpreter for what it refuses), its
+//! refusals word for word, and compiled code taken from the disk cache by a second process.
+
+mod common;
+
+use std::path::Path;
+
+use common::*;
+
+/// The launch flags a kernel file needs (as `tests/wgpu.rs` gives them).
+fn launch_flags(path: &Path) -> Vec<String> {
+    let name = path.file_stem().unwrap().to_str().unwrap();
+    let mut args = Vec::new();
+    for k in tessel::load_file(path).unwrap_or_else(|e| panic!("{e}")) {
+        args.extend(["--kernel".to_string(), k.name().to_string()]);
+    }
+    match name {
+        "dyn_grid" => args.extend(["--grid".into(), "i=3".into()]),
+        "mesh_grid" => args.extend(["--mesh".into(), "grid(i: 4, j: 2)".into()]),
+        _ => {}
+    }
+    args
+}
+
+/// `tessel ARGS` with the plugin loaded and compiled code cached under `cache`.
+fn on_cpu(plugin: &Path, cache: &Path, args: &[String]) -> Outcome {
+    let mut a: Vec<&str> = args.iter().map(String::as_str).collect();
+    let p = plugin.display().to_string();
+    a.extend(["--plugin", &p]);
+    tessel_env(&a, &[("TESSEL_CACHE_DIR", &cache.display().to_string())])
+}
+
+#[test]
+fn every_kernel_agrees_with_the_interpreter_on_cpu() {
+    let Some(plugin) = cpu_plugin("cpu differential") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let cache = root().join("target/tessel-cache");
+    let (mut ran, mut refused) = (0, Vec::new());
+    for path in kernel_files() {
+        let name = path.file_stem().unwrap().to_str().unwrap().to_string();
+        for seed in ["1", "2"] {
+            let mut args = vec!["run".to_string(), path.display().to_string(), "--backend".into(), "cpu".into(), "--check".into()];
+            args.extend(["--seed".into(), seed.into(), "--out-dir".into(), dir.path().display().to_string()]);
+            args.extend(launch_flags(&path));
+            if !header_inputs(&path).is_empty() {
+                let kernel = tessel::load_file(&path).unwrap_or_else(|e| panic!("{e}")).remove(0);
+                for (input, a) in file_inputs(&path, &kernel, seed.parse().expect("a seed")) {
+                    let file = dir.path().join(format!("{name}-{input}.npy"));
+                    tessel::npy::write(&file, &a).expect("writes");
+                    args.extend(["--input".into(), format!("{input}={}", file.display())]);
+                }
+            }
+            let r = on_cpu(&plugin, &cache, &args);
+            if r.code == 1 && r.stderr.contains("which the cpu backend does not compile") {
+                refused.push(name.clone());
+                break;
+            }
+            assert_eq!(r.code, 0, "{name} (seed {seed}) on cpu:\n{}{}", r.stdout, r.stderr);
+            let checks: Vec<&str> = r.stdout.lines().filter(|l| l.trim_start().starts_with("check ")).collect();
+            assert!(!checks.is_empty() && checks.iter().all(|l| l.ends_with(": ok")), "{name}: {}", r.stdout);
+            ran += 1;
+        }
+    }
+    eprintln!("cpu: {ran} runs agree with the interpreter; refused (the concurrent model): {refused:?}");
+    assert!(ran >= 110, "{ran} runs");
+    assert!(refused.len() <= 2, "refused: {refused:?}");
+}
+
+#[test]
+fn the_conformance_suite_passes_on_cpu() {
+    let Some(plugin) = cpu_plugin("cpu conformance") else { return };
+    let cache = root().join("target/tessel-cache");
+    let r = on_cpu(&plugin, &cache, &["conformance".into(), "--backend".into(), "cpu".into()]);
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    let last = r.stdout.lines().last().unwrap_or_default();
+    assert!(last.ends_with("0 skipped, 0 failed"), "{}", r.stdout);
+}
+
+#[test]
+fn auto_takes_cpu_before_the_interpreter_and_the_interpreter_for_what_cpu_refuses() {
+    let Some(plugin) = cpu_plugin("cpu under auto") else { return };
+    let cache = root().join("target/tessel-cache");
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().display().to_string();
+    let add = root().join("examples/add.tk").display().to_string();
+    let r = on_cpu(&plugin, &cache, &["run".into(), add, "--explain".into(), "--out-dir".into(), out.clone()]);
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    let text = format!("{}{}", r.stdout, r.stderr);
+    assert!(text.contains("cpu: chosen"), "{text}");
+    // A kernel of the concurrent model: refused by cpu, run by the interpreter.
+    let handoff = root().join("tests/concurrent/handoff.tk").display().to_string();
+    let r = on_cpu(&plugin, &cache, &["run".into(), handoff, "--explain".into(), "--out-dir".into(), out]);
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    let text = format!("{}{}", r.stdout, r.stderr);
+    assert!(text.contains("cpu: skipped, refuses the launch: kernel `handoff` uses the concurrent model") && text.contains("interpret: chosen"), "{text}");
+}
+
+#[test]
+fn a_second_process_takes_the_compiled_kernel_from_the_disk_cache() {
+    let Some(plugin) = cpu_plugin("cpu disk cache") else { return };
+    let cache = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let args: Vec<String> = ["run", &root().join("examples/softmax.tk").display().to_string(), "--backend", "cpu"]
+        .iter()
+        .map(|s| s.to_string())
+        .chain(["--out-dir".into(), dir.path().display().to_string()])
+        .collect();
+    let libraries = || -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(cache.path().join("cpu"))
+            .map(|d| d.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+            .unwrap_or_default();
+        v.sort();
+        v
+    };
+    let first = on_cpu(&plugin, cache.path(), &args);
+    assert_eq!(first.code, 0, "{}{}", first.stdout, first.stderr);
+    let made = libraries();
+    assert_eq!(made.len(), 1, "one library, no temporary left: {made:?}");
+    assert!(made[0].ends_with(".so") || made[0].ends_with(".dylib"), "{made:?}");
+    let stamp = std::fs::metadata(cache.path().join("cpu").join(&made[0])).unwrap().modified().unwrap();
+    let second = on_cpu(&plugin, cache.path(), &args);
+    assert_eq!(second.code, 0, "{}{}", second.stdout, second.stderr);
+    assert_eq!(libraries(), made);
+    let again = std::fs::metadata(cache.path().join("cpu").join(&made[0])).unwrap().modified().unwrap();
+    assert_eq!(stamp, again, "the second process compiled again");
+    assert_eq!(std::fs::read(dir.path().join("o.npy")).ok().map(|b| b.len()).unwrap_or(0) > 0, true);
+}
+
+#[test]
+fn every_cpu_refusal_is_reached_with_its_words() {
+    use strum::IntoEnumIterator;
+    use tessel_cpu::error::RefusalKind as K;
+    let Some(plugin) = cpu_plugin("cpu refusals") else { return };
+    let cache = root().join("target/tessel-cache");
+    let add = root().join("examples/add.tk").display().to_string();
+    let handoff = root().join("tests/concurrent/handoff.tk").display().to_string();
+    let lower = |k: &str, flags: &[&str]| -> String {
+        let mut a: Vec<String> = ["lower", k, "--backend", "cpu"].iter().map(|s| s.to_string()).collect();
+        a.extend(flags.iter().map(|s| s.to_string()));
+        let r = on_cpu(&plugin, &cache, &a);
+        assert_eq!(r.code, 1, "{a:?} should be refused: {}{}", r.stdout, r.stderr);
+        r.stderr.strip_prefix("error: ").unwrap_or(&r.stderr).trim_end().to_string()
+    };
+    let mut seen = Vec::new();
+    for kind in K::iter() {
+        let (text, first) = match kind {
+            K::DeviceMesh => (
+                lower(&add, &["--mesh", "device(x: 2)"]),
+                "device(x: 2) describes devices for sharding, not a kernel's grid: the cpu backend runs one kernel on one CPU",
+            ),
+            K::MeshKind => {
+                let rt = tessel::Runtime::new(std::slice::from_ref(&plugin)).unwrap();
+                let e = rt.registry().get("cpu").unwrap().backend.make_mesh("wgpu(i: 8)".into()).into_result().err().expect("refused");
+                (e.message.to_string(), "the cpu backend makes `grid(...)` meshes, not `wgpu(...)`")
+            }
+            K::Concurrent => (
+                lower(&handoff, &[]),
+                "kernel `handoff` uses the concurrent model (threads, barriers, asynchronous copies), which the cpu backend does not compile",
+            ),
+            K::KeptInSeveralKernels => (
+                kept_in_two_kernels(&plugin).unwrap_err(),
+                "output `o` starts from given contents (an aliased input) in a launch of several kernels, which the cpu backend runs on fresh outputs",
+            ),
+        };
+        let (line, hint) = text.split_once('\n').unwrap_or((&text, ""));
+        assert_eq!(line, first, "{kind:?}");
+        assert!(hint.starts_with("  ") && hint.trim().len() > 10, "{kind:?}: {text:?}");
+        seen.push(kind);
+    }
+    assert_eq!(seen.len(), 4);
+}
+
+/// A kept output (an aliased input's buffer) in an in-place launch of two kernels.
+fn kept_in_two_kernels(plugin: &Path) -> Result<(), String> {
+    let rt = tessel::Runtime::new(&[plugin.to_path_buf()]).unwrap();
+    let text = "kernel a\n  out o: f32[8]\n{\n  %z = full 1.0 : f32[8]\n  store o, %z\n}\nkernel b\n  out p: f32[8]\n{\n  %z = full 2.0 : f32[8]\n  store p, %z\n}\n";
+    let kernels = tessel::load_source("two.tk", text).unwrap();
+    let calls: Vec<_> = kernels.iter().map(|k| tessel::KernelLaunch { kernel: k, mesh: None }).collect();
+    let ty = kernels[0].kernel().param("o").unwrap().ty.clone();
+    let (mut o, mut p) = (vec![0u8; 32], vec![0u8; 32]);
+    let mut place = tessel::InPlace::default();
+    place.outputs.insert("o".into(), tessel::BytesMut { ty: ty.clone(), bytes: &mut o, keep: true });
+    place.outputs.insert("p".into(), tessel::BytesMut { ty, bytes: &mut p, keep: false });
+    rt.run_in_place("cpu", &calls, &[], &mut place).map(drop).map_err(|e| e.to_string())
+}
