@@ -589,7 +589,12 @@ fn run_on(
 }
 
 fn check(exec: &str) {
-    let rt = tessel::Runtime::new(&[]).expect("runtime");
+    check_with(exec, &[]);
+}
+
+/// [`check`] with plugins loaded.
+fn check_with(exec: &str, plugins: &[std::path::PathBuf]) {
+    let rt = tessel::Runtime::new(plugins).expect("runtime");
     let mut failures = Vec::new();
     let mut checked = 0;
     for case in all_cases() {
@@ -640,6 +645,15 @@ fn wgpu_meets_the_reference_at_every_edge() {
     }
 }
 
+/// The cpu backend's C, compiled for this machine: held to the GPU backends' bounds (it writes the
+/// same accurate maths, `plugin-api/src/libm/`).
+#[test]
+fn cpu_meets_the_reference_at_every_edge() {
+    if let Some(plugin) = cpu_plugin("edge values on cpu") {
+        check_with("cpu", &[plugin]);
+    }
+}
+
 #[test]
 fn emulated_mosaic_ptx_meets_the_reference_at_every_edge() {
     check("mosaic-emu");
@@ -665,10 +679,14 @@ fn on_every_executor(
     args: &LaunchArgs,
     test: &str,
 ) -> Vec<(&'static str, Vec<(String, HostArray)>)> {
-    let rt = tessel::Runtime::new(&[]).expect("runtime");
+    let plugins: Vec<std::path::PathBuf> = cpu_plugin(test).into_iter().collect();
+    let rt = tessel::Runtime::new(&plugins).expect("runtime");
     let mut execs = vec!["interpret", "mosaic-emu"];
     if wgpu_adapter(test).is_some() {
         execs.push("wgpu");
+    }
+    if !plugins.is_empty() {
+        execs.push("cpu");
     }
     let call = [tessel::KernelLaunch { kernel, mesh: None }];
     execs

@@ -61,7 +61,7 @@ impl Spec {
     pub(crate) fn random_for(seed: u64, target: Target) -> Spec {
         let s = Spec::random(seed);
         match target {
-            Target::Wgpu => s,
+            Target::Wgpu | Target::Cpu => s,
             Target::MosaicEmulated => Spec { depth: s.depth, ..Spec::plain(seed) },
         }
     }

@@ -36,6 +36,8 @@ enum Target {
     Wgpu,
     /// The Mosaic GPU backend's PTX on the PTX emulator; threads in reverse order for odd seeds.
     MosaicEmulated,
+    /// The cpu backend's plugin (C compiled for this machine).
+    Cpu,
 }
 
 /// `Ok` if `target` agrees with the interpreter on the kernel, else what differs.
@@ -59,6 +61,7 @@ fn differ(rt: &Runtime, target: Target, text: &str, seed: u64) -> Result<(), Str
             Err(e) if e.to_string().contains("silently stops every loop") => return Ok(()),
             r => r.map_err(|e| format!("wgpu: {e}"))?,
         },
+        Target::Cpu => rt.launch("cpu", &call, &[], &args).map_err(|e| format!("cpu: {e}"))?,
         Target::MosaicEmulated => {
             let (_, ptx) =
                 rt.lower("mosaic-gpu", &call, &[], &Default::default()).map_err(|e| format!("mosaic-gpu: {e}"))?.remove(0);
@@ -116,7 +119,11 @@ fn run_random(rt: &Runtime, target: Target) -> (u64, u64, Vec<String>) {
             let why = differ(rt, target, &text, small.seed).err().unwrap_or(e);
             let dir = root().join("tests/in/regressions");
             std::fs::create_dir_all(&dir).unwrap();
-            let name = if target == Target::Wgpu { format!("random_{seed}") } else { format!("random_mosaic_{seed}") };
+            let name = match target {
+                Target::Wgpu => format!("random_{seed}"),
+                Target::MosaicEmulated => format!("random_mosaic_{seed}"),
+                Target::Cpu => format!("random_cpu_{seed}"),
+            };
             let path = dir.join(format!("{name}.tk"));
             let why_lines: String = why.lines().map(|l| format!("# {}\n", l.trim_end())).collect();
             std::fs::write(&path, format!("# found by tests/random_kernels/, shrunk:\n{why_lines}{text}")).unwrap();
@@ -133,6 +140,15 @@ fn random_kernels_agree_on_interpret_and_wgpu() {
     let (count, start, failures) = run_random(&rt, Target::Wgpu);
     eprintln!("{count} random kernels from seed {start} on {adapter}: {} disagreements", failures.len());
     assert!(failures.is_empty(), "wgpu disagrees with the interpreter:\n{}", failures.join("\n"));
+}
+
+#[test]
+fn random_kernels_agree_on_interpret_and_cpu() {
+    let Some(plugin) = cpu_plugin("random differential kernels on cpu") else { return };
+    let rt = Runtime::new(&[plugin]).unwrap();
+    let (count, start, failures) = run_random(&rt, Target::Cpu);
+    eprintln!("{count} random kernels from seed {start} on cpu: {} disagreements", failures.len());
+    assert!(failures.is_empty(), "cpu disagrees with the interpreter:\n{}", failures.join("\n"));
 }
 
 #[test]
