@@ -3,6 +3,7 @@ adapter is, a failure where TESSEL_REQUIRE_ADAPTER=1 and there is none), and `pl
 
 import importlib.util
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,13 +23,33 @@ needs_mpmd = pytest.mark.skipif(
 )
 
 
+def cpu_backend():
+    """["cpu"] where the cpu backend's plugin is built (TESSEL_TEST_LIBS) and this machine has a
+    C compiler for it, loaded once; else [] (TESSEL_REQUIRE_CC=1 makes no compiler a failure)."""
+    global _CPU
+    if _CPU is None:
+        lib = Path(os.environ.get("TESSEL_TEST_LIBS", "")) / "libtessel_cpu.so"
+        _CPU = []
+        if os.environ.get("TESSEL_TEST_LIBS") and lib.exists():
+            tessel.load_plugin(str(lib))
+            b = next(b for b in tessel.backends() if b["name"] == "cpu")
+            if b["available"]:
+                _CPU = ["cpu"]
+            elif os.environ.get("TESSEL_REQUIRE_CC") == "1":
+                pytest.fail(f"the cpu backend is required here but unavailable: {b['reason']}")
+    return _CPU
+
+
+_CPU = None
+
+
 def backends():
     b = next(b for b in tessel.backends() if b["name"] == "wgpu")
     if b["available"]:
-        return ["interpret", "wgpu"]
+        return ["interpret", "wgpu"] + cpu_backend()
     if os.environ.get("TESSEL_REQUIRE_ADAPTER") == "1":
         pytest.fail(f"wgpu is required here but unavailable: {b['reason']}")
-    return ["interpret"]
+    return ["interpret"] + cpu_backend()
 
 
 def call(body, out_shape, grid, in_specs, out_specs, interpret):

@@ -22,7 +22,7 @@ use tessel_plugin_api::backend::{
     Artifact, Available, BackendImpl, Compiler, Launch, Options, SpecMesh, make_mesh_object, mesh_spec,
     verify_with_mesh,
 };
-use tessel_plugin_api::ir::{DType, ParamKind, Type, Verified, legalize};
+use tessel_plugin_api::ir::{DType, ParamKind, Type, Verified, analysis, legalize};
 use tessel_plugin_api::launch::{self, LaunchError};
 use tessel_plugin_api::mesh::MeshSpec;
 
@@ -73,7 +73,7 @@ impl Compiler for CpuCompiler {
     /// The compiler and the machine its code is made for.
     fn options(&self) -> Options {
         match cc::toolchain() {
-            Ok(t) => Options::new().with("cc", &t.version).with("march", &t.machine),
+            Ok(t) => Options::new().with("cc", &t.version).with("march", &t.machine).with("cflags", t.extra.join(" ")),
             Err(_) => Options::new().with("cc", "none"),
         }
     }
@@ -149,6 +149,7 @@ impl CompiledLaunch {
         grid: &BTreeMap<String, u64>,
         inputs: &BTreeMap<String, DataRef<'_>>,
         outputs: &mut BTreeMap<String, &mut [u8]>,
+        kept: &std::collections::BTreeSet<String>,
     ) -> Result<(), BackendError> {
         let k = &self.kernels[n];
         let grid = launch::resolve_grid(&k.verified, grid).map_err(launch_error)?;
@@ -168,6 +169,11 @@ impl CompiledLaunch {
                     let out = outputs.get_mut(&p.name).ok_or_else(|| missing(&p.name))?;
                     if out.len() != bytes {
                         return Err(BackendError::new(ErrorKind::InvalidInput, format!("output `{}` has {} bytes, not the {bytes} of {}", p.name, out.len(), p.ty)));
+                    }
+                    // Outputs start as zeros (XLA's result buffers hold whatever they held),
+                    // unless kept, or every element is stored before anything could read it.
+                    if !kept.contains(&p.name) && !analysis::overwritten(k.verified.kernel(), &grid, p) {
+                        out.fill(0);
                     }
                     let align = (p.ty.dtype.bits() as usize / 8).max(1);
                     if (out.as_ptr() as usize) % align == 0 {
@@ -282,7 +288,7 @@ impl BackendImpl for Cpu {
         if compiled.kernels.len() != 1 {
             return None;
         }
-        Some(compiled.run_kernel(0, &launch.grid, inputs, outputs))
+        Some(compiled.run_kernel(0, &launch.grid, inputs, outputs, &launch.kept))
     }
 
     /// Runs the kernels in order; each sees the outputs of the ones before it.
@@ -306,7 +312,7 @@ impl BackendImpl for Cpu {
                     .filter_map(|p| buffers.get(&p.name).map(|a| (p.name.clone(), a.data.as_data_ref())))
                     .collect();
                 let mut outputs: BTreeMap<String, &mut [u8]> = words.iter_mut().map(|(n, w)| (n.clone(), w.as_mut_slice())).collect();
-                compiled.run_kernel(n, &launch.grid, &inputs, &mut outputs)?;
+                compiled.run_kernel(n, &launch.grid, &inputs, &mut outputs, &launch.kept)?;
             }
             for ((name, a), (_, w)) in outs.iter_mut().zip(&words) {
                 *a = HostArray::from_le_bytes(a.dtype(), &a.ty().shape, w).map_err(|e| BackendError::new(ErrorKind::Internal, e))?;

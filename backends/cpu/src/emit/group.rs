@@ -8,6 +8,7 @@
 //! a store through another index than the run's earlier accesses of that reference used: then
 //! every element sees the same memory it would statement by statement.
 
+use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
 
@@ -39,6 +40,17 @@ pub(super) struct Ctx {
     shape: Vec<usize>,
     temps: HashSet<ValueId>,
     checked: bool,
+    /// The buffer reads the loop body makes, each bound to a local before the statements
+    /// (`const float r3 = v12[i1];`): no element read sits inside a conditional expression, where
+    /// GCC 12 vectorizes it as a masked load and, in some loop nests, loads zeros (`-O3 -mavx2`;
+    /// `tests/cpu.rs` keeps the kernel that showed it).
+    reads: RefCell<Vec<(String, &'static str, String)>>,
+}
+
+impl Ctx {
+    fn new(shape: Vec<usize>, temps: HashSet<ValueId>, checked: bool) -> Ctx {
+        Ctx { shape, temps, checked, reads: RefCell::new(Vec::new()) }
+    }
 }
 
 /// The context of a scalar statement: no loop, bounds checked.
@@ -46,7 +58,7 @@ pub(super) struct Scalar;
 
 impl Scalar {
     pub(super) fn expr<'v>(&self, w: &mut Writer<'v, '_>, s: &'v Stmt) -> String {
-        let ctx = Ctx { shape: Vec::new(), temps: HashSet::new(), checked: true };
+        let ctx = Ctx::new(Vec::new(), HashSet::new(), true);
         match &s.op {
             Op::Load { .. } => w.load_expr(s, &ctx).1,
             _ => w.value_expr(s, &ctx),
@@ -168,7 +180,16 @@ impl<'v> Writer<'v, '_> {
             return format!("t{}", id.index());
         }
         match self.places.get(&id) {
-            Some(Place::Buffer) => format!("v{}[{}]", id.index(), self.index_in(&self.ty(id).shape, &ctx.shape)),
+            Some(Place::Buffer) => {
+                let read = format!("v{}[{}]", id.index(), self.index_in(&self.ty(id).shape, &ctx.shape));
+                let mut reads = ctx.reads.borrow_mut();
+                if let Some((name, ..)) = reads.iter().find(|(_, _, r)| *r == read) {
+                    return name.clone();
+                }
+                let name = format!("r{}", reads.len());
+                reads.push((name.clone(), c::compute(self.ty(id).dtype), read));
+                name
+            }
             _ => format!("v{}", id.index()),
         }
     }
@@ -224,11 +245,17 @@ impl<'v> Writer<'v, '_> {
         let other = self.lit(other.unwrap_or(Literal::Int(0)), d);
         let m = mask.as_ref().map(|m| self.element(&Operand::Value(m.clone()), DType::Bool, ctx));
         if ctx.checked {
+            // Read at element 0 where outside (the array is not empty: a loop runs), so that
+            // the read is not conditional; the selection then keeps `other`.
+            let inside = a.inside();
             let cond = match &m {
-                Some(m) => format!("{} && ({m})", a.inside()),
-                None => a.inside(),
+                Some(m) => format!("{inside} && ({m})"),
+                None => inside.clone(),
             };
-            return (None, format!("(({cond}) ? {read} : {other})"));
+            let clamped = format!("a{n}[({inside}) ? {} : 0]", a.address());
+            let read = if p.kind == ParamKind::Scratch { clamped } else { c::from_storage(d, &clamped) };
+            let l = format!("l{}", self.fresh_id());
+            return (Some(format!("const {} {l} = {read};", c::compute(d))), format!("(({cond}) ? {l} : {other})"));
         }
         match m {
             Some(m) => {
@@ -237,6 +264,11 @@ impl<'v> Writer<'v, '_> {
             }
             None => (None, read),
         }
+    }
+
+    fn fresh_id(&mut self) -> usize {
+        self.fresh += 1;
+        self.fresh
     }
 
     /// A store's line.
@@ -261,7 +293,7 @@ impl<'v> Writer<'v, '_> {
 
     /// A scalar store (every index single).
     pub(super) fn scalar_store(&mut self, s: &'v Stmt) {
-        let ctx = Ctx { shape: Vec::new(), temps: HashSet::new(), checked: true };
+        let ctx = Ctx::new(Vec::new(), HashSet::new(), true);
         let l = self.store_line(s, &ctx);
         self.line(l);
     }
@@ -350,18 +382,17 @@ impl<'v> Writer<'v, '_> {
         }
         let temps: HashSet<ValueId> = made.iter().copied().collect();
         if fast.is_empty() {
-            self.nest(members, &Ctx { shape, temps, checked: false }, &kept);
+            self.nest(members, &Ctx::new(shape, temps, false), &kept);
         } else {
             let flag = self.fresh("fast");
             self.line(format!("const int {flag} = {};", fast.join(" && ")));
             self.line(format!("if ({flag}) {{"));
             self.depth += 1;
-            let ctx = Ctx { shape, temps, checked: false };
-            self.nest(members, &ctx, &kept);
+            self.nest(members, &Ctx::new(shape.clone(), temps.clone(), false), &kept);
             self.depth -= 1;
             self.line("} else {");
             self.depth += 1;
-            self.nest(members, &Ctx { checked: true, ..ctx }, &kept);
+            self.nest(members, &Ctx::new(shape, temps, true), &kept);
             self.depth -= 1;
             self.line("}");
         }
@@ -390,19 +421,17 @@ impl<'v> Writer<'v, '_> {
             stride *= ctx.shape[k];
         }
         self.line(format!("const int64_t f = {flat}; (void)f;"));
+        let mut lines = Vec::new();
         for s in members {
             if let Op::Store { .. } = s.op {
-                let l = self.store_line(s, ctx);
-                self.line(l);
+                lines.push(self.store_line(s, ctx));
                 continue;
             }
             let id = self.id(&s.results[0]);
             let ct = c::compute(self.ty(id).dtype);
             let e = if let Op::Load { .. } = s.op {
                 let (pre, e) = self.load_expr(s, ctx);
-                if let Some(pre) = pre {
-                    self.line(pre);
-                }
+                lines.extend(pre);
                 e
             } else {
                 self.value_expr(s, ctx)
@@ -411,6 +440,12 @@ impl<'v> Writer<'v, '_> {
             if kept.contains(&id) {
                 let _ = write!(l, " v{}[f] = t{};", id.index(), id.index());
             }
+            lines.push(l);
+        }
+        for (name, ct, read) in ctx.reads.take() {
+            self.line(format!("const {ct} {name} = {read};"));
+        }
+        for l in lines {
             self.line(l);
         }
         for _ in 0..r {

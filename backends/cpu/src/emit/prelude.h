@@ -113,3 +113,16 @@ static inline int64_t tk_iclamp(int32_t v, int64_t blocks) {
     int64_t b = v < 0 ? (int64_t)v + blocks : (int64_t)v;
     return b < 0 ? 0 : (b > blocks - 1 ? blocks - 1 : b);
 }
+
+/* Eight lanes at a time, for row reductions (GCC's and Clang's vector extensions): each lane is
+ * one of the eight partial results, so the order of the operations is the scalar lanes' own. */
+typedef float tk_v8f __attribute__((vector_size(32)));
+typedef int32_t tk_v8i __attribute__((vector_size(32)));
+typedef uint32_t tk_v8u __attribute__((vector_size(32)));
+static inline tk_v8f tk_v8sel(tk_v8i m, tk_v8f a, tk_v8f b) { return (tk_v8f)(((tk_v8i)a & m) | ((tk_v8i)b & ~m)); }
+static inline tk_v8f tk_v8max(tk_v8f a, tk_v8f b) { return tk_v8sel(a > b, a, tk_v8sel(b >= a, b, a + b)); }
+static inline tk_v8f tk_v8min(tk_v8f a, tk_v8f b) { return tk_v8sel(a < b, a, tk_v8sel(b <= a, b, a + b)); }
+static inline tk_v8i tk_v8imax(tk_v8i a, tk_v8i b) { tk_v8i m = a > b; return (a & m) | (b & ~m); }
+static inline tk_v8i tk_v8imin(tk_v8i a, tk_v8i b) { tk_v8i m = a < b; return (a & m) | (b & ~m); }
+static inline tk_v8u tk_v8umax(tk_v8u a, tk_v8u b) { tk_v8u m = (tk_v8u)(a > b); return (a & m) | (b & ~m); }
+static inline tk_v8u tk_v8umin(tk_v8u a, tk_v8u b) { tk_v8u m = (tk_v8u)(a < b); return (a & m) | (b & ~m); }

@@ -175,10 +175,25 @@ impl<'v> Writer<'v, '_> {
         self.depth += 1;
         if inner == 1 {
             // Eight partial results, one lane each, combined pairwise at the end.
+            // The lanes as one vector while whole groups of eight remain.
+            let (vt, vop) = match (op, acc_t) {
+                (ReduceOp::Sum, "float") => ("tk_v8f", "{a} + {b}"),
+                (ReduceOp::Prod, "float") => ("tk_v8f", "{a} * {b}"),
+                (ReduceOp::Max, "float") => ("tk_v8f", "tk_v8max({a}, {b})"),
+                (ReduceOp::Min, "float") => ("tk_v8f", "tk_v8min({a}, {b})"),
+                (ReduceOp::Sum | ReduceOp::Prod, _) => ("tk_v8u", if op == ReduceOp::Sum { "{a} + {b}" } else { "{a} * {b}" }),
+                (ReduceOp::Max, "int32_t") => ("tk_v8i", "tk_v8imax({a}, {b})"),
+                (ReduceOp::Min, "int32_t") => ("tk_v8i", "tk_v8imin({a}, {b})"),
+                (ReduceOp::Max, _) => ("tk_v8u", "tk_v8umax({a}, {b})"),
+                (ReduceOp::Min, _) => ("tk_v8u", "tk_v8umin({a}, {b})"),
+            };
             self.line(format!("{acc_t} l[8] = {{{}}};", vec![init.as_str(); 8].join(", ")));
             self.line(format!("const {ct} *const row = {x} + o * {n};"));
             self.line("int64_t k = 0;");
-            self.line(format!("for (; k + 8 <= {n}; k += 8) for (int q = 0; q < 8; q++) l[q] = {};", combine("l[q]", "row[k + q]")));
+            self.line(format!("{vt} lv; memcpy(&lv, l, 32);"));
+            let step = vop.replace("{a}", "lv").replace("{b}", "xv");
+            self.line(format!("for (; k + 8 <= {n}; k += 8) {{ {vt} xv; memcpy(&xv, row + k, 32); lv = {step}; }}"));
+            self.line("memcpy(l, &lv, 32);");
             self.line(format!("for (; k < {n}; k++) l[0] = {};", combine("l[0]", "row[k]")));
             for (a, b) in [(0, 4), (1, 5), (2, 6), (3, 7), (0, 2), (1, 3), (0, 1)] {
                 self.line(format!("l[{a}] = {};", combine(&format!("l[{a}]"), &format!("l[{b}]"))));
