@@ -52,6 +52,13 @@ def backends():
     return ["interpret"] + cpu_backend()
 
 
+def concurrent_backends():
+    """The backends that run the Mosaic GPU model's kernels (threads, barriers, asynchronous
+    copies): every one of `backends()` but cpu, which refuses them (`auto` then takes the
+    interpreter; test_tessel.py checks both)."""
+    return [b for b in backends() if b != "cpu"]
+
+
 def call(body, out_shape, grid, in_specs, out_specs, interpret):
     return pl.pallas_call(body, out_shape=out_shape, grid=grid, in_specs=in_specs, out_specs=out_specs, interpret=interpret)
 

@@ -53,7 +53,9 @@ def test_a_cold_call_parses_once_per_side_verifies_once_per_backend_and_plans_on
     result, c = counted(lambda: k.run(backend="auto", **inputs))
     asked = [line.split(":")[0] for line in result.decisions if ": chosen (" in line or "refuses the launch" in line]
     assert asked, result.decisions
-    fresh = len([b for b in asked if b != "interpret"])
+    # A plugin counts in its own copy of the plugin API (its shared library), not the host's.
+    plugins = {b["name"] for b in tessel.backends() if b["source"] != "built-in"}
+    fresh = len([b for b in asked if b != "interpret" and b not in plugins])
     assert (c["verifies"], c["plans"]) == (fresh, fresh) and c["parses"] <= fresh, (c, result.decisions)
 
 

@@ -30,7 +30,7 @@ import tessel
 from jax.experimental import pallas as pl
 from tessel import pallas as tp
 
-from pallas_common import backends, needs_mpmd
+from pallas_common import concurrent_backends, needs_mpmd
 
 pytestmark = needs_mpmd
 plgpu = pytest.importorskip("jax.experimental.pallas.mosaic_gpu")
@@ -43,7 +43,7 @@ def assert_race(kernel, *args):
     assert any(s in str(e.value) for s in RACE), str(e.value)
 
 
-@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("backend", concurrent_backends())
 @pytest.mark.parametrize("num_threads", range(1, 17))
 def test_interpret_kernel(num_threads, backend):
     @functools.partial(plgpu.kernel, out_type=jax.ShapeDtypeStruct((num_threads,), jnp.int32),
@@ -55,7 +55,7 @@ def test_interpret_kernel(num_threads, backend):
     np.testing.assert_equal(tp.run(kernel, backend=backend), np.arange(num_threads))
 
 
-@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("backend", concurrent_backends())
 def test_layout_cast(backend):
     @functools.partial(plgpu.kernel, out_type=jax.ShapeDtypeStruct((128, 64), jnp.float32))
     def kernel(x_ref, o_ref):
@@ -65,7 +65,7 @@ def test_layout_cast(backend):
     np.testing.assert_array_equal(tp.run(kernel, x, backend=backend), x)
 
 
-@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("backend", concurrent_backends())
 def test_load(backend):
     @functools.partial(plgpu.kernel, out_type=jax.ShapeDtypeStruct((128, 64), jnp.float32),
                        scratch_types=dict(smem=plgpu.SMEM((128, 64), jnp.float32)))
@@ -94,7 +94,7 @@ def test_load_participates_in_race_detection():
     assert_race(kernel, jnp.arange(8, dtype=jnp.int32))
 
 
-@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("backend", concurrent_backends())
 @pytest.mark.parametrize("with_race", [False, True], ids=["ordered", "race"])
 def test_store_participates_in_race_detection(with_race, backend):
     def body(x_ref, o_ref, smem, barrier):
@@ -123,7 +123,7 @@ def test_store_participates_in_race_detection(with_race, backend):
     np.testing.assert_array_equal(tp.run(kernel, x, backend=backend), x)
 
 
-@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("backend", concurrent_backends())
 def test_transpose_ref(backend):
     @functools.partial(plgpu.kernel, out_type=jax.ShapeDtypeStruct((2, 64, 128), jnp.float32),
                        scratch_types=dict(smem=plgpu.SMEM((128, 64), jnp.float32)))
@@ -155,7 +155,7 @@ def _tiled(shape, dtype=jnp.float16):
     return plgpu.SMEM(shape, dtype, transforms=(plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128)))
 
 
-@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("backend", concurrent_backends())
 def test_transposed_slice_of_a_tiled_ref(backend):
     @functools.partial(plgpu.kernel, out_type=jax.ShapeDtypeStruct((128, 64), jnp.float16),
                        scratch_types=dict(smem=_tiled((2, 128, 64))))
@@ -167,7 +167,7 @@ def test_transposed_slice_of_a_tiled_ref(backend):
     np.testing.assert_array_equal(tp.run(kernel, x, backend=backend), np.asarray(x).T)
 
 
-@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("backend", concurrent_backends())
 def test_tiling_and_swizzle_transforms(backend):
     @functools.partial(
         plgpu.kernel, out_type=jax.ShapeDtypeStruct((128, 128), jnp.float16),
@@ -188,7 +188,7 @@ MATMUL_SPLITS = [(1, 1, 1), (2, 1, 2), (2, 2, 1), (4, 1, 4), (4, 2, 2), (4, 4, 1
 
 
 @pytest.mark.parametrize("backend,split", [("interpret", s) for s in MATMUL_SPLITS]
-                         + [("wgpu", s) for s in [(2, 1, 2), (16, 4, 4)] if "wgpu" in backends()],
+                         + [("wgpu", s) for s in [(2, 1, 2), (16, 4, 4)] if "wgpu" in concurrent_backends()],
                          ids=lambda v: v if isinstance(v, str) else "x".join(map(str, v)))
 def test_matmul_example(backend, split):
     """On wgpu the blocks (`x_ref[rows, :]`, up to f32[1024, 1024]) are past what it lowers in

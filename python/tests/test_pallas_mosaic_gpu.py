@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import tessel
 from tessel import pallas as tp
 
-from pallas_common import backends, needs_mpmd
+from pallas_common import concurrent_backends, needs_mpmd
 
 pytestmark = needs_mpmd
 
@@ -120,14 +120,14 @@ PAIRWISE = [(0, 0, 0, 0, 0), (0, 0, 0, 1, 1), (0, 1, 1, 0, 0), (0, 1, 1, 1, 1),
 
 @pytest.mark.parametrize("setting", PAIRWISE, ids=lambda s: "".join(map(str, s)))
 def test_hopper_matmul_runs_unchanged_on_wgpu(monkeypatch, setting):
-    if "wgpu" not in backends():
+    if "wgpu" not in concurrent_backends():
         pytest.skip("wgpu has no adapter here")
     d, c, g, w, t = setting
     dims = list(hm.MatmulDimension)
     _matmul(monkeypatch, "wgpu", [np.float16, jnp.bfloat16][d], bool(c), dims[g], dims[w], [1, 2][t])
 
 
-@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("backend", concurrent_backends())
 @pytest.mark.parametrize("dtype", [np.float16, jnp.bfloat16], ids=["f16", "bf16"])
 def test_hopper_mixed_type_matmul_equals_its_reference(monkeypatch, dtype, backend):
     config = hmx.TuningConfig(tile_m=64, tile_n=64, tile_k=32, max_concurrent_steps=2, epi_tile_m=32, epi_tile_n=32)
@@ -142,7 +142,7 @@ def _qkv(dtype, seq=128, heads=2, head_dim=64):
     return [RNG.standard_normal((1, seq, heads, head_dim)).astype(dtype) for _ in range(3)]
 
 
-@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("backend", concurrent_backends())
 @pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])
 def test_attention_forward_equals_its_reference(monkeypatch, cuda_version, causal, backend):
     config = am.TuningConfig(block_q=64, block_kv=64, max_concurrent_steps=2, causal=causal)
@@ -151,7 +151,7 @@ def test_attention_forward_equals_its_reference(monkeypatch, cuda_version, causa
     close(got, am.attention_reference(q, k, v, causal=causal), np.float16, f"attention_mgpu on {backend}")
 
 
-@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("backend", concurrent_backends())
 def test_attention_with_the_pipeline_emitter_equals_its_reference(monkeypatch, cuda_version, backend):
     config = am.TuningConfig(block_q=64, block_kv=64, max_concurrent_steps=2)
     # f16: the op casts its probabilities to f16 whatever the inputs (a bf16 run fails in JAX).
@@ -161,7 +161,7 @@ def test_attention_with_the_pipeline_emitter_equals_its_reference(monkeypatch, c
     close(got, am.attention_reference(q, k, v), np.float16, f"attention_with_pipeline_emitter on {backend}")
 
 
-@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("backend", concurrent_backends())
 def test_attention_gradients_through_its_backward_kernels_equal_the_reference(monkeypatch, cuda_version, backend):
     config = am.TuningConfig(block_q=64, block_kv=64, max_concurrent_steps=2,
                              block_q_dkv=64, block_kv_dkv=64, block_q_dq=64, block_kv_dq=64)
@@ -184,7 +184,7 @@ def _groups(m, sizes):
     return np.array(sizes, np.int32)
 
 
-@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("backend", concurrent_backends())
 @pytest.mark.parametrize("transpose_rhs", [False, True], ids=["rhs", "rhs^T"])
 def test_ragged_dot_equals_a_product_per_group(monkeypatch, transpose_rhs, backend):
     lhs = RNG.standard_normal((256, 128)).astype(np.float16)
@@ -201,7 +201,7 @@ def test_ragged_dot_equals_a_product_per_group(monkeypatch, transpose_rhs, backe
     close(got, want.astype(np.float16), np.float16, f"ragged_dot_mgpu on {backend}")
 
 
-@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("backend", concurrent_backends())
 def test_transposed_ragged_dot_equals_its_reference(monkeypatch, backend):
     lhs = RNG.standard_normal((256, 128)).astype(np.float16)
     rhs = RNG.standard_normal((256, 128)).astype(np.float16)

@@ -34,7 +34,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from tessel import pallas as tp
 
-from pallas_common import backends, needs_mpmd
+from pallas_common import concurrent_backends, needs_mpmd
 from mgpu_port_common import RNG, elementwise, fori_loop
 
 pytestmark = needs_mpmd
@@ -51,7 +51,7 @@ UNARY = {
 }
 
 
-@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("backend", concurrent_backends())
 @pytest.mark.parametrize("op", list(UNARY))
 def test_unary_op(op, backend):
     x = np.arange(256, dtype=np.float32)
@@ -59,7 +59,7 @@ def test_unary_op(op, backend):
     np.testing.assert_allclose(got, np.asarray(jax.jit(UNARY[op])(x)), rtol=1e-5)
 
 
-@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("backend", concurrent_backends())
 @pytest.mark.parametrize("op", ["bitwise_not", "clz"])
 def test_unary_integer_op(op, backend):
     f = {"bitwise_not": lax.bitwise_not, "clz": lax.clz}[op]
@@ -68,7 +68,7 @@ def test_unary_integer_op(op, backend):
     np.testing.assert_array_equal(got, np.asarray(jax.jit(f)(x)))
 
 
-@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("backend", concurrent_backends())
 @pytest.mark.parametrize("dtype", [np.float32, np.int32, np.uint32])
 def test_sign(dtype, backend):
     x = (np.arange(256) - 128).astype(dtype)
@@ -83,7 +83,7 @@ BINARY = {
 }
 
 
-@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("backend", concurrent_backends())
 @pytest.mark.parametrize("op,dtype", [(op, d) for op in BINARY for d in (np.float32, np.int32, np.uint32)
                                       if not (op.startswith("sh") and d == np.float32)])  # no shifts of floats
 def test_binary_op(op, dtype, backend):
@@ -100,7 +100,7 @@ def test_binary_op(op, dtype, backend):
     np.testing.assert_array_equal(got, np.asarray(jax.jit(BINARY[op])(x, y)))
 
 
-@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("backend", concurrent_backends())
 def test_lax_div_int_rounding(backend):
     x = RNG.integers(-100, 100, 256).astype(np.int32)
     y = (RNG.integers(1, 10, 256) * RNG.choice([-1, 1], 256)).astype(np.int32)
@@ -108,7 +108,7 @@ def test_lax_div_int_rounding(backend):
     np.testing.assert_array_equal(got, np.asarray(jax.jit(lax.div)(x, y)))
 
 
-@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("backend", concurrent_backends())
 @pytest.mark.parametrize("dtype", [np.float32, np.int32, np.uint32])
 @pytest.mark.parametrize("op", ["eq", "ne", "lt", "le", "gt", "ge"])
 def test_comparison_op(op, dtype, backend):
@@ -121,7 +121,7 @@ def test_comparison_op(op, dtype, backend):
     np.testing.assert_array_equal(got, np.full(256, getattr(operator, op)(42, 24), dtype))
 
 
-@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("backend", concurrent_backends())
 @pytest.mark.parametrize("dtype", [np.float32, np.int32, np.uint32])
 def test_iota(dtype, backend):
     def kernel(o_ref):
@@ -131,7 +131,7 @@ def test_iota(dtype, backend):
     np.testing.assert_array_equal(got, np.broadcast_to(np.arange(128, dtype=dtype), (128, 128)))
 
 
-@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("backend", concurrent_backends())
 @pytest.mark.parametrize("pair", [(np.float16, np.float16), (np.int16, jnp.bfloat16), (np.int16, np.float16),
                                   (np.uint16, np.float16), (np.float32, np.int32), (np.float32, np.uint32),
                                   (np.uint32, np.int32), (np.int32, np.uint32)], ids=str)
@@ -143,14 +143,14 @@ def test_bitcast_convert_type(pair, backend):
     np.testing.assert_array_equal(np.asarray(got), np.asarray(jax.jit(f)(x)))
 
 
-@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("backend", concurrent_backends())
 def test_optimization_barrier(backend):
     x = np.arange(128, dtype=np.float32)
     got = elementwise(lax.optimization_barrier, jax.ShapeDtypeStruct((128,), jnp.float32), x, backend=backend)
     np.testing.assert_array_equal(got, x)
 
 
-@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("backend", concurrent_backends())
 def test_optimization_barrier_multiple_inputs(backend):
     x = np.arange(128, dtype=np.float32)
     got = elementwise(lambda a, b: operator.add(*lax.optimization_barrier([a, b])),
@@ -160,7 +160,7 @@ def test_optimization_barrier_multiple_inputs(backend):
 
 # 2. Control flow, grids and indices.
 
-@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("backend", concurrent_backends())
 @pytest.mark.parametrize("force_while", [False, True])
 def test_fori_loop_array(force_while, backend):
     x = np.arange(256, dtype=np.int32)
@@ -169,7 +169,7 @@ def test_fori_loop_array(force_while, backend):
     np.testing.assert_array_equal(got, x + 2 + 3)
 
 
-@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("backend", concurrent_backends())
 @pytest.mark.parametrize("unroll", [1, 2, 4])
 def test_fori_loop_array_unrolled(unroll, backend):
     x = np.arange(256, dtype=np.int32)
@@ -178,7 +178,7 @@ def test_fori_loop_array_unrolled(unroll, backend):
     np.testing.assert_array_equal(got, x + 2 + 3 + 4 + 5)
 
 
-@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("backend", concurrent_backends())
 @pytest.mark.parametrize("force_while", [False, True])
 def test_fori_loop_tuple(force_while, backend):
     def kernel(o_ref):
@@ -191,7 +191,7 @@ def test_fori_loop_tuple(force_while, backend):
     np.testing.assert_array_equal(got, np.full(256, 3, np.int32))
 
 
-@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("backend", concurrent_backends())
 @pytest.mark.parametrize("force_while", [False, True])
 def test_fori_loop_indexed_store(force_while, backend):
     def kernel(x_ref, y_ref, o_ref):
@@ -206,7 +206,7 @@ def test_fori_loop_indexed_store(force_while, backend):
     np.testing.assert_array_equal(got, x + y)
 
 
-@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("backend", concurrent_backends())
 def test_while_loop(backend):
     def kernel(x_ref, o_ref):
         o_ref[...] = jnp.zeros(o_ref.shape, dtype=jnp.int32)
@@ -222,7 +222,7 @@ def test_while_loop(backend):
     np.testing.assert_array_equal(got, np.full(128, 10, np.int32))
 
 
-@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("backend", concurrent_backends())
 def test_run_scoped(backend):
     def kernel(x_ref, o_ref):
         def body(tmp_ref):
@@ -236,7 +236,7 @@ def test_run_scoped(backend):
     np.testing.assert_array_equal(got, x + 1)
 
 
-@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("backend", concurrent_backends())
 def test_program_id(backend):
     def kernel(o_ref):
         i = lax.axis_index("g")
@@ -246,7 +246,7 @@ def test_program_id(backend):
     np.testing.assert_array_equal(tp.run(kernel, backend=backend), np.repeat(np.arange(2, dtype=np.int32), 128))
 
 
-@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("backend", concurrent_backends())
 def test_program_id_in_squashed_grid(backend):
     grid, names = (2, 3, 4, 5), ("a", "b", "c", "d")
 
@@ -260,7 +260,7 @@ def test_program_id_in_squashed_grid(backend):
     np.testing.assert_array_equal(tp.run(kernel, backend=backend), want)
 
 
-@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("backend", concurrent_backends())
 def test_multiple_wg(backend):
     def kernel(o_ref):
         wg = lax.axis_index("wg")
@@ -270,7 +270,7 @@ def test_multiple_wg(backend):
     np.testing.assert_array_equal(tp.run(kernel, backend=backend), np.repeat(np.arange(2), 128).reshape(2, 128))
 
 
-@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("backend", concurrent_backends())
 def test_multiple_wg_with_grid(backend):
     def kernel(o_ref):
         xi, yi, wg = lax.axis_index("x"), lax.axis_index("y"), lax.axis_index("wg")
@@ -283,7 +283,7 @@ def test_multiple_wg_with_grid(backend):
     np.testing.assert_array_equal(tp.run(kernel, backend=backend), want)
 
 
-@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("backend", concurrent_backends())
 def test_cond_returning_array(backend):
     def kernel(x_ref, o_ref):
         total = jnp.sum(x_ref[...], dtype=jnp.int32)
@@ -295,7 +295,7 @@ def test_cond_returning_array(backend):
     np.testing.assert_array_equal(got, np.full(256, x.sum() * 3, np.int32))
 
 
-@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("backend", concurrent_backends())
 def test_cross_wg_barrier(backend):
     def kernel(o_ref, barrier):
         plgpu.barrier_arrive(barrier)
@@ -308,7 +308,7 @@ def test_cross_wg_barrier(backend):
     np.testing.assert_array_equal(tp.run(kernel, backend=backend), np.repeat([0, 1], 128).reshape(2, 128))
 
 
-@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("backend", concurrent_backends())
 def test_tile_slicing(backend):
     def kernel(x_ref, o_ref):
         def sum_tiles(row, acc):
@@ -326,7 +326,7 @@ def test_tile_slicing(backend):
 
 # 3. Copies between global and shared memory, barriers.
 
-@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("backend", concurrent_backends())
 @pytest.mark.parametrize("indexer", [..., slice(128), slice(None, 128)], ids=["all", "first", "first_none"])
 def test_copy_smem_to_gmem(indexer, backend):
     def kernel(x_ref, o_ref, scratch_ref):
@@ -341,7 +341,7 @@ def test_copy_smem_to_gmem(indexer, backend):
     np.testing.assert_array_equal(tp.run(kernel, x, backend=backend)[indexer], x[indexer] + 1)
 
 
-@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("backend", concurrent_backends())
 def test_copy_smem_to_gmem_explicit_commit_group(backend):
     def kernel(x_ref, o_ref, scratch_ref):
         scratch_ref[...] = x_ref[...] + 1
@@ -356,7 +356,7 @@ def test_copy_smem_to_gmem_explicit_commit_group(backend):
     np.testing.assert_array_equal(tp.run(kernel, x, backend=backend), x + 1)
 
 
-@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("backend", concurrent_backends())
 @pytest.mark.parametrize("indexer", [..., slice(128), slice(None, 128)], ids=["all", "first", "first_none"])
 def test_copy_gmem_to_smem(indexer, backend):
     def kernel(x_ref, o_ref, scratch_ref, barrier_ref):
@@ -370,7 +370,7 @@ def test_copy_gmem_to_smem(indexer, backend):
     np.testing.assert_array_equal(tp.run(kernel, x, backend=backend)[indexer], x[indexer] + 1)
 
 
-@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("backend", concurrent_backends())
 @pytest.mark.parametrize("at", [0, 1, 2, 3])
 def test_copy_gmem_to_smem_with_indexed_barrier(at, backend):
     def kernel(x_ref, o_ref, scratch_ref, barrier_ref):
@@ -384,7 +384,7 @@ def test_copy_gmem_to_smem_with_indexed_barrier(at, backend):
     np.testing.assert_array_equal(tp.run(kernel, x, backend=backend), x + 1)
 
 
-@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("backend", concurrent_backends())
 def test_copy_gmem_to_smem_in_run_scoped(backend):
     def kernel(x_ref, o_ref):
         def outer(barrier):
@@ -402,7 +402,7 @@ def test_copy_gmem_to_smem_in_run_scoped(backend):
                                          x, backend=backend), x + 1)
 
 
-@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("backend", concurrent_backends())
 @pytest.mark.parametrize("tiles", [((1, 32), 128), ((8, 32), 128), None], ids=["tile1x32", "tile8x32", "none"])
 def test_get_swap_with_transforms(tiles, backend):
     ts = (plgpu.TilingTransform(tiles[0]), plgpu.SwizzleTransform(tiles[1])) if tiles else ()
@@ -421,7 +421,7 @@ def test_get_swap_with_transforms(tiles, backend):
     np.testing.assert_array_equal(tp.run(kernel, x, backend=backend), x * 2)
 
 
-@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("backend", concurrent_backends())
 def test_stage3(backend):
     rows, cols = 64, 128
 
@@ -442,7 +442,7 @@ def test_stage3(backend):
     np.testing.assert_allclose(tp.run(kernel, x, x, backend=backend), x + x)
 
 
-@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("backend", concurrent_backends())
 def test_manual_double_buffer(backend):
     """The original's `PipelineTest.test_manual`: two stages refilled by hand."""
     stages, steps = 2, 4
@@ -479,7 +479,7 @@ def test_manual_double_buffer(backend):
     np.testing.assert_array_equal(tp.run(kernel, x, backend=backend), x + 1)
 
 
-@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("backend", concurrent_backends())
 def test_barrier_repeated_indexing(backend):
     def kernel(o_ref, barrier_ref):
         plgpu.barrier_arrive(barrier_ref.at[2:4].at[1:2])
@@ -498,7 +498,7 @@ GMEM_INDEXERS = {
 }
 
 
-@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("backend", concurrent_backends())
 @pytest.mark.parametrize("case", list(GMEM_INDEXERS))
 def test_copy_smem_to_gmem_with_multiple_gmem_indexers(case, backend):
     shape, indexers = GMEM_INDEXERS[case]
@@ -521,7 +521,7 @@ def test_copy_smem_to_gmem_with_multiple_gmem_indexers(case, backend):
     np.testing.assert_array_equal(got, want)
 
 
-@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("backend", concurrent_backends())
 @pytest.mark.parametrize("case", list(GMEM_INDEXERS))
 def test_copy_gmem_to_smem_with_multiple_gmem_indexers(case, backend):
     shape, indexers = GMEM_INDEXERS[case]
@@ -543,7 +543,7 @@ def test_copy_gmem_to_smem_with_multiple_gmem_indexers(case, backend):
     np.testing.assert_array_equal(got, want)
 
 
-@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("backend", concurrent_backends())
 def test_gmem_to_smem_with_multiple_smem_indexers(backend):
     def kernel(x_ref, o_ref, scratch_ref, barrier_ref):
         plgpu.copy_gmem_to_smem(x_ref, scratch_ref, barrier_ref)
@@ -559,7 +559,7 @@ def test_gmem_to_smem_with_multiple_smem_indexers(backend):
 
 # 6. Reductions and layouts.
 
-@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("backend", concurrent_backends())
 @pytest.mark.parametrize("dtype", [np.float32, np.int32, np.uint32])
 @pytest.mark.parametrize("shape", [(128,), (128, 64)], ids=str)
 @pytest.mark.parametrize("op", ["sum", "max", "min"])
@@ -577,7 +577,7 @@ def test_scalar_reduce(op, shape, dtype, backend):
     np.testing.assert_array_equal(got, np.asarray(jax.jit(f)(x)))
 
 
-@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("backend", concurrent_backends())
 def test_add_doubled_sum(backend):
     x = np.arange(128, dtype=np.float32)
     got = elementwise(lambda v: v + jnp.sum(v) + jnp.sum(v), jax.ShapeDtypeStruct((128,), jnp.float32), x,
@@ -585,7 +585,7 @@ def test_add_doubled_sum(backend):
     np.testing.assert_array_equal(got, x + 2 * x.sum())
 
 
-@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("backend", concurrent_backends())
 @pytest.mark.parametrize("factor", [0.001, 1, 10, 100])
 def test_layer_norm(factor, backend):
     def norm(x):
@@ -599,7 +599,7 @@ def test_layer_norm(factor, backend):
     np.testing.assert_allclose(got, centered / np.sqrt((centered ** 2).mean() + 1e-5), rtol=6e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("backend", concurrent_backends())
 def test_layout_cast(backend):
     def kernel(o_ref):
         o_ref[...] = plgpu.layout_cast(jnp.full(o_ref.shape, 42.0, jnp.float32), plgpu.Layout.WGMMA)
@@ -608,7 +608,7 @@ def test_layout_cast(backend):
     np.testing.assert_array_equal(got, np.full((256, 64), 42.0, np.float32))
 
 
-@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("backend", concurrent_backends())
 @pytest.mark.parametrize("axis", [0, 1])
 def test_broadcast_in_dim(axis, backend):
     def kernel(x_ref, o_ref):

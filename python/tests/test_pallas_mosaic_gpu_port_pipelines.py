@@ -12,7 +12,7 @@ from jax.experimental import pallas as pl
 import tessel
 from tessel import pallas as tp
 
-from pallas_common import backends, needs_mpmd
+from pallas_common import concurrent_backends, needs_mpmd
 from mgpu_port_common import RNG, staged, transforms, uniform
 
 pytestmark = needs_mpmd
@@ -21,7 +21,7 @@ plgpu = pytest.importorskip("jax.experimental.pallas.mosaic_gpu")
 
 # 4. Pipelines.
 
-@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("backend", concurrent_backends())
 @pytest.mark.parametrize("swizzled", [False, True])
 @pytest.mark.parametrize("repeats", [1, 3])
 def test_emit(swizzled, repeats, backend):
@@ -40,7 +40,7 @@ def test_emit(swizzled, repeats, backend):
     np.testing.assert_array_equal(tp.run(kernel, x, backend=backend), x + 1)
 
 
-@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("backend", concurrent_backends())
 def test_emit_with_parallel_grid(backend):
     def body(_, x_smem, o_smem):
         o_smem[...] = x_smem[...] + 1.0
@@ -55,7 +55,7 @@ def test_emit_with_parallel_grid(backend):
     np.testing.assert_array_equal(tp.run(kernel, x, backend=backend), x + 1)
 
 
-@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("backend", concurrent_backends())
 def test_emit_with_carry(backend):
     def body(_, o_smem, carry):
         o_smem[...] = lax.broadcast(carry, o_smem.shape)
@@ -69,7 +69,7 @@ def test_emit_with_carry(backend):
     np.testing.assert_array_equal(tp.run(kernel, backend=backend), np.tile(np.repeat(np.arange(4), 64), (64, 1)))
 
 
-@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("backend", concurrent_backends())
 def test_stage4(backend):
     rows, cols = 64, 32
 
@@ -88,7 +88,7 @@ def test_stage4(backend):
     np.testing.assert_allclose(tp.run(kernel, x, x, backend=backend), x + x)
 
 
-@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("backend", concurrent_backends())
 def test_emit_with_no_output(backend):
     m, n = 16, 128
 
@@ -110,7 +110,7 @@ def test_emit_with_no_output(backend):
     np.testing.assert_allclose(got, x.sum(0, keepdims=True), rtol=1e-6)
 
 
-@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("backend", concurrent_backends())
 def test_emit_with_2d_grid(backend):
     def body(_, x_smem, o_smem):
         o_smem[...] = x_smem[...] + 1.0
@@ -274,7 +274,7 @@ def test_pipelined_matmul():
 # 7. The warp-specialized pipeline (`emit_pipeline_warp_specialized`): a memory warpgroup
 # copies, the compute warpgroups consume. On wgpu the warpgroups are scheduled as one thread.
 
-@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("backend", concurrent_backends())
 @pytest.mark.parametrize("manual", [False, True], ids=["auto_release", "manual_release"])
 @pytest.mark.parametrize("static", [False, True], ids=["dynamic_grid", "static_grid"])
 def test_warp_specialized_elementwise_add(static, manual, backend):

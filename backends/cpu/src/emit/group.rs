@@ -57,11 +57,12 @@ impl Ctx {
 pub(super) struct Scalar;
 
 impl Scalar {
-    pub(super) fn expr<'v>(&self, w: &mut Writer<'v, '_>, s: &'v Stmt) -> String {
+    /// A line that reads memory first (a load's), and the statement's expression.
+    pub(super) fn expr<'v>(&self, w: &mut Writer<'v, '_>, s: &'v Stmt) -> (Option<String>, String) {
         let ctx = Ctx::new(Vec::new(), HashSet::new(), true);
         match &s.op {
-            Op::Load { .. } => w.load_expr(s, &ctx).1,
-            _ => w.value_expr(s, &ctx),
+            Op::Load { .. } => w.load_expr(s, &ctx),
+            _ => (None, w.value_expr(s, &ctx)),
         }
     }
 }

@@ -481,7 +481,10 @@ impl<'v, 'c> Writer<'v, 'c> {
     /// A scalar statement: a C local.
     fn scalar_stmt(&mut self, s: &'v Stmt) {
         let id = self.id(&s.results[0]);
-        let e = group::Scalar.expr(self, s);
+        let (pre, e) = group::Scalar.expr(self, s);
+        if let Some(pre) = pre {
+            self.line(pre);
+        }
         let ct = c::compute(self.ty(id).dtype);
         self.line(format!("const {ct} v{} = {e};", id.index()));
         self.places.insert(id, Place::Local);
