@@ -79,8 +79,9 @@ pub struct Library {
     pub path: PathBuf,
 }
 
-/// A generated kernel function: `void tk_kN(const tk_ctx *, const int64_t *point, char *arena)`.
-pub type KernelFn = unsafe extern "C" fn(*const crate::run::Ctx, *const i64, *mut u8);
+/// A generated kernel function: `void tk_kN(const tk_ctx *, int64_t begin, int64_t end, char
+/// *arena)`, running programs `begin..end`.
+pub type KernelFn = unsafe extern "C" fn(*const crate::run::Ctx, i64, i64, *mut u8);
 
 impl Library {
     /// The kernel function called `name`.

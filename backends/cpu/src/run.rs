@@ -45,8 +45,7 @@ impl Kernel {
     /// null for scratch; the caller keeps the memory alive and of the declared types and sizes).
     pub fn run(&self, grid: &[LaunchAxis], args: &[*mut c_void]) -> Result<(), BackendError> {
         let sizes: Vec<i64> = grid.iter().map(|a| a.size as i64).collect();
-        let parallel: Vec<usize> = (0..grid.len()).filter(|&n| !grid[n].seq).collect();
-        let programs: u64 = parallel.iter().map(|&n| grid[n].size).product();
+        let programs: u64 = grid.iter().filter(|a| !a.seq).map(|a| a.size).product();
         if programs == 0 || grid.iter().any(|a| a.size == 0) {
             return Ok(());
         }
@@ -60,7 +59,11 @@ impl Kernel {
         let shared = Shared(&ctx);
         let cancelled = AtomicBool::new(false);
         let token = tessel_plugin_api::cancel::current();
-        let one = |arena: &mut Arena, p: u64| {
+        // Programs in runs: about four per worker, and runs of at most 4,096 programs so that a
+        // cancellation is seen within one run.
+        let runs = (4 * threads).max(programs.div_ceil(4096)).min(programs);
+        let per = programs.div_ceil(runs);
+        let run = |r: usize| {
             if cancelled.load(Ordering::Relaxed) {
                 return;
             }
@@ -68,26 +71,24 @@ impl Kernel {
                 cancelled.store(true, Ordering::Relaxed);
                 return;
             }
-            let mut point = vec![0i64; grid.len()];
-            let mut rest = p;
-            for &n in parallel.iter().rev() {
-                point[n] = (rest % grid[n].size) as i64;
-                rest /= grid[n].size;
-            }
+            let (begin, end) = (r as u64 * per, ((r as u64 + 1) * per).min(programs));
             let ctx = shared.get();
-            // SAFETY: `func` is the kernel's C function, called with its context (every pointer in
-            // it alive for this call: `args`, `sizes`, `ctx` outlive the loop), a point of the
-            // grid, and an arena of the size the C was laid out for, 64-byte aligned, used by
-            // this worker alone.
-            #[allow(unsafe_code)]
-            unsafe {
-                (self.func)(ctx, point.as_ptr(), arena.ptr())
-            };
+            ARENA.with(|a| {
+                let mut a = a.borrow_mut();
+                // SAFETY: `func` is the kernel's C function, called with its context (every
+                // pointer in it alive for this call: `args`, `sizes`, `ctx` outlive the loop), a
+                // range of the grid's programs, and an arena of at least the size the C was laid
+                // out for, 64-byte aligned, used by this worker alone.
+                #[allow(unsafe_code)]
+                unsafe {
+                    (self.func)(ctx, begin as i64, end as i64, a.at_least(self.arena).ptr())
+                };
+            });
         };
-        if programs == 1 {
-            one(&mut Arena::new(self.arena), 0);
+        if runs == 1 {
+            run(0);
         } else {
-            (0..programs).into_par_iter().for_each_init(|| Arena::new(self.arena), |a, p| one(a, p));
+            (0..runs as usize).into_par_iter().for_each(run);
         }
         if cancelled.load(Ordering::Relaxed) {
             return Err(tessel_plugin_api::cancel::cancelled());
@@ -109,13 +110,25 @@ impl Shared<'_> {
     }
 }
 
-/// A worker's memory for block values and scratch: 64-byte aligned.
+/// A worker's memory for block values and scratch, kept by the thread from launch to launch
+/// (grown, never shrunk: the largest arena a kernel run on it needed).
 struct Arena(Vec<u8>);
 
+thread_local! {
+    static ARENA: std::cell::RefCell<Arena> = const { std::cell::RefCell::new(Arena(Vec::new())) };
+}
+
 impl Arena {
-    fn new(bytes: usize) -> Arena {
-        Arena(vec![0u8; bytes + 64])
+    /// This arena, holding at least `bytes` from a 64-byte aligned start.
+    fn at_least(&mut self, bytes: usize) -> &mut Arena {
+        if self.0.len() < bytes + 64 {
+            self.0 = vec![0u8; bytes + 64];
+        }
+        self
     }
+
+    /// The 64-byte aligned start: the C writes block values and scratch there before it reads
+    /// them (scratch is zeroed by the kernel), so what the last kernel left does not matter.
     fn ptr(&mut self) -> *mut u8 {
         let p = self.0.as_mut_ptr();
         p.wrapping_add(p.align_offset(64))

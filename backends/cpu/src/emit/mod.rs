@@ -1,5 +1,5 @@
-//! The C a kernel becomes: one function per kernel that runs one program (a point of the
-//! parallel grid axes), its `seq` steps in order inside it.
+//! The C a kernel becomes: one function per kernel that runs a range of its programs (points of
+//! the parallel grid axes, row-major), each program's `seq` steps in order inside it.
 //!
 //! - Scalars are C locals, declared where the kernel defines them (C's block scopes are the
 //!   language's: a value is visible to the end of the body that defines it).
@@ -190,36 +190,39 @@ impl<'v, 'c> Writer<'v, 'c> {
             match p.kind {
                 ParamKind::In => self.line(format!("const {st} *const a{n} = (const {st} *)cx->args[{n}];")),
                 ParamKind::Out => self.line(format!("{st} *const a{n} = ({st} *)cx->args[{n}];")),
-                ParamKind::Scratch => {
-                    let ct = c::compute(p.ty.dtype);
-                    self.alloc(&format!("a{n}"), ct, p.ty.numel());
-                    let bytes = p.ty.numel() * 4;
-                    self.line(format!("memset(a{n}, 0, {bytes});"));
-                }
+                ParamKind::Scratch => self.alloc(&format!("a{n}"), c::compute(p.ty.dtype), p.ty.numel()),
             }
         }
-        for (n, a) in grid.iter().enumerate() {
+        // Programs `begin` to `end` in row-major order of the parallel axes (the last fastest).
+        self.line("for (int64_t p = begin; p < end; p++) {");
+        self.depth += 1;
+        self.line("int64_t rest = p; (void)rest;");
+        for (n, a) in grid.iter().enumerate().rev() {
             if !a.seq {
-                self.line(format!("const int64_t g{n} = pt[{n}];"));
+                self.line(format!("const int64_t g{n} = rest % cx->grid[{n}]; rest /= cx->grid[{n}];"));
             }
         }
-        let opened = grid.iter().enumerate().filter(|(_, a)| a.seq).count();
+        for (n, p) in k.params.iter().enumerate() {
+            if p.kind == ParamKind::Scratch {
+                self.line(format!("memset(a{n}, 0, {});", p.ty.numel() * 4));
+            }
+        }
+        let opened = grid.iter().filter(|a| a.seq).count();
         for (n, a) in grid.iter().enumerate() {
             if a.seq {
-                let _ = a;
                 self.line(format!("for (int64_t g{n} = 0; g{n} < cx->grid[{n}]; g{n}++) {{"));
                 self.depth += 1;
             }
         }
         self.origins();
         self.body(&k.body);
-        for _ in 0..opened {
+        for _ in 0..=opened {
             self.depth -= 1;
             self.line("}");
         }
         let body = std::mem::take(&mut self.out);
         self.out = format!(
-            "void {name}(const tk_ctx *cx, const int64_t *pt, char *arena) {{\n    (void)pt; (void)arena;\n{}{}}}\n",
+            "void {name}(const tk_ctx *cx, int64_t begin, int64_t end, char *arena) {{\n    (void)arena;\n{}{}}}\n",
             self.decls, body
         );
     }
