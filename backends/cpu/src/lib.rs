@@ -303,21 +303,33 @@ impl BackendImpl for Cpu {
         }
         for n in 0..compiled.kernels.len() {
             let k = compiled.kernels[n].verified.kernel();
+            // Outputs written in place into fresh arrays (bool ones through bytes: a `bool`
+            // array cannot lend its bytes).
             let mut outs: Vec<(String, HostArray)> =
                 k.params_of(ParamKind::Out).map(|p| (p.name.clone(), HostArray::zeros(p.ty.dtype, &p.ty.shape))).collect();
-            let mut words: Vec<(String, Vec<u8>)> = outs.iter().map(|(n, a)| (n.clone(), a.le_bytes().into_owned())).collect();
+            let mut bools: Vec<(String, Vec<u8>)> =
+                outs.iter().filter(|(_, a)| a.dtype() == DType::Bool).map(|(n, a)| (n.clone(), vec![0u8; a.len()])).collect();
             {
                 let inputs: BTreeMap<String, DataRef<'_>> = k
                     .params_of(ParamKind::In)
                     .filter_map(|p| buffers.get(&p.name).map(|a| (p.name.clone(), a.data.as_data_ref())))
                     .collect();
-                let mut outputs: BTreeMap<String, &mut [u8]> = words.iter_mut().map(|(n, w)| (n.clone(), w.as_mut_slice())).collect();
+                let mut outputs: BTreeMap<String, &mut [u8]> = BTreeMap::new();
+                for (name, a) in &mut outs {
+                    if let Some(bytes) = a.le_bytes_mut() {
+                        outputs.insert(name.clone(), bytes);
+                    }
+                }
+                for (name, b) in &mut bools {
+                    outputs.insert(name.clone(), b.as_mut_slice());
+                }
                 compiled.run_kernel(n, &launch.grid, &inputs, &mut outputs, &launch.kept)?;
             }
-            for ((name, a), (_, w)) in outs.iter_mut().zip(&words) {
-                *a = HostArray::from_le_bytes(a.dtype(), &a.ty().shape, w).map_err(|e| BackendError::new(ErrorKind::Internal, e))?;
-                buffers.insert(name.clone(), a.clone());
+            for (name, bytes) in bools {
+                let a = outs.iter_mut().find(|(n, _)| *n == name).expect("an output");
+                a.1 = HostArray::from_le_bytes(DType::Bool, &a.1.ty().shape, &bytes).map_err(|e| BackendError::new(ErrorKind::Internal, e))?;
             }
+            buffers.extend(outs);
         }
         Ok(())
     }

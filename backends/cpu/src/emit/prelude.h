@@ -126,37 +126,3 @@ static inline tk_v8i tk_v8imax(tk_v8i a, tk_v8i b) { tk_v8i m = a > b; return (a
 static inline tk_v8i tk_v8imin(tk_v8i a, tk_v8i b) { tk_v8i m = a < b; return (a & m) | (b & ~m); }
 static inline tk_v8u tk_v8umax(tk_v8u a, tk_v8u b) { tk_v8u m = (tk_v8u)(a > b); return (a & m) | (b & ~m); }
 static inline tk_v8u tk_v8umin(tk_v8u a, tk_v8u b) { tk_v8u m = (tk_v8u)(a < b); return (a & m) | (b & ~m); }
-
-/* c[M x N] = a[M x K] b[K x N] for float blocks a program holds: b's rows contiguous, M a multiple
- * of 4, N of 32. Four rows by two vectors of sixteen accumulate in registers over the whole of K,
- * each product added with a fused multiply-add where the machine has one (the accumulation order
- * is K's; docs/language.md §8 leaves a product's order to the backend). */
-typedef float tk_v16f __attribute__((vector_size(64)));
-__attribute__((optimize("fp-contract=fast")))
-static void tk_mm(int64_t M, int64_t N, int64_t K, float *c, const float *a, int64_t ars, int64_t acs, const float *b) {
-    for (int64_t i = 0; i < M; i += 4) {
-        for (int64_t j = 0; j < N; j += 32) {
-            tk_v16f c00 = {0}, c01 = {0}, c10 = {0}, c11 = {0}, c20 = {0}, c21 = {0}, c30 = {0}, c31 = {0};
-            for (int64_t k = 0; k < K; k++) {
-                tk_v16f b0, b1;
-                memcpy(&b0, b + k * N + j, 64);
-                memcpy(&b1, b + k * N + j + 16, 64);
-                const float *ak = a + i * ars + k * acs;
-                tk_v16f a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
-                a0 += ak[0];
-                a1 += ak[ars];
-                a2 += ak[2 * ars];
-                a3 += ak[3 * ars];
-                c00 += a0 * b0; c01 += a0 * b1;
-                c10 += a1 * b0; c11 += a1 * b1;
-                c20 += a2 * b0; c21 += a2 * b1;
-                c30 += a3 * b0; c31 += a3 * b1;
-            }
-            float *r = c + i * N + j;
-            memcpy(r, &c00, 64); memcpy(r + 16, &c01, 64); r += N;
-            memcpy(r, &c10, 64); memcpy(r + 16, &c11, 64); r += N;
-            memcpy(r, &c20, 64); memcpy(r + 16, &c21, 64); r += N;
-            memcpy(r, &c30, 64); memcpy(r + 16, &c31, 64);
-        }
-    }
-}

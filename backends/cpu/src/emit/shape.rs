@@ -223,16 +223,9 @@ impl<'v> Writer<'v, '_> {
         let (pa, pb) = (self.pointer(a), self.pointer(b));
         let d = self.ty(id).dtype;
         if d.is_float() {
-            let sgemm = format!("cx->sgemm({m}, {n}, {k}, {dst}, {n}, 1, {pa}, {ars}, {acs}, {pb}, {brs}, {bcs}, cx->parallel_dot);");
-            // Blocks a program holds through the register-blocked kernel (`tk_mm`), unless few
-            // programs run and the gemm crate's kernels can spread one product over the pool;
-            // larger products (the crate packs and blocks them for the caches: 256³ runs at 1.5x
-            // this kernel's speed here) and other layouts through the gemm crate.
-            if !tb && m % 4 == 0 && n % 32 == 0 && m * n * k <= 1 << 20 {
-                self.line(format!("if (cx->parallel_dot) {sgemm} else tk_mm({m}, {n}, {k}, {dst}, {pa}, {ars}, {acs}, {pb});"));
-            } else {
-                self.line(sgemm);
-            }
+            self.line(format!(
+                "cx->sgemm({m}, {n}, {k}, {dst}, {n}, 1, {pa}, {ars}, {acs}, {pb}, {brs}, {bcs}, cx->parallel_dot);"
+            ));
             return;
         }
         let ct = c::compute(d);
