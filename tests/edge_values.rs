@@ -592,7 +592,6 @@ fn check(exec: &str) {
     check_with(exec, &[]);
 }
 
-/// [`check`] with plugins loaded.
 fn check_with(exec: &str, plugins: &[std::path::PathBuf]) {
     let rt = tessel::Runtime::new(plugins).expect("runtime");
     let mut failures = Vec::new();
@@ -645,8 +644,7 @@ fn wgpu_meets_the_reference_at_every_edge() {
     }
 }
 
-/// The cpu backend's C, compiled for this machine: held to the GPU backends' bounds (it writes the
-/// same accurate maths, `plugin-api/src/libm/`).
+/// The cpu backend's C: held to the GPU backends' bounds (the same maths, `plugin-api/src/libm/`).
 #[test]
 fn cpu_meets_the_reference_at_every_edge() {
     if let Some(plugin) = cpu_plugin("edge values on cpu") {

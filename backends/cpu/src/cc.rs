@@ -80,8 +80,8 @@ pub struct Library {
 }
 
 /// A generated kernel function: `void tk_kN(const tk_ctx *, int64_t begin, int64_t end, char
-/// *arena)`, running programs `begin..end`.
-pub type KernelFn = unsafe extern "C" fn(*const crate::run::Ctx, i64, i64, *mut u8);
+/// *arena)`, running programs `begin..end` (the context is `run::Ctx`).
+pub type KernelFn = unsafe extern "C" fn(*const std::ffi::c_void, i64, i64, *mut u8);
 
 impl Library {
     /// The kernel function called `name`.

@@ -81,7 +81,7 @@ impl Kernel {
                 // out for, 64-byte aligned, used by this worker alone.
                 #[allow(unsafe_code)]
                 unsafe {
-                    (self.func)(ctx, begin as i64, end as i64, a.at_least(self.arena).ptr())
+                    (self.func)(ctx.cast(), begin as i64, end as i64, a.at_least(self.arena).ptr())
                 };
             });
         };
