@@ -164,6 +164,9 @@ pub fn build(source: &str) -> Result<Arc<Library>, BackendError> {
         Some(dir) => {
             let path = dir.join(format!("{key}.so"));
             std::fs::rename(&so_tmp, &path).map_err(|e| internal(format!("cannot move {}: {e}", so_tmp.display())))?;
+            if n % 16 == 0 {
+                prune(dir, KEPT_ON_DISK);
+            }
             open(&path)?
         }
         None => {
@@ -175,6 +178,34 @@ pub fn build(source: &str) -> Result<Arc<Library>, BackendError> {
     Ok(Arc::new(lib))
 }
 
+/// Compiled kernels kept in the cache folder; past it the least recently made go.
+pub const KEPT_ON_DISK: usize = 1024;
+
+/// Removes the oldest libraries of `dir` past `keep`, and temporaries an hour old (a process
+/// that died while compiling). A library loaded by a running process stays mapped after removal.
+pub fn prune(dir: &Path, keep: usize) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    let hour_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+    let mut libs = Vec::new();
+    for e in entries.filter_map(Result::ok) {
+        let (name, meta) = (e.file_name().to_string_lossy().into_owned(), e.metadata());
+        let Ok(modified) = meta.and_then(|m| m.modified()) else { continue };
+        if name.contains(".tmp") {
+            if modified < hour_ago {
+                let _ = std::fs::remove_file(e.path());
+            }
+        } else if name.ends_with(".so") {
+            libs.push((modified, e.path()));
+        }
+    }
+    if libs.len() > keep {
+        libs.sort();
+        for (_, path) in &libs[..libs.len() - keep] {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
 fn open(path: &Path) -> Result<Library, BackendError> {
     // SAFETY: the library is one this backend compiled from its own C (the cache folder is the
     // user's own); loading it runs no initialisers beyond the C runtime's.
@@ -182,4 +213,34 @@ fn open(path: &Path) -> Result<Library, BackendError> {
     let lib = unsafe { libloading::Library::new(path) };
     lib.map(|lib| Library { lib, path: path.to_path_buf() })
         .map_err(|e| internal(format!("cannot load {}: {e}", path.display())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::prune;
+
+    #[test]
+    fn prune_keeps_the_newest_libraries_and_removes_old_temporaries() {
+        let dir = std::env::temp_dir().join(format!("tessel-cpu-prune-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let age = |path: &std::path::Path, secs: u64| {
+            let t = std::time::SystemTime::now() - std::time::Duration::from_secs(secs);
+            std::fs::File::options().write(true).open(path).unwrap().set_modified(t).unwrap();
+        };
+        for (n, secs) in [(0, 50), (1, 40), (2, 30), (3, 20)] {
+            let p = dir.join(format!("{n}.so"));
+            std::fs::write(&p, b"x").unwrap();
+            age(&p, secs);
+        }
+        let (old_tmp, new_tmp) = (dir.join("a.tmp1-0.c"), dir.join("b.tmp1-1.c"));
+        std::fs::write(&old_tmp, b"x").unwrap();
+        std::fs::write(&new_tmp, b"x").unwrap();
+        age(&old_tmp, 7200);
+        prune(&dir, 2);
+        let mut left: Vec<String> =
+            std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        left.sort();
+        assert_eq!(left, ["2.so", "3.so", "b.tmp1-1.c"]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
