@@ -354,6 +354,26 @@ impl<'v> Writer<'v, '_> {
         Some(j)
     }
 
+    /// Where a load's value can be its input's memory: an `f32`, `i32` or `u32` input read whole,
+    /// without a mask, whose blocks are contiguous (every dimension but the first whole): the
+    /// argument's position and the offset of the block's first element.
+    fn view_of(&self, s: &Stmt) -> Option<(usize, String)> {
+        let Op::Load { src, index, mask: None, .. } = &s.op else { return None };
+        let (n, p) = self.param(src);
+        let whole = index.as_ref().is_none_or(|ix| ix.iter().all(|i| matches!(i, Index::Full)));
+        let same = matches!(p.ty.dtype, DType::F32 | DType::I32 | DType::U32);
+        let block = p.block_shape();
+        let contiguous = block.len() == p.ty.shape.len() && block.iter().zip(&p.ty.shape).skip(1).all(|(b, d)| b == d);
+        if p.kind != ParamKind::In || !whole || !same || !contiguous || p.ty.shape.is_empty() {
+            return None;
+        }
+        if p.block.is_none() {
+            return Some((n, "0".into()));
+        }
+        let row: usize = p.ty.shape[1..].iter().product();
+        Some((n, format!("o{n}_0 * {row}")))
+    }
+
     /// Emits a run's loop nest (twice where it touches memory: without bounds checks when every
     /// access lies inside its array, with them otherwise).
     fn run(&mut self, members: &[&'v Stmt], shape: Vec<usize>) {
@@ -366,10 +386,21 @@ impl<'v> Writer<'v, '_> {
         }
         let made: Vec<ValueId> = members.iter().filter_map(|s| s.results.first().map(|r| self.id(r))).collect();
         let mut kept = HashSet::new();
-        for &id in &made {
-            if self.uses.get(&id).copied().unwrap_or(0) > inside.get(&id).copied().unwrap_or(0) {
-                self.buffer(id);
-                kept.insert(id);
+        // Loads kept in memory that can be the input's own block where the run is inside its
+        // arrays: no copy then (their pointer is set before the loops).
+        let mut views: Vec<(ValueId, usize, String)> = Vec::new();
+        for s in members {
+            let Some(id) = s.results.first().map(|r| self.id(r)) else { continue };
+            if self.uses.get(&id).copied().unwrap_or(0) <= inside.get(&id).copied().unwrap_or(0) {
+                continue;
+            }
+            kept.insert(id);
+            match self.view_of(s) {
+                Some((n, at)) => {
+                    let off = self.view_buffer(id);
+                    views.push((id, off, format!("a{n} + {at}")));
+                }
+                None => self.buffer(id),
             }
         }
         let mut fast = Vec::new();
@@ -387,9 +418,15 @@ impl<'v> Writer<'v, '_> {
         } else {
             let flag = self.fresh("fast");
             self.line(format!("const int {flag} = {};", fast.join(" && ")));
+            for (id, off, at) in &views {
+                let ct = c::compute(self.ty(*id).dtype);
+                self.line(format!("v{} = {flag} ? ({ct} *)({at}) : ({ct} *)(arena + {off});", id.index()));
+            }
             self.line(format!("if ({flag}) {{"));
             self.depth += 1;
-            self.nest(members, &Ctx::new(shape.clone(), temps.clone(), false), &kept);
+            let viewed: HashSet<ValueId> = views.iter().map(|v| v.0).collect();
+            let written: HashSet<ValueId> = kept.difference(&viewed).copied().collect();
+            self.nest(members, &Ctx::new(shape.clone(), temps.clone(), false), &written);
             self.depth -= 1;
             self.line("} else {");
             self.depth += 1;

@@ -144,6 +144,18 @@ impl<'v, 'c> Writer<'v, 'c> {
         let _ = writeln!(self.decls, "    {ctype} *const {name} = ({ctype} *)(arena + {off});");
     }
 
+    /// Arena memory for value `id` behind a pointer that may be pointed elsewhere (a view of an
+    /// input's block, `group.rs`); its offset in the arena.
+    fn view_buffer(&mut self, id: ValueId) -> usize {
+        let ty = self.ty(id);
+        let (ctype, n) = (c::compute(ty.dtype), ty.numel());
+        let off = self.arena;
+        self.arena += (n * 4).div_ceil(64) * 64 + 64;
+        let _ = writeln!(self.decls, "    {ctype} *v{} = ({ctype} *)(arena + {off});", id.index());
+        self.places.insert(id, Place::Buffer);
+        off
+    }
+
     /// Gives value `id` arena memory of its own.
     fn buffer(&mut self, id: ValueId) {
         let ty = self.ty(id);
