@@ -29,17 +29,23 @@ import tessel.jax as tj  # noqa: E402
 from tessel import pallas as tp  # noqa: E402
 
 
-def paired(fs, args, calls):
-    """The median seconds of each of `fs` on `args`, called in turn `calls` times after a
-    warm-up call each."""
-    for f in fs:
-        jax.block_until_ready(f(*args))
+def paired(fs, args, calls, rounds=6, warm_s=0.05):
+    """The median seconds of each of `fs` on `args`: rounds of `calls // rounds` timed calls each,
+    in turn, so that the machine's drift reaches all alike. Each round starts after a pause and
+    `warm_s` of untimed calls: the other side's threads (XLA's pool, rayon's) spin for a while
+    after their last call and would otherwise be timed as this side's cost (as
+    benches/cpu_numpy.py does)."""
     times = [[] for _ in fs]
-    for _ in range(calls):
+    for _ in range(rounds):
         for f, ts in zip(fs, times):
-            t = time.perf_counter()
-            jax.block_until_ready(f(*args))
-            ts.append(time.perf_counter() - t)
+            time.sleep(0.2)
+            start = time.perf_counter()
+            while time.perf_counter() - start < warm_s:
+                jax.block_until_ready(f(*args))
+            for _ in range(max(1, calls // rounds)):
+                t = time.perf_counter()
+                jax.block_until_ready(f(*args))
+                ts.append(time.perf_counter() - t)
     return [statistics.median(ts) for ts in times]
 
 
@@ -139,11 +145,47 @@ CASES = {
 }
 
 
+def first_calls(only):
+    """The first call of each case in a fresh process (trace, lower, compile, run): on cpu with an
+    empty disk cache (the C compiled), again in another process with the same cache (the library
+    read back), and XLA's own first call of the `jnp`."""
+    import os
+    import subprocess
+    import tempfile
+
+    print("| kernel | cpu, cold (C compiled) | cpu, from the disk cache | XLA `jnp` |")
+    print("|---|---:|---:|---:|")
+    for name in CASES:
+        if only and only not in name:
+            continue
+        with tempfile.TemporaryDirectory() as cache:
+            env = dict(os.environ, TESSEL_CACHE_DIR=cache)
+            t = []
+            for what in ("cpu", "cpu", "xla"):
+                out = subprocess.run([sys.executable, __file__, "--first-call", what, "--only", name], env=env,
+                                     capture_output=True, text=True, check=True).stdout
+                t.append(float(out.split()[-1]))
+        print(f"| {name} | {t[0] * 1e3:.0f} ms | {t[1] * 1e3:.0f} ms | {t[2] * 1e3:.0f} ms |")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="11 calls a kernel instead of 51")
     ap.add_argument("--only", help="run only the cases whose name contains this")
+    ap.add_argument("--first-calls", action="store_true", help="only the first calls, cold and from the disk cache")
+    ap.add_argument("--first-call", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.first_calls:
+        return first_calls(a.only)
+    if a.first_call:
+        f, shapes, maths = CASES[a.only]()
+        args = [jax.device_put(np.random.default_rng(1).uniform(-1, 1, s).astype(np.float32)) for s in shapes]
+        if a.first_call == "xla":
+            print(first_call(maths, args))
+        else:
+            with tp.installed(backend=a.first_call):
+                print(first_call(f, args))
+        return
     calls = 11 if a.quick else 51
     rng = np.random.default_rng(1)
     rows = []

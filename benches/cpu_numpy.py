@@ -50,19 +50,29 @@ def softmax(x):
     return e / e.sum(axis=1, keepdims=True)
 
 
+# `TESSEL_BENCH_BACKEND=cpu` (with the plugin on TESSEL_PLUGIN_PATH) times the compiling CPU
+# backend instead of the interpreter; each row then also has the bias + gelu kernel.
+backend = os.environ.get("TESSEL_BENCH_BACKEND", "interpret")
 rng = np.random.default_rng(1)
+
+
+def gelu(x, b):
+    h = x + b
+    return 0.5 * h * (1 + np.tanh(0.7978845608 * (h + 0.044715 * h * h * h)))
+
+
 cases = [
     ("matmul 512³ f32", "matmul_512", lambda a, b: a @ b, 0.5),
     ("softmax 4096×256 f32", "softmax_4096", softmax, 1.0),
     ("add 4M f32", "add_4m", lambda x, y: x + y, 0.9),
-]
+] + ([("bias + gelu 4096×1024 f32", "bias_gelu_4096", gelu, 1.0)] if backend != "interpret" else [])
 for label, name, numpy_fn, goal in cases:
     k = tessel.load(ROOT / f"benches/kernels/{name}.tk")
     arrays = {n: rng.uniform(-1, 1, s).astype(np.float32) for n, (_, s) in k.inputs.items()}
     # The kernels' outputs agree with numpy's before anything is timed.
-    got = next(iter(k(backend="interpret", **arrays).values()))
+    got = next(iter(k(backend=backend, **arrays).values()))
     want = numpy_fn(*arrays.values())
     assert np.allclose(got, want, rtol=1e-4, atol=1e-4), f"{name} disagrees with numpy"
-    t, n = alternating_ms(lambda: k(backend="interpret", **arrays), lambda: numpy_fn(*arrays.values()))
+    t, n = alternating_ms(lambda: k(backend=backend, **arrays), lambda: numpy_fn(*arrays.values()))
     ratio = n / t
     print(f"| {label} | {t:.2f} | {n:.2f} | {ratio:.2f}× | {goal}× {'met' if ratio >= goal else 'missed'} |")
