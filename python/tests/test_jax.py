@@ -660,6 +660,27 @@ def test_shard_map_on_four_host_devices_equals_one_device():
     assert most >= 2, f"the shards' calls never overlapped: {r.stdout}"
 
 
+@pytest.mark.parametrize("processes", [1, 2])
+def test_a_kernel_per_shard_across_processes_with_psum_all_gather_and_ppermute(processes):
+    """examples/jax/multiprocess.py: JAX's multi-process runtime on the CPU (gloo, 127.0.0.1),
+    a tessel kernel on each process's shard under `shard_map`, and XLA's psum, all_gather and
+    ppermute between the processes, each checked against numpy on the whole array; on the cpu
+    plugin where it is built (auto chooses it), else the interpreter."""
+    from pallas_common import cpu_backend
+
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    if cpu_backend():
+        env["TESSEL_PLUGIN_PATH"] = str(Path(os.environ["TESSEL_TEST_LIBS"]) / "libtessel_cpu.so")
+    r = subprocess.run([sys.executable, str(EXAMPLES / "jax" / "multiprocess.py"), str(processes)],
+                       capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"{processes} processes: all agree with numpy" in r.stdout, r.stdout
+    lines = [line for line in r.stdout.splitlines() if line.startswith("process ")]
+    assert len(lines) == processes and all(": ok;" in line for line in lines), r.stdout
+    if cpu_backend():
+        assert all("'cpu'" in line for line in lines), r.stdout
+
+
 def test_a_pallas_kernel_under_shard_map():
     code = textwrap.dedent(
         f"""
