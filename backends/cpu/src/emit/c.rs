@@ -122,7 +122,7 @@ pub fn unary(calls: &mut Calls, op: UnaryOp, d: DType, x: &str) -> String {
         (UnaryOp::Rsqrt, _) => format!("(1.0f / sqrtf({x}))"),
         (UnaryOp::Sin, _) => call(calls, libm::sin, &[x]),
         (UnaryOp::Cos, _) => call(calls, libm::cos, &[x]),
-        (UnaryOp::Tanh, _) => call(calls, libm::tanh, &[x]),
+        (UnaryOp::Tanh, _) => format!("tk_tanh_cpu({x})"),
         (UnaryOp::Logistic, _) => call(calls, libm::logistic, &[x]),
         (UnaryOp::Expm1, _) => call(calls, libm::expm1, &[x]),
         (UnaryOp::Log1p, _) => call(calls, libm::log1p, &[x]),

@@ -126,3 +126,44 @@ static inline tk_v8i tk_v8imax(tk_v8i a, tk_v8i b) { tk_v8i m = a > b; return (a
 static inline tk_v8i tk_v8imin(tk_v8i a, tk_v8i b) { tk_v8i m = a < b; return (a & m) | (b & ~m); }
 static inline tk_v8u tk_v8umax(tk_v8u a, tk_v8u b) { tk_v8u m = (tk_v8u)(a > b); return (a & m) | (b & ~m); }
 static inline tk_v8u tk_v8umin(tk_v8u a, tk_v8u b) { tk_v8u m = (tk_v8u)(a < b); return (a & m) | (b & ~m); }
+
+/* tanh within 2 ulp (docs/language.md §8's bound), written for the CPU: below 0.625 the odd
+ * series of plugin-api/src/libm's `tanh` (x + x^3 P(x^2), ten multiply-adds); above it
+ * 1 - 2 / (e^(2|x|) + 1), e^(2|x|) by Cody-Waite's reduction and Cephes' polynomial with its
+ * 2^n made in the exponent bits (2|x| is clamped to 18, past which the result rounds to 1); the
+ * sign copied back (tanh(-0) = -0), NaN passed through. About 30 vector operations where the
+ * portable program takes about 80 (it scales 2^n in two steps for the whole float range);
+ * tests/cpu.rs sweeps it against f64. */
+static inline float tk_tanh_cpu(float x) {
+    float a = fabsf(x);
+    float z = a * a;
+    float p = 9.691538e-5f;
+    p = TK_FMA(p, z, -0.00023912912f);
+    p = TK_FMA(p, z, 0.0005900274f);
+    p = TK_FMA(p, z, -0.0014558344f);
+    p = TK_FMA(p, z, 0.003592128f);
+    p = TK_FMA(p, z, -0.008863236f);
+    p = TK_FMA(p, z, 0.021869488f);
+    p = TK_FMA(p, z, -0.053968254f);
+    p = TK_FMA(p, z, 0.13333334f);
+    p = TK_FMA(p, z, -0.33333334f);
+    float small = TK_FMA(a * z, p, a);
+    /* (A ternary and a rounding by adding 1.5 * 2^23: GCC 12 does not vectorize this
+     * function's loop with fminf and rintf.) */
+    float t = 2.0f * a;
+    t = t < 18.0f ? t : 18.0f;
+    float n = (t * 1.44269504f + 12582912.0f) - 12582912.0f;
+    float r = TK_FMA(-n, 0.693359375f, t);
+    r = TK_FMA(-n, -2.12194440e-4f, r);
+    float q = 1.9875691500e-4f;
+    q = TK_FMA(q, r, 1.3981999507e-3f);
+    q = TK_FMA(q, r, 8.3334519073e-3f);
+    q = TK_FMA(q, r, 4.1665795894e-2f);
+    q = TK_FMA(q, r, 1.6666665459e-1f);
+    q = TK_FMA(q, r, 5.0000001201e-1f);
+    float e = (TK_FMA(r * r, q, r) + 1.0f) * tk_bitsf((uint32_t)((int32_t)n + 127) << 23);
+    float large = 1.0f - 2.0f / (e + 1.0f);
+    float y = a < 0.625f ? small : large;
+    y = tk_bitsf(tk_fbits(y) | (tk_fbits(x) & 0x80000000u));
+    return tk_isnan(x) ? x : y;
+}
