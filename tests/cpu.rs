@@ -9,21 +9,6 @@ use std::path::Path;
 
 use common::*;
 
-/// The launch flags a kernel file needs (as `tests/wgpu.rs` gives them).
-fn launch_flags(path: &Path) -> Vec<String> {
-    let name = path.file_stem().unwrap().to_str().unwrap();
-    let mut args = Vec::new();
-    for k in tessel::load_file(path).unwrap_or_else(|e| panic!("{e}")) {
-        args.extend(["--kernel".to_string(), k.name().to_string()]);
-    }
-    match name {
-        "dyn_grid" => args.extend(["--grid".into(), "i=3".into()]),
-        "mesh_grid" => args.extend(["--mesh".into(), "grid(i: 4, j: 2)".into()]),
-        _ => {}
-    }
-    args
-}
-
 /// `tessel ARGS` with the plugin loaded and compiled code cached under `cache`.
 fn on_cpu(plugin: &Path, cache: &Path, args: &[String]) -> Outcome {
     let mut a: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -41,7 +26,8 @@ fn every_kernel_agrees_with_the_interpreter_on_cpu() {
     for path in kernel_files() {
         let name = path.file_stem().unwrap().to_str().unwrap().to_string();
         for seed in ["1", "2"] {
-            let mut args = vec!["run".to_string(), path.display().to_string(), "--backend".into(), "cpu".into(), "--check".into()];
+            let mut args =
+                vec!["run".to_string(), path.display().to_string(), "--backend".into(), "cpu".into(), "--check".into()];
             args.extend(["--seed".into(), seed.into(), "--out-dir".into(), dir.path().display().to_string()]);
             args.extend(launch_flags(&path));
             if !header_inputs(&path).is_empty() {
@@ -94,7 +80,11 @@ fn auto_takes_cpu_before_the_interpreter_and_the_interpreter_for_what_cpu_refuse
     let r = on_cpu(&plugin, &cache, &["run".into(), handoff, "--explain".into(), "--out-dir".into(), out]);
     assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
     let text = format!("{}{}", r.stdout, r.stderr);
-    assert!(text.contains("cpu: skipped, refuses the launch: kernel `handoff` uses the concurrent model") && text.contains("interpret: chosen"), "{text}");
+    assert!(
+        text.contains("cpu: skipped, refuses the launch: kernel `handoff` uses the concurrent model")
+            && text.contains("interpret: chosen"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -152,7 +142,15 @@ fn every_cpu_refusal_is_reached_with_its_words() {
             ),
             K::MeshKind => {
                 let rt = tessel::Runtime::new(std::slice::from_ref(&plugin)).unwrap();
-                let e = rt.registry().get("cpu").unwrap().backend.make_mesh("wgpu(i: 8)".into()).into_result().err().expect("refused");
+                let e = rt
+                    .registry()
+                    .get("cpu")
+                    .unwrap()
+                    .backend
+                    .make_mesh("wgpu(i: 8)".into())
+                    .into_result()
+                    .err()
+                    .expect("refused");
                 (e.message.to_string(), "the cpu backend makes `grid(...)` meshes, not `wgpu(...)`")
             }
             K::Concurrent => (
@@ -160,7 +158,7 @@ fn every_cpu_refusal_is_reached_with_its_words() {
                 "kernel `handoff` uses the concurrent model (threads, barriers, asynchronous copies), which the cpu backend does not compile",
             ),
             K::KeptInSeveralKernels => (
-                kept_in_two_kernels(&plugin).unwrap_err(),
+                kept_in_two_kernels("cpu", std::slice::from_ref(&plugin)).unwrap_err(),
                 "output `o` starts from given contents (an aliased input) in a launch of several kernels, which the cpu backend runs on fresh outputs",
             ),
         };
@@ -170,20 +168,6 @@ fn every_cpu_refusal_is_reached_with_its_words() {
         seen.push(kind);
     }
     assert_eq!(seen.len(), 4);
-}
-
-/// A kept output (an aliased input's buffer) in an in-place launch of two kernels.
-fn kept_in_two_kernels(plugin: &Path) -> Result<(), String> {
-    let rt = tessel::Runtime::new(&[plugin.to_path_buf()]).unwrap();
-    let text = "kernel a\n  out o: f32[8]\n{\n  %z = full 1.0 : f32[8]\n  store o, %z\n}\nkernel b\n  out p: f32[8]\n{\n  %z = full 2.0 : f32[8]\n  store p, %z\n}\n";
-    let kernels = tessel::load_source("two.tk", text).unwrap();
-    let calls: Vec<_> = kernels.iter().map(|k| tessel::KernelLaunch { kernel: k, mesh: None }).collect();
-    let ty = kernels[0].kernel().param("o").unwrap().ty.clone();
-    let (mut o, mut p) = (vec![0u8; 32], vec![0u8; 32]);
-    let mut place = tessel::InPlace::default();
-    place.outputs.insert("o".into(), tessel::BytesMut { ty: ty.clone(), bytes: &mut o, keep: true });
-    place.outputs.insert("p".into(), tessel::BytesMut { ty, bytes: &mut p, keep: false });
-    rt.run_in_place("cpu", &calls, &[], &mut place).map(drop).map_err(|e| e.to_string())
 }
 
 /// The cpu backend's own `tanh` (`tk_tanh_cpu` in `emit/prelude.h`, not the portable program)

@@ -107,20 +107,6 @@ fn mosaic_foreign_mesh() -> Result<(), String> {
     rt.lower("mosaic-gpu", &call, &[], &Default::default()).map(drop).map_err(|e| e.to_string())
 }
 
-/// A kept output (an aliased input's buffer) in an in-place launch of two kernels.
-fn interpret_kept_in_two_kernels() -> Result<(), String> {
-    let rt = tessel::Runtime::new(&[]).unwrap();
-    let text = "kernel a\n  out o: f32[8]\n{\n  %z = full 1.0 : f32[8]\n  store o, %z\n}\nkernel b\n  out p: f32[8]\n{\n  %z = full 2.0 : f32[8]\n  store p, %z\n}\n";
-    let kernels = tessel::load_source("two.tk", text).unwrap();
-    let calls: Vec<_> = kernels.iter().map(|k| tessel::KernelLaunch { kernel: k, mesh: None }).collect();
-    let ty = kernels[0].kernel().param("o").unwrap().ty.clone();
-    let (mut o, mut p) = (vec![0u8; 32], vec![0u8; 32]);
-    let mut place = tessel::InPlace::default();
-    place.outputs.insert("o".into(), tessel::BytesMut { ty: ty.clone(), bytes: &mut o, keep: true });
-    place.outputs.insert("p".into(), tessel::BytesMut { ty, bytes: &mut p, keep: false });
-    rt.run_in_place("interpret", &calls, &[], &mut place).map(drop).map_err(|e| e.to_string())
-}
-
 #[test]
 fn every_mosaic_gpu_refusal_is_reached_with_its_words() {
     use tessel_mosaic_gpu::error::RefusalKind as K;
@@ -334,7 +320,7 @@ fn every_interpret_refusal_is_reached_with_its_words() {
         Case { kind: K::BlockTooLarge, how: lower(&big, &[]), first: "block value %x (f32[16777217]) has 16777217 elements, more than the 16777216 the interpret backend runs".into() },
         Case {
             kind: K::KeptInSeveralKernels,
-            how: How::Call(interpret_kept_in_two_kernels),
+            how: How::Call(|| common::kept_in_two_kernels("interpret", &[])),
             first: "output `o` starts from given contents (an aliased input) in a launch of several kernels, which the interpreter runs on fresh outputs".into(),
         },
     ]);

@@ -4,25 +4,7 @@
 
 mod common;
 
-use std::path::Path;
-
 use common::*;
-
-/// The launch flags a kernel file needs: every kernel of the file (several make one MPMD
-/// launch), and a mesh or grid sizes where the file needs them.
-fn launch_flags(path: &Path) -> Vec<String> {
-    let name = path.file_stem().unwrap().to_str().unwrap();
-    let mut args = Vec::new();
-    for k in tessel::load_file(path).unwrap_or_else(|e| panic!("{e}")) {
-        args.extend(["--kernel".to_string(), k.name().to_string()]);
-    }
-    match name {
-        "dyn_grid" => args.extend(["--grid".into(), "i=3".into()]),
-        "mesh_grid" => args.extend(["--mesh".into(), "grid(i: 4, j: 2)".into()]),
-        _ => {}
-    }
-    args
-}
 
 fn run(args: &[String]) -> Outcome {
     tessel(&args.iter().map(String::as_str).collect::<Vec<_>>())

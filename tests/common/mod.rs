@@ -369,3 +369,36 @@ pub fn cpu_plugin(test: &str) -> Option<PathBuf> {
     let lib = format!("{}tessel_cpu{}", std::env::consts::DLL_PREFIX, std::env::consts::DLL_SUFFIX);
     Some(target_dir().join(lib))
 }
+
+/// The launch flags a kernel file needs for `tessel run`: every kernel of the file (several make
+/// one MPMD launch), and a mesh or grid sizes where the file needs them.
+#[allow(dead_code)]
+pub fn launch_flags(path: &Path) -> Vec<String> {
+    let name = path.file_stem().unwrap().to_str().unwrap();
+    let mut args = Vec::new();
+    for k in tessel::load_file(path).unwrap_or_else(|e| panic!("{e}")) {
+        args.extend(["--kernel".to_string(), k.name().to_string()]);
+    }
+    match name {
+        "dyn_grid" => args.extend(["--grid".into(), "i=3".into()]),
+        "mesh_grid" => args.extend(["--mesh".into(), "grid(i: 4, j: 2)".into()]),
+        _ => {}
+    }
+    args
+}
+
+/// A kept output (an aliased input's buffer) in an in-place launch of two kernels on `backend`:
+/// the refusal's message.
+#[allow(dead_code)]
+pub fn kept_in_two_kernels(backend: &str, plugins: &[PathBuf]) -> Result<(), String> {
+    let rt = tessel::Runtime::new(plugins).unwrap();
+    let text = "kernel a\n  out o: f32[8]\n{\n  %z = full 1.0 : f32[8]\n  store o, %z\n}\nkernel b\n  out p: f32[8]\n{\n  %z = full 2.0 : f32[8]\n  store p, %z\n}\n";
+    let kernels = tessel::load_source("two.tk", text).unwrap();
+    let calls: Vec<_> = kernels.iter().map(|k| tessel::KernelLaunch { kernel: k, mesh: None }).collect();
+    let ty = kernels[0].kernel().param("o").unwrap().ty.clone();
+    let (mut o, mut p) = (vec![0u8; 32], vec![0u8; 32]);
+    let mut place = tessel::InPlace::default();
+    place.outputs.insert("o".into(), tessel::BytesMut { ty: ty.clone(), bytes: &mut o, keep: true });
+    place.outputs.insert("p".into(), tessel::BytesMut { ty, bytes: &mut p, keep: false });
+    rt.run_in_place(backend, &calls, &[], &mut place).map(drop).map_err(|e| e.to_string())
+}

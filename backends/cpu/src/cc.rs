@@ -46,9 +46,10 @@ pub fn toolchain() -> Result<&'static Toolchain, &'static str> {
 
 fn find() -> Result<Toolchain, String> {
     let cc = std::env::var("CC").ok().filter(|c| !c.is_empty()).unwrap_or_else(|| "cc".to_string());
-    let out = Command::new(&cc).arg("--version").output().map_err(|e| {
-        format!("no C compiler: `{cc} --version` failed ({e}); install gcc or clang, or set CC")
-    })?;
+    let out = Command::new(&cc)
+        .arg("--version")
+        .output()
+        .map_err(|e| format!("no C compiler: `{cc} --version` failed ({e}); install gcc or clang, or set CC"))?;
     if !out.status.success() {
         return Err(format!("no C compiler: `{cc} --version` exited with {}", out.status));
     }
@@ -211,8 +212,7 @@ fn open(path: &Path) -> Result<Library, BackendError> {
     // user's own); loading it runs no initialisers beyond the C runtime's.
     #[allow(unsafe_code)]
     let lib = unsafe { libloading::Library::new(path) };
-    lib.map(|lib| Library { lib, path: path.to_path_buf() })
-        .map_err(|e| internal(format!("cannot load {}: {e}", path.display())))
+    lib.map(|lib| Library { lib, path: path.to_path_buf() }).map_err(|e| internal(format!("cannot load {}: {e}", path.display())))
 }
 
 #[cfg(test)]

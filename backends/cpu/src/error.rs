@@ -23,13 +23,17 @@ pub enum Refusal {
         grid: String,
     },
     /// A kernel of the concurrent model (threads, barriers, asynchronous copies and products).
-    #[error("kernel `{kernel}` uses the concurrent model (threads, barriers, asynchronous copies), which the cpu backend does not compile")]
+    #[error(
+        "kernel `{kernel}` uses the concurrent model (threads, barriers, asynchronous copies), which the cpu backend does not compile"
+    )]
     Concurrent {
         /// The kernel.
         kernel: String,
     },
     /// A kept output in a launch of several kernels, which runs on fresh outputs.
-    #[error("output `{name}` starts from given contents (an aliased input) in a launch of several kernels, which the cpu backend runs on fresh outputs")]
+    #[error(
+        "output `{name}` starts from given contents (an aliased input) in a launch of several kernels, which the cpu backend runs on fresh outputs"
+    )]
     KeptInSeveralKernels {
         /// The output.
         name: String,

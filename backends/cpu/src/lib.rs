@@ -19,7 +19,7 @@ pub use error::Refusal;
 use tessel_plugin_api::abi::{BackendError, Capabilities, DeviceClass, ErrorKind, MeshBox};
 use tessel_plugin_api::array::{DataRef, HostArray};
 use tessel_plugin_api::backend::{
-    Artifact, Available, BackendImpl, Compiler, Launch, Options, SpecMesh, make_mesh_object, mesh_spec,
+    Artifact, Available, BackendImpl, Compiler, Launch, Options, SpecMesh, host_buffers, make_mesh_object, mesh_spec,
     verify_with_mesh,
 };
 use tessel_plugin_api::ir::{DType, ParamKind, Type, Verified, analysis, legalize};
@@ -161,14 +161,20 @@ impl CompiledLaunch {
                 ParamKind::In => {
                     let d = inputs.get(&p.name).ok_or_else(|| missing(&p.name))?;
                     if d.len() != p.ty.numel() {
-                        return Err(BackendError::new(ErrorKind::InvalidInput, format!("input `{}` has {} elements, not the {} of {}", p.name, d.len(), p.ty.numel(), p.ty)));
+                        return Err(BackendError::new(
+                            ErrorKind::InvalidInput,
+                            format!("input `{}` has {} elements, not the {} of {}", p.name, d.len(), p.ty.numel(), p.ty),
+                        ));
                     }
                     args.push(input_ptr(d));
                 }
                 ParamKind::Out => {
                     let out = outputs.get_mut(&p.name).ok_or_else(|| missing(&p.name))?;
                     if out.len() != bytes {
-                        return Err(BackendError::new(ErrorKind::InvalidInput, format!("output `{}` has {} bytes, not the {bytes} of {}", p.name, out.len(), p.ty)));
+                        return Err(BackendError::new(
+                            ErrorKind::InvalidInput,
+                            format!("output `{}` has {} bytes, not the {bytes} of {}", p.name, out.len(), p.ty),
+                        ));
                     }
                     // Outputs start as zeros (XLA's result buffers hold whatever they held),
                     // unless kept, or every element is stored before anything could read it.
@@ -265,17 +271,15 @@ impl BackendImpl for Cpu {
     }
 
     fn alloc(&self, ty: &Type) -> Result<HostArray, BackendError> {
-        Ok(HostArray::zeros(ty.dtype, &ty.shape))
+        host_buffers::alloc(ty)
     }
 
     fn upload(&self, buffer: &mut HostArray, data: HostArray) -> Result<(), BackendError> {
-        tessel_plugin_api::backend::check_upload(&buffer.ty(), &data)?;
-        *buffer = data;
-        Ok(())
+        host_buffers::upload(buffer, data)
     }
 
     fn download<'b>(&self, buffer: &'b HostArray) -> Result<std::borrow::Cow<'b, HostArray>, BackendError> {
-        Ok(std::borrow::Cow::Borrowed(buffer))
+        host_buffers::download(buffer)
     }
 
     fn run_host(
@@ -327,7 +331,8 @@ impl BackendImpl for Cpu {
             }
             for (name, bytes) in bools {
                 let a = outs.iter_mut().find(|(n, _)| *n == name).expect("an output");
-                a.1 = HostArray::from_le_bytes(DType::Bool, &a.1.ty().shape, &bytes).map_err(|e| BackendError::new(ErrorKind::Internal, e))?;
+                a.1 = HostArray::from_le_bytes(DType::Bool, &a.1.ty().shape, &bytes)
+                    .map_err(|e| BackendError::new(ErrorKind::Internal, e))?;
             }
             buffers.extend(outs);
         }

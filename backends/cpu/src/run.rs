@@ -50,12 +50,7 @@ impl Kernel {
             return Ok(());
         }
         let threads = rayon::current_num_threads() as u64;
-        let ctx = Ctx {
-            args: args.as_ptr(),
-            grid: sizes.as_ptr(),
-            sgemm,
-            parallel_dot: i32::from(programs < threads),
-        };
+        let ctx = Ctx { args: args.as_ptr(), grid: sizes.as_ptr(), sgemm, parallel_dot: i32::from(programs < threads) };
         let shared = Shared(&ctx);
         let cancelled = AtomicBool::new(false);
         let token = tessel_plugin_api::cancel::current();
@@ -176,8 +171,25 @@ extern "C" fn sgemm(
         #[allow(unsafe_code)]
         unsafe {
             gemm::gemm(
-                m, n, k, dst, dcs as isize, drs as isize, false, a, acs as isize, ars as isize, b, bcs as isize,
-                brs as isize, 0.0, 1.0, false, false, false, par,
+                m,
+                n,
+                k,
+                dst,
+                dcs as isize,
+                drs as isize,
+                false,
+                a,
+                acs as isize,
+                ars as isize,
+                b,
+                bcs as isize,
+                brs as isize,
+                0.0,
+                1.0,
+                false,
+                false,
+                false,
+                par,
             );
         }
     };

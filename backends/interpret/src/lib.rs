@@ -24,7 +24,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use tessel_plugin_api::abi::{BackendError, BuiltinBackend, Capabilities, DeviceClass, ErrorKind, MeshBox};
 use tessel_plugin_api::array::{DataRef, HostArray};
 use tessel_plugin_api::backend::{
-    Artifact, Available, BackendImpl, Compiler, Launch, Options, export, mesh_spec, verify_with_mesh,
+    Artifact, Available, BackendImpl, Compiler, Launch, Options, host_buffers, export, mesh_spec, verify_with_mesh,
 };
 use tessel_plugin_api::ir::{DType, ParamKind, Type, Verified, print_kernel};
 use tessel_plugin_api::launch::{self, LaunchArgs, LaunchError};
@@ -311,17 +311,15 @@ impl BackendImpl for Interpreter {
     }
 
     fn alloc(&self, ty: &Type) -> Result<HostArray, BackendError> {
-        Ok(HostArray::zeros(ty.dtype, &ty.shape))
+        host_buffers::alloc(ty)
     }
 
     fn upload(&self, buffer: &mut HostArray, data: HostArray) -> Result<(), BackendError> {
-        tessel_plugin_api::backend::check_upload(&buffer.ty(), &data)?;
-        *buffer = data;
-        Ok(())
+        host_buffers::upload(buffer, data)
     }
 
     fn download<'b>(&self, buffer: &'b HostArray) -> Result<std::borrow::Cow<'b, HostArray>, BackendError> {
-        Ok(std::borrow::Cow::Borrowed(buffer))
+        host_buffers::download(buffer)
     }
 
     /// One kernel in place on the caller's memory; a launch of several (each seeing the outputs

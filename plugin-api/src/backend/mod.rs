@@ -144,6 +144,32 @@ fn invalid(msg: impl Into<String>) -> BackendError {
     BackendError::new(ErrorKind::InvalidInput, msg)
 }
 
+/// The buffers of a backend that computes in host memory (`Buffer = HostArray`: the interpreter,
+/// the cpu plugin): the three [`BackendImpl`] methods they all write the same way.
+pub mod host_buffers {
+    use super::check_upload;
+    use crate::abi::BackendError;
+    use crate::array::HostArray;
+    use crate::ir::Type;
+
+    /// [`super::BackendImpl::alloc`]: a zeroed array.
+    pub fn alloc(ty: &Type) -> Result<HostArray, BackendError> {
+        Ok(HostArray::zeros(ty.dtype, &ty.shape))
+    }
+
+    /// [`super::BackendImpl::upload`]: the array itself, of the buffer's type.
+    pub fn upload(buffer: &mut HostArray, data: HostArray) -> Result<(), BackendError> {
+        check_upload(&buffer.ty(), &data)?;
+        *buffer = data;
+        Ok(())
+    }
+
+    /// [`super::BackendImpl::download`]: the array, lent.
+    pub fn download(buffer: &HostArray) -> Result<std::borrow::Cow<'_, HostArray>, BackendError> {
+        Ok(std::borrow::Cow::Borrowed(buffer))
+    }
+}
+
 /// The refusal of an upload whose array is not of the buffer's type (for [`BackendImpl::upload`]).
 pub fn check_upload(buffer: &Type, data: &HostArray) -> Result<(), BackendError> {
     if data.ty() != *buffer {

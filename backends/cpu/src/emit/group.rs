@@ -131,7 +131,8 @@ impl<'v> Writer<'v, '_> {
                 }
                 Some(Index::Slice { start, size, stride }) => {
                     let s = format!("(int64_t){}", self.scalar(start, DType::I32));
-                    let r = (format!("{s} + {} * {stride}", var(k)), s.clone(), format!("{s} + {}", size.saturating_sub(1) * stride));
+                    let r =
+                        (format!("{s} + {} * {stride}", var(k)), s.clone(), format!("{s} + {}", size.saturating_sub(1) * stride));
                     k += 1;
                     r
                 }
@@ -144,7 +145,11 @@ impl<'v> Writer<'v, '_> {
                 Some(Index::Gather { index, .. }) => {
                     let Operand::Value(iv) = index else { unreachable!("verifier: an index vector is a value") };
                     let id = self.id(iv);
-                    let e = if temps.is_some_and(|t| t.contains(&id)) { format!("t{}", id.index()) } else { format!("v{}[{}]", id.index(), var(k)) };
+                    let e = if temps.is_some_and(|t| t.contains(&id)) {
+                        format!("t{}", id.index())
+                    } else {
+                        format!("v{}[{}]", id.index(), var(k))
+                    };
                     k += 1;
                     gathered = true;
                     (format!("(int64_t){e}"), String::new(), String::new())
@@ -339,7 +344,8 @@ impl<'v> Writer<'v, '_> {
                 members.push(s);
             } else if s.results.len() == 1
                 && self.is_scalar(self.id(&s.results[0]))
-                && (matches!(s.op, Op::ProgramId(_) | Op::NumPrograms(_)) || (elementwise(&s.op) && !matches!(s.op, Op::Load { .. })))
+                && (matches!(s.op, Op::ProgramId(_) | Op::NumPrograms(_))
+                    || (elementwise(&s.op) && !matches!(s.op, Op::Load { .. })))
             {
                 hoisted.push(s);
             } else {

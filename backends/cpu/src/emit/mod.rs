@@ -23,8 +23,7 @@ use std::fmt::Write as _;
 use tessel_plugin_api::ir::size::{SizeExpr, SizeOp};
 
 use tessel_plugin_api::ir::{
-    BlockIndex, DType, ForLoop, IfElse, Literal, Op, Operand, ParamKind, Stmt, Type, ValueId, Verified,
-    analysis,
+    BlockIndex, DType, ForLoop, IfElse, Literal, Op, Operand, ParamKind, Stmt, Type, ValueId, Verified, analysis,
 };
 
 pub use c::{compute, storage};

@@ -242,7 +242,8 @@ impl<'v> Writer<'v, '_> {
 /// The row-major flat index of `i0, i1, ...` in `shape`.
 fn flat(shape: &[usize]) -> String {
     let s = strides(shape);
-    let terms: Vec<String> = (0..shape.len()).map(|k| if s[k] == 1 { format!("i{k}") } else { format!("i{k} * {}", s[k]) }).collect();
+    let terms: Vec<String> =
+        (0..shape.len()).map(|k| if s[k] == 1 { format!("i{k}") } else { format!("i{k} * {}", s[k]) }).collect();
     if terms.is_empty() { "0".into() } else { terms.join(" + ") }
 }
 
