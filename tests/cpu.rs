@@ -170,17 +170,12 @@ fn every_cpu_refusal_is_reached_with_its_words() {
     assert_eq!(seen.len(), 4);
 }
 
-/// The cpu backend's own `tanh` (`tk_tanh_cpu` in `emit/prelude.h`, not the portable program)
-/// against `f64`'s, rounded: within §8's 2 ulp on a sweep of 2^20 arguments spread over every
-/// exponent from 2^-20 to 2^5 (where it switches from the series to the exponential at 0.625
-/// and reaches 1), both signs.
-#[test]
-fn the_cpu_tanh_is_within_two_ulp_on_a_sweep() {
-    let Some(plugin) = cpu_plugin("cpu tanh sweep") else { return };
+/// The ulp by which the cpu backend's `op` misses `f64`'s `want`, rounded, at most, over 2^20
+/// arguments spread over every exponent from 2^-20 to `top`, both signs; and where.
+fn sweep(plugin: &Path, op: &str, want: fn(f64) -> f64, top: f32) -> (u32, f32) {
     let n = 1usize << 20;
-    let text = format!("kernel t\n  in  x: f32[{n}]\n  out o: f32[{n}]\n{{\n  %x = load x\n  %y = tanh %x\n  store o, %y\n}}\n");
-    // Every bit pattern from 2^-20 to 2^5 in steps, alternately signed.
-    let (lo, hi) = ((2.0f32).powi(-20).to_bits(), 32.0f32.to_bits());
+    let text = format!("kernel t\n  in  x: f32[{n}]\n  out o: f32[{n}]\n{{\n  %x = load x\n  %y = {op} %x\n  store o, %y\n}}\n");
+    let (lo, hi) = ((2.0f32).powi(-20).to_bits(), top.to_bits());
     let step = (hi - lo) / (n as u32 / 2);
     let xs: Vec<f32> = (0..n)
         .map(|i| {
@@ -188,8 +183,8 @@ fn the_cpu_tanh_is_within_two_ulp_on_a_sweep() {
             if i % 2 == 1 { -v } else { v }
         })
         .collect();
-    let rt = tessel::Runtime::new(&[plugin]).unwrap();
-    let kernels = tessel::load_source("tanh.tk", &text).unwrap();
+    let rt = tessel::Runtime::new(&[plugin.to_path_buf()]).unwrap();
+    let kernels = tessel::load_source("sweep.tk", &text).unwrap();
     let call = [tessel::KernelLaunch { kernel: &kernels[0], mesh: None }];
     let args = tessel::LaunchArgs { inputs: [("x".to_string(), f32_array(&[n], xs.clone()))].into(), grid: Default::default() };
     let out = rt.launch("cpu", &call, &[], &args).unwrap().remove(0).1.to_f64();
@@ -197,7 +192,19 @@ fn the_cpu_tanh_is_within_two_ulp_on_a_sweep() {
         let key = |v: f32| if v.is_sign_negative() { -(v.to_bits() as i64 & 0x7fff_ffff) } else { v.to_bits() as i64 };
         (key(got) - key(want)).unsigned_abs() as u32
     };
-    let worst = xs.iter().zip(&out).map(|(&x, &g)| (ulps(g as f32, (x as f64).tanh() as f32), x)).max_by_key(|w| w.0).unwrap();
-    eprintln!("tanh on cpu: at most {} ulp (at {:e})", worst.0, worst.1);
-    assert!(worst.0 <= 2, "tanh({:e}) is {} ulp off", worst.1, worst.0);
+    let worst = xs.iter().zip(&out).map(|(&x, &g)| (ulps(g as f32, want(x as f64) as f32), x)).max_by_key(|w| w.0).unwrap();
+    eprintln!("{op} on cpu: at most {} ulp (at {:e})", worst.0, worst.1);
+    worst
+}
+
+/// The cpu backend's own `tanh` and `exp` (`emit/prelude.h`, not the portable programs) within
+/// §8's bounds (2 and 1 ulp) on a sweep each: `tanh` through its switch from the series to the
+/// exponential at 0.625 and up to where it rounds to 1, `exp` from subnormal results to overflow.
+#[test]
+fn the_cpu_tanh_and_exp_are_within_their_bounds_on_a_sweep() {
+    let Some(plugin) = cpu_plugin("cpu tanh and exp sweeps") else { return };
+    let (worst, at) = sweep(&plugin, "tanh", f64::tanh, 32.0);
+    assert!(worst <= 2, "tanh({at:e}) is {worst} ulp off");
+    let (worst, at) = sweep(&plugin, "exp", f64::exp, 110.0);
+    assert!(worst <= 1, "exp({at:e}) is {worst} ulp off");
 }

@@ -114,7 +114,7 @@ pub fn unary(calls: &mut Calls, op: UnaryOp, d: DType, x: &str) -> String {
         (UnaryOp::Abs, _) => format!("fabsf({x})"),
         (UnaryOp::Not, DType::Bool) => format!("(int32_t)!({x})"),
         (UnaryOp::Not, _) => format!("(~{x})"),
-        (UnaryOp::Exp, _) => call(calls, libm::exp, &[x]),
+        (UnaryOp::Exp, _) => format!("tk_exp_cpu({x})"),
         (UnaryOp::Exp2, _) => call(calls, libm::exp2, &[x]),
         (UnaryOp::Log, _) => call(calls, libm::log, &[x]),
         (UnaryOp::Log2, _) => call(calls, libm::log2, &[x]),

@@ -167,3 +167,29 @@ static inline float tk_tanh_cpu(float x) {
     y = tk_bitsf(tk_fbits(y) | (tk_fbits(x) & 0x80000000u));
     return tk_isnan(x) ? x : y;
 }
+
+/* e^x within 1 ulp (§8's bound), written for the CPU: Cody-Waite's reduction and Cephes'
+ * polynomial as in plugin-api/src/libm's `exp`, with fused multiply-adds, n rounded by adding
+ * 1.5 * 2^23 and 2^n applied in two halves made in the exponent bits (so that results from the
+ * subnormals to the overflow are one rounding of y 2^n); x clamped to [-104, 89], past which the
+ * result rounds to 0 or overflows; NaN passed through. About 22 vector operations where the
+ * portable program takes about 35; checked against f64 on 1.4e9 arguments of |x| <= 120 (at most
+ * 1 ulp) and by tests/cpu.rs. */
+static inline float tk_exp_cpu(float x) {
+    float xc = x < -104.0f ? -104.0f : x;
+    xc = xc > 89.0f ? 89.0f : xc;
+    float n = (xc * 1.44269504f + 12582912.0f) - 12582912.0f;
+    float r = TK_FMA(-n, 0.693359375f, xc);
+    r = TK_FMA(-n, -2.12194440e-4f, r);
+    float q = 1.9875691500e-4f;
+    q = TK_FMA(q, r, 1.3981999507e-3f);
+    q = TK_FMA(q, r, 8.3334519073e-3f);
+    q = TK_FMA(q, r, 4.1665795894e-2f);
+    q = TK_FMA(q, r, 1.6666665459e-1f);
+    q = TK_FMA(q, r, 5.0000001201e-1f);
+    float y = TK_FMA(r * r, q, r) + 1.0f;
+    int32_t ni = (int32_t)n;
+    int32_t n1 = ni >> 1, n2 = ni - n1;
+    y = (y * tk_bitsf((uint32_t)(n1 + 127) << 23)) * tk_bitsf((uint32_t)(n2 + 127) << 23);
+    return tk_isnan(x) ? x : y;
+}
