@@ -208,3 +208,48 @@ fn the_cpu_tanh_and_exp_are_within_their_bounds_on_a_sweep() {
     let (worst, at) = sweep(&plugin, "exp", f64::exp, 110.0);
     assert!(worst <= 1, "exp({at:e}) is {worst} ulp off");
 }
+
+/// `kernel` on cpu and on the interpreter with `inputs` (the rest seeded): the same outputs
+/// within the dtype's tolerance, or what differs.
+fn agrees(plugin: &Path, text: &str, inputs: &[(&str, tessel::HostArray)]) {
+    let rt = tessel::Runtime::new(&[plugin.to_path_buf()]).unwrap();
+    let kernels = tessel::load_source("case.tk", text).unwrap_or_else(|e| panic!("{e}"));
+    let call = [tessel::KernelLaunch { kernel: &kernels[0], mesh: None }];
+    let mut args = tessel::LaunchArgs { inputs: tessel::inputs::random_inputs(kernels[0].kernel(), 3), grid: Default::default() };
+    for (name, a) in inputs {
+        args.inputs.insert(name.to_string(), a.clone());
+    }
+    let want = rt.launch("interpret", &call, &[], &args).unwrap();
+    let got = rt.launch("cpu", &call, &[], &args).unwrap();
+    for ((name, w), (_, g)) in want.iter().zip(&got) {
+        let a = tessel_plugin_api::array::agreement(g, w);
+        assert!(a.within, "{}: output {name}: cpu {:?} against interpret {:?}", kernels[0].name(), g.to_f64(), w.to_f64());
+    }
+}
+
+/// What a review of the C writer found (each wrong before its fix): a `for` whose new carried
+/// block is the other carried block (a swap: the copies go through temporaries, every new value
+/// read before any is written); a run that loads a scratch through two windows and stores through
+/// one of them (not fused: a lane would read what an earlier lane stored); a gather and a scatter
+/// through the same index vector with repeated entries (not fused either); a product of a grid of
+/// two programs spread over the pool (a worker may run another run meanwhile: each takes its own
+/// arena); a column sum of a million columns (its accumulator in the arena, not on the stack).
+#[test]
+fn the_writer_keeps_carried_swaps_overlapping_windows_and_repeated_scatters_apart() {
+    let Some(plugin) = cpu_plugin("cpu writer hazards") else { return };
+    let fib = "kernel fib\n  out o: f32[8]\n{\n  %one = full 1.0 : f32[8]\n  %zero = zeros : f32[8]\n  %a, %b = for %i = 0 to 5 iter (%x = %one, %y = %zero) {\n    %n = add %x, %y\n    yield %n, %x\n  }\n  store o, %a\n}\n";
+    agrees(&plugin, fib, &[]);
+    let swap = "kernel swap\n  out o: f32[2, 4]\n{\n  %p = full 1.0 : f32[2, 4]\n  %q = full 2.0 : f32[8]\n  %a, %b = for %i = 0 to 3 iter (%x = %p, %y = %q) {\n    %rx = reshape %x : f32[8]\n    %ry = reshape %y : f32[2, 4]\n    %s = add %ry, 1.0\n    yield %s, %rx\n  }\n  store o, %a\n}\n";
+    agrees(&plugin, swap, &[]);
+    let shift = "kernel shift\n  out o: f32[9]\n  scratch s: f32[9]\n{\n  %x = iota 0 : i32[9]\n  %f = cast %x : f32\n  store s, %f\n  %a = load s[ds(0, 8)]\n  %b = load s[ds(1, 8)]\n  %c = add %a, %b\n  store s[ds(1, 8)], %c\n  %r = load s\n  store o, %r\n}\n";
+    agrees(&plugin, shift, &[]);
+    let hist = "kernel hist\n  in  idx: i32[8]\n  out o: f32[4]\n  scratch s: f32[4]\n{\n  %i = load idx\n  %v = load s[%i]\n  %w = add %v, 1.0\n  store s[%i], %w\n  %r = load s\n  store o, %r\n}\n";
+    let idx = tessel::HostArray::from_bits(tessel_plugin_api::ir::DType::I32, &[8], vec![0, 0, 0, 0, 1, 1, 2, 3]);
+    agrees(&plugin, hist, &[("idx", idx)]);
+    let dot = "kernel pdot\n  grid (i: 2)\n  in  a: f32[512, 512] block [256, 512] at (i, 0)\n  in  b: f32[512, 512]\n  out o: f32[512, 512] block [256, 512] at (i, 0)\n{\n  %a = load a\n  %b = load b\n  %p = dot %a, %b\n  store o, %p\n}\n";
+    for _ in 0..4 {
+        agrees(&plugin, dot, &[]);
+    }
+    let colsum = "kernel colsum\n  grid (i: 2)\n  in  x: f32[8, 1048576] block [4, 1048576] at (i, 0)\n  out o: f32[2, 1048576] block [1, 1048576] at (i, 0)\n{\n  %x = load x\n  %s = sum %x axis 0 keepdims\n  store o, %s\n}\n";
+    agrees(&plugin, colsum, &[]);
+}

@@ -68,17 +68,18 @@ impl Kernel {
             }
             let (begin, end) = (r as u64 * per, ((r as u64 + 1) * per).min(programs));
             let ctx = shared.get();
-            ARENA.with(|a| {
-                let mut a = a.borrow_mut();
-                // SAFETY: `func` is the kernel's C function, called with its context (every
-                // pointer in it alive for this call: `args`, `sizes`, `ctx` outlive the loop), a
-                // range of the grid's programs, and an arena of at least the size the C was laid
-                // out for, 64-byte aligned, used by this worker alone.
-                #[allow(unsafe_code)]
-                unsafe {
-                    (self.func)(ctx.cast(), begin as i64, end as i64, a.at_least(self.arena).ptr())
-                };
-            });
+            // The worker's arena, taken out for the call: a product spread over the pool may
+            // make this worker run another run meanwhile, which then takes an arena of its own.
+            let mut a = ARENA.with(|a| std::mem::take(&mut *a.borrow_mut()));
+            // SAFETY: `func` is the kernel's C function, called with its context (every pointer in
+            // it alive for this call: `args`, `sizes`, `ctx` outlive the loop), a range of the
+            // grid's programs, and an arena of at least the size the C was laid out for, 64-byte
+            // aligned, used by this call alone.
+            #[allow(unsafe_code)]
+            unsafe {
+                (self.func)(ctx.cast(), begin as i64, end as i64, a.at_least(self.arena).ptr())
+            };
+            ARENA.with(|slot| *slot.borrow_mut() = a);
         };
         if runs == 1 {
             run(0);
@@ -107,6 +108,7 @@ impl Shared<'_> {
 
 /// A worker's memory for block values and scratch, kept by the thread from launch to launch
 /// (grown, never shrunk: the largest arena a kernel run on it needed).
+#[derive(Default)]
 struct Arena(Vec<u8>);
 
 thread_local! {

@@ -322,7 +322,9 @@ impl<'v> Writer<'v, '_> {
         let mut members: Vec<&'v Stmt> = Vec::new();
         let mut hoisted: Vec<&'v Stmt> = Vec::new();
         // Per reference: the index of the run's accesses, and whether one stored.
-        let mut touched: HashMap<&'v str, (String, bool)> = HashMap::new();
+        // Per reference: the indices of the run's accesses, whether one stored, whether one
+        // placed elements by an index vector.
+        let mut touched: HashMap<&'v str, (HashSet<String>, bool, bool)> = HashMap::new();
         let mut j = i;
         while j < stmts.len() {
             let s = &stmts[j];
@@ -333,13 +335,18 @@ impl<'v> Writer<'v, '_> {
                     _ => (None, &None, false),
                 };
                 if let Some(name) = name {
-                    let sig = format!("{index:?}");
-                    match touched.get(name) {
-                        Some((old, stored)) if *old != sig && (store || *stored) => break,
-                        _ => {}
+                    // A reference the run stores through must be accessed through one index,
+                    // and not an index vector (whose repeated entries would meet across lanes):
+                    // then every lane sees the memory it would statement by statement.
+                    let gather = index.iter().flatten().any(|i| matches!(i, Index::Gather { .. }));
+                    let (mut sigs, mut stored, mut gathered) = touched.get(name).cloned().unwrap_or_default();
+                    sigs.insert(format!("{index:?}"));
+                    stored |= store;
+                    gathered |= gather;
+                    if stored && (sigs.len() > 1 || gathered) && !members.is_empty() {
+                        break;
                     }
-                    let stored = touched.get(name).is_some_and(|t| t.1) || store;
-                    touched.insert(name, (sig, stored));
+                    touched.insert(name, (sigs, stored, gathered));
                 }
                 members.push(s);
             } else if s.results.len() == 1

@@ -71,8 +71,9 @@ enum Place {
 /// What a `yield` assigns to: a `for`'s carried values or an `if`'s results.
 struct YieldTo {
     targets: Vec<ValueId>,
-    /// For a `for`: copy array values through temporaries (a yield reads another carried value).
-    through: Vec<Option<String>>,
+    /// Whether these are a `for`'s carried values (a yield may read them) rather than an `if`'s
+    /// fresh results.
+    carried: bool,
 }
 
 pub(crate) struct Writer<'v, 'c> {
@@ -370,7 +371,7 @@ impl<'v, 'c> Writer<'v, 'c> {
             self.declare_mutable(t);
         }
         self.line(format!("if ({}) {{", self.scalar(&f.cond, DType::Bool)));
-        self.yields.push(YieldTo { targets: targets.clone(), through: vec![None; targets.len()] });
+        self.yields.push(YieldTo { targets: targets.clone(), carried: false });
         self.depth += 1;
         self.body(&f.then);
         self.depth -= 1;
@@ -406,20 +407,6 @@ impl<'v, 'c> Writer<'v, 'c> {
             self.declare_mutable(a);
             self.assign(a, init);
         }
-        // A yield that reads another carried block goes through a temporary.
-        let mut through = vec![None; carried.len()];
-        if let Some(Stmt { op: Op::Yield(ys), .. }) = f.body.last() {
-            for (n, y) in ys.iter().enumerate() {
-                let Operand::Value(name) = y else { continue };
-                let r = self.root_of(self.id(name));
-                if !self.is_scalar(carried[n]) && carried.iter().enumerate().any(|(m, &c)| m != n && c == r) {
-                    let t = self.fresh("yt");
-                    let ty = self.ty(carried[n]);
-                    self.alloc(&t, c::compute(ty.dtype), ty.numel());
-                    through[n] = Some(t);
-                }
-            }
-        }
         let ii = self.fresh("ii");
         self.line(format!("for (int64_t {ii} = {lo}; {step} > 0 && {ii} < {hi}; {ii} += {step}) {{"));
         self.depth += 1;
@@ -429,7 +416,7 @@ impl<'v, 'c> Writer<'v, 'c> {
         let var = self.id(&f.var);
         self.line(format!("const int32_t v{} = (int32_t){ii};", var.index()));
         self.places.insert(var, Place::Local);
-        self.yields.push(YieldTo { targets: carried.clone(), through });
+        self.yields.push(YieldTo { targets: carried.clone(), carried: true });
         self.body(&f.body);
         self.yields.pop();
         self.depth -= 1;
@@ -470,16 +457,29 @@ impl<'v, 'c> Writer<'v, 'c> {
 
     fn yield_(&mut self, values: &'v [Operand]) {
         let to = self.yields.pop().expect("verifier: a yield ends a for or an if body");
+        // Where a carried block's new value is (or aliases, through `reshape`s) another carried
+        // block, every block goes through a temporary: each new value read before any is written.
+        let crossing = to.carried
+            && values.iter().enumerate().any(|(n, y)| match y {
+                Operand::Value(name) => {
+                    let r = self.root_of(self.id(name));
+                    to.targets.iter().enumerate().any(|(m, &c)| m != n && c == r && !self.is_scalar(c))
+                }
+                Operand::Lit(_) => false,
+            });
         let mut later = Vec::new();
-        for (n, (y, &t)) in values.iter().zip(&to.targets).enumerate() {
+        for (y, &t) in values.iter().zip(&to.targets) {
             if self.is_scalar(t) {
                 // Every new value computed before any is assigned.
                 let tmp = self.fresh("y");
                 let d = self.ty(t).dtype;
                 self.line(format!("const {} {tmp} = {};", c::compute(d), self.scalar(y, d)));
                 later.push(format!("v{} = {tmp};", t.index()));
-            } else if let Some(tmp) = &to.through[n] {
-                let bytes = self.ty(t).numel() * 4;
+            } else if crossing {
+                let tmp = self.fresh("yt");
+                let ty = self.ty(t);
+                let bytes = ty.numel() * 4;
+                self.alloc(&tmp, c::compute(ty.dtype), ty.numel());
                 self.line(format!("memmove({tmp}, {}, {bytes});", self.pointer(y)));
                 later.push(format!("memmove(v{}, {tmp}, {bytes});", t.index()));
             } else {

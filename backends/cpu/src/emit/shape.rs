@@ -200,7 +200,10 @@ impl<'v> Writer<'v, '_> {
             }
             self.line(format!("{dst}[o] = {};", done("l[0]")));
         } else {
-            self.line(format!("{acc_t} acc[{inner}];"));
+            // In the arena: `inner` may be millions (a column sum), past a worker's stack.
+            let acc = self.fresh("acc");
+            self.alloc(&acc, acc_t, inner);
+            self.line(format!("{acc_t} *const acc = {acc};"));
             self.line(format!("for (int64_t j = 0; j < {inner}; j++) acc[j] = {init};"));
             self.line(format!(
                 "for (int64_t k = 0; k < {n}; k++) for (int64_t j = 0; j < {inner}; j++) acc[j] = {};",
