@@ -253,3 +253,33 @@ fn the_writer_keeps_carried_swaps_overlapping_windows_and_repeated_scatters_apar
     let colsum = "kernel colsum\n  grid (i: 2)\n  in  x: f32[8, 1048576] block [4, 1048576] at (i, 0)\n  out o: f32[2, 1048576] block [1, 1048576] at (i, 0)\n{\n  %x = load x\n  %s = sum %x axis 0 keepdims\n  store o, %s\n}\n";
     agrees(&plugin, colsum, &[]);
 }
+
+/// Products inside a grid of several programs (`gemm.h`'s inline `tk_sgemm`, not the pool's):
+/// every transpose, edges of every tile (rows past the 8-row and 4-row tiles, columns past the
+/// last whole vector), a contraction in several chunks of 256, one column, one row.
+#[test]
+fn products_of_every_shape_and_transpose_agree_with_the_interpreter() {
+    let Some(plugin) = cpu_plugin("cpu products") else { return };
+    for (m, n, k) in [(64, 64, 64), (13, 37, 300), (1, 1, 1), (7, 16, 3), (12, 33, 513), (33, 1, 70), (1, 96, 8)] {
+        for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+            let a = if ta { format!("f32[{k}, {m}]") } else { format!("f32[{m}, {k}]") };
+            let b = if tb { format!("f32[{n}, {k}]") } else { format!("f32[{k}, {n}]") };
+            let flags = [(ta, " trans_a"), (tb, " trans_b")].iter().filter(|f| f.0).map(|f| f.1).collect::<String>();
+            let text = format!(
+                "kernel prod\n  grid (i: 3)\n  in  a: {a}\n  in  b: {b}\n  out o: f32[{m}, {n}]\n{{\n  %a = load a\n  %b = load b\n  %p = dot %a, %b{flags}\n  %i = program_id i\n  %z = eq %i, 0\n  when %z {{\n    store o, %p\n  }}\n}}\n"
+            );
+            agrees(&plugin, &text, &[]);
+        }
+    }
+    // Tiles of wider arrays read in place (rows at the array's distance) where the tile lies
+    // inside, copied where it runs past an edge: 100 x 72 x 90 in 32^3 tiles, each transpose.
+    for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+        let a = if ta { "f32[90, 100] block [32, 32] at (k, i)" } else { "f32[100, 90] block [32, 32] at (i, k)" };
+        let b = if tb { "f32[72, 90] block [32, 32] at (j, k)" } else { "f32[90, 72] block [32, 32] at (k, j)" };
+        let flags = [(ta, " trans_a"), (tb, " trans_b")].iter().filter(|f| f.0).map(|f| f.1).collect::<String>();
+        let text = format!(
+            "kernel tiles\n  grid (i: 4, j: 3, k: 3 seq)\n  in  a: {a}\n  in  b: {b}\n  out c: f32[100, 72] block [32, 32] at (i, j)\n{{\n  %k = program_id k\n  %first = eq %k, 0\n  when %first {{\n    %z = zeros : f32[32, 32]\n    store c, %z\n  }}\n  %a = load a\n  %b = load b\n  %p = dot %a, %b{flags}\n  %acc = load c\n  %sum = add %acc, %p\n  store c, %sum\n}}\n"
+        );
+        agrees(&plugin, &text, &[]);
+    }
+}

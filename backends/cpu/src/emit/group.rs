@@ -43,8 +43,11 @@ pub(super) struct Ctx {
     /// The buffer reads the loop body makes, each bound to a local before the statements
     /// (`const float r3 = v12[i1];`): no element read sits inside a conditional expression, where
     /// GCC 12 vectorizes it as a masked load and, in some loop nests, loads zeros (`-O3 -mavx2`;
-    /// `tests/cpu.rs` keeps the kernel that showed it).
-    reads: RefCell<Vec<(String, &'static str, String)>>,
+    /// `tests/cpu.rs` keeps the kernel that showed it). With each, the loops its index varies in:
+    /// a read of a row's value (a broadcast `keepdims` result) is made in the row's loop, not in
+    /// the inner one (GCC vectorizes the inner loop then without versioning it for aliasing; with
+    /// the read inside, the alias check failed at run time and the scalar loop ran).
+    reads: RefCell<Vec<(String, &'static str, String, usize)>>,
 }
 
 impl Ctx {
@@ -101,6 +104,16 @@ impl Access {
         }
         self.range.iter().zip(&self.dims).map(|((lo, hi), d)| format!("({lo}) >= 0 && ({hi}) < {d}")).collect()
     }
+}
+
+/// How many of the loops over `shape` (outermost first) a value of `vshape` broadcast over it
+/// varies in: 0 for one element, `shape.len()` where it varies in the innermost.
+fn loops_varied(vshape: &[usize], shape: &[usize]) -> usize {
+    if vshape == shape {
+        return shape.len(); // read at `f`, the flat index (`index_in`)
+    }
+    let off = shape.len() - vshape.len();
+    (0..vshape.len()).rev().find(|&j| vshape[j] != 1).map_or(0, |j| j + off + 1)
 }
 
 fn var(k: usize) -> String {
@@ -187,13 +200,14 @@ impl<'v> Writer<'v, '_> {
         }
         match self.places.get(&id) {
             Some(Place::Buffer) => {
-                let read = format!("v{}[{}]", id.index(), self.index_in(&self.ty(id).shape, &ctx.shape));
+                let vshape = &self.ty(id).shape;
+                let read = format!("v{}[{}]", id.index(), self.index_in(vshape, &ctx.shape));
                 let mut reads = ctx.reads.borrow_mut();
-                if let Some((name, ..)) = reads.iter().find(|(_, _, r)| *r == read) {
+                if let Some((name, ..)) = reads.iter().find(|(_, _, r, _)| *r == read) {
                     return name.clone();
                 }
                 let name = format!("r{}", reads.len());
-                reads.push((name.clone(), c::compute(self.ty(id).dtype), read));
+                reads.push((name.clone(), c::compute(self.ty(id).dtype), read, loops_varied(vshape, &ctx.shape)));
                 name
             }
             _ => format!("v{}", id.index()),
@@ -368,23 +382,33 @@ impl<'v> Writer<'v, '_> {
     }
 
     /// Where a load's value can be its input's memory: an `f32`, `i32` or `u32` input read whole,
-    /// without a mask, whose blocks are contiguous (every dimension but the first whole): the
-    /// argument's position and the offset of the block's first element.
-    fn view_of(&self, s: &Stmt) -> Option<(usize, String)> {
+    /// without a mask, whose blocks are contiguous (every dimension but the first whole), or 2-D
+    /// blocks of a wider `f32` array read only by `dot`s (which take rows at any distance): the
+    /// argument's position, the offset of the block's first element and, for the latter, the
+    /// distance between its rows.
+    fn view_of(&self, s: &Stmt) -> Option<(usize, String, Option<usize>)> {
         let Op::Load { src, index, mask: None, .. } = &s.op else { return None };
         let (n, p) = self.param(src);
         let whole = index.as_ref().is_none_or(|ix| ix.iter().all(|i| matches!(i, Index::Full)));
         let same = matches!(p.ty.dtype, DType::F32 | DType::I32 | DType::U32);
         let block = p.block_shape();
-        let contiguous = block.len() == p.ty.shape.len() && block.iter().zip(&p.ty.shape).skip(1).all(|(b, d)| b == d);
-        if p.kind != ParamKind::In || !whole || !same || !contiguous || p.ty.shape.is_empty() {
+        if p.kind != ParamKind::In || !whole || !same || block.len() != p.ty.shape.len() || p.ty.shape.is_empty() {
             return None;
         }
-        if p.block.is_none() {
-            return Some((n, "0".into()));
+        if block.iter().zip(&p.ty.shape).skip(1).all(|(b, d)| b == d) {
+            if p.block.is_none() {
+                return Some((n, "0".into(), None));
+            }
+            let row: usize = p.ty.shape[1..].iter().product();
+            return Some((n, format!("o{n}_0 * {row}"), None));
         }
-        let row: usize = p.ty.shape[1..].iter().product();
-        Some((n, format!("o{n}_0 * {row}")))
+        let id = self.id(&s.results[0]);
+        let only_dots = self.dot_reads.get(&id).is_some_and(|d| Some(d) == self.uses.get(&id));
+        if block.len() != 2 || p.ty.dtype != DType::F32 || !only_dots {
+            return None;
+        }
+        let row = p.ty.shape[1];
+        Some((n, format!("o{n}_0 * {row} + o{n}_1"), Some(row)))
     }
 
     /// Emits a run's loop nest (twice where it touches memory: without bounds checks when every
@@ -402,6 +426,8 @@ impl<'v> Writer<'v, '_> {
         // Loads kept in memory that can be the input's own block where the run is inside its
         // arrays: no copy then (their pointer is set before the loops).
         let mut views: Vec<(ValueId, usize, String)> = Vec::new();
+        // Of those, the ones whose rows are apart in the input: (value, its own row width, the input's).
+        let mut strided: Vec<(ValueId, usize, usize)> = Vec::new();
         for s in members {
             let Some(id) = s.results.first().map(|r| self.id(r)) else { continue };
             if self.uses.get(&id).copied().unwrap_or(0) <= inside.get(&id).copied().unwrap_or(0) {
@@ -409,9 +435,13 @@ impl<'v> Writer<'v, '_> {
             }
             kept.insert(id);
             match self.view_of(s) {
-                Some((n, at)) => {
+                Some((n, at, row)) => {
                     let off = self.view_buffer(id);
                     views.push((id, off, format!("a{n} + {at}")));
+                    if let Some(row) = row {
+                        strided.push((id, self.ty(id).shape[1], row));
+                        self.row_stride.insert(id, format!("ld{}", id.index()));
+                    }
                 }
                 None => self.buffer(id),
             }
@@ -427,6 +457,9 @@ impl<'v> Writer<'v, '_> {
         }
         let temps: HashSet<ValueId> = made.iter().copied().collect();
         if fast.is_empty() {
+            for &(id, own, _) in &strided {
+                self.line(format!("const int64_t ld{} = {own};", id.index()));
+            }
             self.nest(members, &Ctx::new(shape, temps, false), &kept);
         } else {
             let flag = self.fresh("fast");
@@ -434,6 +467,9 @@ impl<'v> Writer<'v, '_> {
             for (id, off, at) in &views {
                 let ct = c::compute(self.ty(*id).dtype);
                 self.line(format!("v{} = {flag} ? ({ct} *)({at}) : ({ct} *)(arena + {off});", id.index()));
+            }
+            for &(id, own, row) in &strided {
+                self.line(format!("const int64_t ld{} = {flag} ? {row} : {own};", id.index()));
             }
             self.line(format!("if ({flag}) {{"));
             self.depth += 1;
@@ -458,10 +494,6 @@ impl<'v> Writer<'v, '_> {
 
     fn nest(&mut self, members: &[&'v Stmt], ctx: &Ctx, kept: &HashSet<ValueId>) {
         let r = ctx.shape.len();
-        for (k, d) in ctx.shape.iter().enumerate() {
-            self.line(format!("for (int64_t {v} = 0; {v} < {d}; {v}++) {{", v = var(k)));
-            self.depth += 1;
-        }
         let mut flat = String::new();
         let mut stride = 1usize;
         for k in (0..r).rev() {
@@ -471,7 +503,6 @@ impl<'v> Writer<'v, '_> {
             flat.insert_str(0, &if stride == 1 { var(k) } else { format!("{} * {stride}", var(k)) });
             stride *= ctx.shape[k];
         }
-        self.line(format!("const int64_t f = {flat}; (void)f;"));
         let mut lines = Vec::new();
         for s in members {
             if let Op::Store { .. } = s.op {
@@ -493,7 +524,18 @@ impl<'v> Writer<'v, '_> {
             }
             lines.push(l);
         }
-        for (name, ct, read) in ctx.reads.take() {
+        // Each read in the loop of the innermost variable its index takes (the first, for reads of
+        // one element: inside a loop, so that two runs' locals never meet in one C scope).
+        let reads = ctx.reads.take();
+        for (k, d) in ctx.shape.iter().enumerate() {
+            self.line(format!("for (int64_t {v} = 0; {v} < {d}; {v}++) {{", v = var(k)));
+            self.depth += 1;
+            for (name, ct, read, _) in reads.iter().filter(|x| x.3.max(1) == k + 1 && k + 1 < r) {
+                self.line(format!("const {ct} {name} = {read};"));
+            }
+        }
+        self.line(format!("const int64_t f = {flat}; (void)f;"));
+        for (name, ct, read, _) in reads.iter().filter(|x| x.3.max(1) >= r) {
             self.line(format!("const {ct} {name} = {read};"));
         }
         for l in lines {

@@ -42,14 +42,20 @@ pub fn emit(kernels: &[Verified]) -> Emitted {
     let mut calls = c::Calls::new();
     let mut bodies = String::new();
     let mut out = Vec::new();
+    let mut gemm = false;
     for (n, v) in kernels.iter().enumerate() {
         let name = format!("tk_k{n}");
         let mut w = Writer::new(v, &mut calls);
         w.kernel(&name);
+        gemm |= w.gemm;
         let _ = write!(bodies, "/* kernel `{}` */\n{}", v.name(), w.out);
         out.push((name, w.arena));
     }
     let mut source = include_str!("prelude.h").to_string();
+    if gemm {
+        source.push('\n');
+        source.push_str(include_str!("gemm.h"));
+    }
     for f in calls.values() {
         source.push('\n');
         source.push_str(&libm::function(f));
@@ -91,14 +97,24 @@ pub(crate) struct Writer<'v, 'c> {
     uses: HashMap<ValueId, usize>,
     yields: Vec<YieldTo>,
     fresh: usize,
+    /// Whether a float `dot` calls `gemm.h`'s `tk_sgemm`.
+    gemm: bool,
+    /// How many of each value's reads are operands of a `dot` (which takes strided operands).
+    dot_reads: HashMap<ValueId, usize>,
+    /// The C expression of the distance between rows of a 2-D value that may be a strided view
+    /// of its input (`group.rs::view_of`); a value not here has rows of its own width.
+    row_stride: HashMap<ValueId, String>,
 }
 
 impl<'v, 'c> Writer<'v, 'c> {
     fn new(v: &'v Verified, calls: &'c mut c::Calls) -> Writer<'v, 'c> {
-        let mut uses = HashMap::new();
+        let (mut uses, mut dot_reads) = (HashMap::new(), HashMap::new());
         analysis::visit(&v.kernel().body, &mut |s| {
             for r in analysis::reads(&s.op) {
                 *uses.entry(v.id(r)).or_insert(0) += 1;
+                if matches!(s.op, Op::Dot { .. }) {
+                    *dot_reads.entry(v.id(r)).or_insert(0) += 1;
+                }
             }
         });
         Writer {
@@ -113,6 +129,9 @@ impl<'v, 'c> Writer<'v, 'c> {
             uses,
             yields: Vec::new(),
             fresh: 0,
+            gemm: false,
+            dot_reads,
+            row_stride: HashMap::new(),
         }
     }
 

@@ -215,20 +215,39 @@ impl<'v> Writer<'v, '_> {
         self.line("}");
     }
 
-    /// `dot a, b`: `f32[M, N]` from floats through `sgemm`; integers in a loop, wrapping.
+    /// `dot a, b`: `f32[M, N]` from floats by `gemm.h`'s `tk_sgemm` (a transposed `b` copied
+    /// to rows first), or through `sgemm` (the `gemm` crate) where the product may use the pool or
+    /// is large; integers in a loop, wrapping.
     fn dot(&mut self, dst: &str, id: ValueId, a: &Operand, b: &Operand, ta: bool, tb: bool) {
         let (sa, sb) = (self.ty(self.id(name(a))).shape.clone(), self.ty(self.id(name(b))).shape.clone());
         let (m, k) = if ta { (sa[1], sa[0]) } else { (sa[0], sa[1]) };
         let n = if tb { sb[0] } else { sb[1] };
-        // (row, column) strides of each operand as stored.
-        let (ars, acs) = if ta { (1, m) } else { (k, 1) };
-        let (brs, bcs) = if tb { (1, k) } else { (n, 1) };
+        // (row, column) strides of each operand as stored (a strided view's rows at its input's).
+        let ld = |w: &Self, op: &Operand, own: usize| w.row_stride.get(&w.id(name(op))).cloned().unwrap_or(own.to_string());
+        let (lda, ldb) = (ld(self, a, sa[1]), ld(self, b, sb[1]));
+        let (ars, acs) = if ta { ("1".to_string(), lda) } else { (lda, "1".to_string()) };
+        let (brs, bcs) = if tb { ("1".to_string(), ldb.clone()) } else { (ldb.clone(), "1".to_string()) };
         let (pa, pb) = (self.pointer(a), self.pointer(b));
         let d = self.ty(id).dtype;
         if d.is_float() {
-            self.line(format!(
-                "cx->sgemm({m}, {n}, {k}, {dst}, {n}, 1, {pa}, {ars}, {acs}, {pb}, {brs}, {bcs}, cx->parallel_dot);"
-            ));
+            let call = format!("cx->sgemm({m}, {n}, {k}, {dst}, {n}, 1, {pa}, {ars}, {acs}, {pb}, {brs}, {bcs}, cx->parallel_dot);");
+            if m * n * k > INLINE_GEMM_WORK {
+                self.line(call);
+                return;
+            }
+            self.gemm = true;
+            self.line(format!("if (cx->parallel_dot) {call} else {{"));
+            let rows = if tb {
+                let t = self.fresh("bt");
+                self.alloc(&t, "float", k * n);
+                self.line(format!("    for (int64_t q = 0; q < {k}; q++) for (int64_t j = 0; j < {n}; j++) {t}[q * {n} + j] = {pb}[j * {ldb} + q];"));
+                (t, n.to_string())
+            } else {
+                (pb, ldb)
+            };
+            let (rows, ld_rows) = rows;
+            self.line(format!("    tk_sgemm({m}, {n}, {k}, {dst}, {n}, {pa}, {ars}, {acs}, {rows}, {ld_rows});"));
+            self.line("}");
             return;
         }
         let ct = c::compute(d);
@@ -241,6 +260,11 @@ impl<'v> Writer<'v, '_> {
         self.line("}");
     }
 }
+
+/// The most multiply-adds of a product made inline (`gemm.h`): past 128^3 the `gemm` crate's
+/// packed operands win (a 2048^3 matmul in 256^3 tiles: 264-293 GFLOP/s through it, 230-260
+/// inline, on two cores here; at 128^3 both about 248, at 64^3 inline 252 against 155).
+const INLINE_GEMM_WORK: usize = 1 << 21;
 
 /// The row-major flat index of `i0, i1, ...` in `shape`.
 fn flat(shape: &[usize]) -> String {
