@@ -256,7 +256,8 @@ fn the_writer_keeps_carried_swaps_overlapping_windows_and_repeated_scatters_apar
 
 /// Products inside a grid of several programs (`gemm.h`'s inline `tk_sgemm`, not the pool's):
 /// every transpose, edges of every tile (rows past the 8-row and 4-row tiles, columns past the
-/// last whole vector), a contraction in several chunks of 256, one column, one row.
+/// last whole vector), a contraction in several chunks of 256, one column, one row; tiles read in
+/// place; `c += a b` added into an output block and into a scratch accumulator.
 #[test]
 fn products_of_every_shape_and_transpose_agree_with_the_interpreter() {
     let Some(plugin) = cpu_plugin("cpu products") else { return };
@@ -282,4 +283,15 @@ fn products_of_every_shape_and_transpose_agree_with_the_interpreter() {
         );
         agrees(&plugin, &text, &[]);
     }
+    // `c += a b` as Pallas writes it (the load of `c` first) into an output, and into a scratch
+    // accumulator written out at the last step: each one product added in place.
+    let tiles = "grid (i: 4, j: 3, k: 3 seq)\n  in  a: f32[100, 90] block [32, 32] at (i, k)\n  in  b: f32[90, 72] block [32, 32] at (k, j)\n  out c: f32[100, 72] block [32, 32] at (i, j)";
+    let pallas = format!(
+        "kernel pallas\n  {tiles}\n{{\n  %acc = load c\n  %a = load a\n  %b = load b\n  %p = dot %a, %b\n  %sum = add %acc, %p\n  store c, %sum\n}}\n"
+    );
+    agrees(&plugin, &pallas, &[]);
+    let scratch = format!(
+        "kernel scratch\n  {tiles}\n  scratch s: f32[32, 32]\n{{\n  %k = program_id k\n  %acc = load s\n  %a = load a\n  %b = load b\n  %p = dot %a, %b\n  %sum = add %p, %acc\n  store s, %sum\n  %last = eq %k, 2\n  when %last {{\n    %r = load s\n    store c, %r\n  }}\n}}\n"
+    );
+    agrees(&plugin, &scratch, &[]);
 }

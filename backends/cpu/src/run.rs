@@ -17,7 +17,7 @@ use crate::cc::{KernelFn, Library};
 pub struct Ctx {
     args: *const *mut c_void,
     grid: *const i64,
-    sgemm: extern "C" fn(i64, i64, i64, *mut f32, i64, i64, *const f32, i64, i64, *const f32, i64, i64, i32),
+    sgemm: extern "C" fn(i64, i64, i64, *mut f32, i64, i64, *const f32, i64, i64, *const f32, i64, i64, i32, i32),
     parallel_dot: i32,
 }
 
@@ -132,7 +132,7 @@ impl Arena {
     }
 }
 
-/// `dst = a b` through the `gemm` crate, for the C's float products.
+/// `dst = a b` (`dst += a b` with `accumulate`) through the `gemm` crate, for the C's float products.
 #[allow(clippy::too_many_arguments)]
 extern "C" fn sgemm(
     m: i64,
@@ -148,6 +148,7 @@ extern "C" fn sgemm(
     brs: i64,
     bcs: i64,
     parallel: i32,
+    accumulate: i32,
 ) {
     let par = if parallel != 0 { gemm::Parallelism::Rayon(0) } else { gemm::Parallelism::None };
     let (m, n, k) = (m as usize, n as usize, k as usize);
@@ -155,6 +156,9 @@ extern "C" fn sgemm(
         return;
     }
     if k == 0 {
+        if accumulate != 0 {
+            return;
+        }
         for i in 0..m {
             for j in 0..n {
                 // SAFETY: (i, j) lies inside the m x n destination at its strides.
@@ -168,8 +172,8 @@ extern "C" fn sgemm(
     }
     let run = || {
         // SAFETY: the C passes operands of m x k and k x n elements and a destination of m x n
-        // at these strides, all inside its arena (`emit/shape.rs`); the destination is written
-        // without being read (`read_dst` false).
+        // at these strides, inside its arena or (accumulated) in an output or scratch block
+        // (`emit/shape.rs`, `emit/accumulate.rs`); the destination is read only when accumulated.
         #[allow(unsafe_code)]
         unsafe {
             gemm::gemm(
@@ -179,14 +183,14 @@ extern "C" fn sgemm(
                 dst,
                 dcs as isize,
                 drs as isize,
-                false,
+                accumulate != 0,
                 a,
                 acs as isize,
                 ars as isize,
                 b,
                 bcs as isize,
                 brs as isize,
-                0.0,
+                if accumulate != 0 { 1.0 } else { 0.0 },
                 1.0,
                 false,
                 false,

@@ -4,7 +4,7 @@
  * (the `gemm` crate, called back through tk_ctx, is kept for products spread over the pool and
  * for taller blocks).
  *
- * c[m x n] = a[m x k] b[k x n]: a at any (row, column) strides, b's rows contiguous, c's too.
+ * c[m x n] (+)= a[m x k] b[k x n]: a at any (row, column) strides, b's rows contiguous, c's too.
  * Register tiles of TK_MR rows by TK_NV vectors of TK_VW floats (8 x 32 with AVX-512: 16
  * accumulators), each a broadcast element of a times a row of b, summed along k with fused
  * multiply-adds in order (the language leaves the order of a product's sums open, §8); k in
@@ -56,30 +56,39 @@ static inline __attribute__((always_inline)) void tk_gemm_tile(int R, int V, int
         for (int v = 0; v < V; v++) *(tk_vfu *)&c[r * ldc + v * TK_VW] = acc[r][v];
 }
 
-/* Every row of the panel of V vectors at column j, over the chunk of k. */
-#define TK_GEMM_ROWS(V)                                                                              \
-    do {                                                                                             \
-        int64_t i = 0;                                                                               \
-        for (; i + TK_MR <= m; i += TK_MR)                                                           \
-            tk_gemm_tile(TK_MR, V, kc, c + i * ldc + j, ldc, a + i * ars, ars, acs, b + j, ldb, acc); \
-        for (; i + 4 <= m; i += 4)                                                                   \
-            tk_gemm_tile(4, V, kc, c + i * ldc + j, ldc, a + i * ars, ars, acs, b + j, ldb, acc);     \
-        for (; i < m; i++)                                                                           \
-            tk_gemm_tile(1, V, kc, c + i * ldc + j, ldc, a + i * ars, ars, acs, b + j, ldb, acc);     \
+/* Every row of the panel of V vectors at column j (its rows of b at bj, ldbj apart), over the
+ * chunk of k. */
+#define TK_GEMM_ROWS(V, bj, ldbj)                                                                   \
+    do {                                                                                            \
+        int64_t i = 0;                                                                              \
+        for (; i + TK_MR <= m; i += TK_MR)                                                          \
+            tk_gemm_tile(TK_MR, V, kc, c + i * ldc + j, ldc, a + i * ars, ars, acs, bj, ldbj, acc); \
+        for (; i + 4 <= m; i += 4)                                                                  \
+            tk_gemm_tile(4, V, kc, c + i * ldc + j, ldc, a + i * ars, ars, acs, bj, ldbj, acc);     \
+        for (; i < m; i++)                                                                          \
+            tk_gemm_tile(1, V, kc, c + i * ldc + j, ldc, a + i * ars, ars, acs, bj, ldbj, acc);     \
     } while (0)
 
 static void tk_sgemm(int64_t m, int64_t n, int64_t k, float *restrict c, int64_t ldc, const float *restrict a,
-        int64_t ars, int64_t acs, const float *restrict b, int64_t ldb) {
+        int64_t ars, int64_t acs, const float *restrict b, int64_t ldb, int accumulate) {
 #ifdef __clang__
 #pragma STDC FP_CONTRACT ON
 #endif
+    /* A whole panel's chunk of b copied to consecutive rows: the tiles then read it in order,
+     * where rows a power of two apart (a tile of a 512-wide array) would share a few cache sets. */
+    float panel[TK_KC * TK_NV * TK_VW] __attribute__((aligned(64)));
     int64_t q0 = 0;
-    do { /* at least once: k = 0 writes zeros */
+    do { /* at least once: k = 0 writes zeros (or keeps c) */
         int64_t kc = k - q0 < TK_KC ? k - q0 : TK_KC;
-        int acc = q0 > 0;
+        int acc = accumulate || q0 > 0;
         int64_t j = 0;
-        for (; j + TK_NV * TK_VW <= n; j += TK_NV * TK_VW) TK_GEMM_ROWS(TK_NV);
-        for (; j + TK_VW <= n; j += TK_VW) TK_GEMM_ROWS(1);
+        for (; j + TK_NV * TK_VW <= n; j += TK_NV * TK_VW) {
+            for (int64_t q = 0; q < kc; q++)
+                for (int v = 0; v < TK_NV; v++)
+                    *(tk_vf *)&panel[(q * TK_NV + v) * TK_VW] = *(const tk_vfu *)&b[q * ldb + j + v * TK_VW];
+            TK_GEMM_ROWS(TK_NV, panel, TK_NV * TK_VW);
+        }
+        for (; j + TK_VW <= n; j += TK_VW) TK_GEMM_ROWS(1, b + j, ldb);
         for (; j < n; j++)
             for (int64_t i = 0; i < m; i++) {
                 float s = acc ? c[i * ldc + j] : 0.0f;

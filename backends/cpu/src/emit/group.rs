@@ -121,7 +121,7 @@ fn var(k: usize) -> String {
 }
 
 impl<'v> Writer<'v, '_> {
-    fn param(&self, name: &str) -> (usize, &'v Param) {
+    pub(super) fn param(&self, name: &str) -> (usize, &'v Param) {
         let k = self.v.kernel();
         k.params.iter().enumerate().find(|(_, p)| p.name == name).expect("verifier: an argument")
     }
@@ -342,6 +342,9 @@ impl<'v> Writer<'v, '_> {
         let mut j = i;
         while j < stmts.len() {
             let s = &stmts[j];
+            if self.absorbed.contains(&(s as *const Stmt as usize)) {
+                break;
+            }
             if self.iteration(s).as_ref() == Some(&shape) {
                 let (name, index, store) = match &s.op {
                     Op::Load { src, index, .. } => (Some(src.as_str()), index, false),

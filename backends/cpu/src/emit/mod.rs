@@ -12,12 +12,13 @@
 //! - Reductions, products (`sgemm`, the `gemm` crate, called back) and shape changes are loops of
 //!   their own (`shape.rs`).
 
+mod accumulate;
 mod c;
 mod group;
 mod libm;
 mod shape;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
 
 use tessel_plugin_api::ir::size::{SizeExpr, SizeOp};
@@ -104,6 +105,8 @@ pub(crate) struct Writer<'v, 'c> {
     /// The C expression of the distance between rows of a 2-D value that may be a strided view
     /// of its input (`group.rs::view_of`); a value not here has rows of its own width.
     row_stride: HashMap<ValueId, String>,
+    /// Statements written as part of another (`accumulate.rs`), by address: never on their own.
+    absorbed: HashSet<usize>,
 }
 
 impl<'v, 'c> Writer<'v, 'c> {
@@ -132,6 +135,7 @@ impl<'v, 'c> Writer<'v, 'c> {
             gemm: false,
             dot_reads,
             row_stride: HashMap::new(),
+            absorbed: HashSet::new(),
         }
     }
 
@@ -332,10 +336,23 @@ impl<'v, 'c> Writer<'v, 'c> {
         }
     }
 
-    /// A body: runs of elementwise statements fused, the rest one by one.
+    /// A body: `c += a b` as one product into `c`, runs of elementwise statements fused, the rest
+    /// one by one.
     fn body(&mut self, stmts: &'v [Stmt]) {
+        let found = self.accumulations(stmts);
+        self.absorbed.extend(Self::absorbed(&found));
         let mut i = 0;
         while i < stmts.len() {
+            let s = &stmts[i];
+            if self.absorbed.contains(&(s as *const Stmt as usize)) {
+                i += 1;
+                continue;
+            }
+            if let Some(acc) = found.iter().find(|f| std::ptr::eq(f.dot, s)) {
+                self.accumulate(acc);
+                i += 1;
+                continue;
+            }
             if let Some(end) = self.group(stmts, i) {
                 i = end;
                 continue;

@@ -9,10 +9,10 @@
 typedef struct tk_ctx {
     void *const *args;    /* one per kernel argument, in declaration order (scratch: NULL) */
     const int64_t *grid;  /* the size of every grid axis */
-    /* dst[m x n] = a[m x k] b[k x n], each operand at its (row, column) strides in elements */
+    /* dst[m x n] (+)= a[m x k] b[k x n], each operand at its (row, column) strides in elements */
     void (*sgemm)(int64_t m, int64_t n, int64_t k, float *dst, int64_t drs, int64_t dcs,
                   const float *a, int64_t ars, int64_t acs, const float *b, int64_t brs, int64_t bcs,
-                  int32_t parallel);
+                  int32_t parallel, int32_t accumulate);
     int32_t parallel_dot; /* whether a product may use the pool (few programs) */
 } tk_ctx;
 

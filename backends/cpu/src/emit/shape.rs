@@ -39,7 +39,10 @@ impl<'v> Writer<'v, '_> {
         };
         match &s.op {
             Op::Reduce { op, arg, axis, .. } => self.reduce(&dst, *op, arg, *axis, ty.dtype),
-            Op::Dot { a, b, trans_a, trans_b } => self.dot(&dst, id, a, b, *trans_a, *trans_b),
+            Op::Dot { a, b, trans_a, trans_b } => {
+                let n = ty.shape[1].to_string();
+                self.dot(&Product { c: &dst, ldc: &n, accumulate: false }, id, a, b, *trans_a, *trans_b)
+            }
             Op::Transpose { arg, perm } => {
                 let src = self.ty(self.id(name(arg))).shape.clone();
                 let ss = strides(&src);
@@ -215,10 +218,10 @@ impl<'v> Writer<'v, '_> {
         self.line("}");
     }
 
-    /// `dot a, b`: `f32[M, N]` from floats by `gemm.h`'s `tk_sgemm` (a transposed `b` copied
-    /// to rows first), or through `sgemm` (the `gemm` crate) where the product may use the pool or
-    /// is large; integers in a loop, wrapping.
-    fn dot(&mut self, dst: &str, id: ValueId, a: &Operand, b: &Operand, ta: bool, tb: bool) {
+    /// `dot a, b` into `to.c`: from floats by `gemm.h`'s `tk_sgemm` (a transposed `b` copied to
+    /// rows first), or through `sgemm` (the `gemm` crate) where the product may use the pool or is
+    /// large; integers in a loop, wrapping.
+    pub(super) fn dot(&mut self, to: &Product<'_>, id: ValueId, a: &Operand, b: &Operand, ta: bool, tb: bool) {
         let (sa, sb) = (self.ty(self.id(name(a))).shape.clone(), self.ty(self.id(name(b))).shape.clone());
         let (m, k) = if ta { (sa[1], sa[0]) } else { (sa[0], sa[1]) };
         let n = if tb { sb[0] } else { sb[1] };
@@ -228,16 +231,19 @@ impl<'v> Writer<'v, '_> {
         let (ars, acs) = if ta { ("1".to_string(), lda) } else { (lda, "1".to_string()) };
         let (brs, bcs) = if tb { ("1".to_string(), ldb.clone()) } else { (ldb.clone(), "1".to_string()) };
         let (pa, pb) = (self.pointer(a), self.pointer(b));
+        let (dst, ldc, acc) = (to.c, to.ldc, i32::from(to.accumulate));
         let d = self.ty(id).dtype;
         if d.is_float() {
-            let call = format!("cx->sgemm({m}, {n}, {k}, {dst}, {n}, 1, {pa}, {ars}, {acs}, {pb}, {brs}, {bcs}, cx->parallel_dot);");
+            let call = format!(
+                "cx->sgemm({m}, {n}, {k}, {dst}, {ldc}, 1, {pa}, {ars}, {acs}, {pb}, {brs}, {bcs}, cx->parallel_dot, {acc});"
+            );
             if m * n * k > INLINE_GEMM_WORK {
                 self.line(call);
                 return;
             }
             self.gemm = true;
             self.line(format!("if (cx->parallel_dot) {call} else {{"));
-            let rows = if tb {
+            let (rows, ld_rows) = if tb {
                 let t = self.fresh("bt");
                 self.alloc(&t, "float", k * n);
                 self.line(format!("    for (int64_t q = 0; q < {k}; q++) for (int64_t j = 0; j < {n}; j++) {t}[q * {n} + j] = {pb}[j * {ldb} + q];"));
@@ -245,20 +251,28 @@ impl<'v> Writer<'v, '_> {
             } else {
                 (pb, ldb)
             };
-            let (rows, ld_rows) = rows;
-            self.line(format!("    tk_sgemm({m}, {n}, {k}, {dst}, {n}, {pa}, {ars}, {acs}, {rows}, {ld_rows});"));
+            self.line(format!("    tk_sgemm({m}, {n}, {k}, {dst}, {ldc}, {pa}, {ars}, {acs}, {rows}, {ld_rows}, {acc});"));
             self.line("}");
             return;
         }
+        assert!(!to.accumulate, "accumulate.rs: float products only");
         let ct = c::compute(d);
         self.line(format!("for (int64_t i = 0; i < {m}; i++) for (int64_t j = 0; j < {n}; j++) {{"));
         self.line(format!("    uint32_t s = 0;"));
         self.line(format!(
             "    for (int64_t q = 0; q < {k}; q++) s += (uint32_t){pa}[i * {ars} + q * {acs}] * (uint32_t){pb}[q * {brs} + j * {bcs}];"
         ));
-        self.line(format!("    {dst}[i * {n} + j] = {};", c::narrow(d, &format!("({ct})s"))));
+        self.line(format!("    {dst}[i * {ldc} + j] = {};", c::narrow(d, &format!("({ct})s"))));
         self.line("}");
     }
+}
+
+/// Where a product's `c` is: its pointer, the distance between its rows, and whether the product
+/// is added to what is there (`accumulate.rs`) rather than written.
+pub(super) struct Product<'a> {
+    pub(super) c: &'a str,
+    pub(super) ldc: &'a str,
+    pub(super) accumulate: bool,
 }
 
 /// The most multiply-adds of a product made inline (`gemm.h`): past 128^3 the `gemm` crate's
