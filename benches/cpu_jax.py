@@ -134,6 +134,25 @@ def tpu_flash():
     return f, [(1, 4, 1024, 64)] * 3, lambda q, k, v: fa.mha_reference(q, k, v, ab=None)
 
 
+def megablox_gmm(m=2048, k=512, n=512, groups=8):
+    """JAX's megablox grouped matmul (a mixture of experts' layer: rows of `lhs` in groups, each
+    group times its own `rhs`), groups of uneven sizes, 128-cubed tiles. XLA's side is the best
+    `jnp` for sizes known when tracing: one product per group of static rows (`lax.ragged_dot`,
+    which takes the sizes as data, makes every group's product over all rows on the CPU)."""
+    import importlib
+
+    ops = importlib.import_module("jax.experimental.pallas.ops.tpu.megablox.ops")
+    sizes = [m // groups + (m // (4 * groups)) * (1 if g % 2 else -1) for g in range(groups)]
+    starts = np.cumsum([0] + sizes[:-1])
+    group_sizes = jnp.asarray(np.array(sizes, dtype=np.int32))
+    f = lambda lhs, rhs: ops.gmm(lhs, rhs, group_sizes, jnp.float32, (128, 128, 128))  # noqa: E731
+
+    def maths(lhs, rhs):
+        return jnp.concatenate([lhs[a:a + s] @ rhs[g] for g, (a, s) in enumerate(zip(starts, sizes))])
+
+    return f, [(m, k), (groups, k, n)], maths
+
+
 CASES = {
     "matmul 512 (64² tiles)": lambda: matmul(512, 64),
     "matmul 2048 (256² tiles)": lambda: matmul(2048, 256),
@@ -142,6 +161,7 @@ CASES = {
     "layer norm 4096×1024": layer_norm,
     "`ops.gpu.attention.mha` 1×1024×4×64": mha,
     "`ops.tpu.flash_attention` 1×4×1024×64": tpu_flash,
+    "`ops.tpu.megablox.gmm` 2048×512×512, 8 groups": megablox_gmm,
 }
 
 

@@ -257,7 +257,8 @@ fn the_writer_keeps_carried_swaps_overlapping_windows_and_repeated_scatters_apar
 /// Products inside a grid of several programs (`gemm.h`'s inline `tk_sgemm`, not the pool's):
 /// every transpose, edges of every tile (rows past the 8-row and 4-row tiles, columns past the
 /// last whole vector), a contraction in several chunks of 256, one column, one row; tiles read in
-/// place; `c += a b` added into an output block and into a scratch accumulator.
+/// place; `c += a b` added into an output block and into a scratch accumulator; products of one
+/// program split over the pool.
 #[test]
 fn products_of_every_shape_and_transpose_agree_with_the_interpreter() {
     let Some(plugin) = cpu_plugin("cpu products") else { return };
@@ -271,6 +272,18 @@ fn products_of_every_shape_and_transpose_agree_with_the_interpreter() {
             );
             agrees(&plugin, &text, &[]);
         }
+    }
+    // One program (fewer than the workers): products over 2^18 multiply-adds split by rows of 32
+    // over the pool, the last part short.
+    for (ta, tb) in [(false, false), (true, true)] {
+        let (m, n, k) = (100, 80, 70);
+        let a = if ta { format!("f32[{k}, {m}]") } else { format!("f32[{m}, {k}]") };
+        let b = if tb { format!("f32[{n}, {k}]") } else { format!("f32[{k}, {n}]") };
+        let flags = [(ta, " trans_a"), (tb, " trans_b")].iter().filter(|f| f.0).map(|f| f.1).collect::<String>();
+        let text = format!(
+            "kernel one\n  in  a: {a}\n  in  b: {b}\n  out o: f32[{m}, {n}]\n{{\n  %a = load a\n  %b = load b\n  %p = dot %a, %b{flags}\n  store o, %p\n}}\n"
+        );
+        agrees(&plugin, &text, &[]);
     }
     // Tiles of wider arrays read in place (rows at the array's distance) where the tile lies
     // inside, copied where it runs past an edge: 100 x 72 x 90 in 32^3 tiles, each transpose.
@@ -294,4 +307,11 @@ fn products_of_every_shape_and_transpose_agree_with_the_interpreter() {
         "kernel scratch\n  {tiles}\n  scratch s: f32[32, 32]\n{{\n  %k = program_id k\n  %acc = load s\n  %a = load a\n  %b = load b\n  %p = dot %a, %b\n  %sum = add %p, %acc\n  store s, %sum\n  %last = eq %k, 2\n  when %last {{\n    %r = load s\n    store c, %r\n  }}\n}}\n"
     );
     agrees(&plugin, &scratch, &[]);
+    // Every axis sequential (megablox's grid): one program, each step's product over the pool.
+    let seq = pallas.replace("(i: 4, j: 3, k: 3 seq)", "(i: 4 seq, j: 3 seq, k: 3 seq)").replace("32, 32]", "64, 64]");
+    let seq = seq
+        .replace("f32[100, 90]", "f32[200, 180]")
+        .replace("f32[90, 72]", "f32[180, 144]")
+        .replace("f32[100, 72]", "f32[200, 144]");
+    agrees(&plugin, &seq, &[]);
 }

@@ -81,6 +81,14 @@ def _translate(eqn, name: str) -> Translated:
             if texts is not None:
                 # A computed block index (docs/language.md §2), clamped as Pallas clamps.
                 indexed.add(arg)
+                if is_out:
+                    # Its block still moves along an axis that is a dimension's whole index,
+                    # where the axis has no more points than the dimension has blocks (no clamp
+                    # then): megablox's column tiles (`at (x2[i1], i0)`).
+                    per_output.append({
+                        a for a in range(len(grid)) for d, t in enumerate(texts)
+                        if t == f"i{a}" and a not in dynamic and grid[a] <= -(-shape[d] // blocks[d])
+                    })
                 spec = f" block [{', '.join(str(b) for b in blocks)}] at ({', '.join(texts)})"
                 specs[arg] = (spec, None, shape, blocks)
                 (lines_out if is_out else lines_in).append(f"  {'out' if is_out else 'in '} {arg}: {ty}{spec}")
@@ -102,8 +110,10 @@ def _translate(eqn, name: str) -> Translated:
     # kernel's scratch kept across the grid, as splash attention keeps its running max), and
     # Pallas runs them in order.
     used_by_outputs = set.intersection(*per_output) if per_output and len(per_output) == nout else set()
-    if any(o in computed or o in indexed for o in outs):
-        # Programs whose computed output blocks may coincide run in order, as Pallas runs them.
+    if any(o in computed for o in outs):
+        # Programs whose output blocks computed in the body may coincide run in order, as
+        # Pallas runs them (with a computed block index in the header, the axes `per_output`
+        # holds for it still run apart).
         used_by_outputs = set()
     jaxpr = body.jaxpr if hasattr(body, "jaxpr") else body
     # Scalar-prefetch operands the body writes (TPU kernels keep state there, as paged attention

@@ -19,7 +19,11 @@ pub struct Ctx {
     grid: *const i64,
     sgemm: extern "C" fn(i64, i64, i64, *mut f32, i64, i64, *const f32, i64, i64, *const f32, i64, i64, i32, i32),
     parallel_dot: i32,
+    parallel: extern "C" fn(Part, *mut c_void, i64),
 }
+
+/// A part of a job the C splits over the pool (`gemm.h`'s rows of a product): `part(data, i)`.
+type Part = extern "C" fn(*mut c_void, i64);
 
 /// A kernel compiled: its function, the arena a program needs, and the library holding it.
 pub struct Kernel {
@@ -50,7 +54,8 @@ impl Kernel {
             return Ok(());
         }
         let threads = rayon::current_num_threads() as u64;
-        let ctx = Ctx { args: args.as_ptr(), grid: sizes.as_ptr(), sgemm, parallel_dot: i32::from(programs < threads) };
+        let ctx =
+            Ctx { args: args.as_ptr(), grid: sizes.as_ptr(), sgemm, parallel_dot: i32::from(programs < threads), parallel };
         let shared = Shared(&ctx);
         let cancelled = AtomicBool::new(false);
         let token = tessel_plugin_api::cancel::current();
@@ -129,6 +134,22 @@ impl Arena {
     fn ptr(&mut self) -> *mut u8 {
         let p = self.0.as_mut_ptr();
         p.wrapping_add(p.align_offset(64))
+    }
+}
+
+/// `part(data, i)` for every `i` in `0..parts`, spread over the pool; returns when all are done.
+extern "C" fn parallel(part: Part, data: *mut c_void, parts: i64) {
+    struct Data(*mut c_void);
+    // SAFETY: the C's job (`gemm.h`'s `tk_gemm_job`) is read by every part and each part writes
+    // rows of the product no other part writes; the C waits here until all are done.
+    #[allow(unsafe_code)]
+    unsafe impl Sync for Data {}
+    let data = Data(data);
+    let data = &data;
+    // A panic must not cross into C; the parts are C functions that do not unwind.
+    let run = || (0..parts).into_par_iter().for_each(|i| part(data.0, i));
+    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)).is_err() {
+        std::process::abort();
     }
 }
 

@@ -102,6 +102,33 @@ static void tk_sgemm(int64_t m, int64_t n, int64_t k, float *restrict c, int64_t
 }
 #undef TK_GEMM_ROWS
 
+/* A product split by rows over the pool (a grid of fewer programs than workers: megablox's
+ * sequential grid): parts of TK_PART_ROWS rows, each by tk_sgemm. */
+#define TK_PART_ROWS 32
+typedef struct tk_gemm_job {
+    int64_t m, n, k, ldc, ars, acs, ldb;
+    float *c;
+    const float *a, *b;
+    int accumulate;
+} tk_gemm_job;
+
+static void tk_gemm_part(void *data, int64_t i) {
+    const tk_gemm_job *j = (const tk_gemm_job *)data;
+    int64_t r0 = i * TK_PART_ROWS, rows = j->m - r0 < TK_PART_ROWS ? j->m - r0 : TK_PART_ROWS;
+    tk_sgemm(rows, j->n, j->k, j->c + r0 * j->ldc, j->ldc, j->a + r0 * j->ars, j->ars, j->acs, j->b, j->ldb, j->accumulate);
+}
+
+/* tk_sgemm, over the pool where the kernel lets products use it and there are rows to split. */
+static void tk_sgemm_pool(const tk_ctx *cx, int64_t m, int64_t n, int64_t k, float *c, int64_t ldc, const float *a,
+        int64_t ars, int64_t acs, const float *b, int64_t ldb, int accumulate) {
+    if (!cx->parallel_dot || m < 2 * TK_PART_ROWS || m * n * k < (1 << 18)) {
+        tk_sgemm(m, n, k, c, ldc, a, ars, acs, b, ldb, accumulate);
+        return;
+    }
+    tk_gemm_job job = {m, n, k, ldc, ars, acs, ldb, c, a, b, accumulate};
+    cx->parallel(tk_gemm_part, &job, (m + TK_PART_ROWS - 1) / TK_PART_ROWS);
+}
+
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC pop_options
 #endif

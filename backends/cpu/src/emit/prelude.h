@@ -14,6 +14,8 @@ typedef struct tk_ctx {
                   const float *a, int64_t ars, int64_t acs, const float *b, int64_t brs, int64_t bcs,
                   int32_t parallel, int32_t accumulate);
     int32_t parallel_dot; /* whether a product may use the pool (few programs) */
+    /* part(data, i) for i in [0, parts), spread over the pool; returns when all are done */
+    void (*parallel)(void (*part)(void *data, int64_t i), void *data, int64_t parts);
 } tk_ctx;
 
 /* A multiply-add, fused where the machine has the instruction (libm's programs need it neither
@@ -127,11 +129,28 @@ static inline tk_v8i tk_v8imin(tk_v8i a, tk_v8i b) { tk_v8i m = a < b; return (a
 static inline tk_v8u tk_v8umax(tk_v8u a, tk_v8u b) { tk_v8u m = (tk_v8u)(a > b); return (a & m) | (b & ~m); }
 static inline tk_v8u tk_v8umin(tk_v8u a, tk_v8u b) { tk_v8u m = (tk_v8u)(a < b); return (a & m) | (b & ~m); }
 
+/* e^x as y 2^n, for x inside its callers' clamps: n = x / ln 2 rounded (by adding 1.5 * 2^23),
+ * y = e^r of the remainder r = x - n ln 2 (Cody-Waite's two-part ln 2) by Cephes' polynomial
+ * with fused multiply-adds. tk_tanh_cpu and tk_exp_cpu scale y by 2^n each its own way. */
+static inline float tk_exp_reduced(float x, float *n) {
+    float k = (x * 1.44269504f + 12582912.0f) - 12582912.0f;
+    float r = TK_FMA(-k, 0.693359375f, x);
+    r = TK_FMA(-k, -2.12194440e-4f, r);
+    float q = 1.9875691500e-4f;
+    q = TK_FMA(q, r, 1.3981999507e-3f);
+    q = TK_FMA(q, r, 8.3334519073e-3f);
+    q = TK_FMA(q, r, 4.1665795894e-2f);
+    q = TK_FMA(q, r, 1.6666665459e-1f);
+    q = TK_FMA(q, r, 5.0000001201e-1f);
+    *n = k;
+    return TK_FMA(r * r, q, r) + 1.0f;
+}
+
 /* tanh within 2 ulp (docs/language.md §8's bound), written for the CPU: below 0.625 the odd
  * series of plugin-api/src/libm's `tanh` (x + x^3 P(x^2), ten multiply-adds); above it
- * 1 - 2 / (e^(2|x|) + 1), e^(2|x|) by Cody-Waite's reduction and Cephes' polynomial with its
- * 2^n made in the exponent bits (2|x| is clamped to 18, past which the result rounds to 1); the
- * sign copied back (tanh(-0) = -0), NaN passed through. About 30 vector operations where the
+ * 1 - 2 / (e^(2|x|) + 1), e^(2|x|) by tk_exp_reduced with its 2^n made in the exponent bits
+ * (2|x| is clamped to 18, past which the result rounds to 1); the sign copied back
+ * (tanh(-0) = -0), NaN passed through. About 30 vector operations where the
  * portable program takes about 80 (it scales 2^n in two steps for the whole float range);
  * tests/cpu.rs sweeps it against f64. */
 static inline float tk_tanh_cpu(float x) {
@@ -152,25 +171,16 @@ static inline float tk_tanh_cpu(float x) {
      * function's loop with fminf and rintf.) */
     float t = 2.0f * a;
     t = t < 18.0f ? t : 18.0f;
-    float n = (t * 1.44269504f + 12582912.0f) - 12582912.0f;
-    float r = TK_FMA(-n, 0.693359375f, t);
-    r = TK_FMA(-n, -2.12194440e-4f, r);
-    float q = 1.9875691500e-4f;
-    q = TK_FMA(q, r, 1.3981999507e-3f);
-    q = TK_FMA(q, r, 8.3334519073e-3f);
-    q = TK_FMA(q, r, 4.1665795894e-2f);
-    q = TK_FMA(q, r, 1.6666665459e-1f);
-    q = TK_FMA(q, r, 5.0000001201e-1f);
-    float e = (TK_FMA(r * r, q, r) + 1.0f) * tk_bitsf((uint32_t)((int32_t)n + 127) << 23);
+    float n;
+    float e = tk_exp_reduced(t, &n) * tk_bitsf((uint32_t)((int32_t)n + 127) << 23);
     float large = 1.0f - 2.0f / (e + 1.0f);
     float y = a < 0.625f ? small : large;
     y = tk_bitsf(tk_fbits(y) | (tk_fbits(x) & 0x80000000u));
     return tk_isnan(x) ? x : y;
 }
 
-/* e^x within 1 ulp (§8's bound), written for the CPU: Cody-Waite's reduction and Cephes'
- * polynomial as in plugin-api/src/libm's `exp`, with fused multiply-adds, n rounded by adding
- * 1.5 * 2^23 and 2^n applied in two halves made in the exponent bits (so that results from the
+/* e^x within 1 ulp (§8's bound), written for the CPU: tk_exp_reduced (the reduction and
+ * polynomial of plugin-api/src/libm's `exp`, with fused multiply-adds), 2^n applied in two halves made in the exponent bits (so that results from the
  * subnormals to the overflow are one rounding of y 2^n); x clamped to [-104, 89], past which the
  * result rounds to 0 or overflows; NaN passed through. About 22 vector operations where the
  * portable program takes about 35; checked against f64 on 1.4e9 arguments of |x| <= 120 (at most
@@ -178,16 +188,8 @@ static inline float tk_tanh_cpu(float x) {
 static inline float tk_exp_cpu(float x) {
     float xc = x < -104.0f ? -104.0f : x;
     xc = xc > 89.0f ? 89.0f : xc;
-    float n = (xc * 1.44269504f + 12582912.0f) - 12582912.0f;
-    float r = TK_FMA(-n, 0.693359375f, xc);
-    r = TK_FMA(-n, -2.12194440e-4f, r);
-    float q = 1.9875691500e-4f;
-    q = TK_FMA(q, r, 1.3981999507e-3f);
-    q = TK_FMA(q, r, 8.3334519073e-3f);
-    q = TK_FMA(q, r, 4.1665795894e-2f);
-    q = TK_FMA(q, r, 1.6666665459e-1f);
-    q = TK_FMA(q, r, 5.0000001201e-1f);
-    float y = TK_FMA(r * r, q, r) + 1.0f;
+    float n;
+    float y = tk_exp_reduced(xc, &n);
     int32_t ni = (int32_t)n;
     int32_t n1 = ni >> 1, n2 = ni - n1;
     y = (y * tk_bitsf((uint32_t)(n1 + 127) << 23)) * tk_bitsf((uint32_t)(n2 + 127) << 23);

@@ -219,8 +219,9 @@ impl<'v> Writer<'v, '_> {
     }
 
     /// `dot a, b` into `to.c`: from floats by `gemm.h`'s `tk_sgemm` (a transposed `b` copied to
-    /// rows first), or through `sgemm` (the `gemm` crate) where the product may use the pool or is
-    /// large; integers in a loop, wrapping.
+    /// rows first; its rows split over the pool where the kernel has fewer programs than
+    /// workers), or through `sgemm` (the `gemm` crate) where the product is large; integers in a
+    /// loop, wrapping.
     pub(super) fn dot(&mut self, to: &Product<'_>, id: ValueId, a: &Operand, b: &Operand, ta: bool, tb: bool) {
         let (sa, sb) = (self.ty(self.id(name(a))).shape.clone(), self.ty(self.id(name(b))).shape.clone());
         let (m, k) = if ta { (sa[1], sa[0]) } else { (sa[0], sa[1]) };
@@ -242,17 +243,15 @@ impl<'v> Writer<'v, '_> {
                 return;
             }
             self.gemm = true;
-            self.line(format!("if (cx->parallel_dot) {call} else {{"));
             let (rows, ld_rows) = if tb {
                 let t = self.fresh("bt");
                 self.alloc(&t, "float", k * n);
-                self.line(format!("    for (int64_t q = 0; q < {k}; q++) for (int64_t j = 0; j < {n}; j++) {t}[q * {n} + j] = {pb}[j * {ldb} + q];"));
+                self.line(format!("for (int64_t q = 0; q < {k}; q++) for (int64_t j = 0; j < {n}; j++) {t}[q * {n} + j] = {pb}[j * {ldb} + q];"));
                 (t, n.to_string())
             } else {
                 (pb, ldb)
             };
-            self.line(format!("    tk_sgemm({m}, {n}, {k}, {dst}, {ldc}, {pa}, {ars}, {acs}, {rows}, {ld_rows}, {acc});"));
-            self.line("}");
+            self.line(format!("tk_sgemm_pool(cx, {m}, {n}, {k}, {dst}, {ldc}, {pa}, {ars}, {acs}, {rows}, {ld_rows}, {acc});"));
             return;
         }
         assert!(!to.accumulate, "accumulate.rs: float products only");
