@@ -54,8 +54,7 @@ impl Kernel {
             return Ok(());
         }
         let threads = rayon::current_num_threads() as u64;
-        let ctx =
-            Ctx { args: args.as_ptr(), grid: sizes.as_ptr(), sgemm, parallel_dot: i32::from(programs < threads), parallel };
+        let ctx = Ctx { args: args.as_ptr(), grid: sizes.as_ptr(), sgemm, parallel_dot: i32::from(programs < threads), parallel };
         let shared = Shared(&ctx);
         let cancelled = AtomicBool::new(false);
         let token = tessel_plugin_api::cancel::current();

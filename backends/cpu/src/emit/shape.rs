@@ -246,7 +246,9 @@ impl<'v> Writer<'v, '_> {
             let (rows, ld_rows) = if tb {
                 let t = self.fresh("bt");
                 self.alloc(&t, "float", k * n);
-                self.line(format!("for (int64_t q = 0; q < {k}; q++) for (int64_t j = 0; j < {n}; j++) {t}[q * {n} + j] = {pb}[j * {ldb} + q];"));
+                self.line(format!(
+                    "for (int64_t q = 0; q < {k}; q++) for (int64_t j = 0; j < {n}; j++) {t}[q * {n} + j] = {pb}[j * {ldb} + q];"
+                ));
                 (t, n.to_string())
             } else {
                 (pb, ldb)
