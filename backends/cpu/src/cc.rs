@@ -84,7 +84,20 @@ pub struct Library {
 /// *arena)`, running programs `begin..end` (the context is `run::Ctx`).
 pub type KernelFn = unsafe extern "C" fn(*const std::ffi::c_void, i64, i64, *mut u8);
 
+/// The product library's function, `tk_gemm` (`emit::gemm_source`; `prelude.h`'s `tk_ctx.gemm`).
+pub type GemmFn =
+    unsafe extern "C" fn(*const std::ffi::c_void, i64, i64, i64, *mut f32, i64, *const f32, i64, i64, *const f32, i64, i32);
+
 impl Library {
+    /// The product library's `tk_gemm`.
+    pub fn gemm(&self) -> Result<GemmFn, BackendError> {
+        // SAFETY: the symbol is the function `emit::gemm_source` defines with exactly this
+        // signature, and `self.lib` outlives every use: each kernel using it holds the library.
+        #[allow(unsafe_code)]
+        let f = unsafe { self.lib.get::<GemmFn>(b"tk_gemm") };
+        f.map(|s| *s).map_err(|e| internal(format!("{} has no function `tk_gemm`: {e}", self.path.display())))
+    }
+
     /// The kernel function called `name`.
     pub fn kernel(&self, name: &str) -> Result<KernelFn, BackendError> {
         // SAFETY: the symbol is a function the generated C defines with exactly this signature

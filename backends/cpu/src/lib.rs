@@ -98,10 +98,11 @@ impl Compiler for CpuCompiler {
         let legal: Vec<Verified> = plan.iter().map(|k| legalize::for_backend(k).into_owned()).collect();
         let e = emit::emit(&legal);
         let lib = cc::build(&e.source)?;
+        let gemm = if e.gemm { Some(gemm_library()?) } else { None };
         let kernels = legal
             .into_iter()
             .zip(&e.kernels)
-            .map(|(v, (name, arena))| run::Kernel::new(v, Arc::clone(&lib), name, *arena))
+            .map(|(v, (name, arena))| run::Kernel::new(v, Arc::clone(&lib), name, *arena, gemm.clone()))
             .collect::<Result<_, _>>()?;
         Ok(CompiledLaunch { kernels, source: e.source })
     }
@@ -117,6 +118,17 @@ impl Compiler for CpuCompiler {
         let e = lower_to_c(&plan);
         Ok(vec![(format!("{}.c", plan.first().map_or("launch", |k| k.name())), e.source)])
     }
+}
+
+/// The product library (`emit::gemm_source`), compiled or read from the disk cache once per
+/// process.
+fn gemm_library() -> Result<Arc<cc::Library>, BackendError> {
+    static GEMM: std::sync::OnceLock<Arc<cc::Library>> = std::sync::OnceLock::new();
+    if let Some(lib) = GEMM.get() {
+        return Ok(Arc::clone(lib));
+    }
+    let lib = cc::build(&emit::gemm_source())?;
+    Ok(Arc::clone(GEMM.get_or_init(|| lib)))
 }
 
 fn launch_error(e: LaunchError) -> BackendError {

@@ -10,7 +10,7 @@ use tessel_plugin_api::abi::BackendError;
 use tessel_plugin_api::ir::Verified;
 use tessel_plugin_api::launch::LaunchAxis;
 
-use crate::cc::{KernelFn, Library};
+use crate::cc::{GemmFn, KernelFn, Library};
 
 /// `tk_ctx` of `prelude.h`.
 #[repr(C)]
@@ -20,6 +20,7 @@ pub struct Ctx {
     sgemm: extern "C" fn(i64, i64, i64, *mut f32, i64, i64, *const f32, i64, i64, *const f32, i64, i64, i32, i32),
     parallel_dot: i32,
     parallel: extern "C" fn(Part, *mut c_void, i64),
+    gemm: Option<GemmFn>,
 }
 
 /// A part of a job the C splits over the pool (`gemm.h`'s rows of a product): `part(data, i)`.
@@ -32,6 +33,8 @@ pub struct Kernel {
     func: KernelFn,
     arena: usize,
     _lib: Arc<Library>,
+    /// The product library's function where the kernel's C calls it, and the library.
+    gemm: Option<(GemmFn, Arc<Library>)>,
 }
 
 impl std::fmt::Debug for Kernel {
@@ -41,8 +44,15 @@ impl std::fmt::Debug for Kernel {
 }
 
 impl Kernel {
-    pub(crate) fn new(verified: Verified, lib: Arc<Library>, name: &str, arena: usize) -> Result<Kernel, BackendError> {
-        Ok(Kernel { verified, func: lib.kernel(name)?, arena, _lib: lib })
+    pub(crate) fn new(
+        verified: Verified,
+        lib: Arc<Library>,
+        name: &str,
+        arena: usize,
+        gemm: Option<Arc<Library>>,
+    ) -> Result<Kernel, BackendError> {
+        let gemm = gemm.map(|g| Ok::<_, BackendError>((g.gemm()?, g))).transpose()?;
+        Ok(Kernel { verified, func: lib.kernel(name)?, arena, _lib: lib, gemm })
     }
 
     /// Runs every program of `grid` on `args` (one pointer per argument in declaration order,
@@ -54,7 +64,9 @@ impl Kernel {
             return Ok(());
         }
         let threads = rayon::current_num_threads() as u64;
-        let ctx = Ctx { args: args.as_ptr(), grid: sizes.as_ptr(), sgemm, parallel_dot: i32::from(programs < threads), parallel };
+        let parallel_dot = i32::from(programs < threads);
+        let gemm = self.gemm.as_ref().map(|g| g.0);
+        let ctx = Ctx { args: args.as_ptr(), grid: sizes.as_ptr(), sgemm, parallel_dot, parallel, gemm };
         let shared = Shared(&ctx);
         let cancelled = AtomicBool::new(false);
         let token = tessel_plugin_api::cancel::current();

@@ -1,5 +1,6 @@
-/* tessel cpu backend: the product of float blocks inside one program (included after prelude.h
- * by files with a float `dot`). No packing and no call: a block's operands are small enough to
+/* tessel cpu backend: the product of float blocks inside one program (after prelude.h in the
+ * product library, emit::gemm_source, compiled once per machine; kernels call it through
+ * tk_ctx.gemm). No packing and no call: a block's operands are small enough to
  * stay in the caches, and a call to a packing BLAS costs more than the product itself at 64^3
  * (the `gemm` crate, called back through tk_ctx, is kept for products spread over the pool and
  * for taller blocks).

@@ -36,6 +36,24 @@ pub struct Emitted {
     pub source: String,
     /// Per kernel: its function's name and the bytes of arena each worker gives a program.
     pub kernels: Vec<(String, usize)>,
+    /// Whether a float `dot` calls the product library (`tk_ctx.gemm`, [`gemm_source`]).
+    pub gemm: bool,
+}
+
+/// The product library's C: `gemm.h` behind one exported function, `tk_gemm`, which the
+/// kernels call through `tk_ctx.gemm`. Compiled once for the machine and cached as kernels are,
+/// so that a kernel with a `dot` does not compile the product's tiles again (about 0.25 s of
+/// GCC each).
+pub fn gemm_source() -> String {
+    let mut source = include_str!("prelude.h").to_string();
+    source.push('\n');
+    source.push_str(include_str!("gemm.h"));
+    source.push_str(
+        "\nvoid tk_gemm(const tk_ctx *cx, int64_t m, int64_t n, int64_t k, float *c, int64_t ldc, const float *a,\n"
+    );
+    source.push_str("        int64_t ars, int64_t acs, const float *b, int64_t ldb, int32_t accumulate) {\n");
+    source.push_str("    tk_sgemm_pool(cx, m, n, k, c, ldc, a, ars, acs, b, ldb, accumulate);\n}\n");
+    source
 }
 
 /// The C file of a launch's kernels, `tk_k0`, `tk_k1`, ... in order.
@@ -53,17 +71,13 @@ pub fn emit(kernels: &[Verified]) -> Emitted {
         out.push((name, w.arena));
     }
     let mut source = include_str!("prelude.h").to_string();
-    if gemm {
-        source.push('\n');
-        source.push_str(include_str!("gemm.h"));
-    }
     for f in calls.values() {
         source.push('\n');
         source.push_str(&libm::function(f));
     }
     source.push('\n');
     source.push_str(&bodies);
-    Emitted { source, kernels: out }
+    Emitted { source, kernels: out, gemm }
 }
 
 /// Where a value's elements are.
@@ -98,7 +112,7 @@ pub(crate) struct Writer<'v, 'c> {
     uses: HashMap<ValueId, usize>,
     yields: Vec<YieldTo>,
     fresh: usize,
-    /// Whether a float `dot` calls `gemm.h`'s `tk_sgemm`.
+    /// Whether a float `dot` calls the product library (`tk_ctx.gemm`).
     gemm: bool,
     /// How many of each value's reads are operands of a `dot` (which takes strided operands).
     dot_reads: HashMap<ValueId, usize>,

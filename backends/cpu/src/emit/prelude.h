@@ -16,6 +16,9 @@ typedef struct tk_ctx {
     int32_t parallel_dot; /* whether a product may use the pool (few programs) */
     /* part(data, i) for i in [0, parts), spread over the pool; returns when all are done */
     void (*parallel)(void (*part)(void *data, int64_t i), void *data, int64_t parts);
+    /* gemm.h's c[m x n] (+)= a b, from the product library (NULL in a launch without a float dot) */
+    void (*gemm)(const struct tk_ctx *cx, int64_t m, int64_t n, int64_t k, float *c, int64_t ldc,
+                 const float *a, int64_t ars, int64_t acs, const float *b, int64_t ldb, int32_t accumulate);
 } tk_ctx;
 
 /* A multiply-add, fused where the machine has the instruction (libm's programs need it neither

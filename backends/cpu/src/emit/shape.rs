@@ -218,7 +218,8 @@ impl<'v> Writer<'v, '_> {
         self.line("}");
     }
 
-    /// `dot a, b` into `to.c`: from floats by `gemm.h`'s `tk_sgemm` (a transposed `b` copied to
+    /// `dot a, b` into `to.c`: from floats by `gemm.h`'s `tk_sgemm` through `tk_ctx.gemm` (the
+    /// product library, compiled once: `emit::gemm_source`; a transposed `b` copied to
     /// rows first; its rows split over the pool where the kernel has fewer programs than
     /// workers), or through `sgemm` (the `gemm` crate) where the product is large; integers in a
     /// loop, wrapping.
@@ -253,7 +254,7 @@ impl<'v> Writer<'v, '_> {
             } else {
                 (pb, ldb)
             };
-            self.line(format!("tk_sgemm_pool(cx, {m}, {n}, {k}, {dst}, {ldc}, {pa}, {ars}, {acs}, {rows}, {ld_rows}, {acc});"));
+            self.line(format!("cx->gemm(cx, {m}, {n}, {k}, {dst}, {ldc}, {pa}, {ars}, {acs}, {rows}, {ld_rows}, {acc});"));
             return;
         }
         assert!(!to.accumulate, "accumulate.rs: float products only");
