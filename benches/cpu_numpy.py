@@ -6,7 +6,8 @@ numpy's in alternating rounds; both sides allocate their outputs every call. Pri
 (above 1: tessel faster) against issue 14's goal.
 
 Run by scripts/bench with the module built in release; alone:
-`target/venv/bin/python benches/cpu_numpy.py`."""
+`target/venv/bin/python benches/cpu_numpy.py`. `TESSEL_BENCH_THREADS=1` runs both sides on one
+core (rayon's pool, the cpu plugin's included, and numpy's BLAS each of one thread)."""
 
 import os
 import pathlib
@@ -17,6 +18,9 @@ import time
 # programs are dropped before numpy loads it.
 for var in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"):
     os.environ.pop(var, None)
+if os.environ.get("TESSEL_BENCH_THREADS") == "1":
+    for var in ("RAYON_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
+        os.environ[var] = "1"
 
 import numpy as np  # noqa: E402
 
