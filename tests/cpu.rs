@@ -254,6 +254,11 @@ fn the_writer_keeps_carried_swaps_overlapping_windows_and_repeated_scatters_apar
     agrees(&plugin, colsum, &[]);
 }
 
+/// A `dot`'s flags: ` trans_a`, ` trans_b`, both or none.
+fn transposes(ta: bool, tb: bool) -> String {
+    [(ta, " trans_a"), (tb, " trans_b")].iter().filter(|f| f.0).map(|f| f.1).collect()
+}
+
 /// Products inside a grid of several programs (`gemm.h`'s inline `tk_sgemm`, not the pool's):
 /// every transpose, edges of every tile (rows past the 8-row and 4-row tiles, columns past the
 /// last whole vector), a contraction in several chunks of 256, one column, one row; tiles read in
@@ -262,11 +267,15 @@ fn the_writer_keeps_carried_swaps_overlapping_windows_and_repeated_scatters_apar
 #[test]
 fn products_of_every_shape_and_transpose_agree_with_the_interpreter() {
     let Some(plugin) = cpu_plugin("cpu products") else { return };
+    // The operands' types of an m x n x k product and its flags, for each transpose.
+    let operands = |(m, n, k): (usize, usize, usize), ta: bool, tb: bool| {
+        let a = if ta { format!("f32[{k}, {m}]") } else { format!("f32[{m}, {k}]") };
+        let b = if tb { format!("f32[{n}, {k}]") } else { format!("f32[{k}, {n}]") };
+        (a, b, transposes(ta, tb))
+    };
     for (m, n, k) in [(64, 64, 64), (13, 37, 300), (1, 1, 1), (7, 16, 3), (12, 33, 513), (33, 1, 70), (1, 96, 8)] {
         for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
-            let a = if ta { format!("f32[{k}, {m}]") } else { format!("f32[{m}, {k}]") };
-            let b = if tb { format!("f32[{n}, {k}]") } else { format!("f32[{k}, {n}]") };
-            let flags = [(ta, " trans_a"), (tb, " trans_b")].iter().filter(|f| f.0).map(|f| f.1).collect::<String>();
+            let (a, b, flags) = operands((m, n, k), ta, tb);
             let text = format!(
                 "kernel prod\n  grid (i: 3)\n  in  a: {a}\n  in  b: {b}\n  out o: f32[{m}, {n}]\n{{\n  %a = load a\n  %b = load b\n  %p = dot %a, %b{flags}\n  %i = program_id i\n  %z = eq %i, 0\n  when %z {{\n    store o, %p\n  }}\n}}\n"
             );
@@ -276,10 +285,8 @@ fn products_of_every_shape_and_transpose_agree_with_the_interpreter() {
     // One program (fewer than the workers): products over 2^18 multiply-adds split by rows of 32
     // over the pool, the last part short.
     for (ta, tb) in [(false, false), (true, true)] {
-        let (m, n, k) = (100, 80, 70);
-        let a = if ta { format!("f32[{k}, {m}]") } else { format!("f32[{m}, {k}]") };
-        let b = if tb { format!("f32[{n}, {k}]") } else { format!("f32[{k}, {n}]") };
-        let flags = [(ta, " trans_a"), (tb, " trans_b")].iter().filter(|f| f.0).map(|f| f.1).collect::<String>();
+        let (m, n) = (100, 80);
+        let (a, b, flags) = operands((m, n, 70), ta, tb);
         let text = format!(
             "kernel one\n  in  a: {a}\n  in  b: {b}\n  out o: f32[{m}, {n}]\n{{\n  %a = load a\n  %b = load b\n  %p = dot %a, %b{flags}\n  store o, %p\n}}\n"
         );
@@ -290,7 +297,7 @@ fn products_of_every_shape_and_transpose_agree_with_the_interpreter() {
     for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
         let a = if ta { "f32[90, 100] block [32, 32] at (k, i)" } else { "f32[100, 90] block [32, 32] at (i, k)" };
         let b = if tb { "f32[72, 90] block [32, 32] at (j, k)" } else { "f32[90, 72] block [32, 32] at (k, j)" };
-        let flags = [(ta, " trans_a"), (tb, " trans_b")].iter().filter(|f| f.0).map(|f| f.1).collect::<String>();
+        let flags = transposes(ta, tb);
         let text = format!(
             "kernel tiles\n  grid (i: 4, j: 3, k: 3 seq)\n  in  a: {a}\n  in  b: {b}\n  out c: f32[100, 72] block [32, 32] at (i, j)\n{{\n  %k = program_id k\n  %first = eq %k, 0\n  when %first {{\n    %z = zeros : f32[32, 32]\n    store c, %z\n  }}\n  %a = load a\n  %b = load b\n  %p = dot %a, %b{flags}\n  %acc = load c\n  %sum = add %acc, %p\n  store c, %sum\n}}\n"
         );
