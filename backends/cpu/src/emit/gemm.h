@@ -1,16 +1,15 @@
 /* tessel cpu backend: the product of float blocks inside one program (after prelude.h in the
  * product library, emit::gemm_source, compiled once per machine; kernels call it through
- * tk_ctx.gemm). No packing and no call: a block's operands are small enough to
- * stay in the caches, and a call to a packing BLAS costs more than the product itself at 64^3
- * (the `gemm` crate, called back through tk_ctx, is kept for products spread over the pool and
- * for taller blocks).
+ * tk_ctx.gemm). A block's operands stay in the caches, so nothing is packed but a chunk of b's
+ * panel: a call to a packing BLAS costs more than the product itself at 64^3 (the `gemm` crate,
+ * called back through tk_ctx.sgemm, is kept for products past 128^3).
  *
- * c[m x n] (+)= a[m x k] b[k x n]: a at any (row, column) strides, b's rows contiguous, c's too.
- * Register tiles of TK_MR rows by TK_NV vectors of TK_VW floats (8 x 32 with AVX-512: 16
+ * c[m x n] (+)= a[m x k] b[k x n]: a at any (row, column) strides, b's and c's rows ldb and ldc
+ * apart. Register tiles of TK_MR rows by TK_NV vectors of TK_VW floats (8 x 32 with AVX-512: 16
  * accumulators), each a broadcast element of a times a row of b, summed along k with fused
  * multiply-adds in order (the language leaves the order of a product's sums open, §8); k in
- * chunks of TK_KC so that a chunk of b's panel stays in the first-level cache. Columns past the
- * last whole vector are summed one by one. */
+ * chunks of TK_KC, each chunk of a whole panel of b copied to consecutive rows first. Columns
+ * past the last whole panel by tiles of one vector, past the last whole vector one by one. */
 #if defined(__AVX512F__)
 #define TK_VW 16
 #elif defined(__AVX__)

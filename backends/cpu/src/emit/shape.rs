@@ -277,9 +277,10 @@ pub(super) struct Product<'a> {
     pub(super) accumulate: bool,
 }
 
-/// The most multiply-adds of a product made inline (`gemm.h`): past 128^3 the `gemm` crate's
-/// packed operands win (a 2048^3 matmul in 256^3 tiles: 264-293 GFLOP/s through it, 230-260
-/// inline, on two cores here; at 128^3 both about 248, at 64^3 inline 252 against 155).
+/// The most multiply-adds of a product made by the product library (`gemm.h`): past 128^3 the
+/// `gemm` crate's packed operands win (a 2048^3 matmul in 256^3 tiles: 264-293 GFLOP/s through
+/// it, 230-260 by `gemm.h`, on two cores here; at 128^3 both about 248, at 64^3 `gemm.h` 252
+/// against 155).
 const INLINE_GEMM_WORK: usize = 1 << 21;
 
 /// The row-major flat index of `i0, i1, ...` in `shape`.
