@@ -120,15 +120,16 @@ impl Compiler for CpuCompiler {
     }
 }
 
-/// The product library (`emit::gemm_source`), compiled or read from the disk cache once per
-/// process.
-fn gemm_library() -> Result<Arc<cc::Library>, BackendError> {
-    static GEMM: std::sync::OnceLock<Arc<cc::Library>> = std::sync::OnceLock::new();
-    if let Some(lib) = GEMM.get() {
-        return Ok(Arc::clone(lib));
+/// The product library (`emit::gemm_source`) and its `tk_gemm`, compiled or read from the disk
+/// cache, and its function looked up, once per process.
+fn gemm_library() -> Result<run::Gemm, BackendError> {
+    static GEMM: std::sync::OnceLock<run::Gemm> = std::sync::OnceLock::new();
+    if let Some(g) = GEMM.get() {
+        return Ok(g.clone());
     }
     let lib = cc::build(&emit::gemm_source())?;
-    Ok(Arc::clone(GEMM.get_or_init(|| lib)))
+    let f = lib.gemm()?;
+    Ok(GEMM.get_or_init(|| (f, lib)).clone())
 }
 
 fn launch_error(e: LaunchError) -> BackendError {

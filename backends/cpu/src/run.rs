@@ -33,9 +33,12 @@ pub struct Kernel {
     func: KernelFn,
     arena: usize,
     _lib: Arc<Library>,
-    /// The product library's function where the kernel's C calls it, and the library.
-    gemm: Option<(GemmFn, Arc<Library>)>,
+    /// The product library's function where the kernel's C calls it.
+    gemm: Option<Gemm>,
 }
+
+/// The product library's `tk_gemm`, and the library holding it.
+pub(crate) type Gemm = (GemmFn, Arc<Library>);
 
 impl std::fmt::Debug for Kernel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -49,9 +52,8 @@ impl Kernel {
         lib: Arc<Library>,
         name: &str,
         arena: usize,
-        gemm: Option<Arc<Library>>,
+        gemm: Option<Gemm>,
     ) -> Result<Kernel, BackendError> {
-        let gemm = gemm.map(|g| Ok::<_, BackendError>((g.gemm()?, g))).transpose()?;
         Ok(Kernel { verified, func: lib.kernel(name)?, arena, _lib: lib, gemm })
     }
 

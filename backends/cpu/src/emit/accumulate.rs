@@ -13,9 +13,10 @@
 
 use std::collections::HashSet;
 
-use tessel_plugin_api::ir::{BinaryOp, DType, Index, Op, Operand, ParamKind, Stmt, analysis};
+use tessel_plugin_api::ir::{BinaryOp, DType, Op, Operand, ParamKind, Stmt, analysis};
 
 use super::Writer;
+use super::group::whole;
 use super::shape::Product;
 
 /// One `c += a b` found in a body.
@@ -26,20 +27,6 @@ pub(super) struct Accumulation<'v> {
     pub(super) absorbed: [&'v Stmt; 3],
     /// The reference `c`.
     c: &'v str,
-}
-
-/// Whether `index` reads or writes the whole block.
-fn whole(index: &Option<Vec<Index>>) -> bool {
-    index.as_ref().is_none_or(|ix| ix.iter().all(|i| matches!(i, Index::Full)))
-}
-
-/// Whether `s`, or a statement nested in it, loads or stores `name`.
-fn touches(s: &Stmt, name: &str) -> bool {
-    let mut hit = false;
-    analysis::visit(std::slice::from_ref(s), &mut |t| {
-        hit |= matches!(&t.op, Op::Load { src, .. } if src == name) || matches!(&t.op, Op::Store { dst, .. } if dst == name);
-    });
-    hit
 }
 
 impl<'v> Writer<'v, '_> {
@@ -70,7 +57,8 @@ impl<'v> Writer<'v, '_> {
                 && ty(ai) == ty(li)
                 && p.kind != ParamKind::In;
             let first = li.min(di);
-            let apart = (first..=si).all(|k| k == li || k == si || !touches(&stmts[k], dst));
+            let apart =
+                (first..=si).all(|k| k == li || k == si || analysis::accesses(std::slice::from_ref(&stmts[k]), dst).is_empty());
             if fits && apart {
                 found.push(Accumulation { dot: &stmts[di], absorbed: [&stmts[li], &stmts[ai], &stmts[si]], c: dst });
             }

@@ -106,6 +106,11 @@ impl Access {
     }
 }
 
+/// Whether a load's or store's `index` reaches the whole block.
+pub(super) fn whole(index: &Option<Vec<Index>>) -> bool {
+    index.as_ref().is_none_or(|ix| ix.iter().all(|i| matches!(i, Index::Full)))
+}
+
 /// How many of the loops over `shape` (outermost first) a value of `vshape` broadcast over it
 /// varies in: 0 for one element, `shape.len()` where it varies in the innermost.
 fn loops_varied(vshape: &[usize], shape: &[usize]) -> usize {
@@ -392,7 +397,7 @@ impl<'v> Writer<'v, '_> {
     fn view_of(&self, s: &Stmt) -> Option<(usize, String, Option<usize>)> {
         let Op::Load { src, index, mask: None, .. } = &s.op else { return None };
         let (n, p) = self.param(src);
-        let whole = index.as_ref().is_none_or(|ix| ix.iter().all(|i| matches!(i, Index::Full)));
+        let whole = whole(index);
         let same = matches!(p.ty.dtype, DType::F32 | DType::I32 | DType::U32);
         let block = p.block_shape();
         if p.kind != ParamKind::In || !whole || !same || block.len() != p.ty.shape.len() || p.ty.shape.is_empty() {
