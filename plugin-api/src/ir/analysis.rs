@@ -116,6 +116,48 @@ pub fn accesses<'b>(body: &'b [Stmt], name: &str) -> Vec<&'b Stmt> {
     out
 }
 
+/// `c += a b` as a body writes it: `%acc = load c`, `%p = dot ..`, `%s = add %acc, %p` (or
+/// `add %p, %acc`), `store c, %s`, the four statements in one body, each value read by the next
+/// of the four only, and nothing else from the first of them to the store touching `c`
+/// ([`accesses`]). A backend may then add the product into `c` where it lies (wgpu into an output
+/// held in registers, the cpu plugin into the block's memory): no statement between can tell.
+/// Positions in the body; which `c` a backend takes (its indexes, masks, types) is its own choice.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Accumulation {
+    /// The `load` of `c`.
+    pub load: usize,
+    /// The `dot`.
+    pub dot: usize,
+    /// The `add` of the two.
+    pub add: usize,
+    /// The `store` of the sum into `c`.
+    pub store: usize,
+}
+
+/// Every [`Accumulation`] of `body` itself (those of its nested bodies are found by asking for
+/// each of them), `read_once(value)` saying whether one statement of the whole kernel reads it.
+pub fn accumulations(body: &[Stmt], read_once: impl Fn(&str) -> bool) -> Vec<Accumulation> {
+    let def = |name: &str| body.iter().position(|t| t.results.iter().any(|r| r == name));
+    let mut found = Vec::new();
+    for (store, s) in body.iter().enumerate() {
+        let Op::Store { dst, value: Operand::Value(sum), .. } = &s.op else { continue };
+        let Some(add) = def(sum) else { continue };
+        let Op::Binary(super::BinaryOp::Add, Operand::Value(x), Operand::Value(y)) = &body[add].op else { continue };
+        let (Some(xi), Some(yi)) = (def(x), def(y)) else { continue };
+        let (load, dot) = if matches!(body[xi].op, Op::Dot { .. }) { (yi, xi) } else { (xi, yi) };
+        let (Op::Dot { .. }, Op::Load { src, .. }) = (&body[dot].op, &body[load].op) else { continue };
+        if src != dst || x == y || ![sum, x, y].into_iter().all(|v| read_once(v)) {
+            continue;
+        }
+        let apart = (load.min(dot)..=store)
+            .all(|k| k == load || k == store || accesses(std::slice::from_ref(&body[k]), dst).is_empty());
+        if apart {
+            found.push(Accumulation { load, dot, add, store });
+        }
+    }
+    found
+}
+
 /// Whether output `p` is overwritten whole before anything could read it, so that zeroing it
 /// first cannot be observed: the kernel never loads `p`, its body stores the whole block
 /// unconditionally (at top level, no index, no mask) at every grid point, and the blocks cover the

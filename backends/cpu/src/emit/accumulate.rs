@@ -5,15 +5,15 @@
 //! product's terms and `c` added in another order than the statements say, which the language
 //! allows a product (docs/language.md §8: its order of sums is open).
 //!
-//! Taken where nothing else between the first of the four and the store touches `c`, `c` is a
-//! 2-D `f32` output block or scratch read and written whole, and the three values have no other
-//! reader. An output block is used in place where it lies inside its array, through a copy where
+//! Found by `analysis::accumulations` (the four in one body, the three values read once, nothing
+//! else between touching `c`, the pattern wgpu's resident outputs take too), and taken where `c`
+//! is a 2-D `f32` output block or scratch read and written whole, unmasked. An output block is used in place where it lies inside its array, through a copy where
 //! it crosses an edge (zeros read outside, only the inside written back), as the load and store
 //! would.
 
 use std::collections::HashSet;
 
-use tessel_plugin_api::ir::{BinaryOp, DType, Op, Operand, ParamKind, Stmt, analysis};
+use tessel_plugin_api::ir::{DType, Op, ParamKind, Stmt, analysis};
 
 use super::Writer;
 use super::group::whole;
@@ -33,34 +33,27 @@ impl<'v> Writer<'v, '_> {
     /// Every `c += a b` of `stmts` (the body itself, not nested ones: those are found when their
     /// body is written).
     pub(super) fn accumulations(&self, stmts: &'v [Stmt]) -> Vec<Accumulation<'v>> {
-        let def = |name: &str| stmts.iter().position(|t| t.results.iter().any(|r| r == name));
         let once = |name: &str| self.uses.get(&self.id(name)) == Some(&1);
         let mut found = Vec::new();
-        for (si, s) in stmts.iter().enumerate() {
-            let Op::Store { dst, index, value: Operand::Value(sum), mask: None } = &s.op else { continue };
-            let Some(ai) = def(sum) else { continue };
-            let Op::Binary(BinaryOp::Add, Operand::Value(x), Operand::Value(y)) = &stmts[ai].op else { continue };
-            let (Some(xi), Some(yi)) = (def(x), def(y)) else { continue };
-            let (li, di) = if matches!(stmts[xi].op, Op::Dot { .. }) { (yi, xi) } else { (xi, yi) };
-            let (Op::Dot { .. }, Op::Load { src, index: read, mask: None, .. }) = (&stmts[di].op, &stmts[li].op) else {
+        for a in analysis::accumulations(stmts, once) {
+            let (Op::Store { dst, index, mask: None, .. }, Op::Load { index: read, mask: None, .. }) =
+                (&stmts[a.store].op, &stmts[a.load].op)
+            else {
                 continue;
             };
-            if src != dst || !whole(index) || !whole(read) || ![sum, x, y].into_iter().all(|v| once(v)) {
-                continue;
-            }
             let (_, p) = self.param(dst);
             let ty = |i: usize| self.ty(self.id(&stmts[i].results[0]));
-            let fits = p.ty.dtype == DType::F32
+            let fits = whole(index)
+                && whole(read)
+                && p.ty.dtype == DType::F32
                 && p.ty.shape.len() == 2
-                && p.block_shape() == ty(li).shape.as_slice()
-                && ty(di) == ty(li)
-                && ty(ai) == ty(li)
+                && p.block_shape() == ty(a.load).shape.as_slice()
+                && ty(a.dot) == ty(a.load)
+                && ty(a.add) == ty(a.load)
                 && p.kind != ParamKind::In;
-            let first = li.min(di);
-            let apart =
-                (first..=si).all(|k| k == li || k == si || analysis::accesses(std::slice::from_ref(&stmts[k]), dst).is_empty());
-            if fits && apart {
-                found.push(Accumulation { dot: &stmts[di], absorbed: [&stmts[li], &stmts[ai], &stmts[si]], c: dst });
+            if fits {
+                let absorbed = [&stmts[a.load], &stmts[a.add], &stmts[a.store]];
+                found.push(Accumulation { dot: &stmts[a.dot], absorbed, c: dst });
             }
         }
         found

@@ -142,49 +142,30 @@ pub(super) fn inlined_values(v: &Verified) -> ValueSet {
 pub(super) const INLINE_DEPTH: usize = 64;
 
 /// `dot`s whose result is added into a [`resident`](analysis::resident) output and stored back
-/// (`%acc = load c`, `%s = add %acc, %p`, `store c, %s`, each value read once, nothing else
-/// touching `c` between them in the same body): the dot adds its tile into the resident block
-/// itself. By the `dot`'s result: the output's position and the load's and the add's results.
+/// ([`analysis::accumulations`]): the dot adds its tile into the resident block itself. By the
+/// `dot`'s result: the output's position and the load's and the add's results.
 pub(super) fn accumulating_dots(v: &Verified, resident: &HashMap<String, usize>) -> ValueMap<(usize, ValueId, ValueId)> {
-    fn walk(v: &Verified, body: &[Stmt], resident: &HashMap<String, usize>, out: &mut ValueMap<(usize, ValueId, ValueId)>) {
-        let all = &v.kernel().body;
-        let single = |x: &str| match analysis::readers(all, x).as_slice() {
-            [s] => Some(*s),
-            _ => None,
-        };
-        let at = |s: &Stmt| body.iter().position(|t| std::ptr::eq(t, s));
-        for (i, s) in body.iter().enumerate() {
+    fn walk(
+        v: &Verified,
+        body: &[Stmt],
+        readers: &analysis::Readers<'_>,
+        resident: &HashMap<String, usize>,
+        out: &mut ValueMap<(usize, ValueId, ValueId)>,
+    ) {
+        for s in body {
             for b in s.op.bodies() {
-                walk(v, b, resident, out);
+                walk(v, b, readers, resident, out);
             }
-            let Op::Dot { .. } = s.op else { continue };
-            let p = &s.results[0];
-            let Some(add) = single(p) else { continue };
-            let Op::Binary(BinaryOp::Add, Operand::Value(x), Operand::Value(y)) = &add.op else { continue };
-            let acc = if x == p { y } else { x };
-            let Some(load) = body.iter().find(|t| t.results.first() == Some(acc)) else { continue };
-            let Op::Load { src, .. } = &load.op else { continue };
-            let Some(&pi) = resident.get(src) else { continue };
-            let (Some(sum), true) = (add.results.first(), single(acc).is_some()) else { continue };
-            let Some(store) = single(sum) else { continue };
-            let Op::Store { dst, value: Operand::Value(sv), .. } = &store.op else { continue };
-            let (Some(il), Some(ia), Some(is)) = (at(load), at(add), at(store)) else { continue };
-            let (lo, hi) = (i.min(il), is);
-            let others = body[lo..=hi].iter().filter(|t| {
-                !std::ptr::eq(*t, load) && !std::ptr::eq(*t, store) && {
-                    let mut touches = false;
-                    analysis::visit(std::slice::from_ref(*t), &mut |u| {
-                        touches |= matches!(&u.op, Op::Load { src: r, .. } | Op::Store { dst: r, .. } if r == src)
-                    });
-                    touches
-                }
-            });
-            if dst == src && sv == sum && ia < is && il < ia && i < ia && others.count() == 0 {
-                out.insert(v.id(p), (pi, v.id(acc), v.id(sum)));
+        }
+        for a in analysis::accumulations(body, |x| readers.of_value(x).len() == 1) {
+            let Op::Load { src, .. } = &body[a.load].op else { continue };
+            if let Some(&pi) = resident.get(src) {
+                let id = |i: usize| v.id(&body[i].results[0]);
+                out.insert(id(a.dot), (pi, id(a.load), id(a.add)));
             }
         }
     }
     let mut out = ValueMap::new();
-    walk(v, &v.kernel().body, resident, &mut out);
+    walk(v, &v.kernel().body, &analysis::Readers::of(&v.kernel().body), resident, &mut out);
     out
 }
