@@ -322,3 +322,62 @@ fn products_of_every_shape_and_transpose_agree_with_the_interpreter() {
         .replace("f32[100, 72]", "f32[200, 144]");
     agrees(&plugin, &seq, &[]);
 }
+
+/// `Planned::warm_up` compiles a planned launch's C off the caller's thread: the library is on
+/// disk before anything is launched, and the launch then takes it (no second library, the first
+/// not rewritten). Runs in a child process of this test binary with a cache folder of its own,
+/// so that no other test's libraries are counted.
+#[test]
+fn a_planned_launch_warmed_up_is_compiled_before_it_runs() {
+    let Some(plugin) = cpu_plugin("cpu warm-up") else { return };
+    let Some(cache) = std::env::var_os("TESSEL_WARM_UP_CHILD") else {
+        let dir = tempfile::tempdir().unwrap();
+        let me = std::env::current_exe().unwrap();
+        let out = std::process::Command::new(me)
+            .args(["--exact", "a_planned_launch_warmed_up_is_compiled_before_it_runs", "--nocapture"])
+            .env("TESSEL_WARM_UP_CHILD", dir.path())
+            .env("TESSEL_CACHE_DIR", dir.path())
+            .env_remove("TESSEL_CACHE")
+            .output()
+            .unwrap();
+        let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success() && said.contains("1 passed"), "the child: {said}");
+        return;
+    };
+    let libraries = || -> Vec<(String, std::time::SystemTime)> {
+        let mut v: Vec<_> = std::fs::read_dir(Path::new(&cache).join("cpu"))
+            .map(|d| {
+                d.filter_map(|e| e.ok())
+                    .map(|e| (e.file_name().to_string_lossy().into_owned(), e.metadata().unwrap().modified().unwrap()))
+                    .filter(|(n, _)| (n.ends_with(".so") || n.ends_with(".dylib")) && !n.contains(".tmp"))
+                    .collect()
+            })
+            .unwrap_or_default();
+        v.sort();
+        v
+    };
+    let rt = tessel::Runtime::new(&[plugin]).unwrap();
+    let text = "kernel warm\n  in  a: f32[1000]\n  out o: f32[1000]\n{\n  %a = load a\n  %s = mul %a, 3.0\n  %o = add %s, 1.0\n  store o, %o\n}\n";
+    let kernels = tessel::load_source("warm.tk", text).unwrap();
+    let call = [tessel::KernelLaunch { kernel: &kernels[0], mesh: None }];
+    let launch = tessel::Launch::new(&call, &[], &Default::default());
+    let planned = rt.plan(tessel::Choice::Named("cpu"), &launch).unwrap();
+    assert!(libraries().is_empty(), "planning compiles nothing: {:?}", libraries());
+    planned.warm_up();
+    // Waits for the compiler the warm-up started (a liveness bound, not a speed limit).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(300);
+    while libraries().is_empty() {
+        assert!(std::time::Instant::now() < deadline, "no library five minutes after the warm-up");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let warm = libraries();
+    let a: Vec<f32> = (0..1000).map(|i| i as f32 * 0.5 - 100.0).collect();
+    let args = tessel::LaunchArgs {
+        inputs: [("a".to_string(), tessel::HostArray::from_bits(tessel_plugin_api::ir::DType::F32, &[1000], a.iter().map(|x| x.to_bits()).collect()))].into(),
+        grid: Default::default(),
+    };
+    let out = planned.launch(&args).unwrap();
+    let want: Vec<f64> = a.iter().map(|&x| (x * 3.0 + 1.0) as f64).collect();
+    assert_eq!(out[0].1.to_f64(), want);
+    assert_eq!(libraries(), warm, "the launch compiled again");
+}

@@ -291,6 +291,16 @@ impl Planned<'_, '_> {
         Ok(())
     }
 
+    /// Has the backend start, off this thread, what the first launch would otherwise do inside
+    /// it (compile, set up): for callers with work of their own before launching (making
+    /// inputs, XLA compiling around a call). Does nothing where the backend is unavailable or
+    /// has nothing to start; a launch never depends on it.
+    pub fn warm_up(&self) {
+        if self.check_available().is_ok() {
+            self.request(|req| self.b.backend.warm_up(req));
+        }
+    }
+
     fn fail(&self) -> impl Fn(BackendError) -> Error + '_ {
         |e| backend_error(self.b, e)
     }

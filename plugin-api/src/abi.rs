@@ -394,6 +394,14 @@ mod traits {
         /// The compile cache's counters.
         #[sabi(last_prefix_field)]
         fn cache_stats(&self) -> CacheStats;
+        /// Starts, off the caller's thread, what the first launch of `req` would otherwise do
+        /// inside it (a compiler run, a library built): called once a launch is planned, while
+        /// the caller makes its inputs or XLA compiles around it. Never waits and never fails (a
+        /// launch that cannot be warmed up fails when it runs). Nothing, for a plugin built
+        /// before it (abi_stable calls this default for a vtable without the method).
+        fn warm_up(&self, req: &LaunchRequest<'_>) {
+            let _ = req;
+        }
     }
 }
 

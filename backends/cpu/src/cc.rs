@@ -137,10 +137,29 @@ pub fn key(t: &Toolchain, source: &str) -> String {
     h.finalize().to_hex()[..32].to_string()
 }
 
-/// `source` compiled and loaded: from the disk cache where it was compiled before.
+/// Builds under way in this process, by key: a second thread asking for a library being built
+/// (a launch after its warm-up) waits for that build instead of running the compiler again.
+type Building = std::collections::HashMap<String, Arc<OnceLock<Result<Arc<Library>, BackendError>>>>;
+
+/// `source` compiled and loaded: from the disk cache where it was compiled before; one compiler
+/// run per source in this process however many threads ask at once.
 pub fn build(source: &str) -> Result<Arc<Library>, BackendError> {
+    static BUILDING: std::sync::Mutex<Option<Building>> = std::sync::Mutex::new(None);
     let t = toolchain().map_err(|e| BackendError::new(ErrorKind::Unavailable, e))?;
     let key = key(t, source);
+    let building = || BUILDING.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let cell = Arc::clone(building().get_or_insert_with(Default::default).entry(key.clone()).or_default());
+    let built = cell.get_or_init(|| build_keyed(t, &key, source)).clone();
+    // Later asks find the library on disk (or build again where there is no disk cache).
+    if let Some(map) = building().as_mut() {
+        if map.get(&key).is_some_and(|c| Arc::ptr_eq(c, &cell)) {
+            map.remove(&key);
+        }
+    }
+    built
+}
+
+fn build_keyed(t: &Toolchain, key: &str, source: &str) -> Result<Arc<Library>, BackendError> {
     let dir = cache_dir();
     if let Some(dir) = &dir {
         let path = dir.join(format!("{key}.so"));
@@ -230,7 +249,31 @@ fn open(path: &Path) -> Result<Library, BackendError> {
 
 #[cfg(test)]
 mod tests {
-    use super::prune;
+    use super::{build, prune, toolchain};
+
+    #[test]
+    fn threads_asking_for_one_source_at_once_share_one_compiler_run() {
+        if toolchain().is_err() {
+            eprintln!("SKIPPED: no C compiler");
+            return;
+        }
+        // A source no cache holds: each thread would otherwise run the compiler and load its own.
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+        let source = format!("int tk_probe(void) {{ return {}; }}\n", nanos % 1_000_000_007);
+        let start = std::sync::Barrier::new(3);
+        let libs: Vec<_> = std::thread::scope(|s| {
+            let ts: Vec<_> = (0..3)
+                .map(|_| {
+                    s.spawn(|| {
+                        start.wait();
+                        build(&source).unwrap()
+                    })
+                })
+                .collect();
+            ts.into_iter().map(|t| t.join().unwrap()).collect()
+        });
+        assert!(libs.iter().all(|l| std::sync::Arc::ptr_eq(l, &libs[0])), "each thread compiled its own library");
+    }
 
     #[test]
     fn prune_keeps_the_newest_libraries_and_removes_old_temporaries() {

@@ -308,6 +308,20 @@ impl BackendImpl for Cpu {
         Some(compiled.run_kernel(0, &launch.grid, inputs, outputs, &launch.kept))
     }
 
+    /// Runs the C compiler on the launch's C (and builds the product library where it has a
+    /// `dot`) on a thread of its own: the launch's compile then finds the library on disk, or
+    /// waits for the build under way (`cc::build` runs the compiler once per source).
+    fn warm_up(&self, plan: &Vec<Verified>) {
+        let plan = plan.clone();
+        let _ = std::thread::Builder::new().name("tessel-cpu warm-up".into()).spawn(move || {
+            let e = lower_to_c(&plan);
+            let _ = cc::build(&e.source);
+            if e.gemm {
+                let _ = gemm_library();
+            }
+        });
+    }
+
     /// Runs the kernels in order; each sees the outputs of the ones before it.
     fn run(
         &self,

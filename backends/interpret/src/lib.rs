@@ -89,9 +89,9 @@ pub struct Compiled {
 /// Starts, on rayon's pool, what the first `f32` GEMM of the process would otherwise do inside
 /// a launch: the gemm crate reads the CPU's cache sizes from sysfs (some 80 files, about 0.4 ms
 /// here) before its first blocked product, while the pool's other threads wait for it. Called as
-/// soon as a kernel is known to run here, it overlaps with making or reading the inputs. Does
-/// nothing for kernels without a `dot`.
-pub fn warm_up<'k>(kernels: impl IntoIterator<Item = &'k Verified>) {
+/// soon as a kernel is known to run here ([`BackendImpl::warm_up`]), it overlaps with making or
+/// reading the inputs. Does nothing for kernels without a `dot`.
+fn warm_up<'k>(kernels: impl IntoIterator<Item = &'k Verified>) {
     let has_dot = |k: &Verified| {
         let mut dot = false;
         tessel_plugin_api::ir::analysis::visit(&k.kernel().body, &mut |s| {
@@ -333,6 +333,10 @@ impl BackendImpl for Interpreter {
     ) -> Option<Result<(), BackendError>> {
         let [c] = compiled.as_slice() else { return None };
         Some(c.run_in_place(inputs, &launch.grid, outputs, &launch.kept).map_err(|Error::Launch(e)| launch_error(e)))
+    }
+
+    fn warm_up(&self, plan: &Vec<Verified>) {
+        warm_up(plan);
     }
 
     /// Runs the kernels in order; each sees the outputs of the ones before it.

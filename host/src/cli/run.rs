@@ -50,9 +50,10 @@ pub(super) fn run(rt: &Runtime, flags: &LaunchFlags, opts: &RunOptions, out: &mu
     lap("parsed, verified and chose the backend");
     // A backend named but unavailable is refused before inputs are made for it.
     rt.available(&p.backend)?;
-    if p.backend == tessel_interpret::NAME {
-        tessel_interpret::warm_up(&p.kernels);
-    }
+    p.planned(rt, |planned| {
+        planned.warm_up();
+        Ok(())
+    })?;
     p.warn(err);
     explain(&p, flags, out);
     let inputs = if given.is_empty() { random_inputs(&p, opts.seed)? } else { given };

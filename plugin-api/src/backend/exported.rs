@@ -297,6 +297,18 @@ impl<B: BackendImpl> Backend for Exported<B> {
         guard("launch", || self.launch_with(req, args, false).map(|_| ()))
     }
 
+    fn warm_up(&self, req: &LaunchRequest<'_>) {
+        // The plan `supports` made and kept (a launch planned is not planned again); a launch
+        // refused here is refused again, with its reason, when it runs.
+        let _ = guard("warm up", || {
+            let launch = self.decode(req)?;
+            let compiler = self.backend.compiler()?;
+            let plan = self.plan(&launch, &compiler, &self.cache_key(&launch, &compiler))?;
+            self.backend.warm_up(&plan);
+            Ok(())
+        });
+    }
+
     fn launch_timed(&self, req: &LaunchRequest<'_>, args: RSlice<'_, BufferArg<'_>>) -> RResult<ROption<u64>, BackendError> {
         guard("launch", || self.launch_with(req, args, true).map(ROption::from))
     }

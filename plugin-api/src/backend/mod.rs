@@ -129,6 +129,13 @@ pub trait BackendImpl: Send + Sync + 'static {
         let _ = (compiled, launch, inputs, outputs);
         None
     }
+    /// Starts, off the caller's thread, the slow part of the first launch of `plan` (the C
+    /// compiler run of the cpu plugin, the GEMM set-up of the interpreter) so that it overlaps
+    /// with what the caller does before launching; the launch itself must not depend on it
+    /// having run or finished. Nothing, the default.
+    fn warm_up(&self, plan: &<Self::Compiler as Compiler>::Plan) {
+        let _ = plan;
+    }
 }
 
 /// What a backend's compiler makes and its `run` runs.
