@@ -2,7 +2,7 @@
 //! type and through the ABI-stable object (vtable + FFI-safe types), built-in and, when
 //! `target/release/libtessel_interpret.so` exists (`cargo build --release -p tessel-interpret
 //! --features plugin`), through the plugin library; and a whole launch of `benches/kernels/tiny.tk`
-//! on the interpreter through `Runtime::run` (host arrays in and out), the Rust side of the Python
+//! on the interpreter through `Planned::run` (host arrays in and out), the Rust side of the Python
 //! module's call overhead (`benches/python_call.py` times the same launch from Python).
 
 use std::hint::black_box;
@@ -36,11 +36,19 @@ fn boundary(c: &mut Criterion) {
     let call = [tessel::KernelLaunch { kernel: &k, mesh: None }];
     let args = tessel::LaunchArgs { inputs: tessel::inputs::random_inputs(k.kernel(), 1), grid: Default::default() };
     let mut g = c.benchmark_group("launch_tiny_host");
-    g.bench_function("runtime_run_interpret", |b| b.iter(|| black_box(rt.run("interpret", &call, &[], &args).expect("runs"))));
+    g.bench_function("runtime_run_interpret", |b| {
+        b.iter(|| {
+            black_box(
+                rt.plan(tessel::Choice::of("interpret"), &tessel::Launch::new(&call, &[], &args.grid))
+                    .and_then(|p| p.run(&args))
+                    .expect("runs"),
+            )
+        })
+    });
     g.finish();
 
-    // 16M f32 + 16M f32: host arrays copied in and out (Runtime::run) against the same launch on
-    // memory the caller owns (Runtime::run_in_place, the Python module's path).
+    // 16M f32 + 16M f32: host arrays copied in and out (Planned::run) against the same launch on
+    // memory the caller owns (Planned::run_in_place, the Python module's path).
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/kernels/add_16m.tk");
     let k = tessel::load_file(&path).expect("add_16m.tk verifies").remove(0);
     let call = [tessel::KernelLaunch { kernel: &k, mesh: None }];
@@ -51,7 +59,15 @@ fn boundary(c: &mut Criterion) {
     let mut out = vec![0u8; out_ty.numel() * 4];
     let mut g = c.benchmark_group("launch_add16m_host");
     g.sample_size(10);
-    g.bench_function("runtime_run_interpret", |b| b.iter(|| black_box(rt.run("interpret", &call, &[], &args).expect("runs"))));
+    g.bench_function("runtime_run_interpret", |b| {
+        b.iter(|| {
+            black_box(
+                rt.plan(tessel::Choice::of("interpret"), &tessel::Launch::new(&call, &[], &args.grid))
+                    .and_then(|p| p.run(&args))
+                    .expect("runs"),
+            )
+        })
+    });
     g.bench_function("runtime_run_in_place_interpret", |b| {
         b.iter(|| {
             let mut place = tessel::InPlace::default();
@@ -59,7 +75,11 @@ fn boundary(c: &mut Criterion) {
                 place.inputs.insert(n.clone(), tessel::BytesRef { ty: ty.clone(), bytes: data });
             }
             place.outputs.insert("o".into(), tessel::BytesMut { ty: out_ty.clone(), bytes: &mut out, keep: false });
-            black_box(rt.run_in_place("interpret", &call, &[], &mut place).expect("runs"))
+            black_box(
+                rt.plan(tessel::Choice::of("interpret"), &tessel::Launch::new(&call, &[], &place.grid))
+                    .and_then(|p| p.run_in_place(&mut place))
+                    .expect("runs"),
+            )
         })
     });
     g.finish();

@@ -1,9 +1,9 @@
 """The Python module's call overhead: a launch of benches/kernels/tiny.tk on the interpreter from
-Python (numpy arrays in and out) against the same launch through `Runtime::run` in Rust, whose
+Python (numpy arrays in and out) against the same launch through `Planned::run` in Rust, whose
 median criterion wrote to target/criterion (`cargo bench --bench boundary`, run first by
 scripts/bench); and of benches/kernels/add_16m.tk, where copies show: Python (inputs read in
-place, the output written once) against `Runtime::run` (host arrays copied in and out) and
-`Runtime::run_in_place` in Rust, and numpy's own `x + y`. Prints markdown table rows."""
+place, the output written once) against `Planned::run` (host arrays copied in and out) and
+`Planned::run_in_place` in Rust, and numpy's own `x + y`. Prints markdown table rows."""
 
 import json
 import pathlib

@@ -1,6 +1,6 @@
 //! The wgpu backend against hand-written wgpu on the same adapter, in the same run:
 //! - `launch_tiny`: a launch of a 64-element kernel on device-resident arrays through tessel
-//!   (`Runtime::launch_resident`: the plugin boundary, the compile cache, the refusal checks,
+//!   (`Planned::launch_resident`: the plugin boundary, the compile cache, the refusal checks,
 //!   zeroing the output) vs the same WGSL dispatched with raw wgpu and a prepared bind group;
 //! - `add_16m`: o = x + y over 16M f32 vs a WGSL add of one `vec4` per invocation;
 //! - `matmul_1024`: 1024³ f32 vs the best register-tiled `vec4` WGSL matmul written by hand for
@@ -234,7 +234,13 @@ fn resident(rt: &Runtime, k: &Verified) -> (Bound, BTreeMap<String, Vec<f32>>) {
 
 fn launch(rt: &Runtime, k: &Verified, arrays: &[(String, DeviceArray)]) {
     let bound: Vec<(&str, &DeviceArray)> = arrays.iter().map(|(n, a)| (n.as_str(), a)).collect();
-    rt.launch_resident("wgpu", &[KernelLaunch { kernel: k, mesh: None }], &[], &BTreeMap::new(), &bound).expect("launch");
+    rt.plan(
+        tessel::Choice::Named("wgpu"),
+        &tessel::Launch::new(&[KernelLaunch { kernel: k, mesh: None }], &[], &BTreeMap::new()),
+    )
+    .and_then(|p| p.launch_resident(&bound, false))
+    .map(drop)
+    .expect("launch");
 }
 
 fn output(rt: &Runtime, arrays: &[(String, DeviceArray)], name: &str) -> Vec<f32> {
@@ -296,7 +302,12 @@ fn wgpu_benches(c: &mut Criterion) {
     let k = load("tiny");
     let (arrays, host) = resident(&rt, &k);
     let call = [KernelLaunch { kernel: &k, mesh: None }];
-    let wgsl = rt.lower("wgpu", &call, &[], &BTreeMap::new()).expect("lower").remove(0).1;
+    let wgsl = rt
+        .plan(tessel::Choice::Named("wgpu"), &tessel::Launch::kernels(&call))
+        .and_then(|p| p.lower())
+        .expect("lower")
+        .remove(0)
+        .1;
     let (x, o) = (raw.buffer(&host["x"]), raw.buffer(&[0.0; 64]));
     let tiny = raw.prepare(&wgsl, &[&x, &o]);
     launch(&rt, &k, &arrays);

@@ -34,7 +34,11 @@ fn main() {
         let mesh =
             text.lines().find_map(|l| l.strip_prefix("# mosaic-gpu mesh: ")).map(|m| rt.mesh("mosaic-gpu", m).expect("mesh"));
         let call = [KernelLaunch { kernel: k, mesh: mesh.as_ref() }];
-        let Ok(mut lowered) = rt.lower("mosaic-gpu", &call, &[], &Default::default()) else { continue };
+        let Ok(mut lowered) =
+            rt.plan(tessel::Choice::Named("mosaic-gpu"), &tessel::Launch::kernels(&call)).and_then(|p| p.lower())
+        else {
+            continue;
+        };
         let (_, ptx) = lowered.remove(0);
         let args = LaunchArgs { inputs: tessel::inputs::random_inputs(k.kernel(), 1), grid: Default::default() };
         row(k.name(), &ptx, k, &args);

@@ -1,6 +1,6 @@
 //! One launch function, used unchanged for every backend this machine has: it builds the right
 //! mesh for each backend from one portable spec (`Runtime::mesh_for`), asks the backend before
-//! launching (`Runtime::supports`), and reports what ran where, or why not.
+//! launching (`Runtime::plan`), and reports what ran where, or why not.
 //!
 //!     cargo run -p tessel-suite --example shared_launch
 //!
@@ -26,7 +26,10 @@ fn launch(rt: &Runtime, backend: &str, kernel: &Verified, mesh: &str, args: &Lau
     let start = std::time::Instant::now();
     let got = planned.launch(args).map_err(|e| e.to_string())?;
     let took = start.elapsed();
-    let want = rt.launch("interpret", &call, &[], args).map_err(|e| e.to_string())?;
+    let want = rt
+        .plan(tessel::Choice::Named("interpret"), &tessel::Launch::new(&call, &[], &args.grid))
+        .and_then(|p| p.launch(args))
+        .map_err(|e| e.to_string())?;
     let (name, g) = &got[0];
     let ok = tessel_plugin_api::array::agreement(g, &want[0].1).within;
     Ok(format!(
@@ -61,7 +64,7 @@ fn main() {
     let call = [KernelLaunch { kernel, mesh: Some(&m) }];
     // The loop above lowered the kernel on every backend, so `auto` finds it in the compile cache.
     for attempt in ["a", "another"] {
-        match rt.run("auto", &call, &[], &args) {
+        match rt.plan(tessel::Choice::of("auto"), &tessel::Launch::new(&call, &[], &args.grid)).and_then(|p| p.run(&args)) {
             Ok(r) => {
                 println!(
                     "--backend auto, {attempt} launch: ran on {} ({}, run {:.2} ms)",

@@ -15,8 +15,14 @@ fn the_same_launch_twice_is_compiled_once() {
     let call = [KernelLaunch { kernel: &kernels[0], mesh: None }];
     let args = LaunchArgs { inputs: tessel::inputs::random_inputs(kernels[0].kernel(), 1), grid: Default::default() };
     let before = rt.cache_stats("interpret").unwrap();
-    let first = rt.launch("interpret", &call, &[], &args).unwrap();
-    let second = rt.launch("interpret", &call, &[], &args).unwrap();
+    let first = rt
+        .plan(tessel::Choice::Named("interpret"), &tessel::Launch::new(&call, &[], &args.grid))
+        .and_then(|p| p.launch(&args))
+        .unwrap();
+    let second = rt
+        .plan(tessel::Choice::Named("interpret"), &tessel::Launch::new(&call, &[], &args.grid))
+        .and_then(|p| p.launch(&args))
+        .unwrap();
     let after = rt.cache_stats("interpret").unwrap();
     assert_eq!(first, second);
     assert_eq!(after.misses - before.misses, 1, "compiled once: {after:?}");
@@ -24,7 +30,12 @@ fn the_same_launch_twice_is_compiled_once() {
     // Another kernel is another entry.
     let other = tessel::load_file(&root().join("examples/add.tk")).expect("add");
     let args = LaunchArgs { inputs: tessel::inputs::random_inputs(other[0].kernel(), 1), grid: Default::default() };
-    rt.launch("interpret", &[KernelLaunch { kernel: &other[0], mesh: None }], &[], &args).unwrap();
+    rt.plan(
+        tessel::Choice::Named("interpret"),
+        &tessel::Launch::new(&[KernelLaunch { kernel: &other[0], mesh: None }], &[], &args.grid),
+    )
+    .and_then(|p| p.launch(&args))
+    .unwrap();
     assert_eq!(rt.cache_stats("interpret").unwrap().misses - before.misses, 2);
 }
 

@@ -457,14 +457,21 @@ fn a_reported_launch_says_where_it_ran_why_and_whether_it_compiled() {
     let k = tessel::load_file(&root().join("examples/add.tk")).unwrap().remove(0);
     let call = [KernelLaunch { kernel: &k, mesh: None }];
     let args = LaunchArgs { inputs: tessel::inputs::random_inputs(k.kernel(), 3), grid: Default::default() };
-    let first = rt.run("auto", &call, &[], &args).unwrap();
+    let first =
+        rt.plan(tessel::Choice::of("auto"), &tessel::Launch::new(&call, &[], &args.grid)).and_then(|p| p.run(&args)).unwrap();
     assert!(first.decisions[0].starts_with("mosaic-gpu: "), "{:?}", first.decisions);
     assert!(first.decisions.last().unwrap().starts_with(&format!("{}: chosen", first.backend)), "{:?}", first.decisions);
     assert!(!first.cache_hit);
-    let second = rt.run(&first.backend, &call, &[], &args).unwrap();
+    let second = rt
+        .plan(tessel::Choice::of(&first.backend), &tessel::Launch::new(&call, &[], &args.grid))
+        .and_then(|p| p.run(&args))
+        .unwrap();
     assert!(second.cache_hit, "the second launch of the same kernel is not lowered again");
     assert_eq!(second.outputs, first.outputs);
-    let want = rt.launch("interpret", &call, &[], &args).unwrap();
+    let want = rt
+        .plan(tessel::Choice::Named("interpret"), &tessel::Launch::new(&call, &[], &args.grid))
+        .and_then(|p| p.launch(&args))
+        .unwrap();
     assert!(tessel_plugin_api::array::agreement(&first.outputs[0].1, &want[0].1).within);
 }
 

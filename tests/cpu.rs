@@ -187,7 +187,13 @@ fn sweep(plugin: &Path, op: &str, want: fn(f64) -> f64, top: f32) -> (u32, f32) 
     let kernels = tessel::load_source("sweep.tk", &text).unwrap();
     let call = [tessel::KernelLaunch { kernel: &kernels[0], mesh: None }];
     let args = tessel::LaunchArgs { inputs: [("x".to_string(), f32_array(&[n], xs.clone()))].into(), grid: Default::default() };
-    let out = rt.launch("cpu", &call, &[], &args).unwrap().remove(0).1.to_f64();
+    let out = rt
+        .plan(tessel::Choice::Named("cpu"), &tessel::Launch::new(&call, &[], &args.grid))
+        .and_then(|p| p.launch(&args))
+        .unwrap()
+        .remove(0)
+        .1
+        .to_f64();
     let ulps = |got: f32, want: f32| -> u32 {
         let key = |v: f32| if v.is_sign_negative() { -(v.to_bits() as i64 & 0x7fff_ffff) } else { v.to_bits() as i64 };
         (key(got) - key(want)).unsigned_abs() as u32
@@ -219,8 +225,14 @@ fn agrees(plugin: &Path, text: &str, inputs: &[(&str, tessel::HostArray)]) {
     for (name, a) in inputs {
         args.inputs.insert(name.to_string(), a.clone());
     }
-    let want = rt.launch("interpret", &call, &[], &args).unwrap();
-    let got = rt.launch("cpu", &call, &[], &args).unwrap();
+    let want = rt
+        .plan(tessel::Choice::Named("interpret"), &tessel::Launch::new(&call, &[], &args.grid))
+        .and_then(|p| p.launch(&args))
+        .unwrap();
+    let got = rt
+        .plan(tessel::Choice::Named("cpu"), &tessel::Launch::new(&call, &[], &args.grid))
+        .and_then(|p| p.launch(&args))
+        .unwrap();
     for ((name, w), (_, g)) in want.iter().zip(&got) {
         let a = tessel_plugin_api::array::agreement(g, w);
         assert!(a.within, "{}: output {name}: cpu {:?} against interpret {:?}", kernels[0].name(), g.to_f64(), w.to_f64());
@@ -360,7 +372,7 @@ fn a_planned_launch_warmed_up_is_compiled_before_it_runs() {
     let text = "kernel warm\n  in  a: f32[1000]\n  out o: f32[1000]\n{\n  %a = load a\n  %s = mul %a, 3.0\n  %o = add %s, 1.0\n  store o, %o\n}\n";
     let kernels = tessel::load_source("warm.tk", text).unwrap();
     let call = [tessel::KernelLaunch { kernel: &kernels[0], mesh: None }];
-    let launch = tessel::Launch::new(&call, &[], &Default::default());
+    let launch = tessel::Launch::kernels(&call);
     let planned = rt.plan(tessel::Choice::Named("cpu"), &launch).unwrap();
     assert!(libraries().is_empty(), "planning compiles nothing: {:?}", libraries());
     planned.warm_up();
@@ -373,7 +385,11 @@ fn a_planned_launch_warmed_up_is_compiled_before_it_runs() {
     let warm = libraries();
     let a: Vec<f32> = (0..1000).map(|i| i as f32 * 0.5 - 100.0).collect();
     let args = tessel::LaunchArgs {
-        inputs: [("a".to_string(), tessel::HostArray::from_bits(tessel_plugin_api::ir::DType::F32, &[1000], a.iter().map(|x| x.to_bits()).collect()))].into(),
+        inputs: [(
+            "a".to_string(),
+            tessel::HostArray::from_bits(tessel_plugin_api::ir::DType::F32, &[1000], a.iter().map(|x| x.to_bits()).collect()),
+        )]
+        .into(),
         grid: Default::default(),
     };
     let out = planned.launch(&args).unwrap();

@@ -580,10 +580,14 @@ fn run_on(
     let call = [tessel::KernelLaunch { kernel, mesh: None }];
     let outputs = match exec {
         "mosaic-emu" => {
-            let (_, ptx) = rt.lower("mosaic-gpu", &call, &[], &Default::default()).map_err(|e| e.to_string())?.remove(0);
+            let lowered = rt.plan(tessel::Choice::Named("mosaic-gpu"), &tessel::Launch::kernels(&call)).and_then(|p| p.lower());
+            let (_, ptx) = lowered.map_err(|e| e.to_string())?.remove(0);
             emulate(&ptx, kernel, args, false)?
         }
-        backend => rt.launch(backend, &call, &[], args).map_err(|e| e.to_string())?,
+        backend => {
+            let launch = tessel::Launch::new(&call, &[], &args.grid);
+            rt.plan(tessel::Choice::Named(backend), &launch).and_then(|p| p.launch(args)).map_err(|e| e.to_string())?
+        }
     };
     outputs.into_iter().find(|(n, _)| n == "o").map(|(_, a)| a).ok_or_else(|| "no output o".to_string())
 }
@@ -692,10 +696,15 @@ fn on_every_executor(
         .map(|exec| {
             let outputs = match exec {
                 "mosaic-emu" => {
-                    let (_, ptx) = rt.lower("mosaic-gpu", &call, &[], &Default::default()).expect("lowers").remove(0);
+                    let lowered =
+                        rt.plan(tessel::Choice::Named("mosaic-gpu"), &tessel::Launch::kernels(&call)).and_then(|p| p.lower());
+                    let (_, ptx) = lowered.expect("lowers").remove(0);
                     emulate(&ptx, kernel, args, false).expect("emulates")
                 }
-                backend => rt.launch(backend, &call, &[], args).expect("runs"),
+                backend => {
+                    let launch = tessel::Launch::new(&call, &[], &args.grid);
+                    rt.plan(tessel::Choice::Named(backend), &launch).and_then(|p| p.launch(args)).expect("runs")
+                }
             };
             (exec, outputs)
         })

@@ -41,14 +41,21 @@ fn run(
     let args = LaunchArgs { inputs, grid: Default::default() };
     let outputs = match exec {
         "mosaic-emu" => {
-            let (_, ptx) = rt.lower("mosaic-gpu", &call, &[], &Default::default()).unwrap_or_else(|e| panic!("{e}")).remove(0);
+            let (_, ptx) = rt
+                .plan(tessel::Choice::Named("mosaic-gpu"), &tessel::Launch::kernels(&call))
+                .and_then(|p| p.lower())
+                .unwrap_or_else(|e| panic!("{e}"))
+                .remove(0);
             // The emulator runs threads one after another: both orders, a missing barrier differs.
             let fwd = emulate(&ptx, &v, &args, false).unwrap_or_else(|e| panic!("{e}"));
             let rev = emulate(&ptx, &v, &args, true).unwrap_or_else(|e| panic!("{e}"));
             assert_eq!(fwd, rev, "{}: the thread order changes the result", v.name());
             fwd
         }
-        backend => rt.launch(backend, &call, &[], &args).unwrap_or_else(|e| panic!("{exec}: {e}")),
+        backend => rt
+            .plan(tessel::Choice::Named(backend), &tessel::Launch::new(&call, &[], &args.grid))
+            .and_then(|p| p.launch(&args))
+            .unwrap_or_else(|e| panic!("{exec}: {e}")),
     };
     outputs.into_iter().find(|(n, _)| n == out).map(|(_, a)| a).expect("the output")
 }
@@ -339,7 +346,13 @@ fn a_generic_kernel_built_in_rust_binds_and_launches_like_one_from_text() {
         if exec == "mosaic-emu" {
             continue;
         }
-        let out = rt.launch(exec, &[KernelLaunch { kernel: &s.kernel, mesh: None }], &[], &args).expect("runs");
+        let out = rt
+            .plan(
+                tessel::Choice::Named(exec),
+                &tessel::Launch::new(&[KernelLaunch { kernel: &s.kernel, mesh: None }], &[], &args.grid),
+            )
+            .and_then(|p| p.launch(&args))
+            .expect("runs");
         let want: Vec<f64> = xs.iter().map(|x| 2.0 * f64::from(*x)).collect();
         assert_close(&format!("scale on {exec}"), &out[0].1, &want, DType::F32);
     }

@@ -1,4 +1,4 @@
-//! Launches on memory the caller owns (`Runtime::launch_in_place`, what the Python module uses):
+//! Launches on memory the caller owns (`Planned::launch_in_place`, what the Python module uses):
 //! the same outputs, bit for bit, as the launch on host arrays, on the interpreter (which reads
 //! the inputs in place and writes each output once) and on wgpu (buffers: one upload from the
 //! caller's memory, one download into it), for f32, f16 and bf16, a launch of two kernels (which
@@ -25,7 +25,10 @@ fn both_ways(rt: &Runtime, backend: &str, kernels: &[Verified], shift: bool) {
         inputs.extend(tessel::inputs::random_inputs(k.kernel(), 11));
     }
     let args = LaunchArgs { inputs, grid: Default::default() };
-    let want = rt.launch(backend, &calls, &[], &args).unwrap_or_else(|e| panic!("{backend}: {e}"));
+    let want = rt
+        .plan(tessel::Choice::Named(backend), &tessel::Launch::new(&calls, &[], &args.grid))
+        .and_then(|p| p.launch(&args))
+        .unwrap_or_else(|e| panic!("{backend}: {e}"));
     let bytes: BTreeMap<String, Vec<u8>> = args
         .inputs
         .iter()
@@ -43,7 +46,10 @@ fn both_ways(rt: &Runtime, backend: &str, kernels: &[Verified], shift: bool) {
     for ((n, m), (_, w)) in memory.iter_mut().zip(&want) {
         place.outputs.insert(n.clone(), BytesMut { ty: w.ty(), bytes: m, keep: false });
     }
-    let report = rt.run_in_place(backend, &calls, &[], &mut place).unwrap_or_else(|e| panic!("{backend}: {e}"));
+    let report = rt
+        .plan(tessel::Choice::of(backend), &tessel::Launch::new(&calls, &[], &place.grid))
+        .and_then(|p| p.run_in_place(&mut place))
+        .unwrap_or_else(|e| panic!("{backend}: {e}"));
     assert_eq!(report.backend, backend);
     drop(place);
     for (name, w) in &want {
@@ -90,7 +96,11 @@ fn an_output_without_memory_of_its_type_is_refused() {
     }
     let ty = tessel_plugin_api::ir::Type::array(tessel_plugin_api::ir::DType::F32, [4usize]);
     place.outputs.insert("o".into(), BytesMut { ty, bytes: &mut small, keep: false });
-    let err = rt.run_in_place("interpret", &calls, &[], &mut place).unwrap_err().to_string();
+    let err = rt
+        .plan(tessel::Choice::of("interpret"), &tessel::Launch::new(&calls, &[], &place.grid))
+        .and_then(|p| p.run_in_place(&mut place))
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("output `o` has no array of its type f32[1024] to be written into"), "{err}");
 }
 
@@ -128,7 +138,9 @@ fn an_output_kept_starts_from_its_memory_and_keeps_what_no_program_stores() {
             let mut place = InPlace::default();
             place.outputs.insert("o".into(), BytesMut { ty: ty.clone(), bytes: &mut o, keep: true });
             place.outputs.insert("p".into(), BytesMut { ty: ty.clone(), bytes: &mut p, keep: false });
-            rt.run_in_place(backend, &calls, &[], &mut place).unwrap_or_else(|e| panic!("{backend}: {e}"));
+            rt.plan(tessel::Choice::of(backend), &tessel::Launch::new(&calls, &[], &place.grid))
+                .and_then(|p| p.run_in_place(&mut place))
+                .unwrap_or_else(|e| panic!("{backend}: {e}"));
             drop(place);
             let got = |b: &[u8]| HostArray::from_le_bytes(ty.dtype, &ty.shape, b).expect("bytes").to_f64();
             let as64 = |v: &[f32]| v.iter().map(|&x| f64::from(x)).collect::<Vec<_>>();
@@ -155,14 +167,21 @@ fn a_kept_output_held_across_seq_steps_starts_from_its_memory_on_every_backend()
         let mut o = start.clone();
         let mut place = InPlace::default();
         place.outputs.insert("o".into(), BytesMut { ty: ty.clone(), bytes: &mut o, keep });
-        rt.run_in_place(backend, &calls, &[], &mut place).unwrap_or_else(|e| panic!("{backend}: {e}"));
+        rt.plan(tessel::Choice::of(backend), &tessel::Launch::new(&calls, &[], &place.grid))
+            .and_then(|p| p.run_in_place(&mut place))
+            .unwrap_or_else(|e| panic!("{backend}: {e}"));
         drop(place);
         o.chunks(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect::<Vec<f32>>()
     };
     let mut backends = vec!["interpret"];
     if wgpu_adapter("a_kept_output_held_across_seq_steps_starts_from_its_memory_on_every_backend").is_some() {
         backends.push("wgpu");
-        let wgsl = rt.lower("wgpu", &calls, &[], &Default::default()).expect("lowers").remove(0).1;
+        let wgsl = rt
+            .plan(tessel::Choice::Named("wgpu"), &tessel::Launch::kernels(&calls))
+            .and_then(|p| p.lower())
+            .expect("lowers")
+            .remove(0)
+            .1;
         assert!(wgsl.contains("in registers across the seq steps"), "not kept, the block is a register block:\n{wgsl}");
     }
     for backend in backends {

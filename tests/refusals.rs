@@ -104,7 +104,10 @@ fn mosaic_foreign_mesh() -> Result<(), String> {
     let kernels = tessel::load_file(&root().join("examples/add.tk")).unwrap();
     let mesh = rt.registry().get("interpret").unwrap().backend.make_mesh("grid(i: 8)".into()).into_result().unwrap();
     let call = [tessel::KernelLaunch { kernel: &kernels[0], mesh: Some(&mesh) }];
-    rt.lower("mosaic-gpu", &call, &[], &Default::default()).map(drop).map_err(|e| e.to_string())
+    rt.plan(tessel::Choice::Named("mosaic-gpu"), &tessel::Launch::kernels(&call))
+        .and_then(|p| p.lower())
+        .map(drop)
+        .map_err(|e| e.to_string())
 }
 
 #[test]

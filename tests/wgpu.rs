@@ -175,7 +175,10 @@ fn device_resident_outputs_start_as_zeros_at_every_launch() {
     let grid = [("i".to_string(), 2u64)].into_iter().collect();
     let call = [KernelLaunch { kernel: &dyn_grid, mesh: None }];
     for _ in 0..2 {
-        rt.launch_resident("wgpu", &call, &[], &grid, &[("x", &x), ("o", &o)]).unwrap();
+        rt.plan(tessel::Choice::Named("wgpu"), &tessel::Launch::new(&call, &[], &grid))
+            .and_then(|p| p.launch_resident(&[("x", &x), ("o", &o)], false))
+            .map(drop)
+            .unwrap();
         let got = rt.download(&o).unwrap().to_f64();
         assert!(got[32 * 32..].iter().all(|&v| v == 0.0), "rows past the 2 blocks are zero");
         assert!(got[..32 * 32].iter().all(|&v| v != 0.0 && v != 1.0), "the 2 blocks are written");
@@ -185,12 +188,20 @@ fn device_resident_outputs_start_as_zeros_at_every_launch() {
     let (a, b) = (rt.upload("wgpu", &ones(1024)).unwrap(), rt.upload("wgpu", &ones(1024)).unwrap());
     let out = rt.upload("wgpu", &ones(1024)).unwrap();
     let call = [KernelLaunch { kernel: &add, mesh: None }];
-    rt.launch_resident("wgpu", &call, &[], &Default::default(), &[("x", &a), ("y", &b), ("o", &out)]).unwrap();
+    rt.plan(tessel::Choice::Named("wgpu"), &tessel::Launch::kernels(&call))
+        .and_then(|p| p.launch_resident(&[("x", &a), ("y", &b), ("o", &out)], false))
+        .map(drop)
+        .unwrap();
     assert_eq!(rt.download(&out).unwrap().data, ArrayData::F32(vec![2.0; 1024]));
-    let wgsl = rt.lower("wgpu", &call, &[], &Default::default()).unwrap().remove(0).1;
+    let wgsl =
+        rt.plan(tessel::Choice::Named("wgpu"), &tessel::Launch::kernels(&call)).and_then(|p| p.lower()).unwrap().remove(0).1;
     assert!(wgsl.contains("// outputs zeroed before the dispatch: none"), "{wgsl}");
     // A wrong binding is an error naming the argument, not a crash.
-    let err = rt.launch_resident("wgpu", &call, &[], &Default::default(), &[("x", &a), ("y", &x), ("o", &out)]).unwrap_err();
+    let err = rt
+        .plan(tessel::Choice::Named("wgpu"), &tessel::Launch::kernels(&call))
+        .and_then(|p| p.launch_resident(&[("x", &a), ("y", &x), ("o", &out)], false))
+        .map(drop)
+        .unwrap_err();
     assert!(err.to_string().contains("argument `y` is f32[1024]") && err.to_string().contains("f32[64, 32]"), "{err}");
     for d in [x, o, a, b, out] {
         rt.free(d);

@@ -115,7 +115,9 @@ pub fn run(rt: &Runtime, backend: &str) -> crate::Result<Vec<Row>> {
         }
         let args = LaunchArgs { inputs: crate::inputs::random_inputs(kernel.kernel(), 1), grid: grid.clone() };
         let got = planned.launch(&args);
-        let want = rt.launch(tessel_interpret::NAME, &call, &[], &args);
+        let want = rt
+            .plan(crate::Choice::Named(tessel_interpret::NAME), &crate::Launch::new(&call, &[], &args.grid))
+            .and_then(|p| p.launch(&args));
         rows.push(match (got, want) {
             (Err(e), _) => row("run", name, Verdict::Fail(first_line(&e)), ""),
             (_, Err(e)) => row("run", name, Verdict::Fail(format!("the interpreter failed: {}", first_line(&e))), ""),
@@ -126,7 +128,7 @@ pub fn run(rt: &Runtime, backend: &str) -> crate::Result<Vec<Row>> {
     let add = &crate::load_source("add.tk", KERNELS[0].1)?[0];
     let device = rt.mesh(backend, "device(x: 2, y: 4)")?;
     let call = [KernelLaunch { kernel: add, mesh: Some(&device) }];
-    rows.push(match rt.supports(backend, &call, &[], &BTreeMap::new()) {
+    rows.push(match rt.plan(crate::Choice::Named(backend), &crate::Launch::kernels(&call)).map(drop) {
         Err(e) => row("refuse", "device(x: 2, y: 4) as a kernel mesh", Verdict::Pass, first_line(&e)),
         Ok(()) => row("refuse", "device(x: 2, y: 4) as a kernel mesh", Verdict::Fail("accepted".into()), ""),
     });

@@ -49,6 +49,11 @@ impl<'a> Launch<'a> {
         Launch { kernels: kernels.to_vec(), externals: externals.to_vec(), grid: grid.clone() }
     }
 
+    /// `kernels` with no external mesh and no `dyn` grid sizes.
+    pub fn kernels(kernels: &[KernelLaunch<'a>]) -> Launch<'a> {
+        Launch { kernels: kernels.to_vec(), externals: Vec::new(), grid: BTreeMap::new() }
+    }
+
     /// One kernel without a mesh.
     pub fn one(kernel: &'a Verified) -> Launch<'a> {
         Launch { kernels: vec![KernelLaunch { kernel, mesh: None }], externals: Vec::new(), grid: BTreeMap::new() }
@@ -382,8 +387,10 @@ impl Planned<'_, '_> {
     /// into them, one copy each way.
     pub fn launch_in_place(&self, args: &mut InPlace<'_>) -> Result<()> {
         self.check_available()?;
-        // Grid sizes from the inputs (`dyn(n)`): planned again where they are not the planned
-        // ones; where one is 0 no program runs and the outputs are zeros.
+        // Grid sizes from the inputs (`dyn(n)`): where they are not the planned ones the launch
+        // with them is another request, which the backend plans when it compiles it (once, and
+        // refused there with its reason, as any launch it has not planned); where one is 0 no
+        // program runs and the outputs are zeros.
         let sized = self.launch.kernels.iter().filter(|k| sizes_from_data(k.kernel.kernel()));
         let mut grid: BTreeMap<String, u64> = BTreeMap::new();
         for k in sized.clone() {
@@ -400,7 +407,6 @@ impl Planned<'_, '_> {
             sizes.extend(grid);
             let launch = Launch { kernels: self.launch.kernels.clone(), externals: self.launch.externals.clone(), grid: sizes };
             let source = source_of(&launch.kernels);
-            with_request(&launch, &source, |req| self.b.backend.supports(req).into_result()).map_err(self.fail())?;
             let key = cfg!(debug_assertions).then(|| with_request(&launch, &source, request_key));
             let plan = Plan { key, ..self.plan.clone() };
             let planned = Planned { b: self.b, launch: &launch, source, plan, available: OnceLock::from(()) };
@@ -619,116 +625,4 @@ fn with_buffers<S, T>(
         let _ = b.backend.free(*id);
     }
     result
-}
-
-/// The entry points that plan and act in one call, for callers that launch once: each plans
-/// (so asks `supports` once) and then acts on the plan.
-impl Runtime {
-    /// [`Runtime::plan`] under `auto`: the backend chosen and a line per backend asked.
-    pub fn choose(
-        &self,
-        kernels: &[KernelLaunch<'_>],
-        externals: &[&MeshBox],
-        grid: &BTreeMap<String, u64>,
-    ) -> Result<(String, Vec<String>)> {
-        let launch = Launch::new(kernels, externals, grid);
-        self.plan(Choice::Auto, &launch).map(|p| (p.plan.backend.to_string(), p.plan.decisions.to_vec()))
-    }
-
-    /// Whether `backend` takes this launch, without a device.
-    pub fn supports(
-        &self,
-        backend: &str,
-        kernels: &[KernelLaunch<'_>],
-        externals: &[&MeshBox],
-        grid: &BTreeMap<String, u64>,
-    ) -> Result<()> {
-        self.plan(Choice::Named(backend), &Launch::new(kernels, externals, grid)).map(drop)
-    }
-
-    /// [`Planned::lower`] on `backend`.
-    pub fn lower(
-        &self,
-        backend: &str,
-        kernels: &[KernelLaunch<'_>],
-        externals: &[&MeshBox],
-        grid: &BTreeMap<String, u64>,
-    ) -> Result<Vec<(String, String)>> {
-        self.plan(Choice::Named(backend), &Launch::new(kernels, externals, grid))?.lower()
-    }
-
-    /// [`Planned::lower_cached`] on `backend`.
-    pub fn lower_cached(
-        &self,
-        backend: &str,
-        kernels: &[KernelLaunch<'_>],
-        externals: &[&MeshBox],
-        grid: &BTreeMap<String, u64>,
-    ) -> Result<(Vec<(String, String)>, crate::cache::Outcome)> {
-        self.plan(Choice::Named(backend), &Launch::new(kernels, externals, grid))?.lower_cached()
-    }
-
-    /// [`Planned::launch`] on `backend`.
-    pub fn launch(
-        &self,
-        backend: &str,
-        kernels: &[KernelLaunch<'_>],
-        externals: &[&MeshBox],
-        args: &LaunchArgs,
-    ) -> Result<Vec<(String, HostArray)>> {
-        self.plan(Choice::Named(backend), &Launch::new(kernels, externals, &args.grid))?.launch(args)
-    }
-
-    /// [`Planned::launch_in_place`] on `backend`.
-    pub fn launch_in_place(
-        &self,
-        backend: &str,
-        kernels: &[KernelLaunch<'_>],
-        externals: &[&MeshBox],
-        args: &mut InPlace<'_>,
-    ) -> Result<()> {
-        let launch = Launch::new(kernels, externals, &args.grid);
-        self.plan(Choice::Named(backend), &launch)?.launch_in_place(args)
-    }
-
-    /// [`Planned::run`] on `backend`, or under `auto` (`backend` = `"auto"`).
-    pub fn run(&self, backend: &str, kernels: &[KernelLaunch<'_>], externals: &[&MeshBox], args: &LaunchArgs) -> Result<Report> {
-        self.plan(Choice::of(backend), &Launch::new(kernels, externals, &args.grid))?.run(args)
-    }
-
-    /// [`Planned::run_in_place`] on `backend`, or under `auto`.
-    pub fn run_in_place(
-        &self,
-        backend: &str,
-        kernels: &[KernelLaunch<'_>],
-        externals: &[&MeshBox],
-        args: &mut InPlace<'_>,
-    ) -> Result<Report> {
-        let launch = Launch::new(kernels, externals, &args.grid);
-        self.plan(Choice::of(backend), &launch)?.run_in_place(args)
-    }
-
-    /// [`Planned::launch_resident`] on `backend`.
-    pub fn launch_resident(
-        &self,
-        backend: &str,
-        kernels: &[KernelLaunch<'_>],
-        externals: &[&MeshBox],
-        grid: &BTreeMap<String, u64>,
-        arrays: &[(&str, &DeviceArray)],
-    ) -> Result<()> {
-        self.plan(Choice::Named(backend), &Launch::new(kernels, externals, grid))?.launch_resident(arrays, false).map(drop)
-    }
-
-    /// [`Planned::launch_resident`] on `backend`, timed on the device.
-    pub fn launch_resident_timed(
-        &self,
-        backend: &str,
-        kernels: &[KernelLaunch<'_>],
-        externals: &[&MeshBox],
-        grid: &BTreeMap<String, u64>,
-        arrays: &[(&str, &DeviceArray)],
-    ) -> Result<Option<Duration>> {
-        self.plan(Choice::Named(backend), &Launch::new(kernels, externals, grid))?.launch_resident(arrays, true)
-    }
 }

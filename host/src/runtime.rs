@@ -224,7 +224,7 @@ pub struct Specialized {
 }
 
 /// An array in a backend's memory, made by [`Runtime::upload`] or [`Runtime::alloc`]: it stays
-/// there between launches ([`Runtime::launch_resident`]) until [`Runtime::free`].
+/// there between launches ([`crate::Planned::launch_resident`]) until [`Runtime::free`].
 #[derive(Debug)]
 pub struct DeviceArray {
     pub(crate) backend: String,

@@ -30,18 +30,19 @@ impl Exec {
             Exec::MosaicEmulated => {
                 let rt = tessel::Runtime::new(&[]).expect("runtime");
                 let call = [tessel::KernelLaunch { kernel: &kernels[0], mesh: None }];
-                let ptx = match rt.lower("mosaic-gpu", &call, &[], &Default::default()) {
-                    Ok(mut l) => l.remove(0).1,
-                    // The one refusal by design among these cases (DESIGN.md's sentence).
-                    Err(e) if e.to_string().starts_with("dynamic grid bounds not supported in the Mosaic GPU backend") => {
-                        eprintln!(
-                            "{what}: refused by design, as it should be: {}",
-                            e.to_string().lines().next().unwrap_or_default()
-                        );
-                        return None;
-                    }
-                    Err(e) => panic!("{e}"),
-                };
+                let ptx =
+                    match rt.plan(tessel::Choice::Named("mosaic-gpu"), &tessel::Launch::kernels(&call)).and_then(|p| p.lower()) {
+                        Ok(mut l) => l.remove(0).1,
+                        // The one refusal by design among these cases (DESIGN.md's sentence).
+                        Err(e) if e.to_string().starts_with("dynamic grid bounds not supported in the Mosaic GPU backend") => {
+                            eprintln!(
+                                "{what}: refused by design, as it should be: {}",
+                                e.to_string().lines().next().unwrap_or_default()
+                            );
+                            return None;
+                        }
+                        Err(e) => panic!("{e}"),
+                    };
                 super::emulate(&ptx, &kernels[0], &args, false).unwrap_or_else(|e| panic!("{e}"))
             }
         };

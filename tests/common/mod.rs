@@ -400,5 +400,8 @@ pub fn kept_in_two_kernels(backend: &str, plugins: &[PathBuf]) -> Result<(), Str
     let mut place = tessel::InPlace::default();
     place.outputs.insert("o".into(), tessel::BytesMut { ty: ty.clone(), bytes: &mut o, keep: true });
     place.outputs.insert("p".into(), tessel::BytesMut { ty, bytes: &mut p, keep: false });
-    rt.run_in_place(backend, &calls, &[], &mut place).map(drop).map_err(|e| e.to_string())
+    rt.plan(tessel::Choice::of(backend), &tessel::Launch::new(&calls, &[], &place.grid))
+        .and_then(|p| p.run_in_place(&mut place))
+        .map(drop)
+        .map_err(|e| e.to_string())
 }

@@ -71,7 +71,7 @@ impl Prepared {
         self.externals.iter().collect()
     }
 
-    fn launch(&self) -> Launch<'_> {
+    pub(super) fn launch(&self) -> Launch<'_> {
         Launch::new(&self.launches(), &self.externals(), &self.grid)
     }
 

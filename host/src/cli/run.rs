@@ -77,7 +77,7 @@ pub(super) fn run(rt: &Runtime, flags: &LaunchFlags, opts: &RunOptions, out: &mu
                 }
             );
         }
-        let reference = rt.launch(tessel_interpret::NAME, &p.launches(), &p.externals(), &launch)?;
+        let reference = rt.plan(crate::Choice::Named(tessel_interpret::NAME), &p.launch())?.launch(&launch)?;
         Some(compare(&outputs, &reference))
     } else {
         None

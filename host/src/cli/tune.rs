@@ -74,7 +74,7 @@ pub(super) fn tune(
                 grid: p.grid.clone(),
             };
             let got = p.planned(rt, |planned| planned.launch(&launch))?;
-            let want = rt.launch(tessel_interpret::NAME, &p.launches(), &p.externals(), &launch)?;
+            let want = rt.plan(crate::Choice::Named(tessel_interpret::NAME), &p.launch())?.launch(&launch)?;
             let (lines, failed) = compare(&got, &want);
             if !failed.is_empty() {
                 let detail = lines.iter().map(|l| l.trim()).collect::<Vec<_>>().join("; ");

@@ -137,3 +137,37 @@ pub fn verify_with_mesh(kernel: &Kernel, mesh: Option<&MeshSpec>) -> Result<Veri
 pub fn make_mesh_object<M: Mesh + 'static>(mesh: M) -> MeshBox {
     Mesh_TO::from_value(mesh, abi_stable::sabi_trait::TD_CanDowncast)
 }
+
+/// How a backend that runs a kernel on one device refuses a `device(...)` mesh (devices for
+/// sharding) given as a kernel's mesh, in its own words (its `Refusal` enum).
+pub trait DeviceMeshRefusal {
+    /// The refusal of `mesh`.
+    fn device_mesh(mesh: &MeshSpec) -> BackendError;
+}
+
+/// How a backend whose own meshes are `grid(...)` ones refuses another kind of mesh.
+pub trait MeshKindRefusal: DeviceMeshRefusal {
+    /// The refusal of a `kind` mesh, naming `grid`, the same axes as a `grid(...)` spec.
+    fn mesh_kind(kind: &str, grid: &MeshSpec) -> BackendError;
+}
+
+/// `call`'s kernel given the grid of its mesh's portable view and verified
+/// ([`verify_with_mesh`]), for a backend that reads any kernel mesh's view: a `device(...)` mesh
+/// is refused in `R`'s words.
+pub fn verify_call<R: DeviceMeshRefusal>(call: &super::Call<'_>) -> Result<Verified, BackendError> {
+    let spec = call.mesh.map(mesh_spec);
+    if let Some(s) = spec.as_ref().filter(|s| s.kind == "device") {
+        return Err(R::device_mesh(s));
+    }
+    verify_with_mesh(&call.kernel, spec.as_ref())
+}
+
+/// `make_mesh` of a backend whose own meshes are `grid(...)` specs kept as they are
+/// ([`SpecMesh`]): any other kind is refused in `R`'s words.
+pub fn make_grid_mesh<R: MeshKindRefusal>(spec: &MeshSpec) -> Result<MeshBox, BackendError> {
+    match spec.kind.as_str() {
+        "grid" => Ok(make_mesh_object(SpecMesh(spec.clone()))),
+        "device" => Err(R::device_mesh(spec)),
+        other => Err(R::mesh_kind(other, &MeshSpec { kind: "grid".into(), axes: spec.axes.clone() })),
+    }
+}

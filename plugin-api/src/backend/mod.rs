@@ -29,7 +29,10 @@ use guard::install_quiet_panic_hook;
 pub use compiler::{Compiler, Options};
 pub use guard::{guard, new_backend_guarded};
 pub use keys::{cache_key, decode, request_key};
-pub use mesh::{SpecMesh, make_mesh_object, mesh_spec, mesh_view, verify_with_mesh};
+pub use mesh::{
+    DeviceMeshRefusal, MeshKindRefusal, SpecMesh, make_grid_mesh, make_mesh_object, mesh_spec, mesh_view, verify_call,
+    verify_with_mesh,
+};
 
 /// One (kernel, mesh) pair of a decoded launch.
 pub struct Call<'a> {
