@@ -19,8 +19,7 @@ pub use error::Refusal;
 use tessel_plugin_api::abi::{BackendError, Capabilities, DeviceClass, ErrorKind, MeshBox};
 use tessel_plugin_api::array::{DataRef, HostArray};
 use tessel_plugin_api::backend::{
-    Artifact, Available, BackendImpl, Compiler, Launch, Options, SpecMesh, host_buffers, make_mesh_object, mesh_spec,
-    verify_with_mesh,
+    Artifact, Available, BackendImpl, Compiler, Launch, Options, host_buffers, make_grid_mesh, verify_call,
 };
 use tessel_plugin_api::ir::{DType, ParamKind, Type, Verified, analysis, legalize};
 use tessel_plugin_api::launch::{self, LaunchError};
@@ -83,11 +82,7 @@ impl Compiler for CpuCompiler {
             .calls
             .iter()
             .map(|c| {
-                let spec = c.mesh.map(mesh_spec);
-                if let Some(s) = spec.as_ref().filter(|s| s.kind == "device") {
-                    return Err(Refusal::DeviceMesh { mesh: s.to_string() }.into());
-                }
-                let v = verify_with_mesh(&c.kernel, spec.as_ref())?;
+                let v = verify_call::<Refusal>(c)?;
                 check(&v)?;
                 Ok(v)
             })
@@ -266,15 +261,7 @@ impl BackendImpl for Cpu {
     }
 
     fn make_mesh(&self, spec: &MeshSpec) -> Result<MeshBox, BackendError> {
-        match spec.kind.as_str() {
-            "grid" => Ok(make_mesh_object(SpecMesh(spec.clone()))),
-            "device" => Err(Refusal::DeviceMesh { mesh: spec.to_string() }.into()),
-            other => Err(Refusal::MeshKind {
-                kind: other.to_string(),
-                grid: MeshSpec { kind: "grid".into(), axes: spec.axes.clone() }.to_string(),
-            }
-            .into()),
-        }
+        make_grid_mesh::<Refusal>(spec)
     }
 
     type Compiler = CpuCompiler;

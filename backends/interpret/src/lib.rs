@@ -24,7 +24,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use tessel_plugin_api::abi::{BackendError, BuiltinBackend, Capabilities, DeviceClass, ErrorKind, MeshBox};
 use tessel_plugin_api::array::{DataRef, HostArray};
 use tessel_plugin_api::backend::{
-    Artifact, Available, BackendImpl, Compiler, Launch, Options, host_buffers, export, mesh_spec, verify_with_mesh,
+    Artifact, Available, BackendImpl, Compiler, Launch, Options, export, host_buffers, verify_call,
 };
 use tessel_plugin_api::ir::{DType, ParamKind, Type, Verified, print_kernel};
 use tessel_plugin_api::launch::{self, LaunchArgs, LaunchError};
@@ -203,11 +203,7 @@ fn verified(launch: &Launch<'_>) -> Result<Vec<Verified>, BackendError> {
         .calls
         .iter()
         .map(|c| {
-            let spec = c.mesh.map(mesh_spec);
-            if let Some(s) = spec.as_ref().filter(|s| s.kind == "device") {
-                return Err(Refusal::DeviceMesh { mesh: s.to_string() }.into());
-            }
-            let v = verify_with_mesh(&c.kernel, spec.as_ref())?;
+            let v = verify_call::<Refusal>(c)?;
             check_limits(&v)?;
             Ok(v)
         })

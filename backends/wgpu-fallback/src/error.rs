@@ -157,3 +157,9 @@ impl From<Refusal> for BackendError {
         r.into_error()
     }
 }
+
+impl tessel_plugin_api::backend::DeviceMeshRefusal for Refusal {
+    fn device_mesh(mesh: &tessel_plugin_api::mesh::MeshSpec) -> BackendError {
+        Refusal::DeviceMesh { mesh: mesh.to_string() }.into()
+    }
+}

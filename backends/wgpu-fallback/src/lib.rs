@@ -23,9 +23,7 @@ use std::sync::Arc;
 
 use tessel_plugin_api::abi::{BackendError, BuiltinBackend, Capabilities, DeviceClass, ErrorKind, MeshBox};
 use tessel_plugin_api::array::HostArray;
-use tessel_plugin_api::backend::{
-    Artifact, Available, BackendImpl, Compiler, Launch, Options, export, mesh_spec, verify_with_mesh,
-};
+use tessel_plugin_api::backend::{Artifact, Available, BackendImpl, Compiler, Launch, Options, export, mesh_spec, verify_call};
 use tessel_plugin_api::ir::{AxisSize, ForLoop, Op, ParamKind, Stmt, Type, Verified, synchronous};
 use tessel_plugin_api::launch::{LaunchAxis, resolve_grid};
 use tessel_plugin_api::mesh::MeshSpec;
@@ -146,11 +144,7 @@ impl WgpuCompiler {
             .calls
             .iter()
             .map(|c| {
-                let spec = c.mesh.map(mesh_spec);
-                if let Some(s) = spec.as_ref().filter(|s| s.kind == "device") {
-                    return Err(Refusal::DeviceMesh { mesh: s.to_string() }.into());
-                }
-                let v = verify_with_mesh(&c.kernel, spec.as_ref())?;
+                let v = verify_call::<Refusal>(c)?;
                 let v = match synchronous::synchronous(&v) {
                     Ok(lifted) => lifted.into_owned(),
                     Err(u) => {

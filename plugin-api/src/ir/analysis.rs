@@ -149,8 +149,8 @@ pub fn accumulations(body: &[Stmt], read_once: impl Fn(&str) -> bool) -> Vec<Acc
         if src != dst || x == y || ![sum, x, y].into_iter().all(|v| read_once(v)) {
             continue;
         }
-        let apart = (load.min(dot)..=store)
-            .all(|k| k == load || k == store || accesses(std::slice::from_ref(&body[k]), dst).is_empty());
+        let apart =
+            (load.min(dot)..=store).all(|k| k == load || k == store || accesses(std::slice::from_ref(&body[k]), dst).is_empty());
         if apart {
             found.push(Accumulation { load, dot, add, store });
         }
