@@ -189,8 +189,9 @@ impl RunResult {
     }
 }
 
-/// The launch arguments every call takes besides the arrays.
-struct Launch<'a> {
+/// The launch arguments every call takes besides the arrays (named apart from `tessel::Launch`,
+/// which these become once the meshes are made).
+struct LaunchOptions<'a> {
     backend: &'a str,
     mesh: Option<String>,
     external_meshes: Vec<String>,
@@ -266,6 +267,20 @@ impl Kernel {
             d.set_item(&a.name, (a.dtype.name(), PyTuple::new(py, dims)?))?;
         }
         Ok(d)
+    }
+
+    /// The launch options `run` and `lower` take, `grid` and `params` checked.
+    fn options<'a, 'py>(
+        &self,
+        py: Python<'py>,
+        backend: &'a str,
+        mesh: Option<String>,
+        external_meshes: Option<Vec<String>>,
+        grid: Option<Bound<'py, PyDict>>,
+        params: Option<Bound<'py, PyDict>>,
+    ) -> PyResult<LaunchOptions<'a>> {
+        let (grid, params) = (self.grid_sizes(py, grid)?, self.param_values(py, params)?);
+        Ok(LaunchOptions::new(backend, mesh, external_meshes, grid, params))
     }
 
     /// The sizes of `dyn` grid axes given as `grid={"n": 16}`: each a Python int from 1 to
@@ -348,7 +363,7 @@ impl Kernel {
     fn launch<'py>(
         &self,
         py: Python<'py>,
-        how: Launch<'_>,
+        how: LaunchOptions<'_>,
         inputs: BTreeMap<String, Lent<'py>>,
     ) -> PyResult<(Report, Bound<'py, PyDict>, BTreeMap<String, i64>)> {
         let shapes: BTreeMap<String, Vec<usize>> = inputs.iter().map(|(n, a)| (n.clone(), a.shape.clone())).collect();
@@ -405,7 +420,7 @@ impl Kernel {
     }
 }
 
-impl<'a> Launch<'a> {
+impl<'a> LaunchOptions<'a> {
     /// The launch arguments of `run` and `lower`, each absent one empty.
     fn new(
         backend: &'a str,
@@ -413,8 +428,8 @@ impl<'a> Launch<'a> {
         external_meshes: Option<Vec<String>>,
         grid: BTreeMap<String, u64>,
         params: BTreeMap<String, i64>,
-    ) -> Launch<'a> {
-        Launch { backend, mesh, external_meshes: external_meshes.unwrap_or_default(), grid, params }
+    ) -> LaunchOptions<'a> {
+        LaunchOptions { backend, mesh, external_meshes: external_meshes.unwrap_or_default(), grid, params }
     }
 
     /// The kernel's mesh and the external meshes, made by the backend named (with "auto", by
@@ -470,7 +485,7 @@ impl Kernel {
     #[pyo3(signature = (*, backend = "auto", **arrays))]
     fn __call__<'py>(&self, py: Python<'py>, backend: &str, arrays: Option<&Bound<'py, PyDict>>) -> PyResult<Bound<'py, PyDict>> {
         let inputs = self.lend_inputs(py, arrays)?;
-        let how = Launch::new(backend, None, None, BTreeMap::new(), BTreeMap::new());
+        let how = LaunchOptions::new(backend, None, None, BTreeMap::new(), BTreeMap::new());
         Ok(self.launch(py, how, inputs)?.1)
     }
 
@@ -490,10 +505,8 @@ impl Kernel {
         explain: bool,
         arrays: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<RunResult> {
-        let grid = self.grid_sizes(py, grid)?;
-        let params = self.param_values(py, params)?;
+        let how = self.options(py, backend, mesh, external_meshes, grid, params)?;
         let inputs = self.lend_inputs(py, arrays)?;
-        let how = Launch::new(backend, mesh, external_meshes, grid, params);
         let (report, outputs, params) = self.launch(py, how, inputs)?;
         if explain {
             let text: String = report.decisions.iter().map(|d| format!("{d}\n")).collect();
@@ -523,9 +536,7 @@ impl Kernel {
         grid: Option<Bound<'py, PyDict>>,
         params: Option<Bound<'py, PyDict>>,
     ) -> PyResult<String> {
-        let grid = self.grid_sizes(py, grid)?;
-        let params = self.param_values(py, params)?;
-        let how = Launch::new(backend, mesh, external_meshes, grid, params);
+        let how = self.options(py, backend, mesh, external_meshes, grid, params)?;
         detached(py, move || {
             let kernel = self.specialize(&how.params, &BTreeMap::new(), how.backend)?;
             let rt = runtime(backend)?;
