@@ -571,24 +571,30 @@ fn all_cases() -> Vec<Case> {
 
 // ---- the executors ----
 
+/// Every output of `kernel` on `exec`: a backend, or `mosaic-emu` (its PTX in the emulator).
+fn outputs_on(
+    rt: &tessel::Runtime,
+    exec: &str,
+    kernel: &tessel_plugin_api::ir::Verified,
+    args: &LaunchArgs,
+) -> Result<Vec<(String, HostArray)>, String> {
+    let call = [tessel::KernelLaunch { kernel, mesh: None }];
+    let backend = if exec == "mosaic-emu" { "mosaic-gpu" } else { exec };
+    let launch = tessel::Launch::new(&call, &[], &args.grid);
+    let planned = rt.plan(tessel::Choice::Named(backend), &launch).map_err(|e| e.to_string())?;
+    if exec != "mosaic-emu" {
+        return planned.launch(args).map_err(|e| e.to_string());
+    }
+    emulate(&planned.lower().map_err(|e| e.to_string())?.remove(0).1, kernel, args, false)
+}
+
 fn run_on(
     rt: &tessel::Runtime,
     exec: &str,
     kernel: &tessel_plugin_api::ir::Verified,
     args: &LaunchArgs,
 ) -> Result<HostArray, String> {
-    let call = [tessel::KernelLaunch { kernel, mesh: None }];
-    let outputs = match exec {
-        "mosaic-emu" => {
-            let lowered = rt.plan(tessel::Choice::Named("mosaic-gpu"), &tessel::Launch::kernels(&call)).and_then(|p| p.lower());
-            let (_, ptx) = lowered.map_err(|e| e.to_string())?.remove(0);
-            emulate(&ptx, kernel, args, false)?
-        }
-        backend => {
-            let launch = tessel::Launch::new(&call, &[], &args.grid);
-            rt.plan(tessel::Choice::Named(backend), &launch).and_then(|p| p.launch(args)).map_err(|e| e.to_string())?
-        }
-    };
+    let outputs = outputs_on(rt, exec, kernel, args)?;
     outputs.into_iter().find(|(n, _)| n == "o").map(|(_, a)| a).ok_or_else(|| "no output o".to_string())
 }
 
@@ -690,25 +696,7 @@ fn on_every_executor(
     if !plugins.is_empty() {
         execs.push("cpu");
     }
-    let call = [tessel::KernelLaunch { kernel, mesh: None }];
-    execs
-        .into_iter()
-        .map(|exec| {
-            let outputs = match exec {
-                "mosaic-emu" => {
-                    let lowered =
-                        rt.plan(tessel::Choice::Named("mosaic-gpu"), &tessel::Launch::kernels(&call)).and_then(|p| p.lower());
-                    let (_, ptx) = lowered.expect("lowers").remove(0);
-                    emulate(&ptx, kernel, args, false).expect("emulates")
-                }
-                backend => {
-                    let launch = tessel::Launch::new(&call, &[], &args.grid);
-                    rt.plan(tessel::Choice::Named(backend), &launch).and_then(|p| p.launch(args)).expect("runs")
-                }
-            };
-            (exec, outputs)
-        })
-        .collect()
+    execs.into_iter().map(|exec| (exec, outputs_on(&rt, exec, kernel, args).unwrap_or_else(|e| panic!("{exec}: {e}")))).collect()
 }
 
 /// Row reductions at the edges, on every executor: a NaN anywhere in a row (first, middle, last

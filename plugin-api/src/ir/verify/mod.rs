@@ -12,6 +12,7 @@ mod body;
 mod header;
 mod memory;
 mod ops;
+mod shapes;
 mod sync;
 
 use std::collections::{HashMap, HashSet};
