@@ -38,6 +38,14 @@ impl<'k> Writer<'k> {
                 self.helper(name);
             }
         }
+        let mut m = self.summary(zeroed);
+        self.declarations(&mut m);
+        self.entry_point(&mut m);
+        m
+    }
+
+    /// The comment lines that say what the plan decided (grid, strategy, layout, residency).
+    fn summary(&self, zeroed: &[String]) -> String {
         let [gx, gy] = self.plan.groups;
         let groups = if gy == 1 { format!("{gx}") } else { format!("{gx}×{gy}") };
         let walk = if self.plan.strided { ", each walking the programs with a stride" } else { "" };
@@ -108,6 +116,13 @@ impl<'k> Writer<'k> {
             if zeroed.is_empty() { "none (each is stored whole before any read)".to_string() } else { zeroed.join(", ") }
         );
         let _ = writeln!(m);
+        m
+    }
+
+    /// The constants, the bindings in order, and the workgroup and private variables.
+    fn declarations(&self, m: &mut String) {
+        let [gx, gy] = self.plan.groups;
+        let k = self.v.kernel();
         let _ = writeln!(m, "const PROGRAMS: u32 = {}u;", self.plan.programs);
         let _ = writeln!(
             m,
@@ -166,6 +181,12 @@ impl<'k> Writer<'k> {
             let _ = writeln!(m, "var<private> tk_zero: u32;");
         }
         let _ = writeln!(m);
+    }
+
+    /// The helpers and maths functions used, then `main`: the program index, the body, the
+    /// loop-budget check.
+    fn entry_point(&self, m: &mut String) {
+        let gx = self.plan.groups[0];
         for (name, text) in HELPERS {
             if self.helpers.contains(name) {
                 let _ = writeln!(m, "{text}\n");
@@ -196,6 +217,5 @@ impl<'k> Writer<'k> {
             m.push_str("    if (tk_runs < 2u) { tk_status[0] = 1u; }\n");
         }
         m.push_str("}\n");
-        m
     }
 }
