@@ -25,6 +25,7 @@ mod attention;
 mod barriers;
 mod conv;
 mod dot;
+mod elements;
 mod grid;
 mod header;
 mod kernel;
