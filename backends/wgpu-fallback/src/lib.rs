@@ -18,7 +18,7 @@ pub mod mesh;
 pub mod runtime;
 mod spirv;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use tessel_plugin_api::abi::{BackendError, BuiltinBackend, Capabilities, DeviceClass, ErrorKind, MeshBox};
@@ -41,23 +41,8 @@ pub fn exp_wgsl() -> String {
 }
 
 /// The wgpu backend.
-pub struct Wgpu {
-    /// Launches lowered again for the outputs they keep ([`lower::plan_keeping`]): by plan key
-    /// and the kept outputs, so that a kept output is never a register block starting as zeros.
-    kept_variants: tessel_plugin_api::kept::Kept<(PlanKey, BTreeSet<String>), Arc<Vec<emit::Lowered>>>,
-}
-
-impl Default for Wgpu {
-    fn default() -> Wgpu {
-        Wgpu::new()
-    }
-}
-
-/// A launch's key and the target it is planned for.
-type PlanKey = ([u8; 32], lower::Target);
-
-/// Kept-output variants kept (the cache starts afresh when full).
-const VARIANTS_KEPT: usize = 256;
+#[derive(Default)]
+pub struct Wgpu;
 
 /// The lowering strategy: `TESSEL_WGPU_STRATEGY` where set, else `cpu` on a software adapter (or
 /// none) and `gpu` on a hardware one.
@@ -120,7 +105,7 @@ fn check_type(what: &str, ty: &Type) -> Result<(), BackendError> {
 impl Wgpu {
     /// The backend object.
     pub fn new() -> Wgpu {
-        Wgpu { kept_variants: tessel_plugin_api::kept::Kept::new(VARIANTS_KEPT) }
+        Wgpu
     }
 }
 
@@ -190,8 +175,21 @@ impl Compiler for WgpuCompiler {
         Ok(Arc::new(plans))
     }
 
-    fn compile(&self, _: &Launch<'_>, plans: Self::Plan) -> Result<Self::Artifact, BackendError> {
-        Ok(plans.iter().map(emit::lower).collect())
+    /// Each plan written; one that holds an output the launch keeps (it starts from given
+    /// contents, `Launch::kept`) in registers across `seq` steps is planned again without holding
+    /// it ([`lower::plan_keeping`]), so that its block never starts as zeros. The kept outputs
+    /// are part of the compiled launch's key (`backend::exported`), so this is compiled once.
+    fn compile(&self, launch: &Launch<'_>, plans: Self::Plan) -> Result<Self::Artifact, BackendError> {
+        plans
+            .iter()
+            .map(|p| {
+                if p.resident.keys().any(|n| launch.kept.contains(n)) {
+                    let again = lower::plan_keeping(p.kernel.clone(), p.grid.clone(), self.target, &launch.kept)?;
+                    return Ok(emit::lower(&again));
+                }
+                Ok(emit::lower(p))
+            })
+            .collect()
     }
 
     fn stages(&self, compiled: &Self::Artifact) -> Vec<(String, String)> {
@@ -299,34 +297,7 @@ impl Wgpu {
                 }
             }
         }
-        let held = compiled.iter().any(|l| l.resident.iter().any(|n| launch.kept.contains(n)));
-        if held {
-            let variant = self.kept_variant(launch)?;
-            return runtime::gpu()?.launch(&variant, buffers, &launch.kept, timed);
-        }
         runtime::gpu()?.launch(compiled, buffers, &launch.kept, timed)
-    }
-
-    /// The launch lowered with none of its kept outputs held in registers across `seq` steps
-    /// (those blocks start as zeros, and the buffer's contents would be lost): planned from the
-    /// launch's plans, kept by plan key and kept outputs (at most [`VARIANTS_KEPT`]).
-    fn kept_variant(&self, launch: &Launch<'_>) -> Result<Arc<Vec<emit::Lowered>>, BackendError> {
-        let compiler = self.compiler()?;
-        let target = compiler.target;
-        let key = ((launch.key, target), launch.kept.clone());
-        self.kept_variants.get_or_try_insert(key, || {
-            let plans = compiler.plan(launch)?;
-            let mut lowered = Vec::with_capacity(plans.len());
-            for p in plans.iter() {
-                if p.resident.keys().any(|n| launch.kept.contains(n)) {
-                    let again = lower::plan_keeping(p.kernel.clone(), p.grid.clone(), target, &launch.kept)?;
-                    lowered.push(emit::lower(&again));
-                } else {
-                    lowered.push(emit::lower(p));
-                }
-            }
-            Ok(Arc::new(lowered))
-        })
     }
 }
 

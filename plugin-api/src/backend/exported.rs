@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use abi_stable::std_types::{ROption, RResult, RSlice, RSliceMut, RStr, RString, RVec};
 
 use super::guard::guard;
-use super::keys::{decode_keyed, keyed, request_key};
+use super::keys::{decode_keyed, keyed, request_key, with_kept};
 use super::{Artifact, Available, BackendImpl, Compiler, Launch, invalid};
 use crate::abi::*;
 use crate::array::{DataRef, HostArray};
@@ -100,12 +100,13 @@ impl<B: BackendImpl> Exported<B> {
         keyed(self.backend.name(), self.backend.version(), &compiler.options().to_string(), &launch.key)
     }
 
-    /// The compiled launch from the cache; else compiled from its plan (kept, or made now), and
-    /// its key.
+    /// The compiled launch from the cache (by its key and its kept outputs, [`with_kept`]); else
+    /// compiled from its plan (kept, or made now), and its key.
     fn compiled(&self, launch: &Launch<'_>) -> Result<(Arc<Artifact<B>>, [u8; 32], B::Compiler), BackendError> {
         let compiler = self.backend.compiler()?;
         let key = self.cache_key(launch, &compiler);
-        if let Some(c) = self.compiled.get(&key) {
+        let artifact_key = with_kept(key, &launch.kept);
+        if let Some(c) = self.compiled.get(&artifact_key) {
             self.hits.fetch_add(1, Ordering::Relaxed);
             return Ok((c, key, compiler));
         }
@@ -114,7 +115,7 @@ impl<B: BackendImpl> Exported<B> {
         let plan = Arc::unwrap_or_clone(self.plan(launch, &compiler, &key)?);
         let c = Arc::new(compiler.compile(launch, plan)?);
         self.compile_ns.fetch_add(start.elapsed().as_nanos().try_into().unwrap_or(u64::MAX), Ordering::Relaxed);
-        self.compiled.insert(key, Arc::clone(&c));
+        self.compiled.insert(artifact_key, Arc::clone(&c));
         Ok((c, key, compiler))
     }
 

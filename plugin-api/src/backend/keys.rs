@@ -68,6 +68,22 @@ pub(super) fn keyed(backend: &str, version: &str, options: &str, request: &[u8; 
     *h.finalize().as_bytes()
 }
 
+/// The key of a compiled launch: `key` (the plan's) where no output is kept, else `key` with the
+/// names of the kept outputs, which a backend may compile differently for (wgpu holds no kept
+/// output in registers). Plans stay keyed without them: `supports` plans before they are known.
+pub(super) fn with_kept(key: [u8; 32], kept: &std::collections::BTreeSet<String>) -> [u8; 32] {
+    if kept.is_empty() {
+        return key;
+    }
+    let mut h = blake3::Hasher::new();
+    h.update(&key);
+    for name in kept {
+        h.update(&(name.len() as u64).to_le_bytes());
+        h.update(name.as_bytes());
+    }
+    *h.finalize().as_bytes()
+}
+
 /// Decodes a request: format version, kernel text, kernels by name.
 pub fn decode<'a>(req: &LaunchRequest<'a>) -> Result<Launch<'a>, BackendError> {
     decode_keyed(req, request_key(req), None)

@@ -56,8 +56,9 @@ pub struct Launch<'a> {
     pub key: [u8; 32],
     /// The outputs that start from what their memory holds (an aliased input's values: Pallas's
     /// `input_output_aliases` through XLA), not from zeros: [`crate::abi::BufferArg::keep`] and
-    /// [`crate::abi::HostOutput::keep`] of the run. Not part of `key`: it changes how a run
-    /// starts, not what is compiled.
+    /// [`crate::abi::HostOutput::keep`] of the run. Not part of `key` (`supports` plans before it
+    /// is known, so a plan does not depend on it) but part of the compiled launch's key: a
+    /// backend's `compile` may (wgpu holds no kept output in registers across `seq` steps).
     pub kept: BTreeSet<String>,
 }
 
