@@ -15,14 +15,8 @@ fn the_same_launch_twice_is_compiled_once() {
     let call = [KernelLaunch { kernel: &kernels[0], mesh: None }];
     let args = LaunchArgs { inputs: tessel::inputs::random_inputs(kernels[0].kernel(), 1), grid: Default::default() };
     let before = rt.cache_stats("interpret").unwrap();
-    let first = rt
-        .plan(tessel::Choice::Named("interpret"), &tessel::Launch::new(&call, &[], &args.grid))
-        .and_then(|p| p.launch(&args))
-        .unwrap();
-    let second = rt
-        .plan(tessel::Choice::Named("interpret"), &tessel::Launch::new(&call, &[], &args.grid))
-        .and_then(|p| p.launch(&args))
-        .unwrap();
+    let first = launched(&rt, "interpret", &call, &args).unwrap();
+    let second = launched(&rt, "interpret", &call, &args).unwrap();
     let after = rt.cache_stats("interpret").unwrap();
     assert_eq!(first, second);
     assert_eq!(after.misses - before.misses, 1, "compiled once: {after:?}");

@@ -468,10 +468,7 @@ fn a_reported_launch_says_where_it_ran_why_and_whether_it_compiled() {
         .unwrap();
     assert!(second.cache_hit, "the second launch of the same kernel is not lowered again");
     assert_eq!(second.outputs, first.outputs);
-    let want = rt
-        .plan(tessel::Choice::Named("interpret"), &tessel::Launch::new(&call, &[], &args.grid))
-        .and_then(|p| p.launch(&args))
-        .unwrap();
+    let want = launched(&rt, "interpret", &call, &args).unwrap();
     assert!(tessel_plugin_api::array::agreement(&first.outputs[0].1, &want[0].1).within);
 }
 

@@ -187,13 +187,7 @@ fn sweep(plugin: &Path, op: &str, want: fn(f64) -> f64, top: f32) -> (u32, f32) 
     let kernels = tessel::load_source("sweep.tk", &text).unwrap();
     let call = [tessel::KernelLaunch { kernel: &kernels[0], mesh: None }];
     let args = tessel::LaunchArgs { inputs: [("x".to_string(), f32_array(&[n], xs.clone()))].into(), grid: Default::default() };
-    let out = rt
-        .plan(tessel::Choice::Named("cpu"), &tessel::Launch::new(&call, &[], &args.grid))
-        .and_then(|p| p.launch(&args))
-        .unwrap()
-        .remove(0)
-        .1
-        .to_f64();
+    let out = launched(&rt, "cpu", &call, &args).unwrap().remove(0).1.to_f64();
     let ulps = |got: f32, want: f32| -> u32 {
         let key = |v: f32| if v.is_sign_negative() { -(v.to_bits() as i64 & 0x7fff_ffff) } else { v.to_bits() as i64 };
         (key(got) - key(want)).unsigned_abs() as u32
@@ -225,14 +219,8 @@ fn agrees(plugin: &Path, text: &str, inputs: &[(&str, tessel::HostArray)]) {
     for (name, a) in inputs {
         args.inputs.insert(name.to_string(), a.clone());
     }
-    let want = rt
-        .plan(tessel::Choice::Named("interpret"), &tessel::Launch::new(&call, &[], &args.grid))
-        .and_then(|p| p.launch(&args))
-        .unwrap();
-    let got = rt
-        .plan(tessel::Choice::Named("cpu"), &tessel::Launch::new(&call, &[], &args.grid))
-        .and_then(|p| p.launch(&args))
-        .unwrap();
+    let want = launched(&rt, "interpret", &call, &args).unwrap();
+    let got = launched(&rt, "cpu", &call, &args).unwrap();
     for ((name, w), (_, g)) in want.iter().zip(&got) {
         let a = tessel_plugin_api::array::agreement(g, w);
         assert!(a.within, "{}: output {name}: cpu {:?} against interpret {:?}", kernels[0].name(), g.to_f64(), w.to_f64());

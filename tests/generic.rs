@@ -41,21 +41,14 @@ fn run(
     let args = LaunchArgs { inputs, grid: Default::default() };
     let outputs = match exec {
         "mosaic-emu" => {
-            let (_, ptx) = rt
-                .plan(tessel::Choice::Named("mosaic-gpu"), &tessel::Launch::kernels(&call))
-                .and_then(|p| p.lower())
-                .unwrap_or_else(|e| panic!("{e}"))
-                .remove(0);
+            let (_, ptx) = lowered(&rt, "mosaic-gpu", &call).unwrap_or_else(|e| panic!("{e}")).remove(0);
             // The emulator runs threads one after another: both orders, a missing barrier differs.
             let fwd = emulate(&ptx, &v, &args, false).unwrap_or_else(|e| panic!("{e}"));
             let rev = emulate(&ptx, &v, &args, true).unwrap_or_else(|e| panic!("{e}"));
             assert_eq!(fwd, rev, "{}: the thread order changes the result", v.name());
             fwd
         }
-        backend => rt
-            .plan(tessel::Choice::Named(backend), &tessel::Launch::new(&call, &[], &args.grid))
-            .and_then(|p| p.launch(&args))
-            .unwrap_or_else(|e| panic!("{exec}: {e}")),
+        backend => launched(&rt, backend, &call, &args).unwrap_or_else(|e| panic!("{exec}: {e}")),
     };
     outputs.into_iter().find(|(n, _)| n == out).map(|(_, a)| a).expect("the output")
 }

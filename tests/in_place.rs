@@ -25,10 +25,7 @@ fn both_ways(rt: &Runtime, backend: &str, kernels: &[Verified], shift: bool) {
         inputs.extend(tessel::inputs::random_inputs(k.kernel(), 11));
     }
     let args = LaunchArgs { inputs, grid: Default::default() };
-    let want = rt
-        .plan(tessel::Choice::Named(backend), &tessel::Launch::new(&calls, &[], &args.grid))
-        .and_then(|p| p.launch(&args))
-        .unwrap_or_else(|e| panic!("{backend}: {e}"));
+    let want = launched(&rt, backend, &calls, &args).unwrap_or_else(|e| panic!("{backend}: {e}"));
     let bytes: BTreeMap<String, Vec<u8>> = args
         .inputs
         .iter()
@@ -179,12 +176,7 @@ fn a_kept_output_held_across_seq_steps_starts_from_its_memory_on_every_backend()
     let mut backends = vec!["interpret"];
     if wgpu_adapter("a_kept_output_held_across_seq_steps_starts_from_its_memory_on_every_backend").is_some() {
         backends.push("wgpu");
-        let wgsl = rt
-            .plan(tessel::Choice::Named("wgpu"), &tessel::Launch::kernels(&calls))
-            .and_then(|p| p.lower())
-            .expect("lowers")
-            .remove(0)
-            .1;
+        let wgsl = lowered(&rt, "wgpu", &calls).expect("lowers").remove(0).1;
         assert!(wgsl.contains("in registers across the seq steps"), "not kept, the block is a register block:\n{wgsl}");
     }
     for backend in backends {

@@ -102,11 +102,7 @@ fn a_mesh_made_by_another_backend_is_refused() {
         .into_result()
         .expect("interpret makes grid meshes");
     let call = [KernelLaunch { kernel: &kernels[0], mesh: Some(&interpret_mesh) }];
-    let err = rt
-        .plan(tessel::Choice::Named("mosaic-gpu"), &tessel::Launch::kernels(&call))
-        .and_then(|p| p.lower())
-        .expect_err("foreign mesh")
-        .to_string();
+    let err = lowered(&rt, "mosaic-gpu", &call).expect_err("foreign mesh").to_string();
     assert!(err.starts_with("Mesh grid(i: 8) is not supported by the Mosaic GPU backend\n"), "{err}");
     // The interpreter takes the Mosaic mesh's portable view.
     let mosaic_mesh = rt.mesh("mosaic-gpu", "mosaic_gpu(i: 8)").expect("mosaic mesh");
@@ -114,9 +110,7 @@ fn a_mesh_made_by_another_backend_is_refused() {
     rt.plan(tessel::Choice::Named("interpret"), &tessel::Launch::kernels(&call))
         .map(drop)
         .expect("interpret reads the portable view");
-    rt.plan(tessel::Choice::Named("mosaic-gpu"), &tessel::Launch::kernels(&call))
-        .and_then(|p| p.lower())
-        .expect("mosaic takes its own mesh");
+    lowered(&rt, "mosaic-gpu", &call).expect("mosaic takes its own mesh");
     // A portable grid spec becomes a Mosaic mesh when mosaic-gpu makes it.
     let made = rt.registry().get("mosaic-gpu").unwrap().backend.make_mesh("grid(i: 8)".into()).into_result().expect("made");
     assert_eq!(
@@ -187,16 +181,9 @@ fn emulated_ptx_agrees_with_the_interpreter() {
             let name = format!("{name}/{}", kernel.name());
             let mesh = mesh_for(path.file_stem().unwrap().to_str().unwrap()).map(|m| rt.mesh("mosaic-gpu", m).expect("mesh"));
             let call = [KernelLaunch { kernel, mesh: mesh.as_ref() }];
-            let (_, ptx) = rt
-                .plan(tessel::Choice::Named("mosaic-gpu"), &tessel::Launch::kernels(&call))
-                .and_then(|p| p.lower())
-                .expect("lowers")
-                .remove(0);
+            let (_, ptx) = lowered(&rt, "mosaic-gpu", &call).expect("lowers").remove(0);
             let args = tessel::LaunchArgs { inputs: file_inputs(&path, kernel, 7), grid: Default::default() };
-            let want = rt
-                .plan(tessel::Choice::Named("interpret"), &tessel::Launch::new(&call, &[], &args.grid))
-                .and_then(|p| p.launch(&args))
-                .expect("interpreter runs");
+            let want = launched(&rt, "interpret", &call, &args).expect("interpreter runs");
             // Both thread orders: a missing barrier would make them differ.
             agrees_in_both_orders(&name, &ptx, kernel, &args, &want);
             checked += 1;
@@ -212,21 +199,14 @@ fn a_thread_axis_runs_as_the_warpgroups_of_one_cta() {
     let kernels = tessel::load_file(&root().join("tests/in/warpgroups.tk")).expect("kernel");
     let mesh = rt.mesh("mosaic-gpu", "mosaic_gpu(i: 4, wg: 2 thread)").expect("mesh");
     let call = [KernelLaunch { kernel: &kernels[0], mesh: Some(&mesh) }];
-    let (_, ptx) = rt
-        .plan(tessel::Choice::Named("mosaic-gpu"), &tessel::Launch::kernels(&call))
-        .and_then(|p| p.lower())
-        .expect("lowers")
-        .remove(0);
+    let (_, ptx) = lowered(&rt, "mosaic-gpu", &call).expect("lowers").remove(0);
     assert!(
         ptx.contains("// 4 CTAs of 256 threads") && ptx.contains(".maxntid 256, 1, 1"),
         "one CTA of 2 x 128 threads per program"
     );
     assert!(ptx.contains("bar.sync %r"), "each warpgroup has its own barrier");
     let args = tessel::LaunchArgs { inputs: tessel::inputs::random_inputs(kernels[0].kernel(), 3), grid: Default::default() };
-    let want = rt
-        .plan(tessel::Choice::Named("interpret"), &tessel::Launch::new(&call, &[], &args.grid))
-        .and_then(|p| p.launch(&args))
-        .expect("the interpreter takes the portable view");
+    let want = launched(&rt, "interpret", &call, &args).expect("the interpreter takes the portable view");
     for reverse in [false, true] {
         let got = emulate(&ptx, &kernels[0], &args, reverse).expect("emulates");
         let tol = Tolerance::for_dtype(want[0].1.dtype());
@@ -248,20 +228,13 @@ fn a_thread_axis_past_eight_warpgroups_runs_several_points_per_warpgroup() {
     let rt = Runtime::new(&[]).expect("runtime");
     let mesh = rt.mesh("mosaic-gpu", "mosaic_gpu(i: 4, wg: 12 thread)").expect("mesh");
     let call = [KernelLaunch { kernel: &kernels[0], mesh: Some(&mesh) }];
-    let (_, ptx) = rt
-        .plan(tessel::Choice::Named("mosaic-gpu"), &tessel::Launch::kernels(&call))
-        .and_then(|p| p.lower())
-        .expect("lowers")
-        .remove(0);
+    let (_, ptx) = lowered(&rt, "mosaic-gpu", &call).expect("lowers").remove(0);
     assert!(ptx.contains("// 4 CTAs of 1024 threads") && ptx.contains("12 thread-axis points on 8 warpgroups"), "{ptx}");
     if let Some(ptxas) = ptxas() {
         assemble(&ptxas, "warpgroups12", &ptx).unwrap_or_else(|e| panic!("ptxas: {e}"));
     }
     let args = tessel::LaunchArgs { inputs: tessel::inputs::random_inputs(kernels[0].kernel(), 5), grid: Default::default() };
-    let want = rt
-        .plan(tessel::Choice::Named("interpret"), &tessel::Launch::new(&call, &[], &args.grid))
-        .and_then(|p| p.launch(&args))
-        .expect("the interpreter takes the portable view");
+    let want = launched(&rt, "interpret", &call, &args).expect("the interpreter takes the portable view");
     for reverse in [false, true] {
         let got = emulate(&ptx, &kernels[0], &args, reverse).expect("emulates");
         let tol = Tolerance::for_dtype(want[0].1.dtype());
@@ -383,10 +356,7 @@ fn every_schedule_of_the_hopper_matmuls_agrees_with_the_interpreter() {
             assembled(f, &ptx);
             let call = [KernelLaunch { kernel, mesh: None }];
             let args = tessel::LaunchArgs { inputs: file_inputs(path, kernel, 7), grid: Default::default() };
-            let want = rt
-                .plan(tessel::Choice::Named("interpret"), &tessel::Launch::new(&call, &[], &args.grid))
-                .and_then(|p| p.launch(&args))
-                .expect("interpreter runs");
+            let want = launched(&rt, "interpret", &call, &args).expect("interpreter runs");
             for reverse in [false, true] {
                 let got = emulate(&ptx, kernel, &args, reverse).unwrap_or_else(|e| panic!("{name}: {e}"));
                 for ((n, g), (_, w)) in got.iter().zip(&want) {
@@ -503,11 +473,7 @@ fn the_concurrent_kernels_run_their_warpgroups_at_once_meeting_at_mbarriers() {
         let name = path.file_stem().unwrap().to_str().unwrap().to_string();
         let kernels = tessel::load_file(&path).unwrap_or_else(|e| panic!("{e}"));
         let call = [KernelLaunch { kernel: &kernels[0], mesh: None }];
-        let (_, ptx) = rt
-            .plan(tessel::Choice::Named("mosaic-gpu"), &tessel::Launch::kernels(&call))
-            .and_then(|p| p.lower())
-            .unwrap_or_else(|e| panic!("{name}: {e}"))
-            .remove(0);
+        let (_, ptx) = lowered(&rt, "mosaic-gpu", &call).unwrap_or_else(|e| panic!("{name}: {e}")).remove(0);
         let barriers = kernels[0].kernel().barriers.iter().map(|b| b.count).sum::<usize>();
         assert_eq!(ptx.matches("mbarrier.init.shared::cta.b64").count(), barriers, "{name}: an mbarrier per barrier");
         assert!(ptx.contains("mbarrier.try_wait.parity") && ptx.contains("mbarrier.arrive"), "{name}");
@@ -534,10 +500,7 @@ fn the_concurrent_kernels_run_their_warpgroups_at_once_meeting_at_mbarriers() {
             assert!(info.contains("0 bytes spill stores") || SPILLS.contains(&name.as_str()), "{name}: {info}");
         }
         let args = tessel::LaunchArgs { inputs: fixture_inputs(&name, kernels[0].kernel()), grid: Default::default() };
-        let want = rt
-            .plan(tessel::Choice::Named("interpret"), &tessel::Launch::new(&call, &[], &args.grid))
-            .and_then(|p| p.launch(&args))
-            .expect("the interpreter runs it race-free");
+        let want = launched(&rt, "interpret", &call, &args).expect("the interpreter runs it race-free");
         agrees_in_both_orders(&name, &ptx, &kernels[0], &args, &want);
     }
 }
@@ -582,21 +545,11 @@ fn without_its_wait_the_pipeline_goes_wrong_on_the_emulator() {
     let mutated = tessel::load_source("racy.tk", &racy).expect("the mutation verifies");
     let args = tessel::LaunchArgs { inputs: tessel::inputs::random_inputs(kernels[0].kernel(), 3), grid: Default::default() };
     let call = [KernelLaunch { kernel: &kernels[0], mesh: None }];
-    let want = rt
-        .plan(tessel::Choice::Named("interpret"), &tessel::Launch::new(&call, &[], &args.grid))
-        .and_then(|p| p.launch(&args))
-        .expect("the kernel as written runs");
+    let want = launched(&rt, "interpret", &call, &args).expect("the kernel as written runs");
     let racy_call = [KernelLaunch { kernel: &mutated[0], mesh: None }];
-    let e = rt
-        .plan(tessel::Choice::Named("interpret"), &tessel::Launch::new(&racy_call, &[], &args.grid))
-        .and_then(|p| p.launch(&args))
-        .expect_err("the interpreter finds the race");
+    let e = launched(&rt, "interpret", &racy_call, &args).expect_err("the interpreter finds the race");
     assert!(e.to_string().contains("data race"), "{e}");
-    let (_, ptx) = rt
-        .plan(tessel::Choice::Named("mosaic-gpu"), &tessel::Launch::kernels(&racy_call))
-        .and_then(|p| p.lower())
-        .expect("lowers")
-        .remove(0);
+    let (_, ptx) = lowered(&rt, "mosaic-gpu", &racy_call).expect("lowers").remove(0);
     let wrong = [false, true].iter().any(|&reverse| match emulate(&ptx, &mutated[0], &args, reverse) {
         Err(e) => e.contains("mbarrier") || e.contains("deadlock"),
         Ok(got) => got[0].1.to_f64() != want[0].1.to_f64(),
@@ -615,17 +568,10 @@ fn a_mesh_thread_axis_over_a_kernel_with_barriers_stays_separate_programs() {
     let kernels = tessel::load_file(&root().join("tests/concurrent/staged_epilogue.tk")).expect("kernel");
     let mesh = rt.mesh("mosaic-gpu", "mosaic_gpu(i: 2 thread)").expect("mesh");
     let call = [KernelLaunch { kernel: &kernels[0], mesh: Some(&mesh) }];
-    let (_, ptx) = rt
-        .plan(tessel::Choice::Named("mosaic-gpu"), &tessel::Launch::kernels(&call))
-        .and_then(|p| p.lower())
-        .expect("lowers")
-        .remove(0);
+    let (_, ptx) = lowered(&rt, "mosaic-gpu", &call).expect("lowers").remove(0);
     assert!(ptx.contains("// 2 CTAs of 128 threads"), "{}", ptx.lines().take(4).collect::<Vec<_>>().join("\n"));
     let args = tessel::LaunchArgs { inputs: tessel::inputs::random_inputs(kernels[0].kernel(), 5), grid: Default::default() };
-    let want = rt
-        .plan(tessel::Choice::Named("interpret"), &tessel::Launch::new(&call, &[], &args.grid))
-        .and_then(|p| p.launch(&args))
-        .expect("the interpreter runs it");
+    let want = launched(&rt, "interpret", &call, &args).expect("the interpreter runs it");
     agrees_in_both_orders("staged_epilogue on a mesh", &ptx, &kernels[0], &args, &want);
 }
 
@@ -645,16 +591,9 @@ fn a_stage_handed_back_before_its_mma_wait_is_reported_by_the_emulator() {
     let mutated = tessel::load_source("racy.tk", &racy).expect("the mutation verifies");
     let args = tessel::LaunchArgs { inputs: tessel::inputs::random_inputs(mutated[0].kernel(), 5), grid: Default::default() };
     let call = [KernelLaunch { kernel: &mutated[0], mesh: None }];
-    let e = rt
-        .plan(tessel::Choice::Named("interpret"), &tessel::Launch::new(&call, &[], &args.grid))
-        .and_then(|p| p.launch(&args))
-        .expect_err("the interpreter finds the race");
+    let e = launched(&rt, "interpret", &call, &args).expect_err("the interpreter finds the race");
     assert!(e.to_string().contains("data race"), "{e}");
-    let (_, ptx) = rt
-        .plan(tessel::Choice::Named("mosaic-gpu"), &tessel::Launch::kernels(&call))
-        .and_then(|p| p.lower())
-        .expect("lowers")
-        .remove(0);
+    let (_, ptx) = lowered(&rt, "mosaic-gpu", &call).expect("lowers").remove(0);
     assert_eq!(ptx.matches("wgmma.mma_async").count(), 2, "the products are on wgmma");
     let reports: Vec<String> =
         [false, true].iter().filter_map(|&reverse| emulate(&ptx, &mutated[0], &args, reverse).err()).collect();
@@ -672,16 +611,9 @@ fn jax_transposed_ragged_dot_race_is_reported_by_the_interpreter_and_the_emulato
     let kernels = tessel::load_file(&root().join("tests/concurrent/jax/races/transposed_ragged_dot.tk")).expect("kernel");
     let args = tessel::LaunchArgs { inputs: fixture_inputs("ragged_dot", kernels[0].kernel()), grid: Default::default() };
     let call = [KernelLaunch { kernel: &kernels[0], mesh: None }];
-    let e = rt
-        .plan(tessel::Choice::Named("interpret"), &tessel::Launch::new(&call, &[], &args.grid))
-        .and_then(|p| p.launch(&args))
-        .expect_err("the interpreter finds the race");
+    let e = launched(&rt, "interpret", &call, &args).expect_err("the interpreter finds the race");
     assert!(e.to_string().contains("data race") && e.to_string().contains("mma_async"), "{e}");
-    let (_, ptx) = rt
-        .plan(tessel::Choice::Named("mosaic-gpu"), &tessel::Launch::kernels(&call))
-        .and_then(|p| p.lower())
-        .expect("lowers")
-        .remove(0);
+    let (_, ptx) = lowered(&rt, "mosaic-gpu", &call).expect("lowers").remove(0);
     assert!(ptx.contains("wgmma.mma_async"), "the products are on wgmma");
     let reports: Vec<String> =
         [false, true].iter().filter_map(|&reverse| emulate(&ptx, &kernels[0], &args, reverse).err()).collect();

@@ -182,7 +182,7 @@ fn ten_thousand_mutated_kernels_never_panic() {
                 let call = [KernelLaunch { kernel: k, mesh: None }];
                 for backend in ["interpret", "mosaic-gpu", "wgpu"] {
                     // A refusal is fine; a panic is not (the boundary would report it as one).
-                    match rt.plan(tessel::Choice::Named(backend), &tessel::Launch::kernels(&call)).and_then(|p| p.lower()) {
+                    match common::lowered(&rt, backend, &call) {
                         Err(e) => assert!(!e.to_string().contains("panicked"), "case {case}: {backend} panicked on\n{text}\n{e}"),
                         Ok(stages) => {
                             lowered += 1;

@@ -9,7 +9,7 @@ mod common;
 use std::collections::HashSet;
 use std::hash::Hash;
 
-use common::{root, tessel, wgpu_adapter};
+use common::{lowered, root, tessel, wgpu_adapter};
 use strum::IntoEnumIterator;
 use tessel_plugin_api::abi::ErrorKind;
 use tessel_plugin_api::refusal::MeshRefusalKind;
@@ -104,10 +104,7 @@ fn mosaic_foreign_mesh() -> Result<(), String> {
     let kernels = tessel::load_file(&root().join("examples/add.tk")).unwrap();
     let mesh = rt.registry().get("interpret").unwrap().backend.make_mesh("grid(i: 8)".into()).into_result().unwrap();
     let call = [tessel::KernelLaunch { kernel: &kernels[0], mesh: Some(&mesh) }];
-    rt.plan(tessel::Choice::Named("mosaic-gpu"), &tessel::Launch::kernels(&call))
-        .and_then(|p| p.lower())
-        .map(drop)
-        .map_err(|e| e.to_string())
+    lowered(&rt, "mosaic-gpu", &call).map(drop).map_err(|e| e.to_string())
 }
 
 #[test]

@@ -193,8 +193,7 @@ fn device_resident_outputs_start_as_zeros_at_every_launch() {
         .map(drop)
         .unwrap();
     assert_eq!(rt.download(&out).unwrap().data, ArrayData::F32(vec![2.0; 1024]));
-    let wgsl =
-        rt.plan(tessel::Choice::Named("wgpu"), &tessel::Launch::kernels(&call)).and_then(|p| p.lower()).unwrap().remove(0).1;
+    let wgsl = lowered(&rt, "wgpu", &call).unwrap().remove(0).1;
     assert!(wgsl.contains("// outputs zeroed before the dispatch: none"), "{wgsl}");
     // A wrong binding is an error naming the argument, not a crash.
     let err = rt

@@ -405,3 +405,20 @@ pub fn kept_in_two_kernels(backend: &str, plugins: &[PathBuf]) -> Result<(), Str
         .map(drop)
         .map_err(|e| e.to_string())
 }
+
+/// The stages of `calls` lowered on `backend` (planned first, as every launch is).
+#[allow(dead_code)]
+pub fn lowered(rt: &tessel::Runtime, backend: &str, calls: &[tessel::KernelLaunch<'_>]) -> tessel::Result<Vec<(String, String)>> {
+    rt.plan(tessel::Choice::Named(backend), &tessel::Launch::kernels(calls))?.lower()
+}
+
+/// The outputs of `calls` launched on `backend` with `args` (planned first, as every launch is).
+#[allow(dead_code)]
+pub fn launched(
+    rt: &tessel::Runtime,
+    backend: &str,
+    calls: &[tessel::KernelLaunch<'_>],
+    args: &tessel::LaunchArgs,
+) -> tessel::Result<Vec<(String, HostArray)>> {
+    rt.plan(tessel::Choice::Named(backend), &tessel::Launch::new(calls, &[], &args.grid))?.launch(args)
+}

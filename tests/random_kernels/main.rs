@@ -46,10 +46,7 @@ fn differ(rt: &Runtime, target: Target, text: &str, seed: u64) -> Result<(), Str
     let k = &kernels[0];
     let call = [KernelLaunch { kernel: k, mesh: None }];
     let args = LaunchArgs { inputs: tessel::inputs::random_inputs(k.kernel(), seed), grid: Default::default() };
-    let want = rt
-        .plan(tessel::Choice::Named("interpret"), &tessel::Launch::new(&call, &[], &args.grid))
-        .and_then(|p| p.launch(&args))
-        .map_err(|e| format!("interpret: {e}"))?;
+    let want = launched(&rt, "interpret", &call, &args).map_err(|e| format!("interpret: {e}"))?;
     // The interpreter's fused runs give the bits of its statements one by one.
     let unfused = tessel_interpret::compile_unfused(k).run(&args).map_err(|e| format!("interpret, unfused: {e}"))?;
     for ((name, w), (_, u)) in want.iter().zip(&unfused) {
@@ -58,25 +55,15 @@ fn differ(rt: &Runtime, target: Target, text: &str, seed: u64) -> Result<(), Str
         }
     }
     let got = match target {
-        Target::Wgpu => match rt
-            .plan(tessel::Choice::Named("wgpu"), &tessel::Launch::new(&call, &[], &args.grid))
-            .and_then(|p| p.launch(&args))
-        {
+        Target::Wgpu => match launched(&rt, "wgpu", &call, &args) {
             // A driver's loop budget (Mesa's llvmpipe) refuses the long loops: right, not a
             // disagreement.
             Err(e) if e.to_string().contains("silently stops every loop") => return Ok(()),
             r => r.map_err(|e| format!("wgpu: {e}"))?,
         },
-        Target::Cpu => rt
-            .plan(tessel::Choice::Named("cpu"), &tessel::Launch::new(&call, &[], &args.grid))
-            .and_then(|p| p.launch(&args))
-            .map_err(|e| format!("cpu: {e}"))?,
+        Target::Cpu => launched(&rt, "cpu", &call, &args).map_err(|e| format!("cpu: {e}"))?,
         Target::MosaicEmulated => {
-            let (_, ptx) = rt
-                .plan(tessel::Choice::Named("mosaic-gpu"), &tessel::Launch::kernels(&call))
-                .and_then(|p| p.lower())
-                .map_err(|e| format!("mosaic-gpu: {e}"))?
-                .remove(0);
+            let (_, ptx) = lowered(&rt, "mosaic-gpu", &call).map_err(|e| format!("mosaic-gpu: {e}"))?.remove(0);
             if let Some(ptxas) = ptxas() {
                 assemble(&ptxas, "random", &ptx).map_err(|e| format!("ptxas refuses the PTX: {e}"))?;
             }
