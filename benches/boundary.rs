@@ -36,15 +36,7 @@ fn boundary(c: &mut Criterion) {
     let call = [tessel::KernelLaunch { kernel: &k, mesh: None }];
     let args = tessel::LaunchArgs { inputs: tessel::inputs::random_inputs(k.kernel(), 1), grid: Default::default() };
     let mut g = c.benchmark_group("launch_tiny_host");
-    g.bench_function("runtime_run_interpret", |b| {
-        b.iter(|| {
-            black_box(
-                rt.plan(tessel::Choice::of("interpret"), &tessel::Launch::new(&call, &[], &args.grid))
-                    .and_then(|p| p.run(&args))
-                    .expect("runs"),
-            )
-        })
-    });
+    g.bench_function("runtime_run_interpret", |b| b.iter(|| black_box(plan_and_run(&rt, &call, &args))));
     g.finish();
 
     // 16M f32 + 16M f32: host arrays copied in and out (Planned::run) against the same launch on
@@ -59,15 +51,7 @@ fn boundary(c: &mut Criterion) {
     let mut out = vec![0u8; out_ty.numel() * 4];
     let mut g = c.benchmark_group("launch_add16m_host");
     g.sample_size(10);
-    g.bench_function("runtime_run_interpret", |b| {
-        b.iter(|| {
-            black_box(
-                rt.plan(tessel::Choice::of("interpret"), &tessel::Launch::new(&call, &[], &args.grid))
-                    .and_then(|p| p.run(&args))
-                    .expect("runs"),
-            )
-        })
-    });
+    g.bench_function("runtime_run_interpret", |b| b.iter(|| black_box(plan_and_run(&rt, &call, &args))));
     g.bench_function("runtime_run_in_place_interpret", |b| {
         b.iter(|| {
             let mut place = tessel::InPlace::default();
@@ -83,6 +67,13 @@ fn boundary(c: &mut Criterion) {
         })
     });
     g.finish();
+}
+
+/// A launch as a caller that launches once makes it: planned on the interpreter, then run (host
+/// arrays in and out).
+fn plan_and_run(rt: &tessel::Runtime, call: &[tessel::KernelLaunch<'_>], args: &tessel::LaunchArgs) -> tessel::Report {
+    let launch = tessel::Launch::new(call, &[], &args.grid);
+    rt.plan(tessel::Choice::Named("interpret"), &launch).and_then(|p| p.run(args)).expect("runs")
 }
 
 criterion_group!(benches, boundary);

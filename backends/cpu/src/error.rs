@@ -59,14 +59,4 @@ impl From<Refusal> for BackendError {
     }
 }
 
-impl tessel_plugin_api::backend::DeviceMeshRefusal for Refusal {
-    fn device_mesh(mesh: &tessel_plugin_api::mesh::MeshSpec) -> BackendError {
-        Refusal::DeviceMesh { mesh: mesh.to_string() }.into()
-    }
-}
-
-impl tessel_plugin_api::backend::MeshKindRefusal for Refusal {
-    fn mesh_kind(kind: &str, grid: &tessel_plugin_api::mesh::MeshSpec) -> BackendError {
-        Refusal::MeshKind { kind: kind.to_string(), grid: grid.to_string() }.into()
-    }
-}
+tessel_plugin_api::mesh_refusals!(Refusal, device: Refusal::DeviceMesh, kind: Refusal::MeshKind);

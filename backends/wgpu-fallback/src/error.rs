@@ -158,8 +158,4 @@ impl From<Refusal> for BackendError {
     }
 }
 
-impl tessel_plugin_api::backend::DeviceMeshRefusal for Refusal {
-    fn device_mesh(mesh: &tessel_plugin_api::mesh::MeshSpec) -> BackendError {
-        Refusal::DeviceMesh { mesh: mesh.to_string() }.into()
-    }
-}
+tessel_plugin_api::mesh_refusals!(Refusal, device: Refusal::DeviceMesh);

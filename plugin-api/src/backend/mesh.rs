@@ -151,6 +151,31 @@ pub trait MeshKindRefusal: DeviceMeshRefusal {
     fn mesh_kind(kind: &str, grid: &MeshSpec) -> BackendError;
 }
 
+/// Implements [`DeviceMeshRefusal`] (and, with `kind:`, [`MeshKindRefusal`]) for a backend's
+/// refusal enum from its variants `Name { mesh }` and `Name { kind, grid }`:
+///
+/// ```ignore
+/// tessel_plugin_api::mesh_refusals!(Refusal, device: Refusal::DeviceMesh, kind: Refusal::MeshKind);
+/// ```
+#[macro_export]
+macro_rules! mesh_refusals {
+    ($refusal:ty, device: $device:path) => {
+        impl $crate::backend::DeviceMeshRefusal for $refusal {
+            fn device_mesh(mesh: &$crate::mesh::MeshSpec) -> $crate::abi::BackendError {
+                $device { mesh: mesh.to_string() }.into()
+            }
+        }
+    };
+    ($refusal:ty, device: $device:path, kind: $kind:path) => {
+        $crate::mesh_refusals!($refusal, device: $device);
+        impl $crate::backend::MeshKindRefusal for $refusal {
+            fn mesh_kind(kind: &str, grid: &$crate::mesh::MeshSpec) -> $crate::abi::BackendError {
+                $kind { kind: kind.to_string(), grid: grid.to_string() }.into()
+            }
+        }
+    };
+}
+
 /// `call`'s kernel given the grid of its mesh's portable view and verified
 /// ([`verify_with_mesh`]), for a backend that reads any kernel mesh's view: a `device(...)` mesh
 /// is refused in `R`'s words.
