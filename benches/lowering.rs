@@ -2,8 +2,8 @@
 //! under 5 ms a kernel): the Hopper-path matmuls at 4096³, plain and with the bias + gelu
 //! epilogue, flash attention in bf16 on the Hopper attention path, and the f32 flash-attention
 //! example on the general path; then the gelu matmul on the warp-specialized and persistent
-//! schedules and attention on the warp-specialized one. Pure: no device, no driver (`tessel_mosaic_gpu::external::compile`, the CUDA
-//! handler's own call, and the backend's compiler on a schedule). For scale, NVIDIA's `ptxas`
+//! schedules and attention on the warp-specialized one. Pure: no device, no driver (the backend's compiler: plan, PTX and
+//! stages, on its default schedule and then on the others). For scale, NVIDIA's `ptxas`
 //! takes 0.7 to 1.1 s to assemble the gelu matmul's PTX on the same machine.
 
 use std::hint::black_box;
@@ -23,12 +23,14 @@ fn lowering(c: &mut Criterion) {
         "benches/kernels/attention_bf16_16384.tk",
         "examples/flash_attention.tk",
     ];
+    let launch_of = |k: &tessel_plugin_api::ir::Verified| {
+        Launch::new(vec![Call { kernel: Arc::new(k.kernel().clone()), mesh: None }], Vec::new(), Default::default())
+    };
     for f in files {
         let k = tessel::load_file(&root.join(f)).expect("the kernel verifies").remove(0);
         let name = std::path::Path::new(f).file_stem().and_then(|s| s.to_str()).unwrap_or(f).to_string();
-        g.bench_function(name, |b| {
-            b.iter(|| black_box(tessel_mosaic_gpu::external::compile(k.kernel(), None).expect("lowers").ptx().len()))
-        });
+        let (compiler, launch) = (MosaicGpu::new(), launch_of(&k));
+        g.bench_function(name, |b| b.iter(|| black_box(compiler.lower(&launch).expect("lowers")[0].1.len())));
     }
     let scheduled = [
         ("matmul_bf16_gelu_4096", Schedule::Specialized),
@@ -38,7 +40,7 @@ fn lowering(c: &mut Criterion) {
     for (name, schedule) in scheduled {
         let k = tessel::load_file(&root.join(format!("benches/kernels/{name}.tk"))).expect("the kernel verifies").remove(0);
         let compiler = MosaicGpu::with_schedule(schedule);
-        let launch = Launch::new(vec![Call { kernel: Arc::new(k.kernel().clone()), mesh: None }], Vec::new(), Default::default());
+        let launch = launch_of(&k);
         g.bench_function(format!("{name}_{}", schedule.name()), |b| {
             b.iter(|| black_box(compiler.lower(&launch).expect("lowers")[0].1.len()))
         });

@@ -6,7 +6,9 @@
 
 mod common;
 
+use abi_stable::std_types::{ROption, RSlice, RStr};
 use common::{root, tessel};
+use tessel_plugin_api::abi::{DeviceArg, ErrorKind, IR_FORMAT_VERSION, KernelCall, LaunchRequest};
 use tessel_plugin_api::ir::counters::{Counts, counts};
 
 /// The counts of `tessel ARGS` (in-process, a fresh runtime as the command line has) and how
@@ -58,4 +60,46 @@ fn a_cold_launch_parses_once_per_side_verifies_once_per_backend_and_plans_once()
     assert_eq!((c.parses, c.plans), (2 + asked, asked), "{}", r.stderr);
     // A backend that refuses the mesh before verifying does not verify.
     assert!((1..=1 + asked).contains(&c.verifies), "{c:?}: {}", r.stderr);
+    // The CUDA FFI handler's path (`python/src/ffi/cuda.rs`): the call prepared when XLA lowers
+    // it (planned on mosaic-gpu, which needs no device), then each launch offered to the backend
+    // on XLA's stream from the plan kept (`resume`, `launch_external`). A kernel with a `bool`
+    // output, which mosaic-gpu never launches on another runtime's memory: the backend compiles
+    // it (from the plan kept) and refuses it before touching the addresses (`Unsupported`: the
+    // handler then stages it through host memory), on any machine. The host's own call adds that
+    // the backend must be available (here it is refused as unavailable without a Hopper).
+    let before = counts();
+    let file = tessel::load_source(
+        "flags",
+        "kernel flags\n  grid (i: 2)\n  in x: i32[256] block [128] at (i)\n  out o: bool[256] block [128] at (i)\n{\n  %x = load x\n  %z = lt %x, 7\n  store o, %z\n}\n",
+    )
+    .expect("verifies");
+    let rt = tessel::Runtime::for_backend(&[], Some("mosaic-gpu")).expect("the built-ins");
+    let calls = [tessel::KernelLaunch { kernel: &file[0], mesh: None }];
+    let launch = tessel::Launch::kernels(&calls);
+    let plan = rt.plan(tessel::Choice::Named("mosaic-gpu"), &launch).expect("planned without a device").into_plan();
+    let prepared = counts() - before;
+    assert_eq!((prepared.parses, prepared.verifies, prepared.plans), (2, 2, 1), "prepared: {prepared:?}");
+    let args = [DeviceArg::new("x", 0, false), DeviceArg::new("o", 0, false)];
+    let one = [KernelCall { kernel: RStr::from_str("flags"), mesh: ROption::RNone }];
+    let req = LaunchRequest {
+        ir_format: IR_FORMAT_VERSION,
+        source: RStr::from_str(file[0].text()),
+        calls: RSlice::from_slice(&one),
+        external_meshes: RSlice::from_slice(&[]),
+        grid: RSlice::from_slice(&[]),
+    };
+    let backend = &rt.registry().get("mosaic-gpu").expect("built in").backend;
+    let err = backend.launch_external(&req, 0, RSlice::from_slice(&args)).into_result().expect_err("refused");
+    assert_eq!(err.kind, ErrorKind::Unsupported, "{}", err.message);
+    assert!(err.message.contains("kernel `flags` has a bool array (`o`)"), "{}", err.message);
+    let planned = rt.resume(plan, &launch).expect("resumed");
+    // SAFETY: never enqueued: refused before the addresses are used (above).
+    #[allow(unsafe_code, reason = "the handler's call, refused before any address is read")]
+    let r = unsafe { planned.launch_external(0, &args) };
+    assert!(
+        matches!(r, Err(tessel::Error::Backend { kind: ErrorKind::Unsupported | ErrorKind::Unavailable, .. })),
+        "the bool kernel was launched on address 0: {r:?}"
+    );
+    let launched = counts() - before;
+    assert_eq!(launched, prepared, "the launches parse, verify and plan nothing again");
 }

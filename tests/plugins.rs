@@ -138,7 +138,7 @@ fn plugin_built_against_an_older_plugin_api() {
     assert_refused(
         &out,
         "libtessel_fixture_old_api",
-        &["built against tessel-plugin-api 0.1.0", "this tessel has tessel-plugin-api 0.4.0", "rebuild the plugin"],
+        &["built against tessel-plugin-api 0.1.0", "this tessel has tessel-plugin-api 0.5.0", "rebuild the plugin"],
     );
 }
 
@@ -146,7 +146,7 @@ fn plugin_built_against_an_older_plugin_api() {
 fn plugin_with_a_changed_layout() {
     let l = lib("tessel_fixture_bad_layout");
     let out = tessel(&["--plugin", l.to_str().unwrap(), "backends"], None, &[]);
-    assert_refused(&out, "libtessel_fixture_bad_layout", &["root module layout differs", "version 0.4.0", "rebuild the plugin"]);
+    assert_refused(&out, "libtessel_fixture_bad_layout", &["root module layout differs", "version 0.5.0", "rebuild the plugin"]);
     let debug = tessel(&["--plugin", l.to_str().unwrap(), "backends"], None, &[("TESSEL_LOG", "debug")]);
     assert!(text(&debug.stderr).contains("abi_stable layout report"), "the full report goes to the debug log");
 }

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use abi_stable::std_types::{ROption, RSlice, RSliceMut, RStr};
 use tessel_plugin_api::abi::{
-    BackendError, BufferArg, DeviceClass, ErrorKind, GridSize, HostInput, HostOutput, IR_FORMAT_VERSION, KernelCall,
+    BackendError, BufferArg, DeviceArg, DeviceClass, ErrorKind, GridSize, HostInput, HostOutput, IR_FORMAT_VERSION, KernelCall,
     LaunchRequest, MeshBox, RArrayMut, RArrayRef,
 };
 use tessel_plugin_api::backend::{cache_key, request_key};
@@ -539,6 +539,25 @@ impl Planned<'_, '_> {
             };
             r.map_err(self.fail())
         })
+    }
+
+    /// The launch enqueued on memory and a stream another runtime owns (XLA's, inside `jax.jit`
+    /// on a GPU): `stream` is a stream of the backend's device API (a `CUstream` for
+    /// mosaic-gpu); `args` gives each `in` and `out` argument's device address, and for an output
+    /// whether its memory holds its starting contents (an aliased input's). Returns once the
+    /// work is enqueued: nothing is copied or waited for. An `Unsupported` error where the
+    /// backend does not launch so (every backend but mosaic-gpu): stage the arrays through host
+    /// memory and [`Planned::launch_in_place`] instead.
+    ///
+    /// # Safety
+    /// `stream` is live; each address is memory of that stream's device holding its argument's
+    /// type as the backend lays it out (mosaic-gpu: 2 bytes an element for 16-bit floats, 4 for
+    /// 32-bit types), not written by anyone else until the stream reaches the launch's end.
+    #[allow(unsafe_code, reason = "device addresses another runtime owns")]
+    pub unsafe fn launch_external(&self, stream: u64, args: &[DeviceArg<'_>]) -> Result<()> {
+        self.check_available()?;
+        self.request(|req| self.b.backend.launch_external(req, stream, RSlice::from_slice(args)).into_result())
+            .map_err(self.fail())
     }
 
     /// [`Planned::launch`], reporting what ran where, why, and how long compiling (from the

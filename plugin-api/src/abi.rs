@@ -63,6 +63,15 @@ impl BackendError {
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> BackendError {
         BackendError { kind, message: RString::from(message.into()) }
     }
+
+    /// What [`Backend::launch_external`] answers where `backend` does not launch on another
+    /// runtime's memory: `Unsupported`, so that the caller stages the arrays instead.
+    pub fn no_external_launch(backend: &str) -> BackendError {
+        BackendError::new(
+            ErrorKind::Unsupported,
+            format!("the {backend} backend does not launch on another runtime's device memory"),
+        )
+    }
 }
 
 impl std::fmt::Display for BackendError {
@@ -322,6 +331,27 @@ pub struct BufferArg<'a> {
     pub keep: bool,
 }
 
+/// A kernel argument at an address of another runtime's device memory
+/// ([`Backend::launch_external`]).
+#[repr(C)]
+#[derive(StableAbi, Clone, Copy, Debug)]
+pub struct DeviceArg<'a> {
+    /// Argument name (`in` or `out`).
+    pub name: RStr<'a>,
+    /// Its device address (a `CUdeviceptr` for mosaic-gpu).
+    pub address: u64,
+    /// For an output: whether its memory holds its starting contents (an aliased input's),
+    /// which the launch keeps where no program stores; else it starts as zeros.
+    pub keep: bool,
+}
+
+impl<'a> DeviceArg<'a> {
+    /// Argument `name` at device address `address`, its starting contents kept where `keep`.
+    pub fn new(name: &'a str, address: u64, keep: bool) -> DeviceArg<'a> {
+        DeviceArg { name: RStr::from_str(name), address, keep }
+    }
+}
+
 /// A mesh owned by whoever made it.
 pub type MeshBox = Mesh_TO<RBox<()>>;
 
@@ -397,10 +427,29 @@ mod traits {
         /// Starts, off the caller's thread, what the first launch of `req` would otherwise do
         /// inside it (a compiler run, a library built): called once a launch is planned, while
         /// the caller makes its inputs or XLA compiles around it. Never waits and never fails (a
-        /// launch that cannot be warmed up fails when it runs). Nothing, for a plugin built
-        /// before it (abi_stable calls this default for a vtable without the method).
+        /// launch that cannot be warmed up fails when it runs). New in plugin-api 0.5, as
+        /// [`Backend::launch_external`]: abi_stable loads no plugin whose vtable has fewer
+        /// methods than the host's, so a 0.4 plugin is refused by its version (rebuild it).
         fn warm_up(&self, req: &LaunchRequest<'_>) {
             let _ = req;
+        }
+        /// Enqueues the launch on memory and a stream another runtime owns (XLA's, inside
+        /// `jax.jit` on a GPU): `stream` is a stream of the backend's device API (a `CUstream`
+        /// for mosaic-gpu), `args` the arguments' device addresses. Returns once the work is
+        /// enqueued; nothing is copied or waited for. `Unsupported` where the backend does not
+        /// (the default): the caller then stages the arrays through host memory.
+        ///
+        /// A contract the ABI cannot mark `unsafe`: `stream` is live, each address is memory of
+        /// that stream's device holding its argument's type as the backend lays it out, and
+        /// nothing else writes it until the stream reaches the launch's end.
+        fn launch_external(
+            &self,
+            req: &LaunchRequest<'_>,
+            stream: u64,
+            args: RSlice<'_, DeviceArg<'_>>,
+        ) -> RResult<(), BackendError> {
+            let _ = (req, stream, args);
+            RResult::RErr(BackendError::no_external_launch(&self.name()))
         }
     }
 }

@@ -74,3 +74,23 @@ def test_the_ffi_handler_prepares_once_and_then_parses_verifies_and_plans_nothin
     _, c = counted(lambda: jax.block_until_ready(f(*args)))
     assert (c["parses"], c["verifies"], c["plans"]) == (0, 0, 0), c
 
+
+
+def test_a_call_lowered_for_cuda_plans_once_on_mosaic_gpu_and_the_launch_reuses_that_plan():
+    """The CUDA handler's path as far as a machine without a GPU goes: lowered for CUDA, the call
+    is prepared for mosaic-gpu (parsed once in the host and once in the backend, verified once in
+    each, planned once), and lowered again it is prepared from the cache. On a GPU the handler's
+    launches then take that plan and compile from the backend's caches (`launch_external`;
+    `tests/launch_counts.rs` counts that part on any machine, `test_cuda.py` on a Hopper)."""
+    jax = pytest.importorskip("jax")
+    import tessel.jax as tj
+
+    k = tessel.compile(fresh_fused())
+    inputs = fused_inputs(k)
+    args = [inputs[name] for name in k.inputs]
+    f = jax.jit(lambda *xs: tj.call(k, *xs, backend="mosaic-gpu"))
+    lowered, c = counted(lambda: f.trace(*args).lower(lowering_platforms=("cuda",)))
+    assert 'backend = "mosaic-gpu"' in lowered.as_text()
+    assert c["plans"] == 1 and c["parses"] <= 2 and c["verifies"] <= 2, c
+    _, c = counted(lambda: f.trace(*args).lower(lowering_platforms=("cuda",)))
+    assert (c["parses"], c["verifies"], c["plans"]) == (0, 0, 0), c

@@ -175,3 +175,24 @@ def test_ctrl_c_stops_waiting_for_a_long_mosaic_gpu_kernel():
     rest, err, latency, code = interrupted_launch(SPIN, (64, 16), "mosaic-gpu")
     assert latency < 5, f"KeyboardInterrupt came {latency:.1f} s after SIGINT"
     assert rest == ["usable"] and code == 0, (rest, err)
+
+
+def test_a_kernel_with_bool_arrays_is_staged_and_the_launch_is_planned_once():
+    """mosaic-gpu's PTX holds a `bool` in 4 bytes and XLA's buffers in 1: the backend refuses to
+    launch on XLA's memory (`launch_external`: `Unsupported`) and the handler stages the call
+    through host memory, remembering it; the launch is parsed, verified and planned once."""
+    from tessel import _tessel
+
+    name = f"flags_{RNG.integers(1 << 40):x}"
+    k = tessel.compile(
+        f"kernel {name}\n  grid (i: 4)\n  in x: f32[4096] block [1024] at (i)\n  out o: bool[4096] block [1024] at (i)\n"
+        "{\n  %x = load x\n  %z = lt %x, 0.0\n  store o, %z\n}\n"
+    )
+    x = f32(4096)
+    f = jax.jit(lambda x: tj.call(k, x, backend="mosaic-gpu"))
+    before, c0 = counts(), _tessel._counts()
+    for _ in range(2):
+        np.testing.assert_array_equal(np.asarray(f(on_gpu(x))), x < 0.0)
+    c1 = _tessel._counts()
+    assert counts()[1] == before[1] + 2, (before, counts())
+    assert c1["plans"] - c0["plans"] == 1, (c0, c1)

@@ -1,47 +1,32 @@
 //! Launches on memory and a stream that another runtime owns: XLA's, when a kernel runs inside
-//! `jax.jit` on a GPU (tessel's Python module calls this from its CUDA FFI handler). The arrays
-//! are device addresses, the work is enqueued on the caller's stream, and nothing is copied or
-//! waited for: the order of the caller's stream is the only order. Device addresses mean
-//! something only to the backend that owns the device, which is why this is the backend's own
-//! API and not a method of the plugin boundary.
+//! `jax.jit` on a GPU (the Python module's CUDA FFI handler calls `Planned::launch_external`, and
+//! the backend's `run_external` enqueues each kernel here). The arrays are device addresses, the
+//! work is enqueued on the caller's stream, and nothing is copied or waited for: the order of
+//! the caller's stream is the only order. The copies a caller makes to stage arrays through host
+//! memory instead (a launch on another backend) are here too.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::c_void;
 use std::sync::Arc;
 
 use cudarc::driver::sys;
-use tessel_plugin_api::abi::{BackendError, ErrorKind, MeshBox};
-use tessel_plugin_api::backend::{BackendImpl, Call, Compiler, Launch};
-use tessel_plugin_api::ir::{Kernel, ParamKind, Verified, analysis};
+use tessel_plugin_api::abi::{BackendError, ErrorKind};
+use tessel_plugin_api::ir::{DType, ParamKind, Verified, analysis};
 use tessel_plugin_api::launch::resolve_grid;
 
+use crate::emit;
 use crate::lower::Plan;
 use crate::runtime::{self, Device, device_error, unavailable};
-use crate::{MosaicGpu, emit};
 
-/// A kernel planned and lowered to PTX, ready to enqueue on any stream of a Hopper device.
+/// A kernel planned and lowered to PTX, ready to enqueue on any stream of a Hopper device: what
+/// the backend's compiled launch holds for each of its kernels.
 pub struct Compiled {
-    plan: Plan,
-    ptx: String,
+    pub(crate) plan: Plan,
+    pub(crate) ptx: String,
     /// Outputs some element of which the kernel may leave unwritten, with their bytes: zeroed
-    /// before each launch, since outputs start as zeros (language §3) and XLA's do not.
+    /// before each launch on another runtime's memory, since outputs start as zeros (language
+    /// §3) and XLA's do not.
     zeroed: Vec<(String, usize)>,
-}
-
-/// `kernel` on `mesh` (if any) planned and lowered as this backend plans and lowers a launch:
-/// the same refusals, in the same words. No device.
-pub fn compile(kernel: &Kernel, mesh: Option<&MeshBox>) -> Result<Compiled, BackendError> {
-    let launch = Launch::new(vec![Call { kernel: Arc::new(kernel.clone()), mesh }], Vec::new(), BTreeMap::new());
-    let plan = MosaicGpu::new().compiler()?.plan(&launch)?.remove(0);
-    let ptx = emit::emit(&plan);
-    let grid = resolve_grid(&plan.kernel, &BTreeMap::new()).map_err(|e| BackendError::new(ErrorKind::InvalidInput, e.to_string()))?;
-    let k = plan.kernel.kernel();
-    let zeroed = k
-        .params_of(ParamKind::Out)
-        .filter(|p| !analysis::fully_written(k, &grid, p))
-        .map(|p| (p.name.clone(), p.ty.numel() * runtime::element_bytes(&p.ty)))
-        .collect();
-    Ok(Compiled { plan, ptx, zeroed })
 }
 
 /// The driver library and a Hopper at ordinal 0, before any driver call: cudarc panics without
@@ -71,6 +56,20 @@ fn device_of(stream: sys::CUstream) -> Result<Arc<Device>, BackendError> {
 }
 
 impl Compiled {
+    /// `plan` lowered to PTX. No device.
+    pub(crate) fn new(plan: Plan) -> Result<Compiled, BackendError> {
+        let ptx = emit::emit(&plan);
+        let grid = resolve_grid(&plan.kernel, &BTreeMap::new())
+            .map_err(|e| BackendError::new(ErrorKind::InvalidInput, e.to_string()))?;
+        let k = plan.kernel.kernel();
+        let zeroed = k
+            .params_of(ParamKind::Out)
+            .filter(|p| !analysis::fully_written(k, &grid, p))
+            .map(|p| (p.name.clone(), p.ty.numel() * runtime::element_bytes(&p.ty)))
+            .collect();
+        Ok(Compiled { plan, ptx, zeroed })
+    }
+
     /// The kernel as planned (its grid includes its mesh's axes).
     pub fn kernel(&self) -> &Verified {
         &self.plan.kernel
@@ -84,20 +83,37 @@ impl Compiled {
     /// The outputs zeroed before each launch, with their bytes: those the kernel may leave partly
     /// unwritten (outputs start as zeros, language §3, and XLA's buffers do not), except the
     /// `kept` ones, which start from what their memory holds (an aliased input's values).
-    pub fn to_zero<'a>(&'a self, kept: &'a BTreeSet<String>) -> impl Iterator<Item = (&'a str, usize)> + 'a {
+    pub(crate) fn to_zero<'a>(&'a self, kept: &'a BTreeSet<String>) -> impl Iterator<Item = (&'a str, usize)> + 'a {
         self.zeroed.iter().filter(|(n, _)| !kept.contains(n)).map(|(n, b)| (n.as_str(), *b))
     }
 
     /// Enqueues the kernel on `stream`, its `in` and `out` arguments at the device addresses
     /// `args` gives by name, the outputs in `kept` left as they are. Returns once it is enqueued.
+    /// A kernel with `bool` arrays is refused (`Unsupported`: the caller stages it through host
+    /// memory): the PTX holds 4 bytes a `bool`, XLA 1.
     ///
     /// # Safety
     /// `stream` is a live `CUstream` of a device's primary context (XLA's streams are); each
     /// address is memory of that device holding its argument's declared type, 2 bytes an element
-    /// for 16-bit floats and 4 for 32-bit types (`bool` arguments are 4 bytes an element here),
-    /// not written by anyone else until the work enqueued on `stream` is done.
+    /// for 16-bit floats and 4 for 32-bit types, not written by anyone else until the work
+    /// enqueued on `stream` is done.
     #[allow(unsafe_code, reason = "launching on a foreign stream")]
-    pub unsafe fn enqueue(&self, stream: *mut c_void, args: &HashMap<String, u64>, kept: &BTreeSet<String>) -> Result<(), BackendError> {
+    pub(crate) unsafe fn enqueue(
+        &self,
+        stream: *mut c_void,
+        args: &BTreeMap<String, u64>,
+        kept: &BTreeSet<String>,
+    ) -> Result<(), BackendError> {
+        let k = self.plan.kernel.kernel();
+        if let Some(p) = k.params.iter().find(|p| p.kind != ParamKind::Scratch && p.ty.dtype == DType::Bool) {
+            return Err(BackendError::new(
+                ErrorKind::Unsupported,
+                format!(
+                    "kernel `{}` has a bool array (`{}`): the PTX holds 4 bytes an element, another runtime's memory 1",
+                    k.name, p.name
+                ),
+            ));
+        }
         let stream = stream as sys::CUstream;
         let device = device_of(stream)?;
         for (name, bytes) in self.to_zero(kept) {
@@ -157,7 +173,9 @@ pub unsafe fn copy_to_device(stream: *mut c_void, to: u64, bytes: &[u8]) -> Resu
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeSet;
+    use std::sync::Arc;
 
+    use tessel_plugin_api::backend::{Call, Compiler, Launch};
     use tessel_plugin_api::ir;
 
     /// `o` is stored in its first half only (a masked store); `p` whole.
@@ -178,7 +196,9 @@ mod tests {
     #[test]
     fn outputs_left_partly_unwritten_are_zeroed_unless_kept() {
         let kernel = ir::parse(PARTLY).expect("parses").kernels.remove(0);
-        let c = super::compile(&kernel, None).expect("lowers");
+        let launch = Launch::new(vec![Call { kernel: Arc::new(kernel), mesh: None }], Vec::new(), Default::default());
+        let compiler = crate::MosaicGpu::new();
+        let c = compiler.compile(&launch, compiler.plan(&launch).expect("plans")).expect("lowers").remove(0);
         let zeroed = |kept: &[&str]| {
             let kept: BTreeSet<String> = kept.iter().map(|s| s.to_string()).collect();
             c.to_zero(&kept).map(|(n, b)| (n.to_string(), b)).collect::<Vec<_>>()

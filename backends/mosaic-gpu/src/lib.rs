@@ -91,7 +91,7 @@ impl Compiler for MosaicGpu {
     /// Each kernel's plan.
     type Plan = Vec<lower::Plan>;
     /// Each kernel's plan and its PTX.
-    type Artifact = Vec<(lower::Plan, String)>;
+    type Artifact = Vec<external::Compiled>;
 
     fn options(&self) -> Options {
         Options::new().with("schedule", self.schedule.name())
@@ -102,17 +102,11 @@ impl Compiler for MosaicGpu {
     }
 
     fn compile(&self, _: &Launch<'_>, plan: Vec<lower::Plan>) -> Result<Self::Artifact, BackendError> {
-        Ok(plan
-            .into_iter()
-            .map(|p| {
-                let ptx = emit::emit(&p);
-                (p, ptx)
-            })
-            .collect())
+        plan.into_iter().map(external::Compiled::new).collect()
     }
 
     fn stages(&self, compiled: &Self::Artifact) -> Vec<(String, String)> {
-        compiled.iter().map(|(p, ptx)| (format!("{}.ptx", p.kernel.name()), ptx.clone())).collect()
+        compiled.iter().map(|c| (format!("{}.ptx", c.kernel().name()), c.ptx().to_string())).collect()
     }
 }
 
@@ -197,7 +191,7 @@ impl BackendImpl for MosaicGpu {
         buffers: &mut BTreeMap<String, Self::Buffer>,
     ) -> Result<(), BackendError> {
         let gpu = runtime::require()?;
-        for (plan, ptx) in compiled {
+        for external::Compiled { plan, ptx, .. } in compiled {
             resolve_grid(&plan.kernel, &launch.grid).map_err(|e| BackendError::new(ErrorKind::InvalidInput, e.to_string()))?;
             let k = plan.kernel.kernel();
             let bound: HashMap<String, runtime::DeviceBuffer> = k
@@ -211,6 +205,21 @@ impl BackendImpl for MosaicGpu {
             result?;
         }
         Ok(())
+    }
+
+    /// Enqueues each kernel on the caller's `CUstream` at the caller's device addresses
+    /// ([`external`]): XLA's, inside `jax.jit` on a GPU.
+    #[allow(unsafe_code, reason = "device addresses another runtime owns")]
+    unsafe fn run_external(
+        &self,
+        compiled: &Artifact<Self>,
+        launch: &Launch<'_>,
+        stream: u64,
+        args: &BTreeMap<String, u64>,
+    ) -> Option<Result<(), BackendError>> {
+        // SAFETY: the caller's promise (`BackendImpl::run_external`): a live stream of a Hopper
+        // device's primary context, each address that device's memory holding its argument.
+        Some(compiled.iter().try_for_each(|c| unsafe { c.enqueue(stream as *mut std::ffi::c_void, args, &launch.kept) }))
     }
 }
 

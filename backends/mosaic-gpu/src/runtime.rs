@@ -2,7 +2,7 @@
 //! CUDA driver library exists: cudarc panics when it is missing, so the check comes first and
 //! every first contact with the driver runs under `catch_unwind`.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -168,7 +168,7 @@ impl Gpu {
     /// Runs one planned kernel on bound buffers and waits for it.
     pub fn launch(&self, plan: &Plan, ptx: &str, buffers: &HashMap<String, DeviceBuffer>) -> Result<(), BackendError> {
         let k = plan.kernel.kernel();
-        let mut args = HashMap::new();
+        let mut args = BTreeMap::new();
         // The buffers' pointers, each with the guard that orders its later use after this launch.
         let mut guards = Vec::new();
         for p in k.params.iter().filter(|p| p.kind != ParamKind::Scratch) {
@@ -285,7 +285,7 @@ impl Device {
         stream: &Arc<CudaStream>,
         plan: &Plan,
         ptx: &str,
-        args: &HashMap<String, u64>,
+        args: &BTreeMap<String, u64>,
     ) -> Result<(), BackendError> {
         let f = self.function(plan, ptx)?;
         // Freed when dropped, after the launch, in the stream's order.
@@ -332,7 +332,7 @@ impl Device {
 /// The tensor maps of the plan's operands (the Hopper paths', `crate::wgmma`, and the concurrent
 /// model's copies, `crate::tma`): of the array's rank (1 to 5), its dtype, the plan's boxes and swizzle, zeros
 /// outside the array; `args` gives each array's address.
-fn tensor_maps(plan: &Plan, args: &HashMap<String, u64>) -> Result<Vec<TensorMapArg>, BackendError> {
+fn tensor_maps(plan: &Plan, args: &BTreeMap<String, u64>) -> Result<Vec<TensorMapArg>, BackendError> {
     use sys::{
         CUtensorMapDataType as T, CUtensorMapFloatOOBfill as Fill, CUtensorMapInterleave as Interleave,
         CUtensorMapL2promotion as L2, CUtensorMapSwizzle as Swizzle,

@@ -310,6 +310,25 @@ impl<B: BackendImpl> Backend for Exported<B> {
         });
     }
 
+    fn launch_external(
+        &self,
+        req: &LaunchRequest<'_>,
+        stream: u64,
+        args: RSlice<'_, DeviceArg<'_>>,
+    ) -> RResult<(), BackendError> {
+        guard("launch", || {
+            let mut launch = self.decode(req)?;
+            launch.kept = args.iter().filter(|a| a.keep).map(|a| a.name.to_string()).collect();
+            let (compiled, ..) = self.compiled(&launch)?;
+            let at: BTreeMap<String, u64> = args.iter().map(|a| (a.name.to_string(), a.address)).collect();
+            // SAFETY: the caller's promise, the contract of `Backend::launch_external`: a live
+            // stream, and memory of its device holding each argument.
+            #[allow(unsafe_code, reason = "the contract of Backend::launch_external, passed on")]
+            let ran = unsafe { self.backend.run_external(&compiled, &launch, stream, &at) };
+            ran.unwrap_or_else(|| Err(BackendError::no_external_launch(self.backend.name())))
+        })
+    }
+
     fn launch_timed(&self, req: &LaunchRequest<'_>, args: RSlice<'_, BufferArg<'_>>) -> RResult<ROption<u64>, BackendError> {
         guard("launch", || self.launch_with(req, args, true).map(ROption::from))
     }
@@ -406,11 +425,13 @@ mod tests {
     use crate::abi::{IR_FORMAT_VERSION, KernelCall};
     use crate::backend::export;
 
-    /// A backend that counts its plans and compilations and runs nothing.
+    /// A backend that counts its plans and compilations and runs nothing; launched on another
+    /// runtime's memory, it records the stream, the addresses and the outputs kept.
     #[derive(Default)]
     struct Counting {
         plans: Arc<AtomicUsize>,
         compiles: Arc<AtomicUsize>,
+        external: Arc<Mutex<Vec<(u64, BTreeMap<String, u64>, Vec<String>)>>>,
     }
 
     impl Compiler for Counting {
@@ -450,7 +471,7 @@ mod tests {
             Err(invalid("no meshes"))
         }
         fn compiler(&self) -> Result<Counting, BackendError> {
-            Ok(Counting { plans: Arc::clone(&self.plans), compiles: Arc::clone(&self.compiles) })
+            Ok(Counting { plans: Arc::clone(&self.plans), compiles: Arc::clone(&self.compiles), external: Default::default() })
         }
         fn alloc(&self, _: &Type) -> Result<(), BackendError> {
             Ok(())
@@ -463,6 +484,17 @@ mod tests {
         }
         fn run(&self, _: &usize, _: &Launch<'_>, _: &mut BTreeMap<String, ()>) -> Result<(), BackendError> {
             Ok(())
+        }
+        #[allow(unsafe_code, reason = "the trait's signature; nothing is read at the addresses")]
+        unsafe fn run_external(
+            &self,
+            _: &usize,
+            launch: &Launch<'_>,
+            stream: u64,
+            args: &BTreeMap<String, u64>,
+        ) -> Option<Result<(), BackendError>> {
+            self.external.lock().unwrap().push((stream, args.clone(), launch.kept.iter().cloned().collect()));
+            Some(Ok(()))
         }
     }
 
@@ -648,5 +680,36 @@ mod tests {
         exported.supports(&other).into_result().unwrap();
         exported.lower(&req).into_result().unwrap();
         assert_eq!((plans.load(Ordering::SeqCst), compiles.load(Ordering::SeqCst)), (2, 2));
+    }
+
+    #[test]
+    fn a_launch_on_another_runtimes_memory_is_planned_and_compiled_once_or_refused_as_unsupported() {
+        let b = Counting::default();
+        let (plans, compiles, external) = (Arc::clone(&b.plans), Arc::clone(&b.compiles), Arc::clone(&b.external));
+        let exported = export(b);
+        let source = "kernel k\n  in x: f32[4]\n  out o: f32[4]\n{\n  %x = load x\n  store o, %x\n}\n";
+        let calls = [KernelCall { kernel: "k".into(), mesh: RNone }];
+        let req = LaunchRequest {
+            ir_format: IR_FORMAT_VERSION,
+            source: source.into(),
+            calls: RSlice::from_slice(&calls),
+            external_meshes: RSlice::from_slice(&[]),
+            grid: RSlice::from_slice(&[]),
+        };
+        let args = [DeviceArg::new("x", 0x1000, false), DeviceArg::new("o", 0x2000, true)];
+        exported.supports(&req).into_result().unwrap();
+        for _ in 0..2 {
+            exported.launch_external(&req, 77, RSlice::from_slice(&args)).into_result().unwrap();
+        }
+        // Planned by `supports` alone, compiled once (kept outputs in the key), run twice with
+        // the caller's stream, addresses and kept outputs.
+        assert_eq!((plans.load(Ordering::SeqCst), compiles.load(Ordering::SeqCst)), (1, 1));
+        let at: BTreeMap<String, u64> = [("o".to_string(), 0x2000), ("x".to_string(), 0x1000)].into();
+        let seen = external.lock().unwrap().clone();
+        assert_eq!(seen, vec![(77, at.clone(), vec!["o".to_string()]), (77, at, vec!["o".to_string()])]);
+        // A backend that does not launch so says it, as `Unsupported`, naming itself.
+        let err = export(InPlace::default()).launch_external(&req, 77, RSlice::from_slice(&args)).into_result().unwrap_err();
+        assert_eq!(err.kind, ErrorKind::Unsupported);
+        assert_eq!(err.message.as_str(), "the in-place backend does not launch on another runtime's device memory");
     }
 }

@@ -133,6 +133,26 @@ pub trait BackendImpl: Send + Sync + 'static {
         let _ = (compiled, launch, inputs, outputs);
         None
     }
+    /// Enqueues a compiled launch on memory and a stream another runtime owns
+    /// ([`Backend::launch_external`]): `args` holds the device address of each `in` and `out`
+    /// argument by name; the outputs start as zeros except those in [`Launch::kept`], which
+    /// start from what their memory holds. `None`, the default, where the backend does not.
+    ///
+    /// # Safety
+    /// `stream` is a live stream of the backend's device API; each address is memory of that
+    /// stream's device holding its argument's type as the backend lays it out, not written by
+    /// anyone else until the stream reaches the launch's end.
+    #[allow(unsafe_code, reason = "device addresses another runtime owns")]
+    unsafe fn run_external(
+        &self,
+        compiled: &Artifact<Self>,
+        launch: &Launch<'_>,
+        stream: u64,
+        args: &BTreeMap<String, u64>,
+    ) -> Option<Result<(), BackendError>> {
+        let _ = (compiled, launch, stream, args);
+        None
+    }
     /// Starts, off the caller's thread, the slow part of the first launch of `plan` (the C
     /// compiler run of the cpu plugin, the GEMM set-up of the interpreter) so that it overlaps
     /// with what the caller does before launching; the launch itself must not depend on it

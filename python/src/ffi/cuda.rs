@@ -1,21 +1,22 @@
 //! `tessel_call` on the CUDA platform: XLA hands the handler device buffers and its stream.
 //!
-//! A launch prepared for mosaic-gpu is enqueued on XLA's stream with the buffers' device
-//! addresses (`tessel_mosaic_gpu::external`): nothing is copied and nothing waited for, so the
-//! kernel takes its place in XLA's order like any of XLA's own. A launch prepared for another
-//! backend (`backend="interpret"` or `"wgpu"`, or `auto` where mosaic-gpu refused the kernel),
-//! and a kernel with `bool` arrays (1 byte an element in XLA's buffers, 4 in the PTX), runs
-//! through host memory instead: its operands are copied out, it runs in place on the copies, and
-//! its results are copied back, each copy in the stream's order. That is correct but waits for
-//! the stream; `tessel.jax.stats()["staged"]` counts such calls.
+//! A launch is first offered to its backend on XLA's stream with the buffers' device addresses
+//! (`Planned::launch_external`, the counted path every launch takes: the plan and the compiled
+//! kernel come from the backend's caches): mosaic-gpu enqueues it there, nothing copied and
+//! nothing waited for, so the kernel takes its place in XLA's order like any of XLA's own. A
+//! backend that does not launch so (`backend="interpret"` or `"wgpu"`, or `auto` where mosaic-gpu
+//! refused the kernel; mosaic-gpu itself for a kernel with `bool` arrays, 1 byte an element in
+//! XLA's buffers and 4 in the PTX) answers `Unsupported`, remembered for the prepared launch, and
+//! the call runs through host memory instead: its operands are copied out, it runs in place on
+//! the copies, and its results are copied back, each copy in the stream's order. That is correct
+//! but waits for the stream; `tessel.jax.stats()["staged"]` counts such calls.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::ffi::c_void;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use tessel_mosaic_gpu::external::{self, Compiled};
-use tessel_plugin_api::ir::DType;
+use tessel_mosaic_gpu::external;
+use tessel_plugin_api::abi::{DeviceArg, ErrorKind};
 
 use super::c_api::*;
 use super::{Batch, Failure, INTERNAL, Prepared, Raw, launch_host};
@@ -23,11 +24,8 @@ use super::{Batch, Failure, INTERNAL, Prepared, Raw, launch_host};
 /// Calls that ran through host memory.
 pub static STAGED: AtomicU64 = AtomicU64::new(0);
 
-/// The most compiled kernels (one per batch size) kept per prepared launch.
-pub(super) const COMPILED_KEPT: usize = 8;
-
-/// A failure of the Mosaic GPU backend as tessel reports it.
-fn mosaic_error(e: tessel_plugin_api::abi::BackendError) -> Failure {
+/// A failure of the CUDA copies as tessel reports it.
+fn copy_error(e: tessel_plugin_api::abi::BackendError) -> Failure {
     Failure::from(tessel::Error::Backend {
         backend: tessel_mosaic_gpu::NAME.to_string(),
         kind: e.kind,
@@ -57,13 +55,6 @@ unsafe fn stream(frame: &CallFrame) -> Result<*mut c_void, Failure> {
     Ok(args.stream)
 }
 
-/// The kernel `batch` launches, compiled for mosaic-gpu once per batch size.
-fn compiled(p: &Prepared, batch: &Batch<'_>) -> Result<Arc<Compiled>, Failure> {
-    let size = if batch.batched { batch.per } else { 1 };
-    let mesh = if batch.batched { None } else { p.mesh.as_ref() };
-    p.on_device.get_or_try_insert(size, || Ok(Arc::new(external::compile(batch.kernel.kernel(), mesh).map_err(mosaic_error)?)))
-}
-
 /// The call's launches on XLA's device buffers `ins` and `outs`, in XLA's stream.
 ///
 /// # Safety
@@ -73,7 +64,7 @@ pub(super) unsafe fn launch(
     frame: &CallFrame,
     planned: &tessel::Planned<'_, '_>,
     p: &Prepared,
-    batch: &Batch<'_>,
+    batch: &Batch,
     ins: &[Raw],
     outs: &[Raw],
     kept: &BTreeSet<String>,
@@ -81,18 +72,27 @@ pub(super) unsafe fn launch(
     // SAFETY: as the caller promises.
     let stream = unsafe { stream(frame)? };
     let args = || ins.iter().zip(&p.inputs).chain(outs.iter().zip(&p.outputs));
-    let direct = p.plan.backend() == tessel_mosaic_gpu::NAME && args().all(|(_, (_, ty))| ty.dtype != DType::Bool);
-    if direct {
-        let c = compiled(p, batch)?;
+    if !p.staged.load(Ordering::Relaxed) {
         for n in 0..batch.launches {
-            let at: HashMap<String, u64> =
-                args().map(|(raw, (arg, ty))| (arg.clone(), raw.data as u64 + (n * batch.bytes(ty)) as u64)).collect();
-            // SAFETY: XLA's device buffers on the stream's device, each holding its argument's
-            // declared type (checked by the caller) in the layout the PTX reads (no `bool`);
-            // XLA writes none of them until the stream reaches the kernel's end.
-            unsafe { c.enqueue(stream, &at, kept).map_err(mosaic_error)? };
+            let at: Vec<DeviceArg<'_>> = args()
+                .map(|(raw, (arg, ty))| DeviceArg::new(arg, raw.data as u64 + (n * batch.bytes(ty)) as u64, kept.contains(arg)))
+                .collect();
+            // SAFETY: XLA's stream and its device buffers on the stream's device, each holding its
+            // argument's declared type (checked by the caller); XLA writes none of them until
+            // the stream reaches the kernel's end.
+            match unsafe { planned.launch_external(stream as u64, &at) } {
+                Ok(()) => {}
+                // Refused before anything was enqueued: staged, now and from now on.
+                Err(tessel::Error::Backend { kind: ErrorKind::Unsupported, .. }) if n == 0 => {
+                    p.staged.store(true, Ordering::Relaxed);
+                    break;
+                }
+                Err(e) => return Err(e.into()),
+            }
         }
-        return Ok(());
+        if !p.staged.load(Ordering::Relaxed) {
+            return Ok(());
+        }
     }
     STAGED.fetch_add(1, Ordering::Relaxed);
     for n in 0..batch.launches {
@@ -106,7 +106,7 @@ pub(super) unsafe fn launch(
                     if read(name) {
                         let at = raw.data as u64 + (n * host.len()) as u64;
                         // SAFETY: XLA's device buffer holds this element's bytes.
-                        unsafe { external::copy_to_host(stream, at, &mut host).map_err(mosaic_error)? };
+                        unsafe { external::copy_to_host(stream, at, &mut host).map_err(copy_error)? };
                     }
                     Ok::<_, Failure>(host)
                 })
@@ -123,7 +123,7 @@ pub(super) unsafe fn launch(
         for ((host, raw), (_, ty)) in host_outs.iter().zip(outs).zip(&p.outputs) {
             let at = raw.data as u64 + (n * batch.bytes(ty)) as u64;
             // SAFETY: XLA's result buffer holds this element's bytes.
-            unsafe { external::copy_to_device(stream, at, host).map_err(mosaic_error)? };
+            unsafe { external::copy_to_device(stream, at, host).map_err(copy_error)? };
         }
     }
     Ok(())

@@ -49,8 +49,9 @@ pub struct Prepared {
     /// The kernel batched over a grid axis, by batch size (`None`: it cannot be, or the
     /// backend refuses it).
     batches: Kept<usize, Option<Batched>>,
-    /// The kernel compiled for launches on XLA's CUDA buffers (`cuda.rs`), by batch size.
-    on_device: Kept<usize, Arc<tessel_mosaic_gpu::external::Compiled>>,
+    /// Whether the backend refused to launch on XLA's CUDA buffers (`cuda.rs`), so that the
+    /// calls are staged through host memory without asking again.
+    staged: std::sync::atomic::AtomicBool,
 }
 
 /// A kernel batched over a grid axis and the backend's acceptance of it.
@@ -212,16 +213,7 @@ fn prepare(rt: &Runtime, text: &str, backend: &str, mesh: &str, externals: &str)
     };
     let args = |kind| kernel.kernel().params_of(kind).map(|p| (p.name.clone(), p.ty.clone())).collect();
     let (inputs, outputs) = (args(ParamKind::In), args(ParamKind::Out));
-    Ok(Prepared {
-        kernel,
-        plan,
-        mesh,
-        externals,
-        inputs,
-        outputs,
-        batches: Kept::new(BATCHES_KEPT),
-        on_device: Kept::new(cuda::COMPILED_KEPT),
-    })
+    Ok(Prepared { kernel, plan, mesh, externals, inputs, outputs, batches: Kept::new(BATCHES_KEPT), staged: Default::default() })
 }
 
 /// A failure and the XLA error code it becomes.
@@ -498,7 +490,7 @@ unsafe fn handle(frame: *mut CallFrame, platform: Platform) -> Result<(), Failur
     let calls = [KernelLaunch { kernel, mesh: p.mesh.as_ref() }];
     let launch = Launch::new(&calls, &ext, &Default::default());
     let planned = rt.resume(plan.clone(), &launch)?;
-    let batch = Batch { kernel, per, launches, batched: batched.is_some() };
+    let batch = Batch { per, launches };
     match platform {
         Platform::Host => {
             // Under a token Ctrl-C cancels (`sigint`): the launch stops, XLA raises its error.
@@ -519,16 +511,14 @@ unsafe fn handle(frame: *mut CallFrame, platform: Platform) -> Result<(), Failur
     Ok(())
 }
 
-/// How a call's batch (`vmap`) runs: `launches` launches of `kernel`, each on `per` elements.
-struct Batch<'a> {
-    kernel: &'a Verified,
+/// How a call's batch (`vmap`) runs: `launches` launches, each on `per` elements (the kernel
+/// batched over a grid axis: one launch).
+struct Batch {
     per: usize,
     launches: usize,
-    /// Whether it is the kernel batched over a grid axis (then `launches` is 1).
-    batched: bool,
 }
 
-impl Batch<'_> {
+impl Batch {
     /// An argument of type `ty` as one launch sees it: with a leading batch axis where the
     /// launch runs several elements.
     fn ty(&self, ty: &Type) -> Type {
@@ -549,7 +539,7 @@ impl Batch<'_> {
 unsafe fn launch_host(
     planned: &tessel::Planned<'_, '_>,
     p: &Prepared,
-    batch: &Batch<'_>,
+    batch: &Batch,
     ins: &[Raw],
     outs: &[Raw],
     kept: &BTreeSet<String>,
