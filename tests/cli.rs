@@ -494,6 +494,30 @@ fn run_without_a_backend_chooses_one_and_checks_it_against_the_interpreter() {
     assert!(r.code == 0 && r.stdout.contains("(interpret)"), "{}", r.stdout);
 }
 
+/// `lower --plan` prints the backend's plan, every decision by name, without a device: the
+/// Hopper path's blocks and stages for mosaic-gpu, what the wgpu backend holds in registers and
+/// reads from buffers, the interpreter's verified kernel.
+#[test]
+fn lower_plan_prints_each_backends_decisions() {
+    let r = tessel(&["lower", &example("matmul_bf16"), "--backend", "mosaic-gpu", "--plan"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(
+        r.stdout.starts_with("// ---- plan (mosaic-gpu) ----\nkernel matmul_bf16\n  grid: (i: 2, j: 2, k: 4 seq)\n"),
+        "{}",
+        r.stdout
+    );
+    assert!(r.stdout.contains("  hopper matmul: a x b into c (out c f32), bf16, blocks 128 x 128 x 64,"), "{}", r.stdout);
+    assert!(!r.stdout.contains(".target sm_90a"), "the plan, not the PTX: {}", r.stdout);
+    let r = tessel_env(&["lower", &example("matmul"), "--backend", "wgpu", "--plan"], &[("TESSEL_WGPU_STRATEGY", "gpu")]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(r.stdout.contains("  strategy: gpu\n"), "{}", r.stdout);
+    assert!(r.stdout.contains("  outputs resident in registers: c\n"), "{}", r.stdout);
+    assert!(r.stdout.contains("  whole input blocks, read from the buffer: %a -> a, %b -> b\n"), "{}", r.stdout);
+    let r = tessel(&["lower", &example("add"), "--plan"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(r.stdout.starts_with("// ---- plan (interpret) ----\nkernel add\n"), "{}", r.stdout);
+}
+
 /// Every file of `dir`, sorted.
 fn listing(dir: &std::path::Path) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();

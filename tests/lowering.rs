@@ -5,7 +5,10 @@
 //! - `ptx@FILE`: Mosaic GPU's PTX for sm_90a (the file's first kernel), assembled by NVIDIA's
 //!   `ptxas`, whose register and spill counts are `ptxas@FILE`;
 //! - `wgsl-cpu@FILE` and `wgsl-gpu@FILE`: the wgpu backend's WGSL under each strategy (every kernel
-//!   of the file, as one launch), with llvmpipe's loop check, each module validated by naga.
+//!   of the file, as one launch), with llvmpipe's loop check, each module validated by naga;
+//! - `plan-ptx@FILE`, `plan-wgsl-cpu@FILE`, `plan-wgsl-gpu@FILE`: the plan each was written from,
+//!   as `tessel lower --plan` prints it (`Compiler::plan_text`): every decision of layout,
+//!   residency, workspace and dispatch, so that a change of plan shows beside the code it makes.
 //!
 //! The text is as `tessel lower` prints it. Review changes with `cargo insta review`; never
 //! accept them blindly. A file Mosaic GPU refuses by design is listed with its refusal.
@@ -82,7 +85,8 @@ fn ptx(folder: &str, path: &Path, ptxas: Option<&Path>) -> bool {
         .then(|| backend.make_mesh(&MeshSpec::parse("mosaic_gpu(i: 4, j: 2)").expect("a mesh")).expect("its own mesh"));
     let launch = Launch::new(vec![Call { kernel: kernels(path).remove(0), mesh: mesh.as_ref() }], Vec::new(), BTreeMap::new());
     let refusal = REFUSED_BY_MOSAIC.iter().find(|(n, _)| *n == name).map(|(_, r)| *r);
-    let stages = match (backend.compiler().expect("a compiler").lower(&launch), refusal) {
+    let compiler = backend.compiler().expect("a compiler");
+    let stages = match (compiler.lower(&launch), refusal) {
         (Ok(stages), None) => stages,
         (Err(e), Some(first)) => {
             assert_eq!(e.message.lines().next(), Some(first), "{name}: refusal {}", e.message);
@@ -94,6 +98,7 @@ fn ptx(folder: &str, path: &Path, ptxas: Option<&Path>) -> bool {
     let [(stage, text)] = stages.as_slice() else { panic!("{name}: one PTX module, got {}", stages.len()) };
     assert!(text.contains(".version 8.0\n.target sm_90a\n.address_size 64\n"), "{name}: header");
     snapshot(folder, "ptx", &printed("mosaic-gpu", &stages));
+    snapshot(folder, "plan-ptx", &compiler.plan_text(&compiler.plan(&launch).expect("planned")));
     match ptxas {
         Some(p) => {
             let info = assemble(p, name, text).unwrap_or_else(|e| panic!("ptxas rejects {stage} of {name}:\n{e}"));
@@ -153,6 +158,7 @@ fn wgsl(folder: &str, path: &Path, strategy: Strategy) -> usize {
         assert!(text.contains(&format!("// strategy: {}", strategy.name())), "{stage} of {name}: the strategy in the header");
     }
     snapshot(folder, &format!("wgsl-{}", strategy.name()), &printed("wgpu", &stages));
+    snapshot(folder, &format!("plan-wgsl-{}", strategy.name()), &compiler.plan_text(&compiler.plan(&launch).expect("planned")));
     stages.len()
 }
 

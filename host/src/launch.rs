@@ -332,6 +332,12 @@ impl Planned<'_, '_> {
         self.lower_cached().map(|(stages, _)| stages)
     }
 
+    /// Every decision the backend's plan made, as the backend prints it (`tessel lower --plan`):
+    /// the plan `supports` made and kept, no device.
+    pub fn plan_text(&self) -> Result<String> {
+        self.request(|req| self.b.backend.lower_plan(req).into_result()).map(|t| t.into_string()).map_err(self.fail())
+    }
+
     /// Runs the launch and returns every output of every kernel (in launch order, each name
     /// once): [`Planned::launch_in_place`] on the inputs' memory and on fresh output arrays.
     pub fn launch(&self, args: &LaunchArgs) -> Result<Vec<(String, HostArray)>> {

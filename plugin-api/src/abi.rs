@@ -64,6 +64,11 @@ impl BackendError {
         BackendError { kind, message: RString::from(message.into()) }
     }
 
+    /// What [`Backend::lower_plan`] answers where `backend` prints no plan.
+    pub fn no_plan_text(backend: &str) -> BackendError {
+        BackendError::new(ErrorKind::Unsupported, format!("the {backend} backend does not print its plans"))
+    }
+
     /// What [`Backend::launch_external`] answers where `backend` does not launch on another
     /// runtime's memory: `Unsupported`, so that the caller stages the arrays instead.
     pub fn no_external_launch(backend: &str) -> BackendError {
@@ -428,10 +433,16 @@ mod traits {
         /// inside it (a compiler run, a library built): called once a launch is planned, while
         /// the caller makes its inputs or XLA compiles around it. Never waits and never fails (a
         /// launch that cannot be warmed up fails when it runs). New in plugin-api 0.5, as
-        /// [`Backend::launch_external`]: abi_stable loads no plugin whose vtable has fewer
+        /// [`Backend::lower_plan`] and [`Backend::launch_external`]: abi_stable loads no plugin whose vtable has fewer
         /// methods than the host's, so a 0.4 plugin is refused by its version (rebuild it).
         fn warm_up(&self, req: &LaunchRequest<'_>) {
             let _ = req;
+        }
+        /// Every decision the backend's plan of the launch made, as text (`tessel lower
+        /// --plan`), without a device. `Unsupported` where it prints none (the default).
+        fn lower_plan(&self, req: &LaunchRequest<'_>) -> RResult<RString, BackendError> {
+            let _ = req;
+            RResult::RErr(BackendError::no_plan_text(&self.name()))
         }
         /// Enqueues the launch on memory and a stream another runtime owns (XLA's, inside
         /// `jax.jit` on a GPU): `stream` is a stream of the backend's device API (a `CUstream`

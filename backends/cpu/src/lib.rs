@@ -102,6 +102,13 @@ impl Compiler for CpuCompiler {
         Ok(CompiledLaunch { kernels, source: e.source })
     }
 
+    fn plan_text(&self, plan: &Vec<Verified>) -> String {
+        tessel_plugin_api::backend::plan_text::verified_only(
+            plan,
+            "the kernel as verified; it is legalized, and its C, runs and products written, when it is compiled",
+        )
+    }
+
     fn stages(&self, compiled: &CompiledLaunch) -> Vec<(String, String)> {
         let name = compiled.kernels.first().map_or("launch", |k| k.verified.name());
         vec![(format!("{name}.c"), compiled.source.clone())]

@@ -247,6 +247,13 @@ impl Compiler for InterpretCompiler {
         Ok(plan.iter().map(|k| compile_for(k, self.threads)).collect())
     }
 
+    fn plan_text(&self, plan: &Vec<Verified>) -> String {
+        tessel_plugin_api::backend::plan_text::verified_only(
+            plan,
+            "the kernel as verified; fusion and the thread count are chosen when it is compiled",
+        )
+    }
+
     fn stages(&self, compiled: &Vec<Compiled>) -> Vec<(String, String)> {
         let mut stages = Vec::new();
         for c in compiled {

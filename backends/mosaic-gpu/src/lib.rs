@@ -12,6 +12,7 @@ pub mod external;
 pub mod limits;
 pub mod lower;
 pub mod mesh;
+pub mod print;
 pub mod runtime;
 pub mod tma;
 pub mod wgmma;
@@ -103,6 +104,10 @@ impl Compiler for MosaicGpu {
 
     fn compile(&self, _: &Launch<'_>, plan: Vec<lower::Plan>) -> Result<Self::Artifact, BackendError> {
         plan.into_iter().map(external::Compiled::new).collect()
+    }
+
+    fn plan_text(&self, plans: &Vec<lower::Plan>) -> String {
+        plans.iter().map(print::text).collect::<Vec<_>>().join("\n")
     }
 
     fn stages(&self, compiled: &Self::Artifact) -> Vec<(String, String)> {

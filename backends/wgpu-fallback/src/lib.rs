@@ -192,6 +192,10 @@ impl Compiler for WgpuCompiler {
             .collect()
     }
 
+    fn plan_text(&self, plans: &Self::Plan) -> String {
+        plans.iter().map(lower::print::text).collect::<Vec<_>>().join("\n")
+    }
+
     fn stages(&self, compiled: &Self::Artifact) -> Vec<(String, String)> {
         compiled.iter().map(|l| (format!("{}.wgsl", l.name), l.wgsl.clone())).collect()
     }

@@ -105,6 +105,10 @@ enum Command {
     Lower {
         #[command(flatten)]
         launch: LaunchFlags,
+        /// Print the backend's plan of the launch (every decision it made: layout, residency,
+        /// workspace, dispatch) instead of the text it lowers to.
+        #[arg(long)]
+        plan: bool,
     },
     /// Run a kernel and write each output as DIR/NAME.npy.
     Run {
@@ -188,7 +192,7 @@ fn command(cli: Cli, out: &mut dyn Write, err: &mut dyn Write) -> Result<()> {
             bench(&rt, launch, *runs, *seed, *json, out, err)
         }
         Command::Conformance { backend } => conformance(&runtime(Some(backend), err)?, backend, out),
-        Command::Lower { launch } => lower(&runtime(Some(&named(launch, LOWER_DEFAULT)), err)?, launch, out, err),
+        Command::Lower { launch, plan } => lower(&runtime(Some(&named(launch, LOWER_DEFAULT)), err)?, launch, *plan, out, err),
         Command::Run { launch, inputs, seed, out_dir, check } => {
             let opts = RunOptions { inputs: inputs.clone(), seed: *seed, out_dir: out_dir.clone(), check: *check };
             run(&runtime(Some(&named(launch, RUN_DEFAULT)), err)?, launch, &opts, out, err)

@@ -1,5 +1,5 @@
 //! `tessel run` (launch once, write the outputs, `--check` against the interpreter) and
-//! `tessel lower` (the backend's text for a launch), and the comparison of outputs with the
+//! `tessel lower` (the backend's text for a launch, or with `--plan` its plan), and the comparison of outputs with the
 //! interpreter's that `run --check` and `tune` share.
 
 use std::collections::BTreeMap;
@@ -13,10 +13,15 @@ use tessel_plugin_api::ir::Verified;
 use super::prepare::{LOWER_DEFAULT, LaunchFlags, RUN_DEFAULT, explain, prepare, random_inputs, read_inputs};
 use crate::{Error, HostArray, LaunchArgs, Result, Runtime};
 
-pub(super) fn lower(rt: &Runtime, flags: &LaunchFlags, out: &mut dyn Write, err: &mut dyn Write) -> Result<()> {
+pub(super) fn lower(rt: &Runtime, flags: &LaunchFlags, plan: bool, out: &mut dyn Write, err: &mut dyn Write) -> Result<()> {
     let p = prepare(rt, flags, LOWER_DEFAULT, &BTreeMap::new())?;
     p.warn(err);
     explain(&p, flags, out);
+    if plan {
+        let text = p.planned(rt, |planned| planned.plan_text())?;
+        let _ = write!(out, "// ---- plan ({}) ----\n{text}", p.backend);
+        return Ok(());
+    }
     let (stages, cache) = p.planned(rt, |planned| planned.lower_cached())?;
     if flags.explain {
         let _ = writeln!(out, "cache: {cache}");

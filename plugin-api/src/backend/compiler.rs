@@ -63,6 +63,9 @@ pub trait Compiler: Send + Sync {
     fn plan(&self, launch: &Launch<'_>) -> Result<Self::Plan, BackendError>;
     /// Lowers a launch from the plan `plan` made for it.
     fn compile(&self, launch: &Launch<'_>, plan: Self::Plan) -> Result<Self::Artifact, BackendError>;
+    /// Every decision `plan` made, as text ([`PlanText`](super::PlanText)): `tessel lower
+    /// --plan` prints it, and `tests/lowering.rs` snapshots it beside the code it produces.
+    fn plan_text(&self, plan: &Self::Plan) -> String;
     /// Named stages of lowered text (`ptx`, `wgsl`, ...), for `tessel lower`.
     fn stages(&self, artifact: &Self::Artifact) -> Vec<(String, String)>;
     /// `plan`, `compile` and `stages` in one: the launch's lowered text.

@@ -310,6 +310,15 @@ impl<B: BackendImpl> Backend for Exported<B> {
         });
     }
 
+    fn lower_plan(&self, req: &LaunchRequest<'_>) -> RResult<RString, BackendError> {
+        guard("lower", || {
+            let launch = self.decode(req)?;
+            let compiler = self.backend.compiler()?;
+            let plan = self.plan(&launch, &compiler, &self.cache_key(&launch, &compiler))?;
+            Ok(compiler.plan_text(&plan).into())
+        })
+    }
+
     fn launch_external(
         &self,
         req: &LaunchRequest<'_>,
@@ -444,6 +453,9 @@ mod tests {
             self.compiles.fetch_add(1, Ordering::SeqCst);
             Ok(plan)
         }
+        fn plan_text(&self, plan: &usize) -> String {
+            format!("plan {plan}\n")
+        }
         fn stages(&self, c: &usize) -> Vec<(String, String)> {
             vec![("plan".into(), c.to_string())]
         }
@@ -512,6 +524,9 @@ mod tests {
         }
         fn compile(&self, _: &Launch<'_>, (): ()) -> Result<(), BackendError> {
             Ok(())
+        }
+        fn plan_text(&self, (): &()) -> String {
+            String::new()
         }
         fn stages(&self, (): &()) -> Vec<(String, String)> {
             Vec::new()
@@ -662,10 +677,13 @@ mod tests {
         // A launch nobody asked about first, found in the cache, plans nothing.
         exported.launch(&req, RSlice::from_slice(&[])).into_result().unwrap();
         assert_eq!((plans.load(Ordering::SeqCst), compiles.load(Ordering::SeqCst)), (1, 1));
-        // Lowering after asking plans nothing more.
+        // Lowering after asking plans nothing more; nor does printing the plan, which is the
+        // one `supports` made.
         exported.supports(&req).into_result().unwrap();
         let stages = exported.lower(&req).into_result().unwrap();
         assert_eq!((plans.load(Ordering::SeqCst), stages.len()), (1, 1));
+        assert_eq!(exported.lower_plan(&req).into_result().unwrap().as_str(), "plan 0\n");
+        assert_eq!(plans.load(Ordering::SeqCst), 1);
         // A backend without a device clock runs a timed launch and says it has no time.
         let timed = exported.launch_timed(&req, RSlice::from_slice(&[])).into_result().unwrap();
         assert!(timed.is_none());

@@ -7,13 +7,15 @@
 //! ([`BackendImpl`] and the types it is handed, [`export`], [`check_upload`],
 //! [`export_plugin!`](crate::export_plugin)); `compiler.rs` the pure half ([`Compiler`], its
 //! [`Options`]); `exported.rs` the ABI adapter [`export`] makes and its caches; `guard.rs` the panic guard; `keys.rs` what identifies a launch and how a request is
-//! decoded; `mesh.rs` the portable view of meshes and a kernel's grid from its mesh.
+//! decoded; `mesh.rs` the portable view of meshes and a kernel's grid from its mesh;
+//! `plan_text.rs` how a plan prints.
 
 mod compiler;
 mod exported;
 mod guard;
 mod keys;
 mod mesh;
+pub mod plan_text;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -29,6 +31,7 @@ use guard::install_quiet_panic_hook;
 pub use compiler::{Compiler, Options};
 pub use guard::{guard, new_backend_guarded};
 pub use keys::{cache_key, decode, request_key};
+pub use plan_text::PlanText;
 pub use mesh::{
     DeviceMeshRefusal, MeshKindRefusal, SpecMesh, make_grid_mesh, make_mesh_object, mesh_spec, mesh_view, verify_call,
     verify_with_mesh,

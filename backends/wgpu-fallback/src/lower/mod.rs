@@ -7,6 +7,7 @@
 //! made; this file holds the plan, its layout and the refusals.
 
 mod loops;
+pub mod print;
 mod values;
 
 pub(crate) use loops::room as loop_room;
