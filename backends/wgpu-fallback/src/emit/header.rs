@@ -60,7 +60,7 @@ impl<'k> Writer<'k> {
             grid.join(", "),
             self.plan.programs,
             self.plan.wg,
-            self.next_word * 4
+            self.plan.workspace_words * 4
         );
         let _ = writeln!(
             m,
@@ -129,7 +129,7 @@ impl<'k> Writer<'k> {
             "const GROUPS: u32 = {};",
             if self.plan.strided { format!("{gx}u") } else { format!("{}u", u64::from(gx) * u64::from(gy)) }
         );
-        let _ = writeln!(m, "const WS_WORDS: u32 = {}u;", self.next_word);
+        let _ = writeln!(m, "const WS_WORDS: u32 = {}u;", self.plan.workspace_words);
         let _ = writeln!(m);
         let mut binding = 0;
         for (pi, p) in k.params.iter().enumerate() {
@@ -152,7 +152,7 @@ impl<'k> Writer<'k> {
             );
             binding += 1;
         }
-        if self.next_word > 0 {
+        if self.plan.workspace_words > 0 {
             let _ = writeln!(m, "@group(0) @binding({binding}) var<storage, read_write> tk_ws: array<u32>; // workspace");
             binding += 1;
         }
@@ -202,7 +202,7 @@ impl<'k> Writer<'k> {
             m.push_str("    tk_zero = wid.z;\n");
         }
         m.push_str(&format!("    let gid = wid.y * {gx}u + wid.x;\n"));
-        if self.next_word > 0 {
+        if self.plan.workspace_words > 0 {
             m.push_str("    let wsb = gid * WS_WORDS;\n");
         }
         m.push_str(&self.out);

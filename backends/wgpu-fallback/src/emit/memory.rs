@@ -169,7 +169,7 @@ impl<'k> Writer<'k> {
     /// The storage expression of element `flat` of argument or scratch `p`.
     fn cell(&mut self, pi: usize, p: &Param, flat: &str) -> String {
         if p.kind == ParamKind::Scratch {
-            let off = self.offsets.get(&p.name).copied().unwrap_or(0);
+            let off = self.plan.scratch_at(&p.name);
             format!("tk_ws[wsb + {off}u + {flat}]")
         } else {
             format!("a{pi}[{flat}]")

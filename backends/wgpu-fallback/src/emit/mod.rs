@@ -103,7 +103,6 @@ pub fn lower(plan: &Plan) -> Lowered {
     let k = plan.kernel.kernel();
     let mut w = Writer::new(plan);
     w.write_main();
-    debug_assert_eq!(w.next_word, plan.workspace_words, "the writer publishes what the plan found");
     let zeroed: Vec<String> =
         k.params_of(ParamKind::Out).filter(|p| !fully_written(&plan.kernel, &plan.grid, p)).map(|p| p.name.clone()).collect();
     let views = w.views.iter().map(|&pi| k.params[pi].name.clone()).collect();
@@ -173,9 +172,6 @@ struct Writer<'k> {
     scope: String,
     /// How many statements defining nothing have taken each scope, to keep scopes apart.
     scopes_taken: HashMap<String, u32>,
-    /// Word offset of each published value and scratch buffer in a workgroup's region.
-    offsets: HashMap<String, u64>,
-    next_word: u64,
     helpers: BTreeSet<&'static str>,
     /// The accurate maths functions the module calls, by name (`libm.rs`).
     libm: BTreeMap<&'static str, String>,
@@ -213,8 +209,6 @@ impl<'k> Writer<'k> {
             tmp: 0,
             scope: String::new(),
             scopes_taken: HashMap::new(),
-            offsets: HashMap::new(),
-            next_word: 0,
             helpers: BTreeSet::new(),
             libm: BTreeMap::new(),
             uses_broadcast: false,

@@ -62,7 +62,7 @@ impl<'k> Writer<'k> {
             }
             Read::Shared { name, shape, linear } => {
                 let idx = if *linear { "e".to_string() } else { broadcast_index(res, shape) };
-                let off = self.offsets.get(name).copied().unwrap_or(0);
+                let off = self.plan.published_at(name);
                 let d = self.ty(name).dtype;
                 from_word(d, &format!("tk_ws[wsb + {off}u + {idx}]"))
             }

@@ -34,7 +34,7 @@ impl<'k> Writer<'k> {
         let scratch: Vec<Param> = k.params_of(ParamKind::Scratch).cloned().collect();
         for p in &scratch {
             let n = p.ty.numel();
-            let off = self.alloc_words(&p.name, n);
+            let off = self.plan.scratch_at(&p.name);
             self.line(format!("// scratch {}: {}", p.name, p.ty));
             self.each(&[n], |w| w.line(format!("tk_ws[wsb + {off}u + e] = 0u;")));
             self.pending_store = true;

@@ -8,16 +8,6 @@ use super::{Read, Writer};
 use crate::conv::{from_word, reg_ty, to_word};
 
 impl<'k> Writer<'k> {
-    pub(super) fn alloc_words(&mut self, name: &str, n: usize) -> u64 {
-        if let Some(&o) = self.offsets.get(name) {
-            return o;
-        }
-        let o = self.next_word;
-        self.next_word += n as u64;
-        self.offsets.insert(name.to_string(), o);
-        o
-    }
-
     pub(super) fn storage_barrier(&mut self) {
         self.line("storageBarrier();");
         self.pending_publish = false;
@@ -59,8 +49,7 @@ impl<'k> Writer<'k> {
         if ty.is_scalar() || !self.plan.publish.contains(self.plan.id(name)) {
             return;
         }
-        let n = ty.numel();
-        let off = self.alloc_words(name, n);
+        let off = self.plan.published_at(name);
         let id = self.ident(name);
         let word = to_word(ty.dtype, &self.at(&id, &ty.shape));
         self.each(&ty.shape, |w| w.line(format!("tk_ws[wsb + {off}u + e] = {word};")));
@@ -92,7 +81,7 @@ impl<'k> Writer<'k> {
         let reads: Vec<Read> =
             srcs.iter().map(|s| Read::Shared { name: s.to_string(), shape: Vec::new(), linear: false }).collect();
         self.sync_reads(&reads.iter().collect::<Vec<_>>());
-        srcs.iter().map(|s| *self.offsets.get(*s).unwrap_or_else(|| panic!("the plan publishes %{s}"))).collect()
+        srcs.iter().map(|s| self.plan.published_at(s)).collect()
     }
 
     /// A block (or scalar) result whose elements read other elements of `srcs`: the sources are

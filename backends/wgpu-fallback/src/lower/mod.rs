@@ -12,7 +12,7 @@ mod values;
 
 pub(crate) use loops::room as loop_room;
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use tessel_plugin_api::abi::{BackendError, ErrorKind};
 use tessel_plugin_api::ir::analysis::{inside, resident};
@@ -135,7 +135,11 @@ pub struct Plan {
     /// Block values read at elements other invocations own ([`Plan::crosses`], [`survey`]):
     /// each is published to the workgroup's region of the workspace after it is made.
     pub publish: ValueSet,
-    /// `u32` words of workspace per workgroup: the published values and the scratch buffers.
+    /// The workspace of a workgroup, laid out here for the writer to read: each scratch buffer
+    /// at a word offset (in declared order), then each published value (in the order they are
+    /// made, by id), and the words in all.
+    pub scratch_words: BTreeMap<String, u64>,
+    pub published_words: ValueMap<u64>,
     pub workspace_words: u64,
     /// The dispatch (`x`, `y` workgroups), and whether each workgroup walks the programs with a
     /// stride (where one workgroup per program would not fit the workspace in a binding).
@@ -215,6 +219,8 @@ pub fn plan_keeping(kernel: Verified, grid: Vec<LaunchAxis>, target: impl Into<T
         fused_only: ValueSet::new(),
         wg: 1,
         publish: ValueSet::new(),
+        scratch_words: BTreeMap::new(),
+        published_words: ValueMap::new(),
         workspace_words: 0,
         groups: [1, 1],
         strided: false,
@@ -247,8 +253,15 @@ pub fn plan_keeping(kernel: Verified, grid: Vec<LaunchAxis>, target: impl Into<T
     plan.quad_inputs = plan.quad_inputs.iter().copied().filter(|&pi| keep(&plan, pi, false)).collect();
     let survey = survey(&plan)?;
     plan.wg = workgroup_size(&plan, survey.max_elements);
-    let words = survey.publish.iter().map(|n| plan.kernel.values().ty(n).numel() as u64).sum::<u64>()
-        + plan.kernel.kernel().params_of(ParamKind::Scratch).map(|p| p.ty.numel() as u64).sum::<u64>();
+    let mut words = 0u64;
+    for p in plan.kernel.kernel().params_of(ParamKind::Scratch) {
+        plan.scratch_words.insert(p.name.clone(), words);
+        words += p.ty.numel() as u64;
+    }
+    for id in survey.publish.iter() {
+        plan.published_words.insert(id, words);
+        words += plan.kernel.values().ty(id).numel() as u64;
+    }
     if words * 4 > WORKSPACE_BUDGET {
         return Err(Refusal::Workspace { kernel: plan.kernel.kernel().name.clone(), bytes: words * 4 }.into());
     }
@@ -332,6 +345,17 @@ impl Plan {
     }
 
     /// The id of the value `%name`.
+    /// The word in the workgroup's workspace where published value `name` starts (0 for a value
+    /// the plan does not publish).
+    pub fn published_at(&self, name: &str) -> u64 {
+        self.kernel.values().get(name).and_then(|id| self.published_words.get(id)).copied().unwrap_or(0)
+    }
+
+    /// The word where scratch buffer `name` starts.
+    pub fn scratch_at(&self, name: &str) -> u64 {
+        self.scratch_words.get(name).copied().unwrap_or(0)
+    }
+
     pub fn id(&self, name: &str) -> ValueId {
         self.kernel.id(name)
     }

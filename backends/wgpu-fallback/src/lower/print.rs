@@ -43,8 +43,9 @@ pub fn text(plan: &Plan) -> String {
         })
         .value_set("fused operands held nowhere", &plan.fused_only)
         .line("invocations a workgroup", plan.wg)
-        .value_set("values published to the workspace", &plan.publish)
         .line("workspace words a workgroup", plan.workspace_words)
+        .names("scratch in the workspace, at word", plan.scratch_words.iter().map(|(n, w)| format!("{n} {w}")))
+        .value_map("values published to the workspace, at word", &plan.published_words, u64::to_string)
         .line(
             "dispatch",
             format!(
