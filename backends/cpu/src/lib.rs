@@ -22,6 +22,7 @@ use tessel_plugin_api::backend::{
     Artifact, Available, BackendImpl, Compiler, Launch, Options, host_buffers, make_grid_mesh, verify_call,
 };
 use tessel_plugin_api::ir::{DType, ParamKind, Type, Verified, analysis, legalize};
+use tessel_plugin_api::kept::Kept;
 use tessel_plugin_api::launch::{self, LaunchError};
 use tessel_plugin_api::mesh::MeshSpec;
 
@@ -59,10 +60,32 @@ pub struct CompiledLaunch {
     source: String,
 }
 
-/// The C file a launch's kernels become (legalized as every backend's lowering takes them).
-pub fn lower_to_c(kernels: &[Verified]) -> emit::Emitted {
-    let legal: Vec<Verified> = kernels.iter().map(|k| legalize::for_backend(k).into_owned()).collect();
-    emit::emit(&legal)
+/// A launch's kernels legalized (as every backend's lowering takes them) and the C file they
+/// become.
+pub struct LoweredC {
+    /// The kernels, legalized.
+    pub legal: Vec<Verified>,
+    /// Their C.
+    pub emitted: emit::Emitted,
+}
+
+/// The most launches whose C is kept ([`lower_to_c`]).
+const C_KEPT: usize = 64;
+
+/// The C file a launch's kernels become, made once per process for the same kernels: the
+/// warm-up's thread and the launch's compile, which follows it, share it.
+pub fn lower_to_c(kernels: &[Verified]) -> Arc<LoweredC> {
+    static MADE: Kept<[u8; 32], Arc<LoweredC>> = Kept::new(C_KEPT);
+    let mut h = blake3::Hasher::new();
+    for k in kernels {
+        h.update(&(k.text().len() as u64).to_le_bytes());
+        h.update(k.text().as_bytes());
+    }
+    MADE.get_or_insert_with(*h.finalize().as_bytes(), || {
+        let legal: Vec<Verified> = kernels.iter().map(|k| legalize::for_backend(k).into_owned()).collect();
+        let emitted = emit::emit(&legal);
+        Arc::new(LoweredC { legal, emitted })
+    })
 }
 
 impl Compiler for CpuCompiler {
@@ -90,16 +113,15 @@ impl Compiler for CpuCompiler {
     }
 
     fn compile(&self, _: &Launch<'_>, plan: Vec<Verified>) -> Result<CompiledLaunch, BackendError> {
-        let legal: Vec<Verified> = plan.iter().map(|k| legalize::for_backend(k).into_owned()).collect();
-        let e = emit::emit(&legal);
+        let c = lower_to_c(&plan);
+        let e = &c.emitted;
         let lib = cc::build(&e.source)?;
         let gemm = if e.gemm { Some(gemm_library()?) } else { None };
-        let kernels = legal
-            .into_iter()
+        let kernels = (c.legal.iter().cloned())
             .zip(&e.kernels)
             .map(|(v, (name, arena))| run::Kernel::new(v, Arc::clone(&lib), name, *arena, gemm.clone()))
             .collect::<Result<_, _>>()?;
-        Ok(CompiledLaunch { kernels, source: e.source })
+        Ok(CompiledLaunch { kernels, source: e.source.clone() })
     }
 
     fn plan_text(&self, plan: &Vec<Verified>) -> String {
@@ -117,8 +139,8 @@ impl Compiler for CpuCompiler {
     /// Lowers without compiling: the C is the text (no compiler needed).
     fn lower(&self, launch: &Launch<'_>) -> Result<Vec<(String, String)>, BackendError> {
         let plan = self.plan(launch)?;
-        let e = lower_to_c(&plan);
-        Ok(vec![(format!("{}.c", plan.first().map_or("launch", |k| k.name())), e.source)])
+        let c = lower_to_c(&plan);
+        Ok(vec![(format!("{}.c", plan.first().map_or("launch", |k| k.name())), c.emitted.source.clone())])
     }
 }
 
@@ -308,9 +330,9 @@ impl BackendImpl for Cpu {
     fn warm_up(&self, plan: &Vec<Verified>) {
         let plan = plan.clone();
         let _ = std::thread::Builder::new().name("tessel-cpu warm-up".into()).spawn(move || {
-            let e = lower_to_c(&plan);
-            let _ = cc::build(&e.source);
-            if e.gemm {
+            let c = lower_to_c(&plan);
+            let _ = cc::build(&c.emitted.source);
+            if c.emitted.gemm {
                 let _ = gemm_library();
             }
         });
@@ -362,3 +384,22 @@ impl BackendImpl for Cpu {
 }
 
 tessel_plugin_api::export_plugin!(Cpu::new());
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use tessel_plugin_api::ir;
+
+    #[test]
+    fn a_launchs_c_is_made_once_for_the_warm_up_and_the_compile() {
+        let text = "kernel twice\n  in x: f32[8]\n  out o: f32[8]\n{\n  %x = load x\n  %y = neg %x\n  store o, %y\n}\n";
+        let v = ir::verify(&ir::parse(text).unwrap().kernels.remove(0)).unwrap();
+        let first = super::lower_to_c(std::slice::from_ref(&v));
+        assert!(first.emitted.source.contains("twice"));
+        // The same kernels again (a copy, as the warm-up's thread holds): the same C, not made again.
+        assert!(Arc::ptr_eq(&first, &super::lower_to_c(&[v.clone()])));
+        let other = ir::verify(&ir::parse(&text.replace("neg", "exp")).unwrap().kernels.remove(0)).unwrap();
+        assert!(!Arc::ptr_eq(&first, &super::lower_to_c(&[other])));
+    }
+}
