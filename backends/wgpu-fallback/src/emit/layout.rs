@@ -1,4 +1,4 @@
-//! Which invocation owns which element of a value (the plan's layout: `Plan::group_of`,
+//! Which invocation owns which element of a value (the plan's layout: `Layout::group_of`,
 //! `Plan::row_runs`), the private array that holds an invocation's elements (of `vec4`s for
 //! whole rows of a multiple of 4), and the loops of the invocations over a value's elements
 //! (`each` and its kin), unrolled where they are short.
@@ -12,7 +12,7 @@ use crate::conv::reg_ty;
 const UNROLL: usize = 8;
 
 impl<'k> Writer<'k> {
-    /// [`Plan::group_of`](crate::lower::Plan::group_of).
+    /// [`Layout::group_of`](crate::lower::Layout::group_of).
     fn group_of(&self, shape: &[usize]) -> usize {
         self.plan.group_of(shape)
     }

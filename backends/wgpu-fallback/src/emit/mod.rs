@@ -6,7 +6,7 @@
 //!
 //! Values. A scalar is a WGSL `let`/`var` that every invocation holds, with the same value in
 //! each (so conditions and loop bounds are uniform and barriers may sit under them). A block value
-//! is spread over the invocations as the plan's layout says (`Plan::group_of`: groups of `g`
+//! is spread over the invocations as the plan's layout says (`Layout::group_of`: groups of `g`
 //! adjacent elements, whole rows in the row layout), each keeping its elements in a private array
 //! (of `vec4`s for rows of a multiple of 4). Elementwise operations on equal shapes read only their own
 //! elements, need no memory and no barrier. An operation that reads other invocations' elements

@@ -7,7 +7,7 @@ use super::Writer;
 use crate::conv::{float_lit, from_word, literal, reg_ty};
 
 impl<'k> Writer<'k> {
-    /// The reductions along rows made with `dst` ([`Plan::fused`](crate::lower::Plan::fused)): their
+    /// The reductions along rows made with `dst` ([`Layout::fused`](crate::lower::Layout::fused)): their
     /// private arrays declared and set to the reduction's identity.
     pub(super) fn open_fused(&mut self, dst: &str) -> Vec<(String, ReduceOp, usize)> {
         let (values, src) = (self.v.values(), self.plan.id(dst));

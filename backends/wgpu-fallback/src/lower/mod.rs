@@ -85,16 +85,57 @@ impl From<Strategy> for Target {
     }
 }
 
-/// One kernel's plan: what `emit/` writes.
+/// One kernel's plan: what `emit/` writes, made in two phases, each an immutable value. The
+/// first, [`Layout`], decides where each value lives and how it is read (the layout of elements
+/// over invocations, residency, inlining, fusion); the [`survey`] of what the writer will do to
+/// memory under that layout then decides the workgroup, the workspace and the dispatch, held
+/// here beside it. The writer only reads the plan.
 pub struct Plan {
+    /// The first phase: the layout of values. The plan reads as its fields (`Deref`).
+    pub layout: Layout,
+    /// Invocations per workgroup ([`workgroup_size`]).
+    pub wg: u32,
+    /// Block values read at elements other invocations own ([`Layout::crosses`], [`survey`]):
+    /// each is published to the workgroup's region of the workspace after it is made.
+    pub publish: ValueSet,
+    /// The workspace of a workgroup, laid out here for the writer to read: each scratch buffer
+    /// at a word offset (in declared order), then each published value (in the order they are
+    /// made, by id), and the words in all.
+    pub scratch_words: BTreeMap<String, u64>,
+    pub published_words: ValueMap<u64>,
+    pub workspace_words: u64,
+    /// The dispatch (`x`, `y` workgroups), and whether each workgroup walks the programs with a
+    /// stride (where one workgroup per program would not fit the workspace in a binding).
+    pub groups: [u32; 2],
+    pub strided: bool,
+    /// Whether invocations share memory beyond their own elements (published values, scratch,
+    /// outputs loaded back), so that loop iterations and programs need a barrier between them;
+    /// and whether the kernel stores to an argument outside registers, so that iterations of a
+    /// loop must not overtake each other.
+    pub shares: bool,
+    pub stores: bool,
+    /// Inputs also bound as `array<vec4<T>>` for `vec4` reads where they are not bound so
+    /// already, as many as WebGPU's default 8 storage bindings leave room for.
+    pub views: BTreeSet<usize>,
+    /// Where the adapter has a loop budget, the budget the module checks it kept to (`None`
+    /// where the kernel's loops are known to stay inside it: [`Target::loop_budget`]).
+    pub loop_budget: Option<u64>,
+}
+
+impl std::ops::Deref for Plan {
+    type Target = Layout;
+    fn deref(&self) -> &Layout {
+        &self.layout
+    }
+}
+
+/// The plan's first phase: where each value lives and how it is read.
+pub struct Layout {
     /// The kernel, verified with its mesh.
     pub kernel: Verified,
     /// Its grid, every `dyn` size resolved.
     pub grid: Vec<LaunchAxis>,
     pub strategy: Strategy,
-    /// The adapter's loop budget per invocation, which the module checks it kept to
-    /// ([`Target::loop_budget`]).
-    pub loop_budget: Option<u64>,
     /// Parallel programs, and `seq` steps per program.
     pub programs: u64,
     pub steps: u64,
@@ -130,30 +171,6 @@ pub struct Plan {
     pub fused: ValueMap<(ReduceOp, ValueId)>,
     /// The operands of fused reductions that nothing else reads: no private array holds them.
     pub fused_only: ValueSet,
-    /// Invocations per workgroup ([`workgroup_size`]).
-    pub wg: u32,
-    /// Block values read at elements other invocations own ([`Plan::crosses`], [`survey`]):
-    /// each is published to the workgroup's region of the workspace after it is made.
-    pub publish: ValueSet,
-    /// The workspace of a workgroup, laid out here for the writer to read: each scratch buffer
-    /// at a word offset (in declared order), then each published value (in the order they are
-    /// made, by id), and the words in all.
-    pub scratch_words: BTreeMap<String, u64>,
-    pub published_words: ValueMap<u64>,
-    pub workspace_words: u64,
-    /// The dispatch (`x`, `y` workgroups), and whether each workgroup walks the programs with a
-    /// stride (where one workgroup per program would not fit the workspace in a binding).
-    pub groups: [u32; 2],
-    pub strided: bool,
-    /// Whether invocations share memory beyond their own elements (published values, scratch,
-    /// outputs loaded back), so that loop iterations and programs need a barrier between them;
-    /// and whether the kernel stores to an argument outside registers, so that iterations of a
-    /// loop must not overtake each other.
-    pub shares: bool,
-    pub stores: bool,
-    /// Inputs also bound as `array<vec4<T>>` for `vec4` reads where they are not bound so
-    /// already, as many as WebGPU's default 8 storage bindings leave room for.
-    pub views: BTreeSet<usize>,
 }
 
 /// The plan of `kernel` on `grid`, or the refusal.
@@ -187,10 +204,84 @@ pub fn plan_keeping(kernel: Verified, grid: Vec<LaunchAxis>, target: impl Into<T
     if statements > MAX_STATEMENTS {
         return Err(Refusal::TooLong { kernel: k.name.clone(), statements }.into());
     }
+    let layout = layout(kernel, grid, strategy, programs, steps, kept);
+    let survey = survey(&layout)?;
+    let wg = workgroup_size(&layout, survey.max_elements);
+    let k = layout.kernel.kernel();
+    let mut scratch_words = BTreeMap::new();
+    let mut published_words = ValueMap::new();
+    let mut words = 0u64;
+    for p in k.params_of(ParamKind::Scratch) {
+        scratch_words.insert(p.name.clone(), words);
+        words += p.ty.numel() as u64;
+    }
+    for id in survey.publish.iter() {
+        published_words.insert(id, words);
+        words += layout.kernel.values().ty(id).numel() as u64;
+    }
+    if words * 4 > WORKSPACE_BUDGET {
+        return Err(Refusal::Workspace { kernel: k.name.clone(), bytes: words * 4 }.into());
+    }
+    // One workgroup per program where the workspace of all of them fits a storage binding: a
+    // 2-D dispatch past 65,535. Otherwise fewer workgroups that each walk the programs with a
+    // stride.
+    let (groups, strided) = if programs.saturating_mul(words * 4) <= WORKSPACE_BUDGET {
+        let x = programs.min(MAX_GROUPS);
+        ([x as u32, programs.div_ceil(x) as u32], false)
+    } else {
+        ([programs.min(MAX_GROUPS).min(WORKSPACE_BUDGET / (words * 4)) as u32, 1], true)
+    };
+    let loop_budget = match loop_budget {
+        Some(budget) => {
+            let walked = strided.then(|| programs.div_ceil(u64::from(groups[0])));
+            let iterations = loops::per_invocation(&k.body, walked, steps);
+            let room = loops::room(budget);
+            if iterations > room {
+                return Err(Refusal::LoopBudget { kernel: k.name.clone(), iterations, room }.into());
+            }
+            let slots = (survey.max_elements as u64).div_ceil(u64::from(wg));
+            (iterations > 0 || !loops::straight(&k.body, slots, room)).then_some(budget)
+        }
+        None => None,
+    };
+    let shares = !survey.publish.is_empty() || k.params_of(ParamKind::Scratch).next().is_some() || survey.ref_loads;
+    let mut views = survey.views;
+    views.extend(dot_views(&layout, wg));
+    let taken = k.params.iter().filter(|p| p.kind != ParamKind::Scratch).count() + usize::from(words > 0);
+    let views = views.into_iter().take(MAX_STORAGE_BINDINGS.saturating_sub(taken)).collect();
+    Ok(Plan {
+        wg,
+        publish: survey.publish,
+        scratch_words,
+        published_words,
+        workspace_words: words,
+        groups,
+        strided,
+        shares,
+        stores: survey.stores,
+        views,
+        loop_budget,
+        layout,
+    })
+}
+
+/// The plan's first phase: the layout of every value of `kernel` on `grid` under `strategy`,
+/// none of the outputs `kept` resident.
+fn layout(
+    kernel: Verified,
+    grid: Vec<LaunchAxis>,
+    strategy: Strategy,
+    programs: u64,
+    steps: u64,
+    kept: &BTreeSet<String>,
+) -> Layout {
     let v = &kernel;
+    let k = v.kernel();
     let row_layout = row_layout(v).filter(|_| strategy == Strategy::Cpu);
-    let resident: HashMap<String, usize> =
-        (k.params.iter().enumerate()).filter(|(_, p)| !kept.contains(&p.name) && resident(k, &grid, p)).map(|(pi, p)| (p.name.clone(), pi)).collect();
+    let resident: HashMap<String, usize> = (k.params.iter().enumerate())
+        .filter(|(_, p)| !kept.contains(&p.name) && resident(k, &grid, p))
+        .map(|(pi, p)| (p.name.clone(), pi))
+        .collect();
     let forwarded = forwarded_loads(v);
     let (quad_outputs, quad_inputs) = (quad_args(v, &grid, ParamKind::Out), quad_args(v, &grid, ParamKind::In));
     let mut columns = Vec::new();
@@ -200,105 +291,52 @@ pub fn plan_keeping(kernel: Verified, grid: Vec<LaunchAxis>, target: impl Into<T
         }
     });
     let quad_loads = forwarded.values().any(|&pi| quad_able(&grid, &k.params[pi])) || !quad_outputs.is_empty();
+    let group = if row_layout.is_some() { 1 } else { element_group(&columns, quad_loads) };
     let row_forwarded = row_forwarded(v, row_layout, &quad_inputs, &forwarded);
-    let mut plan = Plan {
+    let fused = fused_reductions(v, row_layout);
+    let values = v.values();
+    let fused_only = (fused.values())
+        .map(|&(_, x)| x)
+        .filter(|&x| {
+            (analysis::readers(&k.body, values.name(x)).iter())
+                .all(|r| r.results.first().is_some_and(|y| fused.contains_key(values.id(y))))
+        })
+        .collect();
+    let dot_only = (forwarded.keys())
+        .filter(|&x| analysis::readers(&k.body, values.name(x)).iter().all(|s| matches!(s.op, Op::Dot { .. })))
+        .collect();
+    let mut layout = Layout {
         strategy,
-        loop_budget,
         programs,
         steps,
-        group: if row_layout.is_some() { 1 } else { element_group(&columns, quad_loads) },
+        group,
         row_layout,
         dots: !columns.is_empty(),
         accumulating: accumulating_dots(v, &resident),
         quad_outputs,
         quad_inputs,
-        dot_only: (forwarded.keys())
-            .filter(|&x| analysis::readers(&k.body, v.values().name(x)).iter().all(|s| matches!(s.op, Op::Dot { .. })))
-            .collect(),
+        dot_only,
         row_forwarded,
-        fused_only: ValueSet::new(),
-        wg: 1,
-        publish: ValueSet::new(),
-        scratch_words: BTreeMap::new(),
-        published_words: ValueMap::new(),
-        workspace_words: 0,
-        groups: [1, 1],
-        strided: false,
-        shares: true,
-        stores: true,
-        views: BTreeSet::new(),
-        fused: fused_reductions(v, row_layout),
+        fused_only,
+        fused,
         forwarded,
         inlined: inlined_values(v),
         resident,
         kernel,
         grid,
     };
-    let body = &plan.kernel.kernel().body;
-    let values = plan.kernel.values();
-    plan.fused_only = (plan.fused.values())
-        .map(|&(_, x)| x)
-        .filter(|&x| {
-            (analysis::readers(body, values.name(x)).iter())
-                .all(|r| r.results.first().is_some_and(|y| plan.fused.contains_key(values.id(y))))
-        })
-        .collect();
     // An output is written as `vec4`s only where its invocations own elements in fours, and not
     // where it is resident (written back from registers, element by element); an input likewise.
-    let keep = |plan: &Plan, pi: usize, out: bool| {
-        let p = &plan.kernel.kernel().params[pi];
-        plan.group_of(p.block_shape()).is_multiple_of(4) && !(out && plan.resident.contains_key(&p.name))
+    let keep = |layout: &Layout, pi: usize, out: bool| {
+        let p = &layout.kernel.kernel().params[pi];
+        layout.group_of(p.block_shape()).is_multiple_of(4) && !(out && layout.resident.contains_key(&p.name))
     };
-    plan.quad_outputs = plan.quad_outputs.iter().copied().filter(|&pi| keep(&plan, pi, true)).collect();
-    plan.quad_inputs = plan.quad_inputs.iter().copied().filter(|&pi| keep(&plan, pi, false)).collect();
-    let survey = survey(&plan)?;
-    plan.wg = workgroup_size(&plan, survey.max_elements);
-    let mut words = 0u64;
-    for p in plan.kernel.kernel().params_of(ParamKind::Scratch) {
-        plan.scratch_words.insert(p.name.clone(), words);
-        words += p.ty.numel() as u64;
-    }
-    for id in survey.publish.iter() {
-        plan.published_words.insert(id, words);
-        words += plan.kernel.values().ty(id).numel() as u64;
-    }
-    if words * 4 > WORKSPACE_BUDGET {
-        return Err(Refusal::Workspace { kernel: plan.kernel.kernel().name.clone(), bytes: words * 4 }.into());
-    }
-    // One workgroup per program where the workspace of all of them fits a storage binding: a
-    // 2-D dispatch past 65,535. Otherwise fewer workgroups that each walk the programs with a
-    // stride.
-    (plan.groups, plan.strided) = if programs.saturating_mul(words * 4) <= WORKSPACE_BUDGET {
-        let x = programs.min(MAX_GROUPS);
-        ([x as u32, programs.div_ceil(x) as u32], false)
-    } else {
-        ([programs.min(MAX_GROUPS).min(WORKSPACE_BUDGET / (words * 4)) as u32, 1], true)
-    };
-    let k = plan.kernel.kernel();
-    if let Some(budget) = loop_budget {
-        let walked = plan.strided.then(|| programs.div_ceil(u64::from(plan.groups[0])));
-        let iterations = loops::per_invocation(&k.body, walked, steps);
-        let room = loops::room(budget);
-        if iterations > room {
-            return Err(Refusal::LoopBudget { kernel: k.name.clone(), iterations, room }.into());
-        }
-        let slots = (survey.max_elements as u64).div_ceil(u64::from(plan.wg));
-        if iterations == 0 && loops::straight(&k.body, slots, room) {
-            plan.loop_budget = None;
-        }
-    }
-    plan.shares = !survey.publish.is_empty() || k.params_of(ParamKind::Scratch).next().is_some() || survey.ref_loads;
-    plan.stores = survey.stores;
-    let mut views = survey.views;
-    views.extend(dot_views(&plan));
-    let taken = k.params.iter().filter(|p| p.kind != ParamKind::Scratch).count() + usize::from(words > 0);
-    plan.views = views.into_iter().take(MAX_STORAGE_BINDINGS.saturating_sub(taken)).collect();
-    plan.workspace_words = words;
-    plan.publish = survey.publish;
-    Ok(plan)
+    layout.quad_outputs = layout.quad_outputs.iter().copied().filter(|&pi| keep(&layout, pi, true)).collect();
+    layout.quad_inputs = layout.quad_inputs.iter().copied().filter(|&pi| keep(&layout, pi, false)).collect();
+    layout
 }
 
-impl Plan {
+impl Layout {
     /// Whether an operation whose result has shape `res` reads a value of `shape` at elements
     /// other invocations own, so that the value goes through the workspace: a block read by a
     /// scalar result or one of another shape, except where the invocation owns what it reads
@@ -345,17 +383,6 @@ impl Plan {
     }
 
     /// The id of the value `%name`.
-    /// The word in the workgroup's workspace where published value `name` starts (0 for a value
-    /// the plan does not publish).
-    pub fn published_at(&self, name: &str) -> u64 {
-        self.kernel.values().get(name).and_then(|id| self.published_words.get(id)).copied().unwrap_or(0)
-    }
-
-    /// The word where scratch buffer `name` starts.
-    pub fn scratch_at(&self, name: &str) -> u64 {
-        self.scratch_words.get(name).copied().unwrap_or(0)
-    }
-
     pub fn id(&self, name: &str) -> ValueId {
         self.kernel.id(name)
     }
@@ -367,7 +394,7 @@ impl Plan {
 
     /// How many adjacent elements of a value of `shape` an invocation owns together: in the
     /// row layout, whole rows of values whose rows are that long and single elements of others
-    /// (so that row `r` of every value lives with invocation `r % wg`); otherwise [`Plan::group`].
+    /// (so that row `r` of every value lives with invocation `r % wg`); otherwise [`Layout::group`].
     /// A scalar is one element, owned alone: its loads and stores are one slot, not a group's.
     pub fn group_of(&self, shape: &[usize]) -> usize {
         match self.row_layout {
@@ -383,6 +410,19 @@ impl Plan {
     fn runs_possible(&self) -> bool {
         self.strategy == Strategy::Cpu && self.dots && self.row_layout.is_none() && self.group > 1
     }
+}
+
+impl Plan {
+    /// The word in the workgroup's workspace where published value `name` starts (0 for a value
+    /// the plan does not publish).
+    pub fn published_at(&self, name: &str) -> u64 {
+        self.kernel.values().get(name).and_then(|id| self.published_words.get(id)).copied().unwrap_or(0)
+    }
+
+    /// The word where scratch buffer `name` starts.
+    pub fn scratch_at(&self, name: &str) -> u64 {
+        self.scratch_words.get(name).copied().unwrap_or(0)
+    }
 
     /// In a kernel with `dot`s under the `cpu` strategy, outside the row layout: whether
     /// invocations own a run of adjacent rows of a 2-D value of `shape` (`[m, n]`, its `n / g`
@@ -391,7 +431,7 @@ impl Plan {
     /// and the `rows - 1` after, so that a register tile of `dot` reads `a` in adjacent rows.
     /// Other values, and every value on a hardware adapter (where rows apart spread a staged
     /// tile's reads over the banks of workgroup memory), keep groups `g` elements apart in `lid`
-    /// and `wg g` apart in the slot ([`Plan::group`]).
+    /// and `wg g` apart in the slot ([`Layout::group`]).
     pub fn row_runs(&self, shape: &[usize]) -> Option<(usize, usize)> {
         let (g, wg) = (self.group, self.wg as usize);
         let &[m, n] = shape else { return None };
@@ -413,7 +453,7 @@ struct Survey {
     ref_loads: bool,
 }
 
-fn survey(plan: &Plan) -> Result<Survey, BackendError> {
+fn survey(plan: &Layout) -> Result<Survey, BackendError> {
     let v = &plan.kernel;
     let k = v.kernel();
     let mut s = Survey { publish: ValueSet::new(), max_elements: 1, views: BTreeSet::new(), stores: false, ref_loads: false };
@@ -499,7 +539,7 @@ fn survey(plan: &Plan) -> Result<Survey, BackendError> {
 /// Invocations per workgroup: the row layout's; with `dot`s in groups, enough for tiles of 128
 /// elements (32 on hardware, fed from workgroup memory); otherwise one group (or element) per
 /// invocation of the largest loop, at least 64 and at most [`MAX_WORKGROUP`].
-fn workgroup_size(plan: &Plan, max_elements: usize) -> u32 {
+fn workgroup_size(plan: &Layout, max_elements: usize) -> u32 {
     let pow2 = |n: usize| n.next_power_of_two() as u32;
     match plan.row_layout {
         Some((_, wg)) => wg,
@@ -514,11 +554,16 @@ fn workgroup_size(plan: &Plan, max_elements: usize) -> u32 {
 /// columns a multiple of the group, and the workgroup's groups a multiple of the columns. Returns
 /// (m, n, k) too.
 pub(crate) fn dot_tiling(plan: &Plan, s: &Stmt) -> Option<(bool, usize, usize, usize)> {
+    tiling(&plan.layout, plan.wg, s)
+}
+
+/// [`dot_tiling`] under `layout` with `wg` invocations a workgroup.
+fn tiling(layout: &Layout, wg: u32, s: &Stmt) -> Option<(bool, usize, usize, usize)> {
     let Op::Dot { a: Operand::Value(a), b: Operand::Value(b), trans_a, trans_b } = &s.op else { return None };
-    let (ash, bsh) = (&plan.kernel.value_type(a).shape, &plan.kernel.value_type(b).shape);
+    let (ash, bsh) = (&layout.kernel.value_type(a).shape, &layout.kernel.value_type(b).shape);
     let (m, kk) = if *trans_a { (ash[1], ash[0]) } else { (ash[0], ash[1]) };
     let n = if *trans_b { bsh[0] } else { bsh[1] };
-    let (g, wg) = (plan.group, plan.wg as usize);
+    let (g, wg) = (layout.group, wg as usize);
     Some((g > 1 && n.is_multiple_of(g) && (g * wg).is_multiple_of(n), m, n, kk))
 }
 
@@ -531,12 +576,12 @@ pub(crate) fn staged_chunk(m: usize, n: usize, k: usize) -> Option<usize> {
 /// The inputs register-tiled `dot`s read as `vec4`s (not staged, neither operand transposed, the
 /// contraction a multiple of 4): each operand a forwarded, [`quad_able`] input; `b` only where `a`
 /// is one.
-fn dot_views(plan: &Plan) -> BTreeSet<usize> {
+fn dot_views(plan: &Layout, wg: u32) -> BTreeSet<usize> {
     let k = plan.kernel.kernel();
     let mut out = BTreeSet::new();
     analysis::visit(&k.body, &mut |s| {
         let Op::Dot { a: Operand::Value(a), b: Operand::Value(b), trans_a, trans_b } = &s.op else { return };
-        let Some((tiled, m, n, kk)) = dot_tiling(plan, s) else { return };
+        let Some((tiled, m, n, kk)) = tiling(plan, wg, s) else { return };
         let staged = plan.strategy == Strategy::Gpu && staged_chunk(m, n, kk).is_some();
         if !tiled || staged || *trans_a || *trans_b || !kk.is_multiple_of(4) {
             return;
