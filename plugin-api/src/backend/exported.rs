@@ -510,6 +510,20 @@ mod tests {
         }
     }
 
+    /// Kernel `k`: `o = x` on four `f32`s.
+    const COPY: &str = "kernel k\n  in x: f32[4]\n  out o: f32[4]\n{\n  %x = load x\n  store o, %x\n}\n";
+
+    /// The request of `calls` of the kernels of `source`, without meshes or grid sizes.
+    fn request<'a>(source: &'a str, calls: &'a [KernelCall<'a>]) -> LaunchRequest<'a> {
+        LaunchRequest {
+            ir_format: IR_FORMAT_VERSION,
+            source: source.into(),
+            calls: RSlice::from_slice(calls),
+            external_meshes: RSlice::from_slice(&[]),
+            grid: RSlice::from_slice(&[]),
+        }
+    }
+
     /// Where input `x` was read and what it held.
     type Seen = Arc<Mutex<Option<(usize, Vec<f32>)>>>;
 
@@ -594,15 +608,8 @@ mod tests {
         let b = InPlace::default();
         let seen = Arc::clone(&b.seen);
         let exported = export(b);
-        let source = "kernel k\n  in x: f32[4]\n  out o: f32[4]\n{\n  %x = load x\n  store o, %x\n}\n";
         let calls = [KernelCall { kernel: "k".into(), mesh: RNone }];
-        let req = LaunchRequest {
-            ir_format: IR_FORMAT_VERSION,
-            source: source.into(),
-            calls: RSlice::from_slice(&calls),
-            external_meshes: RSlice::from_slice(&[]),
-            grid: RSlice::from_slice(&[]),
-        };
+        let req = request(COPY, &calls);
         let values = [1.5f32, -2.0, 3.25, 0.0];
         // Words, so that the bytes are aligned for f32; then the same bytes one past a boundary.
         let words: Vec<u32> = values.iter().map(|v| v.to_bits()).collect();
@@ -657,15 +664,8 @@ mod tests {
         let b = Counting::default();
         let (plans, compiles) = (Arc::clone(&b.plans), Arc::clone(&b.compiles));
         let exported = export(b);
-        let source = "kernel k\n  in x: f32[4]\n  out o: f32[4]\n{\n  %x = load x\n  store o, %x\n}\n";
         let calls = [KernelCall { kernel: "k".into(), mesh: RNone }];
-        let req = LaunchRequest {
-            ir_format: IR_FORMAT_VERSION,
-            source: source.into(),
-            calls: RSlice::from_slice(&calls),
-            external_meshes: RSlice::from_slice(&[]),
-            grid: RSlice::from_slice(&[]),
-        };
+        let req = request(COPY, &calls);
         // The host asks, then launches: one plan, one compilation.
         exported.supports(&req).into_result().unwrap();
         exported.launch(&req, RSlice::from_slice(&[])).into_result().unwrap();
@@ -705,15 +705,8 @@ mod tests {
         let b = Counting::default();
         let (plans, compiles, external) = (Arc::clone(&b.plans), Arc::clone(&b.compiles), Arc::clone(&b.external));
         let exported = export(b);
-        let source = "kernel k\n  in x: f32[4]\n  out o: f32[4]\n{\n  %x = load x\n  store o, %x\n}\n";
         let calls = [KernelCall { kernel: "k".into(), mesh: RNone }];
-        let req = LaunchRequest {
-            ir_format: IR_FORMAT_VERSION,
-            source: source.into(),
-            calls: RSlice::from_slice(&calls),
-            external_meshes: RSlice::from_slice(&[]),
-            grid: RSlice::from_slice(&[]),
-        };
+        let req = request(COPY, &calls);
         let args = [DeviceArg::new("x", 0x1000, false), DeviceArg::new("o", 0x2000, true)];
         exported.supports(&req).into_result().unwrap();
         for _ in 0..2 {
