@@ -524,9 +524,11 @@ impl Kernel {
     }
 
     /// The lowered text (PTX, WGSL) for `backend`, without a device: the stages joined, each
-    /// under a `// ---- NAME (BACKEND) ----` line, as `tessel lower` prints them. A generic
-    /// kernel takes `params` and its defaults.
-    #[pyo3(signature = (backend = "interpret", *, mesh = None, external_meshes = None, grid = None, params = None))]
+    /// under a `// ---- NAME (BACKEND) ----` line, as `tessel lower` prints them; with `plan`,
+    /// the backend's plan instead, as `tessel lower --plan` prints it. A generic kernel takes
+    /// `params` and its defaults.
+    #[pyo3(signature = (backend = "interpret", *, mesh = None, external_meshes = None, grid = None, params = None, plan = false))]
+    #[allow(clippy::too_many_arguments, reason = "Python's keyword arguments")]
     fn lower<'py>(
         &self,
         py: Python<'py>,
@@ -535,6 +537,7 @@ impl Kernel {
         external_meshes: Option<Vec<String>>,
         grid: Option<Bound<'py, PyDict>>,
         params: Option<Bound<'py, PyDict>>,
+        plan: bool,
     ) -> PyResult<String> {
         let how = self.options(py, backend, mesh, external_meshes, grid, params)?;
         detached(py, move || {
@@ -546,6 +549,9 @@ impl Kernel {
             let grid = &how.grid;
             let launch = tessel::Launch::new(&calls, &externals, grid);
             let planned = rt.plan(tessel::Choice::of(backend), &launch)?;
+            if plan {
+                return Ok(format!("// ---- plan ({}) ----\n{}", planned.backend(), planned.plan_text()?));
+            }
             let (stages, backend) = (planned.lower()?, planned.backend());
             Ok(stages.into_iter().map(|(name, text)| format!("// ---- {name} ({backend}) ----\n{text}\n")).collect())
         })

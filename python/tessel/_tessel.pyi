@@ -79,9 +79,11 @@ class Kernel:
         external_meshes: Optional[Sequence[str]] = None,
         grid: Optional[Mapping[str, int]] = None,
         params: Optional[Mapping[str, int]] = None,
+        plan: bool = False,
     ) -> str:
-        """The lowered text (PTX, WGSL, ...) for `backend`, without a device; a generic kernel
-        takes `params` and its defaults."""
+        """The lowered text (PTX, WGSL, ...) for `backend`, without a device, or with `plan` the
+        backend's plan (every decision it made, as `tessel lower --plan` prints it); a generic
+        kernel takes `params` and its defaults."""
 
 def backends() -> List[Dict[str, Any]]:
     """Every backend, as `tessel backends --json` lists them."""
