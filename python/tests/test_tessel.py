@@ -153,16 +153,6 @@ def test_lower_gives_the_text_without_a_device():
     assert "@compute" in grid
 
 
-def test_lower_with_plan_gives_the_backends_decisions():
-    """`plan=True`: the plan the text is written from, as `tessel lower --plan` prints it."""
-    k = example("add")
-    plan = k.lower("mosaic-gpu", mesh="mosaic_gpu(i: 8)", plan=True)
-    assert plan.startswith("// ---- plan (mosaic-gpu) ----\nkernel add\n  grid: (i: 8)\n"), plan
-    assert "  ctas: 8\n" in plan and ".target" not in plan
-    wgpu = tessel.load(ROOT / "tests/in/dyn_grid.tk").lower("wgpu", grid={"i": 3}, plan=True)
-    assert "  launch grid: (i: 3)\n" in wgpu and "  programs: 3\n" in wgpu, wgpu
-
-
 def test_the_seed_refusals_are_not_implemented_errors_with_pallas_sentences():
     k = example("add")
     with pytest.raises(tessel.UnsupportedError) as e:

@@ -43,6 +43,7 @@
 //! `limits.rs`. The writer reads the plan (`lower/`); nothing there reads the writer.
 
 mod dot;
+mod elements;
 mod header;
 mod helpers;
 mod layout;
