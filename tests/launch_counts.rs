@@ -89,7 +89,9 @@ fn a_cold_launch_parses_once_per_side_verifies_once_per_backend_and_plans_once()
         grid: RSlice::from_slice(&[]),
     };
     let backend = &rt.registry().get("mosaic-gpu").expect("built in").backend;
-    let err = backend.launch_external(&req, 0, RSlice::from_slice(&args)).into_result().expect_err("refused");
+    // SAFETY: never enqueued: the backend refuses the bool kernel before the addresses are used.
+    #[allow(unsafe_code, reason = "the handler's call, refused before any address is read")]
+    let err = unsafe { backend.launch_external(&req, 0, RSlice::from_slice(&args)) }.into_result().expect_err("refused");
     assert_eq!(err.kind, ErrorKind::Unsupported, "{}", err.message);
     assert!(err.message.contains("kernel `flags` has a bool array (`o`)"), "{}", err.message);
     let planned = rt.resume(plan, &launch).expect("resumed");

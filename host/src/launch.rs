@@ -562,7 +562,8 @@ impl Planned<'_, '_> {
     #[allow(unsafe_code, reason = "device addresses another runtime owns")]
     pub unsafe fn launch_external(&self, stream: u64, args: &[DeviceArg<'_>]) -> Result<()> {
         self.check_available()?;
-        self.request(|req| self.b.backend.launch_external(req, stream, RSlice::from_slice(args)).into_result())
+        // SAFETY: as the caller promises.
+        self.request(|req| unsafe { self.b.backend.launch_external(req, stream, RSlice::from_slice(args)) }.into_result())
             .map_err(self.fail())
     }
 

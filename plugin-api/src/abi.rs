@@ -363,7 +363,12 @@ pub type MeshBox = Mesh_TO<RBox<()>>;
 /// A backend object.
 pub type BackendBox = Backend_TO<RBox<()>>;
 
-#[allow(non_local_definitions, unsafe_code, reason = "the code #[sabi_trait] generates (abi_stable 0.11)")]
+#[allow(
+    non_local_definitions,
+    unsafe_code,
+    clippy::undocumented_unsafe_blocks,
+    reason = "the code #[sabi_trait] generates (abi_stable 0.11): for the unsafe `launch_external`, a call through the vtable under its caller's promise"
+)]
 mod traits {
     use super::*;
     use abi_stable::sabi_trait;
@@ -450,10 +455,11 @@ mod traits {
         /// enqueued; nothing is copied or waited for. `Unsupported` where the backend does not
         /// (the default): the caller then stages the arrays through host memory.
         ///
-        /// A contract the ABI cannot mark `unsafe`: `stream` is live, each address is memory of
-        /// that stream's device holding its argument's type as the backend lays it out, and
-        /// nothing else writes it until the stream reaches the launch's end.
-        fn launch_external(
+        /// # Safety
+        /// `stream` is live, each address is memory of that stream's device holding its
+        /// argument's type as the backend lays it out, and nothing else writes it until the
+        /// stream reaches the launch's end.
+        unsafe fn launch_external(
             &self,
             req: &LaunchRequest<'_>,
             stream: u64,

@@ -73,6 +73,23 @@ impl<K: Eq + Hash, V: Clone> Kept<K, V> {
         v
     }
 
+    /// The value kept for `key`, else `make()`'s, kept, made under the lock: every thread asking
+    /// for one key gets the same value. For values cheap to make, such as a `OnceLock` that the
+    /// callers then fill once (single-flight work keyed by the cache).
+    pub fn shared(&self, key: K, make: impl FnOnce() -> V) -> V {
+        self.with(|m| {
+            if let Some(v) = m.get(&key) {
+                return v.clone();
+            }
+            if m.len() >= self.cap {
+                m.clear();
+            }
+            let v = make();
+            m.insert(key, v.clone());
+            v
+        })
+    }
+
     /// Entries kept now.
     pub fn len(&self) -> usize {
         self.with(|m| m.len())
@@ -114,5 +131,25 @@ mod tests {
         both.insert("a".into(), 1);
         both.insert_all([("b".into(), 2), ("c".into(), 3)]);
         assert_eq!((both.len(), both.get("a"), both.get("b"), both.get("c")), (2, None, Some(2), Some(3)), "two new entries at once fit together");
+    }
+
+    #[test]
+    fn threads_asking_for_one_shared_key_get_one_value() {
+        use std::sync::{Arc, OnceLock};
+        let k: Kept<u32, Arc<OnceLock<u32>>> = Kept::new(4);
+        let made = std::sync::atomic::AtomicU32::new(0);
+        std::thread::scope(|s| {
+            for _ in 0..8 {
+                s.spawn(|| {
+                    let once = k.shared(7, || Arc::new(OnceLock::new()));
+                    once.get_or_init(|| {
+                        std::thread::sleep(std::time::Duration::from_millis(20));
+                        made.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 100
+                    });
+                });
+            }
+        });
+        assert_eq!(made.load(std::sync::atomic::Ordering::SeqCst), 1, "made once, however many threads asked");
+        assert_eq!(k.shared(7, || panic!("kept: not made again")).get(), Some(&100));
     }
 }

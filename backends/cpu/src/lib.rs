@@ -13,7 +13,7 @@ mod run;
 
 use std::collections::BTreeMap;
 use std::ffi::c_void;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 pub use error::Refusal;
 use tessel_plugin_api::abi::{BackendError, Capabilities, DeviceClass, ErrorKind, MeshBox};
@@ -72,20 +72,22 @@ pub struct LoweredC {
 /// The most launches whose C is kept ([`lower_to_c`]).
 const C_KEPT: usize = 64;
 
-/// The C file a launch's kernels become, made once per process for the same kernels: the
-/// warm-up's thread and the launch's compile, which follows it, share it.
+/// The C file a launch's kernels become, made once per process for the same kernels (while
+/// they are kept): the warm-up's thread and the launch's compile, which follows it, share it,
+/// and one that asks while the other makes it waits for that (one `OnceLock` a launch).
 pub fn lower_to_c(kernels: &[Verified]) -> Arc<LoweredC> {
-    static MADE: Kept<[u8; 32], Arc<LoweredC>> = Kept::new(C_KEPT);
+    static MADE: Kept<[u8; 32], Arc<OnceLock<Arc<LoweredC>>>> = Kept::new(C_KEPT);
     let mut h = blake3::Hasher::new();
     for k in kernels {
         h.update(&(k.text().len() as u64).to_le_bytes());
         h.update(k.text().as_bytes());
     }
-    MADE.get_or_insert_with(*h.finalize().as_bytes(), || {
+    let once = MADE.shared(*h.finalize().as_bytes(), || Arc::new(OnceLock::new()));
+    Arc::clone(once.get_or_init(|| {
         let legal: Vec<Verified> = kernels.iter().map(|k| legalize::for_backend(k).into_owned()).collect();
         let emitted = emit::emit(&legal);
         Arc::new(LoweredC { legal, emitted })
-    })
+    }))
 }
 
 impl Compiler for CpuCompiler {

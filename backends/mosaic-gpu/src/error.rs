@@ -1,6 +1,8 @@
 //! Every way the Mosaic GPU backend says no. The first line of each is byte for byte what
 //! DESIGN.md gives (Pallas's own words where Pallas has them); [`Refusal::hint`] says what would
-//! work. Nothing else in the crate builds an `Unsupported` error.
+//! work. Nothing else in the crate builds an `Unsupported` error but `external.rs`, whose
+//! answer to a launch on another runtime's memory of a kernel with `bool` arrays is not a
+//! refusal of the kernel: the CUDA handler then stages it through host memory.
 
 use tessel_plugin_api::abi::BackendError;
 use tessel_plugin_api::refusal::Refusal as Refuse;

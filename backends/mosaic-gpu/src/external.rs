@@ -87,6 +87,21 @@ impl Compiled {
         self.zeroed.iter().filter(|(n, _)| !kept.contains(n)).map(|(n, b)| (n.as_str(), *b))
     }
 
+    /// Why the kernel cannot run on another runtime's memory, if it cannot: a `bool` array
+    /// (`Unsupported`: the PTX holds 4 bytes a `bool`, XLA 1; the caller stages it through host
+    /// memory).
+    pub(crate) fn external_refusal(&self) -> Option<BackendError> {
+        let k = self.plan.kernel.kernel();
+        let p = k.params.iter().find(|p| p.kind != ParamKind::Scratch && p.ty.dtype == DType::Bool)?;
+        Some(BackendError::new(
+            ErrorKind::Unsupported,
+            format!(
+                "kernel `{}` has a bool array (`{}`): the PTX holds 4 bytes an element, another runtime's memory 1",
+                k.name, p.name
+            ),
+        ))
+    }
+
     /// Enqueues the kernel on `stream`, its `in` and `out` arguments at the device addresses
     /// `args` gives by name, the outputs in `kept` left as they are. Returns once it is enqueued.
     /// A kernel with `bool` arrays is refused (`Unsupported`: the caller stages it through host
@@ -104,15 +119,8 @@ impl Compiled {
         args: &BTreeMap<String, u64>,
         kept: &BTreeSet<String>,
     ) -> Result<(), BackendError> {
-        let k = self.plan.kernel.kernel();
-        if let Some(p) = k.params.iter().find(|p| p.kind != ParamKind::Scratch && p.ty.dtype == DType::Bool) {
-            return Err(BackendError::new(
-                ErrorKind::Unsupported,
-                format!(
-                    "kernel `{}` has a bool array (`{}`): the PTX holds 4 bytes an element, another runtime's memory 1",
-                    k.name, p.name
-                ),
-            ));
+        if let Some(refused) = self.external_refusal() {
+            return Err(refused);
         }
         let stream = stream as sys::CUstream;
         let device = device_of(stream)?;

@@ -222,6 +222,10 @@ impl BackendImpl for MosaicGpu {
         stream: u64,
         args: &BTreeMap<String, u64>,
     ) -> Option<Result<(), BackendError>> {
+        // Refused before any kernel is enqueued: the caller stages the whole launch.
+        if let Some(refused) = compiled.iter().find_map(external::Compiled::external_refusal) {
+            return Some(Err(refused));
+        }
         // SAFETY: the caller's promise (`BackendImpl::run_external`): a live stream of a Hopper
         // device's primary context, each address that device's memory holding its argument.
         Some(compiled.iter().try_for_each(|c| unsafe { c.enqueue(stream as *mut std::ffi::c_void, args, &launch.kept) }))

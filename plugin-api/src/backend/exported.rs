@@ -319,7 +319,8 @@ impl<B: BackendImpl> Backend for Exported<B> {
         })
     }
 
-    fn launch_external(
+    #[allow(unsafe_code, reason = "the contract of Backend::launch_external")]
+    unsafe fn launch_external(
         &self,
         req: &LaunchRequest<'_>,
         stream: u64,
@@ -330,9 +331,8 @@ impl<B: BackendImpl> Backend for Exported<B> {
             launch.kept = args.iter().filter(|a| a.keep).map(|a| a.name.to_string()).collect();
             let (compiled, ..) = self.compiled(&launch)?;
             let at: BTreeMap<String, u64> = args.iter().map(|a| (a.name.to_string(), a.address)).collect();
-            // SAFETY: the caller's promise, the contract of `Backend::launch_external`: a live
-            // stream, and memory of its device holding each argument.
-            #[allow(unsafe_code, reason = "the contract of Backend::launch_external, passed on")]
+            // SAFETY: the caller's promise (`Backend::launch_external`): a live stream, and
+            // memory of its device holding each argument.
             let ran = unsafe { self.backend.run_external(&compiled, &launch, stream, &at) };
             ran.unwrap_or_else(|| Err(BackendError::no_external_launch(self.backend.name())))
         })
@@ -710,7 +710,9 @@ mod tests {
         let args = [DeviceArg::new("x", 0x1000, false), DeviceArg::new("o", 0x2000, true)];
         exported.supports(&req).into_result().unwrap();
         for _ in 0..2 {
-            exported.launch_external(&req, 77, RSlice::from_slice(&args)).into_result().unwrap();
+            // SAFETY: the test backend records the addresses and reads none.
+            #[allow(unsafe_code, reason = "addresses the test backend never reads")]
+            unsafe { exported.launch_external(&req, 77, RSlice::from_slice(&args)) }.into_result().unwrap();
         }
         // Planned by `supports` alone, compiled once (kept outputs in the key), run twice with
         // the caller's stream, addresses and kept outputs.
@@ -719,7 +721,10 @@ mod tests {
         let seen = external.lock().unwrap().clone();
         assert_eq!(seen, vec![(77, at.clone(), vec!["o".to_string()]), (77, at, vec!["o".to_string()])]);
         // A backend that does not launch so says it, as `Unsupported`, naming itself.
-        let err = export(InPlace::default()).launch_external(&req, 77, RSlice::from_slice(&args)).into_result().unwrap_err();
+        let in_place = export(InPlace::default());
+        // SAFETY: refused before any address is read.
+        #[allow(unsafe_code, reason = "addresses the backend refuses before reading")]
+        let err = unsafe { in_place.launch_external(&req, 77, RSlice::from_slice(&args)) }.into_result().unwrap_err();
         assert_eq!(err.kind, ErrorKind::Unsupported);
         assert_eq!(err.message.as_str(), "the in-place backend does not launch on another runtime's device memory");
     }

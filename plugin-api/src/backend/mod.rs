@@ -139,7 +139,8 @@ pub trait BackendImpl: Send + Sync + 'static {
     /// Enqueues a compiled launch on memory and a stream another runtime owns
     /// ([`Backend::launch_external`]): `args` holds the device address of each `in` and `out`
     /// argument by name; the outputs start as zeros except those in [`Launch::kept`], which
-    /// start from what their memory holds. `None`, the default, where the backend does not.
+    /// start from what their memory holds. `None`, the default, where the backend does not. An
+    /// `Unsupported` error means nothing was enqueued (the caller stages the launch instead).
     ///
     /// # Safety
     /// `stream` is a live stream of the backend's device API; each address is memory of that

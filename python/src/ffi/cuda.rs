@@ -72,7 +72,9 @@ pub(super) unsafe fn launch(
     // SAFETY: as the caller promises.
     let stream = unsafe { stream(frame)? };
     let args = || ins.iter().zip(&p.inputs).chain(outs.iter().zip(&p.outputs));
-    if !p.staged.load(Ordering::Relaxed) {
+    // Whether this call stages: the prepared launch's memory of a refusal, or this call's own.
+    let mut staged = p.staged.load(Ordering::Relaxed);
+    if !staged {
         for n in 0..batch.launches {
             let at: Vec<DeviceArg<'_>> = args()
                 .map(|(raw, (arg, ty))| DeviceArg::new(arg, raw.data as u64 + (n * batch.bytes(ty)) as u64, kept.contains(arg)))
@@ -85,12 +87,13 @@ pub(super) unsafe fn launch(
                 // Refused before anything was enqueued: staged, now and from now on.
                 Err(tessel::Error::Backend { kind: ErrorKind::Unsupported, .. }) if n == 0 => {
                     p.staged.store(true, Ordering::Relaxed);
+                    staged = true;
                     break;
                 }
                 Err(e) => return Err(e.into()),
             }
         }
-        if !p.staged.load(Ordering::Relaxed) {
+        if !staged {
             return Ok(());
         }
     }

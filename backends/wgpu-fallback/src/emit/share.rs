@@ -81,7 +81,7 @@ impl<'k> Writer<'k> {
         let reads: Vec<Read> =
             srcs.iter().map(|s| Read::Shared { name: s.to_string(), shape: Vec::new(), linear: false }).collect();
         self.sync_reads(&reads.iter().collect::<Vec<_>>());
-        srcs.iter().map(|s| self.plan.published_at(s)).collect()
+        srcs.iter().map(|s| self.plan.published_word(s).unwrap_or_else(|| panic!("the plan publishes %{s}"))).collect()
     }
 
     /// A block (or scalar) result whose elements read other elements of `srcs`: the sources are

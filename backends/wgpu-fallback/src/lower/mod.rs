@@ -413,10 +413,15 @@ impl Layout {
 }
 
 impl Plan {
-    /// The word in the workgroup's workspace where published value `name` starts (0 for a value
-    /// the plan does not publish).
+    /// The word in the workgroup's workspace where published value `name` starts, if the plan
+    /// publishes it.
+    pub fn published_word(&self, name: &str) -> Option<u64> {
+        self.kernel.values().get(name).and_then(|id| self.published_words.get(id)).copied()
+    }
+
+    /// [`Plan::published_word`], 0 for a value the plan does not publish.
     pub fn published_at(&self, name: &str) -> u64 {
-        self.kernel.values().get(name).and_then(|id| self.published_words.get(id)).copied().unwrap_or(0)
+        self.published_word(name).unwrap_or(0)
     }
 
     /// The word where scratch buffer `name` starts.
