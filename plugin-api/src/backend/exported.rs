@@ -94,6 +94,15 @@ impl<B: BackendImpl> Exported<B> {
         })
     }
 
+    /// The plan of the request (from the cache, else made and kept) and the compiler it is for:
+    /// what `supports`, `warm_up` and `lower_plan` share.
+    fn kept_plan(&self, req: &LaunchRequest<'_>) -> Result<(Arc<Plan<B>>, B::Compiler), BackendError> {
+        let launch = self.decode(req)?;
+        let compiler = self.backend.compiler()?;
+        let plan = self.plan(&launch, &compiler, &self.cache_key(&launch, &compiler))?;
+        Ok((plan, compiler))
+    }
+
     /// The key of `launch` in the plan and compile caches (and the lowered-text cache beside
     /// them): the backend, its version, its compiler's options and the launch.
     fn cache_key(&self, launch: &Launch<'_>, compiler: &B::Compiler) -> [u8; 32] {
@@ -223,11 +232,7 @@ impl<B: BackendImpl> Backend for Exported<B> {
     }
 
     fn supports(&self, req: &LaunchRequest<'_>) -> RResult<(), BackendError> {
-        guard("supports", || {
-            let launch = self.decode(req)?;
-            let compiler = self.backend.compiler()?;
-            self.plan(&launch, &compiler, &self.cache_key(&launch, &compiler)).map(drop)
-        })
+        guard("supports", || self.kept_plan(req).map(drop))
     }
 
     fn lower(&self, req: &LaunchRequest<'_>) -> RResult<RVec<Stage>, BackendError> {
@@ -302,9 +307,7 @@ impl<B: BackendImpl> Backend for Exported<B> {
         // The plan `supports` made and kept (a launch planned is not planned again); a launch
         // refused here is refused again, with its reason, when it runs.
         let _ = guard("warm up", || {
-            let launch = self.decode(req)?;
-            let compiler = self.backend.compiler()?;
-            let plan = self.plan(&launch, &compiler, &self.cache_key(&launch, &compiler))?;
+            let (plan, _) = self.kept_plan(req)?;
             self.backend.warm_up(&plan);
             Ok(())
         });
@@ -312,9 +315,7 @@ impl<B: BackendImpl> Backend for Exported<B> {
 
     fn lower_plan(&self, req: &LaunchRequest<'_>) -> RResult<RString, BackendError> {
         guard("lower", || {
-            let launch = self.decode(req)?;
-            let compiler = self.backend.compiler()?;
-            let plan = self.plan(&launch, &compiler, &self.cache_key(&launch, &compiler))?;
+            let (plan, compiler) = self.kept_plan(req)?;
             Ok(compiler.plan_text(&plan).into())
         })
     }
