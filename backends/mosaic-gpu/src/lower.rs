@@ -12,11 +12,13 @@
 //! after the scratch (its elements at their width): in shared memory when the CTA's values and
 //! scratch fit the 227 KiB a Hopper CTA may have ([`MAX_SHARED_BYTES`]), else in the CTA's region
 //! of a global buffer, the scratch staying in shared memory alone where it fits
-//! ([`Plan::scratch_shared`]). A barrier stands only
-//! where an operation meets another thread's elements (emit/writer.rs). Reductions give each output element to one thread, which accumulates in the
-//! interpreter's order; float `dot` runs on the tensor cores (`mma.sync`, see emit/dot.rs), integer
-//! `dot` like a reduction. Loads and stores check the array bounds and masks lane by lane
+//! ([`Plan::scratch_shared`]). A barrier stands only where an operation meets another thread's
+//! elements: the plan's second phase, [`meetings`]. Reductions give each output element to one
+//! thread, which accumulates in the interpreter's order; float `dot` runs on the tensor cores
+//! (`mma.sync`, see emit/dot.rs), integer `dot` like a reduction. Loads and stores check the array bounds and masks lane by lane
 //! (docs/language.md §5).
+
+pub mod meetings;
 
 use std::collections::{HashMap, HashSet};
 
@@ -32,6 +34,7 @@ use crate::limits::{
 };
 use crate::tma;
 use crate::wgmma::{self, Gemm, Schedule, TensorMapSpec};
+use meetings::Meetings;
 
 /// Where a value or a scratch buffer lives in a CTA's workspace region.
 #[derive(Clone, Debug)]
@@ -96,6 +99,9 @@ pub struct Plan {
     /// The concurrent model's products on `wgmma` (`crate::async_mma`): their operand buffers'
     /// swizzled layouts and their accumulators in registers (which take no scratch slot).
     pub mma: AsyncMma,
+    /// The second phase: where the warpgroup's threads meet ([`meetings::place`], from
+    /// everything above; none on the Hopper path, whose writers meet as their schedule does).
+    pub meetings: Meetings,
 }
 
 impl Plan {
@@ -360,6 +366,7 @@ fn hopper(kernel: &Verified, thread_axis: Option<&str>, schedule: Schedule) -> O
         barrier_bytes: 0,
         maps: Vec::new(),
         mma: AsyncMma::default(),
+        meetings: Meetings::default(),
     })
 }
 
@@ -458,7 +465,7 @@ pub fn plan_general(kernel: &Verified, thread_axis: Option<&str>) -> Result<Plan
     if workspace_per_cta >= u64::from(u32::MAX) {
         return Err(Refusal::Workspace { kernel: k.name.clone(), bytes: workspace_per_cta }.into());
     }
-    Ok(Plan {
+    let mut plan = Plan {
         kernel: kernel.clone(),
         entry: format!("tessel_{}", k.name),
         values: planner.values,
@@ -478,7 +485,10 @@ pub fn plan_general(kernel: &Verified, thread_axis: Option<&str>) -> Result<Plan
         barrier_bytes,
         maps,
         mma,
-    })
+        meetings: Meetings::default(),
+    };
+    plan.meetings = meetings::place(&plan);
+    Ok(plan)
 }
 
 /// The slots of kernel `k`'s scratch buffers from offset 0, and the bytes they take: each as

@@ -3,8 +3,11 @@
 //! and the `plan-ptx` snapshots of `tests/lowering.rs`).
 
 use tessel_plugin_api::backend::PlanText;
+use tessel_plugin_api::ir::analysis;
+use tessel_plugin_api::ir::print::print_stmt_head;
 
 use crate::lower::{Plan, Slot};
+use crate::lower::meetings::At;
 use crate::wgmma::{Init, TensorMapSpec};
 
 /// `byte 64: f32[128, 4]`.
@@ -117,5 +120,13 @@ pub fn text(plan: &Plan) -> String {
         )
         .line("wgmma takes every product", plan.mma.all)
         .names("wgmma operands threads write", &plan.mma.thread_written);
+    // The meetings, each beside its statement's number and head.
+    let mut stmts = Vec::new();
+    analysis::visit(&plan.kernel.kernel().body, &mut |s| stmts.push(s));
+    let points: Vec<(usize, At)> = plan.meetings.points().collect();
+    t.line("meetings", points.len()).line("meeting after each step", plan.meetings.after_step());
+    for (n, at) in points {
+        t.line(&format!("  #{n} {}", print_stmt_head(stmts[n])), at);
+    }
     t.finish()
 }

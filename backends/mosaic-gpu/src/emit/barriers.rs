@@ -65,7 +65,7 @@ impl Writer<'_> {
     /// `arrive B[k]`: the warpgroup meets, then its thread 0 arrives.
     pub(super) fn write_arrive(&mut self, b: &BarrierAt) {
         let (addr, _, _) = self.mbarrier(b);
-        self.barrier();
+        self.meet_in_op();
         let (others, skip, state) = (self.p(), self.label("arrived"), self.rd());
         let tid = self.tid.clone();
         self.insf(format_args!("setp.ne.u32 {others}, {tid}, 0"));

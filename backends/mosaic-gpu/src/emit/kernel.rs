@@ -10,7 +10,7 @@ use super::header::SHARED;
 use super::memory::Access;
 use super::writer::Writer;
 use crate::limits::THREADS;
-use crate::lower::{Use, uses};
+use crate::lower::meetings::{At, accesses, yields};
 
 impl Writer<'_> {
     /// The general path's kernel (`emit` gives a Hopper plan to `write_gemm` instead).
@@ -82,8 +82,9 @@ impl Writer<'_> {
         let seq: Vec<usize> = (0..grid.len()).filter(|&a| grid[a].seq).collect();
         self.decode(&cta, &par);
         let steps: u64 = seq.iter().map(|&a| size(&grid[a])).product();
-        // The `seq` steps of one program: `refill` when a later thread-axis point runs them again.
-        let seq_loop = |w: &mut Writer<'_>, refill: bool| {
+        // The `seq` steps of one program (met at their ends where the plan says: another step, or
+        // a later thread-axis point, runs them again).
+        let seq_loop = |w: &mut Writer<'_>| {
             let step = w.r();
             w.insf(format_args!("mov.u32 {step}, 0"));
             let top = w.label("seq");
@@ -101,7 +102,7 @@ impl Writer<'_> {
             }
             w.write_body(&k.body);
             // The next step (or the next thread-axis point) writes every slot again.
-            if steps > 1 || refill {
+            if w.plan.meetings.after_step() {
                 w.barrier();
             }
             w.insf(format_args!("add.u32 {step}, {step}, 1"));
@@ -116,14 +117,14 @@ impl Writer<'_> {
                 let wg = self.warpgroup.clone();
                 self.count(&wg, plan.thread_points as usize, plan.warpgroups, true, ("point", "points"), |w, point| {
                     w.coords[t] = point.to_string();
-                    seq_loop(w, true);
+                    seq_loop(w);
                 });
             }
             Some(t) => {
                 self.coords[t] = self.warpgroup.clone();
-                seq_loop(self, false);
+                seq_loop(self);
             }
-            None => seq_loop(self, false),
+            None => seq_loop(self),
         }
         self.write_final_wait_copies();
     }
@@ -133,43 +134,33 @@ impl Writer<'_> {
             let head = tessel_plugin_api::ir::print::print_stmt_head(s);
             self.comment(&head);
             let back = self.names.enter(s);
-            self.write_stmt(s);
+            let n = self.next_stmt;
+            self.next_stmt += 1;
+            self.stmt = n;
+            self.write_stmt(n, s);
             self.names.leave(back);
         }
     }
 
-    fn write_stmt(&mut self, s: &Stmt) {
+    /// Statement `#n` (numbered as [`crate::lower::meetings`] numbers them), after the meetings the
+    /// plan places before it.
+    fn write_stmt(&mut self, n: usize, s: &Stmt) {
         let dst = s.results.first().cloned().unwrap_or_default();
         let ty = s.ty.clone();
         let out_shape = ty.as_ref().map(|t| t.shape.clone()).unwrap_or_default();
-        let n = out_shape.iter().product::<usize>();
-        let (mut reads, mut writes) = uses(&self.plan.kernel, s, &out_shape);
-        // An accumulator in registers moves to and from a value in the `wgmma` layout: across
-        // the warpgroup's threads.
+        let n_out = out_shape.iter().product::<usize>();
+        let (reads, writes) = accesses(self.plan, s);
         let accumulator = match &s.op {
             Op::Load { src: a, .. } | Op::Store { dst: a, .. } => self.plan.mma.accumulator(a).map(|_| a.clone()),
             _ => None,
         };
-        if accumulator.is_some() {
-            for u in reads.iter_mut().chain(writes.iter_mut()) {
-                u.own = false;
-            }
+        // A product on `wgmma` reads its operand buffers through the asynchronous proxy: after
+        // what the threads wrote there, fenced.
+        if self.plan.meetings.at(n, At::Fence) {
+            self.ins("fence.proxy.async.shared::cta");
+            self.barrier();
         }
-        // A product on `wgmma` reads its operand buffers across the warpgroup, through the
-        // asynchronous proxy: after what its threads wrote there, fenced.
-        if let Op::Sync(op @ SyncOp::Mma { a, b, .. }) = &s.op {
-            match a {
-                MmaLhs::Ref(a) => reads.push(Use::across(&a.name)),
-                MmaLhs::Value(Operand::Value(v)) => reads.push(Use::across(v)),
-                MmaLhs::Value(Operand::Lit(_)) => {}
-            }
-            reads.push(Use::across(&b.name));
-            if self.plan.mma.reads_thread_writes(op) {
-                self.ins("fence.proxy.async.shared::cta");
-                self.barrier();
-            }
-        }
-        self.sync(&reads, &writes);
+        self.meet(n, At::Before);
         self.unroll = reads.iter().chain(&writes).any(|u| self.in_regs(&u.name));
         match &s.op {
             Op::Load { src, .. } if accumulator.is_some() => self.write_accumulator_load(src, &dst),
@@ -196,21 +187,18 @@ impl Writer<'_> {
             | Op::Transpose { .. }
             | Op::Slice { .. }
             | Op::Concatenate { .. } => self.write_elementwise(s, &dst, &out_shape),
-            Op::Reduce { op, arg, axis, .. } => self.write_reduce(*op, arg, *axis, &dst, n),
+            Op::Reduce { op, arg, axis, .. } => self.write_reduce(*op, arg, *axis, &dst, n_out),
             Op::Dot { a, b, trans_a, trans_b } => self.write_dot(a, b, *trans_a, *trans_b, &dst, &out_shape),
             Op::When { cond, body } => {
                 let c = self.scalar(cond);
                 let (p, end) = (self.p(), self.label("when"));
                 self.insf(format_args!("setp.eq.u32 {p}, {c}, 0"));
                 self.insf(format_args!("@{p} bra.uni {end}"));
-                // After the body: what it left, or (skipped) what was before it.
-                let before = self.hazards.clone();
                 self.write_body(body);
                 self.place_label(&end);
-                self.hazards.union(before);
             }
-            Op::For(f) => self.write_for(f, &s.results),
-            Op::If(i) => self.write_if(i, &s.results),
+            Op::For(f) => self.write_for(n, f, &s.results),
+            Op::If(i) => self.write_if(n, i, &s.results),
             Op::Yield(_) => {}
             Op::Sync(SyncOp::Arrive(b)) => self.write_arrive(b),
             Op::Sync(SyncOp::Wait(b)) => self.write_wait(b),
@@ -235,35 +223,28 @@ impl Writer<'_> {
     }
 
     /// `if`: a uniform branch to one body or the other (the condition is a scalar, the same in
-    /// every thread), each ending by copying what it yields into the results' slots; after it,
-    /// what either branch left.
-    fn write_if(&mut self, i: &IfElse, results: &[String]) {
+    /// every thread), each ending by copying what it yields into the results' slots.
+    fn write_if(&mut self, n: usize, i: &IfElse, results: &[String]) {
         let c = self.scalar(&i.cond);
         let (p, els, end) = (self.p(), self.label("else"), self.label("endif"));
         self.insf(format_args!("setp.eq.u32 {p}, {c}, 0"));
         self.insf(format_args!("@{p} bra.uni {els}"));
-        let before = self.hazards.clone();
-        self.write_branch(&i.then, results);
+        self.write_branch(n, &i.then, results, At::Yield);
         self.insf(format_args!("bra.uni {end}"));
-        let after_then = std::mem::replace(&mut self.hazards, before);
         self.place_label(&els);
-        self.write_branch(&i.els, results);
+        self.write_branch(n, &i.els, results, At::ElseYield);
         self.place_label(&end);
-        self.hazards.union(after_then);
     }
 
-    fn write_branch(&mut self, body: &[Stmt], results: &[String]) {
+    fn write_branch(&mut self, n: usize, body: &[Stmt], results: &[String], at: fn(usize) -> At) {
         self.write_body(body);
-        if let Some(Stmt { op: Op::Yield(vals), .. }) = body.last() {
-            for (v, r) in vals.iter().zip(results) {
-                let Operand::Value(v) = v else { unreachable!("verifier: yields are values") };
-                self.copy_value(v, r);
-            }
+        for (i, (v, r)) in yields(body).unwrap_or_default().iter().zip(results).enumerate() {
+            self.copy_value(n, at(i), v, r);
         }
     }
 
-    fn copy_value(&mut self, from: &str, to: &str) {
-        self.sync(&[Use::own(from)], &[Use::own(to)]);
+    fn copy_value(&mut self, stmt: usize, at: At, from: &str, to: &str) {
+        self.meet(stmt, at);
         self.unroll = [from, to].iter().any(|n| self.in_regs(n));
         let n: usize = self.shape_of(from).iter().product();
         let (from, to) = (from.to_string(), to.to_string());
@@ -273,12 +254,12 @@ impl Writer<'_> {
         });
     }
 
-    fn write_for(&mut self, f: &ForLoop, results: &[String]) {
+    fn write_for(&mut self, n: usize, f: &ForLoop, results: &[String]) {
         let ForLoop { var, lo, hi, step, iters, cond, body } = f;
         let step = step.as_ref();
-        for (name, init) in iters {
+        for (i, (name, init)) in iters.iter().enumerate() {
             match init {
-                Operand::Value(v) => self.copy_value(v, name),
+                Operand::Value(v) => self.copy_value(n, At::Init(i), v, name),
                 Operand::Lit(_) => unreachable!("verifier: iter initial values are values"),
             }
         }
@@ -293,9 +274,6 @@ impl Writer<'_> {
         let never = self.p();
         self.insf(format_args!("setp.le.s32 {never}, {step}, 0"));
         self.insf(format_args!("@{never} bra.uni {end}"));
-        // Every iteration ends with a barrier, so the loop's top and its exit see only what
-        // came before the loop.
-        let before = self.hazards.clone();
         self.place_label(&top);
         let done = self.p();
         self.insf(format_args!("setp.ge.s32 {done}, {i}, {hi}"));
@@ -303,7 +281,7 @@ impl Writer<'_> {
         if let Some(c) = cond {
             // `while %c`: the carried bool (the same in every thread, which the thread that
             // wrote it makes visible first), checked before every trip.
-            self.sync(&[Use::across(c)], &[]);
+            self.meet(n, At::Cond);
             let go = self.scalar(&Operand::Value(c.clone()));
             let stop = self.p();
             self.insf(format_args!("setp.eq.u32 {stop}, {go}, 0"));
@@ -311,25 +289,23 @@ impl Writer<'_> {
         }
         let var = var.to_string();
         let iv = i.clone();
-        self.sync(&[], &[Use::own(&var)]);
+        self.meet(n, At::Var);
         self.each(1, |w, e| w.store_slot(&var, e, &iv));
         self.write_body(body);
-        if let Some(Stmt { op: Op::Yield(vals), .. }) = body.last() {
-            for (v, (name, _)) in vals.iter().zip(iters) {
-                let Operand::Value(v) = v else { unreachable!("verifier: yields are values") };
-                self.copy_value(v, &format!("{name}.next"));
+        if let Some(yielded) = yields(body) {
+            for (k, (v, (name, _))) in yielded.iter().zip(iters).enumerate() {
+                self.copy_value(n, At::Yield(k), v, &format!("{name}.next"));
             }
-            for (name, _) in iters {
-                self.copy_value(&format!("{name}.next"), name);
+            for (k, (name, _)) in iters.iter().enumerate() {
+                self.copy_value(n, At::Next(k), &format!("{name}.next"), name);
             }
         }
-        self.barrier();
+        self.meet(n, At::BackEdge);
         self.insf(format_args!("add.s32 {i}, {i}, {step}"));
         self.insf(format_args!("bra.uni {top}"));
         self.place_label(&end);
-        self.hazards = before;
-        for ((name, _), r) in iters.iter().zip(results) {
-            self.copy_value(name, r);
+        for (k, ((name, _), r)) in iters.iter().zip(results).enumerate() {
+            self.copy_value(n, At::Result(k), name, r);
         }
     }
 }

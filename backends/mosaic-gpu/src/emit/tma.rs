@@ -15,7 +15,7 @@ impl Writer<'_> {
     pub(super) fn write_tma_copy(&mut self, c: &TmaCopy<'_>, bar: &BarrierAt) {
         let (addr, _, _) = self.mbarrier(bar);
         let (map, coords, tile) = self.tensor_copy_operands(c);
-        self.barrier();
+        self.meet_in_op();
         let skip = self.unless_thread_zero("copied");
         let state = self.rd();
         self.ins("fence.proxy.async.shared::cta");
@@ -35,7 +35,7 @@ impl Writer<'_> {
     pub(super) fn write_tma_store(&mut self, c: &TmaCopy<'_>) {
         let (map, coords, tile) = self.tensor_copy_operands(c);
         self.ins("fence.proxy.async.shared::cta");
-        self.barrier();
+        self.meet_in_op();
         let skip = self.unless_thread_zero("stored");
         for (at, at_box) in self.slab_boxes(c, &tile, &coords) {
             self.insf(format_args!(
@@ -61,7 +61,7 @@ impl Writer<'_> {
         let read = if reads { ".read" } else { "" };
         self.insf(format_args!("cp.async.bulk.wait_group{read} {pending}"));
         self.place_label(&skip);
-        self.barrier();
+        self.meet_in_op();
     }
 
     /// At the kernel's end, thread 0 waits for its copies out, so that the CTA's shared memory

@@ -4,13 +4,14 @@
 //! register of the statement defining `%m`), so a change to one statement renames nothing in
 //! another; `header.rs` declares each statement's. The warpgroup's
 //! element loops (`each`, `count`) and its barriers live here too: a barrier is written only
-//! where an access meets another thread's since the last one ([`Hazards`]).
+//! where the plan places one ([`crate::lower::meetings`]).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::fmt::Write as _;
 
 use crate::limits::THREADS;
-use crate::lower::{Plan, Use};
+use crate::lower::Plan;
+use crate::lower::meetings::At;
 use tessel_plugin_api::ir::ValueMap;
 
 /// One kernel's emission: the plan, the text so far and the registers that name things in it.
@@ -37,8 +38,10 @@ pub(super) struct Writer<'p> {
     pub(super) coords: Vec<String>,
     /// Element origin registers of each argument's block.
     pub(super) origins: Vec<(String, Vec<String>)>,
-    /// What the warpgroup touched since its last barrier.
-    pub(super) hazards: Hazards,
+    /// The next statement's number, and the number of the one being written (as
+    /// [`crate::lower::meetings`] numbers them).
+    pub(super) next_stmt: usize,
+    pub(super) stmt: usize,
     /// Values that live in registers: element `t + 128 j` of such a value is register `j` of
     /// thread `t` (see [`crate::lower::in_registers`]).
     pub(super) in_registers: ValueMap<Vec<String>>,
@@ -172,47 +175,6 @@ impl Namer {
     }
 }
 
-/// The slots and arrays a warpgroup's threads wrote and read since their last barrier, by
-/// whether each thread touched only its own elements (element `e` is thread `e % 128`'s in every
-/// loop over a value) or other threads' too. A barrier is needed only where an access meets one
-/// of another thread's: reading what another thread wrote, or writing what another thread read
-/// or wrote. Elementwise chains, loads and stores of whole blocks need none between them.
-#[derive(Clone, Default)]
-pub(super) struct Hazards {
-    written_own: HashSet<String>,
-    written_across: HashSet<String>,
-    read_own: HashSet<String>,
-    read_across: HashSet<String>,
-}
-
-impl Hazards {
-    /// Whether an access would meet another thread's since the barrier.
-    fn conflicts(&self, u: &Use, write: bool) -> bool {
-        let n = &u.name;
-        let written = self.written_across.contains(n) || (!u.own && self.written_own.contains(n));
-        let read = write && (self.read_across.contains(n) || (!u.own && self.read_own.contains(n)));
-        written || read
-    }
-
-    fn record(&mut self, u: &Use, write: bool) {
-        let set = match (write, u.own) {
-            (true, true) => &mut self.written_own,
-            (true, false) => &mut self.written_across,
-            (false, true) => &mut self.read_own,
-            (false, false) => &mut self.read_across,
-        };
-        set.insert(u.name.clone());
-    }
-
-    /// What either of two paths may have left.
-    pub(super) fn union(&mut self, other: Hazards) {
-        self.written_own.extend(other.written_own);
-        self.written_across.extend(other.written_across);
-        self.read_own.extend(other.read_own);
-        self.read_across.extend(other.read_across);
-    }
-}
-
 impl<'p> Writer<'p> {
     pub(super) fn new(plan: &'p Plan) -> Writer<'p> {
         Writer {
@@ -227,7 +189,8 @@ impl<'p> Writer<'p> {
             args: Vec::new(),
             coords: Vec::new(),
             origins: Vec::new(),
-            hazards: Hazards::default(),
+            next_stmt: 0,
+            stmt: 0,
             in_registers: ValueMap::new(),
             unroll: false,
             element: None,
@@ -333,24 +296,22 @@ impl<'p> Writer<'p> {
         self.place_label(&end);
     }
 
-    /// A barrier before an operation whose accesses meet another thread's since the last one;
-    /// then the accesses are recorded.
-    pub(super) fn sync(&mut self, reads: &[Use], writes: &[Use]) {
-        let h = &self.hazards;
-        if reads.iter().any(|u| h.conflicts(u, false)) || writes.iter().any(|u| h.conflicts(u, true)) {
+    /// The warpgroup's barrier at `at` of statement `#stmt`, where the plan places one
+    /// ([`crate::lower::meetings`]).
+    pub(super) fn meet(&mut self, stmt: usize, at: At) {
+        if self.plan.meetings.at(stmt, at) {
             self.barrier();
         }
-        for u in reads {
-            self.hazards.record(u, false);
-        }
-        for u in writes {
-            self.hazards.record(u, true);
-        }
+    }
+
+    /// The barrier of the operation being written, which is itself a meeting (`arrive`, a copy
+    /// by TMA, `wait_copies`): where the plan places it.
+    pub(super) fn meet_in_op(&mut self) {
+        self.meet(self.stmt, At::Op);
     }
 
     /// The warpgroup's barrier: its threads wait for each other.
     pub(super) fn barrier(&mut self) {
-        self.hazards = Hazards::default();
         if self.plan.warpgroups == 1 {
             self.ins("bar.sync 0");
         } else {

@@ -7,6 +7,7 @@ use tessel_plugin_api::ir::*;
 
 use super::Writer;
 use crate::conv::{from_word, literal, reg_ty, to_word};
+use crate::lower::meetings::Site;
 use crate::lower::{Strategy, dot_tiling, quad_able, staged_chunk};
 
 /// Writes the WGSL expression of element (row, col) of an operand block.
@@ -23,7 +24,7 @@ impl<'k> Writer<'k> {
         let n = if trans_b { bsh[0] } else { bsh[1] };
         let da = self.ty(a).dtype;
         let published: Vec<&str> = [a, b].into_iter().filter(|v| !self.plan.forwarded.contains_key(self.plan.id(v))).collect();
-        let offs = self.read_published(&published);
+        let offs = self.read_published(Site::Reads, &published);
         let total = m * n;
         let id = self.declare_block(dst);
         let slots = self.slots(&[m, n]);

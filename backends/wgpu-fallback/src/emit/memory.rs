@@ -9,6 +9,7 @@ use tessel_plugin_api::ir::*;
 use super::layout::strides;
 use super::{Read, Writer};
 use crate::conv::{from_word, literal, reg_ty, to_word};
+use crate::lower::meetings::Site;
 
 /// One dimension of the region a load or store selects.
 #[derive(Clone, Debug)]
@@ -109,7 +110,7 @@ impl<'k> Writer<'k> {
                 };
                 let gather = match index.map(|ix| &ix[d]) {
                     Some(Index::Gather { index: Operand::Value(v), .. }) => {
-                        let off = self.read_published(&[v.as_str()])[0];
+                        let off = self.read_published(Site::Index(d), &[v.as_str()])[0];
                         Some((off, self.ty(v).dtype))
                     }
                     _ => None,
@@ -230,13 +231,8 @@ impl<'k> Writer<'k> {
             return;
         }
         let mask_read = mask.map(|m| self.classify(&Operand::Value(m.to_string()), &res, false));
-        if p.kind != ParamKind::In && self.pending_store {
-            self.storage_barrier();
-        }
-        self.sync_reads(&mask_read.iter().collect::<Vec<_>>());
-        if p.kind != ParamKind::In {
-            self.pending_ref_load = true;
-        }
+        self.meet(Site::RefLoad);
+        self.meet(Site::Reads);
         let other = literal(other.unwrap_or(Literal::Int(0)), d);
         let body = |w: &mut Self| -> String {
             let (check, flat) = w.address(&region, &p.ty.shape);
@@ -272,19 +268,15 @@ impl<'k> Writer<'k> {
         let vread = self.classify(value, &sel, false);
         let mask_read = mask.map(|m| self.classify(&Operand::Value(m.to_string()), &sel, false));
         if let Some(&ri) = self.plan.resident.get(dst) {
-            self.sync_reads(&[&vread]);
+            self.meet(Site::Reads);
             self.each(&sel, |w| {
                 let v = w.read(&vread, d, &sel);
                 w.line(format!("r{ri}[k] = {v};"));
             });
             return;
         }
-        if self.pending_store || self.pending_ref_load {
-            self.storage_barrier();
-        }
-        let mut reads = vec![&vread];
-        reads.extend(mask_read.iter());
-        self.sync_reads(&reads);
+        self.meet(Site::Store);
+        self.meet(Site::Reads);
         if self.plan.quad_outputs.contains(&pi) {
             // Four adjacent elements as one write, to the argument bound as `vec4`s.
             let rt = reg_ty(d);
@@ -326,7 +318,6 @@ impl<'k> Writer<'k> {
                 };
                 w.line(format!("a{pi}[{cell}] = {q};"));
             });
-            self.pending_store = true;
             return;
         }
         let sel2 = sel.clone();
@@ -357,6 +348,5 @@ impl<'k> Writer<'k> {
                 None => w.line(format!("{cell} = {word};")),
             }
         });
-        self.pending_store = true;
     }
 }

@@ -177,11 +177,10 @@ struct Writer<'k> {
     /// The accurate maths functions the module calls, by name (`libm.rs`).
     libm: BTreeMap<&'static str, String>,
     uses_broadcast: bool,
-    /// Since the last barrier: a value was published, an `out`/scratch ref was stored to,
-    /// or loaded from.
-    pending_publish: bool,
-    pending_store: bool,
-    pending_ref_load: bool,
+    /// The next statement's number, and the number of the one being written (as
+    /// [`crate::lower::meetings`] numbers them: where the plan's barriers stand).
+    next_stmt: usize,
+    stmt: usize,
     /// Words of the `var<workgroup>` arrays the staged `dot`s use (`tk_sa`, `tk_sb`): the most
     /// any one needs.
     staged: (usize, usize),
@@ -213,9 +212,8 @@ impl<'k> Writer<'k> {
             helpers: BTreeSet::new(),
             libm: BTreeMap::new(),
             uses_broadcast: false,
-            pending_publish: false,
-            pending_store: false,
-            pending_ref_load: false,
+            next_stmt: 0,
+            stmt: 0,
             staged: (0, 0),
             views: BTreeSet::new(),
             quad_lane: None,

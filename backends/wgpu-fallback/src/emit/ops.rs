@@ -7,6 +7,7 @@ use tessel_plugin_api::libm;
 
 use super::{Deferred, Read, Writer};
 use crate::conv::{literal, reg_ty};
+use crate::lower::meetings::Site;
 
 impl<'k> Writer<'k> {
     /// An elementwise result: scalar registers when every operand is one, else a block.
@@ -37,7 +38,7 @@ impl<'k> Writer<'k> {
         };
         if res.is_empty() {
             if reads.iter().any(|r| matches!(r, Read::Shared { .. })) {
-                self.sync_reads(&reads.iter().collect::<Vec<_>>());
+                self.meet(Site::Reads);
                 self.broadcast_scalar(dst, ty.dtype, |w| {
                     let xs: Vec<String> = reads.iter().enumerate().map(|(i, r)| w.read(r, lit_ty(i, w), &res)).collect();
                     f(w, &xs)
@@ -60,7 +61,7 @@ impl<'k> Writer<'k> {
             self.deferred.insert(dst.to_string(), Deferred { reads, tys, f: std::rc::Rc::new(f) });
             return;
         }
-        self.sync_reads(&reads.iter().collect::<Vec<_>>());
+        self.meet(Site::Reads);
         let fused = self.open_fused(dst);
         let (d, c) = (ty.dtype, self.plan.row_len().unwrap_or(1));
         let value = |w: &mut Self| {

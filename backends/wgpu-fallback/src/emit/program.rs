@@ -10,6 +10,7 @@ use tessel_plugin_api::ir::*;
 
 use super::Writer;
 use crate::conv::{literal, reg_ty};
+use crate::lower::meetings::Site;
 
 impl<'k> Writer<'k> {
     pub(super) fn write_main(&mut self) {
@@ -18,7 +19,7 @@ impl<'k> Writer<'k> {
         let seq: Vec<usize> = (0..self.grid.len()).filter(|&a| self.grid[a].seq).collect();
         if self.plan.strided {
             self.open("for (var prog = gid; prog < PROGRAMS; prog += GROUPS)");
-            if self.plan.shares {
+            if self.plan.meetings.program_top() {
                 // The workspace and scratch of the previous program are done with.
                 self.storage_barrier();
             }
@@ -36,7 +37,6 @@ impl<'k> Writer<'k> {
             let off = self.plan.scratch_at(&p.name);
             self.line(format!("// scratch {}: {}", p.name, p.ty));
             self.each(&[n], |w| w.line(format!("tk_ws[wsb + {off}u + e] = 0u;")));
-            self.pending_store = true;
         }
         let looped = self.plan.steps > 1;
         let mut resident: Vec<(String, usize)> = self.plan.resident.iter().map(|(n, &pi)| (n.clone(), pi)).collect();
@@ -49,7 +49,9 @@ impl<'k> Writer<'k> {
         }
         if looped {
             self.open(format!("for (var step = 0u; step < {}u; step++)", self.plan.steps));
-            self.loop_barrier();
+            if self.plan.meetings.step_top() {
+                self.storage_barrier();
+            }
         }
         if !looped && !seq.is_empty() {
             self.line("let step = 0u;");
@@ -192,12 +194,21 @@ impl<'k> Writer<'k> {
         if self.v.kernel().params[pi].block.is_some() { format!("o{pi}_{d}") } else { "0i".to_string() }
     }
 
+    /// The statements of `body` (a closing `yield` is its `for`'s or `if`'s to write), each
+    /// numbered as the plan's meetings number them.
     fn write_body(&mut self, body: &[Stmt]) {
+        let outer = self.stmt;
         for s in body {
+            self.stmt = self.next_stmt;
+            self.next_stmt += 1;
+            if matches!(s.op, Op::Yield(_)) {
+                continue;
+            }
             let head = tessel_plugin_api::ir::print::print_stmt_head(s);
             self.line(format!("// {head}"));
             self.scoped(s, |w| w.write_stmt(s));
         }
+        self.stmt = outer;
     }
 
     fn write_stmt(&mut self, s: &Stmt) {
@@ -248,11 +259,9 @@ impl<'k> Writer<'k> {
                     Operand::Lit(l) => literal(*l, DType::Bool),
                     Operand::Value(v) => self.ident(v),
                 };
-                let before = self.flags();
                 self.open(format!("if ({c})"));
                 self.write_body(body);
                 self.close();
-                self.merge_flags(before);
             }
             Op::For(f) => self.write_for(s, f),
             Op::If(i) => self.write_if(s, i),
@@ -263,7 +272,7 @@ impl<'k> Writer<'k> {
     }
 
     /// `if`: one variable per result, declared before and assigned at the end of each branch by
-    /// its `yield`; what either branch left pending (a publish, a store) is pending after.
+    /// its `yield`.
     fn write_if(&mut self, s: &Stmt, i: &IfElse) {
         for r in &s.results {
             let ty = self.ty(r);
@@ -275,8 +284,6 @@ impl<'k> Writer<'k> {
             Operand::Lit(l) => literal(*l, DType::Bool),
             Operand::Value(v) => self.ident(v),
         };
-        let before = self.flags();
-        let mut after = (false, false, false);
         for (k, body) in [&i.then, &i.els].into_iter().enumerate() {
             if k == 0 {
                 self.open(format!("if ({c})"));
@@ -285,23 +292,18 @@ impl<'k> Writer<'k> {
                 self.line("} else {");
                 self.indent += 1;
             }
-            let (rest, yields) = match body.split_last() {
-                Some((Stmt { op: Op::Yield(vals), .. }, rest)) => (rest, vals.as_slice()),
-                _ => (body.as_slice(), &[][..]),
+            let yields = match body.last() {
+                Some(Stmt { op: Op::Yield(vals), .. }) => vals.as_slice(),
+                _ => &[][..],
             };
-            self.write_body(rest);
+            self.write_body(body);
             for (r, v) in s.results.iter().zip(yields) {
                 let Operand::Value(v) = v else { unreachable!("verifier: yields are values") };
                 let (rid, vid) = (self.ident(r), self.ident(v));
                 self.line(format!("{rid} = {vid};"));
             }
-            let f = self.flags();
-            after = (after.0 | f.0, after.1 | f.1, after.2 | f.2);
-            // The other branch starts from what came before the `if`.
-            self.set_flags(before);
         }
         self.close();
-        self.set_flags(after);
         for r in &s.results {
             self.defined(r);
         }
@@ -347,7 +349,6 @@ impl<'k> Writer<'k> {
         let go = self.t();
         self.line(format!("var {i}: i32 = {lo};"));
         self.line(format!("var {go} = {step} > 0i && {lo} < {hi};"));
-        let before = self.flags();
         self.open("loop");
         self.line(format!("if (!{go}) {{ break; }}"));
         if let Some(c) = cond {
@@ -355,16 +356,12 @@ impl<'k> Writer<'k> {
             let c = self.ident(c);
             self.line(format!("if (!{c}) {{ break; }}"));
         }
-        self.loop_barrier();
+        self.meet(Site::LoopTop);
         for (name, _) in iters {
             self.defined(name);
         }
-        let (last, rest) = match body.split_last() {
-            Some((l, r)) if matches!(l.op, Op::Yield(_)) => (Some(l), r),
-            _ => (None, body.as_slice()),
-        };
-        self.write_body(rest);
-        if let Some(Stmt { op: Op::Yield(values), .. }) = last {
+        self.write_body(body);
+        if let Some(Stmt { op: Op::Yield(values), .. }) = body.last() {
             self.line("// yield");
             let tmps: Vec<String> = values
                 .iter()
@@ -390,7 +387,6 @@ impl<'k> Writer<'k> {
         self.line(format!("{go} = {next} > {i} && {next} < {hi};"));
         self.line(format!("{i} = {next};"));
         self.close();
-        self.merge_flags(before);
         for (r, (name, _)) in s.results.iter().zip(iters) {
             let (rid, id) = (self.ident(r), self.ident(name));
             // Blocks are `var`s, which may be indexed by a variable.

@@ -7,6 +7,7 @@
 //! made; this file holds the plan, its layout and the refusals.
 
 mod loops;
+pub mod meetings;
 pub mod print;
 mod values;
 
@@ -23,6 +24,7 @@ use crate::error::Refusal;
 use crate::limits::{
     MAX_BLOCK_ELEMENTS, MAX_GROUPS, MAX_PROGRAMS, MAX_STATEMENTS, MAX_STAGED_WORDS, MAX_STORAGE_BINDINGS, MAX_WORKGROUP, WORKSPACE_BUDGET,
 };
+use meetings::Meetings;
 use values::{accumulating_dots, forwarded_loads, fused_reductions, inlined_values, row_forwarded};
 
 /// How the lowering uses the adapter; the WGSL header names it. `TESSEL_WGPU_STRATEGY=cpu|gpu`
@@ -120,6 +122,8 @@ pub struct Plan {
     /// Where the adapter has a loop budget, the budget the module checks it kept to (`None`
     /// where the kernel's loops are known to stay inside it: [`Target::loop_budget`]).
     pub loop_budget: Option<u64>,
+    /// The last phase, from everything above: where the invocations meet ([`meetings::place`]).
+    pub meetings: Meetings,
 }
 
 impl std::ops::Deref for Plan {
@@ -249,7 +253,7 @@ pub fn plan_keeping(kernel: Verified, grid: Vec<LaunchAxis>, target: impl Into<T
     views.extend(dot_views(&layout, wg));
     let taken = k.params.iter().filter(|p| p.kind != ParamKind::Scratch).count() + usize::from(words > 0);
     let views = views.into_iter().take(MAX_STORAGE_BINDINGS.saturating_sub(taken)).collect();
-    Ok(Plan {
+    let mut plan = Plan {
         wg,
         publish: survey.publish,
         scratch_words,
@@ -262,7 +266,10 @@ pub fn plan_keeping(kernel: Verified, grid: Vec<LaunchAxis>, target: impl Into<T
         views,
         loop_budget,
         layout,
-    })
+        meetings: Meetings::default(),
+    };
+    plan.meetings = meetings::place(&plan);
+    Ok(plan)
 }
 
 /// The plan's first phase: the layout of every value of `kernel` on `grid` under `strategy`,

@@ -5,6 +5,8 @@
 use std::collections::BTreeSet;
 
 use tessel_plugin_api::backend::PlanText;
+use tessel_plugin_api::ir::analysis;
+use tessel_plugin_api::ir::print::print_stmt_head;
 
 use super::Plan;
 
@@ -58,5 +60,16 @@ pub fn text(plan: &Plan) -> String {
         .line("invocations share memory", plan.shares)
         .line("stores outside registers", plan.stores)
         .names("inputs also bound as vec4 views", params(&plan.views));
+    // The barriers, each beside its statement's number and head.
+    let mut stmts = Vec::new();
+    analysis::visit(&k.body, &mut |s| stmts.push(s));
+    let m = &plan.meetings;
+    let points: Vec<_> = m.points().collect();
+    t.line("barrier at each program's top", m.program_top())
+        .line("barrier at each step's top", m.step_top())
+        .line("barriers in statements", points.len());
+    for (n, site, barrier) in points {
+        t.line(&format!("  #{n} {}", print_stmt_head(stmts[n])), format!("{} ({barrier})", site));
+    }
     t.finish()
 }
