@@ -33,7 +33,7 @@ fn boundary(c: &mut Criterion) {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/kernels/tiny.tk");
     let k = tessel::load_file(&path).expect("tiny.tk verifies").remove(0);
     let rt = tessel::Runtime::new(&[]).expect("runtime");
-    let call = [tessel::KernelLaunch { kernel: &k, mesh: None }];
+    let call = [tessel::Call::new(k.clone())];
     let args = tessel::LaunchArgs { inputs: tessel::inputs::random_inputs(k.kernel(), 1), grid: Default::default() };
     let mut g = c.benchmark_group("launch_tiny_host");
     g.bench_function("runtime_run_interpret", |b| b.iter(|| black_box(plan_and_run(&rt, &call, &args))));
@@ -43,7 +43,7 @@ fn boundary(c: &mut Criterion) {
     // memory the caller owns (Planned::run_in_place, the Python module's path).
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/kernels/add_16m.tk");
     let k = tessel::load_file(&path).expect("add_16m.tk verifies").remove(0);
-    let call = [tessel::KernelLaunch { kernel: &k, mesh: None }];
+    let call = [tessel::Call::new(k.clone())];
     let args = tessel::LaunchArgs { inputs: tessel::inputs::random_inputs(k.kernel(), 1), grid: Default::default() };
     let bytes: Vec<(String, tessel_plugin_api::ir::Type, Vec<u8>)> =
         args.inputs.iter().map(|(n, a)| (n.clone(), a.ty(), a.le_bytes().into_owned())).collect();
@@ -60,7 +60,7 @@ fn boundary(c: &mut Criterion) {
             }
             place.outputs.insert("o".into(), tessel::BytesMut { ty: out_ty.clone(), bytes: &mut out, keep: false });
             black_box(
-                rt.plan(tessel::Choice::of("interpret"), &tessel::Launch::new(&call, &[], &place.grid))
+                rt.plan(tessel::Choice::of("interpret"), &tessel::Launch::new(call.clone(), [], place.grid.clone()))
                     .and_then(|p| p.run_in_place(&mut place))
                     .expect("runs"),
             )
@@ -71,8 +71,8 @@ fn boundary(c: &mut Criterion) {
 
 /// A launch as a caller that launches once makes it: planned on the interpreter, then run (host
 /// arrays in and out).
-fn plan_and_run(rt: &tessel::Runtime, call: &[tessel::KernelLaunch<'_>], args: &tessel::LaunchArgs) -> tessel::Report {
-    let launch = tessel::Launch::new(call, &[], &args.grid);
+fn plan_and_run(rt: &tessel::Runtime, call: &[tessel::Call], args: &tessel::LaunchArgs) -> tessel::Report {
+    let launch = tessel::Launch::new(call.to_vec(), [], args.grid.clone());
     rt.plan(tessel::Choice::Named("interpret"), &launch).and_then(|p| p.run(args)).expect("runs")
 }
 

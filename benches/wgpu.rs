@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use tessel::{DeviceArray, KernelLaunch, Runtime};
+use tessel::{DeviceArray, Runtime};
 use tessel_plugin_api::array::ArrayData;
 use tessel_plugin_api::ir::Verified;
 
@@ -236,7 +236,7 @@ fn launch(rt: &Runtime, k: &Verified, arrays: &[(String, DeviceArray)]) {
     let bound: Vec<(&str, &DeviceArray)> = arrays.iter().map(|(n, a)| (n.as_str(), a)).collect();
     rt.plan(
         tessel::Choice::Named("wgpu"),
-        &tessel::Launch::new(&[KernelLaunch { kernel: k, mesh: None }], &[], &BTreeMap::new()),
+        &tessel::Launch::one(k.clone()),
     )
     .and_then(|p| p.launch_resident(&bound, false))
     .map(drop)
@@ -301,9 +301,9 @@ fn wgpu_benches(c: &mut Criterion) {
     // A tiny launch: the same WGSL, through tessel and raw.
     let k = load("tiny");
     let (arrays, host) = resident(&rt, &k);
-    let call = [KernelLaunch { kernel: &k, mesh: None }];
+    let call = [tessel::Call::new(k.clone())];
     let wgsl = rt
-        .plan(tessel::Choice::Named("wgpu"), &tessel::Launch::kernels(&call))
+        .plan(tessel::Choice::Named("wgpu"), &tessel::Launch::kernels(call.clone()))
         .and_then(|p| p.lower())
         .expect("lower")
         .remove(0)

@@ -9,7 +9,7 @@
 #[path = "../tests/common/mod.rs"]
 mod common;
 
-use tessel::{KernelLaunch, LaunchArgs, Runtime};
+use tessel::{LaunchArgs, Runtime};
 
 fn main() {
     let rt = Runtime::new(&[]).expect("runtime");
@@ -33,9 +33,9 @@ fn main() {
         let text = std::fs::read_to_string(&path).expect("read");
         let mesh =
             text.lines().find_map(|l| l.strip_prefix("# mosaic-gpu mesh: ")).map(|m| rt.mesh("mosaic-gpu", m).expect("mesh"));
-        let call = [KernelLaunch { kernel: k, mesh: mesh.as_ref() }];
+        let call = [tessel::Call { kernel: std::sync::Arc::new(k.clone()), mesh: mesh.map(std::sync::Arc::new) }];
         let Ok(mut lowered) =
-            rt.plan(tessel::Choice::Named("mosaic-gpu"), &tessel::Launch::kernels(&call)).and_then(|p| p.lower())
+            rt.plan(tessel::Choice::Named("mosaic-gpu"), &tessel::Launch::kernels(call.clone())).and_then(|p| p.lower())
         else {
             continue;
         };

@@ -7,14 +7,15 @@
 //! The JAX Pallas version of this code needs a branch per backend: Mosaic GPU refuses a mesh it
 //! did not make (`Mesh ... is not supported by the Mosaic GPU backend`).
 
-use tessel::{Choice, KernelLaunch, Launch, LaunchArgs, Runtime};
+use std::sync::Arc;
+
+use tessel::{Call, Choice, Launch, LaunchArgs, Runtime};
 use tessel_plugin_api::ir::Verified;
 
 /// The shared launch code: one kernel, one portable mesh spec, any backend.
 fn launch(rt: &Runtime, backend: &str, kernel: &Verified, mesh: &str, args: &LaunchArgs) -> Result<String, String> {
-    let mesh = rt.mesh_for(backend, mesh).map_err(|e| format!("cannot make its mesh: {e}"))?;
-    let call = [KernelLaunch { kernel, mesh: Some(&mesh) }];
-    let launch = Launch::new(&call, &[], &args.grid);
+    let mesh = Arc::new(rt.mesh_for(backend, mesh).map_err(|e| format!("cannot make its mesh: {e}"))?);
+    let launch = Launch::new([Call::on(kernel.clone(), mesh.clone())], [], args.grid.clone());
     let planned = rt
         .plan(Choice::Named(backend), &launch)
         .map_err(|e| format!("refuses the launch: {}", e.to_string().lines().next().unwrap_or("")))?;
@@ -27,7 +28,7 @@ fn launch(rt: &Runtime, backend: &str, kernel: &Verified, mesh: &str, args: &Lau
     let got = planned.launch(args).map_err(|e| e.to_string())?;
     let took = start.elapsed();
     let want = rt
-        .plan(tessel::Choice::Named("interpret"), &tessel::Launch::new(&call, &[], &args.grid))
+        .plan(Choice::Named("interpret"), &launch)
         .and_then(|p| p.launch(args))
         .map_err(|e| e.to_string())?;
     let (name, g) = &got[0];
@@ -61,10 +62,10 @@ fn main() {
     }
     // `auto` in one call, with its report: where it ran, why, and what it cost.
     let m = rt.mesh_for("interpret", mesh).expect("mesh");
-    let call = [KernelLaunch { kernel, mesh: Some(&m) }];
+    let launch = Launch::new([Call::on(kernel.clone(), m)], [], args.grid.clone());
     // The loop above lowered the kernel on every backend, so `auto` finds it in the compile cache.
     for attempt in ["a", "another"] {
-        match rt.plan(tessel::Choice::of("auto"), &tessel::Launch::new(&call, &[], &args.grid)).and_then(|p| p.run(&args)) {
+        match rt.plan(Choice::of("auto"), &launch).and_then(|p| p.run(&args)) {
             Ok(r) => {
                 println!(
                     "--backend auto, {attempt} launch: ran on {} ({}, run {:.2} ms)",

@@ -6,13 +6,13 @@ mod common;
 use std::process::Command;
 
 use common::*;
-use tessel::{KernelLaunch, LaunchArgs, Runtime};
+use tessel::{LaunchArgs, Runtime};
 
 #[test]
 fn the_same_launch_twice_is_compiled_once() {
     let rt = Runtime::new(&[]).expect("runtime");
     let kernels = tessel::load_file(&root().join("examples/softmax.tk")).expect("softmax");
-    let call = [KernelLaunch { kernel: &kernels[0], mesh: None }];
+    let call = [tessel::Call::new(kernels[0].clone())];
     let args = LaunchArgs { inputs: tessel::inputs::random_inputs(kernels[0].kernel(), 1), grid: Default::default() };
     let before = rt.cache_stats("interpret").unwrap();
     let first = launched(&rt, "interpret", &call, &args).unwrap();
@@ -26,7 +26,7 @@ fn the_same_launch_twice_is_compiled_once() {
     let args = LaunchArgs { inputs: tessel::inputs::random_inputs(other[0].kernel(), 1), grid: Default::default() };
     rt.plan(
         tessel::Choice::Named("interpret"),
-        &tessel::Launch::new(&[KernelLaunch { kernel: &other[0], mesh: None }], &[], &args.grid),
+        &tessel::Launch::new([tessel::Call::new(other[0].clone())], [], args.grid.clone()),
     )
     .and_then(|p| p.launch(&args))
     .unwrap();

@@ -452,18 +452,18 @@ fn bench_json_is_one_object_with_the_design_fields() {
 
 #[test]
 fn a_reported_launch_says_where_it_ran_why_and_whether_it_compiled() {
-    use tessel::{KernelLaunch, LaunchArgs, Runtime};
+    use tessel::{LaunchArgs, Runtime};
     let rt = Runtime::new(&[]).unwrap();
     let k = tessel::load_file(&root().join("examples/add.tk")).unwrap().remove(0);
-    let call = [KernelLaunch { kernel: &k, mesh: None }];
+    let call = [tessel::Call::new(k.clone())];
     let args = LaunchArgs { inputs: tessel::inputs::random_inputs(k.kernel(), 3), grid: Default::default() };
     let first =
-        rt.plan(tessel::Choice::of("auto"), &tessel::Launch::new(&call, &[], &args.grid)).and_then(|p| p.run(&args)).unwrap();
+        rt.plan(tessel::Choice::of("auto"), &tessel::Launch::new(call.clone(), [], args.grid.clone())).and_then(|p| p.run(&args)).unwrap();
     assert!(first.decisions[0].starts_with("mosaic-gpu: "), "{:?}", first.decisions);
     assert!(first.decisions.last().unwrap().starts_with(&format!("{}: chosen", first.backend)), "{:?}", first.decisions);
     assert!(!first.cache_hit);
     let second = rt
-        .plan(tessel::Choice::of(&first.backend), &tessel::Launch::new(&call, &[], &args.grid))
+        .plan(tessel::Choice::of(&first.backend), &tessel::Launch::new(call.clone(), [], args.grid.clone()))
         .and_then(|p| p.run(&args))
         .unwrap();
     assert!(second.cache_hit, "the second launch of the same kernel is not lowered again");

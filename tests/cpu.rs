@@ -185,7 +185,7 @@ fn sweep(plugin: &Path, op: &str, want: fn(f64) -> f64, top: f32) -> (u32, f32) 
         .collect();
     let rt = tessel::Runtime::new(&[plugin.to_path_buf()]).unwrap();
     let kernels = tessel::load_source("sweep.tk", &text).unwrap();
-    let call = [tessel::KernelLaunch { kernel: &kernels[0], mesh: None }];
+    let call = [tessel::Call::new(kernels[0].clone())];
     let args = tessel::LaunchArgs { inputs: [("x".to_string(), f32_array(&[n], xs.clone()))].into(), grid: Default::default() };
     let out = launched(&rt, "cpu", &call, &args).unwrap().remove(0).1.to_f64();
     let ulps = |got: f32, want: f32| -> u32 {
@@ -214,7 +214,7 @@ fn the_cpu_tanh_and_exp_are_within_their_bounds_on_a_sweep() {
 fn agrees(plugin: &Path, text: &str, inputs: &[(&str, tessel::HostArray)]) {
     let rt = tessel::Runtime::new(&[plugin.to_path_buf()]).unwrap();
     let kernels = tessel::load_source("case.tk", text).unwrap_or_else(|e| panic!("{e}"));
-    let call = [tessel::KernelLaunch { kernel: &kernels[0], mesh: None }];
+    let call = [tessel::Call::new(kernels[0].clone())];
     let mut args = tessel::LaunchArgs { inputs: tessel::inputs::random_inputs(kernels[0].kernel(), 3), grid: Default::default() };
     for (name, a) in inputs {
         args.inputs.insert(name.to_string(), a.clone());
@@ -359,8 +359,8 @@ fn a_planned_launch_warmed_up_is_compiled_before_it_runs() {
     let rt = tessel::Runtime::new(&[plugin]).unwrap();
     let text = "kernel warm\n  in  a: f32[1000]\n  out o: f32[1000]\n{\n  %a = load a\n  %s = mul %a, 3.0\n  %o = add %s, 1.0\n  store o, %o\n}\n";
     let kernels = tessel::load_source("warm.tk", text).unwrap();
-    let call = [tessel::KernelLaunch { kernel: &kernels[0], mesh: None }];
-    let launch = tessel::Launch::kernels(&call);
+    let call = [tessel::Call::new(kernels[0].clone())];
+    let launch = tessel::Launch::kernels(call.clone());
     let planned = rt.plan(tessel::Choice::Named("cpu"), &launch).unwrap();
     assert!(libraries().is_empty(), "planning compiles nothing: {:?}", libraries());
     planned.warm_up();

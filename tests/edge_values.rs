@@ -578,9 +578,9 @@ fn outputs_on(
     kernel: &tessel_plugin_api::ir::Verified,
     args: &LaunchArgs,
 ) -> Result<Vec<(String, HostArray)>, String> {
-    let call = [tessel::KernelLaunch { kernel, mesh: None }];
+    let call = [tessel::Call::new(kernel.clone())];
     let backend = if exec == "mosaic-emu" { "mosaic-gpu" } else { exec };
-    let launch = tessel::Launch::new(&call, &[], &args.grid);
+    let launch = tessel::Launch::new(call.clone(), [], args.grid.clone());
     let planned = rt.plan(tessel::Choice::Named(backend), &launch).map_err(|e| e.to_string())?;
     if exec != "mosaic-emu" {
         return planned.launch(args).map_err(|e| e.to_string());

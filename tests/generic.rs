@@ -8,7 +8,7 @@ mod common;
 use std::collections::BTreeMap;
 
 use common::*;
-use tessel::{HostArray, KernelFile, KernelLaunch, LaunchArgs, Runtime};
+use tessel::{HostArray, KernelFile, LaunchArgs, Runtime};
 use tessel_plugin_api::ir::DType;
 
 fn example(name: &str) -> KernelFile {
@@ -37,7 +37,7 @@ fn run(
     let inputs: BTreeMap<String, HostArray> = inputs.iter().map(|(n, a)| (n.to_string(), a.clone())).collect();
     let kernel = &file.kernels()[0];
     let (v, _) = file.specialize_for(kernel, &given, &BTreeMap::new(), &inputs).unwrap_or_else(|e| panic!("{e}"));
-    let call = [KernelLaunch { kernel: &v, mesh: None }];
+    let call = [tessel::Call::new(v.clone())];
     let args = LaunchArgs { inputs, grid: Default::default() };
     let outputs = match exec {
         "mosaic-emu" => {
@@ -342,7 +342,7 @@ fn a_generic_kernel_built_in_rust_binds_and_launches_like_one_from_text() {
         let out = rt
             .plan(
                 tessel::Choice::Named(exec),
-                &tessel::Launch::new(&[KernelLaunch { kernel: &s.kernel, mesh: None }], &[], &args.grid),
+                &tessel::Launch::new([tessel::Call::new(s.kernel.clone())], [], args.grid.clone()),
             )
             .and_then(|p| p.launch(&args))
             .expect("runs");

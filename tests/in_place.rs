@@ -9,7 +9,7 @@ mod common;
 use std::collections::BTreeMap;
 
 use common::*;
-use tessel::{BytesMut, BytesRef, HostArray, InPlace, KernelLaunch, LaunchArgs, Runtime};
+use tessel::{BytesMut, BytesRef, HostArray, InPlace, LaunchArgs, Runtime};
 use tessel_plugin_api::ir::Verified;
 
 fn kernels(path: &str) -> Vec<Verified> {
@@ -19,7 +19,7 @@ fn kernels(path: &str) -> Vec<Verified> {
 /// Runs `kernels` both ways on `backend`; `shift` moves every input's bytes one byte off
 /// alignment first.
 fn both_ways(rt: &Runtime, backend: &str, kernels: &[Verified], shift: bool) {
-    let calls: Vec<KernelLaunch<'_>> = kernels.iter().map(|kernel| KernelLaunch { kernel, mesh: None }).collect();
+    let calls: Vec<tessel::Call> = kernels.iter().map(|kernel| tessel::Call::new(kernel.clone())).collect();
     let mut inputs = BTreeMap::new();
     for k in kernels {
         inputs.extend(tessel::inputs::random_inputs(k.kernel(), 11));
@@ -44,7 +44,7 @@ fn both_ways(rt: &Runtime, backend: &str, kernels: &[Verified], shift: bool) {
         place.outputs.insert(n.clone(), BytesMut { ty: w.ty(), bytes: m, keep: false });
     }
     let report = rt
-        .plan(tessel::Choice::of(backend), &tessel::Launch::new(&calls, &[], &place.grid))
+        .plan(tessel::Choice::of(backend), &tessel::Launch::new(calls.clone(), [], place.grid.clone()))
         .and_then(|p| p.run_in_place(&mut place))
         .unwrap_or_else(|e| panic!("{backend}: {e}"));
     assert_eq!(report.backend, backend);
@@ -84,7 +84,7 @@ fn in_place_launches_give_the_outputs_of_host_array_launches() {
 fn an_output_without_memory_of_its_type_is_refused() {
     let rt = Runtime::new(&[]).expect("runtime");
     let k = &kernels("examples/add.tk")[0];
-    let calls = [KernelLaunch { kernel: k, mesh: None }];
+    let calls = [tessel::Call::new(k.clone())];
     let x = vec![0u8; 4096];
     let mut small = vec![0u8; 16];
     let mut place = InPlace::default();
@@ -94,7 +94,7 @@ fn an_output_without_memory_of_its_type_is_refused() {
     let ty = tessel_plugin_api::ir::Type::array(tessel_plugin_api::ir::DType::F32, [4usize]);
     place.outputs.insert("o".into(), BytesMut { ty, bytes: &mut small, keep: false });
     let err = rt
-        .plan(tessel::Choice::of("interpret"), &tessel::Launch::new(&calls, &[], &place.grid))
+        .plan(tessel::Choice::of("interpret"), &tessel::Launch::new(calls.clone(), [], place.grid.clone()))
         .and_then(|p| p.run_in_place(&mut place))
         .unwrap_err()
         .to_string();
@@ -120,7 +120,7 @@ fn an_output_kept_starts_from_its_memory_and_keeps_what_no_program_stores() {
             "kernel k\n  grid (i: 2)\n  out o: {dtype}[16] block [8] at (i)\n  out p: {dtype}[16] block [8] at (i)\n{{\n  %a = load o[ds(0, 4)]\n  %b = mul %a, 2.0\n  store o[ds(0, 4)], %b\n  store p[ds(0, 4)], %b\n}}\n"
         );
         let k = &tessel::load_source("kept.tk", &text).unwrap_or_else(|e| panic!("{e}"))[0];
-        let calls = [KernelLaunch { kernel: k, mesh: None }];
+        let calls = [tessel::Call::new(k.clone())];
         let ty = k.kernel().param("o").unwrap().ty.clone();
         // Small integers, exact in bf16 too (whose bits are an f32's upper half).
         let bits = (0..16).map(|v| (v as f32 + 1.0).to_bits()).map(|b| if dtype == "bf16" { b >> 16 } else { b });
@@ -135,7 +135,7 @@ fn an_output_kept_starts_from_its_memory_and_keeps_what_no_program_stores() {
             let mut place = InPlace::default();
             place.outputs.insert("o".into(), BytesMut { ty: ty.clone(), bytes: &mut o, keep: true });
             place.outputs.insert("p".into(), BytesMut { ty: ty.clone(), bytes: &mut p, keep: false });
-            rt.plan(tessel::Choice::of(backend), &tessel::Launch::new(&calls, &[], &place.grid))
+            rt.plan(tessel::Choice::of(backend), &tessel::Launch::new(calls.clone(), [], place.grid.clone()))
                 .and_then(|p| p.run_in_place(&mut place))
                 .unwrap_or_else(|e| panic!("{backend}: {e}"));
             drop(place);
@@ -159,7 +159,7 @@ fn a_kept_output_held_across_seq_steps_starts_from_its_memory_on_every_backend()
     let rt = Runtime::new(&[]).expect("runtime");
     let text = "kernel k\n  grid (i: 2, s: 3 seq)\n  out o: f32[16] block [8] at (i)\n{\n  %a = load o\n  %b = add %a, 1.0\n  store o, %b\n}\n";
     let k = &tessel::load_source("held.tk", text).unwrap_or_else(|e| panic!("{e}"))[0];
-    let calls = [KernelLaunch { kernel: k, mesh: None }];
+    let calls = [tessel::Call::new(k.clone())];
     let ty = k.kernel().param("o").unwrap().ty.clone();
     let start: Vec<u8> = (0..16).flat_map(|v| (v as f32).to_le_bytes()).collect();
     let run = |backend: &str, keep: bool| {
@@ -167,7 +167,7 @@ fn a_kept_output_held_across_seq_steps_starts_from_its_memory_on_every_backend()
         let mut place = InPlace::default();
         place.outputs.insert("o".into(), BytesMut { ty: ty.clone(), bytes: &mut o, keep });
         let report = rt
-            .plan(tessel::Choice::of(backend), &tessel::Launch::new(&calls, &[], &place.grid))
+            .plan(tessel::Choice::of(backend), &tessel::Launch::new(calls.clone(), [], place.grid.clone()))
             .and_then(|p| p.run_in_place(&mut place))
             .unwrap_or_else(|e| panic!("{backend}: {e}"));
         drop(place);

@@ -74,8 +74,8 @@ fn a_cold_launch_parses_once_per_side_verifies_once_per_backend_and_plans_once()
     )
     .expect("verifies");
     let rt = tessel::Runtime::for_backend(&[], Some("mosaic-gpu")).expect("the built-ins");
-    let calls = [tessel::KernelLaunch { kernel: &file[0], mesh: None }];
-    let launch = tessel::Launch::kernels(&calls);
+    let calls = [tessel::Call::new(file[0].clone())];
+    let launch = tessel::Launch::kernels(calls.clone());
     let plan = rt.plan(tessel::Choice::Named("mosaic-gpu"), &launch).expect("planned without a device").into_plan();
     let prepared = counts() - before;
     assert_eq!((prepared.parses, prepared.verifies, prepared.plans), (2, 2, 1), "prepared: {prepared:?}");
@@ -94,7 +94,7 @@ fn a_cold_launch_parses_once_per_side_verifies_once_per_backend_and_plans_once()
     let err = unsafe { backend.launch_external(&req, 0, RSlice::from_slice(&args)) }.into_result().expect_err("refused");
     assert_eq!(err.kind, ErrorKind::Unsupported, "{}", err.message);
     assert!(err.message.contains("kernel `flags` has a bool array (`o`)"), "{}", err.message);
-    let planned = rt.resume(plan, &launch).expect("resumed");
+    let planned = rt.resume(plan).expect("resumed");
     // SAFETY: never enqueued: refused before the addresses are used (above).
     #[allow(unsafe_code, reason = "the handler's call, refused before any address is read")]
     let r = unsafe { planned.launch_external(0, &args) };

@@ -90,7 +90,7 @@ fn every_refusal_of_design_md_first_line_byte_for_byte() {
 
 #[test]
 fn a_mesh_made_by_another_backend_is_refused() {
-    use tessel::{KernelLaunch, Runtime};
+    use tessel::Runtime;
     let rt = Runtime::new(&[]).expect("runtime");
     let kernels = tessel::load_file(&root().join("examples/add.tk")).expect("add");
     let interpret_mesh = rt
@@ -101,13 +101,13 @@ fn a_mesh_made_by_another_backend_is_refused() {
         .make_mesh("grid(i: 8)".into())
         .into_result()
         .expect("interpret makes grid meshes");
-    let call = [KernelLaunch { kernel: &kernels[0], mesh: Some(&interpret_mesh) }];
+    let call = [tessel::Call::on(kernels[0].clone(), interpret_mesh)];
     let err = lowered(&rt, "mosaic-gpu", &call).expect_err("foreign mesh").to_string();
     assert!(err.starts_with("Mesh grid(i: 8) is not supported by the Mosaic GPU backend\n"), "{err}");
     // The interpreter takes the Mosaic mesh's portable view.
     let mosaic_mesh = rt.mesh("mosaic-gpu", "mosaic_gpu(i: 8)").expect("mosaic mesh");
-    let call = [KernelLaunch { kernel: &kernels[0], mesh: Some(&mosaic_mesh) }];
-    rt.plan(tessel::Choice::Named("interpret"), &tessel::Launch::kernels(&call))
+    let call = [tessel::Call::on(kernels[0].clone(), mosaic_mesh)];
+    rt.plan(tessel::Choice::Named("interpret"), &tessel::Launch::kernels(call.clone()))
         .map(drop)
         .expect("interpret reads the portable view");
     lowered(&rt, "mosaic-gpu", &call).expect("mosaic takes its own mesh");
@@ -167,7 +167,7 @@ fn agrees_in_both_orders(
 
 #[test]
 fn emulated_ptx_agrees_with_the_interpreter() {
-    use tessel::{KernelLaunch, Runtime};
+    use tessel::Runtime;
     let rt = Runtime::new(&[]).expect("runtime");
     let mut checked = 0;
     for path in kernel_files() {
@@ -180,7 +180,7 @@ fn emulated_ptx_agrees_with_the_interpreter() {
         for kernel in &kernels {
             let name = format!("{name}/{}", kernel.name());
             let mesh = mesh_for(path.file_stem().unwrap().to_str().unwrap()).map(|m| rt.mesh("mosaic-gpu", m).expect("mesh"));
-            let call = [KernelLaunch { kernel, mesh: mesh.as_ref() }];
+            let call = [tessel::Call { kernel: std::sync::Arc::new(kernel.clone()), mesh: mesh.map(std::sync::Arc::new) }];
             let (_, ptx) = lowered(&rt, "mosaic-gpu", &call).expect("lowers").remove(0);
             let args = tessel::LaunchArgs { inputs: file_inputs(&path, kernel, 7), grid: Default::default() };
             let want = launched(&rt, "interpret", &call, &args).expect("interpreter runs");
@@ -194,11 +194,11 @@ fn emulated_ptx_agrees_with_the_interpreter() {
 
 #[test]
 fn a_thread_axis_runs_as_the_warpgroups_of_one_cta() {
-    use tessel::{KernelLaunch, Runtime, Tolerance};
+    use tessel::{Runtime, Tolerance};
     let rt = Runtime::new(&[]).expect("runtime");
     let kernels = tessel::load_file(&root().join("tests/in/warpgroups.tk")).expect("kernel");
     let mesh = rt.mesh("mosaic-gpu", "mosaic_gpu(i: 4, wg: 2 thread)").expect("mesh");
-    let call = [KernelLaunch { kernel: &kernels[0], mesh: Some(&mesh) }];
+    let call = [tessel::Call::on(kernels[0].clone(), mesh)];
     let (_, ptx) = lowered(&rt, "mosaic-gpu", &call).expect("lowers").remove(0);
     assert!(
         ptx.contains("// 4 CTAs of 256 threads") && ptx.contains(".maxntid 256, 1, 1"),
@@ -216,7 +216,7 @@ fn a_thread_axis_runs_as_the_warpgroups_of_one_cta() {
 
 #[test]
 fn a_thread_axis_past_eight_warpgroups_runs_several_points_per_warpgroup() {
-    use tessel::{KernelLaunch, Runtime, Tolerance};
+    use tessel::{Runtime, Tolerance};
     // CUDA launches at most 1,024 threads per block, so 12 points of `wg` run on 8 warpgroups,
     // the first 4 taking two points each.
     let text = std::fs::read_to_string(root().join("tests/in/warpgroups.tk"))
@@ -227,7 +227,7 @@ fn a_thread_axis_past_eight_warpgroups_runs_several_points_per_warpgroup() {
     let kernels = tessel::load_source("warpgroups12.tk", &text).expect("kernel");
     let rt = Runtime::new(&[]).expect("runtime");
     let mesh = rt.mesh("mosaic-gpu", "mosaic_gpu(i: 4, wg: 12 thread)").expect("mesh");
-    let call = [KernelLaunch { kernel: &kernels[0], mesh: Some(&mesh) }];
+    let call = [tessel::Call::on(kernels[0].clone(), mesh)];
     let (_, ptx) = lowered(&rt, "mosaic-gpu", &call).expect("lowers").remove(0);
     assert!(ptx.contains("// 4 CTAs of 1024 threads") && ptx.contains("12 thread-axis points on 8 warpgroups"), "{ptx}");
     if let Some(ptxas) = ptxas() {
@@ -300,7 +300,7 @@ fn on_schedule(kernel: &tessel_plugin_api::ir::Verified, schedule: tessel_mosaic
 /// 128x256 tiles of the 4096³ bench kernels included.
 #[test]
 fn every_schedule_of_the_hopper_matmuls_agrees_with_the_interpreter() {
-    use tessel::{KernelLaunch, Runtime, Tolerance};
+    use tessel::{Runtime, Tolerance};
     use tessel_mosaic_gpu::Schedule;
 
     let rt = Runtime::new(&[]).expect("runtime");
@@ -354,7 +354,7 @@ fn every_schedule_of_the_hopper_matmuls_agrees_with_the_interpreter() {
             assert_eq!(ptx.contains("// persistent: "), matmul && schedule == Schedule::Persistent, "{name}");
             assert!(matmul || ptx.contains("// hopper: attention"), "{name} left the Hopper attention path");
             assembled(f, &ptx);
-            let call = [KernelLaunch { kernel, mesh: None }];
+            let call = [tessel::Call::new(kernel.clone())];
             let args = tessel::LaunchArgs { inputs: file_inputs(path, kernel, 7), grid: Default::default() };
             let want = launched(&rt, "interpret", &call, &args).expect("interpreter runs");
             for reverse in [false, true] {
@@ -459,7 +459,7 @@ const SPILLS: &[&str] = &["attention_causal"];
 
 #[test]
 fn the_concurrent_kernels_run_their_warpgroups_at_once_meeting_at_mbarriers() {
-    use tessel::{KernelLaunch, Runtime};
+    use tessel::Runtime;
     let rt = Runtime::new(&[]).expect("runtime");
     // The language's own kernels, and JAX's ops as `tessel.pallas.translate` writes them.
     let mut files: Vec<_> = ["tests/concurrent", "tests/concurrent/jax"]
@@ -472,7 +472,7 @@ fn the_concurrent_kernels_run_their_warpgroups_at_once_meeting_at_mbarriers() {
     for path in files {
         let name = path.file_stem().unwrap().to_str().unwrap().to_string();
         let kernels = tessel::load_file(&path).unwrap_or_else(|e| panic!("{e}"));
-        let call = [KernelLaunch { kernel: &kernels[0], mesh: None }];
+        let call = [tessel::Call::new(kernels[0].clone())];
         let (_, ptx) = lowered(&rt, "mosaic-gpu", &call).unwrap_or_else(|e| panic!("{name}: {e}")).remove(0);
         let barriers = kernels[0].kernel().barriers.iter().map(|b| b.count).sum::<usize>();
         assert_eq!(ptx.matches("mbarrier.init.shared::cta.b64").count(), barriers, "{name}: an mbarrier per barrier");
@@ -536,7 +536,7 @@ fn fixture_inputs(name: &str, kernel: &tessel_plugin_api::ir::Kernel) -> std::co
 /// their copies land and the outputs differ from the kernel as written.
 #[test]
 fn without_its_wait_the_pipeline_goes_wrong_on_the_emulator() {
-    use tessel::{KernelLaunch, Runtime};
+    use tessel::Runtime;
     let rt = Runtime::new(&[]).expect("runtime");
     let text = std::fs::read_to_string(root().join("tests/concurrent/pipeline_matmul.tk")).unwrap();
     let racy = text.replacen("      wait full[%stage]\n", "", 1);
@@ -544,9 +544,9 @@ fn without_its_wait_the_pipeline_goes_wrong_on_the_emulator() {
     let kernels = tessel::load_source("pipeline_matmul.tk", &text).expect("kernel");
     let mutated = tessel::load_source("racy.tk", &racy).expect("the mutation verifies");
     let args = tessel::LaunchArgs { inputs: tessel::inputs::random_inputs(kernels[0].kernel(), 3), grid: Default::default() };
-    let call = [KernelLaunch { kernel: &kernels[0], mesh: None }];
+    let call = [tessel::Call::new(kernels[0].clone())];
     let want = launched(&rt, "interpret", &call, &args).expect("the kernel as written runs");
-    let racy_call = [KernelLaunch { kernel: &mutated[0], mesh: None }];
+    let racy_call = [tessel::Call::new(mutated[0].clone())];
     let e = launched(&rt, "interpret", &racy_call, &args).expect_err("the interpreter finds the race");
     assert!(e.to_string().contains("data race"), "{e}");
     let (_, ptx) = lowered(&rt, "mosaic-gpu", &racy_call).expect("lowers").remove(0);
@@ -563,11 +563,11 @@ fn without_its_wait_the_pipeline_goes_wrong_on_the_emulator() {
 /// complete each other's phases).
 #[test]
 fn a_mesh_thread_axis_over_a_kernel_with_barriers_stays_separate_programs() {
-    use tessel::{KernelLaunch, Runtime};
+    use tessel::Runtime;
     let rt = Runtime::new(&[]).expect("runtime");
     let kernels = tessel::load_file(&root().join("tests/concurrent/staged_epilogue.tk")).expect("kernel");
     let mesh = rt.mesh("mosaic-gpu", "mosaic_gpu(i: 2 thread)").expect("mesh");
-    let call = [KernelLaunch { kernel: &kernels[0], mesh: Some(&mesh) }];
+    let call = [tessel::Call::on(kernels[0].clone(), mesh)];
     let (_, ptx) = lowered(&rt, "mosaic-gpu", &call).expect("lowers").remove(0);
     assert!(ptx.contains("// 2 CTAs of 128 threads"), "{}", ptx.lines().take(4).collect::<Vec<_>>().join("\n"));
     let args = tessel::LaunchArgs { inputs: tessel::inputs::random_inputs(kernels[0].kernel(), 5), grid: Default::default() };
@@ -582,7 +582,7 @@ fn a_mesh_thread_axis_over_a_kernel_with_barriers_stays_separate_programs() {
 /// order; as written, both orders agree with the interpreter (the test above).
 #[test]
 fn a_stage_handed_back_before_its_mma_wait_is_reported_by_the_emulator() {
-    use tessel::{KernelLaunch, Runtime};
+    use tessel::Runtime;
     let rt = Runtime::new(&[]).expect("runtime");
     let text = std::fs::read_to_string(root().join("tests/concurrent/jax/hopper_matmul.tk")).unwrap();
     let racy =
@@ -590,7 +590,7 @@ fn a_stage_handed_back_before_its_mma_wait_is_reported_by_the_emulator() {
     assert_ne!(racy, text, "the consumers wait for their product, then hand the stage back");
     let mutated = tessel::load_source("racy.tk", &racy).expect("the mutation verifies");
     let args = tessel::LaunchArgs { inputs: tessel::inputs::random_inputs(mutated[0].kernel(), 5), grid: Default::default() };
-    let call = [KernelLaunch { kernel: &mutated[0], mesh: None }];
+    let call = [tessel::Call::new(mutated[0].clone())];
     let e = launched(&rt, "interpret", &call, &args).expect_err("the interpreter finds the race");
     assert!(e.to_string().contains("data race"), "{e}");
     let (_, ptx) = lowered(&rt, "mosaic-gpu", &call).expect("lowers").remove(0);
@@ -606,11 +606,11 @@ fn a_stage_handed_back_before_its_mma_wait_is_reported_by_the_emulator() {
 /// copy landing in the bytes a `wgmma` still reads in some thread order.
 #[test]
 fn jax_transposed_ragged_dot_race_is_reported_by_the_interpreter_and_the_emulator() {
-    use tessel::{KernelLaunch, Runtime};
+    use tessel::Runtime;
     let rt = Runtime::new(&[]).expect("runtime");
     let kernels = tessel::load_file(&root().join("tests/concurrent/jax/races/transposed_ragged_dot.tk")).expect("kernel");
     let args = tessel::LaunchArgs { inputs: fixture_inputs("ragged_dot", kernels[0].kernel()), grid: Default::default() };
-    let call = [KernelLaunch { kernel: &kernels[0], mesh: None }];
+    let call = [tessel::Call::new(kernels[0].clone())];
     let e = launched(&rt, "interpret", &call, &args).expect_err("the interpreter finds the race");
     assert!(e.to_string().contains("data race") && e.to_string().contains("mma_async"), "{e}");
     let (_, ptx) = lowered(&rt, "mosaic-gpu", &call).expect("lowers").remove(0);

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use rand::seq::IndexedRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use tessel::{KernelLaunch, Runtime};
+use tessel::Runtime;
 
 const FRAGMENTS: &[&str] = &[
     "%a",
@@ -179,7 +179,7 @@ fn ten_thousand_mutated_kernels_never_panic() {
             let kernels = tessel_plugin_api::ir::verify::verify_module(&module).map_err(|d| d.render("fuzz.tk", &text))?;
             verified += 1;
             for k in &kernels {
-                let call = [KernelLaunch { kernel: k, mesh: None }];
+                let call = [tessel::Call::new(k.clone())];
                 for backend in ["interpret", "mosaic-gpu", "wgpu"] {
                     // A refusal is fine; a panic is not (the boundary would report it as one).
                     match common::lowered(&rt, backend, &call) {

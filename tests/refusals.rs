@@ -103,7 +103,7 @@ fn mosaic_foreign_mesh() -> Result<(), String> {
     let rt = tessel::Runtime::new(&[]).unwrap();
     let kernels = tessel::load_file(&root().join("examples/add.tk")).unwrap();
     let mesh = rt.registry().get("interpret").unwrap().backend.make_mesh("grid(i: 8)".into()).into_result().unwrap();
-    let call = [tessel::KernelLaunch { kernel: &kernels[0], mesh: Some(&mesh) }];
+    let call = [tessel::Call::on(kernels[0].clone(), mesh)];
     lowered(&rt, "mosaic-gpu", &call).map(drop).map_err(|e| e.to_string())
 }
 

@@ -162,7 +162,7 @@ fn a_grid_wider_than_one_dispatch_runs_every_program() {
 
 #[test]
 fn device_resident_outputs_start_as_zeros_at_every_launch() {
-    use tessel::{KernelLaunch, Runtime};
+    use tessel::Runtime;
     use tessel_plugin_api::array::ArrayData;
     let Some(_) = wgpu_adapter("wgpu resident arrays") else { return };
     let rt = Runtime::new(&[]).unwrap();
@@ -172,10 +172,10 @@ fn device_resident_outputs_start_as_zeros_at_every_launch() {
     // An output left full of ones by an earlier use: rows the launch does not store read 0.
     let x = rt.upload("wgpu", &f32_array(&[64, 32], vec![2.0; 64 * 32])).unwrap();
     let o = rt.upload("wgpu", &f32_array(&[64, 32], vec![1.0; 64 * 32])).unwrap();
-    let grid = [("i".to_string(), 2u64)].into_iter().collect();
-    let call = [KernelLaunch { kernel: &dyn_grid, mesh: None }];
+    let grid: std::collections::BTreeMap<String, u64> = [("i".to_string(), 2u64)].into_iter().collect();
+    let call = [tessel::Call::new(dyn_grid.clone())];
     for _ in 0..2 {
-        rt.plan(tessel::Choice::Named("wgpu"), &tessel::Launch::new(&call, &[], &grid))
+        rt.plan(tessel::Choice::Named("wgpu"), &tessel::Launch::new(call.clone(), [], grid.clone()))
             .and_then(|p| p.launch_resident(&[("x", &x), ("o", &o)], false))
             .map(drop)
             .unwrap();
@@ -187,8 +187,8 @@ fn device_resident_outputs_start_as_zeros_at_every_launch() {
     // is the same either way.
     let (a, b) = (rt.upload("wgpu", &ones(1024)).unwrap(), rt.upload("wgpu", &ones(1024)).unwrap());
     let out = rt.upload("wgpu", &ones(1024)).unwrap();
-    let call = [KernelLaunch { kernel: &add, mesh: None }];
-    rt.plan(tessel::Choice::Named("wgpu"), &tessel::Launch::kernels(&call))
+    let call = [tessel::Call::new(add.clone())];
+    rt.plan(tessel::Choice::Named("wgpu"), &tessel::Launch::kernels(call.clone()))
         .and_then(|p| p.launch_resident(&[("x", &a), ("y", &b), ("o", &out)], false))
         .map(drop)
         .unwrap();
@@ -197,7 +197,7 @@ fn device_resident_outputs_start_as_zeros_at_every_launch() {
     assert!(wgsl.contains("// outputs zeroed before the dispatch: none"), "{wgsl}");
     // A wrong binding is an error naming the argument, not a crash.
     let err = rt
-        .plan(tessel::Choice::Named("wgpu"), &tessel::Launch::kernels(&call))
+        .plan(tessel::Choice::Named("wgpu"), &tessel::Launch::kernels(call.clone()))
         .and_then(|p| p.launch_resident(&[("x", &a), ("y", &x), ("o", &out)], false))
         .map(drop)
         .unwrap_err();

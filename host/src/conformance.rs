@@ -12,6 +12,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
+use std::sync::Arc;
 
 use tessel_plugin_api::abi::MeshBox;
 use tessel_plugin_api::backend::mesh_spec;
@@ -19,7 +20,7 @@ use tessel_plugin_api::mesh::MeshSpec;
 
 use tessel_plugin_api::array::agreement;
 
-use crate::{Choice, KernelLaunch, Launch, LaunchArgs, Runtime};
+use crate::{Call, Choice, Launch, LaunchArgs, Runtime};
 
 /// The suite's kernels: (name, text, the mesh a kernel without grid needs).
 pub const KERNELS: &[(&str, &str, Option<&str>)] = &[
@@ -85,14 +86,14 @@ pub fn run(rt: &Runtime, backend: &str) -> crate::Result<Vec<Row>> {
             Some(m) => Some(rt.mesh_for(backend, m)?),
             None => None,
         };
-        let call = [KernelLaunch { kernel, mesh: mesh.as_ref() }];
+        let call = Call { kernel: Arc::new(kernel.clone()), mesh: mesh.map(Arc::new) };
         let grid: BTreeMap<String, u64> = kernel
             .grid()
             .iter()
             .filter(|a| a.size == tessel_plugin_api::ir::AxisSize::Dyn)
             .map(|a| (a.name.clone(), 4))
             .collect();
-        let launch = Launch::new(&call, &[], &grid);
+        let launch = Launch::new([call.clone()], [], grid.clone());
         let planned = match rt.plan(Choice::Named(backend), &launch) {
             Ok(p) => p,
             Err(e) => {
@@ -116,7 +117,7 @@ pub fn run(rt: &Runtime, backend: &str) -> crate::Result<Vec<Row>> {
         let args = LaunchArgs { inputs: crate::inputs::random_inputs(kernel.kernel(), 1), grid: grid.clone() };
         let got = planned.launch(&args);
         let want = rt
-            .plan(crate::Choice::Named(tessel_interpret::NAME), &crate::Launch::new(&call, &[], &args.grid))
+            .plan(crate::Choice::Named(tessel_interpret::NAME), &crate::Launch::new([call], [], args.grid.clone()))
             .and_then(|p| p.launch(&args));
         rows.push(match (got, want) {
             (Err(e), _) => row("run", name, Verdict::Fail(first_line(&e)), ""),
@@ -127,8 +128,8 @@ pub fn run(rt: &Runtime, backend: &str) -> crate::Result<Vec<Row>> {
     // Every backend refuses a device mesh as a kernel mesh, in its own words.
     let add = &crate::load_source("add.tk", KERNELS[0].1)?[0];
     let device = rt.mesh(backend, "device(x: 2, y: 4)")?;
-    let call = [KernelLaunch { kernel: add, mesh: Some(&device) }];
-    rows.push(match rt.plan(crate::Choice::Named(backend), &crate::Launch::kernels(&call)).map(drop) {
+    let launch = crate::Launch::kernels([Call::on(add.clone(), device)]);
+    rows.push(match rt.plan(crate::Choice::Named(backend), &launch).map(drop) {
         Err(e) => row("refuse", "device(x: 2, y: 4) as a kernel mesh", Verdict::Pass, first_line(&e)),
         Ok(()) => row("refuse", "device(x: 2, y: 4) as a kernel mesh", Verdict::Fail("accepted".into()), ""),
     });

@@ -1,10 +1,11 @@
-//! One launch, planned once. A [`Launch`] names the kernels (each with its mesh), the external
-//! meshes and the `dyn` grid sizes; [`Runtime::plan`] is the only place that asks a backend's
-//! `supports`: by name, or under `auto` each backend in [`Runtime::ranked`] order until one takes
-//! it, keeping a line per backend asked. The [`Planned`] launch holds the choice and the request
-//! text (printed once) and lowers, launches in place, launches on resident arrays or runs with a
-//! report, never asking again. Callers that keep a launch across calls (the CLI, the XLA FFI
-//! handler) keep its owned [`Plan`] and [`Runtime::resume`] it.
+//! One launch, planned once. A [`Launch`] names the kernels (each with its mesh: a [`Call`]),
+//! the external meshes and the `dyn` grid sizes, owned and cheap to clone; [`Runtime::plan`] is
+//! the only place that asks a backend's `supports`: by name, or under `auto` each backend in
+//! [`Runtime::ranked`] order until one takes it, keeping a line per backend asked. The
+//! [`Planned`] launch holds the [`Plan`] (the choice, and the launch it was made for, whose
+//! request text is printed once) and lowers, launches in place, launches on resident arrays or
+//! runs with a report, never asking again. Callers that keep a launch across calls (the CLI, the
+//! Python module, the XLA FFI handler) keep its `Plan` and [`Runtime::resume`] it.
 //!
 //! ```text
 //! Launch ──plan(Auto | Named)──▶ Planned ──lower ─────────────▶ stages (cache::lowered)
@@ -17,6 +18,7 @@
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
+use std::fmt;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -25,38 +27,137 @@ use tessel_plugin_api::abi::{
     BackendError, BufferArg, DeviceArg, DeviceClass, ErrorKind, GridSize, HostInput, HostOutput, IR_FORMAT_VERSION, KernelCall,
     LaunchRequest, MeshBox, RArrayMut, RArrayRef,
 };
-use tessel_plugin_api::backend::{cache_key, request_key};
+use tessel_plugin_api::backend::cache_key;
 use tessel_plugin_api::ir::{DType, ParamKind, Type, Verified};
 use tessel_plugin_api::launch::{check_input_types, check_inputs, scalar_value, sizes_from_data, sizes_from_inputs};
 
 use crate::registry::{Loaded, build_identity};
-use crate::runtime::{DeviceArray, KernelLaunch, Runtime, backend_error};
+use crate::runtime::{DeviceArray, Runtime, backend_error};
 use crate::{Error, HostArray, LaunchArgs, Result};
 
-/// What one launch runs: kernels with their meshes, external meshes, `dyn` grid sizes.
-pub struct Launch<'a> {
-    /// The kernels, in launch order.
-    pub kernels: Vec<KernelLaunch<'a>>,
-    /// External meshes (devices around the launch).
-    pub externals: Vec<&'a MeshBox>,
-    /// The size of each `dyn` grid axis, by name.
-    pub grid: BTreeMap<String, u64>,
+/// One kernel of a launch and its mesh, owned (cloning one clones two `Arc`s).
+#[derive(Clone)]
+pub struct Call {
+    /// The verified kernel.
+    pub kernel: Arc<Verified>,
+    /// Its mesh, if any.
+    pub mesh: Option<Arc<MeshBox>>,
 }
 
-impl<'a> Launch<'a> {
-    /// A launch of `kernels` with `externals` and `grid`.
-    pub fn new(kernels: &[KernelLaunch<'a>], externals: &[&'a MeshBox], grid: &BTreeMap<String, u64>) -> Launch<'a> {
-        Launch { kernels: kernels.to_vec(), externals: externals.to_vec(), grid: grid.clone() }
+impl Call {
+    /// `kernel` without a mesh.
+    pub fn new(kernel: impl Into<Arc<Verified>>) -> Call {
+        Call { kernel: kernel.into(), mesh: None }
     }
 
-    /// `kernels` with no external mesh and no `dyn` grid sizes.
-    pub fn kernels(kernels: &[KernelLaunch<'a>]) -> Launch<'a> {
-        Launch { kernels: kernels.to_vec(), externals: Vec::new(), grid: BTreeMap::new() }
+    /// `kernel` on `mesh`.
+    pub fn on(kernel: impl Into<Arc<Verified>>, mesh: impl Into<Arc<MeshBox>>) -> Call {
+        Call { kernel: kernel.into(), mesh: Some(mesh.into()) }
+    }
+}
+
+/// What one launch runs: kernels with their meshes, external meshes, `dyn` grid sizes. Owned
+/// and immutable; a clone shares it.
+#[derive(Clone)]
+pub struct Launch(Arc<Spec>);
+
+struct Spec {
+    calls: Vec<Call>,
+    externals: Vec<Arc<MeshBox>>,
+    grid: BTreeMap<String, u64>,
+    /// The request text of several kernels, joined once (one kernel's is its own, kept by its
+    /// `Verified`).
+    joined: Option<String>,
+}
+
+impl Launch {
+    /// A launch of `calls` with `externals` and `grid`.
+    pub fn new(
+        calls: impl IntoIterator<Item = Call>,
+        externals: impl IntoIterator<Item = Arc<MeshBox>>,
+        grid: BTreeMap<String, u64>,
+    ) -> Launch {
+        let calls: Vec<Call> = calls.into_iter().collect();
+        let joined = (calls.len() != 1).then(|| calls.iter().map(|c| c.kernel.text()).collect::<Vec<_>>().join("\n"));
+        Launch(Arc::new(Spec { calls, externals: externals.into_iter().collect(), grid, joined }))
+    }
+
+    /// `calls` with no external mesh and no `dyn` grid sizes.
+    pub fn kernels(calls: impl IntoIterator<Item = Call>) -> Launch {
+        Launch::new(calls, [], BTreeMap::new())
     }
 
     /// One kernel without a mesh.
-    pub fn one(kernel: &'a Verified) -> Launch<'a> {
-        Launch { kernels: vec![KernelLaunch { kernel, mesh: None }], externals: Vec::new(), grid: BTreeMap::new() }
+    pub fn one(kernel: impl Into<Arc<Verified>>) -> Launch {
+        Launch::kernels([Call::new(kernel)])
+    }
+
+    /// The kernels, in launch order, with their meshes.
+    pub fn calls(&self) -> &[Call] {
+        &self.0.calls
+    }
+
+    /// The external meshes (devices around the launch).
+    pub fn externals(&self) -> &[Arc<MeshBox>] {
+        &self.0.externals
+    }
+
+    /// The size of each `dyn` grid axis, by name.
+    pub fn grid(&self) -> &BTreeMap<String, u64> {
+        &self.0.grid
+    }
+
+    /// The request text: every kernel's canonical text.
+    fn source(&self) -> &str {
+        match (&self.0.joined, self.0.calls.as_slice()) {
+            (Some(joined), _) => joined,
+            (None, [one]) => one.kernel.text(),
+            (None, _) => unreachable!("several kernels' text is joined"),
+        }
+    }
+
+    /// The same launch with more grid sizes.
+    fn with_sizes(&self, sizes: BTreeMap<String, u64>) -> Launch {
+        let mut grid = self.0.grid.clone();
+        grid.extend(sizes);
+        Launch(Arc::new(Spec {
+            grid,
+            calls: self.0.calls.clone(),
+            externals: self.0.externals.clone(),
+            joined: self.0.joined.clone(),
+        }))
+    }
+
+    /// Builds the boundary's view of the launch (borrowing everything) and hands it to `f`.
+    fn request<T>(&self, f: impl FnOnce(&LaunchRequest<'_>) -> T) -> T {
+        let calls: Vec<KernelCall<'_>> = (self.calls().iter())
+            .map(|c| KernelCall {
+                kernel: RStr::from_str(c.kernel.name()),
+                mesh: c.mesh.as_deref().map_or(ROption::RNone, ROption::RSome),
+            })
+            .collect();
+        let externals: Vec<&MeshBox> = self.externals().iter().map(|m| &**m).collect();
+        let sizes: Vec<GridSize<'_>> =
+            self.grid().iter().map(|(axis, &size)| GridSize { axis: RStr::from_str(axis), size }).collect();
+        f(&LaunchRequest {
+            ir_format: IR_FORMAT_VERSION,
+            source: RStr::from_str(self.source()),
+            calls: RSlice::from_slice(&calls),
+            external_meshes: RSlice::from_slice(&externals),
+            grid: RSlice::from_slice(&sizes),
+        })
+    }
+}
+
+impl fmt::Debug for Launch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kernels: Vec<&str> = self.calls().iter().map(|c| c.kernel.name()).collect();
+        (f.debug_struct("Launch"))
+            .field("kernels", &kernels)
+            .field("meshes", &self.calls().iter().filter(|c| c.mesh.is_some()).count())
+            .field("externals", &self.externals().len())
+            .field("grid", self.grid())
+            .finish()
     }
 }
 
@@ -76,15 +177,13 @@ impl<'n> Choice<'n> {
     }
 }
 
-/// What planning decided, owned and cheap to clone: kept by callers that launch the same thing
-/// again.
+/// What planning decided, and the launch it decided for: owned and cheap to clone, kept by
+/// callers that launch the same thing again ([`Runtime::resume`]).
 #[derive(Clone, Debug)]
 pub struct Plan {
     backend: Arc<str>,
     decisions: Arc<[String]>,
-    /// The request's key, in debug builds only: [`Runtime::resume`] checks it is given the
-    /// launch that was planned (hashing the text on every plan is not worth it in release).
-    key: Option<[u8; 32]>,
+    launch: Launch,
 }
 
 impl Plan {
@@ -97,45 +196,20 @@ impl Plan {
     pub fn decisions(&self) -> &[String] {
         &self.decisions
     }
+
+    /// The launch planned.
+    pub fn launch(&self) -> &Launch {
+        &self.launch
+    }
 }
 
 /// A launch a backend has accepted.
-pub struct Planned<'r, 'a> {
+pub struct Planned<'r> {
     b: &'r Loaded,
-    launch: &'a Launch<'a>,
-    /// The request text: every kernel's canonical text, printed once.
-    source: Cow<'a, str>,
     plan: Plan,
     /// Set once the backend has said it is available: every launch asks first (a backend
     /// named by the caller is planned, and lowers, without a device), once per `Planned`.
     available: OnceLock<()>,
-}
-
-/// The request text of a launch: one kernel's own (printed once and kept by its `Verified`), or
-/// the kernels' joined.
-fn source_of<'a>(kernels: &[KernelLaunch<'a>]) -> Cow<'a, str> {
-    match kernels {
-        [one] => Cow::Borrowed(one.kernel.text()),
-        _ => Cow::Owned(kernels.iter().map(|k| k.kernel.text()).collect::<Vec<_>>().join("\n")),
-    }
-}
-
-/// Builds the boundary's view of a launch (borrowing everything) and hands it to `f`.
-fn with_request<T>(launch: &Launch<'_>, source: &str, f: impl FnOnce(&LaunchRequest<'_>) -> T) -> T {
-    let calls: Vec<KernelCall<'_>> = launch
-        .kernels
-        .iter()
-        .map(|k| KernelCall { kernel: RStr::from_str(k.kernel.name()), mesh: k.mesh.map_or(ROption::RNone, ROption::RSome) })
-        .collect();
-    let sizes: Vec<GridSize<'_>> =
-        launch.grid.iter().map(|(axis, &size)| GridSize { axis: RStr::from_str(axis), size }).collect();
-    f(&LaunchRequest {
-        ir_format: IR_FORMAT_VERSION,
-        source: RStr::from_str(source),
-        calls: RSlice::from_slice(&calls),
-        external_meshes: RSlice::from_slice(&launch.externals),
-        grid: RSlice::from_slice(&sizes),
-    })
 }
 
 impl Runtime {
@@ -144,10 +218,8 @@ impl Runtime {
     /// backend asked is asked once. `TESSEL_BACKEND` overrides `auto`. A backend named is planned
     /// whether or not it is available (lowering needs no device); a launch on one that is not is
     /// refused with its reason.
-    pub fn plan<'r, 'a>(&'r self, choice: Choice<'_>, launch: &'a Launch<'a>) -> Result<Planned<'r, 'a>> {
-        let source = source_of(&launch.kernels);
-        let key = cfg!(debug_assertions).then(|| with_request(launch, &source, request_key));
-        let ask = |b: &Loaded| with_request(launch, &source, |req| b.backend.supports(req).into_result());
+    pub fn plan(&self, choice: Choice<'_>, launch: &Launch) -> Result<Planned<'_>> {
+        let ask = |b: &Loaded| launch.request(|req| b.backend.supports(req).into_result());
         let forced = std::env::var("TESSEL_BACKEND").ok().filter(|f| !f.is_empty());
         // Under `auto`, the backend chosen has just said it is available.
         let (b, decisions, available) = match (choice, forced.as_deref()) {
@@ -194,19 +266,15 @@ impl Runtime {
                 (chosen.ok_or_else(|| Error::NoBackend { reasons: lines.join("\n  ") })?, lines, OnceLock::from(()))
             }
         };
-        let plan = Plan { backend: b.name.as_str().into(), decisions: decisions.into(), key };
-        Ok(Planned { b, launch, source, plan, available })
+        let plan = Plan { backend: b.name.as_str().into(), decisions: decisions.into(), launch: launch.clone() };
+        Ok(Planned { b, plan, available })
     }
 
-    /// A launch planned before ([`Planned::into_plan`]), not asked again: a launch found in the
-    /// backend's compile cache costs no planning; one that is not there is planned (and may
-    /// still be refused) when it is compiled, as any launch is. `launch` must be the one planned.
-    pub fn resume<'r, 'a>(&'r self, plan: Plan, launch: &'a Launch<'a>) -> Result<Planned<'r, 'a>> {
-        let source = source_of(&launch.kernels);
-        if let Some(key) = plan.key {
-            assert_eq!(with_request(launch, &source, request_key), key, "resume the launch that was planned");
-        }
-        Ok(Planned { b: self.backend(&plan.backend)?, launch, source, plan, available: OnceLock::new() })
+    /// A launch planned before ([`Planned::into_plan`]: the plan holds its launch), not asked
+    /// again: a launch found in the backend's compile cache costs no planning; one that is not
+    /// there is planned (and may still be refused) when it is compiled, as any launch is.
+    pub fn resume(&self, plan: Plan) -> Result<Planned<'_>> {
+        Ok(Planned { b: self.backend(&plan.backend)?, plan, available: OnceLock::new() })
     }
 }
 
@@ -261,7 +329,7 @@ pub struct Report {
     pub cache_hit: bool,
 }
 
-impl Planned<'_, '_> {
+impl Planned<'_> {
     /// The backend chosen.
     pub fn backend(&self) -> &str {
         &self.plan.backend
@@ -283,7 +351,7 @@ impl Planned<'_, '_> {
     }
 
     fn request<T>(&self, f: impl FnOnce(&LaunchRequest<'_>) -> T) -> T {
-        with_request(self.launch, &self.source, f)
+        self.plan.launch.request(f)
     }
 
     /// `Ok` if the backend is available (asked once): a launch on one that is not is refused
@@ -342,12 +410,12 @@ impl Planned<'_, '_> {
     /// once): [`Planned::launch_in_place`] on the inputs' memory and on fresh output arrays.
     pub fn launch(&self, args: &LaunchArgs) -> Result<Vec<(String, HostArray)>> {
         self.check_available()?;
-        let kernels = &self.launch.kernels;
+        let kernels = self.plan.launch.calls();
         // Every kernel's inputs must be given; names are shared across the kernels of a launch.
         for k in kernels {
             check_inputs(k.kernel.kernel(), &args.inputs, kernels.len() == 1)?;
         }
-        let verified: Vec<&Verified> = kernels.iter().map(|k| k.kernel).collect();
+        let verified: Vec<&Verified> = kernels.iter().map(|k| &*k.kernel).collect();
         crate::memory::outputs_fit(&verified)?;
         let mut outputs: Vec<(String, HostArray)> = Vec::new();
         for k in kernels {
@@ -397,29 +465,28 @@ impl Planned<'_, '_> {
         // with them is another request, which the backend plans when it compiles it (once, and
         // refused there with its reason, as any launch it has not planned); where one is 0 no
         // program runs and the outputs are zeros.
-        let sized = self.launch.kernels.iter().filter(|k| sizes_from_data(k.kernel.kernel()));
+        let launch = &self.plan.launch;
+        let sized = launch.calls().iter().filter(|k| sizes_from_data(k.kernel.kernel()));
         let mut grid: BTreeMap<String, u64> = BTreeMap::new();
         for k in sized.clone() {
             grid.extend(sizes_from_inputs(k.kernel.kernel(), |n| {
                 args.inputs.get(n).and_then(|a| scalar_value(a.ty.dtype, a.bytes))
             }));
         }
-        if grid.iter().any(|(axis, size)| self.launch.grid.get(axis) != Some(size)) {
-            if sized.flat_map(|k| k.kernel.kernel().grid.iter().flatten()).any(|a| a.from.is_some() && grid.get(&a.name) == Some(&0)) {
+        if grid.iter().any(|(axis, size)| launch.grid().get(axis) != Some(size)) {
+            if sized
+                .flat_map(|k| k.kernel.kernel().grid.iter().flatten())
+                .any(|a| a.from.is_some() && grid.get(&a.name) == Some(&0))
+            {
                 args.outputs.values_mut().for_each(|o| o.bytes.fill(0));
                 return Ok(());
             }
-            let mut sizes = self.launch.grid.clone();
-            sizes.extend(grid);
-            let launch = Launch { kernels: self.launch.kernels.clone(), externals: self.launch.externals.clone(), grid: sizes };
-            let source = source_of(&launch.kernels);
-            let key = cfg!(debug_assertions).then(|| with_request(&launch, &source, request_key));
-            let plan = Plan { key, ..self.plan.clone() };
-            let planned = Planned { b: self.b, launch: &launch, source, plan, available: OnceLock::from(()) };
+            let plan = Plan { launch: launch.with_sizes(grid), ..self.plan.clone() };
+            let planned = Planned { b: self.b, plan, available: OnceLock::from(()) };
             return planned.launch_in_place(args);
         }
         let b = self.b;
-        let kernels = &self.launch.kernels;
+        let kernels = launch.calls();
         let fail = self.fail();
         let types: BTreeMap<String, Type> = args.inputs.iter().map(|(n, a)| (n.clone(), a.ty.clone())).collect();
         for k in kernels {
@@ -475,7 +542,11 @@ impl Planned<'_, '_> {
             let upload = |name: &str, id: u64, outputs: &BTreeMap<&str, &mut HostOutput<'_>>| match outputs.get(name) {
                 None => b.backend.upload(id, lend(name)).into_result().map(|()| false),
                 Some(o) if o.keep => {
-                    let a = RArrayRef { dtype: o.array.dtype, shape: o.array.shape, bytes: RSlice::from_slice(o.array.bytes.as_slice()) };
+                    let a = RArrayRef {
+                        dtype: o.array.dtype,
+                        shape: o.array.shape,
+                        bytes: RSlice::from_slice(o.array.bytes.as_slice()),
+                    };
                     b.backend.upload(id, a).into_result().map(|()| true)
                 }
                 Some(_) => Ok(false),
@@ -500,10 +571,10 @@ impl Planned<'_, '_> {
     pub fn launch_resident(&self, arrays: &[(&str, &DeviceArray)], timed: bool) -> Result<Option<Duration>> {
         self.check_available()?;
         let b = self.b;
-        for k in &self.launch.kernels {
+        for k in self.plan.launch.calls() {
             // A grid size from data must be given: the data is on the device.
             let mut grid = k.kernel.kernel().grid.iter().flatten();
-            if let Some(a) = grid.find(|a| a.from.is_some() && !self.launch.grid.contains_key(&a.name)) {
+            if let Some(a) = grid.find(|a| a.from.is_some() && !self.plan.launch.grid().contains_key(&a.name)) {
                 return Err(Error::Backend {
                     backend: b.name.clone(),
                     kind: ErrorKind::InvalidInput,
@@ -609,7 +680,7 @@ impl Planned<'_, '_> {
 fn with_buffers<S, T>(
     b: &Loaded,
     req: &LaunchRequest<'_>,
-    kernels: &[KernelLaunch<'_>],
+    kernels: &[Call],
     state: &mut S,
     upload: impl Fn(&str, u64, &S) -> std::result::Result<bool, BackendError>,
     mut finish: impl FnMut(&mut S, &str, u64) -> Result<T>,

@@ -27,8 +27,8 @@ use tessel_plugin_api::ir::generic::{BindError, Binding, Generic, Source};
 use tessel_plugin_api::ir::{self, Verified};
 use tessel_plugin_api::launch::LaunchError;
 
-pub use launch::{BytesMut, BytesRef, Choice, InPlace, Launch, Plan, Planned, Report};
-pub use runtime::{DeviceArray, KernelLaunch, Runtime, Specialized};
+pub use launch::{BytesMut, BytesRef, Call, Choice, InPlace, Launch, Plan, Planned, Report};
+pub use runtime::{DeviceArray, Runtime, Specialized};
 pub use tessel_plugin_api::array::{HostArray, Tolerance};
 pub use tessel_plugin_api::launch::LaunchArgs;
 
@@ -266,8 +266,8 @@ pub fn load_source(name: &str, source: &str) -> Result<Vec<Verified>> {
 /// fresh [`Runtime`] with the built-ins and `TESSEL_PLUGIN_PATH`.
 pub fn run_kernel(backend: &str, kernel: &Verified, args: &LaunchArgs) -> Result<Vec<(String, HostArray)>> {
     let rt = Runtime::new(&[])?;
-    let call = [KernelLaunch { kernel, mesh: None }];
-    rt.plan(Choice::of(backend), &Launch::new(&call, &[], &args.grid))?.launch(args)
+    let launch = Launch::new([Call::new(kernel.clone())], [], args.grid.clone());
+    rt.plan(Choice::of(backend), &launch)?.launch(args)
 }
 
 /// The kernels of a `.tk` file, generic (docs/language.md §9) or not, with the text and the name

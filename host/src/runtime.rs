@@ -19,14 +19,6 @@ use crate::{Error, HostArray, Result};
 /// portable view (or refuses it, as Mosaic GPU does).
 pub use tessel_plugin_api::backend::SpecMesh as HostMesh;
 
-/// One kernel of a launch with its mesh.
-#[derive(Clone, Copy)]
-pub struct KernelLaunch<'a> {
-    /// The verified kernel.
-    pub kernel: &'a Verified,
-    /// Its mesh, if any.
-    pub mesh: Option<&'a MeshBox>,
-}
 
 /// Backends and launches.
 pub struct Runtime {

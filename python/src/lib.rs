@@ -23,8 +23,8 @@ use std::sync::Arc;
 use numpy::PyArrayMethods;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
-use tessel::{BytesMut, BytesRef, Error, InPlace, KernelFile, KernelLaunch, Report, Runtime};
-use tessel_plugin_api::abi::{ErrorKind, MeshBox};
+use tessel::{BytesMut, BytesRef, Call, Error, InPlace, KernelFile, Report, Runtime};
+use tessel_plugin_api::abi::ErrorKind;
 use tessel_plugin_api::ir::generic::Generic;
 use tessel_plugin_api::ir::size::SizeExpr;
 use tessel_plugin_api::ir::{ArgDecl, ParamKind, Type, Verified};
@@ -388,11 +388,8 @@ impl Kernel {
         }
         let report = interruptible(py, || {
             let rt = runtime(how.backend)?;
-            let (mesh, externals) = how.meshes(&rt)?;
-            let calls = [KernelLaunch { kernel: &kernel, mesh: mesh.as_ref() }];
-            let externals: Vec<&MeshBox> = externals.iter().collect();
-            let launch = tessel::Launch::new(&calls, &externals, &how.grid);
-            // A launch planned before is not asked again (one plan per distinct launch).
+            // A launch planned before is not asked again (one plan per distinct launch): its
+            // plan holds the launch, meshes made and all.
             let key: PlanKey = (
                 GENERATION.load(std::sync::atomic::Ordering::Relaxed),
                 values.clone(),
@@ -402,8 +399,9 @@ impl Kernel {
                 how.grid.clone(),
             );
             let planned = match self.plans.get(&key) {
-                Some(plan) => rt.resume(plan, &launch)?,
+                Some(plan) => rt.resume(plan)?,
                 None => {
+                    let launch = how.launch(&rt, kernel.clone())?;
                     let planned = rt.plan(tessel::Choice::of(how.backend), &launch)?;
                     self.plans.insert(key, planned.plan().clone());
                     planned
@@ -434,10 +432,13 @@ impl<'a> LaunchOptions<'a> {
 
     /// The kernel's mesh and the external meshes, made by the backend named (with "auto", by
     /// the backend that owns each kind), as the command line makes them.
-    fn meshes(&self, rt: &Runtime) -> Result<(Option<MeshBox>, Vec<MeshBox>), Error> {
+    /// The launch of `kernel` these options describe, its meshes made (under `auto`, each by
+    /// the backend that owns its kind).
+    fn launch(&self, rt: &Runtime, kernel: Arc<Verified>) -> Result<tessel::Launch, Error> {
         let maker = if self.backend == "auto" { "" } else { self.backend };
         let mesh = self.mesh.as_deref().map(|m| rt.mesh(maker, m)).transpose()?;
-        Ok((mesh, self.external_meshes.iter().map(|m| rt.mesh(maker, m)).collect::<Result<_, _>>()?))
+        let externals = self.external_meshes.iter().map(|m| rt.mesh(maker, m).map(Arc::new)).collect::<Result<Vec<_>, _>>()?;
+        Ok(tessel::Launch::new([Call { kernel, mesh: mesh.map(Arc::new) }], externals, self.grid.clone()))
     }
 }
 
@@ -543,11 +544,7 @@ impl Kernel {
         detached(py, move || {
             let kernel = self.specialize(&how.params, &BTreeMap::new(), how.backend)?;
             let rt = runtime(backend)?;
-            let (mesh, externals) = how.meshes(&rt)?;
-            let externals: Vec<&MeshBox> = externals.iter().collect();
-            let calls = [KernelLaunch { kernel: &kernel.0, mesh: mesh.as_ref() }];
-            let grid = &how.grid;
-            let launch = tessel::Launch::new(&calls, &externals, grid);
+            let launch = how.launch(&rt, kernel.0)?;
             let planned = rt.plan(tessel::Choice::of(backend), &launch)?;
             if plan {
                 return Ok(format!("// ---- plan ({}) ----\n{}", planned.backend(), planned.plan_text()?));

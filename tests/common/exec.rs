@@ -29,9 +29,9 @@ impl Exec {
             }
             Exec::MosaicEmulated => {
                 let rt = tessel::Runtime::new(&[]).expect("runtime");
-                let call = [tessel::KernelLaunch { kernel: &kernels[0], mesh: None }];
+                let call = [tessel::Call::new(kernels[0].clone())];
                 let ptx =
-                    match rt.plan(tessel::Choice::Named("mosaic-gpu"), &tessel::Launch::kernels(&call)).and_then(|p| p.lower()) {
+                    match rt.plan(tessel::Choice::Named("mosaic-gpu"), &tessel::Launch::kernels(call.clone())).and_then(|p| p.lower()) {
                         Ok(mut l) => l.remove(0).1,
                         // The one refusal by design among these cases (DESIGN.md's sentence).
                         Err(e) if e.to_string().starts_with("dynamic grid bounds not supported in the Mosaic GPU backend") => {

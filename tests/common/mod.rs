@@ -394,13 +394,13 @@ pub fn kept_in_two_kernels(backend: &str, plugins: &[PathBuf]) -> Result<(), Str
     let rt = tessel::Runtime::new(plugins).unwrap();
     let text = "kernel a\n  out o: f32[8]\n{\n  %z = full 1.0 : f32[8]\n  store o, %z\n}\nkernel b\n  out p: f32[8]\n{\n  %z = full 2.0 : f32[8]\n  store p, %z\n}\n";
     let kernels = tessel::load_source("two.tk", text).unwrap();
-    let calls: Vec<_> = kernels.iter().map(|k| tessel::KernelLaunch { kernel: k, mesh: None }).collect();
+    let calls: Vec<_> = kernels.iter().map(|k| tessel::Call::new(k.clone())).collect();
     let ty = kernels[0].kernel().param("o").unwrap().ty.clone();
     let (mut o, mut p) = (vec![0u8; 32], vec![0u8; 32]);
     let mut place = tessel::InPlace::default();
     place.outputs.insert("o".into(), tessel::BytesMut { ty: ty.clone(), bytes: &mut o, keep: true });
     place.outputs.insert("p".into(), tessel::BytesMut { ty, bytes: &mut p, keep: false });
-    rt.plan(tessel::Choice::of(backend), &tessel::Launch::new(&calls, &[], &place.grid))
+    rt.plan(tessel::Choice::of(backend), &tessel::Launch::new(calls.clone(), [], place.grid.clone()))
         .and_then(|p| p.run_in_place(&mut place))
         .map(drop)
         .map_err(|e| e.to_string())
@@ -408,8 +408,8 @@ pub fn kept_in_two_kernels(backend: &str, plugins: &[PathBuf]) -> Result<(), Str
 
 /// The stages of `calls` lowered on `backend` (planned first, as every launch is).
 #[allow(dead_code)]
-pub fn lowered(rt: &tessel::Runtime, backend: &str, calls: &[tessel::KernelLaunch<'_>]) -> tessel::Result<Vec<(String, String)>> {
-    rt.plan(tessel::Choice::Named(backend), &tessel::Launch::kernels(calls))?.lower()
+pub fn lowered(rt: &tessel::Runtime, backend: &str, calls: &[tessel::Call]) -> tessel::Result<Vec<(String, String)>> {
+    rt.plan(tessel::Choice::Named(backend), &tessel::Launch::kernels(calls.to_vec()))?.lower()
 }
 
 /// The outputs of `calls` launched on `backend` with `args` (planned first, as every launch is).
@@ -417,8 +417,8 @@ pub fn lowered(rt: &tessel::Runtime, backend: &str, calls: &[tessel::KernelLaunc
 pub fn launched(
     rt: &tessel::Runtime,
     backend: &str,
-    calls: &[tessel::KernelLaunch<'_>],
+    calls: &[tessel::Call],
     args: &tessel::LaunchArgs,
 ) -> tessel::Result<Vec<(String, HostArray)>> {
-    rt.plan(tessel::Choice::Named(backend), &tessel::Launch::new(calls, &[], &args.grid))?.launch(args)
+    rt.plan(tessel::Choice::Named(backend), &tessel::Launch::new(calls.to_vec(), [], args.grid.clone()))?.launch(args)
 }

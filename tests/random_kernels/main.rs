@@ -28,7 +28,7 @@ mod generate;
 
 use common::*;
 use generate::{Spec, generate};
-use tessel::{KernelLaunch, LaunchArgs, Runtime};
+use tessel::{LaunchArgs, Runtime};
 
 /// What runs a kernel against the interpreter.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -44,7 +44,7 @@ enum Target {
 fn differ(rt: &Runtime, target: Target, text: &str, seed: u64) -> Result<(), String> {
     let kernels = tessel::load_source("random.tk", text).map_err(|e| format!("does not verify: {e}"))?;
     let k = &kernels[0];
-    let call = [KernelLaunch { kernel: k, mesh: None }];
+    let call = [tessel::Call::new(k.clone())];
     let args = LaunchArgs { inputs: tessel::inputs::random_inputs(k.kernel(), seed), grid: Default::default() };
     let want = launched(&rt, "interpret", &call, &args).map_err(|e| format!("interpret: {e}"))?;
     // The interpreter's fused runs give the bits of its statements one by one.

@@ -123,7 +123,7 @@ pub(super) fn bench(
             .product()
     };
     let flops: u64 = p.kernels.iter().map(|k| dot_flops(k, grid_points(k))).sum();
-    let names: Vec<&str> = p.kernels.iter().map(Verified::name).collect();
+    let names: Vec<&str> = p.kernels.iter().map(|k| k.name()).collect();
     if json {
         let launch_ms = resident.as_ref().ok().map(|t| middle(&t.host));
         let gpu = resident.as_ref().ok().and_then(|t| t.device.as_deref().map(middle));

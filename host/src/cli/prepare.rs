@@ -6,12 +6,13 @@
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use tessel_plugin_api::abi::MeshBox;
 use tessel_plugin_api::ir::Verified;
 use tessel_plugin_api::ir::generic::Generic;
 
-use crate::{Choice, Error, HostArray, KernelLaunch, Launch, Plan, Planned, Result, Runtime};
+use crate::{Call, Choice, Error, HostArray, Launch, Plan, Planned, Result, Runtime};
 
 /// What a launch names, shared by `lower` and `run`.
 #[derive(Debug, clap::Args)]
@@ -56,30 +57,25 @@ pub(super) struct Prepared {
     pub(super) values: BTreeMap<String, i64>,
     /// Tuning records that could not be read.
     warnings: Vec<String>,
-    pub(super) kernels: Vec<Verified>,
-    meshes: Vec<Option<MeshBox>>,
-    externals: Vec<MeshBox>,
+    pub(super) kernels: Vec<Arc<Verified>>,
+    meshes: Vec<Option<Arc<MeshBox>>>,
+    externals: Vec<Arc<MeshBox>>,
     pub(super) grid: BTreeMap<String, u64>,
 }
 
 impl Prepared {
-    pub(super) fn launches(&self) -> Vec<KernelLaunch<'_>> {
-        self.kernels.iter().zip(&self.meshes).map(|(kernel, mesh)| KernelLaunch { kernel, mesh: mesh.as_ref() }).collect()
-    }
-
-    pub(super) fn externals(&self) -> Vec<&MeshBox> {
-        self.externals.iter().collect()
-    }
-
-    pub(super) fn launch(&self) -> Launch<'_> {
-        Launch::new(&self.launches(), &self.externals(), &self.grid)
+    /// The launch: the kernels with their meshes, the external meshes, the grid (shared, not
+    /// copied).
+    pub(super) fn launch(&self) -> Launch {
+        let calls =
+            self.kernels.iter().zip(&self.meshes).map(|(kernel, mesh)| Call { kernel: kernel.clone(), mesh: mesh.clone() });
+        Launch::new(calls, self.externals.iter().cloned(), self.grid.clone())
     }
 
     /// `f` on the launch as planned: the backend is not asked again.
-    pub(super) fn planned<T>(&self, rt: &Runtime, f: impl FnOnce(&Planned<'_, '_>) -> Result<T>) -> Result<T> {
-        let launch = self.launch();
+    pub(super) fn planned<T>(&self, rt: &Runtime, f: impl FnOnce(&Planned<'_>) -> Result<T>) -> Result<T> {
         let plan = self.plan.clone().expect("a prepared launch is planned");
-        f(&rt.resume(plan, &launch)?)
+        f(&rt.resume(plan)?)
     }
 
     pub(super) fn warn(&self, err: &mut dyn Write) {
@@ -192,9 +188,9 @@ pub(super) fn prepare_with(
         bound: bound.lines,
         values: bound.values,
         warnings: bound.warnings,
-        kernels,
-        meshes,
-        externals,
+        kernels: kernels.into_iter().map(Arc::new).collect(),
+        meshes: meshes.into_iter().map(|m| m.map(Arc::new)).collect(),
+        externals: externals.into_iter().map(Arc::new).collect(),
         grid,
     };
     let plan = rt.plan(Choice::of(asked), &p.launch())?.into_plan();
@@ -207,7 +203,7 @@ pub(super) fn prepare_with(
     // plan again only then.
     if auto && records && retuned(rt, &generics, given, inputs, &p)? {
         let (kernels, bound) = specialize(rt, file, &generics, given, inputs, Some(&p.backend))?;
-        p.kernels = kernels;
+        p.kernels = kernels.into_iter().map(Arc::new).collect();
         (p.bound, p.values, p.warnings) = (bound.lines, bound.values, bound.warnings);
         let explanation = std::mem::take(&mut p.explanation);
         p.plan = Some(rt.plan(Choice::Named(&p.backend), &p.launch())?.into_plan());
@@ -347,7 +343,7 @@ pub(super) fn read_inputs(flags: &[String]) -> Result<BTreeMap<String, HostArray
 /// Seeded random inputs for every kernel of a launch (of the shapes its parameters give), once
 /// the launch's inputs and outputs are known to fit in memory.
 pub(super) fn random_inputs(p: &Prepared, seed: u64) -> Result<BTreeMap<String, HostArray>> {
-    let kernels: Vec<&Verified> = p.kernels.iter().collect();
+    let kernels: Vec<&Verified> = p.kernels.iter().map(|k| &**k).collect();
     let need = crate::memory::Need::of(&kernels, crate::memory::threads());
     let names = || kernels.iter().map(|k| k.name()).collect::<Vec<_>>().join("`, `");
     crate::memory::check(|| format!("the launch of `{}` with random inputs", names()), need)?;

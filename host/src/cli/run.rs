@@ -8,7 +8,6 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use tessel_plugin_api::array::agreement;
-use tessel_plugin_api::ir::Verified;
 
 use super::prepare::{LOWER_DEFAULT, LaunchFlags, RUN_DEFAULT, explain, prepare, random_inputs, read_inputs};
 use crate::{Error, HostArray, LaunchArgs, Result, Runtime};
@@ -68,7 +67,7 @@ pub(super) fn run(rt: &Runtime, flags: &LaunchFlags, opts: &RunOptions, out: &mu
     let outputs = p.planned(rt, |planned| planned.launch(&launch))?;
     let elapsed = start.elapsed();
     lap("launched");
-    let names: Vec<&str> = p.kernels.iter().map(Verified::name).collect();
+    let names: Vec<&str> = p.kernels.iter().map(|k| k.name()).collect();
     let _ = writeln!(out, "ran `{}` on {} in {:.2} ms", names.join("`, `"), p.backend, elapsed.as_secs_f64() * 1e3);
     let report = if opts.check {
         if p.backend == tessel_interpret::NAME {

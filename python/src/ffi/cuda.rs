@@ -62,7 +62,7 @@ unsafe fn stream(frame: &CallFrame) -> Result<*mut c_void, Failure> {
 /// device buffers, checked against `p`'s arguments.
 pub(super) unsafe fn launch(
     frame: &CallFrame,
-    planned: &tessel::Planned<'_, '_>,
+    planned: &tessel::Planned<'_>,
     p: &Prepared,
     batch: &Batch,
     ins: &[Raw],

@@ -24,7 +24,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use tessel::{BytesMut, BytesRef, Choice, Error, InPlace, KernelLaunch, Launch, Plan, Runtime};
+use tessel::{BytesMut, BytesRef, Call, Choice, Error, InPlace, Launch, Plan, Runtime};
 use tessel_plugin_api::abi::MeshBox;
 use tessel_plugin_api::kept::Kept;
 use tessel_plugin_api::ir::{ParamKind, Type, Verified, batch};
@@ -37,12 +37,10 @@ use c_api::*;
 
 /// A launch prepared once: the kernel verified, its backend chosen, its meshes made.
 pub struct Prepared {
-    pub kernel: Verified,
+    pub kernel: Arc<Verified>,
     /// The backend's acceptance of the launch, asked once: the backend that runs it (never
-    /// `auto`) and why ([`Plan::decisions`]).
+    /// `auto`) and why ([`Plan::decisions`]), and the launch (the kernel, its meshes).
     pub plan: Plan,
-    mesh: Option<MeshBox>,
-    externals: Vec<MeshBox>,
     /// `in` and `out` arguments in declared order: the custom call's operands and results.
     pub inputs: Vec<(String, Type)>,
     pub outputs: Vec<(String, Type)>,
@@ -54,8 +52,8 @@ pub struct Prepared {
     staged: std::sync::atomic::AtomicBool,
 }
 
-/// A kernel batched over a grid axis and the backend's acceptance of it.
-type Batched = Arc<(Verified, Plan)>;
+/// The backend's acceptance of a kernel batched over a grid axis (its plan holds the kernel).
+type Batched = Plan;
 
 /// The most batch sizes kept per launch.
 const BATCHES_KEPT: usize = 8;
@@ -65,7 +63,8 @@ impl Prepared {
     /// the backend once per size; `None` where it has a mesh (whose axes the batch axis would not
     /// be among), cannot be batched, or the backend refuses the batched launch.
     fn batched(&self, rt: &Runtime, count: usize) -> Option<Batched> {
-        if self.mesh.is_some() || !self.externals.is_empty() {
+        let launch = self.plan.launch();
+        if launch.calls().iter().any(|c| c.mesh.is_some()) || !launch.externals().is_empty() {
             return None;
         }
         // Planned outside the lock: another thread batching another size does not wait on it
@@ -74,10 +73,7 @@ impl Prepared {
             batch::batched(self.kernel.kernel(), count as u64)
                 .ok()
                 .and_then(|k| tessel_plugin_api::ir::verify(&k).ok())
-                .and_then(|v| {
-                    let plan = rt.plan(Choice::Named(self.plan.backend()), &Launch::one(&v)).ok()?.into_plan();
-                    Some(Arc::new((v, plan)))
-                })
+                .and_then(|v| rt.plan(Choice::Named(self.plan.backend()), &Launch::one(v)).ok().map(|p| p.into_plan()))
         })
     }
 }
@@ -202,10 +198,10 @@ fn prepare(rt: &Runtime, text: &str, backend: &str, mesh: &str, externals: &str)
     let externals: Vec<MeshBox> =
         externals.lines().filter(|l| !l.trim().is_empty()).map(|m| rt.mesh(maker, m)).collect::<Result<_, _>>()?;
     let grid = Default::default();
+    let kernel = Arc::new(kernel);
     let plan = {
-        let ext: Vec<&MeshBox> = externals.iter().collect();
-        let calls = [KernelLaunch { kernel: &kernel, mesh: mesh.as_ref() }];
-        let launch = Launch::new(&calls, &ext, &grid);
+        let call = Call { kernel: Arc::clone(&kernel), mesh: mesh.map(Arc::new) };
+        let launch = Launch::new([call], externals.into_iter().map(Arc::new), grid);
         let planned = rt.plan(Choice::of(backend), &launch)?;
         // The call is prepared when XLA lowers it: the backend's compile overlaps with XLA's.
         planned.warm_up();
@@ -213,7 +209,7 @@ fn prepare(rt: &Runtime, text: &str, backend: &str, mesh: &str, externals: &str)
     };
     let args = |kind| kernel.kernel().params_of(kind).map(|p| (p.name.clone(), p.ty.clone())).collect();
     let (inputs, outputs) = (args(ParamKind::In), args(ParamKind::Out));
-    Ok(Prepared { kernel, plan, mesh, externals, inputs, outputs, batches: Kept::new(BATCHES_KEPT), staged: Default::default() })
+    Ok(Prepared { kernel, plan, inputs, outputs, batches: Kept::new(BATCHES_KEPT), staged: Default::default() })
 }
 
 /// A failure and the XLA error code it becomes.
@@ -482,14 +478,11 @@ unsafe fn handle(frame: *mut CallFrame, platform: Platform) -> Result<(), Failur
     // A batch (`vmap`) is one launch of the kernel batched over a new grid axis where it can be,
     // else one launch per element on that element's slice of each buffer.
     let batched = if count > 1 { p.batched(&rt, count) } else { None };
-    let (kernel, plan, launches, per): (&Verified, &Plan, usize, usize) = match &batched {
-        Some(b) => (&b.0, &b.1, 1, count),
-        None => (&p.kernel, &p.plan, count, 1),
+    let (plan, launches, per): (&Plan, usize, usize) = match &batched {
+        Some(b) => (b, 1, count),
+        None => (&p.plan, count, 1),
     };
-    let ext: Vec<&MeshBox> = p.externals.iter().collect();
-    let calls = [KernelLaunch { kernel, mesh: p.mesh.as_ref() }];
-    let launch = Launch::new(&calls, &ext, &Default::default());
-    let planned = rt.resume(plan.clone(), &launch)?;
+    let planned = rt.resume(plan.clone())?;
     let batch = Batch { per, launches };
     match platform {
         Platform::Host => {
@@ -537,7 +530,7 @@ impl Batch {
 /// # Safety
 /// `ins` and `outs` are XLA's host buffers for the call, checked against `p`'s arguments.
 unsafe fn launch_host(
-    planned: &tessel::Planned<'_, '_>,
+    planned: &tessel::Planned<'_>,
     p: &Prepared,
     batch: &Batch,
     ins: &[Raw],
