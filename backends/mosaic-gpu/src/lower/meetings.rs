@@ -300,7 +300,7 @@ mod tests {
         let v = verify(&parse(text).expect("parses").kernels.remove(0)).expect("verifies");
         let p = plan_general(&v, None).expect("plans");
         let points: Vec<(usize, At)> = p.meetings.points().collect();
-        assert_eq!(points, [(2, At::Before), (3, At::Before)], "{}", crate::print::text(&p));
+        assert_eq!(points, [(2, At::Before), (3, At::Before)]);
         assert!(p.meetings.after_step());
     }
 }
