@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use tessel_mosaic_gpu::{MosaicGpu, Schedule};
-use tessel_plugin_api::backend::{Call, Compiler, Launch};
+use tessel_plugin_api::backend::{Call, Compiler, Request};
 
 fn lowering(c: &mut Criterion) {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -24,7 +24,7 @@ fn lowering(c: &mut Criterion) {
         "examples/flash_attention.tk",
     ];
     let launch_of = |k: &tessel_plugin_api::ir::Verified| {
-        Launch::new(vec![Call { kernel: Arc::new(k.kernel().clone()), mesh: None }], Vec::new(), Default::default())
+        Request::new(vec![Call { kernel: Arc::new(k.kernel().clone()), mesh: None }], Vec::new(), Default::default())
     };
     for f in files {
         let k = tessel::load_file(&root.join(f)).expect("the kernel verifies").remove(0);

@@ -22,7 +22,7 @@ use std::sync::Arc;
 use common::{assemble, ptxas, root, skip};
 use tessel_mosaic_gpu::{MosaicGpu, Schedule};
 use tessel_plugin_api::abi::MeshBox;
-use tessel_plugin_api::backend::{BackendImpl, Call, Compiler, Launch};
+use tessel_plugin_api::backend::{BackendImpl, Call, Compiler, Request};
 use tessel_plugin_api::ir::{self, Kernel};
 use tessel_plugin_api::mesh::MeshSpec;
 use tessel_wgpu::lower::{Strategy, Target};
@@ -83,7 +83,7 @@ fn ptx(folder: &str, path: &Path, ptxas: Option<&Path>) -> bool {
     let backend = MosaicGpu::new();
     let mesh: Option<MeshBox> = (name == "mesh_grid")
         .then(|| backend.make_mesh(&MeshSpec::parse("mosaic_gpu(i: 4, j: 2)").expect("a mesh")).expect("its own mesh"));
-    let launch = Launch::new(vec![Call { kernel: kernels(path).remove(0), mesh: mesh.as_ref() }], Vec::new(), BTreeMap::new());
+    let launch = Request::new(vec![Call { kernel: kernels(path).remove(0), mesh: mesh.as_ref() }], Vec::new(), BTreeMap::new());
     let refusal = REFUSED_BY_MOSAIC.iter().find(|(n, _)| *n == name).map(|(_, r)| *r);
     let compiler = backend.compiler().expect("a compiler");
     let stages = match (compiler.lower(&launch), refusal) {
@@ -140,7 +140,7 @@ fn wgsl(folder: &str, path: &Path, strategy: Strategy) -> usize {
         (name == "mesh_grid").then(|| Wgpu::new().make_mesh(&MeshSpec::parse("grid(i: 4, j: 2)").expect("a mesh")).expect("a mesh"));
     let grid: BTreeMap<String, u64> = if name == "dyn_grid" { [("i".to_string(), 3)].into() } else { BTreeMap::new() };
     let calls = kernels(path).into_iter().map(|kernel| Call { kernel, mesh: mesh.as_ref() }).collect();
-    let launch = Launch::new(calls, Vec::new(), grid);
+    let launch = Request::new(calls, Vec::new(), grid);
     let compiler = WgpuCompiler::new(Target { strategy, loop_budget: Some(LOOP_BUDGET) });
     let stages = compiler.lower(&launch).unwrap_or_else(|e| panic!("{name} does not lower for wgpu:\n{}", e.message));
     for (stage, text) in &stages {

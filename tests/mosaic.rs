@@ -283,9 +283,9 @@ fn the_hopper_kernels_take_the_hopper_path() {
 /// Mosaic GPU's PTX of `kernel` with the Hopper path on `schedule`, through the compiler directly
 /// (`TESSEL_MOSAIC_SCHEDULE` is the process's, and tests run side by side).
 fn on_schedule(kernel: &tessel_plugin_api::ir::Verified, schedule: tessel_mosaic_gpu::Schedule) -> String {
-    use tessel_plugin_api::backend::{Call, Compiler, Launch};
+    use tessel_plugin_api::backend::{Call, Compiler, Request};
     let call = Call { kernel: std::sync::Arc::new(kernel.kernel().clone()), mesh: None };
-    let launch = Launch::new(vec![call], Vec::new(), Default::default());
+    let launch = Request::new(vec![call], Vec::new(), Default::default());
     let stages = tessel_mosaic_gpu::MosaicGpu::with_schedule(schedule).lower(&launch).expect("lowers");
     stages.into_iter().next().expect("one module").1
 }

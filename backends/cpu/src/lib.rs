@@ -19,7 +19,7 @@ pub use error::Refusal;
 use tessel_plugin_api::abi::{BackendError, Capabilities, DeviceClass, ErrorKind, MeshBox};
 use tessel_plugin_api::array::{DataRef, HostArray};
 use tessel_plugin_api::backend::{
-    Artifact, Available, BackendImpl, Compiler, Launch, Options, host_buffers, make_grid_mesh, verify_call,
+    Artifact, Available, BackendImpl, Compiler, Options, Request, host_buffers, make_grid_mesh, verify_call,
 };
 use tessel_plugin_api::ir::{DType, ParamKind, Type, Verified, analysis, legalize};
 use tessel_plugin_api::kept::Kept;
@@ -102,7 +102,7 @@ impl Compiler for CpuCompiler {
         }
     }
 
-    fn plan(&self, launch: &Launch<'_>) -> Result<Vec<Verified>, BackendError> {
+    fn plan(&self, launch: &Request<'_>) -> Result<Vec<Verified>, BackendError> {
         launch
             .calls
             .iter()
@@ -114,7 +114,7 @@ impl Compiler for CpuCompiler {
             .collect()
     }
 
-    fn compile(&self, _: &Launch<'_>, plan: Vec<Verified>) -> Result<CompiledLaunch, BackendError> {
+    fn compile(&self, _: &Request<'_>, plan: Vec<Verified>) -> Result<CompiledLaunch, BackendError> {
         let c = lower_to_c(&plan);
         let e = &c.emitted;
         let lib = cc::build(&e.source)?;
@@ -139,7 +139,7 @@ impl Compiler for CpuCompiler {
     }
 
     /// Lowers without compiling: the C is the text (no compiler needed).
-    fn lower(&self, launch: &Launch<'_>) -> Result<Vec<(String, String)>, BackendError> {
+    fn lower(&self, launch: &Request<'_>) -> Result<Vec<(String, String)>, BackendError> {
         let plan = self.plan(launch)?;
         let c = lower_to_c(&plan);
         Ok(vec![(format!("{}.c", plan.first().map_or("launch", |k| k.name())), c.emitted.source.clone())])
@@ -316,7 +316,7 @@ impl BackendImpl for Cpu {
     fn run_host(
         &self,
         compiled: &Artifact<Self>,
-        launch: &Launch<'_>,
+        launch: &Request<'_>,
         inputs: &BTreeMap<String, DataRef<'_>>,
         outputs: &mut BTreeMap<String, &mut [u8]>,
     ) -> Option<Result<(), BackendError>> {
@@ -344,7 +344,7 @@ impl BackendImpl for Cpu {
     fn run(
         &self,
         compiled: &Artifact<Self>,
-        launch: &Launch<'_>,
+        launch: &Request<'_>,
         buffers: &mut BTreeMap<String, HostArray>,
     ) -> Result<(), BackendError> {
         if let Some(name) = launch.kept.iter().next() {

@@ -24,7 +24,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use tessel_plugin_api::abi::{BackendError, BuiltinBackend, Capabilities, DeviceClass, ErrorKind, MeshBox};
 use tessel_plugin_api::array::{DataRef, HostArray};
 use tessel_plugin_api::backend::{
-    Artifact, Available, BackendImpl, Compiler, Launch, Options, export, host_buffers, verify_call,
+    Artifact, Available, BackendImpl, Compiler, Options, Request, export, host_buffers, verify_call,
 };
 use tessel_plugin_api::ir::{DType, ParamKind, Type, Verified, print_kernel};
 use tessel_plugin_api::launch::{self, LaunchArgs, LaunchError};
@@ -198,7 +198,7 @@ impl Interpreter {
 }
 
 /// Applies each call's mesh and verifies the kernel, refusing `device(...)` meshes.
-fn verified(launch: &Launch<'_>) -> Result<Vec<Verified>, BackendError> {
+fn verified(launch: &Request<'_>) -> Result<Vec<Verified>, BackendError> {
     launch
         .calls
         .iter()
@@ -239,11 +239,11 @@ impl Compiler for InterpretCompiler {
         Options::new().with("threads", self.threads)
     }
 
-    fn plan(&self, launch: &Launch<'_>) -> Result<Vec<Verified>, BackendError> {
+    fn plan(&self, launch: &Request<'_>) -> Result<Vec<Verified>, BackendError> {
         verified(launch)
     }
 
-    fn compile(&self, _: &Launch<'_>, plan: Vec<Verified>) -> Result<Vec<Compiled>, BackendError> {
+    fn compile(&self, _: &Request<'_>, plan: Vec<Verified>) -> Result<Vec<Compiled>, BackendError> {
         Ok(plan.iter().map(|k| compile_for(k, self.threads)).collect())
     }
 
@@ -330,7 +330,7 @@ impl BackendImpl for Interpreter {
     fn run_host(
         &self,
         compiled: &Artifact<Self>,
-        launch: &Launch<'_>,
+        launch: &Request<'_>,
         inputs: &BTreeMap<String, DataRef<'_>>,
         outputs: &mut BTreeMap<String, &mut [u8]>,
     ) -> Option<Result<(), BackendError>> {
@@ -346,7 +346,7 @@ impl BackendImpl for Interpreter {
     fn run(
         &self,
         compiled: &Artifact<Self>,
-        launch: &Launch<'_>,
+        launch: &Request<'_>,
         buffers: &mut BTreeMap<String, HostArray>,
     ) -> Result<(), BackendError> {
         if let Some(name) = launch.kept.iter().next() {

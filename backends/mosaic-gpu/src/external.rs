@@ -183,7 +183,7 @@ mod tests {
     use std::collections::BTreeSet;
     use std::sync::Arc;
 
-    use tessel_plugin_api::backend::{Call, Compiler, Launch};
+    use tessel_plugin_api::backend::{Call, Compiler, Request};
     use tessel_plugin_api::ir;
 
     /// `o` is stored in its first half only (a masked store); `p` whole.
@@ -204,7 +204,7 @@ mod tests {
     #[test]
     fn outputs_left_partly_unwritten_are_zeroed_unless_kept() {
         let kernel = ir::parse(PARTLY).expect("parses").kernels.remove(0);
-        let launch = Launch::new(vec![Call { kernel: Arc::new(kernel), mesh: None }], Vec::new(), Default::default());
+        let launch = Request::new(vec![Call { kernel: Arc::new(kernel), mesh: None }], Vec::new(), Default::default());
         let compiler = crate::MosaicGpu::new();
         let c = compiler.compile(&launch, compiler.plan(&launch).expect("plans")).expect("lowers").remove(0);
         let zeroed = |kept: &[&str]| {

@@ -22,7 +22,7 @@ use std::collections::{BTreeMap, HashMap};
 use tessel_plugin_api::abi::{BackendError, BuiltinBackend, Capabilities, DeviceClass, ErrorKind, MeshBox};
 use tessel_plugin_api::array::HostArray;
 use tessel_plugin_api::backend::{
-    Artifact, Available, BackendImpl, Compiler, Launch, Options, export, make_mesh_object, verify_with_mesh,
+    Artifact, Available, BackendImpl, Compiler, Options, Request, export, make_mesh_object, verify_with_mesh,
 };
 use tessel_plugin_api::ir::{AxisSize, ParamKind, Type};
 use tessel_plugin_api::launch::resolve_grid;
@@ -54,7 +54,7 @@ impl MosaicGpu {
     }
 
     /// Every refusal, in Pallas's order, then the plan of each kernel.
-    fn planned(&self, launch: &Launch<'_>) -> Result<Vec<lower::Plan>, BackendError> {
+    fn planned(&self, launch: &Request<'_>) -> Result<Vec<lower::Plan>, BackendError> {
         if launch.calls.len() > 1 {
             if launch.calls.iter().any(|c| c.kernel.params_of(ParamKind::Scratch).next().is_some()) {
                 return Err(Refusal::ScratchInMpmd.into());
@@ -98,11 +98,11 @@ impl Compiler for MosaicGpu {
         Options::new().with("schedule", self.schedule.name())
     }
 
-    fn plan(&self, launch: &Launch<'_>) -> Result<Vec<lower::Plan>, BackendError> {
+    fn plan(&self, launch: &Request<'_>) -> Result<Vec<lower::Plan>, BackendError> {
         self.planned(launch)
     }
 
-    fn compile(&self, _: &Launch<'_>, plan: Vec<lower::Plan>) -> Result<Self::Artifact, BackendError> {
+    fn compile(&self, _: &Request<'_>, plan: Vec<lower::Plan>) -> Result<Self::Artifact, BackendError> {
         plan.into_iter().map(external::Compiled::new).collect()
     }
 
@@ -188,11 +188,11 @@ impl BackendImpl for MosaicGpu {
     }
 
     /// Runs each kernel on the bound buffers: outputs start as the buffers hold them (allocated
-    /// zeroed, or uploaded by the host for those in [`Launch::kept`]).
+    /// zeroed, or uploaded by the host for those in [`Request::kept`]).
     fn run(
         &self,
         compiled: &Artifact<Self>,
-        launch: &Launch<'_>,
+        launch: &Request<'_>,
         buffers: &mut BTreeMap<String, Self::Buffer>,
     ) -> Result<(), BackendError> {
         let gpu = runtime::require()?;
@@ -218,7 +218,7 @@ impl BackendImpl for MosaicGpu {
     unsafe fn run_external(
         &self,
         compiled: &Artifact<Self>,
-        launch: &Launch<'_>,
+        launch: &Request<'_>,
         stream: u64,
         args: &BTreeMap<String, u64>,
     ) -> Option<Result<(), BackendError>> {

@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 use tessel_plugin_api::abi::{BackendError, BuiltinBackend, Capabilities, DeviceClass, ErrorKind, MeshBox};
 use tessel_plugin_api::array::HostArray;
-use tessel_plugin_api::backend::{Artifact, Available, BackendImpl, Compiler, Launch, Options, export, mesh_spec, verify_call};
+use tessel_plugin_api::backend::{Artifact, Available, BackendImpl, Compiler, Options, Request, export, mesh_spec, verify_call};
 use tessel_plugin_api::ir::{AxisSize, ForLoop, Op, ParamKind, Stmt, Type, Verified, synchronous};
 use tessel_plugin_api::launch::{LaunchAxis, resolve_grid};
 use tessel_plugin_api::mesh::MeshSpec;
@@ -123,7 +123,7 @@ impl WgpuCompiler {
     }
 
     /// Every refusal, then each kernel verified with its mesh and its grid sizes.
-    fn checked(&self, launch: &Launch<'_>) -> Result<Vec<(Verified, Vec<LaunchAxis>)>, BackendError> {
+    fn checked(&self, launch: &Request<'_>) -> Result<Vec<(Verified, Vec<LaunchAxis>)>, BackendError> {
         let several = launch.calls.len() > 1;
         launch
             .calls
@@ -169,17 +169,17 @@ impl Compiler for WgpuCompiler {
         }
     }
 
-    fn plan(&self, launch: &Launch<'_>) -> Result<Self::Plan, BackendError> {
+    fn plan(&self, launch: &Request<'_>) -> Result<Self::Plan, BackendError> {
         let plans: Vec<lower::Plan> =
             self.checked(launch)?.into_iter().map(|(v, axes)| lower::plan(v, axes, self.target)).collect::<Result<_, _>>()?;
         Ok(Arc::new(plans))
     }
 
     /// Each plan written; one that holds an output the launch keeps (it starts from given
-    /// contents, `Launch::kept`) in registers across `seq` steps is planned again without holding
+    /// contents, `Request::kept`) in registers across `seq` steps is planned again without holding
     /// it ([`lower::plan_keeping`]), so that its block never starts as zeros. The kept outputs
     /// are part of the compiled launch's key (`backend::exported`), so this is compiled once.
-    fn compile(&self, launch: &Launch<'_>, plans: Self::Plan) -> Result<Self::Artifact, BackendError> {
+    fn compile(&self, launch: &Request<'_>, plans: Self::Plan) -> Result<Self::Artifact, BackendError> {
         plans
             .iter()
             .map(|p| {
@@ -266,7 +266,7 @@ impl BackendImpl for Wgpu {
     fn run(
         &self,
         compiled: &Artifact<Self>,
-        launch: &Launch<'_>,
+        launch: &Request<'_>,
         buffers: &mut BTreeMap<String, Self::Buffer>,
     ) -> Result<(), BackendError> {
         self.dispatch(compiled, launch, buffers, false).map(drop)
@@ -275,7 +275,7 @@ impl BackendImpl for Wgpu {
     fn run_timed(
         &self,
         compiled: &Artifact<Self>,
-        launch: &Launch<'_>,
+        launch: &Request<'_>,
         buffers: &mut BTreeMap<String, Self::Buffer>,
     ) -> Result<Option<u64>, BackendError> {
         self.dispatch(compiled, launch, buffers, true)
@@ -287,7 +287,7 @@ impl Wgpu {
     fn dispatch(
         &self,
         compiled: &[emit::Lowered],
-        launch: &Launch<'_>,
+        launch: &Request<'_>,
         buffers: &BTreeMap<String, runtime::DeviceBuffer>,
         timed: bool,
     ) -> Result<Option<u64>, BackendError> {

@@ -5,7 +5,7 @@
 
 use std::fmt;
 
-use super::Launch;
+use super::Request;
 use crate::abi::BackendError;
 
 /// What a backend's lowering depends on besides the kernels and the backend's version: named
@@ -60,16 +60,16 @@ pub trait Compiler: Send + Sync {
     /// The plan, or the refusal: cheap, no lowering. It is where a backend checks that a mesh is
     /// its own. The host asks it once per launch it plans (`Runtime::plan`; under `auto`, once per
     /// backend it tries), and its adapter keeps the plan by launch.
-    fn plan(&self, launch: &Launch<'_>) -> Result<Self::Plan, BackendError>;
+    fn plan(&self, launch: &Request<'_>) -> Result<Self::Plan, BackendError>;
     /// Lowers a launch from the plan `plan` made for it.
-    fn compile(&self, launch: &Launch<'_>, plan: Self::Plan) -> Result<Self::Artifact, BackendError>;
+    fn compile(&self, launch: &Request<'_>, plan: Self::Plan) -> Result<Self::Artifact, BackendError>;
     /// Every decision `plan` made, as text ([`PlanText`](super::PlanText)): `tessel lower
     /// --plan` prints it, and `tests/lowering.rs` snapshots it beside the code it produces.
     fn plan_text(&self, plan: &Self::Plan) -> String;
     /// Named stages of lowered text (`ptx`, `wgsl`, ...), for `tessel lower`.
     fn stages(&self, artifact: &Self::Artifact) -> Vec<(String, String)>;
     /// `plan`, `compile` and `stages` in one: the launch's lowered text.
-    fn lower(&self, launch: &Launch<'_>) -> Result<Vec<(String, String)>, BackendError> {
+    fn lower(&self, launch: &Request<'_>) -> Result<Vec<(String, String)>, BackendError> {
         let plan = self.plan(launch)?;
         Ok(self.stages(&self.compile(launch, plan)?))
     }

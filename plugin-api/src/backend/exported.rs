@@ -13,7 +13,7 @@ use abi_stable::std_types::{ROption, RResult, RSlice, RSliceMut, RStr, RString, 
 
 use super::guard::guard;
 use super::keys::{decode_keyed, keyed, request_key, with_kept};
-use super::{Artifact, Available, BackendImpl, Compiler, Launch, invalid};
+use super::{Artifact, Available, BackendImpl, Compiler, Request, invalid};
 use crate::abi::*;
 use crate::array::{DataRef, HostArray};
 use crate::ir::{self, DType, Kernel, Type};
@@ -75,7 +75,7 @@ impl<B: BackendImpl> Exported<B> {
     }
 
     /// [`decode`](super::decode), reusing the kernels parsed for the same request before.
-    fn decode<'a>(&self, req: &LaunchRequest<'a>) -> Result<Launch<'a>, BackendError> {
+    fn decode<'a>(&self, req: &LaunchRequest<'a>) -> Result<Request<'a>, BackendError> {
         let key = request_key(req);
         let known = self.decoded.get(&key);
         let launch = decode_keyed(req, key, known.as_deref().map(Vec::as_slice))?;
@@ -86,7 +86,7 @@ impl<B: BackendImpl> Exported<B> {
     }
 
     /// The plan of `launch` from the cache, else `Compiler::plan`, counted and kept.
-    fn plan(&self, launch: &Launch<'_>, compiler: &B::Compiler, key: &[u8; 32]) -> Result<Arc<Plan<B>>, BackendError> {
+    fn plan(&self, launch: &Request<'_>, compiler: &B::Compiler, key: &[u8; 32]) -> Result<Arc<Plan<B>>, BackendError> {
         self.planned.get_or_try_insert(*key, || {
             self.plans.fetch_add(1, Ordering::Relaxed);
             ir::counters::planned();
@@ -105,13 +105,13 @@ impl<B: BackendImpl> Exported<B> {
 
     /// The key of `launch` in the plan and compile caches (and the lowered-text cache beside
     /// them): the backend, its version, its compiler's options and the launch.
-    fn cache_key(&self, launch: &Launch<'_>, compiler: &B::Compiler) -> [u8; 32] {
+    fn cache_key(&self, launch: &Request<'_>, compiler: &B::Compiler) -> [u8; 32] {
         keyed(self.backend.name(), self.backend.version(), &compiler.options().to_string(), &launch.key)
     }
 
     /// The compiled launch from the cache (by its key and its kept outputs, [`with_kept`]); else
     /// compiled from its plan (kept, or made now), and its key.
-    fn compiled(&self, launch: &Launch<'_>) -> Result<(Arc<Artifact<B>>, [u8; 32], B::Compiler), BackendError> {
+    fn compiled(&self, launch: &Request<'_>) -> Result<(Arc<Artifact<B>>, [u8; 32], B::Compiler), BackendError> {
         let compiler = self.backend.compiler()?;
         let key = self.cache_key(launch, &compiler);
         let artifact_key = with_kept(key, &launch.kept);
@@ -398,7 +398,7 @@ impl<B: BackendImpl> Backend for Exported<B> {
 
 /// Every argument of every kernel of `launch` has an array of its declared type among `inputs`
 /// (`in`) or `outputs` (`out`), and each output's bytes are as many as its elements take.
-fn check_host_arrays(launch: &Launch<'_>, inputs: &[HostInput<'_>], outputs: &[HostOutput<'_>]) -> Result<(), BackendError> {
+fn check_host_arrays(launch: &Request<'_>, inputs: &[HostInput<'_>], outputs: &[HostOutput<'_>]) -> Result<(), BackendError> {
     let ty_of = |dtype: RStr<'_>, shape: RSlice<'_, u64>| {
         DType::from_name(dtype.as_str()).map(|d| Type::array(d, shape.iter().map(|&n| n as usize).collect::<Vec<_>>()))
     };
@@ -447,10 +447,10 @@ mod tests {
     impl Compiler for Counting {
         type Plan = usize;
         type Artifact = usize;
-        fn plan(&self, _: &Launch<'_>) -> Result<usize, BackendError> {
+        fn plan(&self, _: &Request<'_>) -> Result<usize, BackendError> {
             Ok(self.plans.fetch_add(1, Ordering::SeqCst))
         }
-        fn compile(&self, _: &Launch<'_>, plan: usize) -> Result<usize, BackendError> {
+        fn compile(&self, _: &Request<'_>, plan: usize) -> Result<usize, BackendError> {
             self.compiles.fetch_add(1, Ordering::SeqCst);
             Ok(plan)
         }
@@ -495,14 +495,14 @@ mod tests {
         fn download<'b>(&self, _: &'b ()) -> Result<std::borrow::Cow<'b, HostArray>, BackendError> {
             Err(invalid("nothing to download"))
         }
-        fn run(&self, _: &usize, _: &Launch<'_>, _: &mut BTreeMap<String, ()>) -> Result<(), BackendError> {
+        fn run(&self, _: &usize, _: &Request<'_>, _: &mut BTreeMap<String, ()>) -> Result<(), BackendError> {
             Ok(())
         }
         #[allow(unsafe_code, reason = "the trait's signature; nothing is read at the addresses")]
         unsafe fn run_external(
             &self,
             _: &usize,
-            launch: &Launch<'_>,
+            launch: &Request<'_>,
             stream: u64,
             args: &BTreeMap<String, u64>,
         ) -> Option<Result<(), BackendError>> {
@@ -534,10 +534,10 @@ mod tests {
     impl Compiler for Nothing {
         type Plan = ();
         type Artifact = ();
-        fn plan(&self, _: &Launch<'_>) -> Result<(), BackendError> {
+        fn plan(&self, _: &Request<'_>) -> Result<(), BackendError> {
             Ok(())
         }
-        fn compile(&self, _: &Launch<'_>, (): ()) -> Result<(), BackendError> {
+        fn compile(&self, _: &Request<'_>, (): ()) -> Result<(), BackendError> {
             Ok(())
         }
         fn plan_text(&self, (): &()) -> String {
@@ -587,13 +587,13 @@ mod tests {
         fn download<'b>(&self, _: &'b ()) -> Result<std::borrow::Cow<'b, HostArray>, BackendError> {
             Err(invalid("nothing to download"))
         }
-        fn run(&self, _: &(), _: &Launch<'_>, _: &mut BTreeMap<String, ()>) -> Result<(), BackendError> {
+        fn run(&self, _: &(), _: &Request<'_>, _: &mut BTreeMap<String, ()>) -> Result<(), BackendError> {
             Err(invalid("runs in place only"))
         }
         fn run_host(
             &self,
             (): &(),
-            _: &Launch<'_>,
+            _: &Request<'_>,
             inputs: &BTreeMap<String, DataRef<'_>>,
             outputs: &mut BTreeMap<String, &mut [u8]>,
         ) -> Option<Result<(), BackendError>> {

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::mesh::mesh_spec;
-use super::{Call, Launch, invalid};
+use super::{Call, Request, invalid};
 use crate::abi::*;
 use crate::ir::{self, Kernel};
 
@@ -85,7 +85,7 @@ pub(super) fn with_kept(key: [u8; 32], kept: &std::collections::BTreeSet<String>
 }
 
 /// Decodes a request: format version, kernel text, kernels by name.
-pub fn decode<'a>(req: &LaunchRequest<'a>) -> Result<Launch<'a>, BackendError> {
+pub fn decode<'a>(req: &LaunchRequest<'a>) -> Result<Request<'a>, BackendError> {
     decode_keyed(req, request_key(req), None)
 }
 
@@ -95,7 +95,7 @@ pub(super) fn decode_keyed<'a>(
     req: &LaunchRequest<'a>,
     key: [u8; 32],
     known: Option<&[Arc<Kernel>]>,
-) -> Result<Launch<'a>, BackendError> {
+) -> Result<Request<'a>, BackendError> {
     if req.ir_format != IR_FORMAT_VERSION {
         return Err(invalid(format!(
             "the host sent kernel text format {}, this backend reads format {IR_FORMAT_VERSION}\n  rebuild the plugin against the host's tessel-plugin-api",
@@ -120,20 +120,20 @@ pub(super) fn decode_keyed<'a>(
         }
     };
     let grid = req.grid.iter().map(|g| (g.axis.to_string(), g.size)).collect();
-    Ok(Launch { calls, external_meshes: req.external_meshes.iter().copied().collect(), grid, key, kept: Default::default() })
+    Ok(Request { calls, external_meshes: req.external_meshes.iter().copied().collect(), grid, key, kept: Default::default() })
 }
 
-impl<'a> Launch<'a> {
+impl<'a> Request<'a> {
     /// A launch made in Rust rather than decoded from a host's request (a test or a tool that
     /// lowers through a [`super::Compiler`] directly): its key hashes each call's kernel, as
     /// canonical text, and mesh, the external meshes and the grid sizes.
-    pub fn new(calls: Vec<Call<'a>>, external_meshes: Vec<&'a MeshBox>, grid: BTreeMap<String, u64>) -> Launch<'a> {
+    pub fn new(calls: Vec<Call<'a>>, external_meshes: Vec<&'a MeshBox>, grid: BTreeMap<String, u64>) -> Request<'a> {
         let key = launch_hash(
             &[PLUGIN_API_VERSION.as_bytes()],
             calls.iter().map(|c| (ir::print_kernel(&c.kernel), c.mesh)),
             external_meshes.iter().copied(),
             grid.iter().map(|(a, s)| (a.as_str(), *s)),
         );
-        Launch { calls, external_meshes, grid, key, kept: Default::default() }
+        Request { calls, external_meshes, grid, key, kept: Default::default() }
     }
 }

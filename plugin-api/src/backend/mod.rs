@@ -45,8 +45,10 @@ pub struct Call<'a> {
     pub mesh: Option<&'a MeshBox>,
 }
 
-/// A launch request decoded into Rust types.
-pub struct Launch<'a> {
+/// A launch request decoded for the backend: what the host calls a `Launch` (its kernels with
+/// their meshes, the external meshes, the grid), as the plugin side names it; its ABI form is
+/// [`LaunchRequest`](crate::abi::LaunchRequest).
+pub struct Request<'a> {
     /// The (kernel, mesh) pairs in order.
     pub calls: Vec<Call<'a>>,
     /// External meshes.
@@ -108,7 +110,7 @@ pub trait BackendImpl: Send + Sync + 'static {
     fn run(
         &self,
         compiled: &Artifact<Self>,
-        launch: &Launch<'_>,
+        launch: &Request<'_>,
         buffers: &mut BTreeMap<String, Self::Buffer>,
     ) -> Result<(), BackendError>;
     /// [`BackendImpl::run`], timed on the device where the backend can: the nanoseconds its
@@ -116,7 +118,7 @@ pub trait BackendImpl: Send + Sync + 'static {
     fn run_timed(
         &self,
         compiled: &Artifact<Self>,
-        launch: &Launch<'_>,
+        launch: &Request<'_>,
         buffers: &mut BTreeMap<String, Self::Buffer>,
     ) -> Result<Option<u64>, BackendError> {
         self.run(compiled, launch, buffers).map(|()| None)
@@ -124,12 +126,12 @@ pub trait BackendImpl: Send + Sync + 'static {
     /// Runs a compiled launch on memory the caller owns, for a backend that computes in host
     /// memory: `inputs` borrowed by argument name, every element of each output written as
     /// little-endian bytes into `outputs` (the caller's arrays of the outputs' types), which start
-    /// as zeros except those in [`Launch::kept`]. `None`, the default, where the backend does not
+    /// as zeros except those in [`Request::kept`]. `None`, the default, where the backend does not
     /// (the host then uses buffers).
     fn run_host(
         &self,
         compiled: &Artifact<Self>,
-        launch: &Launch<'_>,
+        launch: &Request<'_>,
         inputs: &BTreeMap<String, DataRef<'_>>,
         outputs: &mut BTreeMap<String, &mut [u8]>,
     ) -> Option<Result<(), BackendError>> {
@@ -138,7 +140,7 @@ pub trait BackendImpl: Send + Sync + 'static {
     }
     /// Enqueues a compiled launch on memory and a stream another runtime owns
     /// ([`Backend::launch_external`]): `args` holds the device address of each `in` and `out`
-    /// argument by name; the outputs start as zeros except those in [`Launch::kept`], which
+    /// argument by name; the outputs start as zeros except those in [`Request::kept`], which
     /// start from what their memory holds. `None`, the default, where the backend does not. An
     /// `Unsupported` error means nothing was enqueued (the caller stages the launch instead).
     ///
@@ -150,7 +152,7 @@ pub trait BackendImpl: Send + Sync + 'static {
     unsafe fn run_external(
         &self,
         compiled: &Artifact<Self>,
-        launch: &Launch<'_>,
+        launch: &Request<'_>,
         stream: u64,
         args: &BTreeMap<String, u64>,
     ) -> Option<Result<(), BackendError>> {
