@@ -19,7 +19,6 @@ use crate::{Error, HostArray, Result};
 /// portable view (or refuses it, as Mosaic GPU does).
 pub use tessel_plugin_api::backend::SpecMesh as HostMesh;
 
-
 /// Backends and launches.
 pub struct Runtime {
     registry: Registry,

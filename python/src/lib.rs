@@ -430,10 +430,8 @@ impl<'a> LaunchOptions<'a> {
         LaunchOptions { backend, mesh, external_meshes: external_meshes.unwrap_or_default(), grid, params }
     }
 
-    /// The kernel's mesh and the external meshes, made by the backend named (with "auto", by
-    /// the backend that owns each kind), as the command line makes them.
-    /// The launch of `kernel` these options describe, its meshes made (under `auto`, each by
-    /// the backend that owns its kind).
+    /// The launch of `kernel` these options describe, its meshes made by the backend named
+    /// (under `auto`, each by the backend that owns its kind), as the command line makes them.
     fn launch(&self, rt: &Runtime, kernel: Arc<Verified>) -> Result<tessel::Launch, Error> {
         let maker = if self.backend == "auto" { "" } else { self.backend };
         let mesh = self.mesh.as_deref().map(|m| rt.mesh(maker, m)).transpose()?;

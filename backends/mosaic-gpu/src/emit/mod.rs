@@ -3,7 +3,8 @@
 //! One `Writer` (`writer.rs`) writes a kernel's body in one pass, then its header. Its files,
 //! each built only on those before it:
 //! - `conv.rs`: pure mappings (PTX type names, literal bits, strides);
-//! - `writer.rs`: the writer's state, registers, labels, element loops and barriers;
+//! - `writer.rs`: the writer's state, registers, labels, element loops and the barriers the plan
+//!   places (`lower/meetings.rs`);
 //! - `header.rs`: the PTX header, entry parameters and register declarations;
 //! - `grid.rs`: thread, warpgroup and CTA ids, grid coordinates, argument block origins;
 //! - `ops.rs`: element operations and the inline maths functions;

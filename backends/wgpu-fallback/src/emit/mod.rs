@@ -31,8 +31,8 @@
 //! - `layout.rs`: which invocation owns which element of a value, its private array, and the
 //!   loops over its elements;
 //! - `operands.rs`: how an operation reads each operand (`Read`);
-//! - `share.rs`: values other invocations read: publication to the workspace, barriers,
-//!   uniform scalars;
+//! - `share.rs`: values other invocations read: publication to the workspace, the barriers the
+//!   plan places (`lower/meetings.rs`), uniform scalars;
 //! - `ops.rs`: elementwise operations; `reduce.rs`: reductions; `dot.rs`: `dot`;
 //! - `memory.rs`: loads and stores (bounds, masks, `vec4` accesses, blocks read where used);
 //! - `helpers.rs` (and the WGSL files in `helpers/`): the helper functions a module calls;

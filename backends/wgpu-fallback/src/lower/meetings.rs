@@ -243,34 +243,8 @@ impl Walk<'_> {
                 self.pending.store = true;
             }
             Op::ProgramId(_) | Op::NumPrograms(_) | Op::Yield(_) => {}
-            Op::Iota { .. }
-            | Op::Full(_)
-            | Op::Zeros
-            | Op::Unary(..)
-            | Op::Binary(..)
-            | Op::Compare(..)
-            | Op::Select(..)
-            | Op::Cast(_)
-            | Op::Bitcast(_)
-            | Op::Broadcast(_)
-            | Op::Reshape(_) => {
-                let linear = matches!(s.op, Op::Reshape(_));
-                let shared = operands(&s.op).iter().any(|o| self.shared(o, &res, linear));
-                if res.is_empty() {
-                    if shared {
-                        self.reads(n, Site::Reads, true);
-                        self.broadcast(n);
-                    }
-                    return;
-                }
-                let x = plan.id(dst);
-                if plan.inlined.contains(x) && !plan.publish.contains(x) && !shared {
-                    // Computed where it is read.
-                    return;
-                }
-                self.reads(n, Site::Reads, shared);
-                self.defined(dst);
-            }
+            Op::Sync(_) => unreachable!("checked() makes the concurrent model synchronous (ir::synchronous)"),
+            Op::Tile { .. } | Op::Repeat { .. } => unreachable!("legalize rewrites tile and repeat before planning"),
             Op::Transpose { .. } | Op::Slice { .. } | Op::Concatenate { .. } => self.gathered(n, dst),
             Op::Reduce { arg, axis, .. } => {
                 let Operand::Value(src) = arg else { unreachable!("verifier: reduce of a value") };
@@ -315,8 +289,35 @@ impl Walk<'_> {
                     self.defined(r);
                 }
             }
-            Op::Sync(_) => unreachable!("checked() makes the concurrent model synchronous (ir::synchronous)"),
-            Op::Tile { .. } | Op::Repeat { .. } => unreachable!("legalize rewrites tile and repeat before planning"),
+            // Made element by element (the writer's `write_elementwise`).
+            Op::Iota { .. }
+            | Op::Full(_)
+            | Op::Zeros
+            | Op::Unary(..)
+            | Op::Binary(..)
+            | Op::Compare(..)
+            | Op::Select(..)
+            | Op::Cast(_)
+            | Op::Bitcast(_)
+            | Op::Broadcast(_)
+            | Op::Reshape(_) => {
+                let linear = matches!(s.op, Op::Reshape(_));
+                let shared = operands(&s.op).iter().any(|o| self.shared(o, &res, linear));
+                if res.is_empty() {
+                    if shared {
+                        self.reads(n, Site::Reads, true);
+                        self.broadcast(n);
+                    }
+                    return;
+                }
+                let x = plan.id(dst);
+                if plan.inlined.contains(x) && !plan.publish.contains(x) && !shared {
+                    // Computed where it is read.
+                    return;
+                }
+                self.reads(n, Site::Reads, shared);
+                self.defined(dst);
+            }
         }
     }
 }
@@ -333,7 +334,8 @@ fn operands(op: &Op) -> Vec<&Operand> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{Strategy, plan};
+    use super::super::Strategy;
+    use super::super::tests::planned;
     use super::*;
 
     /// Where the barriers of a small kernel go, worked out by hand: a transpose reads the
@@ -342,9 +344,7 @@ mod tests {
     #[test]
     fn barriers_stand_where_a_publication_store_or_load_meets_another_invocations_access() {
         let text = "kernel k\n  in  x: f32[8, 8]\n  out o: f32[8, 8]\n{\n  %x = load x\n  %t = transpose %x perm (1, 0)\n  store o, %t\n  %y = load o\n  %z = add %y, 1.0\n  store o, %z\n}\n";
-        let v = verify(&parse(text).expect("parses").kernels.remove(0)).expect("verifies");
-        let grid = tessel_plugin_api::launch::resolve_grid(&v, &Default::default()).expect("a fixed grid");
-        let p = plan(v, grid, Strategy::Cpu).expect("plans");
+        let p = planned(text, Strategy::Cpu);
         let points: Vec<(usize, Site, Barrier)> = p.meetings.points().collect();
         assert_eq!(
             points,

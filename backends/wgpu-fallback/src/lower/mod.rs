@@ -697,7 +697,7 @@ fn row_layout(v: &Verified) -> Option<(usize, u32)> {
 mod tests {
     use super::*;
 
-    fn planned(text: &str, strategy: Strategy) -> Plan {
+    pub(super) fn planned(text: &str, strategy: Strategy) -> Plan {
         let v = verify(&parse(text).expect("parses").kernels.remove(0)).expect("verifies");
         let grid = tessel_plugin_api::launch::resolve_grid(&v, &Default::default()).expect("a fixed grid");
         plan(v, grid, strategy).expect("plans")
