@@ -15,13 +15,13 @@ use tessel_plugin_api::ir::{DType, ParamKind, Verified, analysis};
 use tessel_plugin_api::launch::resolve_grid;
 
 use crate::emit;
-use crate::lower::Plan;
+use crate::lower::KernelPlan;
 use crate::runtime::{self, Device, device_error, unavailable};
 
 /// A kernel planned and lowered to PTX, ready to enqueue on any stream of a Hopper device: what
 /// the backend's compiled launch holds for each of its kernels.
 pub struct Compiled {
-    pub(crate) plan: Plan,
+    pub(crate) plan: KernelPlan,
     pub(crate) ptx: String,
     /// Outputs some element of which the kernel may leave unwritten, with their bytes: zeroed
     /// before each launch on another runtime's memory, since outputs start as zeros (language
@@ -57,7 +57,7 @@ fn device_of(stream: sys::CUstream) -> Result<Arc<Device>, BackendError> {
 
 impl Compiled {
     /// `plan` lowered to PTX. No device.
-    pub(crate) fn new(plan: Plan) -> Result<Compiled, BackendError> {
+    pub(crate) fn new(plan: KernelPlan) -> Result<Compiled, BackendError> {
         let ptx = emit::emit(&plan);
         let grid = resolve_grid(&plan.kernel, &BTreeMap::new())
             .map_err(|e| BackendError::new(ErrorKind::InvalidInput, e.to_string()))?;

@@ -54,7 +54,7 @@ impl MosaicGpu {
     }
 
     /// Every refusal, in Pallas's order, then the plan of each kernel.
-    fn planned(&self, launch: &Request<'_>) -> Result<Vec<lower::Plan>, BackendError> {
+    fn planned(&self, launch: &Request<'_>) -> Result<Vec<lower::KernelPlan>, BackendError> {
         if launch.calls.len() > 1 {
             if launch.calls.iter().any(|c| c.kernel.params_of(ParamKind::Scratch).next().is_some()) {
                 return Err(Refusal::ScratchInMpmd.into());
@@ -90,7 +90,7 @@ impl MosaicGpu {
 
 impl Compiler for MosaicGpu {
     /// Each kernel's plan.
-    type Plan = Vec<lower::Plan>;
+    type Plan = Vec<lower::KernelPlan>;
     /// Each kernel's plan and its PTX.
     type Artifact = Vec<external::Compiled>;
 
@@ -98,15 +98,15 @@ impl Compiler for MosaicGpu {
         Options::new().with("schedule", self.schedule.name())
     }
 
-    fn plan(&self, launch: &Request<'_>) -> Result<Vec<lower::Plan>, BackendError> {
+    fn plan(&self, launch: &Request<'_>) -> Result<Vec<lower::KernelPlan>, BackendError> {
         self.planned(launch)
     }
 
-    fn compile(&self, _: &Request<'_>, plan: Vec<lower::Plan>) -> Result<Self::Artifact, BackendError> {
+    fn compile(&self, _: &Request<'_>, plan: Vec<lower::KernelPlan>) -> Result<Self::Artifact, BackendError> {
         plan.into_iter().map(external::Compiled::new).collect()
     }
 
-    fn plan_text(&self, plans: &Vec<lower::Plan>) -> String {
+    fn plan_text(&self, plans: &Vec<lower::KernelPlan>) -> String {
         plans.iter().map(print::text).collect::<Vec<_>>().join("\n")
     }
 

@@ -12,7 +12,7 @@
 //! after the scratch (its elements at their width): in shared memory when the CTA's values and
 //! scratch fit the 227 KiB a Hopper CTA may have ([`MAX_SHARED_BYTES`]), else in the CTA's region
 //! of a global buffer, the scratch staying in shared memory alone where it fits
-//! ([`Plan::scratch_shared`]). A barrier stands only where an operation meets another thread's
+//! ([`KernelPlan::scratch_shared`]). A barrier stands only where an operation meets another thread's
 //! elements: the plan's second phase, [`meetings`]. Reductions give each output element to one
 //! thread, which accumulates in the interpreter's order; float `dot` runs on the tensor cores
 //! (`mma.sync`, see emit/dot.rs), integer `dot` like a reduction. Loads and stores check the array bounds and masks lane by lane
@@ -49,7 +49,7 @@ pub struct Slot {
 
 /// Everything emission and the runtime need to know about one kernel.
 #[derive(Clone, Debug)]
-pub struct Plan {
+pub struct KernelPlan {
     /// The verified kernel (its grid includes the mesh's axes).
     pub kernel: Verified,
     /// The PTX entry name.
@@ -104,7 +104,7 @@ pub struct Plan {
     pub meetings: Meetings,
 }
 
-impl Plan {
+impl KernelPlan {
     /// The workspace slot of the value `name`, or of the slot a carried value's `yield` goes
     /// through (`NAME.next`, a name no value can have); `None` for a value in registers.
     pub fn value_slot(&self, name: &str) -> Option<&Slot> {
@@ -269,7 +269,7 @@ impl Planner {
 /// thread axis, whose points run as the warpgroups of one CTA and share its scratch. A kernel of
 /// the form `crate::wgmma` describes takes the Hopper path, its CTAs divided by `schedule`; every
 /// other the general one.
-pub fn plan(kernel: &Verified, thread_axis: Option<&str>, schedule: Schedule) -> Result<Plan, BackendError> {
+pub fn plan(kernel: &Verified, thread_axis: Option<&str>, schedule: Schedule) -> Result<KernelPlan, BackendError> {
     let kernel = &*legalize::for_backend(kernel);
     // Element indices are 32-bit (`mul.wide.u32` to byte offsets), signed where they meet `ds`.
     for p in &kernel.kernel().params {
@@ -330,7 +330,7 @@ fn thread_axis_sizes(k: &Kernel) -> Vec<u64> {
 
 /// The Hopper path's plan, where the kernel takes it: a matmul (`crate::wgmma`) or an attention
 /// forward (`crate::attention`).
-fn hopper(kernel: &Verified, thread_axis: Option<&str>, schedule: Schedule) -> Option<Plan> {
+fn hopper(kernel: &Verified, thread_axis: Option<&str>, schedule: Schedule) -> Option<KernelPlan> {
     let k = kernel.kernel();
     let (gemm, attention) = match wgmma::recognize(kernel, thread_axis, schedule) {
         Some(g) => (Some(g), None),
@@ -346,7 +346,7 @@ fn hopper(kernel: &Verified, thread_axis: Option<&str>, schedule: Schedule) -> O
         (_, Some(a)) => (a.shared_bytes(), a.cta_warpgroups()),
         _ => unreachable!("one of the two"),
     };
-    Some(Plan {
+    Some(KernelPlan {
         kernel: kernel.clone(),
         entry: format!("tessel_{}", k.name),
         values: ValueMap::new(),
@@ -376,7 +376,7 @@ fn hopper(kernel: &Verified, thread_axis: Option<&str>, schedule: Schedule) -> O
 /// A kernel of the concurrent model runs its threads as the CTA's warpgroups, at once, meeting
 /// at its barriers (mbarriers), with each copy and product made by the thread that issues it
 /// ([`synchronous::per_thread`]).
-pub fn plan_general(kernel: &Verified, thread_axis: Option<&str>) -> Result<Plan, BackendError> {
+pub fn plan_general(kernel: &Verified, thread_axis: Option<&str>) -> Result<KernelPlan, BackendError> {
     if let Some(op) = unlowered_concurrency(kernel.kernel()) {
         return Err(Refusal::Unimplemented { op }.into());
     }
@@ -465,7 +465,7 @@ pub fn plan_general(kernel: &Verified, thread_axis: Option<&str>) -> Result<Plan
     if workspace_per_cta >= u64::from(u32::MAX) {
         return Err(Refusal::Workspace { kernel: k.name.clone(), bytes: workspace_per_cta }.into());
     }
-    let mut plan = Plan {
+    let mut plan = KernelPlan {
         kernel: kernel.clone(),
         entry: format!("tessel_{}", k.name),
         values: planner.values,

@@ -1,13 +1,13 @@
 //! The plan printed ([`PlanText`]): every decision [`crate::lower::plan`] made, in the order of
-//! [`Plan`]'s fields, arguments and values by name (`tessel lower --backend mosaic-gpu --plan`,
+//! [`KernelPlan`]'s fields, arguments and values by name (`tessel lower --backend mosaic-gpu --plan`,
 //! and the `plan-ptx` snapshots of `tests/lowering.rs`).
 
 use tessel_plugin_api::backend::PlanText;
 use tessel_plugin_api::ir::analysis;
 use tessel_plugin_api::ir::print::print_stmt_head;
 
-use crate::lower::{Plan, Slot};
 use crate::lower::meetings::At;
+use crate::lower::{KernelPlan, Slot};
 use crate::wgmma::{Init, TensorMapSpec};
 
 /// `byte 64: f32[128, 4]`.
@@ -27,7 +27,7 @@ fn maps(ms: &[TensorMapSpec]) -> String {
 }
 
 /// The plan as text.
-pub fn text(plan: &Plan) -> String {
+pub fn text(plan: &KernelPlan) -> String {
     let mut t = PlanText::new(&plan.kernel);
     t.line("entry", &plan.entry)
         .line("ctas", plan.ctas)

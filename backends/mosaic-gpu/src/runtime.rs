@@ -17,7 +17,7 @@ use tessel_plugin_api::kept::Kept;
 use crate::emit;
 use crate::error::Refusal;
 use crate::limits::DEFAULT_SHARED_BYTES;
-use crate::lower::Plan;
+use crate::lower::KernelPlan;
 use crate::wgmma::Schedule;
 
 /// Loaded functions kept.
@@ -166,7 +166,7 @@ impl Gpu {
     }
 
     /// Runs one planned kernel on bound buffers and waits for it.
-    pub fn launch(&self, plan: &Plan, ptx: &str, buffers: &HashMap<String, DeviceBuffer>) -> Result<(), BackendError> {
+    pub fn launch(&self, plan: &KernelPlan, ptx: &str, buffers: &HashMap<String, DeviceBuffer>) -> Result<(), BackendError> {
         let k = plan.kernel.kernel();
         let mut args = BTreeMap::new();
         // The buffers' pointers, each with the guard that orders its later use after this launch.
@@ -224,7 +224,7 @@ impl Device {
         unsafe { self.ctx.wrap_borrowed_stream(stream) }
     }
 
-    fn function(&self, plan: &Plan, ptx: &str) -> Result<CudaFunction, BackendError> {
+    fn function(&self, plan: &KernelPlan, ptx: &str) -> Result<CudaFunction, BackendError> {
         if let Some(f) = self.functions.get(ptx) {
             return Ok(f);
         }
@@ -234,7 +234,7 @@ impl Device {
     }
 
     /// The function of `ptx`, loaded and checked.
-    fn load(&self, plan: &Plan, ptx: &str) -> Result<CudaFunction, BackendError> {
+    fn load(&self, plan: &KernelPlan, ptx: &str) -> Result<CudaFunction, BackendError> {
         let module =
             self.ctx.load_module(cudarc::nvrtc::Ptx::from_src(ptx)).map_err(|e| device_error("module load (PTX JIT)", e))?;
         let f = module.load_function(&plan.entry).map_err(|e| device_error("function lookup", e))?;
@@ -283,7 +283,7 @@ impl Device {
     pub unsafe fn enqueue(
         &self,
         stream: &Arc<CudaStream>,
-        plan: &Plan,
+        plan: &KernelPlan,
         ptx: &str,
         args: &BTreeMap<String, u64>,
     ) -> Result<(), BackendError> {
@@ -332,7 +332,7 @@ impl Device {
 /// The tensor maps of the plan's operands (the Hopper paths', `crate::wgmma`, and the concurrent
 /// model's copies, `crate::tma`): of the array's rank (1 to 5), its dtype, the plan's boxes and swizzle, zeros
 /// outside the array; `args` gives each array's address.
-fn tensor_maps(plan: &Plan, args: &BTreeMap<String, u64>) -> Result<Vec<TensorMapArg>, BackendError> {
+fn tensor_maps(plan: &KernelPlan, args: &BTreeMap<String, u64>) -> Result<Vec<TensorMapArg>, BackendError> {
     use sys::{
         CUtensorMapDataType as T, CUtensorMapFloatOOBfill as Fill, CUtensorMapInterleave as Interleave,
         CUtensorMapL2promotion as L2, CUtensorMapSwizzle as Swizzle,

@@ -157,7 +157,7 @@ impl WgpuCompiler {
 
 impl Compiler for WgpuCompiler {
     /// Each kernel's plan (`lower/`).
-    type Plan = Arc<Vec<lower::Plan>>;
+    type Plan = Arc<Vec<lower::KernelPlan>>;
     /// Each kernel's WGSL and dispatch.
     type Artifact = Vec<emit::Lowered>;
 
@@ -170,7 +170,7 @@ impl Compiler for WgpuCompiler {
     }
 
     fn plan(&self, launch: &Request<'_>) -> Result<Self::Plan, BackendError> {
-        let plans: Vec<lower::Plan> =
+        let plans: Vec<lower::KernelPlan> =
             self.checked(launch)?.into_iter().map(|(v, axes)| lower::plan(v, axes, self.target)).collect::<Result<_, _>>()?;
         Ok(Arc::new(plans))
     }

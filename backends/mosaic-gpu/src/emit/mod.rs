@@ -1,4 +1,4 @@
-//! A [`Plan`] to PTX text (`.version 8.0`, `.target sm_90a`). See `lower.rs` for the model.
+//! A [`KernelPlan`] to PTX text (`.version 8.0`, `.target sm_90a`). See `lower.rs` for the model.
 //!
 //! One `Writer` (`writer.rs`) writes a kernel's body in one pass, then its header. Its files,
 //! each built only on those before it:
@@ -40,11 +40,11 @@ mod writer;
 
 pub use conv::{element_bytes, half_bits};
 
-use crate::lower::Plan;
+use crate::lower::KernelPlan;
 use writer::Writer;
 
 /// The PTX module of one planned kernel.
-pub fn emit(plan: &Plan) -> String {
+pub fn emit(plan: &KernelPlan) -> String {
     let mut w = Writer::new(plan);
     match (&plan.gemm, &plan.attention) {
         (Some(g), _) => w.write_gemm(g),

@@ -10,13 +10,13 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 
 use crate::limits::THREADS;
-use crate::lower::Plan;
+use crate::lower::KernelPlan;
 use crate::lower::meetings::At;
 use tessel_plugin_api::ir::ValueMap;
 
 /// One kernel's emission: the plan, the text so far and the registers that name things in it.
 pub(super) struct Writer<'p> {
-    pub(super) plan: &'p Plan,
+    pub(super) plan: &'p KernelPlan,
     pub(super) out: String,
     /// Register and label names, by statement.
     pub(super) names: Namer,
@@ -28,7 +28,7 @@ pub(super) struct Writer<'p> {
     /// memory alone).
     pub(super) workspace: String,
     /// The CTA's scratch: in the workspace, or the dynamic shared memory
-    /// ([`crate::lower::Plan::scratch_shared`]).
+    /// ([`crate::lower::KernelPlan::scratch_shared`]).
     pub(super) scratch: String,
     /// This warpgroup's values.
     pub(super) values: String,
@@ -176,7 +176,7 @@ impl Namer {
 }
 
 impl<'p> Writer<'p> {
-    pub(super) fn new(plan: &'p Plan) -> Writer<'p> {
+    pub(super) fn new(plan: &'p KernelPlan) -> Writer<'p> {
         Writer {
             plan,
             out: String::new(),

@@ -13,7 +13,7 @@ use std::collections::{BTreeSet, HashSet};
 
 use tessel_plugin_api::ir::*;
 
-use super::{Plan, Use, uses};
+use super::{KernelPlan, Use, uses};
 
 /// Where, around statement `#stmt`, the threads meet.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -87,7 +87,7 @@ impl Meetings {
 }
 
 /// The meetings of `plan` (a general-path plan; a Hopper one has none).
-pub fn place(plan: &Plan) -> Meetings {
+pub fn place(plan: &KernelPlan) -> Meetings {
     let k = plan.kernel.kernel();
     let steps: u64 = (plan.kernel.grid().iter())
         .filter(|a| a.seq)
@@ -105,7 +105,7 @@ pub fn place(plan: &Plan) -> Meetings {
 /// What statement `s` reads and writes, as the warpgroup's threads touch them: [`uses`], with an
 /// accumulator in registers moved through a value in the `wgmma` layout (across the threads),
 /// and a product on `wgmma` reading its operand buffers across the warpgroup.
-pub fn accesses(plan: &Plan, s: &Stmt) -> (Vec<Use>, Vec<Use>) {
+pub fn accesses(plan: &KernelPlan, s: &Stmt) -> (Vec<Use>, Vec<Use>) {
     let out_shape = s.ty.as_ref().map(|t| t.shape.clone()).unwrap_or_default();
     let (mut reads, mut writes) = uses(&plan.kernel, s, &out_shape);
     if let Op::Load { src: a, .. } | Op::Store { dst: a, .. } = &s.op
@@ -170,7 +170,7 @@ impl Hazards {
 /// The walk of [`place`]: the hazards where the writer will be, the next statement's number and
 /// the meetings kept so far.
 struct Walk<'p> {
-    plan: &'p Plan,
+    plan: &'p KernelPlan,
     hazards: Hazards,
     next: usize,
     at: BTreeSet<(usize, At)>,

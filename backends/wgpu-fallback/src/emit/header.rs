@@ -14,7 +14,7 @@ use crate::lower::Strategy;
 
 impl<'k> Writer<'k> {
     /// The header's account of the values owned in runs of rows
-    /// ([`Plan::row_runs`](crate::lower::Plan::row_runs)), if any.
+    /// ([`KernelPlan::row_runs`](crate::lower::KernelPlan::row_runs)), if any.
     fn runs(&self) -> String {
         let mut shapes = BTreeSet::new();
         tessel_plugin_api::ir::analysis::visit(&self.v.kernel().body, &mut |s| {

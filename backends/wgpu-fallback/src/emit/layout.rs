@@ -1,5 +1,5 @@
 //! Which invocation owns which element of a value (the plan's layout: `Layout::group_of`,
-//! `Plan::row_runs`), the private array that holds an invocation's elements (of `vec4`s for
+//! `KernelPlan::row_runs`), the private array that holds an invocation's elements (of `vec4`s for
 //! whole rows of a multiple of 4), and the loops of the invocations over a value's elements
 //! (`each` and its kin), unrolled where they are short.
 
@@ -33,7 +33,7 @@ impl<'k> Writer<'k> {
         if g > 1 { format!("{g}u * lid + {}u", g * wg * (k / g) + k % g) } else { format!("lid + {}u", k * wg) }
     }
 
-    /// Where invocations own runs of rows of `shape` ([`Plan::row_runs`](crate::lower::Plan::row_runs)):
+    /// Where invocations own runs of rows of `shape` ([`KernelPlan::row_runs`](crate::lower::KernelPlan::row_runs)):
     /// the element of the invocation's group `j` (its `j`-th row), column `t` of the group (WGSL
     /// expressions).
     fn run_element(&self, shape: &[usize], j: &str, t: &str) -> String {

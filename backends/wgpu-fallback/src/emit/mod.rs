@@ -61,7 +61,7 @@ use tessel_plugin_api::launch::LaunchAxis;
 
 // The limits, public at the paths where they were first (`tessel_wgpu::emit::MAX_BLOCK_ELEMENTS`).
 pub use crate::limits::{DTYPES, MAX_BLOCK_ELEMENTS, MAX_GROUPS, MAX_PROGRAMS, MAX_WORKGROUP, WORKSPACE_BUDGET};
-use crate::lower::{Plan, fully_written};
+use crate::lower::{KernelPlan, fully_written};
 
 /// One kernel lowered to WGSL, with what the runtime needs to dispatch it.
 #[derive(Clone, Debug)]
@@ -92,7 +92,7 @@ pub struct Lowered {
     /// The outputs held in the invocations' registers from the first `seq` step and written back
     /// whole after the last (the plan's resident blocks), which start as zeros there.
     pub resident: Vec<String>,
-    /// Where the module checks the driver's loop budget ([`Plan::loop_budget`]): the loop
+    /// Where the module checks the driver's loop budget ([`KernelPlan::loop_budget`]): the loop
     /// iterations that budget leaves the kernel. It binds a status word last, which a launch
     /// clears and reads back (nonzero: the loops were cut short).
     pub loop_check: Option<u64>,
@@ -100,7 +100,7 @@ pub struct Lowered {
 
 /// Writes one planned kernel (`lower/`): its WGSL and its dispatch. Every decision is the
 /// plan's, so this cannot fail.
-pub fn lower(plan: &Plan) -> Lowered {
+pub fn lower(plan: &KernelPlan) -> Lowered {
     let k = plan.kernel.kernel();
     let mut w = Writer::new(plan);
     w.write_main();
@@ -136,7 +136,7 @@ enum Read {
     RowOwn(String, usize),
     /// A value computed where it is read ([`Writer::inlined`]), by name.
     Deferred(String),
-    /// A block read from its buffer where it is used ([`Plan::row_forwarded`]), by name.
+    /// A block read from its buffer where it is used ([`KernelPlan::row_forwarded`]), by name.
     Row(String),
     /// From the workspace: the value's name, its shape, and whether the read follows the
     /// result's linear index (`reshape`) instead of numpy broadcasting.
@@ -161,7 +161,7 @@ struct Deferred<'k> {
 struct Writer<'k> {
     v: &'k Verified,
     grid: &'k [LaunchAxis],
-    plan: &'k Plan,
+    plan: &'k KernelPlan,
     out: String,
     indent: usize,
     /// WGSL identifier of every IR value.
@@ -184,12 +184,12 @@ struct Writer<'k> {
     /// Words of the `var<workgroup>` arrays the staged `dot`s use (`tk_sa`, `tk_sb`): the most
     /// any one needs.
     staged: (usize, usize),
-    /// The views ([`Plan::views`]) the module reads (`a{i}v`, bound after the workspace).
+    /// The views ([`KernelPlan::views`]) the module reads (`a{i}v`, bound after the workspace).
     views: BTreeSet<usize>,
     /// Inside a loop over a quad value ([`Writer::quad_value`]): which of the four elements of
     /// quad `j` slot `k` is.
     quad_lane: Option<usize>,
-    /// The values computed where they are read ([`Plan::inlined`]) written so far.
+    /// The values computed where they are read ([`KernelPlan::inlined`]) written so far.
     deferred: HashMap<String, Deferred<'k>>,
     /// The row-forwarded blocks the next [`Writer::each_sink`] reads, a `vec4` per quad read
     /// once at the quad's start; and those whose quad `j` is in `{id}_q` where the writer is.
@@ -198,7 +198,7 @@ struct Writer<'k> {
 }
 
 impl<'k> Writer<'k> {
-    fn new(plan: &'k Plan) -> Writer<'k> {
+    fn new(plan: &'k KernelPlan) -> Writer<'k> {
         Writer {
             v: &plan.kernel,
             grid: &plan.grid,

@@ -51,7 +51,7 @@ impl<'k> Writer<'k> {
     }
 
     /// Values whose elements are read by other invocations: they are published
-    /// ([`Plan::publish`](crate::lower::Plan::publish)), and a barrier the plan places at `site`
+    /// ([`KernelPlan::publish`](crate::lower::KernelPlan::publish)), and a barrier the plan places at `site`
     /// separates their publication from the reads. Returns their word offsets.
     pub(super) fn read_published(&mut self, site: Site, srcs: &[&str]) -> Vec<u64> {
         self.meet(site);

@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use tessel_plugin_api::ir::analysis::region_shape;
 use tessel_plugin_api::ir::*;
 
-use super::Plan;
+use super::KernelPlan;
 
 /// Where in statement `#n` a barrier stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -115,7 +115,7 @@ impl Pending {
 }
 
 /// The meetings of `plan`, from everything else it decided.
-pub fn place(plan: &Plan) -> Meetings {
+pub fn place(plan: &KernelPlan) -> Meetings {
     let k = plan.kernel.kernel();
     let program_top = plan.strided && plan.shares;
     let step_top = plan.steps > 1 && (plan.shares || plan.stores);
@@ -127,7 +127,7 @@ pub fn place(plan: &Plan) -> Meetings {
 }
 
 struct Walk<'p> {
-    plan: &'p Plan,
+    plan: &'p KernelPlan,
     pending: Pending,
     next: usize,
     at: BTreeMap<(usize, Site), Barrier>,

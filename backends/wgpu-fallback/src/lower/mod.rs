@@ -92,7 +92,7 @@ impl From<Strategy> for Target {
 /// over invocations, residency, inlining, fusion); the [`survey`] of what the writer will do to
 /// memory under that layout then decides the workgroup, the workspace and the dispatch, held
 /// here beside it. The writer only reads the plan.
-pub struct Plan {
+pub struct KernelPlan {
     /// The first phase: the layout of values. The plan reads as its fields (`Deref`).
     pub layout: Layout,
     /// Invocations per workgroup ([`workgroup_size`]).
@@ -126,7 +126,7 @@ pub struct Plan {
     pub meetings: Meetings,
 }
 
-impl std::ops::Deref for Plan {
+impl std::ops::Deref for KernelPlan {
     type Target = Layout;
     fn deref(&self) -> &Layout {
         &self.layout
@@ -178,7 +178,7 @@ pub struct Layout {
 }
 
 /// The plan of `kernel` on `grid`, or the refusal.
-pub fn plan(kernel: Verified, grid: Vec<LaunchAxis>, target: impl Into<Target>) -> Result<Plan, BackendError> {
+pub fn plan(kernel: Verified, grid: Vec<LaunchAxis>, target: impl Into<Target>) -> Result<KernelPlan, BackendError> {
     plan_keeping(kernel, grid, target, &BTreeSet::new())
 }
 
@@ -186,7 +186,12 @@ pub fn plan(kernel: Verified, grid: Vec<LaunchAxis>, target: impl Into<Target>) 
 /// values): none of them is held in registers across the `seq` steps ([`resident`], whose
 /// block starts as zeros), so each step reads and writes its block in memory, which the launch
 /// does not clear.
-pub fn plan_keeping(kernel: Verified, grid: Vec<LaunchAxis>, target: impl Into<Target>, kept: &BTreeSet<String>) -> Result<Plan, BackendError> {
+pub fn plan_keeping(
+    kernel: Verified,
+    grid: Vec<LaunchAxis>,
+    target: impl Into<Target>,
+    kept: &BTreeSet<String>,
+) -> Result<KernelPlan, BackendError> {
     let Target { strategy, loop_budget } = target.into();
     let kernel = legalize::legalize(kernel).unwrap_or_else(|d| panic!("kernel legalized does not verify: {d}"));
     let k = kernel.kernel();
@@ -253,7 +258,7 @@ pub fn plan_keeping(kernel: Verified, grid: Vec<LaunchAxis>, target: impl Into<T
     views.extend(dot_views(&layout, wg));
     let taken = k.params.iter().filter(|p| p.kind != ParamKind::Scratch).count() + usize::from(words > 0);
     let views = views.into_iter().take(MAX_STORAGE_BINDINGS.saturating_sub(taken)).collect();
-    let mut plan = Plan {
+    let mut plan = KernelPlan {
         wg,
         publish: survey.publish,
         scratch_words,
@@ -369,7 +374,7 @@ impl Layout {
 
     /// Whether a load of `p` with `index` and `mask` into a value of shape `res` reads four
     /// adjacent elements at a time (a whole `in` block inside its array, in groups of 4), from the
-    /// argument bound as `vec4`s or, where there is room for one ([`Plan::views`]), from a view.
+    /// argument bound as `vec4`s or, where there is room for one ([`KernelPlan::views`]), from a view.
     pub fn vec4_load(&self, p: &Param, index: Option<&[Index]>, mask: Option<&str>, res: &[usize]) -> bool {
         p.kind == ParamKind::In
             && index.is_none()
@@ -412,21 +417,21 @@ impl Layout {
         }
     }
 
-    /// Whether any value may be owned in runs of rows ([`Plan::row_runs`]): a kernel with `dot`s
+    /// Whether any value may be owned in runs of rows ([`KernelPlan::row_runs`]): a kernel with `dot`s
     /// in groups, under the `cpu` strategy, outside the row layout.
     fn runs_possible(&self) -> bool {
         self.strategy == Strategy::Cpu && self.dots && self.row_layout.is_none() && self.group > 1
     }
 }
 
-impl Plan {
+impl KernelPlan {
     /// The word in the workgroup's workspace where published value `name` starts, if the plan
     /// publishes it.
     pub fn published_word(&self, name: &str) -> Option<u64> {
         self.kernel.values().get(name).and_then(|id| self.published_words.get(id)).copied()
     }
 
-    /// [`Plan::published_word`], 0 for a value the plan does not publish.
+    /// [`KernelPlan::published_word`], 0 for a value the plan does not publish.
     pub fn published_at(&self, name: &str) -> u64 {
         self.published_word(name).unwrap_or(0)
     }
@@ -565,7 +570,7 @@ fn workgroup_size(plan: &Layout, max_elements: usize) -> u32 {
 /// Whether `dot` statement `s` is written as a register tile of the plan's groups: its result's
 /// columns a multiple of the group, and the workgroup's groups a multiple of the columns. Returns
 /// (m, n, k) too.
-pub(crate) fn dot_tiling(plan: &Plan, s: &Stmt) -> Option<(bool, usize, usize, usize)> {
+pub(crate) fn dot_tiling(plan: &KernelPlan, s: &Stmt) -> Option<(bool, usize, usize, usize)> {
     tiling(&plan.layout, plan.wg, s)
 }
 
@@ -697,7 +702,7 @@ fn row_layout(v: &Verified) -> Option<(usize, u32)> {
 mod tests {
     use super::*;
 
-    pub(super) fn planned(text: &str, strategy: Strategy) -> Plan {
+    pub(super) fn planned(text: &str, strategy: Strategy) -> KernelPlan {
         let v = verify(&parse(text).expect("parses").kernels.remove(0)).expect("verifies");
         let grid = tessel_plugin_api::launch::resolve_grid(&v, &Default::default()).expect("a fixed grid");
         plan(v, grid, strategy).expect("plans")

@@ -1,5 +1,5 @@
 //! The plan printed ([`PlanText`]): every decision [`super::plan`] made, in the order of
-//! [`Plan`]'s fields, arguments and values by name (`tessel lower --backend wgpu --plan`, and
+//! [`KernelPlan`]'s fields, arguments and values by name (`tessel lower --backend wgpu --plan`, and
 //! the `plan-wgsl-*` snapshots of `tests/lowering.rs`).
 
 use std::collections::BTreeSet;
@@ -8,10 +8,10 @@ use tessel_plugin_api::backend::PlanText;
 use tessel_plugin_api::ir::analysis;
 use tessel_plugin_api::ir::print::print_stmt_head;
 
-use super::Plan;
+use super::KernelPlan;
 
 /// The plan as text.
-pub fn text(plan: &Plan) -> String {
+pub fn text(plan: &KernelPlan) -> String {
     let k = plan.kernel.kernel();
     let param = |pi: usize| k.params[pi].name.clone();
     let params = |set: &BTreeSet<usize>| set.iter().map(|&pi| param(pi)).collect::<Vec<_>>();
