@@ -19,9 +19,9 @@ pub use error::Refusal;
 use tessel_plugin_api::abi::{BackendError, Capabilities, DeviceClass, ErrorKind, MeshBox};
 use tessel_plugin_api::array::{DataRef, HostArray};
 use tessel_plugin_api::backend::{
-    Artifact, Available, BackendImpl, Compiler, Options, Request, host_buffers, make_grid_mesh, verify_call,
+    Artifact, Available, BackendImpl, Compiler, Options, Request, HostMemory, make_grid_mesh, verify_call,
 };
-use tessel_plugin_api::ir::{DType, ParamKind, Type, Verified, analysis, legalize};
+use tessel_plugin_api::ir::{DType, ParamKind, Verified, analysis, legalize};
 use tessel_plugin_api::kept::Kept;
 use tessel_plugin_api::launch::{self, LaunchError};
 use tessel_plugin_api::mesh::MeshSpec;
@@ -256,7 +256,7 @@ fn missing(name: &str) -> BackendError {
 }
 
 impl BackendImpl for Cpu {
-    type Buffer = HostArray;
+    type Memory = HostMemory;
 
     fn name(&self) -> &str {
         NAME
@@ -301,16 +301,8 @@ impl BackendImpl for Cpu {
         Ok(CpuCompiler)
     }
 
-    fn alloc(&self, ty: &Type) -> Result<HostArray, BackendError> {
-        host_buffers::alloc(ty)
-    }
-
-    fn upload(&self, buffer: &mut HostArray, data: HostArray) -> Result<(), BackendError> {
-        host_buffers::upload(buffer, data)
-    }
-
-    fn download<'b>(&self, buffer: &'b HostArray) -> Result<std::borrow::Cow<'b, HostArray>, BackendError> {
-        host_buffers::download(buffer)
+    fn memory(&self) -> Result<&HostMemory, BackendError> {
+        Ok(&HostMemory)
     }
 
     fn run_host(

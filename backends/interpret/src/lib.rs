@@ -24,7 +24,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use tessel_plugin_api::abi::{BackendError, BuiltinBackend, Capabilities, DeviceClass, ErrorKind, MeshBox};
 use tessel_plugin_api::array::{DataRef, HostArray};
 use tessel_plugin_api::backend::{
-    Artifact, Available, BackendImpl, Compiler, Options, Request, export, host_buffers, verify_call,
+    Artifact, Available, BackendImpl, Compiler, Options, Request, export, HostMemory, verify_call,
 };
 use tessel_plugin_api::ir::{DType, ParamKind, Type, Verified, print_kernel};
 use tessel_plugin_api::launch::{self, LaunchArgs, LaunchError};
@@ -272,7 +272,7 @@ impl Compiler for InterpretCompiler {
 }
 
 impl BackendImpl for Interpreter {
-    type Buffer = HostArray;
+    type Memory = HostMemory;
 
     fn name(&self) -> &str {
         NAME
@@ -313,16 +313,8 @@ impl BackendImpl for Interpreter {
         Ok(InterpretCompiler::new(rayon::current_num_threads()))
     }
 
-    fn alloc(&self, ty: &Type) -> Result<HostArray, BackendError> {
-        host_buffers::alloc(ty)
-    }
-
-    fn upload(&self, buffer: &mut HostArray, data: HostArray) -> Result<(), BackendError> {
-        host_buffers::upload(buffer, data)
-    }
-
-    fn download<'b>(&self, buffer: &'b HostArray) -> Result<std::borrow::Cow<'b, HostArray>, BackendError> {
-        host_buffers::download(buffer)
+    fn memory(&self) -> Result<&HostMemory, BackendError> {
+        Ok(&HostMemory)
     }
 
     /// One kernel in place on the caller's memory; a launch of several (each seeing the outputs

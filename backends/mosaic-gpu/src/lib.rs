@@ -20,11 +20,10 @@ pub mod wgmma;
 use std::collections::{BTreeMap, HashMap};
 
 use tessel_plugin_api::abi::{BackendError, BuiltinBackend, Capabilities, DeviceClass, ErrorKind, MeshBox};
-use tessel_plugin_api::array::HostArray;
 use tessel_plugin_api::backend::{
     Artifact, Available, BackendImpl, Compiler, Options, Request, export, make_mesh_object, verify_with_mesh,
 };
-use tessel_plugin_api::ir::{AxisSize, ParamKind, Type};
+use tessel_plugin_api::ir::{AxisSize, ParamKind};
 use tessel_plugin_api::launch::resolve_grid;
 use tessel_plugin_api::mesh::{AxisRole, MeshSpec};
 
@@ -116,7 +115,7 @@ impl Compiler for MosaicGpu {
 }
 
 impl BackendImpl for MosaicGpu {
-    type Buffer = runtime::DeviceBuffer;
+    type Memory = runtime::Gpu;
 
     fn name(&self) -> &str {
         NAME
@@ -174,17 +173,8 @@ impl BackendImpl for MosaicGpu {
         Ok(MosaicGpu::with_schedule(schedule))
     }
 
-    fn alloc(&self, ty: &Type) -> Result<Self::Buffer, BackendError> {
-        runtime::require()?.alloc(ty)
-    }
-
-    fn upload(&self, buffer: &mut Self::Buffer, data: HostArray) -> Result<(), BackendError> {
-        tessel_plugin_api::backend::check_upload(&buffer.ty, &data)?;
-        runtime::require()?.upload(buffer, &data)
-    }
-
-    fn download<'b>(&self, buffer: &'b Self::Buffer) -> Result<std::borrow::Cow<'b, HostArray>, BackendError> {
-        runtime::require()?.download(buffer).map(std::borrow::Cow::Owned)
+    fn memory(&self) -> Result<&runtime::Gpu, BackendError> {
+        runtime::require()
     }
 
     /// Runs each kernel on the bound buffers: outputs start as the buffers hold them (allocated
@@ -193,7 +183,7 @@ impl BackendImpl for MosaicGpu {
         &self,
         compiled: &Artifact<Self>,
         launch: &Request<'_>,
-        buffers: &mut BTreeMap<String, Self::Buffer>,
+        buffers: &mut BTreeMap<String, runtime::DeviceBuffer>,
     ) -> Result<(), BackendError> {
         let gpu = runtime::require()?;
         for external::Compiled { plan, ptx, .. } in compiled {

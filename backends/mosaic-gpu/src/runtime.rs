@@ -2,6 +2,7 @@
 //! CUDA driver library exists: cudarc panics when it is missing, so the check comes first and
 //! every first contact with the driver runs under `catch_unwind`.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -10,6 +11,7 @@ use cudarc::driver::sys::{self, CUdevice_attribute, CUfunction_attribute};
 use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
 use tessel_plugin_api::abi::{BackendError, ErrorKind};
 use tessel_plugin_api::array::HostArray;
+use tessel_plugin_api::backend::Memory;
 use tessel_plugin_api::cancel;
 use tessel_plugin_api::ir::{ParamKind, Type};
 use tessel_plugin_api::kept::Kept;
@@ -140,31 +142,39 @@ pub(crate) fn unavailable(why: String) -> BackendError {
     )
 }
 
-impl Gpu {
+impl Memory for Gpu {
+    type Buffer = DeviceBuffer;
+
     /// A zeroed buffer.
-    pub fn alloc(&self, ty: &Type) -> Result<DeviceBuffer, BackendError> {
+    fn alloc(&self, ty: &Type) -> Result<DeviceBuffer, BackendError> {
         let bytes = ty.numel().max(1) * element_bytes(ty);
         let data = self.stream.alloc_zeros::<u8>(bytes).map_err(|e| device_error("alloc", e))?;
         Ok(DeviceBuffer { ty: ty.clone(), data })
     }
 
+    fn type_of(&self, b: &DeviceBuffer) -> Type {
+        b.ty.clone()
+    }
+
     /// Host to device.
-    pub fn upload(&self, b: &mut DeviceBuffer, a: &HostArray) -> Result<(), BackendError> {
+    fn upload(&self, b: &mut DeviceBuffer, a: HostArray) -> Result<(), BackendError> {
         let width = element_bytes(&b.ty);
         let bytes: Vec<u8> = a.to_bits().iter().flat_map(|&x| x.to_le_bytes().into_iter().take(width)).collect();
         self.stream.memcpy_htod(&bytes, &mut b.data).map_err(|e| device_error("upload", e))
     }
 
     /// Device to host.
-    pub fn download(&self, b: &DeviceBuffer) -> Result<HostArray, BackendError> {
+    fn download<'b>(&self, b: &'b DeviceBuffer) -> Result<Cow<'b, HostArray>, BackendError> {
         let bytes = self.stream.clone_dtoh(&b.data).map_err(|e| device_error("download", e))?;
         let width = element_bytes(&b.ty);
         let mut bits: Vec<u32> =
             bytes.chunks_exact(width).map(|c| c.iter().rev().fold(0, |acc, &x| (acc << 8) | u32::from(x))).collect();
         bits.truncate(b.ty.numel());
-        Ok(HostArray::from_bits(b.ty.dtype, &b.ty.shape, bits))
+        Ok(Cow::Owned(HostArray::from_bits(b.ty.dtype, &b.ty.shape, bits)))
     }
+}
 
+impl Gpu {
     /// Runs one planned kernel on bound buffers and waits for it.
     pub fn launch(&self, plan: &KernelPlan, ptx: &str, buffers: &HashMap<String, DeviceBuffer>) -> Result<(), BackendError> {
         let k = plan.kernel.kernel();

@@ -22,7 +22,6 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use tessel_plugin_api::abi::{BackendError, BuiltinBackend, Capabilities, DeviceClass, ErrorKind, MeshBox};
-use tessel_plugin_api::array::HostArray;
 use tessel_plugin_api::backend::{Artifact, Available, BackendImpl, Compiler, Options, Request, export, mesh_spec, verify_call};
 use tessel_plugin_api::ir::{AxisSize, ForLoop, Op, ParamKind, Stmt, Type, Verified, synchronous};
 use tessel_plugin_api::launch::{LaunchAxis, resolve_grid};
@@ -202,7 +201,7 @@ impl Compiler for WgpuCompiler {
 }
 
 impl BackendImpl for Wgpu {
-    type Buffer = runtime::DeviceBuffer;
+    type Memory = runtime::Gpu;
 
     fn name(&self) -> &str {
         NAME
@@ -250,24 +249,15 @@ impl BackendImpl for Wgpu {
         Ok(WgpuCompiler::new(target()?))
     }
 
-    fn alloc(&self, ty: &Type) -> Result<Self::Buffer, BackendError> {
-        runtime::gpu()?.alloc(ty)
-    }
-
-    fn upload(&self, buffer: &mut Self::Buffer, data: HostArray) -> Result<(), BackendError> {
-        tessel_plugin_api::backend::check_upload(&buffer.ty, &data)?;
-        runtime::gpu()?.upload(buffer, &data)
-    }
-
-    fn download<'b>(&self, buffer: &'b Self::Buffer) -> Result<std::borrow::Cow<'b, HostArray>, BackendError> {
-        runtime::gpu()?.download(buffer).map(std::borrow::Cow::Owned)
+    fn memory(&self) -> Result<&runtime::Gpu, BackendError> {
+        runtime::gpu()
     }
 
     fn run(
         &self,
         compiled: &Artifact<Self>,
         launch: &Request<'_>,
-        buffers: &mut BTreeMap<String, Self::Buffer>,
+        buffers: &mut BTreeMap<String, runtime::DeviceBuffer>,
     ) -> Result<(), BackendError> {
         self.dispatch(compiled, launch, buffers, false).map(drop)
     }
@@ -276,7 +266,7 @@ impl BackendImpl for Wgpu {
         &self,
         compiled: &Artifact<Self>,
         launch: &Request<'_>,
-        buffers: &mut BTreeMap<String, Self::Buffer>,
+        buffers: &mut BTreeMap<String, runtime::DeviceBuffer>,
     ) -> Result<Option<u64>, BackendError> {
         self.dispatch(compiled, launch, buffers, true)
     }

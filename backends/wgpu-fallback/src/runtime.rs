@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use half::{bf16, f16};
 use tessel_plugin_api::abi::{BackendError, ErrorKind};
 use tessel_plugin_api::array::{ArrayData, HostArray};
+use tessel_plugin_api::backend::Memory;
 use tessel_plugin_api::ir::{DType, ParamKind, Type};
 
 use crate::emit::Lowered;
@@ -313,72 +314,6 @@ impl Gpu {
             );
         }
         Ok(())
-    }
-
-    /// A zeroed buffer for an array of `ty`.
-    pub fn alloc(&self, ty: &Type) -> Result<DeviceBuffer, BackendError> {
-        let bytes = (ty.numel().max(1) as u64) * 4;
-        let what = || format!("an array of {ty} ({bytes} bytes on the device)");
-        self.limit(what, bytes, "maxBufferSize", self.limits.max_buffer_size)?;
-        self.limit(what, bytes, "maxStorageBufferBindingSize", self.limits.max_storage_buffer_binding_size)?;
-        let buffer = self.scoped(&format!("a buffer of {bytes} bytes"), || {
-            self.device.create_buffer(&wgpu::BufferDescriptor {
-                label: None,
-                size: bytes,
-                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
-            })
-        })?;
-        Ok(DeviceBuffer { ty: ty.clone(), buffer })
-    }
-
-    /// Copies host data in (the array's type is the buffer's).
-    pub fn upload(&self, b: &DeviceBuffer, data: &HostArray) -> Result<(), BackendError> {
-        let words: Vec<u32> = match &data.data {
-            ArrayData::F32(v) => v.iter().map(|x| x.to_bits()).collect(),
-            ArrayData::F16(v) => v.iter().map(|x| x.to_f32().to_bits()).collect(),
-            ArrayData::BF16(v) => v.iter().map(|x| x.to_f32().to_bits()).collect(),
-            ArrayData::I32(v) => v.iter().map(|&x| x as u32).collect(),
-            ArrayData::U32(v) => v.clone(),
-            ArrayData::Bool(v) => v.iter().map(|&x| u32::from(x)).collect(),
-            // Narrow integers are held widened, sign-extended where signed, as registers hold them.
-            ArrayData::I8(v) => v.iter().map(|&x| i32::from(x) as u32).collect(),
-            ArrayData::U8(v) => v.iter().map(|&x| u32::from(x)).collect(),
-            ArrayData::I16(v) => v.iter().map(|&x| i32::from(x) as u32).collect(),
-            ArrayData::U16(v) => v.iter().map(|&x| u32::from(x)).collect(),
-        };
-        self.scoped("an upload", || self.queue.write_buffer(&b.buffer, 0, bytemuck::cast_slice(&words)))
-    }
-
-    /// Copies a buffer out.
-    pub fn download(&self, b: &DeviceBuffer) -> Result<HostArray, BackendError> {
-        let bytes = b.buffer.size();
-        self.settle()?;
-        let staging = self.scoped("a download", || {
-            let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("tessel download"),
-                size: bytes,
-                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
-            });
-            let mut enc = self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
-            enc.copy_buffer_to_buffer(&b.buffer, 0, &staging, 0, bytes);
-            self.queue.submit([enc.finish()]);
-            staging
-        })?;
-        let words = self.read_back(&staging, "the download")?;
-        let n = b.ty.numel();
-        let words = &words[..n];
-        let data = match b.ty.dtype {
-            DType::F32 => ArrayData::F32(words.iter().map(|&w| f32::from_bits(w)).collect()),
-            DType::F16 => ArrayData::F16(words.iter().map(|&w| f16::from_f32(f32::from_bits(w))).collect()),
-            DType::BF16 => ArrayData::BF16(words.iter().map(|&w| bf16::from_f32(f32::from_bits(w))).collect()),
-            DType::I32 => ArrayData::I32(words.iter().map(|&w| w as i32).collect()),
-            DType::U32 => ArrayData::U32(words.to_vec()),
-            DType::Bool => ArrayData::Bool(words.iter().map(|&w| w != 0).collect()),
-            d => HostArray::from_bits(d, &b.ty.shape, words.to_vec()).data, // narrow integers
-        };
-        Ok(HostArray { shape: b.ty.shape.clone(), data })
     }
 
     /// The words of a `MAP_READ` buffer once the work submitted before is done.
@@ -744,5 +679,79 @@ impl Gpu {
             Some(c) => self.loop_verdict(c, kernels).map(|()| ns),
             None => Ok(ns),
         }
+    }
+}
+
+impl Memory for Gpu {
+    type Buffer = DeviceBuffer;
+
+    /// A zeroed buffer for an array of `ty`.
+    fn alloc(&self, ty: &Type) -> Result<DeviceBuffer, BackendError> {
+        let bytes = (ty.numel().max(1) as u64) * 4;
+        let what = || format!("an array of {ty} ({bytes} bytes on the device)");
+        self.limit(what, bytes, "maxBufferSize", self.limits.max_buffer_size)?;
+        self.limit(what, bytes, "maxStorageBufferBindingSize", self.limits.max_storage_buffer_binding_size)?;
+        let buffer = self.scoped(&format!("a buffer of {bytes} bytes"), || {
+            self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: None,
+                size: bytes,
+                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            })
+        })?;
+        Ok(DeviceBuffer { ty: ty.clone(), buffer })
+    }
+
+    fn type_of(&self, b: &DeviceBuffer) -> Type {
+        b.ty.clone()
+    }
+
+    /// Copies host data in (the array's type is the buffer's).
+    fn upload(&self, b: &mut DeviceBuffer, data: HostArray) -> Result<(), BackendError> {
+        let words: Vec<u32> = match &data.data {
+            ArrayData::F32(v) => v.iter().map(|x| x.to_bits()).collect(),
+            ArrayData::F16(v) => v.iter().map(|x| x.to_f32().to_bits()).collect(),
+            ArrayData::BF16(v) => v.iter().map(|x| x.to_f32().to_bits()).collect(),
+            ArrayData::I32(v) => v.iter().map(|&x| x as u32).collect(),
+            ArrayData::U32(v) => v.clone(),
+            ArrayData::Bool(v) => v.iter().map(|&x| u32::from(x)).collect(),
+            // Narrow integers are held widened, sign-extended where signed, as registers hold them.
+            ArrayData::I8(v) => v.iter().map(|&x| i32::from(x) as u32).collect(),
+            ArrayData::U8(v) => v.iter().map(|&x| u32::from(x)).collect(),
+            ArrayData::I16(v) => v.iter().map(|&x| i32::from(x) as u32).collect(),
+            ArrayData::U16(v) => v.iter().map(|&x| u32::from(x)).collect(),
+        };
+        self.scoped("an upload", || self.queue.write_buffer(&b.buffer, 0, bytemuck::cast_slice(&words)))
+    }
+
+    /// Copies a buffer out.
+    fn download<'b>(&self, b: &'b DeviceBuffer) -> Result<std::borrow::Cow<'b, HostArray>, BackendError> {
+        let bytes = b.buffer.size();
+        self.settle()?;
+        let staging = self.scoped("a download", || {
+            let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("tessel download"),
+                size: bytes,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            });
+            let mut enc = self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
+            enc.copy_buffer_to_buffer(&b.buffer, 0, &staging, 0, bytes);
+            self.queue.submit([enc.finish()]);
+            staging
+        })?;
+        let words = self.read_back(&staging, "the download")?;
+        let n = b.ty.numel();
+        let words = &words[..n];
+        let data = match b.ty.dtype {
+            DType::F32 => ArrayData::F32(words.iter().map(|&w| f32::from_bits(w)).collect()),
+            DType::F16 => ArrayData::F16(words.iter().map(|&w| f16::from_f32(f32::from_bits(w))).collect()),
+            DType::BF16 => ArrayData::BF16(words.iter().map(|&w| bf16::from_f32(f32::from_bits(w))).collect()),
+            DType::I32 => ArrayData::I32(words.iter().map(|&w| w as i32).collect()),
+            DType::U32 => ArrayData::U32(words.to_vec()),
+            DType::Bool => ArrayData::Bool(words.iter().map(|&w| w != 0).collect()),
+            d => HostArray::from_bits(d, &b.ty.shape, words.to_vec()).data, // narrow integers
+        };
+        Ok(std::borrow::Cow::Owned(HostArray { shape: b.ty.shape.clone(), data }))
     }
 }

@@ -13,7 +13,7 @@ use abi_stable::std_types::{ROption, RResult, RSlice, RSliceMut, RStr, RString, 
 
 use super::guard::guard;
 use super::keys::{decode_keyed, keyed, request_key, with_kept};
-use super::{Artifact, Available, BackendImpl, Compiler, Request, invalid};
+use super::{Artifact, Available, BackendImpl, Buffer, Compiler, Memory, Request, check_upload, invalid};
 use crate::abi::*;
 use crate::array::{DataRef, HostArray};
 use crate::ir::{self, DType, Kernel, Type};
@@ -22,7 +22,7 @@ use crate::mesh::MeshSpec;
 
 pub(super) struct Exported<B: BackendImpl> {
     backend: B,
-    buffers: Mutex<HashMap<u64, B::Buffer>>,
+    buffers: Mutex<HashMap<u64, Buffer<B>>>,
     next: AtomicU64,
     /// Compiled launches by [`cache_key`](super::cache_key).
     compiled: Kept<[u8; 32], Arc<Artifact<B>>>,
@@ -128,7 +128,7 @@ impl<B: BackendImpl> Exported<B> {
         Ok((c, key, compiler))
     }
 
-    fn take_buffers(&self, args: RSlice<'_, BufferArg<'_>>) -> Result<BTreeMap<String, (u64, B::Buffer)>, BackendError> {
+    fn take_buffers(&self, args: RSlice<'_, BufferArg<'_>>) -> Result<BTreeMap<String, (u64, Buffer<B>)>, BackendError> {
         let mut table =
             self.buffers.lock().map_err(|_| BackendError::new(ErrorKind::Internal, "the buffer table is poisoned"))?;
         let mut out = BTreeMap::new();
@@ -148,7 +148,7 @@ impl<B: BackendImpl> Exported<B> {
         Ok(out)
     }
 
-    fn put_back(&self, ids: BTreeMap<String, u64>, mut buffers: BTreeMap<String, B::Buffer>) {
+    fn put_back(&self, ids: BTreeMap<String, u64>, mut buffers: BTreeMap<String, Buffer<B>>) {
         if let Ok(mut table) = self.buffers.lock() {
             for (name, id) in ids {
                 if let Some(b) = buffers.remove(&name) {
@@ -170,7 +170,7 @@ impl<B: BackendImpl> Exported<B> {
         let (compiled, ..) = self.compiled(&launch)?;
         let taken = self.take_buffers(args)?;
         let ids: BTreeMap<String, u64> = taken.iter().map(|(n, (id, _))| (n.clone(), *id)).collect();
-        let mut buffers: BTreeMap<String, B::Buffer> = taken.into_iter().map(|(n, (_, b))| (n, b)).collect();
+        let mut buffers: BTreeMap<String, Buffer<B>> = taken.into_iter().map(|(n, (_, b))| (n, b)).collect();
         let result = catch_unwind(AssertUnwindSafe(|| {
             if timed {
                 self.backend.run_timed(&compiled, &launch, &mut buffers)
@@ -251,7 +251,7 @@ impl<B: BackendImpl> Backend for Exported<B> {
         guard("alloc", || {
             let dtype = DType::from_name(dtype.as_str()).ok_or_else(|| invalid(format!("unknown dtype `{dtype}`")))?;
             let ty = Type::array(dtype, shape.iter().map(|&d| d as usize).collect::<Vec<_>>());
-            let buffer = self.backend.alloc(&ty)?;
+            let buffer = self.backend.memory()?.alloc(&ty)?;
             let id = self.next.fetch_add(1, Ordering::Relaxed);
             self.buffers
                 .lock()
@@ -267,7 +267,9 @@ impl<B: BackendImpl> Backend for Exported<B> {
             let mut table =
                 self.buffers.lock().map_err(|_| BackendError::new(ErrorKind::Internal, "the buffer table is poisoned"))?;
             let b = table.get_mut(&buffer).ok_or_else(|| invalid(format!("buffer {buffer} does not exist")))?;
-            self.backend.upload(b, array)
+            let memory = self.backend.memory()?;
+            check_upload(&memory.type_of(b), &array)?;
+            memory.upload(b, array)
         })
     }
 
@@ -276,7 +278,7 @@ impl<B: BackendImpl> Backend for Exported<B> {
             let table =
                 self.buffers.lock().map_err(|_| BackendError::new(ErrorKind::Internal, "the buffer table is poisoned"))?;
             let b = table.get(&buffer).ok_or_else(|| invalid(format!("buffer {buffer} does not exist")))?;
-            Ok(self.backend.download(b)?.to_rarray())
+            Ok(self.backend.memory()?.download(b)?.to_rarray())
         })
     }
 
@@ -384,7 +386,7 @@ impl<B: BackendImpl> Backend for Exported<B> {
             let table =
                 self.buffers.lock().map_err(|_| BackendError::new(ErrorKind::Internal, "the buffer table is poisoned"))?;
             let b = table.get(&buffer).ok_or_else(|| invalid(format!("buffer {buffer} does not exist")))?;
-            let array = self.backend.download(b)?;
+            let array = self.backend.memory()?.download(b)?;
             let bytes = array.le_bytes();
             let dest = out.bytes.as_mut_slice();
             if dest.len() != bytes.len() || array.dtype().name() != out.dtype.as_str() {
@@ -433,7 +435,7 @@ mod tests {
 
     use super::*;
     use crate::abi::{IR_FORMAT_VERSION, KernelCall};
-    use crate::backend::export;
+    use crate::backend::{HostMemory, export};
 
     /// A backend that counts its plans and compilations and runs nothing; launched on another
     /// runtime's memory, it records the stream, the addresses and the outputs kept.
@@ -463,7 +465,7 @@ mod tests {
     }
 
     impl BackendImpl for Counting {
-        type Buffer = ();
+        type Memory = HostMemory;
         type Compiler = Counting;
         fn name(&self) -> &str {
             "counting"
@@ -486,16 +488,10 @@ mod tests {
         fn compiler(&self) -> Result<Counting, BackendError> {
             Ok(Counting { plans: Arc::clone(&self.plans), compiles: Arc::clone(&self.compiles), external: Default::default() })
         }
-        fn alloc(&self, _: &Type) -> Result<(), BackendError> {
-            Ok(())
+        fn memory(&self) -> Result<&HostMemory, BackendError> {
+            Ok(&HostMemory)
         }
-        fn upload(&self, _: &mut (), _: HostArray) -> Result<(), BackendError> {
-            Ok(())
-        }
-        fn download<'b>(&self, _: &'b ()) -> Result<std::borrow::Cow<'b, HostArray>, BackendError> {
-            Err(invalid("nothing to download"))
-        }
-        fn run(&self, _: &usize, _: &Request<'_>, _: &mut BTreeMap<String, ()>) -> Result<(), BackendError> {
+        fn run(&self, _: &usize, _: &Request<'_>, _: &mut BTreeMap<String, HostArray>) -> Result<(), BackendError> {
             Ok(())
         }
         #[allow(unsafe_code, reason = "the trait's signature; nothing is read at the addresses")]
@@ -555,7 +551,7 @@ mod tests {
     }
 
     impl BackendImpl for InPlace {
-        type Buffer = ();
+        type Memory = HostMemory;
         type Compiler = Nothing;
         fn name(&self) -> &str {
             "in-place"
@@ -578,16 +574,10 @@ mod tests {
         fn compiler(&self) -> Result<Nothing, BackendError> {
             Ok(Nothing)
         }
-        fn alloc(&self, _: &Type) -> Result<(), BackendError> {
-            Ok(())
+        fn memory(&self) -> Result<&HostMemory, BackendError> {
+            Ok(&HostMemory)
         }
-        fn upload(&self, _: &mut (), _: HostArray) -> Result<(), BackendError> {
-            Ok(())
-        }
-        fn download<'b>(&self, _: &'b ()) -> Result<std::borrow::Cow<'b, HostArray>, BackendError> {
-            Err(invalid("nothing to download"))
-        }
-        fn run(&self, _: &(), _: &Request<'_>, _: &mut BTreeMap<String, ()>) -> Result<(), BackendError> {
+        fn run(&self, _: &(), _: &Request<'_>, _: &mut BTreeMap<String, HostArray>) -> Result<(), BackendError> {
             Err(invalid("runs in place only"))
         }
         fn run_host(

@@ -77,10 +77,52 @@ pub struct Available {
     pub on: String,
 }
 
+/// Where a backend's buffers live: made zeroed, filled from the host, read back. A backend
+/// computing in host memory uses [`HostMemory`]; a device backend implements it on its device.
+pub trait Memory {
+    /// A buffer.
+    type Buffer: Send + 'static;
+    /// A zeroed buffer of `ty`.
+    fn alloc(&self, ty: &Type) -> Result<Self::Buffer, BackendError>;
+    /// The type the buffer was made with.
+    fn type_of(&self, buffer: &Self::Buffer) -> Type;
+    /// Copies host data in, of the buffer's type (the caller checked it: [`check_upload`]).
+    fn upload(&self, buffer: &mut Self::Buffer, data: HostArray) -> Result<(), BackendError>;
+    /// Copies a buffer out (host memory lends it instead).
+    fn download<'b>(&self, buffer: &'b Self::Buffer) -> Result<std::borrow::Cow<'b, HostArray>, BackendError>;
+}
+
+/// Host memory: a buffer is the array itself, uploaded by moving it in and downloaded by lending it.
+pub struct HostMemory;
+
+impl Memory for HostMemory {
+    type Buffer = HostArray;
+
+    fn alloc(&self, ty: &Type) -> Result<HostArray, BackendError> {
+        Ok(HostArray::zeros(ty.dtype, &ty.shape))
+    }
+
+    fn type_of(&self, buffer: &HostArray) -> Type {
+        buffer.ty()
+    }
+
+    fn upload(&self, buffer: &mut HostArray, data: HostArray) -> Result<(), BackendError> {
+        *buffer = data;
+        Ok(())
+    }
+
+    fn download<'b>(&self, buffer: &'b HostArray) -> Result<std::borrow::Cow<'b, HostArray>, BackendError> {
+        Ok(std::borrow::Cow::Borrowed(buffer))
+    }
+}
+
+/// A buffer of backend `B`'s memory.
+pub type Buffer<B> = <<B as BackendImpl>::Memory as Memory>::Buffer;
+
 /// A backend in plain Rust. [`export`] turns it into the ABI-stable object the host loads.
 pub trait BackendImpl: Send + Sync + 'static {
-    /// A device buffer.
-    type Buffer: Send + 'static;
+    /// Where its buffers live.
+    type Memory: Memory;
     /// Registry name.
     fn name(&self) -> &str;
     /// Backend version.
@@ -100,18 +142,14 @@ pub trait BackendImpl: Send + Sync + 'static {
     /// strategy forced by the environment): cheap, called for every launch; no device is opened
     /// for it. Fails where the environment asks for options that do not exist.
     fn compiler(&self) -> Result<Self::Compiler, BackendError>;
-    /// A zeroed buffer of `ty`.
-    fn alloc(&self, ty: &Type) -> Result<Self::Buffer, BackendError>;
-    /// Copies host data in (same type as allocated).
-    fn upload(&self, buffer: &mut Self::Buffer, data: HostArray) -> Result<(), BackendError>;
-    /// Copies a buffer out (a host-memory backend lends it instead).
-    fn download<'b>(&self, buffer: &'b Self::Buffer) -> Result<std::borrow::Cow<'b, HostArray>, BackendError>;
+    /// Its memory, opening its device on first use (an error where there is none).
+    fn memory(&self) -> Result<&Self::Memory, BackendError>;
     /// Runs a compiled launch; `buffers` holds the bound arguments by name.
     fn run(
         &self,
         compiled: &Artifact<Self>,
         launch: &Request<'_>,
-        buffers: &mut BTreeMap<String, Self::Buffer>,
+        buffers: &mut BTreeMap<String, <Self::Memory as Memory>::Buffer>,
     ) -> Result<(), BackendError>;
     /// [`BackendImpl::run`], timed on the device where the backend can: the nanoseconds its
     /// dispatches took on the device's own clock, else `None` (the default: the host times it).
@@ -119,7 +157,7 @@ pub trait BackendImpl: Send + Sync + 'static {
         &self,
         compiled: &Artifact<Self>,
         launch: &Request<'_>,
-        buffers: &mut BTreeMap<String, Self::Buffer>,
+        buffers: &mut BTreeMap<String, <Self::Memory as Memory>::Buffer>,
     ) -> Result<Option<u64>, BackendError> {
         self.run(compiled, launch, buffers).map(|()| None)
     }
@@ -181,33 +219,7 @@ fn invalid(msg: impl Into<String>) -> BackendError {
     BackendError::new(ErrorKind::InvalidInput, msg)
 }
 
-/// The buffers of a backend that computes in host memory (`Buffer = HostArray`: the interpreter,
-/// the cpu plugin): the three [`BackendImpl`] methods they all write the same way.
-pub mod host_buffers {
-    use super::check_upload;
-    use crate::abi::BackendError;
-    use crate::array::HostArray;
-    use crate::ir::Type;
-
-    /// [`super::BackendImpl::alloc`]: a zeroed array.
-    pub fn alloc(ty: &Type) -> Result<HostArray, BackendError> {
-        Ok(HostArray::zeros(ty.dtype, &ty.shape))
-    }
-
-    /// [`super::BackendImpl::upload`]: the array itself, of the buffer's type.
-    pub fn upload(buffer: &mut HostArray, data: HostArray) -> Result<(), BackendError> {
-        check_upload(&buffer.ty(), &data)?;
-        *buffer = data;
-        Ok(())
-    }
-
-    /// [`super::BackendImpl::download`]: the array, lent.
-    pub fn download(buffer: &HostArray) -> Result<std::borrow::Cow<'_, HostArray>, BackendError> {
-        Ok(std::borrow::Cow::Borrowed(buffer))
-    }
-}
-
-/// The refusal of an upload whose array is not of the buffer's type (for [`BackendImpl::upload`]).
+/// The refusal of an upload whose array is not of the buffer's type (before [`Memory::upload`]).
 pub fn check_upload(buffer: &Type, data: &HostArray) -> Result<(), BackendError> {
     if data.ty() != *buffer {
         return Err(invalid(format!("cannot upload {} into a buffer of {buffer}", data.ty())));
