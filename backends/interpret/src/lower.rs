@@ -71,10 +71,7 @@ impl Lowerer<'_> {
     }
 
     fn dtype_of(&self, o: &Operand) -> Option<DType> {
-        match o {
-            Operand::Value(n) => Some(self.v.value_type(n).dtype),
-            Operand::Lit(_) => None,
-        }
+        self.v.operand_type(o).map(|t| t.dtype)
     }
 
     /// The common dtype of operands where at least one is a value.

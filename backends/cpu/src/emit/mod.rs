@@ -207,10 +207,7 @@ impl<'v, 'c> Writer<'v, 'c> {
 
     /// The dtype an operand has, given the dtype a literal in its place takes.
     fn dtype_of(&self, op: &Operand, lit: DType) -> DType {
-        match op {
-            Operand::Value(n) => self.ty(self.id(n)).dtype,
-            Operand::Lit(_) => lit,
-        }
+        self.v.operand_type(op).map_or(lit, |t| t.dtype)
     }
 
     /// A scalar operand as a C expression of `d`'s compute type.
@@ -378,7 +375,7 @@ impl<'v, 'c> Writer<'v, 'c> {
 
     /// One statement that is not part of an elementwise run.
     fn stmt(&mut self, s: &'v Stmt) {
-        let result = s.results.first().map(|r| self.id(r));
+        let result = self.v.result(s);
         match &s.op {
             Op::When { cond, body } => {
                 self.line(format!("if ({}) {{", self.scalar(cond, DType::Bool)));
@@ -416,7 +413,7 @@ impl<'v, 'c> Writer<'v, 'c> {
 
     /// `%r, ... = if %c { ... yield ... } else { ... yield ... }`.
     fn if_else(&mut self, s: &'v Stmt, f: &'v IfElse) {
-        let targets: Vec<ValueId> = s.results.iter().map(|r| self.id(r)).collect();
+        let targets = self.v.result_ids(s);
         for &t in &targets {
             self.declare_mutable(t);
         }
@@ -544,7 +541,7 @@ impl<'v, 'c> Writer<'v, 'c> {
 
     /// A scalar statement: a C local.
     fn scalar_stmt(&mut self, s: &'v Stmt) {
-        let id = self.id(&s.results[0]);
+        let id = self.v.result(s).expect("a scalar statement has a result");
         let (pre, e) = group::Scalar.expr(self, s);
         if let Some(pre) = pre {
             self.line(pre);

@@ -56,6 +56,37 @@ impl Verified {
         self.values.id(name)
     }
 
+    /// The id of a value operand; `None` for a literal. With the accessors below, the way to
+    /// reach a statement's values without going through their names (the first step to values
+    /// as ids in the IR itself).
+    pub fn operand_id(&self, o: &Operand) -> Option<ValueId> {
+        match o {
+            Operand::Value(name) => Some(self.values.id(name)),
+            Operand::Lit(_) => None,
+        }
+    }
+
+    /// The type of a value operand; `None` for a literal.
+    pub fn operand_type(&self, o: &Operand) -> Option<&Type> {
+        self.operand_id(o).map(|id| self.values.ty(id))
+    }
+
+    /// The ids of statement `s`'s results, in order (a `for`'s one per carried value).
+    pub fn result_ids(&self, s: &Stmt) -> Vec<ValueId> {
+        s.results.iter().map(|r| self.values.id(r)).collect()
+    }
+
+    /// The id of statement `s`'s first result (its only one but for `for` and `if`), if any.
+    pub fn result(&self, s: &Stmt) -> Option<ValueId> {
+        s.results.first().map(|r| self.values.id(r))
+    }
+
+    /// The type of statement `s`'s first result, if any: what `Stmt::ty` holds for a statement
+    /// with one result.
+    pub fn result_type(&self, s: &Stmt) -> Option<&Type> {
+        self.result(s).map(|id| self.values.ty(id))
+    }
+
     /// The kernel's canonical text ([`print_kernel`](super::print_kernel)), printed once.
     pub fn text(&self) -> &str {
         self.text.get_or_init(|| super::print_kernel(&self.kernel))
