@@ -2,12 +2,12 @@
 //! its PTX on the emulator (TMA, mbarriers, wgmma) against a product computed here in `f64`, in
 //! both thread orders; a wrong swizzle, a missing wait or a swapped fragment makes it disagree.
 
-use tessel_mosaic_gpu::lower::{Plan, plan};
+use tessel_mosaic_gpu::lower::{KernelPlan, plan};
 use tessel_mosaic_gpu::wgmma::Init;
 use tessel_plugin_api::ir::{DType, parse::parse, verify::verify};
 use tessel_ptx_emu::{Memory, TensorMap};
 
-fn planned(text: &str) -> tessel_mosaic_gpu::lower::Plan {
+fn planned(text: &str) -> tessel_mosaic_gpu::lower::KernelPlan {
     let m = parse(text).unwrap_or_else(|e| panic!("{e:?}"));
     let v = verify(&m.kernels[0]).unwrap_or_else(|e| panic!("{e:?}"));
     plan(&v, None, Default::default()).expect("plans")
@@ -90,7 +90,7 @@ fn operand(n: usize, seed: u64, dtype: DType) -> (Vec<u16>, Vec<f64>) {
 }
 
 /// Runs the plan's PTX (or `ptx`) on the emulator: the outputs of `c`, or the emulator's error.
-fn emulate(p: &Plan, ptx: &str, a: &[u16], b: &[u16], reverse: bool) -> Result<Vec<f32>, String> {
+fn emulate(p: &KernelPlan, ptx: &str, a: &[u16], b: &[u16], reverse: bool) -> Result<Vec<f32>, String> {
     let k = p.kernel.kernel();
     let g = p.gemm.as_ref().expect("the Hopper path");
     let module = tessel_ptx_emu::parse(ptx)?;
@@ -147,7 +147,7 @@ fn agrees_within(got: &[f32], want: &[f64], rel: f64) -> Result<(), String> {
 }
 
 struct Case {
-    plan: Plan,
+    plan: KernelPlan,
     ptx: String,
     a: Vec<u16>,
     b: Vec<u16>,

@@ -4,7 +4,7 @@
 //! orders. A wrong swizzle of the probabilities, a missing wait or a row reduction over the
 //! wrong lanes makes it disagree.
 
-use tessel_mosaic_gpu::lower::{Plan, plan};
+use tessel_mosaic_gpu::lower::{KernelPlan, plan};
 use tessel_plugin_api::ir::{DType, parse::parse, verify::verify};
 use tessel_ptx_emu::{Memory, TensorMap};
 
@@ -12,7 +12,7 @@ fn kernel_file(name: &str) -> String {
     std::fs::read_to_string(format!("{}/../../tests/in/{name}.tk", env!("CARGO_MANIFEST_DIR"))).expect("kernel file")
 }
 
-fn planned(text: &str) -> Plan {
+fn planned(text: &str) -> KernelPlan {
     let m = parse(text).unwrap_or_else(|e| panic!("{e:?}"));
     let v = verify(&m.kernels[0]).unwrap_or_else(|e| panic!("{e:?}"));
     plan(&v, None, Default::default()).expect("plans")
@@ -142,7 +142,7 @@ fn attention(q: &[f64], k: &[f64], v: &[f64], (sq, sk, d, dv): (usize, usize, us
 }
 
 /// The kernel's PTX run on the emulator: its output as `f32`.
-fn emulate(p: &Plan, ptx: &str, inputs: [&[u16]; 3], reverse: bool) -> Result<Vec<f32>, String> {
+fn emulate(p: &KernelPlan, ptx: &str, inputs: [&[u16]; 3], reverse: bool) -> Result<Vec<f32>, String> {
     let k = p.kernel.kernel();
     let module = tessel_ptx_emu::parse(ptx)?;
     let mut mem = Memory::default();
